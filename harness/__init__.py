@@ -1,0 +1,36 @@
+"""brokerchaos: the harness. Public names for plugin authors."""
+
+from __future__ import annotations
+
+import pluggy
+
+from harness.broker import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec
+from harness.errors import (
+    BrokerChaosError,
+    ClusterError,
+    DockerUnavailable,
+    FaultError,
+    PluginError,
+    PortInUse,
+    ScenarioError,
+)
+
+hookimpl = pluggy.HookimplMarker("brokerchaos")
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BrokerChaosError",
+    "BrokerPlugin",
+    "ClusterError",
+    "DockerUnavailable",
+    "FaultError",
+    "ImageRecipe",
+    "NodeHandle",
+    "NodeInfo",
+    "NodeSpec",
+    "PluginError",
+    "PortInUse",
+    "ScenarioError",
+    "hookimpl",
+]

@@ -1,0 +1,141 @@
+"""What a broker plugin declares and does: the contract between the host and a broker.
+
+A plugin is data plus a few small methods (Jepsen's ``db`` protocol): the host
+owns Docker, Toxiproxy and the workload; the plugin says how one node runs and
+how a set of running nodes becomes a cluster. Optional abilities are declared
+in ``capabilities`` and faults check them; nothing in the host names a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+#: Capabilities a plugin may declare. Faults name the ones they need.
+KNOWN_CAPABILITIES = frozenset(
+    {
+        "kill",  # SIGKILL of the broker and a restart keeps its data directory
+        "pause",  # SIGSTOP/SIGCONT or docker pause
+        "stop",  # graceful stop and start
+        "power-loss",  # the data directory can sit on the lazy filesystem
+        "partition",  # inter-node traffic crosses the harness's proxies
+        "mirroring",  # queues replicated across nodes (policy settings apply)
+    }
+)
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """How to build a plugin's image on a machine that reaches no container registry.
+
+    The image is the project's Debian base plus ``debian_packages`` (installed
+    when the root filesystem is bootstrapped), ``python_packages`` (wheels fetched
+    on the host, installed offline) and ``copy`` (host path -> container path).
+    """
+
+    name: str
+    debian_packages: tuple[str, ...] = ()
+    python_packages: tuple[str, ...] = ()
+    copy: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    run: tuple[str, ...] = ()  # shell commands run at build time, offline
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the plugin sees it when it writes the node's command and config."""
+
+    name: str  # also the host name peers use to reach it (routed through the proxies)
+    index: int  # 1-based
+    peers: tuple[str, ...]  # the other nodes' names
+    cluster: str  # unique per run; usable as a cookie or cluster id
+    settings: Mapping[str, Any]  # the scenario's broker settings, validated by the plugin
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the host runs for one node."""
+
+    command: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)  # container path -> text
+    user: str | None = None
+
+
+class NodeHandle(Protocol):
+    """A running node, for readiness checks and cluster formation."""
+
+    name: str
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run a command in the node's container; returns (exit code, output)."""
+        ...
+
+
+class BrokerPlugin:
+    """Base class for broker plugins. Subclasses set the class attributes and override methods."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "0"
+    protocol: ClassVar[str] = "amqp091"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    client_port: ClassVar[int]
+    #: Ports other nodes connect to. The broker must bind them to its own host
+    #: name's address, not the wildcard, so the proxies can listen on the same
+    #: port at the peers' loopback addresses inside the node's network namespace.
+    peer_ports: ClassVar[tuple[int, ...]] = ()
+    data_dir: ClassVar[str]
+    log_paths: ClassVar[tuple[str, ...]] = ()
+    #: Credentials and virtual host the workload uses.
+    username: ClassVar[str] = "guest"
+    password: ClassVar[str] = "guest"
+    vhost: ClassVar[str] = "/"
+    ready_timeout: ClassVar[float] = 60.0
+    #: Settings the plugin accepts, with defaults and allowed values (for validation messages).
+    settings_schema: ClassVar[Mapping[str, tuple[Any, Sequence[Any] | type | None]]] = {}
+
+    def image(self) -> ImageRecipe:
+        raise NotImplementedError
+
+    def node_spec(self, node: NodeInfo) -> NodeSpec:
+        raise NotImplementedError
+
+    def is_ready(self, node: NodeHandle) -> bool:
+        """True once the node serves clients. Called repeatedly until ``ready_timeout``."""
+        raise NotImplementedError
+
+    def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
+        """Join the ready nodes into one cluster and apply settings such as policies."""
+
+    def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Arguments the workload passes when it declares its queues (e.g. a queue type)."""
+        return {}
+
+    def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check allowed values; raise ``ScenarioError`` naming the field."""
+        from harness.errors import ScenarioError
+
+        out: dict[str, Any] = {}
+        for key in settings:
+            if key not in self.settings_schema:
+                allowed = ", ".join(sorted(self.settings_schema)) or "(none)"
+                raise ScenarioError(f"broker.settings.{key}: unknown setting for {self.name}; allowed: {allowed}")
+        for key, (default, allowed) in self.settings_schema.items():
+            value = settings.get(key, default)
+            if isinstance(allowed, type):
+                if not isinstance(value, allowed):
+                    raise ScenarioError(f"broker.settings.{key}: expected {allowed.__name__}, got {value!r}")
+            elif allowed is not None and value not in allowed:
+                raise ScenarioError(
+                    f"broker.settings.{key}: {value!r} is not allowed; use one of {', '.join(map(repr, allowed))}"
+                )
+            out[key] = value
+        return out
+
+    def source_root(self) -> Path:
+        """Directory of the plugin package (image recipes copy from here)."""
+        import inspect
+
+        return Path(inspect.getfile(type(self))).resolve().parent

@@ -1,0 +1,203 @@
+"""Recording the history: the one contract between workload, faults and checkers.
+
+Schema (version 1), one JSON object per line while running, Parquet for Spark:
+``index`` global order; ``time_ns`` monotonic since run start; ``wall_time`` ISO;
+``process`` (``p1``, ``c1``, ``d1``, ``nemesis``); ``node``; ``type``
+(``invoke``/``ok``/``fail``/``info``); ``f``; ``queue``; ``value`` (a message id,
+or JSON text for fault and drain parameters); ``redelivered``; ``error``; ``schema``.
+
+Every invoke gets exactly one completion from the same process: the recorder
+hands out an ``Invocation`` whose completion methods can be used once, and
+``close()`` completes any that are still open as ``info`` so nothing is dropped
+when a run dies half-way.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+SCHEMA_VERSION = 1
+FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value", "redelivered", "error", "schema")
+TYPES = ("invoke", "ok", "fail", "info")
+
+
+def encode_value(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class Invocation:
+    """An open operation. Complete it once with ``ok``, ``fail`` or ``info``."""
+
+    __slots__ = ("recorder", "process", "f", "node", "queue", "value", "index", "time_ns", "done")
+
+    def __init__(self, recorder: Recorder, process: str, f: str, node: str | None, queue: str | None,
+                 value: Any, index: int, time_ns: int) -> None:
+        self.recorder = recorder
+        self.process = process
+        self.f = f
+        self.node = node
+        self.queue = queue
+        self.value = value
+        self.index = index
+        self.time_ns = time_ns
+        self.done = False
+
+    def _complete(self, type_: str, value: Any, error: str | None, redelivered: bool | None,
+                  node: str | None) -> dict[str, Any]:
+        if self.done:
+            raise RuntimeError(f"operation {self.index} ({self.process} {self.f}) completed twice")
+        self.done = True
+        return self.recorder._write(
+            self.process, type_, self.f, node if node is not None else self.node, self.queue,
+            self.value if value is None else value, redelivered, error, invocation=self,
+        )
+
+    def ok(self, value: Any = None, *, redelivered: bool | None = None, node: str | None = None) -> dict[str, Any]:
+        return self._complete("ok", value, None, redelivered, node)
+
+    def fail(self, error: str, value: Any = None) -> dict[str, Any]:
+        return self._complete("fail", value, error, None, None)
+
+    def info(self, error: str, value: Any = None) -> dict[str, Any]:
+        return self._complete("info", value, error, None, None)
+
+
+class Recorder:
+    """Appends history records to ``history.jsonl``; safe to call from several threads."""
+
+    def __init__(self, path: Path, *, flush_every: int = 256) -> None:
+        self.path = path
+        self._fh: IO[str] = path.open("a", encoding="utf-8", buffering=1 << 16)
+        self._lock = threading.Lock()
+        self._index = 0
+        self._t0 = time.monotonic_ns()
+        self._open: dict[int, Invocation] = {}
+        self._since_flush = 0
+        self._flush_every = flush_every
+        self.counts: dict[tuple[str, str], int] = {}
+        self.closed = False
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns() - self._t0
+
+    def invoke(self, process: str, f: str, *, node: str | None = None, queue: str | None = None,
+               value: Any = None) -> Invocation:
+        with self._lock:
+            rec = self._write_locked(process, "invoke", f, node, queue, value, None, None)
+            inv = Invocation(self, process, f, node, queue, value, rec["index"], rec["time_ns"])
+            self._open[inv.index] = inv
+            return inv
+
+    def _write(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
+               redelivered: bool | None, error: str | None, invocation: Invocation | None = None) -> dict[str, Any]:
+        with self._lock:
+            if invocation is not None:
+                self._open.pop(invocation.index, None)
+            return self._write_locked(process, type_, f, node, queue, value, redelivered, error)
+
+    def _write_locked(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
+                      redelivered: bool | None, error: str | None) -> dict[str, Any]:
+        if self.closed:
+            raise RuntimeError("history is closed")
+        t = self.now_ns()
+        rec = {
+            "index": self._index,
+            "time_ns": t,
+            "wall_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds"),
+            "process": process,
+            "node": node,
+            "type": type_,
+            "f": f,
+            "queue": queue,
+            "value": encode_value(value),
+            "redelivered": redelivered,
+            "error": error,
+            "schema": SCHEMA_VERSION,
+        }
+        self._index += 1
+        self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        key = (f, type_)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self._since_flush += 1
+        if self._since_flush >= self._flush_every:
+            self._fh.flush()
+            self._since_flush = 0
+        return rec
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def close(self) -> None:
+        """Complete every open operation as ``info`` and close the file."""
+        with self._lock:
+            if self.closed:
+                return
+            for inv in sorted(self._open.values(), key=lambda i: i.index):
+                inv.done = True
+                self._write_locked(inv.process, "info", inv.f, inv.node, inv.queue, inv.value, None,
+                                   "no completion recorded before the run ended")
+            self._open.clear()
+            self._fh.flush()
+            self._fh.close()
+            self.closed = True
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def arrow_schema():  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("index", pa.int64()),
+            ("time_ns", pa.int64()),
+            ("wall_time", pa.string()),
+            ("process", pa.string()),
+            ("node", pa.string()),
+            ("type", pa.string()),
+            ("f", pa.string()),
+            ("queue", pa.string()),
+            ("value", pa.string()),
+            ("redelivered", pa.bool_()),
+            ("error", pa.string()),
+            ("schema", pa.int32()),
+        ]
+    )
+
+
+def to_parquet(jsonl: Path, parquet: Path, *, batch_rows: int = 200_000) -> int:
+    """Convert a history to Parquet in bounded memory; returns the number of records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = arrow_schema()
+    total = 0
+    tmp = parquet.with_suffix(".parquet.tmp")
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        batch: dict[str, list[Any]] = {name: [] for name in FIELDS}
+        for rec in read_jsonl(jsonl):
+            for name in FIELDS:
+                batch[name].append(rec.get(name))
+            if len(batch["index"]) >= batch_rows:
+                writer.write_table(pa.table(batch, schema=schema))
+                total += len(batch["index"])
+                batch = {name: [] for name in FIELDS}
+        if batch["index"] or total == 0:
+            writer.write_table(pa.table(batch, schema=schema))
+            total += len(batch["index"])
+    tmp.replace(parquet)
+    return total

@@ -1,0 +1,96 @@
+"""Every hook brokerchaos calls, grouped by phase. Plugins implement them with ``harness.hookimpl``.
+
+Hooks are always called with keyword arguments. The registries passed to the
+``register_*`` hooks are the only way to contribute brokers, clients, faults and
+checkers, so built-ins and third-party plugins go through the same door.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from harness.registry import Registry
+    from harness.runner import Run
+
+hookspec = pluggy.HookspecMarker("brokerchaos")
+
+
+# -- registration (called once when the host starts) ------------------------------
+
+
+@hookspec
+def brokerchaos_register_brokers(register: Registry) -> None:
+    """Contribute broker plugins with ``register.add_broker(plugin)``.
+
+    ``plugin`` is an instance of ``harness.BrokerPlugin``. Its name is what a
+    scenario's ``broker:`` field refers to; two plugins with one name are an error.
+    """
+
+
+@hookspec
+def brokerchaos_register_clients(register: Registry) -> None:
+    """Contribute workload drivers with ``register.add_client(protocol, factory)``.
+
+    One driver serves every broker plugin that speaks ``protocol`` (e.g. ``amqp091``);
+    ``factory(endpoint, recorder, **options)`` returns a ``harness.workload.Driver``.
+    """
+
+
+@hookspec
+def brokerchaos_register_faults(register: Registry) -> None:
+    """Contribute fault kinds with ``register.add_fault(fault_class)``.
+
+    A fault class names the broker capabilities it needs (``requires``); the host
+    refuses a scenario whose broker does not declare them, before anything starts.
+    """
+
+
+@hookspec
+def brokerchaos_register_checkers(register: Registry) -> None:
+    """Contribute checkers with ``register.add_checker(name, fn)``.
+
+    ``fn(run_dir, scenario) -> dict`` must be a pure function of the stored run (no
+    Docker, no network, no clock) returning the results schema of ``spark_reports``.
+    """
+
+
+# -- configuration -----------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def brokerchaos_configure(config: dict[str, Any]) -> None:
+    """See the harness configuration (store root, Docker endpoint, options) once it is known.
+
+    Historic: a plugin registered later (``-p``) still receives it.
+    """
+
+
+# -- run lifecycle ------------------------------------------------------------------
+
+
+@hookspec
+def brokerchaos_run_started(run: Run) -> None:
+    """A run has its directory and scenario; nothing has started in Docker yet."""
+
+
+@hookspec
+def brokerchaos_phase(run: Run, phase: str, status: str, detail: dict[str, Any]) -> None:
+    """A phase of a run began or ended.
+
+    ``phase`` is one of ``images``, ``cluster``, ``workload``, ``heal``, ``drain``,
+    ``check``, ``report``, ``teardown``; ``status`` is ``start``, ``done`` or
+    ``failed``. Reporters (progress lines, Allure steps) listen here.
+    """
+
+
+@hookspec
+def brokerchaos_fault(run: Run, op: dict[str, Any]) -> None:
+    """The nemesis applied or healed a fault; ``op`` is the completed history record."""
+
+
+@hookspec
+def brokerchaos_run_finished(run: Run, results: dict[str, Any]) -> None:
+    """A run ended and was checked; ``results`` is what ``results.json`` holds."""

@@ -1,0 +1,289 @@
+"""Scenarios: a chaos test as data (Jepsen's test map), loaded from YAML or TOML.
+
+    name: partitions
+    seed: 7
+    broker: {plugin: reference, nodes: 3, settings: {flush: sync}}
+    workload: {producers: 2, consumers: 2, queues: 1, rate: 200, message_size: 256, duration: 60}
+    nemesis:
+      schedule:                       # explicit steps, times in seconds from workload start ...
+        - {at: 10, fault: partition, params: {shape: isolate}, hold: 10}
+      random: {every: [10, 20], hold: [5, 15], faults: [partition, kill]}   # ... and/or drawn from the seed
+    checkers: [python]
+
+Every error names the field (``workload.rate``) and what is allowed; the file is
+never half-loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class BrokerSection:
+    plugin: str
+    nodes: int = 3
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    lazyfs: bool = False  # data directories on the lazy filesystem (implied by a power-loss fault)
+
+
+@dataclass(frozen=True)
+class WorkloadSection:
+    producers: int = 2
+    consumers: int = 2
+    queues: int = 1
+    rate: float = 200.0  # messages per second over all producers; 0 = as fast as confirms allow
+    message_size: int = 256
+    duration: float = 30.0
+    persistent: bool = True
+    prefetch: int = 100
+    in_flight: int = 64  # unconfirmed publishes per producer
+    confirm_timeout: float = 10.0
+    drain_timeout: float = 120.0
+    drain_idle: float = 3.0
+    queue_prefix: str = "chaos"
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float
+    fault: str
+    hold: float | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RandomSchedule:
+    faults: tuple[str, ...]
+    every: tuple[float, float] = (10.0, 20.0)
+    hold: tuple[float, float] = (5.0, 15.0)
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per fault name
+
+
+@dataclass(frozen=True)
+class NemesisSection:
+    schedule: tuple[Step, ...] = ()
+    random: RandomSchedule | None = None
+    settle: float = 5.0  # seconds after the final heal before the drain
+
+    @property
+    def fault_names(self) -> set[str]:
+        names = {s.fault for s in self.schedule}
+        if self.random:
+            names |= set(self.random.faults)
+        return names
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    broker: BrokerSection
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    nemesis: NemesisSection = field(default_factory=NemesisSection)
+    seed: int = 0
+    checkers: tuple[str, ...] = ("python",)
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=list))
+
+    def with_overrides(self, *, seed: int | None = None, duration: float | None = None) -> Scenario:
+        import dataclasses
+
+        s = self
+        if seed is not None:
+            s = dataclasses.replace(s, seed=seed)
+        if duration is not None:
+            s = dataclasses.replace(s, workload=dataclasses.replace(s.workload, duration=duration))
+        return s
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def load(path: str | Path) -> Scenario:
+    p = Path(path)
+    if not p.exists():
+        raise ScenarioError(f"scenario file {str(p)!r} does not exist (ready ones are in scenarios/)")
+    text = p.read_text(encoding="utf-8")
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml", ".json"):
+            data = yaml.safe_load(text)
+        else:
+            raise ScenarioError(f"{p}: scenario files end in .yaml, .yml or .toml")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(f"{p}: not valid {p.suffix.lstrip('.').upper()}: {first}") from exc
+    return from_dict(data, source=str(p), default_name=p.stem)
+
+
+def from_dict(data: Any, *, source: str | None = None, default_name: str = "scenario") -> Scenario:
+    where = f"{source}: " if source else ""
+    try:
+        return _build(data, default_name, source)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{where}{exc}") from None
+
+
+def _build(data: Any, default_name: str, source: str | None) -> Scenario:
+    top = _mapping(data, "scenario")
+    _only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "source"})
+    name = _str(top.get("name", default_name), "name")
+    seed = _int(top.get("seed", 0), "seed", lo=0)
+
+    b = _mapping(top.get("broker"), "broker", required=True)
+    _only(b, "broker", {"plugin", "nodes", "settings", "lazyfs"})
+    broker = BrokerSection(
+        plugin=_str(b.get("plugin"), "broker.plugin", required=True),
+        nodes=_int(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
+        settings=dict(_mapping(b.get("settings", {}), "broker.settings")),
+        lazyfs=_bool(b.get("lazyfs", False), "broker.lazyfs"),
+    )
+
+    w = _mapping(top.get("workload", {}), "workload")
+    defaults = WorkloadSection()
+    _only(w, "workload", set(asdict(defaults)))
+    workload = WorkloadSection(
+        producers=_int(w.get("producers", defaults.producers), "workload.producers", lo=0, hi=256),
+        consumers=_int(w.get("consumers", defaults.consumers), "workload.consumers", lo=0, hi=256),
+        queues=_int(w.get("queues", defaults.queues), "workload.queues", lo=1, hi=1000),
+        rate=_num(w.get("rate", defaults.rate), "workload.rate", lo=0),
+        message_size=_int(w.get("message_size", defaults.message_size), "workload.message_size", lo=16, hi=64 << 20),
+        duration=_num(w.get("duration", defaults.duration), "workload.duration", lo=0.1),
+        persistent=_bool(w.get("persistent", defaults.persistent), "workload.persistent"),
+        prefetch=_int(w.get("prefetch", defaults.prefetch), "workload.prefetch", lo=0, hi=65535),
+        in_flight=_int(w.get("in_flight", defaults.in_flight), "workload.in_flight", lo=1, hi=100_000),
+        confirm_timeout=_num(w.get("confirm_timeout", defaults.confirm_timeout), "workload.confirm_timeout", lo=0.1),
+        drain_timeout=_num(w.get("drain_timeout", defaults.drain_timeout), "workload.drain_timeout", lo=1),
+        drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
+        queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
+    )
+
+    n = _mapping(top.get("nemesis", {}), "nemesis")
+    _only(n, "nemesis", {"schedule", "random", "settle"})
+    steps = []
+    raw_steps = n.get("schedule", [])
+    if not isinstance(raw_steps, list):
+        raise ScenarioError("nemesis.schedule: expected a list of steps like {at: 10, fault: partition, hold: 10}")
+    for i, raw in enumerate(raw_steps):
+        where = f"nemesis.schedule[{i}]"
+        s = _mapping(raw, where)
+        _only(s, where, {"at", "fault", "hold", "params"})
+        at = _num(s.get("at"), f"{where}.at", lo=0, required=True)
+        hold = s.get("hold")
+        steps.append(
+            Step(
+                at=at,
+                fault=_str(s.get("fault"), f"{where}.fault", required=True),
+                hold=None if hold is None else _num(hold, f"{where}.hold", lo=0),
+                params=dict(_mapping(s.get("params", {}), f"{where}.params")),
+            )
+        )
+    rnd = None
+    if "random" in n:
+        r = _mapping(n["random"], "nemesis.random")
+        _only(r, "nemesis.random", {"faults", "every", "hold", "params"})
+        faults = r.get("faults")
+        if not isinstance(faults, list) or not faults or not all(isinstance(x, str) for x in faults):
+            raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
+        rnd = RandomSchedule(
+            faults=tuple(faults),
+            every=_range(r.get("every", [10, 20]), "nemesis.random.every"),
+            hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
+            params={k: dict(_mapping(v, f"nemesis.random.params.{k}"))
+                    for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()},
+        )
+    nemesis = NemesisSection(schedule=tuple(sorted(steps, key=lambda s: s.at)), random=rnd,
+                             settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0))
+
+    checkers = top.get("checkers", ["python"])
+    if isinstance(checkers, str):
+        checkers = [checkers]
+    if not isinstance(checkers, list) or not checkers or not all(isinstance(c, str) for c in checkers):
+        raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
+    return Scenario(name=name, broker=broker, workload=workload, nemesis=nemesis, seed=seed,
+                    checkers=tuple(checkers), source=source)
+
+
+# -- field helpers: each raises with the field's path and what is allowed -------------------
+
+
+def _mapping(v: Any, where: str, *, required: bool = False) -> Mapping[str, Any]:
+    if v is None:
+        if required:
+            raise ScenarioError(f"{where}: required section is missing")
+        return {}
+    if not isinstance(v, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(v).__name__}")
+    return v
+
+
+def _only(m: Mapping[str, Any], where: str, allowed: set[str]) -> None:
+    for key in m:
+        if key not in allowed:
+            prefix = f"{where}." if where else ""
+            raise ScenarioError(f"{prefix}{key}: unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def _str(v: Any, where: str, *, required: bool = False) -> str:
+    if v is None and required:
+        raise ScenarioError(f"{where}: required")
+    if not isinstance(v, str) or not v:
+        raise ScenarioError(f"{where}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ScenarioError(f"{where}: expected true or false, got {v!r}")
+    return v
+
+
+def _int(v: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ScenarioError(f"{where}: expected an integer{_bounds(lo, hi)}, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ScenarioError(f"{where}: {v} is out of range; allowed{_bounds(lo, hi)}")
+    return v
+
+
+def _num(v: Any, where: str, *, lo: float | None = None, required: bool = False) -> float:
+    if v is None and required:
+        raise ScenarioError(f"{where}: required (a number of seconds)")
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ScenarioError(f"{where}: expected a number{_bounds(lo, None)}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ScenarioError(f"{where}: {v} is out of range; allowed{_bounds(lo, None)}")
+    return float(v)
+
+
+def _range(v: Any, where: str) -> tuple[float, float]:
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return (float(v), float(v))
+    if not isinstance(v, Sequence) or isinstance(v, str) or len(v) != 2:
+        raise ScenarioError(f"{where}: expected [min, max] seconds, got {v!r}")
+    lo, hi = (_num(x, where, lo=0) for x in v)
+    if lo > hi:
+        raise ScenarioError(f"{where}: min {lo} is greater than max {hi}")
+    return (lo, hi)
+
+
+def _bounds(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    if hi is not None:
+        return f" <= {hi}"
+    return ""
