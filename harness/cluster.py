@@ -1,0 +1,391 @@
+"""Docker orchestration: one network per run, one sidecar (Toxiproxy) and one broker
+container per node, named volumes for data, readiness, logs, teardown.
+
+The topology is data (``Topology``) built from a broker plugin and a scenario;
+the same object drives the Docker SDK here and renders ``docker-compose.yml``
+(``harness.compose``), so there is one description of the cluster, not two.
+
+Each node is two containers. The sidecar ``<run>-<node>`` owns the network
+namespace (host name = node name, peers mapped to its loopback addresses) and
+runs the Toxiproxy-API server; the broker container ``<run>-<node>-broker`` joins
+that namespace. Killing or restarting the broker therefore never touches the
+proxies, and each directed link is a proxy of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.broker import BrokerPlugin, NodeInfo
+from harness.errors import ClusterError, DockerUnavailable, PortInUse
+from harness.progress import say
+from harness.proxies import ProxySpec, ToxiproxyServer, client_proxy_port, peer_address
+
+PROJECT_LABEL = "brokerchaos.project"
+RUN_LABEL = "brokerchaos.run"
+ROLE_LABEL = "brokerchaos.role"
+NODE_LABEL = "brokerchaos.node"
+TOXIPROXY_API_PORT = 8474
+LAZYFS_BACKING = "/var/lib/brokerchaos/backing"
+
+
+def docker_client():  # type: ignore[no-untyped-def]
+    """A Docker client from the environment (``DOCKER_HOST`` works), or one clear error."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except docker.errors.DockerException as exc:
+        where = os.environ.get("DOCKER_HOST", "the local socket /var/run/docker.sock")
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine at {where} ({_short(exc)}); start Docker or set DOCKER_HOST"
+        ) from None
+
+
+def published_host() -> str:
+    """Where published ports are reachable: the Docker host of DOCKER_HOST, else loopback."""
+    url = os.environ.get("DOCKER_HOST", "")
+    if url.startswith(("tcp://", "http://", "https://")):
+        return urllib.parse.urlparse(url).hostname or "127.0.0.1"
+    return "127.0.0.1"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:200] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    service: str  # compose service name
+    role: str  # "proxy" or "broker"
+    node: str
+    image: str
+    command: Sequence[str] = ()
+    entrypoint: Sequence[str] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    hostname: str | None = None
+    network_of: str | None = None  # join this container's network namespace
+    extra_hosts: Mapping[str, str] = field(default_factory=dict)
+    ports: Mapping[int, int | None] = field(default_factory=dict)  # container port -> host port (None = any)
+    volumes: Mapping[str, str] = field(default_factory=dict)  # volume name -> mount point
+    files: Mapping[str, str] = field(default_factory=dict)
+    devices: Sequence[str] = ()
+    cap_add: Sequence[str] = ()
+    security_opt: Sequence[str] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topology:
+    run_id: str
+    network: str
+    nodes: tuple[str, ...]
+    containers: tuple[ContainerSpec, ...]
+    proxies: Mapping[str, tuple[ProxySpec, ...]]  # sidecar node -> its proxies
+    client_port: int
+    data_dir: str
+    lazyfs: bool
+
+    def container(self, node: str, role: str) -> ContainerSpec:
+        for c in self.containers:
+            if c.node == node and c.role == role:
+                return c
+        raise KeyError((node, role))
+
+
+def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: Mapping[str, Any],
+                   broker_image: str, proxy_image: str, lazyfs: bool = False,
+                   host_ports: Mapping[str, int] | None = None, api_host_ports: Mapping[str, int] | None = None,
+                   compose: bool = False) -> Topology:
+    """The containers, volumes and proxies of one cluster."""
+    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id}
+    cport = client_proxy_port(plugin.client_port)
+    containers: list[ContainerSpec] = []
+    proxies: dict[str, tuple[ProxySpec, ...]] = {}
+    for i, name in enumerate(names, start=1):
+        sidecar = f"{run_id}-{name}"
+        peers = tuple(n for n in names if n != name)
+        links = [ProxySpec(name=f"client_to_{name}", listen=f"0.0.0.0:{cport}",
+                           upstream=f"127.0.0.1:{plugin.client_port}", src="client", dst=name,
+                           port=plugin.client_port)]
+        for j, peer in enumerate(names, start=1):
+            if peer == name:
+                continue
+            upstream_host = peer if compose else f"{run_id}-{peer}"
+            for port in plugin.peer_ports:
+                links.append(ProxySpec(name=f"{name}_to_{peer}_{port}", listen=f"{peer_address(j)}:{port}",
+                                       upstream=f"{upstream_host}:{port}", src=name, dst=peer, port=port))
+        proxies[name] = tuple(links)
+        containers.append(ContainerSpec(
+            name=sidecar, service=name, role="proxy", node=name, image=proxy_image,
+            hostname=name,
+            extra_hosts={peer: peer_address(names.index(peer) + 1) for peer in peers},
+            ports={cport: (host_ports or {}).get(name), TOXIPROXY_API_PORT: (api_host_ports or {}).get(name)},
+            labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
+        ))
+        spec = plugin.node_spec(NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings))
+        init = ["--data-dir", plugin.data_dir]
+        volume_mount = plugin.data_dir
+        devices: tuple[str, ...] = ()
+        caps: tuple[str, ...] = ()
+        sec: tuple[str, ...] = ()
+        if lazyfs:
+            init += ["--lazyfs", "--backing", LAZYFS_BACKING]
+            volume_mount = LAZYFS_BACKING
+            devices = ("/dev/fuse:/dev/fuse:rwm",)
+            caps = ("SYS_ADMIN",)
+            sec = ("apparmor:unconfined",)
+        containers.append(ContainerSpec(
+            name=f"{sidecar}-broker", service=f"{name}-broker", role="broker", node=name, image=broker_image,
+            command=[*init, "--", *spec.command], env=dict(spec.env), network_of=sidecar,
+            volumes={f"{run_id}-{name}-data": volume_mount}, files=dict(spec.files),
+            devices=devices, cap_add=caps, security_opt=sec,
+            labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
+        ))
+    return Topology(run_id=run_id, network=run_id, nodes=names, containers=tuple(containers), proxies=proxies,
+                    client_port=plugin.client_port, data_dir=plugin.data_dir, lazyfs=lazyfs)
+
+
+class Node:
+    """A running node: its broker container, its sidecar's Toxiproxy and its client endpoint."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.container_name = cluster.topology.container(name, "broker").name
+        self.sidecar_name = cluster.topology.container(name, "proxy").name
+        self.toxiproxy: ToxiproxyServer | None = None
+        self.client_endpoint: tuple[str, int] | None = None
+
+    @property
+    def container(self):  # type: ignore[no-untyped-def]
+        return self.cluster.client.containers.get(self.container_name)
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        import docker.errors
+
+        try:
+            result = self.container.exec_run(["timeout", str(int(max(1, timeout))), *cmd], demux=False)
+        except docker.errors.APIError as exc:
+            return 126, _short(exc)
+        out = result.output.decode(errors="replace") if result.output else ""
+        return result.exit_code if result.exit_code is not None else 1, out
+
+    def running(self) -> bool:
+        try:
+            return self.container.status == "running"
+        except Exception:  # noqa: BLE001
+            return False
+
+
+class Cluster:
+    """Start, inspect and tear down one topology. Use as a context manager: it always tears down."""
+
+    def __init__(self, client, topology: Topology, plugin: BrokerPlugin, settings: Mapping[str, Any],  # type: ignore[no-untyped-def]
+                 *, keep: bool = False) -> None:
+        self.client = client
+        self.topology = topology
+        self.plugin = plugin
+        self.settings = settings
+        self.keep = keep
+        self.nodes = {name: Node(self, name) for name in topology.nodes}
+        self.host = published_host()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.keep:
+            self.teardown()
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import docker.errors
+
+        t = self.topology
+        say("cluster", f"network {t.network}, {len(t.nodes)} nodes, data on {'lazyfs' if t.lazyfs else 'volumes'}")
+        try:
+            self.client.networks.create(t.network, driver="bridge", labels=self._labels())
+            for c in t.containers:
+                for vol in c.volumes:
+                    self.client.volumes.create(vol, labels=c.labels)
+            for c in t.containers:
+                if c.role == "proxy":
+                    self._run(c)
+            for node in self.nodes.values():
+                self._attach_proxy(node)
+            for c in t.containers:
+                if c.role == "broker":
+                    self._create(c)
+                    say("cluster", f"{c.node}: starting {self.plugin.name} ({c.name})")
+                    self.client.containers.get(c.name).start()
+        except docker.errors.APIError as exc:
+            text = _short(exc)
+            if "port is already allocated" in text or "address already in use" in text:
+                raise PortInUse(f"{text}: free the port or choose other host ports") from None
+            raise ClusterError(f"Docker refused to start the cluster: {text}") from None
+        self.wait_ready()
+        say("cluster", f"forming the cluster ({self.plugin.name})")
+        self.plugin.form_cluster(list(self.nodes.values()), self.settings)
+        say("cluster", "ready: " + ", ".join(f"{n}={h}:{p}" for n, (h, p) in self.client_endpoints().items()))
+
+    def _labels(self) -> dict[str, str]:
+        return {PROJECT_LABEL: "brokerchaos", RUN_LABEL: self.topology.run_id}
+
+    def _create(self, c: ContainerSpec):  # type: ignore[no-untyped-def]
+        kwargs: dict[str, Any] = dict(
+            image=c.image, name=c.name, command=list(c.command) or None, environment=dict(c.env),
+            labels=dict(c.labels), detach=True,
+        )
+        if c.entrypoint is not None:
+            kwargs["entrypoint"] = list(c.entrypoint)
+        if c.network_of:
+            kwargs["network_mode"] = f"container:{c.network_of}"
+        else:
+            kwargs["network"] = self.topology.network
+            kwargs["hostname"] = c.hostname
+            kwargs["extra_hosts"] = dict(c.extra_hosts)
+            kwargs["ports"] = {f"{p}/tcp": (self.host if self.host == "127.0.0.1" else "0.0.0.0", hp)
+                               for p, hp in c.ports.items()}
+        if c.volumes:
+            kwargs["volumes"] = {v: {"bind": m, "mode": "rw"} for v, m in c.volumes.items()}
+        if c.devices:
+            kwargs["devices"] = list(c.devices)
+        if c.cap_add:
+            kwargs["cap_add"] = list(c.cap_add)
+        if c.security_opt:
+            kwargs["security_opt"] = list(c.security_opt)
+        container = self.client.containers.create(**kwargs)
+        if c.files:
+            container.put_archive("/", _tar_files(c.files))
+        return container
+
+    def _run(self, c: ContainerSpec) -> None:
+        self._create(c).start()
+
+    def _attach_proxy(self, node: Node) -> None:
+        sidecar = self.client.containers.get(node.sidecar_name)
+        sidecar.reload()
+        ports = sidecar.attrs["NetworkSettings"]["Ports"]
+        api = ports.get(f"{TOXIPROXY_API_PORT}/tcp")
+        cport = ports.get(f"{client_proxy_port(self.topology.client_port)}/tcp")
+        if not api or not cport:
+            raise ClusterError(f"{node.name}: the sidecar's ports were not published ({ports})")
+        node.toxiproxy = ToxiproxyServer(node.name, self.host, int(api[0]["HostPort"]))
+        node.client_endpoint = (self.host, int(cport[0]["HostPort"]))
+        node.toxiproxy.wait()
+        node.toxiproxy.populate(list(self.topology.proxies[node.name]))
+
+    def wait_ready(self, nodes: Sequence[str] | None = None, timeout: float | None = None) -> None:
+        timeout = timeout or self.plugin.ready_timeout
+        pending = list(nodes or self.topology.nodes)
+        deadline = time.monotonic() + timeout
+        while pending:
+            for name in list(pending):
+                node = self.nodes[name]
+                if not node.running():
+                    raise ClusterError(f"{name}: the broker container exited; its log:\n{self.tail_log(name)}")
+                if self.plugin.is_ready(node):
+                    say("cluster", f"{name}: ready")
+                    pending.remove(name)
+            if pending and time.monotonic() > deadline:
+                raise ClusterError(f"{', '.join(pending)} not ready after {timeout:.0f}s; last log lines:\n"
+                                   + "\n".join(self.tail_log(n) for n in pending))
+            if pending:
+                time.sleep(0.5)
+
+    def tail_log(self, name: str, lines: int = 15) -> str:
+        try:
+            return self.nodes[name].container.logs(tail=lines).decode(errors="replace")
+        except Exception as exc:  # noqa: BLE001
+            return f"(no log: {_short(exc)})"
+
+    def client_endpoints(self) -> dict[str, tuple[str, int]]:
+        return {n: node.client_endpoint for n, node in self.nodes.items() if node.client_endpoint}
+
+    # -- logs and teardown ---------------------------------------------------------------
+
+    def collect(self, out: Path) -> None:
+        """Container logs, the plugin's log files and a listing of each data directory."""
+        import docker.errors
+
+        for name, node in self.nodes.items():
+            d = out / "nodes" / name
+            d.mkdir(parents=True, exist_ok=True)
+            for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
+                try:
+                    (d / fname).write_bytes(self.client.containers.get(cname).logs())
+                except docker.errors.DockerException as exc:
+                    (d / fname).write_text(f"(unavailable: {_short(exc)})\n")
+            if not node.running():
+                continue
+            rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])
+            (d / "data-dir.txt").write_text(listing)
+            for path in self.plugin.log_paths:
+                try:
+                    bits, _ = node.container.get_archive(path)
+                    buf = io.BytesIO(b"".join(bits))
+                    with tarfile.open(fileobj=buf) as tar:
+                        tar.extractall(d / "logs", filter="data")
+                except docker.errors.DockerException:
+                    pass
+
+    def teardown(self) -> None:
+        remove_labelled(self.client, self.topology.run_id)
+
+
+def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Remove containers, networks and volumes brokerchaos labelled (one run, or all)."""
+    import docker.errors
+
+    flt = [f"{PROJECT_LABEL}=brokerchaos"] + ([f"{RUN_LABEL}={run_id}"] if run_id else [])
+    counts = {"containers": 0, "networks": 0, "volumes": 0}
+    containers = client.containers.list(all=True, filters={"label": flt})
+    # Brokers first: they live in their sidecars' namespaces.
+    containers.sort(key=lambda c: c.labels.get(ROLE_LABEL) != "broker")
+    for c in containers:
+        try:
+            c.remove(force=True, v=True)
+            counts["containers"] += 1
+        except docker.errors.NotFound:
+            pass
+    for n in client.networks.list(filters={"label": flt}):
+        try:
+            n.remove()
+            counts["networks"] += 1
+        except docker.errors.NotFound:
+            pass
+    for v in client.volumes.list(filters={"label": flt}):
+        try:
+            v.remove(force=True)
+            counts["volumes"] += 1
+        except docker.errors.NotFound:
+            pass
+    return counts
+
+
+def _tar_files(files: Mapping[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

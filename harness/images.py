@@ -1,0 +1,242 @@
+"""Building every image locally: no container registry is needed.
+
+Layers, each tagged by a hash of everything that goes into it so an unchanged
+image is skipped:
+
+1. ``brokerchaos/rootfs:<hash>`` -- a Debian bookworm root filesystem with the
+   base packages plus a plugin's ``debian_packages``, made with ``debootstrap``
+   on the host and loaded with ``docker import`` (or, when a registry serves
+   ``debian:bookworm-slim``, the same packages installed on top of it).
+2. ``brokerchaos/<plugin>:<hash>`` -- Python wheels fetched on the host with
+   ``pip download`` and installed offline, the node tooling (``faults.nodeinit``,
+   ``faults.lazyfs``) and the plugin's files.
+3. ``brokerchaos/toxiproxy:<hash>`` -- the Toxiproxy-API server binary built with cargo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from harness.broker import ImageRecipe
+from harness.errors import ImageError
+from harness.progress import say
+
+SUITE = "bookworm"
+MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+BASE_PACKAGES = (
+    "python3", "python3-pip", "fuse3", "libfuse3-3", "iproute2", "procps", "netcat-openbsd",
+    "ca-certificates", "tini",
+)
+NODE_WHEELS = ("mfusepy",)
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("BROKERCHAOS_CACHE", Path.home() / ".cache" / "brokerchaos"))
+LABEL = "brokerchaos.recipe"
+TOXIPROXY_CRATE = REPO / "tools" / "toxiproxy-server"
+TOXIPROXY_BIN = "brokerchaos-toxiproxy"
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _tree_digest(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for root in sorted(paths):
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for f in files:
+            if "__pycache__" in f.parts or f.suffix == ".pyc":
+                continue
+            h.update(str(f.relative_to(root.parent)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _exists(client, tag: str) -> bool:  # type: ignore[no-untyped-def]
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+class ImageBuilder:
+    """Builds the images a run needs; ``force`` rebuilds even when the hash matches."""
+
+    def __init__(self, client, *, force: bool = False) -> None:  # type: ignore[no-untyped-def]
+        self.client = client
+        self.force = force
+
+    # -- layer 1: root filesystems -------------------------------------------------------
+
+    def rootfs(self, extra_packages: Iterable[str] = ()) -> str:
+        packages = tuple(sorted(set(BASE_PACKAGES) | set(extra_packages)))
+        tag = f"brokerchaos/rootfs:{_digest(SUITE, *packages)}"
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+            return tag
+        if self._registry_base(tag, packages):
+            return tag
+        if shutil.which("debootstrap") is None:
+            raise ImageError("debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)")
+        say("images", f"bootstrapping Debian {SUITE} with {len(packages)} packages -> {tag} (about a minute)")
+        cache = CACHE / "debootstrap-debs"
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="brokerchaos-rootfs-") as tmp:
+            root = Path(tmp) / "root"
+            cmd = ["debootstrap", "--variant=minbase", f"--cache-dir={cache}",
+                   f"--include={','.join(packages)}", SUITE, str(root), MIRROR]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+                raise ImageError(f"debootstrap failed (exit {proc.returncode}): {' | '.join(tail)}")
+            # Services must not start at build time; apt lists are not needed offline.
+            (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
+            (root / "usr/sbin/policy-rc.d").chmod(0o755)
+            for d in ("var/lib/apt/lists", "var/cache/apt/archives"):
+                shutil.rmtree(root / d, ignore_errors=True)
+                (root / d).mkdir(parents=True, exist_ok=True)
+            tar_path = Path(tmp) / "rootfs.tar"
+            subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tar_path), "."], check=True)
+            say("images", f"docker import {tar_path.stat().st_size >> 20} MiB")
+            repo, _, version = tag.partition(":")
+            self.client.api.import_image_from_file(
+                str(tar_path), repository=repo, tag=version,
+                changes=[f"LABEL {LABEL}={version}", "ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'],
+            )
+        return tag
+
+    def _registry_base(self, tag: str, packages: tuple[str, ...]) -> bool:
+        """Where a registry serves debian:bookworm-slim, install the packages on top of it."""
+        import docker.errors
+
+        if os.environ.get("BROKERCHAOS_NO_REGISTRY") or not os.environ.get("BROKERCHAOS_TRY_REGISTRY"):
+            return False
+        try:
+            self.client.images.pull("debian", tag="bookworm-slim")
+        except docker.errors.DockerException:
+            return False
+        dockerfile = (
+            "FROM debian:bookworm-slim\n"
+            f"RUN apt-get update && apt-get install -y --no-install-recommends {' '.join(packages)} "
+            "&& rm -rf /var/lib/apt/lists/*\n"
+        )
+        self._build(tag, dockerfile, {})
+        return True
+
+    # -- layer 2: Python and files ------------------------------------------------------
+
+    def wheels(self, packages: Iterable[str]) -> Path:
+        packages = tuple(sorted(set(packages)))
+        out = CACHE / "wheels" / _digest(*packages)
+        if (out / ".complete").exists():
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        say("images", f"fetching wheels on the host: {', '.join(packages)}")
+        proc = subprocess.run(
+            ["python3", "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
+             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+             "--platform", "manylinux_2_28_x86_64", "-d", str(out), *packages],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            raise ImageError(f"pip download {' '.join(packages)} failed: {tail[0]}")
+        (out / ".complete").write_text("ok")
+        return out
+
+    def node_image(self, recipe: ImageRecipe) -> str:
+        """A plugin's image: rootfs + wheels + node tooling + the plugin's files."""
+        base = self.rootfs(recipe.debian_packages)
+        wheel_dir = self.wheels(NODE_WHEELS + tuple(recipe.python_packages))
+        files: dict[str, Path] = {"opt/brokerchaos/faults": REPO / "faults"}
+        for host, container in recipe.copy.items():
+            files[container.lstrip("/")] = Path(host)
+        lines = [f"FROM {base}", "COPY wheels /tmp/wheels",
+                 "RUN python3 -m pip install --no-index --no-cache-dir --break-system-packages "
+                 "--find-links /tmp/wheels /tmp/wheels/*.whl && rm -rf /tmp/wheels"]
+        for container in files:
+            lines.append(f"COPY {container} /{container}")
+        env = {"PYTHONPATH": "/opt/brokerchaos", "PYTHONUNBUFFERED": "1", **recipe.env}
+        lines += [f"ENV {k}={v}" for k, v in env.items()]
+        lines += [f"RUN {cmd}" for cmd in recipe.run]
+        lines.append('ENTRYPOINT ["/usr/bin/tini", "-g", "--", "python3", "-m", "faults.nodeinit"]')
+        dockerfile = "\n".join(lines) + "\n"
+        files["wheels"] = wheel_dir
+        digest = _digest(dockerfile, _tree_digest(files.values()))
+        tag = f"{recipe.name}:{digest}"
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+            return tag
+        say("images", f"building {tag}")
+        self._build(tag, dockerfile, files)
+        return tag
+
+    def toxiproxy_image(self) -> str:
+        binary = self.toxiproxy_binary()
+        base = self.rootfs()
+        dockerfile = (f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
+                      f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n')
+        tag = f"brokerchaos/toxiproxy:{_digest(dockerfile, _tree_digest([binary]))}"
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+            return tag
+        say("images", f"building {tag}")
+        self._build(tag, dockerfile, {TOXIPROXY_BIN: binary})
+        return tag
+
+    def toxiproxy_binary(self) -> Path:
+        """Build the Toxiproxy-API server with cargo when its sources changed."""
+        target = TOXIPROXY_CRATE / "target" / "release" / TOXIPROXY_BIN
+        if not (TOXIPROXY_CRATE / "Cargo.toml").exists():
+            raise ImageError(f"{TOXIPROXY_CRATE} is missing: brokerchaos must run from a source checkout")
+        sources = [p for p in (TOXIPROXY_CRATE / "src").rglob("*.rs")] + [TOXIPROXY_CRATE / "Cargo.lock"]
+        if target.exists() and all(p.stat().st_mtime <= target.stat().st_mtime for p in sources):
+            return target
+        if shutil.which("cargo") is None:
+            raise ImageError("cargo is not installed: the Toxiproxy-API server is built with cargo (install Rust)")
+        say("images", "building the Toxiproxy-API server with cargo (a few minutes the first time)")
+        proc = subprocess.run(["cargo", "build", "--release", "--locked", "--manifest-path",
+                               str(TOXIPROXY_CRATE / "Cargo.toml")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-3:]
+            raise ImageError(f"cargo build of the Toxiproxy-API server failed: {' | '.join(tail)}")
+        return target
+
+    def _build(self, tag: str, dockerfile: str, files: Mapping[str, Path]) -> None:
+        import docker.errors
+
+        context = io.BytesIO()
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            data = dockerfile.encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            for arcname, path in files.items():
+                tar.add(str(path), arcname=arcname,
+                        filter=lambda ti: None if "__pycache__" in ti.name or ti.name.endswith(".pyc") else ti)
+        context.seek(0)
+        repo, _, version = tag.partition(":")
+        try:
+            for chunk in self.client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                                               forcerm=True, decode=True, labels={LABEL: version}):
+                if "error" in chunk:
+                    raise ImageError(f"building {tag}: {chunk['error'].strip()}")
+                line = chunk.get("stream", "").strip()
+                if line.startswith("Step "):
+                    say("images", f"  {line}")
+        except docker.errors.APIError as exc:
+            raise ImageError(f"building {tag}: {exc.explanation or exc}") from exc

@@ -1,0 +1,179 @@
+"""The workload: producers with publisher confirms, consumers with manual acks, a final drain.
+
+Protocol-independent scheduling lives here; a driver (``AmqpDriver`` in
+``harness.amqp_client``) knows one wire protocol. Every operation goes to the
+history as an invoke plus exactly one completion; an exception is ``info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness.history import Recorder
+from harness.scenario import WorkloadSection
+
+
+@dataclass
+class Endpoint:
+    node: str
+    host: str
+    port: int
+
+
+@dataclass
+class WorkloadStats:
+    started: float = 0.0
+    stopped: float = 0.0
+    cpu_seconds: float = 0.0
+    published_ok: int = 0
+    published_fail: int = 0
+    published_info: int = 0
+    consumed: int = 0
+    reconnects: int = 0
+    drained: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        wall = max(self.stopped - self.started, 1e-9)
+        ops = self.published_ok + self.published_fail + self.published_info + self.consumed
+        return {
+            "wall_seconds": round(wall, 3),
+            "driver_cpu_seconds": round(self.cpu_seconds, 3),
+            "messages_published_ok": self.published_ok,
+            "messages_published_fail": self.published_fail,
+            "messages_published_info": self.published_info,
+            "messages_consumed": self.consumed,
+            "reconnects": self.reconnects,
+            "ops_per_second": round(ops / wall, 1),
+            # What one core of this driver could sustain: operations per CPU-second it spent.
+            "driver_capacity_ops_per_cpu_second": round(ops / self.cpu_seconds, 1) if self.cpu_seconds else None,
+            "driver_cpu_share": round(self.cpu_seconds / wall, 3),
+        }
+
+
+class Driver(Protocol):
+    """What a protocol driver offers the scheduler."""
+
+    async def setup(self, queues: Sequence[str]) -> None: ...
+    async def produce(self, process: str, queue: str, ids: Any, stop: asyncio.Event) -> None: ...
+    async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
+    async def drain(self, process: str, queue: str) -> int: ...
+
+
+class RateLimiter:
+    """Evenly spaced permits at ``rate`` per second (0 = unlimited); no catch-up bursts."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next = time.monotonic()
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self.next > now:
+            await asyncio.sleep(self.next - now)
+            self.next += self.interval
+        else:
+            self.next = now + self.interval
+
+
+def queue_names(w: WorkloadSection) -> list[str]:
+    return [f"{w.queue_prefix}-{i}" for i in range(1, w.queues + 1)]
+
+
+def assignments(w: WorkloadSection, nodes: Sequence[str], seed: int) -> dict[str, tuple[str, str]]:
+    """Which queue and first node each producer and consumer uses (spread, seeded)."""
+    rng = random.Random(seed)
+    queues = queue_names(w)
+    order = list(nodes)
+    rng.shuffle(order)
+    out: dict[str, tuple[str, str]] = {}
+    for i in range(w.producers):
+        out[f"p{i + 1}"] = (queues[i % len(queues)], order[i % len(order)])
+    for i in range(w.consumers):
+        out[f"c{i + 1}"] = (queues[i % len(queues)], order[(i + 1) % len(order)])
+    return out
+
+
+async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str], seed: int,
+                       recorder: Recorder, *, on_tick: Any = None, nemesis: Any = None) -> WorkloadStats:
+    """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
+    then stop producers, let the nemesis heal, and drain every queue."""
+    stats = WorkloadStats()
+    queues = queue_names(w)
+    await driver.setup(queues)
+    plan = assignments(w, nodes, seed)
+    stop_producers = asyncio.Event()
+    stop_consumers = asyncio.Event()
+    cpu0 = time.process_time()
+    stats.started = time.monotonic()
+    tasks = []
+    for proc, (queue, _node) in plan.items():
+        if proc.startswith("p"):
+            tasks.append(asyncio.create_task(driver.produce(proc, queue, None, stop_producers), name=proc))
+        else:
+            tasks.append(asyncio.create_task(driver.consume(proc, queue, stop_consumers), name=proc))
+    nemesis_task = asyncio.create_task(nemesis(w.duration)) if nemesis else None
+    ticker = asyncio.create_task(_tick(on_tick, recorder, stats)) if on_tick else None
+    try:
+        await asyncio.sleep(w.duration)
+        stop_producers.set()
+        producers = [t for t in tasks if t.get_name().startswith("p")]
+        await asyncio.wait(producers, timeout=w.confirm_timeout + 5)
+        if nemesis_task is not None:
+            await nemesis_task  # heals everything and settles before returning
+        stop_consumers.set()
+        await asyncio.wait([t for t in tasks if t.get_name().startswith("c")], timeout=10)
+        stats.drained = {}
+        results = await asyncio.gather(
+            *(driver.drain(f"d{i}", q) for i, q in enumerate(queues, start=1)), return_exceptions=True)
+        for q, res in zip(queues, results, strict=True):
+            stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+    finally:
+        stop_producers.set()
+        stop_consumers.set()
+        for t in tasks:
+            t.cancel()
+        if nemesis_task is not None and not nemesis_task.done():
+            nemesis_task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if nemesis_task is not None:
+            await asyncio.gather(nemesis_task, return_exceptions=True)
+        if ticker is not None:
+            ticker.cancel()
+        stats.stopped = time.monotonic()
+        stats.cpu_seconds = time.process_time() - cpu0
+        c = recorder.counts
+        stats.published_ok = c.get(("publish", "ok"), 0)
+        stats.published_fail = c.get(("publish", "fail"), 0)
+        stats.published_info = c.get(("publish", "info"), 0)
+        stats.consumed = c.get(("consume", "ok"), 0)
+    return stats
+
+
+async def _tick(on_tick: Any, recorder: Recorder, stats: WorkloadStats) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        c = recorder.counts
+        on_tick({
+            "published": c.get(("publish", "ok"), 0),
+            "failed": c.get(("publish", "fail"), 0),
+            "unknown": c.get(("publish", "info"), 0),
+            "consumed": c.get(("consume", "ok"), 0),
+            "faults": c.get(("heal", "ok"), 0),
+        })
+
+
+def driver_options(w: WorkloadSection, plugin: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "username": plugin.username,
+        "password": plugin.password,
+        "vhost": plugin.vhost,
+        "queue_arguments": plugin.queue_arguments(settings),
+        "workload": w,
+    }
