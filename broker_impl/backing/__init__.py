@@ -17,12 +17,14 @@ restart).
 from __future__ import annotations
 
 from broker_impl.backing.memory import DEFAULT_RAM_BUDGET, MemoryBackingQueue
+from broker_impl.backing.persistent import PersistentBackingQueue
 from broker_impl.backing_queue import BackingQueue
 from broker_impl.store import Store, StoreConfig, StoreConfigError, open_store
 
 __all__ = [
     "DEFAULT_RAM_BUDGET",
     "MemoryBackingQueue",
+    "PersistentBackingQueue",
     "Store",
     "StoreConfig",
     "StoreConfigError",
@@ -34,6 +36,9 @@ __all__ = [
 def make_backing_queue(
     name: str, durable: bool, store: Store | None, *, ram_budget_bytes: int = DEFAULT_RAM_BUDGET
 ) -> BackingQueue:
-    """The backing queue for a declared queue (call once per declare or recovery)."""
+    """The backing queue for a declared queue (call once per queue and store: a second
+    persistent instance would load the same recovered messages again)."""
+    if durable and store is not None:
+        return PersistentBackingQueue(name, store, ram_budget_bytes=ram_budget_bytes)
     spill_dir = store.spill_dir(name) if store is not None else None
     return MemoryBackingQueue(name, durable, ram_budget_bytes=ram_budget_bytes, spill_dir=spill_dir)

@@ -74,14 +74,20 @@ class MemoryBackingQueue(BackingQueue):
     # -- contract ---------------------------------------------------------------
 
     async def publish(self, message: Message) -> int:
-        entry = await self._add(message)
+        # The entry takes its place in the order before any await, so concurrent
+        # publishes (some waiting for an fsync, some not) stay in seq order. If the
+        # wait fails the message stays queued, unconfirmed (RocketMQ's
+        # FLUSH_DISK_TIMEOUT): the publisher gets a nack and may send a duplicate.
+        entry = self._add(message)
         self._fresh.append(entry)
+        await self._wait_safe(entry)
         return entry.seq
 
     async def publish_delivered(self, message: Message) -> int:
-        entry = await self._add(message)
+        entry = self._add(message)
         self._unacked[entry.seq] = entry
         self._on_fetch(entry)
+        await self._wait_safe(entry)
         return entry.seq
 
     def fetch(self) -> Fetched | None:
@@ -187,8 +193,11 @@ class MemoryBackingQueue(BackingQueue):
 
     # -- hooks for the persistent queue ----------------------------------------------
 
-    async def _persist(self, entry: Entry, message: Message) -> None:
-        """Make a new message as safe as the policy promises (nothing to do in memory)."""
+    def _write(self, entry: Entry, message: Message) -> None:
+        """Write a new message where it must survive (nothing to do in memory)."""
+
+    async def _wait_safe(self, entry: Entry) -> None:
+        """Wait until the write is as safe as the policy promises (nothing to do in memory)."""
 
     async def _forget(self, entries: list[Entry]) -> None:
         """Persist that these messages are gone for good (nothing to do in memory)."""
@@ -210,10 +219,10 @@ class MemoryBackingQueue(BackingQueue):
         self._next_seq += 1
         return seq
 
-    async def _add(self, message: Message) -> Entry:
+    def _add(self, message: Message) -> Entry:
         self._check_open()
         entry = Entry(self._new_seq(message), message.size, message)
-        await self._persist(entry, message)
+        self._write(entry, message)
         self._entries[entry.seq] = entry
         self._ram += entry.size
         if self._ram > self.ram_budget_bytes:
