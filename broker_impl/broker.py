@@ -1,0 +1,354 @@
+"""The node: vhosts, users, permissions, policies, alarms, and the metadata store.
+
+Metadata (durable exchanges, queues and bindings, users, vhosts, permissions,
+policies) lives in ``<data_dir>/metadata.json``, rewritten whole on every
+change: write a temporary file, fsync it, rename it over the old one, fsync the
+directory. A crash therefore leaves either the old or the new file, never a
+torn one. Message contents are the store's business (``broker_impl.store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Coroutine
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker_impl.backing import DEFAULT_RAM_BUDGET, Store, make_backing_queue, open_store
+from broker_impl.backing_queue import BackingQueue
+from broker_impl.codec import ACCESS_REFUSED, ChannelError
+from broker_impl.config import Config, Permission, User
+from broker_impl.flow import CreditSpec
+from broker_impl.queue import Queue
+from broker_impl.vhost import VHost
+
+if TYPE_CHECKING:
+    from broker_impl.connection import Connection
+
+log = logging.getLogger("broker_impl.broker")
+
+METADATA_FILE = "metadata.json"
+METADATA_VERSION = 1
+
+
+class BrokerError(Exception):
+    """An operator request that cannot be done (unknown user, bad regex); one line for the CLI."""
+
+
+def hash_password(password: str, salt: str | None = None) -> str:
+    salt = salt or secrets.token_hex(8)
+    digest = hashlib.sha256((salt + password).encode()).hexdigest()
+    return f"sha256${salt}${digest}"
+
+
+def check_password(stored: str, password: str) -> bool:
+    try:
+        _alg, salt, _digest = stored.split("$", 2)
+    except ValueError:
+        return False
+    return secrets.compare_digest(hash_password(password, salt), stored)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def store_queue_key(vhost: str, queue: str) -> str:
+    """The store's name for a queue: plain for the default vhost, length-prefixed otherwise."""
+    return queue if vhost == "/" else f"{len(vhost)}:{vhost}:{queue}"
+
+
+class Broker:
+    """Everything one node knows; connections and the control socket act through it."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+        self.vhosts: dict[str, VHost] = {}
+        self.users: dict[str, dict[str, Any]] = {}  # name -> {password_hash, tags}
+        self.permissions: dict[tuple[str, str], Permission] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}  # (vhost, name) -> policy
+        self.connections: set[Connection] = set()
+        self.alarms: set[str] = set()  # "memory", "disk"
+        self.store: Store | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        f = config.flow
+        self.flow_enabled = f.enabled
+        self.link_spec = CreditSpec(f.initial, f.more_after)
+        self.store_spec = CreditSpec(f.store_initial, f.store_more_after)
+        self._loading = False
+
+    # -- startup / shutdown ------------------------------------------------------------
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await open_store(self.data_dir / "store", self.config.store)
+        path = self.data_dir / METADATA_FILE
+        if path.exists():
+            await self._load(json.loads(path.read_text()))
+        else:
+            self._seed_from_config()
+            self.metadata_changed()
+
+    def _seed_from_config(self) -> None:
+        for v in self.config.vhosts:
+            self.vhosts[v] = VHost(self, v)
+        for u in self.config.users:
+            self.users[u.name] = {"password_hash": hash_password(u.password), "tags": list(u.tags)}
+        for p in self.config.permissions:
+            if p.user in self.users and p.vhost in self.vhosts:
+                self.permissions[(p.user, p.vhost)] = p
+
+    async def _load(self, data: dict[str, Any]) -> None:
+        """Re-declare durable entities; durable queues reattach to what the store recovered."""
+        self._loading = True
+        try:
+            for name, u in data.get("users", {}).items():
+                self.users[name] = {"password_hash": u["password_hash"], "tags": list(u.get("tags", []))}
+            for p in data.get("permissions", []):
+                self.permissions[(p["user"], p["vhost"])] = Permission(**p)
+            for p in data.get("policies", []):
+                self.policies[(p["vhost"], p["name"])] = p
+            for vname, vd in data.get("vhosts", {}).items():
+                vh = VHost(self, vname)
+                self.vhosts[vname] = vh
+                for ex in vd.get("exchanges", []):
+                    vh.declare_exchange(
+                        ex["name"], ex["type"], durable=True, auto_delete=ex.get("auto_delete", False),
+                        internal=ex.get("internal", False), arguments=ex.get("arguments", {}),
+                    )
+                for q in vd.get("queues", []):
+                    await vh.declare_queue(
+                        q["name"], owner=None, durable=True, auto_delete=q.get("auto_delete", False),
+                        arguments=q.get("arguments", {}),
+                    )
+                for b in vd.get("bindings", []):
+                    queue = vh.queues.get(b["destination"])
+                    if queue is not None and b["source"] in vh.exchanges:
+                        vh.bind(queue, b["source"], b["routing_key"], b.get("arguments", {}))
+        finally:
+            self._loading = False
+        recovered = sum(q.message_count() for vh in self.vhosts.values() for q in vh.queues.values())
+        log.info("recovered %d vhost(s), %d durable queue(s), %d message(s)",
+                 len(self.vhosts), sum(len(v.queues) for v in self.vhosts.values()), recovered)
+
+    async def stop(self) -> None:
+        for vh in self.vhosts.values():
+            for q in list(vh.queues.values()):
+                try:
+                    if q.durable:
+                        await q.close()
+                    else:
+                        await q.delete()
+                except Exception:
+                    log.exception("closing queue %r", q.name)
+        for t in list(self._tasks):
+            t.cancel()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed: %r", task.exception())
+
+    # -- queues ---------------------------------------------------------------------------
+    async def open_backing(self, vhost: str, name: str, durable: bool) -> BackingQueue:
+        return make_backing_queue(store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget())
+
+    def ram_budget(self) -> int:
+        """Per-queue RAM budget: a quarter of the absolute watermark when one is set, else the default."""
+        wm = self.config.flow.memory_high_watermark
+        if wm >= 1:
+            return max(64 * 1024, int(wm // 4))
+        return DEFAULT_RAM_BUDGET
+
+    def make_queue(self, vhost: VHost, name: str, bq: BackingQueue, **kwargs: Any) -> Queue:
+        return Queue(
+            vhost, name, bq, flow_enabled=self.flow_enabled, link_spec=self.link_spec,
+            store_spec=self.store_spec, **kwargs,
+        )
+
+    def all_queues(self) -> list[Queue]:
+        return [q for vh in self.vhosts.values() for q in vh.queues.values()]
+
+    # -- auth ------------------------------------------------------------------------------
+    def authenticate(self, username: str, password: str) -> bool:
+        u = self.users.get(username)
+        return u is not None and check_password(u["password_hash"], password)
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool:
+        return (user, vhost) in self.permissions
+
+    def check_permission(self, user: str, vhost: str, kind: str, resource: str, what: str = "queue") -> None:
+        """RabbitMQ semantics: the regex must match the whole name; '' matches nothing; the default exchange is amq.default."""
+        perm = self.permissions.get((user, vhost))
+        regex = getattr(perm, kind) if perm is not None else ""
+        name = resource if resource or what != "exchange" else "amq.default"
+        if regex and re.fullmatch(regex, name) is not None:
+            return
+        raise ChannelError(
+            ACCESS_REFUSED, f"access to {what} '{name}' in vhost '{vhost}' refused for user '{user}'"
+        )
+
+    # -- operator commands -----------------------------------------------------------------
+    def add_user(self, name: str, password: str, tags: list[str] | None = None) -> None:
+        if name in self.users:
+            raise BrokerError(f"user '{name}' already exists")
+        self.users[name] = {"password_hash": hash_password(password), "tags": list(tags or [])}
+        self.metadata_changed()
+
+    def delete_user(self, name: str) -> None:
+        if self.users.pop(name, None) is None:
+            raise BrokerError(f"no such user '{name}'")
+        for key in [k for k in self.permissions if k[0] == name]:
+            del self.permissions[key]
+        self.metadata_changed()
+
+    def change_password(self, name: str, password: str) -> None:
+        if name not in self.users:
+            raise BrokerError(f"no such user '{name}'")
+        self.users[name]["password_hash"] = hash_password(password)
+        self.metadata_changed()
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        if user not in self.users:
+            raise BrokerError(f"no such user '{user}'")
+        if vhost not in self.vhosts:
+            raise BrokerError(f"no such vhost '{vhost}'")
+        for kind, rx in (("configure", configure), ("write", write), ("read", read)):
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise BrokerError(f"{kind} permission {rx!r} is not a valid regular expression ({exc})") from None
+        self.permissions[(user, vhost)] = Permission(user, vhost, configure, write, read)
+        self.metadata_changed()
+
+    def add_vhost(self, name: str) -> None:
+        if name in self.vhosts:
+            raise BrokerError(f"vhost '{name}' already exists")
+        self.vhosts[name] = VHost(self, name)
+        self.metadata_changed()
+
+    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any],
+                   priority: int = 0, apply_to: str = "queues") -> None:
+        if vhost not in self.vhosts:
+            raise BrokerError(f"no such vhost '{vhost}'")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise BrokerError(f"pattern {pattern!r} is not a valid regular expression ({exc})") from None
+        if not isinstance(definition, dict) or not definition:
+            raise BrokerError("policy definition must be a non-empty JSON object")
+        if apply_to not in ("queues", "exchanges", "all"):
+            raise BrokerError(f"apply-to {apply_to!r} not allowed; allowed queues, exchanges, all")
+        self.policies[(vhost, name)] = {
+            "vhost": vhost, "name": name, "pattern": pattern, "definition": definition,
+            "priority": priority, "apply-to": apply_to,
+        }
+        for q in self.vhosts[vhost].queues.values():
+            self.apply_policies(q)
+        self.metadata_changed()
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        if self.policies.pop((vhost, name), None) is None:
+            raise BrokerError(f"no policy '{name}' in vhost '{vhost}'")
+        if vhost in self.vhosts:
+            for q in self.vhosts[vhost].queues.values():
+                self.apply_policies(q)
+        self.metadata_changed()
+
+    def effective_policy(self, vhost: str, queue: str) -> dict[str, Any] | None:
+        """Highest priority wins; ties go to the later name, as RabbitMQ's sort does."""
+        best = None
+        for p in self.policies.values():
+            if p["vhost"] != vhost or p["apply-to"] not in ("queues", "all"):
+                continue
+            if re.search(p["pattern"], queue) is None:
+                continue
+            if best is None or (p["priority"], p["name"]) > (best["priority"], best["name"]):
+                best = p
+        return best
+
+    def apply_policies(self, q: Queue) -> None:
+        p = self.effective_policy(q.vhost.name, q.name)
+        q.policy = dict(p["definition"]) if p else None
+        q.policy_name = p["name"] if p else None
+
+    # -- alarms ------------------------------------------------------------------------------
+    def set_alarm(self, resource: str, on: bool) -> None:
+        if on == (resource in self.alarms):
+            return
+        if on:
+            self.alarms.add(resource)
+            log.warning("%s resource alarm set", resource)
+        else:
+            self.alarms.discard(resource)
+            log.warning("%s resource alarm cleared", resource)
+        for c in list(self.connections):
+            c.alarms_changed()
+
+    # -- metadata --------------------------------------------------------------------------------
+    def metadata_changed(self) -> None:
+        if self._loading:
+            return
+        write_atomic(self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode())
+
+    def metadata(self) -> dict[str, Any]:
+        vhosts: dict[str, Any] = {}
+        for vname, vh in self.vhosts.items():
+            durable_q = {q.name for q in vh.queues.values() if q.durable}
+            vhosts[vname] = {
+                "exchanges": [
+                    ex.to_json() for ex in vh.exchanges.values()
+                    if ex.durable and ex.name != "" and not ex.name.startswith("amq.")
+                ],
+                "queues": [
+                    {"name": q.name, "auto_delete": q.auto_delete, "arguments": q.arguments}
+                    for q in vh.queues.values() if q.durable
+                ],
+                "bindings": [
+                    asdict(b) for b in vh.bindings()
+                    if b.destination in durable_q and vh.exchanges[b.source].durable
+                ],
+            }
+        return {
+            "version": METADATA_VERSION,
+            "users": self.users,
+            "permissions": [asdict(p) for p in self.permissions.values()],
+            "policies": list(self.policies.values()),
+            "vhosts": vhosts,
+        }
+
+    def disk_free(self) -> int:
+        return shutil.disk_usage(self.data_dir).free
+
+
+__all__ = ["Broker", "BrokerError", "User", "store_queue_key", "write_atomic"]

@@ -1,0 +1,152 @@
+"""The runner: listening, connection tracking, alarms, the control socket, graceful shutdown.
+
+On start the node writes ``<data_dir>/node.json`` (pid, AMQP address, control
+address) so the admin CLI and test harnesses can find a node started on port 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from broker_impl.broker import Broker, BrokerError
+from broker_impl.config import Config
+from broker_impl.protocol import AMQPProtocol
+
+log = logging.getLogger("broker_impl.server")
+
+NODE_FILE = "node.json"
+CONTROL_SOCKET = "ctl.sock"
+
+
+def total_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class Server:
+    """One node. ``await start()``, then ``await serve_forever()`` or ``await stop()``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.broker = Broker(config)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._control: asyncio.Server | None = None
+        self.control_address: str | int = ""
+        self._monitor: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.broker.start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: AMQPProtocol(self.broker), self.config.host, self.config.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        await self._start_control()
+        self._monitor = loop.create_task(self._alarm_monitor())
+        self._write_node_file()
+        log.info("node %s listening on %s:%d (flow control %s)", self.config.name, self.config.host, self.port,
+                 "on" if self.broker.flow_enabled else "off")
+
+    def _write_node_file(self) -> None:
+        info = {
+            "name": self.config.name,
+            "pid": os.getpid(),
+            "host": self.config.host,
+            "port": self.port,
+            "control": self.control_address,
+        }
+        (self.config.data_dir / NODE_FILE).write_text(json.dumps(info))
+
+    async def _start_control(self) -> None:
+        if self.config.control_port:
+            self._control = await asyncio.start_server(self._control_client, "127.0.0.1", self.config.control_port)
+            self.control_address = self._control.sockets[0].getsockname()[1]
+        else:
+            path = self.config.data_dir / CONTROL_SOCKET
+            path.unlink(missing_ok=True)
+            self._control = await asyncio.start_unix_server(self._control_client, str(path))
+            self.control_address = str(path)
+
+    async def _control_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from broker_impl.ctl import dispatch
+
+        try:
+            line = await reader.readline()
+            try:
+                req = json.loads(line)
+                result = await dispatch(self, req.get("cmd", ""), req.get("args", {}))
+                resp: dict[str, Any] = {"ok": True, "result": result}
+            except BrokerError as exc:
+                resp = {"ok": False, "error": str(exc)}
+            except (ValueError, KeyError, TypeError) as exc:
+                resp = {"ok": False, "error": f"bad request: {exc}"}
+            writer.write(json.dumps(resp, default=str).encode() + b"\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    async def _alarm_monitor(self) -> None:
+        f = self.config.flow
+        limit = int(f.memory_high_watermark * total_memory()) if f.memory_high_watermark < 1 else int(f.memory_high_watermark)
+        while True:
+            try:
+                used = rss_bytes() if f.memory_source == "rss" else self.memory_in_queues()
+                self.broker.set_alarm("memory", used > limit)
+                self.broker.set_alarm("disk", self.broker.disk_free() < f.disk_free_limit)
+            except Exception:
+                log.exception("alarm check failed")
+            await asyncio.sleep(f.check_interval_ms / 1000)
+
+    def memory_in_queues(self) -> int:
+        return sum(q.bq.ram_bytes() for q in self.broker.all_queues())
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection with 320 CONNECTION_FORCED, flush queues, close the store."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.broker.connections):
+            conn.force_close("broker shutdown")
+        await asyncio.sleep(0.05)
+        for conn in list(self.broker.connections):
+            conn._terminate()
+        if self._monitor:
+            self._monitor.cancel()
+        if self._control is not None:
+            self._control.close()
+        await self.broker.stop()
+        if isinstance(self.control_address, str) and self.control_address:
+            Path(self.control_address).unlink(missing_ok=True)
+        (self.config.data_dir / NODE_FILE).unlink(missing_ok=True)
+        log.info("node %s stopped", self.config.name)
+        self._stopped.set()
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutdown requested")
+        await self.stop()

@@ -1,0 +1,302 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them.
+
+Declarations that change durable state call back into the broker so the
+metadata store is rewritten before the client sees ``declare-ok``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from broker_impl.codec import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    ChannelError,
+    ConnectionError_,
+)
+from broker_impl.exchange import Binding, Exchange, make_exchange
+from broker_impl.message import Message
+from broker_impl.queue import Queue
+
+if TYPE_CHECKING:
+    from broker_impl.broker import Broker
+
+log = logging.getLogger("broker_impl.vhost")
+
+_BUILTIN_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+_QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length", "x-expires", "x-queue-type")
+
+
+class VHost:
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.broker = broker
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        for ename, etype in _BUILTIN_EXCHANGES:
+            self.exchanges[ename] = make_exchange(etype, ename, durable=True)
+
+    # -- exchanges ----------------------------------------------------------------
+    def declare_exchange(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
+        arguments = arguments or {}
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+            return existing
+        if name == "" or (name.startswith("amq.") and existing is None):
+            raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        if existing is not None:
+            if not existing.equivalent(type_, durable, auto_delete, internal, arguments):
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'type' or flags for exchange '{name}' in vhost '{self.name}': "
+                    f"received '{type_}' but current is '{existing.type}'",
+                )
+            return existing
+        try:
+            ex = make_exchange(type_, name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        except KeyError:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from None
+        self.exchanges[name] = ex
+        if durable:
+            self.broker.metadata_changed()
+        return ex
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            return  # RabbitMQ >= 3.2: deleting a missing exchange is not an error
+        if name == "" or name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"operation not permitted on the default exchange '{name}'")
+        if if_unused and ex.bindings:
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
+        del self.exchanges[name]
+        for other in self.exchanges.values():  # exchange-to-exchange bindings are not supported; nothing to drop
+            _ = other
+        if ex.durable:
+            self.broker.metadata_changed()
+
+    def get_exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+        return ex
+
+    # -- queues ---------------------------------------------------------------------
+    def get_queue(self, name: str, owner: object | None = None) -> Queue:
+        q = self.queues.get(name)
+        if q is None or q.deleted:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
+        if q.exclusive_owner is not None and owner is not None and q.exclusive_owner is not owner:
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
+                "It could be originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration.",
+            )
+        return q
+
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        owner: object,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Queue:
+        arguments = arguments or {}
+        if passive:
+            return self.get_queue(name, owner)
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        elif name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        existing = self.queues.get(name)
+        if existing is not None and not existing.deleted:
+            q = self.get_queue(name, owner)
+            if (
+                q.durable != durable
+                or (q.exclusive_owner is not None) != exclusive
+                or q.auto_delete != auto_delete
+            ):
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
+                    f"received '{str(durable).lower()}' but current is '{str(q.durable).lower()}'",
+                )
+            for key in _QUEUE_ARGS_COMPARED:
+                if arguments.get(key) != q.arguments.get(key):
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{key}' for queue '{name}' in vhost '{self.name}': "
+                        f"received {arguments.get(key)!r} but current is {q.arguments.get(key)!r}",
+                    )
+            return q
+        dlx = arguments.get("x-dead-letter-exchange")
+        if dlx is not None and not isinstance(dlx, str):
+            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-exchange' for queue '{name}'")
+        if "x-dead-letter-routing-key" in arguments and dlx is None:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' in vhost '{self.name}': "
+                "Key x-dead-letter-exchange should be present",
+            )
+        bq = await self.broker.open_backing(self.name, name, durable)
+        try:
+            q = self.broker.make_queue(
+                self, name, bq, durable=durable, exclusive_owner=owner if exclusive else None,
+                auto_delete=auto_delete, arguments=arguments,
+            )
+        except ValueError as exc:
+            await bq.delete()
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        self.queues[name] = q
+        self.exchanges[""].bind(Binding("", name, name))
+        self.broker.apply_policies(q)
+        if durable:
+            self.broker.metadata_changed()
+        return q
+
+    async def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
+        if if_unused and q.consumers:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in use")
+        if if_empty and q.message_count():
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' is not empty")
+        if self.queues.get(q.name) is q:
+            del self.queues[q.name]
+        for ex in self.exchanges.values():
+            ex.unbind_queue(q.name)
+        count = await q.delete()
+        if q.durable:
+            self.broker.metadata_changed()
+        log.debug("deleted queue %r in vhost %r", q.name, self.name)
+        return count
+
+    def delete_queue_soon(self, q: Queue) -> None:
+        """Auto-delete and exclusive cleanup happen outside the caller's flow (a consumer cancel, a close)."""
+        self.broker.spawn(self.delete_queue(q))
+
+    # -- bindings ------------------------------------------------------------------------
+    def bind(self, queue: Queue, exchange: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        if exchange == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        ex = self.get_exchange(exchange)
+        ex.bind(Binding(exchange, queue.name, routing_key, dict(arguments or {})))
+        if ex.durable and queue.durable:
+            self.broker.metadata_changed()
+
+    def unbind(self, queue: Queue, exchange: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        if exchange == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        ex = self.get_exchange(exchange)
+        if ex.unbind(Binding(exchange, queue.name, routing_key, dict(arguments or {}))) and ex.durable and queue.durable:
+            self.broker.metadata_changed()
+
+    def bindings(self) -> list[Binding]:
+        return [b for ex in self.exchanges.values() if ex.name != "" for b in ex.bindings.values()]
+
+    # -- routing -------------------------------------------------------------------------
+    def route(self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties) -> list[Queue]:
+        if exchange.name == "":
+            q = self.queues.get(routing_key)
+            return [q] if q is not None and not q.deleted else []
+        out = []
+        for qname in exchange.route(routing_key, properties):
+            q = self.queues.get(qname)
+            if q is not None and not q.deleted:
+                out.append(q)
+        return out
+
+    def dead_letter(self, message: Message, queue: str, reason: str, dlx: str, dlrk: str | None) -> None:
+        """Republish to the dead-letter exchange with an x-death record, as RabbitMQ does."""
+        ex = self.exchanges.get(dlx)
+        if ex is None:
+            return
+        props = message.properties
+        headers = dict(props.headers or {})
+        deaths = list(headers.get("x-death") or [])
+        deaths.insert(
+            0,
+            {
+                "count": 1,
+                "reason": reason,
+                "queue": queue,
+                "time": int(time.time()),
+                "exchange": message.exchange,
+                "routing-keys": [message.routing_key],
+            },
+        )
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", queue)
+        headers.setdefault("x-first-death-exchange", message.exchange)
+        new_props = commands.Basic.Properties(**{k: getattr(props, k) for k in _PROP_NAMES})
+        new_props.headers = headers
+        if reason == "expired":
+            new_props.expiration = None
+        rk = dlrk if dlrk is not None else message.routing_key
+        dead = Message(dlx, rk, new_props, message.body)
+        for q in self.route(ex, rk, new_props):
+            if q.name == queue and reason != "rejected":
+                continue  # a cycle without rejection would loop forever; RabbitMQ drops it
+            q.enqueue(dead, None, None)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def owned_by(self, owner: object) -> list[Queue]:
+        return [q for q in self.queues.values() if q.exclusive_owner is owner]
+
+    def durable_queues(self) -> list[Queue]:
+        return [q for q in self.queues.values() if q.durable]
+
+    async def close(self, each: Callable[[Queue], Any] | None = None) -> None:
+        await asyncio.gather(*(q.close() for q in self.queues.values()), return_exceptions=True)
+
+
+_PROP_NAMES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "message_type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
