@@ -1,0 +1,256 @@
+"""Network faults through the Toxiproxy API: every partition shape of Jepsen's catalogue,
+client cuts, and link degradation (latency, bandwidth, slicing, resets).
+
+A partition is a set of directed cuts ``(src, dst)``: ``dst`` stops hearing ``src``.
+Two mechanisms, chosen with ``mode``:
+
+``drop`` (default)
+    A ``timeout`` toxic with timeout 0 on each stream that carries src's bytes to
+    dst: connections stay open and go silent, so peers notice only through their
+    own heartbeats and timeouts, as behind a real partition. Toxiproxy discards
+    the bytes it holds back (TCP would have retransmitted them), so on heal the
+    affected proxies are also bounced to close the streams that lost bytes.
+``refuse``
+    The proxies of a cut pair are disabled: open connections are closed at once
+    and new ones refused. Symmetric cuts only.
+
+Proxy ``A_to_B_<port>`` lives in A's sidecar and carries connections A opened to
+B: its ``upstream`` stream is A->B bytes and ``downstream`` is B->A bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.errors import FaultError, ScenarioError
+from harness.nemesis import Fault
+
+SHAPES = ("isolate", "halves", "fixed-halves", "majorities-ring", "bridge", "one-way", "clients", "custom")
+TOXIC = "brokerchaos_partition"
+
+
+def _pairs(groups: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Symmetric cuts between every pair of nodes in different groups."""
+    out = []
+    for i, a in enumerate(groups):
+        for b in groups[i + 1:]:
+            for x in a:
+                for y in b:
+                    out += [[x, y], [y, x]]
+    return out
+
+
+def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
+                   params: Mapping[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
+    """Directed cuts for a shape, plus a description of the groups (what the history shows)."""
+    nodes = list(nodes)
+    n = len(nodes)
+    if n < 2 and shape != "clients":
+        raise ScenarioError(f"partition shape {shape!r} needs at least 2 nodes")
+    if shape == "isolate":
+        victim = params.get("node") or rng.choice(nodes)
+        if victim not in nodes:
+            raise ScenarioError(f"partition: node {victim!r} is not one of {nodes}")
+        rest = [x for x in nodes if x != victim]
+        return _pairs([[victim], rest]), {"groups": [[victim], rest]}
+    if shape in ("halves", "fixed-halves"):
+        order = sorted(nodes) if shape == "fixed-halves" else rng.sample(nodes, n)
+        half = n // 2
+        groups = [order[:half], order[half:]]
+        return _pairs(groups), {"groups": groups}
+    if shape == "majorities-ring":
+        # Each node hears itself and the next m-1 nodes of a shuffled ring: every node
+        # sees a majority, and no two nodes see the same one.
+        ring = rng.sample(nodes, n)
+        m = n // 2 + 1
+        sees = {ring[i]: {ring[(i + k) % n] for k in range(m)} for i in range(n)}
+        cuts = [[src, dst] for dst in ring for src in ring if src != dst and src not in sees[dst]]
+        return cuts, {"ring": ring, "sees": {k: sorted(v) for k, v in sees.items()}}
+    if shape == "bridge":
+        if n < 3:
+            raise ScenarioError("partition shape 'bridge' needs at least 3 nodes")
+        order = rng.sample(nodes, n)
+        bridge = order[0]
+        rest = order[1:]
+        half = len(rest) // 2
+        a, b = rest[:half], rest[half:]
+        return _pairs([a, b]), {"groups": [a + [bridge], b + [bridge]], "bridge": bridge}
+    if shape == "one-way":
+        src = params.get("from") or rng.choice(nodes)
+        dst = params.get("to") or rng.choice([x for x in nodes if x != src])
+        return [[src, dst]], {"deaf": dst, "unheard": src}
+    if shape == "custom":
+        cuts = params.get("cuts")
+        if not isinstance(cuts, list) or not all(isinstance(c, list) and len(c) == 2 for c in cuts):
+            raise ScenarioError("partition shape 'custom' needs cuts: [[src, dst], ...]")
+        return [list(c) for c in cuts], {}
+    raise ScenarioError(f"partition: unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
+
+
+class Partition(Fault):
+    name = "partition"
+    requires = frozenset({"partition"})
+    params_schema = {"shape": SHAPES, "mode": ("drop", "refuse"), "node": str, "from": str, "to": str,
+                     "cuts": list, "nodes": list}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        shape = params.get("shape", "halves")
+        mode = params.get("mode", "drop")
+        if mode not in ("drop", "refuse"):
+            raise ScenarioError(f"partition: mode {mode!r} is not allowed; use 'drop' or 'refuse'")
+        if shape == "clients":
+            targets = params.get("nodes") or [params.get("node") or rng.choice(list(nodes))]
+            return {"shape": shape, "mode": mode, "clients_cut_from": list(targets), "cuts": []}
+        cuts, desc = partition_cuts(shape, nodes, rng, params)
+        if mode == "refuse":
+            directed = {tuple(c) for c in cuts}
+            if any((d, s) not in directed for s, d in directed):
+                raise ScenarioError(f"partition shape {shape!r} is asymmetric: use mode 'drop'")
+        return {"shape": shape, "mode": mode, "cuts": cuts, **desc}
+
+    # -- apply / heal ------------------------------------------------------------------
+
+    def _links(self, src: str, dst: str) -> list[tuple[str, str, str]]:
+        """(sidecar node, proxy, stream) carrying src's bytes to dst."""
+        cluster = self.ctx.cluster
+        out = []
+        for p in cluster.topology.proxies[src]:
+            if p.dst == dst:
+                out.append((src, p.name, "upstream"))
+        for p in cluster.topology.proxies[dst]:
+            if p.dst == src:
+                out.append((dst, p.name, "downstream"))
+        return out
+
+    def apply(self) -> dict[str, Any]:
+        cluster = self.ctx.cluster
+        done: list[dict[str, Any]] = []
+        if self.params["shape"] == "clients":
+            for node in self.params["clients_cut_from"]:
+                proxy = f"client_to_{node}"
+                cluster.nodes[node].toxiproxy.set_enabled(proxy, False)
+                done.append({"sidecar": node, "proxy": proxy, "action": "disable"})
+            return {"actions": done}
+        if self.params["mode"] == "refuse":
+            for src, dst in self.params["cuts"]:
+                for p in cluster.topology.proxies[src]:
+                    if p.dst == dst:
+                        cluster.nodes[src].toxiproxy.set_enabled(p.name, False)
+                        done.append({"sidecar": src, "proxy": p.name, "action": "disable"})
+            return {"actions": done}
+        for src, dst in self.params["cuts"]:
+            for sidecar, proxy, stream in self._links(src, dst):
+                toxic = f"{TOXIC}_{stream}"
+                cluster.nodes[sidecar].toxiproxy.add_toxic(proxy, name=toxic, type="timeout", stream=stream,
+                                                           attributes={"timeout": 0})
+                done.append({"sidecar": sidecar, "proxy": proxy, "toxic": toxic, "type": "timeout",
+                             "stream": stream, "attributes": {"timeout": 0}})
+        return {"actions": done}
+
+    def heal(self) -> dict[str, Any]:
+        cluster = self.ctx.cluster
+        done: list[dict[str, Any]] = []
+        if self.params["shape"] == "clients":
+            for node in self.params["clients_cut_from"]:
+                cluster.nodes[node].toxiproxy.set_enabled(f"client_to_{node}", True)
+                done.append({"sidecar": node, "proxy": f"client_to_{node}", "action": "enable"})
+            return {"actions": done}
+        if self.params["mode"] == "refuse":
+            for src, dst in self.params["cuts"]:
+                for p in cluster.topology.proxies[src]:
+                    if p.dst == dst:
+                        cluster.nodes[src].toxiproxy.set_enabled(p.name, True)
+                        done.append({"sidecar": src, "proxy": p.name, "action": "enable"})
+            return {"actions": done}
+        touched: set[tuple[str, str]] = set()
+        for src, dst in self.params["cuts"]:
+            for sidecar, proxy, stream in self._links(src, dst):
+                cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, f"{TOXIC}_{stream}")
+                touched.add((sidecar, proxy))
+        for sidecar, proxy in sorted(touched):
+            # The timeout toxic discarded bytes: close the streams that lost them.
+            tp = cluster.nodes[sidecar].toxiproxy
+            tp.set_enabled(proxy, False)
+            tp.set_enabled(proxy, True)
+            done.append({"sidecar": sidecar, "proxy": proxy, "action": "remove toxics, bounce"})
+        return {"actions": done}
+
+
+class LinkToxic(Fault):
+    """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, reset_peer, slow_close."""
+
+    name = "degrade"
+    requires = frozenset({"partition"})
+    TYPES = ("latency", "bandwidth", "slicer", "reset_peer", "slow_close", "limit_data")
+    params_schema = {"type": TYPES, "attributes": dict, "node": str, "links": ("peers", "clients", "all"),
+                     "stream": ("upstream", "downstream", "both"), "toxicity": float}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        kind = params.get("type", "latency")
+        if kind not in cls.TYPES:
+            raise ScenarioError(f"degrade: type {kind!r} is not allowed; use one of {', '.join(cls.TYPES)}")
+        defaults = {"latency": {"latency": 200, "jitter": 50}, "bandwidth": {"rate": 64},
+                    "slicer": {"average_size": 64, "size_variation": 32, "delay": 1000},
+                    "reset_peer": {"timeout": 0}, "slow_close": {"delay": 1000}, "limit_data": {"bytes": 4096}}
+        node = params.get("node", rng.choice(list(nodes)))
+        return {"type": kind, "attributes": {**defaults[kind], **params.get("attributes", {})}, "node": node,
+                "links": params.get("links", "peers"), "stream": params.get("stream", "both"),
+                "toxicity": float(params.get("toxicity", 1.0))}
+
+    def _targets(self) -> list[tuple[str, str]]:
+        cluster = self.ctx.cluster
+        node = self.params["node"]
+        out = []
+        for p in cluster.topology.proxies[node]:
+            is_client = p.src == "client"
+            if self.params["links"] == "all" or (self.params["links"] == "clients") == is_client:
+                out.append((node, p.name))
+        return out
+
+    def _streams(self) -> list[str]:
+        s = self.params["stream"]
+        return ["upstream", "downstream"] if s == "both" else [s]
+
+    def apply(self) -> dict[str, Any]:
+        done = []
+        for sidecar, proxy in self._targets():
+            for stream in self._streams():
+                name = f"brokerchaos_{self.params['type']}_{stream}"
+                self.ctx.cluster.nodes[sidecar].toxiproxy.add_toxic(
+                    proxy, name=name, type=self.params["type"], stream=stream,
+                    toxicity=self.params["toxicity"], attributes=self.params["attributes"])
+                done.append({"sidecar": sidecar, "proxy": proxy, "toxic": name, "type": self.params["type"],
+                             "stream": stream, "attributes": self.params["attributes"]})
+        return {"actions": done}
+
+    def heal(self) -> dict[str, Any]:
+        done = []
+        for sidecar, proxy in self._targets():
+            for stream in self._streams():
+                name = f"brokerchaos_{self.params['type']}_{stream}"
+                self.ctx.cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, name)
+                done.append({"sidecar": sidecar, "proxy": proxy, "removed": name})
+        return {"actions": done}
+
+
+def heal_network(cluster: Any) -> dict[str, Any]:
+    """Reset every sidecar: all proxies enabled, no toxics. Idempotent; used by the final heal and ``down``."""
+    done = {}
+    for name, node in cluster.nodes.items():
+        if node.toxiproxy is None:
+            continue
+        try:
+            node.toxiproxy.reset()
+            done[name] = "reset"
+        except Exception as exc:  # noqa: BLE001 - report, keep healing the others
+            done[name] = f"failed: {exc}"
+    failed = {k: v for k, v in done.items() if v != "reset"}
+    if failed:
+        raise FaultError(f"could not reset the proxies of {failed}")
+    return done

@@ -1,0 +1,15 @@
+"""Registers the shipped fault kinds, through the same hook any fault package uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faults.network import LinkToxic, Partition
+from faults.process import Kill, Pause, PowerLoss, RollingRestart, Stop
+from harness import hookimpl
+
+
+@hookimpl
+def brokerchaos_register_faults(register: Any) -> None:
+    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart):
+        register.add_fault(fault)

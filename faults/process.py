@@ -1,0 +1,162 @@
+"""Process faults: crash (SIGKILL), pause (SIGSTOP/SIGCONT), graceful stop, rolling restart,
+and power loss. Each talks to the node's init (``faults.nodeinit``) through
+``python3 -m faults.nodectl`` inside the broker container, so the broker dies
+while the container, its network namespace and the lazy filesystem's memory
+(the node's "page cache") live on -- except under power loss, which drops it.
+
+``docker kill`` alone is a crash, not a power loss: written but unsynced data
+sits in the host's page cache and survives. Power loss needs the data directory
+on the lazy filesystem (``broker.lazyfs: true``, implied by a power-loss fault).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.errors import FaultError
+from harness.nemesis import Fault
+
+
+def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    rc, out = node.exec(["python3", "-m", "faults.nodectl", *args], timeout=timeout)
+    line = out.strip().splitlines()[-1] if out.strip() else ""
+    try:
+        reply = json.loads(line)
+    except json.JSONDecodeError:
+        raise FaultError(f"{node.name}: nodectl {' '.join(args)} failed (exit {rc}): {out.strip()[-300:]}") from None
+    if rc != 0 or reply.get("ok") is False:
+        raise FaultError(f"{node.name}: nodectl {' '.join(args)}: {reply.get('error', reply)}")
+    return reply
+
+
+class _NodeFault(Fault):
+    params_schema = {"node": str}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        node = params.get("node") or rng.choice(list(nodes))
+        if node not in nodes:
+            from harness.errors import ScenarioError
+
+            raise ScenarioError(f"fault {cls.name}: node {node!r} is not one of {list(nodes)}")
+        return {**params, "node": node}
+
+    @property
+    def node(self) -> Any:
+        return self.ctx.cluster.nodes[self.params["node"]]
+
+    def _start_and_wait(self) -> dict[str, Any]:
+        reply = nodectl(self.node, "start")
+        self.ctx.cluster.wait_ready([self.params["node"]])
+        return {"nodectl": reply, "ready": True}
+
+
+class Kill(_NodeFault):
+    """SIGKILL the broker; it stays down for the hold, then starts on the same data."""
+
+    name = "kill"
+    requires = frozenset({"kill"})
+
+    def apply(self) -> dict[str, Any]:
+        return {"nodectl": nodectl(self.node, "crash")}
+
+    def heal(self) -> dict[str, Any]:
+        return self._start_and_wait()
+
+
+class Pause(_NodeFault):
+    """SIGSTOP the broker's process group: peers see it vanish, then it resumes with stale state."""
+
+    name = "pause"
+    requires = frozenset({"pause"})
+
+    def apply(self) -> dict[str, Any]:
+        return {"nodectl": nodectl(self.node, "pause")}
+
+    def heal(self) -> dict[str, Any]:
+        return {"nodectl": nodectl(self.node, "resume")}
+
+
+class Stop(_NodeFault):
+    """Graceful stop (SIGTERM, then SIGKILL after a timeout), started again at heal."""
+
+    name = "stop"
+    requires = frozenset({"stop"})
+
+    def apply(self) -> dict[str, Any]:
+        return {"nodectl": nodectl(self.node, "stop", timeout=90)}
+
+    def heal(self) -> dict[str, Any]:
+        return self._start_and_wait()
+
+
+class PowerLoss(_NodeFault):
+    """The node and its disk cache die together: every write not yet fsync'ed is lost.
+
+    ``torn: true`` keeps a random prefix (by the run's seed) of each file's unsynced bytes.
+    """
+
+    name = "power-loss"
+    requires = frozenset({"power-loss"})
+    params_schema = {"node": str, "torn": bool, "torn_seed": int}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        out = super().resolve(params, nodes, rng)
+        if out.get("torn"):
+            out["torn_seed"] = int(out.get("torn_seed", rng.randrange(1 << 31)))
+        return out
+
+    def apply(self) -> dict[str, Any]:
+        args = ["power-loss"]
+        if self.params.get("torn"):
+            args += ["--torn", str(self.params["torn_seed"])]
+        return {"nodectl": nodectl(self.node, *args)}
+
+    def heal(self) -> dict[str, Any]:
+        return self._start_and_wait()
+
+
+class RollingRestart(Fault):
+    """Stop and start every node in turn, waiting for each to be ready (a routine upgrade)."""
+
+    name = "rolling-restart"
+    requires = frozenset({"stop"})
+    params_schema = {"order": list}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        return {"order": list(params.get("order") or rng.sample(list(nodes), len(nodes)))}
+
+    def apply(self) -> dict[str, Any]:
+        done = []
+        for name in self.params["order"]:
+            node = self.ctx.cluster.nodes[name]
+            stop = nodectl(node, "stop", timeout=90)
+            start = nodectl(node, "start")
+            self.ctx.cluster.wait_ready([name])
+            done.append({"node": name, "stop": stop, "start": start})
+        return {"restarted": done}
+
+    def heal(self) -> dict[str, Any]:
+        return {}
+
+
+def heal_processes(cluster: Any) -> dict[str, Any]:
+    """Every broker running and not paused (final heal). Idempotent."""
+    done = {}
+    for name, node in cluster.nodes.items():
+        status = nodectl(node, "status")
+        state = status.get("state")
+        if state == "paused":
+            done[name] = {"resume": nodectl(node, "resume")}
+        elif state != "running":
+            done[name] = {"start": nodectl(node, "start")}
+    if done:
+        cluster.wait_ready([n for n in done])
+    return done

@@ -1,0 +1,257 @@
+"""The ``brokerchaos`` command.
+
+Exit status: 0 durable, 1 durability or integrity failure, 2 harness or usage
+error (one line on stderr), 3 verdict unknown (e.g. the final drain never finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BrokerChaosError
+from harness.runner import EXIT_ERROR
+
+USAGE_EXAMPLES = """\
+examples:
+  brokerchaos run scenarios/partitions.yaml        a chaos run on the default topology
+  brokerchaos run scenarios/crash.yaml --runs 5    five seeded runs, graded together
+  brokerchaos analyze store/latest                 re-check a stored run (no Docker)
+  brokerchaos plugins                              what is loaded
+  brokerchaos images build                         build every image (offline)
+  brokerchaos down                                 remove what a crashed run left behind
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="brokerchaos", description="Chaos testing for message brokers.",
+                                epilog=USAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-p", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help="load a plugin module by import path (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run a scenario against a fresh cluster")
+    r.add_argument("scenario", help="scenario file (.yaml or .toml); ready ones are in scenarios/")
+    r.add_argument("--seed", type=int, help="override the scenario's seed")
+    r.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    r.add_argument("--runs", type=int, default=1, help="seeded runs (seed, seed+1, ...), graded together")
+    r.add_argument("--replay", metavar="RUN_DIR", help="repeat the fault schedule a stored run applied")
+    r.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
+    r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
+    r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
+    r.add_argument("--keep", action="store_true", help="leave the cluster running after the run")
+    r.add_argument("--json", action="store_true", help="print results.json instead of the table")
+
+    a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
+    a.add_argument("run_dir")
+    a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
+    a.add_argument("--spark-master")
+    a.add_argument("--json", action="store_true")
+
+    g = sub.add_parser("grade", help="grade several stored runs together (loss rate with a 95%% bound)")
+    g.add_argument("run_dirs", nargs="+")
+    g.add_argument("--spark-master")
+    g.add_argument("--out", help="directory for the grade report")
+
+    sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
+
+    i = sub.add_parser("images", help="image management")
+    isub = i.add_subparsers(dest="images_command", metavar="ACTION")
+    ib = isub.add_parser("build", help="build the base, Toxiproxy and plugin images (skips what is up to date)")
+    ib.add_argument("--broker", action="append", help="only these broker plugins (default: all)")
+    ib.add_argument("--force", action="store_true")
+
+    d = sub.add_parser("down", help="remove containers, networks and volumes left by runs")
+    d.add_argument("--run", help="only this run id (default: all brokerchaos resources)")
+
+    c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
+    c.add_argument("--output", default="docker-compose.yml")
+    c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_ERROR
+    from harness import progress
+
+    progress.quiet = args.quiet
+    try:
+        return _dispatch(args)
+    except BrokerChaosError as exc:
+        print(f"brokerchaos: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("brokerchaos: interrupted; the cluster was torn down (run `brokerchaos down` if anything remains)",
+              file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from harness.host import Host
+
+    host = Host.load(args.plugins)
+    if args.command == "plugins":
+        return _plugins(host)
+    if args.command == "run":
+        return _run(host, args)
+    if args.command == "analyze":
+        return _analyze(host, args)
+    if args.command == "grade":
+        return _grade(args)
+    if args.command == "images":
+        return _images(host, args)
+    if args.command == "down":
+        return _down(args)
+    if args.command == "compose":
+        return _compose(args)
+    raise BrokerChaosError(f"unknown command {args.command!r}")
+
+
+def _plugins(host: Any) -> int:
+    rows = host.describe()
+    print(f"{'plugin':<12} {'version':<10} {'provides':<44} capabilities")
+    for r in rows:
+        print(f"{r['plugin']:<12} {r['version']:<10} {', '.join(r['provides']):<44} {', '.join(r['capabilities'])}")
+        print(f"{'':<12} {'':<10} ({r['source']})")
+    return 0
+
+
+def _run(host: Any, args: argparse.Namespace) -> int:
+    from harness import scenario as scenario_mod
+    from harness.nemesis import plan_from_history
+    from harness.runner import Run, exit_code, summary_table
+    from harness.store import RunDir, default_root
+
+    sc = scenario_mod.load(args.scenario).with_overrides(seed=args.seed, duration=args.duration)
+    replay = None
+    if args.replay:
+        rd = RunDir.open(args.replay)
+        replay = plan_from_history(rd.history_jsonl)
+        stored = rd.read_json("scenario.json")
+        sc = scenario_mod.from_dict(stored["scenario"], source=str(rd.path / "scenario.json"))
+    if args.runs < 1:
+        raise BrokerChaosError("--runs must be at least 1")
+    store = Path(args.store) if args.store else default_root()
+    codes = []
+    run_dirs = []
+    for k in range(args.runs):
+        s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
+        run = Run(host, s, store, replay=replay, keep=args.keep, spark_master=args.spark_master,
+                  checkers=tuple(args.checker) if args.checker else None)
+        results = run.execute()
+        assert run.dir is not None
+        run_dirs.append(run.dir.path)
+        codes.append(exit_code(results))
+        if args.json:
+            print(json.dumps(results, indent=2, sort_keys=True, default=str))
+        else:
+            print(f"\n{s.name} (seed {s.seed}): {results.get('verdict', results.get('valid'))}")
+            print(summary_table(results))
+            report = run.dir.path / "report.html"
+            print(f"  run directory      {run.dir.path}")
+            if report.exists():
+                print(f"  report             {report}")
+    if args.runs > 1:
+        _grade_dirs(run_dirs, args.spark_master, None)
+    return max(codes, key=lambda c: (c != 0, c))
+
+
+def _analyze(host: Any, args: argparse.Namespace) -> int:
+    from harness.runner import check_run, exit_code, render_report, summary_table
+    from harness.store import RunDir
+
+    rd = RunDir.open(args.run_dir)
+    stored = rd.read_json("scenario.json")
+    checkers = tuple(args.checker) if args.checker else tuple(stored["scenario"].get("checkers", ["python"]))
+    results = check_run(host, rd, stored["scenario"], checkers, args.spark_master)
+    old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
+    for key in ("workload", "timings"):
+        if key in old:
+            results[key] = old[key]
+    rd.write_json("results.json", results)
+    report = render_report(rd, results)
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True, default=str))
+    else:
+        print(f"{rd.path}: {results.get('verdict', results.get('valid'))}")
+        print(summary_table(results))
+        if report:
+            print(f"  report             {report}")
+    return exit_code(results)
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from harness.store import RunDir
+
+    dirs = [RunDir.open(d).path for d in args.run_dirs]
+    return _grade_dirs(dirs, args.spark_master, Path(args.out) if args.out else None)
+
+
+def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None) -> int:
+    try:
+        from spark_reports import grade_runs, render_grade_report
+    except ImportError as exc:
+        raise BrokerChaosError(f"grading needs spark_reports: {exc}") from None
+    grade = grade_runs(dirs, spark_master=spark_master)
+    out = out or dirs[-1].parent / "grade"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
+    html = render_grade_report(out, grade)
+    print(f"\ngrade over {len(dirs)} runs: {json.dumps(grade.get('summary', grade.get('overall', {})), default=str)}")
+    print(f"  grade report       {html}")
+    valid = grade.get("valid")
+    return 0 if valid is True else (1 if valid is False else 3)
+
+
+def _images(host: Any, args: argparse.Namespace) -> int:
+    from harness.cluster import docker_client
+    from harness.images import ImageBuilder
+
+    if args.images_command != "build":
+        raise BrokerChaosError("usage: brokerchaos images build [--broker NAME] [--force]")
+    client = docker_client()
+    builder = ImageBuilder(client, force=args.force)
+    names = args.broker or sorted(host.registry.brokers)
+    builder.rootfs()
+    print(f"toxiproxy  {builder.toxiproxy_image()}")
+    for name in names:
+        plugin = host.broker(name)
+        print(f"{name:<10} {builder.node_image(plugin.image())}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from harness.cluster import docker_client, remove_labelled
+
+    counts = remove_labelled(docker_client(), args.run)
+    print(f"removed {counts['containers']} containers, {counts['networks']} networks, {counts['volumes']} volumes")
+    return 0
+
+
+def _compose(args: argparse.Namespace) -> int:
+    from harness.compose import default_compose
+
+    text = default_compose()
+    target = Path(args.output)
+    if args.check:
+        if not target.exists() or target.read_text() != text:
+            print(f"brokerchaos: {target} differs from the default topology; run `brokerchaos compose`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    target.write_text(text)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""The nemesis: a seeded schedule of faults applied while the workload runs.
+
+A fault kind is a class registered by a plugin (``brokerchaos_register_faults``)
+with a ``name``, the broker ``requires`` capabilities, and three steps:
+``resolve`` turns scenario parameters into concrete ones (which nodes, which
+links) using the step's own seeded RNG, ``apply`` does it and ``heal`` undoes it.
+The concrete parameters are planned before the run starts, so the same seed
+gives the same schedule, and a recorded run can be replayed exactly.
+
+Every action goes to the history (process ``nemesis``) with what was actually
+done: proxies, toxics, containers, signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harness.errors import FaultError, ScenarioError
+from harness.history import Recorder
+from harness.progress import say
+from harness.scenario import Scenario
+
+
+class FaultContext:
+    """What a fault may touch: the running cluster (nodes, proxies, containers)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.cluster.topology.nodes)
+
+
+class Fault:
+    """Base of every fault kind."""
+
+    name: ClassVar[str]
+    requires: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters a scenario may give, with allowed values (for validation messages).
+    params_schema: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, ctx: FaultContext, params: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        self.params = dict(params)
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        """Concrete parameters for one application (deterministic given ``rng``)."""
+        for key in params:
+            if key not in cls.params_schema:
+                raise ScenarioError(f"fault {cls.name}: unknown parameter {key!r}; allowed: "
+                                    f"{', '.join(sorted(cls.params_schema)) or '(none)'}")
+        return dict(params)
+
+    def apply(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def heal(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass
+class PlannedFault:
+    fault_id: str
+    at: float
+    hold: float | None
+    kind: str
+    params: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    steps: list[PlannedFault] = field(default_factory=list)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [vars(s) for s in self.steps]
+
+
+def check_capabilities(scenario: Scenario, faults: Mapping[str, type[Fault]], capabilities: frozenset[str],
+                       broker: str) -> None:
+    for name in sorted(scenario.nemesis.fault_names):
+        if name not in faults:
+            raise ScenarioError(f"nemesis: unknown fault {name!r}; available: {', '.join(sorted(faults))}")
+        missing = faults[name].requires - capabilities
+        if missing:
+            raise ScenarioError(f"nemesis: fault {name!r} needs broker capabilities {sorted(missing)} "
+                                f"that plugin {broker!r} does not declare")
+
+
+def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> Plan:
+    """The whole schedule, concrete, from the scenario and its seed."""
+    out = Plan()
+    steps: list[tuple[float, float | None, str, Mapping[str, Any]]] = [
+        (s.at, s.hold, s.fault, s.params) for s in scenario.nemesis.schedule
+    ]
+    rnd = scenario.nemesis.random
+    if rnd is not None:
+        rng = random.Random(f"{scenario.seed}:schedule")
+        t = rng.uniform(*rnd.every)
+        while t < scenario.workload.duration:
+            hold = rng.uniform(*rnd.hold)
+            kind = rng.choice(list(rnd.faults))
+            steps.append((round(t, 3), round(hold, 3), kind, rnd.params.get(kind, {})))
+            t += hold + rng.uniform(*rnd.every)
+    steps.sort(key=lambda s: s[0])
+    for i, (at, hold, kind, params) in enumerate(steps, start=1):
+        cls = faults[kind]
+        concrete = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
+        out.steps.append(PlannedFault(f"f{i}", at, hold, kind, concrete))
+    return out
+
+
+def plan_from_history(path: Path) -> Plan:
+    """The schedule a stored run actually applied, for ``--replay``."""
+    from harness.history import read_jsonl
+
+    out = Plan()
+    starts: dict[str, dict[str, Any]] = {}
+    for rec in read_jsonl(path):
+        if rec["process"] != "nemesis" or rec["type"] != "invoke":
+            continue
+        value = json.loads(rec["value"]) if rec["value"] else {}
+        if rec["f"] == "heal":
+            for fid in value.get("fault_ids", []):
+                if fid in starts and value.get("scheduled", True):
+                    starts[fid]["heal_ns"] = rec["time_ns"]
+        elif "fault_id" in value:
+            starts[value["fault_id"]] = {"rec": rec, "value": value}
+    for fid, s in starts.items():
+        t = s["rec"]["time_ns"] / 1e9
+        hold = (s["heal_ns"] / 1e9 - t) if "heal_ns" in s else None
+        out.steps.append(PlannedFault(fid, round(t - s["value"].get("workload_start_s", 0.0), 3),
+                                      None if hold is None else round(hold, 3), s["value"]["kind"],
+                                      s["value"]["params"]))
+    out.steps.sort(key=lambda p: p.at)
+    return out
+
+
+class Nemesis:
+    """Runs a plan against a cluster, recording every action, and heals everything at the end."""
+
+    def __init__(self, plan: Plan, faults: Mapping[str, type[Fault]], ctx: FaultContext, recorder: Recorder,
+                 *, settle: float, final_heal: Any, on_fault: Any = None) -> None:
+        self.plan = plan
+        self.faults = faults
+        self.ctx = ctx
+        self.recorder = recorder
+        self.settle = settle
+        self.final_heal = final_heal
+        self.on_fault = on_fault or (lambda op: None)
+        self.active: dict[str, Fault] = {}
+        self.start_ns = 0
+
+    async def __call__(self, duration: float) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        self.start_ns = self.recorder.now_ns()
+        heals: list[tuple[float, str]] = []
+        try:
+            for step in self.plan.steps:
+                await self._heal_due(heals, t0, until=step.at)
+                await asyncio.sleep(max(0.0, t0 + step.at - loop.time()))
+                await self._apply(step)
+                if step.hold is not None:
+                    heals.append((step.at + step.hold, step.fault_id))
+            await self._heal_due(heals, t0, until=duration)
+            await asyncio.sleep(max(0.0, t0 + duration - loop.time()))
+        finally:
+            await self._final_heal()
+        if self.settle:
+            say("heal", f"settling {self.settle:.0f}s before the drain")
+            await asyncio.sleep(self.settle)
+
+    async def _heal_due(self, heals: list[tuple[float, str]], t0: float, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        heals.sort()
+        while heals and heals[0][0] <= until:
+            at, fid = heals.pop(0)
+            await asyncio.sleep(max(0.0, t0 + at - loop.time()))
+            await self._heal(fid)
+
+    async def _apply(self, step: PlannedFault) -> None:
+        cls = self.faults[step.kind]
+        fault = cls(self.ctx, step.params)
+        value = {"fault_id": step.fault_id, "kind": step.kind, "params": step.params,
+                 "workload_start_s": self.start_ns / 1e9, "hold": step.hold}
+        inv = self.recorder.invoke("nemesis", step.kind, node=step.params.get("node"), value=value)
+        say("nemesis", f"{step.fault_id} {step.kind} {json.dumps(step.params, sort_keys=True)}")
+        try:
+            done = await asyncio.to_thread(fault.apply)
+        except Exception as exc:  # noqa: BLE001 - a failed fault is recorded, then healed
+            op = inv.info(f"{type(exc).__name__}: {exc}", {**value, "error": str(exc)})
+            self.active[step.fault_id] = fault
+            self.on_fault(op)
+            return
+        self.active[step.fault_id] = fault
+        self.on_fault(inv.ok({**value, "done": done}))
+
+    async def _heal(self, fid: str, *, scheduled: bool = True) -> None:
+        fault = self.active.pop(fid, None)
+        if fault is None:
+            return
+        value = {"fault_ids": [fid], "kind": "heal", "scheduled": scheduled}
+        inv = self.recorder.invoke("nemesis", "heal", value=value)
+        try:
+            done = await asyncio.to_thread(fault.heal)
+            op = inv.ok({**value, "done": done})
+        except Exception as exc:  # noqa: BLE001
+            op = inv.info(f"{type(exc).__name__}: {exc}")
+        say("nemesis", f"healed {fid}")
+        self.on_fault(op)
+
+    async def _final_heal(self) -> None:
+        for fid in list(self.active):
+            await self._heal(fid, scheduled=False)
+        value = {"fault_ids": [], "kind": "heal", "final": True}
+        inv = self.recorder.invoke("nemesis", "heal", value=value)
+        try:
+            done = await asyncio.to_thread(self.final_heal)
+        except Exception as exc:  # noqa: BLE001
+            self.on_fault(inv.info(f"final heal failed: {type(exc).__name__}: {exc}"))
+            raise FaultError(f"final heal failed: {exc}") from exc
+        self.on_fault(inv.ok({**value, "done": done}))

@@ -1,0 +1,237 @@
+"""One chaos run, phase by phase: images, cluster, workload + nemesis, drain, check, report.
+
+Teardown happens on every exit path (normal, exception, Ctrl-C, SIGTERM), and
+the history is closed first so every open operation is completed as ``info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import Cluster, build_topology, docker_client
+from harness.errors import BrokerChaosError
+from harness.history import Recorder, to_parquet
+from harness.host import Host
+from harness.images import ImageBuilder
+from harness.nemesis import FaultContext, Nemesis, Plan, check_capabilities, plan
+from harness.progress import say
+from harness.scenario import Scenario
+from harness.store import RunDir
+from harness.workload import Endpoint, assignments, driver_options, run_workload
+
+EXIT_DURABLE, EXIT_FAILED, EXIT_ERROR, EXIT_UNKNOWN = 0, 1, 2, 3
+
+
+def exit_code(results: dict[str, Any]) -> int:
+    valid = results.get("valid")
+    if valid is True:
+        return EXIT_DURABLE
+    if valid is False:
+        return EXIT_FAILED
+    return EXIT_UNKNOWN
+
+
+class Run:
+    """A run in progress; hooks receive it (``run.scenario``, ``run.dir``, ``run.id``)."""
+
+    def __init__(self, host: Host, scenario: Scenario, store_root: Path, *, replay: Plan | None = None,
+                 keep: bool = False, spark_master: str | None = None, checkers: tuple[str, ...] | None = None,
+                 build_images: bool = True) -> None:
+        self.host = host
+        self.scenario = scenario
+        self.plugin = host.broker(scenario.broker.plugin)
+        self.settings = self.plugin.validate_settings(scenario.broker.settings)
+        self.faults = host.registry.faults
+        check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
+        self.nodes = [f"n{i}" for i in range(1, scenario.broker.nodes + 1)]
+        self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)
+        self.lazyfs = scenario.broker.lazyfs or any(s.kind == "power-loss" for s in self.plan.steps)
+        if self.lazyfs and "power-loss" not in self.plugin.capabilities:
+            raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare 'power-loss': "
+                                   "its data directory cannot sit on the lazy filesystem")
+        self.checkers = checkers or scenario.checkers
+        for name in self.checkers:
+            host.checker(name)
+        self.id = f"bc-{secrets.token_hex(3)}"
+        self.store_root = store_root
+        self.keep = keep
+        self.spark_master = spark_master
+        self.build_images = build_images
+        self.dir: RunDir | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def execute(self) -> dict[str, Any]:
+        self.dir = RunDir.create(self.store_root, self.scenario.name)
+        say("run", f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
+                   f"nodes={len(self.nodes)} -> {self.dir.path}")
+        self.dir.write_json("scenario.json", {
+            "scenario": self.scenario.to_dict(), "seed": self.scenario.seed, "run_id": self.id,
+            "broker": {"plugin": self.plugin.name, "version": self.plugin.version, "settings": self.settings,
+                       "capabilities": sorted(self.plugin.capabilities)},
+            "plan": self.plan.to_list(), "lazyfs": self.lazyfs,
+            "plugins": self.host.describe(),
+        })
+        self.host.run_started(self)
+        recorder = Recorder(self.dir.history_jsonl)
+        client = docker_client()
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        workload: dict[str, Any] = {}
+        try:
+            images = self._phase("images", lambda: self._images(client))
+            topology = build_topology(self.plugin, run_id=self.id, nodes=len(self.nodes), settings=self.settings,
+                                      broker_image=images["broker"], proxy_image=images["toxiproxy"],
+                                      lazyfs=self.lazyfs)
+            with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
+                try:
+                    self._phase("cluster", cluster.start)
+                    workload = self._phase("workload", lambda: self._workload(cluster, recorder))
+                finally:
+                    recorder.close()
+                    self._phase("teardown", lambda: cluster.collect(self.dir.path))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            recorder.close()
+        results = self.check()
+        results["workload"] = workload
+        results["timings"] = self.timings
+        self.dir.write_json("results.json", results)
+        self._phase("report", lambda: self.report(results))
+        self.host.run_finished(self, results)
+        return results
+
+    def _phase(self, name: str, fn: Any) -> Any:
+        self.host.phase(self, name, "start")
+        t = time.monotonic()
+        try:
+            out = fn()
+        except BaseException as exc:
+            self.timings[name] = round(time.monotonic() - t, 3)
+            self.host.phase(self, name, "failed", error=str(exc) or type(exc).__name__)
+            raise
+        self.timings[name] = round(time.monotonic() - t, 3)
+        self.host.phase(self, name, "done", seconds=self.timings[name])
+        return out
+
+    def _images(self, client: Any) -> dict[str, str]:
+        builder = ImageBuilder(client)
+        if not self.build_images:
+            raise BrokerChaosError("images are not built: run `brokerchaos images build` first")
+        return {"broker": builder.node_image(self.plugin.image()), "toxiproxy": builder.toxiproxy_image()}
+
+    def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
+        w = self.scenario.workload
+        endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
+        first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
+        factory = self.host.client(self.plugin.protocol)
+        driver = factory(endpoints, recorder, first_node=first, **driver_options(w, self.plugin, self.settings))
+
+        def final_heal() -> dict[str, Any]:
+            from faults.network import heal_network
+            from faults.process import heal_processes
+
+            out: dict[str, Any] = {"network": heal_network(cluster)}
+            if {"kill", "pause", "stop", "power-loss"} & set(self.plugin.capabilities):
+                out["processes"] = heal_processes(cluster)
+            return out
+
+        nemesis = Nemesis(self.plan, self.faults, FaultContext(cluster), recorder,
+                          settle=self.scenario.nemesis.settle if self.plan.steps else 0.0,
+                          final_heal=final_heal, on_fault=lambda op: self.host.fault_done(self, op))
+        start = time.monotonic()
+
+        def tick(c: dict[str, int]) -> None:
+            t = time.monotonic() - start
+            if int(t) % 5 == 0:
+                say("workload", f"t={t:5.0f}s published {c['published']} ok / {c['failed']} nacked / "
+                                f"{c['unknown']} unknown, consumed {c['consumed']}")
+
+        say("workload", f"{w.producers} producers, {w.consumers} consumers, {w.queues} queue(s), "
+                        f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned")
+        stats = asyncio.run(run_workload(driver, w, self.nodes, self.scenario.seed, recorder,
+                                         on_tick=tick, nemesis=nemesis))
+        say("drain", "drained " + ", ".join(f"{q}: {n}" for q, n in stats.drained.items()))
+        return stats.as_dict()
+
+    # -- checking and reporting ---------------------------------------------------------------
+
+    def check(self) -> dict[str, Any]:
+        assert self.dir is not None
+        return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers, self.spark_master,
+                         phase=lambda name, fn: self._phase(name, fn))
+
+    def report(self, results: dict[str, Any]) -> Path | None:
+        assert self.dir is not None
+        return render_report(self.dir, results)
+
+
+def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
+              spark_master: str | None = None, phase: Any = None) -> dict[str, Any]:
+    """Run the checkers on a stored run and combine their verdicts (pure: no Docker)."""
+    phase = phase or (lambda name, fn: fn())
+    if run_dir.history_jsonl.exists():
+        n = phase("history", lambda: to_parquet(run_dir.history_jsonl, run_dir.history_parquet))
+        say("check", f"history: {n} operations -> {run_dir.history_parquet.name}")
+    combined: dict[str, Any] | None = None
+    per: dict[str, Any] = {}
+    for name in checkers:
+        fn = host.checker(name)
+        say("check", f"checker {name}")
+        try:
+            if name == "spark":
+                res = phase("check", lambda fn=fn: fn(run_dir.path, scenario, spark_master=spark_master))
+            else:
+                res = phase("check", lambda fn=fn: fn(run_dir.path, scenario))
+        except Exception as exc:  # noqa: BLE001 - a checker that throws yields unknown, not a crash
+            res = {"valid": "unknown", "verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+        per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
+        if combined is None:
+            combined = dict(res)
+    assert combined is not None
+    valids = [p["valid"] for p in per.values()]
+    combined["valid"] = False if False in valids else ("unknown" if any(v is not True for v in valids) else True)
+    combined["checkers"] = per
+    return combined
+
+
+def render_report(run_dir: RunDir, results: dict[str, Any]) -> Path | None:
+    try:
+        import spark_reports
+    except ImportError:
+        return None
+    render = getattr(spark_reports, "render_report", None)
+    if render is None:
+        return None
+    path = render(run_dir.path, results)
+    return Path(path)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    c = results.get("counts", {}) or {}
+    rows = [
+        ("verdict", str(results.get("verdict", results.get("valid")))),
+        ("attempted", c.get("attempted")), ("confirmed", c.get("confirmed")), ("nacked", c.get("failed")),
+        ("unknown", c.get("unknown")), ("consumed (unique)", c.get("consumed_unique")),
+        ("lost", c.get("lost")), ("unexpected", c.get("unexpected")), ("duplicated", c.get("duplicated")),
+        ("recovered", c.get("recovered")), ("order violations", c.get("order_violations")),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {k:<{width}}  {'-' if v is None else v}" for k, v in rows]
+    if results.get("error"):
+        lines.append(f"  {'error':<{width}}  {results['error']}")
+    return "\n".join(lines)
+
+
+def dumps(results: dict[str, Any]) -> str:
+    return json.dumps(results, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,73 @@
+"""The run directory: ``store/<scenario>/<timestamp>/`` with everything a run did.
+
+``scenario.json`` (the scenario, seed, planned schedule, plugin versions: enough
+to rerun), ``history.jsonl`` + ``history.parquet``, ``nodes/<node>/`` (logs, data
+directory listing), ``results.json``, ``report.html`` + ``plots/``.
+``store/latest`` points at the newest run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BrokerChaosError
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("BROKERCHAOS_STORE", "store"))
+
+
+class RunDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, root: Path, scenario_name: str) -> RunDir:
+        stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+        base = root / scenario_name
+        path = base / stamp
+        n = 1
+        while path.exists():
+            n += 1
+            path = base / f"{stamp}-{n}"
+        path.mkdir(parents=True)
+        latest = root / "latest"
+        tmp = root / ".latest.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(path.relative_to(root))
+        tmp.replace(latest)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        p = Path(path)
+        if p.is_symlink():
+            p = p.resolve()
+        if not (p / "scenario.json").exists():
+            raise BrokerChaosError(f"{path} is not a run directory (no scenario.json); runs are under store/<scenario>/")
+        if not (p / "history.jsonl").exists() and not (p / "history.parquet").exists():
+            raise BrokerChaosError(f"{path} has no history (history.jsonl or history.parquet)")
+        return cls(p)
+
+    @property
+    def history_jsonl(self) -> Path:
+        return self.path / "history.jsonl"
+
+    @property
+    def history_parquet(self) -> Path:
+        return self.path / "history.parquet"
+
+    def write_json(self, name: str, data: Any) -> Path:
+        target = self.path / name
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(target)
+        return target
+
+    def read_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text())
