@@ -86,6 +86,14 @@ def _segment_file(tmp_path: Path, offset: int) -> tuple[Path, int]:
     return tmp_path / "commitlog" / seg_name(start), offset - start
 
 
+def _flip(path: Path, at: int, mask: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def _expect_prefix(tmp_path: Path, keep: int, reason: str, cut_at: int) -> None:
     bodies, report = _reopen(tmp_path)
     assert bodies == [b"body-%03d" % i for i in range(keep)]
@@ -115,11 +123,7 @@ def test_bit_flip_in_last_record_body(tmp_path: Path) -> None:
     placed = _fill(tmp_path)
     off, size = placed[-1]
     path, pos = _segment_file(tmp_path, off)
-    with open(path, "r+b") as f:
-        f.seek(pos + size - 10)
-        b = f.read(1)
-        f.seek(pos + size - 10)
-        f.write(bytes([b[0] ^ 0x04]))
+    _flip(path, pos + size - 10, 0x04)
     _expect_prefix(tmp_path, len(placed) - 1, "crc mismatch", off)
 
 
@@ -129,10 +133,6 @@ def test_bit_flip_in_middle_record_drops_later_segments(tmp_path: Path) -> None:
     off, _ = placed[k]
     path, pos = _segment_file(tmp_path, off)
     assert len(list((tmp_path / "commitlog").iterdir())) > 1
-    with open(path, "r+b") as f:
-        f.seek(pos + 30)
-        b = f.read(1)
-        f.seek(pos + 30)
-        f.write(bytes([b[0] ^ 0x80]))
+    _flip(path, pos + 30, 0x80)
     _expect_prefix(tmp_path, k, "crc mismatch", off)
     assert [p.name for p in (tmp_path / "commitlog").iterdir()] == [seg_name(0)]
