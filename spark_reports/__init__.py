@@ -1,0 +1,30 @@
+"""Reconciliation, attribution, grading and reports over stored histories.
+
+Two engines return the same results schema (``schema.Results``): ``check_spark``
+scales to hundreds of millions of operations, ``check_python`` is the small
+reference it is cross-checked against.
+"""
+
+from __future__ import annotations
+
+from ._common import HistoryError
+from ._python import check_python
+from ._spark import check_spark, spark_session, stop_session
+from .grade import clopper_pearson_upper, grade_runs
+from .report import render_grade_report, render_report
+from .schema import SCHEMA_VERSION, Grade, Results
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Grade",
+    "HistoryError",
+    "Results",
+    "check_python",
+    "check_spark",
+    "clopper_pearson_upper",
+    "grade_runs",
+    "render_grade_report",
+    "render_report",
+    "spark_session",
+    "stop_session",
+]
