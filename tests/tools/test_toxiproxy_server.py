@@ -1,0 +1,401 @@
+"""The Toxiproxy-API server (`tools/toxiproxy-server`) driven by the unmodified `toxiproxy-python`.
+
+The harness's network faults are only as good as this server's behaviour, so
+these tests measure real bytes on loopback sockets rather than trusting the
+API's own answers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import socketserver
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from toxiproxy import Toxiproxy
+from toxiproxy.exceptions import InvalidToxic, NotFound
+
+CRATE = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy-server"
+BINARY = CRATE / "target" / "release" / "brokerchaos-toxiproxy"
+GREETING = b"hi\n"
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    """Build once per session from the committed lock file, as a deployment would."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.skip("cargo is not installed: cannot build tools/toxiproxy-server")
+    subprocess.run(
+        [cargo, "build", "--release", "--locked", "--quiet"],
+        cwd=CRATE,
+        check=True,
+        timeout=900,
+    )
+    return BINARY
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Upstream(socketserver.ThreadingTCPServer):
+    """Greets each client, then echoes; records what it received, to see one-way cuts."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _UpstreamHandler)
+        self.received = bytearray()
+        self.lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        host, port = self.server_address[:2]
+        return f"{host!s}:{port}"
+
+
+class _UpstreamHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        server: Upstream = self.server  # type: ignore[assignment]
+        try:
+            self.request.sendall(GREETING)
+            while chunk := self.request.recv(65536):
+                with server.lock:
+                    server.received += chunk
+                self.request.sendall(chunk)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class Server:
+    """A running server process and the base URL of its API."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int) -> None:
+        self.process = process
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+
+
+def start_server(binary: Path, *args: str) -> Server:
+    port = free_port()
+    process = subprocess.Popen(
+        [str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return Server(process, port)
+        except OSError:
+            time.sleep(0.02)
+    process.kill()
+    raise AssertionError("server did not start listening within 10 s")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+    if server.process.stderr is not None:
+        server.process.stderr.close()
+
+
+@pytest.fixture
+def server(binary: Path) -> Iterator[Server]:
+    running = start_server(binary, "--seed", "7")
+    yield running
+    stop_server(running)
+    assert running.process.returncode == 0
+
+
+@pytest.fixture
+def toxiproxy(server: Server) -> Toxiproxy:
+    client = Toxiproxy()
+    client.update_api_consumer("127.0.0.1", server.port)
+    return client
+
+
+def split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def connect(address: str) -> socket.socket:
+    sock = socket.create_connection(split(address), timeout=2)
+    sock.settimeout(2)
+    return sock
+
+
+def read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    return data
+
+
+def greeted(address: str) -> socket.socket:
+    sock = connect(address)
+    assert read_exactly(sock, len(GREETING)) == GREETING
+    return sock
+
+
+def round_trip(sock: socket.socket, payload: bytes = b"ping") -> float:
+    started = time.monotonic()
+    sock.sendall(payload)
+    assert read_exactly(sock, len(payload)) == payload
+    return time.monotonic() - started
+
+
+def assert_stalled(sock: socket.socket, wait: float = 0.5) -> None:
+    sock.settimeout(wait)
+    with pytest.raises(TimeoutError):
+        data = sock.recv(1)
+        raise AssertionError(f"expected no data, got {data!r}")
+
+
+def assert_closed(sock: socket.socket) -> None:
+    sock.settimeout(2)
+    try:
+        assert sock.recv(1) == b""
+    except ConnectionResetError:
+        pass
+
+
+def test_traffic_passes_and_listen_port_zero_is_resolved(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="echo")
+    assert proxy.listen.startswith("127.0.0.1:") and not proxy.listen.endswith(":0")
+    assert toxiproxy.version() == b"2.1.4"
+    with greeted(proxy.listen) as sock:
+        round_trip(sock, b"hello through the proxy")
+    assert bytes(upstream.received) == b"hello through the proxy"
+    assert set(toxiproxy.proxies()) == {"echo"}
+
+
+def test_latency_delays_new_and_existing_connections(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="slow")
+    existing = greeted(proxy.listen)
+    assert round_trip(existing) < 0.2
+    proxy.add_toxic(type="latency", attributes={"latency": 300})
+    assert proxy.toxics()["latency_downstream"].attributes == {"latency": 300, "jitter": 0}
+    with existing, greeted(proxy.listen) as fresh:
+        assert round_trip(existing) >= 0.25
+        assert round_trip(fresh) >= 0.25
+        proxy.destroy_toxic("latency_downstream")
+        assert round_trip(fresh) < 0.2
+
+
+def test_toxic_update_changes_attributes_and_toxicity(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="p")
+    proxy.add_toxic(name="lat", type="latency", stream="upstream", attributes={"latency": 10, "jitter": 5})
+    reply = requests.post(
+        f"{server.url}/proxies/p/toxics/lat", json={"attributes": {"latency": 20}, "toxicity": 0.5}, timeout=5
+    )
+    assert reply.status_code == 200
+    assert reply.json() == {
+        "name": "lat",
+        "type": "latency",
+        "stream": "upstream",
+        "toxicity": 0.5,
+        "attributes": {"latency": 20, "jitter": 5},
+    }
+    assert requests.get(f"{server.url}/proxies/p/toxics/lat", timeout=5).json() == reply.json()
+
+
+def test_timeout_zero_stalls_data_but_accepts_connections(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="stall")
+    proxy.add_toxic(name="cut", type="timeout", attributes={"timeout": 0})
+    with connect(proxy.listen) as sock:
+        assert_stalled(sock)
+        sock.sendall(b"still writable")
+        assert_stalled(sock, 0.3)
+    proxy.destroy_toxic("cut")
+    with greeted(proxy.listen) as sock:
+        round_trip(sock)
+
+
+def test_timeout_with_delay_closes_the_connection(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="expire")
+    proxy.add_toxic(type="timeout", attributes={"timeout": 200})
+    with connect(proxy.listen) as sock:
+        started = time.monotonic()
+        assert_closed(sock)
+        assert time.monotonic() - started >= 0.15
+
+
+def test_reset_peer_is_refused_as_unsupported(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="rst")
+    with pytest.raises(InvalidToxic, match="reset_peer is not implemented"):
+        proxy.add_toxic(type="reset_peer", attributes={"timeout": 0})
+    assert proxy.toxics() == {}
+
+
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
+def test_one_way_toxic_cuts_only_its_direction(toxiproxy: Toxiproxy, upstream: Upstream, stream: str) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="oneway")
+    proxy.add_toxic(type="timeout", stream=stream, attributes={"timeout": 0})
+    with connect(proxy.listen) as sock:
+        sock.sendall(b"client bytes")
+        if stream == "upstream":
+            assert read_exactly(sock, len(GREETING)) == GREETING
+            assert_stalled(sock)
+            assert bytes(upstream.received) == b""
+        else:
+            assert_stalled(sock)
+            assert bytes(upstream.received) == b"client bytes"
+
+
+def test_disable_closes_connections_and_refuses_then_enable_listens_again(
+    toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="flap")
+    with greeted(proxy.listen) as existing:
+        proxy.disable()
+        assert_closed(existing)
+    with pytest.raises(ConnectionRefusedError):
+        connect(proxy.listen)
+    assert toxiproxy.get_proxy("flap").enabled is False
+    proxy.enable()
+    with greeted(proxy.listen) as sock:
+        round_trip(sock)
+
+
+def test_update_listen_moves_the_proxy(server: Server, toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="mover")
+    new_listen = f"127.0.0.1:{free_port()}"
+    reply = requests.post(f"{server.url}/proxies/mover", json={"listen": new_listen}, timeout=5)
+    assert reply.status_code == 200 and reply.json()["listen"] == new_listen
+    with pytest.raises(ConnectionRefusedError):
+        connect(proxy.listen)
+    with greeted(new_listen) as sock:
+        round_trip(sock)
+
+
+def test_reset_removes_toxics_and_enables_every_proxy(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    kept = toxiproxy.create(upstream=upstream.address, name="kept")
+    kept.add_toxic(type="latency", attributes={"latency": 1000})
+    down = toxiproxy.create(upstream=upstream.address, name="down")
+    down.add_toxic(type="timeout", stream="upstream", attributes={"timeout": 0})
+    down.disable()
+    assert toxiproxy.reset() is True
+    for name in ("kept", "down"):
+        proxy = toxiproxy.get_proxy(name)
+        assert proxy.enabled is True and proxy.toxics() == {}
+        with greeted(proxy.listen) as sock:
+            assert round_trip(sock) < 0.5
+
+
+def test_populate_creates_keeps_and_replaces(server: Server, upstream: Upstream) -> None:
+    listen_a, listen_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    spec: list[dict[str, Any]] = [
+        {"name": "a", "listen": listen_a, "upstream": upstream.address},
+        {"name": "b", "listen": listen_b, "upstream": upstream.address, "enabled": False},
+    ]
+    reply = requests.post(f"{server.url}/populate", json=spec, timeout=5)
+    assert reply.status_code == 201
+    assert [(p["name"], p["enabled"]) for p in reply.json()["proxies"]] == [("a", True), ("b", False)]
+    toxic: dict[str, Any] = {"type": "latency", "attributes": {"latency": 5}}
+    assert requests.post(f"{server.url}/proxies/a/toxics", json=toxic, timeout=5).status_code == 200
+
+    again = requests.post(f"{server.url}/populate", json=spec[:1], timeout=5).json()["proxies"]
+    assert len(again[0]["toxics"]) == 1, "an unchanged proxy keeps its toxics"
+
+    moved = [{"name": "a", "listen": listen_a, "upstream": "127.0.0.1:9"}]
+    replaced = requests.post(f"{server.url}/populate", json=moved, timeout=5).json()["proxies"]
+    assert replaced[0]["upstream"] == "127.0.0.1:9" and replaced[0]["toxics"] == []
+
+    bad = requests.post(f"{server.url}/populate", json=[{"name": "c"}], timeout=5)
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "missing required field: upstream at proxy 1", "status": 400}
+
+
+def test_config_file_creates_proxies_at_start(binary: Path, upstream: Upstream, tmp_path: Path) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "toxiproxy.json"
+    config.write_text(json.dumps([{"name": "from_config", "listen": listen, "upstream": upstream.address}]))
+    running = start_server(binary, "--config", str(config))
+    try:
+        proxies = requests.get(f"{running.url}/proxies", timeout=5).json()
+        assert proxies["from_config"]["listen"] == listen
+        with greeted(listen) as sock:
+            round_trip(sock)
+    finally:
+        stop_server(running)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "/nonexistent/proxies.json"], "cannot read config file"),
+        (["--port", "notaport"], "--port must be a port number"),
+    ],
+)
+def test_user_errors_end_in_one_line(binary: Path, args: list[str], message: str) -> None:
+    result = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=10)
+    assert result.returncode != 0
+    first = result.stderr.splitlines()[0]
+    assert message in first and "panicked" not in result.stderr
+
+
+def test_error_responses(server: Server, toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    body = {"name": "dup", "upstream": upstream.address, "listen": "127.0.0.1:0"}
+    assert requests.post(f"{server.url}/proxies", json=body, timeout=5).status_code == 201
+    conflict = requests.post(f"{server.url}/proxies", json=body, timeout=5)
+    assert (conflict.status_code, conflict.json()) == (409, {"error": "proxy already exists", "status": 409})
+
+    missing = requests.get(f"{server.url}/proxies/nope", timeout=5)
+    assert (missing.status_code, missing.json()) == (404, {"error": "proxy not found", "status": 404})
+    with pytest.raises(NotFound):
+        toxiproxy.get_proxy("dup").destroy_toxic("nope")
+
+    proxy = toxiproxy.get_proxy("dup")
+    proxy.add_toxic(type="slicer", attributes={"average_size": 8})
+    dup_toxic = requests.post(
+        f"{server.url}/proxies/dup/toxics",
+        json={"type": "slicer", "attributes": {"average_size": 8}},
+        timeout=5,
+    )
+    assert (dup_toxic.status_code, dup_toxic.json()["error"]) == (409, "toxic already exists")
+
+    for bad in ('{"name": ', '{"upstream": "x:1"}', '{"name": "x", "upstream": 5}'):
+        reply = requests.post(f"{server.url}/proxies", data=bad, timeout=5)
+        assert reply.status_code == 400 and reply.json()["status"] == 400
+    with pytest.raises(InvalidToxic, match="stream was invalid"):
+        proxy.add_toxic(type="latency", stream="sideways")
+
+    assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 204
+    assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 404

@@ -1,0 +1,401 @@
+//! The set of proxies the API manages, and the running `noxious` proxy tasks.
+//!
+//! The store keeps each proxy's configuration and toxic list itself, because
+//! a disabled proxy has no running task but must still show (and accept)
+//! toxics, as in Toxiproxy. While a proxy runs, every toxic change is also
+//! sent to its task through the library's own event channel, which rebuilds
+//! the live links; the store's copy is changed only after the task accepts.
+
+use crate::error::ApiError;
+use crate::fields;
+use crate::toxics;
+use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
+use noxious::signal::{Close, Stop, Stopper};
+use noxious::socket::TcpListener;
+use noxious::state::SharedProxyInfo;
+use noxious::toxic::{StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::ToSocketAddrs;
+use std::time::Duration;
+
+/// How long a stop waits for the library to drop the proxy's client connections.
+const CONNECTION_DRAIN: Duration = Duration::from_secs(2);
+
+/// What Toxiproxy listens on when a proxy is created without `listen`
+/// (Go's `net.Listen("tcp", "")`: every interface, a free port).
+const DEFAULT_LISTEN: &str = "0.0.0.0:0";
+
+type EventSender = bmrng::RequestSender<ToxicEvent, ToxicEventResult>;
+
+#[derive(Debug)]
+struct Running {
+    events: EventSender,
+    stopper: Stopper,
+    closed: Close,
+    info: SharedProxyInfo,
+}
+
+/// One proxy: its configuration, its toxics and, while enabled, its task.
+#[derive(Debug)]
+pub struct Proxy {
+    config: ProxyConfig,
+    toxics: Vec<Toxic>,
+    running: Option<Running>,
+}
+
+/// The fields of a proxy as the API accepts them on create, populate and update.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxySpec {
+    pub name: String,
+    pub listen: String,
+    pub upstream: String,
+    pub enabled: bool,
+}
+
+impl ProxySpec {
+    /// Read a create/populate body; `position` names the entry in a populate list.
+    pub fn parse(body: &Value, position: Option<usize>) -> Result<ProxySpec, ApiError> {
+        let map = fields::object(body)?;
+        let at = |field: &str| match position {
+            Some(i) => format!("{field} at proxy {i}"),
+            None => field.to_owned(),
+        };
+        let name = fields::string(map, "name")?.unwrap_or_default();
+        if name.is_empty() {
+            return Err(ApiError::missing_field(at("name")));
+        }
+        if name.contains('/') {
+            return Err(ApiError::bad_request_body(
+                "proxy name must not contain '/'",
+            ));
+        }
+        let upstream = fields::string(map, "upstream")?.unwrap_or_default();
+        if upstream.is_empty() {
+            return Err(ApiError::missing_field(at("upstream")));
+        }
+        let listen = fields::string(map, "listen")?.unwrap_or_default();
+        Ok(ProxySpec {
+            name,
+            listen: if listen.is_empty() {
+                DEFAULT_LISTEN.to_owned()
+            } else {
+                listen
+            },
+            upstream,
+            enabled: fields::boolean(map, "enabled")?.unwrap_or(true),
+        })
+    }
+}
+
+/// Turn `host:0` into `host:<free port>` so the API can report the real port.
+///
+/// The library binds the address it is given and does not expose the bound
+/// port, so a free port is found here first. Another process could take the
+/// port between this probe and the library's bind; the bind then fails with
+/// a clear error instead of silently using a different port.
+fn resolve_listen(listen: &str) -> Result<String, ApiError> {
+    let Some((_, port)) = listen.rsplit_once(':') else {
+        return Ok(listen.to_owned());
+    };
+    if port != "0" {
+        return Ok(listen.to_owned());
+    }
+    let addr = listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| {
+            ApiError::internal(format!("listen tcp {listen}: cannot resolve address"))
+        })?;
+    let probe = std::net::TcpListener::bind(addr)
+        .map_err(|err| ApiError::internal(format!("listen tcp {listen}: {err}")))?;
+    let bound = probe
+        .local_addr()
+        .map_err(|err| ApiError::internal(format!("listen tcp {listen}: {err}")))?;
+    Ok(bound.to_string())
+}
+
+impl Proxy {
+    fn new(spec: &ProxySpec, seed: Option<u64>) -> Proxy {
+        Proxy {
+            config: ProxyConfig {
+                name: spec.name.clone(),
+                listen: spec.listen.clone(),
+                upstream: spec.upstream.clone(),
+                enabled: false,
+                rand_seed: seed,
+            },
+            toxics: Vec::new(),
+            running: None,
+        }
+    }
+
+    /// The proxy as Toxiproxy serves it, with its toxics.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "name": self.config.name,
+            "listen": self.config.listen,
+            "upstream": self.config.upstream,
+            "enabled": self.running.is_some(),
+            "toxics": self.toxics_json(),
+        })
+    }
+
+    pub fn toxics_json(&self) -> Value {
+        Value::Array(self.toxics.iter().map(toxics::to_json).collect())
+    }
+
+    pub fn toxic(&self, name: &str) -> Result<&Toxic, ApiError> {
+        self.toxics
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(ApiError::toxic_not_found)
+    }
+
+    fn library_toxics(&self) -> Toxics {
+        let of = |direction| {
+            self.toxics
+                .iter()
+                .filter(|t| t.direction == direction)
+                .cloned()
+                .collect()
+        };
+        Toxics {
+            upstream: of(StreamDirection::Upstream),
+            downstream: of(StreamDirection::Downstream),
+        }
+    }
+
+    /// Bind the listen address and hand the listener to a library proxy task.
+    async fn start(&mut self) -> Result<(), ApiError> {
+        if self.running.is_some() {
+            return Ok(());
+        }
+        let mut config = self.config.clone();
+        config.listen = resolve_listen(&config.listen)?;
+        config.enabled = true;
+        let (listener, info) =
+            ProxyRunner::initialize_proxy::<TcpListener>(config.clone(), self.library_toxics())
+                .await
+                .map_err(|err| {
+                    ApiError::internal(format!("listen tcp {}: {err}", config.listen))
+                })?;
+        let (events, receiver) = bmrng::channel(1);
+        let (stop, stopper) = Stop::new();
+        let (closed, closer) = Close::new();
+        let name = config.name.clone();
+        let task_info = info.clone();
+        tokio::spawn(async move {
+            let result = ProxyRunner::run_proxy(listener, task_info, receiver, stop, closer).await;
+            if let Err(err) = result {
+                eprintln!("brokerchaos-toxiproxy: proxy {name} stopped accepting: {err}");
+            }
+        });
+        eprintln!(
+            "brokerchaos-toxiproxy: proxy {} listening on {} -> {}",
+            config.name, config.listen, config.upstream
+        );
+        self.config = config;
+        self.running = Some(Running {
+            events,
+            stopper,
+            closed,
+            info,
+        });
+        Ok(())
+    }
+
+    /// Stop listening and close every client connection, as Toxiproxy's disable does.
+    async fn stop(&mut self) {
+        self.config.enabled = false;
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        running.stopper.stop();
+        let _ = running.closed.recv().await;
+        // The library drops each connection's sockets from its own tasks once
+        // the stop signal reaches them; wait so that the caller sees them closed.
+        let deadline = tokio::time::Instant::now() + CONNECTION_DRAIN;
+        while !running.info.state.lock().clients.is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        eprintln!(
+            "brokerchaos-toxiproxy: proxy {} stopped ({})",
+            self.config.name, self.config.listen
+        );
+    }
+
+    /// Send a toxic change to the running task, if any; the library rebuilds live links.
+    async fn apply(&mut self, kind: ToxicEventKind) -> Result<(), ApiError> {
+        let Some(running) = &self.running else {
+            return Ok(());
+        };
+        let event = ToxicEvent::new(self.config.name.clone(), kind);
+        match running.events.send_receive(event).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(ApiError::internal(format!(
+                "proxy {} rejected the toxic change: {err}",
+                self.config.name
+            ))),
+            Err(err) => Err(ApiError::internal(format!(
+                "proxy {} is not running: {err}",
+                self.config.name
+            ))),
+        }
+    }
+
+    pub async fn add_toxic(&mut self, toxic: Toxic) -> Result<&Toxic, ApiError> {
+        if self.toxics.iter().any(|t| t.name == toxic.name) {
+            return Err(ApiError::toxic_exists());
+        }
+        self.apply(ToxicEventKind::AddToxic(toxic.clone())).await?;
+        self.toxics.push(toxic);
+        Ok(self.toxics.last().expect("just pushed"))
+    }
+
+    pub async fn update_toxic(&mut self, toxic: Toxic) -> Result<&Toxic, ApiError> {
+        let index = self
+            .toxics
+            .iter()
+            .position(|t| t.name == toxic.name)
+            .ok_or_else(ApiError::toxic_not_found)?;
+        self.apply(ToxicEventKind::UpdateToxic(toxic.clone()))
+            .await?;
+        self.toxics[index] = toxic;
+        Ok(&self.toxics[index])
+    }
+
+    pub async fn remove_toxic(&mut self, name: &str) -> Result<(), ApiError> {
+        let index = self
+            .toxics
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(ApiError::toxic_not_found)?;
+        self.apply(ToxicEventKind::RemoveToxic(name.to_owned()))
+            .await?;
+        self.toxics.remove(index);
+        Ok(())
+    }
+
+    /// Remove toxics one by one: noxious 1.0.4's `RemoveAllToxics` event clears
+    /// only the upstream list and leaves downstream toxics running.
+    async fn remove_all_toxics(&mut self) -> Result<(), ApiError> {
+        while let Some(toxic) = self.toxics.last() {
+            let name = toxic.name.clone();
+            self.remove_toxic(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Apply a `POST /proxies/{name}` body: a new address restarts the proxy.
+    pub async fn update(&mut self, body: &Value) -> Result<(), ApiError> {
+        let map = fields::object(body)?;
+        let listen = fields::string(map, "listen")?.unwrap_or_else(|| self.config.listen.clone());
+        let upstream =
+            fields::string(map, "upstream")?.unwrap_or_else(|| self.config.upstream.clone());
+        let enabled = fields::boolean(map, "enabled")?.unwrap_or(self.running.is_some());
+        if listen != self.config.listen || upstream != self.config.upstream {
+            self.stop().await;
+            self.config.listen = listen;
+            self.config.upstream = upstream;
+        }
+        if enabled {
+            self.start().await
+        } else {
+            self.stop().await;
+            Ok(())
+        }
+    }
+}
+
+/// All proxies by name; the API serialises access to it.
+#[derive(Debug, Default)]
+pub struct Store {
+    proxies: BTreeMap<String, Proxy>,
+    seed: Option<u64>,
+}
+
+impl Store {
+    pub fn new(seed: Option<u64>) -> Store {
+        Store {
+            proxies: BTreeMap::new(),
+            seed,
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Proxy, ApiError> {
+        self.proxies.get(name).ok_or_else(ApiError::proxy_not_found)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut Proxy, ApiError> {
+        self.proxies
+            .get_mut(name)
+            .ok_or_else(ApiError::proxy_not_found)
+    }
+
+    pub fn to_json(&self) -> Value {
+        Value::Object(
+            self.proxies
+                .iter()
+                .map(|(name, proxy)| (name.clone(), proxy.to_json()))
+                .collect(),
+        )
+    }
+
+    /// Create a proxy; it is stored only if it could start (when enabled).
+    pub async fn create(&mut self, spec: &ProxySpec) -> Result<&Proxy, ApiError> {
+        if self.proxies.contains_key(&spec.name) {
+            return Err(ApiError::proxy_exists());
+        }
+        let mut proxy = Proxy::new(spec, self.seed);
+        if spec.enabled {
+            proxy.start().await?;
+        }
+        Ok(self.proxies.entry(spec.name.clone()).or_insert(proxy))
+    }
+
+    pub async fn delete(&mut self, name: &str) -> Result<(), ApiError> {
+        let mut proxy = self
+            .proxies
+            .remove(name)
+            .ok_or_else(ApiError::proxy_not_found)?;
+        proxy.stop().await;
+        Ok(())
+    }
+
+    /// Create or replace each proxy in order, as Toxiproxy's `/populate` does.
+    ///
+    /// A proxy whose listen and upstream are unchanged is kept as it is (with
+    /// its toxics); any other existing proxy of that name is replaced. On the
+    /// first failure the proxies handled so far are returned with the error.
+    pub async fn populate(&mut self, specs: &[ProxySpec]) -> (Vec<Value>, Option<ApiError>) {
+        let mut done = Vec::new();
+        for spec in specs {
+            let unchanged = self.proxies.get(&spec.name).is_some_and(|p| {
+                p.config.listen == spec.listen && p.config.upstream == spec.upstream
+            });
+            if !unchanged {
+                if let Some(mut old) = self.proxies.remove(&spec.name) {
+                    old.stop().await;
+                }
+                if let Err(err) = self.create(spec).await {
+                    return (done, Some(err));
+                }
+            }
+            done.push(self.proxies[&spec.name].to_json());
+        }
+        (done, None)
+    }
+
+    /// Enable every proxy and remove every toxic.
+    pub async fn reset(&mut self) -> Result<(), ApiError> {
+        for proxy in self.proxies.values_mut() {
+            proxy.start().await?;
+            proxy.remove_all_toxics().await?;
+        }
+        Ok(())
+    }
+}
