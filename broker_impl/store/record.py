@@ -26,6 +26,7 @@ plus ``END_MIN_BLANK`` bytes does not fit, so a BLANK always fits.
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ def encode_blank(size: int) -> bytes:
     return head + struct.pack(">I", zlib.crc32(head))
 
 
-def decode(buf: bytes | memoryview, pos: int, offset: int, room: int) -> Record | Blank | Bad:
+def decode(buf: bytes | memoryview | mmap.mmap, pos: int, offset: int, room: int) -> Record | Blank | Bad:
     """Decode the record at ``buf[pos:]`` whose log offset is ``offset``.
 
     ``room`` is how many bytes the segment has left from ``pos`` (the segment
