@@ -86,17 +86,14 @@ class Channel(Actor):
 
     async def _run(self) -> None:
         try:
-            while True:
+            while self.state != "closed":
                 await self._wake.wait()
                 self._wake.clear()
-                while self._inbox:
+                while self._inbox and self.state != "closed":
                     method, props, body = self._inbox.popleft()
                     if props is not None:
                         self.flow_ack(self.conn, self.conn.broker.link_spec)
                     if self.state == "closing":
-                        if isinstance(method, commands.Channel.CloseOk | commands.Channel.Close):
-                            self._finish_close(reply=isinstance(method, commands.Channel.Close))
-                            return
                         continue
                     try:
                         await self._handle(method, props, body)
@@ -126,10 +123,12 @@ class Channel(Actor):
         self.state = "closing"
         self._release_resources()
 
-    def _finish_close(self, reply: bool) -> None:
+    def finish_close(self, reply: bool) -> None:
         if reply:
             self.conn.send_method(self.number, commands.Channel.CloseOk())
         self.state = "closed"
+        self._inbox.clear()
+        self._wake.set()
         self._release_resources()
         self.conn.channel_closed(self)
 
@@ -245,10 +244,10 @@ class Channel(Actor):
 
     # channel class
     async def _channel_close(self, m: commands.Channel.Close, *_: Any) -> None:
-        self._finish_close(reply=True)
+        self.finish_close(reply=True)
 
     async def _channel_close_ok(self, m: commands.Channel.CloseOk, *_: Any) -> None:
-        self._finish_close(reply=False)
+        self.finish_close(reply=False)
 
     async def _channel_flow(self, m: commands.Channel.Flow, *_: Any) -> None:
         self.flow_active = m.active
@@ -291,6 +290,7 @@ class Channel(Actor):
                 auto_delete=m.auto_delete, arguments=m.arguments,
             )
         if not m.nowait:
+            await q.settled()
             self._reply(commands.Queue.DeclareOk(q.name, q.message_count(), q.consumer_count()))
 
     async def _queue_bind(self, m: commands.Queue.Bind, *_: Any) -> None:
@@ -311,6 +311,7 @@ class Channel(Actor):
     async def _queue_purge(self, m: commands.Queue.Purge, *_: Any) -> None:
         q = self.conn.vhost.get_queue(m.queue, self.conn)
         self._perm("read", q.name)
+        await q.settled()
         n = await q.purge()
         if not m.nowait:
             self._reply(commands.Queue.PurgeOk(n))
@@ -324,6 +325,7 @@ class Channel(Actor):
             return
         q = vh.get_queue(m.queue, self.conn)
         self._perm("configure", q.name)
+        await q.settled()
         n = await vh.delete_queue(q, m.if_unused, m.if_empty)
         if not m.nowait:
             self._reply(commands.Queue.DeleteOk(n))
@@ -397,6 +399,7 @@ class Channel(Actor):
     async def _basic_get(self, m: commands.Basic.Get, *_: Any) -> None:
         q = self.conn.vhost.get_queue(m.queue, self.conn)
         self._perm("read", q.name)
+        await q.settled()
         f = q.get(m.no_ack)
         if f is None:
             self._reply(commands.Basic.GetEmpty())

@@ -242,6 +242,11 @@ class Connection(Actor):
             if isinstance(frame, commands.Channel.CloseOk):
                 return
             raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, got {frame.name}")
+        if channel.state == "closing":
+            # We closed it: drop everything until the client's close-ok (or its own close).
+            if isinstance(frame, commands.Channel.CloseOk | commands.Channel.Close):
+                channel.finish_close(reply=isinstance(frame, commands.Channel.Close))
+            return
         if isinstance(frame, commands.Basic.Publish):
             self._assembly[ch] = [frame, None, 0, [], 0]
             return

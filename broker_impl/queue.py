@@ -89,7 +89,10 @@ class Queue(Actor):
         self.consumers: deque[Consumer] = deque()
         self.had_consumer = False
         self.deleted = False
-        self._inbox: deque[tuple[Message, Actor | None, ConfirmCallback | None]] = deque()
+        self._inbox: deque[tuple[int, Message, Actor | None, ConfirmCallback | None]] = deque()
+        self._ticket = 0  # publishes accepted so far
+        self._outstanding: set[int] = set()  # tickets accepted but not yet in the backing queue
+        self._progress = asyncio.Event()
         self._wake = asyncio.Event()
         self._kick_scheduled = False
         self._store = StoreLink(flow_enabled, f"store link {name}")
@@ -114,8 +117,22 @@ class Queue(Actor):
             return
         if sender is not None:
             sender.flow_send(self, self.link_spec)
-        self._inbox.append((message, sender, on_done))
+        self._ticket += 1
+        self._outstanding.add(self._ticket)
+        self._inbox.append((self._ticket, message, sender, on_done))
         self._wake.set()
+
+    async def settled(self) -> None:
+        """Wait until every publish accepted before this call is in the backing queue.
+
+        An Erlang channel's cast to a queue is processed before its later call, so a
+        client that publishes and then gets, purges or declares on the same channel
+        sees its own messages; this barrier gives the same guarantee.
+        """
+        upto = self._ticket
+        while self._outstanding and min(self._outstanding) <= upto and not self.deleted:
+            self._progress.clear()
+            await self._progress.wait()
 
     @property
     def inbox_len(self) -> int:
@@ -130,22 +147,22 @@ class Queue(Actor):
             await self._wake.wait()
             self._wake.clear()
             while self._inbox:
-                message, sender, on_done = self._inbox.popleft()
+                ticket, message, sender, on_done = self._inbox.popleft()
                 if sender is not None:
                     self.flow_ack(sender, self.link_spec)
-                self._start_write(message, on_done)
+                self._start_write(ticket, message, on_done)
                 if len(self._inbox) and len(self._writes) % 256 == 0:
                     await asyncio.sleep(0)  # let deliveries and other queues run
 
-    def _start_write(self, message: Message, on_done: ConfirmCallback | None) -> None:
+    def _start_write(self, ticket: int, message: Message, on_done: ConfirmCallback | None) -> None:
         to_store = self.bq.durable and message.persistent
         if to_store:
             self.flow_send(self._store, self.store_spec)
-        task = asyncio.get_running_loop().create_task(self._write(message, on_done, to_store))
+        task = asyncio.get_running_loop().create_task(self._write(ticket, message, on_done, to_store))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write(self, message: Message, on_done: ConfirmCallback | None, to_store: bool) -> None:
+    async def _write(self, ticket: int, message: Message, on_done: ConfirmCallback | None, to_store: bool) -> None:
         ok = True
         try:
             seq = await self.bq.publish(message)
@@ -165,6 +182,8 @@ class Queue(Actor):
         finally:
             if to_store:
                 self._store.flow_ack(self, self.store_spec)
+            self._outstanding.discard(ticket)
+            self._progress.set()
         if on_done:
             on_done(ok)
         self.kick()
@@ -375,10 +394,12 @@ class Queue(Actor):
         for consumer in list(self.consumers):
             consumer.channel.consumer_cancelled(consumer)
         self.consumers.clear()
-        for _m, _s, on_done in self._inbox:
+        for _t, _m, _s, on_done in self._inbox:
             if on_done:
                 on_done(True)
         self._inbox.clear()
+        self._outstanding.clear()
+        self._progress.set()
         if self._expiry_handle:
             self._expiry_handle.cancel()
         self.flow_terminate()

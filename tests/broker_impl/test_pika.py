@@ -1,0 +1,312 @@
+"""pika BlockingConnection against an in-process node: the behaviours clients rely on."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.broker_impl.conftest import InProcessNode
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def connect(node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw) -> pika.BlockingConnection:
+    creds = pika.PlainCredentials(user, password)
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, vhost, creds, **kw))
+
+
+def pump(conn: pika.BlockingConnection, seconds: float) -> None:
+    """process_data_events returns after the first batch; keep pumping for the whole period."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+
+
+def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 5) -> list[tuple]:
+    out = []
+    for method, props, body in ch.consume(queue, inactivity_timeout=timeout):
+        if method is None:
+            break
+        out.append((method, props, body))
+        if ack:
+            ch.basic_ack(method.delivery_tag)
+        if len(out) == n:
+            break
+    ch.cancel()
+    return out
+
+
+def test_confirmed_publish_consume_ack(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("work", durable=True)
+    for i in range(50):
+        ch.basic_publish("", "work", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    got = drain(ch, "work", 50)
+    assert [b for _m, _p, b in got] == [f"m{i}".encode() for i in range(50)]
+    assert all(not m.redelivered for m, _p, _b in got)
+    assert ch.queue_declare("work", passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_mandatory_unroutable_raises(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("amq.direct", "nowhere", b"x", mandatory=True)
+    ch.basic_publish("amq.direct", "nowhere", b"x")  # not mandatory: just confirmed
+    conn.close()
+
+
+def test_basic_get_nack_requeue_and_reject_without_requeue(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("g")
+    ch.basic_publish("", "g", b"one")
+    ch.basic_publish("", "g", b"two")
+    m, _p, body = ch.basic_get("g")
+    assert body == b"one" and m.message_count == 1 and not m.redelivered
+    ch.basic_nack(m.delivery_tag, requeue=True)
+    m, _p, body = ch.basic_get("g")
+    assert body == b"one" and m.redelivered  # back at its original position
+    ch.basic_reject(m.delivery_tag, requeue=False)
+    m, _p, body = ch.basic_get("g", auto_ack=True)
+    assert body == b"two"
+    assert ch.basic_get("g") == (None, None, None)
+    conn.close()
+
+
+def test_unacked_requeued_redelivered_on_channel_close(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("r")
+    for i in range(3):
+        ch.basic_publish("", "r", str(i).encode())
+    got = drain(ch, "r", 3, ack=False)
+    assert len(got) == 3
+    ch.close()
+    ch2 = conn.channel()
+    again = drain(ch2, "r", 3)
+    assert [b for _m, _p, b in again] == [b"0", b"1", b"2"]
+    assert all(m.redelivered for m, _p, _b in again)
+    conn.close()
+
+
+def test_prefetch_limits_unacked_per_consumer(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("p")
+    for i in range(10):
+        ch.basic_publish("", "p", str(i).encode())
+    ch.basic_qos(prefetch_count=3)
+    seen = []
+    ch.basic_consume("p", lambda c, m, p, b: seen.append(m.delivery_tag))
+    pump(conn, 0.5)
+    assert len(seen) == 3
+    ch.basic_ack(seen[-1], multiple=True)
+    pump(conn, 0.5)
+    assert len(seen) == 6
+    conn.close()
+
+
+def test_round_robin_between_consumers(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("rr")
+    got: dict[str, int] = {"a": 0, "b": 0}
+
+    def cb(tag):
+        def f(c, m, p, b):
+            got[tag] += 1
+            c.basic_ack(m.delivery_tag)
+
+        return f
+
+    ch.basic_consume("rr", cb("a"), consumer_tag="a")
+    ch.basic_consume("rr", cb("b"), consumer_tag="b")
+    for i in range(20):
+        ch.basic_publish("", "rr", str(i).encode())
+    deadline = time.monotonic() + 5
+    while sum(got.values()) < 20 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert got == {"a": 10, "b": 10}
+    conn.close()
+
+
+def test_large_and_empty_bodies(node: InProcessNode) -> None:
+    conn = connect(node, frame_max=8192)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("big")
+    big = bytes(range(256)) * 2000  # 512000 bytes: many frames each way
+    ch.basic_publish("", "big", big)
+    ch.basic_publish("", "big", b"")
+    assert ch.basic_get("big", auto_ack=True)[2] == big
+    assert ch.basic_get("big", auto_ack=True)[2] == b""
+    conn.close()
+
+
+def test_exchange_types_route(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.exchange_declare("t", "topic")
+    ch.exchange_declare("f", "fanout")
+    for q in ("t1", "t2", "f1", "f2"):
+        ch.queue_declare(q)
+    ch.queue_bind("t1", "t", "a.*.c")
+    ch.queue_bind("t2", "t", "a.#")
+    ch.queue_bind("f1", "f")
+    ch.queue_bind("f2", "f")
+    ch.basic_publish("t", "a.b.c", b"abc")
+    ch.basic_publish("t", "a", b"a")
+    ch.basic_publish("f", "whatever", b"fan")
+    counts = {q: ch.queue_declare(q, passive=True).method.message_count for q in ("t1", "t2", "f1", "f2")}
+    assert counts == {"t1": 1, "t2": 2, "f1": 1, "f2": 1}
+    ch.queue_unbind("t2", "t", "a.#")
+    ch.basic_publish("t", "a.x", b"ax")
+    assert ch.queue_declare("t2", passive=True).method.message_count == 2
+    conn.close()
+
+
+def test_server_named_queue_and_exclusive_cleanup(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    name = ch.queue_declare("", exclusive=True).method.queue
+    assert name.startswith("amq.gen-")
+    other = connect(node)
+    och = other.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        och.basic_consume(name, lambda *a: None)
+    assert err.value.reply_code == 405
+    conn.close()
+    time.sleep(0.2)
+    och = other.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        och.queue_declare(name, passive=True)
+    assert err.value.reply_code == 404
+    other.close()
+
+
+def test_channel_error_codes(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare("missing", passive=True)
+    assert err.value.reply_code == 404
+    ch = conn.channel()
+    ch.queue_declare("d", durable=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare("d", durable=False)
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_ack(99)
+        ch.queue_declare("d", durable=True)  # a round trip to see the close
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_publish("no-such-exchange", "x", b"x")
+        ch.queue_declare("d", durable=True)
+    assert err.value.reply_code == 404
+    ch = conn.channel()
+    ch.exchange_declare("ex1", "direct")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_declare("ex1", "fanout")
+    assert err.value.reply_code == 406
+    assert conn.is_open  # channel errors never close the connection
+    conn.close()
+
+
+def test_bad_login_is_access_refused(node: InProcessNode) -> None:
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
+        connect(node, password="wrong")
+    assert "403" in str(err.value) or "ACCESS_REFUSED" in str(err.value)
+
+
+def test_permissions_and_vhost_access(node: InProcessNode) -> None:
+    b = node.broker
+    node.run(lambda: b.add_user("limited", "pw", []))
+    node.run(lambda: b.set_permissions("limited", "/", "^own-.*", "^own-.*", "^own-.*"))
+    node.run(lambda: b.add_vhost("other"))
+    conn = connect(node, "limited", "pw")
+    ch = conn.channel()
+    ch.queue_declare("own-1")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare("theirs")
+    assert err.value.reply_code == 403
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_publish("", "own-1", b"x")  # write on amq.default is not granted
+        ch.queue_declare("own-1")
+    assert err.value.reply_code == 403
+    conn.close()
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as cerr:
+        connect(node, "limited", "pw", vhost="other")
+    assert "530" in str(cerr.value)
+
+
+def test_dead_letter_on_reject_and_ttl(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.exchange_declare("dlx", "fanout")
+    ch.queue_declare("dead")
+    ch.queue_bind("dead", "dlx")
+    ch.queue_declare("live", arguments={"x-dead-letter-exchange": "dlx"})
+    ch.queue_declare("ttl", arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 100})
+    ch.basic_publish("", "live", b"rejected")
+    m, _p, _b = ch.basic_get("live")
+    ch.basic_reject(m.delivery_tag, requeue=False)
+    ch.basic_publish("", "ttl", b"expired")
+    time.sleep(0.4)
+    bodies = {}
+    for _ in range(2):
+        m, p, body = ch.basic_get("dead", auto_ack=True)
+        assert m is not None
+        bodies[body] = p.headers["x-death"][0]["reason"]
+    assert bodies == {b"rejected": "rejected", b"expired": "expired"}
+    assert ch.queue_declare("ttl", passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_consumer_cancel_notify_on_queue_delete(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("gone")
+    cancelled = []
+    ch.basic_consume("gone", lambda *a: None, consumer_tag="c1")
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    other = conn.channel()
+    other.queue_delete("gone")
+    pump(conn, 0.3)
+    assert cancelled == ["c1"]
+    conn.close()
+
+
+def test_basic_recover_redelivers(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("rec")
+    ch.basic_publish("", "rec", b"x")
+    m, _p, _b = ch.basic_get("rec")
+    assert not m.redelivered
+    ch.basic_recover(requeue=True)
+    m, _p, _b = ch.basic_get("rec", auto_ack=True)
+    assert m.redelivered
+    conn.close()
+
+
+def test_purge_and_delete_counts(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("pd")
+    for _ in range(4):
+        ch.basic_publish("", "pd", b"x")
+    assert ch.queue_purge("pd").method.message_count == 4
+    ch.basic_publish("", "pd", b"x")
+    assert ch.queue_delete("pd").method.message_count == 1
+    conn.close()
