@@ -283,15 +283,52 @@ def test_disable_closes_connections_and_refuses_then_enable_listens_again(
     toxiproxy: Toxiproxy, upstream: Upstream
 ) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="flap")
-    with greeted(proxy.listen) as existing:
+    plain = greeted(proxy.listen)
+    proxy.add_toxic(name="hold", type="timeout", stream="upstream", attributes={"timeout": 0})
+    stalled = greeted(proxy.listen)
+    stalled.sendall(b"never arrives")
+    with plain, stalled:
         proxy.disable()
-        assert_closed(existing)
+        assert_closed(plain)
+        assert_closed(stalled)
+    assert bytes(upstream.received) == b"", "the upstream toxic held the bytes until the close"
     with pytest.raises(ConnectionRefusedError):
         connect(proxy.listen)
     assert toxiproxy.get_proxy("flap").enabled is False
+    proxy.destroy_toxic("hold")
     proxy.enable()
     with greeted(proxy.listen) as sock:
         round_trip(sock)
+
+
+def test_toxics_added_while_disabled_apply_on_enable(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="later", enabled=False)
+    proxy.add_toxic(type="latency", stream="upstream", attributes={"latency": 300})
+    proxy.enable()
+    listen = toxiproxy.get_proxy("later").listen  # the port is chosen when the proxy first listens
+    with greeted(listen) as sock:
+        assert round_trip(sock) >= 0.25
+
+
+def test_limit_data_closes_after_the_byte_budget(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="budget")
+    proxy.add_toxic(type="limit_data", attributes={"bytes": len(GREETING) + 2})
+    with greeted(proxy.listen) as sock:
+        sock.sendall(b"hello")
+        assert read_exactly(sock, 2) == b"he"
+        assert_closed(sock)
+
+
+def test_bandwidth_and_slicer_pass_every_byte_at_the_limited_rate(
+    toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="narrow")
+    proxy.add_toxic(type="slicer", stream="upstream", attributes={"average_size": 100, "size_variation": 50})
+    proxy.add_toxic(type="bandwidth", attributes={"rate": 100})
+    payload = bytes(range(256)) * 200
+    with greeted(proxy.listen) as sock:
+        assert round_trip(sock, payload) >= 0.3
+    assert bytes(upstream.received) == payload
 
 
 def test_update_listen_moves_the_proxy(server: Server, toxiproxy: Toxiproxy, upstream: Upstream) -> None:
