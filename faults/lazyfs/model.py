@@ -809,13 +809,11 @@ class LazyState:
     def status(self) -> dict[str, Any]:
         with self.lock:
             paths = self._paths()
-            files = []
-            dirs = []
-            for node in self._dirty_files():
-                files.append({"path": paths.get(node.ino, f"<unlinked ino {node.ino}>"), **node.unsynced()})
-            for p, node in self.walk():
-                if isinstance(node, Dir) and (node.ns_dirty or node.dfd is None):
-                    dirs.append(p)
+            files = [
+                {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()}
+                for f in self._dirty_files()
+            ]
+            dirs = [p for p, n in self.walk() if isinstance(n, Dir) and (n.ns_dirty or n.dfd is None)]
             return {
                 "files": sorted(files, key=lambda f: f["path"]),
                 "dirs_with_unsynced_entries": sorted(dirs),
@@ -834,9 +832,9 @@ class LazyState:
         """Persist everything, like sync(1): file data first, then names from the root down."""
         with self.lock:
             before = self.status()
-            for node in self._dirty_files():
-                if node.links > 0:
-                    self._persist_file(node)
+            for f in self._dirty_files():
+                if f.links > 0:
+                    self._persist_file(f)
             for _, node in list(self.walk()):
                 if isinstance(node, Dir):
                     self._persist_dir(node)

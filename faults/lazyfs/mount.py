@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ from typing import IO, Any
 
 from faults.node.wire import ControlError, request, wait_for_socket
 
+PR_SET_PDEATHSIG = 1
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -49,6 +51,11 @@ def force_unmount(path: str) -> None:
         subprocess.run(["fusermount3", "-u", "-z", path], check=False, capture_output=True)
 
 
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM (a clean unmount) if the owner dies without stopping us."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 class LazyMount:
     """A lazyfs process owned by the caller: `with LazyMount(b, m, sock) as lz: lz.command("crash")`."""
 
@@ -62,6 +69,7 @@ class LazyMount:
         sync_backing: bool = False,
         flush_on_unmount: bool = True,
         output: IO[Any] | int | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.backing = backing
         self.mountpoint = mountpoint
@@ -77,6 +85,7 @@ class LazyMount:
         if not flush_on_unmount:
             self.args.append("--no-flush-on-unmount")
         self.output = output
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> LazyMount:
@@ -88,7 +97,12 @@ class LazyMount:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         # Own session: signals aimed at a broker's process group never reach the filesystem.
         self.proc = subprocess.Popen(
-            self.args, env=env, stdout=self.output, stderr=self.output, start_new_session=True
+            self.args,
+            env=env,
+            stdout=self.output,
+            stderr=self.output,
+            start_new_session=True,
+            preexec_fn=_term_with_parent if self.die_with_parent else None,
         )
         proc = self.proc
         try:

@@ -1,0 +1,44 @@
+"""`python -m faults.nodectl CMD [--restart-after S] [--torn SEED]`: drive the node init from `docker exec`.
+
+Prints the init's reply as one JSON line (the harness reads the last line) and exits non-zero
+when the command was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from faults.node.wire import ControlError, request
+
+COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m faults.nodectl")
+    p.add_argument("cmd", choices=COMMANDS)
+    p.add_argument(
+        "--socket", default=os.environ.get("BROKERCHAOS_NODE_SOCKET", "/run/brokerchaos/node.sock")
+    )
+    p.add_argument("--restart-after", type=float, help="crash/power-loss: start again after S seconds")
+    p.add_argument("--torn", help="power-loss: keep a seeded random prefix of each file's unsynced bytes")
+    p.add_argument("--timeout", type=float, help="stop: SIGTERM grace before SIGKILL")
+    a = p.parse_args(argv)
+    req: dict[str, object] = {"cmd": a.cmd}
+    for key in ("restart_after", "torn", "timeout"):
+        if getattr(a, key) is not None:
+            req[key] = getattr(a, key)
+    wait = 60.0 + (a.timeout or 30.0)
+    try:
+        reply = request(a.socket, json.dumps(req), timeout=wait)
+    except ControlError as e:
+        print(json.dumps({"ok": False, "error": str(e)}))
+        return 1
+    print(json.dumps(reply, sort_keys=True))
+    return 0 if reply.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The node init for real: a child broker stand-in writing through lazyfs, faults through nodectl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faults.lazyfs import fuse_available, is_mounted
+from faults.lazyfs.mount import PROJECT_ROOT
+
+ENV = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
+
+# Fsyncs its log once at boot (data and name), then appends ticks that are never fsynced.
+CHILD = r"""
+import os, sys, time
+d = sys.argv[1]
+fd = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.write(fd, b"boot\n")
+os.fsync(fd)
+dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
+print("broker up", flush=True)
+i = 0
+while True:
+    os.write(fd, b"tick %d\n" % i)
+    i += 1
+    time.sleep(0.01)
+"""
+
+
+class Init:
+    def __init__(self, tmp: str, lazyfs: bool) -> None:
+        self.tmp = tmp
+        self.data = f"{tmp}/data"
+        self.sock = f"{tmp}/node.sock"
+        self.log_file = f"{tmp}/broker.log"
+        args = [sys.executable, "-m", "faults.nodeinit", "--data-dir", self.data, "--control", self.sock]
+        args += ["--log-file", self.log_file, "--stop-timeout", "2"]
+        if lazyfs:
+            args += ["--lazyfs", "--backing", f"{tmp}/backing", "--lazyfs-control", f"{tmp}/lazy.sock"]
+        args += ["--", sys.executable, "-c", CHILD, self.data]
+        self.proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        wait_for(lambda: os.path.exists(self.sock) and self.ctl("status")["state"] == "running", "init ready")
+
+    def ctl(self, *args: str) -> dict[str, Any]:
+        r = subprocess.run(
+            [sys.executable, "-m", "faults.nodectl", "--socket", self.sock, *args],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        reply: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+        assert (r.returncode == 0) == bool(reply.get("ok")), r
+        return reply
+
+    def log(self) -> bytes:
+        return Path(self.data, "log").read_bytes()
+
+    def terminate(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return self.proc.returncode, out.decode()
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _init(lazyfs: bool) -> Iterator[Init]:
+    with tempfile.TemporaryDirectory(prefix="nit") as tmp:
+        init = Init(tmp, lazyfs)
+        try:
+            yield init
+        finally:
+            try:
+                init.terminate()
+            finally:
+                if init.proc.poll() is None:
+                    init.proc.kill()
+                    init.proc.wait()
+                wait_for(lambda: not is_mounted(init.data), "the mount to go away", timeout=10)
+
+
+@pytest.fixture
+def lazy_init() -> Iterator[Init]:
+    reason = fuse_available()
+    if reason:
+        pytest.skip(f"needs FUSE: {reason}")
+    yield from _init(True)
+
+
+@pytest.fixture
+def plain_init() -> Iterator[Init]:
+    yield from _init(False)
+
+
+@pytest.mark.timeout(120)
+def test_crash_keeps_unsynced_data_power_loss_drops_it(lazy_init: Init) -> None:
+    n = lazy_init
+    wait_for(lambda: n.log().count(b"tick") >= 3, "ticks")
+    before = n.log()
+    pid = n.ctl("status")["pid"]
+    crash = n.ctl("crash")
+    assert crash["signal"] == "SIGKILL" and pid in crash["pids"] and crash["gone"]
+    after = n.log()
+    assert after.startswith(before) and after.count(b"tick") >= before.count(b"tick")  # page cache survived
+    time.sleep(0.3)
+    assert n.log() == after and n.ctl("status")["state"] == "stopped"
+
+    assert n.ctl("start")["pid"] != pid
+    wait_for(
+        lambda: n.log().count(b"boot") == 2 and n.log().rsplit(b"boot", 1)[1].count(b"tick") >= 3, "reboot"
+    )
+    snapshot = n.log()
+    loss = n.ctl("power-loss")
+    assert loss["ok"] and loss["lazyfs"]["command"] == "crash"
+    lost = n.log()
+    # Everything up to the second boot's fsync survives; the ticks after it are gone.
+    assert lost.endswith(b"boot\n") and lost.count(b"boot") == 2 and snapshot.startswith(lost)
+    dropped = {f["path"]: f for f in loss["lazyfs"]["dropped_data"]}
+    assert dropped["/log"]["writes"][0][0] == len(lost)
+    assert loss["lazyfs"]["dropped_bytes"] >= len(snapshot) - len(lost)
+
+    n.ctl("start")
+    status = n.ctl("status")
+    assert status["state"] == "running" and status["restarts"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_pause_resume_torn_restart_and_sigterm(lazy_init: Init) -> None:
+    n = lazy_init
+    wait_for(lambda: n.log().count(b"tick") >= 3, "ticks")
+    assert n.ctl("pause")["signal"] == "SIGSTOP"
+    assert n.ctl("status")["state"] == "paused"
+    time.sleep(0.1)
+    frozen = n.log()
+    time.sleep(0.4)
+    assert n.log() == frozen
+    assert n.ctl("resume")["signal"] == "SIGCONT"
+    wait_for(lambda: len(n.log()) > len(frozen), "progress after resume")
+
+    torn = n.ctl("power-loss", "--torn", "9", "--restart-after", "0.3")
+    assert torn["restart_after"] == 0.3 and torn["lazyfs"]["seed"] == "9"
+    kept = torn["lazyfs"]["torn"][0]
+    assert kept["path"] == "/log" and 0 <= kept["kept_bytes"] <= kept["unsynced_bytes"]
+    wait_for(lambda: n.ctl("status")["state"] == "running", "restart after power loss")
+
+    code, out = n.terminate()
+    assert code == 0
+    assert "broker up" in out and "shut down" in out
+    assert "broker up" in Path(n.log_file).read_text()
+    assert not is_mounted(n.data)
+    assert Path(n.tmp, "backing", "log").read_bytes().count(b"boot") == 2  # a clean unmount wrote back
+
+
+@pytest.mark.timeout(60)
+def test_power_loss_is_refused_without_lazyfs(plain_init: Init) -> None:
+    n = plain_init
+    reply = n.ctl("power-loss")
+    assert not reply["ok"] and "--lazyfs" in reply["error"]
+    assert n.ctl("status")["state"] == "running"  # refused means nothing was done
+    stop = n.ctl("stop")
+    assert [s["signal"] for s in stop["steps"]] == ["SIGTERM"]
+    assert n.ctl("status")["state"] == "stopped"
+    code, _ = n.terminate()
+    assert code == 0
+
+
+def test_nodectl_without_a_node_says_so_in_one_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "faults.nodectl", "--socket", str(tmp_path / "none.sock"), "status"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and r.stdout.count("\n") == 1
+    assert "cannot reach control socket" in json.loads(r.stdout)["error"]
