@@ -201,3 +201,30 @@ def test_bad_arguments_end_in_one_line(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 1 and r.stderr.startswith("lazyfs.ctl: cannot reach")
+
+
+@pytest.mark.parametrize(("journal", "sync"), [("DELETE", "EXTRA"), ("WAL", "FULL")])
+def test_sqlite_keeps_every_durable_commit(lazy: LazyMount, journal: str, sync: str) -> None:
+    """A real program's durability contract holds: commits made durable survive, later ones do not."""
+    import sqlite3
+
+    db = f"{lazy.mountpoint}/t.db"
+    c = sqlite3.connect(db)
+    c.execute(f"pragma journal_mode={journal}")
+    c.execute(f"pragma synchronous={sync}")
+    c.execute("create table t(x)")
+    for i in range(30):
+        c.execute("insert into t values (?)", (i,))
+        c.commit()
+    c.execute("pragma synchronous=OFF")
+    for i in range(30, 60):
+        c.execute("insert into t values (?)", (i,))
+        c.commit()
+    c.close()
+    assert lazy.command("crash")["dropped_bytes"] > 0
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("pragma integrity_check").fetchone() == ("ok",)
+        assert c.execute("select count(*), max(x) from t").fetchone() == (30, 29)
+    finally:
+        c.close()
