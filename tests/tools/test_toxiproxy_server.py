@@ -26,6 +26,7 @@ from toxiproxy.exceptions import InvalidToxic, NotFound
 CRATE = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy-server"
 BINARY = CRATE / "target" / "release" / "brokerchaos-toxiproxy"
 GREETING = b"hi\n"
+HANG_UP = b"bye"
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +51,7 @@ def free_port() -> int:
 
 
 class Upstream(socketserver.ThreadingTCPServer):
-    """Greets each client, then echoes; records what it received, to see one-way cuts."""
+    """Greets each client, then echoes until it hears HANG_UP; records what it received."""
 
     daemon_threads = True
     block_on_close = False
@@ -73,6 +74,8 @@ class _UpstreamHandler(socketserver.BaseRequestHandler):
         try:
             self.request.sendall(GREETING)
             while chunk := self.request.recv(65536):
+                if chunk == HANG_UP:
+                    break
                 with server.lock:
                     server.received += chunk
                 self.request.sendall(chunk)
@@ -317,6 +320,21 @@ def test_limit_data_closes_after_the_byte_budget(toxiproxy: Toxiproxy, upstream:
         sock.sendall(b"hello")
         assert read_exactly(sock, 2) == b"he"
         assert_closed(sock)
+
+
+def seconds_until_upstream_hangs_up(address: str) -> float:
+    with greeted(address) as sock:
+        started = time.monotonic()
+        sock.sendall(HANG_UP)
+        assert_closed(sock)
+        return time.monotonic() - started
+
+
+def test_slow_close_delays_the_close(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="lingering")
+    assert seconds_until_upstream_hangs_up(proxy.listen) < 0.2
+    proxy.add_toxic(type="slow_close", attributes={"delay": 300})
+    assert seconds_until_upstream_hangs_up(proxy.listen) >= 0.25
 
 
 def test_bandwidth_and_slicer_pass_every_byte_at_the_limited_rate(
