@@ -226,14 +226,14 @@ def test_toxic_update_changes_attributes_and_toxicity(
     proxy = toxiproxy.create(upstream=upstream.address, name="p")
     proxy.add_toxic(name="lat", type="latency", stream="upstream", attributes={"latency": 10, "jitter": 5})
     reply = requests.post(
-        f"{server.url}/proxies/p/toxics/lat", json={"attributes": {"latency": 20}, "toxicity": 0.5}, timeout=5
+        f"{server.url}/proxies/p/toxics/lat", json={"attributes": {"latency": 20}, "toxicity": 0.3}, timeout=5
     )
     assert reply.status_code == 200
     assert reply.json() == {
         "name": "lat",
         "type": "latency",
         "stream": "upstream",
-        "toxicity": 0.5,
+        "toxicity": 0.3,
         "attributes": {"latency": 20, "jitter": 5},
     }
     assert requests.get(f"{server.url}/proxies/p/toxics/lat", timeout=5).json() == reply.json()

@@ -43,12 +43,22 @@ pub fn to_json(toxic: &Toxic) -> Value {
     out.insert("name".into(), Value::from(toxic.name.clone()));
     out.insert("type".into(), Value::from(toxic.kind.get_name()));
     out.insert("stream".into(), Value::from(toxic.direction.to_string()));
-    out.insert("toxicity".into(), Value::from(toxic.toxicity));
+    out.insert("toxicity".into(), toxicity_json(toxic.toxicity));
     out.insert(
         "attributes".into(),
         Value::Object(attributes_of(&toxic.kind)),
     );
     Value::Object(out)
+}
+
+/// Write the `f32` toxicity the way it was given (0.3, not 0.30000001192092896),
+/// as Go does for a float32.
+fn toxicity_json(toxicity: f32) -> Value {
+    toxicity
+        .to_string()
+        .parse::<f64>()
+        .map(Value::from)
+        .unwrap_or_else(|_| Value::from(toxicity))
 }
 
 fn attributes_of(kind: &ToxicKind) -> Map<String, Value> {
@@ -190,6 +200,12 @@ mod tests {
             json!({"name": "n", "type": "noop", "stream": "upstream",
                    "toxicity": 1.0, "attributes": {}})
         );
+    }
+
+    #[test]
+    fn toxicity_keeps_its_decimal_form() {
+        let toxic = parse_new(json!({"type": "noop", "toxicity": 0.3})).unwrap();
+        assert_eq!(to_json(&toxic)["toxicity"], json!(0.3));
     }
 
     #[test]
