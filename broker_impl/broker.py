@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.backing import DEFAULT_RAM_BUDGET, Store, make_backing_queue, open_store
+from broker_impl.backing import Store, make_backing_queue, open_store
 from broker_impl.backing_queue import BackingQueue
 from broker_impl.codec import ACCESS_REFUSED, ChannelError
 from broker_impl.config import Config, Permission, User
@@ -184,11 +184,7 @@ class Broker:
         return make_backing_queue(store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget())
 
     def ram_budget(self) -> int:
-        """Per-queue RAM budget: a quarter of the absolute watermark when one is set, else the default."""
-        wm = self.config.flow.memory_high_watermark
-        if wm >= 1:
-            return max(64 * 1024, int(wm // 4))
-        return DEFAULT_RAM_BUDGET
+        return self.config.flow.queue_ram_bytes
 
     def make_queue(self, vhost: VHost, name: str, bq: BackingQueue, **kwargs: Any) -> Queue:
         return Queue(

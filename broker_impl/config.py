@@ -27,6 +27,7 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
     store_more_after = 800
     memory_high_watermark = 0.4   # fraction of RAM (< 1) or absolute bytes (>= 1)
     memory_source = "rss"         # rss | queues (sum of backing queues' ram_bytes)
+    queue_ram_bytes = 67108864    # per-queue RAM for bodies before paging to disk
     disk_free_limit = 50000000    # bytes free on data_dir's filesystem
     check_interval_ms = 500       # how often alarms are evaluated
 
@@ -89,6 +90,7 @@ class FlowConfig:
     store_more_after: int = 800
     memory_high_watermark: float = 0.4
     memory_source: str = "rss"
+    queue_ram_bytes: int = 64 * 1024 * 1024
     disk_free_limit: int = 50_000_000
     check_interval_ms: int = 500
 
@@ -194,6 +196,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     f.memory_source = _get(flow, "memory_source", "flow", str, f.memory_source)
     if f.memory_source not in _MEMORY_SOURCES:
         raise ConfigError(f"flow.memory_source: {f.memory_source!r} not allowed; allowed {', '.join(_MEMORY_SOURCES)}")
+    f.queue_ram_bytes = _get(flow, "queue_ram_bytes", "flow", int, f.queue_ram_bytes)
+    if f.queue_ram_bytes < 0:
+        raise ConfigError(f"flow.queue_ram_bytes: {f.queue_ram_bytes} is out of range; allowed >= 0")
     f.disk_free_limit = _get(flow, "disk_free_limit", "flow", int, f.disk_free_limit)
     if f.disk_free_limit < 0:
         raise ConfigError(f"flow.disk_free_limit: {f.disk_free_limit} is out of range; allowed >= 0")
