@@ -320,7 +320,8 @@ class Broker:
     def metadata(self) -> dict[str, Any]:
         vhosts: dict[str, Any] = {}
         for vname, vh in self.vhosts.items():
-            durable_q = {q.name for q in vh.queues.values() if q.durable}
+            # exclusive queues die with their connection, so a restart never brings them back
+            durable_q = {q.name for q in vh.queues.values() if q.durable and q.exclusive_owner is None}
             vhosts[vname] = {
                 "exchanges": [
                     ex.to_json() for ex in vh.exchanges.values()
@@ -328,7 +329,7 @@ class Broker:
                 ],
                 "queues": [
                     {"name": q.name, "auto_delete": q.auto_delete, "arguments": q.arguments}
-                    for q in vh.queues.values() if q.durable
+                    for q in vh.queues.values() if q.name in durable_q
                 ],
                 "bindings": [
                     asdict(b) for b in vh.bindings()

@@ -98,6 +98,7 @@ class Queue(Actor):
         self._store = StoreLink(flow_enabled, f"store link {name}")
         self._writes: set[asyncio.Task[None]] = set()
         self._deadlines: dict[int, float] = {}
+        self._peeked: set[int] = set()
         self._expiry_handle: asyncio.TimerHandle | None = None
         self._pending_autoacks: list[int] = []
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{name}")
@@ -221,7 +222,6 @@ class Queue(Actor):
         self._kick_scheduled = False
         if self.deleted:
             return
-        self._expire_head()
         n = len(self.consumers)
         idle = 0
         while self.consumers and self.bq.len() and idle < n:
@@ -249,8 +249,13 @@ class Queue(Actor):
                 return None
             deadline = self._deadlines.pop(f.seq, None)
             if deadline is not None and deadline <= time.monotonic():
+                self._peeked.discard(f.seq)
                 self._spawn(self._dead_letter([f], "expired"))
                 continue
+            if f.seq in self._peeked:
+                # only looked at by the expiry timer, never delivered: not a redelivery
+                self._peeked.discard(f.seq)
+                f = Fetched(f.seq, f.message, False)
             return f
 
     def _autoack(self, seq: int) -> None:
@@ -294,7 +299,11 @@ class Queue(Actor):
                 del self._deadlines[f.seq]
                 expired.append(f)
                 continue
-            self.bq.requeue([f.seq])  # not expired: put it straight back at the head
+            # Not expired: put it straight back. The contract has no peek, so remember
+            # that this requeue was ours and must not count as a redelivery.
+            if not f.redelivered:
+                self._peeked.add(f.seq)
+            self.bq.requeue([f.seq])
             break
         if expired:
             self._spawn(self._dead_letter(expired, "expired"))
@@ -329,7 +338,6 @@ class Queue(Actor):
             self.vhost.delete_queue_soon(self)
 
     def get(self, no_ack: bool) -> Fetched | None:
-        self._expire_head()
         f = self._fetch_live()
         if f is not None and no_ack:
             self._autoack(f.seq)

@@ -310,3 +310,41 @@ def test_purge_and_delete_counts(node: InProcessNode) -> None:
     ch.basic_publish("", "pd", b"x")
     assert ch.queue_delete("pd").method.message_count == 1
     conn.close()
+
+
+def test_expiry_timer_does_not_mark_survivors_redelivered(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("mixed-ttl")
+    ch.basic_publish("", "mixed-ttl", b"short", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", "mixed-ttl", b"keeps")
+    time.sleep(0.3)
+    m, _p, body = ch.basic_get("mixed-ttl", auto_ack=True)
+    assert body == b"keeps" and not m.redelivered
+    assert ch.basic_get("mixed-ttl") == (None, None, None)
+    conn.close()
+
+
+def test_max_length_drops_head(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("capped", arguments={"x-max-length": 2})
+    for i in range(5):
+        ch.basic_publish("", "capped", str(i).encode())
+    bodies = [ch.basic_get("capped", auto_ack=True)[2] for _ in range(2)]
+    assert bodies == [b"3", b"4"]
+    conn.close()
+
+
+def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("again", durable=True)
+    ch.basic_publish("", "again", b"old", pika.BasicProperties(delivery_mode=2))
+    ch.queue_delete("again")
+    assert ch.queue_declare("again", durable=True).method.message_count == 0
+    ch.basic_publish("", "again", b"new", pika.BasicProperties(delivery_mode=2))
+    assert ch.basic_get("again", auto_ack=True)[2] == b"new"
+    conn.close()
