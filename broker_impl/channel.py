@@ -145,9 +145,9 @@ class Channel(Actor):
         self.unacked.clear()
         self.unacked_acking = 0
         for q, (seqs, cons) in by_queue.items():
-            for c in set(cons):
-                if c is not None:
-                    c.unacked = 0
+            for owner in set(cons):
+                if owner is not None:
+                    owner.unacked = 0
             q.requeue(seqs, None)
         self.flow_terminate()
 
@@ -250,8 +250,8 @@ class Channel(Actor):
         self.finish_close(reply=False)
 
     async def _channel_flow(self, m: commands.Channel.Flow, *_: Any) -> None:
-        self.flow_active = m.active
-        self._reply(commands.Channel.FlowOk(m.active))
+        self.flow_active = bool(m.active)
+        self._reply(commands.Channel.FlowOk(self.flow_active))
         if m.active:
             for c in self.consumers.values():
                 c.queue.kick()
@@ -359,7 +359,7 @@ class Channel(Actor):
         q.add_consumer(c)
 
     async def _basic_cancel(self, m: commands.Basic.Cancel, *_: Any) -> None:
-        c = self.consumers.pop(m.consumer_tag, None)
+        c = self.consumers.pop(m.consumer_tag or "", None)
         if c is not None:
             c.queue.remove_consumer(c)
         if not m.nowait:
@@ -446,7 +446,7 @@ class Channel(Actor):
                 await q.reject_messages([(d.seq, d.message) for d in ds], c)
 
     async def _basic_reject(self, m: commands.Basic.Reject, *_: Any) -> None:
-        await self._settle(m.delivery_tag, False, m.requeue)
+        await self._settle(m.delivery_tag or 0, False, bool(m.requeue))
 
     async def _basic_nack(self, m: commands.Basic.Nack, *_: Any) -> None:
         await self._settle(m.delivery_tag, m.multiple, m.requeue)

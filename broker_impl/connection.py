@@ -167,7 +167,7 @@ class Connection(Actor):
         if self.state != "handshake":
             raise ConnectionError_(COMMAND_INVALID, "second protocol header")
         self.state = "start"
-        props = {
+        props: dict[str, Any] = {
             "product": "brokerchaos reference broker",
             "version": "0.1.0",
             "platform": "Python/asyncio",

@@ -48,7 +48,7 @@ class AMQPProtocol(asyncio.Protocol):
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.conn = Connection(self.broker, self, peer)
         self.broker.connections.add(self.conn)
-        transport.set_write_buffer_limits(high=1024 * 1024, low=256 * 1024)
+        transport.set_write_buffer_limits(high=1024 * 1024, low=256 * 1024)  # type: ignore[attr-defined]
         log.info("accepting AMQP connection %s", peer)
 
     def data_received(self, data: bytes) -> None:

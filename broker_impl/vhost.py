@@ -6,11 +6,9 @@ metadata store is rewritten before the client sees ``declare-ok``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -99,9 +97,7 @@ class VHost:
             raise ChannelError(ACCESS_REFUSED, f"operation not permitted on the default exchange '{name}'")
         if if_unused and ex.bindings:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
-        del self.exchanges[name]
-        for other in self.exchanges.values():  # exchange-to-exchange bindings are not supported; nothing to drop
-            _ = other
+        del self.exchanges[name]  # its bindings go with it (no exchange-to-exchange bindings)
         if ex.durable:
             self.broker.metadata_changed()
 
@@ -246,7 +242,8 @@ class VHost:
             return
         props = message.properties
         headers = dict(props.headers or {})
-        deaths = list(headers.get("x-death") or [])
+        previous = headers.get("x-death")
+        deaths: list[Any] = list(previous) if isinstance(previous, list) else []
         deaths.insert(
             0,
             {
@@ -279,9 +276,6 @@ class VHost:
 
     def durable_queues(self) -> list[Queue]:
         return [q for q in self.queues.values() if q.durable]
-
-    async def close(self, each: Callable[[Queue], Any] | None = None) -> None:
-        await asyncio.gather(*(q.close() for q in self.queues.values()), return_exceptions=True)
 
 
 _PROP_NAMES = (
