@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,12 @@ class HistoryError(Exception):
     """A run directory without a readable history: the user passed the wrong directory."""
 
 
+_T0 = time.monotonic()
+
+
 def progress(engine: str, stage: str, **numbers: Any) -> None:
     """One short line per stage on stderr, so a long job visibly moves."""
+    numbers["t"] = f"{time.monotonic() - _T0:.1f}s"
     extra = " ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in numbers.items())
     print(f"spark_reports[{engine}]: {stage} {extra}".rstrip(), file=sys.stderr, flush=True)
 

@@ -117,7 +117,7 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     conf = (scenario or {}).get("spark") or {}
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
     n_rows = pq.ParquetFile(path).metadata.num_rows
-    spark.conf.set("spark.sql.shuffle.partitions", str(max(4, min(400, n_rows // 500_000))))
+    spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(400, n_rows // 500_000))))
     h = spark.read.parquet(str(path)).select(*HISTORY_COLUMNS)
     job = _Job(spark, h)
     try:

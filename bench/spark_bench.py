@@ -1,0 +1,151 @@
+"""Benchmark: the Spark reconciliation against the pure-Python checker on the same histories.
+
+Usage:
+  python bench/spark_bench.py --sizes 1M,10M [--python-max 10M] [--driver-memory 1g]
+                              [--data /tmp/brokerchaos-bench] [--results bench/results]
+
+For each size it generates a history (bench/spark_gen.py, reused if present), then
+runs each engine in its own subprocess so peak memory is that engine's alone: the
+parent samples the resident memory of the child's whole process tree (Python plus,
+for Spark, the JVM) every 0.2 s. Wall time includes the JVM's start; the child also
+reports the check alone. Results: bench/results/spark_<size>.json, one line each in
+bench/results/spark_summary.md, with the command that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1_000, "M": 1_000_000, "G": 1_000_000_000}.get(s[-1], 1)
+    return int(float(s[:-1] if s[-1] in "KMG" else s) * mult)
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of pid and all its descendants."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def measure(cmd: list[str], log: Path) -> tuple[float, int, int, str]:
+    start = time.monotonic()
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(0.2)
+        out = proc.stdout.read() if proc.stdout else ""
+    return time.monotonic() - start, peak, proc.returncode, out
+
+
+def one(engine: str, run_dir: Path, driver_memory: str) -> None:
+    """Child side: run one engine, print a JSON summary on stdout."""
+    import spark_reports
+
+    t0 = time.monotonic()
+    session_s = 0.0
+    if engine == "spark":
+        spark_reports.spark_session(None, driver_memory)
+        session_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        res = spark_reports.check_spark(run_dir, {}, driver_memory=driver_memory)
+        jvm_heap = spark_reports.spark_session()._jvm.java.lang.Runtime.getRuntime().maxMemory()
+    else:
+        t1 = time.monotonic()
+        res = spark_reports.check_python(run_dir, {})
+        jvm_heap = None
+    check_s = time.monotonic() - t1
+    (run_dir / f"results.{engine}.json").write_text(json.dumps(res))
+    print(json.dumps({"session_s": round(session_s, 1), "check_s": round(check_s, 1), "jvm_max_heap": jvm_heap,
+                      "verdict": res["verdict"], "counts": res["counts"]}))
+
+
+def _comparable(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k != "engine"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1M,10M")
+    ap.add_argument("--python-max", default="10M", help="largest size the pure-Python checker is run on")
+    ap.add_argument("--driver-memory", default="1g")
+    ap.add_argument("--data", type=Path, default=Path("/tmp/brokerchaos-bench"))
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--one", choices=["spark", "python"], help=argparse.SUPPRESS)
+    ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        one(args.one, args.run_dir, args.driver_memory)
+        return
+    command = "python bench/spark_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    args.results.mkdir(parents=True, exist_ok=True)
+    for label in args.sizes.split(","):
+        ops = parse_size(label)
+        run_dir = args.data / f"ops-{label}"
+        gen_s = None
+        if not (run_dir / "history.parquet").is_file():
+            t = time.monotonic()
+            subprocess.run([sys.executable, str(HERE / "spark_gen.py"), "--ops", str(ops), "--out", str(run_dir)],
+                           check=True, stdout=subprocess.DEVNULL)
+            gen_s = round(time.monotonic() - t, 1)
+        record: dict = {"size": label, "ops": json.loads((run_dir / "generated.json").read_text())["ops"],
+                        "parquet_bytes": (run_dir / "history.parquet").stat().st_size, "generate_s": gen_s,
+                        "driver_memory": args.driver_memory, "cores": os.cpu_count(), "command": command}
+        engines = ["spark"] + (["python"] if ops <= parse_size(args.python_max) else [])
+        for engine in engines:
+            cmd = [sys.executable, __file__, "--one", engine, "--run-dir", str(run_dir),
+                   "--driver-memory", args.driver_memory]
+            print(f"spark_bench: {label} {engine} ...", file=sys.stderr, flush=True)
+            wall, peak, rc, out = measure(cmd, args.results / f"spark_{label}_{engine}.log")
+            entry = {"wall_s": round(wall, 1), "peak_rss_mb": round(peak / 2**20), "exit": rc}
+            if rc == 0:
+                entry |= json.loads(out.strip().splitlines()[-1])
+            record[engine] = entry
+            print(f"spark_bench: {label} {engine} wall={wall:.1f}s peak={peak / 2**20:.0f}MB exit={rc}",
+                  file=sys.stderr, flush=True)
+        if "python" not in engines:
+            record["python"] = {"skipped": f"not run above --python-max {args.python_max}"}
+        elif record["spark"].get("exit") == 0 and record["python"].get("exit") == 0:
+            a = json.loads((run_dir / "results.spark.json").read_text())
+            b = json.loads((run_dir / "results.python.json").read_text())
+            record["engines_agree"] = _comparable(a) == _comparable(b)
+        (args.results / f"spark_{label}.json").write_text(json.dumps(record, indent=1) + "\n")
+        sp, py = record["spark"], record["python"]
+        line = (f"| {label} | {record['ops']:,} | {sp.get('wall_s')} s ({sp.get('check_s')} s check) | "
+                f"{sp.get('peak_rss_mb')} MB | "
+                + (f"{py.get('wall_s')} s | {py.get('peak_rss_mb')} MB | {record.get('engines_agree')} |"
+                   if "wall_s" in py else f"{py.get('skipped', 'failed')} | - | - |")
+                + f" {sp.get('verdict')} | `{command}` |\n")
+        summary = args.results / "spark_summary.md"
+        if not summary.exists():
+            summary.write_text("| size | ops | spark wall | spark peak RSS | python wall | python peak RSS | "
+                               "agree | verdict | command |\n|---|---|---|---|---|---|---|---|---|\n")
+        with summary.open("a") as fh:
+            fh.write(line)
+
+
+if __name__ == "__main__":
+    main()
