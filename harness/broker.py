@@ -96,6 +96,11 @@ class BrokerPlugin:
     #: Settings the plugin accepts, with defaults and allowed values (for validation messages).
     settings_schema: ClassVar[Mapping[str, tuple[Any, Sequence[Any] | type | None]]] = {}
 
+    def peer_ports_for(self, index: int) -> tuple[int, ...]:
+        """Inter-node ports of node ``index`` (1-based). Brokers whose start-up checks bind
+        the wildcard (RabbitMQ's distribution port) give each node its own port instead."""
+        return tuple(self.peer_ports)
+
     def image(self) -> ImageRecipe:
         raise NotImplementedError
 

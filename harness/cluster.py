@@ -126,7 +126,7 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
             if peer == name:
                 continue
             upstream_host = peer if compose else f"{run_id}-{peer}"
-            for port in plugin.peer_ports:
+            for port in plugin.peer_ports_for(j):
                 links.append(ProxySpec(name=f"{name}_to_{peer}_{port}", listen=f"{peer_address(j)}:{port}",
                                        upstream=f"{upstream_host}:{port}", src=name, dst=peer, port=port))
         proxies[name] = tuple(links)

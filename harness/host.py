@@ -48,7 +48,7 @@ class Host:
                     module = ep.load()
                 except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
                     raise PluginError(ep.name, f"failed to import {ep.value}: {type(exc).__name__}: {exc}") from exc
-                version = ep.dist.version if ep.dist is not None else _module_version(module)
+                version = _module_version(module) if hasattr(module, "__version__") or ep.dist is None else ep.dist.version
                 host._register(module, ep.name, f"entry point {ep.value}", version)
         for path in extra:
             try:

@@ -180,9 +180,15 @@ class ImageBuilder:
         tag = f"{recipe.name}:{digest}"
         if not self.force and _exists(self.client, tag):
             say("images", f"{tag} up to date")
-            return tag
-        say("images", f"building {tag}")
-        self._build(tag, dockerfile, files)
+        else:
+            say("images", f"building {tag}")
+            self._build(tag, dockerfile, files)
+        return self._latest(tag)
+
+    def _latest(self, tag: str) -> str:
+        """Also tag the image ``:latest`` (what docker-compose.yml names)."""
+        repo = tag.rsplit(":", 1)[0]
+        self.client.images.get(tag).tag(repo, "latest")
         return tag
 
     def toxiproxy_image(self) -> str:
@@ -193,10 +199,10 @@ class ImageBuilder:
         tag = f"brokerchaos/toxiproxy:{_digest(dockerfile, _tree_digest([binary]))}"
         if not self.force and _exists(self.client, tag):
             say("images", f"{tag} up to date")
-            return tag
-        say("images", f"building {tag}")
-        self._build(tag, dockerfile, {TOXIPROXY_BIN: binary})
-        return tag
+        else:
+            say("images", f"building {tag}")
+            self._build(tag, dockerfile, {TOXIPROXY_BIN: binary})
+        return self._latest(tag)
 
     def toxiproxy_binary(self) -> Path:
         """Build the Toxiproxy-API server with cargo when its sources changed."""

@@ -1,0 +1,1 @@
+"""Broker plugins shipped with brokerchaos. Each registers through the ``brokerchaos`` entry points."""

@@ -1,0 +1,140 @@
+"""RabbitMQ 3.10 from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
+
+Proves the harness on a broker nobody here wrote. Inter-node traffic (epmd on
+4369 and Erlang distribution on 25672) is routed through the node's Toxiproxy
+sidecar with no help from RabbitMQ: peers are reached by host name, which the
+sidecar's hosts file maps to its own loopback addresses. For that, epmd and
+each node's distribution listener uses its own port (25670 + node index):
+RabbitMQ's start-up check binds that port on the wildcard, so no port number
+may be used twice inside one network namespace. epmd binds only the node's own
+address (``ERL_EPMD_ADDRESS``), leaving the peers' loopback addresses free for
+the proxies.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness import BrokerPlugin, ClusterError, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, hookimpl
+
+__version__ = "0.1.0"
+
+START_SCRIPT = "/usr/local/bin/brokerchaos-rabbitmq"
+CONF = "/etc/rabbitmq/rabbitmq.conf"
+
+# Runs as the node's broker command (under faults.nodeinit). Computes the node's
+# own address, pins epmd and distribution to it, writes the cookie for the server
+# and for root's CLI tools, then becomes rabbitmq-server.
+START = r"""#!/bin/sh
+set -eu
+ip=$(getent hosts "$(hostname)" | awk '{print $1; exit}')
+printf %s "$BROKERCHAOS_COOKIE" > /var/lib/rabbitmq/.erlang.cookie
+chown rabbitmq:rabbitmq /var/lib/rabbitmq/.erlang.cookie
+chmod 400 /var/lib/rabbitmq/.erlang.cookie
+printf %s "$BROKERCHAOS_COOKIE" > /root/.erlang.cookie
+chmod 400 /root/.erlang.cookie
+chown -R rabbitmq:rabbitmq /var/lib/rabbitmq/mnesia /var/log/rabbitmq 2>/dev/null || true
+export ERL_EPMD_ADDRESS="$ip"
+export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel net_ticktime $BROKERCHAOS_NET_TICKTIME"
+exec /usr/sbin/rabbitmq-server
+"""
+
+
+class RabbitMQ(BrokerPlugin):
+    name = "rabbitmq"
+    version = __version__
+    protocol = "amqp091"
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring"})
+    client_port = 5672
+    peer_ports = (4369, 25671, 25672, 25673)  # epmd, and each node's distribution port
+
+    def peer_ports_for(self, index: int) -> tuple[int, ...]:
+        return (4369, 25670 + index)
+    data_dir = "/var/lib/rabbitmq/mnesia"
+    log_paths = ("/var/log/rabbitmq",)
+    ready_timeout = 120.0
+    settings_schema = {
+        "queue_type": ("classic", ("classic", "quorum")),
+        "ha_mode": (None, (None, "all", "exactly", "nodes")),
+        "ha_params": (None, None),
+        "ha_sync_mode": ("manual", ("manual", "automatic")),
+        "ha_promote_on_failure": ("always", ("always", "when-synced")),
+        "ha_promote_on_shutdown": ("when-synced", ("always", "when-synced")),
+        "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
+        "net_ticktime": (10, int),
+        "policy_pattern": ("^chaos", str),
+    }
+
+    def image(self) -> ImageRecipe:
+        return ImageRecipe(name="brokerchaos/rabbitmq", debian_packages=("rabbitmq-server",))
+
+    def node_spec(self, node: NodeInfo) -> NodeSpec:
+        s = node.settings
+        conf = "\n".join([
+            "listeners.tcp.default = 5672",
+            "loopback_users = none",
+            f"cluster_partition_handling = {s['partition_handling']}",
+            "log.file.level = info",
+            "log.console = true",
+            "log.console.level = warning",
+            "disk_free_limit.absolute = 50MB",
+            "",
+        ])
+        return NodeSpec(
+            command=["/bin/sh", START_SCRIPT],
+            env={"RABBITMQ_NODENAME": f"rabbit@{node.name}", "BROKERCHAOS_COOKIE": f"bc{node.cluster}".upper(),
+                 "BROKERCHAOS_NET_TICKTIME": str(s["net_ticktime"]), "RABBITMQ_DIST_PORT": str(25670 + node.index)},
+            files={START_SCRIPT: START, CONF: conf},
+        )
+
+    def is_ready(self, node: NodeHandle) -> bool:
+        rc, _ = node.exec(["rabbitmq-diagnostics", "-q", "check_running"], timeout=20)
+        return rc == 0
+
+    def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
+        first = nodes[0]
+        for node in nodes[1:]:
+            for cmd in (["rabbitmqctl", "stop_app"], ["rabbitmqctl", "join_cluster", f"rabbit@{first.name}"],
+                        ["rabbitmqctl", "start_app"]):
+                rc, out = node.exec(cmd, timeout=120)
+                if rc != 0:
+                    raise ClusterError(f"{node.name}: {' '.join(cmd)} failed: {out.strip()[-300:]}")
+        deadline = time.monotonic() + 60
+        want = {f"rabbit@{n.name}" for n in nodes}
+        while True:
+            rc, out = first.exec(["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], timeout=30)
+            if rc == 0:
+                running = set(json.loads(out).get("running_nodes", []))
+                if want <= running:
+                    break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster did not form: {out.strip()[-300:]}")
+            time.sleep(1)
+        policy = self.policy(settings)
+        if policy is not None:
+            rc, out = first.exec(["rabbitmqctl", "set_policy", "brokerchaos-ha", settings["policy_pattern"],
+                                  json.dumps(policy), "--apply-to", "queues"], timeout=30)
+            if rc != 0:
+                raise ClusterError(f"set_policy failed: {out.strip()[-300:]}")
+
+    @staticmethod
+    def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:
+        if settings.get("queue_type") == "quorum" or not settings.get("ha_mode"):
+            return None
+        p: dict[str, Any] = {"ha-mode": settings["ha_mode"], "ha-sync-mode": settings["ha_sync_mode"],
+                             "ha-promote-on-failure": settings["ha_promote_on_failure"],
+                             "ha-promote-on-shutdown": settings["ha_promote_on_shutdown"]}
+        if settings.get("ha_params") is not None:
+            p["ha-params"] = settings["ha_params"]
+        return p
+
+    def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        return {"x-queue-type": "quorum"} if settings.get("queue_type") == "quorum" else {}
+
+
+@hookimpl
+def brokerchaos_register_brokers(register: Any) -> None:
+    register.add_broker(RabbitMQ())
