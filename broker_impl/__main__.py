@@ -59,8 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
+    from broker_impl.broker import BrokerError
+
     try:
         asyncio.run(_run(cfg))
+    except BrokerError as exc:
+        print(f"broker_impl: cannot start: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"broker_impl: cannot start: {exc.strerror or exc} (is port {cfg.port} in use?)", file=sys.stderr)
         return 1

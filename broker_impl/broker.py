@@ -105,7 +105,11 @@ class Broker:
         self.store = await open_store(self.data_dir / "store", self.config.store)
         path = self.data_dir / METADATA_FILE
         if path.exists():
-            await self._load(json.loads(path.read_text()))
+            try:
+                data = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise BrokerError(f"{path}: metadata file is not valid JSON ({exc}); restore it or move it away") from None
+            await self._load(data)
         else:
             self._seed_from_config()
             self.metadata_changed()

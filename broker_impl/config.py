@@ -20,7 +20,8 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
     heartbeat = 60                # seconds offered in tune (0 = off)
 
     [flow]
-    enabled = true                # false disables credit flow (for benchmarks)
+    enabled = true                # false disables credit flow (for benchmarks); resource
+                                  # alarms still apply (raise the watermark to disable them)
     initial = 400                 # credit a sender starts with, per link
     more_after = 200              # receiver grants this much after this many
     store_initial = 4000          # the queue -> store link
