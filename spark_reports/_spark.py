@@ -216,11 +216,12 @@ class _Job:
         progress("spark", "lists", lost=len(lost), unexpected=len(unexpected))
 
         att = j.select(F.explode("a").alias("x")).select("x.*")
-        ok_att = att.filter(F.col("o") == "ok").withColumn(
-            "lat", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)))
+        # Both latency series are read by several passes (histogram, refinement, timeline): keep them.
+        ok_att = self.persist(att.filter(F.col("o") == "ok").select(
+            "dt", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("lat")))
         confirm_us = _order_stats(ok_att.select(F.col("lat").alias("v")))
-        e2e = j.filter((F.col("attempts") > 0) & (F.col("consumed") > 0)).select(
-            F.greatest(F.expr("(deliveries[0].time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
+        e2e = self.persist(j.filter((F.col("attempts") > 0) & (F.col("consumed") > 0)).select(
+            F.greatest(F.expr("(deliveries[0].time_ns - fi_t) div 1000"), F.lit(0)).alias("v")))
         e2e_us = _order_stats(e2e)
         progress("spark", "latency", confirmed_attempts=confirm_us[0], consumed=e2e_us[0])
 
