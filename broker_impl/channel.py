@@ -56,6 +56,8 @@ class Channel(Actor):
         self.state = "open"  # open | closing (we sent close) | closed
         self._inbox: deque[tuple[MethodFrame, commands.Basic.Properties | None, bytes]] = deque()
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set whenever the inbox has been fully processed
+        self._idle.set()
         self.confirm = False
         self._publish_seq = 0
         self._pending: dict[int, int] = {}  # confirm seq -> queues still to report
@@ -78,11 +80,22 @@ class Channel(Actor):
         if props is not None:
             self.conn.flow_send(self, self.conn.broker.link_spec)
         self._inbox.append((method, props, body))
+        self._idle.clear()
         self._wake.set()
 
     @property
     def inbox_len(self) -> int:
         return len(self._inbox)
+
+    async def drained(self) -> None:
+        """Wait until every method already received has been handled (connection.close does)."""
+        if self._idle.is_set() or self._task.done():
+            return
+        waiter = asyncio.ensure_future(self._idle.wait())
+        try:
+            await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
 
     async def _run(self) -> None:
         try:
@@ -107,6 +120,8 @@ class Channel(Actor):
                         return
                     if self.state == "closed":
                         return
+                if not self._inbox:
+                    self._idle.set()
         except asyncio.CancelledError:
             raise
         except Exception:

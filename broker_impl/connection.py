@@ -93,6 +93,7 @@ class Connection(Actor):
         self._last_send = time.monotonic()
         self._hb_task: asyncio.Task[None] | None = None
         self._close_timer: asyncio.TimerHandle | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         self.close_reason = ""
         self.opened_at = time.time()
         self.counters = {"published": 0, "delivered": 0}
@@ -286,10 +287,19 @@ class Connection(Actor):
 
     # -- closing -------------------------------------------------------------------------
     def _client_close(self, f: commands.Connection.Close) -> None:
+        """Handle what the channels already received (publishes included), then close-ok."""
         self.close_reason = f"client closed: {f.reply_code} {f.reply_text}"
-        self._shutdown_channels()
-        self.send_method(0, commands.Connection.CloseOk())
-        self._terminate()
+        self.state = "closing"
+        self._close_timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT * 10, self._terminate)
+        self._drain_task = asyncio.get_running_loop().create_task(self._close_after_drain())
+
+    async def _close_after_drain(self) -> None:
+        for ch in list(self.channels.values()):
+            await ch.drained()
+        if self.state == "closing":
+            self._shutdown_channels()
+            self.send_method(0, commands.Connection.CloseOk())
+            self._terminate()
 
     def close_with(self, exc: AMQPError, immediately: bool = False) -> None:
         """Hard error: send connection.close and wait (briefly) for close-ok."""

@@ -118,3 +118,27 @@ def test_graceful_shutdown_closes_clients_with_320(node_factory) -> None:
         conn.process_data_events(time_limit=1)
         conn.channel()
     assert err.value.reply_code == 320
+
+
+def test_publishes_in_the_same_read_as_connection_close_are_kept(node: InProcessNode) -> None:
+    from pamqp import body, header
+
+    raw = Raw(node.port)
+    raw.handshake("channel")
+    raw.send((1, commands.Queue.Declare(queue="last-words")))
+    raw.expect(commands.Queue.DeclareOk)
+    props = commands.Basic.Properties()
+    frames = []
+    for i in range(500):
+        payload = str(i).encode()
+        frames += [
+            (1, commands.Basic.Publish(routing_key="last-words")),
+            (1, header.ContentHeader(0, len(payload), props)),
+            (1, body.ContentBody(payload)),
+        ]
+    frames.append((0, commands.Connection.Close(200, "bye", 0, 0)))
+    raw.send(*frames)  # one write: the close arrives while the channel still has work queued
+    raw.expect(commands.Connection.CloseOk)
+    raw.sock.close()
+    count = node.run(lambda: node.broker.vhosts["/"].queues["last-words"].message_count())
+    assert count == 500

@@ -348,3 +348,4 @@ def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) ->
     ch.basic_publish("", "again", b"new", pika.BasicProperties(delivery_mode=2))
     assert ch.basic_get("again", auto_ack=True)[2] == b"new"
     conn.close()
+
