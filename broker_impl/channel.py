@@ -83,6 +83,12 @@ class Channel(Actor):
         self._idle.clear()
         self._wake.set()
 
+    def submit_error(self, exc: ChannelError) -> None:
+        """Fail on this channel in order with the methods before it (an oversize publish)."""
+        self._inbox.append((exc, None, b""))  # type: ignore[arg-type]
+        self._idle.clear()
+        self._wake.set()
+
     @property
     def inbox_len(self) -> int:
         return len(self._inbox)
@@ -109,9 +115,12 @@ class Channel(Actor):
                     if self.state == "closing":
                         continue
                     try:
+                        if isinstance(method, AMQPError):
+                            raise method
                         await self._handle(method, props, body)
                     except ChannelError as exc:
-                        exc.class_id, exc.method_id = _ids(method)
+                        if not exc.class_id:
+                            exc.class_id, exc.method_id = _ids(method)
                         self.close_with(exc)
                     except ConnectionError_ as exc:
                         if not exc.class_id:

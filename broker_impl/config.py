@@ -18,6 +18,7 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
     frame_max = 131072            # largest frame offered in connection.tune
     channel_max = 2047            # highest channel number offered in tune
     heartbeat = 60                # seconds offered in tune (0 = off)
+    max_message_size = 134217728  # larger publishes fail with 406 on their channel
 
     [flow]
     enabled = true                # false disables credit flow (for benchmarks); resource
@@ -108,6 +109,7 @@ class Config:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
+    max_message_size: int = 128 * 1024 * 1024
     flow: FlowConfig = field(default_factory=FlowConfig)
     users: list[User] = field(default_factory=lambda: [User("guest", "guest", ["administrator"])])
     vhosts: list[str] = field(default_factory=lambda: ["/"])
@@ -175,6 +177,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     limits = _get(data, "limits", "", dict, {})
     cfg.frame_max = _int_range(_get(limits, "frame_max", "limits", int, cfg.frame_max), "limits.frame_max", 4096, 2**31 - 1)
     cfg.channel_max = _int_range(_get(limits, "channel_max", "limits", int, cfg.channel_max), "limits.channel_max", 1, 65535)
+    cfg.max_message_size = _int_range(
+        _get(limits, "max_message_size", "limits", int, cfg.max_message_size), "limits.max_message_size", 1, 2**31 - 1
+    )
     cfg.heartbeat = _int_range(_get(limits, "heartbeat", "limits", int, cfg.heartbeat), "limits.heartbeat", 0, 65535)
 
     flow = _get(data, "flow", "", dict, {})

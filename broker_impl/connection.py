@@ -26,9 +26,11 @@ from broker_impl.codec import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     NOT_ALLOWED,
+    PRECONDITION_FAILED,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
     AMQPError,
+    ChannelError,
     ConnectionError_,
     encode_heartbeat,
     encode_method,
@@ -262,17 +264,28 @@ class Connection(Actor):
                 raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {frame.class_id}")
             asm[1] = frame.properties
             asm[2] = frame.body_size
+            if frame.body_size > self.broker.config.max_message_size:
+                asm[3] = None  # read and discard the body, then fail the publish on its channel
             if frame.body_size == 0:
                 self._content_done(ch, method, frame.properties, b"")
             return
         if not isinstance(frame, pbody.ContentBody):
             raise ConnectionError_(UNEXPECTED_FRAME, f"expected content body on channel {ch}, got {type(frame).__name__}")
-        chunks.append(frame.value)
+        if chunks is not None:
+            chunks.append(frame.value)
         got += len(frame.value)
         asm[4] = got
         if got > size:
             raise ConnectionError_(UNEXPECTED_FRAME, f"content body exceeds declared size {size} on channel {ch}")
         if got == size:
+            if chunks is None:
+                del self._assembly[ch]
+                channel = self.channels.get(ch)
+                if channel is not None:
+                    channel.submit_error(ChannelError(
+                        PRECONDITION_FAILED, f"message size {size} is larger than max size {self.broker.config.max_message_size}", 60, 40,
+                    ))
+                return
             self._content_done(ch, method, props, b"".join(chunks))
 
     def _content_done(self, ch: int, method: MethodFrame, props: Any, data: bytes) -> None:

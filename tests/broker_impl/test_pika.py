@@ -349,3 +349,18 @@ def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) ->
     assert ch.basic_get("again", auto_ack=True)[2] == b"new"
     conn.close()
 
+
+
+def test_oversize_message_fails_its_channel_only(node_factory) -> None:
+    node = node_factory(limits__max_message_size=4096)
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("sized")
+    ch.basic_publish("", "sized", b"a" * 4096)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_publish("", "sized", b"b" * 10000)
+        ch.queue_declare("sized")
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    assert ch.queue_declare("sized").method.message_count == 1
+    conn.close()
