@@ -102,12 +102,21 @@ class Queue(Actor):
         self._expiry_handle: asyncio.TimerHandle | None = None
         self._pending_autoacks: list[int] = []
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{name}")
-        self.ttl_ms = _int_arg(self.arguments, "x-message-ttl")
-        self.max_length = _int_arg(self.arguments, "x-max-length")
+        self.arg_ttl_ms = _int_arg(self.arguments, "x-message-ttl")
+        self.arg_max_length = _int_arg(self.arguments, "x-max-length")
         self.dlx: str | None = self.arguments.get("x-dead-letter-exchange")
         self.dlrk: str | None = self.arguments.get("x-dead-letter-routing-key")
         self.policy: dict[str, Any] | None = None
         self.policy_name: str | None = None
+
+    # -- effective settings: queue arguments win over the policy (RabbitMQ: the lower value for limits) --
+    @property
+    def ttl_ms(self) -> int | None:
+        return _min_opt(self.arg_ttl_ms, _policy_int(self.policy, "message-ttl"))
+
+    @property
+    def max_length(self) -> int | None:
+        return _min_opt(self.arg_max_length, _policy_int(self.policy, "max-length"))
 
     # -- publishing -------------------------------------------------------------
     def enqueue(self, message: Message, sender: Actor | None, on_done: ConfirmCallback | None) -> None:
@@ -202,8 +211,9 @@ class Queue(Actor):
         return ttl
 
     async def _enforce_max_length(self) -> None:
-        assert self.max_length is not None
-        while self.bq.len() > self.max_length:
+        limit = self.max_length
+        assert limit is not None
+        while self.bq.len() > limit:
             f = self.bq.fetch()
             if f is None:
                 return
@@ -449,3 +459,16 @@ def _int_arg(args: dict[str, Any], key: str) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"invalid arg '{key}' for queue: {v!r}")
     return v
+
+
+def _policy_int(policy: dict[str, Any] | None, key: str) -> int | None:
+    v = (policy or {}).get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _min_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -364,3 +364,20 @@ def test_oversize_message_fails_its_channel_only(node_factory) -> None:
     ch = conn.channel()
     assert ch.queue_declare("sized").method.message_count == 1
     conn.close()
+
+
+def test_policy_max_length_and_dead_letter_apply(node: InProcessNode) -> None:
+    b = node.broker
+    node.run(lambda: b.set_policy("/", "cap", "^pol\\.", {"max-length": 1, "dead-letter-exchange": "amq.fanout"}))
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("pol.q")
+    ch.queue_declare("pol-dead")
+    ch.queue_bind("pol-dead", "amq.fanout")
+    ch.basic_publish("", "pol.q", b"first")
+    ch.basic_publish("", "pol.q", b"second")
+    assert ch.basic_get("pol.q", auto_ack=True)[2] == b"second"
+    m, p, body = ch.basic_get("pol-dead", auto_ack=True)
+    assert body == b"first" and p.headers["x-death"][0]["reason"] == "maxlen"
+    conn.close()
