@@ -1,0 +1,1 @@
+"""Small plugin modules the host tests load with ``Host.load([...])`` or ``-p``, one defect each."""
