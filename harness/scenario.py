@@ -97,12 +97,14 @@ class Scenario:
         return json.loads(json.dumps(asdict(self), default=list))
 
     def with_overrides(self, *, seed: int | None = None, duration: float | None = None) -> Scenario:
+        """Command-line overrides, held to the same rules as the file (a stored run must reload)."""
         import dataclasses
 
         s = self
         if seed is not None:
-            s = dataclasses.replace(s, seed=seed)
+            s = dataclasses.replace(s, seed=_int(seed, "seed", lo=0))
         if duration is not None:
+            duration = _num(duration, "workload.duration", lo=0.1)
             s = dataclasses.replace(s, workload=dataclasses.replace(s.workload, duration=duration))
         return s
 
@@ -191,7 +193,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
             )
         )
     rnd = None
-    if "random" in n:
+    if n.get("random") is not None:  # ``to_dict()`` writes ``random: null`` when there is none
         r = _mapping(n["random"], "nemesis.random")
         _only(r, "nemesis.random", {"faults", "every", "hold", "params"})
         faults = r.get("faults")
@@ -199,7 +201,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
             raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
         rnd = RandomSchedule(
             faults=tuple(faults),
-            every=_range(r.get("every", [10, 20]), "nemesis.random.every"),
+            every=_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
             hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
             params={k: dict(_mapping(v, f"nemesis.random.params.{k}"))
                     for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()},
@@ -268,12 +270,16 @@ def _num(v: Any, where: str, *, lo: float | None = None, required: bool = False)
     return float(v)
 
 
-def _range(v: Any, where: str) -> tuple[float, float]:
+def _range(v: Any, where: str, *, positive: bool = False) -> tuple[float, float]:
+    """``[min, max]`` seconds, or one number for both. ``positive``: the gap between random
+    faults, where 0 would let the schedule draw steps forever without time advancing."""
     if isinstance(v, int | float) and not isinstance(v, bool):
-        return (float(v), float(v))
+        v = [v, v]
     if not isinstance(v, Sequence) or isinstance(v, str) or len(v) != 2:
         raise ScenarioError(f"{where}: expected [min, max] seconds, got {v!r}")
     lo, hi = (_num(x, where, lo=0) for x in v)
+    if positive and lo <= 0:
+        raise ScenarioError(f"{where}: min {lo} is out of range; allowed > 0")
     if lo > hi:
         raise ScenarioError(f"{where}: min {lo} is greater than max {hi}")
     return (lo, hi)

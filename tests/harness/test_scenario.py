@@ -1,0 +1,312 @@
+"""The scenario model: one file format-independent value, every mistake named by its field."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import scenario as S
+from harness.errors import ScenarioError
+from harness.host import Host
+from harness.nemesis import check_capabilities, plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+YAML = """\
+name: both
+seed: 7
+broker:
+  plugin: reference
+  nodes: 5
+  settings: {flush: async, heartbeat: 5}
+  lazyfs: true
+workload:
+  producers: 3
+  consumers: 1
+  queues: 2
+  rate: 50.5
+  message_size: 1024
+  duration: 12
+  persistent: false
+  queue_prefix: q
+nemesis:
+  schedule:
+    - {at: 8, fault: kill, hold: 2}
+    - {at: 3, fault: partition, params: {shape: isolate, node: n2}, hold: 4}
+  random:
+    faults: [pause, partition]
+    every: [1, 2]
+    hold: 3
+    params: {partition: {shape: bridge}}
+  settle: 1.5
+checkers: [python, spark]
+"""
+
+TOML = """\
+name = "both"
+seed = 7
+checkers = ["python", "spark"]
+
+[broker]
+plugin = "reference"
+nodes = 5
+lazyfs = true
+settings = {flush = "async", heartbeat = 5}
+
+[workload]
+producers = 3
+consumers = 1
+queues = 2
+rate = 50.5
+message_size = 1024
+duration = 12
+persistent = false
+queue_prefix = "q"
+
+[nemesis]
+settle = 1.5
+
+[[nemesis.schedule]]
+at = 8
+fault = "kill"
+hold = 2
+
+[[nemesis.schedule]]
+at = 3
+fault = "partition"
+hold = 4
+params = {shape = "isolate", node = "n2"}
+
+[nemesis.random]
+faults = ["pause", "partition"]
+every = [1, 2]
+hold = 3
+params = {partition = {shape = "bridge"}}
+"""
+
+MINIMAL: dict[str, Any] = {"broker": {"plugin": "reference"}}
+
+
+def _without_source(sc: S.Scenario) -> S.Scenario:
+    return dataclasses.replace(sc, source=None)
+
+
+def test_yaml_and_toml_load_to_equal_scenarios(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(YAML)
+    (tmp_path / "b.toml").write_text(TOML)
+    a, b = S.load(tmp_path / "a.yaml"), S.load(tmp_path / "b.toml")
+    assert a.source == str(tmp_path / "a.yaml")
+    assert _without_source(a) == _without_source(b)
+    assert a.broker == S.BrokerSection("reference", 5, {"flush": "async", "heartbeat": 5}, True)
+    assert a.workload.rate == 50.5 and a.workload.persistent is False and a.workload.duration == 12.0
+    assert a.workload.prefetch == S.WorkloadSection().prefetch  # unset fields keep defaults
+    assert [s.at for s in a.nemesis.schedule] == [3.0, 8.0]  # sorted by time
+    assert a.nemesis.random == S.RandomSchedule(("pause", "partition"), (1.0, 2.0), (3.0, 3.0),
+                                                {"partition": {"shape": "bridge"}})
+    assert a.nemesis.fault_names == {"kill", "partition", "pause"}
+    assert a.checkers == ("python", "spark")
+
+
+def test_defaults_and_name_from_file(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yml").write_text("broker: {plugin: reference}\n")
+    sc = S.load(tmp_path / "tiny.yml")
+    assert sc.name == "tiny"
+    assert sc.seed == 0 and sc.checkers == ("python",)
+    assert sc.workload == S.WorkloadSection()
+    assert sc.nemesis == S.NemesisSection()
+
+
+@pytest.mark.parametrize("fixture", ["rabbitmq-smoke.yaml", "rabbitmq-partitions.yaml"])
+def test_to_dict_reloads_to_the_same_scenario(fixture: str) -> None:
+    """``--replay`` rebuilds the scenario from ``scenario.json``; it must come back identical."""
+    path = REPO / "scenarios" / fixture
+    if not path.exists():
+        pytest.skip(f"{fixture} is not in scenarios/")
+    sc = S.load(path)
+    stored = json.loads(json.dumps(sc.to_dict()))
+    assert S.from_dict(stored, source="scenario.json") == dataclasses.replace(sc, source="scenario.json")
+
+
+def test_to_dict_round_trip_with_random_schedule(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(YAML)
+    sc = S.load(tmp_path / "a.yaml")
+    assert S.from_dict(json.loads(json.dumps(sc.to_dict())), source=sc.source) == sc
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """MINIMAL with ``path`` (dotted; ``[i]`` not needed) set to ``value``."""
+    data = copy.deepcopy(MINIMAL)
+    *parents, leaf = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        ("workload.rate", "fast", "workload.rate: expected a number >= 0, got 'fast'"),
+        ("workload.rate", -1, "workload.rate: -1 is out of range; allowed >= 0"),
+        ("workload.rate", True, "workload.rate: expected a number"),
+        ("workload.producers", 1.5, "workload.producers: expected an integer from 0 to 256"),
+        ("workload.producers", 257, "workload.producers: 257 is out of range; allowed from 0 to 256"),
+        ("workload.queues", 0, "workload.queues: 0 is out of range; allowed from 1 to 1000"),
+        ("workload.message_size", 15, "workload.message_size: 15 is out of range"),
+        ("workload.duration", 0, "workload.duration: 0 is out of range; allowed >= 0.1"),
+        ("workload.persistent", "yes", "workload.persistent: expected true or false, got 'yes'"),
+        ("workload.prefetch", 65536, "workload.prefetch: 65536 is out of range"),
+        ("workload.in_flight", 0, "workload.in_flight: 0 is out of range"),
+        ("workload.queue_prefix", "", "workload.queue_prefix: expected a non-empty string"),
+        ("workload.drain_timeout", 0.5, "workload.drain_timeout: 0.5 is out of range"),
+        ("workload", [1], "workload: expected a mapping, got list"),
+        ("broker.nodes", 0, "broker.nodes: 0 is out of range; allowed from 1 to 9"),
+        ("broker.nodes", 10, "broker.nodes: 10 is out of range; allowed from 1 to 9"),
+        ("broker.nodes", "3", "broker.nodes: expected an integer"),
+        ("broker.lazyfs", 1, "broker.lazyfs: expected true or false"),
+        ("broker.settings", "x", "broker.settings: expected a mapping, got str"),
+        ("broker.plugin", None, "broker.plugin: required"),
+        ("broker.plugin", 3, "broker.plugin: expected a non-empty string, got 3"),
+        ("seed", -1, "seed: -1 is out of range; allowed >= 0"),
+        ("seed", "7", "seed: expected an integer"),
+        ("name", "", "name: expected a non-empty string"),
+        ("checkers", [], "checkers: expected a list of checker names"),
+        ("checkers", [1], "checkers: expected a list of checker names"),
+        ("nemesis.schedule", {"at": 1}, "nemesis.schedule: expected a list of steps"),
+        ("nemesis.schedule", [{"fault": "kill"}], "nemesis.schedule[0].at: required"),
+        ("nemesis.schedule", [{"at": 1}], "nemesis.schedule[0].fault: required"),
+        ("nemesis.schedule", [{"at": -1, "fault": "kill"}], "nemesis.schedule[0].at: -1 is out of range"),
+        ("nemesis.schedule", [{"at": 1, "fault": "kill", "hold": "long"}], "nemesis.schedule[0].hold: expected a number"),
+        ("nemesis.schedule", [{"at": 1, "fault": "kill", "params": 3}], "nemesis.schedule[0].params: expected a mapping"),
+        ("nemesis.schedule", [{"at": 1, "fault": "kill"}, "kill"], "nemesis.schedule[1]: expected a mapping"),
+        ("nemesis.random", {"faults": []}, "nemesis.random.faults: expected a non-empty list"),
+        ("nemesis.random", {"faults": "kill"}, "nemesis.random.faults: expected a non-empty list"),
+        ("nemesis.random", {"faults": ["kill"], "every": [5, 1]}, "nemesis.random.every: min 5.0 is greater than max 1.0"),
+        ("nemesis.random", {"faults": ["kill"], "every": [1, 2, 3]}, "nemesis.random.every: expected [min, max]"),
+        ("nemesis.random", {"faults": ["kill"], "every": "often"}, "nemesis.random.every: expected [min, max]"),
+        ("nemesis.random", {"faults": ["kill"], "hold": [-1, 2]}, "nemesis.random.hold: -1 is out of range; allowed >= 0"),
+        ("nemesis.random", {"faults": ["kill"], "hold": -1}, "nemesis.random.hold: -1 is out of range; allowed >= 0"),
+        # A zero gap would let the random schedule draw faults forever without time passing.
+        ("nemesis.random", {"faults": ["kill"], "every": 0, "hold": 0}, "nemesis.random.every: min 0.0 is out of range"),
+        ("nemesis.random", {"faults": ["kill"], "every": [0, 1]}, "nemesis.random.every: min 0.0 is out of range"),
+        ("nemesis.random", {"faults": ["kill"], "every": -3}, "nemesis.random.every"),
+        ("nemesis.random", {"faults": ["kill"], "params": {"kill": 1}}, "nemesis.random.params.kill: expected a mapping"),
+        ("nemesis.settle", -1, "nemesis.settle: -1 is out of range"),
+    ],
+)
+def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        S.from_dict(_with(path, value), source="s.yaml")
+    assert str(e.value).startswith("s.yaml: ")
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({**MINIMAL, "sede": 1}, "sede: unknown field; allowed: broker, checkers, name, nemesis, seed, source, workload"),
+        (_with("broker.node", 3), "broker.node: unknown field; allowed: lazyfs, nodes, plugin, settings"),
+        (_with("workload.rat", 3), "workload.rat: unknown field; allowed: "),
+        (_with("nemesis.schedul", []), "nemesis.schedul: unknown field"),
+        (_with("nemesis.schedule", [{"at": 1, "fault": "kill", "hld": 1}]), "nemesis.schedule[0].hld: unknown field"),
+        (_with("nemesis.random", {"faults": ["kill"], "evry": 3}), "nemesis.random.evry: unknown field"),
+        ({}, "broker: required section is missing"),
+        (None, "broker: required section is missing"),
+        ([1, 2], "scenario: expected a mapping, got list"),
+    ],
+)
+def test_unknown_keys_and_missing_sections(data: Any, needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        S.from_dict(data)
+    assert needle in str(e.value)
+
+
+def test_unknown_workload_field_lists_every_allowed_one() -> None:
+    with pytest.raises(ScenarioError) as e:
+        S.from_dict(_with("workload.rat", 3))
+    for name in (f.name for f in dataclasses.fields(S.WorkloadSection)):
+        assert name in str(e.value)
+
+
+def test_random_null_means_no_random_schedule() -> None:
+    sc = S.from_dict(_with("nemesis.random", None))
+    assert sc.nemesis.random is None
+
+
+def test_scalar_range_is_both_ends() -> None:
+    sc = S.from_dict(_with("nemesis.random", {"faults": ["kill"], "every": 4, "hold": 0}))
+    assert sc.nemesis.random is not None
+    assert sc.nemesis.random.every == (4.0, 4.0) and sc.nemesis.random.hold == (0.0, 0.0)
+
+
+def test_checkers_as_one_string() -> None:
+    assert S.from_dict({**MINIMAL, "checkers": "spark"}).checkers == ("spark",)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("bad.yaml", "broker: [unclosed\n", "not valid YAML"),
+        ("bad.toml", "broker = \n", "not valid TOML"),
+        ("bad.ini", "[broker]\n", "scenario files end in .yaml, .yml or .toml"),
+    ],
+)
+def test_unreadable_files(tmp_path: Path, name: str, text: str, needle: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ScenarioError) as e:
+        S.load(tmp_path / name)
+    assert needle in str(e.value) and str(tmp_path / name) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ScenarioError, match="does not exist"):
+        S.load("/nonexistent/scenario.yaml")
+
+
+def test_with_overrides() -> None:
+    sc = S.from_dict({**MINIMAL, "seed": 3, "workload": {"duration": 9, "rate": 10}})
+    assert sc.with_overrides() == sc
+    o = sc.with_overrides(seed=11, duration=2.5)
+    assert (o.seed, o.workload.duration, o.workload.rate) == (11, 2.5, 10.0)
+    assert (sc.seed, sc.workload.duration) == (3, 9.0)  # the original is unchanged
+    assert sc.with_overrides(seed=0).seed == 0  # 0 is an override, not "no override"
+    assert sc.with_overrides(duration=1).workload.duration == 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"seed": -1}, "seed: -1 is out of range"),
+    ({"duration": 0}, "workload.duration: 0 is out of range"),
+    ({"duration": -5.0}, "workload.duration: -5.0 is out of range"),
+])
+def test_overrides_obey_the_file_rules(kwargs: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ScenarioError, match=needle):
+        S.from_dict(MINIMAL).with_overrides(**kwargs)
+
+
+SCENARIO_FILES = sorted((REPO / "scenarios").glob("*.y*ml")) + sorted((REPO / "scenarios").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
+def test_every_shipped_scenario_is_valid_for_its_plugin(host: Host, path: Path) -> None:
+    sc = S.load(path)
+    plugin = host.broker(sc.broker.plugin)
+    settings = plugin.validate_settings(sc.broker.settings)
+    assert set(settings) == set(plugin.settings_schema)
+    check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
+    for name in sc.checkers:
+        host.checker(name)
+    nodes = [f"n{i}" for i in range(1, sc.broker.nodes + 1)]
+    p = plan(sc, host.registry.faults, nodes)
+    assert all(0 <= s.at < sc.workload.duration for s in p.steps), p.steps
+
+
+def test_there_are_shipped_scenarios() -> None:
+    assert SCENARIO_FILES, "scenarios/ holds no scenario files"
