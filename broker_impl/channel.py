@@ -309,6 +309,12 @@ class Channel(Actor):
             name = m.queue
             if name:
                 self._perm("configure", name)
+            dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+            if isinstance(dlx, str):
+                # RabbitMQ's check_dlx: dead-lettering publishes on the declarer's behalf
+                self._perm("write", dlx, "exchange")
+                if name:
+                    self._perm("read", name)
             q = await vh.declare_queue(
                 name, owner=self.conn, durable=m.durable, exclusive=m.exclusive,
                 auto_delete=m.auto_delete, arguments=m.arguments,

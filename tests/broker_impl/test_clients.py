@@ -87,3 +87,37 @@ def test_kombu_producer_consumer_and_simple_queue(node: InProcessNode) -> None:
         msg.ack()
         assert sq.qsize() == 0
         sq.close()
+
+
+def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
+    from tests.broker_impl.conftest import make_config
+
+    first = InProcessNode(make_config(tmp_path)).start()
+    port = first.port
+
+    async def phase1() -> None:
+        conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{port}/", reconnect_interval=0.2)
+        ch = await conn.channel()
+        q = await ch.declare_queue("robust", durable=True)
+        persistent = aio_pika.DeliveryMode.PERSISTENT
+        await ch.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=persistent), "robust")
+        await asyncio.to_thread(first.stop)
+        second = InProcessNode(make_config(tmp_path, node__port=port)).start()
+        try:
+            for _ in range(100):  # the robust connection reconnects and restores its channel
+                try:
+                    await ch.default_exchange.publish(aio_pika.Message(b"after", delivery_mode=persistent), "robust")
+                    break
+                except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
+                    await asyncio.sleep(0.1)
+            bodies = []
+            for _ in range(2):
+                msg = await q.get(timeout=5)
+                bodies.append(msg.body)
+                await msg.ack()
+            assert bodies == [b"before", b"after"]
+            await conn.close()
+        finally:
+            await asyncio.to_thread(second.stop)
+
+    asyncio.run(phase1())
