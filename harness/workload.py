@@ -124,11 +124,14 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
         await asyncio.sleep(w.duration)
         stop_producers.set()
         producers = [t for t in tasks if t.get_name().startswith("p")]
-        await asyncio.wait(producers, timeout=w.confirm_timeout + 5)
+        if producers:
+            await asyncio.wait(producers, timeout=w.confirm_timeout + 5)
         if nemesis_task is not None:
             await nemesis_task  # heals everything and settles before returning
         stop_consumers.set()
-        await asyncio.wait([t for t in tasks if t.get_name().startswith("c")], timeout=10)
+        consumers = [t for t in tasks if t.get_name().startswith("c")]
+        if consumers:
+            await asyncio.wait(consumers, timeout=10)
         stats.drained = {}
         results = await asyncio.gather(
             *(driver.drain(f"d{i}", q) for i, q in enumerate(queues, start=1)), return_exceptions=True)

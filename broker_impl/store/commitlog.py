@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_impl.store import record
+from broker_impl.store import durable, record
 from broker_impl.store.record import Bad, Blank, Record
 
 log = logging.getLogger("broker_impl.store")
@@ -39,7 +39,7 @@ class CommitLog:
     def __init__(self, directory: Path, segment_bytes: int) -> None:
         self.dir = directory
         self.segment_bytes = segment_bytes
-        self.dir.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(self.dir)
         self.starts: list[int] = sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
         self._fds: dict[int, int] = {}
         self._dirty: set[int] = set()
@@ -51,7 +51,7 @@ class CommitLog:
     def _fd(self, start: int) -> int:
         fd = self._fds.get(start)
         if fd is None:
-            fd = os.open(self.dir / seg_name(start), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = durable.open_created(self.dir / seg_name(start), os.O_RDWR)
             self._fds[start] = fd
         return fd
 

@@ -19,6 +19,8 @@ import shutil
 import struct
 from pathlib import Path
 
+from broker_impl.store import durable
+
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
 
@@ -32,11 +34,9 @@ class ConsumeQueue:
         self._fds: dict[int, int] = {}
         self._dirty: set[int] = set()
         fresh = not directory.exists()
-        directory.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(directory)
         if fresh or not (directory / "meta").exists():
-            tmp = directory / "meta.tmp"
-            tmp.write_text(json.dumps({"name": name, "since": since}))
-            os.replace(tmp, directory / "meta")
+            durable.write_file(directory / "meta", json.dumps({"name": name, "since": since}).encode())
         self.starts = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
         self.next_index = 0
         if self.starts:
@@ -57,7 +57,7 @@ class ConsumeQueue:
     def _fd(self, start: int) -> int:
         fd = self._fds.get(start)
         if fd is None:
-            fd = os.open(self.dir / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = durable.open_created(self.dir / f"{start:020d}", os.O_RDWR)
             self._fds[start] = fd
             if start not in self.starts:
                 self.starts.append(start)

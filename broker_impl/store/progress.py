@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from broker_impl.store import durable
+
 _HEAD = struct.Struct(">IIB")  # length of body, crc32 of (type + body), type
 ACKS, DELIVERED, SNAPSHOT, TRUNCATE = 1, 2, 3, 4
 COMPACT_BYTES = 256 * 1024
@@ -31,7 +33,7 @@ class Progress:
         self.delivered = 0
         self._written_delivered = 0
         self._load()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = durable.open_created(path, os.O_RDWR | os.O_APPEND)
         self._size = os.fstat(self._fd).st_size
         self._pending: list[bytes] | None = None
         self.dirty = False
@@ -112,7 +114,7 @@ class Progress:
                 os.write(fd, data)
         finally:
             os.close(fd)
-        os.replace(self.compact_path, self.path)
+        durable.replace(self.compact_path, self.path)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_impl.backing_queue import StoreError
+from broker_impl.store import durable
 from broker_impl.store.commitlog import CommitLog, Cut
 from broker_impl.store.config import StoreConfig
 from broker_impl.store.consumequeue import ConsumeQueue
@@ -96,13 +97,13 @@ class Store:
     # -- opening and recovery -----------------------------------------------------------
 
     def _open(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(self.data_dir)
         shutil.rmtree(self.data_dir / SPILL, ignore_errors=True)
         abort = self.data_dir / ABORT
         clean = not abort.exists()
         self.log = CommitLog(self.data_dir / "commitlog", self.config.segment_bytes)
         cq_root = self.data_dir / "consumequeue"
-        cq_root.mkdir(exist_ok=True)
+        durable.make_dirs(cq_root)
         for d in sorted(cq_root.iterdir()):
             meta = ConsumeQueue.read_meta(d)
             if meta is None:
@@ -132,7 +133,7 @@ class Store:
                 "clean" if clean else "abnormal", scan_from, self.log.wrote, report.redispatched,
                 ", ".join(f"{c.bytes} bytes at {c.offset} ({c.reason})" for c in cuts) or "none",
             )
-        abort.touch()
+        durable.write_file(abort, b"")
 
     def _queue_log(self, directory: Path, name: str, since: int) -> QueueLog:
         cq = ConsumeQueue(directory, name, self.config.cq_entries_per_file, since)
@@ -151,7 +152,7 @@ class Store:
 
     def _write_checkpoint(self, offset: int) -> None:
         head = struct.pack(">QQ", offset, int(time.time() * 1000))
-        fd = os.open(self.data_dir / CHECKPOINT, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = durable.open_created(self.data_dir / CHECKPOINT, os.O_WRONLY)
         try:
             os.pwrite(fd, head + struct.pack(">I", zlib.crc32(head)), 0)
             os.fdatasync(fd)
