@@ -85,7 +85,6 @@ class Connection(Actor):
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
         self.channels: dict[int, Channel] = {}
-        self._closing_channels: set[int] = set()
         self._assembly: dict[int, list[Any]] = {}  # channel -> [method, props, size, chunks, got]
         self.has_published = False
         self._published_since_alarm = False
@@ -234,8 +233,6 @@ class Connection(Actor):
             raise ConnectionError_(COMMAND_INVALID, f"{frame.name} on channel {ch}")
         channel = self.channels.get(ch)
         if channel is None:
-            if ch in self._closing_channels:
-                return
             if isinstance(frame, commands.Channel.Open):
                 if ch > self.channel_max:
                     raise ConnectionError_(CHANNEL_ERROR, f"channel {ch} exceeds channel_max {self.channel_max}")

@@ -80,3 +80,18 @@ def test_cli_exits_2_with_one_line(tmp_path: Path, toml: str, needle: str) -> No
 
 def test_example_is_valid_toml() -> None:
     tomllib.loads((REPO / "plugins/reference/broker.example.toml").read_text())
+
+
+def test_every_key_is_documented() -> None:
+    import dataclasses
+
+    import broker_impl.config as config_module
+    from broker_impl.config import Config, FlowConfig
+
+    doc = config_module.__doc__ or ""
+    names = [f.name for f in dataclasses.fields(Config) if f.name not in ("flow",)]
+    names += [f.name for f in dataclasses.fields(FlowConfig)]
+    renamed = {"name": "name =", "data_dir": "data_dir =", "users": "[[users]]", "permissions": "[[permissions]]",
+               "store": "[store]", "cluster": "[cluster]", "vhosts": "vhosts ="}
+    missing = [n for n in names if renamed.get(n, f"{n} =") not in doc]
+    assert not missing, f"undocumented config keys: {missing}"
