@@ -21,8 +21,8 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
     max_message_size = 134217728  # larger publishes fail with 406 on their channel
 
     [flow]
-    enabled = true                # false disables credit flow (for benchmarks); resource
-                                  # alarms still apply (raise the watermark to disable them)
+    enabled = true                # false: no credit flow and alarms never block publishers
+                                  # (alarms are still raised and logged); for benchmarks
     initial = 400                 # credit a sender starts with, per link
     more_after = 200              # receiver grants this much after this many
     store_initial = 4000          # the queue -> store link

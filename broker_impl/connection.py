@@ -371,7 +371,12 @@ class Connection(Actor):
             return False
         if self.flow_blocked and self.has_published:
             return True
-        return bool(self.broker.alarms) and self._published_since_alarm
+        return self._alarm_blocks and self._published_since_alarm
+
+    @property
+    def _alarm_blocks(self) -> bool:
+        """Alarms block publishers unless flow control is switched off (they are still raised and logged)."""
+        return bool(self.broker.alarms) and self.broker.flow_enabled
 
     def on_flow_unblocked(self) -> None:
         self.transport.reading_state_changed()
@@ -379,7 +384,7 @@ class Connection(Actor):
     def alarms_changed(self) -> None:
         if self.state != "running":
             return
-        if self.broker.alarms:
+        if self._alarm_blocks:
             self._published_since_alarm = False
             if not self._blocked_sent and self.capability("connection.blocked"):
                 reason = "low on " + " and ".join(sorted(self.broker.alarms))
@@ -393,7 +398,7 @@ class Connection(Actor):
 
     def operator_state(self) -> str:
         """running | flow | blocking | blocked, as rabbitmqctl list_connections shows them."""
-        if self.broker.alarms:
+        if self._alarm_blocks:
             return "blocked" if self._published_since_alarm else "blocking"
         return self.flow_state() if self.has_published else "running"
 
