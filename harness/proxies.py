@@ -76,9 +76,20 @@ class ToxiproxyServer:
             time.sleep(0.2)
         raise ClusterError(f"Toxiproxy server of {self.node} at {self.host}:{self.port} did not answer in {timeout:.0f}s")
 
-    def populate(self, proxies: list[ProxySpec]) -> None:
-        with self._api() as api:
-            api.populate([{"name": p.name, "listen": p.listen, "upstream": p.upstream} for p in proxies])
+    def populate(self, proxies: list[ProxySpec], attempts: int = 5) -> None:
+        """Create the proxies (create-or-replace). A server that has just started can still
+        reset the first requests, so connection errors are retried a few times."""
+        import requests
+
+        for attempt in range(attempts):
+            try:
+                with self._api() as api:
+                    api.populate([{"name": p.name, "listen": p.listen, "upstream": p.upstream} for p in proxies])
+                return
+            except requests.ConnectionError as exc:
+                if attempt == attempts - 1:
+                    raise ClusterError(f"Toxiproxy server of {self.node} refused the proxies: {exc}") from None
+                time.sleep(0.5 * (attempt + 1))
 
     def proxies(self) -> dict[str, dict[str, Any]]:
         with self._api() as api:
