@@ -42,6 +42,13 @@ def _pairs(groups: Sequence[Sequence[str]]) -> list[list[str]]:
     return out
 
 
+def _member(node: Any, nodes: Sequence[str], field: str, fault: str = "partition") -> str:
+    """A node a scenario names must exist: a link to an unknown node would fail only mid-run."""
+    if node not in nodes:
+        raise ScenarioError(f"{fault}: {field} {node!r} is not one of {list(nodes)}")
+    return node
+
+
 def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
                    params: Mapping[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
     """Directed cuts for a shape, plus a description of the groups (what the history shows)."""
@@ -50,9 +57,7 @@ def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
     if n < 2 and shape != "clients":
         raise ScenarioError(f"partition shape {shape!r} needs at least 2 nodes")
     if shape == "isolate":
-        victim = params.get("node") or rng.choice(nodes)
-        if victim not in nodes:
-            raise ScenarioError(f"partition: node {victim!r} is not one of {nodes}")
+        victim = _member(params.get("node") or rng.choice(nodes), nodes, "node")
         rest = [x for x in nodes if x != victim]
         return _pairs([[victim], rest]), {"groups": [[victim], rest]}
     if shape in ("halves", "fixed-halves"):
@@ -78,13 +83,18 @@ def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
         a, b = rest[:half], rest[half:]
         return _pairs([a, b]), {"groups": [a + [bridge], b + [bridge]], "bridge": bridge}
     if shape == "one-way":
-        src = params.get("from") or rng.choice(nodes)
-        dst = params.get("to") or rng.choice([x for x in nodes if x != src])
+        src = _member(params.get("from") or rng.choice(nodes), nodes, "from")
+        dst = _member(params.get("to") or rng.choice([x for x in nodes if x != src]), nodes, "to")
+        if src == dst:
+            raise ScenarioError(f"partition shape 'one-way': from and to are both {src!r}; a node always hears itself")
         return [[src, dst]], {"deaf": dst, "unheard": src}
     if shape == "custom":
         cuts = params.get("cuts")
         if not isinstance(cuts, list) or not all(isinstance(c, list) and len(c) == 2 for c in cuts):
             raise ScenarioError("partition shape 'custom' needs cuts: [[src, dst], ...]")
+        for src, dst in cuts:
+            _member(src, nodes, "cuts")
+            _member(dst, nodes, "cuts")
         return [list(c) for c in cuts], {}
     raise ScenarioError(f"partition: unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
 
@@ -99,11 +109,11 @@ class Partition(Fault):
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
         shape = params.get("shape", "halves")
-        mode = params.get("mode", "drop")
-        if mode not in ("drop", "refuse"):
-            raise ScenarioError(f"partition: mode {mode!r} is not allowed; use 'drop' or 'refuse'")
+        mode = params.get("mode", "drop")  # values were checked against params_schema above
         if shape == "clients":
             targets = params.get("nodes") or [params.get("node") or rng.choice(list(nodes))]
+            for node in targets:
+                _member(node, nodes, "nodes")
             return {"shape": shape, "mode": mode, "clients_cut_from": list(targets), "cuts": []}
         cuts, desc = partition_cuts(shape, nodes, rng, params)
         if mode == "refuse":
@@ -193,13 +203,11 @@ class LinkToxic(Fault):
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
-        kind = params.get("type", "latency")
-        if kind not in cls.TYPES:
-            raise ScenarioError(f"degrade: type {kind!r} is not allowed; use one of {', '.join(cls.TYPES)}")
+        kind = params.get("type", "latency")  # values were checked against params_schema above
         defaults = {"latency": {"latency": 200, "jitter": 50}, "bandwidth": {"rate": 64},
                     "slicer": {"average_size": 64, "size_variation": 32, "delay": 1000},
                     "slow_close": {"delay": 1000}, "limit_data": {"bytes": 4096}}
-        node = params.get("node", rng.choice(list(nodes)))
+        node = _member(params.get("node", rng.choice(list(nodes))), nodes, "node", cls.name)
         return {"type": kind, "attributes": {**defaults[kind], **params.get("attributes", {})}, "node": node,
                 "links": params.get("links", "peers"), "stream": params.get("stream", "both"),
                 "toxicity": float(params.get("toxicity", 1.0))}

@@ -16,7 +16,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.errors import FaultError
+from harness.errors import FaultError, ScenarioError
 from harness.nemesis import Fault
 
 
@@ -40,8 +40,6 @@ class _NodeFault(Fault):
         super().resolve(params, nodes, rng)
         node = params.get("node") or rng.choice(list(nodes))
         if node not in nodes:
-            from harness.errors import ScenarioError
-
             raise ScenarioError(f"fault {cls.name}: node {node!r} is not one of {list(nodes)}")
         return {**params, "node": node}
 
@@ -131,7 +129,11 @@ class RollingRestart(Fault):
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
-        return {"order": list(params.get("order") or rng.sample(list(nodes), len(nodes)))}
+        order = list(params.get("order") or rng.sample(list(nodes), len(nodes)))
+        unknown = [n for n in order if n not in nodes]
+        if unknown:
+            raise ScenarioError(f"fault {cls.name}: order names {unknown}, not among {list(nodes)}")
+        return {"order": order}
 
     def apply(self) -> dict[str, Any]:
         done = []

@@ -53,10 +53,11 @@ class Fault:
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         """Concrete parameters for one application (deterministic given ``rng``)."""
-        for key in params:
+        for key, value in params.items():
             if key not in cls.params_schema:
                 raise ScenarioError(f"fault {cls.name}: unknown parameter {key!r}; allowed: "
                                     f"{', '.join(sorted(cls.params_schema)) or '(none)'}")
+            _check_param(cls.name, key, value, cls.params_schema[key])
         return dict(params)
 
     def apply(self) -> dict[str, Any]:
@@ -64,6 +65,21 @@ class Fault:
 
     def heal(self) -> dict[str, Any]:
         raise NotImplementedError
+
+
+def _check_param(fault: str, key: str, value: Any, allowed: Any) -> None:
+    """Reject a value ``params_schema`` rules out now, not when the fault is applied mid-run."""
+    if isinstance(allowed, tuple):
+        if value not in allowed:
+            raise ScenarioError(f"fault {fault}: {key} {value!r} is not allowed; use one of "
+                                f"{', '.join(map(str, allowed))}")
+    elif isinstance(allowed, type):
+        if allowed is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, allowed) and not (allowed is int and isinstance(value, bool))
+        if not ok:
+            raise ScenarioError(f"fault {fault}: {key} expects {allowed.__name__}, got {value!r}")
 
 
 @dataclass
@@ -83,12 +99,17 @@ class Plan:
         return [vars(s) for s in self.steps]
 
 
+def _fault_class(faults: Mapping[str, type[Fault]], name: str) -> type[Fault]:
+    try:
+        return faults[name]
+    except KeyError:
+        raise ScenarioError(f"nemesis: unknown fault {name!r}; available: {', '.join(sorted(faults))}") from None
+
+
 def check_capabilities(scenario: Scenario, faults: Mapping[str, type[Fault]], capabilities: frozenset[str],
                        broker: str) -> None:
     for name in sorted(scenario.nemesis.fault_names):
-        if name not in faults:
-            raise ScenarioError(f"nemesis: unknown fault {name!r}; available: {', '.join(sorted(faults))}")
-        missing = faults[name].requires - capabilities
+        missing = _fault_class(faults, name).requires - capabilities
         if missing:
             raise ScenarioError(f"nemesis: fault {name!r} needs broker capabilities {sorted(missing)} "
                                 f"that plugin {broker!r} does not declare")
@@ -111,7 +132,7 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
             t += hold + rng.uniform(*rnd.every)
     steps.sort(key=lambda s: s[0])
     for i, (at, hold, kind, params) in enumerate(steps, start=1):
-        cls = faults[kind]
+        cls = _fault_class(faults, kind)
         concrete = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
         out.steps.append(PlannedFault(f"f{i}", at, hold, kind, concrete))
     return out

@@ -1,0 +1,248 @@
+"""Nemesis planning: seeded schedules, validation before anything starts, replay from a history."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import FaultError, ScenarioError
+from harness.history import Recorder, read_jsonl
+from harness.host import Host
+from harness.nemesis import (
+    Fault,
+    FaultContext,
+    Nemesis,
+    Plan,
+    PlannedFault,
+    check_capabilities,
+    plan,
+    plan_from_history,
+)
+from harness.scenario import Scenario, from_dict
+
+NODES3 = ["n1", "n2", "n3"]
+
+
+@pytest.fixture(scope="module")
+def faults() -> Mapping[str, type[Fault]]:
+    return Host.load().registry.faults
+
+
+def scenario(nemesis: dict[str, Any], *, seed: int = 1, duration: float = 120, nodes: int = 3) -> Scenario:
+    return from_dict({"seed": seed, "broker": {"plugin": "reference", "nodes": nodes},
+                      "workload": {"duration": duration}, "nemesis": nemesis})
+
+
+RANDOM = {"random": {"faults": ["partition", "kill", "pause"], "every": [2, 6], "hold": [1, 4]}}
+
+
+def test_same_seed_same_plan(faults: Mapping[str, type[Fault]]) -> None:
+    a = plan(scenario(RANDOM, seed=5), faults, NODES3)
+    b = plan(scenario(RANDOM, seed=5), faults, NODES3)
+    assert a.to_list() == b.to_list()
+    assert len(a.steps) > 10
+
+
+def test_different_seed_different_plan(faults: Mapping[str, type[Fault]]) -> None:
+    plans = {json.dumps(plan(scenario(RANDOM, seed=s), faults, NODES3).to_list()) for s in range(5)}
+    assert len(plans) == 5
+
+
+def test_random_steps_stay_inside_the_workload_and_do_not_overlap(faults: Mapping[str, type[Fault]]) -> None:
+    for seed in range(20):
+        p = plan(scenario(RANDOM, seed=seed, duration=60), faults, NODES3)
+        assert p.steps and all(0 < s.at < 60 for s in p.steps)
+        for prev, nxt in zip(p.steps, p.steps[1:], strict=False):
+            assert prev.hold is not None and 1 <= prev.hold <= 4
+            assert nxt.at - (prev.at + prev.hold) >= 2 - 1e-3  # the gap is drawn from every
+        assert {s.kind for s in p.steps} <= {"partition", "kill", "pause"}
+        assert [s.fault_id for s in p.steps] == [f"f{i}" for i in range(1, len(p.steps) + 1)]
+
+
+def test_random_params_per_fault_reach_resolve(faults: Mapping[str, type[Fault]]) -> None:
+    nem = {"random": {"faults": ["partition"], "every": 5, "hold": 1,
+                      "params": {"partition": {"shape": "isolate", "node": "n2"}}}}
+    p = plan(scenario(nem, duration=30), faults, NODES3)
+    assert p.steps and all(s.params["groups"] == [["n2"], ["n1", "n3"]] for s in p.steps)
+
+
+def test_explicit_steps_sorted_and_resolved(faults: Mapping[str, type[Fault]]) -> None:
+    nem = {"schedule": [{"at": 30, "fault": "pause", "params": {"node": "n3"}, "hold": 5},
+                        {"at": 10, "fault": "kill", "hold": 2},
+                        {"at": 20, "fault": "partition", "params": {"shape": "fixed-halves"}}]}
+    p = plan(scenario(nem), faults, NODES3)
+    assert [(s.fault_id, s.at, s.kind, s.hold) for s in p.steps] == [
+        ("f1", 10.0, "kill", 2.0), ("f2", 20.0, "partition", None), ("f3", 30.0, "pause", 5.0)]
+    assert p.steps[0].params["node"] in NODES3  # drawn from the step's own seeded RNG
+    assert p.steps[1].params["groups"] == [["n1"], ["n2", "n3"]]
+    assert p.steps[2].params == {"node": "n3"}
+    assert plan(scenario(nem), faults, NODES3).to_list() == p.to_list()
+
+
+def test_explicit_and_random_steps_merge_in_time_order(faults: Mapping[str, type[Fault]]) -> None:
+    nem = {"schedule": [{"at": 7.5, "fault": "kill"}], **RANDOM}
+    p = plan(scenario(nem, duration=30), faults, NODES3)
+    ats = [s.at for s in p.steps]
+    assert ats == sorted(ats) and 7.5 in ats
+
+
+@pytest.mark.parametrize(("nemesis", "needle"), [
+    ({"schedule": [{"at": 1, "fault": "meteor"}]}, "nemesis: unknown fault 'meteor'; available: "),
+    ({"random": {"faults": ["kill", "meteor"]}}, "nemesis: unknown fault 'meteor'"),
+])
+def test_unknown_fault_is_a_scenario_error(faults: Mapping[str, type[Fault]], nemesis: dict[str, Any],
+                                            needle: str) -> None:
+    sc = scenario(nemesis)
+    with pytest.raises(ScenarioError, match=needle):
+        plan(sc, faults, NODES3)
+    with pytest.raises(ScenarioError, match=needle):
+        check_capabilities(sc, faults, frozenset({"kill"}), "reference")
+
+
+def test_missing_capability_is_a_scenario_error(faults: Mapping[str, type[Fault]]) -> None:
+    sc = scenario({"schedule": [{"at": 1, "fault": "power-loss"}, {"at": 2, "fault": "kill"}]})
+    with pytest.raises(ScenarioError) as e:
+        check_capabilities(sc, faults, frozenset({"kill", "partition"}), "toy")
+    assert "'power-loss'" in str(e.value) and "['power-loss']" in str(e.value) and "'toy'" in str(e.value)
+    check_capabilities(sc, faults, frozenset({"kill", "power-loss"}), "toy")  # declared: fine
+
+
+@pytest.mark.parametrize(("fault", "params", "needle"), [
+    ("kill", {"nod": "n1"}, "fault kill: unknown parameter 'nod'; allowed: node"),
+    ("kill", {"node": "n7"}, "fault kill: node 'n7' is not one of"),
+    ("kill", {"node": 1}, "fault kill: node expects str, got 1"),
+    ("partition", {"shape": "triangle"}, "fault partition: shape 'triangle' is not allowed; use one of isolate"),
+    ("partition", {"mode": "blackhole"}, "fault partition: mode 'blackhole' is not allowed; use one of drop, refuse"),
+    ("degrade", {"type": "reset_peer"}, "fault degrade: type 'reset_peer' is not allowed"),
+    ("degrade", {"links": "everything"}, "fault degrade: links 'everything' is not allowed; use one of peers"),
+    ("degrade", {"stream": "sideways"}, "fault degrade: stream 'sideways' is not allowed"),
+    ("degrade", {"toxicity": "half"}, "fault degrade: toxicity expects float, got 'half'"),
+    ("degrade", {"attributes": [1]}, "fault degrade: attributes expects dict"),
+    ("degrade", {"node": "n9"}, "degrade: node 'n9' is not one of"),
+    ("power-loss", {"torn": "yes"}, "fault power-loss: torn expects bool, got 'yes'"),
+    ("power-loss", {"torn": True, "torn_seed": True}, "fault power-loss: torn_seed expects int, got True"),
+    ("rolling-restart", {"order": ["n1", "n8"]}, "fault rolling-restart: order names ['n8']"),
+])
+def test_fault_parameters_are_checked_when_planning(faults: Mapping[str, type[Fault]], fault: str,
+                                                    params: dict[str, Any], needle: str) -> None:
+    sc = scenario({"schedule": [{"at": 1, "fault": fault, "params": params}]})
+    with pytest.raises(ScenarioError) as e:
+        plan(sc, faults, NODES3)
+    assert needle in str(e.value)
+
+
+def test_valid_parameters_pass(faults: Mapping[str, type[Fault]]) -> None:
+    sc = scenario({"schedule": [
+        {"at": 1, "fault": "degrade", "params": {"toxicity": 1, "type": "bandwidth", "attributes": {"rate": 8}}},
+        {"at": 2, "fault": "power-loss", "params": {"torn": True, "node": "n2"}},
+        {"at": 3, "fault": "rolling-restart", "params": {"order": ["n3", "n1", "n2"]}},
+    ]})
+    p = plan(sc, faults, NODES3)
+    assert p.steps[0].params["toxicity"] == 1.0 and p.steps[0].params["attributes"] == {"rate": 8}
+    assert isinstance(p.steps[1].params["torn_seed"], int)
+    assert p.steps[2].params == {"order": ["n3", "n1", "n2"]}
+
+
+# -- running a plan and replaying it from the history --------------------------------------------
+
+
+class Mark(Fault):
+    """A fault kind that only remembers what it was asked to do (stands in for Docker and Toxiproxy)."""
+
+    name = "mark"
+    params_schema = {"node": str, "fail": bool}
+    log: list[tuple[str, str]] = []
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        return {"node": params.get("node") or rng.choice(list(nodes)), "fail": bool(params.get("fail", False))}
+
+    def apply(self) -> dict[str, Any]:
+        Mark.log.append(("apply", self.params["node"]))
+        if self.params["fail"]:
+            raise OSError("link already cut")
+        return {"marked": self.params["node"]}
+
+    def heal(self) -> dict[str, Any]:
+        Mark.log.append(("heal", self.params["node"]))
+        return {"unmarked": self.params["node"]}
+
+
+class NodesOnly:
+    """The one thing a FaultContext reads from a cluster when faults do not touch Docker."""
+
+    class topology:  # noqa: N801 - mirrors Cluster.topology
+        nodes = tuple(NODES3)
+
+
+def _run(p: Plan, path: Path, duration: float, final_heal: Any = lambda: {"reset": True}) -> list[dict[str, Any]]:
+    Mark.log.clear()
+    rec = Recorder(path)
+    ops: list[dict[str, Any]] = []
+    nem = Nemesis(p, {"mark": Mark}, FaultContext(NodesOnly()), rec, settle=0.0, final_heal=final_heal,
+                  on_fault=ops.append)
+    try:
+        asyncio.run(nem(duration))
+    finally:
+        rec.close()
+    return ops
+
+
+def test_nemesis_applies_heals_and_records_then_replay_reproduces_it(tmp_path: Path) -> None:
+    sc = scenario({"schedule": [
+        {"at": 0.05, "fault": "mark", "params": {"node": "n2"}, "hold": 0.1},
+        {"at": 0.2, "fault": "mark", "params": {"node": "n3", "fail": True}, "hold": 0.05},
+        {"at": 0.3, "fault": "mark", "params": {"node": "n1"}},  # healed only by the final heal
+    ]}, duration=1)
+    p = plan(sc, {"mark": Mark}, NODES3)
+    ops = _run(p, tmp_path / "h.jsonl", duration=0.4)
+    assert Mark.log == [("apply", "n2"), ("heal", "n2"), ("apply", "n3"), ("heal", "n3"), ("apply", "n1"),
+                        ("heal", "n1")]
+    assert [(o["f"], o["type"]) for o in ops] == [
+        ("mark", "ok"), ("heal", "ok"), ("mark", "info"), ("heal", "ok"), ("mark", "ok"), ("heal", "ok"),
+        ("heal", "ok")]
+    assert "link already cut" in ops[2]["error"]
+    assert json.loads(ops[0]["value"])["done"] == {"marked": "n2"}
+    assert json.loads(ops[-1]["value"])["final"] is True
+    records = list(read_jsonl(tmp_path / "h.jsonl"))
+    assert all(r["process"] == "nemesis" for r in records)
+    assert [r["node"] for r in records if r["f"] == "mark" and r["type"] == "invoke"] == ["n2", "n3", "n1"]
+
+    replay = plan_from_history(tmp_path / "h.jsonl")
+    assert [(s.fault_id, s.kind, s.params) for s in replay.steps] == [
+        (s.fault_id, s.kind, s.params) for s in p.steps]
+    for want, got in zip(p.steps, replay.steps, strict=True):
+        assert want.at <= got.at < want.at + 0.08, (want, got)
+    assert replay.steps[0].hold is not None and 0.1 - 0.02 < replay.steps[0].hold < 0.1 + 0.08
+    assert replay.steps[1].hold is not None and 0.05 - 0.02 < replay.steps[1].hold < 0.05 + 0.08
+    assert replay.steps[2].hold is None  # the final heal is not part of the schedule
+
+    # The replayed plan runs the same faults again.
+    ops2 = _run(replay, tmp_path / "h2.jsonl", duration=0.4)
+    assert [(o["f"], o["type"]) for o in ops2] == [(o["f"], o["type"]) for o in ops]
+
+
+def test_plan_from_a_history_without_faults(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "h.jsonl")
+    rec.invoke("p1", "publish", value="p1:1").ok()
+    rec.close()
+    assert plan_from_history(tmp_path / "h.jsonl").steps == []
+
+
+def test_failed_final_heal_is_recorded_and_raised(tmp_path: Path) -> None:
+    def broken() -> dict[str, Any]:
+        raise OSError("sidecar gone")
+
+    p = Plan([PlannedFault("f1", 0.0, None, "mark", {"node": "n1", "fail": False})])
+    with pytest.raises(FaultError, match="final heal failed: sidecar gone"):
+        _run(p, tmp_path / "h.jsonl", duration=0.05, final_heal=broken)
+    last = list(read_jsonl(tmp_path / "h.jsonl"))[-1]
+    assert (last["f"], last["type"]) == ("heal", "info") and "sidecar gone" in last["error"]
+    assert Mark.log == [("apply", "n1"), ("heal", "n1")]
