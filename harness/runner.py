@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import signal
 import time
@@ -80,6 +81,7 @@ class Run:
             "plugins": self.host.describe(),
         })
         self.host.run_started(self)
+        log_handler = _log_to(self.dir.path / "harness.log")
         recorder = Recorder(self.dir.history_jsonl)
         client = docker_client()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -99,6 +101,8 @@ class Run:
         finally:
             signal.signal(signal.SIGTERM, previous)
             recorder.close()
+            logging.getLogger().removeHandler(log_handler)
+            log_handler.close()
         results = self.check()
         results["workload"] = workload
         results["timings"] = self.timings
@@ -211,6 +215,18 @@ def render_report(run_dir: RunDir, results: dict[str, Any]) -> Path | None:
         return None
     path = render(run_dir.path, results)
     return Path(path)
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """Library logs (aiormq's connection errors, asyncio) go to the run directory, not the terminal:
+    the history already records each failure as an operation."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    return handler
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite, Docker and Spark tests included (they are the point of the project).
+# Quick local loop without them: python3 -m pytest -m "not docker and not spark"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pytest -p no:cacheprovider --alluredir=allure-results "$@"
+status=$?
+brokerchaos -q down >/dev/null 2>&1 || true
+if [ "$status" = 5 ]; then
+  echo "no tests were collected" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,59 @@
+"""Helpers for end-to-end runs: the real CLI, real Docker, a private run store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class CliRun:
+    def __init__(self, proc: subprocess.CompletedProcess[str], store: Path) -> None:
+        self.proc = proc
+        self.store = store
+
+    @property
+    def code(self) -> int:
+        return self.proc.returncode
+
+    @property
+    def run_dir(self) -> Path:
+        return (self.store / "latest").resolve()
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "results.json").read_text())
+
+    def explain(self) -> str:
+        return f"exit {self.code}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
+
+
+@pytest.fixture
+def brokerchaos(tmp_path: Path):  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+
+    def run(*args: str, timeout: float = 900) -> CliRun:
+        env = {**os.environ, "BROKERCHAOS_STORE": str(store)}
+        proc = subprocess.run(["brokerchaos", *args], capture_output=True, text=True, timeout=timeout,
+                              env=env, cwd=REPO)
+        return CliRun(proc, store)
+
+    return run
+
+
+def labelled(run_id: str | None = None) -> dict[str, list[str]]:
+    import docker
+
+    client = docker.from_env()
+    flt = ["brokerchaos.project=brokerchaos"] + ([f"brokerchaos.run={run_id}"] if run_id else [])
+    return {
+        "containers": [c.name for c in client.containers.list(all=True, filters={"label": flt})],
+        "networks": [n.name for n in client.networks.list(filters={"label": flt})],
+        "volumes": [v.name for v in client.volumes.list(filters={"label": flt})],
+    }

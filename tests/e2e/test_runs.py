@@ -1,0 +1,79 @@
+"""End-to-end runs of the CLI against real clusters (Docker), as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, labelled
+
+pytestmark = [pytest.mark.docker, pytest.mark.chaos]
+
+
+def test_reference_smoke_is_durable(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/smoke.yaml", "--duration", "8")
+    assert r.code == 0, r.explain()
+    res = r.results
+    c = res["counts"]
+    assert res["valid"] is True and c["lost"] == 0 and c["unexpected"] == 0
+    assert c["confirmed"] > 500, "the workload barely ran"
+    assert c["consumed_unique"] == c["confirmed"] + c["recovered"]
+    assert (r.run_dir / "report.html").exists()
+    assert (r.run_dir / "history.parquet").exists()
+    assert (r.run_dir / "nodes" / "n1" / "broker.log").exists()
+    assert "report" in r.proc.stdout and "durable" in r.proc.stdout
+
+
+def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/rabbitmq-smoke.yaml", "--duration", "10")
+    assert r.code == 0, r.explain()
+    c = r.results["counts"]
+    assert c["lost"] == 0 and c["confirmed"] > 500
+    # The clients used all three members of the cluster.
+    import json
+
+    nodes = set()
+    with (r.run_dir / "history.jsonl").open() as fh:
+        for line in fh:
+            op = json.loads(line)
+            if op["f"] in ("publish", "consume") and op["type"] == "ok":
+                nodes.add(op["node"])
+    assert nodes == {"n1", "n2", "n3"}
+
+
+def test_analyze_rechecks_a_stored_run(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/smoke.yaml", "--duration", "4")
+    assert r.code == 0, r.explain()
+    before = r.results["counts"]
+    a = brokerchaos("analyze", str(r.run_dir))
+    assert a.code == 0, a.explain()
+    assert r.results["counts"] == before
+
+
+def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
+    proc = subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "120"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_id = None
+    deadline = time.monotonic() + 300
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        m = re.search(r"network (bc-[0-9a-f]+)", line)
+        if m:
+            run_id = m.group(1)
+        if "workload" in line and "producers" in line:
+            break
+        assert time.monotonic() < deadline, "the run did not reach the workload"
+    assert run_id is not None
+    assert labelled(run_id)["containers"], "the run had started containers"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode == 130
+    assert labelled(run_id) == {"containers": [], "networks": [], "volumes": []}

@@ -1,0 +1,35 @@
+"""The harness must catch what it claims to catch (reference/faults.md, "Validating the faults").
+
+A broker configured with async flush must lose confirmed messages under power
+loss and must not under a plain crash; with sync flush it must lose none under
+either. If these fail, the fault or the checker is wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.chaos]
+
+
+def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/power-loss-async.yaml")
+    assert r.code == 1, r.explain()
+    res = r.results
+    assert res["valid"] is False and res["counts"]["lost"] > 0
+    kinds = {row["fault_kind"] for row in res["attribution"]["rows"]}
+    assert kinds == {"power-loss"}, res["attribution"]["rows"]
+
+
+def test_sync_flush_loses_nothing_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/power-loss.yaml")
+    assert r.code == 0, r.explain()
+    c = r.results["counts"]
+    assert c["lost"] == 0 and c["confirmed"] > 1000
+
+
+def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/crash-async.yaml")
+    assert r.code == 0, r.explain()
+    c = r.results["counts"]
+    assert c["lost"] == 0 and c["confirmed"] > 1000
