@@ -188,6 +188,12 @@ def test_bad_input_closes_only_that_connection(seeded: InProcessNode, stage: str
     bystander.close()
     assert _stored(seeded) == before
     _still_serving(seeded)
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", seeded.port))
+    ch = conn.channel()
+    got = [ch.basic_get("keep", auto_ack=True) for _ in range(10)]
+    assert [b for _m, _p, b in got] == [f"k{i}".encode() for i in range(10)]  # same bodies, same order
+    assert not any(m.redelivered for m, _p, _b in got)  # never handed out by the bad connection
+    conn.close()
 
 
 def test_wrong_protocol_header_gets_ours_back(node: InProcessNode) -> None:
