@@ -66,6 +66,8 @@ def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481)
                 svc["devices"] = list(c.devices)
             if c.cap_add:
                 svc["cap_add"] = list(c.cap_add)
+            if c.security_opt:  # the FUSE mount is refused under Docker's default AppArmor profile
+                svc["security_opt"] = list(c.security_opt)
         services[c.service] = svc
     volumes = {v: {"labels": {"brokerchaos.project": "brokerchaos"}}
                for c in topology.containers for v in c.volumes}
