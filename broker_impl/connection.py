@@ -235,7 +235,9 @@ class Connection(Actor):
         if channel is None:
             if isinstance(frame, commands.Channel.Open):
                 if ch > self.channel_max:
-                    raise ConnectionError_(CHANNEL_ERROR, f"channel {ch} exceeds channel_max {self.channel_max}")
+                    raise ConnectionError_(
+                        NOT_ALLOWED, f"channel number {ch} exceeds the negotiated channel_max ({self.channel_max})"
+                    )
                 self.channels[ch] = Channel(self, ch)
                 self.send_method(ch, commands.Channel.OpenOk())
                 return

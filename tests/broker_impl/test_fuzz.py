@@ -16,6 +16,7 @@ from broker_impl.codec import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
     FRAME_ERROR,
+    NOT_ALLOWED,
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
     AMQPError,
@@ -174,6 +175,7 @@ _CONTENT_HEADER = header.ContentHeader(0, 3, commands.Basic.Properties())
         ("open", frame.marshal(commands.Queue.Declare(queue="x"), 0), COMMAND_INVALID),  # channel method on 0
         ("channel", frame.marshal(commands.Connection.Open("/"), 1), COMMAND_INVALID),  # connection method on 1
         ("channel", frame.marshal(commands.Channel.Open(), 1), CHANNEL_ERROR),  # second open
+        ("open", frame.marshal(commands.Channel.Open(), 3000), NOT_ALLOWED),  # beyond channel_max
     ],
 )
 def test_bad_input_closes_only_that_connection(seeded: InProcessNode, stage: str, payload: bytes, code: int) -> None:
