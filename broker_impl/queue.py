@@ -156,13 +156,15 @@ class Queue(Actor):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            handled = 0
             while self._inbox:
                 ticket, message, sender, on_done = self._inbox.popleft()
                 if sender is not None:
                     self.flow_ack(sender, self.link_spec)
                 self._start_write(ticket, message, on_done)
-                if len(self._inbox) and len(self._writes) % 256 == 0:
-                    await asyncio.sleep(0)  # let deliveries and other queues run
+                handled += 1
+                if handled % 256 == 0:
+                    await asyncio.sleep(0)  # let deliveries, readers and other queues run
 
     def _start_write(self, ticket: int, message: Message, on_done: ConfirmCallback | None) -> None:
         to_store = self.bq.durable and message.persistent
