@@ -1,0 +1,223 @@
+"""Workload scheduling: pacing, who talks to which node, the stats, and the run/stop/drain order."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import types
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import workload
+from harness.history import Recorder, read_jsonl
+from harness.scenario import WorkloadSection
+from harness.workload import RateLimiter, WorkloadStats, assignments, queue_names, run_workload
+
+
+class FakeClock:
+    """``time.monotonic`` and ``asyncio.sleep`` for the limiter: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    c = FakeClock()
+    monkeypatch.setattr(workload, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    monkeypatch.setattr(workload, "asyncio", types.SimpleNamespace(sleep=c.sleep))
+    return c
+
+
+def run_now(coro: Coroutine[Any, Any, Any]) -> None:
+    """Drive a coroutine that never really suspends (the fake sleep returns at once)."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    raise AssertionError("the coroutine suspended")
+
+
+def permits(limiter: RateLimiter, clock: FakeClock, n: int, work: float = 0.0) -> list[float]:
+    times = []
+    for _ in range(n):
+        run_now(limiter.wait())
+        times.append(round(clock.now - 1000.0, 9))
+        clock.now += work
+    return times
+
+
+def test_permits_are_evenly_spaced(clock: FakeClock) -> None:
+    times = permits(RateLimiter(100), clock, 6)
+    assert times == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04, 0.05])
+
+
+def test_spacing_counts_the_callers_own_work(clock: FakeClock) -> None:
+    times = permits(RateLimiter(10), clock, 4, work=0.03)
+    assert times == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert clock.sleeps == pytest.approx([0.07, 0.07, 0.07])
+
+
+def test_no_catch_up_burst_after_a_stall(clock: FakeClock) -> None:
+    lim = RateLimiter(100)
+    run_now(lim.wait())
+    clock.now += 2.0  # the producer was blocked (flow control, a partition) for 2 s
+    times = permits(lim, clock, 3)
+    assert times == pytest.approx([2.0, 2.01, 2.02])  # not 200 permits at once
+
+
+def test_unlimited_rate_never_sleeps(clock: FakeClock) -> None:
+    permits(RateLimiter(0), clock, 100)
+    assert clock.sleeps == []
+
+
+def test_real_clock_rate_is_roughly_kept() -> None:
+    async def go() -> float:
+        lim = RateLimiter(200)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for _ in range(21):
+            await lim.wait()
+        return loop.time() - t0
+
+    elapsed = asyncio.run(go())
+    assert 0.09 <= elapsed < 0.6  # 20 gaps of 5 ms, generous for a busy machine
+
+
+def test_queue_names() -> None:
+    assert queue_names(WorkloadSection(queues=3, queue_prefix="q")) == ["q-1", "q-2", "q-3"]
+
+
+@pytest.mark.parametrize(("producers", "consumers", "queues", "nodes"), [(3, 3, 1, 3), (6, 4, 2, 3), (5, 5, 5, 5),
+                                                                           (2, 2, 1, 1)])
+def test_assignments_spread_over_nodes_and_queues(producers: int, consumers: int, queues: int, nodes: int) -> None:
+    w = WorkloadSection(producers=producers, consumers=consumers, queues=queues)
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    a = assignments(w, names, seed=3)
+    assert sorted(a) == sorted([f"p{i}" for i in range(1, producers + 1)] + [f"c{i}" for i in range(1, consumers + 1)])
+    for role, count in (("p", producers), ("c", consumers)):
+        per_node = collections.Counter(node for proc, (_q, node) in a.items() if proc.startswith(role))
+        assert set(per_node) <= set(names)
+        if count >= nodes:
+            assert set(per_node) == set(names)
+        assert max(per_node.values()) - min(per_node.values() or [0]) <= 1 or len(per_node) < nodes
+        per_queue = collections.Counter(q for proc, (q, _n) in a.items() if proc.startswith(role))
+        if count >= queues:
+            assert set(per_queue) == set(queue_names(w))
+    if nodes > 1:
+        for i in range(1, min(producers, consumers) + 1):
+            assert a[f"p{i}"][1] != a[f"c{i}"][1], "producer and consumer of one queue share a node"
+
+
+def test_assignments_are_seeded() -> None:
+    w = WorkloadSection(producers=5, consumers=5)
+    nodes = ["n1", "n2", "n3", "n4", "n5"]
+    assert assignments(w, nodes, 1) == assignments(w, nodes, 1)
+    assert len({str(assignments(w, nodes, s)) for s in range(10)}) > 1
+
+
+def test_stats_as_dict() -> None:
+    s = WorkloadStats(started=10.0, stopped=12.0, cpu_seconds=0.5, published_ok=90, published_fail=4,
+                      published_info=6, consumed=100, reconnects=2, drained={"chaos-1": 3})
+    d = s.as_dict()
+    assert d == {"wall_seconds": 2.0, "driver_cpu_seconds": 0.5, "messages_published_ok": 90,
+                 "messages_published_fail": 4, "messages_published_info": 6, "messages_consumed": 100,
+                 "reconnects": 2, "ops_per_second": 100.0, "driver_capacity_ops_per_cpu_second": 400.0,
+                 "driver_cpu_share": 0.25}
+    assert WorkloadStats().as_dict()["driver_capacity_ops_per_cpu_second"] is None
+
+
+class MemoryDriver:
+    """A driver over in-process queues: the scheduler's contract without a broker."""
+
+    def __init__(self, recorder: Recorder, rate: float) -> None:
+        self.recorder = recorder
+        self.rate = rate
+        self.queues: dict[str, collections.deque[str]] = {}
+        self.events: list[str] = []
+
+    async def setup(self, queues: Sequence[str]) -> None:
+        self.queues = {q: collections.deque() for q in queues}
+        self.events.append("setup")
+
+    async def produce(self, process: str, queue: str, ids: Any, stop: asyncio.Event) -> None:
+        lim = RateLimiter(self.rate)
+        seq = 0
+        while not stop.is_set():
+            await lim.wait()
+            seq += 1
+            op = self.recorder.invoke(process, "publish", node="n1", queue=queue, value=f"{process}:{seq}")
+            self.queues[queue].append(f"{process}:{seq}")
+            op.ok()
+        self.events.append(f"{process} stopped")
+
+    async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+            if self.queues[queue]:
+                op = self.recorder.invoke(process, "consume", node="n2", queue=queue)
+                op.ok(self.queues[queue].popleft())
+        self.events.append(f"{process} stopped")
+
+    async def drain(self, process: str, queue: str) -> int:
+        self.events.append(f"drain {queue}")
+        n = 0
+        while self.queues[queue]:
+            self.recorder.invoke(process, "consume", queue=queue).ok(self.queues[queue].popleft())
+            n += 1
+        return n
+
+
+def test_run_workload_runs_stops_heals_and_drains(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "h.jsonl")
+    w = WorkloadSection(producers=2, consumers=1, queues=2, duration=0.3, rate=100, confirm_timeout=1)
+    driver = MemoryDriver(rec, rate=50)
+    nemesis_calls: list[str] = []
+
+    async def nemesis(duration: float) -> None:
+        nemesis_calls.append(f"start {duration}")
+        await asyncio.sleep(duration + 0.1)  # the final heal and the settle outlast the producers
+        nemesis_calls.append("healed")
+        driver.events.append("nemesis healed")
+
+    stats = asyncio.run(run_workload(driver, w, ["n1", "n2", "n3"], 7, rec, nemesis=nemesis))
+    rec.close()
+    assert nemesis_calls == ["start 0.3", "healed"]
+    ev = driver.events
+    assert ev[0] == "setup"
+    # Producers stop, the nemesis heals, consumers stop, then every queue is drained.
+    assert ev.index("p1 stopped") < ev.index("nemesis healed") < ev.index("c1 stopped") < ev.index("drain chaos-1")
+    records = list(read_jsonl(tmp_path / "h.jsonl"))
+    published = [r for r in records if r["f"] == "publish" and r["type"] == "ok"]
+    consumed = [r for r in records if r["f"] == "consume" and r["type"] == "ok"]
+    assert stats.published_ok == len(published) > 10
+    assert sorted(r["value"] for r in consumed) == sorted(r["value"] for r in published)  # all drained
+    assert sum(stats.drained.values()) + stats.consumed - len([r for r in consumed if r["process"].startswith("d")]) \
+        == len(published)
+    assert set(stats.drained) == {"chaos-1", "chaos-2"}
+    assert stats.stopped - stats.started >= 0.4
+    assert stats.as_dict()["messages_published_ok"] == len(published)
+
+
+def test_a_failing_drain_is_reported_not_raised(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "h.jsonl")
+
+    class BrokenDrain(MemoryDriver):
+        async def drain(self, process: str, queue: str) -> int:
+            raise ConnectionError("node gone")
+
+    w = WorkloadSection(producers=1, consumers=0, duration=0.1)
+    stats = asyncio.run(run_workload(BrokenDrain(rec, 100), w, ["n1"], 0, rec))
+    rec.close()
+    assert stats.drained == {"chaos-1": "error: node gone"}
