@@ -1,0 +1,150 @@
+"""Combining checker verdicts on a stored run (no Docker), and the exit status they map to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness import hookimpl
+from harness.history import Recorder
+from harness.host import Host
+from harness.runner import EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN, check_run, exit_code
+from harness.store import RunDir
+
+Checker = Callable[..., dict[str, Any]]
+
+
+class CheckerPlugin:
+    """Registers the given checkers through the same hook as spark_reports."""
+
+    def __init__(self, table: dict[str, Checker]) -> None:
+        self.table = table
+
+    @hookimpl
+    def brokerchaos_register_checkers(self, register: Any) -> None:
+        for name, fn in self.table.items():
+            register.add_checker(name, fn)
+
+
+def verdict(valid: Any, **extra: Any) -> Checker:
+    def check(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+        assert (run_dir / "history.parquet").exists(), "checkers read the Parquet history"
+        return {"valid": valid, "verdict": str(valid), "counts": {"attempted": 1}, **extra}
+    return check
+
+
+def boom(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    raise ValueError("column missing")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> RunDir:
+    rd = RunDir.create(tmp_path, "s")
+    rec = Recorder(rd.history_jsonl)
+    rec.invoke("p1", "publish", queue="q", value="p1:1").ok()
+    rec.close()
+    return rd
+
+
+def host_with(table: dict[str, Checker]) -> Host:
+    h = Host.load(entry_points=False)
+    h.register(CheckerPlugin(table), "fake-checkers")
+    return h
+
+
+@pytest.mark.parametrize(("valids", "want"), [
+    ([True], True),
+    ([False], False),
+    (["unknown"], "unknown"),
+    ([True, True], True),
+    ([True, False], False),
+    ([False, "unknown"], False),
+    (["unknown", False], False),
+    ([True, "unknown"], "unknown"),
+    ([True, None], "unknown"),
+    ([True, "true"], "unknown"),  # only the boolean True counts as valid
+])
+def test_combination_rules(run_dir: RunDir, valids: list[Any], want: Any) -> None:
+    table = {f"c{i}": verdict(v) for i, v in enumerate(valids)}
+    res = check_run(host_with(table), run_dir, {"name": "s"}, list(table))
+    assert res["valid"] == want
+    assert list(res["checkers"]) == list(table)
+    for name, v in zip(table, valids, strict=True):
+        assert res["checkers"][name]["valid"] == v
+
+
+def test_a_checker_that_raises_is_unknown_with_the_error(run_dir: RunDir) -> None:
+    res = check_run(host_with({"ok": verdict(True), "boom": boom}), run_dir, {}, ["ok", "boom"])
+    assert res["valid"] == "unknown"
+    assert res["checkers"]["boom"] == {"valid": "unknown", "verdict": "unknown", "counts": None,
+                                       "error": "ValueError: column missing", "engine": None}
+    assert res["counts"] == {"attempted": 1}  # the first checker's detail is the combined result's
+    res = check_run(host_with({"boom": boom, "bad": verdict(False)}), run_dir, {}, ["boom", "bad"])
+    assert res["valid"] is False
+
+
+def test_the_history_is_converted_and_phases_reported(run_dir: RunDir) -> None:
+    phases: list[str] = []
+
+    def phase(name: str, fn: Callable[[], Any]) -> Any:
+        phases.append(name)
+        return fn()
+
+    check_run(host_with({"a": verdict(True), "b": verdict(True)}), run_dir, {}, ["a", "b"], phase=phase)
+    assert phases == ["history", "check", "check"]
+    assert pq.read_table(run_dir.history_parquet).num_rows == 2
+
+
+def test_the_spark_checker_gets_the_master(run_dir: RunDir) -> None:
+    seen: list[Any] = []
+
+    def spark(run_dir: Path, scenario: dict[str, Any], spark_master: str | None = None) -> dict[str, Any]:
+        seen.append(spark_master)
+        return {"valid": True, "engine": "spark"}
+
+    res = check_run(host_with({"spark": spark}), run_dir, {}, ["spark"], spark_master="spark://h:7077")
+    assert seen == ["spark://h:7077"]
+    assert res["checkers"]["spark"]["engine"] == "spark"
+
+
+def test_scenario_is_passed_through(run_dir: RunDir) -> None:
+    seen: list[Any] = []
+
+    def spy(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+        seen.append(scenario)
+        return {"valid": True}
+
+    check_run(host_with({"spy": spy}), run_dir, {"name": "x", "seed": 3}, ["spy"])
+    assert seen == [{"name": "x", "seed": 3}]
+
+
+def test_python_checker_on_a_stored_run(tmp_path: Path, host: Host) -> None:
+    """The shipped pure-Python checker through check_run: a confirmed message never consumed is lost."""
+    for consumed, want in ((True, True), (False, False)):
+        rd = RunDir.create(tmp_path, f"s{consumed}")
+        rec = Recorder(rd.history_jsonl)
+        rec.invoke("p1", "publish", node="n1", queue="chaos-1", value="p1:1").ok()
+        drain = rec.invoke("d1", "drain", node="n1", queue="chaos-1", value={})
+        if consumed:
+            rec.invoke("d1", "consume", node="n1", queue="chaos-1").ok("p1:1", redelivered=False)
+        drain.ok({"consumed": int(consumed)})
+        rec.close()
+        res = check_run(host, rd, {"name": "s", "checkers": ["python"]}, ["python"])
+        assert res["valid"] is want, res
+
+
+@pytest.mark.parametrize(("results", "code"), [
+    ({"valid": True}, EXIT_DURABLE),
+    ({"valid": False}, EXIT_FAILED),
+    ({"valid": "unknown"}, EXIT_UNKNOWN),
+    ({"valid": None}, EXIT_UNKNOWN),
+    ({}, EXIT_UNKNOWN),
+    ({"valid": 1}, EXIT_UNKNOWN),
+])
+def test_exit_code(results: dict[str, Any], code: int) -> None:
+    assert exit_code(results) == code
+    assert (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN) == (0, 1, 3)
