@@ -108,7 +108,13 @@ class Channel(Actor):
             while self.state != "closed":
                 await self._wake.wait()
                 self._wake.clear()
+                handled = 0
                 while self._inbox and self.state != "closed":
+                    handled += 1
+                    if handled % 256 == 0:
+                        await asyncio.sleep(0)  # a long inbox must not starve the loop
+                        if not self._inbox or self.state == "closed":
+                            break
                     method, props, body = self._inbox.popleft()
                     if props is not None:
                         self.flow_ack(self.conn, self.conn.broker.link_spec)
