@@ -108,8 +108,8 @@ class Topology:
 
 def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: Mapping[str, Any],
                    broker_image: str, proxy_image: str, lazyfs: bool = False,
-                   host_ports: Mapping[str, int] | None = None, api_host_ports: Mapping[str, int] | None = None,
-                   compose: bool = False) -> Topology:
+                   host_ports: Mapping[str, int] | None = None,
+                   api_host_ports: Mapping[str, int] | None = None) -> Topology:
     """The containers, volumes and proxies of one cluster."""
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id}
@@ -125,7 +125,9 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
         for j, peer in enumerate(names, start=1):
             if peer == name:
                 continue
-            upstream_host = peer if compose else f"{run_id}-{peer}"
+            # The peer's sidecar by container name: its host name would resolve, through
+            # this namespace's hosts file, back to this very proxy.
+            upstream_host = f"{run_id}-{peer}"
             for port in plugin.peer_ports_for(j):
                 links.append(ProxySpec(name=f"{name}_to_{peer}_{port}", listen=f"{peer_address(j)}:{port}",
                                        upstream=f"{upstream_host}:{port}", src=name, dst=peer, port=port))

@@ -33,7 +33,8 @@ HEADER = """\
 def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481) -> str:
     services: dict[str, Any] = {}
     for c in topology.containers:
-        svc: dict[str, Any] = {"image": c.image.rsplit(":", 1)[0] + ":latest", "labels": dict(c.labels)}
+        svc: dict[str, Any] = {"image": c.image.rsplit(":", 1)[0] + ":latest", "container_name": c.name,
+                               "labels": dict(c.labels)}
         if c.role == "proxy":
             idx = topology.nodes.index(c.node)
             proxies = [p.as_dict() for p in topology.proxies[c.node]]
@@ -85,5 +86,5 @@ def default_compose() -> str:
     settings = plugin.validate_settings({})
     topology = build_topology(plugin, run_id="brokerchaos", nodes=3, settings=settings,
                               broker_image="brokerchaos/reference:latest",
-                              proxy_image="brokerchaos/toxiproxy:latest", compose=True)
+                              proxy_image="brokerchaos/toxiproxy:latest")
     return render(topology)
