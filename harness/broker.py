@@ -130,7 +130,8 @@ class BrokerPlugin:
         for key, (default, allowed) in self.settings_schema.items():
             value = settings.get(key, default)
             if isinstance(allowed, type):
-                if not isinstance(value, allowed):
+                # bool is an int to Python, never to a scenario author (``heartbeat: true``).
+                if not isinstance(value, allowed) or (allowed is not bool and isinstance(value, bool)):
                     raise ScenarioError(f"broker.settings.{key}: expected {allowed.__name__}, got {value!r}")
             elif allowed is not None and value not in allowed:
                 raise ScenarioError(

@@ -18,7 +18,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness import BrokerPlugin, ClusterError, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, hookimpl
+from harness import (
+    BrokerPlugin,
+    ClusterError,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    ScenarioError,
+    hookimpl,
+)
 
 __version__ = "0.1.0"
 
@@ -119,6 +128,25 @@ class RabbitMQ(BrokerPlugin):
                                   json.dumps(policy), "--apply-to", "queues"], timeout=30)
             if rc != 0:
                 raise ClusterError(f"set_policy failed: {out.strip()[-300:]}")
+
+    def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""
+        out = super().validate_settings(settings)
+        mode, params = out["ha_mode"], out["ha_params"]
+        if mode == "exactly" and (isinstance(params, bool) or not isinstance(params, int) or params < 1):
+            raise ScenarioError(f"broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got {params!r}")
+        if mode == "nodes" and (not isinstance(params, list) or not params
+                                or not all(isinstance(n, str) for n in params)):
+            raise ScenarioError("broker.settings.ha_params: ha_mode 'nodes' needs a list of node names "
+                                f"such as ['rabbit@n1', 'rabbit@n2'], got {params!r}")
+        if mode in (None, "all") and params is not None:
+            raise ScenarioError(f"broker.settings.ha_params: not used with ha_mode {mode!r}; remove it")
+        if mode is not None and out["queue_type"] == "quorum":
+            raise ScenarioError("broker.settings.ha_mode: quorum queues are not mirrored by policy; "
+                                "remove ha_mode or use queue_type 'classic'")
+        if out["net_ticktime"] < 1:
+            raise ScenarioError(f"broker.settings.net_ticktime: {out['net_ticktime']} is out of range; allowed >= 1")
+        return out
 
     @staticmethod
     def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:

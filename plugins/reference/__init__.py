@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, hookimpl
+from harness import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, ScenarioError, hookimpl
 
 __version__ = "0.1.0"
 
@@ -46,6 +46,18 @@ class ReferenceBroker(BrokerPlugin):
         "heartbeat": (10, int),
     }
 
+    #: Ranges ``broker_impl`` enforces at start-up, checked here before any container starts.
+    RANGES = {"flush_interval_ms": (1, None), "segment_bytes": (4096, None), "heartbeat": (0, 65535)}
+
+    def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().validate_settings(settings)
+        for key, (lo, hi) in self.RANGES.items():
+            value = out[key]
+            if value < lo or (hi is not None and value > hi):
+                allowed = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+                raise ScenarioError(f"broker.settings.{key}: {value} is out of range; allowed {allowed}")
+        return out
+
     def image(self) -> ImageRecipe:
         return ImageRecipe(
             name="brokerchaos/reference",
@@ -63,7 +75,7 @@ class ReferenceBroker(BrokerPlugin):
             'host = "0.0.0.0"',
             f"port = {self.client_port}",
             f"data_dir = {_toml_value(self.data_dir)}",
-            f'log_file = "/var/log/brokerchaos/{node.name}.log"',
+            f"log_file = {_toml_value(f'/var/log/brokerchaos/{node.name}.log')}",
             f"control_port = {CONTROL_PORT}",
             "",
             "[limits]",

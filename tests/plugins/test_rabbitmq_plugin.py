@@ -1,0 +1,94 @@
+"""The RabbitMQ plugin's pure parts: settings, the mirroring policy, queue arguments, node specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness.broker import KNOWN_CAPABILITIES, NodeInfo
+from harness.errors import ScenarioError
+from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
+
+RMQ = RabbitMQ()
+
+
+def settings(**kw: Any) -> dict[str, Any]:
+    return RMQ.validate_settings(kw)
+
+
+def test_defaults() -> None:
+    s = settings()
+    assert s == {"queue_type": "classic", "ha_mode": None, "ha_params": None, "ha_sync_mode": "manual",
+                 "ha_promote_on_failure": "always", "ha_promote_on_shutdown": "when-synced",
+                 "partition_handling": "pause_minority", "net_ticktime": 10, "policy_pattern": "^chaos"}
+
+
+@pytest.mark.parametrize(("given", "needle"), [
+    ({"queue_type": "stream"}, "broker.settings.queue_type: 'stream' is not allowed; use one of 'classic', 'quorum'"),
+    ({"ha_mode": "some"}, "broker.settings.ha_mode: 'some' is not allowed"),
+    ({"ha_sync_mode": "auto"}, "broker.settings.ha_sync_mode: 'auto' is not allowed"),
+    ({"partition_handling": "pause_if_all_down"}, "broker.settings.partition_handling: 'pause_if_all_down'"),
+    ({"net_ticktime": "10"}, "broker.settings.net_ticktime: expected int, got '10'"),
+    ({"net_ticktime": True}, "broker.settings.net_ticktime: expected int, got True"),
+    ({"net_ticktime": 0}, "broker.settings.net_ticktime: 0 is out of range; allowed >= 1"),
+    ({"policy_pattern": 3}, "broker.settings.policy_pattern: expected str"),
+    ({"mirror": "all"}, "broker.settings.mirror: unknown setting for rabbitmq; allowed: ha_mode, "),
+    ({"ha_mode": "exactly"}, "broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got None"),
+    ({"ha_mode": "exactly", "ha_params": 0}, "ha_mode 'exactly' needs a node count >= 1, got 0"),
+    ({"ha_mode": "exactly", "ha_params": "2"}, "ha_mode 'exactly' needs a node count"),
+    ({"ha_mode": "nodes"}, "broker.settings.ha_params: ha_mode 'nodes' needs a list of node names"),
+    ({"ha_mode": "nodes", "ha_params": [1]}, "ha_mode 'nodes' needs a list of node names"),
+    ({"ha_mode": "all", "ha_params": 2}, "broker.settings.ha_params: not used with ha_mode 'all'; remove it"),
+    ({"ha_params": 2}, "broker.settings.ha_params: not used with ha_mode None"),
+    ({"queue_type": "quorum", "ha_mode": "all"}, "broker.settings.ha_mode: quorum queues are not mirrored by policy"),
+])
+def test_validate_settings_errors(given: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        RMQ.validate_settings(given)
+    assert needle in str(e.value)
+
+
+def test_policy_for_classic_mirrored_queues() -> None:
+    assert RMQ.policy(settings(ha_mode="all", ha_sync_mode="automatic")) == {
+        "ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": "always",
+        "ha-promote-on-shutdown": "when-synced"}
+    assert RMQ.policy(settings(ha_mode="exactly", ha_params=2))["ha-params"] == 2
+    assert RMQ.policy(settings(ha_mode="nodes", ha_params=["rabbit@n1", "rabbit@n2"]))["ha-params"] == [
+        "rabbit@n1", "rabbit@n2"]
+    p = RMQ.policy(settings(ha_mode="all", ha_promote_on_failure="when-synced", ha_promote_on_shutdown="always"))
+    assert p is not None
+    assert (p["ha-promote-on-failure"], p["ha-promote-on-shutdown"]) == ("when-synced", "always")
+
+
+def test_no_policy_without_mirroring() -> None:
+    assert RMQ.policy(settings()) is None
+    assert RMQ.policy(settings(queue_type="quorum")) is None
+
+
+def test_queue_arguments() -> None:
+    assert RMQ.queue_arguments(settings()) == {}
+    assert RMQ.queue_arguments(settings(ha_mode="all")) == {}
+    assert RMQ.queue_arguments(settings(queue_type="quorum")) == {"x-queue-type": "quorum"}
+
+
+def test_declaration() -> None:
+    assert RMQ.capabilities <= KNOWN_CAPABILITIES and "mirroring" in RMQ.capabilities
+    assert RMQ.data_dir.startswith("/")
+    assert [RMQ.peer_ports_for(i) for i in (1, 2, 3)] == [(4369, 25671), (4369, 25672), (4369, 25673)]
+    assert RMQ.image().debian_packages == ("rabbitmq-server",)
+
+
+def test_node_spec() -> None:
+    info = NodeInfo(name="n2", index=2, peers=("n1", "n3"), cluster="bc-1a2b3c",
+                    settings=settings(partition_handling="autoheal", net_ticktime=7))
+    spec = RMQ.node_spec(info)
+    assert list(spec.command) == ["/bin/sh", START_SCRIPT]
+    assert spec.env["RABBITMQ_NODENAME"] == "rabbit@n2"
+    assert spec.env["RABBITMQ_DIST_PORT"] == "25672"
+    assert spec.env["BROKERCHAOS_NET_TICKTIME"] == "7"
+    assert spec.env["BROKERCHAOS_COOKIE"] == "BCBC-1A2B3C"
+    conf = dict(line.split(" = ", 1) for line in spec.files[CONF].splitlines() if line)
+    assert conf["cluster_partition_handling"] == "autoheal"
+    assert conf["listeners.tcp.default"] == str(RMQ.client_port)
+    assert spec.files[START_SCRIPT].startswith("#!/bin/sh")
