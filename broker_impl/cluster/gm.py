@@ -653,6 +653,12 @@ class GmMember:
         if self._state is not None:
             for m in [m for m in self._state if m not in view.members]:
                 del self._state[m]
+            # For a sender we pass on, last_ack is the acks we saw go by; as its
+            # origin, it must be the acks that came all the way round. Those are
+            # unknown until our new left's catchup says, so start from nothing.
+            for m in view.aliases - (old.aliases if old is not None else frozenset()):
+                if m in self._state:
+                    self._state[m].last_ack = -1
         if view.alone:
             self._become_alone()
         elif self._state is not None and (old is None or old.right != view.right):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +32,12 @@ from broker_impl.cluster.gm import (
     Catchup,
     Confirm,
     Deliver,
+    Erase,
     GmMember,
     GmMessage,
     InMemoryGroupStore,
     Joined,
+    JoinRequest,
     MemberId,
     ReadGroup,
     Send,
@@ -62,6 +64,7 @@ class History:
     died_at: dict[MemberId, int] = field(default_factory=dict)
     versions: dict[MemberId, list[int]] = field(default_factory=dict)
     stopped: dict[MemberId, str] = field(default_factory=dict)
+    early_erasures: list[str] = field(default_factory=list)
 
 
 class GmSim:
@@ -94,11 +97,13 @@ class GmSim:
         self.history = History()
         self._catchups: dict[int, tuple[Catchup, int]] = {}
         self._counts: dict[MemberId, int] = {}
+        self._ask: dict[MemberId, MemberId] = {}
+        self.held: set[tuple[MemberId, MemberId]] = set()
 
     # ------------------------------------------------------------------ script operations
 
-    def spawn(self, member: MemberId) -> None:
-        """Start a new member and have it join the group."""
+    def spawn(self, member: MemberId, ask: MemberId | None = None) -> None:
+        """Start a new member and have it join the group (through ``ask``, if given, instead of a random member)."""
         if member in self.members:
             raise ValueError(f"member id {member} already used")
         gm = GmMember(self.group, member, rng=random.Random(self.rng.random()), **self.member_options)
@@ -109,6 +114,8 @@ class GmSim:
         self.history.versions[member] = []
         self.store_replies[member] = deque()
         self._counts[member] = 0
+        if ask is not None:
+            self._ask[member] = ask
         self.step += 1
         gm.tick(self.now)
         self._apply(member, gm.join())
@@ -124,8 +131,8 @@ class GmSim:
         self._apply(member, self.members[member].broadcast(payload, payload if confirm else None))
         return payload
 
-    def kill(self, member: MemberId) -> None:
-        """Crash ``member``: a random prefix of its in-flight output survives."""
+    def kill(self, member: MemberId, keep: int | None = None) -> None:
+        """Crash ``member``: a prefix of its in-flight output survives (``keep`` messages per link, or random)."""
         self.step += 1
         del self.alive[member]
         self.history.died_at[member] = self.step
@@ -134,8 +141,8 @@ class GmSim:
             if dst == member:
                 q.clear()
             elif src == member:
-                keep = self.rng.randint(0, len(q))
-                while len(q) > keep:
+                n = self.rng.randint(0, len(q)) if keep is None else min(keep, len(q))
+                while len(q) > n:
                     q.pop()
         self.store_requests = [(m, r) for m, r in self.store_requests if m != member or self.rng.random() < 0.5]
         self.store_replies[member].clear()
@@ -146,7 +153,7 @@ class GmSim:
 
     def step_once(self) -> None:
         """Run one randomly chosen enabled event."""
-        choices: list[tuple[str, Any]] = [("link", k) for k, q in self.links.items() if q]
+        choices: list[tuple[str, Any]] = [("link", k) for k, q in self.links.items() if q and k not in self.held]
         if self.store_requests:
             choices.append(("store", None))
         choices.extend(("reply", m) for m, q in self.store_replies.items() if q)
@@ -164,14 +171,7 @@ class GmSim:
             if dst in self.alive:
                 self._apply(dst, self.members[dst].receive(src, message))
         elif kind == "store":
-            member, request = self.store_requests.pop(self.rng.randrange(len(self.store_requests)))
-            if isinstance(request, ReadGroup):
-                record = self.store.read(self.group)
-            else:
-                record = self.store.update(self.group, request.op)
-            self._log(f"store {member} {request} => {record}")
-            if member in self.alive:
-                self.store_replies[member].append((request.request, record))
+            self._execute_store(self.rng.randrange(len(self.store_requests)))
         elif kind == "reply":
             req, record = self.store_replies[key].popleft()
             self._apply(key, self.members[key].store_reply(req, record))
@@ -180,6 +180,60 @@ class GmSim:
             self._log(f"{member} notified {dead} is down")
             if member in self.alive:
                 self._apply(member, self.members[member].neighbour_down(dead))
+
+    def form(self, members: Iterable[MemberId]) -> tuple[MemberId, ...]:
+        """Start members one at a time, each settling before the next; return the ring order."""
+        for m in members:
+            self.spawn(m)
+            self.settle()
+        return self.ring()
+
+    def ring(self) -> tuple[MemberId, ...]:
+        record = self.store.read(self.group)
+        return record.alive() if record is not None else ()
+
+    def in_flight(self, src: MemberId, dst: MemberId) -> list[GmMessage]:
+        return [m for _, m in self.links.get((src, dst), ())]
+
+    def deliver(self, src: MemberId, dst: MemberId, count: int = 1) -> None:
+        """Hand the next ``count`` messages on the link src -> dst to ``dst``, in order.
+
+        Store requests this causes are served at once (``serve_store``), so a
+        scripted scenario controls the links and nothing else.
+        """
+        q = self.links[(src, dst)]
+        for _ in range(count):
+            self.step += 1
+            _, message = q.popleft()
+            self._log(f"{dst} <- {src}: {message}")
+            self._apply(dst, self.members[dst].receive(src, message))
+            self.serve_store()
+
+    def serve_store(self) -> None:
+        """Execute every pending store request and hand out the answers, oldest first."""
+        while self.store_requests or any(self.store_replies[m] for m in self.alive):
+            if self.store_requests:
+                self._execute_store(0)
+            for m in list(self.alive):
+                while self.store_replies[m]:
+                    self.step += 1
+                    req, record = self.store_replies[m].popleft()
+                    self._apply(m, self.members[m].store_reply(req, record))
+
+    def advance(self, seconds: float) -> None:
+        """Let time pass and tick every alive member once (flushes buffers past their interval)."""
+        self.step += 1
+        self.now += seconds
+        for m in list(self.alive):
+            self._apply(m, self.members[m].tick(self.now))
+
+    def run_until(self, done: Callable[[], bool], max_steps: int = 20000) -> None:
+        """Run random steps until ``done()``; raise ``SimStuck`` if it takes more than ``max_steps``."""
+        for _ in range(max_steps):
+            if done():
+                return
+            self.step_once()
+        raise SimStuck(self.describe())
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
@@ -199,12 +253,9 @@ class GmSim:
         return record is not None and not record.dead
 
     def settle(self, max_steps: int = 20000) -> None:
-        """Run until quiescent; raise ``SimStuck`` if that takes more than ``max_steps``."""
-        for _ in range(max_steps):
-            if self.quiescent():
-                return
-            self.step_once()
-        raise SimStuck(self.describe())
+        """Release held links and run until quiescent; raise ``SimStuck`` if that takes more than ``max_steps``."""
+        self.held.clear()
+        self.run_until(self.quiescent, max_steps)
 
     def describe(self) -> str:
         lines = [f"step {self.step} store {self.store.read(self.group)}"]
@@ -215,6 +266,28 @@ class GmSim:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ plumbing
+
+    def _execute_store(self, index: int) -> None:
+        member, request = self.store_requests.pop(index)
+        if isinstance(request, ReadGroup):
+            record = self.store.read(self.group)
+        else:
+            if isinstance(request.op, Erase):
+                self._check_erase(request.op.members)
+            record = self.store.update(self.group, request.op)
+        self._log(f"store {member} {request} => {record}")
+        if member in self.alive:
+            self.store_replies[member].append((request.request, record))
+
+    def _check_erase(self, erased: Iterable[MemberId]) -> None:
+        """The spec: a dead member stays listed until its in-flight messages are fully acked."""
+        for gone in erased:
+            for m in self.alive:
+                window = self.members[m].windows().get(gone)
+                if window is not None and window.pending:
+                    self.history.early_erasures.append(
+                        f"{gone} erased at step {self.step} while {m} still holds {[n for n, _ in window.pending]}"
+                    )
 
     def _tick(self) -> None:
         self.now += self.rng.uniform(0.002, 0.01)
@@ -230,6 +303,8 @@ class GmSim:
         for a in actions:
             self._log(f"  {member} -> {a}")
             if isinstance(a, Send):
+                if isinstance(a.message, JoinRequest) and member in self._ask:
+                    a = Send(self._ask[member], a.message)
                 if a.to in self.alive:
                     self.links.setdefault((member, a.to), deque()).append((self.step, a.message))
                     if isinstance(a.message, Catchup):
@@ -294,6 +369,7 @@ def check(sim: GmSim) -> list[str]:
             out.append(f"{r} view versions not increasing: {versions}")
     for r, reason in h.stopped.items():
         out.append(f"{r} stopped: {reason}")
+    out.extend(h.early_erasures)
     seen_by_survivors: set[Payload] = set().union(*(h.delivered[x] for x in alive))
     for r in alive:
         got = set(h.delivered[r])
