@@ -89,13 +89,10 @@ def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
             raise ScenarioError(f"partition shape 'one-way': from and to are both {src!r}; a node always hears itself")
         return [[src, dst]], {"deaf": dst, "unheard": src}
     if shape == "custom":
-        cuts = params.get("cuts")
-        if not isinstance(cuts, list) or not all(isinstance(c, list) and len(c) == 2 for c in cuts):
+        given = params.get("cuts")
+        if not isinstance(given, list) or not all(isinstance(c, list) and len(c) == 2 for c in given):
             raise ScenarioError("partition shape 'custom' needs cuts: [[src, dst], ...]")
-        for src, dst in cuts:
-            _member(src, nodes, "cuts")
-            _member(dst, nodes, "cuts")
-        return [list(c) for c in cuts], {}
+        return [[_member(a, nodes, "cuts"), _member(b, nodes, "cuts")] for a, b in given], {}
     raise ScenarioError(f"partition: unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
 
 

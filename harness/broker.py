@@ -125,8 +125,8 @@ class BrokerPlugin:
         out: dict[str, Any] = {}
         for key in settings:
             if key not in self.settings_schema:
-                allowed = ", ".join(sorted(self.settings_schema)) or "(none)"
-                raise ScenarioError(f"broker.settings.{key}: unknown setting for {self.name}; allowed: {allowed}")
+                known = ", ".join(sorted(self.settings_schema)) or "(none)"
+                raise ScenarioError(f"broker.settings.{key}: unknown setting for {self.name}; allowed: {known}")
         for key, (default, allowed) in self.settings_schema.items():
             value = settings.get(key, default)
             if isinstance(allowed, type):

@@ -126,10 +126,10 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
         rng = random.Random(f"{scenario.seed}:schedule")
         t = rng.uniform(*rnd.every)
         while t < scenario.workload.duration:
-            hold = rng.uniform(*rnd.hold)
+            held = rng.uniform(*rnd.hold)
             kind = rng.choice(list(rnd.faults))
-            steps.append((round(t, 3), round(hold, 3), kind, rnd.params.get(kind, {})))
-            t += hold + rng.uniform(*rnd.every)
+            steps.append((round(t, 3), round(held, 3), kind, rnd.params.get(kind, {})))
+            t += held + rng.uniform(*rnd.every)
     steps.sort(key=lambda s: s[0])
     for i, (at, hold, kind, params) in enumerate(steps, start=1):
         cls = _fault_class(faults, kind)

