@@ -292,7 +292,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         unexpected=[d["id"] for d in facts.unexpected], unexpected_truncated=counts["unexpected"] > len(facts.unexpected),
         unexpected_detail=[_detail(d) for d in facts.unexpected],
         duplicated=[_detail(d) for d in facts.duplicated], recovered=[_detail(d) for d in facts.recovered],
-        order_violations=sorted(facts.order_violations, key=lambda v: v["index"]),  # type: ignore[typeddict-item]
+        order_violations=sorted(facts.order_violations, key=lambda v: v["index"]),  # type: ignore[arg-type]
         attribution={
             "drain_end_ns": drain_end,
             "rows": [AttributionRow(fault_kind=k, node=n, count=cnt)

@@ -171,7 +171,7 @@ def _availability_rows(results: Results) -> list[list[Any]]:
     rows = []
     for a in results["availability"]:
         w = by_id.get(a["window"])
-        rows.append([a["window"], a["kind"] or "-", (w or {}).get("node") or "-",
+        rows.append([a["window"], a["kind"] or "-", (w["node"] if w else None) or "-",
                      f"{w['start_ns'] / 1e9:.2f}" if w else "-", f"{w['end_ns'] / 1e9:.2f}" if w else "-",
                      ("yes" if w["healed"] else "no") if w else "-", f"{a['attempts']:,}", f"{a['confirmed']:,}",
                      "-" if a["share"] is None else f"{a['share']:.1%}"])
@@ -191,7 +191,7 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if kinds:
         names = [k["fault_kind"] for k in kinds]
-        ax.bar(names, [k["upper95"] for k in kinds], color="#90caf9", label="95% upper bound")
+        ax.bar(names, [k["upper95"] or 0.0 for k in kinds], color="#90caf9", label="95% upper bound")
         ax.scatter(names, [k["loss_rate"] or 0 for k in kinds], color="#c62828", zorder=3, label="observed rate")
         ax.set_yscale("log")
         ax.legend(fontsize=8)

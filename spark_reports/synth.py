@@ -35,7 +35,7 @@ def write_history(run_dir: Path, rows: list[dict], *, jsonl: bool = True, parque
     for r in full:
         r["schema"] = 1 if r["schema"] is None else r["schema"]
         if r["wall_time"] is None:
-            r["wall_time"] = f"1970-01-01T00:00:{r['time_ns'] / 1e9:09.6f}Z"
+            r["wall_time"] = f"1970-01-01T00:00:{int(r['time_ns'] or 0) / 1e9:09.6f}Z"
     if jsonl:
         with (run_dir / "history.jsonl").open("w") as fh:
             for r in full:
