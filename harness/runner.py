@@ -52,6 +52,8 @@ class Run:
         check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
         self.nodes = [f"n{i}" for i in range(1, scenario.broker.nodes + 1)]
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)
+        if replay is not None:
+            _check_replay(replay, self.faults, frozenset(self.plugin.capabilities), self.nodes)
         self.lazyfs = scenario.broker.lazyfs or any(s.kind == "power-loss" for s in self.plan.steps)
         if self.lazyfs and "power-loss" not in self.plugin.capabilities:
             raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare 'power-loss': "
@@ -70,6 +72,7 @@ class Run:
     # -- the run ---------------------------------------------------------------------------
 
     def execute(self) -> dict[str, Any]:
+        client = docker_client()  # before anything is written: no empty run when Docker is down
         self.dir = RunDir.create(self.store_root, self.scenario.name)
         say("run", f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
                    f"nodes={len(self.nodes)} -> {self.dir.path}")
@@ -83,7 +86,6 @@ class Run:
         self.host.run_started(self)
         log_handler = _log_to(self.dir.path / "harness.log")
         recorder = Recorder(self.dir.history_jsonl)
-        client = docker_client()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         workload: dict[str, Any] = {}
         try:
@@ -196,9 +198,10 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
         except Exception as exc:  # noqa: BLE001 - a checker that throws yields unknown, not a crash
             res = {"valid": "unknown", "verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
         per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
-        if combined is None:
+        if combined is None and "error" not in res:
             combined = dict(res)
-    assert combined is not None
+    if combined is None:  # every checker failed: report the first one's error
+        combined = {"verdict": "unknown", "error": per[checkers[0]]["error"]}
     valids = [p["valid"] for p in per.values()]
     combined["valid"] = False if False in valids else ("unknown" if any(v is not True for v in valids) else True)
     combined["checkers"] = per
@@ -215,6 +218,19 @@ def render_report(run_dir: RunDir, results: dict[str, Any]) -> Path | None:
         return None
     path = render(run_dir.path, results)
     return Path(path)
+
+
+def _check_replay(replay: Plan, faults: Any, capabilities: frozenset[str], nodes: list[str]) -> None:
+    """A replayed plan comes from a file: check it as strictly as a planned one."""
+    for step in replay.steps:
+        if step.kind not in faults:
+            raise BrokerChaosError(f"replay: the stored run used fault {step.kind!r}, which no loaded plugin provides")
+        missing = faults[step.kind].requires - capabilities
+        if missing:
+            raise BrokerChaosError(f"replay: fault {step.kind!r} needs broker capabilities {sorted(missing)}")
+        node = step.params.get("node")
+        if node is not None and node not in nodes:
+            raise BrokerChaosError(f"replay: fault {step.fault_id} targets node {node!r}, not one of {nodes}")
 
 
 def _log_to(path: Path) -> logging.Handler:
