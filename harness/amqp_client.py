@@ -71,7 +71,7 @@ class AmqpDriver:
         for node in self.nodes:
             try:
                 conn = await self._connect(node)
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 last = exc
                 continue
             try:
@@ -98,7 +98,7 @@ class AmqpDriver:
             try:
                 conn = await self._connect(node)
                 ch = await conn.channel(publisher_confirms=True)
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 await self._backoff(stop)
                 del exc
                 continue
@@ -150,12 +150,12 @@ class AmqpDriver:
             node = next(nodes)
             try:
                 conn = await self._connect(node)
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError):
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
                 await self._backoff(stop)
                 continue
             try:
                 await self._consume_on(conn, process, node, queue, stop, idle=None)
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError):
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
                 pass
             finally:
                 await self._close(conn)
@@ -218,7 +218,7 @@ class AmqpDriver:
                 break
             try:
                 conn = await self._connect(node)
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 errors.append(f"{node}: {_reason(exc)}")
                 await asyncio.sleep(RECONNECT_DELAY)
                 continue
@@ -228,7 +228,7 @@ class AmqpDriver:
                     self._consume_on(conn, process, node, queue, None, idle=self.w.drain_idle), remaining)
                 inv.ok({"consumed": total, "node": node})
                 return total
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 errors.append(f"{node}: {_reason(exc)}")
             finally:
                 await self._close(conn)
@@ -242,7 +242,7 @@ class AmqpDriver:
     async def _backoff(self, stop: asyncio.Event) -> None:
         try:
             await asyncio.wait_for(stop.wait(), RECONNECT_DELAY)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     @staticmethod
