@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
     r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     r.add_argument("--keep", action="store_true", help="leave the cluster running after the run")
+    r.add_argument("--ports", type=int, metavar="BASE",
+                   help="publish the nodes' client ports at BASE, BASE+1, ... on 127.0.0.1 (default: any free port)")
     r.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
@@ -146,7 +148,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     for k in range(args.runs):
         s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
         run = Run(host, s, store, replay=replay, keep=args.keep, spark_master=args.spark_master,
-                  checkers=tuple(args.checker) if args.checker else None)
+                  checkers=tuple(args.checker) if args.checker else None, client_port_base=args.ports)
         results = run.execute()
         assert run.dir is not None
         run_dirs.append(run.dir.path)

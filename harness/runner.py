@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import Cluster, build_topology, docker_client
-from harness.errors import BrokerChaosError
+from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
@@ -43,7 +43,7 @@ class Run:
 
     def __init__(self, host: Host, scenario: Scenario, store_root: Path, *, replay: Plan | None = None,
                  keep: bool = False, spark_master: str | None = None, checkers: tuple[str, ...] | None = None,
-                 build_images: bool = True) -> None:
+                 build_images: bool = True, client_port_base: int | None = None) -> None:
         self.host = host
         self.scenario = scenario
         self.plugin = host.broker(scenario.broker.plugin)
@@ -66,6 +66,8 @@ class Run:
         self.keep = keep
         self.spark_master = spark_master
         self.build_images = build_images
+        self.client_ports = ({n: client_port_base + i for i, n in enumerate(self.nodes)}
+                             if client_port_base else None)
         self.dir: RunDir | None = None
         self.timings: dict[str, float] = {}
 
@@ -73,6 +75,8 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         client = docker_client()  # before anything is written: no empty run when Docker is down
+        if self.client_ports:
+            check_ports_free(self.client_ports)
         self.dir = RunDir.create(self.store_root, self.scenario.name)
         say("run", f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
                    f"nodes={len(self.nodes)} -> {self.dir.path}")
@@ -92,7 +96,7 @@ class Run:
             images = self._phase("images", lambda: self._images(client))
             topology = build_topology(self.plugin, run_id=self.id, nodes=len(self.nodes), settings=self.settings,
                                       broker_image=images["broker"], proxy_image=images["toxiproxy"],
-                                      lazyfs=self.lazyfs)
+                                      lazyfs=self.lazyfs, host_ports=self.client_ports)
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
                 try:
                     self._phase("cluster", cluster.start)
@@ -218,6 +222,21 @@ def render_report(run_dir: RunDir, results: dict[str, Any]) -> Path | None:
         return None
     path = render(run_dir.path, results)
     return Path(path)
+
+
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Fixed client ports must be free before anything starts (Docker would fail half-way)."""
+    import socket
+
+    for node, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise BrokerChaosError(f"--ports: {port} (for {node}) is not a TCP port number")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                raise PortInUse(f"port {port} (client port of {node}) is in use: free it or choose another "
+                                f"--ports base") from None
 
 
 def _check_replay(replay: Plan, faults: Any, capabilities: frozenset[str], nodes: list[str]) -> None:
