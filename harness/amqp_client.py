@@ -85,7 +85,7 @@ class AmqpDriver:
 
     # -- producers ------------------------------------------------------------------------
 
-    async def produce(self, process: str, queue: str, _ids: Any, stop: asyncio.Event) -> None:
+    async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None:
         rate = self.w.rate / max(1, self.w.producers) if self.w.rate else 0
         limiter = RateLimiter(rate)
         seq = itertools.count(1)

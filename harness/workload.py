@@ -59,7 +59,7 @@ class Driver(Protocol):
     """What a protocol driver offers the scheduler."""
 
     async def setup(self, queues: Sequence[str]) -> None: ...
-    async def produce(self, process: str, queue: str, ids: Any, stop: asyncio.Event) -> None: ...
+    async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def drain(self, process: str, queue: str) -> int: ...
 
@@ -115,7 +115,7 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
     tasks = []
     for proc, (queue, _node) in plan.items():
         if proc.startswith("p"):
-            tasks.append(asyncio.create_task(driver.produce(proc, queue, None, stop_producers), name=proc))
+            tasks.append(asyncio.create_task(driver.produce(proc, queue, stop_producers), name=proc))
         else:
             tasks.append(asyncio.create_task(driver.consume(proc, queue, stop_consumers), name=proc))
     nemesis_task = asyncio.create_task(nemesis(w.duration)) if nemesis else None

@@ -151,7 +151,7 @@ class MemoryDriver:
         self.queues = {q: collections.deque() for q in queues}
         self.events.append("setup")
 
-    async def produce(self, process: str, queue: str, ids: Any, stop: asyncio.Event) -> None:
+    async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None:
         lim = RateLimiter(self.rate)
         seq = 0
         while not stop.is_set():
