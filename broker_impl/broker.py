@@ -31,6 +31,7 @@ from broker_impl.queue import Queue
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
+    from broker_impl.cluster.node import ClusterNode
     from broker_impl.connection import Connection
 
 log = logging.getLogger("broker_impl.broker")
@@ -98,6 +99,7 @@ class Broker:
         self.link_spec = CreditSpec(f.initial, f.more_after)
         self.store_spec = CreditSpec(f.store_initial, f.store_more_after)
         self._loading = False
+        self.cluster: ClusterNode | None = None
 
     # -- startup / shutdown ------------------------------------------------------------
     async def start(self) -> None:
@@ -113,6 +115,20 @@ class Broker:
         else:
             self._seed_from_config()
             self.metadata_changed()
+        await self._start_cluster()
+
+    async def _start_cluster(self) -> None:
+        """Join the peers named in ``[cluster]``, if any (``broker_impl.cluster.node``)."""
+        from broker_impl.cluster.node import ClusterConfig, ClusterNode
+        from broker_impl.config import ConfigError
+
+        try:
+            cfg = ClusterConfig.from_table(self.config.cluster, self.config.name)
+        except ConfigError as exc:
+            raise BrokerError(f"config error: {exc}") from None
+        if cfg is not None:
+            self.cluster = ClusterNode(self, cfg)
+            await self.cluster.start()
 
     def _seed_from_config(self) -> None:
         for v in self.config.vhosts:
@@ -157,6 +173,8 @@ class Broker:
                  len(self.vhosts), sum(len(v.queues) for v in self.vhosts.values()), recovered)
 
     async def stop(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.stop()
         for vh in self.vhosts.values():
             for q in list(vh.queues.values()):
                 try:
@@ -316,10 +334,14 @@ class Broker:
             c.alarms_changed()
 
     # -- metadata --------------------------------------------------------------------------------
-    def metadata_changed(self) -> None:
+    def metadata_changed(self, persist: bool = True) -> None:
+        """Durable changes rewrite the file; every change is offered to the cluster."""
         if self._loading:
             return
-        write_atomic(self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode())
+        if persist:
+            write_atomic(self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode())
+        if self.cluster is not None:
+            self.cluster.local_changed()
 
     def metadata(self) -> dict[str, Any]:
         vhosts: dict[str, Any] = {}

@@ -9,6 +9,7 @@ reader, as in RabbitMQ where the channel is a process of its own.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 from collections import deque
@@ -437,6 +438,8 @@ class Channel(Actor):
         self._perm("read", q.name)
         await q.settled()
         f = q.get(m.no_ack)
+        if inspect.isawaitable(f):  # a queue mastered on another node answers over the cluster link
+            f = await f
         if f is None:
             self._reply(commands.Basic.GetEmpty())
             return

@@ -13,6 +13,7 @@ Commands::
     set_policy [-p VHOST] NAME PATTERN DEFINITION-JSON [--priority N] [--apply-to queues]
     clear_policy [-p VHOST] NAME   list_policies [-p VHOST]
     list_queues [-p VHOST]   list_exchanges [-p VHOST]   list_bindings [-p VHOST]   list_connections
+    cluster_status                           members, running/down peers, partitions seen
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
         ]
     if cmd == "list_connections":
         return [c.info() for c in b.connections]
+    if cmd == "cluster_status":
+        if b.cluster is None:
+            return {"node": server.config.name, "members": [server.config.name], "running": [server.config.name],
+                    "down": [], "peers": [], "partitions": [], "partition_handling": None, "paused": False}
+        return b.cluster.status()
     raise BrokerError(f"unknown command '{cmd}'")
 
 
@@ -164,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("list_policies", "list_queues", "list_exchanges", "list_bindings"):
         sub.add_parser(name).add_argument("-p", "--vhost", default="/")
     sub.add_parser("list_connections")
+    sub.add_parser("cluster_status")
     return ap
 
 

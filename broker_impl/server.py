@@ -120,7 +120,7 @@ class Server:
             await asyncio.sleep(f.check_interval_ms / 1000)
 
     def memory_in_queues(self) -> int:
-        return sum(q.bq.ram_bytes() for q in self.broker.all_queues())
+        return sum(q.bq.ram_bytes() for q in self.broker.all_queues() if q.bq is not None)
 
     async def stop(self) -> None:
         """Stop accepting, close every connection with 320 CONNECTION_FORCED, flush queues, close the store."""

@@ -85,8 +85,7 @@ class VHost:
         except KeyError:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from None
         self.exchanges[name] = ex
-        if durable:
-            self.broker.metadata_changed()
+        self.broker.metadata_changed(persist=durable)
         return ex
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
@@ -98,8 +97,7 @@ class VHost:
         if if_unused and ex.bindings:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]  # its bindings go with it (no exchange-to-exchange bindings)
-        if ex.durable:
-            self.broker.metadata_changed()
+        self.broker.metadata_changed(persist=ex.durable)
 
     def get_exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
@@ -181,8 +179,7 @@ class VHost:
         self.queues[name] = q
         self.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(q)
-        if durable:
-            self.broker.metadata_changed()
+        self.broker.metadata_changed(persist=durable)
         return q
 
     async def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
@@ -195,8 +192,7 @@ class VHost:
         for ex in self.exchanges.values():
             ex.unbind_queue(q.name)
         count = await q.delete()
-        if q.durable:
-            self.broker.metadata_changed()
+        self.broker.metadata_changed(persist=q.durable)
         log.debug("deleted queue %r in vhost %r", q.name, self.name)
         return count
 
@@ -210,15 +206,14 @@ class VHost:
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         ex = self.get_exchange(exchange)
         ex.bind(Binding(exchange, queue.name, routing_key, dict(arguments or {})))
-        if ex.durable and queue.durable:
-            self.broker.metadata_changed()
+        self.broker.metadata_changed(persist=ex.durable and queue.durable)
 
     def unbind(self, queue: Queue, exchange: str, routing_key: str, arguments: dict[str, Any]) -> None:
         if exchange == "":
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         ex = self.get_exchange(exchange)
-        if ex.unbind(Binding(exchange, queue.name, routing_key, dict(arguments or {}))) and ex.durable and queue.durable:
-            self.broker.metadata_changed()
+        if ex.unbind(Binding(exchange, queue.name, routing_key, dict(arguments or {}))):
+            self.broker.metadata_changed(persist=ex.durable and queue.durable)
 
     def bindings(self) -> list[Binding]:
         return [b for ex in self.exchanges.values() if ex.name != "" for b in ex.bindings.values()]

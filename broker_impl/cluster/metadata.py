@@ -1,0 +1,154 @@
+"""Cluster-wide metadata: a last-writer-wins table of entities, merged by every node.
+
+Every vhost, user, permission, policy, exchange, queue (with its master node)
+and binding is one entry ``key -> (stamp, data)``; ``data is None`` is a
+tombstone. ``stamp`` is ``(lamport, node)``, so two nodes never produce the
+same stamp and every node orders any two writes the same way.
+
+How a change travels: the node where it happens diffs its own topology against
+the table (``diff``), stamps what differs and sends the new entries to every
+reachable peer; a peer keeps an entry only if its stamp is newer than what it
+has (``merge``), so applying the same entries twice, or out of order, ends in
+the same table. When a link comes up both sides send their whole table, which
+is how a joining or returning node catches up.
+
+Consistency model, honestly: this is eventual consistency, not consensus.
+During a partition each side accepts declarations on its own; on heal the
+later stamp wins key by key. A queue declared on both sides keeps one master
+(the later declaration) and the other side's copy, with its messages, is
+discarded: the same outcome as RabbitMQ's ``ignore``/``autoheal`` for the
+losing side. A delete on one side and a redeclare on the other resolve the
+same way. Nothing here is persisted separately: each node's durable entities
+are in its own ``metadata.json`` and the table is rebuilt by the merge.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker_impl.broker import Broker
+
+Stamp = tuple[int, str]
+
+
+@dataclass(slots=True)
+class Entry:
+    stamp: Stamp
+    data: dict[str, Any] | None
+
+    def to_json(self) -> list[Any]:
+        return [self.stamp[0], self.stamp[1], self.data]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> Entry:
+        return cls((int(raw[0]), str(raw[1])), raw[2])
+
+
+def key(kind: str, *parts: str) -> str:
+    """Keys are JSON arrays so names may contain any character."""
+    return json.dumps([kind, *parts], separators=(",", ":"))
+
+
+def split_key(k: str) -> list[str]:
+    return json.loads(k)
+
+
+class Table:
+    """The merged view one node holds."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.clock = 0
+        self.entries: dict[str, Entry] = {}
+
+    def live(self) -> dict[str, dict[str, Any]]:
+        return {k: e.data for k, e in self.entries.items() if e.data is not None}
+
+    def diff(self, current: dict[str, dict[str, Any]]) -> dict[str, Entry]:
+        """Stamp every local difference from the table; returns the entries to send."""
+        out: dict[str, Entry] = {}
+        for k, data in current.items():
+            e = self.entries.get(k)
+            if e is None or e.data != data:
+                out[k] = self._stamp(k, data)
+        for k, e in list(self.entries.items()):
+            if e.data is not None and k not in current:
+                out[k] = self._stamp(k, None)
+        return out
+
+    def set(self, k: str, data: dict[str, Any] | None) -> Entry:
+        """A change decided here (e.g. a new master) rather than found by diffing."""
+        return self._stamp(k, data)
+
+    def _stamp(self, k: str, data: dict[str, Any] | None) -> Entry:
+        self.clock += 1
+        e = Entry((self.clock, self.me), data)
+        self.entries[k] = e
+        return e
+
+    def merge(self, incoming: Iterable[tuple[str, Entry]]) -> dict[str, Entry]:
+        """Keep the newer of each pair; returns the entries that changed here."""
+        changed: dict[str, Entry] = {}
+        for k, e in incoming:
+            self.clock = max(self.clock, e.stamp[0])
+            cur = self.entries.get(k)
+            if cur is None or e.stamp > cur.stamp:
+                self.entries[k] = e
+                if cur is None or cur.data != e.data:
+                    changed[k] = e
+        return changed
+
+    def encode(self, entries: dict[str, Entry] | None = None) -> dict[str, list[Any]]:
+        src = self.entries if entries is None else entries
+        return {k: e.to_json() for k, e in src.items()}
+
+    @staticmethod
+    def decode(raw: dict[str, list[Any]]) -> list[tuple[str, Entry]]:
+        return [(k, Entry.from_json(v)) for k, v in raw.items()]
+
+
+def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """This node's topology in table form; ``master_of`` supplies each queue's cluster fields."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in broker.vhosts:
+        out[key("vhost", name)] = {}
+    for name, u in broker.users.items():
+        out[key("user", name)] = {"password_hash": u["password_hash"], "tags": list(u["tags"])}
+    for (user, vhost), p in broker.permissions.items():
+        out[key("perm", user, vhost)] = {"configure": p.configure, "write": p.write, "read": p.read}
+    for (vhost, name), p in broker.policies.items():
+        out[key("policy", vhost, name)] = dict(p)
+    for vname, vh in broker.vhosts.items():
+        shared = set()
+        for q in vh.queues.values():
+            if q.exclusive_owner is not None or q.deleted:
+                continue
+            shared.add(q.name)
+            extra = master_of.get((vname, q.name), {})
+            out[key("queue", vname, q.name)] = {
+                "durable": q.durable, "auto_delete": q.auto_delete, "arguments": _plain(q.arguments), **extra,
+            }
+        for ex in vh.exchanges.values():
+            if ex.name == "" or ex.name.startswith("amq."):
+                continue
+            out[key("exchange", vname, ex.name)] = {
+                "type": ex.type, "durable": ex.durable, "auto_delete": ex.auto_delete,
+                "internal": ex.internal, "arguments": _plain(ex.arguments),
+            }
+        for b in vh.bindings():
+            if b.destination not in shared:
+                continue
+            args = _plain(b.arguments)
+            out[key("binding", vname, b.source, b.destination, b.routing_key, json.dumps(args, sort_keys=True))] = {
+                "arguments": args,
+            }
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Queue and exchange arguments as JSON gives them back, so a diff after a round trip is empty."""
+    return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,247 @@
+"""Links between nodes: one dialled connection per peer for sending, accepted ones for receiving.
+
+Each node dials every peer at the address it was given (in the harness a
+Toxiproxy proxy) and sends on that connection only; it receives on the
+connections peers dialled to it. Traffic A -> B and B -> A therefore crosses
+two separate proxies, so every partition shape (one-way included) can be made
+by cutting proxies, and each direction is FIFO on its own.
+
+Failure detection is RabbitMQ's net_ticktime in small: every ``tick`` seconds a
+heartbeat goes out on each dialled link; a peer is *up* while something arrived
+from it within ``down_after`` ticks, *down* otherwise. Going down closes both
+directions, so a peer that comes back starts new connections, and the HELLO
+carries its incarnation (boot id): a peer that restarted in between is seen as
+down-then-up even if no tick was missed. Dialling retries with exponential
+backoff capped at a few ticks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_impl.cluster.wire import DATA, HEARTBEAT, HELLO, Decoder, Frame, WireError, encode
+
+log = logging.getLogger("broker_impl.cluster.transport")
+
+MessageHandler = Callable[[str, dict[str, Any], bytes], None]
+PeerHandler = Callable[[str], None]
+
+
+@dataclass(slots=True)
+class _Peer:
+    name: str
+    host: str
+    port: int
+    writer: asyncio.StreamWriter | None = None
+    readers: set[asyncio.StreamWriter] = field(default_factory=set)
+    last_heard: float = 0.0
+    incarnation: str = ""
+    up: bool = False
+    downs: int = 0
+    last_change: float = 0.0
+
+
+def resolve_listen(host: str) -> str:
+    """The address a node binds: its own host name's address, never the wildcard (proxies share the port)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+class Transport:
+    """Framed links to a fixed set of peers. All callbacks run on the event loop."""
+
+    def __init__(
+        self,
+        me: str,
+        listen: tuple[str, int],
+        peers: dict[str, tuple[str, int]],
+        *,
+        tick: float = 1.0,
+        down_after: int = 3,
+        on_message: MessageHandler,
+        on_up: PeerHandler,
+        on_down: PeerHandler,
+    ) -> None:
+        self.me = me
+        self.listen = listen
+        self.tick = tick
+        self.down_after = down_after
+        self.incarnation = secrets.token_hex(8)
+        self.peers = {n: _Peer(n, h, p) for n, (h, p) in peers.items() if n != me}
+        self._on_message = on_message
+        self._on_up = on_up
+        self._on_down = on_down
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.bound: tuple[str, int] = ("", 0)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        host, port = self.listen
+        self._server = await asyncio.start_server(self._accepted, resolve_listen(host), port, reuse_address=True)
+        self.bound = self._server.sockets[0].getsockname()[:2]
+        loop = asyncio.get_running_loop()
+        for p in self.peers.values():
+            self._tasks.append(loop.create_task(self._dial_loop(p), name=f"cluster-dial:{p.name}"))
+        self._tasks.append(loop.create_task(self._ticker(), name="cluster-tick"))
+        log.info("cluster link of %s listening on %s:%d; peers %s", self.me, *self.bound,
+                 ", ".join(f"{p.name}={p.host}:{p.port}" for p in self.peers.values()) or "none")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for p in self.peers.values():
+            self._close_links(p)
+        if self._server is not None:
+            self._server.close()
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
+        """Queue a frame on the link to ``peer``; False when the peer is down (nothing sent)."""
+        p = self.peers.get(peer)
+        if p is None or not p.up or p.writer is None or p.writer.is_closing():
+            return False
+        p.writer.write(encode(Frame(DATA, header, blob)))
+        return True
+
+    def is_up(self, peer: str) -> bool:
+        p = self.peers.get(peer)
+        return p is not None and p.up
+
+    def up_peers(self) -> list[str]:
+        return sorted(n for n, p in self.peers.items() if p.up)
+
+    def status(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [
+            {
+                "name": p.name, "address": f"{p.host}:{p.port}", "running": p.up, "times_down": p.downs,
+                "since_s": round(now - p.last_change, 1) if p.last_change else None,
+            }
+            for p in self.peers.values()
+        ]
+
+    # -- dialling ------------------------------------------------------------------------
+    async def _dial_loop(self, p: _Peer) -> None:
+        backoff = min(0.1, self.tick)
+        while True:
+            if p.writer is None or p.writer.is_closing():
+                p.writer = None
+                try:
+                    reader, writer = await asyncio.wait_for(
+                        asyncio.open_connection(p.host, p.port), timeout=max(self.tick * self.down_after, 1.0))
+                except (TimeoutError, OSError):
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.tick * 3)
+                    continue
+                backoff = min(0.1, self.tick)
+                writer.write(encode(Frame(HELLO, {"node": self.me, "inc": self.incarnation})))
+                p.writer = writer
+                asyncio.get_running_loop().create_task(self._drain_dialled(p, reader, writer))
+                self._maybe_up(p)
+            await asyncio.sleep(min(self.tick, 0.2))
+
+    async def _drain_dialled(self, p: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Nothing comes back on a dialled link; reading only notices when the peer hangs up.
+
+        A link that breaks may have lost frames, so the peer counts as down: both
+        sides then start over with fresh links and resynchronise.
+        """
+        try:
+            while await reader.read(65536):
+                pass
+        except (OSError, ConnectionError):
+            pass
+        writer.close()
+        if p.writer is writer:
+            self._mark_down(p, "link closed")
+
+    # -- receiving -----------------------------------------------------------------------
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = Decoder()
+        peer: _Peer | None = None
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for frame in decoder.feed(data):
+                    if peer is None:
+                        if frame.type != HELLO or frame.header.get("node") not in self.peers:
+                            log.warning("cluster link: refused a connection from %s (hello %r)",
+                                        writer.get_extra_info("peername"), frame.header)
+                            return
+                        peer = self.peers[frame.header["node"]]
+                        inc = str(frame.header.get("inc", ""))
+                        if peer.up:
+                            self._mark_down(peer, "reconnected" if inc == peer.incarnation else "restarted")
+                        peer.incarnation = inc
+                        peer.readers.add(writer)
+                        peer.last_heard = time.monotonic()
+                        self._maybe_up(peer)
+                        continue
+                    if writer not in peer.readers:
+                        return  # this link was closed when the peer went down
+                    peer.last_heard = time.monotonic()
+                    if frame.type == DATA and peer.up:
+                        try:
+                            self._on_message(peer.name, frame.header, frame.blob)
+                        except Exception:
+                            log.exception("cluster link: handling %r from %s failed", frame.header.get("t"), peer.name)
+        except (OSError, ConnectionError, WireError) as exc:
+            log.info("cluster link from %s closed: %s", peer.name if peer else "?", exc)
+        finally:
+            writer.close()
+            if peer is not None and writer in peer.readers:
+                peer.readers.discard(writer)
+                self._mark_down(peer, "link closed")
+
+    # -- liveness ------------------------------------------------------------------------
+    async def _ticker(self) -> None:
+        hb = encode(Frame(HEARTBEAT, {}))
+        while True:
+            await asyncio.sleep(self.tick)
+            now = time.monotonic()
+            for p in self.peers.values():
+                if p.writer is not None and not p.writer.is_closing():
+                    p.writer.write(hb)
+                if p.up and now - p.last_heard > self.tick * self.down_after:
+                    self._mark_down(p, f"nothing heard for {now - p.last_heard:.1f}s")
+
+    def _maybe_up(self, p: _Peer) -> None:
+        if p.up or p.writer is None or not p.readers:
+            return
+        if time.monotonic() - p.last_heard > self.tick * self.down_after:
+            return
+        p.up = True
+        p.last_change = time.monotonic()
+        log.warning("cluster: peer %s is up", p.name)
+        self._on_up(p.name)
+
+    def _mark_down(self, p: _Peer, why: str) -> None:
+        self._close_links(p)
+        if not p.up:
+            return
+        p.up = False
+        p.downs += 1
+        p.last_change = time.monotonic()
+        log.warning("cluster: peer %s is down (%s)", p.name, why)
+        self._on_down(p.name)
+
+    def _close_links(self, p: _Peer) -> None:
+        if p.writer is not None:
+            p.writer.close()
+            p.writer = None
+        for w in list(p.readers):
+            w.close()
+        p.readers.clear()
+
