@@ -56,11 +56,20 @@ Messages (all travel to the right neighbour, tagged with the sender's view versi
     The sender's whole per-member state, sent to a new right neighbour. A member
     without state (a joiner) adopts it silently, emits ``Joined`` and passes it on
     to its own right. A member with state computes what it missed, per sender:
-    pubs in the left's window beyond its own ``last_pub`` and acks up to the
-    left's ``last_ack``; in the origin role, pubs the left has already seen count
-    as come back. The result is processed exactly like an ``Activity``.
+    pubs in the left's window beyond its own ``last_pub``, and one cumulative ack
+    up to the start of the left's window (the left dropped those, so they are
+    acked), passed on even when it holds none of them, so that acks lost with a
+    dead member still reach the origin.
+    In the origin role, pubs the left has seen count as come back, and one
+    cumulative ack for everything below its own window is sent (again), so that
+    acks lost with a dead member still go round. The result is processed exactly
+    like an ``Activity``.
 ``JoinRequest(member)``
     Sent by a joiner to a random alive member, which adds it on its right.
+``Probe(version, origin, seq)``
+    Passed on unchanged until it is back at ``origin``; since links are FIFO,
+    everything that was in flight ahead of it has arrived by then. Used by a
+    joiner that inherited dead members before it had state (below).
 
 Rules
 -----
@@ -78,17 +87,28 @@ Rules
 * A neighbour death notice starts a ``guard_delay`` timer (against partial
   partitions); then the member records the death (``MarkDead``, version+1).
 * An alias whose window is empty and whose acks have all come back is erased
-  from the record (``Erase``).
+  from the record (``Erase``). On inheriting an alias a member resets its
+  ``last_ack``: as a forwarder it counted acks that passed by, as the origin it
+  must count acks that came all the way round, and erasing on the former would
+  drop the member while others still hold its messages.
 * A member left alone confirms everything pending and drops its windows.
+* A joiner whose inviter died before its catchup arrived adopts the catchup of
+  its new left, the far end of the dead member's stream, while the messages it
+  inherits are still on their way round from its right. It acks what its left
+  holds at once, treats the dead member's pubs that come round later as come
+  back, and erases nobody it inherited that way until a ``Probe`` (resent every
+  ``probe_timeout`` until one returns) has been all the way round.
 
 Invariants
 ----------
 * View versions a member adopts strictly increase.
 * For a sender S and two alive neighbours L -> R, with S not R and not one of
-  R's aliases, L is upstream of R on S's path: L.last_pub[S] >= R.last_pub[S]
-  and L.last_ack[S] >= R.last_ack[S]. Catchup relies on this.
+  R's aliases, L is upstream of R on S's path: L has seen every pub of S that
+  R has seen and dropped every one R dropped. Catchup relies on this.
 * A member acks pub n of S only after n went through every member of the
   ring; hence an acked message has been delivered by every member.
+* A dead member is erased only when no alive member holds any of its messages
+  in a window (``gm_sim`` checks this at every ``Erase``).
 
 Differences from gm.erl, and why
 --------------------------------
@@ -103,6 +123,13 @@ Differences from gm.erl, and why
   of a blocking ``gen_server`` call; if the member it asked dies, the joiner may
   adopt the catchup of another member, so its join point is the snapshot it
   adopted (``Joined``), not the moment it was written into the record.
+* ``Probe`` and the origin's repeated cumulative ack have no gm.erl
+  counterpart: they close the two holes above (a joiner adopting state from
+  the wrong end of a dead member's stream; acks lost for good), which the
+  randomised tests of ``gm_sim`` hit.
+* gm.erl erases an inherited member as soon as its ``last_ack`` equals its
+  ``last_pub``, counting acks that merely passed by; here only acks that came
+  round count (see Rules).
 * A member that finds itself dead or gone in a newer record stops
   (``Stopped``) instead of crashing; it must rejoin under a new id, as a
   restarted gm.erl process has a new pid.
@@ -819,10 +846,11 @@ class GmMember:
                 continue
             # What the left no longer holds is acked, whether it saw the ack pass
             # or (as the sender's origin) turned the returning pubs into acks itself.
+            # Pass it on as one cumulative ack even if we hold nothing it covers:
+            # the origin waits for it to come round before erasing a dead member.
             acked = theirs.pending[0][0] - 1 if theirs.pending else theirs.last_pub
-            acks = tuple(n for n, _ in mine.pending if n <= acked)
+            acks = (acked,) if acked > mine.last_ack else ()
             pubs = tuple(p for p in theirs.pending if p[0] > mine.last_pub)
-            mine.last_ack = max(mine.last_ack, theirs.last_ack)
             if acks or pubs:
                 entries.append(ActivityEntry(sender, pubs, acks))
         self._process_activity(entries, acks_out)

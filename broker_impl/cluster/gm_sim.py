@@ -372,17 +372,17 @@ def check(sim: GmSim) -> list[str]:
     out.extend(h.early_erasures)
     seen_by_survivors: set[Payload] = set().union(*(h.delivered[x] for x in alive))
     for r in alive:
-        got = set(h.delivered[r])
+        have = set(h.delivered[r])
         for s in by_sender:
-            required = set(after_join(r, s))
+            owed = set(after_join(r, s))
             if s not in sim.alive:
-                required &= {k for (s2, k) in seen_by_survivors if s2 == s}
-            missing = sorted(k for k in required if (s, k) not in got)
+                owed &= {k for (s2, k) in seen_by_survivors if s2 == s}
+            missing = sorted(k for k in owed if (s, k) not in have)
             if missing:
                 kind = "surviving" if s in sim.alive else "dead"
                 out.append(f"survivor {r} missed {kind} {s}#{missing}")
         for p in sorted(h.confirmed):
-            if h.sent_at[p] > h.joined_at.get(r, math.inf) and p not in got:
+            if h.sent_at[p] > h.joined_at.get(r, math.inf) and p not in have:
                 out.append(f"confirmed {p} not delivered by survivor {r}")
     for p in sorted(h.confirm_wanted - h.confirmed):
         if p[0] in sim.alive:

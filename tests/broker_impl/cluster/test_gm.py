@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 
 from broker_impl.cluster.gm import (
+    Action,
     Activity,
     ActivityEntry,
     AddOnRight,
@@ -15,6 +18,7 @@ from broker_impl.cluster.gm import (
     Erase,
     GmError,
     GmMember,
+    GmMessage,
     GroupRecord,
     InMemoryGroupStore,
     Joined,
@@ -77,6 +81,19 @@ def test_view_neighbours_skip_the_dead_and_dead_become_aliases_of_their_right() 
 
 # --------------------------------------------------------------------------- one member by hand
 
+A = TypeVar("A")
+
+
+def one(actions: list[Action], kind: type[A]) -> A:
+    """The single action of a step, checked to be of ``kind``."""
+    assert len(actions) == 1 and isinstance(actions[0], kind), actions
+    return actions[0]
+
+
+def sent(action: Action) -> GmMessage:
+    assert isinstance(action, Send), action
+    return action.message
+
 
 def answer(store: InMemoryGroupStore, member: GmMember, actions: list) -> list:
     """Execute the member's store requests synchronously; return its other actions."""
@@ -111,12 +128,12 @@ def test_second_member_joins_by_asking_an_alive_member() -> None:
     a.broadcast("before")
     (req,) = answer(store, b, b.join())
     assert req == Send("a", JoinRequest("b"))  # to the only alive member
-    catchup = answer(store, a, a.receive("b", req.message))
+    catchup = one(answer(store, a, a.receive("b", sent(req))), Send)
     assert store.read("q") == GroupRecord("q", 1, ("a", "b"))
-    assert len(catchup) == 1 and isinstance(catchup[0].message, Catchup) and catchup[0].to == "b"
-    got = answer(store, b, b.receive("a", catchup[0].message))
+    assert isinstance(catchup.message, Catchup) and catchup.to == "b"
+    got = answer(store, b, b.receive("a", catchup.message))
     # b re-read the record (the catchup is of a newer version), adopted a's state and passed it on
-    assert isinstance(got[0], Joined) and got[0].snapshot is catchup[0].message
+    assert isinstance(got[0], Joined) and got[0].snapshot is catchup.message
     assert isinstance(got[1], Send) and got[1].to == "a" and isinstance(got[1].message, Catchup)
     assert not any(isinstance(x, Deliver) for x in got)  # no replay of what was sent before the join
     assert b.joined and b.view is not None and (b.view.left, b.view.right) == ("a", "a")
@@ -128,8 +145,8 @@ def pair() -> tuple[InMemoryGroupStore, GmMember, GmMember]:
     a, b = GmMember("q", "a", max_buffer=2, flush_interval=0.025), GmMember("q", "b")
     answer(store, a, a.join())
     (req,) = answer(store, b, b.join())
-    (to_b,) = answer(store, a, a.receive("b", req.message))
-    back = [x for x in answer(store, b, b.receive("a", to_b.message)) if isinstance(x, Send)]
+    (to_b,) = answer(store, a, a.receive("b", sent(req)))
+    back = [x for x in answer(store, b, b.receive("a", sent(to_b))) if isinstance(x, Send)]
     assert answer(store, a, a.receive("b", back[0].message)) == []
     return store, a, b
 
@@ -138,7 +155,7 @@ def test_broadcast_is_buffered_until_the_interval_or_the_buffer_size() -> None:
     store, a, b = pair()
     assert a.broadcast("m1", confirm_token=1) == [Deliver("a", "m1")]
     assert a.tick(0.01) == []  # not yet: flush_interval is 25 ms
-    (flushed,) = a.tick(0.03)
+    flushed = one(a.tick(0.03), Send)
     assert flushed == Send("b", Activity(1, (ActivityEntry("a", ((0, "m1"),)),)))
     a.broadcast("m2")
     out = a.broadcast("m3")  # max_buffer=2 reached
@@ -146,9 +163,9 @@ def test_broadcast_is_buffered_until_the_interval_or_the_buffer_size() -> None:
     # b delivers and forwards; the pubs coming back to a turn into acks and release the confirm
     fwd = b.receive("a", flushed.message)
     assert fwd == [Deliver("a", "m1"), Send("a", Activity(1, (ActivityEntry("a", ((0, "m1"),)),)))]
-    back = a.receive("b", fwd[-1].message)
+    back = a.receive("b", sent(fwd[-1]))
     assert back == [Confirm(1), Send("b", Activity(1, (ActivityEntry("a", (), (0,)),)))]
-    assert b.receive("a", back[-1].message) == [Send("a", back[-1].message)]
+    assert b.receive("a", sent(back[-1])) == [Send("a", sent(back[-1]))]
     assert b.windows()["a"].pending == ()
 
 
@@ -161,10 +178,10 @@ def test_messages_from_anyone_but_the_left_neighbour_are_ignored() -> None:
 def test_a_newer_version_makes_the_member_reread_the_record_first_and_park_traffic() -> None:
     store, a, b = pair()
     store.update("q", AddOnRight("b", "c"))  # behind b's back: now a -> b -> c -> a
-    out = a.receive("c", Activity(2, (ActivityEntry("c", ((0, "x"),)),)))
-    assert out == [ReadGroup(out[0].request, 2)]
+    read = one(a.receive("c", Activity(2, (ActivityEntry("c", ((0, "x"),)),))), ReadGroup)
+    assert read.min_version == 2
     assert a.receive("c", Activity(2, (ActivityEntry("c", ((1, "y"),)),))) == []  # parked behind the first
-    done = a.store_reply(out[0].request, store.read("q"))
+    done = a.store_reply(read.request, store.read("q"))
     assert a.view is not None and a.view.version == 2 and a.view.left == "c"
     assert done == [
         Deliver("c", "x"),
@@ -189,7 +206,7 @@ def test_neighbour_death_is_recorded_after_the_guard_delay_and_leaves_the_surviv
     a.broadcast("unconfirmed", confirm_token="t")
     assert a.neighbour_down("b") == []
     assert a.tick(0.05) == [Send("b", Activity(1, (ActivityEntry("a", ((0, "unconfirmed"),)),)))]
-    (mark,) = a.tick(0.11)  # guard_delay = 0.1
+    mark = one(a.tick(0.11), UpdateGroup)  # guard_delay = 0.1
     assert mark == UpdateGroup(mark.request, MarkDead("b"))
     out = answer(store, a, a.store_reply(mark.request, store.update("q", mark.op)))
     # alone: the pending broadcast is confirmed and b is erased from the record
@@ -319,7 +336,7 @@ def test_joiner_inherits_a_member_that_died_before_sending_it_state_and_acks_wha
     sim.kill(x, keep=0)  # ... which is lost
     sim.settle()  # j adopted a's state, inherited x, and acked x#0 that a and r held
     assert sim.ring() == (a, "j", r)
-    assert sim.store.read(sim.group).dead == frozenset()
+    assert sim.store.read(sim.group) == GroupRecord(sim.group, 5, (a, "j", r))  # added j, x dead, x erased
     assert check(sim) == []
 
 
@@ -339,7 +356,8 @@ def test_joiner_that_inherits_a_dead_member_waits_for_its_messages_before_erasin
     sim.held.add((r, a))
     sim.run_until(lambda: sim.members["j"].joined)
     sim.run(200)
-    assert sent_by(sim, a, x) == [] and sim.store.read(sim.group).dead == {x}
+    record = sim.store.read(sim.group)
+    assert sent_by(sim, a, x) == [] and record is not None and record.dead == {x}
     sim.settle()
     assert sent_by(sim, a, x) == [0, 1]
     assert sim.history.early_erasures == []
