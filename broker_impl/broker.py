@@ -111,14 +111,17 @@ class Broker:
                 data = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise BrokerError(f"{path}: metadata file is not valid JSON ({exc}); restore it or move it away") from None
+            self._make_cluster()
             await self._load(data)
         else:
+            self._make_cluster()
             self._seed_from_config()
             self.metadata_changed()
-        await self._start_cluster()
+        if self.cluster is not None:
+            await self.cluster.start()
 
-    async def _start_cluster(self) -> None:
-        """Join the peers named in ``[cluster]``, if any (``broker_impl.cluster.node``)."""
+    def _make_cluster(self) -> None:
+        """Before queues load, so recovered queues stream to mirrors too (``broker_impl.cluster.node``)."""
         from broker_impl.cluster.node import ClusterConfig, ClusterNode
         from broker_impl.config import ConfigError
 
@@ -128,7 +131,6 @@ class Broker:
             raise BrokerError(f"config error: {exc}") from None
         if cfg is not None:
             self.cluster = ClusterNode(self, cfg)
-            await self.cluster.start()
 
     def _seed_from_config(self) -> None:
         for v in self.config.vhosts:
@@ -203,7 +205,8 @@ class Broker:
 
     # -- queues ---------------------------------------------------------------------------
     async def open_backing(self, vhost: str, name: str, durable: bool) -> BackingQueue:
-        return make_backing_queue(store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget())
+        bq = make_backing_queue(store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget())
+        return self.cluster.wrap_backing(vhost, name, bq) if self.cluster is not None else bq
 
     def ram_budget(self) -> int:
         return self.config.flow.queue_ram_bytes

@@ -14,6 +14,7 @@ Commands::
     clear_policy [-p VHOST] NAME   list_policies [-p VHOST]
     list_queues [-p VHOST]   list_exchanges [-p VHOST]   list_bindings [-p VHOST]   list_connections
     cluster_status                           members, running/down peers, partitions seen
+    sync_queue [-p VHOST] NAME               send a mirrored queue's messages to its unsynced mirrors
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
         raise BrokerError(f"no such vhost '{vhost}'")
     if cmd == "list_queues":
         assert vh is not None
-        return [q.info() for q in vh.queues.values()]
+        if b.cluster is None:
+            return [q.info() for q in vh.queues.values()]
+        return [{**q.info(), **b.cluster.queue_info(vhost, q.name)} for q in vh.queues.values()]
+    if cmd == "sync_queue":
+        if b.cluster is None:
+            raise BrokerError("this node is not clustered: there are no mirrors to synchronise")
+        return b.cluster.sync_queue(vhost, args["name"])
     if cmd == "list_exchanges":
         assert vh is not None
         return [{"name": e.name, "type": e.type, "durable": e.durable} for e in vh.exchanges.values()]
@@ -171,6 +178,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser(name).add_argument("-p", "--vhost", default="/")
     sub.add_parser("list_connections")
     sub.add_parser("cluster_status")
+    p = sub.add_parser("sync_queue")
+    p.add_argument("-p", "--vhost", default="/")
+    p.add_argument("name")
     return ap
 
 
@@ -187,7 +197,8 @@ def _request(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 _COLUMNS = {
-    "list_queues": ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable", "policy", "state"),
+    "list_queues": ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable", "policy", "state",
+                    "node", "mirrors", "synchronised_mirrors"),
     "list_connections": ("peer", "user", "vhost", "state", "channels"),
     "list_exchanges": ("name", "type", "durable"),
     "list_bindings": ("source", "destination", "routing_key"),

@@ -46,6 +46,12 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         peername = transport.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        cluster = getattr(self.broker, "cluster", None)
+        if cluster is not None and cluster.paused:  # pause_minority: refuse clients until a majority is back
+            log.info("refusing AMQP connection %s: node paused (minority partition)", peer)
+            self._dead = True
+            transport.close()
+            return
         self.conn = Connection(self.broker, self, peer)
         self.broker.connections.add(self.conn)
         transport.set_write_buffer_limits(high=1024 * 1024, low=256 * 1024)  # type: ignore[attr-defined]

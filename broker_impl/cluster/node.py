@@ -27,7 +27,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.cluster.metadata import Entry, Table, collect, split_key
+from broker_impl.backing_queue import BackingQueue
+from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
+from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.remote import MasterSide, RemoteQueue
 from broker_impl.cluster.transport import Transport
 from broker_impl.config import ConfigError, Permission
@@ -111,16 +113,37 @@ class ClusterNode:
         self._inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._applying = False
         self._dirty = False
+        self.mirrors: dict[tuple[str, str], Mirror] = {}
         self.paused = False
+        self._leaving: set[str] = set()
+        self._was_down: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self.local_changed()
         self.spawn(self._apply_loop())
         await self.transport.start()
+        self.spawn(self._housekeeping())
 
     async def stop(self) -> None:
+        """A controlled stop: peers apply ha-promote-on-shutdown instead of -on-failure."""
+        for peer in self.transport.up_peers():
+            self.transport.send(peer, {"t": "bye"})
+        await asyncio.sleep(min(self.cfg.tick, 0.1))
         await self.transport.stop()
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.tick)
+            try:
+                self.reconcile_mirrors()
+                self.local_changed()
+            except Exception:
+                log.exception("cluster housekeeping failed")
+
+    def wrap_backing(self, vhost: str, name: str, bq: BackingQueue) -> BackingQueue:
+        """Every queue mastered here streams to its mirrors (none until a policy asks for some)."""
+        return MirrorMasterBQ(bq, self, vhost, name)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """The broker's tasks: cancelled and their failures logged in one place."""
@@ -131,8 +154,16 @@ class ClusterNode:
         out = {}
         for vname, vh in self.broker.vhosts.items():
             for q in vh.queues.values():
-                f = getattr(q, "cluster_fields", None)
-                out[(vname, q.name)] = dict(f) if f is not None else {"master": self.me}
+                if isinstance(q, RemoteQueue):
+                    # only the master writes its queue's record; a proxy repeats what it was told
+                    known = self.table.live().get(key("queue", vname, q.name)) or {}
+                    f = {k: known[k] for k in ("master", "mirrors", "synced") if k in known}
+                    f["master"] = q.master
+                elif isinstance(q.bq, MirrorMasterBQ):
+                    f = q.bq.cluster_fields()
+                else:
+                    f = {"master": self.me}
+                out[(vname, q.name)] = f
         return out
 
     def local_changed(self) -> None:
@@ -239,6 +270,9 @@ class ClusterNode:
                 await vh.delete_queue(local)
             return
         master = data.get("master", self.me)
+        stale = self.mirrors.get((vh.name, name))
+        if stale is not None and stale.master != master:
+            await stale.discard()
         if master == self.me:
             if local is None or isinstance(local, RemoteQueue):
                 if local is not None:
@@ -265,9 +299,15 @@ class ClusterNode:
 
     # -- links ----------------------------------------------------------------------------
     def _peer_up(self, peer: str) -> None:
+        self._leaving.discard(peer)
         self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
+        self._check_majority()
+        self.reconcile_mirrors()
 
     def _peer_down(self, peer: str) -> None:
+        shutdown = peer in self._leaving
+        self._leaving.discard(peer)
+        self._was_down.add(peer)
         for pid, (p, cb) in list(self._pending_pubs.items()):
             if p == peer:
                 del self._pending_pubs[pid]
@@ -282,6 +322,13 @@ class ClusterNode:
                 if isinstance(q, RemoteQueue) and q.master == peer:
                     q.master_down()
         self.master_side.peer_down(peer)
+        for q in self._local_masters():
+            q.bq.remove_mirror(peer, stop=False)
+        for (vname, qname), m in list(self.mirrors.items()):
+            if m.master == peer:
+                self._maybe_promote(vname, qname, m, peer, shutdown)
+        self._check_majority()
+        self.reconcile_mirrors()
 
     def _on_message(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         t = h.get("t")
@@ -300,12 +347,160 @@ class ClusterNode:
             if c is None:
                 return
             c.queue.delivered(c, int(h["seq"]), bool(h.get("red")), Message.from_bytes(blob))  # type: ignore[attr-defined]
+        elif t == "mq":
+            self._mirror_op(peer, h, blob)
+        elif t == "mq_ack":
+            q = self._local_master(h.get("vh", ""), h.get("q", ""))
+            if q is not None:
+                q.bq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
+        elif t == "sync_req":
+            q = self._local_master(h.get("vh", ""), h.get("q", ""))
+            if q is not None:
+                q.bq.sync()
+        elif t == "bye":
+            self._leaving.add(peer)
         elif t == "cancelled":
             c = self._proxy_consumers.get(h["cid"])
             if c is not None:
                 c.queue.cancel_consumer(c)  # type: ignore[attr-defined]
         else:
             self.master_side.handle(peer, h, blob)
+
+    # -- mirroring ---------------------------------------------------------------------------
+    def _local_masters(self) -> list[Queue]:
+        return [q for vh in self.broker.vhosts.values() for q in vh.queues.values()
+                if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted]
+
+    def _local_master(self, vhost: str, name: str) -> Queue | None:
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        return q if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted else None
+
+    def _mirror_op(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
+        k = (str(h.get("vh", "")), str(h.get("q", "")))
+        m = self.mirrors.get(k)
+        if h.get("op") == "start":
+            if m is not None:
+                m.closed = True
+            m = self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")))
+        if m is not None and m.master == peer:
+            m.feed(h, blob)
+
+    def desired_mirrors(self, q: Queue) -> list[str]:
+        """Nodes that should hold a mirror of ``q`` now, by its policy and who is up (join order kept)."""
+        policy = q.policy or {}
+        mode = policy.get("ha-mode")
+        up = [n for n in self.cfg.peers if self.transport.is_up(n)]
+        current = list(q.bq.mirrors) if isinstance(q.bq, MirrorMasterBQ) else []
+        if mode == "all":
+            return up
+        if mode == "nodes":
+            wanted = policy.get("ha-params") or []
+            return [n for n in up if n in wanted]
+        if mode == "exactly":
+            try:
+                count = max(int(policy.get("ha-params", 1)) - 1, 0)
+            except (TypeError, ValueError):
+                return []
+            keep = [n for n in current if n in up][:count]
+            return keep + [n for n in up if n not in keep][: count - len(keep)]
+        return []
+
+    def reconcile_mirrors(self) -> None:
+        for q in self._local_masters():
+            bq = q.bq
+            assert isinstance(bq, MirrorMasterBQ)
+            want = self.desired_mirrors(q)
+            for peer in list(bq.mirrors):
+                if peer not in want:
+                    bq.remove_mirror(peer)
+            auto = (q.policy or {}).get("ha-sync-mode") == "automatic"
+            for peer in want:
+                if peer not in bq.mirrors:
+                    log.info("queue %r: starting a mirror on %s", q.name, peer)
+                    bq.add_mirror(peer, sync=auto)
+
+    def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool) -> None:
+        data = self.table.live().get(key("queue", vname, qname))
+        if data is None or data.get("master") != dead or m.bq is None:
+            log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
+            return
+        order = [n for n in data.get("mirrors", []) if n != dead]
+        alive = [n for n in order if n == self.me or self.transport.is_up(n)]
+        if not alive or alive[0] != self.me:
+            log.info("queue %r: master %s gone; the oldest live mirror is %s", qname, dead, alive[0] if alive else None)
+            return
+        vh = self.broker.vhosts.get(vname)
+        policy = self.broker.effective_policy(vname, qname)
+        definition = policy["definition"] if policy else {}
+        rule = definition.get("ha-promote-on-shutdown", "when-synced") if shutdown else \
+            definition.get("ha-promote-on-failure", "always")
+        if rule == "when-synced" and not m.synced:
+            log.warning("queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
+                        qname, dead, "stopped" if shutdown else "died",
+                        "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure")
+            return
+        if vh is None:
+            return
+        log.warning("queue %r: master %s %s; promoting the mirror here (%s)", qname, dead,
+                    "stopped" if shutdown else "died", "in sync" if m.synced else "NOT in sync")
+        bq, msgs = m.take_over()
+        self.spawn(self._promote(vh, qname, data, bq, msgs))
+
+    async def _promote(self, vh: VHost, name: str, data: dict[str, Any], bq: BackingQueue,
+                       msgs: dict[int, Message]) -> None:
+        old = vh.queues.get(name)
+        if old is not None:
+            await self._drop_local(vh, old)
+        wrapper = MirrorMasterBQ(bq, self, vh.name, name, live=msgs)
+        q = self.broker.make_queue(vh, name, wrapper, durable=data["durable"], auto_delete=data["auto_delete"],
+                                   arguments=data.get("arguments") or {})
+        vh.queues[name] = q
+        vh.exchanges[""].bind(Binding("", name, name))
+        self.broker.apply_policies(q)
+        self.broker.metadata_changed(persist=data["durable"])
+        self.reconcile_mirrors()
+        q.kick()
+
+    def sync_queue(self, vhost: str, name: str) -> str:
+        q = self._local_master(vhost, name)
+        if q is not None:
+            assert isinstance(q.bq, MirrorMasterBQ)
+            unsynced = [p for p, link in q.bq.mirrors.items() if not link.synced]
+            n = q.bq.sync()
+            return f"synchronising {len(unsynced)} mirror(s) of {name} with {n} message(s)"
+        vh = self.broker.vhosts.get(vhost)
+        rq = vh.queues.get(name) if vh is not None else None
+        if isinstance(rq, RemoteQueue) and self.transport.send(rq.master, {"t": "sync_req", "vh": vhost, "q": name}):
+            return f"asked master {rq.master} to synchronise {name}"
+        from broker_impl.broker import BrokerError
+
+        raise BrokerError(f"no queue '{name}' in vhost '{vhost}' with a reachable master")
+
+    def queue_info(self, vhost: str, name: str) -> dict[str, Any]:
+        data = self.table.live().get(key("queue", vhost, name)) or {}
+        q = self._local_master(vhost, name)
+        if q is not None:
+            data = q.bq.cluster_fields()  # type: ignore[attr-defined]
+        return {"node": data.get("master"), "mirrors": data.get("mirrors", []),
+                "synchronised_mirrors": data.get("synced", [])}
+
+    # -- partitions ------------------------------------------------------------------------------
+    def _check_majority(self) -> None:
+        if self.cfg.partition_handling != "pause_minority":
+            return
+        total = 1 + len(self.cfg.peers)
+        seen = 1 + len(self.transport.up_peers())
+        minority = seen * 2 <= total
+        if minority and not self.paused:
+            self.paused = True
+            log.warning("cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
+                        seen, total)
+            for conn in list(self.broker.connections):
+                conn.force_close("node paused: minority partition")
+        elif not minority and self.paused:
+            self.paused = False
+            log.warning("cluster: %d of %d nodes visible again; resuming", seen, total)
 
     # -- forwarding (proxy side) ------------------------------------------------------------
     def forward_publish(self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None) -> None:

@@ -1,0 +1,332 @@
+"""Mirrored queues: the master's backing queue streams every operation, mirrors replay it.
+
+The master's queue runs on ``MirrorMasterBQ``, a backing queue that applies
+each operation to the real one and then sends it, numbered, to every mirror:
+publish, publish_delivered, fetch, ack, requeue, drop, purge, delete, with the
+master's depth after the operation. A mirror (``Mirror``) replays the stream on
+its own ordinary backing queue, one operation at a time, and answers with the
+number it reached and whether its depth equals the master's: that is what
+*in sync* means. A publish returns (so the client's confirm goes out) only once
+every in-sync mirror has acknowledged it; a mirror acknowledges a persistent
+message after its own store has it on disk.
+
+A new mirror starts empty (``start``) and becomes in sync when the old head
+drains, or at once by ``sync``: the master sends every message it holds, in
+seq order, in batches of ``SYNC_BATCH``, all written to the link before any
+later operation, so the mirror sees the snapshot and then the stream.
+
+Deviation from RabbitMQ, and what it costs: the stream goes from the master
+straight to each mirror over the node links, not round a GM ring. With one
+sender per queue (the master) and FIFO links, per-sender order holds. What the
+ring adds is that a message that reached any survivor reaches all of them if
+the master dies mid-send; here survivors may differ in their last few
+operations. None of those was confirmed (a confirm waits for every in-sync
+mirror), so promotion loses no confirmed message; an ack that reached some
+mirrors but not the new master shows up as a redelivery. After a promotion the
+remaining mirrors restart empty under the new master and resync, which removes
+any such difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from broker_impl.backing import make_backing_queue
+from broker_impl.backing_queue import BackingQueue, Fetched
+from broker_impl.message import Message
+
+if TYPE_CHECKING:
+    from broker_impl.cluster.node import ClusterNode
+
+log = logging.getLogger("broker_impl.cluster.mirror")
+
+SYNC_BATCH = 4096
+
+
+class _Link:
+    __slots__ = ("acked", "synced", "joined")
+
+    def __init__(self, joined: int) -> None:
+        self.acked = -1
+        self.synced = False
+        self.joined = joined
+
+
+class MirrorMasterBQ(BackingQueue):
+    """The master's backing queue: the real one plus the operation stream to the mirrors."""
+
+    def __init__(self, inner: BackingQueue, node: ClusterNode, vhost: str, queue: str,
+                 live: dict[int, Message] | None = None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.durable = inner.durable
+        self.node = node
+        self.vhost = vhost
+        self.queue = queue
+        self.live: dict[int, Message] = dict(live or {})  # seq -> message, ready and unacked, in seq order
+        self.mirrors: dict[str, _Link] = {}  # join order
+        self._n = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    # -- the stream ---------------------------------------------------------------------
+    def _send(self, peer: str, op: dict[str, Any], blob: bytes = b"") -> None:
+        self.node.transport.send(peer, {"t": "mq", "vh": self.vhost, "q": self.queue, "n": self._n,
+                                        "depth": self.inner.depth(), **op}, blob)
+
+    def _bcast(self, op: dict[str, Any], blob: bytes = b"") -> int:
+        self._n += 1
+        for peer in self.mirrors:
+            self._send(peer, op, blob)
+        return self._n
+
+    async def _confirmed(self, n: int) -> None:
+        if not self._needed(n):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        await fut
+
+    def _needed(self, n: int) -> list[str]:
+        return [p for p, link in self.mirrors.items()
+                if link.synced and link.acked < n and self.node.transport.is_up(p)]
+
+    def _release(self) -> None:
+        while self._waiters and not self._needed(self._waiters[0][0]):
+            _n, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def mirror_acked(self, peer: str, n: int, synced: bool) -> None:
+        link = self.mirrors.get(peer)
+        if link is None or n < link.joined:
+            return
+        link.acked = max(link.acked, n)
+        if synced and not link.synced:
+            log.info("queue %r: mirror on %s is in sync", self.queue, peer)
+        link.synced = synced
+        self._release()
+
+    def add_mirror(self, peer: str, sync: bool) -> None:
+        self._n += 1
+        self.mirrors[peer] = _Link(self._n)
+        self._send(peer, {"op": "start", "durable": self.durable})
+        if sync:
+            self.sync(peer)
+
+    def remove_mirror(self, peer: str, stop: bool = True) -> None:
+        if self.mirrors.pop(peer, None) is not None and stop:
+            self._send(peer, {"op": "stop"})
+        self._release()
+
+    def sync(self, peer: str | None = None) -> int:
+        """Send every held message to one mirror (or all unsynced ones); returns how many."""
+        from broker_impl.cluster.remote import pack_messages
+
+        targets = [peer] if peer else [p for p, link in self.mirrors.items() if not link.synced]
+        unacked = set(self.inner.unacked())
+        items = list(self.live.items())
+        for p in targets:
+            if p not in self.mirrors:
+                continue
+            self._n += 1
+            self.mirrors[p].joined = self._n
+            for i in range(0, max(len(items), 1), SYNC_BATCH):
+                batch = items[i : i + SYNC_BATCH]
+                self._send(p, {"op": "sync", "first": i == 0, "seqs": [s for s, _ in batch],
+                               "unacked": [s for s, _ in batch if s in unacked]},
+                           pack_messages([m for _, m in batch]))
+            log.info("queue %r: synchronising mirror on %s (%d message(s))", self.queue, p, len(items))
+        return len(items)
+
+    def cluster_fields(self) -> dict[str, Any]:
+        return {"master": self.node.me, "mirrors": list(self.mirrors),
+                "synced": [p for p, link in self.mirrors.items() if link.synced]}
+
+    # -- BackingQueue ---------------------------------------------------------------------
+    async def publish(self, message: Message) -> int:
+        seq = await self.inner.publish(message)
+        self.live[seq] = message
+        await self._confirmed(self._bcast({"op": "pub", "seq": seq}, message.to_bytes()))
+        return seq
+
+    async def publish_delivered(self, message: Message) -> int:
+        seq = await self.inner.publish_delivered(message)
+        self.live[seq] = message
+        await self._confirmed(self._bcast({"op": "pubd", "seq": seq}, message.to_bytes()))
+        return seq
+
+    def fetch(self) -> Fetched | None:
+        f = self.inner.fetch()
+        if f is not None:
+            self._bcast({"op": "fetch", "seq": f.seq})
+        return f
+
+    async def ack(self, seqs: list[int]) -> None:
+        await self.inner.ack(seqs)
+        for s in seqs:
+            self.live.pop(s, None)
+        self._bcast({"op": "ack", "seqs": seqs})
+
+    def requeue(self, seqs: list[int]) -> None:
+        self.inner.requeue(seqs)
+        self._bcast({"op": "requeue", "seqs": seqs})
+
+    async def drop(self, seqs: list[int]) -> None:
+        await self.inner.drop(seqs)
+        for s in seqs:
+            self.live.pop(s, None)
+        self._bcast({"op": "drop", "seqs": seqs})
+
+    async def purge(self) -> int:
+        n = await self.inner.purge()
+        keep = set(self.inner.unacked())
+        self.live = {s: m for s, m in self.live.items() if s in keep}
+        self._bcast({"op": "purge"})
+        return n
+
+    def len(self) -> int:
+        return self.inner.len()
+
+    def depth(self) -> int:
+        return self.inner.depth()
+
+    def unacked(self) -> list[int]:
+        return self.inner.unacked()
+
+    def ram_bytes(self) -> int:
+        return self.inner.ram_bytes()
+
+    async def delete(self) -> None:
+        await self.inner.delete()
+        self.live.clear()
+        self._bcast({"op": "delete"})
+        self.mirrors.clear()
+        self._release()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class Mirror:
+    """A queue's copy on a mirror node: replays the master's stream in order on its own backing queue."""
+
+    def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool) -> None:
+        self.node = node
+        self.vhost = vhost
+        self.queue = queue
+        self.master = master
+        self.durable = durable
+        self.bq: BackingQueue | None = None
+        self.seqmap: dict[int, int] = {}  # master seq -> our seq
+        self.msgs: dict[int, Message] = {}  # our seq -> message
+        self.synced = False
+        self.closed = False
+        self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
+        self._task = node.spawn(self._run())
+
+    def feed(self, h: dict[str, Any], blob: bytes) -> None:
+        self._inbox.put_nowait((h, blob))
+
+    async def _fresh(self) -> BackingQueue:
+        """A mirror always starts empty: whatever a previous life left in the store is dropped."""
+        from broker_impl.broker import store_queue_key
+
+        b = self.node.broker
+        if self.bq is not None:
+            await self.bq.delete()
+        key = store_queue_key(self.vhost, self.queue)
+        bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
+        if bq.depth():
+            await bq.delete()
+            bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
+        self.seqmap.clear()
+        self.msgs.clear()
+        return bq
+
+    async def _run(self) -> None:
+        while not self.closed:
+            h, blob = await self._inbox.get()
+            try:
+                await self._apply(h, blob)
+            except Exception:
+                log.exception("mirror of %r: replaying %s failed; restarting empty", self.queue, h.get("op"))
+                self.bq = await self._fresh()
+                self.synced = False
+            if self.closed:
+                return
+            if self.bq is not None:
+                self.synced = self.bq.depth() == int(h.get("depth", -1))
+            self.node.transport.send(self.master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
+                                                   "n": h.get("n", 0), "synced": self.synced})
+
+    async def _apply(self, h: dict[str, Any], blob: bytes) -> None:
+        op = h["op"]
+        if op == "start":
+            self.durable = bool(h.get("durable", self.durable))
+            self.bq = await self._fresh()
+            return
+        bq = self.bq
+        if bq is None:
+            return
+        if op in ("pub", "pubd"):
+            m = Message.from_bytes(blob)
+            s = await (bq.publish(m) if op == "pub" else bq.publish_delivered(m))
+            self.seqmap[int(h["seq"])] = s
+            self.msgs[s] = m
+        elif op == "fetch":
+            mine = self.seqmap.get(int(h["seq"]))
+            if mine is None:
+                return  # published before we joined
+            f = bq.fetch()
+            if f is not None and f.seq != mine:
+                bq.requeue([f.seq])
+                log.warning("mirror of %r: head %d is not the master's %d", self.queue, f.seq, mine)
+        elif op in ("ack", "drop"):
+            mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
+            for s in mine:
+                self.msgs.pop(s, None)
+            if mine:
+                await (bq.ack(mine) if op == "ack" else bq.drop(mine))
+        elif op == "requeue":
+            mine = [self.seqmap[int(s)] for s in h["seqs"] if int(s) in self.seqmap]
+            if mine:
+                bq.requeue(mine)
+        elif op == "purge":
+            await bq.purge()
+            keep = set(bq.unacked())
+            self.seqmap = {k: v for k, v in self.seqmap.items() if v in keep}
+            self.msgs = {k: v for k, v in self.msgs.items() if k in keep}
+        elif op == "sync":
+            from broker_impl.cluster.remote import unpack_messages
+
+            if h.get("first"):
+                self.bq = bq = await self._fresh()
+            unacked = set(h.get("unacked", []))
+            for mseq, m in zip(h["seqs"], unpack_messages(blob), strict=True):
+                s = await (bq.publish_delivered(m) if mseq in unacked else bq.publish(m))
+                self.seqmap[int(mseq)] = s
+                self.msgs[s] = m
+        elif op in ("delete", "stop"):
+            await self.discard()
+
+    async def discard(self) -> None:
+        self.closed = True
+        if self.bq is not None:
+            await self.bq.delete()
+            self.bq = None
+        self.node.mirrors.pop((self.vhost, self.queue), None)
+
+    def take_over(self) -> tuple[BackingQueue, dict[int, Message]]:
+        """Promotion: hand the backing queue over, unacked messages back to ready and marked redelivered."""
+        assert self.bq is not None
+        self.closed = True
+        self._task.cancel()
+        bq, self.bq = self.bq, None
+        unacked = bq.unacked()
+        if unacked:
+            bq.requeue(unacked)
+        self.node.mirrors.pop((self.vhost, self.queue), None)
+        return bq, dict(self.msgs)
