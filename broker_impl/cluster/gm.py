@@ -75,6 +75,9 @@ Rules
 -----
 * Only messages from the current left neighbour are processed; anything else is
   dropped (its content reaches us through a ``Catchup`` from the new left).
+  After the left neighbour changes, everything from it is dropped until its
+  ``Catchup``: a left can come back (A, a joiner, A again), and what A sent in
+  its first spell must not be taken as following what we saw.
 * A message tagged with a newer version than our view makes us re-read the
   group record before processing it.
 * While a store request is outstanding the member processes no ring message and
@@ -461,6 +464,7 @@ class GmMember:
         self._suspects: dict[MemberId, float] = {}
         self._join_deadline = math.inf
         self._uncertain: set[MemberId] = set()
+        self._need_catchup = False
         self._probe_seq = 0
         self._probe_deadline = math.inf
         self._now = 0.0
@@ -635,10 +639,13 @@ class GmMember:
         if view is None or sender != view.left or sender == self.me:
             return
         if isinstance(message, Catchup):
+            self._need_catchup = False
             if self._state is None:
                 self._adopt_snapshot(message)
             else:
                 self._process_catchup(message)
+        elif self._need_catchup:
+            return
         elif isinstance(message, Probe):
             if message.origin == self.me:
                 if message.seq == self._probe_seq:
@@ -672,6 +679,11 @@ class GmMember:
             return
         old = self._view
         view = self._view = View.of(record, self.me)
+        if old is None or old.left != view.left:
+            # a new link from the left starts with its catchup; whatever it sent
+            # us earlier (a left can come back: A, then a joiner, then A again)
+            # is behind in FIFO order and is dropped until that catchup
+            self._need_catchup = not view.alone
         if self._phase == _JOINING:
             self._phase = _MEMBER
             self._join_deadline = math.inf

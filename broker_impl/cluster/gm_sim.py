@@ -442,3 +442,20 @@ def converged(sim: GmSim) -> list[str]:
         if v is None or set(v.alive) != set(sim.alive):
             out.append(f"{m} sees alive {v.alive if v else None}, really alive {sorted(sim.alive)}")
     return out
+
+
+def random_script(seed: int, kill: float = 0.15, length: int = 60) -> tuple[int, list[Op]]:
+    """A founder count and a script for ``play``, drawn from ``seed``: half broadcasts, ``kill`` crashes, 10% joins."""
+    rng = random.Random(seed)
+    ops: list[Op] = []
+    for _ in range(rng.randint(0, length)):
+        x = rng.random()
+        if x < 0.5:
+            ops.append(("broadcast", rng.randrange(10), rng.random() < 0.5))
+        elif x < 0.5 + kill:
+            ops.append(("kill", rng.randrange(10)))
+        elif x < 0.6 + kill:
+            ops.append(("join",))
+        else:
+            ops.append(("run", rng.randint(0, 20)))
+    return rng.randint(1, 5), ops

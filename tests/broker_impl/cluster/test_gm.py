@@ -24,6 +24,7 @@ from broker_impl.cluster.gm import (
     Joined,
     JoinRequest,
     MarkDead,
+    MemberSnapshot,
     ReadGroup,
     Send,
     Stopped,
@@ -177,18 +178,29 @@ def test_messages_from_anyone_but_the_left_neighbour_are_ignored() -> None:
 
 def test_a_newer_version_makes_the_member_reread_the_record_first_and_park_traffic() -> None:
     store, a, b = pair()
-    store.update("q", AddOnRight("b", "c"))  # behind b's back: now a -> b -> c -> a
-    read = one(a.receive("c", Activity(2, (ActivityEntry("c", ((0, "x"),)),))), ReadGroup)
+    store.update("q", AddOnRight("b", "c"))  # behind a's back: now a -> b -> c -> a
+    state = {"c": MemberSnapshot(((0, "x"),), 0, -1)}
+    read = one(a.receive("c", Catchup(2, state)), ReadGroup)
     assert read.min_version == 2
     assert a.receive("c", Activity(2, (ActivityEntry("c", ((1, "y"),)),))) == []  # parked behind the first
     done = a.store_reply(read.request, store.read("q"))
     assert a.view is not None and a.view.version == 2 and a.view.left == "c"
     assert done == [
-        Deliver("c", "x"),
+        Deliver("c", "x"),  # missed, according to c's catchup
         Send("b", Activity(2, (ActivityEntry("c", ((0, "x"),)),))),
         Deliver("c", "y"),
         Send("b", Activity(2, (ActivityEntry("c", ((1, "y"),)),))),
     ]
+
+
+def test_after_a_left_change_nothing_is_taken_from_the_new_left_before_its_catchup() -> None:
+    store, a, b = pair()
+    record = store.update("q", AddOnRight("b", "c"))
+    assert record is not None
+    a.group_changed(record)
+    assert a.receive("c", Activity(2, (ActivityEntry("c", ((5, "old"),)),))) == []
+    out = a.receive("c", Catchup(2, {"c": MemberSnapshot(((6, "z"),), 6, 4)}))
+    assert out == [Deliver("c", "z"), Send("b", Activity(2, (ActivityEntry("c", ((6, "z"),), (5,)),)))]
 
 
 def test_a_member_recorded_dead_stops() -> None:
