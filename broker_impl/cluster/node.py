@@ -117,6 +117,9 @@ class ClusterNode:
         self.paused = False
         self._leaving: set[str] = set()
         self._was_down: set[str] = set()
+        self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
+        self._skip_meta: set[str] = set()
+        self._await_winner: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,6 +139,8 @@ class ClusterNode:
         while True:
             await asyncio.sleep(self.cfg.tick)
             try:
+                for peer in self.transport.up_peers():
+                    self.transport.send(peer, {"t": "clients", "n": len(self.broker.connections)})
                 self.reconcile_mirrors()
                 self.local_changed()
             except Exception:
@@ -168,7 +173,7 @@ class ClusterNode:
 
     def local_changed(self) -> None:
         """Stamp and send whatever changed here; deferred while a remote batch is being applied."""
-        if self._applying:
+        if self._applying or self._await_winner is not None:
             self._dirty = True
             return
         changed = self.table.diff(collect(self.broker, self._queue_fields()))
@@ -183,6 +188,8 @@ class ClusterNode:
     async def _apply_loop(self) -> None:
         while True:
             peer, h = await self._inbox.get()
+            if peer == self._await_winner:
+                self._await_winner = None
             changed = self.table.merge(Table.decode(h.get("entries", {})))
             if not changed:
                 continue
@@ -196,9 +203,8 @@ class ClusterNode:
                 self.broker.metadata_changed()
             finally:
                 self._applying = False
-            if self._dirty or True:
-                self._dirty = False
-                self.local_changed()
+            self._dirty = False
+            self.local_changed()
 
     async def _apply(self, k: list[str], data: dict[str, Any] | None) -> None:
         b = self.broker
@@ -275,12 +281,16 @@ class ClusterNode:
             await stale.discard()
         if master == self.me:
             if local is None or isinstance(local, RemoteQueue):
+                movers = self._take_consumers(local)
                 if local is not None:
                     await self._drop_local(vh, local)
-                await vh.declare_queue(name, owner=None, durable=data["durable"], auto_delete=data["auto_delete"],
-                                       arguments=data.get("arguments") or {})
+                q = await vh.declare_queue(name, owner=None, durable=data["durable"], auto_delete=data["auto_delete"],
+                                           arguments=data.get("arguments") or {})
+                self._give_consumers(q, movers)
             return
-        if isinstance(local, RemoteQueue) and local.master == master:
+        if isinstance(local, RemoteQueue):
+            if local.master != master:
+                local.master_changed(master)
             return
         if local is not None:
             log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", name, vh.name, master)
@@ -291,6 +301,26 @@ class ClusterNode:
         vh.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(rq)  # type: ignore[arg-type]
 
+    @staticmethod
+    def _take_consumers(q: Any) -> list[Consumer]:
+        """Consumers of a proxy that is being replaced by a master here; cancel-on-failover ones are cancelled."""
+        if not isinstance(q, RemoteQueue):
+            return []
+        movers = []
+        for c in q.release_consumers():
+            if c.arguments.get("x-cancel-on-ha-failover"):
+                c.channel.consumer_cancelled(c)
+            else:
+                movers.append(c)
+        return movers
+
+    @staticmethod
+    def _give_consumers(q: Queue, consumers: list[Consumer]) -> None:
+        for c in consumers:
+            c.queue = q
+            c.unacked = 0
+            q.add_consumer(c)
+
     async def _drop_local(self, vh: VHost, q: Any) -> None:
         """Replace a queue object without touching its bindings (they name the queue, not the object)."""
         if vh.queues.get(q.name) is q:
@@ -300,7 +330,16 @@ class ClusterNode:
     # -- links ----------------------------------------------------------------------------
     def _peer_up(self, peer: str) -> None:
         self._leaving.discard(peer)
+        if peer in self._was_down:
+            self._was_down.discard(peer)
+            if self.cfg.partition_handling == "autoheal":
+                side = self._side(peer)
+                self.transport.send(peer, {"t": "heal", "side": side, "clients": self._side_clients(side)})
         self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
+        for vh in self.broker.vhosts.values():
+            for q in list(vh.queues.values()):
+                if isinstance(q, RemoteQueue) and q.master == peer:
+                    q.resubscribe()
         self._check_majority()
         self.reconcile_mirrors()
 
@@ -333,7 +372,14 @@ class ClusterNode:
     def _on_message(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         t = h.get("t")
         if t == "meta":
+            if peer in self._skip_meta:
+                self._skip_meta.discard(peer)  # autoheal: the losing side's table is not merged
+                return
             self._inbox.put_nowait((peer, h))
+        elif t == "clients":
+            self._clients[peer] = int(h.get("n", 0))
+        elif t == "heal":
+            self._autoheal(peer, [str(n) for n in h.get("side", [peer])], int(h.get("clients", 0)))
         elif t == "pub_ok":
             entry = self._pending_pubs.pop(int(h["id"]), None)
             if entry is not None:
@@ -450,6 +496,7 @@ class ClusterNode:
     async def _promote(self, vh: VHost, name: str, data: dict[str, Any], bq: BackingQueue,
                        msgs: dict[int, Message]) -> None:
         old = vh.queues.get(name)
+        movers = self._take_consumers(old)
         if old is not None:
             await self._drop_local(vh, old)
         wrapper = MirrorMasterBQ(bq, self, vh.name, name, live=msgs)
@@ -460,7 +507,7 @@ class ClusterNode:
         self.broker.apply_policies(q)
         self.broker.metadata_changed(persist=data["durable"])
         self.reconcile_mirrors()
-        q.kick()
+        self._give_consumers(q, movers)
 
     def sync_queue(self, vhost: str, name: str) -> str:
         q = self._local_master(vhost, name)
@@ -501,6 +548,43 @@ class ClusterNode:
         elif not minority and self.paused:
             self.paused = False
             log.warning("cluster: %d of %d nodes visible again; resuming", seen, total)
+
+    def _side(self, returning: str) -> list[str]:
+        """The nodes on this side of a partition that just healed towards ``returning``."""
+        return sorted({self.me, *(p for p in self.transport.up_peers() if p != returning)})
+
+    def _side_clients(self, side: list[str]) -> int:
+        return sum(len(self.broker.connections) if n == self.me else self._clients.get(n, 0) for n in side)
+
+    def _autoheal(self, peer: str, their_side: list[str], their_clients: int) -> None:
+        """RabbitMQ's autoheal: the side with fewer clients (ties: the side without the smallest name) restarts.
+
+        Restarting here means: close client connections and forget the metadata
+        table, so the winner's records replace ours key by key; a queue mastered on
+        both sides keeps the winner's master and our copy is dropped (its messages
+        are lost, as in RabbitMQ), and mirrors restart empty under it.
+        """
+        if self.cfg.partition_handling != "autoheal":
+            return
+        my_side = self._side(peer)
+        if set(my_side) & set(their_side):
+            return  # healed already through a node both sides see: that pair decided
+        mine = my_side
+        my_clients = self._side_clients(mine)
+        lose = (my_clients, min(their_side)) < (their_clients, min(mine))
+        if not lose:
+            log.warning("autoheal: this side %s (%d clients) wins over %s (%d clients)",
+                        mine, my_clients, their_side, their_clients)
+            self._skip_meta.add(peer)
+            return
+        log.warning("autoheal: this side %s (%d clients) loses to %s (%d clients); restarting queues from the winner",
+                    mine, my_clients, their_side, their_clients)
+        for conn in list(self.broker.connections):
+            conn.force_close("autoheal: node restarting after a partition")
+        clock = self.table.clock
+        self.table = Table(self.me)
+        self.table.clock = clock
+        self._await_winner = peer  # no local stamping until the winner's table is in
 
     # -- forwarding (proxy side) ------------------------------------------------------------
     def forward_publish(self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None) -> None:

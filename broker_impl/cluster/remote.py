@@ -10,17 +10,18 @@ those seqs.
 
 What a link failure means: when the master's node goes down (or the link
 breaks, which counts the same), the proxy nacks publishes still waiting for a
-confirm (they may or may not have been stored: "recovered" if they show up),
-cancels its consumers (``basic.cancel`` to clients that accept it) and forgets
-its deliveries, so a late ack cannot hit a seq the master has requeued and
-redelivered meanwhile. The master, seeing the proxy's node down, removes that
+confirm (they may or may not have been stored: "recovered" if they show up)
+and forgets its deliveries, so a late ack cannot hit a seq the master has
+requeued and redelivered meanwhile. Consumers that asked for
+``x-cancel-on-ha-failover`` get ``basic.cancel``; the others wait and follow
+the queue to a promoted mirror (or to the master when it returns), as RabbitMQ
+moves them. The master, seeing the proxy's node down, removes that
 node's consumers and requeues everything it delivered to them, marked
 redelivered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -99,12 +100,33 @@ class RemoteQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True
+        self._subscribe(consumer)
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        """Register with the master; while it is unreachable the consumer waits (the queue is unavailable)."""
         cid = self.node.register_proxy_consumer(consumer)
-        ok = self.node.transport.send(self.master, self._hdr(
+        self.node.transport.send(self.master, self._hdr(
             "consume", cid=cid, no_ack=consumer.no_ack, prefetch=consumer.prefetch,
             exclusive=consumer.exclusive, args=_plain(consumer.arguments)))
-        if not ok:
-            asyncio.get_running_loop().call_soon(self.cancel_consumer, consumer)
+
+    def resubscribe(self) -> None:
+        for c in list(self.consumers):
+            self.node.unregister_proxy_consumer(c)
+            self._subscribe(c)
+
+    def master_changed(self, master: str) -> None:
+        """A mirror was promoted: consumers follow the queue to its new master."""
+        self.master = master
+        self._live.clear()
+        self.resubscribe()
+
+    def release_consumers(self) -> list[Consumer]:
+        """Consumers that move on to a queue object that replaces this proxy (promotion here)."""
+        out = list(self.consumers)
+        self.consumers.clear()
+        for c in out:
+            self.node.unregister_proxy_consumer(c)
+        return out
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
@@ -180,9 +202,14 @@ class RemoteQueue:
 
     # -- lifecycle -------------------------------------------------------------------------
     def master_down(self) -> None:
+        """Deliveries from the dead master are void; consumers that asked for it are cancelled, others wait
+        for a promoted mirror or the master's return (``x-cancel-on-ha-failover``, as RabbitMQ)."""
         self._live.clear()
         for c in list(self.consumers):
-            self.cancel_consumer(c)
+            if c.arguments.get("x-cancel-on-ha-failover"):
+                self.cancel_consumer(c)
+            else:
+                self.node.unregister_proxy_consumer(c)
 
     async def delete(self) -> int:
         """Only the local proxy goes; the metadata delete tells the master to drop the queue."""

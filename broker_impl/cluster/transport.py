@@ -46,6 +46,7 @@ class _Peer:
     up: bool = False
     downs: int = 0
     last_change: float = 0.0
+    early: list[Frame] = field(default_factory=list)  # arrived before our own link to the peer was up
 
 
 def resolve_listen(host: str) -> str:
@@ -192,11 +193,11 @@ class Transport:
                     if writer not in peer.readers:
                         return  # this link was closed when the peer went down
                     peer.last_heard = time.monotonic()
-                    if frame.type == DATA and peer.up:
-                        try:
-                            self._on_message(peer.name, frame.header, frame.blob)
-                        except Exception:
-                            log.exception("cluster link: handling %r from %s failed", frame.header.get("t"), peer.name)
+                    if frame.type == DATA:
+                        if peer.up:
+                            self._deliver(peer, frame)
+                        else:
+                            peer.early.append(frame)
         except (OSError, ConnectionError, WireError) as exc:
             log.info("cluster link from %s closed: %s", peer.name if peer else "?", exc)
         finally:
@@ -204,6 +205,12 @@ class Transport:
             if peer is not None and writer in peer.readers:
                 peer.readers.discard(writer)
                 self._mark_down(peer, "link closed")
+
+    def _deliver(self, peer: _Peer, frame: Frame) -> None:
+        try:
+            self._on_message(peer.name, frame.header, frame.blob)
+        except Exception:
+            log.exception("cluster link: handling %r from %s failed", frame.header.get("t"), peer.name)
 
     # -- liveness ------------------------------------------------------------------------
     async def _ticker(self) -> None:
@@ -226,6 +233,10 @@ class Transport:
         p.last_change = time.monotonic()
         log.warning("cluster: peer %s is up", p.name)
         self._on_up(p.name)
+        early, p.early = p.early, []
+        for frame in early:
+            if p.up:
+                self._deliver(p, frame)
 
     def _mark_down(self, p: _Peer, why: str) -> None:
         self._close_links(p)
@@ -238,6 +249,7 @@ class Transport:
         self._on_down(p.name)
 
     def _close_links(self, p: _Peer) -> None:
+        p.early.clear()
         if p.writer is not None:
             p.writer.close()
             p.writer = None

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,6 +88,92 @@ class NodeProc:
         return p.read_text() if p.exists() else ""
 
 
+class LinkProxy:
+    """One direction of one inter-node link (as a Toxiproxy proxy in the harness); ``cut`` drops it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.cut = False
+        self._socks: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self.cut:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self.cut:
+                data = src.recv(65536)
+                if not data or self.cut:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def set_cut(self, cut: bool) -> None:
+        self.cut = cut
+        if cut:
+            with self._lock:
+                socks, self._socks = self._socks, set()
+            for s in socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.set_cut(True)
+        self._server.close()
+
+
+class Net:
+    """The proxies between every ordered pair of nodes."""
+
+    def __init__(self) -> None:
+        self.links: dict[tuple[str, str], LinkProxy] = {}
+
+    def partition(self, *groups: list[str]) -> None:
+        """Cut every link between nodes of different groups, both ways; heal the rest."""
+        side = {n: i for i, g in enumerate(groups) for n in g}
+        for (a, b), link in self.links.items():
+            link.set_cut(side.get(a, -1) != side.get(b, -2))
+
+    def heal(self) -> None:
+        for link in self.links.values():
+            link.set_cut(False)
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -102,17 +189,31 @@ def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condit
 
 
 @pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., list[NodeProc]]]:
+def net() -> Iterator[Net]:
+    n = Net()
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, net: Net) -> Iterator[Callable[..., list[NodeProc]]]:
+    """``make(n, proxied=False, **cluster_settings)``; proxied nodes reach each other through ``net``."""
     made: list[NodeProc] = []
 
-    def make(n: int = 3, **cluster: Any) -> list[NodeProc]:
+    def make(n: int = 3, proxied: bool = False, **cluster: Any) -> list[NodeProc]:
         cport = free_port()
         cluster.setdefault("tick", 0.2)
         names = [f"n{i + 1}" for i in range(n)]
         addrs = {name: f"127.0.0.{i + 2}" for i, name in enumerate(names)}
+
+        def peer_addr(a: str, b: str) -> str:
+            if not proxied:
+                return f"{addrs[b]}:{cport}"
+            link = net.links[(a, b)] = LinkProxy((addrs[b], cport))
+            return f"127.0.0.1:{link.port}"
+
         nodes = [
-            NodeProc(name, tmp_path, addrs[name], cport,
-                     {p: f"{addrs[p]}:{cport}" for p in names if p != name}, cluster)
+            NodeProc(name, tmp_path, addrs[name], cport, {p: peer_addr(name, p) for p in names if p != name}, cluster)
             for name in names
         ]
         made.extend(nodes)

@@ -133,3 +133,26 @@ def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror
     wait_for(lambda: _info(survivor, "ha.manual").get("node") == mirror, what="mirror promoted")
     wait_for(lambda: _info(survivor, "ha.manual").get("mirrors") == [other.name], what="replacement mirror")
     assert _drain(other, "ha.manual") == list(range(40))
+
+
+def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue([n1, n2, n3], "ha.cons", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    wait_for(lambda: len(_info(n1, "ha.cons")["synchronised_mirrors"]) == 2, what="mirrors in sync")
+    c3 = _conn(n3)
+    stay, leave = c3.channel(), c3.channel()
+    got: list[int] = []
+    cancelled: list[str] = []
+    stay.basic_consume("ha.cons", lambda ch, m, _p, body: (got.append(int(body)), ch.basic_ack(m.delivery_tag)))
+    leave.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    leave.basic_consume("ha.cons", lambda ch, m, _p, body: ch.basic_reject(m.delivery_tag, requeue=True),
+                        arguments={"x-cancel-on-ha-failover": True}, consumer_tag="leaver")
+    wait_for(lambda: _info(n1, "ha.cons")["consumers"] == 2, what="two consumers on the master")
+    n1.kill()
+    wait_for(lambda: c3.process_data_events(0.1) or cancelled == ["leaver"], what="basic.cancel for the leaver")
+    wait_for(lambda: _info(n2, "ha.cons").get("node") == "n2" and _info(n2, "ha.cons")["consumers"] == 1,
+             what="the other consumer on the new master")
+    _publish(n2, "ha.cons", range(20))
+    wait_for(lambda: c3.process_data_events(0.1) or len(got) == 20, what="deliveries after failover")
+    assert got == list(range(20))
+    c3.close()
