@@ -1,0 +1,109 @@
+"""Machine facts and result files shared by the broker benchmarks.
+
+A number without the machine, the load on it and the command that produced it
+cannot be compared with anything, so every result file carries all three.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def command_line() -> str:
+    """How this benchmark was started, as one could type it again from the repository root."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        mod = Path(argv[0]).resolve()
+        try:
+            rel = mod.relative_to(RESULTS.parent.parent)
+            argv[0] = "-m " + ".".join(rel.with_suffix("").parts)
+        except ValueError:
+            pass
+    return "python " + " ".join([argv[0]] + [shlex.quote(a) for a in argv[1:]])
+
+
+def _meminfo_total() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_facts() -> dict[str, Any]:
+    try:
+        docker = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                                text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        docker = "?"
+    return {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_bytes": _meminfo_total(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "docker_server": docker,
+        "client_libraries": {p: _version(p) for p in ("aiormq", "pamqp", "uvloop")},
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+def write_text(name: str, text: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(text)
+    return path
+
+
+def facts_markdown(facts: dict[str, Any], command: str) -> str:
+    mem_gib = facts["memory_bytes"] / 2**30
+    libs = ", ".join(f"{k} {v}" for k, v in facts["client_libraries"].items())
+    load = " ".join(f"{x:.2f}" for x in facts["load_average_at_start"])
+    lines = [
+        f"- command: `{command}`",
+        f"- date: {facts['date']}",
+        f"- machine: {facts['nproc']} CPUs ({facts['cpu']}), {mem_gib:.1f} GiB RAM, kernel {facts['kernel']}, "
+        f"Docker {facts['docker_server']}",
+        f"- client: Python {facts['python']}, {libs}",
+        f"- load average at start (1/5/15 min): {load}",
+    ]
+    if "load_average_at_end" in facts:
+        lines.append("- load average at end: " + " ".join(f"{x:.2f}" for x in facts["load_average_at_end"]))
+    return "\n".join(lines) + "\n"
