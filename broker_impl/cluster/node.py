@@ -120,6 +120,7 @@ class ClusterNode:
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
         self._skip_meta: set[str] = set()
         self._await_winner: str | None = None
+        self._heal_side: dict[str, list[str]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -333,7 +334,7 @@ class ClusterNode:
         if peer in self._was_down:
             self._was_down.discard(peer)
             if self.cfg.partition_handling == "autoheal":
-                side = self._side(peer)
+                side = self._heal_side[peer] = self._side(peer)  # the sides as they were when this link healed
                 self.transport.send(peer, {"t": "heal", "side": side, "clients": self._side_clients(side)})
         self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
         for vh in self.broker.vhosts.values():
@@ -566,7 +567,7 @@ class ClusterNode:
         """
         if self.cfg.partition_handling != "autoheal":
             return
-        my_side = self._side(peer)
+        my_side = self._heal_side.pop(peer, None) or self._side(peer)
         if set(my_side) & set(their_side):
             return  # healed already through a node both sides see: that pair decided
         mine = my_side

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from broker_impl.ctl import CtlError, call
@@ -172,6 +173,42 @@ class Net:
     def close(self) -> None:
         for link in self.links.values():
             link.close()
+
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def amqp(node: NodeProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0,
+                                                             connection_attempts=1))
+
+
+def queue_info(node: NodeProc, queue: str) -> dict[str, Any]:
+    return {q["name"]: q for q in node.ctl("list_queues")}.get(queue) or {}
+
+
+def publish(node: NodeProc, queue: str, bodies: range) -> None:
+    """Persistent publishes with confirms: pika raises if any is nacked."""
+    c = amqp(node)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in bodies:
+        ch.basic_publish("", queue, str(i).encode(), PERSISTENT)
+    c.close()
+
+
+def drain(node: NodeProc, queue: str) -> list[int]:
+    """basic.get with auto-ack until empty; bodies as ints, in delivery order."""
+    c = amqp(node)
+    ch = c.channel()
+    out = []
+    while True:
+        m, _p, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        out.append(int(body))
+    c.close()
+    return out
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pika
 import pytest
 
-from tests.broker_impl.cluster.conftest import wait_for
+from tests.broker_impl.cluster.conftest import amqp, wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _conn(node) -> pika.BlockingConnection:  # type: ignore[no-untyped-def]
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0))
 
 
 def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
@@ -28,7 +24,7 @@ def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory
 
 def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
-    c = _conn(n2)
+    c = amqp(n2)
     ch = c.channel()
     ch.exchange_declare("ex1", "topic", durable=True)
     ch.queue_declare("shared", durable=True)
@@ -51,7 +47,7 @@ def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-u
     wait_for(converged, what="metadata on every node")
     masters = {n.name: {q["name"]: q.get("node", n.name) for q in n.ctl("list_queues")}["shared"] for n in (n1, n2, n3)}
     assert masters == {"n1": "n2", "n2": "n2", "n3": "n2"}
-    c = _conn(n3)
+    c = amqp(n3)
     c.channel().queue_delete("shared")
     c.close()
     wait_for(lambda: all("shared" not in [q["name"] for q in n.ctl("list_queues")] for n in (n1, n2, n3)),
@@ -60,18 +56,18 @@ def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-u
 
 def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
-    c1 = _conn(n1)
+    c1 = amqp(n1)
     c1.channel().queue_declare("work", durable=True)
     wait_for(lambda: "work" in [q["name"] for q in n2.ctl("list_queues")] and
              "work" in [q["name"] for q in n3.ctl("list_queues")], what="queue everywhere")
-    c2 = _conn(n2)
+    c2 = amqp(n2)
     pub = c2.channel()
     pub.confirm_delivery()
     for i in range(200):
         pub.basic_publish("", "work", str(i).encode(), pika.BasicProperties(delivery_mode=2))
     master = {q["name"]: q for q in n1.ctl("list_queues")}["work"]
     assert master["messages_ready"] == 200  # every confirm came from the master after it stored the message
-    c3 = _conn(n3)
+    c3 = amqp(n3)
     sub = c3.channel()
     sub.basic_qos(prefetch_count=20)
     got: list[int] = []
@@ -100,14 +96,14 @@ def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None: 
 
 def test_unacked_deliveries_return_when_the_consumers_node_dies(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
-    c1 = _conn(n1)
+    c1 = amqp(n1)
     ch = c1.channel()
     ch.queue_declare("held", durable=True)
     ch.confirm_delivery()
     for i in range(5):
         ch.basic_publish("", "held", str(i).encode(), pika.BasicProperties(delivery_mode=2))
     wait_for(lambda: "held" in [q["name"] for q in n3.ctl("list_queues")], what="queue on n3")
-    c3 = _conn(n3)
+    c3 = amqp(n3)
     sub = c3.channel()
     held: list[bytes] = []
     sub.basic_consume("held", lambda _ch, _m, _p, body: held.append(body))

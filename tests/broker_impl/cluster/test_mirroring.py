@@ -5,81 +5,55 @@ from __future__ import annotations
 import pika
 import pytest
 
-from tests.broker_impl.cluster.conftest import NodeProc, wait_for
+from tests.broker_impl.cluster.conftest import (
+    PERSISTENT,
+    NodeProc,
+    amqp,
+    drain,
+    publish,
+    queue_info,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def _conn(node: NodeProc) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0))
-
-
-def _info(node: NodeProc, queue: str) -> dict:
-    return {q["name"]: q for q in node.ctl("list_queues")}.get(queue) or {}
-
-
-def _publish(node: NodeProc, queue: str, bodies: range) -> None:
-    """Every publish here is confirmed (pika raises on a nack)."""
-    c = _conn(node)
-    ch = c.channel()
-    ch.confirm_delivery()
-    for i in bodies:
-        ch.basic_publish("", queue, str(i).encode(), PERSISTENT)
-    c.close()
-
-
-def _drain(node: NodeProc, queue: str) -> list[int]:
-    c = _conn(node)
-    ch = c.channel()
-    out = []
-    while True:
-        m, _p, body = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        out.append(int(body))
-    c.close()
-    return out
-
 
 def _mirrored_queue(nodes: list[NodeProc], queue: str, definition: dict, before: int = 0, mirrors: int = 2) -> None:
     """Declare on n1 (its master), optionally fill it before the policy exists, then mirror it on n2 and n3."""
     n1 = nodes[0]
-    c = _conn(n1)
+    c = amqp(n1)
     c.channel().queue_declare(queue, durable=True)
     c.close()
     if before:
-        _publish(n1, queue, range(before))
+        publish(n1, queue, range(before))
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=definition)
-    wait_for(lambda: len(_info(n1, queue).get("mirrors", [])) == mirrors, what=f"{mirrors} mirror(s)")
+    wait_for(lambda: len(queue_info(n1, queue).get("mirrors", [])) == mirrors, what=f"{mirrors} mirror(s)")
 
 
 def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.synced", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(_info(n1, "ha.synced")["synchronised_mirrors"]) == 2, what="mirrors in sync")
-    _publish(n2, "ha.synced", range(200))  # through a non-master node
+    wait_for(lambda: len(queue_info(n1, "ha.synced")["synchronised_mirrors"]) == 2, what="mirrors in sync")
+    publish(n2, "ha.synced", range(200))  # through a non-master node
     n1.kill()
-    info = wait_for(lambda: (i := _info(n2, "ha.synced")) and i["node"] == "n2" and i, what="n2 promoted")
+    info = wait_for(lambda: (i := queue_info(n2, "ha.synced")) and i["node"] == "n2" and i, what="n2 promoted")
     assert info["messages_ready"] == 200
     assert "promoting the mirror here (in sync)" in n2.log()
-    assert _drain(n3, "ha.synced") == list(range(200))
+    assert drain(n3, "ha.synced") == list(range(200))
 
 
 def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.unacked", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(_info(n1, "ha.unacked")["synchronised_mirrors"]) == 2, what="mirrors in sync")
-    _publish(n1, "ha.unacked", range(3))
-    c = _conn(n1)
+    wait_for(lambda: len(queue_info(n1, "ha.unacked")["synchronised_mirrors"]) == 2, what="mirrors in sync")
+    publish(n1, "ha.unacked", range(3))
+    c = amqp(n1)
     ch = c.channel()
     m, _p, _b = ch.basic_get("ha.unacked")  # taken, never acked
     assert m is not None
-    wait_for(lambda: _info(n1, "ha.unacked")["messages_unacknowledged"] == 1, what="one unacked")
+    wait_for(lambda: queue_info(n1, "ha.unacked")["messages_unacknowledged"] == 1, what="one unacked")
     n1.kill()
-    wait_for(lambda: _info(n2, "ha.unacked").get("node") == "n2", what="n2 promoted")
-    c3 = _conn(n3)
+    wait_for(lambda: queue_info(n2, "ha.unacked").get("node") == "n2", what="n2 promoted")
+    c3 = amqp(n3)
     got = []
     for _ in range(3):
         m, _p, body = c3.channel().basic_get("ha.unacked", auto_ack=True)
@@ -90,24 +64,24 @@ def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory)
 def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.always", {"ha-mode": "all", "ha-promote-on-failure": "always"}, before=50)
-    assert _info(n1, "ha.always")["synchronised_mirrors"] == []  # manual sync: the old 50 are on n1 only
-    _publish(n2, "ha.always", range(50, 60))
-    assert _info(n1, "ha.always")["messages_ready"] == 60
+    assert queue_info(n1, "ha.always")["synchronised_mirrors"] == []  # manual sync: the old 50 are on n1 only
+    publish(n2, "ha.always", range(50, 60))
+    assert queue_info(n1, "ha.always")["messages_ready"] == 60
     n1.kill()
-    wait_for(lambda: _info(n2, "ha.always").get("node") == "n2", what="n2 promoted")
+    wait_for(lambda: queue_info(n2, "ha.always").get("node") == "n2", what="n2 promoted")
     assert "NOT in sync" in n2.log()
-    assert _drain(n3, "ha.always") == list(range(50, 60))  # the 50 confirmed before mirroring are gone
+    assert drain(n3, "ha.always") == list(range(50, 60))  # the 50 confirmed before mirroring are gone
 
 
 def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.ws", {"ha-mode": "all", "ha-promote-on-failure": "when-synced"}, before=50)
-    _publish(n2, "ha.ws", range(50, 60))
+    publish(n2, "ha.ws", range(50, 60))
     n1.kill()
     wait_for(lambda: "n1" in n2.ctl("cluster_status")["down"], what="n1 down")
-    assert _info(n2, "ha.ws")["node"] == "n1"  # nobody promoted
+    assert queue_info(n2, "ha.ws")["node"] == "n1"  # nobody promoted
     assert "not promoting (ha-promote-on-failure=when-synced)" in n2.log()
-    c = _conn(n3)
+    c = amqp(n3)
     ch = c.channel()
     ch.confirm_delivery()
     with pytest.raises(pika.exceptions.NackError):
@@ -115,31 +89,31 @@ def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluste
     c.close()
     n1.start()
     wait_for(lambda: sorted(n2.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"], what="n1 back")
-    wait_for(lambda: _info(n1, "ha.ws").get("messages_ready") == 60, what="60 messages recovered on n1")
-    assert _drain(n3, "ha.ws") == list(range(60))
+    wait_for(lambda: queue_info(n1, "ha.ws").get("messages_ready") == 60, what="60 messages recovered on n1")
+    assert drain(n3, "ha.ws") == list(range(60))
 
 
 def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.manual", {"ha-mode": "exactly", "ha-params": 2}, before=40, mirrors=1)
-    mirror = _info(n1, "ha.manual")["mirrors"][0]
-    assert _info(n1, "ha.manual")["synchronised_mirrors"] == []
+    mirror = queue_info(n1, "ha.manual")["mirrors"][0]
+    assert queue_info(n1, "ha.manual")["synchronised_mirrors"] == []
     assert "synchronising 1 mirror(s) of ha.manual with 40 message(s)" in n1.ctl("sync_queue", name="ha.manual")
-    wait_for(lambda: _info(n1, "ha.manual")["synchronised_mirrors"] == [mirror], what="synced by sync_queue")
+    wait_for(lambda: queue_info(n1, "ha.manual")["synchronised_mirrors"] == [mirror], what="synced by sync_queue")
     n1.kill()
     by_name = {"n2": n2, "n3": n3}
     survivor = by_name[mirror]
     other = by_name["n3" if mirror == "n2" else "n2"]
-    wait_for(lambda: _info(survivor, "ha.manual").get("node") == mirror, what="mirror promoted")
-    wait_for(lambda: _info(survivor, "ha.manual").get("mirrors") == [other.name], what="replacement mirror")
-    assert _drain(other, "ha.manual") == list(range(40))
+    wait_for(lambda: queue_info(survivor, "ha.manual").get("node") == mirror, what="mirror promoted")
+    wait_for(lambda: queue_info(survivor, "ha.manual").get("mirrors") == [other.name], what="replacement mirror")
+    assert drain(other, "ha.manual") == list(range(40))
 
 
 def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.cons", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(_info(n1, "ha.cons")["synchronised_mirrors"]) == 2, what="mirrors in sync")
-    c3 = _conn(n3)
+    wait_for(lambda: len(queue_info(n1, "ha.cons")["synchronised_mirrors"]) == 2, what="mirrors in sync")
+    c3 = amqp(n3)
     stay, leave = c3.channel(), c3.channel()
     got: list[int] = []
     cancelled: list[str] = []
@@ -147,12 +121,12 @@ def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(
     leave.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
     leave.basic_consume("ha.cons", lambda ch, m, _p, body: ch.basic_reject(m.delivery_tag, requeue=True),
                         arguments={"x-cancel-on-ha-failover": True}, consumer_tag="leaver")
-    wait_for(lambda: _info(n1, "ha.cons")["consumers"] == 2, what="two consumers on the master")
+    wait_for(lambda: queue_info(n1, "ha.cons")["consumers"] == 2, what="two consumers on the master")
     n1.kill()
     wait_for(lambda: c3.process_data_events(0.1) or cancelled == ["leaver"], what="basic.cancel for the leaver")
-    wait_for(lambda: _info(n2, "ha.cons").get("node") == "n2" and _info(n2, "ha.cons")["consumers"] == 1,
+    wait_for(lambda: queue_info(n2, "ha.cons").get("node") == "n2" and queue_info(n2, "ha.cons")["consumers"] == 1,
              what="the other consumer on the new master")
-    _publish(n2, "ha.cons", range(20))
+    publish(n2, "ha.cons", range(20))
     wait_for(lambda: c3.process_data_events(0.1) or len(got) == 20, what="deliveries after failover")
     assert got == list(range(20))
     c3.close()
