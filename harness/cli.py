@@ -24,6 +24,7 @@ examples:
   brokerchaos plugins                              what is loaded
   brokerchaos images build                         build every image (offline)
   brokerchaos down                                 remove what a crashed run left behind
+  brokerchaos validate --plugin reference          check a broker plugin's contract
 """
 
 
@@ -71,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("down", help="remove containers, networks and volumes left by runs")
     d.add_argument("--run", help="only this run id (default: all brokerchaos resources)")
 
+    v = sub.add_parser("validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure")
+    v.add_argument("--plugin", required=True, help="broker plugin name (load outside ones with -p MODULE)")
+    v.add_argument("--only", help="comma-separated check groups: contract, image, cluster, data-dir, "
+                                  "correctness, kill, pause, stop, power-loss, partition")
+    v.add_argument("--duration", type=float, default=6.0, help="workload seconds of each short run (default 6)")
+    v.add_argument("--store", help="where the runs are stored (default: a temporary directory)")
+
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
     c.add_argument("--output", default="docker-compose.yml")
     c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
@@ -115,6 +123,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _down(args)
     if args.command == "compose":
         return _compose(args)
+    if args.command == "validate":
+        return _validate(host, args)
     raise BrokerChaosError(f"unknown command {args.command!r}")
 
 
@@ -237,6 +247,20 @@ def _down(args: argparse.Namespace) -> int:
     counts = remove_labelled(docker_client(), args.run)
     print(f"removed {counts['containers']} containers, {counts['networks']} networks, {counts['volumes']} volumes")
     return 0
+
+
+def _validate(host: Any, args: argparse.Namespace) -> int:
+    from harness.conformance import Battery, failed, render
+
+    if args.duration <= 0:
+        raise BrokerChaosError("--duration must be a positive number of seconds")
+    only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
+    battery = Battery(host, args.plugin, store=Path(args.store) if args.store else None, duration=args.duration,
+                      only=only)
+    rows = battery.run()
+    print(render(rows, args.plugin))
+    print(f"runs stored under {battery.store}")
+    return 1 if failed(rows) else 0
 
 
 def _compose(args: argparse.Namespace) -> int:

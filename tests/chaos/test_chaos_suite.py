@@ -24,3 +24,20 @@ def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:
                        nemesis={"schedule": [{"at": 4, "fault": "power-loss", "hold": 2}], "settle": 2})
     result.assert_durable()
     assert result.results["counts"]["confirmed"] > 0
+
+
+@pytest.mark.chaos(nodes=1)
+def test_a_cut_client_link_refuses_clients_until_healed(chaos_cluster) -> None:  # type: ignore[no-untyped-def]
+    import pika
+    import pika.exceptions
+
+    host, port = chaos_cluster.client_endpoints()["n1"]
+    params = pika.ConnectionParameters(host, port, connection_attempts=1, socket_timeout=5,
+                                       blocked_connection_timeout=5)
+    pika.BlockingConnection(params).close()
+    proxy = chaos_cluster.nodes["n1"].toxiproxy
+    proxy.set_enabled("client_to_n1", False)
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(params)
+    proxy.set_enabled("client_to_n1", True)
+    pika.BlockingConnection(params).close()
