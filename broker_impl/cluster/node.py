@@ -442,7 +442,8 @@ class ClusterNode:
         if mode == "all":
             return up
         if mode == "nodes":
-            wanted = policy.get("ha-params") or []
+            params = policy.get("ha-params") or []
+            wanted = {str(n).rpartition("@")[2] for n in params} if isinstance(params, list) else set()
             return [n for n in up if n in wanted]
         if mode == "exactly":
             try:

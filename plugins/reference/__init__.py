@@ -7,11 +7,22 @@ wheels (pamqp, uvloop) installed offline.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, ScenarioError, hookimpl
+from harness import (
+    BrokerPlugin,
+    ClusterError,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    ScenarioError,
+    hookimpl,
+)
 
 __version__ = "0.1.0"
 
@@ -32,7 +43,7 @@ class ReferenceBroker(BrokerPlugin):
     name = "reference"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring"})
     client_port = 5672
     peer_ports = (25672,)
     data_dir = "/var/lib/brokerchaos/data"
@@ -44,10 +55,21 @@ class ReferenceBroker(BrokerPlugin):
         "segment_bytes": (16 << 20, int),
         "flow": (True, bool),
         "heartbeat": (10, int),
+        # clustering (broker_impl.cluster): failure detection, partition handling, the mirroring policy
+        "tick": (1.0, None),  # seconds, checked in validate_settings (int or float)
+        "missed_ticks": (3, int),
+        "partition_handling": ("ignore", ("ignore", "pause_minority", "autoheal")),
+        "ha_mode": (None, (None, "all", "exactly", "nodes")),
+        "ha_params": (None, None),
+        "ha_sync_mode": ("manual", ("manual", "automatic")),
+        "ha_promote_on_failure": ("always", ("always", "when-synced")),
+        "ha_promote_on_shutdown": ("when-synced", ("always", "when-synced")),
+        "policy_pattern": ("^chaos", str),
     }
 
     #: Ranges ``broker_impl`` enforces at start-up, checked here before any container starts.
-    RANGES = {"flush_interval_ms": (1, None), "segment_bytes": (4096, None), "heartbeat": (0, 65535)}
+    RANGES = {"flush_interval_ms": (1, None), "segment_bytes": (4096, None), "heartbeat": (0, 65535),
+              "missed_ticks": (1, None)}
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = super().validate_settings(settings)
@@ -56,7 +78,26 @@ class ReferenceBroker(BrokerPlugin):
             if value < lo or (hi is not None and value > hi):
                 allowed = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
                 raise ScenarioError(f"broker.settings.{key}: {value} is out of range; allowed {allowed}")
+        tick = out["tick"]
+        if isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0:
+            raise ScenarioError(f"broker.settings.tick: expected seconds > 0, got {tick!r}")
+        mode, params = out["ha_mode"], out["ha_params"]
+        wanted = {"exactly": "a node count >= 1", "nodes": "a list of node names such as ['n1', 'n2']"}
+        ok = {"exactly": isinstance(params, int) and not isinstance(params, bool) and params >= 1,
+              "nodes": isinstance(params, list) and bool(params) and all(isinstance(n, str) for n in params)}
+        if mode in ok and not ok[mode]:
+            raise ScenarioError(f"broker.settings.ha_params: ha_mode {mode!r} needs {wanted[mode]}, got {params!r}")
+        if mode in (None, "all") and params is not None:
+            raise ScenarioError(f"broker.settings.ha_params: not used with ha_mode {mode!r}; remove it")
         return out
+
+    @staticmethod
+    def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The ``set_policy`` definition the settings ask for (None: queues are not mirrored)."""
+        if not settings.get("ha_mode"):
+            return None
+        keys = ("ha_mode", "ha_params", "ha_sync_mode", "ha_promote_on_failure", "ha_promote_on_shutdown")
+        return {k.replace("_", "-"): settings[k] for k in keys if settings.get(k) is not None}
 
     def image(self) -> ImageRecipe:
         return ImageRecipe(
@@ -94,6 +135,13 @@ class ReferenceBroker(BrokerPlugin):
             f"peers = [{', '.join(_toml_value(p) for p in node.peers)}]",
             f"port = {self.peer_ports[0]}",
         ]
+        # only what differs from broker_impl's own defaults (tick 1.0 s, 3 missed ticks, ignore)
+        if s.get("tick", 1.0) != 1.0:
+            lines.append(f"tick = {float(s['tick'])!r}")
+        if s.get("missed_ticks", 3) != 3:
+            lines.append(f"down_after = {int(s['missed_ticks'])}")
+        if s.get("partition_handling", "ignore") != "ignore":
+            lines.append(f"partition_handling = {_toml_value(s['partition_handling'])}")
         return "\n".join(lines) + "\n"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
@@ -103,12 +151,31 @@ class ReferenceBroker(BrokerPlugin):
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
-        rc, _ = node.exec(["python3", "-m", "broker_impl.ctl", "--config", CONFIG_PATH, "status"], timeout=10)
+        rc, _ = node.exec(self.ctl("status"), timeout=10)
         return rc == 0
 
+    @staticmethod
+    def ctl(*args: str) -> list[str]:
+        return ["python3", "-m", "broker_impl.ctl", "--config", CONFIG_PATH, *args]
+
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
-        # Nodes are independent until broker_impl's clustering is configured through [cluster].
-        return None
+        """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy."""
+        first = nodes[0]
+        want = {n.name for n in nodes}
+        deadline = time.monotonic() + 60
+        while True:
+            rc, out = first.exec([*self.ctl("--json", "cluster_status")], timeout=30)
+            if rc == 0 and want <= set(json.loads(out).get("running", [])):
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster did not form: {out.strip()[-300:]}")
+            time.sleep(0.5)
+        policy = self.policy(settings)
+        if policy is not None:
+            rc, out = first.exec(self.ctl("set_policy", "brokerchaos-ha", settings.get("policy_pattern", "^chaos"),
+                                          json.dumps(policy)), timeout=30)
+            if rc != 0:
+                raise ClusterError(f"set_policy failed: {out.strip()[-300:]}")
 
 
 @hookimpl
