@@ -14,6 +14,7 @@ with the reason, so one broken image does not produce ten confusing failures.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import tempfile
@@ -73,7 +74,7 @@ class Battery:
         steps: list[tuple[str, Callable[[], list[Check]]]] = [
             ("contract", self.contract), ("image", self.image), ("cluster", self.cluster),
             ("data-dir", self.data_dir), ("correctness", self.correctness),
-        ] + [(f, lambda f=f: self.fault(f)) for f in FAULTS]
+        ] + [(f, functools.partial(self.fault, f)) for f in FAULTS]
         for group, fn in steps:
             if group not in self.only:
                 continue
@@ -263,8 +264,14 @@ class Battery:
         return execute(self.host, self._scenario(name, nodes, schedule), self.store)
 
     def baseline(self) -> Any:
+        """The no-fault run the data-dir and correctness checks share (its failure too: run once)."""
         if self._baseline is None:
-            self._baseline = self._run("no-faults", 1)
+            try:
+                self._baseline = self._run("no-faults", 1)
+            except Exception as exc:  # noqa: BLE001 - reported by each check that needs the run
+                self._baseline = exc
+        if isinstance(self._baseline, Exception):
+            raise self._baseline
         return self._baseline
 
     def correctness(self) -> list[Check]:

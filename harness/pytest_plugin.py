@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,13 +67,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--chaos-duration must be a positive number of seconds")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     """A harness error is the user's to fix, not a bug in the test: one line, no traceback."""
-    outcome = yield
-    report = outcome.get_result()
+    report: Any = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, BrokerChaosError):
         report.longrepr = f"brokerchaos: {call.excinfo.value}"
+    return report
 
 
 # -- results -------------------------------------------------------------------------------

@@ -100,3 +100,13 @@ def test_the_plugin_registers_options_and_markers() -> None:
         assert opt in helptext
     bad = _pytest("--chaos-runs", "0", "--collect-only", "-q", "tests/harness/test_pytest_plugin.py")
     assert bad.returncode == 4 and "--chaos-runs must be at least 1" in bad.stderr
+
+
+def test_a_harness_error_fails_the_test_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(
+        "def test_unknown_broker(chaos_run):\n"
+        "    chaos_run('scenarios/smoke.yaml', broker='no-such-broker')\n")
+    proc = _pytest("-q", str(tmp_path / "test_user.py"))
+    assert proc.returncode == 1
+    assert "\nbrokerchaos: unknown broker plugin 'no-such-broker'; loaded:" in proc.stdout
+    assert "Traceback" not in proc.stdout and "harness/host.py" not in proc.stdout
