@@ -161,7 +161,7 @@ class ReferenceBroker(BrokerPlugin):
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
         """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy."""
         first = nodes[0]
-        want = {n.name for n in nodes}
+        want = {f"rabbit@{n.name}" for n in nodes}  # cluster_status names nodes as the config does
         deadline = time.monotonic() + 60
         while True:
             rc, out = first.exec([*self.ctl("--json", "cluster_status")], timeout=30)
