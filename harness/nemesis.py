@@ -118,8 +118,10 @@ def check_capabilities(scenario: Scenario, faults: Mapping[str, type[Fault]], ca
 def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> Plan:
     """The whole schedule, concrete, from the scenario and its seed."""
     out = Plan()
+    # A step at or after the end of the workload would hit a cluster with no traffic
+    # (e.g. after ``--duration`` shortened a run): it is not part of this run's plan.
     steps: list[tuple[float, float | None, str, Mapping[str, Any]]] = [
-        (s.at, s.hold, s.fault, s.params) for s in scenario.nemesis.schedule
+        (s.at, s.hold, s.fault, s.params) for s in scenario.nemesis.schedule if s.at < scenario.workload.duration
     ]
     rnd = scenario.nemesis.random
     if rnd is not None:
