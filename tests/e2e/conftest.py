@@ -17,6 +17,8 @@ class CliRun:
     def __init__(self, proc: subprocess.CompletedProcess[str], store: Path) -> None:
         self.proc = proc
         self.store = store
+        latest = store / "latest"
+        self._run_dir = latest.resolve() if latest.exists() else None
 
     @property
     def code(self) -> int:
@@ -24,7 +26,9 @@ class CliRun:
 
     @property
     def run_dir(self) -> Path:
-        return (self.store / "latest").resolve()
+        """This invocation's run (``store/latest`` right after it finished)."""
+        assert self._run_dir is not None, "the command created no run"
+        return self._run_dir
 
     @property
     def results(self) -> dict[str, Any]:
