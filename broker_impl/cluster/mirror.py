@@ -30,13 +30,14 @@ any such difference.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing import make_backing_queue
 from broker_impl.backing_queue import BackingQueue, Fetched
-from broker_impl.message import Message
+from broker_impl.message import Message, encode_properties
 
 if TYPE_CHECKING:
     from broker_impl.cluster.node import ClusterNode
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker_impl.cluster.mirror")
 
 SYNC_BATCH = 4096
+
+
+def digest(m: Message) -> str:
+    """Which message a fetch took, comparable across nodes (store ids differ per node)."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in (m.exchange.encode(), m.routing_key.encode(), encode_properties(m.properties, len(m.body)), m.body):
+        h.update(len(part).to_bytes(4, "big"))
+        h.update(part)
+    return h.hexdigest()
 
 
 class _Link:
@@ -68,6 +78,7 @@ class MirrorMasterBQ(BackingQueue):
         self.queue = queue
         self.live: dict[int, Message] = dict(live or {})  # seq -> message, ready and unacked, in seq order
         self.mirrors: dict[str, _Link] = {}  # join order
+        self._gone: set[int] = set()
         self._n = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
 
@@ -147,27 +158,40 @@ class MirrorMasterBQ(BackingQueue):
 
     # -- BackingQueue ---------------------------------------------------------------------
     async def publish(self, message: Message) -> int:
+        # Sent before the inner publish, in the same step in which the inner queue gives the
+        # message its place: a fetch of it (possible while its fsync is pending) cannot overtake it.
+        n = self._bcast({"op": "pub", "depth": self.inner.depth() + 1}, message.to_bytes())
         seq = await self.inner.publish(message)
-        self.live[seq] = message
-        await self._confirmed(self._bcast({"op": "pub", "seq": seq}, message.to_bytes()))
+        self._remember(seq, message)
+        await self._confirmed(n)
         return seq
+
+    def _remember(self, seq: int, message: Message) -> None:
+        if seq in self._gone:
+            self._gone.discard(seq)  # acked or dropped before its publish returned
+        else:
+            self.live[seq] = message
+
+    def _forget(self, seqs: list[int]) -> None:
+        for s in seqs:
+            if self.live.pop(s, None) is None:
+                self._gone.add(s)
 
     async def publish_delivered(self, message: Message) -> int:
         seq = await self.inner.publish_delivered(message)
-        self.live[seq] = message
+        self._remember(seq, message)
         await self._confirmed(self._bcast({"op": "pubd", "seq": seq}, message.to_bytes()))
         return seq
 
     def fetch(self) -> Fetched | None:
         f = self.inner.fetch()
         if f is not None:
-            self._bcast({"op": "fetch", "seq": f.seq})
+            self._bcast({"op": "fetch", "seq": f.seq, "d": digest(f.message)})
         return f
 
     async def ack(self, seqs: list[int]) -> None:
         await self.inner.ack(seqs)
-        for s in seqs:
-            self.live.pop(s, None)
+        self._forget(seqs)
         self._bcast({"op": "ack", "seqs": seqs})
 
     def requeue(self, seqs: list[int]) -> None:
@@ -176,8 +200,7 @@ class MirrorMasterBQ(BackingQueue):
 
     async def drop(self, seqs: list[int]) -> None:
         await self.inner.drop(seqs)
-        for s in seqs:
-            self.live.pop(s, None)
+        self._forget(seqs)
         self._bcast({"op": "drop", "seqs": seqs})
 
     async def purge(self) -> int:
@@ -271,19 +294,23 @@ class Mirror:
         bq = self.bq
         if bq is None:
             return
-        if op in ("pub", "pubd"):
+        if op == "pub":
             m = Message.from_bytes(blob)
-            s = await (bq.publish(m) if op == "pub" else bq.publish_delivered(m))
+            self.msgs[await bq.publish(m)] = m
+        elif op == "pubd":
+            m = Message.from_bytes(blob)
+            s = await bq.publish_delivered(m)
             self.seqmap[int(h["seq"])] = s
             self.msgs[s] = m
         elif op == "fetch":
-            mine = self.seqmap.get(int(h["seq"]))
-            if mine is None:
-                return  # published before we joined
+            # the master's head is ours too unless it was published before we joined
             f = bq.fetch()
-            if f is not None and f.seq != mine:
+            if f is None:
+                return
+            if digest(f.message) != h.get("d"):
                 bq.requeue([f.seq])
-                log.warning("mirror of %r: head %d is not the master's %d", self.queue, f.seq, mine)
+                return
+            self.seqmap[int(h["seq"])] = f.seq
         elif op in ("ack", "drop"):
             mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
             for s in mine:
@@ -306,8 +333,11 @@ class Mirror:
                 self.bq = bq = await self._fresh()
             unacked = set(h.get("unacked", []))
             for mseq, m in zip(h["seqs"], unpack_messages(blob), strict=True):
-                s = await (bq.publish_delivered(m) if mseq in unacked else bq.publish(m))
-                self.seqmap[int(mseq)] = s
+                if mseq in unacked:
+                    s = await bq.publish_delivered(m)
+                    self.seqmap[int(mseq)] = s
+                else:
+                    s = await bq.publish(m)
                 self.msgs[s] = m
         elif op in ("delete", "stop"):
             await self.discard()

@@ -189,7 +189,7 @@ class ClusterNode:
     async def _apply_loop(self) -> None:
         while True:
             peer, h = await self._inbox.get()
-            if peer == self._await_winner:
+            if self._await_winner in (peer, "*"):
                 self._await_winner = None
             changed = self.table.merge(Table.decode(h.get("entries", {})))
             if not changed:
@@ -331,6 +331,7 @@ class ClusterNode:
     # -- links ----------------------------------------------------------------------------
     def _peer_up(self, peer: str) -> None:
         self._leaving.discard(peer)
+        self._check_majority()
         if peer in self._was_down:
             self._was_down.discard(peer)
             if self.cfg.partition_handling == "autoheal":
@@ -341,10 +342,10 @@ class ClusterNode:
             for q in list(vh.queues.values()):
                 if isinstance(q, RemoteQueue) and q.master == peer:
                     q.resubscribe()
-        self._check_majority()
         self.reconcile_mirrors()
 
     def _peer_down(self, peer: str) -> None:
+        self._check_majority()
         shutdown = peer in self._leaving
         self._leaving.discard(peer)
         self._was_down.add(peer)
@@ -367,7 +368,6 @@ class ClusterNode:
         for (vname, qname), m in list(self.mirrors.items()):
             if m.master == peer:
                 self._maybe_promote(vname, qname, m, peer, shutdown)
-        self._check_majority()
         self.reconcile_mirrors()
 
     def _on_message(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
@@ -435,6 +435,8 @@ class ClusterNode:
 
     def desired_mirrors(self, q: Queue) -> list[str]:
         """Nodes that should hold a mirror of ``q`` now, by its policy and who is up (join order kept)."""
+        if q.exclusive_owner is not None:
+            return []  # exclusive queues live and die with one connection on one node: never mirrored
         policy = q.policy or {}
         mode = policy.get("ha-mode")
         up = [n for n in self.cfg.peers if self.transport.is_up(n)]
@@ -469,6 +471,8 @@ class ClusterNode:
                     bq.add_mirror(peer, sync=auto)
 
     def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool) -> None:
+        if self.paused:
+            return  # a paused node serves nothing; the majority side decides
         data = self.table.live().get(key("queue", vname, qname))
         if data is None or data.get("master") != dead or m.bq is None:
             log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
@@ -542,14 +546,27 @@ class ClusterNode:
         seen = 1 + len(self.transport.up_peers())
         minority = seen * 2 <= total
         if minority and not self.paused:
+            # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
+            # majority promotes mirrors of the queues mastered here meanwhile.
             self.paused = True
+            self._await_winner = "*"
             log.warning("cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
                         seen, total)
             for conn in list(self.broker.connections):
                 conn.force_close("node paused: minority partition")
         elif not minority and self.paused:
+            # Rejoin as a restarted node would: the majority's records replace ours, so a queue
+            # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
             self.paused = False
-            log.warning("cluster: %d of %d nodes visible again; resuming", seen, total)
+            self._restart_table("*")
+            log.warning("cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total)
+
+    def _restart_table(self, source: str) -> None:
+        """Forget the table; no local stamping until ``source`` ("*": any peer) has sent its own."""
+        clock = self.table.clock
+        self.table = Table(self.me)
+        self.table.clock = clock
+        self._await_winner = source
 
     def _side(self, returning: str) -> list[str]:
         """The nodes on this side of a partition that just healed towards ``returning``."""
@@ -583,10 +600,7 @@ class ClusterNode:
                     mine, my_clients, their_side, their_clients)
         for conn in list(self.broker.connections):
             conn.force_close("autoheal: node restarting after a partition")
-        clock = self.table.clock
-        self.table = Table(self.me)
-        self.table.clock = clock
-        self._await_winner = peer  # no local stamping until the winner's table is in
+        self._restart_table(peer)
 
     # -- forwarding (proxy side) ------------------------------------------------------------
     def forward_publish(self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None) -> None:

@@ -88,7 +88,8 @@ def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluste
         ch.basic_publish("", "ha.ws", b"refused", PERSISTENT)
     c.close()
     n1.start()
-    wait_for(lambda: sorted(n2.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"], what="n1 back")
+    wait_for(lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in (n2, n3)),
+             what="n1 back for n2 and n3")
     wait_for(lambda: queue_info(n1, "ha.ws").get("messages_ready") == 60, what="60 messages recovered on n1")
     assert drain(n3, "ha.ws") == list(range(60))
 

@@ -17,15 +17,20 @@ from tests.broker_impl.cluster.conftest import (
 
 pytestmark = pytest.mark.timeout(150)
 
+def _synced_queue(master: NodeProc, queue: str) -> None:
+    """Declared on ``master``, mirrored everywhere (ha-mode all, automatic sync), 10 messages in."""
+    master.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c = amqp(master)
+    c.channel().queue_declare(queue, durable=True)
+    c.close()
+    wait_for(lambda: len(queue_info(master, queue).get("synchronised_mirrors", [])) == 2, what="mirrors in sync")
+    publish(master, queue, range(10))
+
+
 def _split_brain(nodes: list[NodeProc], net: Net) -> None:
     """A queue mastered on n1 and mirrored in sync everywhere, then n1 cut off: n2 promotes on its side."""
     n1, n2, n3 = nodes
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c = amqp(n1)
-    c.channel().queue_declare("ha.split", durable=True)
-    c.close()
-    wait_for(lambda: len(queue_info(n1, "ha.split").get("synchronised_mirrors", [])) == 2, what="mirrors in sync")
-    publish(n1, "ha.split", range(10))
+    _synced_queue(n1, "ha.split")
     net.partition(["n1"], ["n2", "n3"])
     wait_for(lambda: queue_info(n2, "ha.split").get("node") == "n2", what="n2 promoted on its side")
     publish(n1, "ha.split", range(100, 110))  # accepted by the old master, alone
@@ -78,3 +83,18 @@ def test_autoheal_restarts_the_side_with_fewer_clients(cluster_factory, net) -> 
     assert got == set(range(10)) | set(range(200, 210))  # n1's writes during the partition are discarded
     for c in keep:
         c.close()
+
+
+def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+    n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    _synced_queue(n3, "ha.minority")
+    net.partition(["n1", "n2"], ["n3"])
+    wait_for(lambda: queue_info(n1, "ha.minority").get("node") in ("n1", "n2"), what="promoted on the majority")
+    wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
+    publish(n2, "ha.minority", range(10, 20))
+    net.heal()
+    wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
+    master = queue_info(n1, "ha.minority")["node"]
+    wait_for(lambda: all(queue_info(n, "ha.minority").get("node") == master for n in (n1, n2, n3)),
+             what="the majority's master everywhere")
+    assert sorted(drain(n3, "ha.minority")) == list(range(20))
