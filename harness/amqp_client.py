@@ -22,7 +22,32 @@ from harness.scenario import WorkloadSection
 from harness.workload import Endpoint, RateLimiter
 
 CONNECT_TIMEOUT = 5.0
+OP_TIMEOUT = 10.0  # any other broker round trip (channel open, qos, consume, declare)
 RECONNECT_DELAY = 0.5
+
+
+class _Progress:
+    """Whether confirms still arrive on a connection. A broker can keep a connection
+    open (heartbeats flowing) while it never confirms again -- e.g. a paused minority
+    node or a queue without a leader: the producer then moves to another node."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.in_flight = 0
+        self.last = loop.time()
+
+    def sent(self) -> None:
+        if self.in_flight == 0:
+            self.last = self.loop.time()
+        self.in_flight += 1
+
+    def answered(self, confirmed: bool) -> None:
+        self.in_flight -= 1
+        if confirmed:
+            self.last = self.loop.time()
+
+    def stalled(self, after: float) -> bool:
+        return self.in_flight > 0 and self.loop.time() - self.last > after
 
 
 def _reason(exc: BaseException) -> str:
@@ -65,6 +90,9 @@ class AmqpDriver:
     async def _connect(self, node: str) -> aiormq.abc.AbstractConnection:
         return await asyncio.wait_for(aiormq.connect(self.url(node)), CONNECT_TIMEOUT)
 
+    async def _channel(self, conn: Any, *, confirms: bool) -> Any:
+        return await asyncio.wait_for(conn.channel(publisher_confirms=confirms), OP_TIMEOUT)
+
     async def setup(self, queues: Sequence[str]) -> None:
         """Declare the durable queues on the first node that answers."""
         last: BaseException | None = None
@@ -75,12 +103,15 @@ class AmqpDriver:
                 last = exc
                 continue
             try:
-                ch = await conn.channel()
+                ch = await self._channel(conn, confirms=False)
                 for q in queues:
-                    await ch.queue_declare(q, durable=True, arguments=self.queue_arguments)
+                    await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=self.queue_arguments),
+                                           OP_TIMEOUT)
                 return
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+                last = exc
             finally:
-                await conn.close()
+                await self._close(conn)
         raise ConnectionError(f"no node accepted a connection to declare the queues: {_reason(last) if last else '?'}")
 
     # -- producers ------------------------------------------------------------------------
@@ -93,25 +124,33 @@ class AmqpDriver:
         props = spec.Basic.Properties(delivery_mode=2 if self.w.persistent else 1)
         nodes = self._rotation(process)
         pending: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             node = next(nodes)
+            conn = None
             try:
                 conn = await self._connect(node)
-                ch = await conn.channel(publisher_confirms=True)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+                ch = await self._channel(conn, confirms=True)
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
+                if conn is not None:
+                    await self._close(conn)
                 await self._backoff(stop)
-                del exc
                 continue
+            progress = _Progress(loop)
             try:
-                while not stop.is_set() and not ch.is_closed:
+                while not stop.is_set() and not ch.is_closed and not progress.stalled(self.w.confirm_timeout):
                     await limiter.wait()
-                    await window.acquire()
+                    try:
+                        await asyncio.wait_for(window.acquire(), 1.0)
+                    except TimeoutError:
+                        continue  # every slot waits on a confirm: look at stop and stall again
                     if stop.is_set() or ch.is_closed:
                         window.release()
                         break
                     msg_id = f"{process}:{next(seq)}"
                     inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id)
-                    task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props))
+                    progress.sent()
+                    task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props, progress))
                     pending.add(task)
                     task.add_done_callback(lambda t: (pending.discard(t), window.release()))
                 if pending:
@@ -123,21 +162,34 @@ class AmqpDriver:
         if pending:
             await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
 
-    async def _publish_one(self, ch: Any, inv: Any, queue: str, msg_id: str, props: spec.Basic.Properties) -> None:
+    async def _publish_one(self, ch: Any, inv: Any, queue: str, msg_id: str, props: spec.Basic.Properties,
+                           progress: _Progress) -> None:
         body = (msg_id + "|").encode() + self._body_pad[: max(0, self.w.message_size - len(msg_id) - 1)]
         p = spec.Basic.Properties(delivery_mode=props.delivery_mode, message_id=msg_id)
         try:
-            confirm = await ch.basic_publish(body, routing_key=queue, properties=p, timeout=self.w.confirm_timeout)
+            # aiormq's own timeout does not cover every wait (seen hanging past it while a
+            # quorum queue had no leader), so the harness bounds the whole call itself.
+            confirm = await asyncio.wait_for(
+                ch.basic_publish(body, routing_key=queue, properties=p, timeout=self.w.confirm_timeout),
+                self.w.confirm_timeout)
         except asyncio.CancelledError:
+            progress.answered(False)
             if not inv.done:
                 inv.info("cancelled before the confirm arrived")
             raise
+        except TimeoutError:
+            progress.answered(False)
+            inv.info(f"no confirm within {self.w.confirm_timeout:g}s")
+            return
         except BaseException as exc:  # noqa: BLE001 - anything unexpected is indeterminate
+            progress.answered(False)
             inv.info(_reason(exc))
             return
+        answered = isinstance(confirm, spec.Basic.Ack | spec.Basic.Nack | spec.Basic.Reject)
+        progress.answered(answered)
         if isinstance(confirm, spec.Basic.Ack):
             inv.ok()
-        elif isinstance(confirm, spec.Basic.Nack | spec.Basic.Reject):
+        elif answered:
             inv.fail("nacked by the broker")
         else:
             inv.info(f"unexpected confirm {confirm!r}")
@@ -165,8 +217,8 @@ class AmqpDriver:
     async def _consume_on(self, conn: Any, process: str, node: str, queue: str, stop: asyncio.Event | None,
                           idle: float | None) -> int:
         """Consume on one connection until ``stop``, the connection dies, or ``idle`` seconds pass quietly."""
-        ch = await conn.channel(publisher_confirms=False)
-        await ch.basic_qos(prefetch_count=self.w.prefetch)
+        ch = await self._channel(conn, confirms=False)
+        await asyncio.wait_for(ch.basic_qos(prefetch_count=self.w.prefetch), OP_TIMEOUT)
         count = 0
         last = asyncio.get_running_loop().time()
 
@@ -181,12 +233,12 @@ class AmqpDriver:
             last = asyncio.get_running_loop().time()
             ack = self.recorder.invoke(process, "ack", node=node, queue=queue, value=msg_id)
             try:
-                await ch.basic_ack(message.delivery.delivery_tag)
+                await asyncio.wait_for(ch.basic_ack(message.delivery.delivery_tag), OP_TIMEOUT)
                 ack.ok()
             except BaseException as exc:  # noqa: BLE001
                 ack.info(_reason(exc))
 
-        await ch.basic_consume(queue, on_message, no_ack=False)
+        await asyncio.wait_for(ch.basic_consume(queue, on_message, no_ack=False), OP_TIMEOUT)
         closing = conn.closing
         while True:
             waiters = [closing] + ([asyncio.ensure_future(stop.wait())] if stop is not None else [])
@@ -199,7 +251,7 @@ class AmqpDriver:
             if stop is not None and stop.is_set():
                 return count
             if idle is not None and asyncio.get_running_loop().time() - last > idle:
-                declared = await ch.queue_declare(queue, passive=True)
+                declared = await asyncio.wait_for(ch.queue_declare(queue, passive=True), OP_TIMEOUT)
                 if declared.message_count == 0:
                     return count
                 last = asyncio.get_running_loop().time()
