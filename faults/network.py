@@ -255,7 +255,9 @@ def heal_network(cluster: Any) -> dict[str, Any]:
             node.toxiproxy.reset()
             done[name] = "reset"
         except Exception as exc:  # noqa: BLE001 - report, keep healing the others
-            done[name] = f"failed: {exc}"
+            from harness.cluster import _short
+
+            done[name] = f"failed: {_short(exc)}"
     failed = {k: v for k, v in done.items() if v != "reset"}
     if failed:
         raise FaultError(f"could not reset the proxies of {failed}")
