@@ -85,6 +85,11 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = spark %p %c{1}: %m%n%ex
 logger.native.name = org.apache.hadoop.util.NativeCodeLoader
 logger.native.level = error
+# Caching a big history spills to disk by design when the heap is small; not worth a warning per block.
+logger.memstore.name = org.apache.spark.storage.memory.MemoryStore
+logger.memstore.level = error
+logger.blockmgr.name = org.apache.spark.storage.BlockManager
+logger.blockmgr.level = error
 """
 
 

@@ -261,3 +261,15 @@ def test_spark_needs_parquet(tmp_path: Path, spark_engine) -> None:
     _lost().write(tmp_path, parquet=False)
     with pytest.raises(HistoryError, match="no history.parquet in"):
         spark_engine(tmp_path, {})
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_master_option_runs_the_same_job(tmp_path: Path, spark_engine) -> None:
+    from spark_reports import spark_session
+
+    _attributed().write(tmp_path, jsonl=False)
+    got = spark_engine(tmp_path, {}, spark_master="local[1]")
+    assert spark_session("local[1]").sparkContext.master == "local[1]"
+    got["engine"] = "python"
+    assert got == check_python(tmp_path, {})
