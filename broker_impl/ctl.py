@@ -96,9 +96,10 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
     if cmd == "list_connections":
         return [c.info() for c in b.connections]
     if cmd == "cluster_status":
-        if b.cluster is None:
-            return {"node": server.config.name, "members": [server.config.name], "running": [server.config.name],
-                    "down": [], "peers": [], "partitions": [], "partition_handling": None, "paused": False}
+        if b.cluster is None:  # alone: named as a clustered node would be ([cluster] node, else [node] name)
+            me = str(server.config.cluster.get("node") or server.config.name)
+            return {"node": me, "members": [me], "running": [me], "down": [], "peers": [], "partitions": [],
+                    "partition_handling": None, "paused": False}
         return b.cluster.status()
     raise BrokerError(f"unknown command '{cmd}'")
 

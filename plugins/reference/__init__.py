@@ -161,11 +161,12 @@ class ReferenceBroker(BrokerPlugin):
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
         """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy."""
         first = nodes[0]
-        want = {f"rabbit@{n.name}" for n in nodes}  # cluster_status names nodes as the config does
+        want = {n.name for n in nodes}
         deadline = time.monotonic() + 60
         while True:
             rc, out = first.exec([*self.ctl("--json", "cluster_status")], timeout=30)
-            if rc == 0 and want <= set(json.loads(out).get("running", [])):
+            # members are the [cluster] node names (n1); accept the [node] form (rabbit@n1) too
+            if rc == 0 and want <= {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])}:
                 break
             if time.monotonic() > deadline:
                 raise ClusterError(f"cluster did not form: {out.strip()[-300:]}")
