@@ -133,7 +133,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         f"{c['history_ops']:,} operations.</p>",
         "<h2>Timeline</h2>", _img(plots[0]), "<h2>Latency</h2>", _img(plots[1]),
         _table(["latency (ms)", "n", "p50", "p95", "p99", "max"],
-               [[name, p["n"], _fmt(p["p50"]), _fmt(p["p95"]), _fmt(p["p99"]), _fmt(p["max"])]
+               [[name, f"{p['n']:,}", _fmt(p["p50"]), _fmt(p["p95"]), _fmt(p["p99"]), _fmt(p["max"])]
                 for name, p in (("publish confirm", lat["confirm_ms"]), ("end to end", lat["e2e_ms"]))]),
         "<h2>Counts</h2>", _table(["what", "messages"], [[k, f"{v:,}"] for k, v in c.items()]),
         "<h2>Loss attribution</h2>",
