@@ -65,6 +65,15 @@ def _shade_faults(ax: Any, results: Results) -> None:
                    label=w["kind"] if first else None)
 
 
+def _grid(times: list[float], width: float) -> list[float]:
+    """Every bucket start from the first to the last, ``width`` apart."""
+    if not times:
+        return []
+    lo, hi = min(times), max(times)
+    n = int(round((hi - lo) / width))
+    return [lo + k * width for k in range(n + 1)]
+
+
 def _plots(run_dir: Path, results: Results) -> list[Path]:
     import matplotlib
 
@@ -87,10 +96,12 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(11, 3.6))
     _shade_faults(ax, results)
+    # Every bucket of the run is drawn: a second with no operations of a kind is a zero,
+    # not a line drawn across the gap (a broker down for 4 s must look down for 4 s).
+    grid = _grid([t for pts in series.values() for t in pts], width)
     for name, pts in sorted(series.items()):
-        xs = sorted(pts)
         colour = _COLOURS["consume"] if name.startswith("consume") else _COLOURS[name.split()[1]]
-        ax.plot(xs, [pts[x] for x in xs], label=name, color=colour, lw=1.2, drawstyle="steps-post")
+        ax.plot(grid, [pts.get(x, 0.0) for x in grid], label=name, color=colour, lw=1.2, drawstyle="steps-post")
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("ops/s")
     ax.set_title("Operations by outcome (fault windows shaded)")
@@ -104,9 +115,14 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     _shade_faults(ax, results)
     lat = tl["latency"]
     if lat:
-        xs = [r["t_s"] for r in lat]
-        ax.plot(xs, [r["max_ms"] for r in lat], label="max", color="#c62828", lw=1, drawstyle="steps-post")
-        ax.plot(xs, [r["mean_ms"] for r in lat], label="mean", color="#1565c0", lw=1.2, drawstyle="steps-post")
+        # Seconds without a confirm are gaps (NaN), not interpolated.
+        by_t = {r["t_s"]: r for r in lat}
+        xs = _grid(list(by_t), width)
+        nan = float("nan")
+        ax.plot(xs, [by_t[x]["max_ms"] if x in by_t else nan for x in xs], label="max", color="#c62828", lw=1,
+                drawstyle="steps-post")
+        ax.plot(xs, [by_t[x]["mean_ms"] if x in by_t else nan for x in xs], label="mean", color="#1565c0", lw=1.2,
+                drawstyle="steps-post")
         ax.set_yscale("log")
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("confirm latency (ms)")
