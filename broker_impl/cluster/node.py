@@ -110,7 +110,8 @@ class ClusterNode:
         self._ids = itertools.count(1)
         self._proxy_consumers: dict[str, Consumer] = {}
         self._cid_of: dict[int, str] = {}
-        self._inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._inbox: asyncio.Queue[tuple[str, dict[str, Entry]]] = asyncio.Queue()
+        self._pending_apply = 0
         self._applying = False
         self._dirty = False
         self.mirrors: dict[tuple[str, str], Mirror] = {}
@@ -186,14 +187,18 @@ class ClusterNode:
         for peer in self.transport.up_peers():
             self.transport.send(peer, body)
 
+    def _merge(self, peer: str, h: dict[str, Any]) -> None:
+        """Merge at once (so a message that follows on the link sees the new records); apply in order later."""
+        if self._await_winner in (peer, "*"):
+            self._await_winner = None
+        changed = self.table.merge(Table.decode(h.get("entries", {})))
+        if changed:
+            self._pending_apply += 1
+            self._inbox.put_nowait((peer, changed))
+
     async def _apply_loop(self) -> None:
         while True:
-            peer, h = await self._inbox.get()
-            if self._await_winner in (peer, "*"):
-                self._await_winner = None
-            changed = self.table.merge(Table.decode(h.get("entries", {})))
-            if not changed:
-                continue
+            peer, changed = await self._inbox.get()
             self._applying = True
             try:
                 for k, e in sorted(changed.items(), key=lambda kv: _APPLY_ORDER.get(split_key(kv[0])[0], 9)):
@@ -203,9 +208,11 @@ class ClusterNode:
                         log.exception("applying cluster metadata %s from %s failed", k, peer)
                 self.broker.metadata_changed()
             finally:
-                self._applying = False
-            self._dirty = False
-            self.local_changed()
+                self._pending_apply -= 1
+                self._applying = self._pending_apply > 0
+            if not self._applying:
+                self._dirty = False
+                self.local_changed()
 
     async def _apply(self, k: list[str], data: dict[str, Any] | None) -> None:
         b = self.broker
@@ -367,7 +374,9 @@ class ClusterNode:
             q.bq.remove_mirror(peer, stop=False)
         for (vname, qname), m in list(self.mirrors.items()):
             if m.master == peer:
-                self._maybe_promote(vname, qname, m, peer, shutdown)
+                # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
+                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, peer,
+                                                      shutdown)
         self.reconcile_mirrors()
 
     def _on_message(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
@@ -376,7 +385,7 @@ class ClusterNode:
             if peer in self._skip_meta:
                 self._skip_meta.discard(peer)  # autoheal: the losing side's table is not merged
                 return
-            self._inbox.put_nowait((peer, h))
+            self._merge(peer, h)
         elif t == "clients":
             self._clients[peer] = int(h.get("n", 0))
         elif t == "heal":
@@ -400,6 +409,11 @@ class ClusterNode:
             q = self._local_master(h.get("vh", ""), h.get("q", ""))
             if q is not None:
                 q.bq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
+        elif t == "mq_gone":
+            q = self._local_master(h.get("vh", ""), h.get("q", ""))
+            if q is not None and peer in q.bq.mirrors:  # type: ignore[attr-defined]
+                log.warning("queue %r: the mirror on %s is gone; it will be restarted", q.name, peer)
+                q.bq.remove_mirror(peer, stop=False)  # type: ignore[attr-defined]
         elif t == "sync_req":
             q = self._local_master(h.get("vh", ""), h.get("q", ""))
             if q is not None:
@@ -427,11 +441,19 @@ class ClusterNode:
         k = (str(h.get("vh", "")), str(h.get("q", "")))
         m = self.mirrors.get(k)
         if h.get("op") == "start":
+            record = self.table.live().get(key("queue", *k))
+            if record is not None and record.get("master") != peer:
+                # a stale master (e.g. a node resuming after a partition): not ours to follow
+                self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
+                return
             if m is not None:
                 m.closed = True
             m = self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")))
         if m is not None and m.master == peer:
             m.feed(h, blob)
+        elif h.get("op") not in ("stop", "delete"):
+            # the master counts on a mirror here that does not exist (any more): say so, it restarts one
+            self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
 
     def desired_mirrors(self, q: Queue) -> list[str]:
         """Nodes that should hold a mirror of ``q`` now, by its policy and who is up (join order kept)."""
@@ -457,6 +479,8 @@ class ClusterNode:
         return []
 
     def reconcile_mirrors(self) -> None:
+        if self.paused or self._await_winner is not None:
+            return  # not until this node's view of who masters what is current again
         for q in self._local_masters():
             bq = q.bq
             assert isinstance(bq, MirrorMasterBQ)
@@ -471,8 +495,8 @@ class ClusterNode:
                     bq.add_mirror(peer, sync=auto)
 
     def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool) -> None:
-        if self.paused:
-            return  # a paused node serves nothing; the majority side decides
+        if self.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
+            return  # paused: the majority side decides; or the master is back, or this mirror was replaced
         data = self.table.live().get(key("queue", vname, qname))
         if data is None or data.get("master") != dead or m.bq is None:
             log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)

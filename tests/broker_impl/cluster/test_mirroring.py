@@ -79,8 +79,8 @@ def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluste
     publish(n2, "ha.ws", range(50, 60))
     n1.kill()
     wait_for(lambda: "n1" in n2.ctl("cluster_status")["down"], what="n1 down")
+    wait_for(lambda: "not promoting (ha-promote-on-failure=when-synced)" in n2.log(), what="promotion refused")
     assert queue_info(n2, "ha.ws")["node"] == "n1"  # nobody promoted
-    assert "not promoting (ha-promote-on-failure=when-synced)" in n2.log()
     c = amqp(n3)
     ch = c.channel()
     ch.confirm_delivery()
