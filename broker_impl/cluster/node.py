@@ -3,8 +3,24 @@
 ``ClusterNode`` is the one object the broker holds when ``[cluster]`` names
 peers. It owns the ``Transport`` (links and failure detection), the metadata
 ``Table`` (see ``metadata`` for the consistency model), the proxies of queues
-mastered elsewhere (``remote.RemoteQueue``) and the service that answers
-other nodes' operations on queues mastered here (``remote.MasterSide``).
+mastered elsewhere (``remote.RemoteQueue``), the service that answers
+other nodes' operations on queues mastered here (``remote.MasterSide``), and
+the mirrors (``mirror``): which nodes hold one (the policy's ha-mode, checked
+every tick and on every membership change), promotion of the oldest live
+mirror one tick after its master is seen down (ha-promote-on-failure, or
+-on-shutdown when the master said goodbye), and ``sync_queue``.
+
+Partition handling, as RabbitMQ's modes:
+
+* ``ignore``: both sides go on; on heal the metadata merge keeps one master
+  per queue (the later record) and the other copy is dropped with its messages.
+* ``pause_minority``: a node that sees at most half the cluster closes its
+  client connections, refuses new ones, promotes nothing and writes no
+  metadata; when a majority is back it takes the majority's records as a
+  restarted node would (its own queue copies that were replaced are dropped).
+* ``autoheal``: on heal each pair of sides compares client counts; the side
+  with fewer clients (ties: the side without the smallest node name) closes its
+  connections and takes the winner's records, dropping its conflicting copies.
 
 Config (``[cluster]`` table)::
 
