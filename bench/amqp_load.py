@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ async def _publisher(load: Load, start: Any, out: dict[str, Any]) -> None:
     props = spec.Basic.Properties(delivery_mode=2 if load.persistent else 1)
     body = b"x" * load.size
     window = asyncio.Semaphore(load.in_flight)
-    t_start, t_from, t_stop = await _wait_start(start, load)
+    t_start, t_from, t_stop = await _wait_start(start, load, out)
     loop = asyncio.get_running_loop()
     lat: list[float] = []
     counts = {"ok": 0, "nack": 0, "seen": 0}
@@ -209,7 +210,7 @@ def _raw_handshake(url: str) -> Any:
     return sock, tune.frame_max
 
 
-def _blaster(load: Load, start: Any, out: dict[str, Any], connected: Any) -> None:
+def _blaster(load: Load, start: Any, out: dict[str, Any]) -> None:
     """Publish without confirms from pre-encoded frames: no per-message client work, so the
     publisher outruns any broker and only TCP back-pressure (a broker that stops reading)
     slows it down. Messages count as sent once all their bytes are in the socket."""
@@ -228,8 +229,8 @@ def _blaster(load: Load, start: Any, out: dict[str, Any], connected: Any) -> Non
         one += frame.marshal(body.ContentBody(payload[i:i + step]), 1)
     batch = one * max(1, (256 * 1024) // len(one))
     sock.setblocking(False)
-    connected.release()
-    ready, value = start
+    ready, value, connected = start
+    _set_up(out, connected)
     ready.wait()
     t_from = value.value + load.warmup
     t_stop = t_from + load.duration
@@ -276,7 +277,7 @@ async def _consumer(load: Load, start: Any, out: dict[str, Any]) -> None:
             await ch.basic_ack(msg.delivery.delivery_tag, multiple=load.ack_every > 1)
 
     await ch.basic_consume(load.queue, on_message, no_ack=False)
-    t_start, t_from, t_stop = await _wait_start(start, load)
+    t_start, t_from, t_stop = await _wait_start(start, load, out)
     state["t_from"], state["t_stop"] = t_from, t_stop
     await asyncio.sleep(max(0.0, t_from - loop.time()))
     cpu0 = time.process_time()
@@ -292,77 +293,94 @@ async def _consumer(load: Load, start: Any, out: dict[str, Any]) -> None:
     out.update(consumed=state["n"], client_cpu_seconds=cpu1 - cpu0, ended=ended, t_from=t_from)
 
 
-async def _wait_start(start: Any, load: Load) -> tuple[float, float, float]:
-    """Block (off the loop) until the parent sets the common start time."""
-    ready, value = start
+async def _wait_start(start: Any, load: Load, out: dict[str, Any]) -> tuple[float, float, float]:
+    """Tell the parent this client is set up, then block (off the loop) until it sets the common start time."""
+    ready, value, connected = start
+    _set_up(out, connected)
     await asyncio.get_running_loop().run_in_executor(None, ready.wait)
     t_start = value.value
     return t_start, t_start + load.warmup, t_start + load.warmup + load.duration
 
 
-def _client_main(role: str, load: Load, start: Any, results: Any, connected: Any) -> None:
+def _set_up(out: dict[str, Any], connected: Any) -> None:
+    """Release the parent's wait exactly once per client, whether set-up worked or failed."""
+    if not out.get("_set_up"):
+        out["_set_up"] = True
+        connected.release()
+
+
+def _client_main(role: str, load: Load, start: Any, results: Any) -> None:
+    connected = start[2]
     out: dict[str, Any] = {"role": role, "errors": []}
     if role == "publisher" and not load.confirms:
         try:
-            _blaster(load, start, out, connected)
+            _blaster(load, start, out)
         except Exception as exc:  # noqa: BLE001 - reported to the parent as an error
             out["errors"].append(f"{type(exc).__name__}: {exc}")
-            connected.release()
+            _set_up(out, connected)
         results.put(out)
         return
     loop = _loop()
     asyncio.set_event_loop(loop)
-
-    async def run() -> None:
-        body = _publisher if role == "publisher" else _consumer
-        task = asyncio.create_task(body(load, start, out))
-        await asyncio.sleep(0)
-        connected.release()
-        await task
-
+    body = _publisher if role == "publisher" else _consumer
     try:
-        loop.run_until_complete(run())
+        loop.run_until_complete(body(load, start, out))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as an error
         out["errors"].append(f"{type(exc).__name__}: {exc}")
-        connected.release()
+        _set_up(out, connected)
     finally:
         loop.close()
+        out.pop("_set_up", None)
         results.put(out)
 
 
-def run_load(load: Load, on_window: Callable[[float, float], Any] | None = None) -> tuple[Result, Any]:
-    """Run the case's client processes; ``on_window(t_from, t_stop)`` runs in this process
-    during the measurement window (broker CPU sampling) and its return value is passed back."""
+def run_load(load: Load, on_window: Callable[[float, float, Callable[[], bool]], Any] | None = None,
+             ) -> tuple[Result, Any]:
+    """Run the case's client processes. ``on_window(t_from, t_stop, finished)`` runs in a thread
+    of this process during the measurement window (broker sampling; ``finished()`` turns true
+    once every client has reported, which a backlog case may do early) and its return value
+    is passed back."""
     ctx = mp.get_context("fork")
-    ready = ctx.Event()
-    value = ctx.Value("d", 0.0)
+    start = (ctx.Event(), ctx.Value("d", 0.0), ctx.Semaphore(0))
+    ready, value, connected = start
     results = ctx.Queue()
-    connected = ctx.Semaphore(0)
     roles = ["consumer"] * load.consumers + ["publisher"] * load.publishers
-    procs = [ctx.Process(target=_client_main, args=(r, load, (ready, value), results, connected), daemon=True)
-             for r in roles]
+    procs = [ctx.Process(target=_client_main, args=(r, load, start, results), daemon=True) for r in roles]
     for p in procs:
         p.start()
     outs: list[dict[str, Any]] = []
-    window: Any = None
+    window: list[Any] = [None]
+    finished = threading.Event()
+    watcher: threading.Thread | None = None
     try:
         for _ in procs:
-            if not connected.acquire(timeout=30):
-                raise RuntimeError("a client process did not connect within 30 s")
-        time.sleep(0.3)  # consumers' basic.consume reach the broker before the first publish
+            if not connected.acquire(timeout=60):
+                raise RuntimeError("a client process did not set up within 60 s")
         value.value = time.monotonic() + 0.2
         ready.set()
         t_from = value.value + load.warmup
         t_stop = t_from + load.duration
         if on_window is not None:
-            window = on_window(t_from, t_stop)
+            def watch() -> None:
+                try:
+                    window[0] = on_window(t_from, t_stop, finished.is_set)
+                except Exception as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+                    window[0] = exc
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
         for _ in procs:
             outs.append(results.get(timeout=load.warmup + load.duration + 60))
     finally:
+        finished.set()
+        if watcher is not None:
+            watcher.join()
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+    if isinstance(window[0], Exception):
+        raise window[0]
     res = Result(window_seconds=load.duration)
     ended = []
     for o in outs:
@@ -376,4 +394,4 @@ def run_load(load: Load, on_window: Callable[[float, float], Any] | None = None)
             ended.append(o["ended"] - o["t_from"])
     if load.stop_when_idle and ended and not load.publishers:
         res.window_seconds = max(1e-3, max(ended))
-    return res, window
+    return res, window[0]

@@ -162,15 +162,15 @@ class BrokerContainer:
         rc, out = self.exec(["python3", "-c", "import sys; print(sys.version.split()[0])"])
         return f"broker_impl on Python {out.strip()}" if rc == 0 else "broker_impl"
 
-    def sample(self, t_from: float, t_stop: float, every: float = 0.25,
-               stop_if: Callable[[Usage], bool] | None = None) -> list[Usage]:
+    def sample(self, t_from: float, t_stop: float, finished: Callable[[], bool] = lambda: False,
+               every: float = 0.25, stop_if: Callable[[Usage], bool] | None = None) -> list[Usage]:
         """Usage every ``every`` seconds from ``t_from`` to ``t_stop`` (monotonic clock), or until
-        ``stop_if`` says enough."""
+        the load has ``finished`` or ``stop_if`` says enough."""
         samples = []
         time.sleep(max(0.0, t_from - time.monotonic()))
         while True:
             samples.append(self.usage())
-            if time.monotonic() >= t_stop or (stop_if is not None and stop_if(samples[-1])):
+            if time.monotonic() >= t_stop or finished() or (stop_if is not None and stop_if(samples[-1])):
                 return samples
             time.sleep(min(every, max(0.0, t_stop - time.monotonic())))
 
@@ -180,7 +180,10 @@ class BrokerContainer:
         cpu = CGROUP_V1 / "cpuacct" / "docker" / cid / "cpuacct.usage"
         mem = CGROUP_V1 / "memory" / "docker" / cid
         if cpu.exists() and mem.exists():
-            stat = dict(line.split() for line in (mem / "memory.stat").read_text().splitlines())
+            stat: dict[str, str] = {}
+            for line in (mem / "memory.stat").read_text().splitlines():
+                key, _, val = line.partition(" ")
+                stat[key] = val
             return Usage(time.monotonic(), int(cpu.read_text()) / 1e9, int(stat.get("total_rss", stat["rss"])),
                          int((mem / "memory.usage_in_bytes").read_text()))
         s = self.container.stats(stream=False)

@@ -47,7 +47,8 @@ def run_one(flow: bool, args: argparse.Namespace) -> dict[str, Any]:
             return capped
 
         t0 = time.monotonic()
-        res, samples = run_load(load, lambda t_from, t_stop: b.sample(t_from, t_stop, every=0.5, stop_if=over))
+        res, samples = run_load(load, lambda t_from, t_stop, finished: b.sample(t_from, t_stop, finished, every=0.5,
+                                                                                 stop_if=over))
         facts = {**b.image_facts(), "version": b.version()}
     start = samples[0].t
     series = [{"t": round(s.t - start, 2), "rss_mb": round(s.rss_bytes / 2**20, 1),
@@ -84,8 +85,9 @@ def plot(runs: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
         ax.plot([s["t"] for s in r["series"]], [s["rss_mb"] for s in r["series"]], label=label)
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("broker RSS (MB)")
-    ax.set_title(f"Reference broker memory: {args.publishers} unconfirmed publishers, "
-                 f"1 consumer at ~{args.prefetch / args.consume_delay:.0f} msg/s, {args.size} B persistent")
+    ax.set_title(f"Reference broker memory: {args.publishers} unconfirmed publishers of {args.size} B persistent "
+                 f"messages,\none slow consumer (prefetch {args.prefetch}, {args.consume_delay} s per delivery)",
+                 fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
