@@ -29,8 +29,7 @@ import docker.errors
 
 from bench.amqp_load import Load, declare, delete, run_load
 from bench.broker_container import BrokerContainer
-from bench.facts import command_line, facts_markdown, machine_facts, write_json, write_text
-from harness.errors import ClusterError
+from bench.facts import command_line, facts_markdown, machine_facts, run_cli, write_json, write_text
 
 BROKERS = ("reference", "rabbitmq")
 
@@ -147,7 +146,10 @@ def measure(chosen: list[Case], args: argparse.Namespace, runs: dict[str, dict[s
                               f"client {r['client_cpu_cores']:.2f} cores"
                               + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
                 finally:
-                    other.container.unpause()
+                    try:
+                        other.container.unpause()
+                    except docker.errors.APIError:
+                        pass  # gone or not paused; the error that matters is already propagating
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,15 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {b: {c.name: [] for c in chosen} for b in BROKERS}
     brokers: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
-    try:
-        measure(chosen, args, runs, brokers)
-    except docker.errors.NotFound:
-        print("a benchmark container disappeared during the run (removed by `brokerchaos clean`?); "
-              "run the benchmark again", file=sys.stderr)
-        return 1
-    except ClusterError as exc:
-        print(f"a broker did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
+    measure(chosen, args, runs, brokers)
     facts["load_average_at_end"] = os.getloadavg()
     results = []
     for case in chosen:
@@ -297,4 +291,4 @@ def render_repeats(results: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

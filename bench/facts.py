@@ -13,6 +13,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,24 @@ def facts_markdown(facts: dict[str, Any], command: str) -> str:
     if "load_average_at_end" in facts:
         lines.append("- load average at end: " + " ".join(f"{x:.2f}" for x in facts["load_average_at_end"]))
     return "\n".join(lines) + "\n"
+
+
+def run_cli(main: Callable[[], int]) -> None:
+    """Exit with ``main``'s code; errors a user can fix (Docker unreachable, a broker that
+    does not start, a container removed mid-run) end in one line, not a traceback."""
+    import docker.errors
+
+    from harness.errors import BrokerChaosError
+
+    try:
+        code = main()
+    except BrokerChaosError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        code = 1
+    except docker.errors.NotFound:
+        print("error: a benchmark container disappeared during the run (removed by `brokerchaos clean`?); "
+              "run the benchmark again", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from typing import Any
 
 from bench.amqp_load import Load, declare, run_load
 from bench.broker_container import BrokerContainer, Usage
-from bench.facts import command_line, facts_markdown, machine_facts, write_json, write_text
+from bench.facts import command_line, facts_markdown, machine_facts, run_cli, write_json, write_text
 
 QUEUE = "bench-flow"
 
@@ -150,4 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

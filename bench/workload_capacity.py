@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.broker_container import BrokerContainer
-from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, write_json, write_text
+from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli, write_json, write_text
 from harness.amqp_client import AmqpDriver
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
@@ -151,4 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)
