@@ -248,6 +248,7 @@ class Mirror:
         self.synced = False
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
+        self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool]] = deque()
         self._task = node.spawn(self._run())
 
     def feed(self, h: dict[str, Any], blob: bytes) -> None:
@@ -272,8 +273,9 @@ class Mirror:
     async def _run(self) -> None:
         while not self.closed:
             h, blob = await self._inbox.get()
+            pending: asyncio.Future[Any] | None = None
             try:
-                await self._apply(h, blob)
+                pending = await self._apply(h, blob)
             except Exception:
                 log.exception("mirror of %r: replaying %s failed; restarting empty", self.queue, h.get("op"))
                 self.bq = await self._fresh()
@@ -282,10 +284,41 @@ class Mirror:
                 return
             if self.bq is not None:
                 self.synced = self.bq.depth() == int(h.get("depth", -1))
-            self.node.transport.send(self.master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
-                                                   "n": h.get("n", 0), "synced": self.synced})
+            self._acks.append((int(h.get("n", 0)), pending, self.synced))
+            if pending is not None:
+                pending.add_done_callback(lambda _f: self._flush_acks())
+            self._flush_acks()
 
-    async def _apply(self, h: dict[str, Any], blob: bytes) -> None:
+    def _flush_acks(self) -> None:
+        """Acknowledge up to the newest operation whose publishes (and all before) are safe here.
+
+        Publishes are started in order and left to finish concurrently, so one
+        store flush covers many of them (group commit) as on the master.
+        """
+        last: tuple[int, bool] | None = None
+        while self._acks and (self._acks[0][1] is None or self._acks[0][1].done()):
+            n, fut, synced = self._acks.popleft()
+            if fut is not None and (fut.cancelled() or fut.exception() is not None):
+                log.error("mirror of %r: a replayed publish failed; out of sync", self.queue)
+                self.synced = synced = False
+            last = (n, synced)
+        if last is not None and not self.closed:
+            self.node.transport.send(self.master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
+                                                   "n": last[0], "synced": last[1]})
+
+    async def _publish_started(self, bq: BackingQueue, m: Message) -> asyncio.Future[Any]:
+        """Start a publish and return once it holds its place in the queue (its first step has run)."""
+        fut = asyncio.ensure_future(bq.publish(m))
+
+        def keep(f: asyncio.Future[Any], m: Message = m) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self.msgs[f.result()] = m
+
+        fut.add_done_callback(keep)
+        await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
+        return fut
+
+    async def _apply(self, h: dict[str, Any], blob: bytes) -> asyncio.Future[Any] | None:
         op = h["op"]
         if op == "start":
             self.durable = bool(h.get("durable", self.durable))
@@ -295,8 +328,7 @@ class Mirror:
         if bq is None:
             return
         if op == "pub":
-            m = Message.from_bytes(blob)
-            self.msgs[await bq.publish(m)] = m
+            return await self._publish_started(bq, Message.from_bytes(blob))
         elif op == "pubd":
             m = Message.from_bytes(blob)
             s = await bq.publish_delivered(m)
@@ -332,13 +364,15 @@ class Mirror:
             if h.get("first"):
                 self.bq = bq = await self._fresh()
             unacked = set(h.get("unacked", []))
+            started: list[asyncio.Future[Any]] = []
             for mseq, m in zip(h["seqs"], unpack_messages(blob), strict=True):
-                if mseq in unacked:
+                if mseq in unacked:  # awaited: a following ack needs its seq
                     s = await bq.publish_delivered(m)
                     self.seqmap[int(mseq)] = s
+                    self.msgs[s] = m
                 else:
-                    s = await bq.publish(m)
-                self.msgs[s] = m
+                    started.append(await self._publish_started(bq, m))
+            return asyncio.gather(*started) if started else None
         elif op in ("delete", "stop"):
             await self.discard()
 
