@@ -32,9 +32,9 @@ class CommandError(Exception):
     """A control command that cannot be carried out; the reply says why."""
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Pids whose process group is `pgid` (read from /proc, so it works for grandchildren too)."""
-    out = []
+def _processes() -> dict[int, tuple[int, int, bytes]]:
+    """pid -> (ppid, pgid, state) for every live process, from /proc."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -43,9 +43,60 @@ def group_pids(pgid: int) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            out.append(int(entry))
-    return sorted(out)
+        if fields[0] != b"Z":
+            out[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return out
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (read from /proc, so it works for grandchildren too)."""
+    return sorted(pid for pid, (_, g, _) in _processes().items() if g == pgid)
+
+
+def in_container_init() -> bool:
+    """True only when PID 1 is a container's init (tini, docker-init) and it is our parent.
+
+    Then everything reparented to PID 1 or to us, other than the processes we keep, was
+    started by the broker. Anywhere else (a host, a test) PID 1's children are the whole
+    system and must never be touched.
+    """
+    if os.getppid() != 1:
+        return False
+    try:
+        with open("/proc/1/comm") as f:
+            return f.read().strip() in ("tini", "docker-init", "tini-static")
+    except OSError:
+        return False
+
+
+def broker_pids(leader: int, keep: set[int]) -> list[int]:
+    """Every process of the broker: the leader's process group and all descendants of its
+    members, plus anything orphaned onto the init (a daemonised helper such as epmd).
+
+    The group alone is not enough: a broker started through ``su`` or ``runuser`` (Debian's
+    rabbitmq-server) runs its VM in a process group of its own, which a group kill misses.
+    ``keep`` (the init, lazyfs and PID 1) and everything a ``docker exec`` started (parent 0)
+    are never included, and orphans are only adopted inside a container (``in_container_init``).
+    """
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    roots = {pid for pid, (_, g, _) in procs.items() if g == leader}
+    if leader in procs:
+        roots.add(leader)
+    if in_container_init():  # orphans reparented to tini or to us can only be the broker's
+        for parent in keep:
+            roots.update(c for c in children.get(parent, []) if c not in keep)
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found or pid in keep:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, []))
+    return sorted(found)
 
 
 class Node:
@@ -145,14 +196,22 @@ class Node:
             self.state = "stopped"
             self._emit(f"[nodeinit] broker exited on its own: {json.dumps(self.last_exit)}\n".encode())
 
+    def _keep(self) -> set[int]:
+        keep = {1, os.getpid()}
+        if self.lazy is not None and self.lazy.pid:
+            keep.add(self.lazy.pid)
+        return keep
+
     def _signal_group(self, sig: signal.Signals) -> dict[str, Any]:
+        """Signal every process of the broker (see ``broker_pids``), not only its group."""
         assert self.proc is not None
         pgid = self.proc.pid
-        pids = group_pids(pgid)
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
+        pids = broker_pids(pgid, self._keep())
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         return {"signal": sig.name, "pgid": pgid, "pids": pids, "at": now_iso()}
 
     def _wait_gone(self, timeout: float) -> bool:
@@ -160,8 +219,14 @@ class Node:
         pgid = self.proc.pid
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.returncode is not None and not group_pids(pgid):
+            left = broker_pids(pgid, self._keep())
+            if self.proc.returncode is not None and not left:
                 return True
+            for pid in left:  # forked while we were killing
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             time.sleep(0.01)
         return False
 
@@ -239,7 +304,7 @@ class Node:
             return {
                 "state": self.state,
                 "pid": self.proc.pid if running and self.proc else None,
-                "pids": group_pids(self.proc.pid) if running and self.proc else [],
+                "pids": broker_pids(self.proc.pid, self._keep()) if running and self.proc else [],
                 "starts": self.starts,
                 "restarts": max(self.starts - 1, 0),
                 "restart_pending": self.timer is not None,

@@ -163,6 +163,7 @@ def test_pause_resume_torn_restart_and_sigterm(lazy_init: Init) -> None:
     kept = torn["lazyfs"]["torn"][0]
     assert kept["path"] == "/log" and 0 <= kept["kept_bytes"] <= kept["unsynced_bytes"]
     wait_for(lambda: n.ctl("status")["state"] == "running", "restart after power loss")
+    wait_for(lambda: n.log().count(b"boot") == 2, "the restarted broker booted")
 
     code, out = n.terminate()
     assert code == 0
