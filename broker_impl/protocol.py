@@ -47,8 +47,9 @@ class AMQPProtocol(asyncio.Protocol):
         peername = transport.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         cluster = getattr(self.broker, "cluster", None)
-        if cluster is not None and cluster.paused:  # pause_minority: refuse clients until a majority is back
-            log.info("refusing AMQP connection %s: node paused (minority partition)", peer)
+        if cluster is not None and cluster.refusing_clients:  # paused (pause_minority) or not yet synced after start
+            log.info("refusing AMQP connection %s: node %s", peer, "paused (minority partition)" if cluster.paused
+                     else "joining the cluster")
             self._dead = True
             transport.close()
             return

@@ -132,6 +132,9 @@ class ClusterNode:
         self._dirty = False
         self.mirrors: dict[tuple[str, str], Mirror] = {}
         self.paused = False
+        # Until the first peer's records are in, a restarted node may hold stale copies of queues
+        # mastered elsewhere: clients wait (or 2 x the down detection time if nobody answers).
+        self.joining = True
         self._leaving: set[str] = set()
         self._was_down: set[str] = set()
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
@@ -144,6 +147,7 @@ class ClusterNode:
         self.local_changed()
         self.spawn(self._apply_loop())
         await self.transport.start()
+        asyncio.get_running_loop().call_later(2 * self.cfg.tick * self.cfg.down_after, self._joined, "no peer answered")
         self.spawn(self._housekeeping())
 
     async def stop(self) -> None:
@@ -203,6 +207,15 @@ class ClusterNode:
         for peer in self.transport.up_peers():
             self.transport.send(peer, body)
 
+    @property
+    def refusing_clients(self) -> bool:
+        return self.paused or self.joining
+
+    def _joined(self, why: str) -> None:
+        if self.joining:
+            self.joining = False
+            log.info("cluster: serving clients (%s)", why)
+
     def _merge(self, peer: str, h: dict[str, Any]) -> None:
         """Merge at once (so a message that follows on the link sees the new records); apply in order later."""
         if self._await_winner in (peer, "*"):
@@ -211,10 +224,17 @@ class ClusterNode:
         if changed:
             self._pending_apply += 1
             self._inbox.put_nowait((peer, changed))
+            if self.joining:
+                self._inbox.put_nowait((peer, {}))  # clients are served once these records are applied
+        elif self.joining:
+            self._joined(f"records from {peer} merged")
 
     async def _apply_loop(self) -> None:
         while True:
             peer, changed = await self._inbox.get()
+            if not changed:
+                self._joined(f"records from {peer} applied")
+                continue
             self._applying = True
             try:
                 for k, e in sorted(changed.items(), key=lambda kv: _APPLY_ORDER.get(split_key(kv[0])[0], 9)):
@@ -695,6 +715,7 @@ class ClusterNode:
             "partitions": [p["name"] for p in peers if p["times_down"] and not p["running"]],
             "partition_handling": self.cfg.partition_handling,
             "paused": self.paused,
+            "joining": self.joining,
         }
 
 
