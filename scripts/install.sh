@@ -18,6 +18,19 @@ if [ -n "$need_apt" ]; then
   $SUDO apt-get install -y -qq $need_apt >/dev/null
 fi
 
+if ! docker info >/dev/null 2>&1; then
+  step "the Docker daemon is not running: starting it"
+  $SUDO service docker start >/dev/null 2>&1 || true
+  for _ in $(seq 1 15); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  if ! docker info >/dev/null 2>&1 && command -v dockerd >/dev/null; then
+    # Where the init script cannot run (e.g. it may not raise ulimits), start dockerd directly.
+    $SUDO rm -f /var/run/docker.pid
+    $SUDO setsid nohup dockerd >/tmp/brokerchaos-dockerd.log 2>&1 </dev/null &
+    for _ in $(seq 1 30); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  fi
+  docker info >/dev/null 2>&1 || { echo "Docker is not running and could not be started; start it and rerun" >&2; exit 2; }
+fi
+
 step "Python package (editable) and test tools"
 python3 -m pip install -q --disable-pip-version-check -e '.[dev,fast]'
 
