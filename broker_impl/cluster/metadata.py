@@ -118,10 +118,10 @@ def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) ->
         out[key("vhost", name)] = {}
     for name, u in broker.users.items():
         out[key("user", name)] = {"password_hash": u["password_hash"], "tags": list(u["tags"])}
-    for (user, vhost), p in broker.permissions.items():
-        out[key("perm", user, vhost)] = {"configure": p.configure, "write": p.write, "read": p.read}
-    for (vhost, name), p in broker.policies.items():
-        out[key("policy", vhost, name)] = dict(p)
+    for (user, vhost), perm in broker.permissions.items():
+        out[key("perm", user, vhost)] = {"configure": perm.configure, "write": perm.write, "read": perm.read}
+    for (vhost, name), policy in broker.policies.items():
+        out[key("policy", vhost, name)] = dict(policy)
     for vname, vh in broker.vhosts.items():
         shared = set()
         for q in vh.queues.values():

@@ -323,10 +323,10 @@ class Mirror:
         if op == "start":
             self.durable = bool(h.get("durable", self.durable))
             self.bq = await self._fresh()
-            return
+            return None
         bq = self.bq
         if bq is None:
-            return
+            return None
         if op == "pub":
             return await self._publish_started(bq, Message.from_bytes(blob))
         elif op == "pubd":
@@ -338,10 +338,10 @@ class Mirror:
             # the master's head is ours too unless it was published before we joined
             f = bq.fetch()
             if f is None:
-                return
+                return None
             if digest(f.message) != h.get("d"):
                 bq.requeue([f.seq])
-                return
+                return None
             self.seqmap[int(h["seq"])] = f.seq
         elif op in ("ack", "drop"):
             mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
@@ -375,6 +375,7 @@ class Mirror:
             return asyncio.gather(*started) if started else None
         elif op in ("delete", "stop"):
             await self.discard()
+        return None
 
     async def discard(self) -> None:
         self.closed = True

@@ -275,8 +275,8 @@ class ClusterNode:
                 b.policies.pop((k[1], k[2]), None)
             else:
                 b.policies[(k[1], k[2])] = dict(data)
-            vh = b.vhosts.get(k[1])
-            for q in list(vh.queues.values()) if vh else []:
+            pvh = b.vhosts.get(k[1])
+            for q in list(pvh.queues.values()) if pvh else []:
                 b.apply_policies(q)
         elif kind == "exchange":
             vh = self._vhost(k[1])
@@ -291,17 +291,17 @@ class ClusterNode:
                 vh.exchanges[k[2]] = ex
         elif kind == "binding":
             vh = self._vhost(k[1])
-            ex = vh.exchanges.get(k[2])
-            if ex is None:
+            src = vh.exchanges.get(k[2])
+            if src is None:
                 return
             bnd = Binding(k[2], k[3], k[4], dict((data or {}).get("arguments") or {}))
             if data is None:
                 import json
 
                 bnd.arguments = json.loads(k[5])
-                ex.unbind(bnd)
+                src.unbind(bnd)
             elif k[3] in vh.queues:
-                ex.bind(bnd)
+                src.bind(bnd)
         elif kind == "queue":
             await self._apply_queue(self._vhost(k[1]), k[2], data)
 
@@ -367,8 +367,9 @@ class ClusterNode:
 
     async def _drop_local(self, vh: VHost, q: Any) -> None:
         """Replace a queue object without touching its bindings (they name the queue, not the object)."""
-        if vh.queues.get(q.name) is q:
-            del vh.queues[q.name]
+        name = q.name
+        if vh.queues.get(name) is q:
+            del vh.queues[name]
         await q.delete()
 
     # -- links ----------------------------------------------------------------------------
@@ -407,7 +408,8 @@ class ClusterNode:
                     q.master_down()
         self.master_side.peer_down(peer)
         for q in self._local_masters():
-            q.bq.remove_mirror(peer, stop=False)
+            if isinstance(q.bq, MirrorMasterBQ):
+                q.bq.remove_mirror(peer, stop=False)
         for (vname, qname), m in list(self.mirrors.items()):
             if m.master == peer:
                 # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
@@ -442,18 +444,18 @@ class ClusterNode:
         elif t == "mq":
             self._mirror_op(peer, h, blob)
         elif t == "mq_ack":
-            q = self._local_master(h.get("vh", ""), h.get("q", ""))
-            if q is not None:
-                q.bq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
+            mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
+            if mbq is not None:
+                mbq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
         elif t == "mq_gone":
-            q = self._local_master(h.get("vh", ""), h.get("q", ""))
-            if q is not None and peer in q.bq.mirrors:  # type: ignore[attr-defined]
-                log.warning("queue %r: the mirror on %s is gone; it will be restarted", q.name, peer)
-                q.bq.remove_mirror(peer, stop=False)  # type: ignore[attr-defined]
+            mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
+            if mbq is not None and peer in mbq.mirrors:
+                log.warning("queue %r: the mirror on %s is gone; it will be restarted", mbq.queue, peer)
+                mbq.remove_mirror(peer, stop=False)
         elif t == "sync_req":
-            q = self._local_master(h.get("vh", ""), h.get("q", ""))
-            if q is not None:
-                q.bq.sync()
+            mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
+            if mbq is not None:
+                mbq.sync()
         elif t == "bye":
             self._leaving.add(peer)
         elif t == "cancelled":
@@ -472,6 +474,10 @@ class ClusterNode:
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
         return q if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted else None
+
+    def _master_bq(self, vhost: str, name: str) -> MirrorMasterBQ | None:
+        q = self._local_master(vhost, name)
+        return q.bq if q is not None and isinstance(q.bq, MirrorMasterBQ) else None
 
     def _mirror_op(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         k = (str(h.get("vh", "")), str(h.get("q", "")))
