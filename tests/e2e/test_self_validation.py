@@ -33,3 +33,21 @@ def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:  # type: ig
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
+
+
+def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    """RabbitMQ classic mirrored queue, ha-promote-on-failure=always (reference/mirrored-queues.md)."""
+    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror.yaml")
+    assert r.code == 1, r.explain()
+    res = r.results
+    assert res["counts"]["lost"] > 0
+    assert {row["fault_kind"] for row in res["attribution"]["rows"]} == {"kill"}
+
+
+def test_when_synced_waits_for_the_master_and_loses_nothing(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror-when-synced.yaml")
+    assert r.code == 0, r.explain()
+    c = r.results["counts"]
+    assert c["lost"] == 0 and c["confirmed"] > 1000
+    # The queue was unavailable while its master was down: publishes went unconfirmed.
+    assert c["unknown"] > 100
