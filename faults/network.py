@@ -27,7 +27,9 @@ from typing import Any
 from harness.errors import FaultError, ScenarioError
 from harness.nemesis import Fault
 
-SHAPES = ("isolate", "halves", "fixed-halves", "majorities-ring", "bridge", "one-way", "clients", "custom")
+SHAPES = ("isolate", "halves", "fixed-halves", "majorities-ring", "bridge", "one-way", "clients", "custom", "random")
+#: What ``shape: random`` draws from (by the step's seed): the shapes that need no parameters.
+RANDOM_SHAPES = ("isolate", "halves", "majorities-ring", "bridge", "one-way")
 TOXIC = "brokerchaos_partition"
 
 
@@ -107,6 +109,10 @@ class Partition(Fault):
         super().resolve(params, nodes, rng)
         shape = params.get("shape", "halves")
         mode = params.get("mode", "drop")  # values were checked against params_schema above
+        if shape == "random":
+            usable = [x for x in RANDOM_SHAPES if (len(nodes) >= 3 or x != "bridge")
+                      and (mode == "drop" or x not in ("one-way", "majorities-ring"))]  # refuse: symmetric only
+            shape = rng.choice(usable)
         if shape == "clients":
             targets = params.get("nodes") or [params.get("node") or rng.choice(list(nodes))]
             for node in targets:

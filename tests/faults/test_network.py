@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from faults.network import SHAPES, LinkToxic, Partition, partition_cuts
+from faults.network import RANDOM_SHAPES, SHAPES, LinkToxic, Partition, partition_cuts
 from harness.cluster import Topology, build_topology
 from harness.errors import ScenarioError
 from harness.nemesis import FaultContext
@@ -177,7 +177,20 @@ def test_every_shape_is_handled() -> None:
         params: dict[str, Any] = {"shape": shape}
         if shape == "custom":
             params["cuts"] = [["n1", "n2"]]
-        assert resolve(params, 5)["shape"] == shape
+        expected = RANDOM_SHAPES if shape == "random" else (shape,)
+        assert resolve(params, 5)["shape"] in expected
+
+
+def test_random_shape_is_drawn_by_the_seed_and_recorded_concretely() -> None:
+    drawn = {Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(s))["shape"] for s in range(40)}
+    assert drawn == set(RANDOM_SHAPES)
+    a = Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(7))
+    assert a == Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(7))
+    refused = {Partition.resolve({"shape": "random", "mode": "refuse"}, ["n1", "n2", "n3"], random.Random(s))["shape"]
+               for s in range(40)}
+    assert not refused & {"one-way", "majorities-ring"}
+    assert "bridge" not in {Partition.resolve({"shape": "random"}, ["n1", "n2"], random.Random(s))["shape"]
+                            for s in range(40)}
 
 
 # -- which proxies and streams carry a cut -------------------------------------------------------
