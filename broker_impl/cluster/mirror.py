@@ -115,10 +115,13 @@ class MirrorMasterBQ(BackingQueue):
         if link is None or n < link.joined:
             return
         link.acked = max(link.acked, n)
+        changed = synced != link.synced
         if synced and not link.synced:
             log.info("queue %r: mirror on %s is in sync", self.queue, peer)
         link.synced = synced
         self._release()
+        if changed:
+            self.node.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
 
     def add_mirror(self, peer: str, sync: bool) -> None:
         self._n += 1
@@ -138,7 +141,7 @@ class MirrorMasterBQ(BackingQueue):
 
         targets = [peer] if peer else [p for p, link in self.mirrors.items() if not link.synced]
         unacked = set(self.inner.unacked())
-        items = list(self.live.items())
+        items = sorted(self.live.items())  # seq order is the order the master hands them out
         for p in targets:
             if p not in self.mirrors:
                 continue

@@ -195,7 +195,8 @@ class ClusterNode:
 
     def local_changed(self) -> None:
         """Stamp and send whatever changed here; deferred while a remote batch is being applied."""
-        if self._applying or self._await_winner is not None:
+        if self._applying or self._pending_apply or self._await_winner is not None:
+            # merged records not applied yet would look like local deletions
             self._dirty = True
             return
         changed = self.table.diff(collect(self.broker, self._queue_fields()))
@@ -527,7 +528,8 @@ class ClusterNode:
             bq = q.bq
             assert isinstance(bq, MirrorMasterBQ)
             want = self.desired_mirrors(q)
-            for peer in list(bq.mirrors):
+            before = list(bq.mirrors)
+            for peer in before:
                 if peer not in want:
                     bq.remove_mirror(peer)
             auto = (q.policy or {}).get("ha-sync-mode") == "automatic"
@@ -535,6 +537,8 @@ class ClusterNode:
                 if peer not in bq.mirrors:
                     log.info("queue %r: starting a mirror on %s", q.name, peer)
                     bq.add_mirror(peer, sync=auto)
+            if list(bq.mirrors) != before:
+                self.local_changed()
 
     def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool) -> None:
         if self.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
