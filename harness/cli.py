@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("run_dirs", nargs="+")
     g.add_argument("--spark-master")
     g.add_argument("--out", help="directory for the grade report")
+    g.add_argument("--engine", choices=("spark", "python", "stored"), default="spark",
+                   help="check each run with Spark (default), the pure-Python checker, or reuse results.json")
 
     sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
 
@@ -173,7 +175,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
             if report.exists():
                 print(f"  report             {report}")
     if args.runs > 1:
-        _grade_dirs(run_dirs, args.spark_master, None)
+        _grade_dirs(run_dirs, args.spark_master, None, engine="stored")
     return max(codes, key=lambda c: (c != 0, c))
 
 
@@ -205,23 +207,26 @@ def _grade(args: argparse.Namespace) -> int:
     from harness.store import RunDir
 
     dirs = [RunDir.open(d).path for d in args.run_dirs]
-    return _grade_dirs(dirs, args.spark_master, Path(args.out) if args.out else None)
+    return _grade_dirs(dirs, args.spark_master, Path(args.out) if args.out else None, engine=args.engine)
 
 
-def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None) -> int:
+def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None, *, engine: str = "spark") -> int:
     try:
         from spark_reports import grade_runs, render_grade_report
     except ImportError as exc:
         raise BrokerChaosError(f"grading needs spark_reports: {exc}") from None
-    grade = grade_runs(dirs, spark_master=spark_master)
+    grade = grade_runs(dirs, spark_master=spark_master, engine=engine)
     out = out or dirs[-1].parent / "grade"
     out.mkdir(parents=True, exist_ok=True)
     (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
     html = render_grade_report(out, grade)
-    print(f"\ngrade over {len(dirs)} runs: {json.dumps(grade.get('summary', grade.get('overall', {})), default=str)}")
+    print(f"\ngrade over {len(dirs)} runs: {grade.get('verdict')}: {grade.get('statement')}")
+    for row in grade.get("per_kind", []):
+        print(f"  {row['fault_kind']:<14} {row['lost']} lost in {row['confirmed']} confirmed, "
+              f"loss rate < {row['upper95']:.3g} (95% upper bound)")
     print(f"  grade report       {html}")
-    valid = grade.get("valid")
-    return 0 if valid is True else (1 if valid is False else 3)
+    verdict = grade.get("verdict")
+    return 0 if verdict == "durable" else (1 if verdict in ("LOST", "INTEGRITY") else 3)
 
 
 def _images(host: Any, args: argparse.Namespace) -> int:
