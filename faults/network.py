@@ -139,22 +139,25 @@ class Partition(Fault):
                 out.append((dst, p.name, "downstream"))
         return out
 
+    def _switched_proxies(self) -> list[tuple[str, str]]:
+        """(sidecar, proxy) pairs that the ``clients`` shape and ``refuse`` mode disable."""
+        if self.params["shape"] == "clients":
+            return [(node, f"client_to_{node}") for node in self.params["clients_cut_from"]]
+        return [(src, p.name) for src, dst in self.params["cuts"]
+                for p in self.ctx.cluster.topology.proxies[src] if p.dst == dst]
+
+    def _switch(self, enabled: bool) -> dict[str, Any]:
+        done = []
+        for sidecar, proxy in self._switched_proxies():
+            self.ctx.cluster.nodes[sidecar].toxiproxy.set_enabled(proxy, enabled)
+            done.append({"sidecar": sidecar, "proxy": proxy, "action": "enable" if enabled else "disable"})
+        return {"actions": done}
+
     def apply(self) -> dict[str, Any]:
         cluster = self.ctx.cluster
         done: list[dict[str, Any]] = []
-        if self.params["shape"] == "clients":
-            for node in self.params["clients_cut_from"]:
-                proxy = f"client_to_{node}"
-                cluster.nodes[node].toxiproxy.set_enabled(proxy, False)
-                done.append({"sidecar": node, "proxy": proxy, "action": "disable"})
-            return {"actions": done}
-        if self.params["mode"] == "refuse":
-            for src, dst in self.params["cuts"]:
-                for p in cluster.topology.proxies[src]:
-                    if p.dst == dst:
-                        cluster.nodes[src].toxiproxy.set_enabled(p.name, False)
-                        done.append({"sidecar": src, "proxy": p.name, "action": "disable"})
-            return {"actions": done}
+        if self.params["shape"] == "clients" or self.params["mode"] == "refuse":
+            return self._switch(False)
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
                 toxic = f"{TOXIC}_{stream}"
@@ -167,18 +170,8 @@ class Partition(Fault):
     def heal(self) -> dict[str, Any]:
         cluster = self.ctx.cluster
         done: list[dict[str, Any]] = []
-        if self.params["shape"] == "clients":
-            for node in self.params["clients_cut_from"]:
-                cluster.nodes[node].toxiproxy.set_enabled(f"client_to_{node}", True)
-                done.append({"sidecar": node, "proxy": f"client_to_{node}", "action": "enable"})
-            return {"actions": done}
-        if self.params["mode"] == "refuse":
-            for src, dst in self.params["cuts"]:
-                for p in cluster.topology.proxies[src]:
-                    if p.dst == dst:
-                        cluster.nodes[src].toxiproxy.set_enabled(p.name, True)
-                        done.append({"sidecar": src, "proxy": p.name, "action": "enable"})
-            return {"actions": done}
+        if self.params["shape"] == "clients" or self.params["mode"] == "refuse":
+            return self._switch(True)
         touched: set[tuple[str, str]] = set()
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
