@@ -239,7 +239,8 @@ class MirrorMasterBQ(BackingQueue):
 class Mirror:
     """A queue's copy on a mirror node: replays the master's stream in order on its own backing queue."""
 
-    def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool) -> None:
+    def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool,
+                 predecessor: Mirror | None = None) -> None:
         self.node = node
         self.vhost = vhost
         self.queue = queue
@@ -252,6 +253,10 @@ class Mirror:
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool]] = deque()
+        # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
+        self._predecessor = predecessor
+        if predecessor is not None:
+            predecessor.closed = True
         self._task = node.spawn(self._run())
 
     def feed(self, h: dict[str, Any], blob: bytes) -> None:
@@ -262,6 +267,9 @@ class Mirror:
         from broker_impl.broker import store_queue_key
 
         b = self.node.broker
+        if self._predecessor is not None:
+            await self._predecessor.discard()
+            self._predecessor = None
         if self.bq is not None:
             await self.bq.delete()
         key = store_queue_key(self.vhost, self.queue)
@@ -381,11 +389,18 @@ class Mirror:
         return None
 
     async def discard(self) -> None:
+        """Drop this copy (its store queue too); a successor may already be registered under the same key."""
         self.closed = True
+        if asyncio.current_task() is not self._task:
+            self._task.cancel()
+        if self._predecessor is not None:
+            await self._predecessor.discard()
+            self._predecessor = None
         if self.bq is not None:
-            await self.bq.delete()
-            self.bq = None
-        self.node.mirrors.pop((self.vhost, self.queue), None)
+            bq, self.bq = self.bq, None
+            await bq.delete()
+        if self.node.mirrors.get((self.vhost, self.queue)) is self:
+            del self.node.mirrors[(self.vhost, self.queue)]
 
     def take_over(self) -> tuple[BackingQueue, dict[int, Message]]:
         """Promotion: hand the backing queue over, unacked messages back to ready and marked redelivered."""
@@ -396,5 +411,6 @@ class Mirror:
         unacked = bq.unacked()
         if unacked:
             bq.requeue(unacked)
-        self.node.mirrors.pop((self.vhost, self.queue), None)
+        if self.node.mirrors.get((self.vhost, self.queue)) is self:
+            del self.node.mirrors[(self.vhost, self.queue)]
         return bq, dict(self.msgs)

@@ -489,9 +489,7 @@ class ClusterNode:
                 # a stale master (e.g. a node resuming after a partition): not ours to follow
                 self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
                 return
-            if m is not None:
-                m.closed = True
-            m = self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")))
+            m = self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")), predecessor=m)
         if m is not None and m.master == peer:
             m.feed(h, blob)
         elif h.get("op") not in ("stop", "delete"):
