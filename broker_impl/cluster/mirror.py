@@ -254,6 +254,8 @@ class Mirror:
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool]] = deque()
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
+        self._mismatches = 0
+        self._gone: set[int] = set()  # our seqs settled before their publish returned
         self._predecessor = predecessor
         if predecessor is not None:
             predecessor.closed = True
@@ -279,6 +281,7 @@ class Mirror:
             bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
         self.seqmap.clear()
         self.msgs.clear()
+        self._gone.clear()
         return bq
 
     async def _run(self) -> None:
@@ -294,7 +297,11 @@ class Mirror:
             if self.closed:
                 return
             if self.bq is not None:
-                self.synced = self.bq.depth() == int(h.get("depth", -1))
+                was, self.synced = self.synced, self.bq.depth() == int(h.get("depth", -1))
+                if was != self.synced or h.get("op") == "sync":
+                    log.info("mirror of %r (master %s): %s after %s, depth %d here, %s on the master", self.queue,
+                             self.master, "in sync" if self.synced else "NOT in sync", h.get("op"),
+                             self.bq.depth(), h.get("depth"))
             self._acks.append((int(h.get("n", 0)), pending, self.synced))
             if pending is not None:
                 pending.add_done_callback(lambda _f: self._flush_acks())
@@ -323,7 +330,11 @@ class Mirror:
 
         def keep(f: asyncio.Future[Any], m: Message = m) -> None:
             if not f.cancelled() and f.exception() is None:
-                self.msgs[f.result()] = m
+                seq = f.result()
+                if seq in self._gone:
+                    self._gone.discard(seq)  # acked or dropped while its write was pending
+                else:
+                    self.msgs[seq] = m
 
         fut.add_done_callback(keep)
         await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
@@ -352,12 +363,17 @@ class Mirror:
                 return None
             if digest(f.message) != h.get("d"):
                 bq.requeue([f.seq])
+                self._mismatches += 1
+                if self._mismatches <= 3:
+                    log.info("mirror of %r: the master's head %s is not ours (%d of %d here)", self.queue,
+                             h.get("seq"), bq.len(), bq.depth())
                 return None
             self.seqmap[int(h["seq"])] = f.seq
         elif op in ("ack", "drop"):
             mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
             for s in mine:
-                self.msgs.pop(s, None)
+                if self.msgs.pop(s, None) is None:
+                    self._gone.add(s)
             if mine:
                 await (bq.ack(mine) if op == "ack" else bq.drop(mine))
         elif op == "requeue":
