@@ -62,11 +62,23 @@ class Probe(BrokerPlugin):
         return rc == 0
 
 
-def hears(cluster: Any, src: str, dst: str, token: str) -> bool:
-    """Does ``dst`` receive bytes ``src`` sends it over the inter-node link?"""
-    cluster.nodes[src].exec(["python3", "/opt/send.py", dst, str(PEER_PORT), token], timeout=10)
-    rc, out = cluster.nodes[dst].exec(["cat", "/tmp/heard"], timeout=5)
-    return token in out
+def hears(cluster: Any, src: str, dst: str, token: str, attempts: int = 3) -> bool:
+    """Does ``dst`` receive bytes ``src`` sends it over the inter-node link?
+
+    A link is heard if any of a few attempts gets through (a loaded machine can delay
+    one); a cut link fails them all.
+    """
+    import time
+
+    for attempt in range(attempts):
+        tok = f"{token}-{attempt}"
+        cluster.nodes[src].exec(["python3", "/opt/send.py", dst, str(PEER_PORT), tok], timeout=10)
+        for _ in range(5):
+            rc, out = cluster.nodes[dst].exec(["cat", "/tmp/heard"], timeout=5)
+            if tok in out:
+                return True
+            time.sleep(0.2)
+    return False
 
 
 def client_reaches(cluster: Any, node: str, token: str) -> bool:
