@@ -50,16 +50,20 @@ def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -
     proc = subprocess.Popen(["brokerchaos", "run", "scenarios/power-loss.yaml", "--duration", "60"], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run_id = None
+    seen: list[str] = []
+    reached_fault = False
     assert proc.stderr is not None
     deadline = time.monotonic() + 300
     for line in proc.stderr:
+        seen.append(line)
         m = re.search(r"network (bc-[0-9a-f]+)", line)
         if m:
             run_id = m.group(1)
         if "nemesis" in line and "power-loss" in line:
+            reached_fault = True
             break  # the broker is down, its lazy filesystem holds a dropped cache
         assert time.monotonic() < deadline
-    assert run_id is not None
+    assert run_id is not None and reached_fault, "the run ended before its first fault:\n" + "".join(seen[-20:])
     proc.send_signal(signal.SIGKILL)  # no teardown at all
     proc.wait(timeout=30)
     left = labelled(run_id)
