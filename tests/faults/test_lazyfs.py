@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_impl.store.durable import fsync_dir as _fsync_dir
 from faults.lazyfs import LazyMount, fuse_available, is_mounted
 from faults.lazyfs.bench import append_rate
 
@@ -39,14 +40,6 @@ def _write(path: str, data: bytes, *, sync: bool, append: bool = False) -> None:
         os.write(fd, data)
         if sync:
             os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
