@@ -199,7 +199,7 @@ def _request(ns: argparse.Namespace) -> dict[str, Any]:
 
 _COLUMNS = {
     "list_queues": ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable", "policy", "state",
-                    "node", "mirrors", "synchronised_mirrors"),
+                    "node", "mirrors", "synchronised_mirrors", "gm_ring"),
     "list_connections": ("peer", "user", "vhost", "state", "channels"),
     "list_exchanges": ("name", "type", "durable"),
     "list_bindings": ("source", "destination", "routing_key"),

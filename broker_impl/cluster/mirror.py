@@ -1,30 +1,38 @@
-"""Mirrored queues: the master's backing queue streams every operation, mirrors replay it.
+"""Mirrored queues: the master's backing queue broadcasts every operation over GM, mirrors replay it.
 
-The master's queue runs on ``MirrorMasterBQ``, a backing queue that applies
-each operation to the real one and then sends it, numbered, to every mirror:
-publish, publish_delivered, fetch, ack, requeue, drop, purge, delete, with the
-master's depth after the operation. A mirror (``Mirror``) replays the stream on
-its own ordinary backing queue, one operation at a time, and answers with the
-number it reached and whether its depth equals the master's: that is what
-*in sync* means. A publish returns (so the client's confirm goes out) only once
-every in-sync mirror has acknowledged it; a mirror acknowledges a persistent
-message after its own store has it on disk.
+Every mirrored queue has one GM group (``gm``, run on the node links by
+``gm_link``). The master's queue runs on ``MirrorMasterBQ``, a backing queue
+that applies each operation to the real one and then broadcasts it, numbered,
+to the group: publish, publish_delivered, fetch, ack, requeue, drop, purge,
+delete, with the master's depth after the operation. A mirror (``Mirror``) is
+a member of the group; it replays the master's broadcasts on its own ordinary
+backing queue, one operation at a time, and tells the master, straight over
+the link, the number it reached and whether its depth equals the master's:
+that is what *in sync* means. A publish returns (so the client's confirm goes
+out) only once every in-sync mirror has acknowledged it; a mirror
+acknowledges a persistent message after its own store has it on disk. (As in
+RabbitMQ, where mirrors confirm to the channel themselves: GM's own
+"seen by the whole ring" is not "on disk everywhere".)
 
-A new mirror starts empty (``start``) and becomes in sync when the old head
-drains, or at once by ``sync``: the master sends every message it holds, in
-seq order, in batches of ``SYNC_BATCH``, all written to the link before any
-later operation, so the mirror sees the snapshot and then the stream.
+GM gives what a plain stream from the master would not: per-sender order on
+a ring, and if the master dies mid-broadcast, an operation that reached any
+surviving mirror reaches every one of them (the ring member downstream of the
+dead master inherits its in-flight messages).
 
-Deviation from RabbitMQ, and what it costs: the stream goes from the master
-straight to each mirror over the node links, not round a GM ring. With one
-sender per queue (the master) and FIFO links, per-sender order holds. What the
-ring adds is that a message that reached any survivor reaches all of them if
-the master dies mid-send; here survivors may differ in their last few
-operations. None of those was confirmed (a confirm waits for every in-sync
-mirror), so promotion loses no confirmed message; an ack that reached some
-mirrors but not the new master shows up as a redelivery. After a promotion the
-remaining mirrors restart empty under the new master and resync, which removes
-any such difference.
+A new mirror is started by a direct message from the master; it joins the
+group and starts empty from its join point (GM never replays older traffic).
+It becomes in sync when the old head drains, or at once by ``sync``: once the
+mirror says it has joined, the master broadcasts every message it holds, in
+seq order, in batches of ``SYNC_BATCH`` addressed to that mirror, so the
+mirror sees the snapshot and then the stream, in the master's order.
+
+Promotion: the promoted mirror's GM member stays in the group and becomes the
+sender; its first broadcast is ``promoted``, on which every other mirror
+requeues its unacked messages (as the new master did), follows the new sender
+and compares depths again. Operations of the dead master that a mirror
+delivers after that are ignored: none was confirmed (a confirm waits for every
+in-sync mirror, the promoted one included). A mirror whose copy differs from
+the new master's shows as not in sync and is synced by the policy's sync mode.
 """
 
 from __future__ import annotations
@@ -32,14 +40,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing import make_backing_queue
 from broker_impl.backing_queue import BackingQueue, Fetched
+from broker_impl.cluster.gm_link import node_of
 from broker_impl.message import Message, encode_properties
 
 if TYPE_CHECKING:
+    from broker_impl.cluster.gm_link import Endpoint
     from broker_impl.cluster.node import ClusterNode
 
 log = logging.getLogger("broker_impl.cluster.mirror")
@@ -57,19 +69,21 @@ def digest(m: Message) -> str:
 
 
 class _Link:
-    __slots__ = ("acked", "synced", "joined")
+    __slots__ = ("acked", "synced", "joined", "deadline")
 
-    def __init__(self, joined: int) -> None:
+    def __init__(self, joined: int, deadline: float | None = None) -> None:
         self.acked = -1
         self.synced = False
         self.joined = joined
+        self.deadline = deadline  # a kept mirror must answer the promotion by then
 
 
 class MirrorMasterBQ(BackingQueue):
-    """The master's backing queue: the real one plus the operation stream to the mirrors."""
+    """The master's backing queue: the real one plus the broadcast of every operation to the group."""
 
     def __init__(self, inner: BackingQueue, node: ClusterNode, vhost: str, queue: str,
-                 live: dict[int, Message] | None = None) -> None:
+                 live: dict[int, Message] | None = None, gm: Endpoint | None = None,
+                 mirrors: list[str] | None = None) -> None:
         self.inner = inner
         self.name = inner.name
         self.durable = inner.durable
@@ -78,20 +92,51 @@ class MirrorMasterBQ(BackingQueue):
         self.queue = queue
         self.live: dict[int, Message] = dict(live or {})  # seq -> message, ready and unacked, in seq order
         self.mirrors: dict[str, _Link] = {}  # join order
+        self._sync_on_join: set[str] = set()
         self._gone: set[int] = set()
         self._n = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        if gm is None:
+            self._new_group()
+        else:
+            # a promoted mirror: its member goes on in the same group, now as the sender
+            self.gm = gm
+            self.group = gm.group
+            gm.on_deliver, gm.on_joined, gm.on_stopped = self._delivered, None, self._stopped
+            cfg = node.cfg
+            deadline = time.monotonic() + 2 * cfg.tick * cfg.down_after
+            for peer in mirrors or []:
+                self.mirrors[peer] = _Link(0, deadline)
+            self._bcast({"op": "promoted"})
+
+    def _new_group(self) -> None:
+        self.group = f"{self.vhost}/{self.queue}/{secrets.token_hex(4)}"
+        self.gm = self.node.gm.endpoint(self.group, on_deliver=self._delivered, on_stopped=self._stopped)
+        self.gm.join()
+
+    def _delivered(self, sender: str, payload: Any) -> None:
+        pass  # the master's own broadcasts, and strays of a master it replaced
+
+    def _stopped(self, reason: str) -> None:
+        """Our member was recorded dead (e.g. by the other side of a partition): start a new group."""
+        log.warning("queue %r: the master's GM member left the group (%s); restarting the mirrors in a new group",
+                    self.queue, reason)
+        for peer in list(self.mirrors):
+            self.remove_mirror(peer)
+        self._new_group()
+        self.node.reconcile_mirrors()
 
     # -- the stream ---------------------------------------------------------------------
-    def _send(self, peer: str, op: dict[str, Any], blob: bytes = b"") -> None:
-        self.node.transport.send(peer, {"t": "mq", "vh": self.vhost, "q": self.queue, "n": self._n,
-                                        "depth": self.inner.depth(), **op}, blob)
-
     def _bcast(self, op: dict[str, Any], blob: bytes = b"") -> int:
         self._n += 1
-        for peer in self.mirrors:
-            self._send(peer, op, blob)
+        if self.mirrors:  # a mirror joins from now on, never earlier: nothing to send while there is none
+            self.gm.broadcast(({"vh": self.vhost, "q": self.queue, "n": self._n,
+                                "depth": self.inner.depth(), **op}, blob))
         return self._n
+
+    def _control(self, peer: str, op: str) -> None:
+        self.node.transport.send(peer, {"t": "mq", "vh": self.vhost, "q": self.queue, "op": op,
+                                        "group": self.group, "mm": self.gm.id, "durable": self.durable})
 
     async def _confirmed(self, n: int) -> None:
         if not self._needed(n):
@@ -123,16 +168,31 @@ class MirrorMasterBQ(BackingQueue):
         if changed:
             self.node.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
 
+    def silent_mirrors(self) -> list[str]:
+        """Mirrors kept at promotion that never answered it (they did not follow): to be restarted."""
+        now = time.monotonic()
+        return [p for p, link in self.mirrors.items()
+                if link.deadline is not None and link.acked < 1 and now > link.deadline]
+
+    def mirror_joined(self, peer: str) -> None:
+        """The mirror on ``peer`` is in the group: it sees everything broadcast from now on."""
+        if peer in self._sync_on_join and peer in self.mirrors:
+            self._sync_on_join.discard(peer)
+            self.sync(peer)
+        elif peer in self.mirrors:
+            self._bcast({"op": "depth"})  # a mirror of an empty queue is in sync at once, as in RabbitMQ
+
     def add_mirror(self, peer: str, sync: bool) -> None:
         self._n += 1
         self.mirrors[peer] = _Link(self._n)
-        self._send(peer, {"op": "start", "durable": self.durable})
         if sync:
-            self.sync(peer)
+            self._sync_on_join.add(peer)
+        self._control(peer, "start")
 
     def remove_mirror(self, peer: str, stop: bool = True) -> None:
+        self._sync_on_join.discard(peer)
         if self.mirrors.pop(peer, None) is not None and stop:
-            self._send(peer, {"op": "stop"})
+            self._control(peer, "stop")
         self._release()
 
     def sync(self, peer: str | None = None) -> int:
@@ -145,13 +205,12 @@ class MirrorMasterBQ(BackingQueue):
         for p in targets:
             if p not in self.mirrors:
                 continue
-            self._n += 1
-            self.mirrors[p].joined = self._n
+            self.mirrors[p].joined = self._n + 1
             for i in range(0, max(len(items), 1), SYNC_BATCH):
                 batch = items[i : i + SYNC_BATCH]
-                self._send(p, {"op": "sync", "first": i == 0, "seqs": [s for s, _ in batch],
-                               "unacked": [s for s, _ in batch if s in unacked]},
-                           pack_messages([m for _, m in batch]))
+                self._bcast({"op": "sync", "to": p, "first": i == 0, "seqs": [s for s, _ in batch],
+                             "unacked": [s for s, _ in batch if s in unacked]},
+                            pack_messages([m for _, m in batch]))
             log.info("queue %r: synchronising mirror on %s (%d message(s))", self.queue, p, len(items))
         return len(items)
 
@@ -229,22 +288,28 @@ class MirrorMasterBQ(BackingQueue):
         await self.inner.delete()
         self.live.clear()
         self._bcast({"op": "delete"})
+        self.gm.tick()  # out before the member leaves
+        for peer in list(self.mirrors):
+            self._control(peer, "stop")
         self.mirrors.clear()
         self._release()
+        self.gm.close()
 
     async def close(self) -> None:
         await self.inner.close()
+        self.gm.close()
 
 
 class Mirror:
     """A queue's copy on a mirror node: replays the master's stream in order on its own backing queue."""
 
     def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool,
-                 predecessor: Mirror | None = None) -> None:
+                 group: str, master_member: str, predecessor: Mirror | None = None) -> None:
         self.node = node
         self.vhost = vhost
         self.queue = queue
-        self.master = master
+        self.master = master  # the node acks go to; switches when a ``promoted`` is applied
+        self.master_member = master_member  # whose broadcasts are followed; switches when one arrives
         self.durable = durable
         self.bq: BackingQueue | None = None
         self.seqmap: dict[int, int] = {}  # master seq -> our seq
@@ -252,14 +317,50 @@ class Mirror:
         self.synced = False
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
-        self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool]] = deque()
+        self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str]] = deque()
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
         self._mismatches = 0
         self._gone: set[int] = set()  # our seqs settled before their publish returned
         self._predecessor = predecessor
         if predecessor is not None:
             predecessor.closed = True
+            if predecessor.gm is not None:
+                predecessor.gm.close()
+                predecessor.gm = None
         self._task = node.spawn(self._run())
+        self.group = group
+        self.gm: Endpoint | None = node.gm.endpoint(group, on_deliver=self._delivered, on_joined=self._joined,
+                                                    on_stopped=self._stopped)
+        self.gm.join()
+
+    def _delivered(self, sender: str, payload: tuple[dict[str, Any], bytes]) -> None:
+        h, blob = payload
+        if sender == self.master_member:
+            self.feed(h, blob)
+        elif h.get("op") == "promoted" and not self.closed:
+            log.info("mirror of %r: following %s, promoted to master", self.queue, sender)
+            self.master_member = sender
+            self.feed({**h, "mm": sender}, blob)
+
+    def _joined(self) -> None:
+        """In the group: start empty, then tell the master (it may sync us now)."""
+        self.feed({"op": "start", "n": -1, "depth": -1}, b"")
+        self.node.transport.send(self.master, {"t": "mq_joined", "vh": self.vhost, "q": self.queue})
+
+    def _stopped(self, reason: str) -> None:
+        """Our member was recorded dead: this copy cannot follow the stream any more; the master restarts it."""
+        self.gm = None
+        if not self.closed:
+            log.warning("mirror of %r: left the group (%s); asking %s for a new mirror", self.queue, reason,
+                        self.master)
+            self.synced = False
+            self.node.transport.send(self.master, {"t": "mq_gone", "vh": self.vhost, "q": self.queue})
+
+    def will_follow(self, master: str) -> bool:
+        """Whether a promoted master on ``master`` is (or is about to be) followed: its member is in our ring."""
+        if node_of(self.master_member) == master:
+            return True
+        return self.gm is not None and any(node_of(m) == master for m in self.gm.ring)
 
     def feed(self, h: dict[str, Any], blob: bytes) -> None:
         self._inbox.put_nowait((h, blob))
@@ -298,11 +399,11 @@ class Mirror:
                 return
             if self.bq is not None:
                 was, self.synced = self.synced, self.bq.depth() == int(h.get("depth", -1))
-                if was != self.synced or h.get("op") == "sync":
+                if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.node.me):
                     log.info("mirror of %r (master %s): %s after %s, depth %d here, %s on the master", self.queue,
                              self.master, "in sync" if self.synced else "NOT in sync", h.get("op"),
                              self.bq.depth(), h.get("depth"))
-            self._acks.append((int(h.get("n", 0)), pending, self.synced))
+            self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master))
             if pending is not None:
                 pending.add_done_callback(lambda _f: self._flush_acks())
             self._flush_acks()
@@ -313,16 +414,22 @@ class Mirror:
         Publishes are started in order and left to finish concurrently, so one
         store flush covers many of them (group commit) as on the master.
         """
-        last: tuple[int, bool] | None = None
+        last: tuple[int, bool, str] | None = None
         while self._acks and (self._acks[0][1] is None or self._acks[0][1].done()):
-            n, fut, synced = self._acks.popleft()
+            n, fut, synced, master = self._acks.popleft()
             if fut is not None and (fut.cancelled() or fut.exception() is not None):
                 log.error("mirror of %r: a replayed publish failed; out of sync", self.queue)
                 self.synced = synced = False
-            last = (n, synced)
-        if last is not None and not self.closed:
-            self.node.transport.send(self.master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
-                                                   "n": last[0], "synced": last[1]})
+            if last is not None and last[2] != master:
+                self._send_ack(*last)  # numbered by the master before a promotion: that one's only
+            last = (n, synced, master)
+        if last is not None:
+            self._send_ack(*last)
+
+    def _send_ack(self, n: int, synced: bool, master: str) -> None:
+        if not self.closed and n >= 0:
+            self.node.transport.send(master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
+                                              "n": n, "synced": synced})
 
     async def _publish_started(self, bq: BackingQueue, m: Message) -> asyncio.Future[Any]:
         """Start a publish and return once it holds its place in the queue (its first step has run)."""
@@ -343,8 +450,15 @@ class Mirror:
     async def _apply(self, h: dict[str, Any], blob: bytes) -> asyncio.Future[Any] | None:
         op = h["op"]
         if op == "start":
-            self.durable = bool(h.get("durable", self.durable))
             self.bq = await self._fresh()
+            return None
+        if op == "promoted":
+            self.master = node_of(str(h["mm"]))
+            if self.bq is not None:
+                unacked = self.bq.unacked()
+                if unacked:
+                    self.bq.requeue(unacked)
+            self.seqmap.clear()  # the new master's seqs are its own; its head matches ours by digest
             return None
         bq = self.bq
         if bq is None:
@@ -388,6 +502,8 @@ class Mirror:
         elif op == "sync":
             from broker_impl.cluster.remote import unpack_messages
 
+            if h.get("to") != self.node.me:
+                return None  # a snapshot for another mirror
             if h.get("first"):
                 self.bq = bq = await self._fresh()
             unacked = set(h.get("unacked", []))
@@ -407,6 +523,9 @@ class Mirror:
     async def discard(self) -> None:
         """Drop this copy (its store queue too); a successor may already be registered under the same key."""
         self.closed = True
+        if self.gm is not None:
+            self.gm.close()
+            self.gm = None
         if asyncio.current_task() is not self._task:
             self._task.cancel()
         if self._predecessor is not None:
@@ -418,10 +537,11 @@ class Mirror:
         if self.node.mirrors.get((self.vhost, self.queue)) is self:
             del self.node.mirrors[(self.vhost, self.queue)]
 
-    def take_over(self) -> tuple[BackingQueue, dict[int, Message]]:
-        """Promotion: hand the backing queue over, unacked messages back to ready and marked redelivered."""
+    def take_over(self) -> tuple[BackingQueue, dict[int, Message], Endpoint | None]:
+        """Promotion: hand the backing queue and the GM member over, unacked messages back to ready."""
         assert self.bq is not None
         self.closed = True
+        gm, self.gm = self.gm, None
         self._task.cancel()
         bq, self.bq = self.bq, None
         unacked = bq.unacked()
@@ -429,4 +549,4 @@ class Mirror:
             bq.requeue(unacked)
         if self.node.mirrors.get((self.vhost, self.queue)) is self:
             del self.node.mirrors[(self.vhost, self.queue)]
-        return bq, dict(self.msgs)
+        return bq, dict(self.msgs), gm

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import BackingQueue
+from broker_impl.cluster.gm_link import Endpoint, GmHub, node_of
 from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
 from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.remote import MasterSide, RemoteQueue
@@ -121,6 +122,7 @@ class ClusterNode:
             on_message=self._on_message, on_up=self._peer_up, on_down=self._peer_down,
         )
         self.master_side = MasterSide(self)
+        self.gm = GmHub(self)
         self._pending_pubs: dict[int, tuple[str, ConfirmCallback]] = {}
         self._requests: dict[int, tuple[str, asyncio.Future[tuple[dict[str, Any], bytes]]]] = {}
         self._ids = itertools.count(1)
@@ -146,6 +148,7 @@ class ClusterNode:
     async def start(self) -> None:
         self.local_changed()
         self.spawn(self._apply_loop())
+        self.gm.start()
         await self.transport.start()
         asyncio.get_running_loop().call_later(2 * self.cfg.tick * self.cfg.down_after, self._joined, "no peer answered")
         self.spawn(self._housekeeping())
@@ -322,7 +325,7 @@ class ClusterNode:
             return
         master = data.get("master", self.me)
         stale = self.mirrors.get((vh.name, name))
-        if stale is not None and stale.master != master:
+        if stale is not None and stale.master != master and not stale.will_follow(master):
             await stale.discard()
         if master == self.me:
             if local is None or isinstance(local, RemoteQueue):
@@ -383,6 +386,7 @@ class ClusterNode:
                 side = self._heal_side[peer] = self._side(peer)  # the sides as they were when this link healed
                 self.transport.send(peer, {"t": "heal", "side": side, "clients": self._side_clients(side)})
         self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
+        self.gm.peer_up(peer)
         for vh in self.broker.vhosts.values():
             for q in list(vh.queues.values()):
                 if isinstance(q, RemoteQueue) and q.master == peer:
@@ -408,6 +412,7 @@ class ClusterNode:
                 if isinstance(q, RemoteQueue) and q.master == peer:
                     q.master_down()
         self.master_side.peer_down(peer)
+        self.gm.peer_down(peer)
         for q in self._local_masters():
             if isinstance(q.bq, MirrorMasterBQ):
                 q.bq.remove_mirror(peer, stop=False)
@@ -442,8 +447,14 @@ class ClusterNode:
             if c is None:
                 return
             c.queue.delivered(c, int(h["seq"]), bool(h.get("red")), Message.from_bytes(blob))  # type: ignore[attr-defined]
+        elif t is not None and t.startswith("gm"):
+            self.gm.handle(peer, h, blob)
         elif t == "mq":
-            self._mirror_op(peer, h, blob)
+            self._mirror_op(peer, h)
+        elif t == "mq_joined":
+            mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
+            if mbq is not None:
+                mbq.mirror_joined(peer)
         elif t == "mq_ack":
             mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
             if mbq is not None:
@@ -480,7 +491,8 @@ class ClusterNode:
         q = self._local_master(vhost, name)
         return q.bq if q is not None and isinstance(q.bq, MirrorMasterBQ) else None
 
-    def _mirror_op(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
+    def _mirror_op(self, peer: str, h: dict[str, Any]) -> None:
+        """The master's direct word to this node: start a mirror (it joins the queue's GM group), or stop it."""
         k = (str(h.get("vh", "")), str(h.get("q", "")))
         m = self.mirrors.get(k)
         if h.get("op") == "start":
@@ -489,12 +501,10 @@ class ClusterNode:
                 # a stale master (e.g. a node resuming after a partition): not ours to follow
                 self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
                 return
-            m = self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")), predecessor=m)
-        if m is not None and m.master == peer:
-            m.feed(h, blob)
-        elif h.get("op") not in ("stop", "delete"):
-            # the master counts on a mirror here that does not exist (any more): say so, it restarts one
-            self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
+            self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")), str(h["group"]), str(h["mm"]),
+                                     predecessor=m)
+        elif h.get("op") == "stop" and m is not None and m.master == peer:
+            self.spawn(m.discard())
 
     def desired_mirrors(self, q: Queue) -> list[str]:
         """Nodes that should hold a mirror of ``q`` now, by its policy and who is up (join order kept)."""
@@ -525,6 +535,9 @@ class ClusterNode:
         for q in self._local_masters():
             bq = q.bq
             assert isinstance(bq, MirrorMasterBQ)
+            for peer in bq.silent_mirrors():
+                log.warning("queue %r: the mirror on %s did not follow the promotion; restarting it", q.name, peer)
+                bq.remove_mirror(peer)
             want = self.desired_mirrors(q)
             before = list(bq.mirrors)
             for peer in before:
@@ -564,16 +577,20 @@ class ClusterNode:
             return
         log.warning("queue %r: master %s %s; promoting the mirror here (%s)", qname, dead,
                     "stopped" if shutdown else "died", "in sync" if m.synced else "NOT in sync")
-        bq, msgs = m.take_over()
-        self.spawn(self._promote(vh, qname, data, bq, msgs))
+        bq, msgs, gm = m.take_over()
+        self.spawn(self._promote(vh, qname, data, bq, msgs, gm))
 
     async def _promote(self, vh: VHost, name: str, data: dict[str, Any], bq: BackingQueue,
-                       msgs: dict[int, Message]) -> None:
+                       msgs: dict[int, Message], gm: Endpoint | None) -> None:
         old = vh.queues.get(name)
         movers = self._take_consumers(old)
         if old is not None:
             await self._drop_local(vh, old)
-        wrapper = MirrorMasterBQ(bq, self, vh.name, name, live=msgs)
+        # the other mirrors stay: those whose member is alive in the group follow the new master
+        ring = {node_of(m) for m in gm.ring} if gm is not None else set()
+        keep = [n for n in data.get("mirrors", []) if n in ring and n != self.me and self.transport.is_up(n)]
+        log.info("queue %r: promoted here; mirrors %s follow", name, keep)
+        wrapper = MirrorMasterBQ(bq, self, vh.name, name, live=msgs, gm=gm, mirrors=keep)
         q = self.broker.make_queue(vh, name, wrapper, durable=data["durable"], auto_delete=data["auto_delete"],
                                    arguments=data.get("arguments") or {})
         vh.queues[name] = q
@@ -603,8 +620,9 @@ class ClusterNode:
         q = self._local_master(vhost, name)
         if q is not None:
             data = q.bq.cluster_fields()  # type: ignore[attr-defined]
+        ring = [node_of(m) for m in q.bq.gm.ring] if q is not None else []  # type: ignore[attr-defined]
         return {"node": data.get("master"), "mirrors": data.get("mirrors", []),
-                "synchronised_mirrors": data.get("synced", [])}
+                "synchronised_mirrors": data.get("synced", []), "gm_ring": ring}
 
     # -- partitions ------------------------------------------------------------------------------
     def _check_majority(self) -> None:

@@ -157,3 +157,66 @@ def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None
     wait_for(lambda: queue_info(n3, "ha.twice").get("node") == "n3", what="n3 promoted")
     assert "promoting the mirror here (in sync)" in n3.log()
     assert drain(n3, "ha.twice") == list(range(50, 150))
+
+
+def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """The master and every mirror are members of one GM group; the ring drops a killed mirror's node."""
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue([n1, n2, n3], "ha.ring", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    wait_for(lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three")
+    publish(n2, "ha.ring", range(50))
+    n3.kill()
+    wait_for(lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2"], what="n3 gone from the ring")
+    publish(n1, "ha.ring", range(50, 60))
+    assert queue_info(n1, "ha.ring")["synchronised_mirrors"] == ["n2"]
+    n1.kill()
+    wait_for(lambda: queue_info(n2, "ha.ring").get("node") == "n2", what="n2 promoted")
+    assert drain(n2, "ha.ring") == list(range(60))
+
+
+def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """With manual sync, a mirror that had to restart would stay out of sync: staying in the group keeps it in sync."""
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue([n1, n2, n3], "ha.follow", {"ha-mode": "all"})  # manual sync; empty queue: mirrors in sync at once
+    wait_for(lambda: len(queue_info(n1, "ha.follow")["synchronised_mirrors"]) == 2, what="both mirrors in sync")
+    publish(n3, "ha.follow", range(80))
+    c = amqp(n3)
+    ch = c.channel()
+    m, _p, _b = ch.basic_get("ha.follow")  # unacked when the master dies: requeued on every copy
+    assert m is not None
+    wait_for(lambda: queue_info(n1, "ha.follow")["messages_unacknowledged"] == 1, what="one unacked")
+    n1.kill()
+    wait_for(lambda: queue_info(n2, "ha.follow").get("node") == "n2", what="n2 promoted")
+    wait_for(lambda: queue_info(n2, "ha.follow")["synchronised_mirrors"] == ["n3"], what="n3 in sync with n2")
+    assert "synchronising mirror" not in n2.log()
+    assert "promoted to master" in n3.log()
+    publish(n3, "ha.follow", range(80, 100))
+    n2.kill()
+    wait_for(lambda: queue_info(n3, "ha.follow").get("node") == "n3", what="n3 promoted")
+    assert "promoting the mirror here (in sync)" in n3.log()
+    assert sorted(drain(n3, "ha.follow")) == list(range(100))
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_factory, synced: bool) -> None:  # type: ignore[no-untyped-def]
+    """A stopped (not killed) master: the default ``when-synced`` promotes an in-sync mirror only."""
+    n1, n2 = cluster_factory(2)
+    c = amqp(n1)
+    c.channel().queue_declare("ha.stop", durable=True)
+    c.close()
+    publish(n1, "ha.stop", range(30))  # before the policy: a new mirror starts without these
+    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all"})
+    wait_for(lambda: queue_info(n1, "ha.stop").get("mirrors") == ["n2"], what="a mirror on n2")
+    if synced:
+        n1.ctl("sync_queue", name="ha.stop")
+        wait_for(lambda: queue_info(n1, "ha.stop")["synchronised_mirrors"] == ["n2"], what="n2 in sync")
+    else:
+        assert queue_info(n1, "ha.stop")["synchronised_mirrors"] == []
+    n1.stop()
+    if synced:
+        wait_for(lambda: queue_info(n2, "ha.stop").get("node") == "n2", what="n2 promoted")
+        assert "master n1 stopped; promoting the mirror here (in sync)" in n2.log()
+        assert drain(n2, "ha.stop") == list(range(30))
+    else:
+        wait_for(lambda: "ha-promote-on-shutdown=when-synced" in n2.log(), what="promotion refused")
+        assert queue_info(n2, "ha.stop").get("node") == "n1"

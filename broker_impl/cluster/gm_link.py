@@ -1,0 +1,504 @@
+"""GM on the cluster links: the asyncio side of ``gm.GmMember`` and the group store.
+
+``gm.GmMember`` is sans-IO. This module runs it on a node:
+
+``GmHub`` (one per ``ClusterNode``)
+    Holds this node's GM members (``Endpoint``), one per mirrored queue copy
+    here. It routes ring traffic (``t=gm`` frames, one per ``Send``) to the
+    member it names, answers traffic for a member that is gone with
+    ``gm_down`` so the sender's member records it dead, feeds the failure
+    detector's verdicts (a node down: every member on it is down) to every
+    member, and ticks members that have timers running.
+
+``GroupStore``
+    The group records, replicated on every node. Updates are applied by one
+    *coordinator*, the node with the smallest name among the nodes a node can
+    see, one at a time, each replicated to every node the coordinator sees
+    before its requester gets the answer. So updates have one order and are
+    atomic (``apply_op`` runs on one copy), and a coordinator that dies after
+    replicating leaves the same record on the node that takes over. A request
+    that lands on a node that is not the coordinator by its own view is sent
+    back with a redirect and retried. Every ``apply_op`` is idempotent, so a
+    request retried after its coordinator died cannot apply twice.
+
+    On both sides of a partition there is a coordinator, and the records can
+    diverge (as Mnesia's do in RabbitMQ). On heal the copies merge: the higher
+    version wins, and between equal versions the one with more dead members
+    (then the larger member list) wins, so every node keeps the same record;
+    a member that finds itself dead in it stops, and its queue copy restarts.
+
+Member ids are ``node/incarnation/n``: a restarted node, or a queue copy that
+restarts, joins as a new member, as a restarted gm.erl process has a new pid.
+
+Wire format of a ring message: a JSON header with the structure and, for every
+broadcast payload ``(header, blob)``, the header inline and the blob as an
+index into the frame's body (length-prefixed blobs, concatenated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker_impl.cluster.gm import (
+    Action,
+    Activity,
+    ActivityEntry,
+    AddOnRight,
+    Catchup,
+    Confirm,
+    CreateGroup,
+    Deliver,
+    Erase,
+    GmMember,
+    GmMessage,
+    GroupOp,
+    GroupRecord,
+    Joined,
+    JoinRequest,
+    MarkDead,
+    MemberId,
+    MemberSnapshot,
+    Probe,
+    ReadGroup,
+    Send,
+    Stopped,
+    UpdateGroup,
+    apply_op,
+)
+
+if TYPE_CHECKING:
+    from broker_impl.cluster.node import ClusterNode
+
+log = logging.getLogger("broker_impl.cluster.gm")
+
+Payload = tuple[dict[str, Any], bytes]
+TICK = 0.05  # timers (guard delay, join retry, probe) are checked this often
+
+
+def node_of(member: MemberId) -> str:
+    return member.split("/", 1)[0]
+
+
+# --------------------------------------------------------------------------- wire codec
+
+
+class _Blobs:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def add(self, payload: Payload) -> list[Any]:
+        h, blob = payload
+        self.parts.append(struct.pack(">I", len(blob)) + blob)
+        return [h, len(self.parts) - 1]
+
+    def body(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _split(body: bytes) -> list[bytes]:
+    out, off = [], 0
+    while off < len(body):
+        (n,) = struct.unpack_from(">I", body, off)
+        out.append(body[off + 4 : off + 4 + n])
+        off += 4 + n
+    return out
+
+
+def encode_message(msg: GmMessage) -> tuple[dict[str, Any], bytes]:
+    """A ring message as a frame header part and body."""
+    blobs = _Blobs()
+    if isinstance(msg, Activity):
+        h = {"k": "a", "v": msg.version,
+             "e": [[e.sender, [[n, *blobs.add(p)] for n, p in e.pubs], list(e.acks)] for e in msg.entries]}
+    elif isinstance(msg, Catchup):
+        h = {"k": "c", "v": msg.version,
+             "s": {m: [[[n, *blobs.add(p)] for n, p in s.pending], s.last_pub, s.last_ack]
+                   for m, s in msg.state.items()}}
+    elif isinstance(msg, JoinRequest):
+        h = {"k": "j", "m": msg.member}
+    elif isinstance(msg, Probe):
+        h = {"k": "p", "v": msg.version, "o": msg.origin, "q": msg.seq}
+    else:
+        raise TypeError(f"not a GM message: {msg!r}")
+    return h, blobs.body()
+
+
+def decode_message(h: dict[str, Any], body: bytes) -> GmMessage:
+    blobs = _split(body)
+
+    def pubs(raw: list[Any]) -> tuple[tuple[int, Payload], ...]:
+        return tuple((int(n), (dict(ph), blobs[int(i)])) for n, ph, i in raw)
+
+    k = h["k"]
+    if k == "a":
+        return Activity(int(h["v"]), tuple(ActivityEntry(str(s), pubs(p), tuple(int(a) for a in acks))
+                                           for s, p, acks in h["e"]))
+    if k == "c":
+        return Catchup(int(h["v"]), {str(m): MemberSnapshot(pubs(p), int(lp), int(la))
+                                     for m, (p, lp, la) in h["s"].items()})
+    if k == "j":
+        return JoinRequest(str(h["m"]))
+    if k == "p":
+        return Probe(int(h["v"]), str(h["o"]), int(h["q"]))
+    raise ValueError(f"unknown GM message kind {k!r}")
+
+
+def encode_record(r: GroupRecord | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {"name": r.name, "v": r.version, "members": list(r.members), "dead": sorted(r.dead)}
+
+
+def decode_record(d: dict[str, Any] | None) -> GroupRecord | None:
+    if not d:
+        return None
+    return GroupRecord(str(d["name"]), int(d["v"]), tuple(d["members"]), frozenset(d.get("dead", ())))
+
+
+def encode_op(op: GroupOp) -> dict[str, Any]:
+    if isinstance(op, CreateGroup):
+        return {"op": "create", "member": op.member}
+    if isinstance(op, AddOnRight):
+        return {"op": "add", "left": op.left, "member": op.member}
+    if isinstance(op, MarkDead):
+        return {"op": "dead", "member": op.member}
+    if isinstance(op, Erase):
+        return {"op": "erase", "members": list(op.members)}
+    raise TypeError(f"not a group operation: {op!r}")
+
+
+def decode_op(d: dict[str, Any]) -> GroupOp:
+    kind = d.get("op")
+    if kind == "create":
+        return CreateGroup(str(d["member"]))
+    if kind == "add":
+        return AddOnRight(str(d["left"]), str(d["member"]))
+    if kind == "dead":
+        return MarkDead(str(d["member"]))
+    if kind == "erase":
+        return Erase(tuple(str(m) for m in d["members"]))
+    raise ValueError(f"unknown group operation {kind!r}")
+
+
+def newer(a: GroupRecord, b: GroupRecord | None) -> bool:
+    """Whether ``a`` replaces ``b`` when copies merge: the same total order on every node."""
+    if b is None:
+        return True
+    return (a.version, len(a.dead), a.members, sorted(a.dead)) > (b.version, len(b.dead), b.members, sorted(b.dead))
+
+
+# --------------------------------------------------------------------------- group store
+
+
+class GroupStore:
+    """Group records on every node; updates serialised by the coordinator (see the module doc)."""
+
+    def __init__(self, node: ClusterNode, on_record: Callable[[GroupRecord], None]) -> None:
+        self.node = node
+        self.records: dict[str, GroupRecord] = {}
+        self._on_record = on_record
+        self._lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self._calls: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
+        self._replicas: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
+
+    @property
+    def timeout(self) -> float:
+        cfg = self.node.cfg
+        return 2 * cfg.tick * cfg.down_after
+
+    def coordinator(self) -> str:
+        return min([self.node.me, *self.node.transport.up_peers()])
+
+    async def read(self, name: str) -> GroupRecord | None:
+        return await self._call(name, None)
+
+    async def update(self, name: str, op: GroupOp) -> GroupRecord | None:
+        return await self._call(name, op)
+
+    async def _call(self, name: str, op: GroupOp | None) -> GroupRecord | None:
+        delay = 0.02
+        while True:
+            coord = self.coordinator()
+            if coord == self.node.me:
+                return await self._serve(name, op)
+            rid = next(self._ids)
+            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self._calls[rid] = (coord, fut)
+            req = {"t": "gm_req", "id": rid, "g": name, "op": encode_op(op) if op is not None else None}
+            reply: dict[str, Any] | None = None
+            if self.node.transport.send(coord, req):
+                try:
+                    reply = await asyncio.wait_for(fut, self.timeout)
+                except (ConnectionError, asyncio.TimeoutError):
+                    reply = None
+            self._calls.pop(rid, None)
+            if reply is not None and not reply.get("redirect"):
+                rec = decode_record(reply.get("rec"))
+                if rec is not None:
+                    self._keep(rec)
+                return rec
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.node.cfg.tick)
+
+    async def _serve(self, name: str, op: GroupOp | None) -> GroupRecord | None:
+        async with self._lock:
+            before = self.records.get(name)
+            if op is None:
+                return before
+            rec = apply_op(name, before, op)
+            if rec is not None and rec != before:
+                self.records[name] = rec
+                self._on_record(rec)
+                await self._replicate(rec)
+            return rec
+
+    async def _replicate(self, rec: GroupRecord) -> None:
+        peers = set(self.node.transport.up_peers())
+        if not peers:
+            return
+        rid = next(self._ids)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._replicas[rid] = (peers, fut)
+        for p in list(peers):
+            if not self.node.transport.send(p, {"t": "gm_rec", "id": rid, "rec": encode_record(rec)}):
+                peers.discard(p)
+        if peers:
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+            except asyncio.TimeoutError:
+                log.warning("group %s v%d: no answer from %s; going on", rec.name, rec.version, sorted(peers))
+        self._replicas.pop(rid, None)
+
+    def _keep(self, rec: GroupRecord) -> bool:
+        if newer(rec, self.records.get(rec.name)):
+            self.records[rec.name] = rec
+            self._on_record(rec)
+            return True
+        return False
+
+    def forget(self, name: str) -> None:
+        self.records.pop(name, None)
+
+    # -- links ------------------------------------------------------------------------------
+    def handle(self, peer: str, h: dict[str, Any]) -> None:
+        t = h["t"]
+        if t == "gm_req":
+            self.node.spawn(self._answer(peer, h))
+        elif t == "gm_rep":
+            call = self._calls.get(int(h["id"]))
+            if call is not None and call[0] == peer and not call[1].done():
+                call[1].set_result(h)
+        elif t == "gm_rec":
+            rec = decode_record(h.get("rec"))
+            if rec is not None:
+                self._keep(rec)
+            self.node.transport.send(peer, {"t": "gm_rec_ok", "id": h["id"]})
+        elif t == "gm_rec_ok":
+            self._acked(int(h["id"]), peer)
+        elif t == "gm_recs":
+            for d in h.get("recs", []):
+                rec = decode_record(d)
+                if rec is not None:
+                    self._keep(rec)
+
+    async def _answer(self, peer: str, h: dict[str, Any]) -> None:
+        rid = h["id"]
+        if self.coordinator() != self.node.me:
+            self.node.transport.send(peer, {"t": "gm_rep", "id": rid, "redirect": True})
+            return
+        op = decode_op(h["op"]) if h.get("op") else None
+        rec = await self._serve(str(h["g"]), op)
+        self.node.transport.send(peer, {"t": "gm_rep", "id": rid, "rec": encode_record(rec)})
+
+    def _acked(self, rid: int, peer: str) -> None:
+        entry = self._replicas.get(rid)
+        if entry is not None:
+            entry[0].discard(peer)
+            if not entry[0] and not entry[1].done():
+                entry[1].set_result(None)
+
+    def peer_up(self, peer: str) -> None:
+        if self.records:
+            self.node.transport.send(peer, {"t": "gm_recs", "recs": [encode_record(r) for r in self.records.values()]})
+
+    def peer_down(self, peer: str) -> None:
+        for coord, fut in self._calls.values():
+            if coord == peer and not fut.done():
+                fut.set_exception(ConnectionError(f"node {peer} is down"))
+        for rid in list(self._replicas):
+            self._acked(rid, peer)
+
+
+# --------------------------------------------------------------------------- members
+
+
+class Endpoint:
+    """One GM member on this node, with the callbacks of the queue copy that owns it."""
+
+    def __init__(self, hub: GmHub, group: str, member: MemberId, *,
+                 on_deliver: Callable[[MemberId, Payload], None],
+                 on_joined: Callable[[], None] | None = None,
+                 on_stopped: Callable[[str], None] | None = None) -> None:
+        self.hub = hub
+        self.group = group
+        self.id = member
+        tick = hub.node.cfg.tick
+        self.member = GmMember(group, member, flush_interval=0.0, max_buffer=256,
+                               guard_delay=min(0.1, tick), join_timeout=max(1.0, 2 * tick),
+                               probe_timeout=max(1.0, 2 * tick))
+        self.on_deliver = on_deliver
+        self.on_joined = on_joined
+        self.on_stopped = on_stopped
+        self.closed = False
+        self._flush_soon = False
+
+    def join(self) -> None:
+        self._run(self.member.join())
+
+    def broadcast(self, payload: Payload) -> None:
+        self._run(self.member.broadcast(payload))
+        if not self._flush_soon and not self.member.idle:
+            # everything broadcast in this turn of the event loop goes out in one activity
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        self.tick()
+
+    def tick(self) -> None:
+        if not self.closed:
+            self._run(self.member.tick(time.monotonic()))
+
+    @property
+    def ring(self) -> list[MemberId]:
+        v = self.member.view
+        return list(v.alive) if v is not None else []
+
+    def close(self) -> None:
+        """Leave the group by dying: the others are told, and record it dead."""
+        if not self.closed:
+            self.closed = True
+            self.hub.gone(self)
+
+    def _run(self, actions: list[Action]) -> None:
+        for a in actions:
+            if self.closed:
+                return
+            if isinstance(a, Send):
+                h, body = encode_message(a.message)
+                self.hub.node.transport.send(node_of(a.to), {"t": "gm", "g": self.group, "from": self.id,
+                                                             "to": a.to, **h}, body)
+            elif isinstance(a, Deliver):
+                self.on_deliver(a.sender, a.msg)
+            elif isinstance(a, ReadGroup | UpdateGroup):
+                self.hub.node.spawn(self._store(a))
+            elif isinstance(a, Joined):
+                log.debug("gm %s: %s joined at v%d", self.group, self.id, a.version)
+                if self.on_joined is not None:
+                    self.on_joined()
+            elif isinstance(a, Stopped):
+                log.info("gm %s: member %s stopped: %s", self.group, self.id, a.reason)
+                self.close()
+                if self.on_stopped is not None:
+                    self.on_stopped(a.reason)
+            elif isinstance(a, Confirm):
+                pass  # confirms of mirrored publishes come from the mirrors (on disk), not from the ring
+
+    async def _store(self, a: ReadGroup | UpdateGroup) -> None:
+        store = self.hub.store
+        rec = await (store.read(self.member.group) if isinstance(a, ReadGroup) else store.update(self.member.group, a.op))
+        if not self.closed:
+            self._run(self.member.tick(time.monotonic()))  # the answer is processed at the current time
+        if not self.closed:
+            self._run(self.member.store_reply(a.request, rec))
+
+
+class GmHub:
+    """This node's GM members, their links and timers, and the group store."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.members: dict[MemberId, Endpoint] = {}
+        self.store = GroupStore(node, self._record_changed)
+        self._seq = itertools.count(1)
+        self._ticker: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self._ticker = self.node.spawn(self._tick_loop())
+
+    def endpoint(self, group: str, **callbacks: Any) -> Endpoint:
+        member = f"{self.node.me}/{self.node.transport.incarnation}/{next(self._seq)}"
+        ep = Endpoint(self, group, member, **callbacks)
+        self.members[member] = ep
+        return ep
+
+    def gone(self, ep: Endpoint) -> None:
+        self.members.pop(ep.id, None)
+        for peer in self.node.transport.up_peers():
+            self.node.transport.send(peer, {"t": "gm_down", "member": ep.id, "g": ep.group})
+        self._member_down(ep.id, ep.group)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            for ep in list(self.members.values()):
+                if not ep.member.idle:
+                    ep.tick()
+
+    def _record_changed(self, rec: GroupRecord) -> None:
+        for ep in list(self.members.values()):
+            if ep.group == rec.name and not ep.closed:
+                ep._run(ep.member.group_changed(rec))
+
+    def _member_down(self, member: MemberId, group: str) -> None:
+        for ep in list(self.members.values()):
+            if ep.group == group and not ep.closed:
+                ep.tick()
+                ep._run(ep.member.neighbour_down(member))
+
+    # -- links ------------------------------------------------------------------------------
+    def handle(self, peer: str, h: dict[str, Any], body: bytes) -> None:
+        t = h["t"]
+        if t == "gm":
+            ep = self.members.get(str(h.get("to")))
+            if ep is None or ep.closed:
+                # the member it is for is gone: the sender's member records it dead
+                self.node.transport.send(peer, {"t": "gm_down", "member": h.get("to"), "g": h.get("g")})
+                return
+            try:
+                msg = decode_message(h, body)
+            except (KeyError, ValueError, TypeError, IndexError, struct.error) as exc:
+                log.error("gm %s: malformed ring message from %s dropped: %s", h.get("g"), peer, exc)
+                return
+            ep._run(ep.member.receive(str(h["from"]), msg))
+        elif t == "gm_down":
+            self._member_down(str(h.get("member")), str(h.get("g")))
+        else:
+            self.store.handle(peer, h)
+
+    def peer_up(self, peer: str) -> None:
+        self.store.peer_up(peer)
+
+    def peer_down(self, peer: str) -> None:
+        """The failure detector's verdict: every member on ``peer`` is dead."""
+        self.store.peer_down(peer)
+        for ep in list(self.members.values()):
+            view = ep.member.view
+            if ep.closed or view is None:
+                continue
+            ep.tick()
+            for m in view.alive:
+                if node_of(m) == peer:
+                    ep._run(ep.member.neighbour_down(m))
+
+    def ring(self, group: str) -> list[MemberId]:
+        rec = self.store.records.get(group)
+        return list(rec.alive()) if rec is not None else []
