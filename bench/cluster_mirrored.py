@@ -9,7 +9,7 @@ is declared on n1 (its master); publishers (persistent messages, publisher
 confirms, a window of unconfirmed messages each) and one consumer connect to n2,
 so every message crosses the cluster links as in the chaos workload. Reported:
 confirmed publishes per second and confirm latency p50/p99, and the ratios
-reference / RabbitMQ. Results: bench/cluster_mirrored_results.{json,md}.
+reference / RabbitMQ. Results: bench/results/cluster_mirrored.{json,md}.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from bench.amqp_load import Load, declare, run_load
 from bench.facts import command_line, machine_facts
 
-OUT = Path(__file__).resolve().parent / "cluster_mirrored_results"
+OUT = Path(__file__).resolve().parent / "results" / "cluster_mirrored"
 QUEUE = "bench-mirrored"
 
 

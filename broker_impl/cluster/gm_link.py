@@ -487,9 +487,11 @@ class GmHub:
     def peer_up(self, peer: str) -> None:
         self.store.peer_up(peer)
 
-    def peer_down(self, peer: str) -> None:
-        """The failure detector's verdict: every member on ``peer`` is dead."""
+    def peer_down(self, peer: str, verdict: bool = True) -> None:
+        """The failure detector's verdict (unless ``verdict`` is false): every member on ``peer`` is dead."""
         self.store.peer_down(peer)
+        if not verdict:
+            return
         for ep in list(self.members.values()):
             view = ep.member.view
             if ep.closed or view is None:

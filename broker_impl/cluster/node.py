@@ -4,7 +4,8 @@
 peers. It owns the ``Transport`` (links and failure detection), the metadata
 ``Table`` (see ``metadata`` for the consistency model), the proxies of queues
 mastered elsewhere (``remote.RemoteQueue``), the service that answers
-other nodes' operations on queues mastered here (``remote.MasterSide``), and
+other nodes' operations on queues mastered here (``remote.MasterSide``), the
+GM members and group store of the mirrored queues (``gm_link.GmHub``), and
 the mirrors (``mirror``): which nodes hold one (the policy's ha-mode, checked
 every tick and on every membership change), promotion of the oldest live
 mirror one tick after its master is seen down (ha-promote-on-failure, or
@@ -412,7 +413,9 @@ class ClusterNode:
                 if isinstance(q, RemoteQueue) and q.master == peer:
                     q.master_down()
         self.master_side.peer_down(peer)
-        self.gm.peer_down(peer)
+        # A paused node acts as a stopped RabbitMQ node: its ring members record no deaths (the
+        # majority's records, where they are the dead ones, replace them when it resumes).
+        self.gm.peer_down(peer, verdict=not self.paused)
         for q in self._local_masters():
             if isinstance(q.bq, MirrorMasterBQ):
                 q.bq.remove_mirror(peer, stop=False)

@@ -100,3 +100,22 @@ def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_
     got: list[int] = []  # n3 may serve the queue a moment after the master converged
     wait_for(lambda: got.extend(drain(n3, "ha.minority")) or len(got) >= 20, what="20 messages drained from n3")
     assert sorted(got) == list(range(20))
+
+
+def test_a_paused_mirror_leaves_the_majoritys_ring_alone(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+    """The minority records no deaths while paused: on heal only its own mirror restarts, the master's group stays."""
+    n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    _synced_queue(n1, "ha.paused")
+    net.partition(["n1", "n2"], ["n3"])
+    wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
+    wait_for(lambda: sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2"], what="n3 out of the ring")
+    publish(n1, "ha.paused", range(10, 20))
+    net.heal()
+    wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
+    wait_for(lambda: queue_info(n1, "ha.paused")["synchronised_mirrors"] == ["n2", "n3"], what="n3 in sync again")
+    assert sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2", "n3"]
+    assert "restarting the mirrors in a new group" not in n1.log()
+    assert "left the group" not in n2.log()
+    n1.kill()
+    wait_for(lambda: queue_info(n2, "ha.paused").get("node") == "n2", what="n2 promoted")
+    assert drain(n3, "ha.paused") == list(range(20))
