@@ -139,6 +139,14 @@ class Partition(Fault):
                 out.append((dst, p.name, "downstream"))
         return out
 
+    @classmethod
+    def switches_proxies(cls, params: Mapping[str, Any]) -> bool:
+        return params.get("shape") == "clients" or params.get("mode") == "refuse"
+
+    def _toxic(self, stream: str) -> str:
+        """One name per fault and stream: overlapping partitions each add and remove their own toxics."""
+        return f"{TOXIC}_{self.fault_id}_{stream}" if self.fault_id else f"{TOXIC}_{stream}"
+
     def _switched_proxies(self) -> list[tuple[str, str]]:
         """(sidecar, proxy) pairs that the ``clients`` shape and ``refuse`` mode disable."""
         if self.params["shape"] == "clients":
@@ -160,7 +168,7 @@ class Partition(Fault):
             return self._switch(False)
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
-                toxic = f"{TOXIC}_{stream}"
+                toxic = self._toxic(stream)
                 cluster.nodes[sidecar].toxiproxy.add_toxic(proxy, name=toxic, type="timeout", stream=stream,
                                                            attributes={"timeout": 0})
                 done.append({"sidecar": sidecar, "proxy": proxy, "toxic": toxic, "type": "timeout",
@@ -175,7 +183,7 @@ class Partition(Fault):
         touched: set[tuple[str, str]] = set()
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
-                cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, f"{TOXIC}_{stream}")
+                cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, self._toxic(stream))
                 touched.add((sidecar, proxy))
         for sidecar, proxy in sorted(touched):
             # The timeout toxic discarded bytes: close the streams that lost them.
@@ -218,6 +226,10 @@ class LinkToxic(Fault):
                 out.append((node, p.name))
         return out
 
+    def _toxic(self, stream: str) -> str:
+        base = f"brokerchaos_{self.params['type']}"
+        return f"{base}_{self.fault_id}_{stream}" if self.fault_id else f"{base}_{stream}"
+
     def _streams(self) -> list[str]:
         s = self.params["stream"]
         return ["upstream", "downstream"] if s == "both" else [s]
@@ -226,7 +238,7 @@ class LinkToxic(Fault):
         done = []
         for sidecar, proxy in self._targets():
             for stream in self._streams():
-                name = f"brokerchaos_{self.params['type']}_{stream}"
+                name = self._toxic(stream)
                 self.ctx.cluster.nodes[sidecar].toxiproxy.add_toxic(
                     proxy, name=name, type=self.params["type"], stream=stream,
                     toxicity=self.params["toxicity"], attributes=self.params["attributes"])
@@ -238,7 +250,7 @@ class LinkToxic(Fault):
         done = []
         for sidecar, proxy in self._targets():
             for stream in self._streams():
-                name = f"brokerchaos_{self.params['type']}_{stream}"
+                name = self._toxic(stream)
                 self.ctx.cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, name)
                 done.append({"sidecar": sidecar, "proxy": proxy, "removed": name})
         return {"actions": done}

@@ -46,9 +46,16 @@ class Fault:
     #: Parameters a scenario may give, with allowed values (for validation messages).
     params_schema: ClassVar[Mapping[str, Any]] = {}
 
-    def __init__(self, ctx: FaultContext, params: Mapping[str, Any]) -> None:
+    def __init__(self, ctx: FaultContext, params: Mapping[str, Any], fault_id: str = "") -> None:
         self.ctx = ctx
         self.params = dict(params)
+        #: The plan's id for this application (``f3``); names what it adds, so overlapping faults do not collide.
+        self.fault_id = fault_id
+
+    @classmethod
+    def switches_proxies(cls, params: Mapping[str, Any]) -> bool:
+        """Whether this application turns proxies off and back on (which no other fault may do meanwhile)."""
+        return False
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
@@ -137,7 +144,27 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
         cls = _fault_class(faults, kind)
         concrete = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
         out.steps.append(PlannedFault(f"f{i}", at, hold, kind, concrete))
+    _check_overlaps(out.steps, faults, scenario.workload.duration)
     return out
+
+
+def _check_overlaps(steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float) -> None:
+    """Refuse two faults held at once when one turns proxies off and on: healing it would undo the other."""
+    def window(s: PlannedFault) -> tuple[float, float]:
+        return s.at, s.at + (s.hold if s.hold is not None else duration)
+
+    for i, a in enumerate(steps):
+        for b in steps[i + 1 :]:
+            (a0, a1), (b0, b1) = window(a), window(b)
+            if not (a0 < b1 and b0 < a1):
+                continue
+            switching = [s for s in (a, b) if faults[s.kind].switches_proxies(s.params)]
+            network = all(faults[s.kind].requires & {"partition"} for s in (a, b))
+            if switching and network:
+                raise ScenarioError(
+                    f"nemesis: {a.fault_id} ({a.kind} at {a.at:g}s) and {b.fault_id} ({b.kind} at {b.at:g}s) are held "
+                    f"at the same time and {switching[0].fault_id} switches proxies off and on (mode 'refuse' or "
+                    f"shape 'clients'): healing one would undo the other; move one, shorten its hold, or use mode 'drop'")
 
 
 def plan_from_history(path: Path) -> Plan:
@@ -211,7 +238,7 @@ class Nemesis:
 
     async def _apply(self, step: PlannedFault) -> None:
         cls = self.faults[step.kind]
-        fault = cls(self.ctx, step.params)
+        fault = cls(self.ctx, step.params, step.fault_id)
         value = {"fault_id": step.fault_id, "kind": step.kind, "params": step.params,
                  "workload_start_s": self.start_ns / 1e9, "hold": step.hold}
         inv = self.recorder.invoke("nemesis", step.kind, node=step.params.get("node"), value=value)

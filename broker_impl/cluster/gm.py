@@ -89,6 +89,8 @@ Rules
   ``flush_interval`` seconds (on ``tick``) or as soon as ``max_buffer`` are waiting.
 * A neighbour death notice starts a ``guard_delay`` timer (against partial
   partitions); then the member records the death (``MarkDead``, version+1).
+  ``forgive`` takes back the notices still waiting (a node that finds itself
+  in a paused minority records no deaths).
 * An alias whose window is empty and whose acks have all come back is erased
   from the record (``Erase``). On inheriting an alias a member resets its
   ``last_ack``: as a forwarder it counted acks that passed by, as the origin it
@@ -551,6 +553,11 @@ class GmMember:
         """The failure detector says ``member`` died; recorded after ``guard_delay``."""
         if self._phase != _STOPPED and member != self.me and member not in self._suspects:
             self._suspects[member] = self._now + self.guard_delay
+        return self._drain()
+
+    def forgive(self) -> list[Action]:
+        """The failure detector takes back the verdicts still in their guard delay: no death is recorded."""
+        self._suspects.clear()
         return self._drain()
 
     def store_reply(self, request: int, record: GroupRecord | None) -> list[Action]:

@@ -351,7 +351,7 @@ class Endpoint:
         self.id = member
         tick = hub.node.cfg.tick
         self.member = GmMember(group, member, flush_interval=0.0, max_buffer=256,
-                               guard_delay=min(0.1, tick), join_timeout=max(1.0, 2 * tick),
+                               guard_delay=tick, join_timeout=max(1.0, 2 * tick),
                                probe_timeout=max(1.0, 2 * tick))
         self.on_deliver = on_deliver
         self.on_joined = on_joined
@@ -500,6 +500,17 @@ class GmHub:
             for m in view.alive:
                 if node_of(m) == peer:
                     ep._run(ep.member.neighbour_down(m))
+
+    def pause(self) -> None:
+        """This node paused (pause_minority): deaths it suspected are not recorded.
+
+        Its links went down one by one; until the last, it counted as a majority
+        and handed out verdicts. The majority records this node's members dead,
+        and they stop when its records come back.
+        """
+        for ep in list(self.members.values()):
+            if not ep.closed:
+                ep._run(ep.member.forgive())
 
     def ring(self, group: str) -> list[MemberId]:
         rec = self.store.records.get(group)

@@ -554,9 +554,14 @@ class ClusterNode:
             if list(bq.mirrors) != before:
                 self.local_changed()
 
-    def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool) -> None:
+    def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0) -> None:
         if self.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
             return  # paused: the majority side decides; or the master is back, or this mirror was replaced
+        if m.gm is not None and m.master_member in m.gm.ring and waited < 10:
+            # GM has not repaired the ring yet: what the dead master sent to any survivor is still on its way here
+            asyncio.get_running_loop().call_later(self.cfg.tick / 2, self._maybe_promote, vname, qname, m, dead,
+                                                  shutdown, waited + 1)
+            return
         data = self.table.live().get(key("queue", vname, qname))
         if data is None or data.get("master") != dead or m.bq is None:
             log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
@@ -639,6 +644,7 @@ class ClusterNode:
             # majority promotes mirrors of the queues mastered here meanwhile.
             self.paused = True
             self._await_winner = "*"
+            self.gm.pause()
             log.warning("cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
                         seen, total)
             for conn in list(self.broker.connections):

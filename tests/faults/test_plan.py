@@ -246,3 +246,22 @@ def test_failed_final_heal_is_recorded_and_raised(tmp_path: Path) -> None:
     last = list(read_jsonl(tmp_path / "h.jsonl"))[-1]
     assert (last["f"], last["type"]) == ("heal", "info") and "sidecar gone" in last["error"]
     assert Mark.log == [("apply", "n1"), ("heal", "n1")]
+
+
+def _two_partitions(first: dict[str, Any], second: dict[str, Any], second_at: float) -> Scenario:
+    return scenario({"schedule": [{"at": 5, "fault": "partition", "hold": 10, "params": first},
+                                  {"at": second_at, "fault": "partition", "hold": 10, "params": second}]})
+
+
+@pytest.mark.parametrize("first", [{"shape": "halves", "mode": "refuse"}, {"shape": "clients"}])
+def test_a_proxy_switching_partition_may_not_overlap_another(faults: Mapping[str, type[Fault]],
+                                                             first: dict[str, Any]) -> None:
+    with pytest.raises(ScenarioError, match=r"f1 \(partition at 5s\) and f2 \(partition at 8s\) are held at the same time"):
+        plan(_two_partitions(first, {"shape": "isolate"}, 8), faults, NODES3)
+
+
+def test_overlapping_drop_partitions_and_back_to_back_switching_ones_are_planned(
+        faults: Mapping[str, type[Fault]]) -> None:
+    assert len(plan(_two_partitions({"shape": "isolate"}, {"shape": "one-way"}, 8), faults, NODES3).steps) == 2
+    refuse = {"shape": "halves", "mode": "refuse"}
+    assert len(plan(_two_partitions(refuse, refuse, 15), faults, NODES3).steps) == 2

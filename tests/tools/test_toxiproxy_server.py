@@ -454,3 +454,30 @@ def test_error_responses(server: Server, toxiproxy: Toxiproxy, upstream: Upstrea
 
     assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 204
     assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 404
+
+
+def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, upstream: Upstream) -> None:
+    """Two partition faults holding the same link at once: healing the first leaves the second's cut in place."""
+    from types import SimpleNamespace
+
+    from faults.network import Partition
+    from harness.nemesis import FaultContext
+    from harness.proxies import ProxySpec, ToxiproxyServer
+
+    listen = f"127.0.0.1:{free_port()}"
+    spec = ProxySpec(name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000)
+    sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
+    sidecar.populate([spec])
+    cluster = SimpleNamespace(topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
+                              nodes={"n1": SimpleNamespace(toxiproxy=sidecar)})
+    params = {"shape": "custom", "mode": "drop", "cuts": [["n1", "n2"], ["n2", "n1"]]}
+    first, second = (Partition(FaultContext(cluster), params, fid) for fid in ("f1", "f2"))
+    first.apply()
+    second.apply()
+    assert_stalled(connect(listen))
+    first.heal()
+    assert_stalled(connect(listen))  # f2 still holds the link
+    second.heal()
+    sock = greeted(listen)
+    round_trip(sock)
+    sock.close()

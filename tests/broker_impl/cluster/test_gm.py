@@ -226,6 +226,15 @@ def test_neighbour_death_is_recorded_after_the_guard_delay_and_leaves_the_surviv
     assert store.read("q") == GroupRecord("q", 3, ("a",))
 
 
+def test_a_forgiven_suspicion_records_no_death() -> None:
+    """A node that pauses takes back verdicts still in their guard delay: the store is never asked."""
+    store, a, b = pair()
+    assert a.neighbour_down("b") == []
+    assert a.forgive() == []
+    assert not any(isinstance(x, UpdateGroup) for x in a.tick(0.5))
+    assert store.read("q").alive() == ("a", "b")
+
+
 def test_join_twice_is_an_error() -> None:
     a = GmMember("q", "a")
     a.join()
