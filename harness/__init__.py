@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pluggy
 
-from harness.broker import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec
+from harness.broker import (
+    BrokerPlugin,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    run_or_fail,
+    wait_until_running,
+)
 from harness.errors import (
     BrokerChaosError,
     ClusterError,
@@ -33,4 +41,6 @@ __all__ = [
     "PortInUse",
     "ScenarioError",
     "hookimpl",
+    "run_or_fail",
+    "wait_until_running",
 ]

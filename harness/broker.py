@@ -8,7 +8,7 @@ in ``capabilities`` and faults check them; nothing in the host names a broker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -72,6 +72,41 @@ class NodeHandle(Protocol):
     def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
         """Run a command in the node's container; returns (exit code, output)."""
         ...
+
+
+def run_or_fail(node: NodeHandle, cmd: Sequence[str], timeout: float = 30.0) -> str:
+    """Run ``cmd`` on ``node``; a non-zero exit is a ``ClusterError`` naming the node, the command and its output."""
+    from harness.errors import ClusterError
+
+    rc, out = node.exec(cmd, timeout=timeout)
+    if rc != 0:
+        raise ClusterError(f"{node.name}: {' '.join(cmd)} failed: {out.strip()[-300:]}")
+    return out
+
+
+def wait_until_running(node: NodeHandle, status_cmd: Sequence[str], want: set[str],
+                       running: Callable[[str], set[str]], timeout: float = 60.0, interval: float = 0.5) -> None:
+    """Poll ``status_cmd`` on ``node`` until ``running(output)`` includes every name in ``want``.
+
+    For ``form_cluster``: a status command that fails or lists too few nodes is
+    retried until ``timeout``, then a ``ClusterError`` shows its last output.
+    """
+    import time
+
+    from harness.errors import ClusterError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rc, out = node.exec(status_cmd, timeout=30)
+        if rc == 0:
+            try:
+                if want <= running(out):
+                    return
+            except ValueError:  # a half-started node may print something else than its status
+                pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"cluster did not form in {timeout:.0f}s (want {sorted(want)}): {out.strip()[-300:]}")
+        time.sleep(interval)
 
 
 class BrokerPlugin:

@@ -236,7 +236,7 @@ class GroupStore:
             if self.node.transport.send(coord, req):
                 try:
                     reply = await asyncio.wait_for(fut, self.timeout)
-                except (ConnectionError, asyncio.TimeoutError):
+                except (TimeoutError, ConnectionError):
                     reply = None
             self._calls.pop(rid, None)
             if reply is not None and not reply.get("redirect"):
@@ -272,7 +272,7 @@ class GroupStore:
         if peers:
             try:
                 await asyncio.wait_for(asyncio.shield(fut), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("group %s v%d: no answer from %s; going on", rec.name, rec.version, sorted(peers))
         self._replicas.pop(rid, None)
 

@@ -14,19 +14,19 @@ the proxies.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness import (
     BrokerPlugin,
-    ClusterError,
     ImageRecipe,
     NodeHandle,
     NodeInfo,
     NodeSpec,
     ScenarioError,
     hookimpl,
+    run_or_fail,
+    wait_until_running,
 )
 
 __version__ = "0.1.0"
@@ -108,26 +108,14 @@ class RabbitMQ(BrokerPlugin):
         for node in nodes[1:]:
             for cmd in (["rabbitmqctl", "stop_app"], ["rabbitmqctl", "join_cluster", f"rabbit@{first.name}"],
                         ["rabbitmqctl", "start_app"]):
-                rc, out = node.exec(cmd, timeout=120)
-                if rc != 0:
-                    raise ClusterError(f"{node.name}: {' '.join(cmd)} failed: {out.strip()[-300:]}")
-        deadline = time.monotonic() + 60
-        want = {f"rabbit@{n.name}" for n in nodes}
-        while True:
-            rc, out = first.exec(["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], timeout=30)
-            if rc == 0:
-                running = set(json.loads(out).get("running_nodes", []))
-                if want <= running:
-                    break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"cluster did not form: {out.strip()[-300:]}")
-            time.sleep(1)
+                run_or_fail(node, cmd, timeout=120)
+        wait_until_running(first, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
+                           {f"rabbit@{n.name}" for n in nodes},
+                           lambda out: set(json.loads(out).get("running_nodes", [])), interval=1.0)
         policy = self.policy(settings)
         if policy is not None:
-            rc, out = first.exec(["rabbitmqctl", "set_policy", "brokerchaos-ha", settings["policy_pattern"],
-                                  json.dumps(policy), "--apply-to", "queues"], timeout=30)
-            if rc != 0:
-                raise ClusterError(f"set_policy failed: {out.strip()[-300:]}")
+            run_or_fail(first, ["rabbitmqctl", "set_policy", "brokerchaos-ha", settings["policy_pattern"],
+                                json.dumps(policy), "--apply-to", "queues"])
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""

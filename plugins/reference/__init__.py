@@ -8,20 +8,20 @@ wheels (pamqp, uvloop) installed offline.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import (
     BrokerPlugin,
-    ClusterError,
     ImageRecipe,
     NodeHandle,
     NodeInfo,
     NodeSpec,
     ScenarioError,
     hookimpl,
+    run_or_fail,
+    wait_until_running,
 )
 
 __version__ = "0.1.0"
@@ -161,22 +161,13 @@ class ReferenceBroker(BrokerPlugin):
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
         """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy."""
         first = nodes[0]
-        want = {n.name for n in nodes}
-        deadline = time.monotonic() + 60
-        while True:
-            rc, out = first.exec([*self.ctl("--json", "cluster_status")], timeout=30)
-            # members are the [cluster] node names (n1); accept the [node] form (rabbit@n1) too
-            if rc == 0 and want <= {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])}:
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"cluster did not form: {out.strip()[-300:]}")
-            time.sleep(0.5)
+        # members are the [cluster] node names (n1); accept the [node] form (rabbit@n1) too
+        wait_until_running(first, self.ctl("--json", "cluster_status"), {n.name for n in nodes},
+                           lambda out: {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])})
         policy = self.policy(settings)
         if policy is not None:
-            rc, out = first.exec(self.ctl("set_policy", "brokerchaos-ha", settings.get("policy_pattern", "^chaos"),
-                                          json.dumps(policy)), timeout=30)
-            if rc != 0:
-                raise ClusterError(f"set_policy failed: {out.strip()[-300:]}")
+            run_or_fail(first, self.ctl("set_policy", "brokerchaos-ha", settings.get("policy_pattern", "^chaos"),
+                                        json.dumps(policy)))
 
 
 @hookimpl
