@@ -45,6 +45,11 @@ def brokerchaos_register_faults(register: Registry) -> None:
 
     A fault class names the broker capabilities it needs (``requires``); the host
     refuses a scenario whose broker does not declare them, before anything starts.
+    Each application is constructed as ``cls(ctx, params, fault_id)``; whatever it
+    adds (toxics, files) should carry ``fault_id`` so overlapping faults do not
+    collide. A fault that turns proxies off and back on says so in
+    ``switches_proxies(params)``, and the planner refuses to overlap it with
+    another network fault.
     """
 
 
