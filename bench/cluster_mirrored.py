@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     md = "\n".join([
         "# 3-node mirrored queue (ha-mode all, automatic sync): reference vs RabbitMQ 3.10", "",
         f"`{data['command']}`; publishers and the consumer on n2, queue master on n1; persistent "
-        f"{args.size}-byte messages, {args.publishers} publishers x {args.in_flight} unconfirmed.", "",
+        f"{args.size}-byte messages, {args.publishers} publishers x {args.in_flight} unconfirmed; each broker's "
+        f"best of {args.repeats} run(s) of {args.duration:g} s (every run is in the json).", "",
         "| broker | confirmed msg/s | confirm p50 ms | confirm p99 ms |", "| --- | --- | --- | --- |", *rows, "",
         f"Ratios reference / RabbitMQ: throughput {data['ratio']['throughput']}, confirm p50 "
         f"{data['ratio']['confirm_p50']}, p99 {data['ratio']['confirm_p99']}.", "",
