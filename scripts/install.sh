@@ -9,7 +9,7 @@ step() { printf '\n== %s\n' "$*" >&2; }
 
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 need_apt=""
-for pkg in debootstrap fuse3 libfuse3-3; do
+for pkg in debootstrap fuse3 libfuse3-3 chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt="$need_apt $pkg"
 done
 if [ -n "$need_apt" ]; then

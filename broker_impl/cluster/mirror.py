@@ -69,13 +69,15 @@ def digest(m: Message) -> str:
 
 
 class _Link:
-    __slots__ = ("acked", "synced", "joined", "deadline")
+    __slots__ = ("acked", "synced", "joined", "deadline", "in_ring", "missing_since")
 
-    def __init__(self, joined: int, deadline: float | None = None) -> None:
+    def __init__(self, joined: int, deadline: float | None = None, in_ring: bool = False) -> None:
         self.acked = -1
         self.synced = False
         self.joined = joined
         self.deadline = deadline  # a kept mirror must answer the promotion by then
+        self.in_ring = in_ring  # its member joined the group (from then on it must stay in the ring)
+        self.missing_since: float | None = None
 
 
 class MirrorMasterBQ(BackingQueue):
@@ -106,7 +108,7 @@ class MirrorMasterBQ(BackingQueue):
             cfg = node.cfg
             deadline = time.monotonic() + 2 * cfg.tick * cfg.down_after
             for peer in mirrors or []:
-                self.mirrors[peer] = _Link(0, deadline)
+                self.mirrors[peer] = _Link(0, deadline, in_ring=True)
             self._bcast({"op": "promoted"})
 
     def _new_group(self) -> None:
@@ -169,13 +171,25 @@ class MirrorMasterBQ(BackingQueue):
             self.node.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
 
     def silent_mirrors(self) -> list[str]:
-        """Mirrors kept at promotion that never answered it (they did not follow): to be restarted."""
+        """Mirrors to restart: kept at a promotion they never answered, or joined and since gone from the ring."""
         now = time.monotonic()
-        return [p for p, link in self.mirrors.items()
-                if link.deadline is not None and link.acked < 1 and now > link.deadline]
+        ring = {node_of(m) for m in self.gm.ring}
+        grace = 2 * self.node.cfg.tick
+        out = []
+        for p, link in self.mirrors.items():
+            if link.in_ring and p not in ring:
+                link.missing_since = link.missing_since or now
+            else:
+                link.missing_since = None
+            if (link.deadline is not None and link.acked < 1 and now > link.deadline) or \
+                    (link.missing_since is not None and now - link.missing_since > grace):
+                out.append(p)
+        return out
 
     def mirror_joined(self, peer: str) -> None:
         """The mirror on ``peer`` is in the group: it sees everything broadcast from now on."""
+        if peer in self.mirrors:
+            self.mirrors[peer].in_ring = True
         if peer in self._sync_on_join and peer in self.mirrors:
             self._sync_on_join.discard(peer)
             self.sync(peer)

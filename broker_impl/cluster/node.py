@@ -539,7 +539,8 @@ class ClusterNode:
             bq = q.bq
             assert isinstance(bq, MirrorMasterBQ)
             for peer in bq.silent_mirrors():
-                log.warning("queue %r: the mirror on %s did not follow the promotion; restarting it", q.name, peer)
+                log.warning("queue %r: the mirror on %s is not in the group (it did not follow a promotion, or "
+                            "left the ring); restarting it", q.name, peer)
                 bq.remove_mirror(peer)
             want = self.desired_mirrors(q)
             before = list(bq.mirrors)
