@@ -98,6 +98,11 @@ def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
     raise ScenarioError(f"partition: unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
 
 
+def toxic_name(base: str, fault_id: str, stream: str) -> str:
+    """One name per fault and stream: overlapping faults each add and remove their own toxics."""
+    return f"{base}_{fault_id}_{stream}" if fault_id else f"{base}_{stream}"
+
+
 class Partition(Fault):
     name = "partition"
     requires = frozenset({"partition"})
@@ -144,8 +149,7 @@ class Partition(Fault):
         return params.get("shape") == "clients" or params.get("mode") == "refuse"
 
     def _toxic(self, stream: str) -> str:
-        """One name per fault and stream: overlapping partitions each add and remove their own toxics."""
-        return f"{TOXIC}_{self.fault_id}_{stream}" if self.fault_id else f"{TOXIC}_{stream}"
+        return toxic_name(TOXIC, self.fault_id, stream)
 
     def _switched_proxies(self) -> list[tuple[str, str]]:
         """(sidecar, proxy) pairs that the ``clients`` shape and ``refuse`` mode disable."""
@@ -227,8 +231,7 @@ class LinkToxic(Fault):
         return out
 
     def _toxic(self, stream: str) -> str:
-        base = f"brokerchaos_{self.params['type']}"
-        return f"{base}_{self.fault_id}_{stream}" if self.fault_id else f"{base}_{stream}"
+        return toxic_name(f"brokerchaos_{self.params['type']}", self.fault_id, stream)
 
     def _streams(self) -> list[str]:
         s = self.params["stream"]

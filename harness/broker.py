@@ -8,10 +8,13 @@ in ``capabilities`` and faults check them; nothing in the host names a broker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+
+from harness.errors import ClusterError
 
 #: Capabilities a plugin may declare. Faults name the ones they need.
 KNOWN_CAPABILITIES = frozenset(
@@ -76,8 +79,6 @@ class NodeHandle(Protocol):
 
 def run_or_fail(node: NodeHandle, cmd: Sequence[str], timeout: float = 30.0) -> str:
     """Run ``cmd`` on ``node``; a non-zero exit is a ``ClusterError`` naming the node, the command and its output."""
-    from harness.errors import ClusterError
-
     rc, out = node.exec(cmd, timeout=timeout)
     if rc != 0:
         raise ClusterError(f"{node.name}: {' '.join(cmd)} failed: {out.strip()[-300:]}")
@@ -91,10 +92,6 @@ def wait_until_running(node: NodeHandle, status_cmd: Sequence[str], want: set[st
     For ``form_cluster``: a status command that fails or lists too few nodes is
     retried until ``timeout``, then a ``ClusterError`` shows its last output.
     """
-    import time
-
-    from harness.errors import ClusterError
-
     deadline = time.monotonic() + timeout
     while True:
         rc, out = node.exec(status_cmd, timeout=30)

@@ -283,9 +283,6 @@ class GroupStore:
             return True
         return False
 
-    def forget(self, name: str) -> None:
-        self.records.pop(name, None)
-
     # -- links ------------------------------------------------------------------------------
     def handle(self, peer: str, h: dict[str, Any]) -> None:
         t = h["t"]
@@ -360,10 +357,10 @@ class Endpoint:
         self._flush_soon = False
 
     def join(self) -> None:
-        self._run(self.member.join())
+        self.execute(self.member.join())
 
     def broadcast(self, payload: Payload) -> None:
-        self._run(self.member.broadcast(payload))
+        self.execute(self.member.broadcast(payload))
         if not self._flush_soon and not self.member.idle:
             # everything broadcast in this turn of the event loop goes out in one activity
             self._flush_soon = True
@@ -375,7 +372,7 @@ class Endpoint:
 
     def tick(self) -> None:
         if not self.closed:
-            self._run(self.member.tick(time.monotonic()))
+            self.execute(self.member.tick(time.monotonic()))
 
     @property
     def ring(self) -> list[MemberId]:
@@ -388,7 +385,8 @@ class Endpoint:
             self.closed = True
             self.hub.gone(self)
 
-    def _run(self, actions: list[Action]) -> None:
+    def execute(self, actions: list[Action]) -> None:
+        """Carry out what the member asked for, in order (it returns actions; it does no I/O itself)."""
         for a in actions:
             if self.closed:
                 return
@@ -416,9 +414,9 @@ class Endpoint:
         store = self.hub.store
         rec = await (store.read(self.member.group) if isinstance(a, ReadGroup) else store.update(self.member.group, a.op))
         if not self.closed:
-            self._run(self.member.tick(time.monotonic()))  # the answer is processed at the current time
+            self.execute(self.member.tick(time.monotonic()))  # the answer is processed at the current time
         if not self.closed:
-            self._run(self.member.store_reply(a.request, rec))
+            self.execute(self.member.store_reply(a.request, rec))
 
 
 class GmHub:
@@ -456,13 +454,13 @@ class GmHub:
     def _record_changed(self, rec: GroupRecord) -> None:
         for ep in list(self.members.values()):
             if ep.group == rec.name and not ep.closed:
-                ep._run(ep.member.group_changed(rec))
+                ep.execute(ep.member.group_changed(rec))
 
     def _member_down(self, member: MemberId, group: str) -> None:
         for ep in list(self.members.values()):
             if ep.group == group and not ep.closed:
                 ep.tick()
-                ep._run(ep.member.neighbour_down(member))
+                ep.execute(ep.member.neighbour_down(member))
 
     # -- links ------------------------------------------------------------------------------
     def handle(self, peer: str, h: dict[str, Any], body: bytes) -> None:
@@ -478,7 +476,7 @@ class GmHub:
             except (KeyError, ValueError, TypeError, IndexError, struct.error) as exc:
                 log.error("gm %s: malformed ring message from %s dropped: %s", h.get("g"), peer, exc)
                 return
-            ep._run(ep.member.receive(str(h["from"]), msg))
+            ep.execute(ep.member.receive(str(h["from"]), msg))
         elif t == "gm_down":
             self._member_down(str(h.get("member")), str(h.get("g")))
         else:
@@ -499,7 +497,7 @@ class GmHub:
             ep.tick()
             for m in view.alive:
                 if node_of(m) == peer:
-                    ep._run(ep.member.neighbour_down(m))
+                    ep.execute(ep.member.neighbour_down(m))
 
     def pause(self) -> None:
         """This node paused (pause_minority): deaths it suspected are not recorded.
@@ -510,8 +508,4 @@ class GmHub:
         """
         for ep in list(self.members.values()):
             if not ep.closed:
-                ep._run(ep.member.forgive())
-
-    def ring(self, group: str) -> list[MemberId]:
-        rec = self.store.records.get(group)
-        return list(rec.alive()) if rec is not None else []
+                ep.execute(ep.member.forgive())
