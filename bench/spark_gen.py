@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from spark_reports.synth import arrow_schema  # noqa: E402
+from harness.spec.history import SCHEMA_VERSION, arrow_schema  # noqa: E402
 
 PRODUCERS, CONSUMERS, QUEUES, NODES = 8, 4, 2, 3
 SLOT_NS = 50_000  # one message published per slot: 20k messages/s
@@ -125,7 +125,9 @@ def chunk_table(lo: int, hi: int, n_msgs: int, chunk_of_slot: np.ndarray, seed: 
         value_arr,
         pa.array(red == 1, mask=red == 2),
         pa.nulls(rows, pa.string()),
-        pa.array(np.ones(rows, dtype=np.int32)),
+        pa.nulls(rows, pa.string()),
+        pa.nulls(rows, pa.string()),
+        pa.array(np.full(rows, SCHEMA_VERSION, dtype=np.int32)),
     ], schema=arrow_schema())
 
 
@@ -163,9 +165,9 @@ def nemesis_rows(kind: str, fault: tuple[int, int, str], i: int, t: int, index: 
 
 
 def small_table(rows: list[dict]) -> pa.Table:
-    from spark_reports.synth import HISTORY_SCHEMA_FIELDS
+    from harness.spec.history import FIELDS, SCHEMA_VERSION
 
-    full = [{name: r.get(name) for name, _ in HISTORY_SCHEMA_FIELDS} | {"schema": 1, "wall_time": ""} for r in rows]
+    full = [{name: r.get(name) for name in FIELDS} | {"schema": SCHEMA_VERSION, "wall_time": ""} for r in rows]
     return pa.Table.from_pylist(full, schema=arrow_schema())
 
 

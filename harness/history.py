@@ -1,10 +1,7 @@
 """Recording the history: the one contract between workload, faults and checkers.
 
-Schema (version 1), one JSON object per line while running, Parquet for Spark:
-``index`` global order; ``time_ns`` monotonic since run start; ``wall_time`` ISO;
-``process`` (``p1``, ``c1``, ``d1``, ``nemesis``); ``node``; ``type``
-(``invoke``/``ok``/``fail``/``info``); ``f``; ``queue``; ``value`` (a message id,
-or JSON text for fault and drain parameters); ``redelivered``; ``error``; ``schema``.
+The schema (fields, operations, what each completion means) is written once, in
+``harness.spec.history``; this module only writes it, one JSON object per line.
 
 Every invoke gets exactly one completion from the same process: the recorder
 hands out an ``Invocation`` whose completion methods can be used once, and
@@ -22,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-SCHEMA_VERSION = 1
-FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value", "redelivered", "error", "schema")
-TYPES = ("invoke", "ok", "fail", "info")
+from harness.spec.history import FIELDS, SCHEMA_VERSION, TYPES, arrow_schema
+
+__all__ = ["FIELDS", "SCHEMA_VERSION", "TYPES", "Invocation", "Recorder", "arrow_schema", "read_jsonl", "to_parquet"]
 
 
 def encode_value(value: Any) -> str | None:
@@ -51,23 +48,25 @@ class Invocation:
         self.done = False
 
     def _complete(self, type_: str, value: Any, error: str | None, redelivered: bool | None,
-                  node: str | None) -> dict[str, Any]:
+                  node: str | None, digest: str | None = None, detail: Any = None) -> dict[str, Any]:
         if self.done:
             raise RuntimeError(f"operation {self.index} ({self.process} {self.f}) completed twice")
         self.done = True
         return self.recorder._write(
             self.process, type_, self.f, node if node is not None else self.node, self.queue,
             self.value if value is None else value, redelivered, error, invocation=self,
+            digest=digest, detail=detail,
         )
 
-    def ok(self, value: Any = None, *, redelivered: bool | None = None, node: str | None = None) -> dict[str, Any]:
-        return self._complete("ok", value, None, redelivered, node)
+    def ok(self, value: Any = None, *, redelivered: bool | None = None, node: str | None = None,
+           digest: str | None = None, detail: Any = None) -> dict[str, Any]:
+        return self._complete("ok", value, None, redelivered, node, digest, detail)
 
-    def fail(self, error: str, value: Any = None) -> dict[str, Any]:
-        return self._complete("fail", value, error, None, None)
+    def fail(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]:
+        return self._complete("fail", value, error, None, None, None, detail)
 
-    def info(self, error: str, value: Any = None) -> dict[str, Any]:
-        return self._complete("info", value, error, None, None)
+    def info(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]:
+        return self._complete("info", value, error, None, None, None, detail)
 
 
 class Recorder:
@@ -89,22 +88,25 @@ class Recorder:
         return time.monotonic_ns() - self._t0
 
     def invoke(self, process: str, f: str, *, node: str | None = None, queue: str | None = None,
-               value: Any = None) -> Invocation:
+               value: Any = None, detail: Any = None) -> Invocation:
         with self._lock:
-            rec = self._write_locked(process, "invoke", f, node, queue, value, None, None)
+            rec = self._write_locked(process, "invoke", f, node, queue, value, None, None, detail=detail)
             inv = Invocation(self, process, f, node, queue, value, rec["index"], rec["time_ns"])
             self._open[inv.index] = inv
             return inv
 
     def _write(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
-               redelivered: bool | None, error: str | None, invocation: Invocation | None = None) -> dict[str, Any]:
+               redelivered: bool | None, error: str | None, invocation: Invocation | None = None,
+               digest: str | None = None, detail: Any = None) -> dict[str, Any]:
         with self._lock:
             if invocation is not None:
                 self._open.pop(invocation.index, None)
-            return self._write_locked(process, type_, f, node, queue, value, redelivered, error)
+            return self._write_locked(process, type_, f, node, queue, value, redelivered, error,
+                                      digest=digest, detail=detail)
 
     def _write_locked(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
-                      redelivered: bool | None, error: str | None) -> dict[str, Any]:
+                      redelivered: bool | None, error: str | None, *, digest: str | None = None,
+                      detail: Any = None) -> dict[str, Any]:
         if self.closed:
             raise RuntimeError("history is closed")
         t = self.now_ns()
@@ -120,6 +122,8 @@ class Recorder:
             "value": encode_value(value),
             "redelivered": redelivered,
             "error": error,
+            "digest": digest,
+            "detail": encode_value(detail),
             "schema": SCHEMA_VERSION,
         }
         self._index += 1
@@ -156,27 +160,6 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         for line in fh:
             if line.strip():
                 yield json.loads(line)
-
-
-def arrow_schema():  # type: ignore[no-untyped-def]
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("index", pa.int64()),
-            ("time_ns", pa.int64()),
-            ("wall_time", pa.string()),
-            ("process", pa.string()),
-            ("node", pa.string()),
-            ("type", pa.string()),
-            ("f", pa.string()),
-            ("queue", pa.string()),
-            ("value", pa.string()),
-            ("redelivered", pa.bool_()),
-            ("error", pa.string()),
-            ("schema", pa.int32()),
-        ]
-    )
 
 
 def to_parquet(jsonl: Path, parquet: Path, *, batch_rows: int = 200_000) -> int:

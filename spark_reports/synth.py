@@ -11,17 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HISTORY_SCHEMA_FIELDS = (
-    ("index", "int64"), ("time_ns", "int64"), ("wall_time", "string"), ("process", "string"),
-    ("node", "string"), ("type", "string"), ("f", "string"), ("queue", "string"), ("value", "string"),
-    ("redelivered", "bool"), ("error", "string"), ("schema", "int32"),
-)
+from harness.spec.history import FIELDS, SCHEMA_VERSION, arrow_schema
 
-
-def arrow_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema([(name, getattr(pa, "bool_" if t == "bool" else t)()) for name, t in HISTORY_SCHEMA_FIELDS])
+__all__ = ["FIELDS", "HistoryBuilder", "arrow_schema", "write_history"]
 
 
 def write_history(run_dir: Path, rows: list[dict], *, jsonl: bool = True, parquet: bool = True) -> Path:
@@ -31,9 +23,9 @@ def write_history(run_dir: Path, rows: list[dict], *, jsonl: bool = True, parque
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    full = [{name: r.get(name) for name, _ in HISTORY_SCHEMA_FIELDS} for r in rows]
+    full = [{name: r.get(name) for name in FIELDS} for r in rows]
     for r in full:
-        r["schema"] = 1 if r["schema"] is None else r["schema"]
+        r["schema"] = SCHEMA_VERSION if r["schema"] is None else r["schema"]
         if r["wall_time"] is None:
             r["wall_time"] = f"1970-01-01T00:00:{int(r['time_ns'] or 0) / 1e9:09.6f}Z"
     if jsonl:

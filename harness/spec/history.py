@@ -1,0 +1,93 @@
+"""The history: the one contract between workload, faults and checkers.
+
+One record per operation; JSONL while a run is being written, Parquet for the
+checkers. Schema version 2 (``schema`` column):
+
+========== ====== ===============================================================
+field      type   meaning
+========== ====== ===============================================================
+index      int64  global order of the records
+time_ns    int64  monotonic nanoseconds since run start
+wall_time  str    ISO time, for people
+process    str    ``p1``.. producers, ``c1``.. consumers, ``d1``.. drainers, ``nemesis``
+node       str    the node a client talked to, or a fault's target
+type       str    ``invoke`` | ``ok`` | ``fail`` | ``info``
+f          str    operation (below), or a fault name, or ``heal``
+queue      str    queue name (client operations)
+value      str    message id ``producer:seq``; JSON text for fault and drain parameters
+redelivered bool  on ``consume`` completions: the broker's redelivered flag
+error      str    why a completion is ``fail`` or ``info``
+digest     str    on ``consume`` ok: ``body_digest`` of the body as delivered
+detail     str    JSON text with what else a record needs (an abandon's cause, a body
+                  that failed its check, a drain's per-node view)
+schema     int32  this version
+========== ====== ===============================================================
+
+Every invoke has exactly one completion by the same process. Client operations:
+
+- ``publish``: invoke when sent; ``ok`` = confirmed, ``fail`` = nacked, ``info`` = unknown.
+- ``consume``: a delivery arrived (invoke and ``ok`` together; ``value`` is the id from
+  the message's properties, ``digest`` the body's digest, ``redelivered`` the flag).
+  A delivery is not a consumption: only an ack that completes ``ok`` is.
+- ``ack``: invoke when the ack is written; ``ok`` only once the broker has certainly
+  processed it (a later synchronous round trip on the same channel completed, or the
+  channel closed cleanly: AMQP processes a channel's frames in order); ``info`` if the
+  channel or connection failed first (the broker may or may not have it).
+- ``abandon``: a delivery the consumer gives back unacked (``detail`` =
+  ``{"cause": one of ABANDON_CAUSES}``): ``ok`` once the broker certainly knows it
+  (nack round trip, recover-ok, close-ok, or the connection cut by the client),
+  ``info`` otherwise. Every abandoned delivery must be delivered again.
+- ``drain``: one per queue and drainer, ``value`` = JSON of what the drain saw per node;
+  ``ok`` only if every node reported the queue empty (ready and unacked) and stayed
+  idle, ``info`` if the drain could not finish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+SCHEMA_VERSION = 2
+FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value",
+          "redelivered", "error", "digest", "detail", "schema")
+TYPES = ("invoke", "ok", "fail", "info")
+ABANDON_CAUSES = (
+    "requeue",  # basic.nack / basic.reject with requeue=true
+    "recover",  # basic.recover(requeue=true)
+    "close",  # channel or connection closed with the delivery unacked
+    "crash",  # the consumer's connection cut without a close, as when its process is killed
+)
+
+_ARROW_TYPES = {
+    "index": "int64", "time_ns": "int64", "wall_time": "string", "process": "string", "node": "string",
+    "type": "string", "f": "string", "queue": "string", "value": "string", "redelivered": "bool_",
+    "error": "string", "digest": "string", "detail": "string", "schema": "int32",
+}
+
+
+def arrow_schema() -> Any:
+    """The Parquet schema of a history (pyarrow is imported only when asked for)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, _ARROW_TYPES[name])()) for name in FIELDS])
+
+
+def message_body(msg_id: str, seed: int, size: int) -> bytes:
+    """The body a producer sends for ``msg_id``: ``id|check|payload``.
+
+    ``payload`` is seeded filler (repeated hex of sha256("seed:id")) that brings the body
+    to ``size`` bytes where the id leaves room; ``check`` is the first 16 hex digits of the
+    payload's sha256, so a body can be verified on its own and its id read back. Written
+    so that Spark SQL can compute the same bytes (sha2, repeat, substring, concat).
+    """
+    head = msg_id + "|"
+    n = max(0, size - len(head) - 17)
+    pad = hashlib.sha256(f"{seed}:{msg_id}".encode()).hexdigest()
+    payload = (pad * (n // 64 + 1))[:n]
+    check = hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return f"{head}{check}|{payload}".encode()
+
+
+def body_digest(body: bytes) -> str:
+    """What a consumer records of a delivered body: the first 32 hex digits of its sha256."""
+    return hashlib.sha256(body).hexdigest()[:32]
