@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything brokerchaos needs on a fresh Debian/Ubuntu machine with Docker,
-# Python 3.11, Java 17 and Rust: system packages, the Python package, the Toxiproxy-API
-# server, and every image (built locally; no container registry is needed).
+# Installs everything brokerchaos needs on a fresh Debian (bookworm) machine with Docker:
+# the system packages it lacks (Java 17 for Spark, a Rust toolchain when cargo is missing
+# or too old, Python's pip, debootstrap, FUSE, Chromium), the Python package, the
+# Toxiproxy-API server, and every image (built locally; no container registry is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,19 @@ need_apt=""
 for pkg in debootstrap fuse3 libfuse3-3 chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt="$need_apt $pkg"
 done
+# Spark needs a Java runtime (17 is what PySpark 4 supports on bookworm).
+command -v java >/dev/null 2>&1 || need_apt="$need_apt openjdk-17-jre-headless"
+command -v python3 >/dev/null 2>&1 || need_apt="$need_apt python3"
+python3 -m pip --version >/dev/null 2>&1 || need_apt="$need_apt python3-pip"
+# The Toxiproxy-API server's lock file needs cargo 1.78 or newer: bookworm's own cargo is
+# 0.66, its cargo-web/rustc-web packages are current.
+cargo_ok() {
+  local v
+  v=$(cargo --version 2>/dev/null | awk '{print $2}') || return 1
+  [ -n "$v" ] && [ "$(printf '%s\n1.78.0\n' "$v" | sort -V | head -n1)" = "1.78.0" ]
+}
+cargo_ok || need_apt="$need_apt cargo-web rustc-web gcc"
+command -v docker >/dev/null 2>&1 || need_apt="$need_apt docker.io"
 if [ -n "$need_apt" ]; then
   step "system packages:$need_apt"
   $SUDO apt-get update -qq
@@ -32,7 +46,12 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 step "Python package (editable) and test tools"
-python3 -m pip install -q --disable-pip-version-check -e '.[dev,fast]'
+pip_flags=""
+# Debian's own python3 refuses system-wide pip installs (PEP 668) unless told.
+if python3 -c 'import sys, sysconfig, pathlib; sys.exit(0 if (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists() else 1)'; then
+  pip_flags="--break-system-packages"
+fi
+python3 -m pip install -q --disable-pip-version-check $pip_flags -e '.[dev,fast]'
 
 step "Toxiproxy-API server (cargo build --release --locked)"
 cargo build -q --release --locked --manifest-path tools/toxiproxy-server/Cargo.toml
