@@ -3,16 +3,22 @@
 Each node runs ``python3 -m broker_impl --config /etc/brokerchaos/broker.toml``
 in the project's Debian image; ``broker_impl`` is copied in as source, its
 wheels (pamqp, uvloop) installed offline.
+
+``BROKERCHAOS_REFERENCE_SOURCE=DIR`` builds the image from another copy of the
+broker's source (a directory laid out like ``broker_impl/``), e.g. the detection
+bench's planted bugs (``bench/detection.py``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import (
+    BrokerChaosError,
     BrokerPlugin,
     ImageRecipe,
     NodeHandle,
@@ -29,6 +35,7 @@ __version__ = "0.1.0"
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PATH = "/etc/brokerchaos/broker.toml"
 CONTROL_PORT = 15990
+SOURCE_ENV = "BROKERCHAOS_REFERENCE_SOURCE"
 
 
 def _toml_value(v: Any) -> str:
@@ -100,10 +107,22 @@ class ReferenceBroker(BrokerPlugin):
         return {k.replace("_", "-"): settings[k] for k in keys if settings.get(k) is not None}
 
     def image(self) -> ImageRecipe:
+        """The checkout's ``broker_impl/``, or the source tree ``$BROKERCHAOS_REFERENCE_SOURCE`` names.
+
+        Another tree's image gets a name of its own: ``brokerchaos/reference:latest``
+        (what docker-compose.yml and the benchmarks start) stays the checkout's broker.
+        """
+        source, name = REPO / "broker_impl", "brokerchaos/reference"
+        override = os.environ.get(SOURCE_ENV)
+        if override:
+            source, name = Path(override).resolve(), "brokerchaos/reference-custom"
+            if not (source / "__main__.py").is_file():
+                raise BrokerChaosError(f"{SOURCE_ENV}={override}: not a broker_impl source tree (no __main__.py "
+                                       "there); point it at a copy of broker_impl/ or unset it")
         return ImageRecipe(
-            name="brokerchaos/reference",
+            name=name,
             python_packages=("pamqp", "uvloop"),
-            copy={str(REPO / "broker_impl"): "/opt/brokerchaos/broker_impl"},
+            copy={str(source): "/opt/brokerchaos/broker_impl"},
         )
 
     def config_toml(self, node: NodeInfo) -> str:
