@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--spark-master")
     a.add_argument("--json", action="store_true")
 
-    g = sub.add_parser("grade", help="grade several stored runs together (loss rate with a 95%% bound)")
+    g = sub.add_parser("grade", help="grade stored runs together: share of runs that lost messages (exact "
+                                      "binomial over runs) and a per-message rate (bootstrap over runs)")
     g.add_argument("run_dirs", nargs="+")
     g.add_argument("--spark-master")
     g.add_argument("--out", help="directory for the grade report")
@@ -212,7 +213,7 @@ def _grade(args: argparse.Namespace) -> int:
 
 def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None, *, engine: str = "spark") -> int:
     try:
-        from spark_reports import grade_runs, render_grade_report
+        from spark_reports import describe_grade, grade_runs, render_grade_report
     except ImportError as exc:
         raise BrokerChaosError(f"grading needs spark_reports: {exc}") from None
     grade = grade_runs(dirs, spark_master=spark_master, engine=engine)
@@ -220,13 +221,13 @@ def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None, *,
     out.mkdir(parents=True, exist_ok=True)
     (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
     html = render_grade_report(out, grade)
-    print(f"\ngrade over {len(dirs)} runs: {grade.get('verdict')}: {grade.get('statement')}")
-    for row in grade.get("per_kind", []):
-        print(f"  {row['fault_kind']:<14} {row['lost']} lost in {row['confirmed']} confirmed, "
-              f"loss rate < {row['upper95']:.3g} (95% upper bound)")
-    print(f"  grade report       {html}")
+    headline, *details = describe_grade(grade)
+    print(f"\n{headline}")
+    for line in details:
+        print(f"  {line}")
+    print(f"  grade report: {html}")
     verdict = grade.get("verdict")
-    return 0 if verdict == "durable" else (1 if verdict in ("LOST", "INTEGRITY") else 3)
+    return 0 if verdict == "durable" else (3 if verdict == "unknown" else 1)
 
 
 def _images(host: Any, args: argparse.Namespace) -> int:

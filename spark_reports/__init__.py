@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._common import HistoryError
 from ._python import check_python
 from ._spark import check_spark, spark_session, stop_session
-from .grade import clopper_pearson_upper, grade_runs
+from .grade import clopper_pearson_interval, clopper_pearson_upper, describe_grade, grade_runs
 from .report import render_grade_report, render_report
 from .schema import SCHEMA_VERSION, Grade, Results
 
@@ -21,7 +21,9 @@ __all__ = [
     "Results",
     "check_python",
     "check_spark",
+    "clopper_pearson_interval",
     "clopper_pearson_upper",
+    "describe_grade",
     "grade_runs",
     "render_grade_report",
     "render_report",

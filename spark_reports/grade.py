@@ -1,23 +1,47 @@
-"""Grading across seeded runs: a loss rate with an exact upper bound.
+"""Grading across seeded runs: what several runs can say, and what one run cannot.
 
-"0 lost" only ever means "fewer than this many per message, with 95% confidence":
-the bound is the one-sided exact binomial (Clopper-Pearson) upper limit, which for
-zero losses in n confirmed messages is 1 - 0.05**(1/n) (about 3/n).
+A run is the unit of independence, not a message. Losses arrive in clusters (one
+failover once dropped 4,203 messages at once), so treating every confirmed message
+as an independent Bernoulli trial would give bounds that are far too tight. Two
+statements survive that:
+
+- the share of runs that lose anything: each run is one trial, so an exact
+  (Clopper-Pearson) binomial interval over runs is valid. One-sided (an upper
+  bound) when no run lost anything, two-sided otherwise;
+- the per-message loss rate (summed lost over summed confirmed), whose interval
+  comes from a seeded bootstrap over runs: whole runs are resampled with
+  replacement, so a cluster stays together in every resample.
+
+A run whose loss outcome is not known (the final drain did not finish while
+messages were still unconsumed, or every checker failed) is neither durable nor
+lossy: it is counted among the verdicts and left out of both denominators. No
+bound comes from fewer than ``MIN_RUNS`` runs whose outcome is known.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ._common import HistoryError
-from .schema import SCHEMA_VERSION, Grade, KindGrade, Results, RunGrade
+from .schema import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
 
 CONFIDENCE = 0.95
+MIN_RUNS = 2
+"""Fewer graded runs than this give counts and no bound."""
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+FEW_RUNS = 10
+"""Below this many graded runs percentile bootstrap intervals tend to be too narrow; the text says so."""
+VERDICT_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
+"""How verdict counts are listed; a verdict not named here (a checker may add one) follows them."""
 
+
+# -- exact binomial intervals ---------------------------------------------------------------
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction for the incomplete beta function (modified Lentz)."""
@@ -58,25 +82,12 @@ def betainc(a: float, b: float, x: float) -> float:
     return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
 
 
-def clopper_pearson_upper(lost: int, n: int, confidence: float = CONFIDENCE) -> float | None:
-    """One-sided exact upper bound on the loss probability given lost of n.
-
-    Solves P(X <= lost | n, p) = 1 - confidence, i.e. p = BetaInv(confidence, lost+1, n-lost).
-    None when there is nothing to bound (n == 0).
-    """
-    if n <= 0:
-        return None
-    if lost < 0 or lost > n:
-        raise ValueError(f"lost={lost} outside 0..{n}")
-    if lost == n:
-        return 1.0
-    if lost == 0:
-        return 1.0 - (1.0 - confidence) ** (1.0 / n)
-    a, b = lost + 1.0, float(n - lost)
+def beta_quantile(q: float, a: float, b: float) -> float:
+    """The x with I_x(a, b) = q, by bisection (I is monotone in x, so bisection cannot miss)."""
     lo, hi = 0.0, 1.0
     for _ in range(200):
         mid = (lo + hi) / 2
-        if betainc(a, b, mid) < confidence:
+        if betainc(a, b, mid) < q:
             lo = mid
         else:
             hi = mid
@@ -85,45 +96,219 @@ def clopper_pearson_upper(lost: int, n: int, confidence: float = CONFIDENCE) -> 
     return hi
 
 
-def _statement(lost: int, confirmed: int, runs: int, upper: float | None) -> str:
-    where = f"{confirmed:,} confirmed over {runs} run{'s' if runs != 1 else ''}"
-    if upper is None:
-        return f"{lost:,} lost in {where}: nothing confirmed, no bound"
-    pct = int(CONFIDENCE * 100)
-    if lost == 0:
-        return f"0 lost in {where}: loss rate < {upper:.3g} ({pct}% upper bound), not a proof of zero"
-    return f"{lost:,} lost in {where}: loss rate {lost / confirmed:.3g}, < {upper:.3g} ({pct}% upper bound)"
+def _check(k: int, n: int) -> None:
+    if k < 0 or k > n:
+        raise ValueError(f"{k} successes outside 0..{n}")
 
 
-def grade_results(results: list[tuple[str, Results]]) -> Grade:
-    """Pool per-run results into one grade (no I/O; grade_runs feeds it)."""
+def clopper_pearson_upper(k: int, n: int, confidence: float = CONFIDENCE) -> float | None:
+    """One-sided exact upper bound on a binomial probability given k of n.
+
+    Solves P(X <= k | n, p) = 1 - confidence, i.e. p = BetaInv(confidence; k+1, n-k).
+    None when there is nothing to bound (n == 0).
+    """
+    if n <= 0:
+        return None
+    _check(k, n)
+    if k == n:
+        return 1.0
+    if k == 0:
+        return 1.0 - (1.0 - confidence) ** (1.0 / n)
+    return beta_quantile(confidence, k + 1.0, float(n - k))
+
+
+def clopper_pearson_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Two-sided exact interval: each tail holds at most (1 - confidence) / 2."""
+    if n <= 0:
+        return None
+    _check(k, n)
+    tail = (1.0 - confidence) / 2
+    low = 0.0 if k == 0 else (tail ** (1.0 / n) if k == n else beta_quantile(tail, float(k), n - k + 1.0))
+    high = 1.0 if k == n else (1.0 - tail ** (1.0 / n) if k == 0 else beta_quantile(1 - tail, k + 1.0, float(n - k)))
+    return low, high
+
+
+# -- bootstrap over runs --------------------------------------------------------------------
+
+def bootstrap_ratio(pairs: Sequence[tuple[int, int]], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int | str = BOOTSTRAP_SEED,
+                    confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Percentile interval of sum(lost) / sum(confirmed) when whole runs are resampled.
+
+    pairs: one (lost, confirmed) per run. A resample whose runs confirmed nothing has no
+    ratio and is skipped. None when fewer than MIN_RUNS runs or nothing was confirmed.
+    Percentiles by nearest rank, so the interval is two order statistics of the resamples.
+    """
+    n = len(pairs)
+    if n < MIN_RUNS or sum(c for _, c in pairs) == 0:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        drawn = rng.choices(pairs, k=n)
+        confirmed = sum(c for _, c in drawn)
+        if confirmed:
+            ratios.append(sum(lo for lo, _ in drawn) / confirmed)
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1.0 - confidence) / 2
+    m = len(ratios)
+    return ratios[max(0, math.ceil(tail * m) - 1)], ratios[max(0, math.ceil((1 - tail) * m) - 1)]
+
+
+# -- grading --------------------------------------------------------------------------------
+
+def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGrade:
+    counts = res.get("counts") or {}
+    verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
+    lost = int(counts.get("lost") or 0)
+    drain = res.get("drain") or {}
+    # The loss outcome is known when nothing confirmed is missing, or when it is missing
+    # after a completed drain. A checker that failed left no counts; a run the checkers
+    # called unknown stays unknown here too, whatever its counts say.
+    known = verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
+    return RunGrade(run_dir=run_dir, seed=seed, verdict=verdict, valid=res.get("valid", "unknown"),
+                    graded=known, confirmed=int(counts.get("confirmed") or 0), lost=lost,
+                    unexpected=int(counts.get("unexpected") or 0), reason=str(res.get("reason") or res.get("error") or ""))
+
+
+def _worst(verdicts: Sequence[Verdict]) -> Verdict:
+    """LOST first, then any other failure, then unknown; durable only when every run was."""
+    if "LOST" in verdicts:
+        return "LOST"
+    failures = [v for v in verdicts if v not in ("durable", "unknown")]
+    if failures:
+        return failures[0]
+    return "unknown" if "unknown" in verdicts or not verdicts else "durable"
+
+
+def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    rows = (res.get("attribution") or {}).get("exposure") or []
+    return {r["fault_kind"]: (int(r["lost"]), int(r["confirmed"])) for r in rows}
+
+
+def grade_results(results: Sequence[tuple[str, Mapping[str, Any], int | None]], *,
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Grade:
+    """Grade per-run results together (no I/O; grade_runs feeds it).
+
+    Each item is (run directory, its results, the run's seed or None).
+    """
     runs: list[RunGrade] = []
-    per_kind: dict[str, list[int]] = {}
-    for run_dir, res in results:
-        counts = res["counts"]
-        runs.append(RunGrade(run_dir=run_dir, verdict=res["verdict"], valid=res["valid"],
-                             confirmed=counts["confirmed"], lost=counts["lost"], unexpected=counts["unexpected"]))
-        for row in res["attribution"]["exposure"]:
-            k = per_kind.setdefault(row["fault_kind"], [0, 0, 0])
-            k[0] += 1
-            k[1] += row["confirmed"]
-            k[2] += row["lost"]
-    confirmed = sum(r["confirmed"] for r in runs)
-    lost = sum(r["lost"] for r in runs)
-    upper = clopper_pearson_upper(lost, confirmed)
-    verdicts = {r["verdict"] for r in runs}
-    verdict = next((v for v in ("LOST", "INTEGRITY", "unknown") if v in verdicts), "durable" if runs else "unknown")
-    kinds = [KindGrade(fault_kind=k, runs=v[0], confirmed=v[1], lost=v[2],
-                       loss_rate=(v[2] / v[1]) if v[1] else None, upper95=clopper_pearson_upper(v[2], v[1]))
-             for k, v in sorted(per_kind.items())]
-    return Grade(schema=SCHEMA_VERSION, runs=runs, confirmed=confirmed, lost=lost,
-                 loss_rate=(lost / confirmed) if confirmed else None, upper95=upper,
-                 statement=_statement(lost, confirmed, len(runs), upper), verdict=verdict,  # type: ignore[typeddict-item]
-                 per_kind=kinds)
+    exposures: list[dict[str, tuple[int, int]]] = []
+    for run_dir, res, run_seed in results:
+        runs.append(_run_grade(run_dir, res, run_seed))
+        exposures.append(_exposure(res))
+    seen = sorted({r["verdict"] for r in runs},
+                  key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v))
+    verdicts: dict[str, int] = {v: sum(1 for r in runs if r["verdict"] == v) for v in seen}
+    worst = _worst(seen)
+    graded = [r for r in runs if r["graded"]]
+    runs_lost = sum(1 for r in graded if r["lost"] > 0)
+    confirmed = sum(r["confirmed"] for r in graded)
+    lost = sum(r["lost"] for r in graded)
+    share_low = share_high = None
+    share_sided: Literal["one-sided", "two-sided", "none"] = "none"
+    if len(graded) >= MIN_RUNS:
+        if runs_lost == 0:
+            share_low, share_high, share_sided = 0.0, clopper_pearson_upper(0, len(graded)), "one-sided"
+        else:
+            share_low, share_high = clopper_pearson_interval(runs_lost, len(graded))  # type: ignore[misc]
+            share_sided = "two-sided"
+    pairs = [(r["lost"], r["confirmed"]) for r in graded]
+    # With no loss in any run every resample is 0/n: a [0, 0] "interval" would read as proof of zero.
+    interval = bootstrap_ratio(pairs, resamples=resamples, seed=seed) if lost else None
+    kinds: dict[str, list[tuple[int, int]]] = {}
+    for r, ex in zip(runs, exposures, strict=True):
+        if r["graded"]:
+            for kind, pair in ex.items():
+                kinds.setdefault(kind, []).append(pair)
+    per_kind = []
+    for kind, kpairs in sorted(kinds.items()):
+        klost, kconf = sum(p[0] for p in kpairs), sum(p[1] for p in kpairs)
+        kint = bootstrap_ratio(kpairs, resamples=resamples, seed=f"{seed}:{kind}") if klost else None
+        per_kind.append(KindGrade(fault_kind=kind, runs=len(kpairs), runs_lost=sum(1 for p in kpairs if p[0]),
+                                  confirmed=kconf, lost=klost, loss_rate=(klost / kconf) if kconf else None,
+                                  low=kint[0] if kint else None, high=kint[1] if kint else None))
+    grade = Grade(
+        schema=SCHEMA_VERSION, runs=runs, verdict=worst, verdicts=verdicts, confidence=CONFIDENCE,
+        graded_runs=len(graded), excluded_runs=len(runs) - len(graded), runs_lost=runs_lost,
+        runs_lost_interval=share_sided, runs_lost_low=share_low, runs_lost_high=share_high,
+        confirmed=confirmed, lost=lost, loss_rate=(lost / confirmed) if confirmed else None,
+        loss_low=interval[0] if interval else None, loss_high=interval[1] if interval else None,
+        bootstrap_resamples=resamples, bootstrap_seed=seed, per_kind=per_kind, statement="",
+    )
+    grade["statement"] = " ".join(describe_grade(grade)[1:2])
+    return grade
 
 
-def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine: str = "spark") -> Grade:
-    """Check every run (one Spark session for all of them) and pool the results.
+# -- words ----------------------------------------------------------------------------------
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}" if x >= 0.01 or x == 0 else f"{x * 100:.2g}%"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else ("0" if x == 0 else f"{x:.3g}")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
+def describe_grade(grade: Grade) -> list[str]:
+    """The grade in sentences, one per line: every number says what it is a number of."""
+    pct = f"{grade['confidence']:.0%}"
+    n = grade["graded_runs"]
+    lines = [f"grade over {_runs(len(grade['runs']))}: {grade['verdict']}"]
+    if n == 0:
+        lines.append("no run has a known outcome, so nothing can be said about loss")
+    elif n < MIN_RUNS:
+        lines.append(f"{grade['lost']:,} of {grade['confirmed']:,} confirmed messages lost in the one run with a "
+                     "known outcome; no bound: a run is one trial (losses come in clusters, so its messages are "
+                     "not independent), and a bound needs several seeded runs (brokerchaos run SCENARIO --runs 10)")
+    elif grade["runs_lost_interval"] == "one-sided":
+        lines.append(f"0 of {n} runs lost a message: the share of runs that lose messages is below "
+                     f"{_pct(grade['runs_lost_high'] or 0.0)} ({pct} one-sided exact binomial upper bound over runs; "
+                     "not a proof of zero)")
+    else:
+        lines.append(f"{grade['runs_lost']} of {n} runs lost messages: the share of runs that lose messages is between "
+                     f"{_pct(grade['runs_lost_low'] or 0.0)} and {_pct(grade['runs_lost_high'] or 0.0)} "
+                     f"({pct} two-sided exact binomial interval over runs)")
+    counts = ", ".join(f"{v} {k}" for k, v in grade["verdicts"].items() if v)
+    lines.append(f"verdicts: {counts or 'none'}")
+    if grade["excluded_runs"]:
+        lines.append(f"{_runs(grade['excluded_runs'])} left out of every rate: whether {'it' if grade['excluded_runs'] == 1 else 'they'} "
+                     "lost messages is not known (final drain unfinished or checker failed); counted as neither "
+                     "durable nor lossy")
+    if n >= MIN_RUNS:
+        lines.append(f"messages: {grade['lost']:,} lost of {grade['confirmed']:,} confirmed over the {_runs(n)} "
+                     f"with a known outcome (pooled rate {_rate(grade['loss_rate'])} per confirmed message)")
+        boot = f"resampling whole runs, B={grade['bootstrap_resamples']:,}, seed {grade['bootstrap_seed']}"
+        if grade["loss_low"] is not None:
+            few = f"; with fewer than {FEW_RUNS} runs it likely understates the uncertainty" if n < FEW_RUNS else ""
+            lines.append(f"per-message loss rate between {_rate(grade['loss_low'])} and {_rate(grade['loss_high'])} "
+                         f"({pct} bootstrap percentile interval, {boot}{few})")
+        elif grade["lost"] == 0:
+            lines.append("per-message loss rate: no run lost a message, so resampling runs gives no interval above "
+                         "zero; the bound on the share of runs is the statement to use")
+        if grade["per_kind"]:
+            lines.append("per fault kind (confirmed messages whose confirm-to-drain interval overlapped a window of "
+                         "that kind; one message can count under several kinds; 'none' met no fault):")
+            for k in grade["per_kind"]:
+                where = f"{k['runs_lost']} of {_runs(k['runs'])} lost"
+                rate = f"{k['lost']:,} of {k['confirmed']:,} exposed lost (rate {_rate(k['loss_rate'])})"
+                ival = (f", {pct} bootstrap {_rate(k['low'])} to {_rate(k['high'])}" if k["low"] is not None
+                        else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval"))
+                lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+    return lines
+
+
+# -- from run directories -------------------------------------------------------------------
+
+def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine: str = "spark",
+               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Grade:
+    """Check every run (one Spark session for all of them) and grade them together.
 
     engine: "spark", "python", or "stored" to reuse each run's results.json.
     """
@@ -147,5 +332,6 @@ def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine:
     for d in run_dirs:
         scenario_file = Path(d) / "scenario.json"
         scenario = json.loads(scenario_file.read_text()) if scenario_file.is_file() else {}
-        results.append((str(d), check(Path(d), scenario)))
-    return grade_results(results)
+        run_seed = scenario.get("seed") if isinstance(scenario, dict) else None
+        results.append((str(d), check(Path(d), scenario), run_seed if isinstance(run_seed, int) else None))
+    return grade_results(results, resamples=resamples, seed=seed)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .grade import describe_grade
 from .schema import Grade, Results
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0"}
@@ -203,15 +204,16 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
 
     out_dir = Path(out_dir)
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    kinds = [k for k in grade["per_kind"] if k["upper95"] is not None]
+    kinds = [k for k in grade["per_kind"] if k["high"] is not None]
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if kinds:
         names = [k["fault_kind"] for k in kinds]
-        ax.bar(names, [k["upper95"] or 0.0 for k in kinds], color="#90caf9", label="95% upper bound")
-        ax.scatter(names, [k["loss_rate"] or 0 for k in kinds], color="#c62828", zorder=3, label="observed rate")
-        ax.set_yscale("log")
+        low = [k["low"] or 0.0 for k in kinds]
+        ax.bar(names, [(k["high"] or 0.0) - lo for k, lo in zip(kinds, low, strict=True)], bottom=low,
+               color="#90caf9", label=f"{grade['confidence']:.0%} bootstrap interval over runs")
+        ax.scatter(names, [k["loss_rate"] or 0 for k in kinds], color="#c62828", zorder=3, label="pooled rate")
         ax.legend(fontsize=8)
-    ax.set_ylabel("loss probability per message")
+    ax.set_ylabel("lost per confirmed message")
     ax.set_title("Loss rate per fault kind")
     fig.tight_layout()
     png = out_dir / "plots" / "grade.png"
@@ -220,18 +222,20 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     body = [
         f"<h1>brokerchaos grade over {len(grade['runs'])} runs</h1>",
         f"<div class='verdict {_e(grade['verdict'])}'>{_e(grade['verdict'])}</div>",
-        f"<p><b>{_e(grade['statement'])}</b></p>",
-        "<p>Bounds are one-sided exact binomial (Clopper-Pearson) 95% upper limits on the per-message loss "
-        "probability; per fault kind the denominator is the confirmed messages whose confirm-to-drain interval "
-        "overlapped a window of that kind.</p>",
+        "".join(f"<p>{_e(line)}</p>" for line in describe_grade(grade)[1:]),
+        "<p>A run, not a message, is one trial: losses arrive in clusters. The share of runs that lose messages "
+        "has an exact binomial (Clopper-Pearson) interval over runs; the per-message rate has a percentile "
+        "bootstrap interval that resamples whole runs. Per fault kind the denominator is the confirmed messages "
+        "whose confirm-to-drain interval overlapped a window of that kind.</p>",
         _img(png),
-        _table(["fault kind", "runs", "exposed confirmed", "lost", "loss rate", "95% upper bound"],
-               [[k["fault_kind"], k["runs"], f"{k['confirmed']:,}", k["lost"], _fmt(k["loss_rate"]),
-                 _fmt(k["upper95"])] for k in grade["per_kind"]]),
+        _table(["fault kind", "runs", "runs that lost", "exposed confirmed", "lost", "pooled rate",
+                "interval low", "interval high"],
+               [[k["fault_kind"], k["runs"], k["runs_lost"], f"{k['confirmed']:,}", k["lost"], _fmt(k["loss_rate"]),
+                 _fmt(k["low"]), _fmt(k["high"])] for k in grade["per_kind"]]),
         "<h2>Runs</h2>",
-        _table(["run", "verdict", "confirmed", "lost", "unexpected"],
-               [[r["run_dir"], r["verdict"], f"{r['confirmed']:,}", r["lost"], r["unexpected"]]
-                for r in grade["runs"]], left=2),
+        _table(["run", "seed", "verdict", "graded", "confirmed", "lost", "unexpected"],
+               [[r["run_dir"], "-" if r["seed"] is None else r["seed"], r["verdict"], "yes" if r["graded"] else "no",
+                 f"{r['confirmed']:,}", r["lost"], r["unexpected"]] for r in grade["runs"]], left=2),
     ]
     path = out_dir / "grade.html"
     path.write_text(_page("brokerchaos grade", "".join(body)))

@@ -198,30 +198,58 @@ class Results(TypedDict):
 
 
 class KindGrade(TypedDict):
+    """One fault kind over the graded runs that had it.
+
+    The denominator is the confirmed messages whose confirm-to-drain interval overlapped
+    a window of this kind (``ExposureRow``); one message can count under several kinds.
+    """
+
     fault_kind: str
-    runs: int
+    runs: int  # graded runs with messages exposed to this kind
+    runs_lost: int  # of those, runs that lost an exposed message
     confirmed: int
     lost: int
-    loss_rate: float | None
-    upper95: float | None  # one-sided exact (Clopper-Pearson) 95% upper bound
+    loss_rate: float | None  # pooled: lost / confirmed
+    low: float | None  # bootstrap percentile interval over runs; None from one run or with no loss
+    high: float | None
 
 
 class RunGrade(TypedDict):
     run_dir: str
+    seed: int | None
     verdict: Verdict
     valid: Valid
+    graded: bool  # its loss outcome is known (nothing missing, or missing after a completed drain)
     confirmed: int
     lost: int
     unexpected: int
+    reason: str
 
 
 class Grade(TypedDict):
+    """Several seeded runs graded together; a run, not a message, is one trial.
+
+    Runs that are not ``graded`` appear in ``runs`` and ``verdicts`` only. Every bound
+    needs at least two graded runs; below that the bound fields are None.
+    """
+
     schema: int
     runs: list[RunGrade]
-    confirmed: int
+    verdict: Verdict  # the worst over runs: LOST, then INTEGRITY, then unknown, else durable
+    verdicts: dict[str, int]  # runs per verdict
+    confidence: float  # of every interval below
+    graded_runs: int
+    excluded_runs: int  # loss outcome unknown: neither durable nor lossy
+    runs_lost: int  # graded runs that lost at least one message
+    runs_lost_interval: Literal["one-sided", "two-sided", "none"]  # exact (Clopper-Pearson) over runs
+    runs_lost_low: float | None  # share of runs that lose messages
+    runs_lost_high: float | None
+    confirmed: int  # summed over graded runs
     lost: int
-    loss_rate: float | None
-    upper95: float | None
-    statement: str  # e.g. "0 lost in 2,000,000 confirmed: loss rate < 1.5e-06 (95% upper bound)"
-    verdict: Verdict
+    loss_rate: float | None  # pooled: lost / confirmed
+    loss_low: float | None  # per-message rate, percentile bootstrap resampling whole runs
+    loss_high: float | None
+    bootstrap_resamples: int
+    bootstrap_seed: int
+    statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
