@@ -23,7 +23,7 @@ examples:
   brokerchaos analyze store/latest                 re-check a stored run (no Docker)
   brokerchaos plugins                              what is loaded
   brokerchaos images build                         build every image (offline)
-  brokerchaos down                                 remove what a crashed run left behind
+  brokerchaos down                                 remove what runs whose harness exited left behind
   brokerchaos validate --plugin reference          check a broker plugin's contract
 """
 
@@ -72,8 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     ib.add_argument("--broker", action="append", help="only these broker plugins (default: all)")
     ib.add_argument("--force", action="store_true")
 
-    d = sub.add_parser("down", help="remove containers, networks and volumes left by runs")
-    d.add_argument("--run", help="only this run id (default: all brokerchaos resources)")
+    d = sub.add_parser("down", help="remove the containers, networks and volumes of runs whose harness has exited "
+                                    "(runs in progress are left alone)")
+    which = d.add_mutually_exclusive_group()
+    which.add_argument("--run", help="only this run id, whether its harness is still running or not")
+    which.add_argument("--all", action="store_true",
+                       help="everything brokerchaos created on this engine, runs in progress included (no prompt)")
 
     v = sub.add_parser("validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure")
     v.add_argument("--plugin", required=True, help="broker plugin name (load outside ones with -p MODULE)")
@@ -248,11 +252,28 @@ def _images(host: Any, args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from harness.cluster import docker_client, remove_labelled
+    from harness.cluster import docker_client, remove_labelled, remove_orphans
 
-    counts = remove_labelled(docker_client(), args.run)
-    print(f"removed {counts['containers']} containers, {counts['networks']} networks, {counts['volumes']} volumes")
+    client = docker_client()
+    if args.run or args.all:
+        counts = remove_labelled(client, args.run)
+        print(f"removed {_counts(counts)}")
+        return 0
+    done = remove_orphans(client)
+    runs = ", ".join(done.removed_runs)
+    print(f"removed {_counts(done.counts)} of {len(done.removed_runs)} run(s) whose harness has exited"
+          + (f" ({runs})" if runs else ""))
+    why = {"alive": "harness still running", "elsewhere": "started on another host or pid namespace",
+           "unowned": "no owner labels (an older brokerchaos or another tool)"}
+    for run_id, state in sorted(done.left.items()):
+        print(f"left alone: {run_id or '(resources without a run id)'}: {why.get(state, state)}")
+    if any(state != "alive" for state in done.left.values()):
+        print("`brokerchaos down --run ID` removes one of these, `brokerchaos down --all` everything")
     return 0
+
+
+def _counts(c: dict[str, int]) -> str:
+    return f"{c['containers']} containers, {c['networks']} networks, {c['volumes']} volumes"
 
 
 def _validate(host: Any, args: argparse.Namespace) -> int:

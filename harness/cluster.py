@@ -10,19 +10,26 @@ namespace (host name = node name, peers mapped to its loopback addresses) and
 runs the Toxiproxy-API server; the broker container ``<run>-<node>-broker`` joins
 that namespace. Killing or restarting the broker therefore never touches the
 proxies, and each directed link is a proxy of its own.
+
+Several runs may share one Docker engine (engineers on one machine, parallel CI
+jobs). Everything a run creates carries its owner: the harness process's pid, that
+process's start time (a recycled pid has another), the machine's boot id, host name
+and pid namespace. ``remove_orphans`` removes only runs whose owner is gone, so a
+clean-up never takes down a run in progress.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import socket
 import tarfile
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.broker import BrokerPlugin, NodeInfo
 from harness.errors import ClusterError, DockerUnavailable, PortInUse
@@ -33,6 +40,11 @@ PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
 ROLE_LABEL = "brokerchaos.role"
 NODE_LABEL = "brokerchaos.node"
+OWNER_PID_LABEL = "brokerchaos.owner.pid"
+OWNER_START_LABEL = "brokerchaos.owner.start"  # the pid's start time, clock ticks since boot
+OWNER_BOOT_LABEL = "brokerchaos.owner.boot"  # /proc/sys/kernel/random/boot_id
+OWNER_HOST_LABEL = "brokerchaos.owner.host"
+OWNER_PIDNS_LABEL = "brokerchaos.owner.pidns"  # pids mean something only inside one pid namespace
 TOXIPROXY_API_PORT = 8474
 LAZYFS_BACKING = "/var/lib/brokerchaos/backing"
 
@@ -78,6 +90,95 @@ def _short(exc: BaseException) -> str:
             return marker.lower()
     line = text.splitlines()[-1] if text else type(root).__name__
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+# -- who owns a run ------------------------------------------------------------------------
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of a live process (field 22 of /proc/PID/stat), or None if there is none.
+
+    Where /proc is missing, a live pid gives "": the owner cannot be told from a
+    recycled pid there, so such a run counts as alive (never removed by mistake).
+    """
+    stat = _read(f"/proc/{pid}/stat")
+    if stat:
+        return stat.rpartition(")")[2].split()[19]  # after the command name, which may hold spaces
+    if Path("/proc/self/stat").exists():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The harness process that created a run, and where it ran."""
+
+    host: str
+    boot_id: str
+    pidns: str
+    pid: int
+    start: str
+
+    @classmethod
+    def current(cls) -> Owner:
+        pid = os.getpid()
+        return cls(host=socket.gethostname(), boot_id=_read("/proc/sys/kernel/random/boot_id"),
+                   pidns=_pidns("self"), pid=pid, start=process_start(pid) or "")
+
+    def labels(self) -> dict[str, str]:
+        return {OWNER_HOST_LABEL: self.host, OWNER_BOOT_LABEL: self.boot_id, OWNER_PIDNS_LABEL: self.pidns,
+                OWNER_PID_LABEL: str(self.pid), OWNER_START_LABEL: self.start}
+
+
+def _pidns(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+OwnerState = Literal["alive", "gone", "elsewhere", "unowned"]
+
+
+def owner_state(labels: Mapping[str, str], here: Owner,
+                start_of: Callable[[int], str | None] = process_start) -> OwnerState:
+    """Whether the harness that labelled a resource is still running, as far as this process can tell.
+
+    "gone" is the only state that allows removal: the owner ran on this machine in this
+    boot and its pid is free or now belongs to a process started at another time; or the
+    machine has rebooted since. "elsewhere" (another host or pid namespace: its pids mean
+    nothing here) and "unowned" (no owner labels: an older harness or another tool) are
+    left alone, like "alive".
+    """
+    pid = labels.get(OWNER_PID_LABEL, "")
+    if not pid.isdigit():
+        return "unowned"
+    if labels.get(OWNER_HOST_LABEL) != here.host:
+        return "elsewhere"
+    boot = labels.get(OWNER_BOOT_LABEL, "")
+    if boot and here.boot_id and boot != here.boot_id:
+        return "gone"
+    if labels.get(OWNER_PIDNS_LABEL, "") != here.pidns:
+        return "elsewhere"
+    start = start_of(int(pid))
+    if start is None:
+        return "gone"
+    recorded = labels.get(OWNER_START_LABEL, "")
+    if start and recorded and start != recorded:
+        return "gone"
+    return "alive"
 
 
 @dataclass(frozen=True)
@@ -220,6 +321,9 @@ class Cluster:
         self.keep = keep
         self.nodes = {name: Node(self, name) for name in topology.nodes}
         self.host = published_host()
+        # Added when resources are created, not in the topology: docker-compose.yml renders
+        # the topology and must not change with the pid of whoever rendered it.
+        self.owner = Owner.current()
 
     def __enter__(self) -> Cluster:
         return self
@@ -236,10 +340,11 @@ class Cluster:
         t = self.topology
         say("cluster", f"network {t.network}, {len(t.nodes)} nodes, data on {'lazyfs' if t.lazyfs else 'volumes'}")
         try:
+            self._refuse_taken_names()
             self.client.networks.create(t.network, driver="bridge", labels=self._labels())
             for c in t.containers:
                 for vol in c.volumes:
-                    self.client.volumes.create(vol, labels=c.labels)
+                    self.client.volumes.create(vol, labels={**c.labels, **self.owner.labels()})
             for c in t.containers:
                 if c.role == "proxy":
                     self._run(c)
@@ -261,12 +366,30 @@ class Cluster:
         say("cluster", "ready: " + ", ".join(f"{n}={h}:{p}" for n, (h, p) in self.client_endpoints().items()))
 
     def _labels(self) -> dict[str, str]:
-        return {PROJECT_LABEL: "brokerchaos", RUN_LABEL: self.topology.run_id}
+        return {PROJECT_LABEL: "brokerchaos", RUN_LABEL: self.topology.run_id, **self.owner.labels()}
+
+    def _refuse_taken_names(self) -> None:
+        """Two runs with one id would share volumes: Docker hands back an existing volume
+        of the same name instead of failing, so a second run would start on the first's data."""
+        import docker.errors
+
+        t = self.topology
+        taken = [n.name for n in self.client.networks.list(names=[t.network]) if n.name == t.network]
+        for name, get in [*((v, self.client.volumes.get) for c in t.containers for v in c.volumes),
+                          *((c.name, self.client.containers.get) for c in t.containers)]:
+            try:
+                get(name)
+                taken.append(name)
+            except docker.errors.NotFound:
+                pass
+        if taken:
+            raise ClusterError(f"run id {t.run_id} is already used on this Docker engine ({', '.join(sorted(taken))}); "
+                               "start the run again (a new run gets a new id)")
 
     def _create(self, c: ContainerSpec):  # type: ignore[no-untyped-def]
         kwargs: dict[str, Any] = dict(
             image=c.image, name=c.name, command=list(c.command) or None, environment=dict(c.env),
-            labels=dict(c.labels), detach=True,
+            labels={**c.labels, **self.owner.labels()}, detach=True,
         )
         if c.entrypoint is not None:
             kwargs["entrypoint"] = list(c.entrypoint)
@@ -365,8 +488,51 @@ class Cluster:
         remove_labelled(self.client, self.topology.run_id)
 
 
+@dataclass
+class Cleanup:
+    """What ``remove_orphans`` did: counts removed, and the runs it left alone with why."""
+
+    removed_runs: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"containers": 0, "networks": 0, "volumes": 0})
+    left: dict[str, OwnerState] = field(default_factory=dict)  # run id ("" = no run label) -> state
+
+
+def remove_orphans(client, *, here: Owner | None = None,  # type: ignore[no-untyped-def]
+                   start_of: Callable[[int], str | None] = process_start) -> Cleanup:
+    """Remove the runs whose harness process is gone; leave every other run alone.
+
+    A run is judged by the owner labels of its resources: any resource whose owner is
+    not gone keeps the whole run (a run still being created may so far have only its
+    network).
+    """
+    here = here or Owner.current()
+    flt = {"label": [f"{PROJECT_LABEL}=brokerchaos"]}
+    states: dict[str, set[OwnerState]] = {}
+    for kind in (client.containers.list(all=True, filters=flt), client.networks.list(filters=flt),
+                 client.volumes.list(filters=flt)):
+        for r in kind:
+            labels = _labels_of(r)
+            states.setdefault(labels.get(RUN_LABEL, ""), set()).add(owner_state(labels, here, start_of))
+    out = Cleanup()
+    for run_id, seen in sorted(states.items()):
+        if run_id and seen == {"gone"}:
+            for key, n in remove_labelled(client, run_id).items():
+                out.counts[key] += n
+            out.removed_runs.append(run_id)
+        else:
+            out.left[run_id] = next(s for s in ("alive", "elsewhere", "unowned", "gone") if s in seen)  # type: ignore[assignment]
+    return out
+
+
+def _labels_of(resource: Any) -> dict[str, str]:
+    labels = getattr(resource, "labels", None)
+    if labels is None:  # networks and volumes keep theirs in attrs
+        labels = resource.attrs.get("Labels")
+    return dict(labels or {})
+
+
 def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """Remove containers, networks and volumes brokerchaos labelled (one run, or all)."""
+    """Remove containers, networks and volumes brokerchaos labelled (one run, or all, running or not)."""
     import docker.errors
 
     flt = [f"{PROJECT_LABEL}=brokerchaos"] + ([f"{RUN_LABEL}={run_id}"] if run_id else [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +28,26 @@ class RunDir:
 
     @classmethod
     def create(cls, root: Path, scenario_name: str) -> RunDir:
+        """A new directory that no concurrent run can also get, and ``latest`` pointing at it.
+
+        mkdir is the claim (two runs of one scenario in one second both see the name
+        free, only one creates it); the link is swapped in by rename from a name of this
+        caller's own, so two runs never unlink each other's half-made link.
+        """
         stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
         base = root / scenario_name
+        base.mkdir(parents=True, exist_ok=True)
         path = base / stamp
         n = 1
-        while path.exists():
-            n += 1
-            path = base / f"{stamp}-{n}"
-        path.mkdir(parents=True)
+        while True:
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                path = base / f"{stamp}-{n}"
         latest = root / "latest"
-        tmp = root / ".latest.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
+        tmp = root / f".latest.{os.getpid()}-{secrets.token_hex(4)}.tmp"
         tmp.symlink_to(path.relative_to(root))
         tmp.replace(latest)
         return cls(path)
