@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
@@ -119,14 +119,14 @@ async def run_ops(ops: list[tuple], durable: bool, data_dir: Path) -> None:
     await store.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(ops=st.lists(op, max_size=60))
 def test_memory_queue_matches_model(ops: list[tuple]) -> None:
     with tempfile.TemporaryDirectory() as d:
         asyncio.run(run_ops(ops, False, Path(d)))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(ops=st.lists(op, max_size=60))
 def test_persistent_queue_matches_model(ops: list[tuple]) -> None:
     with tempfile.TemporaryDirectory() as d:
