@@ -205,7 +205,8 @@ def test_wrong_protocol_header_gets_ours_back(node: InProcessNode) -> None:
     assert s.recv(8) == b""
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[*settings().suppress_health_check,
+                                               HealthCheck.function_scoped_fixture])
 @given(
     stage=st.sampled_from(["start", "tune", "open", "channel"]),
     junk=st.binary(min_size=1, max_size=64),
