@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_impl.cluster.gm_sim import GmSim, check, converged, play, random_script
@@ -21,9 +21,7 @@ churn = st.lists(
 
 def examples(n: int) -> settings:
     """Deterministic: the same examples on every run and machine, nothing stored between runs."""
-    return settings(
-        max_examples=n, derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
-    )
+    return settings(max_examples=n, derandomize=True, database=None)
 
 
 def assert_guarantees(sim: GmSim) -> None:
