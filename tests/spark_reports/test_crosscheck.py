@@ -114,7 +114,7 @@ def brute_force_order_violations(rows: list[dict]) -> int:
     return n
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(plans())
 def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     b = build(plan)
@@ -142,8 +142,8 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, suppress_health_check=[*settings().suppress_health_check,
+                                              HealthCheck.function_scoped_fixture])
 @given(plan=plans())
 def test_spark_agrees_with_python_exactly(plan: dict, spark_engine) -> None:
     b = build(plan)
