@@ -199,7 +199,14 @@ class Partition(Fault):
 
 
 class LinkToxic(Fault):
-    """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, reset_peer, slow_close."""
+    """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, slow_close, limit_data.
+
+    With the project's Toxiproxy server, a toxic change on a proxy that already
+    carries a data-passing toxic (the second stream's toxic on apply, each removal
+    on heal) closes that proxy's open connections rather than dropping the bytes
+    the old toxic held (``tools/toxiproxy-server/README.md``): clients of a degraded
+    link see a reconnect at the start and the end of the fault, never a gap.
+    """
 
     name = "degrade"
     requires = frozenset({"partition"})

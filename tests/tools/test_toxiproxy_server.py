@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import socketserver
+import struct
 import subprocess
 import threading
 import time
@@ -217,7 +218,132 @@ def test_latency_delays_new_and_existing_connections(toxiproxy: Toxiproxy, upstr
         assert round_trip(existing) >= 0.25
         assert round_trip(fresh) >= 0.25
         proxy.destroy_toxic("latency_downstream")
-        assert round_trip(fresh) < 0.2
+        assert_closed(fresh)  # what the toxic held would be lost: see the mid-stream test below
+    with greeted(proxy.listen) as after:
+        assert round_trip(after) < 0.2
+
+
+RECORD = struct.Struct(">Q")
+END = RECORD.pack(2**64 - 1)
+
+
+class Pump:
+    """Numbered records from ``sender`` to ``receiver`` on threads, each side stopping at its first error.
+
+    The receiver reads until the end of the stream: the end record followed by EOF,
+    or an EOF or reset anywhere (the proxy closed the connection).
+    """
+
+    def __init__(self, sender: socket.socket, receiver: socket.socket) -> None:
+        self.sent = bytearray()
+        self.received = bytearray()
+        self.finished = threading.Event()  # the sender wrote the end record and shut its side down
+        self.ended = threading.Event()  # the receiver saw the end of the stream (EOF or reset)
+        self._sender, self._receiver = sender, receiver
+        self._stop = threading.Event()
+        receiver.settimeout(30)  # a stall, not a slow machine, is what would exceed it
+        self._threads = [threading.Thread(target=self._send, daemon=True),
+                         threading.Thread(target=self._receive, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _send(self) -> None:
+        i = 0
+        try:
+            while not self._stop.is_set():
+                record = RECORD.pack(i)
+                self._sender.sendall(record)
+                self.sent += record
+                i += 1
+                time.sleep(0.001)
+            self._sender.sendall(END)
+            self.sent += END
+            self._sender.shutdown(socket.SHUT_WR)
+            self.finished.set()
+        except OSError:
+            pass
+
+    def _receive(self) -> None:
+        try:
+            while chunk := self._receiver.recv(65536):
+                self.received += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            self.ended.set()
+
+    def wait_for(self, size: int) -> None:
+        """Until ``size`` bytes arrived or the stream ended."""
+        deadline = time.monotonic() + 30
+        while len(self.received) < size and not self.ended.is_set():
+            assert time.monotonic() < deadline, f"only {len(self.received)} bytes arrived"
+            time.sleep(0.01)
+
+    def finish(self) -> None:
+        """Stop sending; wait until the receiver saw the end of the stream."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+            assert not t.is_alive(), "the stream neither completed nor closed: it stalled"
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        sock.settimeout(5)
+        yield sock
+
+
+def toxic_change(server: Server, proxy: Any, change: str, stream: str) -> None:
+    other = "downstream" if stream == "upstream" else "upstream"
+    if change == "remove":
+        proxy.destroy_toxic("slow")
+    elif change == "update":
+        url = f"{server.url}/proxies/{proxy.name}/toxics/slow"
+        assert requests.post(url, json={"attributes": {"latency": 10}}, timeout=30).status_code == 200
+    else:
+        proxy.add_toxic(name="other", type="latency", stream=other, attributes={"latency": 10})
+
+
+@pytest.mark.parametrize("change", ["remove", "update", "add"])
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
+def test_toxic_change_mid_stream_never_truncates_or_garbles_it(
+    server: Server, toxiproxy: Toxiproxy, listener: socket.socket, change: str, stream: str
+) -> None:
+    """What a latency toxic holds when it is changed must arrive, in order, or the connection must close.
+
+    TCP never loses bytes from the middle of a stream: a proxy that drops what a
+    toxic held and goes on forwarding (an AMQP client then sees frames vanish, or a
+    frame cut in two) is a fault no real network produces.
+    """
+    host, port = listener.getsockname()[:2]
+    proxy = toxiproxy.create(upstream=f"{host}:{port}", name="midstream")
+    proxy.add_toxic(name="slow", type="latency", stream=stream, attributes={"latency": 200})
+    client = connect(proxy.listen)
+    server_side, _ = listener.accept()
+    with client, server_side:
+        sender, receiver = (client, server_side) if stream == "upstream" else (server_side, client)
+        pump = Pump(sender, receiver)
+        pump.wait_for(RECORD.size)  # the toxic is passing bytes and holds about 200 ms of them
+        assert not pump.ended.is_set()
+        toxic_change(server, proxy, change, stream)
+        pump.wait_for(len(pump.received) + RECORD.size)
+        pump.finish()
+    received, sent = bytes(pump.received), bytes(pump.sent)
+    assert sent.startswith(received), "bytes were lost from the middle of the stream or reordered"
+    if pump.finished.is_set() and received == sent:
+        return  # complete
+    assert not received.endswith(END), "the stream ended early yet looked complete"
+
+
+def test_a_change_behind_a_cut_keeps_the_connection_open(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    """A partition's toxics discard by design: adding the reverse cut must not turn silence into a close."""
+    proxy = toxiproxy.create(upstream=upstream.address, name="silent")
+    with greeted(proxy.listen) as sock:
+        proxy.add_toxic(name="cut_up", type="timeout", stream="upstream", attributes={"timeout": 0})
+        proxy.add_toxic(name="cut_down", type="timeout", stream="downstream", attributes={"timeout": 0})
+        sock.sendall(b"into the void")
+        assert_stalled(sock)
 
 
 def test_toxic_update_changes_attributes_and_toxicity(

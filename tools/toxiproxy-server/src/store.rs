@@ -5,6 +5,13 @@
 //! toxics, as in Toxiproxy. While a proxy runs, every toxic change is also
 //! sent to its task through the library's own event channel, which rebuilds
 //! the live links; the store's copy is changed only after the task accepts.
+//!
+//! That rebuild is not lossless in the library: it tears down every open
+//! connection's toxic pipelines and drops whatever they hold (a latency toxic
+//! holds up to 1024 chunks) while the connection goes on, so the peer would see
+//! bytes vanish from the middle of a TCP stream, which no real network does. A
+//! change that would do that closes the proxy's open connections instead, as a
+//! disable does, and listens again with the new toxics (`Proxy::change`).
 
 use crate::error::ApiError;
 use crate::fields;
@@ -13,7 +20,9 @@ use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener;
 use noxious::state::SharedProxyInfo;
-use noxious::toxic::{StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult};
+use noxious::toxic::{
+    StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult, ToxicKind,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
@@ -247,12 +256,59 @@ impl Proxy {
         }
     }
 
+    /// Whether rebuilding the open connections' links now would drop bytes they carry.
+    ///
+    /// A direction without toxics is forwarded directly and its rebuild loses
+    /// nothing; a direction where a timeout toxic runs on every connection
+    /// discards its bytes anyway (what a partition means). Any other toxic
+    /// passes data on and holds some of it in its pipeline.
+    fn rebuild_drops_bytes(&self) -> bool {
+        let discards_all =
+            |t: &&Toxic| matches!(t.kind, ToxicKind::Timeout { .. }) && t.toxicity >= 1.0;
+        [StreamDirection::Upstream, StreamDirection::Downstream]
+            .into_iter()
+            .any(|direction| {
+                let chain: Vec<&Toxic> = self
+                    .toxics
+                    .iter()
+                    .filter(|t| t.direction == direction)
+                    .collect();
+                !chain.is_empty() && !chain.iter().any(discards_all)
+            })
+    }
+
+    /// Change the toxic list, on open connections too, without ever dropping bytes mid-stream.
+    ///
+    /// Through the library's event when its rebuild is lossless; otherwise the
+    /// open connections are closed (their peers see a close, not a gap) and the
+    /// proxy listens again at once with the new list.
+    async fn change(
+        &mut self,
+        kind: ToxicEventKind,
+        edit: impl FnOnce(&mut Vec<Toxic>),
+    ) -> Result<(), ApiError> {
+        if self.running.is_some() && self.rebuild_drops_bytes() {
+            eprintln!(
+                "brokerchaos-toxiproxy: proxy {}: closing open connections for a toxic change \
+                 (the library would drop the bytes their toxics hold)",
+                self.config.name
+            );
+            self.stop().await;
+            edit(&mut self.toxics);
+            return self.start().await;
+        }
+        self.apply(kind).await?;
+        edit(&mut self.toxics);
+        Ok(())
+    }
+
     pub async fn add_toxic(&mut self, toxic: Toxic) -> Result<&Toxic, ApiError> {
         if self.toxics.iter().any(|t| t.name == toxic.name) {
             return Err(ApiError::toxic_exists());
         }
-        self.apply(ToxicEventKind::AddToxic(toxic.clone())).await?;
-        self.toxics.push(toxic);
+        let added = toxic.clone();
+        self.change(ToxicEventKind::AddToxic(toxic), |toxics| toxics.push(added))
+            .await?;
         Ok(self.toxics.last().expect("just pushed"))
     }
 
@@ -262,9 +318,11 @@ impl Proxy {
             .iter()
             .position(|t| t.name == toxic.name)
             .ok_or_else(ApiError::toxic_not_found)?;
-        self.apply(ToxicEventKind::UpdateToxic(toxic.clone()))
-            .await?;
-        self.toxics[index] = toxic;
+        let updated = toxic.clone();
+        self.change(ToxicEventKind::UpdateToxic(toxic), |toxics| {
+            toxics[index] = updated
+        })
+        .await?;
         Ok(&self.toxics[index])
     }
 
@@ -274,10 +332,10 @@ impl Proxy {
             .iter()
             .position(|t| t.name == name)
             .ok_or_else(ApiError::toxic_not_found)?;
-        self.apply(ToxicEventKind::RemoveToxic(name.to_owned()))
-            .await?;
-        self.toxics.remove(index);
-        Ok(())
+        self.change(ToxicEventKind::RemoveToxic(name.to_owned()), |toxics| {
+            toxics.remove(index);
+        })
+        .await
     }
 
     /// Remove toxics one by one: noxious 1.0.4's `RemoveAllToxics` event clears
