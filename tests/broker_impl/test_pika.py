@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -22,6 +23,14 @@ def pump(conn: pika.BlockingConnection, seconds: float) -> None:
     """process_data_events returns after the first batch; keep pumping for the whole period."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+
+
+def pump_until(conn: pika.BlockingConnection, cond: Callable[[], object], timeout: float = 30) -> None:
+    """Pump until cond() holds: a busy machine delivers late, not wrongly, so the deadline is generous."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the broker"
         conn.process_data_events(time_limit=0.05)
 
 
@@ -106,10 +115,12 @@ def test_prefetch_limits_unacked_per_consumer(node: InProcessNode) -> None:
     ch.basic_qos(prefetch_count=3)
     seen = []
     ch.basic_consume("p", lambda c, m, p, b: seen.append(m.delivery_tag))
-    pump(conn, 0.5)
+    pump_until(conn, lambda: len(seen) >= 3)
+    pump(conn, 0.3)  # room for a fourth to (wrongly) arrive
     assert len(seen) == 3
     ch.basic_ack(seen[-1], multiple=True)
-    pump(conn, 0.5)
+    pump_until(conn, lambda: len(seen) >= 6)
+    pump(conn, 0.3)
     assert len(seen) == 6
     conn.close()
 
@@ -131,7 +142,7 @@ def test_round_robin_between_consumers(node: InProcessNode) -> None:
     ch.basic_consume("rr", cb("b"), consumer_tag="b")
     for i in range(20):
         ch.basic_publish("", "rr", str(i).encode())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while sum(got.values()) < 20 and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.1)
     assert got == {"a": 10, "b": 10}
@@ -184,7 +195,15 @@ def test_server_named_queue_and_exclusive_cleanup(node: InProcessNode) -> None:
         och.basic_consume(name, lambda *a: None)
     assert err.value.reply_code == 405
     conn.close()
-    time.sleep(0.2)
+
+    def gone() -> bool:
+        try:
+            other.channel().queue_declare(name, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return exc.reply_code == 404
+        return False
+
+    pump_until(other, gone)
     och = other.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
         och.queue_declare(name, passive=True)
@@ -262,7 +281,7 @@ def test_dead_letter_on_reject_and_ttl(node: InProcessNode) -> None:
     m, _p, _b = ch.basic_get("live")
     ch.basic_reject(m.delivery_tag, requeue=False)
     ch.basic_publish("", "ttl", b"expired")
-    time.sleep(0.4)
+    pump_until(conn, lambda: ch.queue_declare("dead", passive=True).method.message_count == 2)
     bodies = {}
     for _ in range(2):
         m, p, body = ch.basic_get("dead", auto_ack=True)
@@ -282,7 +301,7 @@ def test_consumer_cancel_notify_on_queue_delete(node: InProcessNode) -> None:
     ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
     other = conn.channel()
     other.queue_delete("gone")
-    pump(conn, 0.3)
+    pump_until(conn, lambda: cancelled)
     assert cancelled == ["c1"]
     conn.close()
 
@@ -318,7 +337,7 @@ def test_expiry_timer_does_not_mark_survivors_redelivered(node: InProcessNode) -
     ch.queue_declare("mixed-ttl")
     ch.basic_publish("", "mixed-ttl", b"short", pika.BasicProperties(expiration="50"))
     ch.basic_publish("", "mixed-ttl", b"keeps")
-    time.sleep(0.3)
+    pump_until(conn, lambda: ch.queue_declare("mixed-ttl", passive=True).method.message_count == 1)  # the timer ran
     m, _p, body = ch.basic_get("mixed-ttl", auto_ack=True)
     assert body == b"keeps" and not m.redelivered
     assert ch.basic_get("mixed-ttl") == (None, None, None)
