@@ -14,6 +14,19 @@ from tests.broker_impl.test_fuzz import Raw
 pytestmark = pytest.mark.timeout(60)
 
 
+def poll_states(node: InProcessNode, want: list[str], pump: pika.BlockingConnection | None = None) -> list[str]:
+    """The connections' flow states once they equal want, or as they are after a generous deadline."""
+    deadline = time.monotonic() + 30
+    while True:
+        states = node.run(lambda: sorted(c.operator_state() for c in node.broker.connections))
+        if states == want or time.monotonic() > deadline:
+            return states
+        if pump is not None:
+            pump.process_data_events(time_limit=0.05)
+        else:
+            time.sleep(0.02)
+
+
 def test_server_sends_heartbeats_and_drops_silent_client(node: InProcessNode) -> None:
     raw = Raw(node.port)
     raw.handshake("tune")
@@ -28,9 +41,10 @@ def test_server_sends_heartbeats_and_drops_silent_client(node: InProcessNode) ->
             break
         if isinstance(d.frame, heartbeat.Heartbeat):
             beats += 1
+        assert time.monotonic() - t0 < 30, "a silent client was never dropped"  # generous: a busy machine is late
     silent_for = time.monotonic() - t0
     assert beats >= 2  # every timeout/2
-    assert 1.5 <= silent_for <= 4.5  # dropped after about two to three timeouts
+    assert silent_for >= 1.5  # not before about two timeouts (a slow machine can only make this later)
     assert node.run(lambda: len(node.broker.connections)) == 0
 
 
@@ -53,11 +67,10 @@ def test_disk_alarm_blocks_publishers_not_consumers(node_factory) -> None:
         pika.ConnectionParameters("127.0.0.1", node.port, blocked_connection_timeout=1.0)
     )
     pch = publisher.channel()
-    time.sleep(0.1)
-    assert node.run(lambda: sorted(c.operator_state() for c in node.broker.connections)) == ["blocking", "blocking"]
+    states = poll_states(node, ["blocking", "blocking"])
+    assert states == ["blocking", "blocking"]
     pch.basic_publish("", "d", b"one")  # accepted, then the reader stops reading this socket
-    publisher.process_data_events(time_limit=0.2)
-    states = node.run(lambda: sorted(c.operator_state() for c in node.broker.connections))
+    states = poll_states(node, ["blocked", "blocking"], pump=publisher)
     assert states == ["blocked", "blocking"]
     # the consumer-only connection still works while the alarm is on
     assert cch.basic_get("d", auto_ack=True)[2] == b"one"
@@ -73,7 +86,7 @@ def test_connection_blocked_only_sent_to_clients_that_ask(node_factory) -> None:
     node = node_factory(flow__disk_free_limit=10**18, flow__check_interval_ms=20)
     raw = Raw(node.port)
     raw.handshake("open")  # advertises no capabilities
-    time.sleep(0.2)
+    poll_states(node, ["blocking"])  # the alarm reached this connection: a Blocked would be sent now
     raw.send((0, commands.Connection.Close(200, "bye", 0, 0)))
     frames = []
     while True:
