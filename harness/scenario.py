@@ -3,12 +3,18 @@
     name: partitions
     seed: 7
     broker: {plugin: reference, nodes: 3, settings: {flush: sync}}
-    workload: {producers: 2, consumers: 2, queues: 1, rate: 200, message_size: 256, duration: 60}
+    workload:
+      producers: 2
+      consumers: 2
+      rate: 200
+      duration: 60
+      consumer: {requeue: 0.05, recover_every: 10, close_every: 15, crash_every: 20, slow: 1, slow_ack_ms: 200}
     nemesis:
       schedule:                       # explicit steps, times in seconds from workload start ...
         - {at: 10, fault: partition, params: {shape: isolate}, hold: 10}
       random: {every: [10, 20], hold: [5, 15], faults: [partition, kill]}   # ... and/or drawn from the seed
     checkers: [python]
+    budgets: {duplicated: 100, resurrected: null}   # null: no limit
 
 Every error names the field (``workload.rate``) and what is allowed; the file is
 never half-loaded.
@@ -16,6 +22,7 @@ never half-loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -37,6 +44,21 @@ class BrokerSection:
 
 
 @dataclass(frozen=True)
+class ConsumerSection:
+    """How consumers give deliveries back, so redelivery is exercised (all off by default).
+
+    Draws are seeded from the scenario's seed and the consumer's name: a rerun repeats them.
+    """
+
+    requeue: float = 0.0  # per delivery: basic.nack(requeue) or, half the time, basic.reject(requeue)
+    recover_every: float = 0.0  # seconds between basic.recover(requeue) with deliveries unacked; 0 = never
+    close_every: float = 0.0  # seconds between closing the channel with deliveries unacked; 0 = never
+    crash_every: float = 0.0  # seconds between cutting the connection holding prefetch; 0 = never
+    slow: int = 0  # how many consumers wait ``slow_ack_ms`` before each ack
+    slow_ack_ms: int = 100
+
+
+@dataclass(frozen=True)
 class WorkloadSection:
     producers: int = 2
     consumers: int = 2
@@ -51,6 +73,15 @@ class WorkloadSection:
     drain_timeout: float = 120.0
     drain_idle: float = 3.0
     queue_prefix: str = "chaos"
+    consumer: ConsumerSection = field(default_factory=ConsumerSection)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How many duplicated or resurrected messages a run may show and still be valid (None: any)."""
+
+    duplicated: int | None = None
+    resurrected: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +122,7 @@ class Scenario:
     nemesis: NemesisSection = field(default_factory=NemesisSection)
     seed: int = 0
     checkers: tuple[str, ...] = ("python",)
+    budgets: Budgets = field(default_factory=Budgets)
     source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,8 +130,6 @@ class Scenario:
 
     def with_overrides(self, *, seed: int | None = None, duration: float | None = None) -> Scenario:
         """Command-line overrides, held to the same rules as the file (a stored run must reload)."""
-        import dataclasses
-
         s = self
         if seed is not None:
             s = dataclasses.replace(s, seed=_int(seed, "seed", lo=0))
@@ -140,7 +170,7 @@ def from_dict(data: Any, *, source: str | None = None, default_name: str = "scen
 
 def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     top = _mapping(data, "scenario")
-    _only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "source"})
+    _only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "budgets", "source"})
     name = _str(top.get("name", default_name), "name")
     seed = _int(top.get("seed", 0), "seed", lo=0)
 
@@ -171,6 +201,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
+    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers))
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
@@ -214,8 +245,35 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         checkers = [checkers]
     if not isinstance(checkers, list) or not checkers or not all(isinstance(c, str) for c in checkers):
         raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
+    bud = _mapping(top.get("budgets", {}), "budgets")
+    _only(bud, "budgets", {"duplicated", "resurrected"})
+    budgets = Budgets(**{k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
+                         for k in ("duplicated", "resurrected")})
     return Scenario(name=name, broker=broker, workload=workload, nemesis=nemesis, seed=seed,
-                    checkers=tuple(checkers), source=source)
+                    checkers=tuple(checkers), budgets=budgets, source=source)
+
+
+def _consumer(data: Any, consumers: int) -> ConsumerSection:
+    c = _mapping(data, "workload.consumer")
+    defaults = ConsumerSection()
+    _only(c, "workload.consumer", set(asdict(defaults)))
+    every = {}
+    for key in ("recover_every", "close_every", "crash_every"):
+        v = _num(c.get(key, getattr(defaults, key)), f"workload.consumer.{key}", lo=0)
+        if 0 < v < 0.1:  # each action holds deliveries first; shorter gaps would do nothing else
+            raise ScenarioError(f"workload.consumer.{key}: {v} is out of range; allowed 0 (never) or >= 0.1")
+        every[key] = v
+    requeue = _num(c.get("requeue", defaults.requeue), "workload.consumer.requeue", lo=0)
+    if requeue > 1:
+        raise ScenarioError(f"workload.consumer.requeue: {requeue} is out of range; allowed from 0 to 1 "
+                            "(a probability per delivery)")
+    slow = _int(c.get("slow", defaults.slow), "workload.consumer.slow", lo=0)
+    if slow > consumers:
+        raise ScenarioError(f"workload.consumer.slow: {slow} is more than workload.consumers ({consumers})")
+    return ConsumerSection(requeue=requeue, slow=slow,
+                           slow_ack_ms=_int(c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms",
+                                            lo=0, hi=60_000),
+                           **every)
 
 
 # -- field helpers: each raises with the field's path and what is allowed -------------------

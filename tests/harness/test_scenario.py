@@ -198,6 +198,24 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("nemesis.random", {"faults": ["kill"], "every": -3}, "nemesis.random.every"),
         ("nemesis.random", {"faults": ["kill"], "params": {"kill": 1}}, "nemesis.random.params.kill: expected a mapping"),
         ("nemesis.settle", -1, "nemesis.settle: -1 is out of range"),
+        ("workload.consumer", 3, "workload.consumer: expected a mapping, got int"),
+        ("workload.consumer", {"requeue": 1.5}, "workload.consumer.requeue: 1.5 is out of range; allowed from 0 to 1"),
+        ("workload.consumer", {"requeue": -0.1}, "workload.consumer.requeue: -0.1 is out of range; allowed >= 0"),
+        ("workload.consumer", {"requeue": "often"}, "workload.consumer.requeue: expected a number"),
+        ("workload.consumer", {"recover_every": -1}, "workload.consumer.recover_every: -1 is out of range"),
+        ("workload.consumer", {"close_every": 0.05},
+         "workload.consumer.close_every: 0.05 is out of range; allowed 0 (never) or >= 0.1"),
+        ("workload.consumer", {"crash_every": True}, "workload.consumer.crash_every: expected a number"),
+        ("workload.consumer", {"slow": 3}, "workload.consumer.slow: 3 is more than workload.consumers (2)"),
+        ("workload.consumer", {"slow": -1}, "workload.consumer.slow: -1 is out of range"),
+        ("workload.consumer", {"slow_ack_ms": 60001}, "workload.consumer.slow_ack_ms: 60001 is out of range"),
+        ("workload.consumer", {"slow_ack_ms": 0.5}, "workload.consumer.slow_ack_ms: expected an integer"),
+        ("workload.consumer", {"crash": 1}, "workload.consumer.crash: unknown field; allowed: close_every, "
+                                            "crash_every, recover_every, requeue, slow, slow_ack_ms"),
+        ("budgets", [1], "budgets: expected a mapping, got list"),
+        ("budgets", {"duplicated": -1}, "budgets.duplicated: -1 is out of range; allowed >= 0"),
+        ("budgets", {"resurrected": 1.5}, "budgets.resurrected: expected an integer"),
+        ("budgets", {"lost": 0}, "budgets.lost: unknown field; allowed: duplicated, resurrected"),
     ],
 )
 def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> None:
@@ -211,7 +229,8 @@ def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> Non
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({**MINIMAL, "sede": 1}, "sede: unknown field; allowed: broker, checkers, name, nemesis, seed, source, workload"),
+        ({**MINIMAL, "sede": 1},
+         "sede: unknown field; allowed: broker, budgets, checkers, name, nemesis, seed, source, workload"),
         (_with("broker.node", 3), "broker.node: unknown field; allowed: lazyfs, nodes, plugin, settings"),
         (_with("workload.rat", 3), "workload.rat: unknown field; allowed: "),
         (_with("nemesis.schedul", []), "nemesis.schedul: unknown field"),
@@ -310,3 +329,21 @@ def test_every_shipped_scenario_is_valid_for_its_plugin(host: Host, path: Path) 
 
 def test_there_are_shipped_scenarios() -> None:
     assert SCENARIO_FILES, "scenarios/ holds no scenario files"
+
+
+def test_consumer_behaviours_and_budgets_are_off_by_default() -> None:
+    sc = S.from_dict(MINIMAL)
+    assert sc.workload.consumer == S.ConsumerSection(requeue=0.0, recover_every=0.0, close_every=0.0,
+                                                     crash_every=0.0, slow=0, slow_ack_ms=100)
+    assert sc.budgets == S.Budgets(duplicated=None, resurrected=None)
+
+
+def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
+    data = {**MINIMAL, "workload": {"consumers": 3, "consumer": {
+        "requeue": 0.25, "recover_every": 10, "close_every": 15.5, "crash_every": 0.1, "slow": 3, "slow_ack_ms": 0}},
+        "budgets": {"duplicated": 0, "resurrected": None}}
+    sc = S.from_dict(data)
+    assert sc.workload.consumer == S.ConsumerSection(0.25, 10.0, 15.5, 0.1, 3, 0)
+    assert sc.budgets == S.Budgets(duplicated=0, resurrected=None)
+    assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
+    assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None}
