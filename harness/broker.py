@@ -150,6 +150,18 @@ class BrokerPlugin:
         """Arguments the workload passes when it declares its queues (e.g. a queue type)."""
         return {}
 
+    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+        """``(ready, unacked)`` of ``queue`` as ``node`` sees it, for the final drain.
+
+        The drain reads every queue through every node until each one reports it empty; a
+        passive declare counts only ready messages, so deliveries still held by a connection
+        nobody closed would pass for an empty queue. Ask the node itself (``node.exec``,
+        the plugin's admin CLI); run after every fault healed, so a failing command is a
+        ``ClusterError`` (the drain tries again). None: this plugin cannot tell, and the
+        drain falls back to the ready count of a passive declare.
+        """
+        return None
+
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check allowed values; raise ``ScenarioError`` naming the field."""
         from harness.errors import ScenarioError

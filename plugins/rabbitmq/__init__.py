@@ -14,11 +14,13 @@ the proxies.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness import (
     BrokerPlugin,
+    ClusterError,
     ImageRecipe,
     NodeHandle,
     NodeInfo,
@@ -146,6 +148,26 @@ class RabbitMQ(BrokerPlugin):
         if settings.get("ha_params") is not None:
             p["ha-params"] = settings["ha_params"]
         return p
+
+    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+        """The queue's counts as the node routes to it (its master or leader, wherever that is).
+
+        Not ``rabbitmqctl list_queues``: without ``--local`` every node streams its rows
+        straight to the CLI's own Erlang node, which the peers cannot reach through the
+        proxies (seen hanging until the exec timed out); with ``--local`` a node lists only
+        the queues it masters. ``eval`` runs on the node itself and asks the queue process.
+        """
+        def binary(text: str) -> str:
+            return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"/utf8>>'
+
+        expr = (f"case rabbit_amqqueue:lookup(rabbit_misc:r({binary(self.vhost)}, queue, {binary(queue)})) of "
+                "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); "
+                "Other -> Other end.")
+        out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", expr], timeout=30)
+        counts = dict(re.findall(r"\{(messages_ready|messages_unacknowledged),(\d+)\}", out))
+        if len(counts) != 2:
+            raise ClusterError(f"{node.name}: no depth for queue {queue!r}: {out.strip()[-200:]}")
+        return int(counts["messages_ready"]), int(counts["messages_unacknowledged"])
 
     def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         return {"x-queue-type": "quorum"} if settings.get("queue_type") == "quorum" else {}

@@ -20,6 +20,7 @@ from typing import Any
 from harness import (
     BrokerChaosError,
     BrokerPlugin,
+    ClusterError,
     ImageRecipe,
     NodeHandle,
     NodeInfo,
@@ -172,6 +173,23 @@ class ReferenceBroker(BrokerPlugin):
     def is_ready(self, node: NodeHandle) -> bool:
         rc, _ = node.exec(self.ctl("status"), timeout=10)
         return rc == 0
+
+    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+        """From ``ctl list_queues`` on the node. A node that names no unacked count (a node
+        that does not hold the queue's master may not know it) answers None: the drain then
+        counts the ready messages with a passive declare through that node."""
+        out = run_or_fail(node, self.ctl("--json", "list_queues", "-p", self.vhost), timeout=15)
+        try:
+            rows = json.loads(out)
+        except json.JSONDecodeError:
+            raise ClusterError(f"{node.name}: list_queues printed no JSON: {out.strip()[-200:]}") from None
+        for row in rows:
+            if row.get("name") == queue:
+                ready, unacked = row.get("messages_ready"), row.get("messages_unacknowledged")
+                if not isinstance(ready, int) or not isinstance(unacked, int):
+                    return None
+                return ready, unacked
+        raise ClusterError(f"{node.name}: queue {queue!r} is not in list_queues")
 
     @staticmethod
     def ctl(*args: str) -> list[str]:
