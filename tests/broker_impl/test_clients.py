@@ -54,7 +54,7 @@ def test_aio_pika_reject_without_requeue_drops(node: InProcessNode) -> None:
             ch = await conn.channel()
             q = await ch.declare_queue("aio-rej")
             await ch.default_exchange.publish(aio_pika.Message(b"x"), "aio-rej")
-            msg = await q.get(timeout=5)
+            msg = await q.get(timeout=30)
             await msg.reject(requeue=False)
             return (await ch.declare_queue("aio-rej", passive=True)).declaration_result.message_count
 
@@ -77,12 +77,12 @@ def test_kombu_producer_consumer_and_simple_queue(node: InProcessNode) -> None:
 
         with kombu.Consumer(conn, queues=[queue], callbacks=[on_message]):
             while len(got) < 5:
-                conn.drain_events(timeout=5)
+                conn.drain_events(timeout=30)
         assert got == [0, 1, 2, 3, 4]
 
         sq = conn.SimpleQueue("simple")
         sq.put({"hello": "world"})
-        msg = sq.get(block=True, timeout=5)
+        msg = sq.get(block=True, timeout=30)
         assert msg.payload == {"hello": "world"}
         msg.ack()
         assert sq.qsize() == 0
@@ -104,7 +104,7 @@ def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
         await asyncio.to_thread(first.stop)
         second = InProcessNode(make_config(tmp_path, node__port=port)).start()
         try:
-            for _ in range(100):  # the robust connection reconnects and restores its channel
+            for _ in range(300):  # the robust connection reconnects and restores its channel (about 30 s of retries)
                 try:
                     await ch.default_exchange.publish(aio_pika.Message(b"after", delivery_mode=persistent), "robust")
                     break
@@ -112,7 +112,7 @@ def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
                     await asyncio.sleep(0.1)
             bodies = []
             for _ in range(2):
-                msg = await q.get(timeout=5)
+                msg = await q.get(timeout=30)
                 bodies.append(msg.body)
                 await msg.ack()
             assert bodies == [b"before", b"after"]
