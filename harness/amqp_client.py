@@ -2,7 +2,9 @@
 
 Built on aiormq (one event loop drives every producer and consumer). Each
 client connects through its node's client proxy; after a failure it records the
-operation as ``info`` and reconnects to the next node in turn.
+operation as ``info`` and reconnects to the next node in turn. Producers live
+here; consuming is ``harness.amqp_consumer``, the final drain
+``harness.amqp_drain``.
 """
 
 from __future__ import annotations
@@ -13,17 +15,16 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiormq
 from pamqp import commands as spec
 
 from harness import hookimpl
+from harness.amqp_consumer import RECONNECT_DELAY, Behaviour, run_consumer, slow_consumers
+from harness.amqp_drain import Drain, drain_order
+from harness.amqp_link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
-from harness.workload import Endpoint, RateLimiter
-
-CONNECT_TIMEOUT = 5.0
-OP_TIMEOUT = 10.0  # any other broker round trip (channel open, qos, consume, declare)
-RECONNECT_DELAY = 0.5
+from harness.spec.history import message_body
+from harness.workload import Endpoint, QueueDepth, RateLimiter
 
 
 class _Progress:
@@ -50,17 +51,11 @@ class _Progress:
         return self.in_flight > 0 and self.loop.time() - self.last > after
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    detail = text[0][:160] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
 class AmqpDriver:
     def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, *, workload: WorkloadSection,
                  username: str = "guest", password: str = "guest", vhost: str = "/",
                  queue_arguments: Mapping[str, Any] | None = None, first_node: Mapping[str, str] | None = None,
-                 heartbeat: int = 5) -> None:
+                 heartbeat: int = 5, seed: int = 0, queue_depth: QueueDepth | None = None) -> None:
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)
         self.recorder = recorder
@@ -71,8 +66,9 @@ class AmqpDriver:
         self.queue_arguments = dict(queue_arguments or {})
         self.first_node = dict(first_node or {})
         self.heartbeat = heartbeat
-        self.rate = RateLimiter(0)
-        self._body_pad = b"x" * workload.message_size
+        self.seed = seed  # bodies are message_body(id, seed, size): a consumer can check what it got
+        self.queue_depth = queue_depth
+        self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -87,32 +83,29 @@ class AmqpDriver:
         i = self.nodes.index(first) if first in self.nodes else 0
         return itertools.cycle(self.nodes[i:] + self.nodes[:i])
 
-    async def _connect(self, node: str) -> aiormq.abc.AbstractConnection:
-        return await asyncio.wait_for(aiormq.connect(self.url(node)), CONNECT_TIMEOUT)
-
-    async def _channel(self, conn: Any, *, confirms: bool) -> Any:
-        return await asyncio.wait_for(conn.channel(publisher_confirms=confirms), OP_TIMEOUT)
+    async def _connect(self, node: str) -> Link:
+        return await Link.open(node, self.url(node))
 
     async def setup(self, queues: Sequence[str]) -> None:
         """Declare the durable queues on the first node that answers."""
         last: BaseException | None = None
         for node in self.nodes:
             try:
-                conn = await self._connect(node)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+                link = await self._connect(node)
+            except BROKER_ERRORS as exc:
                 last = exc
                 continue
             try:
-                ch = await self._channel(conn, confirms=False)
+                ch = await link.channel(confirms=False)
                 for q in queues:
                     await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=self.queue_arguments),
                                            OP_TIMEOUT)
                 return
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+            except BROKER_ERRORS as exc:
                 last = exc
             finally:
-                await self._close(conn)
-        raise ConnectionError(f"no node accepted a connection to declare the queues: {_reason(last) if last else '?'}")
+                await link.close()
+        raise ConnectionError(f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}")
 
     # -- producers ------------------------------------------------------------------------
 
@@ -127,13 +120,13 @@ class AmqpDriver:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             node = next(nodes)
-            conn = None
+            link = None
             try:
-                conn = await self._connect(node)
-                ch = await self._channel(conn, confirms=True)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
-                if conn is not None:
-                    await self._close(conn)
+                link = await self._connect(node)
+                ch = await link.channel(confirms=True)
+            except BROKER_ERRORS:
+                if link is not None:
+                    await link.close()
                 await self._backoff(stop)
                 continue
             progress = _Progress(loop)
@@ -152,11 +145,12 @@ class AmqpDriver:
                     progress.sent()
                     task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props, progress))
                     pending.add(task)
-                    task.add_done_callback(lambda t: (pending.discard(t), window.release()))
+                    task.add_done_callback(pending.discard)
+                    task.add_done_callback(lambda _t: window.release())
                 if pending:
                     await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
             finally:
-                await self._close(conn)
+                await link.close()
             if not stop.is_set():
                 await self._backoff(stop)
         if pending:
@@ -164,7 +158,7 @@ class AmqpDriver:
 
     async def _publish_one(self, ch: Any, inv: Any, queue: str, msg_id: str, props: spec.Basic.Properties,
                            progress: _Progress) -> None:
-        body = (msg_id + "|").encode() + self._body_pad[: max(0, self.w.message_size - len(msg_id) - 1)]
+        body = message_body(msg_id, self.seed, self.w.message_size)
         p = spec.Basic.Properties(delivery_mode=props.delivery_mode, message_id=msg_id)
         try:
             # aiormq's own timeout does not cover every wait (seen hanging past it while a
@@ -183,7 +177,7 @@ class AmqpDriver:
             return
         except BaseException as exc:  # noqa: BLE001 - anything unexpected is indeterminate
             progress.answered(False)
-            inv.info(_reason(exc))
+            inv.info(reason(exc))
             return
         answered = isinstance(confirm, spec.Basic.Ack | spec.Basic.Nack | spec.Basic.Reject)
         progress.answered(answered)
@@ -197,97 +191,25 @@ class AmqpDriver:
     # -- consumers ------------------------------------------------------------------------
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
-        nodes = self._rotation(process)
-        while not stop.is_set():
-            node = next(nodes)
-            try:
-                conn = await self._connect(node)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
-                await self._backoff(stop)
-                continue
-            try:
-                await self._consume_on(conn, process, node, queue, stop, idle=None)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
-                pass
-            finally:
-                await self._close(conn)
-            if not stop.is_set():
-                await self._backoff(stop)
-
-    async def _consume_on(self, conn: Any, process: str, node: str, queue: str, stop: asyncio.Event | None,
-                          idle: float | None) -> int:
-        """Consume on one connection until ``stop``, the connection dies, or ``idle`` seconds pass quietly."""
-        ch = await self._channel(conn, confirms=False)
-        await asyncio.wait_for(ch.basic_qos(prefetch_count=self.w.prefetch), OP_TIMEOUT)
-        count = 0
-        last = asyncio.get_running_loop().time()
-
-        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
-            nonlocal count, last
-            props = message.header.properties
-            msg_id = props.message_id or bytes(message.body).split(b"|", 1)[0].decode(errors="replace")
-            redelivered = bool(message.delivery.redelivered)
-            inv = self.recorder.invoke(process, "consume", node=node, queue=queue)
-            inv.ok(msg_id, redelivered=redelivered)
-            count += 1
-            last = asyncio.get_running_loop().time()
-            ack = self.recorder.invoke(process, "ack", node=node, queue=queue, value=msg_id)
-            try:
-                await asyncio.wait_for(ch.basic_ack(message.delivery.delivery_tag), OP_TIMEOUT)
-                ack.ok()
-            except BaseException as exc:  # noqa: BLE001
-                ack.info(_reason(exc))
-
-        await asyncio.wait_for(ch.basic_consume(queue, on_message, no_ack=False), OP_TIMEOUT)
-        closing = conn.closing
-        while True:
-            waiters = [closing] + ([asyncio.ensure_future(stop.wait())] if stop is not None else [])
-            done, rest = await asyncio.wait(waiters, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
-            for w in rest:
-                if w is not closing:
-                    w.cancel()
-            if closing.done() or ch.is_closed:
-                return count
-            if stop is not None and stop.is_set():
-                return count
-            if idle is not None and asyncio.get_running_loop().time() - last > idle:
-                declared = await asyncio.wait_for(ch.queue_declare(queue, passive=True), OP_TIMEOUT)
-                if declared.message_count == 0:
-                    return count
-                last = asyncio.get_running_loop().time()
+        behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow,
+                              now=asyncio.get_running_loop().time())
+        await run_consumer(self._connect, self._rotation(process), self.recorder, process, queue, stop,
+                           seed=self.seed, message_size=self.w.message_size, prefetch=self.w.prefetch,
+                           behaviour=behaviour)
 
     # -- drain ----------------------------------------------------------------------------
 
     async def drain(self, process: str, queue: str) -> int:
-        """Consume everything left in ``queue`` (after every fault healed), trying each node."""
-        inv = self.recorder.invoke(process, "drain", queue=queue, value={})
-        deadline = asyncio.get_running_loop().time() + self.w.drain_timeout
-        total = 0
-        errors: list[str] = []
-        nodes = self._rotation(process)
-        for node in itertools.islice(nodes, 10_000):
-            if asyncio.get_running_loop().time() > deadline:
-                break
-            try:
-                conn = await self._connect(node)
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
-                errors.append(f"{node}: {_reason(exc)}")
-                await asyncio.sleep(RECONNECT_DELAY)
-                continue
-            try:
-                remaining = max(1.0, deadline - asyncio.get_running_loop().time())
-                total += await asyncio.wait_for(
-                    self._consume_on(conn, process, node, queue, None, idle=self.w.drain_idle), remaining)
-                inv.ok({"consumed": total, "node": node})
-                return total
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
-                errors.append(f"{node}: {_reason(exc)}")
-            finally:
-                await self._close(conn)
-            await asyncio.sleep(RECONNECT_DELAY)
-        inv.info(f"drain did not finish in {self.w.drain_timeout:.0f}s: " + "; ".join(errors[-3:]),
-                 {"consumed": total})
-        return total
+        """Consume everything left in ``queue`` through every node (after every fault healed).
+
+        Raises ``DrainUnfinished`` (the drain is then ``info`` in the history) if not every
+        node reported the queue empty within ``drain_timeout``.
+        """
+        drain = Drain(nodes=drain_order(self.nodes, self._rotation(process)), open_link=self._connect,
+                      recorder=self.recorder, process=process, queue=queue, depth=self.queue_depth, seed=self.seed,
+                      message_size=self.w.message_size, prefetch=self.w.prefetch, idle=self.w.drain_idle,
+                      timeout=self.w.drain_timeout)
+        return await drain.run()
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -295,13 +217,6 @@ class AmqpDriver:
         try:
             await asyncio.wait_for(stop.wait(), RECONNECT_DELAY)
         except TimeoutError:
-            pass
-
-    @staticmethod
-    async def _close(conn: Any) -> None:
-        try:
-            await asyncio.wait_for(conn.close(), 2.0)
-        except BaseException:  # noqa: BLE001 - the connection may already be gone
             pass
 
 

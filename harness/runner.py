@@ -24,7 +24,7 @@ from harness.nemesis import FaultContext, Nemesis, Plan, check_capabilities, pla
 from harness.progress import say
 from harness.scenario import Scenario
 from harness.store import RunDir
-from harness.workload import Endpoint, assignments, driver_options, run_workload
+from harness.workload import Endpoint, assignments, driver_options, queue_depth_reader, run_workload
 
 EXIT_DURABLE, EXIT_FAILED, EXIT_ERROR, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -141,7 +141,9 @@ class Run:
         endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
-        driver = factory(endpoints, recorder, first_node=first, **driver_options(w, self.plugin, self.settings))
+        depth = queue_depth_reader(self.plugin, cluster.nodes)
+        driver = factory(endpoints, recorder, first_node=first, **driver_options(
+            w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth))
 
         def final_heal() -> dict[str, Any]:
             from faults.network import heal_network

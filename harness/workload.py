@@ -3,6 +3,7 @@
 Protocol-independent scheduling lives here; a driver (``AmqpDriver`` in
 ``harness.amqp_client``) knows one wire protocol. Every operation goes to the
 history as an invoke plus exactly one completion; an exception is ``info``.
+A message counts as consumed when its ack completed ``ok``, not when it arrived.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harness.broker import BrokerPlugin, NodeHandle
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
+
+#: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
+QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
 
 
 @dataclass
@@ -33,7 +38,9 @@ class WorkloadStats:
     published_ok: int = 0
     published_fail: int = 0
     published_info: int = 0
-    consumed: int = 0
+    consumed: int = 0  # acks completed ok
+    delivered: int = 0
+    abandoned: int = 0
     reconnects: int = 0
     drained: dict[str, Any] = field(default_factory=dict)
 
@@ -47,6 +54,8 @@ class WorkloadStats:
             "messages_published_fail": self.published_fail,
             "messages_published_info": self.published_info,
             "messages_consumed": self.consumed,
+            "messages_delivered": self.delivered,
+            "messages_abandoned": self.abandoned,
             "reconnects": self.reconnects,
             "ops_per_second": round(ops / wall, 1),
             # What one core of this driver could sustain: operations per CPU-second it spent.
@@ -155,7 +164,9 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
         stats.published_ok = c.get(("publish", "ok"), 0)
         stats.published_fail = c.get(("publish", "fail"), 0)
         stats.published_info = c.get(("publish", "info"), 0)
-        stats.consumed = c.get(("consume", "ok"), 0)
+        stats.consumed = c.get(("ack", "ok"), 0)
+        stats.delivered = c.get(("consume", "ok"), 0)
+        stats.abandoned = c.get(("abandon", "invoke"), 0)
     return stats
 
 
@@ -167,16 +178,29 @@ async def _tick(on_tick: Any, recorder: Recorder, stats: WorkloadStats) -> None:
             "published": c.get(("publish", "ok"), 0),
             "failed": c.get(("publish", "fail"), 0),
             "unknown": c.get(("publish", "info"), 0),
-            "consumed": c.get(("consume", "ok"), 0),
+            "consumed": c.get(("ack", "ok"), 0),
             "faults": c.get(("heal", "ok"), 0),
         })
 
 
-def driver_options(w: WorkloadSection, plugin: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+def driver_options(w: WorkloadSection, plugin: Any, settings: Mapping[str, Any], *, seed: int = 0,
+                   queue_depth: QueueDepth | None = None) -> dict[str, Any]:
     return {
         "username": plugin.username,
         "password": plugin.password,
         "vhost": plugin.vhost,
         "queue_arguments": plugin.queue_arguments(settings),
         "workload": w,
+        "seed": seed,
+        "queue_depth": queue_depth,
     }
+
+
+def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueDepth:
+    """The plugin's ``queue_depth`` as the drain calls it: awaitable, by node name. It runs a
+    command in the node's container and blocks, so it runs in a thread off the event loop."""
+
+    async def depth(node: str, queue: str) -> tuple[int, int] | None:
+        return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
+
+    return depth

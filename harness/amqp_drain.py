@@ -1,0 +1,195 @@
+"""The final drain of one queue: through every node, until every node says the queue is empty.
+
+Reading a queue through one node and stopping at the first passive declare that
+says 0 ready misses what that count leaves out: deliveries still held unacked by
+a connection nobody closed, and copies of the queue that only another node
+serves (a split brain, an unmirrored queue, a node that came back with its own
+data). So the drain goes round all nodes, each through its healed proxy: on each
+it consumes until ``drain_idle`` seconds pass with nothing delivered and every
+ack confirmed, cancels its consumer and asks the node for the queue's depth
+(ready and unacked, from the broker plugin's ``queue_depth``; a passive declare
+when the plugin cannot tell). It ends ``ok`` only after a full round in which
+every node reported the queue empty and nothing new was acked; a connection lost
+on the way moves it to the next node, and if ``drain_timeout`` runs out first it
+ends ``info``: the checkers can then say "unknown", never "lost".
+
+The completion's value (the contract with the checkers) per node: what the drain
+acked there, the last depth seen, when the node first reported the queue empty
+after the drain had been idle on it (``empty_at_ns``, history time) and the last
+error. A message found through node B after node A reported empty is a copy only
+B had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness.amqp_consumer import RECONNECT_DELAY, Session
+from harness.amqp_link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link, reason
+from harness.history import Recorder
+from harness.workload import QueueDepth
+
+POLL = 0.05  # seconds between looks at a session while waiting for it to go quiet
+
+
+@dataclass
+class NodeView:
+    consumed: int = 0
+    ready: int | None = None
+    unacked: int | None = None
+    empty_at_ns: int | None = None
+    error: str | None = None
+
+
+class DrainUnfinished(Exception):
+    """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
+
+    def __init__(self, consumed: int, why: str) -> None:
+        super().__init__(f"unfinished after consuming {consumed}: {why}")
+        self.consumed = consumed
+
+
+class _VisitEnded(Exception):
+    """This visit cannot go on (the node's error is the message); the drain tries the next node."""
+
+
+class Drain:
+    def __init__(self, *, nodes: list[str], open_link: Callable[[str], Awaitable[Link]], recorder: Recorder,
+                 process: str, queue: str, depth: QueueDepth | None, seed: int, message_size: int, prefetch: int,
+                 idle: float, timeout: float) -> None:
+        self.nodes = nodes
+        self.open_link = open_link
+        self.recorder = recorder
+        self.process = process
+        self.queue = queue
+        self.depth = depth
+        self.seed = seed
+        self.message_size = message_size
+        self.prefetch = prefetch
+        self.idle = idle
+        self.timeout = timeout
+        # Leave a node that stays non-empty with nothing acked for this long; come back next round.
+        self.patience = max(10.0, 4 * idle)
+        self.views = {n: NodeView() for n in nodes}
+        self.total = 0
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + timeout
+
+    def _left(self) -> float:
+        return self.deadline - self.loop.time()
+
+    def value(self) -> dict[str, Any]:
+        return {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}}
+
+    async def run(self) -> int:
+        inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
+        try:
+            while True:
+                before = self.total
+                every_empty = True
+                for node in self.nodes:
+                    if self._left() <= 0:
+                        every_empty = False
+                        break
+                    every_empty = await self._visit(node) and every_empty
+                if every_empty and self.total == before:
+                    inv.ok(self.value())
+                    return self.total
+                if self._left() <= 0:
+                    break
+                if not every_empty:
+                    await asyncio.sleep(min(RECONNECT_DELAY, max(0.0, self._left())))
+        except asyncio.CancelledError:
+            inv.info("drain cancelled", self.value())
+            raise
+        errors = "; ".join(f"{n}: {v.error}" for n, v in self.views.items() if v.error)
+        why = f"not every node reported {self.queue} empty within {self.timeout:g}s" + (f": {errors}" if errors else "")
+        inv.info(why, self.value())
+        raise DrainUnfinished(self.total, why)
+
+    async def _visit(self, node: str) -> bool:
+        """Drain through ``node`` until it reports the queue empty; False if it did not."""
+        view = self.views[node]
+        try:
+            link = await self.open_link(node)
+        except BROKER_ERRORS as exc:
+            view.error = f"connect: {reason(exc)}"
+            return False
+        session = Session(link, self.recorder, self.process, self.queue, seed=self.seed,
+                          message_size=self.message_size, prefetch=self.prefetch)
+        empty = False
+        try:
+            await asyncio.wait_for(session.open(), min(OP_TIMEOUT, max(0.1, self._left())))
+            empty = await asyncio.wait_for(self._until_empty(node, session, view), max(0.1, self._left()))
+        except _VisitEnded as exc:
+            view.error = str(exc)
+        except BROKER_ERRORS as exc:
+            ran_out = self._left() <= 0
+            view.error = f"drain_timeout ({self.timeout:g}s) ran out on this node" if ran_out else reason(exc)
+        finally:
+            why = session.broken()
+            if why is not None:
+                session.lost(why)
+                view.error = view.error or why
+            elif not session.ended:
+                await session.close("close", min(CONNECT_TIMEOUT, max(1.0, self._left())))
+            await link.close()
+            view.consumed += session.acked
+            self.total += session.acked
+        if empty:
+            view.error = None
+        return empty
+
+    async def _until_empty(self, node: str, session: Session, view: NodeView) -> bool:
+        progress_acked, progress_at = session.acked, self.loop.time()
+        while True:
+            await self._quiet(session)
+            await session.cancel()
+            await self._quiet(session, idle=0.0)  # what came before cancel-ok is acked, every ack confirmed
+            ready, unacked = await self._depth(node, session)
+            view.ready, view.unacked = ready, unacked
+            if ready == 0 and not unacked:
+                if view.empty_at_ns is None:
+                    view.empty_at_ns = self.recorder.now_ns()
+                return True
+            now = self.loop.time()
+            if session.acked > progress_acked:
+                progress_acked, progress_at = session.acked, now
+            elif now - progress_at > self.patience:
+                raise _VisitEnded(f"not empty after {now - progress_at:.0f}s without a new ack "
+                                  f"(ready {ready}, unacked {'?' if unacked is None else unacked})")
+            await session.consume()
+
+    async def _quiet(self, session: Session, idle: float | None = None) -> None:
+        """Until nothing was delivered for ``idle`` seconds, nothing is held and every ack is confirmed."""
+        idle = self.idle if idle is None else idle
+        while True:
+            why = session.broken()
+            if why is not None:
+                raise _VisitEnded(why)
+            if (self.loop.time() - session.last_delivery >= idle and not session.held
+                    and not session.unconfirmed):
+                return
+            if session.unconfirmed and not session.held:
+                await session.barrier()
+            else:
+                await asyncio.sleep(POLL)
+
+    async def _depth(self, node: str, session: Session) -> tuple[int, int | None]:
+        if self.depth is not None:
+            try:
+                got = await self.depth(node, self.queue)
+            except Exception as exc:  # noqa: BLE001 - a plugin's exec failing is this node's error
+                raise _VisitEnded(f"queue depth: {reason(exc)}") from None
+            if got is not None:
+                return got
+        declared = await asyncio.wait_for(session.ch.queue_declare(self.queue, passive=True), OP_TIMEOUT)
+        return int(declared.message_count or 0), None
+
+
+def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
+    """Every node once, starting where the drainer's rotation starts."""
+    return [next(rotation) for _ in nodes]

@@ -1,0 +1,509 @@
+"""The AMQP driver against the reference broker running in this process (no Docker).
+
+The broker runs on its own event-loop thread, the driver on the test's loop, as a
+driver and a container would. Connections are cut or silenced from the broker's
+side (its transport for that client), which is what the client sees when the
+network drops or a node stops answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiormq
+import pytest
+from pamqp import commands as spec
+
+from broker_impl.config import parse
+from broker_impl.server import Server
+from harness.amqp_client import AmqpDriver
+from harness.amqp_drain import DrainUnfinished
+from harness.history import Recorder, read_jsonl
+from harness.scenario import ConsumerSection, WorkloadSection
+from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
+from harness.workload import Endpoint
+
+SEED = 17
+SIZE = 128
+QUEUE = "chaos-1"
+DEADLINE = 60.0  # generous: every wait below polls a condition
+
+
+class Node:
+    """A reference broker on a background event loop."""
+
+    def __init__(self, tmp_path: Path, name: str) -> None:
+        self.name = name
+        self.dir = tmp_path / name
+        self.dir.mkdir()
+        self.port = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: Server | None = None
+
+    def start(self) -> Node:
+        cfg = parse({"node": {"port": self.port, "data_dir": str(self.dir / "data"),
+                              "log_file": str(self.dir / "broker.log")}}, self.dir)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.server = Server(cfg)
+        self.call(self.server.start())
+        self.port = self.server.port
+        return self
+
+    def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        async def wrap() -> Any:
+            return fn()
+
+        return self.call(wrap())
+
+    def stop(self) -> None:
+        if self.server is None or self.loop is None:
+            return
+        try:
+            self.call(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.server = None
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.name, "127.0.0.1", self.port)
+
+    def _consuming(self) -> list[Any]:
+        assert self.server is not None
+        return [c for c in self.server.broker.connections
+                if any(getattr(ch, "consumers", None) for ch in list(c.channels.values()))]
+
+    def consumer_connections(self) -> int:
+        return int(self.run(lambda: len(self._consuming())))
+
+    def cut_consumers(self) -> None:
+        """Reset every connection that has a consumer, as a dropped link would."""
+        self.run(lambda: [c.transport.transport.abort() for c in self._consuming()])
+
+    def silence_consumers(self) -> None:
+        """Stop reading what consumers send: a stuck node, a link that stopped passing one way."""
+        self.run(lambda: [c.transport.transport.pause_reading() for c in self._consuming()])
+
+    def depth(self, queue: str) -> tuple[int, int]:
+        """What ``ctl list_queues`` prints for the queue: its ready and unacked counts."""
+        assert self.server is not None
+        broker = self.server.broker
+
+        def read() -> tuple[int, int]:
+            info = broker.vhosts["/"].queues[queue].info()
+            return info["messages_ready"], info["messages_unacknowledged"]
+
+        return tuple(self.run(read))  # type: ignore[return-value]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Callable[[str], Node]]:
+    started: list[Node] = []
+
+    def make(name: str) -> Node:
+        node = Node(tmp_path, name).start()
+        started.append(node)
+        return node
+
+    yield make
+    for n in started:
+        n.stop()
+
+
+def workload(**kw: Any) -> WorkloadSection:
+    base: dict[str, Any] = dict(producers=1, consumers=1, rate=200, message_size=SIZE, prefetch=10,
+                                drain_idle=0.5, drain_timeout=30, confirm_timeout=5)
+    base.update(kw)
+    return WorkloadSection(**base)
+
+
+def driver(tmp_path: Path, ns: list[Node], w: WorkloadSection, *, depth: bool = True) -> tuple[AmqpDriver, Recorder]:
+    rec = Recorder(tmp_path / "history.jsonl")
+
+    async def queue_depth(node: str, queue: str) -> tuple[int, int] | None:
+        by_name = {n.name: n for n in ns}
+        return await asyncio.to_thread(by_name[node].depth, queue)
+
+    d = AmqpDriver({n.name: n.endpoint() for n in ns}, rec, workload=w, seed=SEED,
+                   queue_depth=queue_depth if depth else None)
+    return d, rec
+
+
+def history(tmp_path: Path) -> list[dict[str, Any]]:
+    return list(read_jsonl(tmp_path / "history.jsonl"))
+
+
+async def publish(node: Node, ids: list[str], body: Callable[[str], bytes] | None = None) -> None:
+    """Publish ``ids`` with confirms, bodies as the driver's producers make them."""
+    conn = await aiormq.connect(f"amqp://guest:guest@127.0.0.1:{node.port}/")
+    try:
+        ch = await conn.channel()
+        await ch.queue_declare(QUEUE, durable=True)
+        for msg_id in ids:
+            data = body(msg_id) if body else message_body(msg_id, SEED, SIZE)
+            confirm = await ch.basic_publish(data, routing_key=QUEUE, properties=spec.Basic.Properties(
+                delivery_mode=2, message_id=msg_id))
+            assert isinstance(confirm, spec.Basic.Ack)
+    finally:
+        await conn.close()
+
+
+async def until(cond: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"not within {deadline:.0f}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+def count(rec: Recorder, f: str, type_: str) -> int:
+    return rec.counts.get((f, type_), 0)
+
+
+def acked_ok(records: list[dict[str, Any]], process_prefix: str = "") -> list[str]:
+    return [r["value"] for r in records
+            if r["f"] == "ack" and r["type"] == "ok" and r["process"].startswith(process_prefix)]
+
+
+def ops(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Completions by the index of their invoke (the recorder's own pairing: one open op per process and f)."""
+    open_: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    out: dict[int, dict[str, Any]] = {}
+    for r in records:
+        key = (r["process"], r["f"])
+        if r["type"] == "invoke":
+            open_[key].append(r)
+        else:
+            inv = next(i for i in open_[key] if i["index"] not in out and _same(i, r))
+            out[inv["index"]] = r
+    return out
+
+
+def _same(inv: dict[str, Any], done: dict[str, Any]) -> bool:
+    return inv["f"] in ("consume", "drain") or inv["value"] == done["value"]
+
+
+# -- bodies ---------------------------------------------------------------------------------
+
+
+def test_deliveries_carry_the_digest_of_the_body_and_a_bad_body_is_shown(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    good = [f"p1:{i}" for i in range(1, 21)]
+
+    async def go() -> None:
+        await publish(n1, good)
+        await publish(n1, ["p1:21"], body=lambda i: f"{i}|0000000000000000|tampered".encode())
+        d, rec = driver(tmp_path, [n1], workload())
+        await d.drain("d1", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    consumed = {r["value"]: r for r in history(tmp_path) if r["f"] == "consume" and r["type"] == "ok"}
+    assert sorted(consumed) == sorted(good + ["p1:21"])
+    for msg_id in good:
+        assert consumed[msg_id]["digest"] == body_digest(message_body(msg_id, SEED, SIZE))
+        assert consumed[msg_id]["detail"] is None
+    bad = consumed["p1:21"]
+    assert bad["digest"] == body_digest(b"p1:21|0000000000000000|tampered")
+    assert json.loads(bad["detail"]) == {"body": "p1:21|0000000000000000|tampered", "length": 31}
+
+
+def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    w = workload(consumers=0)
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], w)
+        await d.setup([QUEUE])
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.produce("p1", QUEUE, stop))
+        await until(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
+        stop.set()
+        await task
+        await d.drain("d1", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    published = {r["value"] for r in records if r["f"] == "publish" and r["type"] == "ok"}
+    consumed = [r for r in records if r["f"] == "consume" and r["type"] == "ok"]
+    assert published <= {r["value"] for r in consumed}
+    assert all(r["digest"] == body_digest(message_body(r["value"], SEED, SIZE)) and r["detail"] is None
+               for r in consumed)
+
+
+# -- acks --------------------------------------------------------------------------------------
+
+
+def test_acks_are_info_when_the_connection_drops_before_a_barrier(tmp_path: Path, nodes: Any) -> None:
+    """The broker never reads the acks (nor the barrier after them); then the link drops. The
+    acks are unknown, and the broker, which never had them, delivers the messages again."""
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 6)]
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], workload())
+        await d.setup([QUEUE])
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
+        await until(lambda: n1.consumer_connections() == 1, "c1 consuming")
+        n1.silence_consumers()
+        await publish(n1, ids)
+        await until(lambda: count(rec, "ack", "invoke") >= 5, "five acks written")
+        n1.cut_consumers()
+        await until(lambda: count(rec, "ack", "info") >= 5, "the five acks completed")
+        await until(lambda: count(rec, "ack", "ok") >= 5, "the five messages acked again")
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    acks = [r for r in records if r["f"] == "ack" and r["type"] != "invoke"]
+    first = acks[:5]
+    assert [r["type"] for r in first] == ["info"] * 5 and sorted(r["value"] for r in first) == ids
+    assert all(r["error"] for r in first)
+    assert sorted(acked_ok(records)) == ids
+    again = [r for r in records if r["f"] == "consume" and r["type"] == "ok"][5:]
+    assert sorted(r["value"] for r in again) == ids and all(r["redelivered"] for r in again)
+
+
+def test_every_ack_ok_follows_its_invoke_and_covers_every_message(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 101)]
+
+    async def go() -> None:
+        await publish(n1, ids)
+        d, rec = driver(tmp_path, [n1], workload(prefetch=7))
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
+        await until(lambda: count(rec, "ack", "ok") >= 100, "100 acks ok")
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    assert sorted(acked_ok(records)) == sorted(ids)
+    pairs = ops(records)
+    for inv in (r for r in records if r["f"] == "ack" and r["type"] == "invoke"):
+        assert pairs[inv["index"]]["type"] == "ok" and pairs[inv["index"]]["index"] > inv["index"]
+
+
+# -- consumer behaviours -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("behaviour", "cause"), [
+    ({"requeue": 0.3}, "requeue"),
+    ({"recover_every": 0.3}, "recover"),
+    ({"close_every": 0.3}, "close"),
+    ({"crash_every": 0.3}, "crash"),
+])
+def test_a_behaviour_gives_deliveries_back_and_they_come_back(tmp_path: Path, nodes: Any,
+                                                              behaviour: dict[str, Any], cause: str) -> None:
+    n1 = nodes("n1")
+    w = workload(consumer=ConsumerSection(**behaviour))
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], w)
+        await d.setup([QUEUE])
+        stop_p, stop_c = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(d.produce("p1", QUEUE, stop_p)),
+                 asyncio.create_task(d.consume("c1", QUEUE, stop_c))]
+        await until(lambda: count(rec, "abandon", "ok") >= 3, f"three deliveries given back ({cause})")
+        stop_p.set()
+        await asyncio.wait_for(tasks[0], DEADLINE)
+        stop_c.set()
+        await asyncio.wait_for(tasks[1], DEADLINE)
+        await d.drain("d1", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    pairs = ops(records)
+    abandons = [r for r in records if r["f"] == "abandon" and r["type"] == "invoke"]
+    causes = collections.Counter(json.loads(r["detail"])["cause"] for r in abandons)
+    assert causes[cause] >= 3, causes
+    assert set(causes) <= {cause, "close"}  # "close": what the consumer held when the workload ended
+    assert set(causes) <= set(ABANDON_CAUSES)
+    for inv in abandons:
+        assert pairs[inv["index"]]["type"] == "ok", pairs[inv["index"]]
+        later = [r for r in records if r["index"] > inv["index"] and r["value"] == inv["value"]]
+        assert any(r["f"] == "consume" and r["type"] == "ok" and r["redelivered"] for r in later), inv
+        assert any(r["f"] == "ack" and r["type"] == "ok" for r in later), inv
+    published = {r["value"] for r in records if r["f"] == "publish" and r["type"] == "ok"}
+    assert published <= set(acked_ok(records))
+    assert [r["type"] for r in records if r["f"] == "drain"] == ["invoke", "ok"]
+
+
+def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 31)]
+    w = workload(consumer=ConsumerSection(slow=1, slow_ack_ms=50))
+
+    async def go() -> None:
+        await publish(n1, ids)
+        d, rec = driver(tmp_path, [n1], w)
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
+        await until(lambda: count(rec, "ack", "ok") >= 30, "30 acks")
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    delivered = {r["value"]: r["time_ns"] for r in records if r["f"] == "consume" and r["type"] == "ok"}
+    acks = [r for r in records if r["f"] == "ack" and r["type"] == "invoke"]
+    assert sorted(r["value"] for r in acks) == sorted(ids)
+    assert all(r["time_ns"] - delivered[r["value"]] >= 50_000_000 for r in acks)
+
+
+def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveries(tmp_path: Path,
+                                                                                   nodes: Any) -> None:
+    """Issue 18: a consumer whose connection went silent holds deliveries. At the end it cannot
+    close, so its connection is cut and what it held is abandoned; the drain sees them unacked
+    on the broker until the broker notices, and waits for them instead of calling the queue empty."""
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 6)]
+    w = workload(consumer=ConsumerSection(slow=1, slow_ack_ms=60_000))
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], w)
+        await d.setup([QUEUE])
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
+        await until(lambda: n1.consumer_connections() == 1, "c1 consuming")
+        await publish(n1, ids)
+        await until(lambda: count(rec, "consume", "ok") >= 5, "five deliveries held")
+        n1.silence_consumers()
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+        await d.drain("d1", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    pairs = ops(records)
+    abandons = [r for r in records if r["f"] == "abandon" and r["type"] == "invoke"]
+    assert sorted(r["value"] for r in abandons) == ids
+    assert all(json.loads(r["detail"]) == {"cause": "close"} and r["process"] == "c1" for r in abandons)
+    assert all(pairs[r["index"]]["type"] == "ok" for r in abandons)  # the client cut the connection
+    assert sorted(acked_ok(records, "d")) == ids
+    drain = [r for r in records if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "ok"]
+    view = json.loads(drain[1]["value"])
+    assert view["consumed"] == 5 and view["nodes"]["n1"]["ready"] == 0 and view["nodes"]["n1"]["unacked"] == 0
+
+
+# -- the drain ---------------------------------------------------------------------------------
+
+
+def test_the_drain_reads_every_node_and_dates_each_nodes_emptiness(tmp_path: Path, nodes: Any) -> None:
+    """Two nodes that do not share the queue (as after a split brain): each copy is drained,
+    and what only n2 had was found after n1 reported the queue empty."""
+    n1, n2 = nodes("n1"), nodes("n2")
+    on1 = [f"p1:{i}" for i in range(1, 21)]
+    on2 = [f"p2:{i}" for i in range(1, 11)]
+
+    async def go() -> int:
+        await publish(n1, on1)
+        await publish(n2, on2)
+        d, rec = driver(tmp_path, [n1, n2], workload())
+        n = await d.drain("d1", QUEUE)
+        rec.close()
+        return n
+
+    assert asyncio.run(go()) == 30
+    records = history(tmp_path)
+    drain = [r for r in records if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "ok"]
+    view = json.loads(drain[1]["value"])
+    assert view["consumed"] == 30
+    assert {n: (v["consumed"], v["ready"], v["unacked"], v["error"]) for n, v in view["nodes"].items()} == {
+        "n1": (20, 0, 0, None), "n2": (10, 0, 0, None)}
+    through = {r["value"]: r for r in records if r["f"] == "ack" and r["type"] == "ok"}
+    assert {through[i]["node"] for i in on1} == {"n1"} and {through[i]["node"] for i in on2} == {"n2"}
+    assert view["nodes"]["n1"]["empty_at_ns"] < min(through[i]["time_ns"] for i in on2)
+
+
+def test_a_drain_cut_off_for_good_ends_info_not_ok(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 401)]
+    left: list[int] = []
+
+    async def go() -> None:
+        await publish(n1, ids)
+        d, rec = driver(tmp_path, [n1], workload(prefetch=1, drain_timeout=5))
+        task = asyncio.create_task(d.drain("d1", QUEUE))
+        await until(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        n1.stop()  # its connections drop and nothing answers any more
+        left.append(400 - count(rec, "ack", "ok"))
+        with pytest.raises(DrainUnfinished):
+            await asyncio.wait_for(task, DEADLINE)
+        rec.close()
+
+    asyncio.run(go())
+    assert left[0] > 0
+    records = history(tmp_path)
+    drain = [r for r in records if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "info"]
+    assert "n1" in drain[1]["error"]
+    view = json.loads(drain[1]["value"])
+    assert view["consumed"] == len(acked_ok(records)) < 400
+    assert view["nodes"]["n1"]["error"]
+
+
+def test_a_drain_cut_mid_way_reconnects_and_finishes(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 401)]
+    remaining: list[int] = []
+
+    async def go() -> None:
+        await publish(n1, ids)
+        d, rec = driver(tmp_path, [n1], workload(prefetch=1))
+        task = asyncio.create_task(d.drain("d1", QUEUE))
+        await until(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        remaining.append(400 - count(rec, "ack", "ok"))
+        n1.cut_consumers()
+        await asyncio.wait_for(task, DEADLINE)
+        rec.close()
+
+    asyncio.run(go())
+    assert remaining[0] > 0
+    records = history(tmp_path)
+    # An ack written just before the cut may have reached the broker (then it is not delivered
+    # again) or not (then it is): unknown, never lost.
+    unsure = {r["value"] for r in records if r["f"] == "ack" and r["type"] == "info"}
+    assert set(acked_ok(records)) | unsure == set(ids)
+    drain = [r for r in records if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "ok"]
+    assert json.loads(drain[1]["value"])["nodes"]["n1"]["error"] is None
+
+
+def test_without_a_depth_the_drain_counts_ready_messages(tmp_path: Path, nodes: Any) -> None:
+    n1 = nodes("n1")
+    ids = [f"p1:{i}" for i in range(1, 11)]
+
+    async def go() -> None:
+        await publish(n1, ids)
+        d, rec = driver(tmp_path, [n1], workload(), depth=False)
+        await d.drain("d1", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    assert sorted(acked_ok(records)) == sorted(ids)
+    view = json.loads([r for r in records if r["f"] == "drain"][1]["value"])
+    assert view["nodes"]["n1"]["ready"] == 0 and view["nodes"]["n1"]["unacked"] is None
