@@ -81,8 +81,11 @@ def hears(cluster: Any, src: str, dst: str, token: str, attempts: int = 3) -> bo
     return False
 
 
-def client_reaches(cluster: Any, node: str, token: str) -> bool:
-    """Do bytes a client sends to ``node``'s published client port arrive at the node?"""
+def client_reaches(cluster: Any, node: str, token: str, wait: float = 10.0) -> bool:
+    """Do bytes a client sends to ``node``'s published client port arrive at the node?
+
+    Polled for ``wait`` seconds: a loaded machine delays the write, a cut never lets it happen.
+    """
     import socket
     import time
 
@@ -92,8 +95,14 @@ def client_reaches(cluster: Any, node: str, token: str) -> bool:
             time.sleep(0.5)
     except OSError:
         return False
-    rc, out = cluster.nodes[node].exec(["cat", "/tmp/heard"], timeout=5)
-    return token in out
+    deadline = time.monotonic() + wait
+    while True:
+        rc, out = cluster.nodes[node].exec(["cat", "/tmp/heard"], timeout=5)
+        if token in out:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 @hookimpl
