@@ -85,6 +85,19 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def settled(read: Callable[[], bytes], what: str, timeout: float = 20.0) -> bytes:
+    """The value once two reads 0.2 s apart agree: writes already in flight (through FUSE) land first."""
+    last = read()
+    deadline = time.monotonic() + timeout
+    while True:
+        time.sleep(0.2)
+        now = read()
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"{what} kept changing"
+        last = now
+
+
 def _init(lazyfs: bool) -> Iterator[Init]:
     with tempfile.TemporaryDirectory(prefix="nit") as tmp:
         init = Init(tmp, lazyfs)
@@ -121,7 +134,7 @@ def test_crash_keeps_unsynced_data_power_loss_drops_it(lazy_init: Init) -> None:
     pid = n.ctl("status")["pid"]
     crash = n.ctl("crash")
     assert crash["signal"] == "SIGKILL" and pid in crash["pids"] and crash["gone"]
-    after = n.log()
+    after = settled(n.log, "the log after the crash")
     assert after.startswith(before) and after.count(b"tick") >= before.count(b"tick")  # page cache survived
     time.sleep(0.3)
     assert n.log() == after and n.ctl("status")["state"] == "stopped"
@@ -151,8 +164,7 @@ def test_pause_resume_torn_restart_and_sigterm(lazy_init: Init) -> None:
     wait_for(lambda: n.log().count(b"tick") >= 3, "ticks")
     assert n.ctl("pause")["signal"] == "SIGSTOP"
     assert n.ctl("status")["state"] == "paused"
-    time.sleep(0.1)
-    frozen = n.log()
+    frozen = settled(n.log, "the paused broker's log")
     time.sleep(0.4)
     assert n.log() == frozen
     assert n.ctl("resume")["signal"] == "SIGCONT"
