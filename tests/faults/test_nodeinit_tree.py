@@ -8,10 +8,11 @@ selected: PID 1's children there are the whole machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
-import time
 
 from faults.nodeinit import broker_pids, in_container_init
 
@@ -28,6 +29,7 @@ def test_the_tree_includes_a_grandchild_in_another_process_group() -> None:
     leader = subprocess.Popen([sys.executable, "-c", SPAWN_ESCAPER], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
     bystander = subprocess.Popen(["sleep", "60"])
+    escaper = 0
     try:
         assert leader.stdout is not None
         escaper = int(leader.stdout.readline())
@@ -38,7 +40,9 @@ def test_the_tree_includes_a_grandchild_in_another_process_group() -> None:
     finally:
         for p in (leader, bystander):
             p.kill()
-        subprocess.run(["pkill", "-f", "^sleep 60$"], check=False)
+        if escaper:  # by its pid: a pattern would also kill other people's sleeps
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(escaper, signal.SIGKILL)
 
 
 def test_outside_a_container_nothing_but_descendants_is_selected() -> None:
@@ -47,8 +51,7 @@ def test_outside_a_container_nothing_but_descendants_is_selected() -> None:
     init_children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == 1]
     assert init_children, "the machine has daemons under PID 1"
     shell = subprocess.Popen(["sleep", "5"], start_new_session=True)
-    try:
-        time.sleep(0.1)
+    try:  # Popen returns once sleep has been exec'd in its new session: nothing to wait for
         selected = set(broker_pids(shell.pid, {1, os.getpid()}))
         assert selected == {shell.pid}
         assert not selected & set(init_children)
