@@ -1,0 +1,132 @@
+"""``queue_depth`` on real clusters, and the drain that relies on it (issue 18).
+
+A connection nobody closed holds deliveries unacked on the queue's master. A
+passive declare counts only ready messages, so a drain that trusted it would
+call the queue empty while those deliveries were still out. The drain asks every
+node for ready and unacked and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiormq
+import pytest
+from pamqp import commands as spec
+
+from harness.amqp_client import AmqpDriver
+from harness.history import Recorder, read_jsonl
+from harness.host import Host
+from harness.pytest_plugin import running_cluster
+from harness.scenario import WorkloadSection, from_dict
+from harness.spec.history import message_body
+from harness.workload import Endpoint, queue_depth_reader
+
+pytestmark = pytest.mark.docker
+
+SEED = 3
+SIZE = 128
+QUEUE = "chaos-1"
+HELD = 5
+IDS = [f"p1:{i}" for i in range(1, 31)]
+
+CLUSTERS = {
+    "reference": {"ha_mode": "all", "ha_sync_mode": "automatic"},
+    "rabbitmq": {"ha_mode": "all", "ha_sync_mode": "automatic"},
+}
+
+
+def url(ep: Endpoint) -> str:
+    return f"amqp://guest:guest@{ep.host}:{ep.port}/"
+
+
+async def until(cond: Any, what: str, deadline: float = 120.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not await cond():
+        if loop.time() > end:
+            raise AssertionError(f"not within {deadline:.0f}s: {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("plugin_name", sorted(CLUSTERS))
+def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path, plugin_name: str) -> None:
+    host = Host.load()
+    scenario = from_dict({"name": "depth", "broker": {"plugin": plugin_name, "nodes": 3,
+                                                       "settings": CLUSTERS[plugin_name]}})
+    plugin = host.broker(plugin_name)
+    settings = plugin.validate_settings(scenario.broker.settings)
+    with running_cluster(host, scenario) as cluster:
+        endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
+        depth = queue_depth_reader(plugin, cluster.nodes)
+        seen: list[tuple[str, tuple[int, int] | None]] = []
+
+        async def watched(node: str, queue: str) -> tuple[int, int] | None:
+            got = await depth(node, queue)
+            seen.append((node, got))
+            return got
+
+        rec = Recorder(tmp_path / "history.jsonl")
+        w = WorkloadSection(prefetch=10, message_size=SIZE, drain_idle=1.0, drain_timeout=240)
+        driver = AmqpDriver(endpoints, rec, workload=w, seed=SEED, queue_depth=watched,
+                            queue_arguments=plugin.queue_arguments(settings))
+        released: list[int] = []
+
+        async def go() -> None:
+            await driver.setup([QUEUE])  # through n1: the queue's master is there
+            pub = await aiormq.connect(url(endpoints["n1"]))
+            ch = await pub.channel()
+            for msg_id in IDS:
+                confirm = await ch.basic_publish(message_body(msg_id, SEED, SIZE), routing_key=QUEUE,
+                                                 properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id))
+                assert isinstance(confirm, spec.Basic.Ack)
+            await pub.close()
+            # The holder consumes through n2 and never acks.
+            holder = await aiormq.connect(url(endpoints["n2"]))
+            hch = await holder.channel(publisher_confirms=False)
+            await hch.basic_qos(prefetch_count=HELD)
+            got: list[Any] = []
+
+            async def keep(message: Any) -> None:
+                got.append(message)
+
+            await hch.basic_consume(QUEUE, keep)
+
+            async def holding() -> bool:
+                return len(got) == HELD
+
+            await until(holding, f"the holder has {HELD} deliveries")
+            for node in cluster.nodes:  # every node that can tell says what the master holds
+                assert await depth(node, QUEUE) in (None, (len(IDS) - HELD, HELD))
+            assert await depth("n1", QUEUE) == (len(IDS) - HELD, HELD)
+
+            task = asyncio.create_task(driver.drain("d1", QUEUE))
+
+            async def waiting() -> bool:
+                return sum(1 for _n, d in seen if d is not None and d[1] > 0) >= 2
+
+            await until(waiting, "the drain saw the held deliveries twice")
+            assert not task.done(), "the drain ended while deliveries were still held"
+            released.append(rec.now_ns())
+            await holder.close()
+            assert await asyncio.wait_for(task, 300) == len(IDS)
+            rec.close()
+
+        asyncio.run(go())
+
+    records = list(read_jsonl(tmp_path / "history.jsonl"))
+    acks = {r["value"]: r for r in records if r["f"] == "ack" and r["type"] == "ok"}
+    assert sorted(acks) == sorted(IDS)
+    late = [i for i in IDS if acks[i]["time_ns"] > released[0]]
+    assert len(late) == HELD  # what the holder had came back only once it let go
+    assert all(any(r["f"] == "consume" and r["value"] == i and r["redelivered"] for r in records) for i in late)
+    drain = [r for r in records if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "ok"]
+    view = json.loads(drain[1]["value"])["nodes"]
+    assert set(view) == {"n1", "n2", "n3"}
+    for v in view.values():
+        assert v["ready"] == 0 and v["unacked"] in (0, None) and v["error"] is None and v["empty_at_ns"] is not None
+    assert view["n1"]["unacked"] == 0
