@@ -155,8 +155,9 @@ def split(address: str) -> tuple[str, int]:
 
 
 def connect(address: str) -> socket.socket:
-    sock = socket.create_connection(split(address), timeout=2)
-    sock.settimeout(2)
+    """Reads wait up to 10 s: a stall, not a busy machine, is what would exceed that."""
+    sock = socket.create_connection(split(address), timeout=10)
+    sock.settimeout(10)
     return sock
 
 
@@ -191,7 +192,7 @@ def assert_stalled(sock: socket.socket, wait: float = 0.5) -> None:
 
 
 def assert_closed(sock: socket.socket) -> None:
-    sock.settimeout(2)
+    sock.settimeout(10)
     try:
         assert sock.recv(1) == b""
     except ConnectionResetError:
@@ -211,16 +212,17 @@ def test_traffic_passes_and_listen_port_zero_is_resolved(toxiproxy: Toxiproxy, u
 def test_latency_delays_new_and_existing_connections(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="slow")
     existing = greeted(proxy.listen)
-    assert round_trip(existing) < 0.2
-    proxy.add_toxic(type="latency", attributes={"latency": 300})
-    assert proxy.toxics()["latency_downstream"].attributes == {"latency": 300, "jitter": 0}
+    round_trip(existing)
+    # 2 s against a local echo: with the toxic at least that, without it far less even on a busy machine.
+    proxy.add_toxic(type="latency", attributes={"latency": 2000})
+    assert proxy.toxics()["latency_downstream"].attributes == {"latency": 2000, "jitter": 0}
     with existing, greeted(proxy.listen) as fresh:
-        assert round_trip(existing) >= 0.25
-        assert round_trip(fresh) >= 0.25
+        assert round_trip(existing) >= 1.95
+        assert round_trip(fresh) >= 1.95
         proxy.destroy_toxic("latency_downstream")
         assert_closed(fresh)  # what the toxic held would be lost: see the mid-stream test below
     with greeted(proxy.listen) as after:
-        assert round_trip(after) < 0.2
+        assert round_trip(after) < 1.0
 
 
 RECORD = struct.Struct(">Q")
@@ -458,9 +460,9 @@ def seconds_until_upstream_hangs_up(address: str) -> float:
 
 def test_slow_close_delays_the_close(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="lingering")
-    assert seconds_until_upstream_hangs_up(proxy.listen) < 0.2
-    proxy.add_toxic(type="slow_close", attributes={"delay": 300})
-    assert seconds_until_upstream_hangs_up(proxy.listen) >= 0.25
+    assert seconds_until_upstream_hangs_up(proxy.listen) < 1.0  # far below the delay, even on a busy machine
+    proxy.add_toxic(type="slow_close", attributes={"delay": 2000})
+    assert seconds_until_upstream_hangs_up(proxy.listen) >= 1.95
 
 
 def test_bandwidth_and_slicer_pass_every_byte_at_the_limited_rate(
@@ -488,7 +490,7 @@ def test_update_listen_moves_the_proxy(server: Server, toxiproxy: Toxiproxy, ups
 
 def test_reset_removes_toxics_and_enables_every_proxy(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     kept = toxiproxy.create(upstream=upstream.address, name="kept")
-    kept.add_toxic(type="latency", attributes={"latency": 1000})
+    kept.add_toxic(type="latency", attributes={"latency": 10_000})  # costs nothing unless reset fails
     down = toxiproxy.create(upstream=upstream.address, name="down")
     down.add_toxic(type="timeout", stream="upstream", attributes={"timeout": 0})
     down.disable()
@@ -497,7 +499,7 @@ def test_reset_removes_toxics_and_enables_every_proxy(toxiproxy: Toxiproxy, upst
         proxy = toxiproxy.get_proxy(name)
         assert proxy.enabled is True and proxy.toxics() == {}
         with greeted(proxy.listen) as sock:
-            assert round_trip(sock) < 0.5
+            assert round_trip(sock) < 5.0
 
 
 def test_populate_creates_keeps_and_replaces(server: Server, upstream: Upstream) -> None:
