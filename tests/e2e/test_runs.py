@@ -72,7 +72,10 @@ def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "the run did not reach the workload"
     assert run_id is not None
     assert labelled(run_id)["containers"], "the run had started containers"
-    time.sleep(3)
+    history = tmp_path / "store" / "latest" / "history.jsonl"  # interrupt once messages are being confirmed
+    while not (history.exists() and '"type":"ok","f":"publish"' in history.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "no publish was confirmed"
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=120)
     assert proc.returncode == 130
