@@ -55,7 +55,7 @@ class NodeProc:
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "ab"),
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # generous: three nodes starting on a busy 2-core machine
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node {self.name} exited: {(self.dir / 'stderr.log').read_text()[-2000:]}")
@@ -211,7 +211,7 @@ def drain(node: NodeProc, queue: str) -> list[int]:
     return out
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+def wait_for(cond: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
