@@ -105,7 +105,7 @@ class SubprocessNode:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self, timeout: float = 15) -> SubprocessNode:
+    def start(self, timeout: float = 60) -> SubprocessNode:
         (self.data_dir / "node.json").unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
