@@ -72,7 +72,7 @@ def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None: 
     sub.basic_qos(prefetch_count=20)
     got: list[int] = []
     requeued_once = False
-    for method, _props, body in sub.consume("work", inactivity_timeout=3):
+    for method, _props, body in sub.consume("work", inactivity_timeout=30):  # a stall, not a slow machine, ends it
         if method is None:
             break
         if int(body) == 7 and not requeued_once:
@@ -81,6 +81,8 @@ def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None: 
             continue
         got.append(int(body))
         sub.basic_ack(method.delivery_tag)
+        if len(got) == 200:
+            break
     sub.cancel()
     assert sorted(got) == list(range(200))
     assert {q["name"]: q for q in n1.ctl("list_queues")}["work"]["messages_ready"] == 0
