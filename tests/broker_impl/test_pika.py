@@ -34,7 +34,7 @@ def pump_until(conn: pika.BlockingConnection, cond: Callable[[], object], timeou
         conn.process_data_events(time_limit=0.05)
 
 
-def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 5) -> list[tuple]:
+def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 30) -> list[tuple]:
     out = []
     for method, props, body in ch.consume(queue, inactivity_timeout=timeout):
         if method is None:
