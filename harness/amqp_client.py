@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import aiormq
 from pamqp import commands as spec
 
 from harness import hookimpl
@@ -49,6 +50,19 @@ class _Progress:
 
     def stalled(self, after: float) -> bool:
         return self.in_flight > 0 and self.loop.time() - self.last > after
+
+
+def confirm_outcome(confirm: object) -> tuple[str, str | None]:
+    """A publish's completion from what ``basic_publish`` gave back: a ``basic.ack`` is ``ok``; a
+    ``basic.nack`` (returned, or raised inside aiormq's ``DeliveryError``) is ``fail``: the
+    broker says it did not take the message; anything else is ``info``."""
+    if isinstance(confirm, aiormq.exceptions.DeliveryError):
+        confirm = confirm.frame
+    if isinstance(confirm, spec.Basic.Ack):
+        return "ok", None
+    if isinstance(confirm, spec.Basic.Nack | spec.Basic.Reject):
+        return "fail", "nacked by the broker"
+    return "info", f"unexpected confirm {confirm!r}"
 
 
 class AmqpDriver:
@@ -175,18 +189,20 @@ class AmqpDriver:
             progress.answered(False)
             inv.info(f"no confirm within {self.w.confirm_timeout:g}s")
             return
+        except aiormq.exceptions.DeliveryError as exc:
+            confirm = exc  # aiormq raises a broker's basic.nack instead of returning it
         except BaseException as exc:  # noqa: BLE001 - anything unexpected is indeterminate
             progress.answered(False)
             inv.info(reason(exc))
             return
-        answered = isinstance(confirm, spec.Basic.Ack | spec.Basic.Nack | spec.Basic.Reject)
-        progress.answered(answered)
-        if isinstance(confirm, spec.Basic.Ack):
+        outcome, error = confirm_outcome(confirm)
+        progress.answered(outcome != "info")
+        if outcome == "ok":
             inv.ok()
-        elif answered:
-            inv.fail("nacked by the broker")
+        elif outcome == "fail":
+            inv.fail(error or "nacked")
         else:
-            inv.info(f"unexpected confirm {confirm!r}")
+            inv.info(error or "unknown")
 
     # -- consumers ------------------------------------------------------------------------
 

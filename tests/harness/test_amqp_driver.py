@@ -22,7 +22,7 @@ from pamqp import commands as spec
 
 from broker_impl.config import parse
 from broker_impl.server import Server
-from harness.amqp_client import AmqpDriver
+from harness.amqp_client import AmqpDriver, confirm_outcome
 from harness.amqp_drain import DrainUnfinished
 from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
@@ -241,6 +241,16 @@ def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
     assert published <= {r["value"] for r in consumed}
     assert all(r["digest"] == body_digest(message_body(r["value"], SEED, SIZE)) and r["detail"] is None
                for r in consumed)
+
+
+def test_a_nack_is_a_failed_publish_however_aiormq_hands_it_over() -> None:
+    """aiormq returns a basic.ack but raises a basic.nack inside DeliveryError (seen in a
+    partitions run, where every nack had been recorded as unknown)."""
+    nack = spec.Basic.Nack(delivery_tag=7)
+    assert confirm_outcome(spec.Basic.Ack(delivery_tag=7)) == ("ok", None)
+    assert confirm_outcome(nack) == ("fail", "nacked by the broker")
+    assert confirm_outcome(aiormq.exceptions.DeliveryError(None, nack)) == ("fail", "nacked by the broker")
+    assert confirm_outcome(None)[0] == "info"
 
 
 # -- acks --------------------------------------------------------------------------------------
