@@ -7,7 +7,7 @@ reference it is cross-checked against.
 
 from __future__ import annotations
 
-from ._common import HistoryError
+from ._common import HistoryError, ScenarioError
 from ._python import check_python
 from ._spark import check_spark, spark_session, stop_session
 from .grade import clopper_pearson_interval, clopper_pearson_upper, describe_grade, grade_runs
@@ -19,6 +19,7 @@ __all__ = [
     "Grade",
     "HistoryError",
     "Results",
+    "ScenarioError",
     "check_python",
     "check_spark",
     "clopper_pearson_interval",

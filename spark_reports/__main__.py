@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ._common import HistoryError
+from ._common import HistoryError, ScenarioError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{d}: {res['verdict']}: {res['reason']}\n{render_report(d, res)}")
             worst = max(worst, 0 if res["verdict"] == "durable" else 1)
         return worst
-    except (HistoryError, json.JSONDecodeError) as e:
+    except (HistoryError, ScenarioError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -16,22 +16,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.spec.history import body_digest, message_body
+
 from .schema import (
     LIST_CAP,
     SCHEMA_VERSION,
     AttributionRow,
+    Budgets,
+    Corruption,
     Counts,
     Delivery,
     Drain,
+    DrainOp,
+    EmptyNode,
     ExposureRow,
     FaultWindow,
     LostAttribution,
+    LostCauseRow,
     MessageDetail,
     Percentiles,
     Results,
+    Resurrection,
+    SplitBrainCopy,
+    UnflaggedRedelivery,
 )
 
-HISTORY_COLUMNS = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", "redelivered")
+HISTORY_COLUMNS = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", "redelivered", "error",
+                   "digest", "detail", "schema")
+OPTIONAL_COLUMNS = ("error", "digest", "detail", "schema")
+"""Absent from histories written before schema 2 (or by hand): read as nulls."""
 NEMESIS = "nemesis"
 DELIVERY_CAP = 10
 """Deliveries listed per message in detail lists; the count is always complete."""
@@ -42,8 +55,20 @@ ID_RE = re.compile(r"(.*):([0-9]{1,18})", re.S)
 NS_PER_S = 1_000_000_000
 
 
+NEVER_DELIVERED = "never delivered"
+ABANDONED = "abandoned delivery never redelivered"
+UNACKED = "delivered, never acked"
+EXCERPT_CHARS = 200
+"""The expected body shown beside a corrupted one: as much as a consumer records of what it got."""
+NO_LIMIT_INDEX = (1 << 63) - 1
+
+
 class HistoryError(Exception):
     """A run directory without a readable history: the user passed the wrong directory."""
+
+
+class ScenarioError(ValueError):
+    """A scenario value the checkers need (seed, message size, budgets) is malformed."""
 
 
 _T0 = time.monotonic()
@@ -117,6 +142,87 @@ def _load_json(text: str | None) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
+def json_field(text: str | None, key: str) -> str | None:
+    """A top-level field of a JSON object as text, the way Spark's get_json_object returns it.
+
+    Strings come back unquoted, other values as compact JSON, a missing key, a JSON null,
+    a non-object or malformed text as None: the Python engine reads ``detail`` exactly as
+    the Spark job does.
+    """
+    v = _load_json(text).get(key)
+    if v is None or isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(",", ":"))
+
+
+def json_int(text: str | None, key: str) -> int | None:
+    """A whole-number JSON field, or None (also for floats, booleans and strings)."""
+    v = _load_json(text).get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class Params:
+    """What the checkers take from the scenario: how bodies were made, and the budgets."""
+
+    seed: int | None
+    message_size: int | None
+    budgets: Budgets
+
+    @property
+    def bodies_known(self) -> bool:
+        return self.seed is not None and self.message_size is not None
+
+
+def _whole(value: Any, where: str, *, null_ok: bool) -> int | None:
+    if value is None and null_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        allowed = "a whole number >= 0" + (" or null" if null_ok else "")
+        raise ScenarioError(f"scenario {where} must be {allowed}, not {value!r}: fix the scenario file")
+    return value
+
+
+def scenario_params(scenario: dict | None) -> Params:
+    """Read seed, workload.message_size and budgets from a scenario dict.
+
+    Accepts the scenario itself or a run directory's scenario.json, which wraps it as
+    ``{"scenario": {...}, "seed": ...}``. A missing seed or size leaves bodies unverified
+    (the results say so); a malformed one is the user's to fix.
+    """
+    s = scenario or {}
+    if isinstance(s.get("scenario"), dict):
+        s = s["scenario"]
+    w = s.get("workload")
+    workload: dict = w if isinstance(w, dict) else {}
+    seed = _whole(s["seed"], "seed", null_ok=True) if "seed" in s else None
+    size = (_whole(workload["message_size"], "workload.message_size", null_ok=True)
+            if "message_size" in workload else None)
+    raw = s.get("budgets")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"scenario budgets must be a mapping, not {raw!r}: fix the scenario file")
+    unknown = sorted(set(raw) - {"duplicated", "resurrected"})
+    if unknown:
+        raise ScenarioError(f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; "
+                            "use duplicated and resurrected")
+    budgets = Budgets(duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
+                      resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True))
+    return Params(seed=seed, message_size=size, budgets=budgets)
+
+
+def expected_body(msg_id: str, params: Params) -> str:
+    """The body the producer sent for msg_id, as text (message_body is ASCII apart from the id)."""
+    assert params.seed is not None and params.message_size is not None
+    return message_body(msg_id, params.seed, params.message_size).decode()
+
+
+def expected_digest(msg_id: str, params: Params) -> str:
+    assert params.seed is not None and params.message_size is not None
+    return body_digest(message_body(msg_id, params.seed, params.message_size))
+
+
 def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     """Fault windows from the nemesis ops, which are few enough to handle anywhere.
 
@@ -157,31 +263,89 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     return out
 
 
-def drain_status(drain_rows: list[dict]) -> Drain:
-    """A drain counts as complete only if every drainer's last drain ended ok."""
-    per_proc: dict[str, list[dict]] = {}
+@dataclass(frozen=True)
+class DrainSpan:
+    """A node that reported a drained queue empty, within one drain op's index range."""
+
+    process: str
+    queue: str | None
+    lo: int  # the drain's invoke index
+    hi: int  # its completion's index
+    node: str
+    empty_at_ns: int
+
+
+def _node_view(v: Any) -> dict:
+    view = v if isinstance(v, dict) else {}
+    return {k: view.get(k) for k in ("consumed", "ready", "unacked", "empty_at_ns", "error")}
+
+
+def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
+    """Pair each drain invoke with the next completion of the same drainer and queue."""
+    ops: list[DrainOp] = []
+    spans: list[DrainSpan] = []
+    open_ops: dict[tuple[str, str | None], list[tuple[int, DrainOp]]] = {}
     for r in sorted(drain_rows, key=lambda r: r["index"]):
-        per_proc.setdefault(r["process"], []).append(r)
-    invoked = sum(1 for r in drain_rows if r.get("type") == "invoke")
-    completed = invoked > 0
-    for ops in per_proc.values():
-        inv = sum(1 for r in ops if r.get("type") == "invoke")
-        done = [r for r in ops if r.get("type") != "invoke"]
-        if inv and (len(done) < inv or done[-1].get("type") != "ok"):
-            completed = False
+        key = (r["process"], r.get("queue"))
+        if r.get("type") == "invoke":
+            op = DrainOp(process=r["process"], queue=r.get("queue"), outcome="open", error=None, consumed=None,
+                         nodes={})
+            ops.append(op)
+            open_ops.setdefault(key, []).append((r["index"], op))
+            continue
+        waiting = open_ops.get(key)
+        if not waiting:
+            continue
+        lo, op = waiting.pop(0)
+        value = _load_json(r.get("value"))
+        raw_nodes = value.get("nodes")
+        nodes: dict = raw_nodes if isinstance(raw_nodes, dict) else {}
+        consumed = value.get("consumed")
+        op["outcome"] = outcome_of(r.get("type"))  # type: ignore[typeddict-item]
+        op["error"] = r.get("error")
+        op["consumed"] = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
+        op["nodes"] = {str(n): _node_view(v) for n, v in sorted(nodes.items())}
+        for n, v in op["nodes"].items():
+            t = v["empty_at_ns"]
+            if isinstance(t, int) and not isinstance(t, bool):
+                spans.append(DrainSpan(process=r["process"], queue=r.get("queue"), lo=lo, hi=r["index"], node=n,
+                                       empty_at_ns=t))
+    return ops, spans
+
+
+def drain_status(drain_rows: list[dict]) -> Drain:
+    """A drain counts as complete only if every drain op's last completion, per drainer and queue, is ok."""
+    ops, _ = drain_ops(drain_rows)
+    last: dict[tuple[str, str | None], DrainOp] = {}
+    for op in ops:
+        last[(op["process"], op["queue"])] = op
+    completed = bool(ops) and all(op["outcome"] == "ok" for op in last.values())
     oks = [r["time_ns"] for r in drain_rows if r.get("type") == "ok"]
-    return Drain(invoked=invoked, completed=completed, end_ns=max(oks) if oks else None)
+    return Drain(invoked=len(ops), completed=completed, end_ns=max(oks) if oks else None, ops=ops)
+
+
+def split_brain_nodes(spans: list[DrainSpan], process: str, queue: str | None, index: int, time_ns: int,
+                      node: str | None) -> list[EmptyNode]:
+    """The other nodes of the drain op holding this ack that had reported empty before it."""
+    hits = {(s.empty_at_ns, s.node) for s in spans
+            if s.process == process and s.queue == queue and s.lo < index < s.hi and s.node != node
+            and time_ns > s.empty_at_ns}
+    return [EmptyNode(node=n, empty_at_ns=t) for t, n in sorted(hits)]
 
 
 @dataclass
 class Context:
-    """What an engine needs to know before its big pass: windows, drain, buckets."""
+    """What an engine needs to know before its big pass: windows, drain, buckets, the model."""
 
     end_ns: int
     ops: int
     windows: list[FaultWindow]
     drain: Drain
     bucket_s: int
+    history_schema: int
+    params: Params
+    spans: list[DrainSpan]
+    notes: list[str]
 
     @property
     def drain_end_ns(self) -> int:
@@ -190,14 +354,38 @@ class Context:
             return self.drain["end_ns"]
         return self.end_ns
 
+    @property
+    def acks(self) -> bool:
+        """Schema 2: consumption is an ack that completed ok; schema 1: a delivery."""
+        return self.history_schema >= 2
 
-def make_context(ops: int, end_ns: int | None, small_rows: list[dict]) -> Context:
-    """small_rows: every nemesis op and every drain op of the history."""
+    @property
+    def check_bodies(self) -> bool:
+        return self.acks and self.params.bodies_known
+
+
+def make_context(ops: int, end_ns: int | None, small_rows: list[dict], scenario: dict | None,
+                 history_schema: int | None) -> Context:
+    """small_rows: every nemesis op and every drain op of the history.
+
+    history_schema: the lowest ``schema`` of the history's records (None when it has none).
+    """
     end = end_ns or 0
+    version = SCHEMA_VERSION if history_schema is None else history_schema
+    params = scenario_params(scenario)
     nem = [r for r in small_rows if r.get("process") == NEMESIS]
     drains = [r for r in small_rows if r.get("f") == "drain" and r.get("process") != NEMESIS]
+    _, spans = drain_ops(drains)
+    notes = []
+    if version < 2:
+        notes.append(f"schema-{version} history: acks were recorded ok when written, not once the broker had "
+                     "them, so a delivery counts as consumed; ack outcomes, abandons, resurrections, bodies and "
+                     "split-brain copies are not checked")
+        spans = []
+    elif not params.bodies_known:
+        notes.append("bodies not verified: the scenario gives no seed and workload.message_size")
     return Context(end_ns=end, ops=ops, windows=fault_windows(nem, end), drain=drain_status(drains),
-                   bucket_s=bucket_width_s(end))
+                   bucket_s=bucket_width_s(end), history_schema=version, params=params, spans=spans, notes=notes)
 
 
 def overlapping(windows: list[FaultWindow], start_ns: int, end_ns: int) -> list[FaultWindow]:
@@ -219,10 +407,17 @@ class Facts:
     """The heavy results each engine computes its own way; assemble() does the rest."""
 
     counts: dict[str, int]
-    lost: list[dict]  # capped, by confirm index; MessageDetail-like dicts
-    unexpected: list[dict]  # capped, by first delivery index
-    duplicated: list[dict]
-    recovered: list[dict]
+    lost: list[dict]  # capped, by confirm index; MessageDetail-like dicts with a cause
+    lost_by_cause: list[tuple[str, str | None, int]]
+    ack_unknown: list[dict]  # capped, by confirm index
+    unexpected: list[dict]  # capped, by first consumption index
+    duplicated: list[dict]  # capped, by first delivery index
+    recovered: list[dict]  # capped, by first consumption index
+    resurrected: list[dict]  # capped, by first delivery after the ack
+    corrupted: list[dict]  # capped, by first corrupted delivery
+    split_brain: list[dict]  # capped, by ack index
+    unflagged: list[dict]  # capped, by index
+    undigested: int  # deliveries without a digest, when bodies are checked
     order_violations: list[dict]  # capped, by index
     attribution_rows: list[tuple[str, str | None, int]]
     exposure_rows: list[tuple[str, int, int]]
@@ -234,41 +429,95 @@ class Facts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _delivery(x: dict) -> Delivery:
+    return Delivery(index=x["index"], time_ns=x["time_ns"], node=x.get("node"), queue=x.get("queue"),
+                    process=x["process"], redelivered=x.get("redelivered"))
+
+
 def _detail(d: dict) -> MessageDetail:
     deliveries = sorted(d.get("deliveries") or [], key=lambda x: x["index"])[:DELIVERY_CAP]
     return MessageDetail(
         id=d["id"], attempts=int(d.get("attempts") or 0), outcome=d.get("outcome") or "none",
         first_invoke_ns=d.get("first_invoke_ns"), confirm_ns=d.get("confirm_ns"),
-        confirm_node=d.get("confirm_node"), consumed=int(d.get("consumed") or 0),
-        deliveries=[Delivery(index=x["index"], time_ns=x["time_ns"], node=x.get("node"), queue=x.get("queue"),
-                             process=x["process"], redelivered=x.get("redelivered")) for x in deliveries],
+        confirm_node=d.get("confirm_node"), delivered=int(d.get("delivered") or 0),
+        consumed=int(d.get("consumed") or 0), deliveries=[_delivery(x) for x in deliveries],
+        cause=d.get("cause"), abandon_cause=d.get("abandon_cause"),
     )
 
 
-def _verdict(counts: Counts, drain: Drain) -> tuple[Any, Any, str]:
-    lost, unexpected = counts["lost"], counts["unexpected"]
+def _resurrection(d: dict) -> Resurrection:
+    a = d["ack"]
+    return Resurrection(id=d["id"], ack_index=a["index"], ack_ns=a["time_ns"], ack_node=a.get("node"),
+                        ack_process=a["process"], deliveries_after=int(d["deliveries_after"]),
+                        delivery=_delivery(d["delivery"]))
+
+
+def _corruption(d: dict, params: Params) -> Corruption:
+    x = d["delivery"]
+    return Corruption(id=d["id"], deliveries=int(d["deliveries"]), delivery=_delivery(x),
+                      expected_digest=expected_digest(d["id"], params), digest=x["digest"],
+                      expected=expected_body(d["id"], params)[:EXCERPT_CHARS],
+                      received=json_field(x.get("detail"), "body"), received_length=json_int(x.get("detail"), "length"))
+
+
+def _split_brain(d: dict, spans: list[DrainSpan]) -> SplitBrainCopy:
+    a = d["ack"]
+    return SplitBrainCopy(id=d["id"], drainer=a["process"], queue=a.get("queue"), node=a.get("node"),
+                          ack_index=a["index"], ack_ns=a["time_ns"],
+                          empty=split_brain_nodes(spans, a["process"], a.get("queue"), a["index"], a["time_ns"],
+                                                  a.get("node")))
+
+
+def _unflagged(d: dict) -> UnflaggedRedelivery:
+    return UnflaggedRedelivery(id=d["id"], delivery=_delivery(d), abandon_index=d["abandon_index"],
+                               abandon_cause=d.get("abandon_cause"))
+
+
+def _over(count: int, budget: int | None) -> bool:
+    return budget is not None and count > budget
+
+
+def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, str]:
+    """LOST and INTEGRITY first, then the budgets (certain even when the drain is not), then unknown."""
+    lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
+    bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
+    bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
     if lost and drain["completed"]:
-        extra = f" and {unexpected:,} consumed but never attempted" if unexpected else ""
+        extra = f" (and {'; '.join(bad)})" if bad else ""
         return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}"
-    if unexpected:
-        return False, "INTEGRITY", f"{unexpected:,} messages consumed but never attempted"
+    if bad:
+        return False, "INTEGRITY", "messages: " + "; ".join(bad)
+    for name, verdict, what in (("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
+                                ("duplicated", "DUPLICATED", "delivered more than once")):
+        budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
+        if _over(count, budget):
+            return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}"
     if lost:
         why = "no drain was recorded" if drain["invoked"] == 0 else "the final drain did not complete"
         return "unknown", "unknown", f"{lost:,} confirmed messages unconsumed, but {why}"
-    return True, "durable", f"every one of {counts['confirmed']:,} confirmed messages was consumed"
+    confirmed, unknown_acks = counts["confirmed"], counts["ack_unknown"]
+    if unknown_acks:
+        return True, "durable", (f"{confirmed - unknown_acks:,} of {confirmed:,} confirmed messages consumed; "
+                                 f"the other {unknown_acks:,} were acked with an unknown outcome")
+    return True, "durable", f"every one of {confirmed:,} confirmed messages was consumed"
+
+
+COUNT_KEYS = ("attempted", "confirmed", "failed", "unknown", "publish_attempts", "delivered_unique",
+              "delivered_total", "consumed_unique", "consumed_total", "abandoned", "lost", "ack_unknown",
+              "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
+              "unflagged_redeliveries", "order_violations")
 
 
 def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     """Build the results dict identically for both engines."""
     c = facts.counts
-    counts = Counts(
-        attempted=c["attempted"], confirmed=c["confirmed"], failed=c["failed"], unknown=c["unknown"],
-        publish_attempts=c["publish_attempts"], consumed_unique=c["consumed_unique"],
-        consumed_total=c["consumed_total"], lost=c["lost"], unexpected=c["unexpected"],
-        duplicated=c["duplicated"], recovered=c["recovered"], order_violations=c["order_violations"],
-        history_ops=ctx.ops,
-    )
-    valid, verdict, reason = _verdict(counts, ctx.drain)
+    counts = Counts(**{k: int(c[k]) for k in COUNT_KEYS}, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+    budgets = ctx.params.budgets
+    valid, verdict, reason = _verdict(counts, ctx.drain, budgets)
+    notes = list(ctx.notes)
+    if ctx.check_bodies and facts.undigested:
+        notes.append(f"{facts.undigested:,} of {counts['delivered_total']:,} deliveries carry no body digest "
+                     "and were not verified")
     lost_detail = [_detail(d) for d in facts.lost]
     drain_end = ctx.drain_end_ns
     messages: list[LostAttribution] = []
@@ -286,12 +535,21 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         availability.append({"window": wid, "kind": kind_of.get(wid), "attempts": attempts,
                              "confirmed": confirmed, "share": (confirmed / attempts) if attempts else None})
     return Results(
-        schema=SCHEMA_VERSION, engine=engine, valid=valid, verdict=verdict, reason=reason, counts=counts,  # type: ignore[typeddict-item]
+        schema=SCHEMA_VERSION, engine=engine, history_schema=ctx.history_schema, valid=valid,  # type: ignore[typeddict-item]
+        verdict=verdict, reason=reason, notes=notes, budgets=budgets, counts=counts,
         lost=[d["id"] for d in lost_detail], lost_truncated=counts["lost"] > len(lost_detail),
         lost_detail=lost_detail,
+        lost_by_cause=[LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
+                       for k, a, n in sorted(facts.lost_by_cause, key=lambda r: (r[0], r[1] or ""))],
+        ack_unknown=[_detail(d) for d in facts.ack_unknown],
         unexpected=[d["id"] for d in facts.unexpected], unexpected_truncated=counts["unexpected"] > len(facts.unexpected),
         unexpected_detail=[_detail(d) for d in facts.unexpected],
-        duplicated=[_detail(d) for d in facts.duplicated], recovered=[_detail(d) for d in facts.recovered],
+        corrupted=[_corruption(d, ctx.params) for d in facts.corrupted],
+        duplicated=[_detail(d) for d in facts.duplicated],
+        resurrected=[_resurrection(d) for d in facts.resurrected],
+        recovered=[_detail(d) for d in facts.recovered],
+        split_brain=[_split_brain(d, ctx.spans) for d in facts.split_brain],
+        unflagged_redeliveries=[_unflagged(d) for d in facts.unflagged],
         order_violations=sorted(facts.order_violations, key=lambda v: v["index"]),  # type: ignore[arg-type]
         attribution={
             "drain_end_ns": drain_end,

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ._common import (
+    ABANDONED,
     DELIVERY_CAP,
     HISTORY_COLUMNS,
     NEMESIS,
+    NEVER_DELIVERED,
+    OPTIONAL_COLUMNS,
+    UNACKED,
     Context,
     Facts,
     assemble,
     bucket_of,
     cap,
+    expected_digest,
+    json_field,
     kinds_for,
     latency_us,
     make_context,
@@ -27,9 +33,13 @@ from ._common import (
     outcome_of,
     parse_id,
     progress,
+    split_brain_nodes,
     window_ids_at,
 )
 from .schema import LIST_CAP, Results
+
+_DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")
+_ACK_KEYS = ("index", "time_ns", "node", "process", "queue")
 
 
 def iter_history(path: Path) -> Iterator[dict]:
@@ -46,15 +56,22 @@ def iter_history(path: Path) -> Iterator[dict]:
         return
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=list(HISTORY_COLUMNS)).sort_by("index")
+    present = set(pq.read_schema(path).names)
+    missing = [c for c in OPTIONAL_COLUMNS if c not in present]
+    columns = [c for c in HISTORY_COLUMNS if c not in missing]
+    table = pq.read_table(path, columns=columns).sort_by("index")
     for batch in table.to_batches(max_chunksize=65536):
-        cols = [batch.column(name).to_pylist() for name in HISTORY_COLUMNS]
+        cols = [batch.column(name).to_pylist() for name in columns]
         for values in zip(*cols, strict=True):
-            yield dict(zip(HISTORY_COLUMNS, values, strict=True))
+            row = dict(zip(columns, values, strict=True))
+            for c in missing:
+                row[c] = None
+            yield row
 
 
 class _Msg:
-    __slots__ = ("attempts", "outcomes", "first_inv", "confirm", "pending", "deliveries", "consumed")
+    __slots__ = ("attempts", "outcomes", "first_inv", "confirm", "pending", "deliveries", "delivered", "last_d",
+                 "digests", "acked", "first_ack", "ack_info_inv", "abandons", "last_ab", "res_n", "res_first")
 
     def __init__(self) -> None:
         self.attempts = 0
@@ -63,7 +80,16 @@ class _Msg:
         self.confirm: tuple[int, int, str | None] | None = None  # (index, time, node)
         self.pending: deque[tuple[int, int]] = deque()
         self.deliveries: list[dict] = []
-        self.consumed = 0
+        self.delivered = 0
+        self.last_d: int | None = None
+        self.digests: dict[str, list] = {}  # digest -> [deliveries, first delivery]
+        self.acked = 0
+        self.first_ack: dict | None = None
+        self.ack_info_inv: int | None = None  # the latest invoke of an ack that completed info
+        self.abandons = 0
+        self.last_ab: tuple[int, str | None] | None = None  # (index, cause)
+        self.res_n = 0
+        self.res_first: dict | None = None
 
     @property
     def outcome(self) -> str:
@@ -75,6 +101,33 @@ class _Msg:
         return "info"
 
 
+class _AckPairs:
+    """Which ack invoke a completion closes: the k-th completion of a (process, id) closes its k-th invoke.
+
+    That is the Spark job's rule too, so a completion recorded before any invoke (a
+    malformed history) pairs with nothing in both engines.
+    """
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str], tuple[list[int], int]] = {}
+
+    def invoke(self, process: str, mid: str, index: int) -> None:
+        invokes, done = self.open.get((process, mid), ([], 0))
+        invokes.append(index)
+        self.open[(process, mid)] = (invokes, done)
+
+    def complete(self, process: str, mid: str) -> int | None:
+        key = (process, mid)
+        invokes, done = self.open.get(key, ([], 0))
+        paired = invokes[done] if done < len(invokes) else None
+        done += 1
+        if done == len(invokes):
+            self.open.pop(key, None)  # balanced: later pairs start afresh at the same offset
+        else:
+            self.open[key] = (invokes, done)
+        return paired
+
+
 def check_python(run_dir: Path, scenario: dict) -> Results:
     """Reconcile a stored run in plain Python (same results schema as check_spark)."""
     from ._common import history_path
@@ -83,20 +136,22 @@ def check_python(run_dir: Path, scenario: dict) -> Results:
     rows = list(iter_history(path)) if path.suffix == ".jsonl" else None
     source = rows if rows is not None else iter_history(path)
     # First pass over the small rows and the end time, exactly like the Spark job's prelude.
-    ops, end_ns, small = 0, None, []
+    ops, end_ns, small, schema = 0, None, [], None
     for r in source:
         ops += 1
         end_ns = r["time_ns"] if end_ns is None else max(end_ns, r["time_ns"])
+        version = r["schema"] if r["schema"] is not None else 1
+        schema = version if schema is None else min(schema, version)
         if r["process"] == NEMESIS or r["f"] == "drain":
             small.append(r)
-    ctx = make_context(ops, end_ns, small)
-    progress("python", "prelude", ops=ops, faults=len(ctx.windows))
+    ctx = make_context(ops, end_ns, small, scenario, schema)
+    progress("python", "prelude", ops=ops, faults=len(ctx.windows), schema=ctx.history_schema)
     facts = _reconcile(rows if rows is not None else iter_history(path), ctx)
     progress("python", "done", lost=facts.counts["lost"])
     return assemble("python", ctx, facts)
 
 
-def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
+def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
     msgs: dict[str, _Msg] = {}
     timeline: dict[tuple[int, str | None, str | None], int] = {}
     lat_tl: dict[int, list[int]] = {}
@@ -104,11 +159,19 @@ def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
     confirm_lat: list[int] = []
     max_seq: dict[tuple[str, str | None, str], int] = {}
     violations: list[dict] = []
-    n_violations = 0
-    consumed_total = 0
+    unflagged: list[dict] = []
+    acks = _AckPairs()
+    n = dict.fromkeys(("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0)
     publish_attempts = 0
     bw = ctx.bucket_s
     windows = ctx.windows
+    with_acks = ctx.acks
+
+    def msg(mid: str) -> _Msg:
+        m = msgs.get(mid)
+        if m is None:
+            m = msgs[mid] = _Msg()
+        return m
 
     for r in source:
         key = (bucket_of(r["time_ns"], bw), r["f"], r["type"])
@@ -141,24 +204,61 @@ def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
                     b[1] += lat
                     b[2] = max(b[2], lat)
         elif f == "consume" and ty == "ok":
-            consumed_total += 1
-            m = msgs.get(value)
-            if m is None:
-                m = msgs[value] = _Msg()
-            m.consumed += 1
+            n["delivered_total"] += 1
+            m = msg(value)
+            m.delivered += 1
+            m.last_d = r["index"]
+            d = {k: r[k] for k in _DELIVERY_KEYS}
             if len(m.deliveries) < DELIVERY_CAP:
-                m.deliveries.append({k: r[k] for k in ("index", "time_ns", "node", "queue", "process", "redelivered")})
+                m.deliveries.append(d)
+            if with_acks:
+                if m.first_ack is not None:
+                    m.res_n += 1
+                    if m.res_first is None:
+                        m.res_first = d
+                if m.last_ab is not None and r["redelivered"] is not True:
+                    n["unflagged"] += 1
+                    if len(unflagged) < LIST_CAP:
+                        unflagged.append({"id": value, **d, "abandon_index": m.last_ab[0],
+                                          "abandon_cause": m.last_ab[1]})
+                digest = r["digest"]
+                if digest is None:
+                    n["undigested"] += 1
+                else:
+                    seen = m.digests.get(digest)
+                    if seen is None:
+                        m.digests[digest] = [1, {**d, "digest": digest, "detail": r["detail"]}]
+                    else:
+                        seen[0] += 1
             parsed = parse_id(value)
             if parsed is not None and r["redelivered"] is not True:
                 producer, seq = parsed
                 okey = (r["process"], r["queue"], producer)
                 prev = max_seq.get(okey)
                 if prev is not None and seq < prev:
-                    n_violations += 1
+                    n["violations"] += 1
                     if len(violations) < LIST_CAP:
                         violations.append({"consumer": r["process"], "queue": r["queue"], "producer": producer,
                                            "id": value, "seq": seq, "after_seq": prev, "index": r["index"]})
                 max_seq[okey] = seq if prev is None else max(prev, seq)
+        elif with_acks and f == "ack":
+            if ty == "invoke":
+                acks.invoke(r["process"], value, r["index"])
+                continue
+            paired = acks.complete(r["process"], value)
+            m = msg(value)
+            if ty == "ok":
+                n["acked_total"] += 1
+                m.acked += 1
+                if m.first_ack is None:
+                    m.first_ack = {k: r[k] for k in _ACK_KEYS}
+            elif ty != "fail" and paired is not None:
+                m.ack_info_inv = paired if m.ack_info_inv is None else max(m.ack_info_inv, paired)
+        elif with_acks and f == "abandon" and ty == "invoke":
+            n["abandoned"] += 1
+            m = msg(value)
+            m.abandons += 1
+            m.last_ab = (r["index"], json_field(r["detail"], "cause"))
 
     progress("python", "grouped", messages=len(msgs))
     # Invokes that never completed are indeterminate attempts.
@@ -168,24 +268,32 @@ def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
             m.outcomes.add("info")
             _count_attempt(availability, windows, inv_time, False)
 
-    counts = dict.fromkeys(("attempted", "confirmed", "failed", "unknown", "consumed_unique", "lost",
-                            "unexpected", "duplicated", "recovered"), 0)
-    lost, unexpected, duplicated, recovered = [], [], [], []
+    counts = dict.fromkeys(("attempted", "confirmed", "failed", "unknown", "delivered_unique", "consumed_unique",
+                            "lost", "ack_unknown", "unexpected", "corrupted", "duplicated", "resurrected",
+                            "recovered", "split_brain"), 0)
+    lists: dict[str, list[dict]] = {k: [] for k in ("lost", "ack_unknown", "unexpected", "duplicated", "recovered",
+                                                    "resurrected", "corrupted", "split_brain")}
+    by_cause: dict[tuple[str, str | None], int] = {}
     e2e: list[int] = []
     attribution: dict[tuple[str, str | None], int] = {}
     exposure: dict[str, list[int]] = {}
     drain_end = ctx.drain_end_ns
     for mid, m in msgs.items():
         outcome = m.outcome
+        consumed = m.acked if with_acks else m.delivered
         counts["attempted"] += m.attempts > 0
         counts["confirmed"] += outcome == "ok"
         counts["failed"] += outcome == "fail"
         counts["unknown"] += outcome == "info"
-        counts["consumed_unique"] += m.consumed > 0
-        if m.attempts and m.consumed:
+        counts["delivered_unique"] += m.delivered > 0
+        counts["consumed_unique"] += consumed > 0
+        if m.attempts and m.delivered:
             assert m.first_inv is not None
             e2e.append(latency_us(m.deliveries[0]["time_ns"], m.first_inv[1]))
-        is_lost = outcome == "ok" and m.consumed == 0
+        unacked = outcome == "ok" and consumed == 0
+        ack_unknown = (unacked and m.ack_info_inv is not None
+                       and (m.last_d is None or m.ack_info_inv > m.last_d))
+        is_lost = unacked and not ack_unknown
         if outcome == "ok":
             assert m.confirm is not None
             for kind in kinds_for(windows, m.confirm[1], drain_end):
@@ -195,34 +303,67 @@ def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
                 if is_lost:
                     akey = (kind, m.confirm[2])
                     attribution[akey] = attribution.get(akey, 0) + 1
-        detail = None
+        first_consumed = (m.first_ack["index"] if with_acks and m.first_ack
+                          else m.deliveries[0]["index"] if m.deliveries else None)
+
+        def add(name: str, extra: dict | None = None, mid: str = mid, m: _Msg = m, consumed: int = consumed,
+                first_consumed: int | None = first_consumed) -> None:
+            counts[name] += 1
+            lists[name].append({**_detail(mid, m, consumed), "first_consumed_index": first_consumed, **(extra or {})})
+
         if is_lost:
-            counts["lost"] += 1
-            lost.append(detail := _detail(mid, m))
-        if m.attempts == 0 and m.consumed:
-            counts["unexpected"] += 1
-            unexpected.append(detail or (detail := _detail(mid, m)))
-        if m.consumed > 1:
-            counts["duplicated"] += 1
-            duplicated.append(detail or (detail := _detail(mid, m)))
-        if outcome in ("fail", "info") and m.consumed:
-            counts["recovered"] += 1
-            recovered.append(detail or _detail(mid, m))
+            cause, abandon_cause = _lost_cause(m)
+            by_cause[(cause, abandon_cause)] = by_cause.get((cause, abandon_cause), 0) + 1
+            add("lost", {"cause": cause, "abandon_cause": abandon_cause})
+        if ack_unknown:
+            add("ack_unknown")
+        if m.attempts == 0 and consumed:
+            add("unexpected")
+        if m.delivered > 1:
+            add("duplicated")
+        if outcome in ("fail", "info") and consumed:
+            add("recovered")
+        if m.res_n:
+            counts["resurrected"] += 1
+            lists["resurrected"].append({"id": mid, "ack": m.first_ack, "deliveries_after": m.res_n,
+                                         "delivery": m.res_first, "first_index": m.res_first["index"]})  # type: ignore[index]
+        if ctx.check_bodies and m.attempts and m.digests:
+            want = expected_digest(mid, ctx.params)
+            bad = [v for dg, v in m.digests.items() if dg != want]
+            if bad:
+                first = min((v[1] for v in bad), key=lambda x: x["index"])
+                counts["corrupted"] += 1
+                lists["corrupted"].append({"id": mid, "deliveries": sum(v[0] for v in bad), "delivery": first,
+                                           "first_index": first["index"]})
+        if ctx.spans and m.first_ack is not None:
+            a = m.first_ack
+            if split_brain_nodes(ctx.spans, a["process"], a["queue"], a["index"], a["time_ns"], a["node"]):
+                counts["split_brain"] += 1
+                lists["split_brain"].append({"id": mid, "ack": a, "first_index": a["index"]})
 
     counts["publish_attempts"] = publish_attempts
-    counts["consumed_total"] = consumed_total
-    counts["order_violations"] = n_violations
+    counts["delivered_total"] = n["delivered_total"]
+    counts["consumed_total"] = n["acked_total"] if with_acks else n["delivered_total"]
+    counts["abandoned"] = n["abandoned"]
+    counts["unflagged_redeliveries"] = n["unflagged"]
+    counts["order_violations"] = n["violations"]
     confirm_lat.sort()
     e2e.sort()
-    for lst in (unexpected, duplicated, recovered):
-        for d in lst:
-            d["first_delivery_index"] = d["deliveries"][0]["index"]
+    for d in lists["duplicated"]:
+        d["first_delivery_index"] = d["deliveries"][0]["index"]
     return Facts(
         counts=counts,
-        lost=cap(lost, "confirm_index"),
-        unexpected=cap(unexpected, "first_delivery_index"),
-        duplicated=cap(duplicated, "first_delivery_index"),
-        recovered=cap(recovered, "first_delivery_index"),
+        lost=cap(lists["lost"], "confirm_index"),
+        lost_by_cause=[(c, a, k) for (c, a), k in by_cause.items()],
+        ack_unknown=cap(lists["ack_unknown"], "confirm_index"),
+        unexpected=cap(lists["unexpected"], "first_consumed_index"),
+        duplicated=cap(lists["duplicated"], "first_delivery_index"),
+        recovered=cap(lists["recovered"], "first_consumed_index"),
+        resurrected=cap(lists["resurrected"], "first_index"),
+        corrupted=cap(lists["corrupted"], "first_index"),
+        split_brain=cap(lists["split_brain"], "first_index"),
+        unflagged=unflagged,
+        undigested=n["undigested"],
         order_violations=violations,
         attribution_rows=[(k, n, c) for (k, n), c in attribution.items()],
         exposure_rows=[(k, v[0], v[1]) for k, v in exposure.items()],
@@ -234,6 +375,14 @@ def _reconcile(source: Iterator[dict] | list[dict], ctx: Context) -> Facts:
     )
 
 
+def _lost_cause(m: _Msg) -> tuple[str, str | None]:
+    if m.delivered == 0:
+        return NEVER_DELIVERED, None
+    if m.last_ab is not None and m.last_d is not None and m.last_ab[0] > m.last_d:
+        return ABANDONED, m.last_ab[1]
+    return UNACKED, None
+
+
 def _count_attempt(availability: dict[str, list[int]], windows: list, inv_time: int, ok: bool) -> None:
     for wid in window_ids_at(windows, inv_time) or ["outside"]:
         a = availability.setdefault(wid, [0, 0])
@@ -241,12 +390,12 @@ def _count_attempt(availability: dict[str, list[int]], windows: list, inv_time: 
         a[1] += ok
 
 
-def _detail(mid: str, m: _Msg) -> dict:
+def _detail(mid: str, m: _Msg, consumed: int) -> dict:
     return {
         "id": mid, "attempts": m.attempts, "outcome": m.outcome,
         "first_invoke_ns": m.first_inv[1] if m.first_inv else None,
         "confirm_ns": m.confirm[1] if m.confirm else None,
         "confirm_node": m.confirm[2] if m.confirm else None,
         "confirm_index": m.confirm[0] if m.confirm else None,
-        "consumed": m.consumed, "deliveries": list(m.deliveries),
+        "delivered": m.delivered, "consumed": consumed, "deliveries": list(m.deliveries),
     }

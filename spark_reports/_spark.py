@@ -12,15 +12,19 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._common import (
+    ABANDONED,
     DELIVERY_CAP,
     HISTORY_COLUMNS,
     NEMESIS,
+    NEVER_DELIVERED,
     NS_PER_S,
     PERCENTILES,
+    UNACKED,
     Context,
     Facts,
     assemble,
@@ -109,6 +113,10 @@ def stop_session() -> None:
     _session, _session_key = None, None
 
 
+_COLUMN_TYPES = {"error": "string", "digest": "string", "detail": "string", "schema": "int"}
+_DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
+
+
 def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = None,
                 driver_memory: str | None = None) -> Results:
     """Reconcile a stored run with Spark; same results schema as check_python.
@@ -117,14 +125,19 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     filesystem every executor can read at the same path.
     """
     import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
 
     path = history_path(Path(run_dir), allow_jsonl=False).resolve()
     conf = (scenario or {}).get("spark") or {}
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
-    n_rows, max_time = _footer(pq.ParquetFile(path).metadata)
-    spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(400, n_rows // 500_000))))
-    h = spark.read.parquet(str(path)).select(*HISTORY_COLUMNS)
-    job = _Job(spark, h, n_rows, max_time)
+    footer = _footer(pq.ParquetFile(path).metadata)
+    spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(400, footer.rows // 500_000))))
+    raw = spark.read.parquet(str(path))
+    present = set(raw.columns)
+    # Histories written before schema 2 have no digest or detail column: they read as nulls.
+    h = raw.select(*[F.col(c) if c in present else F.lit(None).cast(_COLUMN_TYPES[c]).alias(c)
+                     for c in HISTORY_COLUMNS])
+    job = _Job(spark, h, footer, scenario, has_schema="schema" in present)
     try:
         return job.run()
     finally:
@@ -132,10 +145,12 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
 
 
 class _Job:
-    def __init__(self, spark: Any, h: Any, n_rows: int, max_time: int | None) -> None:
+    def __init__(self, spark: Any, h: Any, footer: _Footer, scenario: dict, *, has_schema: bool) -> None:
         self.spark = spark
         self.h = h
-        self.n_rows, self.max_time = n_rows, max_time
+        self.footer = footer
+        self.scenario = scenario
+        self.has_schema = has_schema
         self.cached: list[Any] = []
 
     def persist(self, df: Any) -> Any:
@@ -153,85 +168,193 @@ class _Job:
         from pyspark.sql import functions as F
 
         h = self.h
-        ops, end_ns = self.n_rows, self.max_time
+        ops, end_ns, schema = self.footer.rows, self.footer.max_time, self.footer.min_schema
         if end_ns is None:
             ops, end_ns = h.agg(F.count(F.lit(1)), F.max("time_ns")).first()
+        if not self.has_schema:
+            schema = 1
+        elif schema is None:
+            schema = h.agg(F.min(F.coalesce("schema", F.lit(1)))).first()[0]
         small = [r.asDict() for r in h.filter((F.col("process") == NEMESIS) | (F.col("f") == "drain"))
-                 .select("index", "time_ns", "process", "node", "type", "f", "value").collect()]
-        ctx = make_context(int(ops), end_ns, small)
-        progress("spark", "prelude", ops=int(ops), faults=len(ctx.windows), drain_ops=len(small))
+                 .select("index", "time_ns", "process", "node", "type", "f", "queue", "value", "error").collect()]
+        ctx = make_context(int(ops), end_ns, small, self.scenario, schema)
+        progress("spark", "prelude", ops=int(ops), faults=len(ctx.windows), drain_ops=len(small),
+                 schema=ctx.history_schema)
         facts = self.reconcile(ctx)
         progress("spark", "done", lost=facts.counts["lost"])
         return assemble("spark", ctx, facts)
 
+    def events(self, ctx: Context) -> Any:
+        """Client records that matter per message id, each tagged with its kind ``k``.
+
+        p publish, d delivery; with acks (schema 2) also ai/ao/af/an ack invoke, ok,
+        fail, info (anything else that is not invoke, ok or fail is indeterminate), and
+        ab abandon invoke.
+        """
+        from pyspark.sql import functions as F
+
+        f, ty = F.col("f"), F.col("type")
+        kind = F.when(f == "publish", "p").when((f == "consume") & (ty == "ok"), "d")
+        if ctx.acks:
+            ack = f == "ack"
+            kind = (kind.when(ack & (ty == "invoke"), "ai").when(ack & (ty == "ok"), "ao")
+                    .when(ack & (ty == "fail"), "af").when(ack, "an")
+                    .when((f == "abandon") & (ty == "invoke"), "ab"))
+        client = ~F.col("process").eqNullSafe(NEMESIS) & F.col("value").isNotNull()
+        return (self.h.filter(client)
+                .select(F.col("value").alias("id"), "index", "type", "time_ns", "node", "queue", "process",
+                        "redelivered", "digest", "detail", kind.alias("k"))
+                .filter(F.col("k").isNotNull()))
+
     def reconcile(self, ctx: Context) -> Facts:
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         h = self.h
-        client = ~F.col("process").eqNullSafe(NEMESIS) & F.col("value").isNotNull()
-        pub = h.filter(client & (F.col("f") == "publish")).select(
-            F.col("value").alias("id"), F.struct("index", "type", "time_ns", "node").alias("e"))
-        pm = (pub.groupBy("id").agg(F.sort_array(F.collect_list("e")).alias("ev"))
-              .select("id", F.expr(_PAIR).alias("a"), "ev")
-              .select(
-                  "id", "a", F.size("a").alias("attempts"), F.expr(_OUTCOME).alias("outcome"),
-                  F.expr("try_element_at(filter(ev, e -> e.type = 'invoke'), 1).time_ns").alias("fi_t"),
-                  F.expr("try_element_at(filter(a, x -> x.o = 'ok'), 1)").alias("c")))
-        cons = h.filter(client & (F.col("f") == "consume") & (F.col("type") == "ok")).select(
-            F.col("value").alias("id"), "index", "time_ns", "node", "queue", "process", "redelivered")
-        cg = cons.groupBy("id").agg(
-            F.count(F.lit(1)).alias("consumed"),
-            F.slice(F.sort_array(F.collect_list(F.struct("index", "time_ns", "node", "queue", "process",
-                                                         "redelivered"))), 1, DELIVERY_CAP).alias("deliveries"))
-        j = self.persist(pm.join(cg, "id", "full_outer").select(
-            "id", "a", F.coalesce("attempts", F.lit(0)).alias("attempts"),
-            F.coalesce("outcome", F.lit("none")).alias("outcome"), "fi_t",
-            F.col("c.di").alias("c_i"), F.col("c.dt").alias("c_t"), F.col("c.dn").alias("c_n"),
-            F.coalesce("consumed", F.lit(0)).alias("consumed"), "deliveries",
-        ).withColumns({
-            "is_lost": (F.col("outcome") == "ok") & (F.col("consumed") == 0),
-            "is_unexpected": (F.col("attempts") == 0) & (F.col("consumed") > 0),
-            "is_dup": F.col("consumed") > 1,
-            "is_recovered": F.col("outcome").isin("fail", "info") & (F.col("consumed") > 0),
-        }))
+        ev = self.events(ctx)
+        k, idx = F.col("k"), F.col("index")
+        is_d = k == "d"
+        cause = F.get_json_object("detail", "$.cause")
+        if ctx.acks:
+            # Per id in index order: was an ack ok already recorded, which abandon came last.
+            # Per (id, process): the k-th ack completion closes the k-th ack invoke (FIFO), which
+            # gives each ack that ended info the index at which it was written.
+            before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
+            upto = (Window.partitionBy("id", "process").orderBy("index")
+                    .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+            ew = ev.withColumns({
+                "ack_before": F.min(F.when(k == "ao", idx)).over(before),
+                "ab_before": F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).over(before),
+            }).withColumns({
+                "invs": F.collect_list(F.when(k == "ai", idx)).over(upto),
+                "done": F.sum(F.when(k.isin("ao", "af", "an"), 1).otherwise(0)).over(upto),
+            }).withColumn("paired", F.when(k == "an", F.expr("try_element_at(invs, cast(done as int))")))
+        else:
+            ew = ev.withColumns({
+                "ack_before": F.lit(None).cast("long"),
+                "ab_before": F.lit(None).cast("struct<index:bigint,cause:string>"),
+                "paired": F.lit(None).cast("long"),
+            })
 
         def n(cond: Any) -> Any:
             return F.sum(F.when(cond, 1).otherwise(0))
 
+        resurrecting = is_d & F.col("ack_before").isNotNull()
+        delivery = F.struct(*_DELIVERY)
+        agg = ew.groupBy("id").agg(
+            F.sort_array(F.collect_list(F.when(k == "p", F.struct("index", "type", "time_ns", "node")))).alias("ev"),
+            n(is_d).alias("delivered"),
+            F.slice(F.sort_array(F.collect_list(F.when(is_d, delivery))), 1, DELIVERY_CAP).alias("deliveries"),
+            F.max(F.when(is_d, idx)).alias("last_d"),
+            F.min(F.when(is_d, F.col("digest"))).alias("dig_min"),
+            F.max(F.when(is_d, F.col("digest"))).alias("dig_max"),
+            n(is_d & F.col("digest").isNotNull()).alias("n_dig"),
+            n(is_d & F.col("digest").isNull()).alias("undigested"),
+            n(k == "ao").alias("acked"),
+            F.min(F.when(k == "ao", F.struct("index", "time_ns", "node", "process", "queue"))).alias("first_ack"),
+            F.max(F.when(k == "an", F.col("paired"))).alias("ack_info_inv"),
+            n(k == "ab").alias("abandons"),
+            F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).alias("last_ab"),
+            n(resurrecting).alias("res_n"),
+            F.min(F.when(resurrecting, delivery)).alias("res_first"),
+            n(is_d & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)).alias("unflagged"),
+        )
+        base = agg.withColumn("a", F.expr(_PAIR)).select(
+            "*", F.size("a").alias("attempts"), F.expr(_OUTCOME).alias("outcome"),
+            F.expr("try_element_at(filter(ev, e -> e.type = 'invoke'), 1).time_ns").alias("fi_t"),
+            F.expr("try_element_at(filter(a, x -> x.o = 'ok'), 1)").alias("c"))
+        consumed = F.col("acked") if ctx.acks else F.col("delivered")
+        unacked = (F.col("outcome") == "ok") & (consumed == 0)
+        ack_unknown = unacked & F.col("ack_info_inv").isNotNull() & (
+            F.col("last_d").isNull() | (F.col("ack_info_inv") > F.col("last_d")))
+        if ctx.check_bodies:
+            assert ctx.params.seed is not None and ctx.params.message_size is not None
+            need = (F.col("attempts") > 0) & (F.col("n_dig") > 0)
+            base = base.withColumn("payload", F.when(need, F.expr(payload_sql("id", ctx.params.seed,
+                                                                                str(ctx.params.message_size)))))
+            base = base.withColumn("exp", F.expr(digest_sql(body_from_payload_sql("id", "payload"))))
+        else:
+            base = base.withColumn("exp", F.lit(None).cast("string"))
+        exp = F.col("exp")
+        fa = F.col("first_ack")
+        if ctx.spans:
+            spans = _spans_column(ctx)
+            split = fa.isNotNull() & F.exists(spans, lambda s: (
+                (s["p"] == fa["process"]) & s["q"].eqNullSafe(fa["queue"]) & (fa["index"] > s["lo"])
+                & (fa["index"] < s["hi"]) & ~s["n"].eqNullSafe(fa["node"]) & (fa["time_ns"] > s["e"])))
+        else:
+            split = F.lit(False)
+        j = self.persist(base.select(
+            "id", "a", "attempts", "outcome", "fi_t",
+            F.col("c.di").alias("c_i"), F.col("c.dt").alias("c_t"), F.col("c.dn").alias("c_n"),
+            "delivered", consumed.alias("consumed"), "deliveries", "undigested", "abandons", "unflagged",
+            "first_ack", "res_n", "res_first",
+            (fa["index"] if ctx.acks else F.col("deliveries")[0]["index"]).alias("first_consumed"),
+            F.when(F.col("delivered") == 0, NEVER_DELIVERED)
+            .when(F.col("last_ab.index") > F.col("last_d"), ABANDONED).otherwise(UNACKED).alias("cause"),
+            F.when((F.col("delivered") > 0) & (F.col("last_ab.index") > F.col("last_d")), F.col("last_ab.cause"))
+            .alias("abandon_cause"),
+            (unacked & ~ack_unknown).alias("is_lost"),
+            ack_unknown.alias("is_ack_unknown"),
+            ((F.col("attempts") == 0) & (consumed > 0)).alias("is_unexpected"),
+            (F.col("delivered") > 1).alias("is_dup"),
+            (F.col("outcome").isin("fail", "info") & (consumed > 0)).alias("is_recovered"),
+            (F.col("res_n") > 0).alias("is_resurrected"),
+            "exp", (exp.isNotNull() & ((F.col("dig_min") != exp) | (F.col("dig_max") != exp))).alias("is_corrupted"),
+            split.alias("is_split"),
+        ))
+
         row = j.agg(
             n(F.col("attempts") > 0).alias("attempted"), n(F.col("outcome") == "ok").alias("confirmed"),
             n(F.col("outcome") == "fail").alias("failed"), n(F.col("outcome") == "info").alias("unknown"),
-            F.sum("attempts").alias("publish_attempts"), n(F.col("consumed") > 0).alias("consumed_unique"),
-            F.sum("consumed").alias("consumed_total"), n(F.col("is_lost")).alias("lost"),
-            n(F.col("is_unexpected")).alias("unexpected"), n(F.col("is_dup")).alias("duplicated"),
-            n(F.col("is_recovered")).alias("recovered"),
+            F.sum("attempts").alias("publish_attempts"),
+            n(F.col("delivered") > 0).alias("delivered_unique"), F.sum("delivered").alias("delivered_total"),
+            n(F.col("consumed") > 0).alias("consumed_unique"), F.sum("consumed").alias("consumed_total"),
+            F.sum("abandons").alias("abandoned"), n(F.col("is_lost")).alias("lost"),
+            n(F.col("is_ack_unknown")).alias("ack_unknown"), n(F.col("is_unexpected")).alias("unexpected"),
+            n(F.col("is_corrupted")).alias("corrupted"), n(F.col("is_dup")).alias("duplicated"),
+            n(F.col("is_resurrected")).alias("resurrected"), n(F.col("is_recovered")).alias("recovered"),
+            n(F.col("is_split")).alias("split_brain"), F.sum("unflagged").alias("unflagged_redeliveries"),
+            F.sum("undigested").alias("undigested"),
         ).first()
         counts = {k: int(v or 0) for k, v in row.asDict().items()}
+        undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
 
-        def details(flag: str, order: Any) -> list[dict]:
+        def details(flag: str, order: Any, *extra: Any) -> list[dict]:
             rows = j.filter(F.col(flag)).orderBy(order).limit(LIST_CAP).select(
                 "id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"),
-                F.col("c_t").alias("confirm_ns"), F.col("c_n").alias("confirm_node"), "consumed", "deliveries",
+                F.col("c_t").alias("confirm_ns"), F.col("c_n").alias("confirm_node"), "delivered", "consumed",
+                "deliveries", *extra,
             ).collect()
             return [r.asDict(recursive=True) for r in rows]
 
-        first_delivery = F.col("deliveries")[0]["index"]
-        lost = details("is_lost", F.col("c_i"))
-        unexpected = details("is_unexpected", first_delivery)
-        duplicated = details("is_dup", first_delivery)
-        recovered = details("is_recovered", first_delivery)
-        progress("spark", "lists", lost=len(lost), unexpected=len(unexpected))
+        lost = details("is_lost", F.col("c_i"), "cause", "abandon_cause")
+        lost_by_cause = [(r["cause"], r["abandon_cause"], int(r["count"]))
+                         for r in j.filter("is_lost").groupBy("cause", "abandon_cause").count().collect()]
+        ack_unknown_list = details("is_ack_unknown", F.col("c_i"))
+        unexpected = details("is_unexpected", F.col("first_consumed"))
+        duplicated = details("is_dup", F.col("deliveries")[0]["index"])
+        recovered = details("is_recovered", F.col("first_consumed"))
+        resurrected = [r.asDict(recursive=True) for r in j.filter("is_resurrected").orderBy("res_first.index")
+                       .limit(LIST_CAP).select("id", F.col("first_ack").alias("ack"),
+                                               F.col("res_n").alias("deliveries_after"),
+                                               F.col("res_first").alias("delivery")).collect()]
+        split_brain = [r.asDict(recursive=True) for r in j.filter("is_split").orderBy("first_ack.index")
+                       .limit(LIST_CAP).select("id", F.col("first_ack").alias("ack")).collect()]
+        corrupted = self.corrupted(ev, j) if counts["corrupted"] else []
+        unflagged = self.unflagged(ev) if counts["unflagged_redeliveries"] else []
+        progress("spark", "lists", lost=len(lost), unexpected=len(unexpected), corrupted=len(corrupted))
 
         att = j.select(F.explode("a").alias("x")).select("x.*")
         # Both latency series are read by several passes (histogram, refinement, timeline): keep them.
         ok_att = self.persist(att.filter(F.col("o") == "ok").select(
             "dt", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("lat")))
         confirm_us = _order_stats(ok_att.select(F.col("lat").alias("v")))
-        e2e = self.persist(j.filter((F.col("attempts") > 0) & (F.col("consumed") > 0)).select(
+        e2e = self.persist(j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
             F.greatest(F.expr("(deliveries[0].time_ns - fi_t) div 1000"), F.lit(0)).alias("v")))
         e2e_us = _order_stats(e2e)
-        progress("spark", "latency", confirmed_attempts=confirm_us[0], consumed=e2e_us[0])
+        progress("spark", "latency", confirmed_attempts=confirm_us[0], delivered=e2e_us[0])
 
         windows = _windows_column(ctx)
         it = F.col("it")
@@ -252,15 +375,15 @@ class _Job:
         by_kind: dict[str, list[int]] = {}
         attribution_rows = []
         for r in exposed.groupBy("kind", "c_n", "is_lost").count().collect():
-            k = by_kind.setdefault(r["kind"], [0, 0])
-            k[0] += int(r["count"])
+            kk = by_kind.setdefault(r["kind"], [0, 0])
+            kk[0] += int(r["count"])
             if r["is_lost"]:
-                k[1] += int(r["count"])
+                kk[1] += int(r["count"])
                 attribution_rows.append((r["kind"], r["c_n"], int(r["count"])))
         exposure_rows = [(kind, v[0], v[1]) for kind, v in by_kind.items()]
         progress("spark", "attribution", rows=len(attribution_rows))
 
-        n_viol, violations = self.order_violations(cons)
+        n_viol, violations = self.order_violations(ev.filter(is_d))
         progress("spark", "order", violations=n_viol)
         counts["order_violations"] = n_viol
 
@@ -273,11 +396,41 @@ class _Job:
         progress("spark", "timeline", buckets=len(timeline))
 
         return Facts(
-            counts=counts, lost=lost, unexpected=unexpected, duplicated=duplicated, recovered=recovered,
+            counts=counts, lost=lost, lost_by_cause=lost_by_cause, ack_unknown=ack_unknown_list,
+            unexpected=unexpected, duplicated=duplicated, recovered=recovered, resurrected=resurrected,
+            corrupted=corrupted, split_brain=split_brain, unflagged=unflagged, undigested=undigested,
             order_violations=violations, attribution_rows=attribution_rows, exposure_rows=exposure_rows,
             confirm_us=confirm_us, e2e_us=e2e_us, availability=availability, timeline=timeline,
             latency_timeline=lat_tl,
         )
+
+    def corrupted(self, ev: Any, j: Any) -> list[dict]:
+        """The first corrupted delivery of each corrupted id: only those ids' deliveries are joined."""
+        from pyspark.sql import functions as F
+
+        bad = j.filter("is_corrupted").select("id", "exp")
+        rows = (ev.filter((F.col("k") == "d") & F.col("digest").isNotNull()).join(bad, "id")
+                .filter(F.col("digest") != F.col("exp"))
+                .groupBy("id").agg(F.count(F.lit(1)).alias("deliveries"),
+                                   F.min(F.struct(*_DELIVERY, "digest", "detail")).alias("delivery"))
+                .orderBy("delivery.index").limit(LIST_CAP).collect())
+        return [r.asDict(recursive=True) for r in rows]
+
+    def unflagged(self, ev: Any) -> list[dict]:
+        """Deliveries after an abandon without the redelivered flag, with the latest abandon before each."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        k = F.col("k")
+        before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
+        ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
+        rows = (ev.filter(k.isin("d", "ab"))
+                .withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
+                .filter((k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True))
+                .orderBy("index").limit(LIST_CAP)
+                .select("id", *_DELIVERY, F.col("ab_before.index").alias("abandon_index"),
+                        F.col("ab_before.cause").alias("abandon_cause")).collect())
+        return [r.asDict() for r in rows]
 
     def order_violations(self, cons: Any) -> tuple[int, list[dict]]:
         from pyspark.sql import Window
@@ -297,6 +450,23 @@ class _Job:
         count = v.count()
         rows = v.orderBy("index").limit(LIST_CAP).collect() if count else []
         return count, [r.asDict() for r in rows]
+
+
+def payload_sql(mid: str, seed: int, size: str) -> str:
+    """The seeded filler of ``harness.spec.message_body`` in Spark SQL (mid, size: SQL expressions)."""
+    head = f"concat({mid}, '|')"
+    n = f"greatest(0, ({size}) - char_length({head}) - 17)"
+    return f"substring(repeat(sha2(concat('{int(seed)}:', {mid}), 256), ({n}) div 64 + 1), 1, {n})"
+
+
+def body_from_payload_sql(mid: str, payload: str) -> str:
+    """``id|check|payload``, check being the first 16 hex digits of the payload's sha256."""
+    return f"concat({mid}, '|', substring(sha2({payload}, 256), 1, 16), '|', {payload})"
+
+
+def digest_sql(body: str) -> str:
+    """``harness.spec.body_digest`` in Spark SQL."""
+    return f"substring(sha2({body}, 256), 1, 32)"
 
 
 # Pair each publish completion with the earliest invoke of the same id still waiting
@@ -338,16 +508,49 @@ def _bucket(name: str, width_s: int) -> Any:
     return F.expr(f"{floordiv(floordiv(name, NS_PER_S), width_s)} * {width_s}")
 
 
-def _footer(meta: Any) -> tuple[int, int | None]:
-    """Row count and max(time_ns) from the Parquet footer, saving a full scan when stats exist."""
-    col = meta.schema.names.index("time_ns")
-    best: int | None = None
-    for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(col).statistics
-        if stats is None or not stats.has_min_max:
-            return meta.num_rows, None
-        best = stats.max if best is None else max(best, stats.max)
-    return meta.num_rows, best
+@dataclass(frozen=True)
+class _Footer:
+    rows: int
+    max_time: int | None  # None: no statistics, scan for it
+    min_schema: int | None  # None: no statistics (or nulls in the column), scan for it
+
+
+def _footer(meta: Any) -> _Footer:
+    """Row count, max(time_ns) and min(schema) from the Parquet footer, saving scans when stats exist."""
+
+    def stat(name: str, pick: Any) -> int | None:
+        if name not in meta.schema.names:
+            return None
+        col = meta.schema.names.index(name)
+        best: int | None = None
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(col).statistics
+            if stats is None or not stats.has_min_max or (stats.has_null_count and stats.null_count):
+                return None
+            value = pick(stats)
+            best = value if best is None else min(best, value) if pick is _min else max(best, value)
+        return best
+
+    return _Footer(rows=meta.num_rows, max_time=stat("time_ns", _max), min_schema=stat("schema", _min))
+
+
+def _min(stats: Any) -> int:
+    return int(stats.min)
+
+
+def _max(stats: Any) -> int:
+    return int(stats.max)
+
+
+def _spans_column(ctx: Context) -> Any:
+    """The drain spans (a handful) as a literal array the split-brain test runs over per id."""
+    from pyspark.sql import functions as F
+
+    return F.array(*[
+        F.struct(F.lit(s.process).alias("p"), F.lit(s.queue).cast("string").alias("q"),
+                 F.lit(s.lo).cast("long").alias("lo"), F.lit(s.hi).cast("long").alias("hi"),
+                 F.lit(s.node).alias("n"), F.lit(s.empty_at_ns).cast("long").alias("e"))
+        for s in ctx.spans])
 
 
 def _windows_column(ctx: Context) -> Any:

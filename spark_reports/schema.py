@@ -8,18 +8,24 @@ Times in the results are nanoseconds since run start (the history's ``time_ns``)
 unless a field name ends in ``_ms`` or ``_s``. Latencies are computed on whole
 microseconds (``floor(ns / 1000)``), percentiles by nearest rank, so both engines
 can agree exactly without floating-point tie-breaking.
+
+Version 2 (history schema 2): a delivery (``consume`` ok) is not a consumption; a
+message is consumed once an ``ack`` of it completed ``ok``. Histories of schema 1
+recorded acks as ok when they were written, so for them a delivery still counts as
+consumed and ``notes`` says so.
 """
 
 from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LIST_CAP = 1000
 """Lists of message ids (lost, unexpected, ...) are capped so results stay small."""
 
-Verdict = Literal["durable", "LOST", "INTEGRITY", "unknown"]
+Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "unknown"]
 Valid = bool | Literal["unknown"]
+LostCause = Literal["never delivered", "abandoned delivery never redelivered", "delivered, never acked"]
 
 
 class Counts(TypedDict):
@@ -30,12 +36,20 @@ class Counts(TypedDict):
     failed: int  # ids whose every attempt failed definitely
     unknown: int  # ids not confirmed with at least one indeterminate attempt
     publish_attempts: int  # publish invokes (an id retried counts once per attempt)
-    consumed_unique: int  # ids with at least one consume ok (attempted or not)
-    consumed_total: int  # consume ok records
-    lost: int  # confirmed, never consumed
+    delivered_unique: int  # ids with at least one delivery (consume ok), attempted or not
+    delivered_total: int  # consume ok records
+    consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
+    consumed_total: int  # ack ok records (schema 1: consume ok records)
+    abandoned: int  # abandon ops: deliveries a consumer gave back unacked
+    lost: int  # confirmed, never consumed, and not ack_unknown
+    ack_unknown: int  # confirmed, never acked ok, but an ack of it ended info and no delivery followed it
     unexpected: int  # consumed, never attempted
-    duplicated: int  # consumed more than once
+    corrupted: int  # attempted ids with a delivery whose body digest is not the one sent
+    duplicated: int  # delivered more than once
+    resurrected: int  # delivered again after an ack of it had completed ok
     recovered: int  # attempted, not confirmed, consumed
+    split_brain: int  # see SplitBrainCopy
+    unflagged_redeliveries: int  # deliveries after an abandon of the id without the redelivered flag
     order_violations: int  # see OrderViolation
     history_ops: int  # rows in the history
 
@@ -58,8 +72,79 @@ class MessageDetail(TypedDict):
     first_invoke_ns: int | None
     confirm_ns: int | None
     confirm_node: str | None
-    consumed: int
+    delivered: int  # consume ok records
+    consumed: int  # ack ok records (schema 1: deliveries)
     deliveries: list[Delivery]  # first DELIVERY_CAP deliveries by index
+    cause: LostCause | None  # lost messages only: why nothing consumed it
+    abandon_cause: str | None  # with "abandoned delivery never redelivered": the last abandon's cause
+
+
+class LostCauseRow(TypedDict):
+    """Lost messages per cause, over every lost message, not only the capped list."""
+
+    cause: LostCause
+    abandon_cause: str | None
+    count: int
+
+
+class Resurrection(TypedDict):
+    """A message delivered again after the broker had certainly processed an ack of it."""
+
+    id: str
+    ack_index: int  # the first ack of it that completed ok
+    ack_ns: int
+    ack_node: str | None
+    ack_process: str
+    deliveries_after: int  # deliveries with an index above ack_index
+    delivery: Delivery  # the first of them
+
+
+class Corruption(TypedDict):
+    """An attempted message delivered with a body other than the one its producer sent.
+
+    The expected body is recomputed from the id, the scenario's seed and
+    workload.message_size (``harness.spec.message_body``), never taken from the client.
+    """
+
+    id: str
+    deliveries: int  # deliveries of this id whose digest differs
+    delivery: Delivery  # the first of them
+    expected_digest: str
+    digest: str  # as recorded on that delivery
+    expected: str  # the first 200 characters of the body that was sent
+    received: str | None  # the consumer's excerpt of what arrived (detail.body), when recorded
+    received_length: int | None
+
+
+class EmptyNode(TypedDict):
+    node: str
+    empty_at_ns: int
+
+
+class SplitBrainCopy(TypedDict):
+    """A message first acked ok by a drainer through one node after another node of the same
+    drain op had reported the queue empty: a copy only that node still held."""
+
+    id: str
+    drainer: str
+    queue: str | None
+    node: str | None  # where the drainer found it
+    ack_index: int
+    ack_ns: int
+    empty: list[EmptyNode]  # the other nodes that had reported empty before ack_ns, by time
+
+
+class UnflaggedRedelivery(TypedDict):
+    """A delivery after an abandon of the same id whose redelivered flag is not set.
+
+    Reported, not a failure: a publish retried under the same id can legitimately
+    arrive unflagged after the first copy was given back.
+    """
+
+    id: str
+    delivery: Delivery
+    abandon_index: int  # the latest abandon of the id before this delivery
+    abandon_cause: str | None
 
 
 class FaultWindow(TypedDict):
@@ -118,7 +203,7 @@ class Percentiles(TypedDict):
 
 class Latency(TypedDict):
     confirm_ms: Percentiles  # publish invoke -> ok, per confirmed attempt
-    e2e_ms: Percentiles  # first publish invoke -> first consume ok, per consumed attempted id
+    e2e_ms: Percentiles  # first publish invoke -> first delivery, per delivered attempted id
 
 
 class AvailabilityRow(TypedDict):
@@ -166,27 +251,55 @@ class OrderViolation(TypedDict):
     index: int
 
 
+class DrainOp(TypedDict):
+    """One drain op (per drainer and queue) as its completion reported it."""
+
+    process: str
+    queue: str | None
+    outcome: Literal["ok", "fail", "info", "open"]  # open: no completion recorded
+    error: str | None
+    consumed: int | None
+    nodes: dict[str, dict]  # node -> {consumed, ready, unacked, empty_at_ns, error} as the drainer saw it
+
+
 class Drain(TypedDict):
     invoked: int
-    completed: bool  # every drainer's last drain completed ok
+    completed: bool  # every drain op (drainer, queue) last completed ok
     end_ns: int | None  # time of the last drain ok
+    ops: list[DrainOp]
+
+
+class Budgets(TypedDict):
+    """From the scenario's ``budgets`` section; None means no limit."""
+
+    duplicated: int | None
+    resurrected: int | None
 
 
 class Results(TypedDict):
     schema: int
     engine: Literal["spark", "python"]
+    history_schema: int  # the schema of the history checked (1 or 2)
     valid: Valid
     verdict: Verdict
     reason: str
+    notes: list[str]  # what this check could not do, said plainly (old history, no seed, ...)
+    budgets: Budgets
     counts: Counts
     lost: list[str]
     lost_truncated: bool
     lost_detail: list[MessageDetail]
+    lost_by_cause: list[LostCauseRow]
+    ack_unknown: list[MessageDetail]  # by confirm index, capped
     unexpected: list[str]
     unexpected_truncated: bool
     unexpected_detail: list[MessageDetail]
+    corrupted: list[Corruption]  # by first corrupted delivery, capped
     duplicated: list[MessageDetail]
+    resurrected: list[Resurrection]  # by first delivery after the ack, capped
     recovered: list[MessageDetail]
+    split_brain: list[SplitBrainCopy]  # by ack index, capped
+    unflagged_redeliveries: list[UnflaggedRedelivery]  # by index, capped
     order_violations: list[OrderViolation]
     attribution: Attribution
     latency: Latency

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import FIELDS, SCHEMA_VERSION, arrow_schema
+from harness.spec.history import FIELDS, SCHEMA_VERSION, arrow_schema, body_digest, message_body
 
 __all__ = ["FIELDS", "HistoryBuilder", "arrow_schema", "write_history"]
 
@@ -42,20 +42,28 @@ class HistoryBuilder:
     """Appends ops with increasing index and time; each helper is one invoke/completion pair.
 
     The helpers are deliberately literal: ``publish("p1:1", "ok")`` is an invoke and an
-    ok at the next tick, so a test reads like the history it describes.
+    ok at the next tick, so a test reads like the history it describes. With ``seed``
+    and ``message_size`` set (the scenario's), deliveries carry the digest of the body
+    the producer sent, as a schema-2 consumer records it.
     """
 
     step_ns: int = 1_000_000
     rows: list[dict] = field(default_factory=list)
     t: int = 0
+    seed: int | None = None
+    message_size: int | None = None
 
     def op(self, process: str, type_: str, f: str, value: Any = None, *, node: str | None = "n1",
-           queue: str | None = None, redelivered: bool | None = None, at: int | None = None) -> dict:
+           queue: str | None = None, redelivered: bool | None = None, at: int | None = None,
+           error: str | None = None, digest: str | None = None, detail: Any = None) -> dict:
         self.t = self.t + self.step_ns if at is None else at
         if not isinstance(value, str) and value is not None:
             value = json.dumps(value)
+        if not isinstance(detail, str) and detail is not None:
+            detail = json.dumps(detail)
         row = {"index": len(self.rows), "time_ns": self.t, "process": process, "node": node, "type": type_,
-               "f": f, "queue": queue, "value": value, "redelivered": redelivered, "error": None}
+               "f": f, "queue": queue, "value": value, "redelivered": redelivered, "error": error,
+               "digest": digest, "detail": detail}
         self.rows.append(row)
         return row
 
@@ -65,12 +73,47 @@ class HistoryBuilder:
         if outcome is not None:
             self.op(producer, outcome, "publish", mid, node=node, queue=queue)
 
-    def consume(self, mid: str, *, consumer: str = "c1", node: str = "n1", queue: str = "q",
-                redelivered: bool = False) -> None:
+    def body(self, mid: str) -> bytes:
+        """What the producer sent for mid (needs seed and message_size)."""
+        assert self.seed is not None and self.message_size is not None, "set seed and message_size"
+        return message_body(mid, self.seed, self.message_size)
+
+    def deliver(self, mid: str, *, consumer: str = "c1", node: str | None = "n1", queue: str | None = "q",
+                redelivered: bool = False, body: bytes | None = None) -> dict:
+        """A delivery (consume invoke and ok). ``body``: what arrived, when it is not what was sent."""
+        digest, detail = None, None
+        known = self.seed is not None and self.message_size is not None
+        if body is not None:
+            digest = body_digest(body)
+            if not known or body != self.body(mid):
+                detail = {"body": body[:200].decode(errors="backslashreplace"), "length": len(body)}
+        elif known:
+            digest = body_digest(self.body(mid))
         self.op(consumer, "invoke", "consume", None, node=node, queue=queue)
-        self.op(consumer, "ok", "consume", mid, node=node, queue=queue, redelivered=redelivered)
+        return self.op(consumer, "ok", "consume", mid, node=node, queue=queue, redelivered=redelivered,
+                       digest=digest, detail=detail)
+
+    def ack(self, mid: str, outcome: str | None = "ok", *, consumer: str = "c1", node: str | None = "n1",
+            queue: str | None = "q") -> None:
+        """An ack written (invoke) and, unless outcome is None, its completion."""
         self.op(consumer, "invoke", "ack", mid, node=node, queue=queue)
-        self.op(consumer, "ok", "ack", mid, node=node, queue=queue)
+        if outcome is not None:
+            self.op(consumer, outcome, "ack", mid, node=node, queue=queue,
+                    error=None if outcome == "ok" else "channel closed")
+
+    def abandon(self, mid: str, cause: str = "requeue", outcome: str = "ok", *, consumer: str = "c1",
+                node: str | None = "n1", queue: str | None = "q") -> None:
+        """A delivery given back unacked; the cause is on the invoke, as the contract has it."""
+        self.op(consumer, "invoke", "abandon", mid, node=node, queue=queue, detail={"cause": cause})
+        self.op(consumer, outcome, "abandon", mid, node=node, queue=queue,
+                error=None if outcome == "ok" else "channel closed")
+
+    def consume(self, mid: str, *, consumer: str = "c1", node: str | None = "n1", queue: str | None = "q",
+                redelivered: bool = False, ack: str | None = "ok", body: bytes | None = None) -> None:
+        """A delivery and its ack (``ack=None``: delivered, never acked)."""
+        self.deliver(mid, consumer=consumer, node=node, queue=queue, redelivered=redelivered, body=body)
+        if ack is not None:
+            self.ack(mid, ack, consumer=consumer, node=node, queue=queue)
 
     def fault(self, fault_id: str, kind: str, *, node: str | None = "n1", applied: bool = True,
               **params: Any) -> None:
@@ -84,10 +127,24 @@ class HistoryBuilder:
         self.op("nemesis", "invoke", "heal", value, node=None)
         self.op("nemesis", "ok", "heal", value, node=None)
 
-    def drain(self, *, drainer: str = "d1", complete: bool = True, consumed: int = 0) -> None:
-        self.op(drainer, "invoke", "drain", {}, node="n1")
+    def drain_invoke(self, *, drainer: str = "d1", queue: str | None = "q") -> None:
+        self.op(drainer, "invoke", "drain", {}, node=None, queue=queue)
+
+    def drain_done(self, *, drainer: str = "d1", queue: str | None = "q", outcome: str = "ok", consumed: int = 0,
+                   nodes: dict[str, dict] | None = None, error: str | None = None) -> None:
+        """The drain's completion; nodes: per node what the drainer saw (contract item 4)."""
+        value: dict[str, Any] = {"consumed": consumed}
+        if nodes is not None:
+            value["nodes"] = nodes
+        self.op(drainer, outcome, "drain", value, node=None, queue=queue,
+                error=error if error is not None or outcome == "ok" else "drain did not finish")
+
+    def drain(self, *, drainer: str = "d1", complete: bool = True, consumed: int = 0, queue: str | None = "q",
+              nodes: dict[str, dict] | None = None, outcome: str = "ok") -> None:
+        """A whole drain op; complete=False leaves it without a completion."""
+        self.drain_invoke(drainer=drainer, queue=queue)
         if complete:
-            self.op(drainer, "ok", "drain", {"consumed": consumed}, node="n1")
+            self.drain_done(drainer=drainer, queue=queue, outcome=outcome, consumed=consumed, nodes=nodes)
 
     def write(self, run_dir: Path, **kw: Any) -> Path:
         return write_history(run_dir, self.rows, **kw)

@@ -131,6 +131,7 @@ def test_python_checker_on_a_stored_run(tmp_path: Path, host: Host) -> None:
         drain = rec.invoke("d1", "drain", node="n1", queue="chaos-1", value={})
         if consumed:
             rec.invoke("d1", "consume", node="n1", queue="chaos-1").ok("p1:1", redelivered=False)
+            rec.invoke("d1", "ack", node="n1", queue="chaos-1", value="p1:1").ok()  # consumed = acked ok
         drain.ok({"consumed": int(consumed)})
         rec.close()
         res = check_run(host, rd, {"name": "s", "checkers": ["python"]}, ["python"])
