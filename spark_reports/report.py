@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .grade import describe_grade
 from .schema import Grade, Results
 
-_COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0"}
+_COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
 _FAULT_COLOURS = ["#ef9a9a", "#90caf9", "#ce93d8", "#ffcc80", "#a5d6a7", "#b0bec5"]
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -23,9 +23,37 @@ h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid 
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .verdict{font-size:1.3em;padding:.6em 1em;border-radius:6px;display:inline-block;color:#fff}
-.durable{background:#2e7d32}.LOST,.INTEGRITY{background:#c62828}.unknown{background:#757575}
+.durable{background:#2e7d32}.LOST,.INTEGRITY,.RESURRECTED,.DUPLICATED{background:#c62828}
+.unknown{background:#757575}
 img{max-width:100%;border:1px solid #eee}code{font-size:.9em}
+.note{background:#fff8e1;border-left:4px solid #f9a825;padding:.4em .8em;margin:.6em 0}
+.body{font-family:ui-monospace,monospace;font-size:.82em;white-space:pre-wrap;word-break:break-all;
+max-width:520px;text-align:left}
+.diff{background:#ffcdd2}.muted{color:#757575}
 """
+
+_COUNT_LABELS = {
+    "attempted": "ids published at least once", "confirmed": "confirmed (publish ok)",
+    "failed": "refused (every attempt nacked)", "unknown": "unconfirmed, outcome unknown",
+    "publish_attempts": "publish attempts", "delivered_unique": "ids delivered",
+    "delivered_total": "deliveries", "consumed_unique": "ids consumed (an ack completed ok)",
+    "consumed_total": "acks completed ok", "abandoned": "deliveries given back (abandon ops)",
+    "lost": "lost: confirmed, never consumed", "ack_unknown": "confirmed, ack outcome unknown",
+    "unexpected": "consumed, never published", "corrupted": "body differs from the one sent",
+    "duplicated": "delivered more than once", "resurrected": "delivered again after an ack completed ok",
+    "recovered": "unconfirmed but consumed", "split_brain": "split-brain copies found by the drain",
+    "unflagged_redeliveries": "redeliveries without the redelivered flag",
+    "order_violations": "per-producer order violations", "history_ops": "history records",
+}
+_SCHEMA1_LABELS = {"consumed_unique": "ids consumed (delivered: schema-1 history)",
+                   "consumed_total": "consumptions (deliveries: schema-1 history)"}
+_ROWS = 200
+"""Rows shown per detail table; results.json holds up to LIST_CAP of each."""
+
+
+class _Raw(str):
+    """A table cell that is already HTML."""
+
 
 
 def _e(x: Any) -> str:
@@ -36,7 +64,8 @@ def _table(headers: list[str], rows: Iterable[Iterable[Any]], left: int = 1) -> 
     head = "".join(f"<th class='l'>{_e(h)}</th>" if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers))
     body = []
     for row in rows:
-        cells = "".join(f"<td class='l'>{_e(c)}</td>" if i < left else f"<td>{_e(c)}</td>" for i, c in enumerate(row))
+        cells = "".join((f"<td class='l'>{c}</td>" if isinstance(c, _Raw) else f"<td class='l'>{_e(c)}</td>")
+                        if i < left else f"<td>{_e(c)}</td>" for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     if not body:
         body.append(f"<tr><td class='l' colspan='{len(headers)}'>none</td></tr>")
@@ -66,13 +95,12 @@ def _shade_faults(ax: Any, results: Results) -> None:
                    label=w["kind"] if first else None)
 
 
-def _grid(times: list[float], width: float) -> list[float]:
+def _grid(times: list[int], width: int) -> list[int]:
     """Every bucket start from the first to the last, ``width`` apart."""
     if not times:
         return []
     lo, hi = min(times), max(times)
-    n = int(round((hi - lo) / width))
-    return [lo + k * width for k in range(n + 1)]
+    return list(range(lo, hi + 1, width))
 
 
 def _plots(run_dir: Path, results: Results) -> list[Path]:
@@ -90,7 +118,9 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
         if row["f"] == "publish" and row["type"] in ("ok", "fail", "info"):
             name = f"publish {row['type']}"
         elif row["f"] == "consume" and row["type"] == "ok":
-            name = "consume ok"
+            name = "delivered"
+        elif row["f"] == "ack" and row["type"] == "ok":
+            name = "acked ok"
         else:
             continue
         series.setdefault(name, {})[row["t_s"]] = row["count"] / width
@@ -101,7 +131,8 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     # not a line drawn across the gap (a broker down for 4 s must look down for 4 s).
     grid = _grid([t for pts in series.values() for t in pts], width)
     for name, pts in sorted(series.items()):
-        colour = _COLOURS["consume"] if name.startswith("consume") else _COLOURS[name.split()[1]]
+        colour = (_COLOURS["consume"] if name == "delivered" else _COLOURS["ack"] if name == "acked ok"
+                  else _COLOURS[name.split()[1]])
         ax.plot(grid, [pts.get(x, 0.0) for x in grid], label=name, color=colour, lw=1.2, drawstyle="steps-post")
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("ops/s")
@@ -136,23 +167,69 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     return paths
 
 
+def _s(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e9:.3f}"
+
+
+def _where(d: Mapping[str, Any]) -> str:
+    """process@node at seconds, for one delivery or ack."""
+    return f"{d['process']}@{d.get('node') or '?'} at {_s(d['time_ns'])} s"
+
+
+def _bodies(expected: str, received: str | None) -> tuple[_Raw, _Raw]:
+    """Both excerpts, the received characters that differ from the sent ones at the same place marked."""
+    sent = _Raw(f"<div class='body'>{_e(expected)}</div>")
+    if received is None:
+        return sent, _Raw("<span class='muted'>not recorded</span>")
+    out, run, bad = [], "", False
+    for i, ch in enumerate(received):
+        differs = i >= len(expected) or expected[i] != ch
+        if differs != bad and run:
+            out.append(f"<span class='diff'>{_e(run)}</span>" if bad else _e(run))
+            run = ""
+        run, bad = run + ch, differs
+    if run:
+        out.append(f"<span class='diff'>{_e(run)}</span>" if bad else _e(run))
+    return sent, _Raw(f"<div class='body'>{''.join(out)}</div>")
+
+
+def _section(title: str, shown: int, total: int, intro: str, table: str) -> list[str]:
+    more = f" (first {shown:,} of {total:,})" if total > shown else ""
+    return [f"<h2>{_e(title)}{more}</h2>", f"<p>{intro}</p>" if intro else "", table]
+
+
 def render_report(run_dir: Path, results: Results) -> Path:
     """Write run_dir/report.html and run_dir/plots/*.png; return the page's path."""
     run_dir = Path(run_dir)
+    html_path = run_dir / "report.html"
+    if "counts" not in results or "timeline" not in results:  # every checker failed: say why, nothing else
+        html_path.write_text(_page(f"brokerchaos {run_dir.name}", (
+            f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict unknown'>"
+            f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(results.get('error', 'no checker result'))}</div>")))
+        return html_path
     plots = _plots(run_dir, results)
     c = results["counts"]
     lat = results["latency"]
+    labels = _COUNT_LABELS | (_SCHEMA1_LABELS if results.get("history_schema", 2) < 2 else {})
+    budgets = results.get("budgets") or {}
+    set_budgets = ", ".join(f"{k} &le; {v:,}" for k, v in budgets.items() if v is not None)
     parts = [
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
-        f"<p>checked by the {_e(results['engine'])} engine; drain "
-        f"{'completed' if results['drain']['completed'] else 'did not complete'}; "
-        f"{c['history_ops']:,} operations.</p>",
+        f"<p>checked by the {_e(results['engine'])} engine on a schema-{results.get('history_schema', 1)} history; "
+        f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
+        f"{c['history_ops']:,} operations"
+        + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
+        *[f"<div class='note'>{_e(n)}</div>" for n in results.get("notes", [])],
+        "<h2>Counts</h2>",
+        _table(["", "what", "messages"], [[k, labels.get(k, k), f"{v:,}"] for k, v in c.items()], left=2),
         "<h2>Timeline</h2>", _img(plots[0]), "<h2>Latency</h2>", _img(plots[1]),
         _table(["latency (ms)", "n", "p50", "p95", "p99", "max"],
                [[name, f"{p['n']:,}", _fmt(p["p50"]), _fmt(p["p95"]), _fmt(p["p99"]), _fmt(p["max"])]
-                for name, p in (("publish confirm", lat["confirm_ms"]), ("end to end", lat["e2e_ms"]))]),
-        "<h2>Counts</h2>", _table(["what", "messages"], [[k, f"{v:,}"] for k, v in c.items()]),
+                for name, p in (("publish confirm", lat["confirm_ms"]), ("publish to first delivery",
+                                                                         lat["e2e_ms"]))]),
+    ]
+    parts += _lost_parts(results) + _anomaly_parts(results) + [
         "<h2>Loss attribution</h2>",
         "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
         "to the end of the final drain, against the node that confirmed it.</p>",
@@ -163,24 +240,122 @@ def render_report(run_dir: Path, results: Results) -> Path:
         "<h2>Fault windows and availability</h2>",
         _table(["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
                _availability_rows(results), left=3),
-    ]
-    if results["lost"]:
-        more = " (list truncated)" if results["lost_truncated"] else ""
-        parts += [f"<h2>Lost messages{more}</h2>",
-                  _table(["id", "confirmed by", "confirm s", "faults"],
-                         [[m["id"], m["confirm_node"], f"{m['confirm_ns'] / 1e9:.3f}", ", ".join(m["fault_ids"])]
-                          for m in results["attribution"]["messages"][:200]], left=2)]
-    if results["unexpected"]:
-        parts += ["<h2>Consumed but never attempted</h2>",
-                  _table(["id", "deliveries"], [[d["id"], d["consumed"]] for d in results["unexpected_detail"][:200]])]
+    ] + _drain_parts(results)
     if results["order_violations"]:
-        parts += ["<h2>Order violations (first 200)</h2>",
-                  _table(["consumer", "queue", "producer", "id", "after seq"],
-                         [[v["consumer"], v["queue"], v["producer"], v["id"], v["after_seq"]]
-                          for v in results["order_violations"][:200]], left=4)]
-    html_path = run_dir / "report.html"
+        v = results["order_violations"]
+        parts += _section("Order violations", min(len(v), _ROWS), c["order_violations"], "",
+                          _table(["consumer", "queue", "producer", "id", "after seq"],
+                                 [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]]
+                                  for x in v[:_ROWS]], left=4))
     html_path.write_text(_page(f"brokerchaos {run_dir.name}", "".join(parts)))
     return html_path
+
+
+def _lost_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
+    if results["lost"]:
+        detail = {d["id"]: d for d in results["lost_detail"]}
+        rows = []
+        for m in results["attribution"]["messages"][:_ROWS]:
+            d = detail.get(m["id"])
+            cause: str = (d["cause"] or "-") if d else "-"
+            if d and d["abandon_cause"]:
+                cause += f" ({d['abandon_cause']})"
+            rows.append([m["id"], cause, d["delivered"] if d else "-", m["confirm_node"],
+                         f"{m['confirm_ns'] / 1e9:.3f}", ", ".join(m["fault_ids"]) or "-"])
+        parts += [f"<h2>Lost messages ({c['lost']:,})</h2>",
+                  _table(["cause", "abandoned as", "lost"],
+                         [[r["cause"], r["abandon_cause"] or "-", f"{r['count']:,}"]
+                          for r in results.get("lost_by_cause", [])], left=2),
+                  f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
+                  _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2)]
+    if results.get("ack_unknown"):
+        parts += _section(
+            "Acked with an unknown outcome", min(len(results["ack_unknown"]), _ROWS), c["ack_unknown"],
+            "Confirmed messages whose ack ended without an answer (connection lost) and that were not delivered "
+            "again: the broker may have processed the ack. Indeterminate, not counted as lost.",
+            _table(["id", "last delivery", "deliveries"],
+                   [[d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]]
+                    for d in results["ack_unknown"][:_ROWS]], left=2))
+    return parts
+
+
+def _anomaly_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
+    if results.get("corrupted"):
+        rows = []
+        for x in results["corrupted"][:_ROWS]:
+            want, got = _bodies(x["expected"], x["received"])
+            length = "-" if x["received_length"] is None else f"{x['received_length']:,} bytes"
+            rows.append([x["id"], _where(x["delivery"]), want, got, length, x["deliveries"]])
+        parts += _section("Corrupted bodies", len(rows), c["corrupted"],
+                          "Delivered with a body whose digest is not that of the body the producer sent (recomputed "
+                          "from the id, the seed and the message size). Received text is the consumer's excerpt; "
+                          "characters that differ from the sent body are marked.",
+                          _table(["id", "delivered", "sent (excerpt)", "received (excerpt)", "received length",
+                                  "bad deliveries"], rows, left=4))
+    if results["unexpected"]:
+        parts += _section("Consumed but never attempted", min(len(results["unexpected_detail"]), _ROWS),
+                          c["unexpected"], "",
+                          _table(["id", "deliveries", "first delivered"],
+                                 [[d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"]
+                                  for d in results["unexpected_detail"][:_ROWS]]))
+    if results.get("resurrected"):
+        parts += _section("Resurrected", min(len(results["resurrected"]), _ROWS), c["resurrected"],
+                          "Delivered again after an ack of the message had completed ok (the broker had certainly "
+                          "processed it).",
+                          _table(["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
+                                 [[x["id"], _where({"process": x["ack_process"], "node": x["ack_node"],
+                                                    "time_ns": x["ack_ns"]}),
+                                   _where(x["delivery"]), "yes" if x["delivery"]["redelivered"] else "no",
+                                   x["deliveries_after"]]
+                                  for x in results["resurrected"][:_ROWS]], left=4))
+    if results.get("split_brain"):
+        parts += _section("Split-brain copies", min(len(results["split_brain"]), _ROWS), c["split_brain"],
+                          "Found by the final drain on one node after another node had reported the queue empty.",
+                          _table(["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
+                                 [[x["id"], x["node"], x["drainer"], x["queue"],
+                                   ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
+                                   _s(x["ack_ns"])]
+                                  for x in results["split_brain"][:_ROWS]], left=5))
+    if results.get("unflagged_redeliveries"):
+        parts += _section("Redeliveries without the redelivered flag", min(len(results["unflagged_redeliveries"]),
+                                                                           _ROWS), c["unflagged_redeliveries"],
+                          "A delivery after the message was given back, not flagged redelivered (reported, "
+                          "not a failure: a publish retried under the same id also arrives unflagged).",
+                          _table(["id", "delivered", "after abandon"],
+                                 [[x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"]
+                                  for x in results["unflagged_redeliveries"][:_ROWS]], left=3))
+    if results["duplicated"]:
+        parts += _section("Delivered more than once", min(len(results["duplicated"]), _ROWS), c["duplicated"], "",
+                          _table(["id", "where (first deliveries; r: flagged redelivered)", "deliveries", "acks ok"],
+                                 [[d["id"],
+                                   "; ".join(f"{x['process']}@{x['node'] or '?'}{' (r)' if x['redelivered'] else ''}"
+                                             for x in d["deliveries"]), d["delivered"], d["consumed"]]
+                                  for d in results["duplicated"][:_ROWS]], left=2))
+    return parts
+
+
+def _drain_parts(results: Results) -> list[str]:
+    ops = results["drain"].get("ops") or []
+    if not ops:
+        return []
+    rows = []
+    for op in ops:
+        nodes: list[tuple[str | None, dict]] = list(op["nodes"].items()) or [(None, {})]
+        for node, v in nodes:
+            rows.append([op["process"], op["queue"], op["outcome"], "-" if op["consumed"] is None else op["consumed"],
+                         node or "-", _v(v.get("consumed")), _v(v.get("ready")), _v(v.get("unacked")),
+                         _s(v.get("empty_at_ns")), v.get("error") or op["error"] or "-"])
+    return ["<h2>Final drain</h2>",
+            _table(["drainer", "queue", "outcome", "acked", "node", "node acked", "ready", "unacked", "empty at s",
+                    "error"], rows, left=3)]
+
+
+def _v(x: Any) -> str:
+    return "-" if x is None else f"{x:,}" if isinstance(x, int) else str(x)
 
 
 def _availability_rows(results: Results) -> list[list[Any]]:

@@ -40,6 +40,59 @@ def test_run_report_is_self_contained(tmp_path: Path) -> None:
     assert not re.search(r"(src|href)=['\"]https?:", text)
 
 
+def _every_class(tmp_path: Path) -> tuple[Path, dict]:
+    """One run with a message of every class the results name."""
+    b = HistoryBuilder(step_ns=20_000_000, seed=3, message_size=120)
+    for i in range(1, 9):
+        b.publish(f"p1:{i}")
+    b.deliver("p1:2")
+    b.abandon("p1:2", "crash")
+    b.consume("p1:3", ack=None)
+    b.consume("p1:4", ack="info")
+    bad = bytearray(b.body("p1:5"))
+    bad[30:34] = b"<&>X"
+    b.consume("p1:5", body=bytes(bad))
+    b.deliver("p1:6")
+    b.abandon("p1:6", "requeue")
+    b.consume("p1:6", consumer="c2", node="n2")
+    b.consume("p1:7")
+    b.consume("p1:7", consumer="c2", node="n3", redelivered=True)
+    b.drain_invoke()
+    t0 = b.t
+    b.consume("p1:8", consumer="d1", node="n3")
+    b.drain_done(consumed=1, nodes={"n1": {"consumed": 0, "ready": 0, "unacked": 0, "empty_at_ns": t0 + 1,
+                                           "error": None},
+                                    "n3": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 1,
+                                           "error": None}})
+    d = b.write(tmp_path / "every", jsonl=False)
+    return d, check_python(d, {"seed": 3, "workload": {"message_size": 120}, "budgets": {"duplicated": 5}})
+
+
+def test_report_shows_every_class_and_each_lost_cause(tmp_path: Path) -> None:
+    d, results = _every_class(tmp_path)
+    c = results["counts"]
+    assert (c["lost"], c["ack_unknown"], c["corrupted"], c["resurrected"], c["split_brain"],
+            c["unflagged_redeliveries"]) == (3, 1, 1, 1, 1, 1)
+    text = render_report(d, results).read_text()
+    for heading in ("Lost messages (3)", "Acked with an unknown outcome", "Corrupted bodies", "Resurrected",
+                    "Split-brain copies", "Redeliveries without the redelivered flag", "Delivered more than once",
+                    "Final drain"):
+        assert f"<h2>{heading}" in text, heading
+    for cause in ("<td class='l'>p1:1</td><td class='l'>never delivered</td>",
+                  "<td class='l'>p1:2</td><td class='l'>abandoned delivery never redelivered (crash)</td>",
+                  "<td class='l'>p1:3</td><td class='l'>delivered, never acked</td>"):
+        assert cause in text
+    # The corrupted characters are escaped and marked; the sent body is shown beside them.
+    assert "<span class='diff'>&lt;&amp;&gt;X</span>" in text
+    assert html.escape(results["corrupted"][0]["expected"]) in text
+    assert "budgets: duplicated &le; 5" in text and "schema-2 history" in text
+
+
+def test_report_of_a_run_whose_checkers_all_failed(tmp_path: Path) -> None:
+    page = render_report(tmp_path, {"verdict": "unknown", "error": "ValueError: column missing"})  # type: ignore[arg-type]
+    assert "ValueError: column missing" in page.read_text()
+
+
 def test_grade_report(tmp_path: Path) -> None:
     d = _run_dir(tmp_path)
     g = grade_runs([d], engine="python")
@@ -51,11 +104,16 @@ def test_grade_report(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium for a headless render")
-def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+@pytest.mark.parametrize("make", ["_run_dir", "_every_class"])
+def test_report_renders_in_headless_chromium(tmp_path: Path, make: str) -> None:
     import matplotlib.image as mpimg
 
-    d = _run_dir(tmp_path)
-    page = render_report(d, check_python(d, {}))
+    if make == "_run_dir":
+        d = _run_dir(tmp_path)
+        results = check_python(d, {})
+    else:
+        d, results = _every_class(tmp_path)
+    page = render_report(d, results)
     shot = tmp_path / "shot.png"
     subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,1600", page.as_uri()], check=True, timeout=120, capture_output=True)
