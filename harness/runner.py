@@ -272,15 +272,25 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def summary_table(results: dict[str, Any]) -> str:
     c = results.get("counts", {}) or {}
+    old_history = (results.get("history_schema") or 2) < 2
     rows = [
         ("verdict", str(results.get("verdict", results.get("valid")))),
         ("attempted", c.get("attempted")), ("confirmed", c.get("confirmed")), ("nacked", c.get("failed")),
-        ("unknown", c.get("unknown")), ("consumed (unique)", c.get("consumed_unique")),
-        ("lost", c.get("lost")), ("unexpected", c.get("unexpected")), ("duplicated", c.get("duplicated")),
-        ("recovered", c.get("recovered")), ("order violations", c.get("order_violations")),
+        ("unknown", c.get("unknown")), ("delivered (unique)", c.get("delivered_unique")),
+        ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
+        ("lost", c.get("lost")), ("ack unknown", c.get("ack_unknown")), ("unexpected", c.get("unexpected")),
+        ("corrupted", c.get("corrupted")), ("duplicated", c.get("duplicated")),
+        ("resurrected", c.get("resurrected")), ("recovered", c.get("recovered")),
+        ("split-brain copies", c.get("split_brain")), ("unflagged redeliveries", c.get("unflagged_redeliveries")),
+        ("order violations", c.get("order_violations")),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"  {k:<{width}}  {'-' if v is None else v}" for k, v in rows]
+    budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
+    if budgets:
+        lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))
+    for note in results.get("notes") or []:
+        lines.append(f"  {'note':<{width}}  {note}")
     if results.get("error"):
         lines.append(f"  {'error':<{width}}  {results['error']}")
     return "\n".join(lines)
