@@ -408,9 +408,9 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         pass
 
 
-async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder, process: str, queue: str,
-                       stop: asyncio.Event, *, seed: int, message_size: int, prefetch: int,
-                       behaviour: Behaviour) -> None:
+async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder,
+                       process: str, queue: str, stop: asyncio.Event, *, seed: int, message_size: int,
+                       prefetch: int, behaviour: Behaviour) -> None:
     """Consume until ``stop``; after a failure move to the next node. At ``stop`` the channel and
     connection are closed within a bound, or the connection is cut (a consumer stuck on a
     silent connection must not keep deliveries from the drain)."""
@@ -421,6 +421,7 @@ async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Itera
         except BROKER_ERRORS:
             await _wait(stop, RECONNECT_DELAY)
             continue
+        session: Session | None = None
         try:
             while not stop.is_set() and not link.closed:
                 session = Session(link, recorder, process, queue, seed=seed, message_size=message_size,
@@ -430,14 +431,16 @@ async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Itera
                 except BROKER_ERRORS as exc:
                     session.lost(reason(exc))
                     break
-                try:
-                    outcome = await _drive(session, stop, behaviour)
-                finally:
-                    if not session.ended:  # stopped (or cancelled): close within the bound
-                        await session.close("close", CLOSE_TIMEOUT)
+                outcome = await _drive(session, stop, behaviour)
+                if outcome == "stop":
+                    await session.close("close", CLOSE_TIMEOUT)
                 if outcome != "closed":
                     break
+                # the channel was closed on purpose: open another on this connection
         finally:
+            if session is not None and not session.ended:  # cancelled half-way through
+                link.abort()
+                session.lost("consumer cancelled; connection cut")
             await link.close()
         if not stop.is_set():
             await _wait(stop, RECONNECT_DELAY)

@@ -377,7 +377,8 @@ def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> No
     delivered = {r["value"]: r["time_ns"] for r in records if r["f"] == "consume" and r["type"] == "ok"}
     acks = [r for r in records if r["f"] == "ack" and r["type"] == "invoke"]
     assert sorted(r["value"] for r in acks) == sorted(ids)
-    assert all(r["time_ns"] - delivered[r["value"]] >= 50_000_000 for r in acks)
+    # (an event loop may run a timer up to its clock's resolution early: allow a millisecond)
+    assert all(r["time_ns"] - delivered[r["value"]] >= 49_000_000 for r in acks)
 
 
 def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveries(tmp_path: Path,
