@@ -36,7 +36,6 @@ BARRIER_BATCH = 64  # this many acks waiting start a barrier at once
 HOLD_WAIT = 1.0  # seconds a behaviour waits for deliveries to hold before it acts
 CLOSE_TIMEOUT = 5.0  # a consumer's channel close at the end of the workload; then the connection is cut
 RECONNECT_DELAY = 0.5
-ACTIONS = ("recover", "close", "crash")
 
 
 @dataclass
@@ -99,7 +98,6 @@ class Session:
         self.consumer_tag: str | None = None
         self.held: dict[int, Delivery] = {}  # delivered, neither acked nor given back
         self.unconfirmed: list[Invocation] = []  # acks and nacks written, waiting for a barrier
-        self.delivered = 0
         self.acked = 0  # acks completed ok
         self.last_delivery = self.loop.time()
         self.holding = False  # a behaviour is gathering deliveries: acks wait
@@ -165,7 +163,6 @@ class Session:
         self.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
             msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail)
         d = Delivery(int(frame.delivery_tag), msg_id)
-        self.delivered += 1
         self.last_delivery = self.loop.time()
         if self.ending is not None:
             self._give_back_late(d)
