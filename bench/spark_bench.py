@@ -8,8 +8,10 @@ For each size it generates a history (bench/spark_gen.py, reused if present), th
 runs each engine in its own subprocess so peak memory is that engine's alone: the
 parent samples the resident memory of the child's whole process tree (Python plus,
 for Spark, the JVM) every 0.2 s. Wall time includes the JVM's start; the child also
-reports the check alone. Results: bench/results/spark_<size>.json, one line each in
-bench/results/spark_summary.md, with the command that produced them.
+reports the check alone. Both engines get the generated run's scenario.json (seed
+and message size, so bodies are verified). Results: bench/results/spark_<size>.json,
+with whether each engine found exactly what the generator planted, one line each
+in bench/results/spark_summary.md, with the command that produced them.
 """
 
 from __future__ import annotations
@@ -65,22 +67,28 @@ def one(engine: str, run_dir: Path, driver_memory: str) -> None:
     """Child side: run one engine, print a JSON summary on stdout."""
     import spark_reports
 
+    scenario_file = run_dir / "scenario.json"
+    scenario = json.loads(scenario_file.read_text()) if scenario_file.is_file() else {}
     t0 = time.monotonic()
     session_s = 0.0
     if engine == "spark":
         spark_reports.spark_session(None, driver_memory)
         session_s = time.monotonic() - t0
         t1 = time.monotonic()
-        res = spark_reports.check_spark(run_dir, {}, driver_memory=driver_memory)
+        res = spark_reports.check_spark(run_dir, scenario, driver_memory=driver_memory)
         jvm_heap = spark_reports.spark_session()._jvm.java.lang.Runtime.getRuntime().maxMemory()
     else:
         t1 = time.monotonic()
-        res = spark_reports.check_python(run_dir, {})
+        res = spark_reports.check_python(run_dir, scenario)
         jvm_heap = None
     check_s = time.monotonic() - t1
     (run_dir / f"results.{engine}.json").write_text(json.dumps(res))
+    planted = json.loads((run_dir / "generated.json").read_text()).get("planted") or {}
+    counts: dict = dict(res["counts"])
+    found = {k: counts.get(k) for k in planted}
     print(json.dumps({"session_s": round(session_s, 1), "check_s": round(check_s, 1), "jvm_max_heap": jvm_heap,
-                      "verdict": res["verdict"], "counts": res["counts"]}))
+                      "verdict": res["verdict"], "counts": res["counts"], "planted_found": found == planted,
+                      "notes": res["notes"]}))
 
 
 def _comparable(res: dict) -> dict:
