@@ -1,0 +1,554 @@
+"""The harness's own detection score: how many planted broker bugs its checkers catch.
+
+    python -m bench.detection [--bugs 01,06] [--runs 3] [--clean-runs 20] [--seed-base 100]
+
+For each bug of ``bench/planted/catalogue.yaml`` the checkout's ``broker_impl/`` is
+copied to a temporary directory, the bug's patch applied there (never to the
+working tree), and the reference broker's image built from the copy
+(``BROKERCHAOS_REFERENCE_SOURCE``, see ``plugins/reference``). The bug's shipped
+scenario then runs through the ordinary CLI (``brokerchaos run``, one run at a
+time) with seeds ``seed-base``, ``seed-base + 1``, ... until a verdict is not
+``durable`` or ``--runs`` runs are spent. Time to detection is the wall time from
+the start of the bug's first run to the verdict of the detecting run (the image
+build is reported apart). Then the clean control: the unmodified broker, the same
+scenarios and seeds, ``--clean-runs`` runs in all; any verdict but ``durable``
+there is a false alarm.
+
+A bug whose scenario does not load (it uses fields this harness does not have
+yet) is reported as waiting, not run. One line per run as it goes; the results
+(``bench/results/detection.{md,json}``) are rewritten after every run, so Ctrl-C
+stops the current run cleanly (its cluster is torn down) and keeps what was
+measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli
+from harness.errors import BrokerChaosError
+
+REPO = Path(__file__).resolve().parents[1]
+PLANTED = Path(__file__).resolve().parent / "planted"
+CATALOGUE = PLANTED / "catalogue.yaml"
+SOURCE_ENV = "BROKERCHAOS_REFERENCE_SOURCE"  # read by plugins/reference's image()
+VERDICTS = ("LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "unknown")
+#: The counts shown per run, when the checkers report them.
+SHOWN_COUNTS = ("confirmed", "lost", "unexpected", "corrupted", "integrity", "resurrected", "duplicated",
+                "recovered", "split_brain")
+#: How long a run may take to stop after Ctrl-C (it tears its cluster down first).
+STOP_GRACE = 180.0
+
+
+@dataclass(frozen=True)
+class Bug:
+    id: str
+    name: str
+    patch: Path
+    area: str
+    description: str
+    precedent: str
+    scenario: Path
+    expect: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.id}-{self.name}"
+
+
+class PatchError(BrokerChaosError):
+    """A planted patch does not apply to the current ``broker_impl/``."""
+
+
+def load_catalogue(path: Path = CATALOGUE) -> list[Bug]:
+    """The planted bugs, checked: every field present, files that exist, a known verdict."""
+    data = yaml.safe_load(path.read_text())
+    bugs: list[Bug] = []
+    for i, raw in enumerate((data or {}).get("bugs") or []):
+        where = f"{path.name}: bugs[{i}]"
+        missing = [k for k in ("id", "name", "patch", "area", "description", "precedent", "scenario", "expect")
+                   if not raw.get(k)]
+        if missing:
+            raise BrokerChaosError(f"{where}: missing {', '.join(missing)}")
+        bug = Bug(id=str(raw["id"]), name=str(raw["name"]), patch=path.parent / raw["patch"], area=str(raw["area"]),
+                  description=" ".join(str(raw["description"]).split()),
+                  precedent=" ".join(str(raw["precedent"]).split()),
+                  scenario=REPO / raw["scenario"], expect=str(raw["expect"]))
+        if bug.expect not in VERDICTS:
+            raise BrokerChaosError(f"{where}: expect {bug.expect!r}; allowed {', '.join(VERDICTS)}")
+        for f in (bug.patch, bug.scenario):
+            if not f.is_file():
+                raise BrokerChaosError(f"{where}: {f.relative_to(REPO)} does not exist")
+        if any(b.id == bug.id for b in bugs):
+            raise BrokerChaosError(f"{where}: id {bug.id} is used twice")
+        bugs.append(bug)
+    if not bugs:
+        raise BrokerChaosError(f"{path}: no bugs listed")
+    return bugs
+
+
+def apply_patch(bug: Bug, dest: Path) -> Path:
+    """Copy ``broker_impl/`` into ``dest`` and apply the bug's patch to the copy; return the copy.
+
+    No fuzz: a patch that only applies approximately no longer plants the bug it describes.
+    """
+    tree = dest / "broker_impl"
+    shutil.copytree(REPO / "broker_impl", tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
+                           "-d", str(dest), "-i", str(bug.patch)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = (proc.stdout + proc.stderr).strip().splitlines()
+        raise PatchError(f"{bug.patch.name} does not apply to the current broker_impl/ "
+                         f"({why[-1] if why else 'patch failed'}): update the patch")
+    return tree
+
+
+@contextlib.contextmanager
+def source_override(tree: Path | None) -> Iterator[None]:
+    """Point the reference plugin at ``tree`` (None: the checkout's broker) for the block."""
+    old = os.environ.pop(SOURCE_ENV, None)
+    if tree is not None:
+        os.environ[SOURCE_ENV] = str(tree)
+    try:
+        yield
+    finally:
+        os.environ.pop(SOURCE_ENV, None)
+        if old is not None:
+            os.environ[SOURCE_ENV] = old
+
+
+def build_image(tree: Path | None) -> str:
+    """The reference image for ``tree``, built now so a run's time excludes the build."""
+    from harness import progress
+    from harness.cluster import docker_client
+    from harness.images import ImageBuilder
+    from plugins.reference import ReferenceBroker
+
+    quiet, progress.quiet = progress.quiet, True
+    try:
+        with source_override(tree):
+            return ImageBuilder(docker_client()).node_image(ReferenceBroker().image())
+    finally:
+        progress.quiet = quiet
+
+
+def scenario_problem(path: Path) -> str | None:
+    """Why this harness cannot run the scenario yet (fields it does not know), or None."""
+    from harness.scenario import load
+
+    try:
+        load(path)
+    except BrokerChaosError as exc:
+        return str(exc)
+    return None
+
+
+# -- one run -----------------------------------------------------------------------------
+
+
+@dataclass
+class RunRecord:
+    scenario: str
+    seed: int
+    verdict: str  # a checker verdict, or "error" (the run did not finish: see detail)
+    exit_code: int
+    seconds: float
+    counts: dict[str, Any] = field(default_factory=dict)
+    valid: bool | str | None = None  # the results' ``valid``: True, False or "unknown"
+    run_dir: str | None = None
+    detail: str | None = None
+
+    @property
+    def caught(self) -> bool:
+        """Not durable: a failure verdict, or unknown (the harness would not call the broker durable)."""
+        return self.verdict not in ("durable", "error", "interrupted")
+
+    @property
+    def failed(self) -> bool:
+        """A definite failure verdict (``valid: false``): on the unmodified broker, a false alarm."""
+        return self.valid is False
+
+    def counts_text(self) -> str:
+        shown = [f"{k} {self.counts[k]}" for k in SHOWN_COUNTS if self.counts.get(k)]
+        return ", ".join(shown) or "-"
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) during a run; the run was stopped and torn down."""
+
+    def __init__(self, record: RunRecord) -> None:
+        super().__init__("interrupted")
+        self.record = record
+
+
+def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> RunRecord:
+    """One ``brokerchaos run`` as a subprocess in its own session, so Ctrl-C reaches it once, from here."""
+    store.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop(SOURCE_ENV, None)
+    if tree is not None:
+        env[SOURCE_ENV] = str(tree)
+    cmd = [sys.executable, "-m", "harness.cli", "run", str(scenario), "--seed", str(seed), "--store", str(store),
+           "--json"]
+    t0 = time.monotonic()
+    interrupted = False
+    with open(store / "run.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate()
+        except KeyboardInterrupt:
+            # SIGTERM, not SIGINT: a child started from a background shell inherits an ignored
+            # SIGINT; the run takes SIGTERM as Ctrl-C and tears its cluster down.
+            interrupted = True
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+    record = _record(scenario, seed, store, proc.returncode, out, round(time.monotonic() - t0, 1))
+    if interrupted:
+        raise Interrupted(record)
+    return record
+
+
+def _record(scenario: Path, seed: int, store: Path, code: int, out: str, seconds: float) -> RunRecord:
+    """What a finished (or stopped) run left: its results, else the last line of its log."""
+    run_dir = _run_dir(store)
+    results: dict[str, Any] = {}
+    if run_dir and (REPO / run_dir / "results.json").exists():
+        results = json.loads((REPO / run_dir / "results.json").read_text())
+    elif out.strip().startswith("{"):
+        results = json.loads(out)
+    if code not in (0, 1, 3) or not results:
+        tail = (store / "run.log").read_text(errors="replace").strip().splitlines()
+        return RunRecord(_rel(scenario), seed, "interrupted" if code in (130, -signal.SIGTERM) else "error", code,
+                         seconds, run_dir=run_dir, detail=tail[-1][:300] if tail else f"exit {code}")
+    verdict = str(results.get("verdict") or results.get("valid"))
+    return RunRecord(_rel(scenario), seed, verdict, code, seconds, counts=dict(results.get("counts") or {}),
+                     valid=results.get("valid"), run_dir=run_dir,
+                     detail=results.get("error"))
+
+
+def _run_dir(store: Path) -> str | None:
+    latest = store / "latest"  # the run store's pointer at its newest run: this store holds one
+    return _rel(latest.resolve()) if latest.exists() else None
+
+
+def _rel(path: Path) -> str:
+    return str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
+
+
+# -- the bench ---------------------------------------------------------------------------------
+
+
+@dataclass
+class BugResult:
+    bug: dict[str, Any]
+    status: str  # caught | missed | waiting | error | interrupted
+    runs: list[RunRecord] = field(default_factory=list)
+    runs_to_detection: int | None = None
+    seconds_to_detection: float | None = None
+    build_seconds: float | None = None
+    image: str | None = None
+    detail: str | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        return self.runs[-1].verdict if self.runs else None
+
+
+class Bench:
+    def __init__(self, bugs: Sequence[Bug], args: argparse.Namespace, store: Path) -> None:
+        self.bugs = list(bugs)
+        self.args = args
+        self.store = store
+        self.facts = machine_facts()
+        self.command = command_line()
+        self.started = time.monotonic()
+        self.results: list[BugResult] = []
+        self.clean: list[RunRecord] = []
+        self.clean_detail: str | None = None
+        self.interrupted = False
+
+    # -- bugs
+    def run_bug(self, bug: Bug) -> BugResult:
+        res = BugResult(bug=_bug_dict(bug), status="missed")
+        self.results.append(res)
+        try:
+            return self._run_bug(bug, res)
+        except (Interrupted, KeyboardInterrupt):
+            if res.status != "caught":
+                res.status = "interrupted"
+            raise
+
+    def _run_bug(self, bug: Bug, res: BugResult) -> BugResult:
+        problem = scenario_problem(bug.scenario)
+        if problem is not None:
+            res.status, res.detail = "waiting", problem
+            say(f"[bug {bug.label}] waiting: {problem}")
+            return res
+        with tempfile.TemporaryDirectory(prefix=f"brokerchaos-planted-{bug.id}-") as tmp:
+            try:
+                tree = apply_patch(bug, Path(tmp))
+                t = time.monotonic()
+                res.image = build_image(tree)
+                res.build_seconds = round(time.monotonic() - t, 1)
+            except BrokerChaosError as exc:
+                res.status, res.detail = "error", str(exc)
+                say(f"[bug {bug.label}] error: {exc}")
+                return res
+            say(f"[bug {bug.label}] image {res.image} ({res.build_seconds:.0f} s); {_rel(bug.scenario)}, "
+                f"up to {self.args.runs} run(s), expecting {bug.expect}")
+            t0 = time.monotonic()
+            for k in range(self.args.runs):
+                seed = self.args.seed_base + k
+                stopped: Interrupted | None = None
+                try:
+                    rec = run_scenario(bug.scenario, seed, tree, self.store / bug.label / f"seed-{seed}")
+                except Interrupted as stop:
+                    rec, stopped = stop.record, stop
+                res.runs.append(rec)
+                line = (f"[bug {bug.label}] run {k + 1}/{self.args.runs} seed {seed}: {rec.verdict} "
+                        f"({rec.counts_text()}) {rec.seconds:.0f} s")
+                if rec.caught:
+                    res.status = "caught"
+                    res.runs_to_detection = k + 1
+                    res.seconds_to_detection = round(time.monotonic() - t0, 1)
+                    say(f"{line} -> caught after {k + 1} run(s), {res.seconds_to_detection:.0f} s")
+                else:
+                    say(line + (f" [{rec.detail}]" if rec.detail else ""))
+                if stopped is not None:
+                    raise stopped
+                if rec.caught:
+                    break
+                self.write()
+        return res
+
+    # -- clean control
+    def clean_plan(self) -> list[tuple[Path, int]]:
+        """``--clean-runs`` runs over the bugs' scenarios in turn, with the seeds the bugs ran with."""
+        scenarios: list[Path] = []
+        for b in self.bugs:
+            if b.scenario not in scenarios and scenario_problem(b.scenario) is None:
+                scenarios.append(b.scenario)
+        if not scenarios:
+            return []
+        return [(scenarios[j % len(scenarios)], self.args.seed_base + j // len(scenarios))
+                for j in range(self.args.clean_runs)]
+
+    def run_clean(self) -> None:
+        plan = self.clean_plan()
+        if not plan:
+            return
+        t = time.monotonic()
+        image = build_image(None)
+        say(f"[clean] image {image} ({time.monotonic() - t:.0f} s); {len(plan)} run(s) of the unmodified broker")
+        for j, (scenario, seed) in enumerate(plan, start=1):
+            stopped: Interrupted | None = None
+            try:
+                rec = run_scenario(scenario, seed, None, self.store / "clean" / f"{scenario.stem}-seed-{seed}")
+            except Interrupted as stop:
+                rec, stopped = stop.record, stop
+            self.clean.append(rec)
+            alarm = " <- FALSE ALARM" if rec.failed else ""
+            say(f"[clean] run {j}/{len(plan)} {scenario.stem} seed {seed}: {rec.verdict} "
+                f"({rec.counts_text()}) {rec.seconds:.0f} s{alarm}" + (f" [{rec.detail}]" if rec.detail else ""))
+            if stopped is not None:
+                raise stopped
+            self.write()
+
+    # -- output
+    def summary(self) -> dict[str, Any]:
+        ran = [r for r in self.results if r.status in ("caught", "missed")]
+        caught = [r for r in ran if r.status == "caught"]
+        ttd = [r.seconds_to_detection for r in caught if r.seconds_to_detection is not None]
+        return {
+            "bugs_run": len(ran),
+            "bugs_caught": len(caught),
+            "bugs_caught_as_expected": sum(1 for r in caught if r.verdict == r.bug["expect"]),
+            "bugs_waiting": [r.bug["label"] for r in self.results if r.status == "waiting"],
+            "bugs_error": [r.bug["label"] for r in self.results if r.status == "error"],
+            "median_seconds_to_detection": round(statistics.median(ttd), 1) if ttd else None,
+            "max_runs_to_detection": max((r.runs_to_detection or 0) for r in caught) if caught else None,
+            "clean_runs": sum(1 for c in self.clean if c.verdict != "interrupted"),
+            "clean_durable": sum(1 for c in self.clean if c.verdict == "durable"),
+            "false_alarms": sum(1 for c in self.clean if c.failed),
+            "clean_inconclusive": sum(1 for c in self.clean if c.verdict in ("error", "unknown")),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        facts = dict(self.facts)
+        facts["load_average_at_end"] = os.getloadavg()
+        return {
+            "command": self.command,
+            "facts": facts,
+            "settings": {"runs": self.args.runs, "clean_runs": self.args.clean_runs,
+                         "seed_base": self.args.seed_base, "store": _rel(self.store)},
+            "interrupted": self.interrupted,
+            "wall_seconds": round(time.monotonic() - self.started, 1),
+            "summary": self.summary(),
+            "bugs": [{**asdict(r), "runs": [asdict(x) for x in r.runs]} for r in self.results],
+            "clean": [asdict(c) for c in self.clean],
+        }
+
+    def write(self) -> None:
+        data = self.to_json()
+        out = Path(self.args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        out.with_suffix(".md").write_text(markdown(data))
+
+
+def _bug_dict(bug: Bug) -> dict[str, Any]:
+    return {"id": bug.id, "name": bug.name, "label": bug.label, "area": bug.area, "patch": _rel(bug.patch),
+            "scenario": _rel(bug.scenario), "expect": bug.expect, "description": bug.description,
+            "precedent": bug.precedent}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    facts = data["facts"]
+    lines = ["# Detection score: planted bugs in the reference broker", ""]
+    if data["interrupted"]:
+        lines += ["**Interrupted**: what was measured until Ctrl-C.", ""]
+    ttd = s["median_seconds_to_detection"]
+    lines += [
+        f"- caught: **{s['bugs_caught']} of {s['bugs_run']}** planted bugs run "
+        f"(within {data['settings']['runs']} seeded run(s) each; {s['bugs_caught_as_expected']} with the "
+        f"expected verdict), worst case {s['max_runs_to_detection'] or '-'} run(s)",
+        f"- median time to detection: {f'{ttd:.0f} s' if ttd is not None else '-'} (from the start of a bug's "
+        "first run to the verdict of the run that caught it; image builds excluded)",
+        f"- clean control (unmodified broker, same scenarios and seeds): {s['clean_durable']} of "
+        f"{s['clean_runs']} runs durable, **{s['false_alarms']} false alarm(s)**, "
+        f"{s['clean_inconclusive']} inconclusive (unknown or harness error)",
+    ]
+    if s["bugs_waiting"]:
+        lines.append(f"- waiting (scenario needs harness features not in this checkout): "
+                     f"{', '.join(s['bugs_waiting'])}")
+    if s["bugs_error"]:
+        lines.append(f"- not run (patch or image error): {', '.join(s['bugs_error'])}")
+    lines += ["", "| bug | area | scenario | expected | result | runs | time to detection | verdict | counts |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for b in data["bugs"]:
+        runs = b["runs"]
+        last = runs[-1] if runs else None
+        counts = ", ".join(f"{k} {last['counts'][k]}" for k in SHOWN_COUNTS
+                           if last and last["counts"].get(k)) if last else ""
+        t = b["seconds_to_detection"]
+        lines.append(f"| {b['bug']['label']} | {b['bug']['area']} | `{Path(b['bug']['scenario']).name}` | "
+                     f"{b['bug']['expect']} | {b['status']} | {len(runs)} | {f'{t:.0f} s' if t is not None else '-'} "
+                     f"| {last['verdict'] if last else '-'} | {counts or '-'} |")
+    if data["clean"]:
+        lines += ["", "Clean control runs:", "", "| scenario | seed | verdict | counts | seconds |",
+                  "| --- | --- | --- | --- | --- |"]
+        for c in data["clean"]:
+            counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
+            lines.append(f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
+                         f"{c['seconds']:.0f} |")
+    lines += ["", "Every run (run directories under the store named in the JSON):", ""]
+    for b in data["bugs"]:
+        for r in b["runs"]:
+            lines.append(f"- {b['bug']['label']} seed {r['seed']}: {r['verdict']} in {r['seconds']:.0f} s "
+                         f"(`{r['run_dir']}`)" + (f": {r['detail']}" if r["detail"] else ""))
+        if b["status"] in ("waiting", "error"):
+            lines.append(f"- {b['bug']['label']}: {b['status']}: {b['detail']}")
+    lines += ["", "The bugs (`bench/planted/catalogue.yaml`):", ""]
+    for b in data["bugs"]:
+        bug = b["bug"]
+        lines.append(f"- **{bug['label']}** ({bug['area']}): {bug['description']} *Precedent:* {bug['precedent']}")
+    lines += ["", "## Machine and command", "", facts_markdown(facts, data["command"]).rstrip(),
+              f"- wall time: {data['wall_seconds']:.0f} s", ""]
+    return "\n".join(lines)
+
+
+def say(line: str) -> None:
+    stamp = dt.datetime.now().strftime("%H:%M:%S")
+    print(f"{stamp} {line}", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bugs", help="comma-separated bug ids or names (default: every bug in the catalogue)")
+    p.add_argument("--runs", type=int, default=3, help="seeded runs per bug at most (default 3)")
+    p.add_argument("--clean-runs", type=int, default=20, help="runs of the unmodified broker (default 20; 0: none)")
+    p.add_argument("--seed-base", type=int, default=100, help="seed of each bug's first run (default 100)")
+    p.add_argument("--store", help="run store root (default store/detection/<time>)")
+    p.add_argument("--out", default=str(RESULTS / "detection"),
+                   help="results path without suffix (default bench/results/detection)")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    if args.clean_runs < 0:
+        p.error("--clean-runs must be 0 or more")
+    if args.seed_base < 0:
+        p.error("--seed-base must be 0 or more")
+    return args
+
+
+def select(bugs: list[Bug], wanted: str | None) -> list[Bug]:
+    if not wanted:
+        return bugs
+    out: list[Bug] = []
+    for w in (x.strip() for x in wanted.split(",") if x.strip()):
+        match = [b for b in bugs if w in (b.id, b.name, b.label)]
+        if not match:
+            raise BrokerChaosError(f"--bugs: no bug {w!r}; known: {', '.join(b.label for b in bugs)}")
+        out.extend(b for b in match if b not in out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    bugs = select(load_catalogue(), args.bugs)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
+    bench = Bench(bugs, args, store.resolve())
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    say(f"{len(bugs)} planted bug(s), up to {args.runs} run(s) each, then {args.clean_runs} clean run(s); "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}")
+    try:
+        for bug in bugs:
+            bench.run_bug(bug)
+            bench.write()
+        bench.run_clean()
+    except (Interrupted, KeyboardInterrupt):
+        bench.interrupted = True
+        say("interrupted: the current run was stopped and torn down; writing what was measured")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        bench.write()
+    s = bench.summary()
+    say(f"caught {s['bugs_caught']} of {s['bugs_run']} bugs run; median time to detection "
+        f"{s['median_seconds_to_detection']} s; clean {s['clean_durable']}/{s['clean_runs']} durable, "
+        f"{s['false_alarms']} false alarm(s) -> {Path(args.out).with_suffix('.md')}")
+    if bench.interrupted:
+        return 130
+    return 0 if s["bugs_caught"] == s["bugs_run"] and not s["false_alarms"] else 1
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
