@@ -49,6 +49,8 @@ _SCHEMA1_LABELS = {"consumed_unique": "ids consumed (delivered: schema-1 history
                    "consumed_total": "consumptions (deliveries: schema-1 history)"}
 _ROWS = 200
 """Rows shown per detail table; results.json holds up to LIST_CAP of each."""
+_DUPLICATES = 50
+"""Duplicates are often many and rarely the story: fewer rows."""
 
 
 class _Raw(str):
@@ -329,12 +331,15 @@ def _anomaly_parts(results: Results) -> list[str]:
                                  [[x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"]
                                   for x in results["unflagged_redeliveries"][:_ROWS]], left=3))
     if results["duplicated"]:
-        parts += _section("Delivered more than once", min(len(results["duplicated"]), _ROWS), c["duplicated"], "",
+        shown = min(len(results["duplicated"]), _DUPLICATES)
+        parts += _section("Delivered more than once", shown, c["duplicated"],
+                          "Allowed by at-least-once delivery (every delivery given back comes again); "
+                          "a budget in the scenario can bound them.",
                           _table(["id", "where (first deliveries; r: flagged redelivered)", "deliveries", "acks ok"],
                                  [[d["id"],
                                    "; ".join(f"{x['process']}@{x['node'] or '?'}{' (r)' if x['redelivered'] else ''}"
                                              for x in d["deliveries"]), d["delivered"], d["consumed"]]
-                                  for d in results["duplicated"][:_ROWS]], left=2))
+                                  for d in results["duplicated"][:shown]], left=2))
     return parts
 
 

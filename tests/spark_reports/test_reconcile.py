@@ -556,16 +556,26 @@ def test_missing_history_is_one_clear_error(tmp_path: Path) -> None:
         check_python(tmp_path, {})
 
 
+# Literals checked again under another scenario: bodies unverified (no seed), another budget.
+SPARK_VARIANTS = [("corrupted", {}), ("budgets", {"budgets": {"duplicated": 1}}),
+                  ("budgets", {"budgets": {"duplicated": 2, "resurrected": 1}})]
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_matches_python_on_literals(tmp_path: Path, spark_engine) -> None:
-    for name, make in LITERALS.items():
-        make().write(tmp_path / name)
-        expected = check_python(tmp_path / name, SCENARIOS.get(name, {}))
-        got = spark_engine(tmp_path / name, SCENARIOS.get(name, {}))
+    cases = [(name, SCENARIOS.get(name, {})) for name in LITERALS] + SPARK_VARIANTS
+    for i, (name, scenario) in enumerate(cases):
+        d = tmp_path / f"{i}-{name}"
+        LITERALS[name]().write(d)
+        expected = check_python(d, scenario)
+        got = spark_engine(d, scenario)
         assert got["engine"] == "spark"
         got["engine"] = "python"
-        assert got == expected, name
+        assert got == expected, (name, scenario)
+    verdicts = [check_python(tmp_path / f"{len(LITERALS) + k}-{n}", s)["verdict"]
+                for k, (n, s) in enumerate(SPARK_VARIANTS)]
+    assert verdicts == ["INTEGRITY", "DUPLICATED", "durable"]
 
 
 @pytest.mark.spark
