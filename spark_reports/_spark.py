@@ -5,6 +5,13 @@ nemesis and drain ops (a handful), aggregates, capped lists and histograms of at
 most a few tens of thousands of buckets. Everything per message stays in Spark,
 where it spills to disk when the driver's heap (spark.driver.memory, 1g by default)
 is too small to hold it.
+
+Per message id, one shuffle does the work: the client records are partitioned by id
+and sorted by index once; two window passes over that order say, for each record,
+whether an ack of the id had already completed ok, which abandon came last, and
+which ack invoke an ack's completion closes; one aggregate then reduces each id to
+its counts and firsts. The expected body digest is Spark SQL (sha2, repeat,
+substring), computed only for attempted ids that were delivered with a digest.
 """
 
 from __future__ import annotations

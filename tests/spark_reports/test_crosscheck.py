@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,7 +35,7 @@ def plans(draw: st.DrawFn) -> dict:
         "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
         "abandon": st.sampled_from([None, None, *CAUSES]), "corrupt": st.sampled_from([False, False, False, True]),
     })
-    messages = []
+    messages: list[dict[str, Any]] = []
     for p in range(1, draw(st.integers(1, 3)) + 1):
         for seq in range(1, draw(st.integers(0, 7)) + 1):
             outcomes = draw(st.lists(st.sampled_from(["ok", "fail", "info", None]), min_size=1, max_size=2))
@@ -255,7 +256,7 @@ def test_spark_agrees_with_python_exactly(plan: dict, spark_engine) -> None:
     b = build(plan)
     with tempfile.TemporaryDirectory() as d:
         b.write(Path(d), jsonl=False)
-        expected = check_python(Path(d), scenario(plan))
-        got = spark_engine(Path(d), scenario(plan))
+        expected = dict(check_python(Path(d), scenario(plan)))
+        got = dict(spark_engine(Path(d), scenario(plan)))
     assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
     assert got == expected

@@ -246,7 +246,7 @@ SCENARIOS: dict[str, dict] = {"corrupted": BODIES, "budgets": {"budgets": {"dupl
 
 def run(tmp_path: Path, name: str, **kw) -> dict:
     LITERALS[name]().write(tmp_path / name, **kw)
-    return check_python(tmp_path / name, SCENARIOS.get(name, {}))
+    return dict(check_python(tmp_path / name, SCENARIOS.get(name, {})))
 
 
 def test_lost(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,7 +67,7 @@ def _run_dir(root: Path, form: str) -> Path:
     return d
 
 
-def _assert_schema1_model(r: dict) -> None:
+def _assert_schema1_model(r: Mapping[str, Any]) -> None:
     assert r["history_schema"] == 1
     assert (r["valid"], r["verdict"]) == (False, "LOST")
     assert r["lost"] == ["p1:3"] and r["lost_detail"][0]["cause"] == "never delivered"
@@ -100,8 +102,8 @@ def test_brokerchaos_analyze_reads_a_schema1_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("form", ["old-parquet", "converted"])
 def test_spark_reads_schema1_parquet_the_same(tmp_path: Path, form: str, spark_engine) -> None:
     d = _run_dir(tmp_path, form)
-    got = spark_engine(d, SCENARIO)
-    expected = check_python(d, SCENARIO)
+    got = dict(spark_engine(d, SCENARIO))
+    expected = dict(check_python(d, SCENARIO))
     _assert_schema1_model(got)
     assert got.pop("engine") == "spark" and expected.pop("engine") == "python"
     assert got == expected
