@@ -488,7 +488,7 @@ def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, 
     if bad:
         return False, "INTEGRITY", "messages: " + "; ".join(bad)
     for name, verdict, what in (("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
-                                ("duplicated", "DUPLICATED", "delivered more than once")):
+                                ("duplicated", "DUPLICATED", "consumed (acked ok) more than once")):
         budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
         if _over(count, budget):
             return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}"

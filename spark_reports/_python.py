@@ -319,7 +319,7 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             add("ack_unknown")
         if m.attempts == 0 and consumed:
             add("unexpected")
-        if m.delivered > 1:
+        if consumed > 1:
             add("duplicated")
         if outcome in ("fail", "info") and consumed:
             add("recovered")

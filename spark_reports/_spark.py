@@ -304,7 +304,7 @@ class _Job:
             (unacked & ~ack_unknown).alias("is_lost"),
             ack_unknown.alias("is_ack_unknown"),
             ((F.col("attempts") == 0) & (consumed > 0)).alias("is_unexpected"),
-            (F.col("delivered") > 1).alias("is_dup"),
+            (consumed > 1).alias("is_dup"),
             (F.col("outcome").isin("fail", "info") & (consumed > 0)).alias("is_recovered"),
             (F.col("res_n") > 0).alias("is_resurrected"),
             "exp", (exp.isNotNull() & ((F.col("dig_min") != exp) | (F.col("dig_max") != exp))).alias("is_corrupted"),

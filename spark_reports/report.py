@@ -40,7 +40,7 @@ _COUNT_LABELS = {
     "consumed_total": "acks completed ok", "abandoned": "deliveries given back (abandon ops)",
     "lost": "lost: confirmed, never consumed", "ack_unknown": "confirmed, ack outcome unknown",
     "unexpected": "consumed, never published", "corrupted": "body differs from the one sent",
-    "duplicated": "delivered more than once", "resurrected": "delivered again after an ack completed ok",
+    "duplicated": "consumed (acked ok) more than once", "resurrected": "delivered again after an ack completed ok",
     "recovered": "unconfirmed but consumed", "split_brain": "split-brain copies found by the drain",
     "unflagged_redeliveries": "redeliveries without the redelivered flag",
     "order_violations": "per-producer order violations", "history_ops": "history records",

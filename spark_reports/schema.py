@@ -45,7 +45,7 @@ class Counts(TypedDict):
     ack_unknown: int  # confirmed, never acked ok, but an ack of it ended info and no delivery followed it
     unexpected: int  # consumed, never attempted
     corrupted: int  # attempted ids with a delivery whose body digest is not the one sent
-    duplicated: int  # delivered more than once
+    duplicated: int  # consumed more than once (acked ok twice or more; redeliveries a consumer asked for are not duplicates)
     resurrected: int  # delivered again after an ack of it had completed ok
     recovered: int  # attempted, not confirmed, consumed
     split_brain: int  # see SplitBrainCopy

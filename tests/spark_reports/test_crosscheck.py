@@ -166,7 +166,7 @@ def truth(plan: dict, rows: list[dict]) -> dict:
             out["unexpected"].append(mid)
         if mid in attempted and mid not in confirmed and consumed:
             out["recovered"].append(mid)
-        if len(deliveries) > 1:
+        if len(ack_oks) > 1:  # consumed twice; redeliveries a consumer asked for are not duplicates
             out["duplicated"].append(mid)
         if any(d["index"] > a["index"] for d in deliveries for a in ack_oks):
             out["resurrected"].append(mid)

@@ -227,8 +227,13 @@ def _budgets() -> HistoryBuilder:
     b.publish("p1:2")
     b.consume("p1:1")
     b.consume("p1:1", redelivered=True)  # resurrected (and duplicated)
-    b.consume("p1:2", ack="info")
-    b.consume("p1:2", consumer="c2", redelivered=True)  # duplicated
+    b.deliver("p1:2")
+    b.deliver("p1:2", consumer="c2", redelivered=True)
+    b.ack("p1:2")
+    b.ack("p1:2", consumer="c2")  # consumed twice: duplicated
+    b.publish("p1:9")
+    b.consume("p1:9", ack="info")
+    b.consume("p1:9", consumer="c2", redelivered=True)  # its first ack may not have arrived: not a duplicate
     b.drain()
     return b
 
@@ -278,6 +283,18 @@ def test_unexpected(tmp_path: Path) -> None:
     assert r["unexpected"] == ["p7:3"]
     assert r["unexpected_detail"][0]["outcome"] == "none"
     assert r["counts"]["consumed_unique"] == 2
+
+
+def test_redeliveries_a_consumer_asked_for_are_not_duplicates(tmp_path: Path) -> None:
+    b = HistoryBuilder()
+    b.publish("p1:1")
+    b.deliver("p1:1")
+    b.abandon("p1:1", "requeue")
+    b.consume("p1:1", redelivered=True)
+    b.drain()
+    b.write(tmp_path)
+    r = check_python(tmp_path, {"budgets": {"duplicated": 0}})
+    assert (r["valid"], r["verdict"], r["counts"]["duplicated"]) == (True, "durable", 0)
 
 
 def test_duplicated_is_reported_not_failed(tmp_path: Path) -> None:
