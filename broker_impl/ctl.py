@@ -79,7 +79,9 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
         assert vh is not None
         if b.cluster is None:
             return [q.info() for q in vh.queues.values()]
-        return [{**q.info(), **b.cluster.queue_info(vhost, q.name)} for q in vh.queues.values()]
+        # every node reports the master's counts (a drain may ask any node whether the queue is empty)
+        return [{**q.info(), **b.cluster.queue_info(vhost, q.name), **await b.cluster.queue_counts(vhost, q.name)}
+                for q in list(vh.queues.values())]
     if cmd == "sync_queue":
         if b.cluster is None:
             raise BrokerError("this node is not clustered: there are no mirrors to synchronise")

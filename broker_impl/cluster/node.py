@@ -134,6 +134,7 @@ class ClusterNode:
         self._applying = False
         self._dirty = False
         self.mirrors: dict[tuple[str, str], Mirror] = {}
+        self._dropping: dict[tuple[str, str], asyncio.Task[Any]] = {}  # local queue copies being deleted
         self.paused = False
         # Until the first peer's records are in, a restarted node may hold stale copies of queues
         # mastered elsewhere: clients wait (or 2 x the down detection time if nobody answers).
@@ -372,10 +373,17 @@ class ClusterNode:
 
     async def _drop_local(self, vh: VHost, q: Any) -> None:
         """Replace a queue object without touching its bindings (they name the queue, not the object)."""
-        name = q.name
-        if vh.queues.get(name) is q:
-            del vh.queues[name]
-        await q.delete()
+        await self._start_drop(vh, q)
+
+    def _start_drop(self, vh: VHost, q: Any) -> asyncio.Task[Any]:
+        """Unlist ``q`` now and delete it; a mirror that opens the same store queue waits for the deletion."""
+        k = (vh.name, q.name)
+        if vh.queues.get(k[1]) is q:
+            del vh.queues[k[1]]
+        task = self.spawn(q.delete())
+        self._dropping[k] = task
+        task.add_done_callback(lambda t: self._dropping.pop(k) if self._dropping.get(k) is t else None)
+        return task
 
     # -- links ----------------------------------------------------------------------------
     def _peer_up(self, peer: str) -> None:
@@ -446,10 +454,17 @@ class ClusterNode:
             if req is not None and not req[1].done():
                 req[1].set_result((h, blob))
         elif t == "deliver":
-            c = self._proxy_consumers.get(h["cid"])
+            cid = str(h["cid"])
+            c = self._proxy_consumers.get(cid)
             if c is None:
+                # Its channel closed (or it moved) while this was on the way: the master takes it back and
+                # stops delivering to that registration.
+                back = {"vh": h.get("vh"), "q": h.get("q"), "cid": cid}
+                self.transport.send(peer, {"t": "requeue", "seqs": [int(h["seq"])], **back})
+                self.transport.send(peer, {"t": "cancel", **back})
                 return
-            c.queue.delivered(c, int(h["seq"]), bool(h.get("red")), Message.from_bytes(blob))  # type: ignore[attr-defined]
+            c.queue.delivered(c, peer, cid, int(h["seq"]), bool(h.get("red")),  # type: ignore[attr-defined]
+                              Message.from_bytes(blob))
         elif t is not None and t.startswith("gm"):
             self.gm.handle(peer, h, blob)
         elif t == "mq":
@@ -504,8 +519,15 @@ class ClusterNode:
                 # a stale master (e.g. a node resuming after a partition): not ours to follow
                 self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
                 return
+            vh = self.broker.vhosts.get(k[0])
+            local = vh.queues.get(k[1]) if vh is not None else None
+            if vh is not None and isinstance(local, Queue):
+                # The copy this node mastered before it restarted: the record applied next would drop it, but
+                # the mirror must not open the same store queue until it is deleted (or the deletion would hit
+                # the mirror's copy).
+                self._start_drop(vh, local)
             self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")), str(h["group"]), str(h["mm"]),
-                                     predecessor=m)
+                                     predecessor=m, after=self._dropping.get(k))
         elif h.get("op") == "stop" and m is not None and m.master == peer:
             self.spawn(m.discard())
 
@@ -624,6 +646,28 @@ class ClusterNode:
 
         raise BrokerError(f"no queue '{name}' in vhost '{vhost}' with a reachable master")
 
+    async def queue_counts(self, vhost: str, name: str) -> dict[str, Any]:
+        """The master's ready and unacked counts, asked afresh when it is elsewhere, and this node's own copy's.
+
+        Any node can answer "is the queue empty?" for a drain only with the master's
+        counts: a mirror's copy lags, and a node without one knows nothing. While
+        the master cannot be asked its counts are None (unknown, not zero).
+        """
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if isinstance(q, RemoteQueue):
+            counts = await q.master_counts()
+            ready, unacked = counts if counts is not None else (None, None)
+        elif isinstance(q, Queue):
+            ready, unacked = q.bq.len(), q.bq.depth() - q.bq.len()
+        else:
+            return {}
+        m = self.mirrors.get((vhost, name))
+        local = q.bq if isinstance(q, Queue) else m.bq if m is not None and not m.closed else None
+        return {"messages_ready": ready, "messages_unacknowledged": unacked,
+                "local_messages_ready": local.len() if local is not None else None,
+                "local_messages_unacknowledged": local.depth() - local.len() if local is not None else None}
+
     def queue_info(self, vhost: str, name: str) -> dict[str, Any]:
         data = self.table.live().get(key("queue", vhost, name)) or {}
         q = self._local_master(vhost, name)
@@ -734,9 +778,6 @@ class ClusterNode:
         if cid is not None:
             self._proxy_consumers.pop(cid, None)
         return cid
-
-    def cid_of(self, c: Consumer | None) -> str | None:
-        return self._cid_of.get(id(c)) if c is not None else None
 
     # -- operator view --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

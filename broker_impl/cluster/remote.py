@@ -5,19 +5,37 @@ vhost holds a ``RemoteQueue``: it looks like a queue to channels and exchanges,
 but every operation is forwarded to the master over the cluster link, as a
 RabbitMQ channel talks to a queue process on another node. Publishes carry an
 id and the client's confirm waits for the master's ``pub_ok``; deliveries come
-back tagged with the master's seq, and acks, requeues and rejects go back with
-those seqs.
+back tagged with the master's seq and the consumer they are for, and acks,
+requeues and rejects go back with those seqs and that consumer.
+
+Who holds what is kept on both sides, so that every delivery is settled exactly
+once, by the one who holds it:
+
+* The proxy hands its channels delivery ids of its own, never reused, each
+  standing for (master seq, consumer) of the master it came from. A master's
+  seqs mean nothing to the next master (a promoted mirror numbers its copy
+  itself), so when the master goes or changes the proxy forgets them all: a
+  late ack for a dead master's delivery settles nothing (the new master has
+  requeued it), rather than whatever the new master gave the same seq.
+* The master keeps, per peer and queue, every seq it handed over and to which
+  consumer (``MasterSide.held``), and settles only what a peer holds. When a
+  remote consumer is cancelled it requeues what that consumer still held,
+  including deliveries still on their way (the proxy, finding no consumer for
+  them, sends them back: they are no longer held, so nothing is settled twice).
+  When the peer's node goes down it requeues everything the peer held.
 
 What a link failure means: when the master's node goes down (or the link
 breaks, which counts the same), the proxy nacks publishes still waiting for a
 confirm (they may or may not have been stored: "recovered" if they show up)
-and forgets its deliveries, so a late ack cannot hit a seq the master has
-requeued and redelivered meanwhile. Consumers that asked for
-``x-cancel-on-ha-failover`` get ``basic.cancel``; the others wait and follow
-the queue to a promoted mirror (or to the master when it returns), as RabbitMQ
-moves them. The master, seeing the proxy's node down, removes that
-node's consumers and requeues everything it delivered to them, marked
-redelivered.
+and forgets its deliveries. Consumers that asked for ``x-cancel-on-ha-failover``
+get ``basic.cancel``; the others wait and follow the queue to a promoted
+mirror (or to the master when it returns), as RabbitMQ moves them. The
+master, seeing the proxy's node down, removes that node's consumers and
+requeues everything it delivered to them, marked redelivered. While the
+master cannot be reached, operations that need its answer (declare, get,
+purge, delete) fail with RabbitMQ's 404 "home node ... is down or
+inaccessible" rather than answering for it (a drain told "0 messages" by a
+node that could not ask would stop early).
 """
 
 from __future__ import annotations
@@ -30,6 +48,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import Fetched
+from broker_impl.codec import NOT_FOUND, ChannelError
 from broker_impl.message import Message
 from broker_impl.queue import ConfirmCallback, Consumer, Queue
 
@@ -63,8 +82,11 @@ class RemoteQueue:
         self.policy: dict[str, Any] | None = None
         self.policy_name: str | None = None
         self._count = 0
+        self._unacked = 0
         self._consumers_seen = 0
-        self._live: set[int] = set()  # seqs delivered here since the link to the master last came up
+        self._ids = itertools.count(1)
+        # delivery id handed to a channel here -> (the current master's seq, the consumer's id there)
+        self._live: dict[int, tuple[int, str]] = {}
 
     @property
     def cluster_fields(self) -> dict[str, Any]:
@@ -81,14 +103,28 @@ class RemoteQueue:
             return
         self.node.forward_publish(self.master, self._hdr("pub"), message, on_done)
 
+    async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
+        """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
+        try:
+            return await self.node.request(self.master, self._hdr(t, **kw))
+        except ConnectionError:
+            raise ChannelError(NOT_FOUND, f"home node '{self.master}' of durable queue '{self.name}' in vhost "
+                                          f"'{self.vhost.name}' is down or inaccessible") from None
+
     async def settled(self) -> None:
         """A round trip behind our earlier publishes (links are FIFO) refreshes the counts."""
-        try:
-            r, _ = await self.node.request(self.master, self._hdr("stat"))
-        except ConnectionError:
-            return
+        r, _ = await self._ask("stat")
         self._count = int(r.get("messages", 0))
+        self._unacked = int(r.get("unacked", 0))
         self._consumers_seen = int(r.get("consumers", 0))
+
+    async def master_counts(self) -> tuple[int, int] | None:
+        """The master's ready and unacked counts now; None while it cannot be asked."""
+        try:
+            await self.settled()
+        except ChannelError:
+            return None
+        return self._count, self._unacked
 
     def message_count(self) -> int:
         return self._count
@@ -109,16 +145,19 @@ class RemoteQueue:
             "consume", cid=cid, no_ack=consumer.no_ack, prefetch=consumer.prefetch,
             exclusive=consumer.exclusive, args=_plain(consumer.arguments)))
 
-    def resubscribe(self) -> None:
+    def resubscribe(self, previous: str | None = None) -> None:
+        """Register every consumer again; the old registrations are cancelled where they were (if still there)."""
         for c in list(self.consumers):
-            self.node.unregister_proxy_consumer(c)
+            old = self.node.unregister_proxy_consumer(c)
+            if old is not None:
+                self.node.transport.send(previous or self.master, self._hdr("cancel", cid=old))
             self._subscribe(c)
 
     def master_changed(self, master: str) -> None:
         """A mirror was promoted: consumers follow the queue to its new master."""
-        self.master = master
+        previous, self.master = self.master, master
         self._live.clear()
-        self.resubscribe()
+        self.resubscribe(previous)
 
     def release_consumers(self) -> list[Consumer]:
         """Consumers that move on to a queue object that replaces this proxy (promotion here)."""
@@ -146,58 +185,56 @@ class RemoteQueue:
         self.node.unregister_proxy_consumer(consumer)
         consumer.channel.consumer_cancelled(consumer)
 
-    def delivered(self, consumer: Consumer, seq: int, redelivered: bool, message: Message) -> None:
-        if consumer.channel.state != "open" or consumer not in self.consumers:
-            self.node.transport.send(self.master, self._hdr("requeue", seqs=[seq]))
+    def delivered(self, consumer: Consumer, peer: str, cid: str, seq: int, redelivered: bool,
+                  message: Message) -> None:
+        if peer != self.master or consumer.channel.state != "open" or consumer not in self.consumers:
+            self.node.transport.send(peer, self._hdr("requeue", seqs=[seq], cid=cid))
             return
-        if not consumer.no_ack:
-            self._live.add(seq)
-        consumer.channel.deliver(consumer, self, Fetched(seq, message, redelivered))
+        consumer.channel.deliver(consumer, self, Fetched(self._track(seq, cid, consumer.no_ack), message,
+                                                         redelivered))
+
+    def _track(self, seq: int, cid: str, no_ack: bool) -> int:
+        did = next(self._ids)
+        if not no_ack:
+            self._live[did] = (seq, cid)
+        return did
 
     def kick(self) -> None:
         """Deliveries are paced by the master's prefetch accounting."""
 
     async def get(self, no_ack: bool) -> Fetched | None:
-        try:
-            r, blob = await self.node.request(self.master, self._hdr("get", no_ack=no_ack))
-        except ConnectionError:
-            return None
+        r, blob = await self._ask("get", no_ack=no_ack)
         self._count = int(r.get("count", 0))
         if not r.get("found"):
             return None
-        seq = int(r["seq"])
-        if not no_ack:
-            self._live.add(seq)
-        return Fetched(seq, Message.from_bytes(blob), bool(r.get("red")))
+        return Fetched(self._track(int(r["seq"]), "", no_ack), Message.from_bytes(blob), bool(r.get("red")))
 
-    def _keep_live(self, seqs: list[int]) -> list[int]:
-        out = [s for s in seqs if s in self._live]
-        self._live.difference_update(out)
+    def _take(self, dids: list[int]) -> dict[str, list[tuple[int, int]]]:
+        """The current master's (delivery id, seq) pairs behind ``dids`` by consumer; forgotten here from now on."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for did in dids:
+            held = self._live.pop(did, None)
+            if held is not None:
+                out.setdefault(held[1], []).append((did, held[0]))
         return out
 
     async def ack(self, seqs: list[int], consumer: Consumer | None) -> None:
-        seqs = self._keep_live(seqs)
-        if seqs:
-            self.node.transport.send(self.master, self._hdr("ack", seqs=seqs, cid=self.node.cid_of(consumer)))
+        for cid, pairs in self._take(seqs).items():
+            self.node.transport.send(self.master, self._hdr("ack", seqs=[s for _, s in pairs], cid=cid))
 
     def requeue(self, seqs: list[int], consumer: Consumer | None) -> None:
-        seqs = self._keep_live(seqs)
-        if seqs:
-            self.node.transport.send(self.master, self._hdr("requeue", seqs=seqs, cid=self.node.cid_of(consumer)))
+        for cid, pairs in self._take(seqs).items():
+            self.node.transport.send(self.master, self._hdr("requeue", seqs=[s for _, s in pairs], cid=cid))
 
     async def reject_messages(self, items: list[tuple[int, Message]], consumer: Consumer | None) -> None:
-        keep = set(self._keep_live([s for s, _ in items]))
-        kept = [(s, m) for s, m in items if s in keep]
-        if kept:
+        bodies = dict(items)
+        for cid, pairs in self._take([did for did, _ in items]).items():
             # the bodies travel back so the master can dead-letter them
-            self.node.transport.send(self.master, self._hdr("reject", seqs=[s for s, _ in kept],
-                                                            cid=self.node.cid_of(consumer)), pack_messages([m for _, m in kept]))
+            self.node.transport.send(self.master, self._hdr("reject", seqs=[s for _, s in pairs], cid=cid),
+                                     pack_messages([bodies[did] for did, _ in pairs]))
 
     async def purge(self) -> int:
-        try:
-            r, _ = await self.node.request(self.master, self._hdr("purge"))
-        except ConnectionError:
-            return 0
+        r, _ = await self._ask("purge")
         return int(r.get("n", 0))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -224,10 +261,11 @@ class RemoteQueue:
         self.deleted = True
 
     def info(self) -> dict[str, Any]:
+        """As of the last answer from the master (``ClusterNode.queue_counts`` asks it afresh)."""
         return {
             "name": self.name, "vhost": self.vhost.name, "durable": self.durable, "exclusive": False,
             "auto_delete": self.auto_delete, "arguments": self.arguments, "messages_ready": self._count,
-            "messages_unacknowledged": None, "consumers": len(self.consumers), "policy": self.policy_name,
+            "messages_unacknowledged": self._unacked, "consumers": len(self.consumers), "policy": self.policy_name,
             "effective_policy_definition": self.policy or {}, "state": "remote", "node": self.master,
         }
 
@@ -239,7 +277,6 @@ class RemoteConsumerChannel:
         self.node = node
         self.peer = peer
         self.cid = cid
-        self.unacked: set[int] = set()
         self.state = "open"
 
     def can_deliver(self, consumer: Consumer) -> bool:
@@ -247,13 +284,15 @@ class RemoteConsumerChannel:
 
     def deliver(self, consumer: Consumer, queue: Queue, fetched: Fetched) -> None:
         if not consumer.no_ack:
-            self.unacked.add(fetched.seq)
-        self.node.transport.send(self.peer, {"t": "deliver", "cid": self.cid, "seq": fetched.seq,
-                                             "red": fetched.redelivered}, fetched.message.to_bytes())
+            self.node.master_side.hold(self.peer, queue, fetched.seq, self.cid)
+        self.node.transport.send(self.peer, {"t": "deliver", "vh": queue.vhost.name, "q": queue.name, "cid": self.cid,
+                                             "seq": fetched.seq, "red": fetched.redelivered},
+                                 fetched.message.to_bytes())
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The queue went away (deleted, or its copy here dropped): what the consumer held goes with it."""
         self.state = "closed"
-        self.node.master_side.forget(self.peer, self.cid)
+        self.node.master_side.forget(self.peer, self.cid, consumer.queue)
         self.node.transport.send(self.peer, {"t": "cancelled", "cid": self.cid})
 
 
@@ -263,16 +302,33 @@ class MasterSide:
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
         self.consumers: dict[tuple[str, str], tuple[Consumer, RemoteConsumerChannel]] = {}
-        self.gets: dict[tuple[str, str, str], set[int]] = {}  # (peer, vhost, queue) -> seqs taken by basic.get
-        self._ids = itertools.count(1)
+        # peer -> queue -> seq -> the consumer id it was delivered to ("" for basic.get): what each peer holds
+        self.held: dict[str, dict[Queue, dict[int, str]]] = {}
 
     def _queue(self, h: dict[str, Any]) -> Queue | None:
         vh = self.node.broker.vhosts.get(h.get("vh", ""))
         q = vh.queues.get(h.get("q", "")) if vh is not None else None
         return q if isinstance(q, Queue) and not q.deleted else None
 
-    def forget(self, peer: str, cid: str) -> None:
+    def hold(self, peer: str, q: Queue, seq: int, cid: str) -> None:
+        self.held.setdefault(peer, {}).setdefault(q, {})[seq] = cid
+
+    def _release(self, peer: str, q: Queue, seqs: list[int], cid: str) -> list[int]:
+        """The seqs of ``seqs`` that ``peer`` holds for ``cid``; they are no longer held."""
+        held = self.held.get(peer, {}).get(q)
+        if not held:
+            return []
+        out = [s for s in seqs if held.get(s) == cid]
+        for s in out:
+            del held[s]
+        return out
+
+    def _held_by(self, peer: str, q: Queue, cid: str) -> list[int]:
+        return sorted(s for s, c in self.held.get(peer, {}).get(q, {}).items() if c == cid)
+
+    def forget(self, peer: str, cid: str, q: Queue) -> None:
         self.consumers.pop((peer, cid), None)
+        self._release(peer, q, self._held_by(peer, q, cid), cid)
 
     def handle(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         t = h["t"]
@@ -304,32 +360,36 @@ class MasterSide:
         elif t == "cancel":
             entry = self.consumers.pop((peer, h["cid"]), None)
             if entry is not None:
-                entry[1].state = "closed"
-                entry[0].queue.remove_consumer(entry[0])
+                c, rc = entry
+                rc.state = "closed"
+                c.queue.remove_consumer(c)
+                # what it still holds, deliveries on their way to it included, goes back now
+                seqs = self._release(peer, c.queue, self._held_by(peer, c.queue, rc.cid), rc.cid)
+                if seqs and not c.queue.deleted:
+                    c.queue.requeue(seqs, c)
         elif t in ("ack", "requeue", "reject"):
             self._settle(peer, t, h, q, blob)
         elif t in ("stat", "get", "purge"):
             self.node.spawn(self._answer(peer, t, h, q))
 
     def _settle(self, peer: str, t: str, h: dict[str, Any], q: Queue | None, blob: bytes) -> None:
-        seqs = [int(s) for s in h.get("seqs", [])]
-        entry = self.consumers.get((peer, h.get("cid") or ""))
-        consumer = entry[0] if entry else None
-        if entry:
-            entry[1].unacked.difference_update(seqs)
-        taken = self.gets.get((peer, h.get("vh", ""), h.get("q", "")))
-        if taken:
-            taken.difference_update(seqs)
+        """Apply an ack, requeue or reject to what the peer holds for that consumer; anything else is stale."""
         if q is None:
             return
-        if consumer is not None and consumer.queue is not q:
-            consumer = None
+        given = [int(s) for s in h.get("seqs", [])]
+        cid = str(h.get("cid") or "")
+        seqs = self._release(peer, q, given, cid)
+        if not seqs:
+            return
+        entry = self.consumers.get((peer, cid)) if cid else None
+        consumer = entry[0] if entry is not None and entry[0].queue is q else None
         if t == "ack":
             self.node.spawn(q.ack(seqs, consumer))
         elif t == "requeue":
             q.requeue(seqs, consumer)
         else:
-            self.node.spawn(q.reject_messages(list(zip(seqs, unpack_messages(blob), strict=True)), consumer))
+            bodies = dict(zip(given, unpack_messages(blob), strict=True))
+            self.node.spawn(q.reject_messages([(s, bodies[s]) for s in seqs], consumer))
 
     async def _answer(self, peer: str, t: str, h: dict[str, Any], q: Queue | None) -> None:
         rid = h.get("id")
@@ -338,7 +398,8 @@ class MasterSide:
             reply: dict[str, Any] = {"messages": 0, "consumers": 0, "found": False, "count": 0, "n": 0}
         elif t == "stat":
             await q.settled()
-            reply = {"messages": q.message_count(), "consumers": q.consumer_count()}
+            reply = {"messages": q.message_count(), "unacked": q.bq.depth() - q.bq.len(),
+                     "consumers": q.consumer_count()}
         elif t == "purge":
             await q.settled()
             reply = {"n": await q.purge()}
@@ -350,7 +411,7 @@ class MasterSide:
                 reply.update(seq=f.seq, red=f.redelivered)
                 blob = f.message.to_bytes()
                 if not h.get("no_ack"):
-                    self.gets.setdefault((peer, q.vhost.name, q.name), set()).add(f.seq)
+                    self.hold(peer, q, f.seq, "")
         self.node.transport.send(peer, {"t": "reply", "re": rid, **reply}, blob)
 
     def peer_down(self, peer: str) -> None:
@@ -358,15 +419,10 @@ class MasterSide:
         for (p, cid) in [k for k in self.consumers if k[0] == peer]:
             c, rc = self.consumers.pop((p, cid))
             rc.state = "closed"
-            if rc.unacked and not c.queue.deleted:
-                c.queue.requeue(sorted(rc.unacked), c)
             c.queue.remove_consumer(c)
-        for key in [k for k in self.gets if k[0] == peer]:
-            seqs = self.gets.pop(key)
-            vh = self.node.broker.vhosts.get(key[1])
-            q = vh.queues.get(key[2]) if vh else None
-            if isinstance(q, Queue) and seqs and not q.deleted:
-                q.requeue(sorted(seqs), None)
+        for q, held in self.held.pop(peer, {}).items():
+            if held and not q.deleted:
+                q.requeue(sorted(held), None)
 
 
 def pack_messages(messages: list[Message]) -> bytes:
