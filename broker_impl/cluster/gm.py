@@ -493,8 +493,14 @@ class GmMember:
 
     @property
     def idle(self) -> bool:
-        """Nothing buffered, parked, awaited or suspected: the member waits for events only."""
-        return not (self._buffer or self._inbox or self._awaiting or self._suspects or self._uncertain)
+        """Nothing buffered, parked, awaited, suspected or timed: the member waits for events only.
+
+        A joiner waiting out its join timeout is not idle: its ``JoinRequest`` may
+        have been lost (sent to a node whose link is not up yet, or to a member
+        that died), and only a tick past the deadline asks again.
+        """
+        return not (self._buffer or self._inbox or self._awaiting or self._suspects or self._uncertain
+                    or self._join_deadline < math.inf)
 
     def windows(self) -> dict[MemberId, MemberSnapshot]:
         """Per-member state (empty before joining), for diagnostics and tests."""

@@ -10,6 +10,15 @@
     detector's verdicts (a node down: every member on it is down) to every
     member, and ticks members that have timers running.
 
+    GM needs each link between live members to be FIFO and lossless. A node
+    that has just started (or whose partition just healed) sees its peers come
+    up one link at a time, and a member may already have to send to a node
+    whose link is not up yet (the catchup to its new right neighbour, a join
+    request): such frames wait, in order, until the link is up, as Erlang
+    queues a message to a node it is still connecting to. If the link does
+    not come up within the failure detector's time, the frames are dropped and
+    the members on that node are reported down, as a failed connection is.
+
 ``GroupStore``
     The group records, replicated on every node. Updates are applied by one
     *coordinator*, the node with the smallest name among the nodes a node can
@@ -392,8 +401,7 @@ class Endpoint:
                 return
             if isinstance(a, Send):
                 h, body = encode_message(a.message)
-                self.hub.node.transport.send(node_of(a.to), {"t": "gm", "g": self.group, "from": self.id,
-                                                             "to": a.to, **h}, body)
+                self.hub.send(node_of(a.to), {"t": "gm", "g": self.group, "from": self.id, "to": a.to, **h}, body)
             elif isinstance(a, Deliver):
                 self.on_deliver(a.sender, a.msg)
             elif isinstance(a, ReadGroup | UpdateGroup):
@@ -428,6 +436,25 @@ class GmHub:
         self.store = GroupStore(node, self._record_changed)
         self._seq = itertools.count(1)
         self._ticker: asyncio.Task[Any] | None = None
+        # peer -> (since when, ring frames waiting for its link to come up, in order)
+        self._waiting: dict[str, tuple[float, list[tuple[dict[str, Any], bytes]]]] = {}
+
+    def send(self, peer: str, header: dict[str, Any], body: bytes) -> None:
+        """A ring frame to ``peer``, in order after any still waiting for its link."""
+        if peer not in self._waiting and self.node.transport.send(peer, header, body):
+            return
+        self._waiting.setdefault(peer, (time.monotonic(), []))[1].append((header, body))
+
+    def _expire_waiting(self) -> None:
+        """Frames for a link that did not come up in the failure detector's time: its members count as down."""
+        cfg = self.node.cfg
+        limit = time.monotonic() - 2 * cfg.tick * cfg.down_after
+        for peer in [p for p, (since, _frames) in self._waiting.items() if since < limit]:
+            _since, frames = self._waiting.pop(peer)
+            log.warning("gm: the link to %s did not come up; %d ring frame(s) for it dropped, its members "
+                        "count as down", peer, len(frames))
+            if not self.node.paused:  # a paused node records no deaths (see ``pause``)
+                self._members_down_on(peer)
 
     def start(self) -> None:
         self._ticker = self.node.spawn(self._tick_loop())
@@ -447,6 +474,8 @@ class GmHub:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK)
+            if self._waiting:
+                self._expire_waiting()
             for ep in list(self.members.values()):
                 if not ep.member.idle:
                     ep.tick()
@@ -484,12 +513,18 @@ class GmHub:
 
     def peer_up(self, peer: str) -> None:
         self.store.peer_up(peer)
+        _since, frames = self._waiting.pop(peer, (0.0, []))
+        for header, body in frames:
+            self.node.transport.send(peer, header, body)
 
     def peer_down(self, peer: str, verdict: bool = True) -> None:
         """The failure detector's verdict (unless ``verdict`` is false): every member on ``peer`` is dead."""
         self.store.peer_down(peer)
-        if not verdict:
-            return
+        self._waiting.pop(peer, None)
+        if verdict:
+            self._members_down_on(peer)
+
+    def _members_down_on(self, peer: str) -> None:
         for ep in list(self.members.values()):
             view = ep.member.view
             if ep.closed or view is None:

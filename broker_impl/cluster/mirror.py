@@ -219,6 +219,9 @@ class MirrorMasterBQ(BackingQueue):
         for p in targets:
             if p not in self.mirrors:
                 continue
+            if not self.mirrors[p].in_ring:
+                self._sync_on_join.add(p)  # a snapshot broadcast before its member joined would pass it by
+                continue
             self.mirrors[p].joined = self._n + 1
             for i in range(0, max(len(items), 1), SYNC_BATCH):
                 batch = items[i : i + SYNC_BATCH]
@@ -318,7 +321,8 @@ class Mirror:
     """A queue's copy on a mirror node: replays the master's stream in order on its own backing queue."""
 
     def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool,
-                 group: str, master_member: str, predecessor: Mirror | None = None) -> None:
+                 group: str, master_member: str, predecessor: Mirror | None = None,
+                 after: asyncio.Future[Any] | None = None) -> None:
         self.node = node
         self.vhost = vhost
         self.queue = queue
@@ -336,6 +340,7 @@ class Mirror:
         self._mismatches = 0
         self._gone: set[int] = set()  # our seqs settled before their publish returned
         self._predecessor = predecessor
+        self._after = after  # the deletion of a local queue copy that used the same store queue
         if predecessor is not None:
             predecessor.closed = True
             if predecessor.gm is not None:
@@ -387,6 +392,9 @@ class Mirror:
         if self._predecessor is not None:
             await self._predecessor.discard()
             self._predecessor = None
+        if self._after is not None:
+            await asyncio.gather(self._after, return_exceptions=True)  # its failure is logged where it ran
+            self._after = None
         if self.bq is not None:
             await self.bq.delete()
         key = store_queue_key(self.vhost, self.queue)
@@ -520,10 +528,10 @@ class Mirror:
                 return None  # a snapshot for another mirror
             if h.get("first"):
                 self.bq = bq = await self._fresh()
-            unacked = set(h.get("unacked", []))
+            taken = set(h.get("unacked", []))
             started: list[asyncio.Future[Any]] = []
             for mseq, m in zip(h["seqs"], unpack_messages(blob), strict=True):
-                if mseq in unacked:  # awaited: a following ack needs its seq
+                if mseq in taken:  # awaited: a following ack needs its seq
                     s = await bq.publish_delivered(m)
                     self.seqmap[int(mseq)] = s
                     self.msgs[s] = m

@@ -140,6 +140,23 @@ def test_second_member_joins_by_asking_an_alive_member() -> None:
     assert b.joined and b.view is not None and (b.view.left, b.view.right) == ("a", "a")
 
 
+def test_a_joiner_whose_request_was_lost_keeps_ticking_and_asks_again() -> None:
+    """The join request may go to a node whose link is not up yet: only a tick past the timeout retries."""
+    store = InMemoryGroupStore()
+    a, b = GmMember("q", "a"), GmMember("q", "b", join_timeout=1.0)
+    answer(store, a, a.join())
+    b.tick(0.0)
+    (lost,) = answer(store, b, b.join())
+    assert lost == Send("a", JoinRequest("b"))  # never delivered
+    assert not b.idle, "a joiner waiting out its timeout must be ticked (GmHub ticks only members not idle)"
+    assert answer(store, b, b.tick(0.5)) == []
+    (again,) = answer(store, b, b.tick(1.5))
+    assert again == Send("a", JoinRequest("b"))
+    (to_b,) = answer(store, a, a.receive("b", sent(again)))
+    answer(store, b, b.receive("a", sent(to_b)))
+    assert b.joined and b.idle
+
+
 def pair() -> tuple[InMemoryGroupStore, GmMember, GmMember]:
     """Two joined members a <-> b, with every message so far delivered."""
     store = InMemoryGroupStore()

@@ -220,3 +220,28 @@ def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_f
     else:
         wait_for(lambda: "ha-promote-on-shutdown=when-synced" in n2.log(), what="promotion refused")
         assert queue_info(n2, "ha.stop").get("node") == "n1"
+
+
+def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowing(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """Issue 18's failovers: n1 then n2 killed and restarted; each returns as a mirror that joins the ring.
+
+    A restarted node sees its peers come up one link at a time: its mirror's join
+    request or its catchup to its new right neighbour can meet a link that is not
+    up yet, and the mirror must neither stay out of the ring for ever nor leave
+    its neighbour dropping the ring traffic (every later confirm would hang).
+    """
+    n1, n2, n3 = cluster_factory(3, tick=0.5)
+    queue = "ha.rejoin"
+    _mirrored_queue([n1, n2, n3], queue, {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    publish(n2, queue, range(30))
+    n1.kill()
+    wait_for(lambda: queue_info(n2, queue).get("node") == "n2", what="n2 promoted")
+    n1.start()
+    wait_for(lambda: sorted(queue_info(n2, queue)["synchronised_mirrors"]) == ["n1", "n3"], what="n1 back in sync")
+    publish(n3, queue, range(30, 60))  # confirmed only once n1 and n3 both have them
+    n2.kill()
+    wait_for(lambda: queue_info(n3, queue).get("node") == "n3", what="n3 promoted")
+    n2.start()
+    wait_for(lambda: sorted(queue_info(n3, queue)["synchronised_mirrors"]) == ["n1", "n2"], what="n2 back in sync")
+    publish(n1, queue, range(60, 90))
+    assert drain(n2, queue) == list(range(90))
