@@ -464,6 +464,10 @@ def markdown(data: dict[str, Any]) -> str:
             counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
             lines.append(f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
                          f"{c['seconds']:.0f} |")
+        for c in data["clean"]:
+            if c["verdict"] != "durable":
+                lines.append(f"\nNot durable on the unmodified broker: `{Path(c['scenario']).name}` seed {c['seed']}, "
+                             f"{c['verdict']}, run directory `{c['run_dir']}`" + (f": {c['detail']}" if c["detail"] else ""))
     lines += ["", "Every run (run directories under the store named in the JSON):", ""]
     for b in data["bugs"]:
         for r in b["runs"]:
