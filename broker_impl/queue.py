@@ -89,6 +89,7 @@ class Queue(Actor):
         self.consumers: deque[Consumer] = deque()
         self.had_consumer = False
         self.deleted = False
+        self.discarded = False  # deleted as a copy replaced by a master elsewhere (``discard``)
         self._inbox: deque[tuple[int, Message, Actor | None, ConfirmCallback | None]] = deque()
         self._ticket = 0  # publishes accepted so far
         self._outstanding: set[int] = set()  # tickets accepted but not yet in the backing queue
@@ -197,7 +198,7 @@ class Queue(Actor):
             self._outstanding.discard(ticket)
             self._progress.set()
         if on_done:
-            on_done(ok)
+            on_done(ok and not self.discarded)
         self.kick()
 
     def _ttl_for(self, message: Message) -> int | None:
@@ -404,6 +405,17 @@ class Queue(Actor):
             else:
                 await asyncio.sleep(0.001)
 
+    async def discard(self) -> int:
+        """Delete this copy because a master elsewhere replaced it; publishes not yet confirmed are refused.
+
+        A queue.delete confirms what was routed to the queue, as RabbitMQ does (the
+        publisher asked for the queue to go). A copy thrown away under its
+        publishers is different: what it held is gone, so a publish still waiting
+        for its confirm gets a nack, which the publisher can act on, not an ack.
+        """
+        self.discarded = True
+        return await self.delete()
+
     async def delete(self) -> int:
         """Cancel consumers, drop contents; returns the message count at deletion."""
         if self.deleted:
@@ -416,7 +428,7 @@ class Queue(Actor):
         self.consumers.clear()
         for _t, _m, _s, on_done in self._inbox:
             if on_done:
-                on_done(True)
+                on_done(not self.discarded)
         self._inbox.clear()
         self._outstanding.clear()
         self._progress.set()

@@ -344,12 +344,27 @@ class ClusterNode:
             return
         if local is not None:
             log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", name, vh.name, master)
-            await self._drop_local(vh, local)
+            await self._demote(vh, local, master, data)
+            return
+        self._install_proxy(vh, name, master, data)
+
+    def _install_proxy(self, vh: VHost, name: str, master: str, data: dict[str, Any]) -> RemoteQueue:
         rq = RemoteQueue(self, vh, name, master, durable=data["durable"], auto_delete=data["auto_delete"],
                          arguments=data.get("arguments") or {})
         vh.queues[name] = rq  # type: ignore[assignment]
         vh.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(rq)  # type: ignore[arg-type]
+        return rq
+
+    def _demote(self, vh: VHost, q: Queue, master: str, data: dict[str, Any]) -> asyncio.Task[Any]:
+        """A copy mastered here lost its place to a master elsewhere: a proxy takes the name, the copy is discarded.
+
+        In one step: no publish may find the name without a queue (an unroutable
+        publish is confirmed, and dropped), and what the copy had not confirmed yet
+        is refused, not confirmed (``Queue.discard``).
+        """
+        self._install_proxy(vh, q.name, master, data)
+        return self._track_drop(vh.name, q.name, self.spawn(q.discard()))
 
     @staticmethod
     def _take_consumers(q: Any) -> list[Consumer]:
@@ -377,10 +392,13 @@ class ClusterNode:
 
     def _start_drop(self, vh: VHost, q: Any) -> asyncio.Task[Any]:
         """Unlist ``q`` now and delete it; a mirror that opens the same store queue waits for the deletion."""
-        k = (vh.name, q.name)
-        if vh.queues.get(k[1]) is q:
-            del vh.queues[k[1]]
-        task = self.spawn(q.delete())
+        name = q.name
+        if vh.queues.get(name) is q:
+            del vh.queues[name]
+        return self._track_drop(vh.name, name, self.spawn(q.delete()))
+
+    def _track_drop(self, vhost: str, name: str, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        k = (vhost, name)
         self._dropping[k] = task
         task.add_done_callback(lambda t: self._dropping.pop(k) if self._dropping.get(k) is t else None)
         return task
@@ -521,11 +539,12 @@ class ClusterNode:
                 return
             vh = self.broker.vhosts.get(k[0])
             local = vh.queues.get(k[1]) if vh is not None else None
-            if vh is not None and isinstance(local, Queue):
-                # The copy this node mastered before it restarted: the record applied next would drop it, but
-                # the mirror must not open the same store queue until it is deleted (or the deletion would hit
-                # the mirror's copy).
-                self._start_drop(vh, local)
+            if vh is not None and isinstance(local, Queue) and record is not None:
+                # The copy this node mastered before (it restarted, or a partition healed): the record applied
+                # next would drop it, but the mirror must not open the same store queue until it is deleted (or
+                # the deletion would hit the mirror's copy).
+                log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", k[1], k[0], peer)
+                self._demote(vh, local, peer, record)
             self.mirrors[k] = Mirror(self, k[0], k[1], peer, bool(h.get("durable")), str(h["group"]), str(h["mm"]),
                                      predecessor=m, after=self._dropping.get(k))
         elif h.get("op") == "stop" and m is not None and m.master == peer:
