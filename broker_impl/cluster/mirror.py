@@ -24,7 +24,11 @@ group and starts empty from its join point (GM never replays older traffic).
 It becomes in sync when the old head drains, or at once by ``sync``: once the
 mirror says it has joined, the master broadcasts every message it holds, in
 seq order, in batches of ``SYNC_BATCH`` addressed to that mirror, so the
-mirror sees the snapshot and then the stream, in the master's order.
+mirror sees the snapshot and then the stream, in the master's order. "Every
+message it holds" includes publishes still waiting for their fsync (``Held``):
+a snapshot without them leaves the mirror short of them for good, out of sync
+under any steady publish load, and the master then waits for its other
+mirrors only.
 
 Promotion: the promoted mirror's GM member stays in the group and becomes the
 sender; its first broadcast is ``promoted``, on which every other mirror
@@ -68,6 +72,91 @@ def digest(m: Message) -> str:
     return h.hexdigest()
 
 
+class Held(dict[int, Message]):
+    """What a backing queue holds, in its order, as its wrapper can tell: seq -> message, and waiting publishes.
+
+    The backing queue returns a publish's seq only once the message is as safe
+    as the policy promises (after its fsync), but it holds the message, counted
+    in its depth, from the moment the publish starts. Those publishes wait here
+    under a ticket. Tickets are taken in the order publishes start, which is the
+    order in which the backing queue hands out seqs, so the queue's order is
+    ticket order (what was there before the first ticket comes first, by seq). A
+    waiting publish is ready: a fetch is what makes it unacked, and a fetch
+    tells its seq (``fetched``).
+    """
+
+    def __init__(self, known: dict[int, Message] | None = None) -> None:
+        super().__init__(known or {})
+        self._ticket_of: dict[int, int] = {}
+        self._waiting: dict[int, Message] = {}  # ticket -> message, in ticket order
+        self._tickets = 0
+
+    def ticket(self) -> int:
+        self._tickets += 1
+        return self._tickets
+
+    def wait(self, message: Message) -> int:
+        """A publish is starting (call before the backing queue's publish); its ticket."""
+        t = self.ticket()
+        self._waiting[t] = message
+        return t
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def placed(self, ticket: int, seq: int) -> None:
+        """A waiting publish returned its seq (a no-op if a fetch told it already, or a purge took it)."""
+        message = self._waiting.pop(ticket, None)
+        if message is not None:
+            self.add(ticket, seq, message)
+
+    def add(self, ticket: int, seq: int, message: Message) -> None:
+        self[seq] = message
+        self._ticket_of[seq] = ticket
+
+    def fetched(self, seq: int, message: Message) -> None:
+        """The backing queue handed ``seq`` out: if it was a waiting publish, its seq is known from now on.
+
+        It is the oldest waiting publish, since the backing queue hands out
+        ready messages by seq; one that does not match was skipped by the
+        backing queue as unreadable and is gone from it.
+        """
+        if seq in self or not self._waiting:
+            return
+        match = next((t for t, w in self._waiting.items() if w is message), None)
+        if match is None:  # read back from disk: the same message, another object
+            d = digest(message)
+            match = next((t for t, w in self._waiting.items() if digest(w) == d), None)
+        if match is None:
+            return
+        for t in [t for t in self._waiting if t < match]:
+            del self._waiting[t]
+        self.add(match, seq, self._waiting.pop(match))
+
+    def clear(self) -> None:
+        super().clear()
+        self._ticket_of.clear()
+        self._waiting.clear()
+
+    def forget(self, seqs: list[int]) -> None:
+        for s in seqs:
+            self.pop(s, None)
+            self._ticket_of.pop(s, None)
+
+    def purge(self, unacked: set[int]) -> None:
+        """Every ready message is gone, the waiting publishes with them."""
+        self._waiting.clear()
+        for s in [s for s in self if s not in unacked]:
+            self.forget([s])
+
+    def snapshot(self) -> list[tuple[int, Message]]:
+        """Everything held, in the queue's order; a waiting publish's seq shows as -1 (it is not unacked)."""
+        items = [(self._ticket_of.get(s, 0), s, m) for s, m in self.items()]
+        items += [(t, -1, m) for t, m in self._waiting.items()]
+        items.sort(key=lambda i: (i[0], i[1]))
+        return [(s, m) for _t, s, m in items]
+
+
 class _Link:
     __slots__ = ("acked", "synced", "joined", "deadline", "in_ring", "missing_since")
 
@@ -92,10 +181,10 @@ class MirrorMasterBQ(BackingQueue):
         self.node = node
         self.vhost = vhost
         self.queue = queue
-        self.live: dict[int, Message] = dict(live or {})  # seq -> message, ready and unacked, in seq order
+        # a promoted mirror's own: publishes it was still writing become known to the master as they finish
+        self.held = live if isinstance(live, Held) else Held(live)
         self.mirrors: dict[str, _Link] = {}  # join order
         self._sync_on_join: set[str] = set()
-        self._gone: set[int] = set()
         self._n = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         if gm is None:
@@ -215,7 +304,7 @@ class MirrorMasterBQ(BackingQueue):
 
         targets = [peer] if peer else [p for p, link in self.mirrors.items() if not link.synced]
         unacked = set(self.inner.unacked())
-        items = sorted(self.live.items())  # seq order is the order the master hands them out
+        items = self.held.snapshot()  # the order the master hands them out
         for p in targets:
             if p not in self.mirrors:
                 continue
@@ -228,7 +317,8 @@ class MirrorMasterBQ(BackingQueue):
                 self._bcast({"op": "sync", "to": p, "first": i == 0, "seqs": [s for s, _ in batch],
                              "unacked": [s for s, _ in batch if s in unacked]},
                             pack_messages([m for _, m in batch]))
-            log.info("queue %r: synchronising mirror on %s (%d message(s))", self.queue, p, len(items))
+            log.info("queue %r: synchronising mirror on %s (%d message(s), %d of them still being written)",
+                     self.queue, p, len(items), self.held.waiting())
         return len(items)
 
     def cluster_fields(self) -> dict[str, Any]:
@@ -240,37 +330,29 @@ class MirrorMasterBQ(BackingQueue):
         # Sent before the inner publish, in the same step in which the inner queue gives the
         # message its place: a fetch of it (possible while its fsync is pending) cannot overtake it.
         n = self._bcast({"op": "pub", "depth": self.inner.depth() + 1}, message.to_bytes())
+        ticket = self.held.wait(message)
         seq = await self.inner.publish(message)
-        self._remember(seq, message)
+        self.held.placed(ticket, seq)
         await self._confirmed(n)
         return seq
 
-    def _remember(self, seq: int, message: Message) -> None:
-        if seq in self._gone:
-            self._gone.discard(seq)  # acked or dropped before its publish returned
-        else:
-            self.live[seq] = message
-
-    def _forget(self, seqs: list[int]) -> None:
-        for s in seqs:
-            if self.live.pop(s, None) is None:
-                self._gone.add(s)
-
     async def publish_delivered(self, message: Message) -> int:
+        ticket = self.held.ticket()
         seq = await self.inner.publish_delivered(message)
-        self._remember(seq, message)
+        self.held.add(ticket, seq, message)
         await self._confirmed(self._bcast({"op": "pubd", "seq": seq}, message.to_bytes()))
         return seq
 
     def fetch(self) -> Fetched | None:
         f = self.inner.fetch()
         if f is not None:
+            self.held.fetched(f.seq, f.message)
             self._bcast({"op": "fetch", "seq": f.seq, "d": digest(f.message)})
         return f
 
     async def ack(self, seqs: list[int]) -> None:
         await self.inner.ack(seqs)
-        self._forget(seqs)
+        self.held.forget(seqs)
         self._bcast({"op": "ack", "seqs": seqs})
 
     def requeue(self, seqs: list[int]) -> None:
@@ -279,13 +361,12 @@ class MirrorMasterBQ(BackingQueue):
 
     async def drop(self, seqs: list[int]) -> None:
         await self.inner.drop(seqs)
-        self._forget(seqs)
+        self.held.forget(seqs)
         self._bcast({"op": "drop", "seqs": seqs})
 
     async def purge(self) -> int:
         n = await self.inner.purge()
-        keep = set(self.inner.unacked())
-        self.live = {s: m for s, m in self.live.items() if s in keep}
+        self.held.purge(set(self.inner.unacked()))
         self._bcast({"op": "purge"})
         return n
 
@@ -303,7 +384,7 @@ class MirrorMasterBQ(BackingQueue):
 
     async def delete(self) -> None:
         await self.inner.delete()
-        self.live.clear()
+        self.held.clear()
         self._bcast({"op": "delete"})
         self.gm.tick()  # out before the member leaves
         for peer in list(self.mirrors):
@@ -331,14 +412,13 @@ class Mirror:
         self.durable = durable
         self.bq: BackingQueue | None = None
         self.seqmap: dict[int, int] = {}  # master seq -> our seq
-        self.msgs: dict[int, Message] = {}  # our seq -> message
+        self.held = Held()  # what our backing queue holds: the new master's snapshots if we are promoted
         self.synced = False
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str]] = deque()
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
         self._mismatches = 0
-        self._gone: set[int] = set()  # our seqs settled before their publish returned
         self._predecessor = predecessor
         self._after = after  # the deletion of a local queue copy that used the same store queue
         if predecessor is not None:
@@ -403,8 +483,7 @@ class Mirror:
             await bq.delete()
             bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
         self.seqmap.clear()
-        self.msgs.clear()
-        self._gone.clear()
+        self.held = Held()  # a write of the old copy finishing later must not land in the new one's
         return bq
 
     async def _run(self) -> None:
@@ -455,17 +534,14 @@ class Mirror:
 
     async def _publish_started(self, bq: BackingQueue, m: Message) -> asyncio.Future[Any]:
         """Start a publish and return once it holds its place in the queue (its first step has run)."""
+        held, ticket = self.held, self.held.wait(m)
         fut = asyncio.ensure_future(bq.publish(m))
 
-        def keep(f: asyncio.Future[Any], m: Message = m) -> None:
+        def placed(f: asyncio.Future[Any]) -> None:
             if not f.cancelled() and f.exception() is None:
-                seq = f.result()
-                if seq in self._gone:
-                    self._gone.discard(seq)  # acked or dropped while its write was pending
-                else:
-                    self.msgs[seq] = m
+                held.placed(ticket, f.result())
 
-        fut.add_done_callback(keep)
+        fut.add_done_callback(placed)
         await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
         return fut
 
@@ -489,14 +565,16 @@ class Mirror:
             return await self._publish_started(bq, Message.from_bytes(blob))
         elif op == "pubd":
             m = Message.from_bytes(blob)
+            ticket = self.held.ticket()
             s = await bq.publish_delivered(m)
             self.seqmap[int(h["seq"])] = s
-            self.msgs[s] = m
+            self.held.add(ticket, s, m)
         elif op == "fetch":
             # the master's head is ours too unless it was published before we joined
             f = bq.fetch()
             if f is None:
                 return None
+            self.held.fetched(f.seq, f.message)
             if digest(f.message) != h.get("d"):
                 bq.requeue([f.seq])
                 self._mismatches += 1
@@ -507,9 +585,7 @@ class Mirror:
             self.seqmap[int(h["seq"])] = f.seq
         elif op in ("ack", "drop"):
             mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
-            for s in mine:
-                if self.msgs.pop(s, None) is None:
-                    self._gone.add(s)
+            self.held.forget(mine)
             if mine:
                 await (bq.ack(mine) if op == "ack" else bq.drop(mine))
         elif op == "requeue":
@@ -520,7 +596,7 @@ class Mirror:
             await bq.purge()
             keep = set(bq.unacked())
             self.seqmap = {k: v for k, v in self.seqmap.items() if v in keep}
-            self.msgs = {k: v for k, v in self.msgs.items() if k in keep}
+            self.held.purge(keep)
         elif op == "sync":
             from broker_impl.cluster.remote import unpack_messages
 
@@ -532,9 +608,10 @@ class Mirror:
             started: list[asyncio.Future[Any]] = []
             for mseq, m in zip(h["seqs"], unpack_messages(blob), strict=True):
                 if mseq in taken:  # awaited: a following ack needs its seq
+                    ticket = self.held.ticket()
                     s = await bq.publish_delivered(m)
                     self.seqmap[int(mseq)] = s
-                    self.msgs[s] = m
+                    self.held.add(ticket, s, m)
                 else:
                     started.append(await self._publish_started(bq, m))
             return asyncio.gather(*started) if started else None
@@ -559,7 +636,7 @@ class Mirror:
         if self.node.mirrors.get((self.vhost, self.queue)) is self:
             del self.node.mirrors[(self.vhost, self.queue)]
 
-    def take_over(self) -> tuple[BackingQueue, dict[int, Message], Endpoint | None]:
+    def take_over(self) -> tuple[BackingQueue, Held, Endpoint | None]:
         """Promotion: hand the backing queue and the GM member over, unacked messages back to ready."""
         assert self.bq is not None
         self.closed = True
@@ -571,4 +648,4 @@ class Mirror:
             bq.requeue(unacked)
         if self.node.mirrors.get((self.vhost, self.queue)) is self:
             del self.node.mirrors[(self.vhost, self.queue)]
-        return bq, dict(self.msgs), gm
+        return bq, self.held, gm  # the same Held: replayed publishes still writing finish into it
