@@ -120,9 +120,14 @@ class Broker:
         if self.cluster is not None:
             await self.cluster.start()
 
+    def client_refusal(self) -> str | None:
+        """Why this node turns new client connections away now (None: it serves them)."""
+        return self.cluster.client_refusal() if self.cluster is not None else None
+
     def _make_cluster(self) -> None:
         """Before queues load, so recovered queues stream to mirrors too (``broker_impl.cluster.node``)."""
-        from broker_impl.cluster.node import ClusterConfig, ClusterNode
+        from broker_impl.cluster.config import ClusterConfig
+        from broker_impl.cluster.node import ClusterNode
         from broker_impl.config import ConfigError
 
         try:

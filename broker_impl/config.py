@@ -48,7 +48,7 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
     [store]                       # passed untouched to broker_impl.store
     flush = "sync"                # e.g. sync | async, flush_interval_ms, segment_bytes
 
-    [cluster]                     # clustering: keys in broker_impl/cluster/node.py (none: runs alone)
+    [cluster]                     # clustering: keys in broker_impl/cluster/config.py (none: runs alone)
 
 Users, vhosts and permissions from the file seed the metadata store on first
 boot; afterwards ``broker_impl.ctl`` changes are what count (as with

@@ -46,10 +46,9 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         peername = transport.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-        cluster = getattr(self.broker, "cluster", None)
-        if cluster is not None and cluster.refusing_clients:  # paused (pause_minority) or not yet synced after start
-            log.info("refusing AMQP connection %s: node %s", peer, "paused (minority partition)" if cluster.paused
-                     else "joining the cluster")
+        refusal = self.broker.client_refusal()  # paused (pause_minority) or not yet synced after a start
+        if refusal is not None:
+            log.info("refusing AMQP connection %s: node %s", peer, refusal)
             self._dead = True
             transport.close()
             return

@@ -453,7 +453,7 @@ class GmHub:
             _since, frames = self._waiting.pop(peer)
             log.warning("gm: the link to %s did not come up; %d ring frame(s) for it dropped, its members "
                         "count as down", peer, len(frames))
-            if not self.node.paused:  # a paused node records no deaths (see ``pause``)
+            if not self.node.partitions.paused:  # a paused node records no deaths (see ``pause``)
                 self._members_down_on(peer)
 
     def start(self) -> None:

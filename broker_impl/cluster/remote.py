@@ -101,12 +101,12 @@ class RemoteQueue:
             if on_done:
                 on_done(True)
             return
-        self.node.forward_publish(self.master, self._hdr("pub"), message, on_done)
+        self.node.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
 
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
         try:
-            return await self.node.request(self.master, self._hdr(t, **kw))
+            return await self.node.forwarder.request(self.master, self._hdr(t, **kw))
         except ConnectionError:
             raise ChannelError(NOT_FOUND, f"home node '{self.master}' of durable queue '{self.name}' in vhost "
                                           f"'{self.vhost.name}' is down or inaccessible") from None
@@ -140,7 +140,7 @@ class RemoteQueue:
 
     def _subscribe(self, consumer: Consumer) -> None:
         """Register with the master; while it is unreachable the consumer waits (the queue is unavailable)."""
-        cid = self.node.register_proxy_consumer(consumer)
+        cid = self.node.forwarder.register_consumer(consumer)
         self.node.transport.send(self.master, self._hdr(
             "consume", cid=cid, no_ack=consumer.no_ack, prefetch=consumer.prefetch,
             exclusive=consumer.exclusive, args=_plain(consumer.arguments)))
@@ -148,7 +148,7 @@ class RemoteQueue:
     def resubscribe(self, previous: str | None = None) -> None:
         """Register every consumer again; the old registrations are cancelled where they were (if still there)."""
         for c in list(self.consumers):
-            old = self.node.unregister_proxy_consumer(c)
+            old = self.node.forwarder.unregister_consumer(c)
             if old is not None:
                 self.node.transport.send(previous or self.master, self._hdr("cancel", cid=old))
             self._subscribe(c)
@@ -164,7 +164,7 @@ class RemoteQueue:
         out = list(self.consumers)
         self.consumers.clear()
         for c in out:
-            self.node.unregister_proxy_consumer(c)
+            self.node.forwarder.unregister_consumer(c)
         return out
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -172,7 +172,7 @@ class RemoteQueue:
             self.consumers.remove(consumer)
         except ValueError:
             return
-        cid = self.node.unregister_proxy_consumer(consumer)
+        cid = self.node.forwarder.unregister_consumer(consumer)
         if cid is not None:
             self.node.transport.send(self.master, self._hdr("cancel", cid=cid))
 
@@ -182,7 +182,7 @@ class RemoteQueue:
             self.consumers.remove(consumer)
         except ValueError:
             pass
-        self.node.unregister_proxy_consumer(consumer)
+        self.node.forwarder.unregister_consumer(consumer)
         consumer.channel.consumer_cancelled(consumer)
 
     def delivered(self, consumer: Consumer, peer: str, cid: str, seq: int, redelivered: bool,
@@ -246,7 +246,7 @@ class RemoteQueue:
             if c.arguments.get("x-cancel-on-ha-failover"):
                 self.cancel_consumer(c)
             else:
-                self.node.unregister_proxy_consumer(c)
+                self.node.forwarder.unregister_consumer(c)
 
     async def delete(self) -> int:
         """Only the local proxy goes; the metadata delete tells the master to drop the queue."""
@@ -261,7 +261,7 @@ class RemoteQueue:
         self.deleted = True
 
     def info(self) -> dict[str, Any]:
-        """As of the last answer from the master (``ClusterNode.queue_counts`` asks it afresh)."""
+        """As of the last answer from the master (``ha.Mirroring.queue_counts`` asks it afresh)."""
         return {
             "name": self.name, "vhost": self.vhost.name, "durable": self.durable, "exclusive": False,
             "auto_delete": self.auto_delete, "arguments": self.arguments, "messages_ready": self._count,

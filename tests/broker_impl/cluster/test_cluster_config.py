@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_impl.cluster.node import ClusterConfig
+from broker_impl.cluster.config import ClusterConfig
 from broker_impl.config import ConfigError, parse
 from harness import NodeInfo, ScenarioError
 from plugins.reference import ReferenceBroker

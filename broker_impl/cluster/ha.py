@@ -1,0 +1,273 @@
+"""Which nodes hold a mirror of each queue mastered here, and promotion when a master goes.
+
+The copies themselves are ``mirror``'s (``MirrorMasterBQ`` on the master,
+``Mirror`` on the others). Here: the nodes that should hold a mirror by the
+policy's ha-mode and who is up (checked every tick and on every membership
+change), restarting mirrors that left the ring; the master's direct messages to
+a mirror node (start, stop); promotion of the oldest live mirror one tick after
+its master is seen down (by ha-promote-on-failure, or -on-shutdown when the
+master said goodbye), waiting for GM to repair the ring first; ``sync_queue``;
+and the per-queue view the admin CLI shows (``queue_info``, ``queue_counts``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker_impl.backing_queue import BackingQueue
+from broker_impl.cluster.gm_link import Endpoint, node_of
+from broker_impl.cluster.metadata import key
+from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
+from broker_impl.cluster.remote import RemoteQueue
+from broker_impl.exchange import Binding
+from broker_impl.message import Message
+from broker_impl.queue import Queue
+from broker_impl.vhost import VHost
+
+if TYPE_CHECKING:
+    from broker_impl.cluster.node import ClusterNode
+
+log = logging.getLogger("broker_impl.cluster")
+
+
+class Mirroring:
+    """The mirrors of the queues mastered here, the copies held here, and promotion."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.broker = node.broker
+        self.me = node.me
+        self.cfg = node.cfg
+        self.transport = node.transport
+        self.mirrors: dict[tuple[str, str], Mirror] = {}  # the copies held here, of queues mastered elsewhere
+        self._leaving: set[str] = set()  # peers that said goodbye: a controlled stop, not a failure
+
+    # -- queues mastered here ------------------------------------------------------------
+    def _local_masters(self) -> list[Queue]:
+        return [q for vh in self.broker.vhosts.values() for q in vh.queues.values()
+                if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted]
+
+    def _local_master(self, vhost: str, name: str) -> Queue | None:
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        return q if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted else None
+
+    def _master_bq(self, vhost: str, name: str) -> MirrorMasterBQ | None:
+        q = self._local_master(vhost, name)
+        return q.bq if q is not None and isinstance(q.bq, MirrorMasterBQ) else None
+
+    def desired_mirrors(self, q: Queue) -> list[str]:
+        """Nodes that should hold a mirror of ``q`` now, by its policy and who is up (join order kept)."""
+        if q.exclusive_owner is not None:
+            return []  # exclusive queues live and die with one connection on one node: never mirrored
+        policy = q.policy or {}
+        mode = policy.get("ha-mode")
+        up = [n for n in self.cfg.peers if self.transport.is_up(n)]
+        current = list(q.bq.mirrors) if isinstance(q.bq, MirrorMasterBQ) else []
+        if mode == "all":
+            return up
+        if mode == "nodes":
+            params = policy.get("ha-params") or []
+            wanted = {str(n).rpartition("@")[2] for n in params} if isinstance(params, list) else set()
+            return [n for n in up if n in wanted]
+        if mode == "exactly":
+            try:
+                count = max(int(policy.get("ha-params", 1)) - 1, 0)
+            except (TypeError, ValueError):
+                return []
+            keep = [n for n in current if n in up][:count]
+            return keep + [n for n in up if n not in keep][: count - len(keep)]
+        return []
+
+    def reconcile(self) -> None:
+        if self.node.partitions.paused or self.node.catalog.await_winner is not None:
+            return  # not until this node's view of who masters what is current again
+        for q in self._local_masters():
+            bq = q.bq
+            assert isinstance(bq, MirrorMasterBQ)
+            for peer in bq.silent_mirrors():
+                log.warning("queue %r: the mirror on %s is not in the group (it did not follow a promotion, or "
+                            "left the ring); restarting it", q.name, peer)
+                bq.remove_mirror(peer)
+            want = self.desired_mirrors(q)
+            before = list(bq.mirrors)
+            for peer in before:
+                if peer not in want:
+                    bq.remove_mirror(peer)
+            auto = (q.policy or {}).get("ha-sync-mode") == "automatic"
+            for peer in want:
+                if peer not in bq.mirrors:
+                    log.info("queue %r: starting a mirror on %s", q.name, peer)
+                    bq.add_mirror(peer, sync=auto)
+            if list(bq.mirrors) != before:
+                self.node.catalog.local_changed()
+
+    def sync_queue(self, vhost: str, name: str) -> str:
+        q = self._local_master(vhost, name)
+        if q is not None:
+            assert isinstance(q.bq, MirrorMasterBQ)
+            unsynced = [p for p, link in q.bq.mirrors.items() if not link.synced]
+            n = q.bq.sync()
+            return f"synchronising {len(unsynced)} mirror(s) of {name} with {n} message(s)"
+        vh = self.broker.vhosts.get(vhost)
+        rq = vh.queues.get(name) if vh is not None else None
+        if isinstance(rq, RemoteQueue) and self.transport.send(rq.master, {"t": "sync_req", "vh": vhost, "q": name}):
+            return f"asked master {rq.master} to synchronise {name}"
+        from broker_impl.broker import BrokerError
+
+        raise BrokerError(f"no queue '{name}' in vhost '{vhost}' with a reachable master")
+
+    # -- messages between a master and its mirrors -------------------------------------------
+    def handle(self, peer: str, h: dict[str, Any]) -> None:
+        """``mq`` (the master's word to a mirror node) and the mirrors' answers to a master here."""
+        t = h.get("t")
+        if t == "mq":
+            self._mirror_op(peer, h)
+            return
+        mbq = self._master_bq(h.get("vh", ""), h.get("q", ""))
+        if mbq is None:
+            return
+        if t == "mq_joined":
+            mbq.mirror_joined(peer)
+        elif t == "mq_ack":
+            mbq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
+        elif t == "mq_gone":
+            if peer in mbq.mirrors:
+                log.warning("queue %r: the mirror on %s is gone; it will be restarted", mbq.queue, peer)
+                mbq.remove_mirror(peer, stop=False)
+        elif t == "sync_req":
+            mbq.sync()
+
+    def _mirror_op(self, peer: str, h: dict[str, Any]) -> None:
+        """The master's direct word to this node: start a mirror (it joins the queue's GM group), or stop it."""
+        k = (str(h.get("vh", "")), str(h.get("q", "")))
+        m = self.mirrors.get(k)
+        if h.get("op") == "start":
+            record = self.node.catalog.table.live().get(key("queue", *k))
+            if record is not None and record.get("master") != peer:
+                # a stale master (e.g. a node resuming after a partition): not ours to follow
+                self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
+                return
+            handoff = self.node.handoff
+            vh = self.broker.vhosts.get(k[0])
+            local = vh.queues.get(k[1]) if vh is not None else None
+            if vh is not None and isinstance(local, Queue) and record is not None:
+                # The copy this node mastered before (it restarted, or a partition healed): the record applied
+                # next would drop it, but the mirror must not open the same store queue until it is deleted (or
+                # the deletion would hit the mirror's copy).
+                log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", k[1], k[0], peer)
+                handoff.demote(vh, local, peer, record)
+            self.mirrors[k] = Mirror(self.node, k[0], k[1], peer, bool(h.get("durable")), str(h["group"]),
+                                     str(h["mm"]), predecessor=m, after=handoff.dropping.get(k))
+        elif h.get("op") == "stop" and m is not None and m.master == peer:
+            self.node.spawn(m.discard())
+
+    # -- failover ---------------------------------------------------------------------------
+    def leaving(self, peer: str) -> None:
+        """``peer`` said goodbye: when its link goes, ha-promote-on-shutdown applies."""
+        self._leaving.add(peer)
+
+    def peer_up(self, peer: str) -> None:
+        self._leaving.discard(peer)
+
+    def peer_down(self, peer: str) -> None:
+        """Its mirrors are gone from our masters; the copies here whose master it was may be promoted."""
+        shutdown = peer in self._leaving
+        self._leaving.discard(peer)
+        for q in self._local_masters():
+            if isinstance(q.bq, MirrorMasterBQ):
+                q.bq.remove_mirror(peer, stop=False)
+        for (vname, qname), m in list(self.mirrors.items()):
+            if m.master == peer:
+                # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
+                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, peer,
+                                                      shutdown)
+
+    def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0) -> None:
+        if self.node.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
+            return  # paused: the majority side decides; or the master is back, or this mirror was replaced
+        if m.gm is not None and m.master_member in m.gm.ring and waited < 10:
+            # GM has not repaired the ring yet: what the dead master sent to any survivor is still on its way here
+            asyncio.get_running_loop().call_later(self.cfg.tick / 2, self._maybe_promote, vname, qname, m, dead,
+                                                  shutdown, waited + 1)
+            return
+        data = self.node.catalog.table.live().get(key("queue", vname, qname))
+        if data is None or data.get("master") != dead or m.bq is None:
+            log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
+            return
+        order = [n for n in data.get("mirrors", []) if n != dead]
+        alive = [n for n in order if n == self.me or self.transport.is_up(n)]
+        if not alive or alive[0] != self.me:
+            log.info("queue %r: master %s gone; the oldest live mirror is %s", qname, dead, alive[0] if alive else None)
+            return
+        vh = self.broker.vhosts.get(vname)
+        policy = self.broker.effective_policy(vname, qname)
+        definition = policy["definition"] if policy else {}
+        rule = definition.get("ha-promote-on-shutdown", "when-synced") if shutdown else \
+            definition.get("ha-promote-on-failure", "always")
+        if rule == "when-synced" and not m.synced:
+            log.warning("queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
+                        qname, dead, "stopped" if shutdown else "died",
+                        "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure")
+            return
+        if vh is None:
+            return
+        log.warning("queue %r: master %s %s; promoting the mirror here (%s)", qname, dead,
+                    "stopped" if shutdown else "died", "in sync" if m.synced else "NOT in sync")
+        bq, msgs, gm = m.take_over()
+        self.node.spawn(self._promote(vh, qname, data, bq, msgs, gm))
+
+    async def _promote(self, vh: VHost, name: str, data: dict[str, Any], bq: BackingQueue,
+                       msgs: dict[int, Message], gm: Endpoint | None) -> None:
+        handoff = self.node.handoff
+        old = vh.queues.get(name)
+        movers = handoff.take_consumers(old)
+        if old is not None:
+            await handoff.drop(vh, old)
+        # the other mirrors stay: those whose member is alive in the group follow the new master
+        ring = {node_of(m) for m in gm.ring} if gm is not None else set()
+        keep = [n for n in data.get("mirrors", []) if n in ring and n != self.me and self.transport.is_up(n)]
+        log.info("queue %r: promoted here; mirrors %s follow", name, keep)
+        wrapper = MirrorMasterBQ(bq, self.node, vh.name, name, live=msgs, gm=gm, mirrors=keep)
+        q = self.broker.make_queue(vh, name, wrapper, durable=data["durable"], auto_delete=data["auto_delete"],
+                                   arguments=data.get("arguments") or {})
+        vh.queues[name] = q
+        vh.exchanges[""].bind(Binding("", name, name))
+        self.broker.apply_policies(q)
+        self.broker.metadata_changed(persist=data["durable"])
+        self.reconcile()
+        handoff.give_consumers(q, movers)
+
+    # -- the operator's view -------------------------------------------------------------------
+    def queue_info(self, vhost: str, name: str) -> dict[str, Any]:
+        data = self.node.catalog.table.live().get(key("queue", vhost, name)) or {}
+        q = self._local_master(vhost, name)
+        if q is not None:
+            data = q.bq.cluster_fields()  # type: ignore[attr-defined]
+        ring = [node_of(m) for m in q.bq.gm.ring] if q is not None else []  # type: ignore[attr-defined]
+        return {"node": data.get("master"), "mirrors": data.get("mirrors", []),
+                "synchronised_mirrors": data.get("synced", []), "gm_ring": ring}
+
+    async def queue_counts(self, vhost: str, name: str) -> dict[str, Any]:
+        """The master's ready and unacked counts, asked afresh when it is elsewhere, and this node's own copy's.
+
+        Any node can answer "is the queue empty?" for a drain only with the master's
+        counts: a mirror's copy lags, and a node without one knows nothing. While
+        the master cannot be asked its counts are None (unknown, not zero).
+        """
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if isinstance(q, RemoteQueue):
+            counts = await q.master_counts()
+            ready, unacked = counts if counts is not None else (None, None)
+        elif isinstance(q, Queue):
+            ready, unacked = q.bq.len(), q.bq.depth() - q.bq.len()
+        else:
+            return {}
+        m = self.mirrors.get((vhost, name))
+        local = q.bq if isinstance(q, Queue) else m.bq if m is not None and not m.closed else None
+        return {"messages_ready": ready, "messages_unacknowledged": unacked,
+                "local_messages_ready": local.len() if local is not None else None,
+                "local_messages_unacknowledged": local.depth() - local.len() if local is not None else None}

@@ -1,0 +1,109 @@
+"""Partition handling, as RabbitMQ's modes (``[cluster] partition_handling``).
+
+* ``ignore``: both sides go on; on heal the metadata merge keeps one master
+  per queue (the later record) and the other copy is dropped with its messages.
+* ``pause_minority``: a node that sees at most half the cluster closes its
+  client connections, refuses new ones, promotes nothing and writes no
+  metadata; when a majority is back it takes the majority's records as a
+  restarted node would (its own queue copies that were replaced are dropped).
+* ``autoheal``: on heal each pair of sides compares client counts; the side
+  with fewer clients (ties: the side without the smallest node name) closes its
+  connections and takes the winner's records, dropping its conflicting copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker_impl.cluster.node import ClusterNode
+
+log = logging.getLogger("broker_impl.cluster")
+
+
+class Partitions:
+    """Whether this node is paused, and what it does when a link to a peer comes back."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.broker = node.broker
+        self.me = node.me
+        self.cfg = node.cfg
+        self.transport = node.transport
+        self.paused = False
+        self._was_down: set[str] = set()
+        self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
+        self._heal_side: dict[str, list[str]] = {}
+
+    def clients_said(self, peer: str, n: int) -> None:
+        self._clients[peer] = n
+
+    def peer_up(self, peer: str) -> None:
+        self.check_majority()
+        if peer in self._was_down:
+            self._was_down.discard(peer)
+            if self.cfg.partition_handling == "autoheal":
+                side = self._heal_side[peer] = self._side(peer)  # the sides as they were when this link healed
+                self.transport.send(peer, {"t": "heal", "side": side, "clients": self._side_clients(side)})
+
+    def peer_down(self, peer: str) -> None:
+        self.check_majority()
+        self._was_down.add(peer)
+
+    def check_majority(self) -> None:
+        if self.cfg.partition_handling != "pause_minority":
+            return
+        total = 1 + len(self.cfg.peers)
+        seen = 1 + len(self.transport.up_peers())
+        minority = seen * 2 <= total
+        if minority and not self.paused:
+            # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
+            # majority promotes mirrors of the queues mastered here meanwhile.
+            self.paused = True
+            self.node.catalog.await_winner = "*"
+            self.node.gm.pause()
+            log.warning("cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
+                        seen, total)
+            for conn in list(self.broker.connections):
+                conn.force_close("node paused: minority partition")
+        elif not minority and self.paused:
+            # Rejoin as a restarted node would: the majority's records replace ours, so a queue
+            # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
+            self.paused = False
+            self.node.catalog.restart("*")
+            log.warning("cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total)
+
+    def _side(self, returning: str) -> list[str]:
+        """The nodes on this side of a partition that just healed towards ``returning``."""
+        return sorted({self.me, *(p for p in self.transport.up_peers() if p != returning)})
+
+    def _side_clients(self, side: list[str]) -> int:
+        return sum(len(self.broker.connections) if n == self.me else self._clients.get(n, 0) for n in side)
+
+    def heal(self, peer: str, their_side: list[str], their_clients: int) -> None:
+        """RabbitMQ's autoheal: the side with fewer clients (ties: the side without the smallest name) restarts.
+
+        Restarting here means: close client connections and forget the metadata
+        table, so the winner's records replace ours key by key; a queue mastered on
+        both sides keeps the winner's master and our copy is dropped (its messages
+        are lost, as in RabbitMQ), and mirrors restart empty under it.
+        """
+        if self.cfg.partition_handling != "autoheal":
+            return
+        my_side = self._heal_side.pop(peer, None) or self._side(peer)
+        if set(my_side) & set(their_side):
+            return  # healed already through a node both sides see: that pair decided
+        mine = my_side
+        my_clients = self._side_clients(mine)
+        lose = (my_clients, min(their_side)) < (their_clients, min(mine))
+        if not lose:
+            log.warning("autoheal: this side %s (%d clients) wins over %s (%d clients)",
+                        mine, my_clients, their_side, their_clients)
+            self.node.catalog.skip_next_from(peer)
+            return
+        log.warning("autoheal: this side %s (%d clients) loses to %s (%d clients); restarting queues from the winner",
+                    mine, my_clients, their_side, their_clients)
+        for conn in list(self.broker.connections):
+            conn.force_close("autoheal: node restarting after a partition")
+        self.node.catalog.restart(peer)
