@@ -224,8 +224,6 @@ class Mirroring:
         handoff = self.node.handoff
         old = vh.queues.get(name)
         movers = handoff.take_consumers(old)
-        if old is not None:
-            await handoff.drop(vh, old)
         # the other mirrors stay: those whose member is alive in the group follow the new master
         ring = {node_of(m) for m in gm.ring} if gm is not None else set()
         keep = [n for n in data.get("mirrors", []) if n in ring and n != self.me and self.transport.is_up(n)]
@@ -233,12 +231,17 @@ class Mirroring:
         wrapper = MirrorMasterBQ(bq, self.node, vh.name, name, live=msgs, gm=gm, mirrors=keep)
         q = self.broker.make_queue(vh, name, wrapper, durable=data["durable"], auto_delete=data["auto_delete"],
                                    arguments=data.get("arguments") or {})
+        # The proxy leaves the name in the step the new master takes it: a publish that found no queue
+        # under the name, here or forwarded from another node, would be confirmed as unroutable, and dropped.
+        dropped = handoff.start_drop(vh, old) if old is not None else None
         vh.queues[name] = q
         vh.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(q)
         self.broker.metadata_changed(persist=data["durable"])
         self.reconcile()
         handoff.give_consumers(q, movers)
+        if dropped is not None:
+            await dropped
 
     # -- the operator's view -------------------------------------------------------------------
     def queue_info(self, vhost: str, name: str) -> dict[str, Any]:
