@@ -219,11 +219,15 @@ class Catalog:
         if master == self.me:
             if local is None or isinstance(local, RemoteQueue):
                 movers = handoff.take_consumers(local)
-                if local is not None:
-                    await handoff.drop(vh, local)
+                # The proxy leaves the name and the queue takes it with no wait in between (opening a backing
+                # queue does not wait): a publish that found no queue under the name would be confirmed as
+                # unroutable, and dropped.
+                dropped = handoff.start_drop(vh, local) if local is not None else None
                 q = await vh.declare_queue(name, owner=None, durable=data["durable"], auto_delete=data["auto_delete"],
                                            arguments=data.get("arguments") or {})
                 handoff.give_consumers(q, movers)
+                if dropped is not None:
+                    await dropped
             return
         if isinstance(local, RemoteQueue):
             if local.master != master:

@@ -51,12 +51,12 @@ class Handoff:
             c.unacked = 0
             q.add_consumer(c)
 
-    async def drop(self, vh: VHost, q: Any) -> None:
-        """Replace a queue object without touching its bindings (they name the queue, not the object)."""
-        await self.start_drop(vh, q)
-
     def start_drop(self, vh: VHost, q: Any) -> asyncio.Task[Any]:
-        """Unlist ``q`` now and delete it; a mirror that opens the same store queue waits for the deletion."""
+        """Unlist ``q`` now and delete it, without touching its bindings (they name the queue, not the object).
+
+        The caller lists the replacement in the same step; a mirror that opens the
+        same store queue waits for the deletion (``dropping``).
+        """
         name = q.name
         if vh.queues.get(name) is q:
             del vh.queues[name]
