@@ -72,7 +72,11 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
     wait_for(lambda: queue_info(n2, queue).get("node") == "n2", what="n2 promoted")
     # The new master requeued what n1 had delivered and hands it out again, to the same consumer.
     wait_for(lambda: conn.process_data_events(0.1) or len(seen) >= 200, what="the redeliveries")
-    assert sorted(b for _t, b, red in seen[100:] if red) == list(range(100))
+    # Every one comes back. The redelivered flag is not asserted: a fetch the old master broadcast
+    # that had not reached the promoted mirror when n1 died leaves the mirror believing the message
+    # was never delivered, so it goes out unflagged (seen about 1 run in 15 on a loaded machine).
+    # Chaos runs report such deliveries as unflagged redeliveries.
+    assert sorted(b for _t, b, _red in seen[100:]) == list(range(100))
 
     # The client acks half of what it took before the failover, with those deliveries' tags: late acks
     # for a dead master's deliveries. They may settle those messages or nothing, never other messages.
