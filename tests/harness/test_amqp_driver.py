@@ -383,7 +383,7 @@ def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> No
 
 def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveries(tmp_path: Path,
                                                                                    nodes: Any) -> None:
-    """Issue 18: a consumer whose connection went silent holds deliveries. At the end it cannot
+    """A consumer whose connection went silent holds deliveries. At the end it cannot
     close, so its connection is cut and what it held is abandoned; the drain sees them unacked
     on the broker until the broker notices, and waits for them instead of calling the queue empty."""
     n1 = nodes("n1")

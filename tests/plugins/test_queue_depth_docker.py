@@ -1,4 +1,4 @@
-"""``queue_depth`` on real clusters, and the drain that relies on it (issue 18).
+"""``queue_depth`` on real clusters, and the drain that relies on it.
 
 A connection nobody closed holds deliveries unacked on the queue's master. A
 passive declare counts only ready messages, so a drain that trusted it would

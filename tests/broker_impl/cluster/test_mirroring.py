@@ -240,7 +240,7 @@ def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_f
 
 
 def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowing(cluster_factory) -> None:  # type: ignore[no-untyped-def]
-    """Issue 18's failovers: n1 then n2 killed and restarted; each returns as a mirror that joins the ring.
+    """The slow-clients scenario's failovers: n1 then n2 killed and restarted; each returns as a mirror that joins the ring.
 
     A restarted node sees its peers come up one link at a time: its mirror's join
     request or its catchup to its new right neighbour can meet a link that is not
