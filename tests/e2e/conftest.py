@@ -56,8 +56,9 @@ def labelled(run_id: str | None = None) -> dict[str, list[str]]:
 
     client = docker.from_env()
     flt = ["brokerchaos.project=brokerchaos"] + ([f"brokerchaos.run={run_id}"] if run_id else [])
+    # Sorted: the engine lists in no fixed order.
     return {
-        "containers": [c.name for c in client.containers.list(all=True, filters={"label": flt})],
-        "networks": [n.name for n in client.networks.list(filters={"label": flt})],
-        "volumes": [v.name for v in client.volumes.list(filters={"label": flt})],
+        "containers": sorted(c.name for c in client.containers.list(all=True, filters={"label": flt})),
+        "networks": sorted(n.name for n in client.networks.list(filters={"label": flt})),
+        "volumes": sorted(v.name for v in client.volumes.list(filters={"label": flt})),
     }
