@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.broker import BrokerPlugin, NodeInfo
 from harness.cluster import PROJECT_LABEL, _tar_files, docker_client
 from harness.errors import ClusterError
+from harness.spec.broker import BrokerPlugin, NodeInfo
 
 BENCH_LABEL = "brokerchaos.bench"
 CGROUP_V1 = Path("/sys/fs/cgroup")

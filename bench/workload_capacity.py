@@ -3,7 +3,7 @@
     python -m bench.workload_capacity             # ~1 minute
 
 Runs ``harness.workload.run_workload`` with the shipped AMQP driver
-(``harness.amqp_client.AmqpDriver``) and a real history ``Recorder`` at an
+(``plugins.amqp091.client.AmqpDriver``) and a real history ``Recorder`` at an
 unlimited rate (``rate = 0``) against one reference-broker container reached
 directly, exactly as a chaos run drives a node minus the proxy. The driver is
 one process on one event loop, so what it can sustain is bounded by its
@@ -25,10 +25,11 @@ from typing import Any
 
 from bench.broker_container import BrokerContainer
 from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli, write_json, write_text
-from harness.amqp_client import AmqpDriver
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
-from harness.workload import Endpoint, run_workload
+from harness.spec import Endpoint
+from harness.workload import run_workload
+from plugins.amqp091.client import AmqpDriver
 
 
 def run_one(broker: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -24,8 +24,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.errors import FaultError, ScenarioError
-from harness.nemesis import Fault
+from harness import FaultError, ScenarioError, short_error
+from harness.spec import ConformanceProbe, Fault, FaultContext
 
 SHAPES = ("isolate", "halves", "fixed-halves", "majorities-ring", "bridge", "one-way", "clients", "custom", "random")
 #: What ``shape: random`` draws from (by the step's seed): the shapes that need no parameters.
@@ -103,9 +103,18 @@ def toxic_name(base: str, fault_id: str, stream: str) -> str:
     return f"{base}_{fault_id}_{stream}" if fault_id else f"{base}_{stream}"
 
 
-class Partition(Fault):
+class _ProxyFault(Fault):
+    """Every kind that works through the Toxiproxy sidecars shares one final heal."""
+
+    @classmethod
+    def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
+        return {"proxies": heal_network(ctx.cluster)}
+
+
+class Partition(_ProxyFault):
     name = "partition"
     requires = frozenset({"partition"})
+    conformance = ConformanceProbe(params={"shape": "isolate", "node": "n1"}, nodes=2)
     params_schema = {"shape": SHAPES, "mode": ("drop", "refuse"), "node": str, "from": str, "to": str,
                      "cuts": list, "nodes": list}
 
@@ -198,7 +207,7 @@ class Partition(Fault):
         return {"actions": done}
 
 
-class LinkToxic(Fault):
+class LinkToxic(_ProxyFault):
     """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, slow_close, limit_data.
 
     With the project's Toxiproxy server, a toxic change on a proxy that already
@@ -276,9 +285,7 @@ def heal_network(cluster: Any) -> dict[str, Any]:
             node.toxiproxy.reset()
             done[name] = "reset"
         except Exception as exc:  # noqa: BLE001 - report, keep healing the others
-            from harness.cluster import _short
-
-            done[name] = f"failed: {_short(exc)}"
+            done[name] = f"failed: {short_error(exc)}"
     failed = {k: v for k, v in done.items() if v != "reset"}
     if failed:
         raise FaultError(f"could not reset the proxies of {failed}")

@@ -16,8 +16,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.errors import FaultError, ScenarioError
-from harness.nemesis import Fault
+from harness import FaultError, ScenarioError
+from harness.spec import ConformanceProbe, Fault, FaultContext
 
 
 def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -32,7 +32,15 @@ def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
     return reply
 
 
-class _NodeFault(Fault):
+class _ProcessFault(Fault):
+    """Every kind that stops, pauses or kills broker processes shares one final heal."""
+
+    @classmethod
+    def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
+        return heal_processes(ctx.cluster) or None
+
+
+class _NodeFault(_ProcessFault):
     params_schema = {"node": str}
 
     @classmethod
@@ -58,6 +66,7 @@ class Kill(_NodeFault):
 
     name = "kill"
     requires = frozenset({"kill"})
+    conformance = ConformanceProbe()
 
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "crash")}
@@ -71,6 +80,7 @@ class Pause(_NodeFault):
 
     name = "pause"
     requires = frozenset({"pause"})
+    conformance = ConformanceProbe()
 
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "pause")}
@@ -84,6 +94,7 @@ class Stop(_NodeFault):
 
     name = "stop"
     requires = frozenset({"stop"})
+    conformance = ConformanceProbe()
 
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "stop", timeout=90)}
@@ -100,6 +111,8 @@ class PowerLoss(_NodeFault):
 
     name = "power-loss"
     requires = frozenset({"power-loss"})
+    conformance = ConformanceProbe(may_lose=True)
+    needs = frozenset({"lazyfs"})
     params_schema = {"node": str, "torn": bool, "torn_seed": int}
 
     @classmethod
@@ -119,7 +132,7 @@ class PowerLoss(_NodeFault):
         return self._start_and_wait()
 
 
-class RollingRestart(Fault):
+class RollingRestart(_ProcessFault):
     """Stop and start every node in turn, waiting for each to be ready (a routine upgrade)."""
 
     name = "rolling-restart"

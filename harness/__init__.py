@@ -4,15 +4,6 @@ from __future__ import annotations
 
 import pluggy
 
-from harness.broker import (
-    BrokerPlugin,
-    ImageRecipe,
-    NodeHandle,
-    NodeInfo,
-    NodeSpec,
-    run_or_fail,
-    wait_until_running,
-)
 from harness.errors import (
     BrokerChaosError,
     ClusterError,
@@ -21,6 +12,16 @@ from harness.errors import (
     PluginError,
     PortInUse,
     ScenarioError,
+    short_error,
+)
+from harness.spec.broker import (
+    BrokerPlugin,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    run_or_fail,
+    wait_until_running,
 )
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
@@ -42,5 +43,6 @@ __all__ = [
     "ScenarioError",
     "hookimpl",
     "run_or_fail",
+    "short_error",
     "wait_until_running",
 ]

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure")
     v.add_argument("--plugin", required=True, help="broker plugin name (load outside ones with -p MODULE)")
     v.add_argument("--only", help="comma-separated check groups: contract, image, cluster, data-dir, "
-                                  "correctness, kill, pause, stop, power-loss, partition")
+                                  "correctness, and each fault kind `brokerchaos plugins` lists that the kit probes")
     v.add_argument("--duration", type=float, default=6.0, help="workload seconds of each short run (default 6)")
     v.add_argument("--store", help="where the runs are stored (default: a temporary directory)")
 
@@ -114,8 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     from harness.host import Host
+    from harness.store import default_root
 
     host = Host.load(args.plugins)
+    host.configure({
+        "store": Path(args.store) if getattr(args, "store", None) else default_root(),
+        "spark_master": getattr(args, "spark_master", None),
+    })
     if args.command == "plugins":
         return _plugins(host)
     if args.command == "run":
@@ -123,7 +128,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return _analyze(host, args)
     if args.command == "grade":
-        return _grade(args)
+        return _grade(host, args)
     if args.command == "images":
         return _images(host, args)
     if args.command == "down":
@@ -141,6 +146,19 @@ def _plugins(host: Any) -> int:
     for r in rows:
         print(f"{r['plugin']:<12} {r['version']:<10} {', '.join(r['provides']):<44} {', '.join(r['capabilities'])}")
         print(f"{'':<12} {'':<10} ({r['source']})")
+    reg = host.registry
+    print("\nbrokers (client they need, capabilities)")
+    for name, b in sorted(reg.brokers.items()):
+        client = b.protocol if b.protocol in reg.clients else f"{b.protocol} (no client loaded)"
+        print(f"  {name:<16} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
+    print("\nfaults (broker capabilities they require; host features they need)")
+    for name, f in sorted(reg.faults.items()):
+        needs = f"; needs {', '.join(sorted(f.needs))}" if f.needs else ""
+        print(f"  {name:<16} requires {', '.join(sorted(f.requires)) or '-'}{needs}")
+    print("\ncapabilities")
+    for name, what in sorted(reg.capabilities.items()):
+        print(f"  {name:<16} {what}")
+    print(f"\ncheckers: {', '.join(sorted(reg.checkers))}; clients: {', '.join(sorted(reg.clients))}")
     return 0
 
 
@@ -164,7 +182,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     run_dirs = []
     for k in range(args.runs):
         s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
-        run = Run(host, s, store, replay=replay, keep=args.keep, spark_master=args.spark_master,
+        run = Run(host, s, store, replay=replay, keep=args.keep,
                   checkers=tuple(args.checker) if args.checker else None, client_port_base=args.ports)
         results = run.execute()
         assert run.dir is not None
@@ -180,7 +198,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
             if report.exists():
                 print(f"  report             {report}")
     if args.runs > 1:
-        _grade_dirs(run_dirs, args.spark_master, None, engine="stored")
+        _grade_dirs(host, run_dirs, None, engine="stored")
     return max(codes, key=lambda c: (c != 0, c))
 
 
@@ -190,14 +208,15 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
 
     rd = RunDir.open(args.run_dir)
     stored = rd.read_json("scenario.json")
-    checkers = tuple(args.checker) if args.checker else tuple(stored["scenario"].get("checkers", ["python"]))
-    results = check_run(host, rd, stored["scenario"], checkers, args.spark_master)
+    checkers = (tuple(args.checker) if args.checker else tuple(stored["scenario"].get("checkers") or ())
+                or host.registry.default_checkers())
+    results = check_run(host, rd, stored["scenario"], checkers)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:
             results[key] = old[key]
     rd.write_json("results.json", results)
-    report = render_report(rd, results)
+    report = render_report(host, rd, results)
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=str))
     else:
@@ -208,29 +227,25 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     return exit_code(results)
 
 
-def _grade(args: argparse.Namespace) -> int:
+def _grade(host: Any, args: argparse.Namespace) -> int:
     from harness.store import RunDir
 
     dirs = [RunDir.open(d).path for d in args.run_dirs]
-    return _grade_dirs(dirs, args.spark_master, Path(args.out) if args.out else None, engine=args.engine)
+    return _grade_dirs(host, dirs, Path(args.out) if args.out else None, engine=args.engine)
 
 
-def _grade_dirs(dirs: list[Path], spark_master: str | None, out: Path | None, *, engine: str = "spark") -> int:
-    try:
-        from spark_reports import describe_grade, grade_runs, render_grade_report
-    except ImportError as exc:
-        raise BrokerChaosError(f"grading needs spark_reports: {exc}") from None
-    grade = grade_runs(dirs, spark_master=spark_master, engine=engine)
+def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = "spark") -> int:
     out = out or dirs[-1].parent / "grade"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
-    html = render_grade_report(out, grade)
-    headline, *details = describe_grade(grade)
+    graded = host.grade(dirs, engine, out)
+    if graded is None:
+        raise BrokerChaosError("no loaded plugin grades runs (brokerchaos_grade); install spark_reports")
+    headline, *details = graded["lines"]
     print(f"\n{headline}")
     for line in details:
         print(f"  {line}")
-    print(f"  grade report: {html}")
-    verdict = grade.get("verdict")
+    print(f"  grade report: {graded['report']}")
+    verdict = graded.get("verdict")
     return 0 if verdict == "durable" else (3 if verdict == "unknown" else 1)
 
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.broker import BrokerPlugin, NodeInfo
-from harness.errors import ClusterError, DockerUnavailable, PortInUse
+from harness.errors import ClusterError, DockerUnavailable, PortInUse, short_error
 from harness.progress import say
 from harness.proxies import ProxySpec, ToxiproxyServer, client_proxy_port, peer_address
+from harness.spec.broker import BrokerPlugin, NodeInfo
 
 PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
@@ -61,7 +61,7 @@ def docker_client():  # type: ignore[no-untyped-def]
     except docker.errors.DockerException as exc:
         where = os.environ.get("DOCKER_HOST", "the local socket /var/run/docker.sock")
         raise DockerUnavailable(
-            f"cannot reach the Docker engine at {where} ({_short(exc)}); start Docker or set DOCKER_HOST"
+            f"cannot reach the Docker engine at {where} ({short_error(exc)}); start Docker or set DOCKER_HOST"
         ) from None
 
 
@@ -71,25 +71,6 @@ def published_host() -> str:
     if url.startswith(("tcp://", "http://", "https://")):
         return urllib.parse.urlparse(url).hostname or "127.0.0.1"
     return "127.0.0.1"
-
-
-def _short(exc: BaseException) -> str:
-    """The root cause of a (often deeply wrapped) Docker or HTTP error, in a few words."""
-    root: BaseException = exc
-    seen = set()
-    while True:
-        nxt = root.__cause__ or root.__context__
-        if nxt is None or id(nxt) in seen:
-            break
-        seen.add(id(nxt))
-        root = nxt
-    text = str(root).strip()
-    for marker in ("Connection refused", "No such file or directory", "Permission denied", "Name or service not known",
-                   "timed out", "port is already allocated", "address already in use"):
-        if marker.lower() in str(exc).lower() or marker.lower() in text.lower():
-            return marker.lower()
-    line = text.splitlines()[-1] if text else type(root).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
 
 
 # -- who owns a run ------------------------------------------------------------------------
@@ -298,7 +279,7 @@ class Node:
         try:
             result = self.container.exec_run(["timeout", str(int(max(1, timeout))), *cmd], demux=False)
         except docker.errors.APIError as exc:
-            return 126, _short(exc)
+            return 126, short_error(exc)
         out = result.output.decode(errors="replace") if result.output else ""
         return result.exit_code if result.exit_code is not None else 1, out
 
@@ -356,7 +337,7 @@ class Cluster:
                     say("cluster", f"{c.node}: starting {self.plugin.name} ({c.name})")
                     self.client.containers.get(c.name).start()
         except docker.errors.APIError as exc:
-            text = _short(exc)
+            text = short_error(exc)
             if "port is already allocated" in text or "address already in use" in text:
                 raise PortInUse(f"{text}: free the port or choose other host ports") from None
             raise ClusterError(f"Docker refused to start the cluster: {text}") from None
@@ -452,7 +433,7 @@ class Cluster:
         try:
             return self.nodes[name].container.logs(tail=lines).decode(errors="replace")
         except Exception as exc:  # noqa: BLE001
-            return f"(no log: {_short(exc)})"
+            return f"(no log: {short_error(exc)})"
 
     def client_endpoints(self) -> dict[str, tuple[str, int]]:
         return {n: node.client_endpoint for n, node in self.nodes.items() if node.client_endpoint}
@@ -470,7 +451,7 @@ class Cluster:
                 try:
                     (d / fname).write_bytes(self.client.containers.get(cname).logs())
                 except docker.errors.DockerException as exc:
-                    (d / fname).write_text(f"(unavailable: {_short(exc)})\n")
+                    (d / fname).write_text(f"(unavailable: {short_error(exc)})\n")
             if not node.running():
                 continue
             rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])

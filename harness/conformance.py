@@ -3,8 +3,9 @@
 A plugin author runs it before any chaos test: does the plugin declare what the
 host needs, does its image build, do its nodes start, become ready and reach
 each other through the proxies, does the broker write where ``data_dir`` says,
-is a short run with no faults durable, and does each fault the plugin claims
-(kill, pause, stop, power-loss, partition) complete with the broker recovering.
+is a short run with no faults durable, and does each registered fault kind the
+plugin can suffer (its ``conformance`` probe: kill, pause, stop, power-loss,
+partition and whatever fault packages add) complete with the broker recovering.
 Every check yields a row (check, result, detail, what to do) so a failure says
 what to change, not only that something is wrong.
 
@@ -24,17 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.broker import KNOWN_CAPABILITIES, BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
 from harness.errors import BrokerChaosError, DockerUnavailable
 from harness.host import Host
 from harness.proxies import peer_address
+from harness.spec.broker import BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
+from harness.spec.fault import ConformanceProbe
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
-#: The fault capabilities the kit exercises, each with one short run.
-FAULTS = ("kill", "pause", "stop", "power-loss", "partition")
-#: Check groups in the order they run (``--only`` picks among them).
-GROUPS = ("contract", "image", "cluster", "data-dir", "correctness", *FAULTS)
+#: Check groups before the fault kinds, in the order they run (``--only`` picks among them).
+BASE_GROUPS = ("contract", "image", "cluster", "data-dir", "correctness")
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,16 @@ class Battery:
         self.plugin: BrokerPlugin = host.broker(plugin)
         self.duration = duration
         self.seed = seed
-        self.only = set(only) if only else set(GROUPS)
-        unknown = self.only - set(GROUPS)
+        #: Each registered fault kind with a conformance probe is one group, in name order.
+        self.probes: dict[str, tuple[frozenset[str], ConformanceProbe]] = {
+            name: (cls.requires, cls.conformance) for name, cls in sorted(host.registry.faults.items())
+            if cls.conformance is not None}
+        groups = (*BASE_GROUPS, *self.probes)
+        self.only = set(only) if only else set(groups)
+        unknown = self.only - set(groups)
         if unknown:
             raise BrokerChaosError(f"unknown check group(s) {', '.join(sorted(unknown))}; "
-                                   f"choose from {', '.join(GROUPS)}")
+                                   f"choose from {', '.join(groups)}")
         self.store = store or Path(tempfile.mkdtemp(prefix="brokerchaos-validate-"))
         self.rows: list[Check] = []
         self._baseline: Any = None
@@ -74,7 +79,7 @@ class Battery:
         steps: list[tuple[str, Callable[[], list[Check]]]] = [
             ("contract", self.contract), ("image", self.image), ("cluster", self.cluster),
             ("data-dir", self.data_dir), ("correctness", self.correctness),
-        ] + [(f, functools.partial(self.fault, f)) for f in FAULTS]
+        ] + [(f, functools.partial(self.fault, f)) for f in self.probes]
         for group, fn in steps:
             if group not in self.only:
                 continue
@@ -100,9 +105,10 @@ class Battery:
             self.rows += self.image() if "image" not in self.only else []
         if self._images_ok is False:
             return "the image did not build (see above)"
-        if group in FAULTS and group not in self.plugin.capabilities:
-            return f"the plugin does not declare {group!r}"
-        if group in FAULTS and any(r.group == "correctness" and r.status == FAIL for r in self.rows):
+        missing = self.probes[group][0] - self.plugin.capabilities if group in self.probes else set()
+        if missing:
+            return f"the plugin does not declare {', '.join(sorted(missing))}"
+        if group in self.probes and any(r.group == "correctness" and r.status == FAIL for r in self.rows):
             return "a run with no faults already fails (see correctness)"
         return None
 
@@ -134,10 +140,12 @@ class Battery:
             rows.append(Check("contract: client driver", FAIL, str(exc),
                               "register a client with brokerchaos_register_clients, or use protocol 'amqp091'"))
         caps = set(p.capabilities)
-        unknown = caps - KNOWN_CAPABILITIES
+        known = self.host.registry.capabilities
+        unknown = caps - set(known)
         rows.append(Check("contract: capabilities", FAIL if unknown else PASS,
                           f"unknown {sorted(unknown)}" if unknown else f"declares {', '.join(sorted(caps)) or 'none'}",
-                          f"use only {', '.join(sorted(KNOWN_CAPABILITIES))}" if unknown else ""))
+                          f"use only {', '.join(sorted(known))}, or load the fault package that defines the others"
+                          if unknown else ""))
         ok = isinstance(p.data_dir, str) and p.data_dir.startswith("/") and p.data_dir.rstrip("/") != ""
         rows.append(Check("contract: data_dir", PASS if ok else FAIL, f"data_dir {p.data_dir!r}",
                           "" if ok else "declare data_dir as the absolute directory the broker writes its data to"))
@@ -176,8 +184,9 @@ class Battery:
         return [Check("image: builds", PASS, tag)]
 
     def _nodes_for(self, fault: str | None = None) -> int:
-        multi = bool(self.plugin.peer_ports_for(1)) and "partition" in self.plugin.capabilities
-        return 2 if (fault == "partition" or (fault is None and multi)) else 1
+        if fault is not None:
+            return self.probes[fault][1].nodes
+        return 2 if self.plugin.peer_ports_for(1) and "partition" in self.plugin.capabilities else 1
 
     def cluster(self) -> list[Check]:
         from harness.pytest_plugin import build_scenario, running_cluster
@@ -309,12 +318,9 @@ class Battery:
         return [Check("data-dir: the broker writes there", PASS, f"{len(files)} file(s) under {d}")]
 
     def fault(self, kind: str) -> list[Check]:
-        nodes = self._nodes_for(kind)
+        probe = self.probes[kind][1]
         at = round(self.duration * 0.3, 1)
-        params: dict[str, Any] = {"node": "n1"}
-        if kind == "partition":
-            params = {"shape": "isolate", "node": "n1"}
-        r = self._run(kind, nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": params}])
+        r = self._run(kind, probe.nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}])
         ops = [op for op in r.history() if op["process"] == "nemesis" and op["type"] != "invoke"]
         name = f"{kind}: applied, healed, broker recovers"
         applied = [op for op in ops if op["f"] == kind]
@@ -335,7 +341,7 @@ class Battery:
             # The drain runs after the heal: a broker that recovered serves it.
             rows.append(Check(name, FAIL, f"the final drain after the heal did not complete ({r.run_dir})",
                               "after the heal the broker must become ready and serve consumers again"))
-        elif lost and kind != "power-loss":
+        elif lost and not probe.may_lose:
             rows.append(Check(name, FAIL, f"{lost} confirmed messages lost ({r.run_dir})",
                               f"under {kind} the disk keeps every write: the broker confirmed before writing, "
                               "or does not restart on its data_dir"))
@@ -343,20 +349,20 @@ class Battery:
             note = f", {lost} confirmed lost (durability under power loss is for chaos tests to judge)" if lost else ""
             rows.append(Check(name, PASS, f"drain after the heal complete, {after} publishes confirmed between "
                                           f"the heal and the end of the workload{note}"))
-        if kind == "power-loss":
-            rows.append(self._lazyfs_held_data(applied[0]))
+        if "lazyfs" in self.host.registry.faults[kind].needs:
+            rows.append(self._lazyfs_held_data(kind, applied[0]))
         return rows
 
-    def _lazyfs_held_data(self, op: dict[str, Any]) -> Check:
+    def _lazyfs_held_data(self, kind: str, op: dict[str, Any]) -> Check:
         value = json.loads(op["value"]) if isinstance(op["value"], str) else op["value"]
         fs = ((value.get("done") or {}).get("nodectl") or {}).get("lazyfs") or {}
         dropped = int(fs.get("dropped_bytes") or 0)
         kept = int(fs.get("kept_bytes") or 0)
         paths = sorted({d["path"] for d in fs.get("dropped_data", []) + fs.get("torn", [])} | set(fs.get("names_lost", [])))
-        name = "power-loss: lazyfs held unsynced broker data"
+        name = f"{kind}: lazyfs held unsynced broker data"
         if dropped + kept == 0 and not paths:
             return Check(name, FAIL,
-                         f"at power loss nothing under {self.plugin.data_dir} was unsynced (dropped 0 bytes)",
+                         f"at {kind} nothing under {self.plugin.data_dir} was unsynced (dropped 0 bytes)",
                          "the broker writes its data outside data_dir, so power loss cannot reach it; point its "
                          "config at data_dir")
         return Check(name, PASS, f"dropped {dropped} unsynced bytes in {len(paths)} path(s) "

@@ -7,14 +7,15 @@ import importlib
 import importlib.metadata as md
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
-from harness import hookspec
 from harness.errors import BrokerChaosError, PluginError
-from harness.registry import Registry
+from harness.spec import hooks as hookspec
+from harness.spec.registry import Registry
 
 PROJECT = "brokerchaos"
 ENTRY_POINT_GROUP = "brokerchaos"
@@ -82,7 +83,7 @@ class Host:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
-            raise PluginError(name, f"{exc} (see harness/hookspec.py for the hooks that exist)") from exc
+            raise PluginError(name, f"{exc} (see harness/spec/hooks.py for the hooks that exist)") from exc
 
     def _collect(self, only: Iterable[str] | None = None) -> None:
         names = set(only) if only is not None else None
@@ -103,6 +104,7 @@ class Host:
                 except Exception as exc:  # noqa: BLE001
                     raise PluginError(impl.plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}") from exc
         self.registry.current_plugin = "?"
+        self.registry.check_capabilities()
 
     # -- typed facade ----------------------------------------------------------------
 
@@ -146,6 +148,14 @@ class Host:
 
     def fault_done(self, run: Any, op: dict[str, Any]) -> None:
         self.pm.hook.brokerchaos_fault(run=run, op=op)
+
+    def render_report(self, run_dir: Path, results: dict[str, Any]) -> Path | None:
+        path = self.pm.hook.brokerchaos_render_report(run_dir=run_dir, results=results)
+        return Path(path) if path else None
+
+    def grade(self, run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.pm.hook.brokerchaos_grade(run_dirs=run_dirs, engine=engine, out=out)
+        return result
 
     def run_finished(self, run: Any, results: dict[str, Any]) -> None:
         self.pm.hook.brokerchaos_run_finished(run=run, results=results)

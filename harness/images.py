@@ -25,9 +25,9 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from harness.broker import ImageRecipe
 from harness.errors import ImageError
 from harness.progress import say
+from harness.spec.broker import ImageRecipe
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")

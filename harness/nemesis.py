@@ -19,74 +19,13 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from harness.errors import FaultError, ScenarioError
 from harness.history import Recorder
 from harness.progress import say
 from harness.scenario import Scenario
-
-
-class FaultContext:
-    """What a fault may touch: the running cluster (nodes, proxies, containers)."""
-
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-
-    @property
-    def nodes(self) -> list[str]:
-        return list(self.cluster.topology.nodes)
-
-
-class Fault:
-    """Base of every fault kind."""
-
-    name: ClassVar[str]
-    requires: ClassVar[frozenset[str]] = frozenset()
-    #: Parameters a scenario may give, with allowed values (for validation messages).
-    params_schema: ClassVar[Mapping[str, Any]] = {}
-
-    def __init__(self, ctx: FaultContext, params: Mapping[str, Any], fault_id: str = "") -> None:
-        self.ctx = ctx
-        self.params = dict(params)
-        #: The plan's id for this application (``f3``); names what it adds, so overlapping faults do not collide.
-        self.fault_id = fault_id
-
-    @classmethod
-    def switches_proxies(cls, params: Mapping[str, Any]) -> bool:
-        """Whether this application turns proxies off and back on (which no other fault may do meanwhile)."""
-        return False
-
-    @classmethod
-    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
-        """Concrete parameters for one application (deterministic given ``rng``)."""
-        for key, value in params.items():
-            if key not in cls.params_schema:
-                raise ScenarioError(f"fault {cls.name}: unknown parameter {key!r}; allowed: "
-                                    f"{', '.join(sorted(cls.params_schema)) or '(none)'}")
-            _check_param(cls.name, key, value, cls.params_schema[key])
-        return dict(params)
-
-    def apply(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def heal(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-def _check_param(fault: str, key: str, value: Any, allowed: Any) -> None:
-    """Reject a value ``params_schema`` rules out now, not when the fault is applied mid-run."""
-    if isinstance(allowed, tuple):
-        if value not in allowed:
-            raise ScenarioError(f"fault {fault}: {key} {value!r} is not allowed; use one of "
-                                f"{', '.join(map(str, allowed))}")
-    elif isinstance(allowed, type):
-        if allowed is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, allowed) and not (allowed is int and isinstance(value, bool))
-        if not ok:
-            raise ScenarioError(f"fault {fault}: {key} expects {allowed.__name__}, got {value!r}")
+from harness.spec.fault import Fault, FaultContext
 
 
 @dataclass

@@ -12,6 +12,7 @@ import logging
 import secrets
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
-from harness.nemesis import FaultContext, Nemesis, Plan, check_capabilities, plan
+from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.progress import say
 from harness.scenario import Scenario
+from harness.spec.client import Endpoint
+from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.store import RunDir
-from harness.workload import Endpoint, assignments, driver_options, queue_depth_reader, run_workload
+from harness.workload import assignments, driver_options, queue_depth_reader, run_workload
 
 EXIT_DURABLE, EXIT_FAILED, EXIT_ERROR, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -42,7 +45,7 @@ class Run:
     """A run in progress; hooks receive it (``run.scenario``, ``run.dir``, ``run.id``)."""
 
     def __init__(self, host: Host, scenario: Scenario, store_root: Path, *, replay: Plan | None = None,
-                 keep: bool = False, spark_master: str | None = None, checkers: tuple[str, ...] | None = None,
+                 keep: bool = False, checkers: tuple[str, ...] | None = None,
                  build_images: bool = True, client_port_base: int | None = None) -> None:
         self.host = host
         self.scenario = scenario
@@ -54,17 +57,19 @@ class Run:
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)
         if replay is not None:
             _check_replay(replay, self.faults, frozenset(self.plugin.capabilities), self.nodes)
-        self.lazyfs = scenario.broker.lazyfs or any(s.kind == "power-loss" for s in self.plan.steps)
-        if self.lazyfs and "power-loss" not in self.plugin.capabilities:
-            raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare 'power-loss': "
-                                   "its data directory cannot sit on the lazy filesystem")
-        self.checkers = checkers or scenario.checkers
+        self.features = host_features(scenario, self.plan, self.faults)
+        for feature in sorted(self.features):
+            cap = HOST_FEATURES[feature].capability
+            if cap is not None and cap not in self.plugin.capabilities:
+                raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare {cap!r}, which "
+                                       f"{feature} needs: {HOST_FEATURES[feature].description}")
+        self.lazyfs = "lazyfs" in self.features
+        self.checkers = checkers or scenario.checkers or host.registry.default_checkers()
         for name in self.checkers:
             host.checker(name)
         self.id = f"bc-{secrets.token_hex(3)}"
         self.store_root = store_root
         self.keep = keep
-        self.spark_master = spark_master
         self.build_images = build_images
         self.client_ports = ({n: client_port_base + i for i, n in enumerate(self.nodes)}
                              if client_port_base else None)
@@ -145,18 +150,11 @@ class Run:
         driver = factory(endpoints, recorder, first_node=first, **driver_options(
             w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth))
 
-        def final_heal() -> dict[str, Any]:
-            from faults.network import heal_network
-            from faults.process import heal_processes
-
-            out: dict[str, Any] = {"network": heal_network(cluster)}
-            if {"kill", "pause", "stop", "power-loss"} & set(self.plugin.capabilities):
-                out["processes"] = heal_processes(cluster)
-            return out
-
-        nemesis = Nemesis(self.plan, self.faults, FaultContext(cluster), recorder,
+        ctx = FaultContext(cluster)
+        nemesis = Nemesis(self.plan, self.faults, ctx, recorder,
                           settle=self.scenario.nemesis.settle if self.plan.steps else 0.0,
-                          final_heal=final_heal, on_fault=lambda op: self.host.fault_done(self, op))
+                          final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
+                          on_fault=lambda op: self.host.fault_done(self, op))
         start = time.monotonic()
 
         def tick(c: dict[str, int]) -> None:
@@ -176,16 +174,16 @@ class Run:
 
     def check(self) -> dict[str, Any]:
         assert self.dir is not None
-        return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers, self.spark_master,
+        return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers,
                          phase=lambda name, fn: self._phase(name, fn))
 
     def report(self, results: dict[str, Any]) -> Path | None:
         assert self.dir is not None
-        return render_report(self.dir, results)
+        return render_report(self.host, self.dir, results)
 
 
 def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
-              spark_master: str | None = None, phase: Any = None) -> dict[str, Any]:
+              phase: Any = None) -> dict[str, Any]:
     """Run the checkers on a stored run and combine their verdicts (pure: no Docker)."""
     phase = phase or (lambda name, fn: fn())
     if run_dir.history_jsonl.exists():
@@ -197,10 +195,7 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
         fn = host.checker(name)
         say("check", f"checker {name}")
         try:
-            if name == "spark":
-                res = phase("check", lambda fn=fn: fn(run_dir.path, scenario, spark_master=spark_master))
-            else:
-                res = phase("check", lambda fn=fn: fn(run_dir.path, scenario))
+            res = phase("check", lambda fn=fn: fn(run_dir.path, scenario))
         except Exception as exc:  # noqa: BLE001 - a checker that throws yields unknown, not a crash
             res = {"valid": "unknown", "verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
         per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
@@ -214,16 +209,36 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
     return combined
 
 
-def render_report(run_dir: RunDir, results: dict[str, Any]) -> Path | None:
-    try:
-        import spark_reports
-    except ImportError:
-        return None
-    render = getattr(spark_reports, "render_report", None)
-    if render is None:
-        return None
-    path = render(run_dir.path, results)
-    return Path(path)
+def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Fault]]) -> frozenset[str]:
+    """What the host must set up before the cluster starts: the scenario's own requests and
+    whatever the planned fault kinds ``need``."""
+    out = {"lazyfs"} if scenario.broker.lazyfs else set()
+    for step in plan.steps:
+        out |= faults[step.kind].needs
+    unknown = out - set(HOST_FEATURES)
+    if unknown:
+        raise BrokerChaosError(f"fault kinds need host features {sorted(unknown)} this harness does not provide; "
+                               f"it provides: {', '.join(sorted(HOST_FEATURES))}")
+    return frozenset(out)
+
+
+def heal_all(faults: Mapping[str, type[Fault]], ctx: FaultContext, capabilities: frozenset[str]) -> dict[str, Any]:
+    """Every registered fault kind the broker could have suffered heals whatever it may have left."""
+    out: dict[str, Any] = {}
+    healed: set[Any] = set()  # kinds that share a mechanism share one heal_all: run it once
+    for name, cls in sorted(faults.items()):
+        fn = getattr(cls.heal_all, "__func__", cls.heal_all)
+        if cls.requires <= capabilities and fn not in healed:
+            healed.add(fn)
+            done = cls.heal_all(ctx)
+            if done:
+                out[name] = done
+    return out
+
+
+def render_report(host: Host, run_dir: RunDir, results: dict[str, Any]) -> Path | None:
+    """The first report a plugin renders (``brokerchaos_render_report``), if any plugin does."""
+    return host.render_report(run_dir.path, results)
 
 
 def check_ports_free(ports: dict[str, int]) -> None:

@@ -121,7 +121,7 @@ class Scenario:
     workload: WorkloadSection = field(default_factory=WorkloadSection)
     nemesis: NemesisSection = field(default_factory=NemesisSection)
     seed: int = 0
-    checkers: tuple[str, ...] = ("python",)
+    checkers: tuple[str, ...] = ()  # empty: the checkers registered as default
     budgets: Budgets = field(default_factory=Budgets)
     source: str | None = None
 
@@ -240,10 +240,10 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     nemesis = NemesisSection(schedule=tuple(sorted(steps, key=lambda s: s.at)), random=rnd,
                              settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0))
 
-    checkers = top.get("checkers", ["python"])
+    checkers = top.get("checkers", [])
     if isinstance(checkers, str):
         checkers = [checkers]
-    if not isinstance(checkers, list) or not checkers or not all(isinstance(c, str) for c in checkers):
+    if not isinstance(checkers, list) or not all(isinstance(c, str) for c in checkers):  # empty: the defaults
         raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
     bud = _mapping(top.get("budgets", {}), "budgets")
     _only(bud, "budgets", {"duplicated", "resurrected"})

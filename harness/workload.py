@@ -1,7 +1,7 @@
 """The workload: producers with publisher confirms, consumers with manual acks, a final drain.
 
 Protocol-independent scheduling lives here; a driver (``AmqpDriver`` in
-``harness.amqp_client``) knows one wire protocol. Every operation goes to the
+``plugins.amqp091.client``) knows one wire protocol. Every operation goes to the
 history as an invoke plus exactly one completion; an exception is ``info``.
 A message counts as consumed when its ack completed ``ok``, not when it arrived.
 """
@@ -11,23 +11,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from harness.broker import BrokerPlugin, NodeHandle
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
-
-#: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
-QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
-
-
-@dataclass
-class Endpoint:
-    node: str
-    host: str
-    port: int
+from harness.spec.broker import BrokerPlugin, NodeHandle
+from harness.spec.client import Driver, QueueDepth, RateLimiter  # noqa: F401 - RateLimiter: tests
 
 
 @dataclass
@@ -62,33 +53,6 @@ class WorkloadStats:
             "driver_capacity_ops_per_cpu_second": round(ops / self.cpu_seconds, 1) if self.cpu_seconds else None,
             "driver_cpu_share": round(self.cpu_seconds / wall, 3),
         }
-
-
-class Driver(Protocol):
-    """What a protocol driver offers the scheduler."""
-
-    async def setup(self, queues: Sequence[str]) -> None: ...
-    async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
-    async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
-    async def drain(self, process: str, queue: str) -> int: ...
-
-
-class RateLimiter:
-    """Evenly spaced permits at ``rate`` per second (0 = unlimited); no catch-up bursts."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self.next = time.monotonic()
-
-    async def wait(self) -> None:
-        if not self.interval:
-            return
-        now = time.monotonic()
-        if self.next > now:
-            await asyncio.sleep(self.next - now)
-            self.next += self.interval
-        else:
-            self.next = now + self.interval
 
 
 def queue_names(w: WorkloadSection) -> list[str]:

@@ -7,12 +7,13 @@ reference it is cross-checked against.
 
 from __future__ import annotations
 
+from harness.spec.results import SCHEMA_VERSION, Grade, Results
+
 from ._common import HistoryError, ScenarioError
 from ._python import check_python
 from ._spark import check_spark, spark_session, stop_session
 from .grade import clopper_pearson_interval, clopper_pearson_upper, describe_grade, grade_runs
 from .report import render_grade_report, render_report
-from .schema import SCHEMA_VERSION, Grade, Results
 
 __all__ = [
     "SCHEMA_VERSION",

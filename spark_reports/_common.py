@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec.history import body_digest, message_body
-
-from .schema import (
+from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
     AttributionRow,

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from harness.spec.results import LIST_CAP, Results
+
 from ._common import (
     ABANDONED,
     DELIVERY_CAP,
@@ -36,7 +38,6 @@ from ._common import (
     split_brain_nodes,
     window_ids_at,
 )
-from .schema import LIST_CAP, Results
 
 _DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _ACK_KEYS = ("index", "time_ns", "node", "process", "queue")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.spec.results import LIST_CAP, Results
+
 from ._common import (
     ABANDONED,
     DELIVERY_CAP,
@@ -40,7 +42,6 @@ from ._common import (
     progress,
     rank_for,
 )
-from .schema import LIST_CAP, Results
 
 DEFAULT_DRIVER_MEMORY = "1g"
 ID_RE_JAVA = r"(?s)^(.*):([0-9]{1,18})\z"

@@ -27,8 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.spec.results import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
+
 from ._common import HistoryError
-from .schema import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
 
 CONFIDENCE = 0.95
 MIN_RUNS = 2

@@ -1,7 +1,9 @@
-"""Registers both checkers with the brokerchaos host."""
+"""Registers both checkers, the report renderer and the grader with the brokerchaos host."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -11,8 +13,37 @@ from ._spark import check_spark
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
 
+#: What ``brokerchaos_configure`` said (``spark_master`` is the one setting read here).
+settings: dict[str, Any] = {}
+
+
+@hookimpl
+def brokerchaos_configure(config: dict[str, Any]) -> None:
+    settings.update(config)
+
+
+def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    return dict(check_spark(run_dir, scenario, spark_master=settings.get("spark_master")))
+
 
 @hookimpl
 def brokerchaos_register_checkers(register: Any) -> None:
-    register.add_checker("python", check_python)
-    register.add_checker("spark", check_spark)
+    register.add_checker("python", check_python, default=True)
+    register.add_checker("spark", _spark)
+
+
+@hookimpl
+def brokerchaos_render_report(run_dir: Path, results: dict[str, Any]) -> str | None:
+    from .report import render_report
+
+    return str(render_report(run_dir, results))  # type: ignore[arg-type]  # a checker's Results, as a dict
+
+
+@hookimpl
+def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any]:
+    from . import describe_grade, grade_runs, render_grade_report
+
+    grade = grade_runs(run_dirs, spark_master=settings.get("spark_master"), engine=engine)
+    (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
+    return {"verdict": grade.get("verdict"), "lines": describe_grade(grade),
+            "report": str(render_grade_report(out, grade)), "grade": grade}

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.spec.results import Grade, Results
+
 from .grade import describe_grade
-from .schema import Grade, Results
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
 _FAULT_COLOURS = ["#ef9a9a", "#90caf9", "#ce93d8", "#ffcc80", "#a5d6a7", "#b0bec5"]

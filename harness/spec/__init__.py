@@ -1,11 +1,34 @@
 """The contracts between the parts of brokerchaos, in one place.
 
 ``faults/``, ``plugins/``, ``spark_reports/`` and third-party plugins import these
-(directly or through ``harness``), never the harness's internals.
+(directly or through ``harness``), never the harness's internals:
+
+- ``hooks``: every hook the host calls (registration, configuration, run lifecycle, reports);
+- ``registry``: what the registration hooks receive (brokers, clients, faults, checkers, capabilities);
+- ``broker``: the broker plugin (image, node spec, readiness, cluster formation, capabilities);
+- ``client``: the workload driver a client plugin provides for one protocol;
+- ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
+- ``history``: the history schema every driver writes and every checker reads, and its writer;
+- ``results``: the results schema every checker returns;
+- ``scenario``: the scenario sections a driver and a fault read.
 """
 
 from __future__ import annotations
 
+from harness.history import Invocation, Recorder
+from harness.scenario import BrokerSection, ConsumerSection, Scenario, WorkloadSection
+from harness.spec.broker import (
+    BASE_CAPABILITIES,
+    BrokerPlugin,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    run_or_fail,
+    wait_until_running,
+)
+from harness.spec.client import Driver, Endpoint, QueueDepth, RateLimiter
+from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
 from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
@@ -15,13 +38,37 @@ from harness.spec.history import (
     body_digest,
     message_body,
 )
+from harness.spec.registry import Registry
 
 __all__ = [
     "ABANDON_CAUSES",
+    "BASE_CAPABILITIES",
     "FIELDS",
+    "HOST_FEATURES",
     "SCHEMA_VERSION",
     "TYPES",
+    "BrokerPlugin",
+    "BrokerSection",
+    "ConformanceProbe",
+    "ConsumerSection",
+    "Driver",
+    "Endpoint",
+    "Fault",
+    "FaultContext",
+    "ImageRecipe",
+    "Invocation",
+    "NodeHandle",
+    "NodeInfo",
+    "NodeSpec",
+    "QueueDepth",
+    "RateLimiter",
+    "Recorder",
+    "Registry",
+    "Scenario",
+    "WorkloadSection",
     "arrow_schema",
     "body_digest",
     "message_body",
+    "run_or_fail",
+    "wait_until_running",
 ]

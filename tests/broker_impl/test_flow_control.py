@@ -98,6 +98,7 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
     blocked_events: list[str] = []
     consumed: list[int] = []
     done = threading.Event()
+    consumed_all = threading.Event()
 
     def publish() -> None:
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
@@ -108,9 +109,16 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
         ch.queue_declare("slow")
         for i in range(n):
             ch.basic_publish("", "slow", str(i).encode() + body)
-        conn.process_data_events(time_limit=0)  # pika queues blocked/unblocked events until asked
-        conn.close()
         done.set()
+        # The publisher stays connected while the consumer empties the queue: once it is below the
+        # watermark the alarm clears and every connection it blocked hears connection.unblocked.
+        consumed_all.wait()
+        conn.process_data_events(time_limit=0)  # pika delivers blocked/unblocked only while it processes events
+        for _ in range(6000):
+            if not blocked_events or blocked_events[-1] == "unblocked":
+                break
+            conn.process_data_events(time_limit=0.05)
+        conn.close()
 
     def consume() -> None:
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
@@ -126,6 +134,7 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
             if len(consumed) == n:
                 break
         conn.close()
+        consumed_all.set()
 
     pub = threading.Thread(target=publish, daemon=True)
     con = threading.Thread(target=consume, daemon=True)
@@ -141,7 +150,8 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
         peak = max(peak, node.run(lambda: sum(q.bq.ram_bytes() for q in node.broker.all_queues())))
         states |= set(node.run(lambda: [c.operator_state() for c in node.broker.connections]))
     consumed_when_published = len(consumed)
-    con.join(30)
+    con.join(300)
+    pub.join(330)
     assert sorted(consumed) == list(range(n))  # nothing lost either way
     if flow:
         assert "blocked" in blocked_events and blocked_events[-1] == "unblocked", blocked_events

@@ -11,7 +11,7 @@ import pytest
 from faults.network import RANDOM_SHAPES, SHAPES, LinkToxic, Partition, partition_cuts
 from harness.cluster import Topology, build_topology
 from harness.errors import ScenarioError
-from harness.nemesis import FaultContext
+from harness.spec import FaultContext
 from plugins.rabbitmq import RabbitMQ
 from plugins.reference import ReferenceBroker
 

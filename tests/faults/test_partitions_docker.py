@@ -12,7 +12,7 @@ from faults.network import Partition, heal_network
 from harness.cluster import Cluster, build_topology, docker_client
 from harness.host import Host
 from harness.images import ImageBuilder
-from harness.nemesis import FaultContext
+from harness.spec import FaultContext
 from tests.faults.probe_plugin import client_reaches, hears
 
 pytestmark = pytest.mark.docker

@@ -22,12 +22,12 @@ from pamqp import commands as spec
 
 from broker_impl.config import parse
 from broker_impl.server import Server
-from harness.amqp_client import AmqpDriver, confirm_outcome
-from harness.amqp_drain import DrainUnfinished
 from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
+from harness.spec import Endpoint
 from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
-from harness.workload import Endpoint
+from plugins.amqp091.client import AmqpDriver, confirm_outcome
+from plugins.amqp091.drain import DrainUnfinished
 
 SEED = 17
 SIZE = 128

@@ -99,14 +99,27 @@ def test_the_history_is_converted_and_phases_reported(run_dir: RunDir) -> None:
     assert pq.read_table(run_dir.history_parquet).num_rows == 2
 
 
-def test_the_spark_checker_gets_the_master(run_dir: RunDir) -> None:
+def test_a_checker_is_configured_through_the_hook_not_by_name(run_dir: RunDir) -> None:
+    """The harness calls every checker alike; a checker's settings (e.g. a Spark master) come
+    from ``brokerchaos_configure``, so no harness module names a checker."""
     seen: list[Any] = []
 
-    def spark(run_dir: Path, scenario: dict[str, Any], spark_master: str | None = None) -> dict[str, Any]:
-        seen.append(spark_master)
+    class Configured(CheckerPlugin):
+        master: str | None = None
+
+        @hookimpl
+        def brokerchaos_configure(self, config: dict[str, Any]) -> None:
+            self.master = config.get("spark_master")
+
+    def spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+        seen.append(plugin.master)
         return {"valid": True, "engine": "spark"}
 
-    res = check_run(host_with({"spark": spark}), run_dir, {}, ["spark"], spark_master="spark://h:7077")
+    plugin = Configured({"spark": spark})
+    host = Host()
+    host.register(plugin, "configured")
+    host.configure({"spark_master": "spark://h:7077", "store": Path("/tmp")})
+    res = check_run(host, run_dir, {}, ["spark"])
     assert seen == ["spark://h:7077"]
     assert res["checkers"]["spark"]["engine"] == "spark"
 

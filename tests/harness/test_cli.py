@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -99,8 +100,9 @@ def test_docker_unreachable(tmp_path: Path) -> None:
 def test_plugins_lists_plugins_with_capabilities(tmp_path: Path) -> None:
     r = brokerchaos("plugins", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line and not line.startswith(" ")}
-    assert {"reference", "rabbitmq", "faults", "checkers", "amqp"} <= set(rows)
+    table = r.stdout.split("\n\n")[0]
+    rows = {line.split()[0]: line for line in table.splitlines() if line and not line.startswith(" ")}
+    assert {"reference", "rabbitmq", "faults", "checkers", "amqp091"} <= set(rows)
     assert "broker:rabbitmq" in rows["rabbitmq"]
     from plugins.rabbitmq import RabbitMQ
     from plugins.reference import ReferenceBroker
@@ -109,6 +111,10 @@ def test_plugins_lists_plugins_with_capabilities(tmp_path: Path) -> None:
     assert ", ".join(sorted(ReferenceBroker.capabilities)) in rows["reference"]
     assert "fault:partition" in rows["faults"]
     assert "(entry point plugins.reference)" in r.stdout
+    # Each broker names the client it needs, each fault what it requires and needs.
+    assert re.search(r"^  rabbitmq +client amqp091 ", r.stdout, re.M)
+    assert re.search(r"^  power-loss +requires power-loss; needs lazyfs$", r.stdout, re.M)
+    assert re.search(r"^  partition +requires partition$", r.stdout, re.M)
 
 
 def test_plugins_with_an_extra_module(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from harness import hookspec
+from harness.spec import hooks as hookspec
 
 REPO = Path(__file__).resolve().parents[2]
 HOOKS = {name: fn for name, fn in vars(hookspec).items() if name.startswith("brokerchaos_") and callable(fn)}

@@ -7,7 +7,7 @@ import pytest
 from harness.errors import BrokerChaosError, PluginError
 from harness.host import Host
 
-SHIPPED = {"reference", "rabbitmq", "faults", "checkers", "amqp"}
+SHIPPED = {"reference", "rabbitmq", "faults", "checkers", "amqp091"}
 
 
 def test_entry_point_plugins_are_registered(host: Host) -> None:
@@ -27,7 +27,7 @@ def test_contributions_are_attributed_to_their_plugin(host: Host) -> None:
     assert origin[("broker", "reference")] == "reference"
     assert origin[("broker", "rabbitmq")] == "rabbitmq"
     assert origin[("fault", "partition")] == "faults"
-    assert origin[("client", "amqp091")] == "amqp"
+    assert origin[("client", "amqp091")] == "amqp091"
     assert origin[("checker", "python")] == "checkers"
 
 
@@ -45,7 +45,7 @@ def test_p_module_loads_alongside_entry_points(fixture_plugins: str) -> None:
     ("module", "needles"),
     [
         ("broken_import", ["failed to import", "ModuleNotFoundError", "brokerchaos_fixture_missing_dependency"]),
-        ("misspelled_hook", ["brokerchaos_register_brokerz", "hookspec"]),
+        ("misspelled_hook", ["brokerchaos_register_brokerz", "spec/hooks.py"]),
         ("wrong_argument", ["registry"]),
         ("unknown_capability", ["teleport", "known: kill"]),
         ("relative_data_dir", ["data_dir must be an absolute path"]),
@@ -135,7 +135,7 @@ def test_describe_rows(host: Host) -> None:
     assert rows["rabbitmq"]["capabilities"] == ["kill", "mirroring", "partition", "pause", "power-loss", "stop"]
     assert "fault:partition" in rows["faults"]["provides"]
     assert rows["faults"]["capabilities"] == []
-    assert rows["amqp"]["provides"] == ["client:amqp091"]
+    assert rows["amqp091"]["provides"] == ["client:amqp091"]
     for r in rows.values():
         assert set(r) == {"plugin", "version", "source", "provides", "capabilities"}
         assert r["version"] != "unknown", r

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from harness.broker import BrokerPlugin
 from harness.cluster import (
     LAZYFS_BACKING,
     NODE_LABEL,
@@ -20,6 +19,7 @@ from harness.cluster import (
 )
 from harness.host import Host
 from harness.proxies import client_proxy_port, peer_address
+from harness.spec.broker import BrokerPlugin
 
 RUN = "bc-abc123"
 
@@ -124,7 +124,7 @@ def test_broker_containers_join_their_sidecar(plugin: BrokerPlugin) -> None:
 
 
 def _info(plugin: BrokerPlugin, t: Topology, node: str) -> Any:
-    from harness.broker import NodeInfo
+    from harness.spec.broker import NodeInfo
 
     return NodeInfo(name=node, index=t.nodes.index(node) + 1, peers=tuple(x for x in t.nodes if x != node),
                     cluster=RUN, settings=plugin.validate_settings({}))

@@ -14,7 +14,9 @@ import pytest
 from harness import workload
 from harness.history import Recorder, read_jsonl
 from harness.scenario import WorkloadSection
-from harness.workload import RateLimiter, WorkloadStats, assignments, queue_names, run_workload
+from harness.spec import client as client_spec
+from harness.spec.client import RateLimiter
+from harness.workload import WorkloadStats, assignments, queue_names, run_workload
 
 
 class FakeClock:
@@ -35,8 +37,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     c = FakeClock()
-    monkeypatch.setattr(workload, "time", types.SimpleNamespace(monotonic=c.monotonic))
-    monkeypatch.setattr(workload, "asyncio", types.SimpleNamespace(sleep=c.sleep))
+    monkeypatch.setattr(client_spec, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    monkeypatch.setattr(client_spec, "asyncio", types.SimpleNamespace(sleep=c.sleep))
     return c
 
 

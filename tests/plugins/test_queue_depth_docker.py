@@ -17,13 +17,14 @@ import aiormq
 import pytest
 from pamqp import commands as spec
 
-from harness.amqp_client import AmqpDriver
 from harness.history import Recorder, read_jsonl
 from harness.host import Host
 from harness.pytest_plugin import running_cluster
 from harness.scenario import WorkloadSection, from_dict
+from harness.spec import Endpoint
 from harness.spec.history import message_body
-from harness.workload import Endpoint, queue_depth_reader
+from harness.workload import queue_depth_reader
+from plugins.amqp091.client import AmqpDriver
 
 pytestmark = pytest.mark.docker
 

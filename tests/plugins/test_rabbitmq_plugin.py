@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from harness.broker import KNOWN_CAPABILITIES, NodeInfo
 from harness.errors import ScenarioError
+from harness.spec.broker import BASE_CAPABILITIES, NodeInfo
 from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
 
 RMQ = RabbitMQ()
@@ -73,7 +73,7 @@ def test_queue_arguments() -> None:
 
 
 def test_declaration() -> None:
-    assert RMQ.capabilities <= KNOWN_CAPABILITIES and "mirroring" in RMQ.capabilities
+    assert RMQ.capabilities <= set(BASE_CAPABILITIES) and "mirroring" in RMQ.capabilities
     assert RMQ.data_dir.startswith("/")
     assert [RMQ.peer_ports_for(i) for i in (1, 2, 3)] == [(4369, 25671), (4369, 25672), (4369, 25673)]
     assert RMQ.image().debian_packages == ("rabbitmq-server",)

@@ -11,8 +11,8 @@ import pytest
 
 from broker_impl.config import parse
 from broker_impl.store import StoreConfig
-from harness.broker import KNOWN_CAPABILITIES, NodeInfo
 from harness.errors import ScenarioError
+from harness.spec.broker import BASE_CAPABILITIES, NodeInfo
 from plugins.reference import CONFIG_PATH, CONTROL_PORT, ReferenceBroker
 
 REF = ReferenceBroker()
@@ -69,7 +69,7 @@ def test_validate_settings_errors(given: dict[str, Any], needle: str) -> None:
 def test_node_spec_and_declaration() -> None:
     spec = REF.node_spec(info())
     assert list(spec.command) == ["python3", "-m", "broker_impl", "--config", CONFIG_PATH]
-    assert REF.capabilities <= KNOWN_CAPABILITIES
+    assert REF.capabilities <= set(BASE_CAPABILITIES)
     assert REF.data_dir.startswith("/")
     recipe = REF.image()
     assert set(recipe.copy.values()) == {"/opt/brokerchaos/broker_impl"}

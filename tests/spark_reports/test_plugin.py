@@ -1,30 +1,26 @@
 from __future__ import annotations
 
-import pluggy
+from pathlib import Path
 
 import spark_reports
+from harness.host import Host
 from spark_reports import plugin
 
 
-class _Registry:
-    def __init__(self) -> None:
-        self.checkers: dict[str, object] = {}
-
-    def add_checker(self, name: str, fn: object) -> None:
-        self.checkers[name] = fn
-
-
-class _Spec:
-    @pluggy.HookspecMarker("brokerchaos")
-    def brokerchaos_register_checkers(self, register):  # type: ignore[no-untyped-def]
-        """Register checkers."""
+def test_registers_both_checkers_through_the_hooks() -> None:
+    host = Host()
+    host.register(plugin, "checkers")
+    assert set(host.registry.checkers) == {"python", "spark"}
+    assert host.registry.checkers["python"] is spark_reports.check_python
 
 
-def test_registers_both_checkers_through_pluggy() -> None:
-    pm = pluggy.PluginManager("brokerchaos")
-    pm.add_hookspecs(_Spec)
-    pm.register(plugin)
-    pm.check_pending()
-    reg = _Registry()
-    pm.hook.brokerchaos_register_checkers(register=reg)
-    assert reg.checkers == {"python": spark_reports.check_python, "spark": spark_reports.check_spark}
+def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    seen = []
+    monkeypatch.setattr(plugin, "check_spark", lambda run_dir, scenario, spark_master=None: seen.append(spark_master)
+                        or {"valid": True})
+    monkeypatch.setattr(plugin, "settings", {})
+    host = Host()
+    host.register(plugin, "checkers")
+    host.configure({"spark_master": "spark://127.0.0.1:7077", "store": Path("/tmp")})
+    host.registry.checkers["spark"](Path("/nowhere"), {})
+    assert seen == ["spark://127.0.0.1:7077"]

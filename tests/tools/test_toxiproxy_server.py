@@ -589,8 +589,8 @@ def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, ups
     from types import SimpleNamespace
 
     from faults.network import Partition
-    from harness.nemesis import FaultContext
     from harness.proxies import ProxySpec, ToxiproxyServer
+    from harness.spec import FaultContext
 
     listen = f"127.0.0.1:{free_port()}"
     spec = ProxySpec(name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness import hookimpl
-from harness.nemesis import Fault
+from harness.spec import Fault
 
 from ._broker import FixtureBroker
 

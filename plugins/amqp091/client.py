@@ -3,8 +3,8 @@
 Built on aiormq (one event loop drives every producer and consumer). Each
 client connects through its node's client proxy; after a failure it records the
 operation as ``info`` and reconnects to the next node in turn. Producers live
-here; consuming is ``harness.amqp_consumer``, the final drain
-``harness.amqp_drain``.
+here; consuming is ``plugins.amqp091.consumer``, the final drain
+``plugins.amqp091.drain``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import aiormq
 from pamqp import commands as spec
 
 from harness import hookimpl
-from harness.amqp_consumer import RECONNECT_DELAY, Behaviour, run_consumer, slow_consumers
-from harness.amqp_drain import Drain, drain_order
-from harness.amqp_link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
-from harness.history import Recorder
-from harness.scenario import WorkloadSection
-from harness.spec.history import message_body
-from harness.workload import Endpoint, QueueDepth, RateLimiter
+from harness.spec import Endpoint, QueueDepth, RateLimiter, Recorder, WorkloadSection, message_body
+from plugins.amqp091.consumer import RECONNECT_DELAY, Behaviour, run_consumer, slow_consumers
+from plugins.amqp091.drain import Drain, drain_order
+from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
 
 
 class _Progress:

@@ -26,10 +26,8 @@ from typing import Any
 
 import aiormq
 
-from harness.amqp_link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
-from harness.history import Invocation, Recorder
-from harness.scenario import ConsumerSection
-from harness.spec.history import body_digest, message_body
+from harness.spec import ConsumerSection, Invocation, Recorder, body_digest, message_body
+from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
 
 BARRIER_EVERY = 0.025  # seconds between barriers while acks wait for one
 BARRIER_BATCH = 64  # this many acks waiting start a barrier at once

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.broker import KNOWN_CAPABILITIES, BrokerPlugin
 from harness.errors import PluginError
+from harness.spec.broker import BASE_CAPABILITIES, BrokerPlugin
+from harness.spec.fault import Fault
 
 
 @dataclass
@@ -20,8 +21,10 @@ class Registry:
 
     brokers: dict[str, BrokerPlugin] = field(default_factory=dict)
     clients: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    faults: dict[str, type] = field(default_factory=dict)
+    faults: dict[str, type[Fault]] = field(default_factory=dict)
     checkers: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
+    capabilities: dict[str, str] = field(default_factory=lambda: dict(BASE_CAPABILITIES))
+    defaults: list[str] = field(default_factory=list)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)
     current_plugin: str = "?"
 
@@ -39,31 +42,54 @@ class Registry:
         for attr in ("name", "client_port", "data_dir"):
             if not hasattr(plugin, attr):
                 raise PluginError(self.current_plugin, f"broker plugin does not declare {attr!r}")
-        unknown = set(plugin.capabilities) - KNOWN_CAPABILITIES
-        if unknown:
-            raise PluginError(
-                self.current_plugin,
-                f"broker {plugin.name!r} declares unknown capabilities {sorted(unknown)}; "
-                f"known: {', '.join(sorted(KNOWN_CAPABILITIES))}",
-            )
         if not plugin.data_dir.startswith("/"):
             raise PluginError(self.current_plugin, f"broker {plugin.name!r}: data_dir must be an absolute path")
         self._claim("broker", plugin.name)
         self.brokers[plugin.name] = plugin
 
+    def add_capability(self, name: str, description: str) -> None:
+        """A capability a broker plugin may declare beyond the base ones (a fault package that needs it adds it)."""
+        if not isinstance(name, str) or not name or not isinstance(description, str):
+            raise PluginError(self.current_plugin, f"add_capability() needs a name and a description, got {name!r}")
+        if name in BASE_CAPABILITIES:
+            return
+        self._claim("capability", name)
+        self.capabilities[name] = description
+
+    def check_capabilities(self) -> None:
+        """Once every plugin registered: a broker capability nobody defined is a typo, not a promise."""
+        for broker in self.brokers.values():
+            unknown = set(broker.capabilities) - set(self.capabilities)
+            if unknown:
+                raise PluginError(
+                    self.origin.get(("broker", broker.name), "?"),
+                    f"broker {broker.name!r} declares unknown capabilities {sorted(unknown)}; "
+                    f"known: {', '.join(sorted(self.capabilities))}",
+                )
+
     def add_client(self, protocol: str, factory: Callable[..., Any]) -> None:
         self._claim("client", protocol)
         self.clients[protocol] = factory
 
-    def add_fault(self, fault: type) -> None:
+    def add_fault(self, fault: type[Fault]) -> None:
+        if not (isinstance(fault, type) and issubclass(fault, Fault)):
+            raise PluginError(self.current_plugin, f"add_fault() needs a subclass of harness.spec.Fault, got {fault!r}")
         name = getattr(fault, "name", None)
         if not isinstance(name, str):
             raise PluginError(self.current_plugin, f"fault class {fault!r} has no string 'name'")
         self._claim("fault", name)
         self.faults[name] = fault
 
-    def add_checker(self, name: str, fn: Callable[..., dict[str, Any]]) -> None:
+    def add_checker(self, name: str, fn: Callable[..., dict[str, Any]], *, default: bool = False) -> None:
+        """``default``: run it when a scenario names no checkers (several defaults all run)."""
         if not callable(fn):
             raise PluginError(self.current_plugin, f"checker {name!r} is not callable")
         self._claim("checker", name)
         self.checkers[name] = fn
+        if default:
+            self.defaults.append(name)
+
+    def default_checkers(self) -> tuple[str, ...]:
+        if not self.checkers:
+            raise PluginError("?", "no checker is loaded: install spark_reports or load a checker plugin with -p")
+        return tuple(self.defaults) or (sorted(self.checkers)[0],)

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from harness.registry import Registry
+    from pathlib import Path
+
     from harness.runner import Run
+    from harness.spec.registry import Registry
 
 hookspec = pluggy.HookspecMarker("brokerchaos")
 
@@ -67,9 +69,12 @@ def brokerchaos_register_checkers(register: Registry) -> None:
 
 @hookspec(historic=True)
 def brokerchaos_configure(config: dict[str, Any]) -> None:
-    """See the harness configuration (store root, Docker endpoint, options) once it is known.
+    """See the harness configuration once the command line is read, before any run.
 
-    Historic: a plugin registered later (``-p``) still receives it.
+    ``config`` holds ``store`` (the run store's root), ``spark_master`` (None: the
+    checker's default) and ``checker_options`` (``{checker: {option: value}}`` from
+    ``--checker-option``). Checkers take their settings from here, never from the
+    harness by name. Historic: a plugin registered later (``-p``) still receives it.
     """
 
 
@@ -94,6 +99,20 @@ def brokerchaos_phase(run: Run, phase: str, status: str, detail: dict[str, Any])
 @hookspec
 def brokerchaos_fault(run: Run, op: dict[str, Any]) -> None:
     """The nemesis applied or healed a fault; ``op`` is the completed history record."""
+
+
+@hookspec(firstresult=True)
+def brokerchaos_render_report(run_dir: Path, results: dict[str, Any]) -> str | None:
+    """Render the report of one checked run and return its path; first result: the first plugin that renders one wins."""
+
+
+@hookspec(firstresult=True)
+def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any] | None:
+    """Grade many stored runs together into ``out``; first result: the first plugin that grades wins.
+
+    Returns ``{"verdict": ..., "lines": [headline, detail, ...], "report": path, "grade": {...}}``.
+    ``engine`` is a checker name or ``stored`` (reuse each run's ``results.json``).
+    """
 
 
 @hookspec

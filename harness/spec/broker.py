@@ -16,17 +16,17 @@ from typing import Any, ClassVar, Protocol
 
 from harness.errors import ClusterError
 
-#: Capabilities a plugin may declare. Faults name the ones they need.
-KNOWN_CAPABILITIES = frozenset(
-    {
-        "kill",  # SIGKILL of the broker and a restart keeps its data directory
-        "pause",  # SIGSTOP/SIGCONT or docker pause
-        "stop",  # graceful stop and start
-        "power-loss",  # the data directory can sit on the lazy filesystem
-        "partition",  # inter-node traffic crosses the harness's proxies
-        "mirroring",  # queues replicated across nodes (policy settings apply)
-    }
-)
+#: Capabilities the host itself knows, with what declaring one promises. The set is open:
+#: a fault package that needs something else registers it (``register.add_capability``)
+#: and broker plugins declare it like these.
+BASE_CAPABILITIES: dict[str, str] = {
+    "kill": "SIGKILL of the broker and a restart keeps its data directory",
+    "pause": "SIGSTOP/SIGCONT of the broker's processes",
+    "stop": "graceful stop and start",
+    "power-loss": "the data directory can sit on the lazy filesystem",
+    "partition": "inter-node traffic crosses the harness's proxies",
+    "mirroring": "queues replicated across nodes (policy settings apply)",
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class BrokerPlugin:
 
     name: ClassVar[str]
     version: ClassVar[str] = "0"
+    #: The wire protocol the workload speaks to it: names the client plugin it needs.
     protocol: ClassVar[str] = "amqp091"
     capabilities: ClassVar[frozenset[str]] = frozenset()
     client_port: ClassVar[int]

@@ -27,10 +27,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.amqp_consumer import RECONNECT_DELAY, Session
-from harness.amqp_link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link, reason
-from harness.history import Recorder
-from harness.workload import QueueDepth
+from harness.spec import QueueDepth, Recorder
+from plugins.amqp091.consumer import RECONNECT_DELAY, Session
+from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link, reason
 
 POLL = 0.05  # seconds between looks at a session while waiting for it to go quiet
 
