@@ -189,7 +189,8 @@ class Battery:
         return 2 if self.plugin.peer_ports_for(1) and "partition" in self.plugin.capabilities else 1
 
     def cluster(self) -> list[Check]:
-        from harness.pytest_plugin import build_scenario, running_cluster
+        from harness.runner import running_cluster
+        from harness.scenario import build as build_scenario
 
         n = self._nodes_for()
         sc = build_scenario({"name": "validate-cluster", "broker": {"plugin": self.plugin.name, "nodes": n}})
@@ -256,7 +257,7 @@ class Battery:
     # -- runs --------------------------------------------------------------------------------
 
     def _scenario(self, name: str, nodes: int, schedule: Sequence[dict[str, Any]]) -> Any:
-        from harness.pytest_plugin import build_scenario
+        from harness.scenario import build as build_scenario
 
         return build_scenario({
             "name": f"validate-{self.plugin.name}-{name}", "seed": self.seed,
@@ -268,7 +269,7 @@ class Battery:
         })
 
     def _run(self, name: str, nodes: int, schedule: Sequence[dict[str, Any]] = ()) -> Any:
-        from harness.pytest_plugin import execute
+        from harness.runner import execute
 
         return execute(self.host, self._scenario(name, nodes, schedule), self.store)
 
@@ -355,10 +356,14 @@ class Battery:
 
     def _lazyfs_held_data(self, kind: str, op: dict[str, Any]) -> Check:
         value = json.loads(op["value"]) if isinstance(op["value"], str) else op["value"]
-        fs = ((value.get("done") or {}).get("nodectl") or {}).get("lazyfs") or {}
-        dropped = int(fs.get("dropped_bytes") or 0)
-        kept = int(fs.get("kept_bytes") or 0)
-        paths = sorted({d["path"] for d in fs.get("dropped_data", []) + fs.get("torn", [])} | set(fs.get("names_lost", [])))
+        done = value.get("done") or {}
+        # One node's reply, or one per node for a kind that hits several at once.
+        replies = [done] + [r for r in (done.get("nodes") or {}).values() if isinstance(r, dict)]
+        found = [(r.get("nodectl") or {}).get("lazyfs") or {} for r in replies]
+        dropped = sum(int(fs.get("dropped_bytes") or 0) for fs in found)
+        kept = sum(int(fs.get("kept_bytes") or 0) for fs in found)
+        paths = sorted({d["path"] for fs in found for d in fs.get("dropped_data", []) + fs.get("torn", [])}
+                       | {p for fs in found for p in fs.get("names_lost", [])})
         name = f"{kind}: lazyfs held unsynced broker data"
         if dropped + kept == 0 and not paths:
             return Check(name, FAIL,

@@ -20,10 +20,7 @@ options (``--broker``, ``--chaos-seed``, ``--chaos-duration``, ``--chaos-runs``,
 
 from __future__ import annotations
 
-import contextlib
-import secrets
 from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,10 @@ import pytest
 
 from harness.errors import BrokerChaosError
 from harness.host import Host
+from harness.outcome import ChaosResult, ChaosSeries
+from harness.runner import execute, running_cluster
 from harness.scenario import Scenario
+from harness.scenario import build as build_scenario
 
 OPTION_GROUP = "brokerchaos"
 
@@ -76,182 +76,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-# -- results -------------------------------------------------------------------------------
-
-
-@dataclass
-class ChaosResult:
-    """One finished run: its results (``results.json``), run directory and scenario."""
-
-    scenario: Scenario
-    results: dict[str, Any]
-    run_dir: Path
-
-    @property
-    def seed(self) -> int:
-        return self.scenario.seed
-
-    @property
-    def durable(self) -> bool:
-        return self.results.get("valid") is True
-
-    def history(self) -> Iterator[dict[str, Any]]:
-        """The recorded operations in order (the schema of ``harness.history``)."""
-        from harness.history import read_jsonl
-
-        yield from read_jsonl(self.run_dir / "history.jsonl")
-
-    def loss_table(self) -> str:
-        return loss_table(self.scenario, self.results, self.run_dir)
-
-    def assert_durable(self) -> ChaosResult:
-        """Raise ``AssertionError`` with the loss table unless every confirmed message came back."""
-        if not self.durable:
-            raise AssertionError(self.loss_table())
-        return self
-
-
-class ChaosSeries(list[ChaosResult]):
-    """Several seeded runs of one scenario (``--chaos-runs``); durable only if each run is."""
-
-    @property
-    def results(self) -> list[dict[str, Any]]:
-        return [r.results for r in self]
-
-    @property
-    def durable(self) -> bool:
-        return all(r.durable for r in self)
-
-    def assert_durable(self) -> ChaosSeries:
-        bad = [r for r in self if not r.durable]
-        if bad:
-            head = f"{len(bad)} of {len(self)} seeded runs are not durable"
-            raise AssertionError(head + "\n\n" + "\n\n".join(r.loss_table() for r in bad))
-        return self
-
-
-def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, limit: int = 20) -> str:
-    """The text a failing chaos test shows: verdict, counts, attribution, lost ids, how to rerun."""
-    from harness.runner import summary_table
-
-    broker = scenario.broker.plugin
-    lines = [
-        f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) is not durable: "
-        f"{results.get('verdict', results.get('valid'))}"
-        + (f" ({results['reason']})" if results.get("reason") else ""),
-        summary_table(dict(results)),
-    ]
-    attribution = results.get("attribution") or {}
-    rows = attribution.get("rows") or []
-    if rows:
-        lines.append("  loss attribution (fault kind, node that confirmed, lost):")
-        lines += [f"    {r['fault_kind']:<16} {str(r['node']):<6} {r['count']}" for r in rows]
-    exposure = attribution.get("exposure") or []
-    if exposure:
-        lines.append("  exposure (fault kind, confirmed while it could hit, lost):")
-        lines += [f"    {r['fault_kind']:<16} {r['confirmed']:<8} {r['lost']}" for r in exposure]
-    messages = attribution.get("messages") or []
-    if messages:
-        lines.append(f"  lost messages (first {min(limit, len(messages))} of {results['counts']['lost']}):")
-        for m in messages[:limit]:
-            lines.append(f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
-                         f"faults: {', '.join(m['fault_ids']) or 'none'}")
-    lines += [
-        f"  run directory: {run_dir}",
-        f"  rerun: brokerchaos run {scenario.source or '<scenario>'} --seed {scenario.seed}   "
-        f"or replay its faults: brokerchaos run {scenario.source or '<scenario>'} --replay {run_dir}",
-    ]
-    return "\n".join(lines)
-
-
 # -- scenarios -----------------------------------------------------------------------------
-
-
-def build_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, *, broker: str | None = None,
-                   seed: int | None = None, duration: float | None = None, nodes: int | None = None,
-                   settings: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
-                   nemesis: Mapping[str, Any] | None = None, checkers: list[str] | tuple[str, ...] | None = None,
-                   name: str | None = None, lazyfs: bool | None = None, root: Path | None = None) -> Scenario:
-    """A scenario from a file, a dict or a ``Scenario``, with overrides held to the file's rules.
-
-    ``workload`` is merged into the scenario's; ``nemesis`` replaces it. Changing the
-    broker drops the scenario's broker settings (they belong to the other plugin)
-    unless ``settings`` are given.
-    """
-    from harness import scenario as scenario_mod
-
-    source: str | None
-    if isinstance(scenario, Scenario):
-        data, source = scenario.to_dict(), scenario.source
-    elif isinstance(scenario, Mapping):
-        data, source = dict(scenario), None
-    else:
-        path = Path(scenario)
-        if not path.is_absolute() and not path.exists() and root is not None and (root / path).exists():
-            path = root / path
-        loaded = scenario_mod.load(path)
-        data, source = loaded.to_dict(), loaded.source
-    data.pop("source", None)
-    b = dict(data.get("broker") or {})
-    if broker is not None and broker != b.get("plugin"):
-        b["plugin"] = broker
-        b["settings"] = {}
-    if nodes is not None:
-        b["nodes"] = nodes
-    if settings is not None:
-        b["settings"] = {**(b.get("settings") or {}), **settings}
-    if lazyfs is not None:
-        b["lazyfs"] = lazyfs
-    data["broker"] = b
-    if workload:
-        data["workload"] = {**(data.get("workload") or {}), **workload}
-    if nemesis is not None:
-        data["nemesis"] = dict(nemesis)
-    if checkers is not None:
-        data["checkers"] = list(checkers)
-    if name is not None:
-        data["name"] = name
-    sc = scenario_mod.from_dict(data, source=source, default_name=data.get("name") or "scenario")
-    return sc.with_overrides(seed=seed, duration=duration)
-
-
-def execute(host: Host, scenario: Scenario, store: Path, *, checkers: tuple[str, ...] | None = None,
-            keep: bool = False, reporter: Any = None) -> ChaosResult:
-    """Run one scenario to its results. ``reporter`` (the Allure one) hears of a run that dies."""
-    from harness.runner import Run
-
-    run = Run(host, scenario, store, keep=keep, checkers=checkers)
-    try:
-        results = run.execute()
-    except BaseException as exc:
-        if reporter is not None:
-            reporter.run_aborted(run, exc)
-        raise
-    assert run.dir is not None
-    return ChaosResult(scenario, results, run.dir.path)
-
-
-@contextlib.contextmanager
-def running_cluster(host: Host, scenario: Scenario, *, keep: bool = False,
-                    collect_to: Path | None = None) -> Iterator[Any]:
-    """A started ``harness.cluster.Cluster`` for a scenario's broker, no workload; always torn down."""
-    from harness.cluster import Cluster, build_topology, docker_client
-    from harness.images import ImageBuilder
-
-    plugin = host.broker(scenario.broker.plugin)
-    settings = plugin.validate_settings(scenario.broker.settings)
-    client = docker_client()
-    builder = ImageBuilder(client)
-    topology = build_topology(plugin, run_id=f"bc-{secrets.token_hex(3)}", nodes=scenario.broker.nodes,
-                              settings=settings, broker_image=builder.node_image(plugin.image()),
-                              proxy_image=builder.toxiproxy_image(), lazyfs=scenario.broker.lazyfs)
-    with Cluster(client, topology, plugin, settings, keep=keep) as cluster:
-        try:
-            cluster.start()
-            yield cluster
-        finally:
-            if collect_to is not None:
-                cluster.collect(collect_to)
 
 
 # -- fixtures ------------------------------------------------------------------------------

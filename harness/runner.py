@@ -7,12 +7,13 @@ the history is closed first so every open operation is completed as ``info``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
 from harness.nemesis import Nemesis, Plan, check_capabilities, plan
+from harness.outcome import ChaosResult
 from harness.progress import say
 from harness.scenario import Scenario
 from harness.spec.client import Endpoint
@@ -136,10 +138,9 @@ class Run:
         return out
 
     def _images(self, client: Any) -> dict[str, str]:
-        builder = ImageBuilder(client)
         if not self.build_images:
             raise BrokerChaosError("images are not built: run `brokerchaos images build` first")
-        return {"broker": builder.node_image(self.plugin.image()), "toxiproxy": builder.toxiproxy_image()}
+        return build_images(client, self.plugin)
 
     def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
         w = self.scenario.workload
@@ -180,6 +181,12 @@ class Run:
     def report(self, results: dict[str, Any]) -> Path | None:
         assert self.dir is not None
         return render_report(self.host, self.dir, results)
+
+
+def build_images(client: Any, plugin: Any) -> dict[str, str]:
+    """The broker's node image and the Toxiproxy sidecar image, built if missing (offline)."""
+    builder = ImageBuilder(client)
+    return {"broker": builder.node_image(plugin.image()), "toxiproxy": builder.toxiproxy_image()}
 
 
 def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
@@ -313,3 +320,37 @@ def summary_table(results: dict[str, Any]) -> str:
 
 def dumps(results: dict[str, Any]) -> str:
     return json.dumps(results, indent=2, sort_keys=True, default=str)
+
+
+def execute(host: Host, scenario: Scenario, store: Path, *, checkers: tuple[str, ...] | None = None,
+            keep: bool = False, reporter: Any = None) -> ChaosResult:
+    """Run one scenario to its results. ``reporter`` (the Allure one) hears of a run that dies."""
+    run = Run(host, scenario, store, keep=keep, checkers=checkers)
+    try:
+        results = run.execute()
+    except BaseException as exc:
+        if reporter is not None:
+            reporter.run_aborted(run, exc)
+        raise
+    assert run.dir is not None
+    return ChaosResult(scenario, results, run.dir.path)
+
+
+@contextlib.contextmanager
+def running_cluster(host: Host, scenario: Scenario, *, keep: bool = False,
+                    collect_to: Path | None = None) -> Iterator[Any]:
+    """A started ``harness.cluster.Cluster`` for a scenario's broker, no workload; always torn down."""
+    plugin = host.broker(scenario.broker.plugin)
+    settings = plugin.validate_settings(scenario.broker.settings)
+    client = docker_client()
+    images = build_images(client, plugin)
+    topology = build_topology(plugin, run_id=f"bc-{secrets.token_hex(3)}", nodes=scenario.broker.nodes,
+                              settings=settings, broker_image=images["broker"], proxy_image=images["toxiproxy"],
+                              lazyfs=scenario.broker.lazyfs)
+    with Cluster(client, topology, plugin, settings, keep=keep) as cluster:
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            if collect_to is not None:
+                cluster.collect(collect_to)

@@ -351,3 +351,49 @@ def _bounds(lo: float | None, hi: float | None) -> str:
     if hi is not None:
         return f" <= {hi}"
     return ""
+
+
+def build(scenario: str | Path | Mapping[str, Any] | Scenario, *, broker: str | None = None,
+                   seed: int | None = None, duration: float | None = None, nodes: int | None = None,
+                   settings: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
+                   nemesis: Mapping[str, Any] | None = None, checkers: list[str] | tuple[str, ...] | None = None,
+                   name: str | None = None, lazyfs: bool | None = None, root: Path | None = None) -> Scenario:
+    """A scenario from a file, a dict or a ``Scenario``, with overrides held to the file's rules.
+
+    ``workload`` is merged into the scenario's; ``nemesis`` replaces it. Changing the
+    broker drops the scenario's broker settings (they belong to the other plugin)
+    unless ``settings`` are given.
+    """
+    source: str | None
+    if isinstance(scenario, Scenario):
+        data, source = scenario.to_dict(), scenario.source
+    elif isinstance(scenario, Mapping):
+        data, source = dict(scenario), None
+    else:
+        path = Path(scenario)
+        if not path.is_absolute() and not path.exists() and root is not None and (root / path).exists():
+            path = root / path
+        loaded = load(path)
+        data, source = loaded.to_dict(), loaded.source
+    data.pop("source", None)
+    b = dict(data.get("broker") or {})
+    if broker is not None and broker != b.get("plugin"):
+        b["plugin"] = broker
+        b["settings"] = {}
+    if nodes is not None:
+        b["nodes"] = nodes
+    if settings is not None:
+        b["settings"] = {**(b.get("settings") or {}), **settings}
+    if lazyfs is not None:
+        b["lazyfs"] = lazyfs
+    data["broker"] = b
+    if workload:
+        data["workload"] = {**(data.get("workload") or {}), **workload}
+    if nemesis is not None:
+        data["nemesis"] = dict(nemesis)
+    if checkers is not None:
+        data["checkers"] = list(checkers)
+    if name is not None:
+        data["name"] = name
+    sc = from_dict(data, source=source, default_name=data.get("name") or "scenario")
+    return sc.with_overrides(seed=seed, duration=duration)

@@ -10,7 +10,8 @@ import pytest
 
 from harness.allure_report import attribution_text
 from harness.errors import ScenarioError
-from harness.pytest_plugin import ChaosResult, ChaosSeries, build_scenario, loss_table
+from harness.outcome import ChaosResult, ChaosSeries, loss_table
+from harness.scenario import build as build_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from pamqp import commands as spec
 
 from harness.history import Recorder, read_jsonl
 from harness.host import Host
-from harness.pytest_plugin import running_cluster
+from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
 from harness.spec import Endpoint
 from harness.spec.history import message_body

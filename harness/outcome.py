@@ -1,0 +1,96 @@
+"""A finished chaos run as code sees it: results, run directory, scenario, and the loss table
+a failing check shows. The CLI's conformance kit and the pytest plugin share it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.scenario import Scenario
+
+
+@dataclass
+class ChaosResult:
+    """One finished run: its results (``results.json``), run directory and scenario."""
+
+    scenario: Scenario
+    results: dict[str, Any]
+    run_dir: Path
+
+    @property
+    def seed(self) -> int:
+        return self.scenario.seed
+
+    @property
+    def durable(self) -> bool:
+        return self.results.get("valid") is True
+
+    def history(self) -> Iterator[dict[str, Any]]:
+        """The recorded operations in order (the schema of ``harness.history``)."""
+        from harness.history import read_jsonl
+
+        yield from read_jsonl(self.run_dir / "history.jsonl")
+
+    def loss_table(self) -> str:
+        return loss_table(self.scenario, self.results, self.run_dir)
+
+    def assert_durable(self) -> ChaosResult:
+        """Raise ``AssertionError`` with the loss table unless every confirmed message came back."""
+        if not self.durable:
+            raise AssertionError(self.loss_table())
+        return self
+
+
+class ChaosSeries(list[ChaosResult]):
+    """Several seeded runs of one scenario (``--chaos-runs``); durable only if each run is."""
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [r.results for r in self]
+
+    @property
+    def durable(self) -> bool:
+        return all(r.durable for r in self)
+
+    def assert_durable(self) -> ChaosSeries:
+        bad = [r for r in self if not r.durable]
+        if bad:
+            head = f"{len(bad)} of {len(self)} seeded runs are not durable"
+            raise AssertionError(head + "\n\n" + "\n\n".join(r.loss_table() for r in bad))
+        return self
+
+
+def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, limit: int = 20) -> str:
+    """The text a failing chaos test shows: verdict, counts, attribution, lost ids, how to rerun."""
+    from harness.runner import summary_table
+
+    broker = scenario.broker.plugin
+    lines = [
+        f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) is not durable: "
+        f"{results.get('verdict', results.get('valid'))}"
+        + (f" ({results['reason']})" if results.get("reason") else ""),
+        summary_table(dict(results)),
+    ]
+    attribution = results.get("attribution") or {}
+    rows = attribution.get("rows") or []
+    if rows:
+        lines.append("  loss attribution (fault kind, node that confirmed, lost):")
+        lines += [f"    {r['fault_kind']:<16} {str(r['node']):<6} {r['count']}" for r in rows]
+    exposure = attribution.get("exposure") or []
+    if exposure:
+        lines.append("  exposure (fault kind, confirmed while it could hit, lost):")
+        lines += [f"    {r['fault_kind']:<16} {r['confirmed']:<8} {r['lost']}" for r in exposure]
+    messages = attribution.get("messages") or []
+    if messages:
+        lines.append(f"  lost messages (first {min(limit, len(messages))} of {results['counts']['lost']}):")
+        for m in messages[:limit]:
+            lines.append(f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
+                         f"faults: {', '.join(m['fault_ids']) or 'none'}")
+    lines += [
+        f"  run directory: {run_dir}",
+        f"  rerun: brokerchaos run {scenario.source or '<scenario>'} --seed {scenario.seed}   "
+        f"or replay its faults: brokerchaos run {scenario.source or '<scenario>'} --replay {run_dir}",
+    ]
+    return "\n".join(lines)
