@@ -41,7 +41,7 @@ def _scenario(broker: str) -> Any:
 
 def measure(broker: str, args: argparse.Namespace) -> dict[str, Any]:
     from harness.host import Host
-    from harness.pytest_plugin import running_cluster
+    from harness.runner import running_cluster
 
     host = Host.load()
     runs = []
