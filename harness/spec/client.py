@@ -12,10 +12,15 @@ scenario's workload section, the seed, ``queue_depth``). It returns a ``Driver``
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
+import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from harness.scenario import ConsumerSection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
@@ -53,3 +58,65 @@ class RateLimiter:
             self.next += self.interval
         else:
             self.next = now + self.interval
+
+
+def reason(exc: BaseException) -> str:
+    """One line for the history's ``error`` column."""
+    text = str(exc).strip().splitlines()
+    detail = text[0][:160] if text else ""
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile (a client's back-off)."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+class Behaviour:
+    """When one consumer gives deliveries back. Seeded by the scenario's seed and the consumer's
+    name, with each gap drawn from [0.5, 1.5] of its mean so consumers do not act in step."""
+
+    def __init__(self, section: ConsumerSection, seed: int, process: str, *, slow: bool, now: float) -> None:
+        self.rng = random.Random(f"{seed}:{process}")
+        self.requeue = section.requeue
+        self.slow_ack = section.slow_ack_ms / 1000 if slow else 0.0
+        every = {"recover": section.recover_every, "close": section.close_every, "crash": section.crash_every}
+        self.every = {k: v for k, v in every.items() if v > 0}
+        self.due = {k: now + self._gap(k) for k in self.every}
+
+    @classmethod
+    def none(cls) -> Behaviour:
+        return cls(ConsumerSection(), 0, "", slow=False, now=0.0)
+
+    def _gap(self, kind: str) -> float:
+        return self.every[kind] * self.rng.uniform(0.5, 1.5)
+
+    def next(self) -> tuple[str | None, float]:
+        if not self.due:
+            return None, math.inf
+        kind = min(self.due, key=lambda k: self.due[k])
+        return kind, self.due[kind]
+
+    def done(self, kind: str, now: float) -> None:
+        self.due[kind] = now + self._gap(kind)
+
+
+def slow_consumers(section: ConsumerSection, consumers: int, seed: int) -> set[str]:
+    """Which of ``c1..cN`` are slow: ``section.slow`` of them, drawn from the seed."""
+    names = [f"c{i}" for i in range(1, consumers + 1)]
+    return set(random.Random(f"{seed}:slow").sample(names, min(section.slow, len(names))))
+
+
+def node_rotation(nodes: Sequence[str], first: str | None) -> itertools.cycle[str]:
+    """The nodes in turn from ``first``: where a client goes next after a failure."""
+    nodes = list(nodes)
+    i = nodes.index(first) if first in nodes else 0
+    return itertools.cycle(nodes[i:] + nodes[:i])
+
+
+def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
+    """Every node once, starting where the drainer's rotation starts."""
+    return [next(rotation) for _ in nodes]

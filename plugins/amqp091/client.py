@@ -20,9 +20,10 @@ from pamqp import commands as spec
 
 from harness import hookimpl
 from harness.spec import Endpoint, QueueDepth, RateLimiter, Recorder, WorkloadSection, message_body
-from plugins.amqp091.consumer import RECONNECT_DELAY, Behaviour, run_consumer, slow_consumers
-from plugins.amqp091.drain import Drain, drain_order
-from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
+from harness.spec.client import Behaviour, drain_order, node_rotation, reason, slow_consumers, wait_or_stop
+from plugins.amqp091.consumer import RECONNECT_DELAY, run_consumer
+from plugins.amqp091.drain import Drain
+from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
 
 
 class _Progress:
@@ -90,9 +91,7 @@ class AmqpDriver:
                 f"@{ep.host}:{ep.port}/{vhost}?heartbeat={self.heartbeat}")
 
     def _rotation(self, process: str) -> itertools.cycle[str]:
-        first = self.first_node.get(process, self.nodes[0])
-        i = self.nodes.index(first) if first in self.nodes else 0
-        return itertools.cycle(self.nodes[i:] + self.nodes[:i])
+        return node_rotation(self.nodes, self.first_node.get(process))
 
     async def _connect(self, node: str) -> Link:
         return await Link.open(node, self.url(node))
@@ -227,10 +226,7 @@ class AmqpDriver:
     # -- helpers --------------------------------------------------------------------------
 
     async def _backoff(self, stop: asyncio.Event) -> None:
-        try:
-            await asyncio.wait_for(stop.wait(), RECONNECT_DELAY)
-        except TimeoutError:
-            pass
+        await wait_or_stop(stop, RECONNECT_DELAY)
 
 
 def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> AmqpDriver:

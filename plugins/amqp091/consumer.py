@@ -18,16 +18,15 @@ redelivery exercised, not just assumed.
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiormq
 
-from harness.spec import ConsumerSection, Invocation, Recorder, body_digest, message_body
-from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link, reason
+from harness.spec import Invocation, Recorder, body_digest, message_body
+from harness.spec.client import Behaviour, reason, wait_or_stop
+from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
 
 BARRIER_EVERY = 0.025  # seconds between barriers while acks wait for one
 BARRIER_BATCH = 64  # this many acks waiting start a barrier at once
@@ -40,41 +39,6 @@ RECONNECT_DELAY = 0.5
 class Delivery:
     tag: int
     msg_id: str
-
-
-class Behaviour:
-    """When one consumer gives deliveries back. Seeded by the scenario's seed and the consumer's
-    name, with each gap drawn from [0.5, 1.5] of its mean so consumers do not act in step."""
-
-    def __init__(self, section: ConsumerSection, seed: int, process: str, *, slow: bool, now: float) -> None:
-        self.rng = random.Random(f"{seed}:{process}")
-        self.requeue = section.requeue
-        self.slow_ack = section.slow_ack_ms / 1000 if slow else 0.0
-        every = {"recover": section.recover_every, "close": section.close_every, "crash": section.crash_every}
-        self.every = {k: v for k, v in every.items() if v > 0}
-        self.due = {k: now + self._gap(k) for k in self.every}
-
-    @classmethod
-    def none(cls) -> Behaviour:
-        return cls(ConsumerSection(), 0, "", slow=False, now=0.0)
-
-    def _gap(self, kind: str) -> float:
-        return self.every[kind] * self.rng.uniform(0.5, 1.5)
-
-    def next(self) -> tuple[str | None, float]:
-        if not self.due:
-            return None, math.inf
-        kind = min(self.due, key=lambda k: self.due[k])
-        return kind, self.due[kind]
-
-    def done(self, kind: str, now: float) -> None:
-        self.due[kind] = now + self._gap(kind)
-
-
-def slow_consumers(section: ConsumerSection, consumers: int, seed: int) -> set[str]:
-    """Which of ``c1..cN`` are slow: ``section.slow`` of them, drawn from the seed."""
-    names = [f"c{i}" for i in range(1, consumers + 1)]
-    return set(random.Random(f"{seed}:slow").sample(names, min(section.slow, len(names))))
 
 
 class Session:
@@ -396,13 +360,6 @@ def _closed_cleanly(ch: Any) -> bool:
     return type(exc) is aiormq.exceptions.ChannelClosed and exc.args[:1] == (None,)
 
 
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
-
-
 async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder,
                        process: str, queue: str, stop: asyncio.Event, *, seed: int, message_size: int,
                        prefetch: int, behaviour: Behaviour) -> None:
@@ -414,7 +371,7 @@ async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Itera
         try:
             link: Link = await open_link(node)
         except BROKER_ERRORS:
-            await _wait(stop, RECONNECT_DELAY)
+            await wait_or_stop(stop, RECONNECT_DELAY)
             continue
         session: Session | None = None
         try:
@@ -438,7 +395,7 @@ async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Itera
                 session.lost("consumer cancelled; connection cut")
             await link.close()
         if not stop.is_set():
-            await _wait(stop, RECONNECT_DELAY)
+            await wait_or_stop(stop, RECONNECT_DELAY)
 
 
 async def _drive(session: Session, stop: asyncio.Event, behaviour: Behaviour) -> str:
@@ -464,7 +421,7 @@ async def _drive(session: Session, stop: asyncio.Event, behaviour: Behaviour) ->
             left = at - loop.time()
             if left <= 0:
                 break
-            await _wait(stop, min(0.25, left))
+            await wait_or_stop(stop, min(0.25, left))
         assert action is not None
         held = await session.hold(target, HOLD_WAIT, stop)
         behaviour.done(action, loop.time())

@@ -23,13 +23,14 @@ B had.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
+from harness.spec.client import reason
 from plugins.amqp091.consumer import RECONNECT_DELAY, Session
-from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link, reason
+from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
 POLL = 0.05  # seconds between looks at a session while waiting for it to go quiet
 
@@ -187,8 +188,3 @@ class Drain:
                 return got
         declared = await asyncio.wait_for(session.ch.queue_declare(self.queue, passive=True), OP_TIMEOUT)
         return int(declared.message_count or 0), None
-
-
-def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
-    """Every node once, starting where the drainer's rotation starts."""
-    return [next(rotation) for _ in nodes]

@@ -14,18 +14,13 @@ from typing import Any
 import aiormq
 from aiormq.connection import TCPTransportFactory
 
+from harness.spec.client import reason
+
 CONNECT_TIMEOUT = 5.0
 OP_TIMEOUT = 10.0  # any other broker round trip (channel open, qos, consume, declare, recover)
 
 #: What a broker round trip raises when the broker, the network or the channel fails.
 BROKER_ERRORS = (TimeoutError, OSError, aiormq.exceptions.AMQPError, RuntimeError)
-
-
-def reason(exc: BaseException) -> str:
-    """One line for the history's ``error`` column."""
-    text = str(exc).strip().splitlines()
-    detail = text[0][:160] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 class _RememberingTcp(TCPTransportFactory):
