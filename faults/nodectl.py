@@ -1,4 +1,4 @@
-"""`python -m faults.nodectl CMD [--restart-after S] [--torn SEED]`: drive the node init from `docker exec`.
+"""`python -m faults.nodectl CMD [--restart-after S] [--torn SEED] [--at T]`: drive the node init from `docker exec`.
 
 Prints the init's reply as one JSON line (the harness reads the last line) and exits non-zero
 when the command was refused.
@@ -25,9 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-after", type=float, help="crash/power-loss: start again after S seconds")
     p.add_argument("--torn", help="power-loss: keep a seeded random prefix of each file's unsynced bytes")
     p.add_argument("--timeout", type=float, help="stop: SIGTERM grace before SIGKILL")
+    p.add_argument("--at", type=float, help="power-loss: cut at this wall-clock time (UNIX seconds)")
     a = p.parse_args(argv)
     req: dict[str, object] = {"cmd": a.cmd}
-    for key in ("restart_after", "torn", "timeout"):
+    for key in ("restart_after", "torn", "timeout", "at"):
         if getattr(a, key) is not None:
             req[key] = getattr(a, key)
     wait = 60.0 + (a.timeout or 30.0)

@@ -246,7 +246,11 @@ class Node:
             done.update(self._restart_later(restart_after))
             return done
 
-    def power_loss(self, torn: str | None = None, restart_after: float | None = None) -> dict[str, Any]:
+    def power_loss(self, torn: str | None = None, restart_after: float | None = None,
+                   at: float | None = None) -> dict[str, Any]:
+        """Cut power now, or at the wall-clock time ``at`` (UNIX seconds), so that several nodes
+        told the same ``at`` die within a scheduler tick of each other (a rack losing power)."""
+        cue = _wait_until(at) if at is not None else None
         with self.lock:
             if self.lazy is None:
                 raise CommandError(
@@ -255,6 +259,8 @@ class Node:
                 )
             self._cancel_timer()
             done: dict[str, Any] = {"action": "power-loss", **self._kill()}
+            if cue is not None:
+                done["cue"] = cue
             try:
                 fs = self.lazy.command(f"torn {torn}" if torn is not None else "crash")
             except ControlError as e:
@@ -332,7 +338,8 @@ class Node:
                 body = self.crash(_opt_float(req, "restart_after"))
             elif cmd == "power-loss":
                 torn = req.get("torn")
-                body = self.power_loss(None if torn is None else str(torn), _opt_float(req, "restart_after"))
+                body = self.power_loss(None if torn is None else str(torn), _opt_float(req, "restart_after"),
+                                       _opt_float(req, "at"))
             elif cmd == "pause":
                 body = self.pause()
             elif cmd == "resume":
@@ -366,6 +373,16 @@ def _opt_float(req: dict[str, Any], key: str) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         raise CommandError(f"{key} must be a number of seconds, not {v!r}") from None
+
+
+def _wait_until(at: float) -> dict[str, Any]:
+    """Sleep until the wall-clock time ``at``; say how late the wake-up was (an arrival after ``at``
+    cuts at once, and its lateness shows how far apart the nodes died)."""
+    left = at - time.time()
+    while left > 0:
+        time.sleep(min(left, 0.05))
+        left = at - time.time()
+    return {"at": at, "late_ms": round(-left * 1000, 3), "woke": now_iso()}
 
 
 def _reaper(node: Node, lazy: LazyMount | None, stop: threading.Event) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from faults.network import LinkToxic, Partition
+from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause, PowerLoss, RollingRestart, Stop
 from harness import hookimpl
 
 
 @hookimpl
 def brokerchaos_register_faults(register: Any) -> None:
-    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart):
+    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated):
         register.add_fault(fault)

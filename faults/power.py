@@ -1,0 +1,115 @@
+"""Coordinated power loss: several nodes lose power at the same instant, as in a rack or
+datacenter power failure, each dropping whatever its lazy filesystem held unsynced.
+
+One ``docker exec`` per node costs tens to hundreds of milliseconds, and more on a loaded host,
+so issuing the cuts one after another would let the first victims' peers notice, elect, or
+re-replicate before the last one dies. Instead every node is told, concurrently, the same
+wall-clock instant a little ahead (``lead``); each node's init sleeps until then and cuts power
+itself, so the nodes die within a scheduler tick of each other. Each node's reply says when its
+broker was killed, how late its wake-up was and exactly what its filesystem dropped (or kept,
+for a torn cut); the fault records the spread between the first and last kill.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+from faults.process import _ProcessFault, nodectl
+from faults.targets import pick_nodes
+from harness import FaultError, ScenarioError
+from harness.spec import ConformanceProbe
+
+T = TypeVar("T")
+
+
+def on_each(names: Sequence[str], fn: Callable[[str], T]) -> tuple[dict[str, T], dict[str, str]]:
+    """``fn(name)`` for every node at once: (results, errors) by node name."""
+    done: dict[str, T] = {}
+    errors: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        futures = {name: pool.submit(fn, name) for name in names}
+        for name, fut in futures.items():
+            try:
+                done[name] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - every node's outcome is reported, not the first failure
+                errors[name] = f"{type(exc).__name__}: {exc}"
+    return done, errors
+
+
+class PowerLossCoordinated(_ProcessFault):
+    """Power cut on several nodes at once (``nodes``: all, majority, minority, random or a list).
+
+    ``torn: true`` keeps, on each node, a seeded random prefix of every file's unsynced bytes
+    (node ``n2`` tears with seed ``"<torn_seed>-n2"``). At heal every node that lost power
+    starts again on what its disk kept, all at once (a cluster cold start).
+    """
+
+    name = "power-loss-coordinated"
+    requires = frozenset({"power-loss"})
+    needs = frozenset({"lazyfs"})
+    conformance = ConformanceProbe(params={"nodes": "all"}, nodes=1, may_lose=True)
+    params_schema = {"nodes": object, "torn": bool, "torn_seed": int, "lead": float}
+    #: Seconds between sending the cut and the cut itself: covers a slow ``docker exec``.
+    DEFAULT_LEAD = 1.0
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        out: dict[str, Any] = {"nodes": pick_nodes(cls.name, params.get("nodes", "all"), nodes, rng),
+                               "torn": bool(params.get("torn", False)),
+                               "lead": float(params.get("lead", cls.DEFAULT_LEAD))}
+        if not 0 < out["lead"] <= 30:
+            raise ScenarioError(f"fault {cls.name}: lead {out['lead']!r} must be between 0 and 30 seconds")
+        if out["torn"]:
+            out["torn_seed"] = int(params.get("torn_seed", rng.randrange(1 << 31)))
+        return out
+
+    def _args(self, node: str, at: float) -> list[str]:
+        args = ["power-loss", "--at", f"{at:.6f}"]
+        if self.params.get("torn"):
+            args += ["--torn", f"{self.params['torn_seed']}-{node}"]
+        return args
+
+    def apply(self) -> dict[str, Any]:
+        names = list(self.params["nodes"])
+        lead = float(self.params.get("lead", self.DEFAULT_LEAD))
+        at = time.time() + lead
+        nodes = self.ctx.cluster.nodes
+        replies, errors = on_each(names, lambda n: nodectl(nodes[n], *self._args(n, at), timeout=60 + lead))
+        done = {"cut": summarize(at, replies), "nodes": {n: {"nodectl": r} for n, r in replies.items()}}
+        if errors:
+            raise FaultError(f"power cut failed on {', '.join(sorted(errors))}: "
+                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                             + f" (cut on {', '.join(sorted(replies)) or 'no node'}: {done['cut']})")
+        return done
+
+    def heal(self) -> dict[str, Any]:
+        names = list(self.params["nodes"])
+        nodes = self.ctx.cluster.nodes
+        replies, errors = on_each(names, lambda n: nodectl(nodes[n], "start"))
+        if errors:
+            raise FaultError("restart after the power cut failed: "
+                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+        self.ctx.cluster.wait_ready(names)
+        return {"nodes": {n: {"nodectl": r} for n, r in replies.items()}, "ready": True}
+
+
+def summarize(at: float, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """When each node died and what it lost, and how far apart the first and last kill were."""
+    killed = {n: r.get("at") for n, r in replies.items()}
+    stamps = [datetime.fromisoformat(t).timestamp() for t in killed.values() if t]
+    fs = {n: r.get("lazyfs") or {} for n, r in replies.items()}
+    return {
+        "scheduled_at": round(at, 6),
+        "killed_at": killed,
+        "late_ms": {n: (r.get("cue") or {}).get("late_ms") for n, r in replies.items()},
+        "spread_ms": round((max(stamps) - min(stamps)) * 1000, 3) if stamps else None,
+        "dropped_bytes": {n: int(f.get("dropped_bytes") or 0) for n, f in fs.items()},
+        "kept_bytes": {n: int(f.get("kept_bytes") or 0) for n, f in fs.items()},
+        "dropped_files": {n: sorted({d["path"] for d in f.get("dropped_data", [])}) for n, f in fs.items()},
+    }
