@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from faults.corrupt import CorruptFile
 from faults.network import LinkToxic, Partition
 from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause, PowerLoss, RollingRestart, Stop
@@ -12,5 +13,6 @@ from harness import hookimpl
 
 @hookimpl
 def brokerchaos_register_faults(register: Any) -> None:
-    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated):
+    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated,
+                  CorruptFile):
         register.add_fault(fault)

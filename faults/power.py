@@ -41,7 +41,22 @@ def on_each(names: Sequence[str], fn: Callable[[str], T]) -> tuple[dict[str, T],
     return done, errors
 
 
-class PowerLossCoordinated(_ProcessFault):
+class NodesFault(_ProcessFault):
+    """A kind that takes several nodes' brokers down at once (``params["nodes"]``) and starts
+    them all again together at heal, waiting until each is ready."""
+
+    def heal(self) -> dict[str, Any]:
+        names = list(self.params["nodes"])
+        nodes = self.ctx.cluster.nodes
+        replies, errors = on_each(names, lambda n: nodectl(nodes[n], "start"))
+        if errors:
+            raise FaultError(f"restart after {self.name} failed: "
+                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+        self.ctx.cluster.wait_ready(names)
+        return {"nodes": {n: {"nodectl": r} for n, r in replies.items()}, "ready": True}
+
+
+class PowerLossCoordinated(NodesFault):
     """Power cut on several nodes at once (``nodes``: all, majority, minority, random or a list).
 
     ``torn: true`` keeps, on each node, a seeded random prefix of every file's unsynced bytes
@@ -87,16 +102,6 @@ class PowerLossCoordinated(_ProcessFault):
                              + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
                              + f" (cut on {', '.join(sorted(replies)) or 'no node'}: {done['cut']})")
         return done
-
-    def heal(self) -> dict[str, Any]:
-        names = list(self.params["nodes"])
-        nodes = self.ctx.cluster.nodes
-        replies, errors = on_each(names, lambda n: nodectl(nodes[n], "start"))
-        if errors:
-            raise FaultError("restart after the power cut failed: "
-                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
-        self.ctx.cluster.wait_ready(names)
-        return {"nodes": {n: {"nodectl": r} for n, r in replies.items()}, "ready": True}
 
 
 def summarize(at: float, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

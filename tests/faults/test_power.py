@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +17,8 @@ from harness.errors import ScenarioError
 from harness.nemesis import plan
 from harness.scenario import from_dict
 from harness.spec import FaultContext
-from tests.faults.test_nodeinit import ENV, Init, wait_for
+from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.faults.test_nodeinit import Init, wait_for
 
 N3 = ["n1", "n2", "n3"]
 N5 = ["n1", "n2", "n3", "n4", "n5"]
@@ -74,45 +71,13 @@ def test_the_random_nemesis_draws_it_with_concrete_nodes() -> None:
 # -- real node inits over lazyfs (no Docker) ----------------------------------------------------
 
 
-class LocalNode:
-    """A node whose ``exec`` runs the command on this machine against its own init's socket."""
-
-    def __init__(self, name: str, init: Init) -> None:
-        self.name = name
-        self.init = init
-
-    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
-        env = {**ENV, "BROKERCHAOS_NODE_SOCKET": self.init.sock}
-        cmd = [sys.executable if c == "python3" else c for c in cmd]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        return r.returncode, r.stdout + r.stderr
-
-
-class LocalCluster:
-    def __init__(self, inits: dict[str, Init]) -> None:
-        self.nodes = {n: LocalNode(n, i) for n, i in inits.items()}
-
-    def wait_ready(self, nodes: Sequence[str]) -> None:
-        for n in nodes:
-            init = self.nodes[n].init
-            wait_for(lambda init=init: init.log().rsplit(b"boot", 1)[1].count(b"tick") >= 1, f"{n} ticking")
-
-
 @pytest.fixture
 def three_inits() -> Iterator[dict[str, Init]]:
     reason = fuse_available()
     if reason:
         pytest.skip(f"needs FUSE: {reason}")
-    with tempfile.TemporaryDirectory(prefix="plc") as tmp:
-        inits: dict[str, Init] = {}
-        try:
-            for n in N3:
-                os.makedirs(f"{tmp}/{n}")
-                inits[n] = Init(f"{tmp}/{n}", True)
-            yield inits
-        finally:
-            for init in inits.values():
-                init.terminate()
+    with local_inits(N3) as inits:
+        yield inits
 
 
 def _stamp(iso: str) -> float:

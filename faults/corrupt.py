@@ -1,0 +1,98 @@
+"""File corruption: with the broker killed, flip bits in or truncate one of its data files on
+some nodes (a minority by default), as Jepsen's file nemesis does, then start it again at heal.
+
+A replicated broker should survive a corrupted minority: its checksums catch the damage and the
+healthy copies repair it. The file and offsets are drawn from the run's seed at planning time as
+fractions (of the sorted candidate files, of the file's size), so the plan is concrete before the
+run and ``--replay`` makes the same choice from the same directory contents; the record says
+exactly which file, which offsets, and which bytes before and after (``faults.node.corrupt``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from faults.power import NodesFault, on_each
+from faults.process import nodectl
+from faults.targets import pick_nodes
+from harness import FaultError, ScenarioError
+from harness.spec import ConformanceProbe
+
+
+class CorruptFile(NodesFault):
+    """Kill the broker, corrupt one data file under ``data_dir``, start it at heal.
+
+    ``mode``: ``bitflip`` flips ``bits`` single bits at seeded offsets; ``truncate`` drops the
+    last ``bytes`` bytes, or without ``bytes`` cuts at a seeded offset. ``files`` narrows the
+    candidates with a glob relative to ``data_dir`` (default: every file).
+    """
+
+    name = "corrupt-file"
+    requires = frozenset({"kill"})
+    conformance = ConformanceProbe(params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True)
+    params_schema = {"nodes": object, "mode": ("bitflip", "truncate"), "bits": int, "bytes": int, "files": str,
+                     "picks": dict}
+    DEFAULT_BITS = 8
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        mode = params.get("mode", "bitflip")
+        out: dict[str, Any] = {"nodes": pick_nodes(cls.name, params.get("nodes", "minority"), nodes, rng),
+                               "mode": mode, "files": params.get("files", "**/*")}
+        if mode == "bitflip":
+            if "bytes" in params:
+                raise ScenarioError(f"fault {cls.name}: bytes is for mode truncate; bitflip takes bits")
+            out["bits"] = int(params.get("bits", cls.DEFAULT_BITS))
+            if not 1 <= out["bits"] <= 4096:
+                raise ScenarioError(f"fault {cls.name}: bits {out['bits']} must be between 1 and 4096")
+        else:
+            if "bits" in params:
+                raise ScenarioError(f"fault {cls.name}: bits is for mode bitflip; truncate takes bytes")
+            if "bytes" in params:
+                out["bytes"] = int(params["bytes"])
+                if out["bytes"] < 1:
+                    raise ScenarioError(f"fault {cls.name}: bytes {out['bytes']} must be at least 1")
+        picks = dict(params.get("picks") or {})
+        for node in out["nodes"]:
+            if node not in picks:
+                pick: dict[str, Any] = {"file": rng.random()}
+                if mode == "bitflip":
+                    pick["flips"] = [[rng.random(), rng.randrange(8)] for _ in range(out["bits"])]
+                elif "bytes" not in out:
+                    pick["cut"] = rng.random()
+                picks[node] = pick
+        out["picks"] = {n: picks[n] for n in out["nodes"]}
+        return out
+
+    def _plan(self, node: str) -> dict[str, Any]:
+        plan = {"mode": self.params["mode"], "glob": self.params["files"], **self.params["picks"][node]}
+        if "bytes" in self.params:
+            plan["bytes"] = self.params["bytes"]
+        return plan
+
+    def _corrupt(self, name: str) -> dict[str, Any]:
+        node = self.ctx.cluster.nodes[name]
+        killed = nodectl(node, "crash")
+        root = self.ctx.cluster.topology.data_dir
+        rc, out = node.exec(["python3", "-m", "faults.node.corrupt", "--root", root,
+                             "--plan", json.dumps(self._plan(name))], timeout=60)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            reply = {"ok": False, "error": f"exit {rc}: {out.strip()[-300:]}"}
+        if not reply.get("ok"):
+            raise FaultError(f"broker killed, but corrupting a file under {root} failed: {reply.get('error')}")
+        reply.pop("ok")
+        return {"nodectl": killed, "corrupted": reply}
+
+    def apply(self) -> dict[str, Any]:
+        done, errors = on_each(list(self.params["nodes"]), self._corrupt)
+        if errors:
+            raise FaultError("; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                             + (f" (corrupted: {json.dumps(done, sort_keys=True)})" if done else ""))
+        return {"nodes": done}

@@ -1,0 +1,96 @@
+"""`python -m faults.node.corrupt --root DIR --plan JSON`: corrupt one of the broker's data files.
+
+Runs inside the node container (standard library only) while the broker is down. The plan
+says which file and where as fractions drawn by the harness from the run's seed, so the same
+plan picks the same file and offsets from the same directory contents:
+
+    {"mode": "bitflip", "glob": "**/*", "file": 0.41, "flips": [[0.13, 5], [0.87, 0]]}
+    {"mode": "truncate", "glob": "**/*", "file": 0.41, "cut": 0.62}          # keep 62 % of it
+    {"mode": "truncate", "glob": "**/*", "file": 0.41, "bytes": 100}         # drop the last 100 bytes
+
+Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
+file is ``candidates[int(file * len)]``. The change is written and fsynced (through the lazy
+filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
+file, its size before and after, and every changed byte's offset with its value before and after
+(for a truncation, the digest and first bytes of what was cut).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Bytes of a cut tail shown in the record (its full length and digest are always there).
+SHOWN = 64
+
+
+def candidates(root: Path, pattern: str) -> list[str]:
+    """Non-empty regular files under ``root`` matching ``pattern``, as sorted relative paths."""
+    out = []
+    for p in root.glob(pattern):
+        try:
+            if p.is_file() and not p.is_symlink() and p.stat().st_size > 0:
+                out.append(p.relative_to(root).as_posix())
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def _index(u: float, n: int) -> int:
+    return min(int(u * n), n - 1)
+
+
+def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    files = candidates(root, plan.get("glob") or "**/*")
+    if not files:
+        raise ValueError(f"no non-empty file under {root} matches {plan.get('glob') or '**/*'!r}")
+    rel = files[_index(float(plan["file"]), len(files))]
+    path = root / rel
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        done: dict[str, Any] = {"file": str(path), "candidates": len(files), "size_before": size}
+        if plan["mode"] == "bitflip":
+            changes = []
+            for u, bit in plan["flips"]:
+                off = _index(float(u), size)
+                before = os.pread(fd, 1, off)[0]
+                after = before ^ (1 << int(bit))
+                os.pwrite(fd, bytes([after]), off)
+                changes.append({"offset": off, "bit": int(bit), "before": f"{before:02x}", "after": f"{after:02x}"})
+            done["changes"] = changes
+        elif plan["mode"] == "truncate":
+            keep = max(0, size - int(plan["bytes"])) if plan.get("bytes") is not None else _index(float(plan["cut"]), size)
+            tail = os.pread(fd, size - keep, keep)
+            os.ftruncate(fd, keep)
+            done["cut"] = {"offset": keep, "bytes": len(tail), "sha256": hashlib.sha256(tail).hexdigest(),
+                           "first_bytes": tail[:SHOWN].hex()}
+        else:
+            raise ValueError(f"unknown mode {plan['mode']!r}")
+        os.fsync(fd)
+        done["size_after"] = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m faults.node.corrupt")
+    p.add_argument("--root", required=True, help="the broker's data directory")
+    p.add_argument("--plan", required=True, help="JSON: mode, glob, file and flips/cut/bytes")
+    a = p.parse_args(argv)
+    try:
+        reply = {"ok": True, **corrupt(Path(a.root), json.loads(a.plan))}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(reply, sort_keys=True))
+    return 0 if reply["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""File corruption: the plan is concrete and seeded, and exactly the recorded bytes change on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faults.corrupt import CorruptFile
+from faults.lazyfs import fuse_available
+from faults.node.corrupt import candidates, corrupt
+from harness.errors import ScenarioError
+from harness.spec import FaultContext
+from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.faults.test_nodeinit import Init, wait_for
+
+N3 = ["n1", "n2", "n3"]
+N5 = [*N3, "n4", "n5"]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    rng = random.Random(4)
+    (tmp_path / "seg").mkdir()
+    (tmp_path / "seg" / "0001.log").write_bytes(rng.randbytes(5000))
+    (tmp_path / "seg" / "0002.log").write_bytes(rng.randbytes(300))
+    (tmp_path / "meta.json").write_bytes(b'{"v": 1}')
+    (tmp_path / "empty").write_bytes(b"")
+    return tmp_path
+
+
+def test_candidates_are_sorted_non_empty_files_matching_the_glob(data: Path) -> None:
+    assert candidates(data, "**/*") == ["meta.json", "seg/0001.log", "seg/0002.log"]
+    assert candidates(data, "seg/*.log") == ["seg/0001.log", "seg/0002.log"]
+    assert candidates(data, "nothing*") == []
+
+
+def test_bitflip_changes_exactly_the_recorded_bits(data: Path) -> None:
+    path = data / "seg" / "0001.log"
+    before = path.read_bytes()
+    done = corrupt(data, {"mode": "bitflip", "glob": "seg/*.log", "file": 0.2,
+                          "flips": [[0.0, 0], [0.5, 7], [0.999999, 3]]})
+    after = path.read_bytes()
+    assert done["file"] == str(path) and done["candidates"] == 2
+    assert done["size_before"] == done["size_after"] == 5000
+    assert [c["offset"] for c in done["changes"]] == [0, 2500, 4999]
+    diff = [i for i in range(5000) if before[i] != after[i]]
+    assert diff == [0, 2500, 4999]
+    for c in done["changes"]:
+        assert int(c["before"], 16) == before[c["offset"]] and int(c["after"], 16) == after[c["offset"]]
+        assert before[c["offset"]] ^ after[c["offset"]] == 1 << c["bit"]
+
+
+def test_truncate_by_bytes_or_at_a_seeded_offset(data: Path) -> None:
+    path = data / "seg" / "0002.log"
+    whole = path.read_bytes()
+    done = corrupt(data, {"mode": "truncate", "glob": "**/*", "file": 0.9, "bytes": 100})
+    assert done["file"] == str(path) and (done["size_before"], done["size_after"]) == (300, 200)
+    assert done["cut"]["offset"] == 200 and done["cut"]["sha256"] == hashlib.sha256(whole[200:]).hexdigest()
+    assert path.read_bytes() == whole[:200]
+    done = corrupt(data, {"mode": "truncate", "glob": "**/*", "file": 0.9, "cut": 0.5})
+    assert done["size_after"] == 100 and path.read_bytes() == whole[:100]
+    with pytest.raises(ValueError, match="no non-empty file"):
+        corrupt(data, {"mode": "truncate", "glob": "none", "file": 0.1, "bytes": 1})
+
+
+def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
+    p = CorruptFile.resolve({}, N5, random.Random(3))
+    assert len(p["nodes"]) == 2 and p["mode"] == "bitflip" and p["bits"] == 8 and p["files"] == "**/*"
+    assert set(p["picks"]) == set(p["nodes"])
+    assert all(len(pick["flips"]) == 8 and 0 <= pick["file"] < 1 for pick in p["picks"].values())
+    assert CorruptFile.resolve(p, N5, random.Random(77)) == p
+    assert CorruptFile.resolve({}, N5, random.Random(3)) == p
+    t = CorruptFile.resolve({"mode": "truncate", "nodes": ["n2"]}, N3, random.Random(1))
+    assert t["nodes"] == ["n2"] and set(t["picks"]["n2"]) == {"file", "cut"}
+    t = CorruptFile.resolve({"mode": "truncate", "bytes": 10}, N3, random.Random(1))
+    assert t["bytes"] == 10 and set(t["picks"][t["nodes"][0]]) == {"file"}
+    for bad, match in (({"mode": "truncate", "bits": 2}, "bits is for mode bitflip"),
+                       ({"bytes": 2}, "bytes is for mode truncate"), ({"mode": "zero"}, "mode 'zero'"),
+                       ({"bits": 0}, "between 1 and 4096")):
+        with pytest.raises(ScenarioError, match=match):
+            CorruptFile.resolve(bad, N3, random.Random(1))
+
+
+@pytest.fixture
+def one_init() -> Iterator[dict[str, Init]]:
+    reason = fuse_available()
+    if reason:
+        pytest.skip(f"needs FUSE: {reason}")
+    with local_inits(["n1"]) as inits:
+        yield inits
+
+
+@pytest.mark.timeout(120)
+def test_the_broker_is_down_while_its_file_is_corrupted_on_disk(one_init: dict[str, Init]) -> None:
+    init = one_init["n1"]
+    wait_for(lambda: init.log().count(b"tick") >= 5, "ticks")
+    params = CorruptFile.resolve({"nodes": ["n1"], "bits": 4, "files": "log"}, ["n1"], random.Random(5))
+    fault = CorruptFile(FaultContext(LocalCluster(one_init)), params, "f1")
+    done = fault.apply()
+    assert init.ctl("status")["state"] == "stopped"
+    rec = done["nodes"]["n1"]
+    assert rec["nodectl"]["signal"] == "SIGKILL" and rec["corrupted"]["file"] == f"{init.data}/log"
+    # The change was fsynced through lazyfs: the backing "disk" holds it.
+    disk = Path(init.tmp, "backing", "log").read_bytes()
+    assert len(disk) == rec["corrupted"]["size_after"]
+    final = {c["offset"]: int(c["after"], 16) for c in rec["corrupted"]["changes"]}  # the last flip of a byte
+    assert final and all(disk[off] == byte for off, byte in final.items())
+    healed = fault.heal()
+    assert healed["ready"] and init.ctl("status")["state"] == "running"
