@@ -35,6 +35,8 @@ def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
 class _ProcessFault(Fault):
     """Every kind that stops, pauses or kills broker processes shares one final heal."""
 
+    touches = frozenset({"process"})
+
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
         return heal_processes(ctx.cluster) or None
@@ -112,6 +114,7 @@ class PowerLoss(_NodeFault):
     name = "power-loss"
     requires = frozenset({"power-loss"})
     conformance = ConformanceProbe(may_lose=True)
+    touches = frozenset({"process", "disk"})
     needs = frozenset({"lazyfs"})
     params_schema = {"node": str, "torn": bool, "torn_seed": int}
 

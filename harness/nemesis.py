@@ -66,44 +66,110 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
     out = Plan()
     # A step at or after the end of the workload would hit a cluster with no traffic
     # (e.g. after ``--duration`` shortened a run): it is not part of this run's plan.
-    steps: list[tuple[float, float | None, str, Mapping[str, Any]]] = [
-        (s.at, s.hold, s.fault, s.params) for s in scenario.nemesis.schedule if s.at < scenario.workload.duration
+    steps: list[tuple[float, float | None, str, Mapping[str, Any], bool]] = [
+        (s.at, s.hold, s.fault, s.params, False) for s in scenario.nemesis.schedule
+        if s.at < scenario.workload.duration
     ]
     rnd = scenario.nemesis.random
-    if rnd is not None:
+    if rnd is not None and (rnd.overlap > 1 or steps):
+        # The explicit steps are made concrete first, so the draws can see what they hold.
+        steps = [(at, hold, kind, _fault_class(faults, kind).resolve(params, nodes, random.Random(
+                  f"{scenario.seed}:fixed:{j}")), True) for j, (at, hold, kind, params, _) in enumerate(steps)]
+        steps += _overlapping(scenario, faults, nodes, steps)
+    elif rnd is not None:
         rng = random.Random(f"{scenario.seed}:schedule")
         t = rng.uniform(*rnd.every)
         while t < scenario.workload.duration:
             held = rng.uniform(*rnd.hold)
             kind = rng.choice(list(rnd.faults))
-            steps.append((round(t, 3), round(held, 3), kind, rnd.params.get(kind, {})))
+            steps.append((round(t, 3), round(held, 3), kind, rnd.params.get(kind, {}), False))
             t += held + rng.uniform(*rnd.every)
     steps.sort(key=lambda s: s[0])
-    for i, (at, hold, kind, params) in enumerate(steps, start=1):
+    for i, (at, hold, kind, params, concrete) in enumerate(steps, start=1):
         cls = _fault_class(faults, kind)
-        concrete = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
-        out.steps.append(PlannedFault(f"f{i}", at, hold, kind, concrete))
-    _check_overlaps(out.steps, faults, scenario.workload.duration)
+        if not concrete:
+            params = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
+        out.steps.append(PlannedFault(f"f{i}", at, hold, kind, dict(params)))
+    _check_overlaps(out.steps, faults, scenario.workload.duration, nodes)
     return out
 
 
-def _check_overlaps(steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float) -> None:
-    """Refuse two faults held at once when one turns proxies off and on: healing it would undo the other."""
-    def window(s: PlannedFault) -> tuple[float, float]:
-        return s.at, s.at + (s.hold if s.hold is not None else duration)
+def _overlapping(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[str],
+                 fixed: Sequence[tuple[float, float | None, str, Mapping[str, Any], bool]],
+                 ) -> list[tuple[float, float | None, str, Mapping[str, Any], bool]]:
+    """Random faults with up to ``overlap`` held at once: a new one starts ``every`` after the
+    previous start, not after its heal. A draw that cannot overlap what is held then (the same
+    resource on the same node, or proxies switched during another network fault) is replaced
+    by another kind or target, else the start waits for the next heal."""
+    rnd = scenario.nemesis.random
+    assert rnd is not None
+    duration = scenario.workload.duration
+    rng = random.Random(f"{scenario.seed}:schedule")
+    held_steps = [PlannedFault(f"step at {at:g}s", at, hold, kind, dict(params)) for at, hold, kind, params, _ in fixed]
+    out: list[tuple[float, float | None, str, Mapping[str, Any], bool]] = []
+    t = rng.uniform(*rnd.every)
+    draw = 0
+    while t < duration:
+        t = round(t, 3)
+        active = [s for s in held_steps if _window(s, duration)[0] <= t < _window(s, duration)[1]]
+        if len(active) >= rnd.overlap:
+            t = round(min(_window(s, duration)[1] for s in active) + 0.001, 3)  # just after the next heal
+            continue
+        hold = round(rng.uniform(*rnd.hold), 3)
+        kinds = list(rnd.faults)
+        rng.shuffle(kinds)
+        chosen = None
+        for attempt in range(3):
+            for kind in kinds:
+                draw += 1
+                params = faults[kind].resolve(rnd.params.get(kind, {}), nodes,
+                                              random.Random(f"{scenario.seed}:draw:{draw}:{attempt}"))
+                candidate = PlannedFault("new", round(t, 3), hold, kind, dict(params))
+                if all(_conflict(candidate, other, faults, nodes) is None for other in active):
+                    chosen = candidate
+                    break
+            if chosen is not None:
+                break
+        if chosen is None:
+            t = round(min(_window(s, duration)[1] for s in active) + 0.001, 3)  # just after the next heal
+            continue
+        held_steps.append(chosen)
+        out.append((chosen.at, chosen.hold, chosen.kind, chosen.params, True))
+        t += rng.uniform(*rnd.every)
+    return out
 
+
+def _window(s: PlannedFault, duration: float) -> tuple[float, float]:
+    return s.at, s.at + (s.hold if s.hold is not None else duration)
+
+
+def _conflict(a: PlannedFault, b: PlannedFault, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> str | None:
+    """Why ``a`` and ``b`` cannot be held at the same time, or None."""
+    switching = [s for s in (a, b) if faults[s.kind].switches_proxies(s.params)]
+    network = all(faults[s.kind].requires & {"partition"} for s in (a, b))
+    if switching and network:
+        return (f"{switching[0].fault_id} switches proxies off and on (mode 'refuse' or shape 'clients'): healing "
+                "one would undo the other; use mode 'drop'")
+    shared = faults[a.kind].holds(a.params, nodes) & faults[b.kind].holds(b.params, nodes)
+    if shared:
+        what = ", ".join(f"{r} of {n}" for r, n in sorted(shared))
+        return f"both hold {what}: healing one would undo the other"
+    return None
+
+
+def _check_overlaps(steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float,
+                    nodes: Sequence[str]) -> None:
+    """Refuse two faults held at once when their mechanisms cannot overlap, saying why."""
     for i, a in enumerate(steps):
         for b in steps[i + 1 :]:
-            (a0, a1), (b0, b1) = window(a), window(b)
+            (a0, a1), (b0, b1) = _window(a, duration), _window(b, duration)
             if not (a0 < b1 and b0 < a1):
                 continue
-            switching = [s for s in (a, b) if faults[s.kind].switches_proxies(s.params)]
-            network = all(faults[s.kind].requires & {"partition"} for s in (a, b))
-            if switching and network:
+            why = _conflict(a, b, faults, nodes)
+            if why:
                 raise ScenarioError(
                     f"nemesis: {a.fault_id} ({a.kind} at {a.at:g}s) and {b.fault_id} ({b.kind} at {b.at:g}s) are held "
-                    f"at the same time and {switching[0].fault_id} switches proxies off and on (mode 'refuse' or "
-                    f"shape 'clients'): healing one would undo the other; move one, shorten its hold, or use mode 'drop'")
+                    f"at the same time and {why}; move one or shorten its hold")
 
 
 def plan_from_history(path: Path) -> Plan:

@@ -12,7 +12,8 @@
     nemesis:
       schedule:                       # explicit steps, times in seconds from workload start ...
         - {at: 10, fault: partition, params: {shape: isolate}, hold: 10}
-      random: {every: [10, 20], hold: [5, 15], faults: [partition, kill]}   # ... and/or drawn from the seed
+      random: {every: [10, 20], hold: [5, 15], faults: [partition, kill], overlap: 2}   # ... and/or drawn
+                                      # from the seed; overlap: up to 2 held at once
     checkers: [python]
     budgets: {duplicated: 100, resurrected: null}   # null: no limit
 
@@ -98,6 +99,8 @@ class RandomSchedule:
     every: tuple[float, float] = (10.0, 20.0)
     hold: tuple[float, float] = (5.0, 15.0)
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per fault name
+    #: How many drawn faults may be held at once (1: each starts after the previous healed).
+    overlap: int = 1
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     rnd = None
     if n.get("random") is not None:  # ``to_dict()`` writes ``random: null`` when there is none
         r = _mapping(n["random"], "nemesis.random")
-        _only(r, "nemesis.random", {"faults", "every", "hold", "params"})
+        _only(r, "nemesis.random", {"faults", "every", "hold", "params", "overlap"})
         faults = r.get("faults")
         if not isinstance(faults, list) or not faults or not all(isinstance(x, str) for x in faults):
             raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
@@ -236,6 +239,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
             hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
             params={k: dict(_mapping(v, f"nemesis.random.params.{k}"))
                     for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()},
+            overlap=_int(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
         )
     nemesis = NemesisSection(schedule=tuple(sorted(steps, key=lambda s: s.at)), random=rnd,
                              settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0))

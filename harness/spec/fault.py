@@ -28,10 +28,16 @@ class HostFeature:
     capability: str | None = None
 
 
+#: Under the ``faketime`` feature: the file libfaketime reads the broker's wall-clock offset
+#: from (``+12.5``, ``-3``: seconds), in the broker container. Clock faults write it.
+FAKETIME_FILE = "/var/lib/brokerchaos-clock/offset"
+
 #: Host features a fault may ``need``.
 HOST_FEATURES: dict[str, HostFeature] = {
     "lazyfs": HostFeature("each node's data directory sits on the lazy filesystem (unsynced writes can be dropped)",
                           capability="power-loss"),
+    "faketime": HostFeature("libfaketime is preloaded into each broker process, its wall-clock offset read from a "
+                            "control file the clock faults write", capability="clock"),
 }
 
 
@@ -69,6 +75,12 @@ class Fault:
     #: Host features the kind needs when it is planned in a run (``HOST_FEATURES``):
     #: the host sets them up before the cluster starts.
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: What an application holds for itself on the nodes it targets (e.g. ``process``: the
+    #: broker's processes; ``disk``: its data directory; ``clock``): two faults held at once
+    #: may not hold the same resource on the same node (a pause of a killed broker, two clock
+    #: offsets). Kinds that only add to a shared mechanism (toxics, each named by its fault
+    #: id) hold nothing.
+    touches: ClassVar[frozenset[str]] = frozenset()
     #: How the conformance kit exercises this kind (None: it does not).
     conformance: ClassVar[ConformanceProbe | None] = None
     #: Parameters a scenario may give, with allowed values (for validation messages).
@@ -84,6 +96,23 @@ class Fault:
     def switches_proxies(cls, params: Mapping[str, Any]) -> bool:
         """Whether this application turns proxies off and back on (which no other fault may do meanwhile)."""
         return False
+
+    @classmethod
+    def holds(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[tuple[str, str]]:
+        """The ``(resource, node)`` pairs one application holds exclusively while it is applied.
+
+        By default each resource in ``touches`` on the nodes the concrete parameters name
+        (``node``, or a list ``nodes``), or on every node when they name none.
+        """
+        if not cls.touches:
+            return set()
+        if isinstance(params.get("node"), str):
+            targets: Sequence[str] = [params["node"]]
+        elif isinstance(params.get("nodes"), list | tuple):
+            targets = list(params["nodes"])
+        else:
+            targets = nodes
+        return {(r, n) for r in cls.touches for n in targets}
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:

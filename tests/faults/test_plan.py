@@ -140,7 +140,7 @@ def test_fault_parameters_are_checked_when_planning(faults: Mapping[str, type[Fa
 def test_valid_parameters_pass(faults: Mapping[str, type[Fault]]) -> None:
     sc = scenario({"schedule": [
         {"at": 1, "fault": "degrade", "params": {"toxicity": 1, "type": "bandwidth", "attributes": {"rate": 8}}},
-        {"at": 2, "fault": "power-loss", "params": {"torn": True, "node": "n2"}},
+        {"at": 2, "fault": "power-loss", "params": {"torn": True, "node": "n2"}, "hold": 0.5},
         {"at": 3, "fault": "rolling-restart", "params": {"order": ["n3", "n1", "n2"]}},
     ]})
     p = plan(sc, faults, NODES3)
@@ -265,3 +265,54 @@ def test_overlapping_drop_partitions_and_back_to_back_switching_ones_are_planned
     assert len(plan(_two_partitions({"shape": "isolate"}, {"shape": "one-way"}, 8), faults, NODES3).steps) == 2
     refuse = {"shape": "halves", "mode": "refuse"}
     assert len(plan(_two_partitions(refuse, refuse, 15), faults, NODES3).steps) == 2
+
+
+# -- combined schedules: several kinds held at once where the mechanisms allow ------------------
+
+COMBINED = {"random": {"faults": ["partition", "kill", "pause", "power-loss"], "every": [1, 3], "hold": [3, 8],
+                       "overlap": 3}}
+
+
+def _windows_overlap(a: PlannedFault, b: PlannedFault) -> bool:
+    assert a.hold is not None and b.hold is not None
+    return a.at < b.at + b.hold and b.at < a.at + a.hold
+
+
+def test_combined_schedules_overlap_without_sharing_a_node_resource(faults: Mapping[str, type[Fault]]) -> None:
+    overlapping = 0
+    for seed in range(30):
+        p = plan(scenario(COMBINED, seed=seed, duration=60), faults, NODES3)
+        assert p.to_list() == plan(scenario(COMBINED, seed=seed, duration=60), faults, NODES3).to_list()
+        for i, a in enumerate(p.steps):
+            held_then = [b for b in p.steps if b.hold is not None and b.at <= a.at < b.at + b.hold]
+            assert len(held_then) <= 3, (seed, a, held_then)  # overlap: 3 at most at once
+            for b in p.steps[i + 1 :]:
+                if _windows_overlap(a, b):
+                    overlapping += 1
+                    holds = faults[a.kind].holds(a.params, NODES3) & faults[b.kind].holds(b.params, NODES3)
+                    assert not holds, (seed, a, b)
+    assert overlapping > 30  # they do overlap: a pause during a partition, a kill of n1 while n2 is paused
+
+
+def test_overlap_one_keeps_the_sequential_plan(faults: Mapping[str, type[Fault]]) -> None:
+    """Scenarios written before overlap existed plan exactly as before."""
+    one = {"random": {**RANDOM["random"], "overlap": 1}}
+    assert plan(scenario(one, seed=3), faults, NODES3).to_list() == plan(scenario(RANDOM, seed=3), faults,
+                                                                          NODES3).to_list()
+
+
+def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(faults: Mapping[str, type[Fault]]) -> None:
+    sc = scenario({"schedule": [{"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
+                                {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n2"}}]})
+    with pytest.raises(ScenarioError, match=r"f1 \(pause at 5s\) and f2 \(kill at 8s\).*both hold process of n2"):
+        plan(sc, faults, NODES3)
+    fine = scenario({"schedule": [{"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
+                                  {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n3"}},
+                                  {"at": 6, "fault": "partition", "hold": 6, "params": {"shape": "isolate",
+                                                                                        "node": "n2"}}]})
+    assert len(plan(fine, faults, NODES3).steps) == 3
+
+
+def test_overlap_is_validated() -> None:
+    with pytest.raises(ScenarioError, match="nemesis.random.overlap"):
+        scenario({"random": {**COMBINED["random"], "overlap": 0}})
