@@ -9,17 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError
-from harness.runner import EXIT_ERROR
+from harness.runner import EXIT_ERROR, EXIT_FAILED
 
 USAGE_EXAMPLES = """\
 examples:
   brokerchaos run scenarios/partitions.yaml        a chaos run on the default topology
   brokerchaos run scenarios/crash.yaml --runs 5    five seeded runs, graded together
+  brokerchaos run scenarios/crash.yaml --until-fail --runs 20   seeded runs until the first failure
+  brokerchaos shrink store/latest --budget 30      the smallest schedule that still fails
   brokerchaos analyze store/latest                 re-check a stored run (no Docker)
   brokerchaos plugins                              what is loaded
   brokerchaos images build                         build every image (offline)
@@ -42,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=float, help="override the workload duration (seconds)")
     r.add_argument("--runs", type=int, default=1, help="seeded runs (seed, seed+1, ...), graded together")
     r.add_argument("--replay", metavar="RUN_DIR", help="repeat the fault schedule a stored run applied")
+    r.add_argument("--until-fail", action="store_true",
+                   help="with --runs N: stop at the first failing run and report the runs and wall time it took")
     r.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
     r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
     r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
@@ -49,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ports", type=int, metavar="BASE",
                    help="publish the nodes' client ports at BASE, BASE+1, ... on 127.0.0.1 (default: any free port)")
     r.add_argument("--json", action="store_true", help="print results.json instead of the table")
+
+    s = sub.add_parser("shrink", help="search for the smallest schedule that still fails like a stored failing run")
+    s.add_argument("run_dir", help="a stored run whose verdict is LOST or INTEGRITY")
+    s.add_argument("--budget", type=float, default=30.0, help="minutes of search at most (default 30)")
+    s.add_argument("--trials", type=int, default=2,
+                   help="runs of each candidate at most; it fails if any of them fails (default 2)")
+    s.add_argument("--passes", help="comma-separated, of: faults, holds, nodes, cluster, workload, rate (default all)")
+    s.add_argument("--out", help="shrink directory (default <store>/shrink/<scenario>-<time>)")
+    s.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
 
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir")
@@ -125,6 +139,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _plugins(host)
     if args.command == "run":
         return _run(host, args)
+    if args.command == "shrink":
+        return _shrink(host, args)
     if args.command == "analyze":
         return _analyze(host, args)
     if args.command == "grade":
@@ -180,6 +196,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     store = Path(args.store) if args.store else default_root()
     codes = []
     run_dirs = []
+    started = time.monotonic()
     for k in range(args.runs):
         s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
         run = Run(host, s, store, replay=replay, keep=args.keep,
@@ -197,9 +214,53 @@ def _run(host: Any, args: argparse.Namespace) -> int:
             print(f"  run directory      {run.dir.path}")
             if report.exists():
                 print(f"  report             {report}")
-    if args.runs > 1:
+        if args.until_fail and codes[-1] == EXIT_FAILED:
+            break
+    if args.until_fail:
+        _until_fail_summary(codes, run_dirs, sc.seed, time.monotonic() - started)
+    elif args.runs > 1:
         _grade_dirs(host, run_dirs, None, engine="stored")
     return max(codes, key=lambda c: (c != 0, c))
+
+
+def _until_fail_summary(codes: list[int], run_dirs: list[Path], seed: int, wall: float) -> None:
+    """Time to detection: how many seeded runs and how much wall time until the first failure."""
+    if codes[-1] == EXIT_FAILED:
+        print(f"\nuntil-fail: first failure at run {len(codes)} (seed {seed + len(codes) - 1}) after {wall:.1f} s "
+              f"of wall time (time to detection); run directory {run_dirs[-1]}")
+    else:
+        print(f"\nuntil-fail: no failure in {len(codes)} run(s) (seeds {seed}..{seed + len(codes) - 1}), "
+              f"{wall:.1f} s of wall time")
+
+
+def _shrink(host: Any, args: argparse.Namespace) -> int:
+    from harness.shrink import PASSES
+    from harness.shrink_run import Shrink, default_out, open_failing
+    from harness.store import default_root
+
+    passes = tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else PASSES
+    unknown = [p for p in passes if p not in PASSES]
+    if unknown:
+        raise BrokerChaosError(f"--passes: unknown {', '.join(unknown)}; use some of {', '.join(PASSES)}")
+    _rd, stored, _results = open_failing(args.run_dir)
+    store = Path(args.store) if args.store else default_root()
+    out = Path(args.out) if args.out else default_out(store, stored["scenario"]["name"])
+    job = Shrink(host, args.run_dir, out, trials=args.trials, budget_s=args.budget * 60, passes=passes)
+    try:
+        best = job.run()
+    except KeyboardInterrupt:
+        print(f"brokerchaos: interrupted; the best schedule so far is in {out / 'shrunk.yaml'}", file=sys.stderr)
+        return 130
+    how = {"complete": "search complete", "budget": "time budget spent"}[job.finished or "complete"]
+    print(f"\n{how}: {len(job.original.steps)} -> {len(best.steps)} fault action(s) in {job.elapsed:.0f} s, "
+          f"{len(job.candidates)} candidates, {sum(len(c.trials) for c in job.candidates)} trials")
+    print(f"  original   {job.original.describe()}")
+    print(f"  minimal    {best.describe()}")
+    print(f"  scenario   {out / 'shrunk.yaml'}")
+    print(f"  report     {out / 'shrink.html'}")
+    if job.best_run:
+        print(f"  failing    {job.best_run}")
+    return 0
 
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
