@@ -32,6 +32,7 @@ class CorruptFile(NodesFault):
 
     name = "corrupt-file"
     requires = frozenset({"kill"})
+    touches = frozenset({"process", "disk"})
     conformance = ConformanceProbe(params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True)
     params_schema = {"nodes": object, "mode": ("bitflip", "truncate"), "bits": int, "bytes": int, "files": str,
                      "picks": dict}

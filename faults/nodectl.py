@@ -1,5 +1,7 @@
 """`python -m faults.nodectl CMD [--restart-after S] [--torn SEED] [--at T]`: drive the node init from `docker exec`.
 
+`disk add JSON`, `disk clear [ID]` and `disk list` manage the lazy filesystem's disk fault rules.
+
 Prints the init's reply as one JSON line (the harness reads the last line) and exits non-zero
 when the command was refused.
 """
@@ -13,7 +15,7 @@ import sys
 
 from faults.node.wire import ControlError, request
 
-COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume")
+COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume", "disk")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,11 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torn", help="power-loss: keep a seeded random prefix of each file's unsynced bytes")
     p.add_argument("--timeout", type=float, help="stop: SIGTERM grace before SIGKILL")
     p.add_argument("--at", type=float, help="power-loss: cut at this wall-clock time (UNIX seconds)")
+    p.add_argument("rule", nargs="*", help="disk: add JSON | clear [ID] | list (lazyfs disk fault rules)")
     a = p.parse_args(argv)
     req: dict[str, object] = {"cmd": a.cmd}
     for key in ("restart_after", "torn", "timeout", "at"):
         if getattr(a, key) is not None:
             req[key] = getattr(a, key)
+    if a.cmd == "disk":
+        req["line"] = " ".join(a.rule)
+    elif a.rule:
+        p.error(f"{a.cmd} takes no arguments")
     wait = 60.0 + (a.timeout or 30.0)
     try:
         reply = request(a.socket, json.dumps(req), timeout=wait)

@@ -271,6 +271,18 @@ class Node:
             done.update(self._restart_later(restart_after))
             return done
 
+    def disk(self, line: str) -> dict[str, Any]:
+        """Disk fault rules of the lazy filesystem (``add JSON``, ``clear [ID]``, ``list``), while the broker runs."""
+        if self.lazy is None:
+            raise CommandError("disk faults need the data directory on lazyfs (start nodeinit with --lazyfs)")
+        try:
+            fs = self.lazy.command(f"fault {line}")
+        except ControlError as e:
+            raise CommandError(f"lazyfs did not answer: {e}") from None
+        if not fs.get("ok"):
+            raise CommandError(f"lazyfs refused: {fs.get('error')}")
+        return {"lazyfs": fs}
+
     def stop(self, timeout: float | None = None) -> dict[str, Any]:
         with self.lock:
             self._cancel_timer()
@@ -340,13 +352,15 @@ class Node:
                 torn = req.get("torn")
                 body = self.power_loss(None if torn is None else str(torn), _opt_float(req, "restart_after"),
                                        _opt_float(req, "at"))
+            elif cmd == "disk":
+                body = self.disk(str(req.get("line", "")))
             elif cmd == "pause":
                 body = self.pause()
             elif cmd == "resume":
                 body = self.resume()
             else:
                 raise CommandError(
-                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, pause, resume)"
+                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, pause, resume, disk)"
                 )
         except (CommandError, ValueError) as e:
             return {"ok": False, "error": str(e), "started": started, "finished": now_iso()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from faults.corrupt import CorruptFile
+from faults.disk import DISK_FAULTS
 from faults.network import LinkToxic, Partition
 from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause, PowerLoss, RollingRestart, Stop
@@ -14,5 +15,5 @@ from harness import hookimpl
 @hookimpl
 def brokerchaos_register_faults(register: Any) -> None:
     for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated,
-                  CorruptFile):
+                  CorruptFile, *DISK_FAULTS):
         register.add_fault(fault)

@@ -67,6 +67,7 @@ class PowerLossCoordinated(NodesFault):
     name = "power-loss-coordinated"
     requires = frozenset({"power-loss"})
     needs = frozenset({"lazyfs"})
+    touches = frozenset({"process", "disk"})
     conformance = ConformanceProbe(params={"nodes": "all"}, nodes=1, may_lose=True)
     params_schema = {"nodes": object, "torn": bool, "torn_seed": int, "lead": float}
     #: Seconds between sending the cut and the cut itself: covers a slow ``docker exec``.

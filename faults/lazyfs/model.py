@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from faults.lazyfs.diskfaults import DiskFaults
+
 STATE_DIR = ".lazyfs-state"
 UTIME_NOW = -1  # utimensat's special values, once the FUSE glue has decoded them
 UTIME_OMIT = -2
@@ -254,6 +256,10 @@ class LazyState:
         self.root_fd = -1
         self.state_fd = -1
         self.root: Dir
+        #: Disk fault rules (EIO, ENOSPC, slow or lying fsync); they outlive a crash, as a bad disk does.
+        self.disk = DiskFaults()
+        self._names_changed = 0
+        self._path_cache: tuple[int, dict[int, str]] = (-1, {})
         with self.lock:
             self._load()
 
@@ -263,6 +269,7 @@ class LazyState:
         return self.next_ino
 
     def _load(self) -> None:
+        self._names_changed += 1
         self.root_fd = os.open(self.backing, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.root_fd)
@@ -367,6 +374,14 @@ class LazyState:
     def walk_nodes(self) -> Iterator[Node]:
         for _, node in self.walk():
             yield node
+
+    def path_of(self, node: Node) -> str:
+        """The view path of ``node`` for disk rules, cached until the namespace changes."""
+        gen, paths = self._path_cache
+        if gen != self._names_changed:
+            paths = self._paths()
+            self._path_cache = (self._names_changed, paths)
+        return paths.get(node.ino, "<unlinked>")
 
     def _paths(self) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -481,6 +496,7 @@ class LazyState:
                 self._maybe_close(node)
 
     def _add(self, d: Dir, name: str, node: Node) -> None:
+        self._names_changed += 1
         d.entries[name] = node
         node.links += 1
         d.ns_dirty = True
@@ -531,6 +547,7 @@ class LazyState:
             node.ctime = time.time_ns()
 
     def _remove(self, d: Dir, name: str) -> Node:
+        self._names_changed += 1
         node = d.entries.pop(name)
         node.links -= 1
         node.ctime = time.time_ns()
@@ -602,6 +619,8 @@ class LazyState:
             node = self.files.get(fh)
             if node is None:
                 raise _err(errno.EIO, "handle from before a crash")
+            if self.disk:
+                self.disk.on_read(self.path_of(node))
             return node.read(size, off)
 
     def write(self, fh: int, data: bytes, off: int) -> int:
@@ -609,6 +628,8 @@ class LazyState:
             node = self.files.get(fh)
             if node is None:
                 raise _err(errno.EIO, "handle from before a crash")
+            if self.disk:
+                self.disk.on_write(self.path_of(node), len(data))
             node.write(data, off)
             node.mtime = node.ctime = time.time_ns()
             return len(data)
@@ -652,9 +673,23 @@ class LazyState:
 
     def statfs(self) -> dict[str, int]:
         sv = os.statvfs(self.backing)
-        return {k: getattr(sv, k) for k in dir(sv) if k.startswith("f_") and k != "f_fsid"}
+        out = {k: getattr(sv, k) for k in dir(sv) if k.startswith("f_") and k != "f_fsid"}
+        with self.lock:
+            free = self.disk.free_bytes()
+        if free is not None:  # a disk-full rule: df sees only what it leaves
+            out["f_bfree"] = out["f_bavail"] = min(out["f_bavail"], free // max(1, out["f_bsize"]))
+        return out
 
     def fsync(self, path: str | None, fh: int | None) -> None:
+        delay = 0.0
+        if self.disk:
+            with self.lock:
+                node = self._node(path, fh)
+                delay, lie = self.disk.on_fsync(self.path_of(node), node.dirty_bytes if isinstance(node, File) else 0)
+            if lie:
+                return  # reported done, nothing persisted: the writes stay unsynced
+            if delay:
+                time.sleep(delay)  # outside the lock: the control socket still answers
         with self.lock:
             node = self._node(path, fh)
             if isinstance(node, File):

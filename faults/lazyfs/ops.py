@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -136,7 +137,8 @@ class LazyOps(mfusepy.Operations):
 
 
 def run_command(state: LazyState, line: str) -> dict[str, Any]:
-    """The control protocol: `status`, `flush` (alias `checkpoint`), `crash`, `torn SEED`, `ping`."""
+    """The control protocol: `status`, `flush` (alias `checkpoint`), `crash`, `torn SEED`, `ping`, and
+    `fault add JSON` / `fault clear [ID]` / `fault list` for disk fault rules (``diskfaults``)."""
     from faults.node.wire import now_iso
 
     parts = line.split()
@@ -150,14 +152,36 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
         body = state.flush()
     elif cmd == "crash":
         body = state.crash()
+    elif cmd == "fault":
+        return _fault_command(state, line, started)
     elif cmd == "torn":
         if len(args) != 1:
             return {"ok": False, "error": "usage: torn SEED"}
         body = state.torn(args[0])
         body["seed"] = args[0]
     else:
-        return {"ok": False, "error": f"unknown command {cmd!r} (status, flush, crash, torn SEED, ping)"}
+        return {"ok": False, "error": f"unknown command {cmd!r} (status, flush, crash, torn SEED, fault, ping)"}
     return {"ok": True, "command": cmd, "started": started, "finished": now_iso(), **body}
+
+
+def _fault_command(state: LazyState, line: str, started: str) -> dict[str, Any]:
+    from faults.node.wire import now_iso
+
+    parts = line.split(None, 2)
+    sub = parts[1].lower() if len(parts) > 1 else ""
+    try:
+        with state.lock:
+            if sub == "add" and len(parts) == 3:
+                body: dict[str, Any] = {"rule": state.disk.add(json.loads(parts[2]))}
+            elif sub == "clear":
+                body = {"cleared": state.disk.clear(parts[2].strip() if len(parts) == 3 else None)}
+            elif sub == "list":
+                body = {"rules": state.disk.list()}
+            else:
+                return {"ok": False, "error": "usage: fault add JSON | fault clear [ID] | fault list"}
+    except (ValueError, TypeError) as e:
+        return {"ok": False, "error": f"fault {sub}: {e}"}
+    return {"ok": True, "command": f"fault {sub}", "started": started, "finished": now_iso(), **body}
 
 
 def _ts(ts: Any) -> int:

@@ -31,11 +31,12 @@ class LocalNode:
 
 
 class LocalCluster:
-    def __init__(self, inits: dict[str, Init]) -> None:
+    def __init__(self, inits: dict[str, Init], lazyfs: bool = True) -> None:
         self.nodes = {n: LocalNode(n, i) for n, i in inits.items()}
         # One data directory for all, as in a real cluster (where each container has its own).
         dirs = {i.data for i in inits.values()}
-        self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None)
+        self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None,
+                                        lazyfs=lazyfs)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
         for n in nodes:

@@ -1,0 +1,151 @@
+"""Disk faults while the broker runs: EIO, a full disk, slow fsyncs and fsyncs that lie.
+
+Each kind adds a rule to the lazy filesystem under the data directory of the chosen nodes
+(``nodectl disk add``; see ``faults/lazyfs/diskfaults.py`` for what each rule does) and removes
+it at heal. The heal's record carries the rule's final counts: how many reads, writes or fsyncs
+of which files were refused, delayed or lied about, so the history shows what the broker met.
+A broker must either get a clear error (and refuse to confirm what it could not write) or keep
+its promise; the checkers decide. An fsync that lies is the exception on purpose: the broker
+cannot know, so a power cut while the lie holds must cost it the data it was told was durable.
+
+The rules outlive a power cut (the disk is still bad after the reboot) and hold nothing a
+process fault holds, so they combine with kills and power loss in one schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from faults.power import on_each
+from faults.process import nodectl
+from faults.targets import pick_nodes
+from harness import FaultError, ScenarioError
+from harness.spec import Fault, FaultContext
+
+OPS = ("read", "write", "fsync")
+
+
+class _DiskRuleFault(Fault):
+    """One lazyfs disk rule, named by the fault's id, on each chosen node."""
+
+    requires = frozenset({"power-loss"})  # the data directory can sit on the lazy filesystem
+    needs = frozenset({"lazyfs"})
+    #: The lazyfs rule kind this fault adds.
+    rule_kind: ClassVar[str]
+    params_schema: ClassVar[Mapping[str, Any]] = {"nodes": object, "files": str}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        super().resolve(params, nodes, rng)
+        out = dict(params)
+        out["nodes"] = pick_nodes(cls.name, params.get("nodes", "minority"), nodes, rng)
+        out["files"] = str(params.get("files", "*"))
+        return out
+
+    def rule(self) -> dict[str, Any]:
+        """The rule as lazyfs takes it (``id``, ``kind``, ``glob`` and the kind's own fields)."""
+        return {"id": self.fault_id or self.name, "kind": self.rule_kind, "glob": self.params["files"]}
+
+    def _each(self, *args: str) -> dict[str, Any]:
+        nodes = self.ctx.cluster.nodes
+        replies, errors = on_each(list(self.params["nodes"]), lambda n: nodectl(nodes[n], "disk", *args))
+        if errors:
+            raise FaultError(f"{self.name}: nodectl disk {args[0]} failed: "
+                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                             + (f" (done on {', '.join(sorted(replies))})" if replies else ""))
+        return {n: r["lazyfs"] for n, r in replies.items()}
+
+    def apply(self) -> dict[str, Any]:
+        rule = self.rule()
+        done = self._each("add", json.dumps(rule, sort_keys=True))
+        return {"rule": rule, "nodes": {n: r["rule"] for n, r in done.items()}}
+
+    def heal(self) -> dict[str, Any]:
+        """Remove the rule; its final counts say what it did on each node."""
+        done = self._each("clear", self.rule()["id"])
+        return {"nodes": {n: (r["cleared"] or [None])[0] for n, r in done.items()}}
+
+    @classmethod
+    def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
+        """Every disk rule on every node goes (shared by all disk kinds: it runs once)."""
+        if not getattr(ctx.cluster.topology, "lazyfs", False):
+            return None
+        nodes = ctx.cluster.nodes
+        replies, errors = on_each(list(nodes), lambda n: nodectl(nodes[n], "disk", "clear"))
+        if errors:
+            raise FaultError("clearing disk fault rules failed: "
+                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+        cleared = {n: r["lazyfs"]["cleared"] for n, r in replies.items() if r["lazyfs"]["cleared"]}
+        return cleared or None
+
+
+class DiskError(_DiskRuleFault):
+    """EIO on ``ops`` (read, write, fsync; default write and fsync) of the matching files."""
+
+    name = "disk-error"
+    rule_kind = "eio"
+    params_schema = {**_DiskRuleFault.params_schema, "ops": list}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        out = super().resolve(params, nodes, rng)
+        ops = list(params.get("ops", ["write", "fsync"]))
+        bad = [o for o in ops if o not in OPS]
+        if bad or not ops:
+            raise ScenarioError(f"fault {cls.name}: ops {ops!r} must be a non-empty list of {', '.join(OPS)}")
+        out["ops"] = [o for o in OPS if o in ops]
+        return out
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "ops": self.params["ops"]}
+
+
+class DiskFull(_DiskRuleFault):
+    """ENOSPC on writes once ``after_bytes`` more bytes (default 0: at once) reached the matching files."""
+
+    name = "disk-full"
+    rule_kind = "enospc"
+    params_schema = {**_DiskRuleFault.params_schema, "after_bytes": int}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        out = super().resolve(params, nodes, rng)
+        out["after_bytes"] = int(params.get("after_bytes", 0))
+        if out["after_bytes"] < 0:
+            raise ScenarioError(f"fault {cls.name}: after_bytes must not be negative")
+        return out
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "after_bytes": self.params["after_bytes"]}
+
+
+class SlowFsync(_DiskRuleFault):
+    """Every fsync of a matching file or directory waits ``delay_ms`` (default 100) first."""
+
+    name = "slow-fsync"
+    rule_kind = "slow-fsync"
+    params_schema = {**_DiskRuleFault.params_schema, "delay_ms": float}
+
+    @classmethod
+    def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
+        out = super().resolve(params, nodes, rng)
+        out["delay_ms"] = float(params.get("delay_ms", 100.0))
+        if not 0 < out["delay_ms"] <= 60_000:
+            raise ScenarioError(f"fault {cls.name}: delay_ms must be between 0 and 60000")
+        return out
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "delay_ms": self.params["delay_ms"]}
+
+
+class FsyncLie(_DiskRuleFault):
+    """fsync of matching files and directories reports success and persists nothing."""
+
+    name = "fsync-lie"
+    rule_kind = "fsync-lie"
+
+
+DISK_FAULTS: tuple[type[Fault], ...] = (DiskError, DiskFull, SlowFsync, FsyncLie)
