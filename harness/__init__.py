@@ -1,4 +1,4 @@
-"""brokerchaos: the harness. Public names for plugin authors."""
+"""brokerchaos: the harness. Public names for plugin authors: the contract (``harness.spec``) and the errors."""
 
 from __future__ import annotations
 
@@ -14,15 +14,8 @@ from harness.errors import (
     ScenarioError,
     short_error,
 )
-from harness.spec.broker import (
-    BrokerPlugin,
-    ImageRecipe,
-    NodeHandle,
-    NodeInfo,
-    NodeSpec,
-    run_or_fail,
-    wait_until_running,
-)
+from harness.spec import *  # noqa: F403 - the contract, re-exported whole
+from harness.spec import __all__ as _spec_all
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
 
@@ -30,19 +23,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BrokerChaosError",
-    "BrokerPlugin",
     "ClusterError",
     "DockerUnavailable",
     "FaultError",
-    "ImageRecipe",
-    "NodeHandle",
-    "NodeInfo",
-    "NodeSpec",
     "PluginError",
     "PortInUse",
     "ScenarioError",
     "hookimpl",
-    "run_or_fail",
     "short_error",
-    "wait_until_running",
+    *_spec_all,
 ]
