@@ -24,12 +24,14 @@ def setup_logging(cfg: Config) -> None:
     root.addHandler(fh)
 
 
-async def _run(cfg: Config) -> None:
+async def _run(cfg: Config) -> str | None:
+    """Serve until stopped; the reason when the node stopped itself (its store failed), else None."""
     from broker_impl.server import Server
 
     server = Server(cfg)
     await server.start()
     await server.serve_forever()
+    return server.failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from broker_impl.broker import BrokerError
 
     try:
-        asyncio.run(_run(cfg))
+        failure = asyncio.run(_run(cfg))
+        if failure is not None:
+            print(f"broker_impl: stopped: {failure}; restart the node to recover from its disk", file=sys.stderr)
+            return 70
     except BrokerError as exc:
         print(f"broker_impl: cannot start: {exc}", file=sys.stderr)
         return 1

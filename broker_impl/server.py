@@ -55,9 +55,13 @@ class Server:
         self.control_address: str | int = ""
         self._monitor: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._fatal = asyncio.Event()
+        self.failure: str | None = None  # why the node stopped itself (a failed fsync), None if it did not
 
     async def start(self) -> None:
         await self.broker.start()
+        if self.broker.store is not None:
+            self.broker.store.on_failure = self._store_failed
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: AMQPProtocol(self.broker), self.config.host, self.config.port, reuse_address=True
@@ -142,11 +146,23 @@ class Server:
         log.info("node %s stopped", self.config.name)
         self._stopped.set()
 
+    def _store_failed(self, exc: Exception) -> None:
+        """The store lost data it was asked to make durable: stop, so a restart recovers from the disk."""
+        self.failure = str(exc)
+        self._fatal.set()
+
     async def serve_forever(self) -> None:
+        """Run until SIGTERM/SIGINT, or until the store fails (then ``failure`` says why)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutdown requested")
+        waits = [loop.create_task(stop.wait()), loop.create_task(self._fatal.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for t in waits:
+            t.cancel()
+        if self.failure is not None:
+            log.critical("node %s stopping: %s", self.config.name, self.failure)
+        else:
+            log.info("shutdown requested")
         await self.stop()

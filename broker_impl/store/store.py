@@ -26,6 +26,7 @@ import shutil
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,9 @@ class Store:
         self._delivered_dirty: set[str] = set()
         self._last_flush = time.monotonic()
         self._closed = False
+        # Set by the first failed fsync: from then on the store refuses everything (see ``_fsync_failed``).
+        self.failed: StoreError | None = None
+        self.on_failure: Callable[[StoreError], None] | None = None  # the node's reaction: stop and restart
         self.checkpoint = 0
         self.stats = {"log_fsyncs": 0, "appends": 0, "read_errors": 0, "segments_deleted": 0}
         self.recovery_report = RecoveryReport(True, 0, 0)
@@ -293,7 +297,9 @@ class Store:
 
     async def flush(self) -> None:
         """fsync the commit log up to what is written now (off the event loop)."""
+        self._check_open()
         async with self._flush_lock:
+            self._check_open()
             target, fds = self.log.take_dirty()
             if target <= self.log.flushed:
                 return
@@ -301,7 +307,8 @@ class Store:
             try:
                 await loop.run_in_executor(self._pool, _fsync_all, fds)
             except OSError as e:
-                raise StoreError(f"commit log fsync failed: {e}") from e
+                raise self._fsync_failed(f"commit log fsync failed ({e}); offsets {self.log.flushed}..{target} "
+                                         "may not be on disk") from e
             self.stats["log_fsyncs"] += 1
             self.log.flushed = max(self.log.flushed, target)
             self._last_flush = time.monotonic()
@@ -342,16 +349,16 @@ class Store:
             if dirty >= self.config.flush_min_pages * 4096 or (dirty and overdue):
                 try:
                     await self.flush()
-                except StoreError as e:
-                    log.error("%s", e)
+                except StoreError:
+                    return  # fatal: ``_fsync_failed`` logged it and told the node
 
     async def _checkpointer(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
             try:
                 await self.write_checkpoint()
-            except OSError as e:
-                log.error("checkpoint failed: %s", e)
+            except StoreError:
+                return  # fatal: ``_fsync_failed`` logged it and told the node
 
     async def write_checkpoint(self) -> None:
         """fsync consume queues and ack logs, then record how far the log is known durable."""
@@ -364,16 +371,20 @@ class Store:
             if q.progress.dirty:
                 fds.append(q.progress.fileno())
                 q.progress.dirty = False
-        await loop.run_in_executor(self._pool, _fsync_all, fds)
-        if durable != self.checkpoint:
-            await loop.run_in_executor(self._pool, self._write_checkpoint, durable)
-            self.checkpoint = durable
-        for q in list(self.queues.values()):
-            if q.progress.wants_compaction():
-                snap = q.progress.compact_begin()
-                await loop.run_in_executor(self._pool, _write_synced, q.progress.compact_path, snap)
-                if self.queues.get(q.name) is q:
-                    q.progress.compact_finish()
+        self._check_open()
+        try:
+            await loop.run_in_executor(self._pool, _fsync_all, fds)
+            if durable != self.checkpoint:
+                await loop.run_in_executor(self._pool, self._write_checkpoint, durable)
+                self.checkpoint = durable
+            for q in list(self.queues.values()):
+                if q.progress.wants_compaction():
+                    snap = q.progress.compact_begin()
+                    await loop.run_in_executor(self._pool, _write_synced, q.progress.compact_path, snap)
+                    if self.queues.get(q.name) is q:
+                        q.progress.compact_finish()
+        except OSError as e:
+            raise self._fsync_failed(f"checkpoint failed ({e}): consume queues and acks may not be on disk") from e
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -407,8 +418,31 @@ class Store:
     # -- closing ----------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self.failed is not None:
+            raise self.failed
         if self._closed:
             raise StoreError("the store is closed")
+
+    def _fsync_failed(self, what: str) -> StoreError:
+        """A failed fsync is fatal for the data it covered: never retried, never covered by a later one.
+
+        Linux reports a writeback error to one fsync and may mark the failed pages
+        clean, so a later fsync "succeeds" without the bytes being on disk
+        (PostgreSQL's "fsyncgate", 2018). As PostgreSQL now does (PANIC, then redo from
+        its log), the store stops: every waiting and later confirm fails, ``close``
+        leaves the abort marker, and the node restarts to recover from what the disk
+        really holds.
+        """
+        if self.failed is None:
+            self.failed = StoreError(f"{what}; the store refuses further work until the node restarts")
+            log.critical("%s", self.failed)
+            waiters, self._waiters = self._waiters, []
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(self.failed)
+            if self.on_failure is not None:
+                self.on_failure(self.failed)
+        return self.failed
 
     async def close(self) -> None:
         """Flush everything, write the checkpoint, remove the abort marker (a clean shutdown)."""
@@ -417,6 +451,9 @@ class Store:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.failed is not None:
+            self.abandon()  # no clean shutdown after a failed fsync: the abort marker makes recovery rescan
+            return
         await self.flush()
         await self.write_checkpoint()
         self._closed = True
