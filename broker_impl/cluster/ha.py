@@ -4,9 +4,10 @@ The copies themselves are ``mirror``'s (``MirrorMasterBQ`` on the master,
 ``Mirror`` on the others). Here: the nodes that should hold a mirror by the
 policy's ha-mode and who is up (checked every tick and on every membership
 change), restarting mirrors that left the ring; the master's direct messages to
-a mirror node (start, stop); promotion of the oldest live mirror one tick after
-its master is seen down (by ha-promote-on-failure, or -on-shutdown when the
-master said goodbye), waiting for GM to repair the ring first; ``sync_queue``;
+a mirror node (start, stop); promotion one tick after a master is seen down (the
+oldest live in-sync mirror, else by ha-promote-on-failure, or -on-shutdown when
+the master said goodbye: see ``promotion_candidate``), waiting for GM to repair
+the ring first; ``sync_queue``;
 and the per-queue view the admin CLI shows (``queue_info``, ``queue_counts``).
 """
 
@@ -30,6 +31,28 @@ if TYPE_CHECKING:
     from broker_impl.cluster.node import ClusterNode
 
 log = logging.getLogger("broker_impl.cluster")
+
+
+def promotion_candidate(alive: list[str], synced: set[str], rule: str) -> str | None:
+    """Which live mirror (``alive`` in join order, oldest first) takes over a queue whose master is gone.
+
+    The oldest live mirror that is in sync; without one, ``always`` takes the
+    oldest live mirror (what only the master held is lost) and ``when-synced``
+    nobody (the queue waits for its master). RabbitMQ's documentation promises
+    exactly this ("an unsynchronised mirror will not be promoted" with
+    when-synced); its 3.x code (``rabbit_mirror_queue_misc:remove_from_queue``)
+    always takes the oldest live mirror and lets when-synced refuse only when no
+    mirror at all is in sync, which loses messages when the oldest mirror is the
+    unsynchronised one and a younger one is in sync. This broker keeps the
+    documented promise under both rules. Every node computes the same answer from
+    the queue's record (its mirrors in join order and the in-sync ones).
+    """
+    for node in alive:
+        if node in synced:
+            return node
+    if rule == "always" and alive:
+        return alive[0]
+    return None
 
 
 class Mirroring:
@@ -199,18 +222,24 @@ class Mirroring:
             return
         order = [n for n in data.get("mirrors", []) if n != dead]
         alive = [n for n in order if n == self.me or self.transport.is_up(n)]
-        if not alive or alive[0] != self.me:
-            log.info("queue %r: master %s gone; the oldest live mirror is %s", qname, dead, alive[0] if alive else None)
-            return
         vh = self.broker.vhosts.get(vname)
         policy = self.broker.effective_policy(vname, qname)
         definition = policy["definition"] if policy else {}
         rule = definition.get("ha-promote-on-shutdown", "when-synced") if shutdown else \
             definition.get("ha-promote-on-failure", "always")
+        chosen = promotion_candidate(alive, set(data.get("synced", [])), rule)
+        key_name = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"
+        if chosen is None:
+            log.warning("queue %r: master %s %s and no live mirror is in sync; not promoting (%s=when-synced)",
+                        qname, dead, "stopped" if shutdown else "died", key_name)
+            return
+        if chosen != self.me:
+            log.info("queue %r: master %s gone; live mirrors %s, in sync %s: %s takes over", qname, dead, alive,
+                     data.get("synced", []), chosen)
+            return
         if rule == "when-synced" and not m.synced:
             log.warning("queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
-                        qname, dead, "stopped" if shutdown else "died",
-                        "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure")
+                        qname, dead, "stopped" if shutdown else "died", key_name)
             return
         if vh is None:
             return
