@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.errors import ClusterError, DockerUnavailable, PortInUse, short_error
+from harness.images import FAKETIME_LIB
 from harness.progress import say
 from harness.proxies import ProxySpec, ToxiproxyServer, client_proxy_port, peer_address
 from harness.spec.broker import BrokerPlugin, NodeInfo
+from harness.spec.fault import FAKETIME_FILE
 
 PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
@@ -47,6 +49,11 @@ OWNER_HOST_LABEL = "brokerchaos.owner.host"
 OWNER_PIDNS_LABEL = "brokerchaos.owner.pidns"  # pids mean something only inside one pid namespace
 TOXIPROXY_API_PORT = 8474
 LAZYFS_BACKING = "/var/lib/brokerchaos/backing"
+#: The broker's own environment under the ``faketime`` host feature: libfaketime reads its
+#: wall-clock offset from the control file, at most once a second (re-reading it on every
+#: call costs about 40 us per ``time.time()``), and leaves CLOCK_MONOTONIC alone.
+FAKETIME_ENV = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": FAKETIME_FILE,
+                "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def docker_client():  # type: ignore[no-untyped-def]
@@ -194,6 +201,7 @@ class Topology:
     client_port: int
     data_dir: str
     lazyfs: bool
+    faketime: bool = False
 
     def container(self, node: str, role: str) -> ContainerSpec:
         for c in self.containers:
@@ -203,7 +211,7 @@ class Topology:
 
 
 def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: Mapping[str, Any],
-                   broker_image: str, proxy_image: str, lazyfs: bool = False,
+                   broker_image: str, proxy_image: str, lazyfs: bool = False, faketime: bool = False,
                    host_ports: Mapping[str, int] | None = None,
                    api_host_ports: Mapping[str, int] | None = None) -> Topology:
     """The containers, volumes and proxies of one cluster."""
@@ -233,6 +241,7 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
             hostname=name,
             extra_hosts={peer: peer_address(names.index(peer) + 1) for peer in peers},
             ports={cport: (host_ports or {}).get(name), TOXIPROXY_API_PORT: (api_host_ports or {}).get(name)},
+            cap_add=("NET_ADMIN",),  # packet faults: tc and nft in the node's network namespace
             labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
         ))
         spec = plugin.node_spec(NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings))
@@ -247,15 +256,17 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
             devices = ("/dev/fuse:/dev/fuse:rwm",)
             caps = ("SYS_ADMIN",)
             sec = ("apparmor:unconfined",)
+        # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
+        clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if faketime else []
         containers.append(ContainerSpec(
             name=f"{sidecar}-broker", service=f"{name}-broker", role="broker", node=name, image=broker_image,
-            command=[*init, "--", *spec.command], env=dict(spec.env), network_of=sidecar,
+            command=[*init, "--", *clock, *spec.command], env=dict(spec.env), network_of=sidecar,
             volumes={f"{run_id}-{name}-data": volume_mount}, files=dict(spec.files),
             devices=devices, cap_add=caps, security_opt=sec,
             labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
         ))
     return Topology(run_id=run_id, network=run_id, nodes=names, containers=tuple(containers), proxies=proxies,
-                    client_port=plugin.client_port, data_dir=plugin.data_dir, lazyfs=lazyfs)
+                    client_port=plugin.client_port, data_dir=plugin.data_dir, lazyfs=lazyfs, faketime=faketime)
 
 
 class Node:

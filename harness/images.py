@@ -10,7 +10,10 @@ image is skipped:
 2. ``brokerchaos/<plugin>:<hash>`` -- Python wheels fetched on the host with
    ``pip download`` and installed offline, the node tooling (``faults.nodeinit``,
    ``faults.lazyfs``) and the plugin's files.
-3. ``brokerchaos/toxiproxy:<hash>`` -- the Toxiproxy-API server binary built with cargo.
+3. ``brokerchaos/toxiproxy:<hash>`` -- the Toxiproxy-API server binary built with cargo,
+   on a root filesystem that also has ``nftables`` (packet faults in the sidecar).
+4. ``<plugin image>-faketime:<hash>`` -- only for runs that need the ``faketime`` host
+   feature: the plugin's image plus libfaketime, so no other image changes for it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from harness.errors import ImageError
 from harness.progress import say
 from harness.spec.broker import ImageRecipe
+from harness.spec.fault import FAKETIME_FILE
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -41,6 +45,14 @@ CACHE = Path(os.environ.get("BROKERCHAOS_CACHE", Path.home() / ".cache" / "broke
 LABEL = "brokerchaos.recipe"
 TOXIPROXY_CRATE = REPO / "tools" / "toxiproxy-server"
 TOXIPROXY_BIN = "brokerchaos-toxiproxy"
+#: Packages of the sidecar's root filesystem beyond the base ones (``tc`` is in iproute2).
+SIDECAR_PACKAGES = ("nftables",)
+#: libfaketime comes from the PyPI package ``libfaketime``, which vendors libfaketime 0.9.12:
+#: Debian bookworm's 0.9.10 fails every CLOCK_MONOTONIC ``clock_nanosleep`` (Python's
+#: ``time.sleep``) with EINVAL when ``FAKETIME_DONT_FAKE_MONOTONIC=1``, and a fake clock must
+#: leave the monotonic clock alone (a real clock error never moves it).
+FAKETIME_WHEEL = "libfaketime==3.0.1"
+FAKETIME_LIB = "/usr/local/lib/brokerchaos/libfaketime.so.1"
 
 
 def _digest(*parts: bytes | str) -> str:
@@ -191,9 +203,35 @@ class ImageBuilder:
         self.client.images.get(tag).tag(repo, "latest")
         return tag
 
+    def faketime_image(self, node_tag: str) -> str:
+        """A node image plus libfaketime and its control file (offset +0), for clock faults.
+
+        The library is preloaded into the broker's process only (``harness.cluster``), never
+        into the container's other processes; the control file is world-readable so a broker
+        running as its own user reads it.
+        """
+        wheel_dir = self.wheels((FAKETIME_WHEEL,))
+        lib_dir = "/usr/local/lib/python3.11/dist-packages/libfaketime/vendor/libfaketime/src"
+        dockerfile = (
+            f"FROM {node_tag}\nCOPY wheels /tmp/wheels\n"
+            "RUN python3 -m pip install --no-index --no-cache-dir --no-deps --break-system-packages "
+            "/tmp/wheels/*.whl && rm -rf /tmp/wheels"
+            f" && mkdir -p {Path(FAKETIME_LIB).parent} {Path(FAKETIME_FILE).parent}"
+            f" && ln -sf {lib_dir}/libfaketime.so.1 {FAKETIME_LIB} && test -f {FAKETIME_LIB}"
+            f" && echo +0 > {FAKETIME_FILE} && chmod 0755 {Path(FAKETIME_FILE).parent} && chmod 0644 {FAKETIME_FILE}\n"
+        )
+        repo = node_tag.rsplit(":", 1)[0]
+        tag = f"{repo}-faketime:{_digest(dockerfile, _tree_digest([wheel_dir]))}"
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+        else:
+            say("images", f"building {tag}")
+            self._build(tag, dockerfile, {"wheels": wheel_dir})
+        return tag
+
     def toxiproxy_image(self) -> str:
         binary = self.toxiproxy_binary()
-        base = self.rootfs()
+        base = self.rootfs(SIDECAR_PACKAGES)
         dockerfile = (f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
                       f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n')
         tag = f"brokerchaos/toxiproxy:{_digest(dockerfile, _tree_digest([binary]))}"

@@ -66,6 +66,7 @@ class Run:
                 raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare {cap!r}, which "
                                        f"{feature} needs: {HOST_FEATURES[feature].description}")
         self.lazyfs = "lazyfs" in self.features
+        self.faketime = "faketime" in self.features
         self.checkers = checkers or scenario.checkers or host.registry.default_checkers()
         for name in self.checkers:
             host.checker(name)
@@ -91,7 +92,7 @@ class Run:
             "scenario": self.scenario.to_dict(), "seed": self.scenario.seed, "run_id": self.id,
             "broker": {"plugin": self.plugin.name, "version": self.plugin.version, "settings": self.settings,
                        "capabilities": sorted(self.plugin.capabilities)},
-            "plan": self.plan.to_list(), "lazyfs": self.lazyfs,
+            "plan": self.plan.to_list(), "lazyfs": self.lazyfs, "faketime": self.faketime,
             "plugins": self.host.describe(),
         })
         self.host.run_started(self)
@@ -103,7 +104,7 @@ class Run:
             images = self._phase("images", lambda: self._images(client))
             topology = build_topology(self.plugin, run_id=self.id, nodes=len(self.nodes), settings=self.settings,
                                       broker_image=images["broker"], proxy_image=images["toxiproxy"],
-                                      lazyfs=self.lazyfs, host_ports=self.client_ports)
+                                      lazyfs=self.lazyfs, faketime=self.faketime, host_ports=self.client_ports)
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
                 try:
                     self._phase("cluster", cluster.start)
@@ -140,7 +141,7 @@ class Run:
     def _images(self, client: Any) -> dict[str, str]:
         if not self.build_images:
             raise BrokerChaosError("images are not built: run `brokerchaos images build` first")
-        return build_images(client, self.plugin)
+        return build_images(client, self.plugin, faketime=self.faketime)
 
     def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
         w = self.scenario.workload
@@ -183,10 +184,14 @@ class Run:
         return render_report(self.host, self.dir, results)
 
 
-def build_images(client: Any, plugin: Any) -> dict[str, str]:
-    """The broker's node image and the Toxiproxy sidecar image, built if missing (offline)."""
+def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[str, str]:
+    """The broker's node image (with libfaketime under the ``faketime`` feature) and the
+    Toxiproxy sidecar image, built if missing (offline)."""
     builder = ImageBuilder(client)
-    return {"broker": builder.node_image(plugin.image()), "toxiproxy": builder.toxiproxy_image()}
+    broker = builder.node_image(plugin.image())
+    if faketime:
+        broker = builder.faketime_image(broker)
+    return {"broker": broker, "toxiproxy": builder.toxiproxy_image()}
 
 
 def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
@@ -271,9 +276,11 @@ def _check_replay(replay: Plan, faults: Any, capabilities: frozenset[str], nodes
         missing = faults[step.kind].requires - capabilities
         if missing:
             raise BrokerChaosError(f"replay: fault {step.kind!r} needs broker capabilities {sorted(missing)}")
-        node = step.params.get("node")
-        if node is not None and node not in nodes:
-            raise BrokerChaosError(f"replay: fault {step.fault_id} targets node {node!r}, not one of {nodes}")
+        named = step.params.get("nodes")
+        targets = [step.params.get("node")] + (list(named) if isinstance(named, list) else [])
+        for node in targets:
+            if node is not None and node not in nodes:
+                raise BrokerChaosError(f"replay: fault {step.fault_id} targets node {node!r}, not one of {nodes}")
 
 
 def _log_to(path: Path) -> logging.Handler:
@@ -338,15 +345,15 @@ def execute(host: Host, scenario: Scenario, store: Path, *, checkers: tuple[str,
 
 @contextlib.contextmanager
 def running_cluster(host: Host, scenario: Scenario, *, keep: bool = False,
-                    collect_to: Path | None = None) -> Iterator[Any]:
+                    collect_to: Path | None = None, faketime: bool = False) -> Iterator[Any]:
     """A started ``harness.cluster.Cluster`` for a scenario's broker, no workload; always torn down."""
     plugin = host.broker(scenario.broker.plugin)
     settings = plugin.validate_settings(scenario.broker.settings)
     client = docker_client()
-    images = build_images(client, plugin)
+    images = build_images(client, plugin, faketime=faketime)
     topology = build_topology(plugin, run_id=f"bc-{secrets.token_hex(3)}", nodes=scenario.broker.nodes,
                               settings=settings, broker_image=images["broker"], proxy_image=images["toxiproxy"],
-                              lazyfs=scenario.broker.lazyfs)
+                              lazyfs=scenario.broker.lazyfs, faketime=faketime)
     with Cluster(client, topology, plugin, settings, keep=keep) as cluster:
         try:
             cluster.start()

@@ -24,6 +24,8 @@ BASE_CAPABILITIES: dict[str, str] = {
     "pause": "SIGSTOP/SIGCONT of the broker's processes",
     "stop": "graceful stop and start",
     "power-loss": "the data directory can sit on the lazy filesystem",
+    "clock": "the broker's runtime reads the wall clock through libc (time, gettimeofday, clock_gettime), so "
+             "libfaketime preloaded into its processes sets the clock it sees",
     "partition": "inter-node traffic crosses the harness's proxies",
     "mirroring": "queues replicated across nodes (policy settings apply)",
 }

@@ -58,7 +58,7 @@ class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock"})
     client_port = 5672
     peer_ports = (4369, 25671, 25672, 25673)  # epmd, and each node's distribution port
 

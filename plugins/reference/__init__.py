@@ -51,7 +51,7 @@ class ReferenceBroker(BrokerPlugin):
     name = "reference"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock"})
     client_port = 5672
     peer_ports = (25672,)
     data_dir = "/var/lib/brokerchaos/data"

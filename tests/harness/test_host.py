@@ -47,7 +47,7 @@ def test_p_module_loads_alongside_entry_points(fixture_plugins: str) -> None:
         ("broken_import", ["failed to import", "ModuleNotFoundError", "brokerchaos_fixture_missing_dependency"]),
         ("misspelled_hook", ["brokerchaos_register_brokerz", "spec/hooks.py"]),
         ("wrong_argument", ["registry"]),
-        ("unknown_capability", ["teleport", "known: kill"]),
+        ("unknown_capability", ["teleport", "known: clock, kill"]),
         ("relative_data_dir", ["data_dir must be an absolute path"]),
         ("raising_hook", ["brokerchaos_register_checkers raised RuntimeError: checker table is corrupt"]),
     ],
@@ -132,7 +132,7 @@ def test_describe_rows(host: Host) -> None:
     assert SHIPPED <= set(rows)
     assert rows["reference"]["provides"] == ["broker:reference"]
     assert rows["reference"]["capabilities"] == sorted(host.broker("reference").capabilities)
-    assert rows["rabbitmq"]["capabilities"] == ["kill", "mirroring", "partition", "pause", "power-loss", "stop"]
+    assert rows["rabbitmq"]["capabilities"] == ["clock", "kill", "mirroring", "partition", "pause", "power-loss", "stop"]
     assert "fault:partition" in rows["faults"]["provides"]
     assert rows["faults"]["capabilities"] == []
     assert rows["amqp091"]["provides"] == ["client:amqp091"]
