@@ -251,7 +251,8 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"brokerchaos: interrupted; the best schedule so far is in {out / 'shrunk.yaml'}", file=sys.stderr)
         return 130
-    how = {"complete": "search complete", "budget": "time budget spent"}[job.finished or "complete"]
+    how = {"complete": "search complete", "budget": "time budget spent",
+           "stopped": "search stopped early"}[job.finished or "complete"]
     print(f"\n{how}: {len(job.original.steps)} -> {len(best.steps)} fault action(s) in {job.elapsed:.0f} s, "
           f"{len(job.candidates)} candidates, {sum(len(c.trials) for c in job.candidates)} trials")
     print(f"  original   {job.original.describe()}")
@@ -260,6 +261,10 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
     print(f"  report     {out / 'shrink.html'}")
     if job.best_run:
         print(f"  failing    {job.best_run}")
+    if job.stopped:
+        print(f"brokerchaos: shrink stopped early: {job.stopped}; the best schedule so far is in {out / 'shrunk.yaml'}",
+              file=sys.stderr)
+        return EXIT_ERROR
     return 0
 
 

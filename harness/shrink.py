@@ -199,8 +199,12 @@ def named_nodes(s: Schedule, settings: Any) -> set[str]:
 # -- the search ------------------------------------------------------------------------------
 
 
-class OutOfBudget(Exception):
-    """The search's time is spent: it keeps the best schedule it has."""
+class StopSearch(Exception):
+    """The search cannot go on (``str`` says why); it keeps the best schedule it has."""
+
+
+class OutOfBudget(StopSearch):
+    """The search's time is spent."""
 
 
 Test = Callable[[Schedule, str], bool]
@@ -295,8 +299,8 @@ def search(start: Schedule, test: Test, *, passes: Iterable[str] = PASSES, setti
            on_best: Callable[[Schedule], None] | None = None) -> tuple[Schedule, bool]:
     """The smallest failing schedule the passes find from ``start`` (known to fail).
 
-    ``test`` raises OutOfBudget when the time is spent: the best so far is returned with
-    ``complete`` False. Every schedule ``test`` accepts is smaller than the one before, so
+    ``test`` raises StopSearch (e.g. OutOfBudget when the time is spent): the best so far is
+    returned with ``complete`` False. Every schedule ``test`` accepts is smaller than the one before, so
     the best so far is simply the last accepted.
     """
     best = start
@@ -323,6 +327,6 @@ def search(start: Schedule, test: Test, *, passes: Iterable[str] = PASSES, setti
         for name in PASSES:
             if name in wanted:
                 best = steps[name](best, accept)
-    except OutOfBudget:
+    except StopSearch:
         return best, False
     return best, True

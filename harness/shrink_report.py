@@ -27,7 +27,7 @@ def timeline_svg(data: dict[str, Any]) -> str:
     kinds = sorted({s["kind"] for s in original["steps"]} | {s["kind"] for s in best["steps"]})
     color = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(kinds)}
     span = max(original["duration"], best["duration"], 1.0)
-    scale = (WIDTH - LEFT - 20) / span
+    scale = (WIDTH - LEFT - 130) / span  # room on the right for the last labels
 
     def x(t: float) -> float:
         return LEFT + t * scale
@@ -69,9 +69,9 @@ def timeline_svg(data: dict[str, Any]) -> str:
         grid.append(f"<line x1='{x(t):.1f}' x2='{x(t):.1f}' y1='6' y2='{y}' stroke='#eee'/>")
         parts.append(f"<text x='{x(t):.1f}' y='{y + 14}' font-size='11' text-anchor='middle'>{t:g}</text>")
         t += step
-    parts.append(f"<text x='{WIDTH - 10}' y='{y + 14}' font-size='11' text-anchor='end'>seconds from workload start"
-                 "</text>")
-    height = y + 24
+    parts.append(f"<text x='{x(span / 2):.1f}' y='{y + 30}' font-size='11' text-anchor='middle'>"
+                 "seconds from workload start</text>")
+    height = y + 40
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height}' "
             f"font-family='sans-serif' font-size='12'><rect width='100%' height='100%' fill='white'/>"
             + "".join(grid + parts) + "</svg>")
@@ -93,7 +93,7 @@ def _results_block(title: str, r: dict[str, Any] | None, steps: list[dict[str, A
     counts = ", ".join(f"{k} {v:,}" for k, v in r["counts"].items()
                        if k in ("confirmed", "lost", "unexpected", "corrupted"))
     by_fault = "".join(f"<li>{_e(fid)} ({_e(kinds.get(fid, '?'))}): {n:,} of the {r['lost_listed']:,} lost messages "
-                       f"listed were confirmed before or during it</li>" for fid, n in sorted(r["lost_by_fault"].items()))
+                       f"listed were confirmed before it ended</li>" for fid, n in sorted(r["lost_by_fault"].items()))
     rows = "".join(f"<tr><td>{_e(a['fault_kind'])}</td><td>{_e(a['node'])}</td><td>{a['count']:,}</td></tr>"
                    for a in r["attribution"])
     return (f"<h3>{_e(title)}: {_e(r['verdict'])}</h3><p>{_e(r['reason'])}</p><p>{_e(counts)}</p>"
@@ -115,7 +115,8 @@ def render(out: Path, data: dict[str, Any]) -> Path:
                     f"<td>{seconds:.0f}</td><td>{links}</td></tr>")
     orig, best = data["original"], data["best"]
     status = {"complete": "every pass finished", "budget": "stopped at the time budget",
-              "interrupted": "interrupted (Ctrl-C)", None: "in progress"}[data["finished"]]
+              "interrupted": "interrupted (Ctrl-C)", None: "in progress",
+              "stopped": f"stopped early ({data.get('stopped')})"}[data["finished"]]
     body = f"""
 <h1>Shrink of {_e(data['scenario'])} (seed {data['seed']}): {_e(data['loss_class'])}</h1>
 <p>From <code>{_e(data['source'])}</code>. Search {_e(status)} after {data['elapsed_s']:.0f} s:

@@ -33,7 +33,7 @@ from harness.host import Host
 from harness.nemesis import Plan, PlannedFault, plan_from_history
 from harness.progress import say
 from harness.scenario import Scenario, Step
-from harness.shrink import PASSES, OutOfBudget, Schedule, search
+from harness.shrink import PASSES, OutOfBudget, Schedule, StopSearch, search
 from harness.spec.fault import Fault
 from harness.store import RunDir
 
@@ -110,7 +110,8 @@ class Shrink:
         self.candidates: list[Candidate] = []
         self.cache: dict[str, Candidate] = {}
         self.started = 0.0
-        self.finished: str | None = None  # complete | budget | interrupted
+        self.finished: str | None = None  # complete | budget | stopped | interrupted
+        self.stopped: str | None = None  # why the search stopped early, when a candidate could not run
 
     # -- one candidate -------------------------------------------------------------------------
 
@@ -172,6 +173,11 @@ class Shrink:
                 self.best_run = trial.run_dir
                 break
         self.write()
+        if all(t.verdict == "error" for t in cand.trials):
+            # Not evidence either way (an image that does not build, Docker gone): stop rather
+            # than read "could not run" as "does not fail".
+            self.stopped = f"candidate {cand.number} could not run: {cand.trials[-1].error}"
+            raise StopSearch(self.stopped)
         return cand.fails
 
     def on_best(self, s: Schedule) -> None:
@@ -195,7 +201,7 @@ class Shrink:
             best, complete = search(self.original, self.test, passes=self.passes,
                                     settings=self.base.broker.settings, on_best=self.on_best)
             self.best = best
-            self.finished = "complete" if complete else "budget"
+            self.finished = "complete" if complete else ("stopped" if self.stopped else "budget")
         except KeyboardInterrupt:
             self.finished = "interrupted"
             raise
@@ -247,7 +253,7 @@ class Shrink:
                  f"{sum(len(c.trials) for c in self.candidates)} trials, {self.elapsed:.0f} s.",
                  f"# Run it:        brokerchaos run {self.out / 'shrunk.yaml'}"]
         if self.best_run:
-            lines.append(f"# Exact replay:  brokerchaos run --replay {self.best_run} (a failing run of this schedule)")
+            lines.append(f"# Exact replay:  brokerchaos run {self.out / 'shrunk.yaml'} --replay {self.best_run}")
         for p, ok in zip(self.best.steps, exact, strict=True):
             if not ok:
                 lines.append(f"# {p.fault_id}: planning these params may not give back exactly what the run applied "
@@ -265,7 +271,8 @@ class Shrink:
         return {
             "source": str(self.source.path), "loss_class": self.loss_class, "seed": self.base.seed,
             "scenario": self.base.name, "trials_per_candidate": self.trials, "budget_s": self.budget_s,
-            "passes": list(self.passes), "finished": self.finished, "elapsed_s": self.elapsed,
+            "passes": list(self.passes), "finished": self.finished, "stopped": self.stopped,
+            "elapsed_s": self.elapsed,
             "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "original": schedule_dict(self.original), "best": schedule_dict(self.best), "best_run": self.best_run,
             "original_results": _summary(self.original_results), "best_results": _summary(best_results),
