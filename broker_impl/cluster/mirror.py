@@ -7,8 +7,13 @@ to the group: publish, publish_delivered, fetch, ack, requeue, drop, purge,
 delete, with the master's depth after the operation. A mirror (``Mirror``) is
 a member of the group; it replays the master's broadcasts on its own ordinary
 backing queue, one operation at a time, and tells the master, straight over
-the link, the number it reached and whether its depth equals the master's:
-that is what *in sync* means. A publish returns (so the client's confirm goes
+the link, the number it reached and whether it holds what the master holds:
+that is what *in sync* means. Equal depth alone is not the same messages: a
+copy that diverged (a fetch took another message there than on the master) can
+hold as many messages as the master and still lack some of them. So every
+broadcast also carries the master's content fingerprint (the sum of the digests
+of every message it holds, ``Held.fp``), and a mirror is in sync only when its
+depth and its own fingerprint both match. A publish returns (so the client's confirm goes
 out) only once every in-sync mirror has acknowledged it; a mirror
 acknowledges a persistent message after its own store has it on disk. (As in
 RabbitMQ, where mirrors confirm to the channel themselves: GM's own
@@ -63,6 +68,9 @@ log = logging.getLogger("broker_impl.cluster.mirror")
 SYNC_BATCH = 4096
 
 
+FP_MASK = (1 << 64) - 1
+
+
 def digest(m: Message) -> str:
     """Which message a fetch took, comparable across nodes (store ids differ per node)."""
     h = hashlib.blake2b(digest_size=8)
@@ -70,6 +78,11 @@ def digest(m: Message) -> str:
         h.update(len(part).to_bytes(4, "big"))
         h.update(part)
     return h.hexdigest()
+
+
+def fingerprint(m: Message) -> int:
+    """A message's share of a queue's content fingerprint (order-free: the sum of these mod 2**64)."""
+    return int(digest(m), 16)
 
 
 class Held(dict[int, Message]):
@@ -90,15 +103,21 @@ class Held(dict[int, Message]):
         self._ticket_of: dict[int, int] = {}
         self._waiting: dict[int, Message] = {}  # ticket -> message, in ticket order
         self._tickets = 0
+        # the content fingerprint: sum of every held message's ``fingerprint``, kept per entry to subtract it
+        self._fp_of: dict[int, int] = {s: fingerprint(m) for s, m in self.items()}
+        self._fp_waiting: dict[int, int] = {}
+        self.fp = sum(self._fp_of.values()) & FP_MASK
 
     def ticket(self) -> int:
         self._tickets += 1
         return self._tickets
 
-    def wait(self, message: Message) -> int:
+    def wait(self, message: Message, fp: int | None = None) -> int:
         """A publish is starting (call before the backing queue's publish); its ticket."""
         t = self.ticket()
         self._waiting[t] = message
+        f = self._fp_waiting[t] = fingerprint(message) if fp is None else fp
+        self.fp = (self.fp + f) & FP_MASK
         return t
 
     def waiting(self) -> int:
@@ -108,11 +127,17 @@ class Held(dict[int, Message]):
         """A waiting publish returned its seq (a no-op if a fetch told it already, or a purge took it)."""
         message = self._waiting.pop(ticket, None)
         if message is not None:
-            self.add(ticket, seq, message)
+            self._place(ticket, seq, message, self._fp_waiting.pop(ticket))
 
     def add(self, ticket: int, seq: int, message: Message) -> None:
+        f = fingerprint(message)
+        self.fp = (self.fp + f) & FP_MASK
+        self._place(ticket, seq, message, f)
+
+    def _place(self, ticket: int, seq: int, message: Message, fp: int) -> None:
         self[seq] = message
         self._ticket_of[seq] = ticket
+        self._fp_of[seq] = fp
 
     def fetched(self, seq: int, message: Message) -> None:
         """The backing queue handed ``seq`` out: if it was a waiting publish, its seq is known from now on.
@@ -131,21 +156,30 @@ class Held(dict[int, Message]):
             return
         for t in [t for t in self._waiting if t < match]:
             del self._waiting[t]
-        self.add(match, seq, self._waiting.pop(match))
+            self.fp = (self.fp - self._fp_waiting.pop(t)) & FP_MASK
+        self._place(match, seq, self._waiting.pop(match), self._fp_waiting.pop(match))
 
     def clear(self) -> None:
         super().clear()
         self._ticket_of.clear()
         self._waiting.clear()
+        self._fp_of.clear()
+        self._fp_waiting.clear()
+        self.fp = 0
 
     def forget(self, seqs: list[int]) -> None:
         for s in seqs:
             self.pop(s, None)
             self._ticket_of.pop(s, None)
+            f = self._fp_of.pop(s, None)
+            if f is not None:
+                self.fp = (self.fp - f) & FP_MASK
 
     def purge(self, unacked: set[int]) -> None:
         """Every ready message is gone, the waiting publishes with them."""
         self._waiting.clear()
+        self.fp = (self.fp - sum(self._fp_waiting.values())) & FP_MASK
+        self._fp_waiting.clear()
         for s in [s for s in self if s not in unacked]:
             self.forget([s])
 
@@ -222,7 +256,7 @@ class MirrorMasterBQ(BackingQueue):
         self._n += 1
         if self.mirrors:  # a mirror joins from now on, never earlier: nothing to send while there is none
             self.gm.broadcast(({"vh": self.vhost, "q": self.queue, "n": self._n,
-                                "depth": self.inner.depth(), **op}, blob))
+                                "depth": self.inner.depth(), "fp": self.held.fp, **op}, blob))
         return self._n
 
     def _control(self, peer: str, op: str) -> None:
@@ -329,8 +363,10 @@ class MirrorMasterBQ(BackingQueue):
     async def publish(self, message: Message) -> int:
         # Sent before the inner publish, in the same step in which the inner queue gives the
         # message its place: a fetch of it (possible while its fsync is pending) cannot overtake it.
-        n = self._bcast({"op": "pub", "depth": self.inner.depth() + 1}, message.to_bytes())
-        ticket = self.held.wait(message)
+        fp = fingerprint(message)
+        n = self._bcast({"op": "pub", "depth": self.inner.depth() + 1, "fp": (self.held.fp + fp) & FP_MASK},
+                        message.to_bytes())
+        ticket = self.held.wait(message, fp)
         seq = await self.inner.publish(message)
         self.held.placed(ticket, seq)
         await self._confirmed(n)
@@ -499,7 +535,7 @@ class Mirror:
             if self.closed:
                 return
             if self.bq is not None:
-                was, self.synced = self.synced, self.bq.depth() == int(h.get("depth", -1))
+                was, self.synced = self.synced, self.in_sync_with(h)
                 if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.node.me):
                     log.info("mirror of %r (master %s): %s after %s, depth %d here, %s on the master", self.queue,
                              self.master, "in sync" if self.synced else "NOT in sync", h.get("op"),
@@ -508,6 +544,11 @@ class Mirror:
             if pending is not None:
                 pending.add_done_callback(lambda _f: self._flush_acks())
             self._flush_acks()
+
+    def in_sync_with(self, h: dict[str, Any]) -> bool:
+        """The same number of messages as the master after operation ``h``, and the same messages."""
+        assert self.bq is not None
+        return self.bq.depth() == int(h.get("depth", -1)) and int(h.get("fp", -1)) == self.held.fp
 
     def _flush_acks(self) -> None:
         """Acknowledge up to the newest operation whose publishes (and all before) are safe here.

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from broker_impl.backing import make_backing_queue, open_store
-from broker_impl.cluster.mirror import Held
+from broker_impl.cluster.mirror import FP_MASK, Held, fingerprint
 from broker_impl.message import Message
 from tests.broker_impl.cluster.conftest import (
     PERSISTENT,
@@ -413,6 +413,7 @@ async def _snapshot_vs_queue(ops: list[tuple[Any, ...]], data_dir: Path) -> None
             await q.purge()
             held.purge(set(q.unacked()))
     snapshot, unacked = held.snapshot(), q.unacked()
+    assert held.fp == sum(fingerprint(m) for _, m in snapshot) & FP_MASK  # the content fingerprint follows too
     assert sorted(s for s, _ in snapshot if s in unacked) == unacked
     assert [held[s].body for s in unacked] == [m.body for s, m in snapshot if s in unacked]
     ready = []

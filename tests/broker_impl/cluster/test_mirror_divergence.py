@@ -1,0 +1,98 @@
+"""A mirror whose copy diverged from the master's is not in sync, even with the same number of messages.
+
+The literal case: the master holds A and C, the mirror A and B (it got B where
+the master had C). Both hold two messages. The master fetches A then C; the
+mirror's second fetch takes B, the digests differ, it requeues B. "Equal depth"
+calls that mirror in sync, and promotion and confirms would trust a copy that
+lacks C. The mirror here is a real ``Mirror`` replaying the master's operations
+on a real backing queue; only the node around it (GM, links) is a recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pamqp import commands
+
+from broker_impl.cluster.mirror import Mirror, digest
+from broker_impl.message import Message
+
+
+class _Endpoint:
+    ring: list[str] = []
+
+    def join(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, peer: str, msg: dict[str, Any]) -> bool:
+        self.sent.append(msg)
+        return True
+
+
+class _Node:
+    """What a Mirror asks of its node: tasks, a GM endpoint, a link to the master, a broker with no store."""
+
+    me = "n2"
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.mirrors: dict[tuple[str, str], Mirror] = {}
+        self.gm = self
+        self.broker = self
+
+    store = None
+
+    def ram_budget(self) -> int:
+        return 1 << 20
+
+    def endpoint(self, group: str, **_callbacks: Any) -> _Endpoint:
+        return _Endpoint()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        return asyncio.get_running_loop().create_task(coro)
+
+
+def fingerprint(m: Message) -> int:
+    """A message's share of the content fingerprint the master broadcasts (its digest, summed mod 2**64)."""
+    return int(digest(m), 16)
+
+
+def _msg(body: bytes) -> Message:
+    return Message("", "q", commands.Basic.Properties(delivery_mode=1), body)
+
+
+async def _replay() -> list[dict[str, Any]]:
+    node = _Node()
+    mirror = Mirror(node, "/", "q", "n1", False, "g", "n1/m")  # type: ignore[arg-type]
+    a, b, c = _msg(b"A"), _msg(b"B"), _msg(b"C")
+    master_fp = (fingerprint(a) + fingerprint(c)) & ((1 << 64) - 1)  # the master holds A and C
+    ops: list[tuple[dict[str, Any], bytes]] = [
+        ({"op": "start", "n": -1, "depth": -1}, b""),
+        ({"op": "pub", "n": 1, "depth": 1, "fp": fingerprint(a)}, a.to_bytes()),
+        ({"op": "pub", "n": 2, "depth": 2, "fp": master_fp}, b.to_bytes()),  # the mirror got B, the master has C
+        ({"op": "fetch", "n": 3, "depth": 2, "fp": master_fp, "seq": 0, "d": digest(a)}, b""),
+        ({"op": "fetch", "n": 4, "depth": 2, "fp": master_fp, "seq": 1, "d": digest(c)}, b""),  # mismatch: B here
+    ]
+    for batch, last in ((ops[:2], 1), (ops[2:], 4)):  # A alone first (in sync on both sides), then the rest
+        for h, blob in batch:
+            mirror.feed({"vh": "/", "q": "q", **h}, blob)
+        while not any(m.get("n") == last for m in node.transport.sent):
+            await asyncio.sleep(0.005)
+    await mirror.discard()
+    return [m for m in node.transport.sent if m.get("t") == "mq_ack"]
+
+
+def test_a_diverged_mirror_with_the_masters_depth_is_not_in_sync() -> None:
+    acks = asyncio.run(asyncio.wait_for(_replay(), 60))
+    by_n = {m["n"]: m["synced"] for m in acks}
+    assert by_n.get(1) is True  # A on both: in sync
+    assert by_n.get(4) is False, f"diverged copy reported in sync: {acks}"
