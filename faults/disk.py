@@ -104,22 +104,28 @@ class DiskError(_DiskRuleFault):
 
 
 class DiskFull(_DiskRuleFault):
-    """ENOSPC on writes once ``after_bytes`` more bytes (default 0: at once) reached the matching files."""
+    """ENOSPC on writes once ``after_bytes`` more bytes (default 0: at once) reached the matching files.
+
+    ``df`` (default true): free space as ``statfs`` reports it shrinks with the budget, so a broker
+    with a disk alarm can block publishers first; false: only the writes fail (a full partition
+    holding just those files, or a broker that never looks).
+    """
 
     name = "disk-full"
     rule_kind = "enospc"
-    params_schema = {**_DiskRuleFault.params_schema, "after_bytes": int}
+    params_schema = {**_DiskRuleFault.params_schema, "after_bytes": int, "df": bool}
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         out = super().resolve(params, nodes, rng)
         out["after_bytes"] = int(params.get("after_bytes", 0))
+        out["df"] = bool(params.get("df", True))
         if out["after_bytes"] < 0:
             raise ScenarioError(f"fault {cls.name}: after_bytes must not be negative")
         return out
 
     def rule(self) -> dict[str, Any]:
-        return {**super().rule(), "after_bytes": self.params["after_bytes"]}
+        return {**super().rule(), "after_bytes": self.params["after_bytes"], "df": self.params["df"]}
 
 
 class SlowFsync(_DiskRuleFault):

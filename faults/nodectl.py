@@ -15,7 +15,7 @@ import sys
 
 from faults.node.wire import ControlError, request
 
-COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume", "disk")
+COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume", "disk", "sync")
 
 
 def main(argv: list[str] | None = None) -> int:

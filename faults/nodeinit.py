@@ -271,6 +271,16 @@ class Node:
             done.update(self._restart_later(restart_after))
             return done
 
+    def sync(self) -> dict[str, Any]:
+        """Write everything back to the lazy filesystem's disk, like sync(1) (nothing to do without it)."""
+        if self.lazy is None:
+            return {"lazyfs": None}
+        try:
+            fs = self.lazy.command("flush")
+        except ControlError as e:
+            raise CommandError(f"lazyfs did not answer: {e}") from None
+        return {"lazyfs": {"ok": fs.get("ok"), "persisted_bytes": (fs.get("persisted") or {}).get("unsynced_bytes")}}
+
     def disk(self, line: str) -> dict[str, Any]:
         """Disk fault rules of the lazy filesystem (``add JSON``, ``clear [ID]``, ``list``), while the broker runs."""
         if self.lazy is None:
@@ -352,6 +362,8 @@ class Node:
                 torn = req.get("torn")
                 body = self.power_loss(None if torn is None else str(torn), _opt_float(req, "restart_after"),
                                        _opt_float(req, "at"))
+            elif cmd == "sync":
+                body = self.sync()
             elif cmd == "disk":
                 body = self.disk(str(req.get("line", "")))
             elif cmd == "pause":
@@ -360,7 +372,7 @@ class Node:
                 body = self.resume()
             else:
                 raise CommandError(
-                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, pause, resume, disk)"
+                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, pause, resume, disk, sync)"
                 )
         except (CommandError, ValueError) as e:
             return {"ok": False, "error": str(e), "started": started, "finished": now_iso()}
@@ -439,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", help="the broker's data directory")
     p.add_argument("--lazyfs", action="store_true", help="mount lazyfs at --data-dir (power loss possible)")
     p.add_argument("--backing", help="lazyfs backing directory (default: DATA_DIR.backing)")
+    p.add_argument("--lazyfs-names", choices=("strict", "journal"), default="journal",
+                   help="when a file's name is durable: journal (default, as on ext4/xfs: with any fsync) or "
+                        "strict (only with an fsync of its directory)")
     p.add_argument("--control", default=os.environ.get("BROKERCHAOS_NODE_SOCKET", NODE_SOCKET))
     p.add_argument("--lazyfs-control", default=LAZYFS_SOCKET)
     p.add_argument("--log-file", help="also append the broker's output here")
@@ -455,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(a.data_dir, exist_ok=True)
     if a.lazyfs:
         backing = a.backing or a.data_dir.rstrip("/") + ".backing"
-        lazy = LazyMount(backing, a.data_dir, a.lazyfs_control, die_with_parent=True)
+        lazy = LazyMount(backing, a.data_dir, a.lazyfs_control, names=a.lazyfs_names, die_with_parent=True)
         try:
             lazy.start()
         except MountError as e:

@@ -7,7 +7,8 @@ operations:
 - ``eio``: ``read``, ``write`` and/or ``fsync`` of a matching file fail with EIO. A failed fsync
   persists nothing: the file's unsynced writes stay unsynced (a later power cut drops them).
 - ``enospc``: writes to matching files succeed for ``after_bytes`` more bytes, then fail with
-  ENOSPC (disk full); ``statfs`` reports only what is left, so ``df`` sees the disk fill up.
+  ENOSPC (disk full); unless ``df`` is false, ``statfs`` reports only what is left, so a broker
+  that watches its free space (a disk alarm) sees the disk fill up before any write fails.
 - ``slow-fsync``: every fsync of a matching file or directory first waits ``delay_ms``. The
   filesystem serves one request at a time, so meanwhile the node's other file operations wait
   too, like a disk whose queue is stuck behind a flush.
@@ -43,8 +44,11 @@ class Rule:
     ops: tuple[str, ...] = ("fsync",)
     after_bytes: int = 0
     delay_ms: float = 0.0
+    df: bool = True
     hits: int = 0
-    bytes: int = 0  # enospc: bytes let through before the disk filled; fsync-lie: bytes left unsynced
+    bytes: int = 0  # enospc: bytes let through before the disk filled
+    #: fsync-lie: per path, the unsynced bytes its latest lying fsync left behind.
+    lied: dict[str, int] = field(default_factory=dict)
     paths: list[str] = field(default_factory=list)
     first: str | None = None
     last: str | None = None
@@ -66,7 +70,8 @@ class Rule:
         elif kind in ("slow-fsync", "fsync-lie"):
             ops = ("fsync",)
         rule = cls(id=str(spec["id"]), kind=kind, glob=str(spec.get("glob") or "*"), ops=ops,
-                   after_bytes=int(spec.get("after_bytes", 0)), delay_ms=float(spec.get("delay_ms", 0.0)))
+                   after_bytes=int(spec.get("after_bytes", 0)), delay_ms=float(spec.get("delay_ms", 0.0)),
+                   df=bool(spec.get("df", True)))
         if rule.after_bytes < 0 or rule.delay_ms < 0:
             raise ValueError("after_bytes and delay_ms must not be negative")
         return rule
@@ -74,9 +79,8 @@ class Rule:
     def matches(self, op: str, path: str) -> bool:
         return op in self.ops and fnmatch.fnmatchcase(path.lstrip("/"), self.glob)
 
-    def hit(self, path: str, nbytes: int = 0) -> None:
+    def hit(self, path: str) -> None:
         self.hits += 1
-        self.bytes += nbytes
         self.last = now_iso()
         self.first = self.first or self.last
         if path not in self.paths and len(self.paths) < SHOWN_PATHS:
@@ -86,11 +90,11 @@ class Rule:
         out = {"id": self.id, "kind": self.kind, "glob": self.glob, "ops": list(self.ops), "hits": self.hits,
                "paths": list(self.paths), "first_hit": self.first, "last_hit": self.last, "added": self.added}
         if self.kind == "enospc":
-            out.update(after_bytes=self.after_bytes, written_before_full=self.bytes)
+            out.update(after_bytes=self.after_bytes, df=self.df, written_before_full=self.bytes)
         elif self.kind == "slow-fsync":
             out.update(delay_ms=self.delay_ms, delayed_ms_total=round(self.hits * self.delay_ms, 3))
         elif self.kind == "fsync-lie":
-            out.update(unsynced_bytes_lied_about=self.bytes)
+            out.update(unsynced_bytes_lied_about=sum(self.lied.values()))
         return out
 
 
@@ -150,11 +154,12 @@ class DiskFaults:
                 r.hit(path)
                 delay += r.delay_ms / 1000
             elif r.kind == "fsync-lie":
-                r.hit(path, unsynced)
+                r.hit(path)
+                r.lied[path] = unsynced
                 lie = True
         return delay, lie
 
     def free_bytes(self) -> int | None:
         """What an ENOSPC rule leaves of the disk (None: no such rule)."""
-        left = [max(0, r.after_bytes - r.bytes) for r in self.rules.values() if r.kind == "enospc"]
+        left = [max(0, r.after_bytes - r.bytes) for r in self.rules.values() if r.kind == "enospc" and r.df]
         return min(left) if left else None

@@ -28,6 +28,7 @@ from typing import Any
 from faults.lazyfs.diskfaults import DiskFaults
 
 STATE_DIR = ".lazyfs-state"
+NAMES = ("strict", "journal")
 UTIME_NOW = -1  # utimensat's special values, once the FUSE glue has decoded them
 UTIME_OMIT = -2
 
@@ -244,9 +245,15 @@ class File(Node):
 class LazyState:
     """The whole filesystem; every public method takes the lock, so FUSE threads and the control thread mix safely."""
 
-    def __init__(self, backing: str, sync_backing: bool = False) -> None:
+    def __init__(self, backing: str, sync_backing: bool = False, names: str = "strict") -> None:
+        if names not in NAMES:
+            raise ValueError(f"names {names!r}: use one of {', '.join(NAMES)}")
         self.backing = os.path.abspath(backing)
         self.sync_backing = sync_backing
+        #: ``strict``: a name is durable only when its directory is fsynced (POSIX's letter);
+        #: ``journal``: any fsync also commits every name change made so far (ext4/xfs journal).
+        self.names = names
+        self._names_committed = 0
         self.lock = threading.RLock()
         self.next_ino = 1
         self.next_fh = 1
@@ -680,6 +687,17 @@ class LazyState:
             out["f_bfree"] = out["f_bavail"] = min(out["f_bavail"], free // max(1, out["f_bsize"]))
         return out
 
+    def _commit_names(self) -> None:
+        """Every name change so far becomes durable (a journal commit); cheap when there was none."""
+        if self._names_committed != self._names_changed:
+            self._persist_names()
+            self._names_committed = self._names_changed
+
+    def _persist_names(self) -> None:
+        for _, node in list(self.walk()):
+            if isinstance(node, Dir):
+                self._persist_dir(node)
+
     def fsync(self, path: str | None, fh: int | None) -> None:
         delay = 0.0
         if self.disk:
@@ -696,6 +714,8 @@ class LazyState:
                 self._persist_file(node)
             elif isinstance(node, Dir):
                 self._persist_dir(node)
+            if self.names == "journal":
+                self._commit_names()
 
     # ---------------------------------------------------------------- persistence
     def _sync(self, fd: int) -> None:
@@ -870,9 +890,8 @@ class LazyState:
             for f in self._dirty_files():
                 if f.links > 0:
                     self._persist_file(f)
-            for _, node in list(self.walk()):
-                if isinstance(node, Dir):
-                    self._persist_dir(node)
+            self._persist_names()
+            self._names_committed = self._names_changed
             return {"persisted": before}
 
     def _names(self) -> dict[str, tuple[str, int | None]]:

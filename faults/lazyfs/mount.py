@@ -67,6 +67,7 @@ class LazyMount:
         *,
         threads: bool = False,
         sync_backing: bool = False,
+        names: str = "strict",
         flush_on_unmount: bool = True,
         output: IO[Any] | int | None = None,
         die_with_parent: bool = False,
@@ -82,6 +83,8 @@ class LazyMount:
             self.args.append("--threads")
         if sync_backing:
             self.args.append("--sync-backing")
+        if names != "strict":
+            self.args += ["--names", names]
         if not flush_on_unmount:
             self.args.append("--no-flush-on-unmount")
         self.output = output

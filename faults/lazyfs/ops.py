@@ -229,11 +229,12 @@ def serve(
     foreground: bool = True,
     threads: bool = False,
     sync_backing: bool = False,
+    names: str = "strict",
     flush_on_unmount: bool = True,
     debug: bool = False,
 ) -> None:
     """Mount and block until unmounted (SIGTERM/SIGINT or `fusermount3 -u` end it cleanly)."""
-    state = LazyState(backing, sync_backing=sync_backing)
+    state = LazyState(backing, sync_backing=sync_backing, names=names)
     ops = LazyOps(state, control, flush_on_unmount)
     opts: dict[str, Any] = {
         "fsname": "lazyfs",

@@ -23,7 +23,8 @@ def test_resolve_is_concrete_and_checked() -> None:
     assert len(p["nodes"]) == 1 and p["files"] == "*" and p["ops"] == ["write", "fsync"]
     assert DiskError.resolve(p, N3, random.Random(9)) == p
     assert DiskError.resolve({"ops": ["fsync", "read"]}, N3, random.Random(2))["ops"] == ["read", "fsync"]
-    assert DiskFull.resolve({"nodes": "all"}, N3, random.Random(1)) == {"nodes": N3, "files": "*", "after_bytes": 0}
+    assert DiskFull.resolve({"nodes": "all"}, N3, random.Random(1)) == {"nodes": N3, "files": "*", "after_bytes": 0,
+                                                                            "df": True}
     assert SlowFsync.resolve({"delay_ms": 50}, N3, random.Random(1))["delay_ms"] == 50.0
     assert FsyncLie.resolve({"nodes": ["n2"], "files": "store/*"}, N3, random.Random(1)) == {
         "nodes": ["n2"], "files": "store/*"}
@@ -74,4 +75,16 @@ def test_lie_then_power_loss_drops_what_fsync_acknowledged(node: dict[str, Init]
     cleared = FsyncLie.heal_all(ctx)
     assert cleared is not None and cleared["n1"][0]["id"] == "f2" and cleared["n1"][0]["hits"] >= 1
     assert cleared["n1"][0]["unsynced_bytes_lied_about"] >= len(b"boot\n")
+    init.ctl("start")
+
+
+@pytest.mark.timeout(120)
+def test_sync_writes_everything_back(node: dict[str, Init]) -> None:
+    init = node["n1"]
+    wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
+    assert init.ctl("sync")["lazyfs"]["persisted_bytes"] > 0
+    init.ctl("crash")
+    before = init.log()
+    assert init.ctl("power-loss")["lazyfs"]["dropped_bytes"] < len(before)  # only what came after the sync
+    assert before.startswith(init.log()) and init.log().count(b"tick") >= 3
     init.ctl("start")

@@ -87,6 +87,12 @@ def test_disk_full_after_a_budget_and_df_shows_it(lazy: LazyMount) -> None:
     done = clear(lazy, "full")
     assert done["written_before_full"] == 1000 and done["hits"] == 1
     os.write(fd, b"d" * 5000)
+    rule(lazy, id="quiet", kind="enospc", after_bytes=0, df=False)
+    st = os.statvfs(m)
+    assert st.f_bavail * st.f_bsize > 1000  # df does not show it, the write still fails
+    with pytest.raises(OSError) as e:
+        os.write(fd, b"e")
+    assert e.value.errno == errno.ENOSPC
     os.close(fd)
 
 

@@ -111,3 +111,15 @@ def test_cut_on_two_of_three_nodes_at_one_instant(three_inits: dict[str, Init]) 
     for n in N3:
         assert three_inits[n].ctl("status")["state"] == "running"
     assert three_inits["n1"].log().count(b"boot") == 2
+
+
+def test_a_replay_naming_nodes_the_cluster_lacks_is_refused() -> None:
+    from harness.errors import BrokerChaosError
+    from harness.nemesis import Plan, PlannedFault
+    from harness.runner import _check_replay
+
+    faults = {"power-loss-coordinated": PowerLossCoordinated}
+    stored = Plan([PlannedFault("f1", 5.0, 2.0, "power-loss-coordinated", {"nodes": ["n1", "n5"], "lead": 1.0})])
+    with pytest.raises(BrokerChaosError, match="targets node 'n5'"):
+        _check_replay(stored, faults, frozenset({"power-loss"}), N3)
+    _check_replay(stored, faults, frozenset({"power-loss"}), N5)

@@ -1,0 +1,46 @@
+"""When names become durable: strictly with their directory's fsync, or with any fsync (a journal commit)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+from faults.lazyfs import LazyMount, fuse_available
+
+REASON = fuse_available()
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}"), pytest.mark.timeout(120)]
+
+
+def _scenario(names: str) -> dict[str, bytes | None]:
+    """mkdir + create + write + fsync(file) with no directory fsync; a second file never fsynced."""
+    with tempfile.TemporaryDirectory(prefix="lzj") as tmp, \
+            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz:
+        m = lz.mountpoint
+        os.mkdir(f"{m}/sub")
+        other = os.open(f"{m}/sub/other", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(other, b"never fsynced")
+        fd = os.open(f"{m}/sub/wal", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"record")
+        os.fsync(fd)
+        os.close(fd)
+        os.close(other)
+        assert lz.command("crash")["ok"]
+        out: dict[str, bytes | None] = {}
+        for name in ("sub/wal", "sub/other"):
+            try:
+                with open(f"{m}/{name}", "rb") as f:
+                    out[name] = f.read()
+            except FileNotFoundError:
+                out[name] = None
+        return out
+
+
+def test_strict_names_need_the_directory_fsync() -> None:
+    assert _scenario("strict") == {"sub/wal": None, "sub/other": None}
+
+
+def test_journal_commits_every_name_with_any_fsync() -> None:
+    # The fsynced file is whole; the other one's name came with the commit, its data did not.
+    assert _scenario("journal") == {"sub/wal": b"record", "sub/other": b""}
