@@ -33,8 +33,9 @@ class _DiskRuleFault(Fault):
 
     requires = frozenset({"power-loss"})  # the data directory can sit on the lazy filesystem
     needs = frozenset({"lazyfs"})
-    #: The lazyfs rule kind this fault adds.
+    #: The lazyfs rule kind this fault adds, and the parameters it passes on to the rule.
     rule_kind: ClassVar[str]
+    rule_fields: ClassVar[tuple[str, ...]] = ()
     params_schema: ClassVar[Mapping[str, Any]] = {"nodes": object, "files": str}
 
     @classmethod
@@ -47,7 +48,8 @@ class _DiskRuleFault(Fault):
 
     def rule(self) -> dict[str, Any]:
         """The rule as lazyfs takes it (``id``, ``kind``, ``glob`` and the kind's own fields)."""
-        return {"id": self.fault_id or self.name, "kind": self.rule_kind, "glob": self.params["files"]}
+        return {"id": self.fault_id or self.name, "kind": self.rule_kind, "glob": self.params["files"],
+                **{k: self.params[k] for k in self.rule_fields}}
 
     def _each(self, *args: str) -> dict[str, Any]:
         nodes = self.ctx.cluster.nodes
@@ -87,6 +89,7 @@ class DiskError(_DiskRuleFault):
 
     name = "disk-error"
     rule_kind = "eio"
+    rule_fields = ("ops",)
     params_schema = {**_DiskRuleFault.params_schema, "ops": list}
 
     @classmethod
@@ -99,9 +102,6 @@ class DiskError(_DiskRuleFault):
         out["ops"] = [o for o in OPS if o in ops]
         return out
 
-    def rule(self) -> dict[str, Any]:
-        return {**super().rule(), "ops": self.params["ops"]}
-
 
 class DiskFull(_DiskRuleFault):
     """ENOSPC on writes once ``after_bytes`` more bytes (default 0: at once) reached the matching files.
@@ -113,6 +113,7 @@ class DiskFull(_DiskRuleFault):
 
     name = "disk-full"
     rule_kind = "enospc"
+    rule_fields = ("after_bytes", "df")
     params_schema = {**_DiskRuleFault.params_schema, "after_bytes": int, "df": bool}
 
     @classmethod
@@ -124,15 +125,13 @@ class DiskFull(_DiskRuleFault):
             raise ScenarioError(f"fault {cls.name}: after_bytes must not be negative")
         return out
 
-    def rule(self) -> dict[str, Any]:
-        return {**super().rule(), "after_bytes": self.params["after_bytes"], "df": self.params["df"]}
-
 
 class SlowFsync(_DiskRuleFault):
     """Every fsync of a matching file or directory waits ``delay_ms`` (default 100) first."""
 
     name = "slow-fsync"
     rule_kind = "slow-fsync"
+    rule_fields = ("delay_ms",)
     params_schema = {**_DiskRuleFault.params_schema, "delay_ms": float}
 
     @classmethod
@@ -142,9 +141,6 @@ class SlowFsync(_DiskRuleFault):
         if not 0 < out["delay_ms"] <= 60_000:
             raise ScenarioError(f"fault {cls.name}: delay_ms must be between 0 and 60000")
         return out
-
-    def rule(self) -> dict[str, Any]:
-        return {**super().rule(), "delay_ms": self.params["delay_ms"]}
 
 
 class FsyncLie(_DiskRuleFault):

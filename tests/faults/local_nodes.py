@@ -15,6 +15,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
+
+from faults.lazyfs import fuse_available
 from tests.faults.test_nodeinit import ENV, Init, wait_for
 
 
@@ -46,7 +49,10 @@ class LocalCluster:
 
 @contextmanager
 def local_inits(names: Sequence[str], lazyfs: bool = True) -> Iterator[dict[str, Init]]:
-    """One node init per name, each in its own directory, terminated on exit."""
+    """One node init per name, each in its own directory, terminated on exit (skips without FUSE)."""
+    reason = fuse_available() if lazyfs else None
+    if reason:
+        pytest.skip(f"needs FUSE: {reason}")
     with tempfile.TemporaryDirectory(prefix="lcl") as tmp:
         inits: dict[str, Init] = {}
         try:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from faults.corrupt import CorruptFile
-from faults.lazyfs import fuse_available
 from faults.node.corrupt import candidates, corrupt
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
@@ -87,9 +86,6 @@ def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
 
 @pytest.fixture
 def one_init() -> Iterator[dict[str, Init]]:
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE: {reason}")
     with local_inits(["n1"]) as inits:
         yield inits
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from faults.disk import DiskError, DiskFull, FsyncLie, SlowFsync
-from faults.lazyfs import fuse_available
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
 from tests.faults.local_nodes import LocalCluster, local_inits
@@ -37,9 +36,6 @@ def test_resolve_is_concrete_and_checked() -> None:
 
 @pytest.fixture
 def node() -> Iterator[dict[str, Init]]:
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE: {reason}")
     with local_inits(["n1"]) as inits:
         yield inits
 

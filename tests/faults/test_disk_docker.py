@@ -117,22 +117,16 @@ def test_disk_faults_reach_the_broker(cluster: Any) -> None:
     assert {b for b, _, _ in base + waited} <= kept, "honestly fsynced messages survive"
     assert not kept & {b for b, _, _ in lied}, "every message confirmed under the lie is lost"
 
-    # EIO on the commit log: the broker refuses (or stops), its log names the I/O error.
-    eio = fault(cluster, DiskError, {"nodes": "all", "files": "store/commitlog/*"}, "f4")
-    eio.apply()
-    refused = publish(cluster, "eio", 3)
-    assert refused and all(o != "ack" for _, o, _ in refused), refused
-    assert eio.heal()["nodes"]["n1"]["hits"] >= 1
-    assert "Input/output error" in broker_log(cluster)
-    heal_processes(cluster)
-
-    # A full disk that df does not show (so no disk alarm blocks publishers first): ENOSPC on
-    # the first write, named in the log too.
-    full = fault(cluster, DiskFull, {"nodes": "all", "files": "store/commitlog/*", "df": False}, "f5")
-    full.apply()
-    refused = publish(cluster, "full", 3)
-    assert refused and all(o != "ack" for _, o, _ in refused), refused
-    assert full.heal()["nodes"]["n1"]["hits"] >= 1
-    assert "No space left on device" in broker_log(cluster)
-    heal_processes(cluster)
+    # EIO on the commit log, then a full disk that df does not show (so no disk alarm blocks
+    # publishers first): the broker refuses (or stops), and its own log names the error.
+    for fid, cls, params, error in (
+            ("f4", DiskError, {}, "Input/output error"),
+            ("f5", DiskFull, {"df": False}, "No space left on device")):
+        f = fault(cluster, cls, {"nodes": "all", "files": "store/commitlog/*", **params}, fid)
+        f.apply()
+        refused = publish(cluster, fid, 3)
+        assert refused and all(o != "ack" for _, o, _ in refused), (fid, refused)
+        assert f.heal()["nodes"]["n1"]["hits"] >= 1
+        assert error in broker_log(cluster)
+        heal_processes(cluster)
     assert [o for _, o, _ in publish(cluster, "after", 3)] == ["ack"] * 3

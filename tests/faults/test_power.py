@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from faults.lazyfs import fuse_available
 from faults.power import PowerLossCoordinated
 from faults.process import Kill
 from faults.targets import pick_nodes, share_size
@@ -73,9 +72,6 @@ def test_the_random_nemesis_draws_it_with_concrete_nodes() -> None:
 
 @pytest.fixture
 def three_inits() -> Iterator[dict[str, Init]]:
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE: {reason}")
     with local_inits(N3) as inits:
         yield inits
 
