@@ -168,9 +168,10 @@ def _plugins(host: Any) -> int:
         client = b.protocol if b.protocol in reg.clients else f"{b.protocol} (no client loaded)"
         print(f"  {name:<16} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
     print("\nfaults (broker capabilities they require; host features they need)")
+    width = max([16, *map(len, reg.faults)])
     for name, f in sorted(reg.faults.items()):
         needs = f"; needs {', '.join(sorted(f.needs))}" if f.needs else ""
-        print(f"  {name:<16} requires {', '.join(sorted(f.requires)) or '-'}{needs}")
+        print(f"  {name:<{width}} requires {', '.join(sorted(f.requires)) or '-'}{needs}")
     print("\ncapabilities")
     for name, what in sorted(reg.capabilities.items()):
         print(f"  {name:<16} {what}")
