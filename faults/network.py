@@ -208,7 +208,9 @@ class Partition(_ProxyFault):
 
 
 class LinkToxic(_ProxyFault):
-    """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, slow_close, limit_data.
+    """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, slow_close, limit_data,
+    or reset_peer (each connection reset with a TCP RST ``timeout`` ms after the toxic meets it; every
+    reconnection within the window is reset again).
 
     With the project's Toxiproxy server, a toxic change on a proxy that already
     carries a data-passing toxic (the second stream's toxic on apply, each removal
@@ -219,8 +221,7 @@ class LinkToxic(_ProxyFault):
 
     name = "degrade"
     requires = frozenset({"partition"})
-    # reset_peer is not offered: the noxious library behind the Toxiproxy server lacks it.
-    TYPES = ("latency", "bandwidth", "slicer", "slow_close", "limit_data")
+    TYPES = ("latency", "bandwidth", "slicer", "slow_close", "limit_data", "reset_peer")
     params_schema = {"type": TYPES, "attributes": dict, "node": str, "links": ("peers", "clients", "all"),
                      "stream": ("upstream", "downstream", "both"), "toxicity": float}
 
@@ -230,8 +231,10 @@ class LinkToxic(_ProxyFault):
         kind = params.get("type", "latency")  # values were checked against params_schema above
         defaults = {"latency": {"latency": 200, "jitter": 50}, "bandwidth": {"rate": 64},
                     "slicer": {"average_size": 64, "size_variation": 32, "delay": 1000},
-                    "slow_close": {"delay": 1000}, "limit_data": {"bytes": 4096}}
+                    "slow_close": {"delay": 1000}, "limit_data": {"bytes": 4096}, "reset_peer": {"timeout": 0}}
         node = _member(params.get("node", rng.choice(list(nodes))), nodes, "node", cls.name)
+        if kind == "reset_peer" and float(params.get("toxicity", 1.0)) != 1.0:
+            raise ScenarioError(f"{cls.name}: reset_peer resets every connection; toxicity must be 1")
         return {"type": kind, "attributes": {**defaults[kind], **params.get("attributes", {})}, "node": node,
                 "links": params.get("links", "peers"), "stream": params.get("stream", "both"),
                 "toxicity": float(params.get("toxicity", 1.0))}

@@ -388,10 +388,53 @@ def test_timeout_with_delay_closes_the_connection(toxiproxy: Toxiproxy, upstream
         assert time.monotonic() - started >= 0.15
 
 
-def test_reset_peer_is_refused_as_unsupported(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+def assert_reset(sock: socket.socket) -> None:
+    """The peer sent an RST: a read fails with ECONNRESET (a FIN would read as b"")."""
+    sock.settimeout(10)
+    with pytest.raises(ConnectionResetError):
+        data = sock.recv(1)
+        raise AssertionError(f"expected a reset, got {data!r}")
+
+
+def test_reset_peer_resets_open_and_new_connections_after_its_timeout(
+    toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="rst")
-    with pytest.raises(InvalidToxic, match="reset_peer is not implemented"):
-        proxy.add_toxic(type="reset_peer", attributes={"timeout": 0})
+    open_before = greeted(proxy.listen)
+    proxy.add_toxic(name="rst", type="reset_peer", attributes={"timeout": 0})
+    toxic = proxy.get_toxic("rst")
+    assert (toxic.type, toxic.stream, toxic.attributes, toxic.toxicity) == (
+        "reset_peer", "downstream", {"timeout": 0}, 1.0)
+    assert_reset(open_before)
+    # With a timeout the stream is held (nothing passes) until the reset.
+    proxy.destroy_toxic("rst")
+    proxy.add_toxic(type="reset_peer", attributes={"timeout": 400})
+    assert sorted(proxy.toxics()) == ["reset_peer_downstream"]
+    started = time.monotonic()
+    sock = connect(proxy.listen)
+    assert_stalled(sock, wait=0.1)
+    assert_reset(sock)
+    assert time.monotonic() - started >= 0.35
+    proxy.destroy_toxic("reset_peer_downstream")
+    assert round_trip(greeted(proxy.listen)) >= 0
+
+
+def test_reset_peer_upstream_resets_the_upstream_side(toxiproxy: Toxiproxy, listener: socket.socket) -> None:
+    host, port = listener.getsockname()[:2]
+    proxy = toxiproxy.create(upstream=f"{host}:{port}", name="rst_up")
+    proxy.add_toxic(type="reset_peer", stream="upstream", attributes={"timeout": 0})
+    client = connect(proxy.listen)
+    server_side, _ = listener.accept()
+    with server_side:
+        client.sendall(b"never forwarded")
+        assert_reset(server_side)
+    assert_closed(client)  # the library closes the other side once the upstream socket failed
+
+
+def test_reset_peer_is_refused_below_full_toxicity(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="rst_half")
+    with pytest.raises(InvalidToxic, match="toxicity 1 only"):
+        proxy.add_toxic(type="reset_peer", toxicity=0.5, attributes={"timeout": 0})
     assert proxy.toxics() == {}
 
 

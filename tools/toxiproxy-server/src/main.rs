@@ -7,6 +7,7 @@
 mod api;
 mod error;
 mod fields;
+mod reset;
 mod store;
 mod toxics;
 

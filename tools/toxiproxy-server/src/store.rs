@@ -15,7 +15,8 @@
 
 use crate::error::ApiError;
 use crate::fields;
-use crate::toxics;
+use crate::reset;
+use crate::toxics::{self, ApiToxic};
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener;
@@ -27,6 +28,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 /// How long a stop waits for the library to drop the proxy's client connections.
 const CONNECTION_DRAIN: Duration = Duration::from_secs(2);
@@ -43,13 +45,54 @@ struct Running {
     stopper: Stopper,
     closed: Close,
     info: SharedProxyInfo,
+    /// One watcher per `reset_peer` toxic: its name, what it was started with, its task.
+    resets: BTreeMap<String, (ApiToxic, JoinHandle<()>)>,
+}
+
+impl Running {
+    /// Start a watcher for each `reset_peer` toxic that has none, stop those of toxics
+    /// removed or changed; unchanged ones keep their connections' deadlines.
+    fn sync_resets(&mut self, config: &ProxyConfig, toxics: &[ApiToxic]) {
+        let wanted: BTreeMap<&str, &ApiToxic> = toxics
+            .iter()
+            .filter(|t| t.reset_after_ms.is_some())
+            .map(|t| (t.name(), t))
+            .collect();
+        self.resets.retain(|name, (started, handle)| {
+            let keep = wanted.get(name.as_str()) == Some(&&*started);
+            if !keep {
+                handle.abort();
+            }
+            keep
+        });
+        let listen_port = config
+            .listen
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or(0);
+        for (name, toxic) in wanted {
+            if self.resets.contains_key(name) {
+                continue;
+            }
+            let target = reset::Target {
+                proxy: config.name.clone(),
+                listen_port,
+                upstream: config.upstream.clone(),
+                direction: toxic.toxic.direction,
+                timeout: Duration::from_millis(toxic.reset_after_ms.unwrap_or(0)),
+            };
+            let handle = reset::spawn(self.info.state.clone(), target);
+            self.resets
+                .insert(name.to_owned(), ((*toxic).clone(), handle));
+        }
+    }
 }
 
 /// One proxy: its configuration, its toxics and, while enabled, its task.
 #[derive(Debug)]
 pub struct Proxy {
     config: ProxyConfig,
-    toxics: Vec<Toxic>,
+    toxics: Vec<ApiToxic>,
     running: Option<Running>,
 }
 
@@ -155,10 +198,10 @@ impl Proxy {
         Value::Array(self.toxics.iter().map(toxics::to_json).collect())
     }
 
-    pub fn toxic(&self, name: &str) -> Result<&Toxic, ApiError> {
+    pub fn toxic(&self, name: &str) -> Result<&ApiToxic, ApiError> {
         self.toxics
             .iter()
-            .find(|t| t.name == name)
+            .find(|t| t.name() == name)
             .ok_or_else(ApiError::toxic_not_found)
     }
 
@@ -166,8 +209,8 @@ impl Proxy {
         let of = |direction| {
             self.toxics
                 .iter()
-                .filter(|t| t.direction == direction)
-                .cloned()
+                .filter(|t| t.toxic.direction == direction)
+                .map(|t| t.toxic.clone())
                 .collect()
         };
         Toxics {
@@ -205,13 +248,16 @@ impl Proxy {
             "brokerchaos-toxiproxy: proxy {} listening on {} -> {}",
             config.name, config.listen, config.upstream
         );
-        self.config = config;
-        self.running = Some(Running {
+        let mut running = Running {
             events,
             stopper,
             closed,
             info,
-        });
+            resets: BTreeMap::new(),
+        };
+        running.sync_resets(&config, &self.toxics);
+        self.config = config;
+        self.running = Some(running);
         Ok(())
     }
 
@@ -221,6 +267,9 @@ impl Proxy {
         let Some(running) = self.running.take() else {
             return;
         };
+        for (_, handle) in running.resets.values() {
+            handle.abort();
+        }
         running.stopper.stop();
         let _ = running.closed.recv().await;
         // The library drops each connection's sockets from its own tasks once
@@ -271,6 +320,7 @@ impl Proxy {
                 let chain: Vec<&Toxic> = self
                     .toxics
                     .iter()
+                    .map(|t| &t.toxic)
                     .filter(|t| t.direction == direction)
                     .collect();
                 !chain.is_empty() && !chain.iter().any(discards_all)
@@ -285,7 +335,7 @@ impl Proxy {
     async fn change(
         &mut self,
         kind: ToxicEventKind,
-        edit: impl FnOnce(&mut Vec<Toxic>),
+        edit: impl FnOnce(&mut Vec<ApiToxic>),
     ) -> Result<(), ApiError> {
         if self.running.is_some() && self.rebuild_drops_bytes() {
             eprintln!(
@@ -299,30 +349,29 @@ impl Proxy {
         }
         self.apply(kind).await?;
         edit(&mut self.toxics);
+        if let Some(running) = &mut self.running {
+            running.sync_resets(&self.config, &self.toxics);
+        }
         Ok(())
     }
 
-    pub async fn add_toxic(&mut self, toxic: Toxic) -> Result<&Toxic, ApiError> {
-        if self.toxics.iter().any(|t| t.name == toxic.name) {
+    pub async fn add_toxic(&mut self, toxic: ApiToxic) -> Result<&ApiToxic, ApiError> {
+        if self.toxics.iter().any(|t| t.name() == toxic.name()) {
             return Err(ApiError::toxic_exists());
         }
-        let added = toxic.clone();
-        self.change(ToxicEventKind::AddToxic(toxic), |toxics| toxics.push(added))
-            .await?;
+        let event = ToxicEventKind::AddToxic(toxic.toxic.clone());
+        self.change(event, |toxics| toxics.push(toxic)).await?;
         Ok(self.toxics.last().expect("just pushed"))
     }
 
-    pub async fn update_toxic(&mut self, toxic: Toxic) -> Result<&Toxic, ApiError> {
+    pub async fn update_toxic(&mut self, toxic: ApiToxic) -> Result<&ApiToxic, ApiError> {
         let index = self
             .toxics
             .iter()
-            .position(|t| t.name == toxic.name)
+            .position(|t| t.name() == toxic.name())
             .ok_or_else(ApiError::toxic_not_found)?;
-        let updated = toxic.clone();
-        self.change(ToxicEventKind::UpdateToxic(toxic), |toxics| {
-            toxics[index] = updated
-        })
-        .await?;
+        let event = ToxicEventKind::UpdateToxic(toxic.toxic.clone());
+        self.change(event, |toxics| toxics[index] = toxic).await?;
         Ok(&self.toxics[index])
     }
 
@@ -330,7 +379,7 @@ impl Proxy {
         let index = self
             .toxics
             .iter()
-            .position(|t| t.name == name)
+            .position(|t| t.name() == name)
             .ok_or_else(ApiError::toxic_not_found)?;
         self.change(ToxicEventKind::RemoveToxic(name.to_owned()), |toxics| {
             toxics.remove(index);
@@ -342,7 +391,7 @@ impl Proxy {
     /// only the upstream list and leaves downstream toxics running.
     async fn remove_all_toxics(&mut self) -> Result<(), ApiError> {
         while let Some(toxic) = self.toxics.last() {
-            let name = toxic.name.clone();
+            let name = toxic.name().to_owned();
             self.remove_toxic(&name).await?;
         }
         Ok(())

@@ -5,6 +5,10 @@
 //! and has no `attributes` object for `noop`), so requests and responses go
 //! through this module instead of straight through serde. Toxiproxy fills
 //! absent attributes with zero; so does this module.
+//!
+//! `reset_peer`, which the library lacks, is the library's `timeout` toxic (timeout 0:
+//! hold and discard) plus the server's own reset (`crate::reset`); [`ApiToxic`] keeps
+//! which toxic is which, so the API shows it as Toxiproxy does.
 
 use crate::error::ApiError;
 use crate::fields;
@@ -22,33 +26,76 @@ const KINDS: &[(&str, &[&str])] = &[
     ("limit_data", &["bytes"]),
 ];
 
-/// Toxiproxy toxic types that the library does not implement.
-const UNSUPPORTED: &[&str] = &["reset_peer"];
+const RESET_PEER: &str = "reset_peer";
+
+/// A toxic as the API knows it: what the library runs, and for `reset_peer` the
+/// milliseconds after which the server resets each connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiToxic {
+    pub toxic: Toxic,
+    pub reset_after_ms: Option<u64>,
+}
+
+impl ApiToxic {
+    pub fn name(&self) -> &str {
+        &self.toxic.name
+    }
+}
 
 fn attribute_names(type_name: &str) -> Result<&'static [&'static str], ApiError> {
     if let Some((_, names)) = KINDS.iter().find(|(name, _)| *name == type_name) {
         return Ok(names);
     }
-    if UNSUPPORTED.contains(&type_name) {
-        return Err(ApiError::invalid_toxic_type(format!(
-            "{type_name} is not implemented by the noxious library this server runs on"
-        )));
-    }
     Err(ApiError::invalid_toxic_type(format!("{type_name:?}")))
 }
 
 /// The toxic as Toxiproxy serves it.
-pub fn to_json(toxic: &Toxic) -> Value {
+pub fn to_json(api: &ApiToxic) -> Value {
+    let toxic = &api.toxic;
+    let (type_name, attributes) = match api.reset_after_ms {
+        Some(ms) => (RESET_PEER.to_owned(), serde_json::json!({"timeout": ms})),
+        None => (
+            toxic.kind.get_name().to_owned(),
+            Value::Object(attributes_of(&toxic.kind)),
+        ),
+    };
     let mut out = Map::new();
     out.insert("name".into(), Value::from(toxic.name.clone()));
-    out.insert("type".into(), Value::from(toxic.kind.get_name()));
+    out.insert("type".into(), Value::from(type_name));
     out.insert("stream".into(), Value::from(toxic.direction.to_string()));
     out.insert("toxicity".into(), toxicity_json(toxic.toxicity));
-    out.insert(
-        "attributes".into(),
-        Value::Object(attributes_of(&toxic.kind)),
-    );
+    out.insert("attributes".into(), attributes);
     Value::Object(out)
+}
+
+/// `reset_peer`'s `timeout` attribute: milliseconds, 0 or more.
+fn reset_timeout(attrs: &Map<String, Value>) -> Result<u64, ApiError> {
+    match attrs.get("timeout") {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            ApiError::bad_request_body(format!(
+                "reset_peer timeout must be a whole number of milliseconds >= 0, got {n}"
+            ))
+        }),
+        Some(other) => Err(ApiError::bad_request_body(format!(
+            "reset_peer timeout must be a number, got {other}"
+        ))),
+    }
+}
+
+/// The server resets every connection it sees, so a reset that spares some is not offered.
+fn reset_toxicity(toxicity: f32) -> Result<f32, ApiError> {
+    if toxicity < 1.0 {
+        return Err(ApiError::bad_request_body(
+            "reset_peer supports toxicity 1 only (every connection is reset)",
+        ));
+    }
+    Ok(toxicity)
+}
+
+/// What the library runs for a `reset_peer`: a timeout toxic that holds and discards the stream.
+fn hold_kind() -> ToxicKind {
+    ToxicKind::Timeout { timeout: 0 }
 }
 
 /// Write the `f32` toxicity the way it was given (0.3, not 0.30000001192092896),
@@ -136,7 +183,7 @@ fn toxicity_field(body: &Map<String, Value>, default: f32) -> Result<f32, ApiErr
 }
 
 /// A new toxic from a `POST /proxies/{proxy}/toxics` body, with Toxiproxy's defaults.
-pub fn parse_new(body: Value) -> Result<Toxic, ApiError> {
+pub fn parse_new(body: Value) -> Result<ApiToxic, ApiError> {
     let body = fields::object(&body)?;
     let stream = fields::string(body, "stream")?.unwrap_or_else(|| "downstream".into());
     let direction = match stream.to_ascii_lowercase().as_str() {
@@ -145,30 +192,67 @@ pub fn parse_new(body: Value) -> Result<Toxic, ApiError> {
         _ => return Err(ApiError::invalid_stream()),
     };
     let type_name = fields::string(body, "type")?.unwrap_or_default();
+    let name = fields::string(body, "name")?.unwrap_or_default();
+    if type_name == RESET_PEER {
+        let ms = reset_timeout(&attributes_field(body)?)?;
+        let toxic = Toxic {
+            kind: hold_kind(),
+            name: if name.is_empty() {
+                format!("{RESET_PEER}_{direction}")
+            } else {
+                name
+            },
+            toxicity: reset_toxicity(toxicity_field(body, 1.0)?)?,
+            direction,
+        };
+        return Ok(ApiToxic {
+            toxic,
+            reset_after_ms: Some(ms),
+        });
+    }
     let kind = kind_from(&type_name, &attributes_field(body)?)?;
     let mut toxic = Toxic {
         kind,
-        name: fields::string(body, "name")?.unwrap_or_default(),
+        name,
         toxicity: toxicity_field(body, 1.0)?,
         direction,
     };
     toxic.set_default_name();
-    Ok(toxic)
+    Ok(ApiToxic {
+        toxic,
+        reset_after_ms: None,
+    })
 }
 
 /// The toxic after a `POST /proxies/{proxy}/toxics/{toxic}` body.
 ///
 /// As in Toxiproxy, only `attributes` (merged into the current ones) and
 /// `toxicity` change; name, type and stream stay.
-pub fn parse_update(current: &Toxic, body: Value) -> Result<Toxic, ApiError> {
+pub fn parse_update(api: &ApiToxic, body: Value) -> Result<ApiToxic, ApiError> {
     let body = fields::object(&body)?;
+    let current = &api.toxic;
+    if let Some(ms) = api.reset_after_ms {
+        let mut attrs = Map::new();
+        attrs.insert("timeout".into(), Value::from(ms));
+        attrs.extend(attributes_field(body)?);
+        return Ok(ApiToxic {
+            toxic: Toxic {
+                toxicity: reset_toxicity(toxicity_field(body, current.toxicity)?)?,
+                ..current.clone()
+            },
+            reset_after_ms: Some(reset_timeout(&attrs)?),
+        });
+    }
     let mut attrs = attributes_of(&current.kind);
     attrs.extend(attributes_field(body)?);
-    Ok(Toxic {
-        kind: kind_from(current.kind.get_name(), &attrs)?,
-        name: current.name.clone(),
-        toxicity: toxicity_field(body, current.toxicity)?,
-        direction: current.direction,
+    Ok(ApiToxic {
+        toxic: Toxic {
+            kind: kind_from(current.kind.get_name(), &attrs)?,
+            name: current.name.clone(),
+            toxicity: toxicity_field(body, current.toxicity)?,
+            direction: current.direction,
+        },
+        reset_after_ms: None,
     })
 }
 
@@ -179,7 +263,9 @@ mod tests {
 
     #[test]
     fn defaults_match_toxiproxy() {
-        let toxic = parse_new(json!({"type": "latency", "attributes": {"latency": 50}})).unwrap();
+        let toxic = parse_new(json!({"type": "latency", "attributes": {"latency": 50}}))
+            .unwrap()
+            .toxic;
         assert_eq!(toxic.name, "latency_downstream");
         assert_eq!(toxic.direction, StreamDirection::Downstream);
         assert_eq!(toxic.toxicity, 1.0);
@@ -195,6 +281,7 @@ mod tests {
     #[test]
     fn wire_form_uses_stream_and_attributes() {
         let toxic = parse_new(json!({"type": "noop", "stream": "UPSTREAM", "name": "n"})).unwrap();
+        assert_eq!(toxic.reset_after_ms, None);
         assert_eq!(
             to_json(&toxic),
             json!({"name": "n", "type": "noop", "stream": "upstream",
@@ -215,7 +302,7 @@ mod tests {
         .unwrap();
         let updated = parse_update(&toxic, json!({"attributes": {"delay": 7}})).unwrap();
         assert_eq!(
-            updated.kind,
+            updated.toxic.kind,
             ToxicKind::Slicer {
                 average_size: 10,
                 size_variation: 2,
@@ -225,11 +312,38 @@ mod tests {
     }
 
     #[test]
-    fn rejects_what_the_library_cannot_run() {
+    fn reset_peer_is_a_held_stream_the_server_resets() {
+        let toxic =
+            parse_new(json!({"type": "reset_peer", "attributes": {"timeout": 250}})).unwrap();
+        assert_eq!(toxic.reset_after_ms, Some(250));
+        assert_eq!(toxic.toxic.kind, ToxicKind::Timeout { timeout: 0 });
         assert_eq!(
-            parse_new(json!({"type": "reset_peer"})).unwrap_err().status,
+            to_json(&toxic),
+            json!({"name": "reset_peer_downstream", "type": "reset_peer", "stream": "downstream",
+                   "toxicity": 1.0, "attributes": {"timeout": 250}})
+        );
+        let bare = parse_new(json!({"type": "reset_peer", "stream": "upstream"})).unwrap();
+        assert_eq!(bare.reset_after_ms, Some(0));
+        assert_eq!(bare.toxic.name, "reset_peer_upstream");
+        let updated = parse_update(&toxic, json!({"attributes": {"timeout": 0}})).unwrap();
+        assert_eq!(updated.reset_after_ms, Some(0));
+        for bad in [
+            json!({"type": "reset_peer", "toxicity": 0.5}),
+            json!({"type": "reset_peer", "attributes": {"timeout": -1}}),
+            json!({"type": "reset_peer", "attributes": {"timeout": "soon"}}),
+        ] {
+            assert_eq!(parse_new(bad).unwrap_err().status, 400);
+        }
+        assert_eq!(
+            parse_update(&toxic, json!({"toxicity": 0.2}))
+                .unwrap_err()
+                .status,
             400
         );
+    }
+
+    #[test]
+    fn rejects_what_the_library_cannot_run() {
         assert_eq!(parse_new(json!({"type": "bogus"})).unwrap_err().status, 400);
         assert_eq!(
             parse_new(json!({"type": "slicer"})).unwrap_err().status,
