@@ -84,3 +84,20 @@ def test_sync_writes_everything_back(node: dict[str, Init]) -> None:
     assert init.ctl("power-loss")["lazyfs"]["dropped_bytes"] < len(before)  # only what came after the sync
     assert before.startswith(init.log()) and init.log().count(b"tick") >= 3
     init.ctl("start")
+
+
+def test_the_random_nemesis_draws_every_storage_kind_concretely() -> None:
+    from faults.corrupt import CorruptFile
+    from faults.power import PowerLossCoordinated
+    from faults.process import Kill
+    from harness.nemesis import plan
+    from harness.scenario import from_dict
+
+    kinds = {c.name: c for c in (PowerLossCoordinated, CorruptFile, DiskError, DiskFull, SlowFsync, FsyncLie, Kill)}
+    sc = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 300},
+                    "nemesis": {"random": {"faults": sorted(kinds), "every": [3, 6], "hold": [2, 5], "overlap": 2}}})
+    steps = plan(sc, kinds, N3).steps
+    assert {s.kind for s in steps} == set(kinds)
+    for s in steps:
+        # What the history records is what a replay applies: resolving it again changes nothing.
+        assert kinds[s.kind].resolve(s.params, N3, random.Random(0)) == s.params, s
