@@ -93,6 +93,10 @@ class BackingQueue(abc.ABC):
     async def close(self) -> None:
         """Stop cleanly, leaving persistent contents for recovery."""
 
+    def recovered_messages(self) -> list[tuple[int, int, Message]]:
+        """(seq, wall-clock ms it was stored, message) of what came back from disk: the queue restores TTLs."""
+        return []
+
 
 class StoreError(Exception):
     """The store refused or failed a write (disk full, flush timeout, closed)."""

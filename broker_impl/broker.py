@@ -311,11 +311,11 @@ class Broker:
                 self.apply_policies(q)
         self.metadata_changed()
 
-    def effective_policy(self, vhost: str, queue: str) -> dict[str, Any] | None:
-        """Highest priority wins; ties go to the later name, as RabbitMQ's sort does."""
+    def effective_policy(self, vhost: str, queue: str, apply_to: str = "queues") -> dict[str, Any] | None:
+        """Highest priority wins; ties go to the later name, as RabbitMQ's sort does (``apply_to``: queues or exchanges)."""
         best = None
         for p in self.policies.values():
-            if p["vhost"] != vhost or p["apply-to"] not in ("queues", "all"):
+            if p["vhost"] != vhost or p["apply-to"] not in (apply_to, "all"):
                 continue
             if re.search(p["pattern"], queue) is None:
                 continue

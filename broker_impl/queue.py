@@ -105,6 +105,8 @@ class Queue(Actor):
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{name}")
         self.arg_ttl_ms = _int_arg(self.arguments, "x-message-ttl")
         self.arg_max_length = _int_arg(self.arguments, "x-max-length")
+        self.arg_expires_ms = _int_arg(self.arguments, "x-expires")
+        self._unused_handle: asyncio.TimerHandle | None = None
         self.dlx: str | None = self.arguments.get("x-dead-letter-exchange")
         self.dlrk: str | None = self.arguments.get("x-dead-letter-routing-key")
         self.policy: dict[str, Any] | None = None
@@ -118,6 +120,32 @@ class Queue(Actor):
     @property
     def max_length(self) -> int | None:
         return _min_opt(self.arg_max_length, _policy_int(self.policy, "max-length"))
+
+    @property
+    def expires_ms(self) -> int | None:
+        return _min_opt(self.arg_expires_ms, _policy_int(self.policy, "expires"))
+
+    # -- x-expires: a queue unused for that long is deleted ----------------------------------
+    def touch(self) -> None:
+        """The queue was used (declared again, a basic.get, its last consumer gone): restart its expiry clock.
+
+        RabbitMQ's "unused": no consumers, no basic.get, no re-declaration for
+        ``x-expires`` milliseconds (or the ``expires`` policy key); then the queue is
+        deleted, contents and all. A consumer stops the clock.
+        """
+        if self._unused_handle is not None:
+            self._unused_handle.cancel()
+            self._unused_handle = None
+        ms = self.expires_ms
+        if ms is None or self.deleted or self.consumers:
+            return
+        self._unused_handle = asyncio.get_running_loop().call_later(ms / 1000.0, self._unused_expired)
+
+    def _unused_expired(self) -> None:
+        self._unused_handle = None
+        if not self.deleted and not self.consumers:
+            log.info("queue %r: unused for %d ms (x-expires); deleting it", self.name, self.expires_ms or 0)
+            self.vhost.delete_queue_soon(self)
 
     # -- publishing -------------------------------------------------------------
     def enqueue(self, message: Message, sender: Actor | None, on_done: ConfirmCallback | None) -> None:
@@ -200,6 +228,25 @@ class Queue(Actor):
         if on_done:
             on_done(ok and not self.discarded)
         self.kick()
+
+    def restore_deadlines(self) -> None:
+        """Messages recovered from disk expire when they would have without the restart.
+
+        A deadline lives in memory; without this a recovered message of a TTL
+        queue (or with a per-message expiration) would never expire. Its stored
+        wall-clock time plus the TTL gives the deadline back.
+        """
+        now_ms = time.time() * 1000
+        soonest = None
+        for seq, stored_ms, message in self.bq.recovered_messages():
+            ttl = self._ttl_for(message)
+            if ttl is None or seq in self._deadlines:
+                continue
+            left = (stored_ms + ttl - now_ms) / 1000.0
+            self._deadlines[seq] = time.monotonic() + left
+            soonest = left if soonest is None else min(soonest, left)
+        if soonest is not None:
+            self._schedule_expiry(max(soonest, 0.0))
 
     def _ttl_for(self, message: Message) -> int | None:
         ttl = self.ttl_ms
@@ -340,6 +387,9 @@ class Queue(Actor):
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True
+        if self._unused_handle is not None:
+            self._unused_handle.cancel()
+            self._unused_handle = None
         self.kick()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -349,8 +399,11 @@ class Queue(Actor):
             return
         if self.auto_delete and self.had_consumer and not self.consumers:
             self.vhost.delete_queue_soon(self)
+        elif not self.consumers:
+            self.touch()
 
     def get(self, no_ack: bool) -> Fetched | None:
+        self.touch()
         f = self._fetch_live()
         if f is not None and no_ack:
             self._autoack(f.seq)
@@ -434,6 +487,8 @@ class Queue(Actor):
         self._progress.set()
         if self._expiry_handle:
             self._expiry_handle.cancel()
+        if self._unused_handle:
+            self._unused_handle.cancel()
         self.flow_terminate()
         self._store.flow_terminate()
         await asyncio.gather(*list(self._writes), return_exceptions=True)
@@ -447,6 +502,8 @@ class Queue(Actor):
         self.deleted = True
         if self._expiry_handle:
             self._expiry_handle.cancel()
+        if self._unused_handle:
+            self._unused_handle.cancel()
         await self.bq.close()
 
     def info(self) -> dict[str, Any]:

@@ -157,7 +157,21 @@ class VHost:
                         f"inequivalent arg '{key}' for queue '{name}' in vhost '{self.name}': "
                         f"received {arguments.get(key)!r} but current is {q.arguments.get(key)!r}",
                     )
+            q.touch()
             return q
+        qtype = arguments.get("x-queue-type", "classic")
+        if qtype != "classic":
+            # RabbitMQ refuses what it does not implement; a quorum or stream queue quietly made classic
+            # would promise a replication and durability model this broker does not give it.
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{self.name}': queue type {qtype!r} "
+                "is not supported by this broker (classic queues only; replicate them with an ha-mode policy)",
+            )
+        expires = arguments.get("x-expires")
+        if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int) or expires <= 0):
+            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-expires' for queue '{name}' in vhost "
+                               f"'{self.name}': {expires!r} is not a positive integer (milliseconds)")
         dlx = arguments.get("x-dead-letter-exchange")
         if dlx is not None and not isinstance(dlx, str):
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-exchange' for queue '{name}'")
@@ -180,6 +194,9 @@ class VHost:
         self.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(q)
         self.broker.metadata_changed(persist=durable)
+        q.touch()
+        if durable:
+            q.restore_deadlines()
         return q
 
     async def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
@@ -220,15 +237,34 @@ class VHost:
 
     # -- routing -------------------------------------------------------------------------
     def route(self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties) -> list[Queue]:
+        """The queues a publish reaches; what ``exchange`` cannot route goes to its alternate exchange.
+
+        As RabbitMQ: the ``alternate-exchange`` argument (or policy key) names an
+        exchange that gets, with the same routing key, every message the first one
+        routes nowhere; it may have an alternate of its own, and a cycle ends the chain.
+        """
         if exchange.name == "":
             q = self.queues.get(routing_key)
             return [q] if q is not None and not q.deleted else []
-        out = []
-        for qname in exchange.route(routing_key, properties):
-            q = self.queues.get(qname)
-            if q is not None and not q.deleted:
-                out.append(q)
-        return out
+        seen: set[str] = set()
+        ex: Exchange | None = exchange
+        while ex is not None and ex.name not in seen:
+            seen.add(ex.name)
+            out = []
+            for qname in ex.route(routing_key, properties):
+                q = self.queues.get(qname)
+                if q is not None and not q.deleted:
+                    out.append(q)
+            if out:
+                return out
+            ae = ex.arguments.get("alternate-exchange") or self._policy_ae(ex.name)
+            ex = self.exchanges.get(ae) if isinstance(ae, str) and ae else None
+        return []
+
+    def _policy_ae(self, exchange: str) -> str | None:
+        policy = self.broker.effective_policy(self.name, exchange, apply_to="exchanges")
+        ae = (policy or {}).get("definition", {}).get("alternate-exchange")
+        return ae if isinstance(ae, str) else None
 
     def dead_letter(self, message: Message, queue: str, reason: str, dlx: str, dlrk: str | None) -> None:
         """Republish to the dead-letter exchange with an x-death record, as RabbitMQ does."""

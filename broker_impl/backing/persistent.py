@@ -40,6 +40,17 @@ class PersistentBackingQueue(MemoryBackingQueue):
         """How many messages came back from disk (ready at attach time)."""
         return len(self._fresh)
 
+    def recovered_messages(self) -> list[tuple[int, int, Message]]:
+        """Every message still here that came back from disk, read from the log with its store time."""
+        out = []
+        for entry in list(self._entries.values()):
+            if entry.index < 0 or entry.message is not None or entry.log_size <= 0:
+                continue  # published since the start (or already paged in by a delivery)
+            rec = self._store.read(entry.log_offset, entry.log_size)
+            if rec is not None:
+                out.append((entry.seq, rec.store_ms, Message.from_bytes(rec.payload)))
+        return out
+
     def _new_seq(self, message: Message) -> int:
         base = self._qlog.cq.next_index << _SHIFT
         if message.persistent:

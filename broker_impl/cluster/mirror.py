@@ -418,6 +418,9 @@ class MirrorMasterBQ(BackingQueue):
     def ram_bytes(self) -> int:
         return self.inner.ram_bytes()
 
+    def recovered_messages(self) -> list[tuple[int, int, Message]]:
+        return self.inner.recovered_messages()
+
     async def delete(self) -> None:
         await self.inner.delete()
         self.held.clear()

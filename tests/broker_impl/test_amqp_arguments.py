@@ -1,0 +1,114 @@
+"""Arguments a client may send are honoured or refused, never silently ignored (pika against a real node).
+
+RabbitMQ behaviours reproduced: ``x-queue-type`` other than classic is refused
+with 406 PRECONDITION_FAILED and a reason (this broker has classic queues only);
+an exchange's ``alternate-exchange`` takes what it cannot route; ``x-expires``
+deletes a queue left unused; a message TTL's deadline counts from when the
+message was stored, across a restart too.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.broker_impl.conftest import InProcessNode, make_config
+from tests.broker_impl.test_pika import connect
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize("qtype", ["quorum", "stream", "no-such-type"])
+def test_a_queue_type_that_is_not_classic_is_refused_with_a_reason(node: InProcessNode, qtype: str) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("typed", durable=True, arguments={"x-queue-type": qtype})
+    assert exc.value.reply_code == 406
+    assert qtype in exc.value.reply_text and "classic" in exc.value.reply_text
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("typed", passive=True)  # the refused declare created nothing
+    assert exc.value.reply_code == 404
+    ch = conn.channel()
+    ch.queue_declare("typed", durable=True, arguments={"x-queue-type": "classic"})  # classic is what it is
+    conn.close()
+
+
+def test_unroutable_messages_go_to_the_alternate_exchange(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("ae", "fanout")
+    ch.queue_declare("ae.catch")
+    ch.queue_bind("ae.catch", "ae")
+    ch.exchange_declare("main", "direct", arguments={"alternate-exchange": "ae"})
+    ch.queue_declare("main.red")
+    ch.queue_bind("main.red", "main", "red")
+    ch.basic_publish("main", "red", b"routed", mandatory=True)
+    ch.basic_publish("main", "blue", b"unroutable", mandatory=True)  # no basic.return: the AE took it
+    m, _, body = ch.basic_get("main.red", auto_ack=True)
+    assert body == b"routed"
+    m, _, body = ch.basic_get("ae.catch", auto_ack=True)
+    assert m is not None and body == b"unroutable" and m.routing_key == "blue"
+    assert ch.basic_get("ae.catch")[0] is None  # the routed one did not go there too
+    # an alternate exchange that routes nowhere: a mandatory publish is returned
+    ch.exchange_declare("lonely", "direct", arguments={"alternate-exchange": "missing-ae"})
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("lonely", "x", b"lost", mandatory=True)
+    conn.close()
+
+
+def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("short-lived", arguments={"x-expires": 300})
+    ch.queue_declare("kept", arguments={"x-expires": 300})
+    tag = ch.basic_consume("kept", lambda *a: None)  # a consumer keeps it in use
+    deadline = time.monotonic() + 30
+    while "short-lived" in node.run(lambda: dict(node.broker.vhosts["/"].queues)):
+        assert time.monotonic() < deadline, "the unused queue was never deleted"
+        conn.process_data_events(time_limit=0.05)
+    assert "kept" in node.run(lambda: dict(node.broker.vhosts["/"].queues))
+    ch.basic_cancel(tag)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:  # unused from the cancel on: it goes too
+        while True:
+            ch.queue_declare("kept", passive=True)
+            assert time.monotonic() < deadline + 30
+            conn.process_data_events(time_limit=0.05)
+    assert exc.value.reply_code == 404
+    conn.close()
+
+
+def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    first = InProcessNode(make_config(tmp_path)).start()
+    port = first.port
+    conn = connect(first)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("ttl.q", durable=True, arguments={"x-message-ttl": 1500})
+    ch.queue_declare("ttl.per", durable=True)
+    persistent = pika.BasicProperties(delivery_mode=2)
+    ch.basic_publish("", "ttl.q", b"expires", persistent)
+    ch.basic_publish("", "ttl.per", b"expires too", pika.BasicProperties(delivery_mode=2, expiration="1500"))
+    ch.basic_publish("", "ttl.per", b"stays", persistent)
+    conn.close()
+    first.stop()
+    second = InProcessNode(make_config(tmp_path, node__port=port)).start()
+    try:
+        conn = connect(second)
+        ch = conn.channel()
+        deadline = time.monotonic() + 30
+        while ch.queue_declare("ttl.q", passive=True).method.message_count:
+            assert time.monotonic() < deadline, "a recovered message outlived its TTL"
+            conn.process_data_events(time_limit=0.1)
+        got = []  # stored with ttl.q's message: its deadline has passed too, and it is at the head
+        while (m := ch.basic_get("ttl.per", auto_ack=True))[0] is not None:
+            got.append(m[2])
+        assert got == [b"stays"]
+        conn.close()
+    finally:
+        second.stop()
