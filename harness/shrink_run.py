@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
+import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -197,6 +198,7 @@ class Shrink:
         say("shrink", f"{self.source.path}: {self.loss_class}; {len(self.original.steps)} fault action(s); "
                       f"up to {self.trials} trial(s) per candidate, budget {self.budget_s / 60:g} min -> {self.out}")
         say("shrink", f"original: {self.original.describe()}")
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM between trials too: keep the best
         try:
             best, complete = search(self.original, self.test, passes=self.passes,
                                     settings=self.base.broker.settings, on_best=self.on_best)
@@ -206,6 +208,7 @@ class Shrink:
             self.finished = "interrupted"
             raise
         finally:
+            signal.signal(signal.SIGTERM, previous)
             self.write()
         return self.best
 
@@ -294,6 +297,10 @@ def _summary(results: dict[str, Any] | None) -> dict[str, Any] | None:
             "attribution": (results.get("attribution") or {}).get("rows") or [],
             "lost_listed": len((results.get("attribution") or {}).get("messages") or []),
             "lost_by_fault": per_fault}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def default_out(store: Path, scenario: str) -> Path:
