@@ -69,11 +69,67 @@ class Invocation:
         return self._complete("info", value, error, None, None, None, detail)
 
 
-class Recorder:
-    """Appends history records to ``history.jsonl``; safe to call from several threads."""
+class _ParquetParts:
+    """The history as Parquet while the run writes it: a row group per ``rows`` records.
 
-    def __init__(self, path: Path, *, flush_every: int = 256) -> None:
+    Rows are handed to one writer thread in batches, so the workload never waits for
+    compression; ``close()`` writes the last group and the footer and moves the file
+    into place, so the checkers read it directly, with no conversion after the drain.
+    A run killed before that leaves no Parquet file, only the JSONL (``to_parquet``).
+    """
+
+    def __init__(self, path: Path, rows: int) -> None:
+        import queue
+
         self.path = path
+        self.tmp = path.with_suffix(".parquet.tmp")
+        self.rows = rows
+        self.batch: dict[str, list[Any]] = {name: [] for name in FIELDS}
+        self.queue: queue.Queue[dict[str, list[Any]] | None] = queue.Queue(maxsize=8)
+        self.error: BaseException | None = None
+        self.sent = False
+        self.thread = threading.Thread(target=self._write, name="history-parquet", daemon=True)
+        self.thread.start()
+
+    def add(self, rec: dict[str, Any]) -> None:
+        for name in FIELDS:
+            self.batch[name].append(rec[name])
+        if len(self.batch["index"]) >= self.rows:
+            self.queue.put(self.batch)
+            self.sent = True
+            self.batch = {name: [] for name in FIELDS}
+
+    def _write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = arrow_schema()
+        try:
+            with pq.ParquetWriter(self.tmp, schema, compression="zstd") as writer:
+                while (batch := self.queue.get()) is not None:
+                    writer.write_table(pa.table(batch, schema=schema))
+        except BaseException as exc:  # noqa: BLE001 - reported by close(); the JSONL is still complete
+            self.error = exc
+            while self.queue.get() is not None:
+                pass
+
+    def close(self) -> None:
+        if self.batch["index"] or not self.sent:  # an empty history is still a file with the schema
+            self.queue.put(self.batch)
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is None:
+            self.tmp.replace(self.path)
+
+
+class Recorder:
+    """Appends history records to ``history.jsonl`` and, given ``parquet``, to a Parquet file
+    in row groups as the run goes; safe to call from several threads."""
+
+    def __init__(self, path: Path, *, flush_every: int = 256, parquet: Path | None = None,
+                 row_group: int = 50_000) -> None:
+        self.path = path
+        self._parquet = _ParquetParts(parquet, row_group) if parquet is not None else None
         self._fh: IO[str] = path.open("a", encoding="utf-8", buffering=1 << 16)
         self._lock = threading.Lock()
         self._index = 0
@@ -128,6 +184,8 @@ class Recorder:
         }
         self._index += 1
         self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        if self._parquet is not None:
+            self._parquet.add(rec)
         key = (f, type_)
         self.counts[key] = self.counts.get(key, 0) + 1
         self._since_flush += 1
@@ -152,6 +210,8 @@ class Recorder:
             self._open.clear()
             self._fh.flush()
             self._fh.close()
+            if self._parquet is not None:
+                self._parquet.close()
             self.closed = True
 
 

@@ -97,7 +97,7 @@ class Run:
         })
         self.host.run_started(self)
         log_handler = _log_to(self.dir.path / "harness.log")
-        recorder = Recorder(self.dir.history_jsonl)
+        recorder = Recorder(self.dir.history_jsonl, parquet=self.dir.history_parquet)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         workload: dict[str, Any] = {}
         try:
@@ -198,7 +198,9 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
               phase: Any = None) -> dict[str, Any]:
     """Run the checkers on a stored run and combine their verdicts (pure: no Docker)."""
     phase = phase or (lambda name, fn: fn())
-    if run_dir.history_jsonl.exists():
+    if run_dir.history_jsonl.exists() and not run_dir.history_parquet.exists():
+        # The recorder writes the Parquet history during the run; only a run it could not
+        # close (killed) or an older stored run needs converting.
         n = phase("history", lambda: to_parquet(run_dir.history_jsonl, run_dir.history_parquet))
         say("check", f"history: {n} operations -> {run_dir.history_parquet.name}")
     combined: dict[str, Any] | None = None

@@ -176,3 +176,23 @@ def test_to_parquet_with_an_exact_multiple_of_the_batch(rec: Recorder, tmp_path:
     rec.close()
     assert to_parquet(rec.path, tmp_path / "h.parquet", batch_rows=2) == 6
     assert pq.read_table(tmp_path / "h.parquet").column("index").to_pylist() == list(range(6))
+
+
+@pytest.mark.parametrize("ops", [0, 3, 4, 7])
+def test_the_recorder_writes_the_parquet_history_as_the_run_goes(tmp_path: Path, ops: int) -> None:
+    """Row groups are written during the run (no conversion after it); the file appears whole at
+    close and holds exactly what the JSONL holds, open operations completed as info included."""
+    out = tmp_path / "history.parquet"
+    rec = Recorder(tmp_path / "history.jsonl", parquet=out, row_group=2)
+    for i in range(ops):
+        rec.invoke("p1", "publish", node="n1", queue="q", value=f"p1:{i}").ok()
+    left_open = rec.invoke("c1", "ack", value="p1:0", detail={"why": "open at the end"})
+    assert left_open.index == 2 * ops
+    assert not out.exists(), "the file appears only once it is complete"
+    rec.close()
+    table = pq.read_table(out)
+    assert table.schema.equals(arrow_schema())
+    assert table.to_pylist() == _lines(rec.path)
+    assert table.num_rows == 2 * ops + 2
+    assert pq.ParquetFile(out).metadata.num_row_groups == max(1, -(-(2 * ops + 2) // 2))
+    assert not (tmp_path / "history.parquet.tmp").exists()
