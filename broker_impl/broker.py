@@ -17,7 +17,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +100,8 @@ class Broker:
         self.store_spec = CreditSpec(f.store_initial, f.store_more_after)
         self._loading = False
         self.cluster: ClusterNode | None = None
+        # The server's: close (False) or reopen (True) the AMQP listener; pause_minority uses it.
+        self.listener_hook: Callable[[bool], None] | None = None
 
     # -- startup / shutdown ------------------------------------------------------------
     async def start(self) -> None:

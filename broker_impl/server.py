@@ -57,6 +57,8 @@ class Server:
         self._stopped = asyncio.Event()
         self._fatal = asyncio.Event()
         self.failure: str | None = None  # why the node stopped itself (a failed fsync), None if it did not
+        self._want_listening = True
+        self._listener_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.broker.start()
@@ -67,6 +69,7 @@ class Server:
             lambda: AMQPProtocol(self.broker), self.config.host, self.config.port, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.broker.listener_hook = self.set_listening
         await self._start_control()
         self._monitor = loop.create_task(self._alarm_monitor())
         self._write_node_file()
@@ -123,11 +126,41 @@ class Server:
                 log.exception("alarm check failed")
             await asyncio.sleep(f.check_interval_ms / 1000)
 
+    def set_listening(self, on: bool) -> None:
+        """Close the AMQP listener (a node paused by pause_minority) or open it again on the same port.
+
+        A paused RabbitMQ node stops its app: its listeners go, a client's connect
+        is refused at once instead of being accepted and closed, and it comes back
+        when the node resumes. The control socket stays (the operator's CLI works).
+        """
+        self._want_listening = on
+        if self._listener_task is None or self._listener_task.done():
+            self._listener_task = asyncio.get_running_loop().create_task(self._follow_listening())
+
+    async def _follow_listening(self) -> None:
+        while (self._server is not None) != self._want_listening and not self._stopped.is_set():
+            if not self._want_listening:
+                srv, self._server = self._server, None
+                assert srv is not None
+                srv.close()
+                log.warning("AMQP listener on port %d closed (node paused)", self.port)
+                continue
+            try:
+                self._server = await asyncio.get_running_loop().create_server(
+                    lambda: AMQPProtocol(self.broker), self.config.host, self.port, reuse_address=True)
+                log.warning("AMQP listener on port %d open again", self.port)
+            except OSError as exc:
+                log.error("cannot listen on port %d again (%s); retrying", self.port, exc)
+                await asyncio.sleep(1)
+
     def memory_in_queues(self) -> int:
         return sum(q.bq.ram_bytes() for q in self.broker.all_queues() if q.bq is not None)
 
     async def stop(self) -> None:
         """Stop accepting, close every connection with 320 CONNECTION_FORCED, flush queues, close the store."""
+        self._want_listening = False
+        if self._listener_task is not None:
+            self._listener_task.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.broker.connections):

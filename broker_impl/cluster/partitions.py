@@ -2,10 +2,12 @@
 
 * ``ignore``: both sides go on; on heal the metadata merge keeps one master
   per queue (the later record) and the other copy is dropped with its messages.
-* ``pause_minority``: a node that sees at most half the cluster closes its
-  client connections, refuses new ones, promotes nothing and writes no
-  metadata; when a majority is back it takes the majority's records as a
-  restarted node would (its own queue copies that were replaced are dropped).
+* ``pause_minority``: a node that sees at most half the cluster stops serving
+  as a paused RabbitMQ node does: its AMQP listener closes, its client
+  connections are closed, it promotes nothing and writes no metadata, and its
+  GM members record no deaths; when a majority is back it takes the majority's
+  records as a restarted node would (its own queue copies that were replaced
+  are dropped) and opens its listener again.
 * ``autoheal``: on heal each pair of sides compares client counts; the side
   with fewer clients (ties: the side without the smallest node name) closes its
   connections and takes the winner's records, dropping its conflicting copies.
@@ -67,11 +69,15 @@ class Partitions:
                         seen, total)
             for conn in list(self.broker.connections):
                 conn.force_close("node paused: minority partition")
+            if self.broker.listener_hook is not None:
+                self.broker.listener_hook(False)
         elif not minority and self.paused:
             # Rejoin as a restarted node would: the majority's records replace ours, so a queue
             # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
             self.paused = False
             self.node.catalog.restart("*")
+            if self.broker.listener_hook is not None:
+                self.broker.listener_hook(True)
             log.warning("cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total)
 
     def _side(self, returning: str) -> list[str]:

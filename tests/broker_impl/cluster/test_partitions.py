@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pika
 import pytest
 
@@ -37,20 +39,40 @@ def _split_brain(nodes: list[NodeProc], net: Net) -> None:
     publish(n3, "ha.split", range(200, 210))  # accepted by the new master, through n3
 
 
-def test_pause_minority_closes_and_refuses_clients_until_a_majority_is_back(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def _listening(node: NodeProc) -> bool:
+    """Whether the node's AMQP port accepts a TCP connection at all (a paused node's listener is closed)."""
+    try:
+        socket.create_connection(("127.0.0.1", node.amqp_port), timeout=5).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+def _serves(node: NodeProc) -> bool:
+    try:
+        amqp(node).close()
+    except pika.exceptions.AMQPError:
+        return False
+    return True
+
+
+def test_pause_minority_stops_the_listener_and_clients_until_a_majority_is_back(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+    """As a RabbitMQ node paused by pause_minority (its app stopped): connections closed, the port closed too."""
     n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     held = amqp(n3)
     net.partition(["n1", "n2"], ["n3"])
     wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
     with pytest.raises(pika.exceptions.AMQPError):
         held.channel()
+    wait_for(lambda: not _listening(n3), what="n3's AMQP listener closed")
     with pytest.raises(pika.exceptions.AMQPError):
         amqp(n3)
     assert not n1.ctl("cluster_status")["paused"]
     amqp(n1).close()
     net.heal()
     wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
-    amqp(n3).close()
+    wait_for(lambda: _listening(n3), what="n3's AMQP listener open again")
+    wait_for(lambda: _serves(n3), what="a client served by n3 again")
     assert "pausing (pause_minority)" in n3.log()
 
 
