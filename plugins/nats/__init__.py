@@ -1,0 +1,206 @@
+"""NATS JetStream 2.9.10 from Debian's ``nats-server`` package, as a brokerchaos plugin.
+
+Every node is one ``nats-server`` with JetStream (file storage in ``data_dir``, so
+the lazy filesystem and power loss reach it) and explicit routes to every peer by
+host name: in the node's namespace a peer's name resolves to the sidecar's proxy
+for that link, so partitions and link toxics reach the route traffic. The route
+listener binds the node's own address (the proxies hold the same port on the
+peers' loopback addresses); each server advertises its host name, never its
+address, so neither the peers (implicit routes) nor the clients (``connect_urls``)
+learn a way around the proxies.
+
+Two accounts: ``APP`` (JetStream, the workload's user) and ``SYS``, the system
+account, whose user lets the client read each server's own view of each stream
+(``$SYS.REQ.SERVER.<id>.JSZ``) for the replica comparison after the drain.
+
+JetStream 2.9.10 has no fsync setting: ``sync_interval``/``sync: always`` came
+with 2.10 (the config parser here rejects ``sync_interval`` as an unknown field).
+The file store writes through the page cache and syncs on its own timer, so a
+publish ack does not mean the message is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness import (
+    BrokerPlugin,
+    ClusterError,
+    ImageRecipe,
+    NodeHandle,
+    NodeInfo,
+    NodeSpec,
+    ScenarioError,
+    hookimpl,
+    run_or_fail,
+)
+from plugins.nats.client import CONSUMER, brokerchaos_register_clients
+
+__version__ = "0.1.0"
+__all__ = ["Nats", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
+
+START_SCRIPT = "/usr/local/bin/brokerchaos-nats"
+TEMPLATE = "/etc/nats/nats.conf.in"
+CONF = "/etc/nats/nats.conf"
+ROUTE_PORT = 6222
+MONITOR_PORT = 8222
+SYSTEM_USER = ("sys", "sys")
+
+# Runs as the node's broker command (under faults.nodeinit): the route listener gets the
+# node's own address, known only once the container runs in its sidecar's namespace.
+START = rf"""#!/bin/sh
+set -eu
+ip=$(getent hosts "$(hostname)" | awk '{{print $1; exit}}')
+sed "s/@ROUTE_IP@/$ip/" {TEMPLATE} > {CONF}
+exec /usr/sbin/nats-server -c {CONF}
+"""
+
+# A monitoring endpoint read inside the container (no curl in the image; python3 is there).
+FETCH = ("import sys, urllib.request; "
+         f"print(urllib.request.urlopen('http://127.0.0.1:{MONITOR_PORT}' + sys.argv[1], timeout=5).read().decode())")
+
+
+def monitor(node: NodeHandle, path: str, timeout: float = 15.0) -> dict[str, Any]:
+    """One monitoring endpoint of ``node`` as JSON (``ClusterError`` if it does not answer)."""
+    out = run_or_fail(node, ["python3", "-c", FETCH, path], timeout=timeout)
+    try:
+        data = json.loads(out)
+    except json.JSONDecodeError:
+        raise ClusterError(f"{node.name}: {path} printed no JSON: {out.strip()[-200:]}") from None
+    if not isinstance(data, dict):
+        raise ClusterError(f"{node.name}: {path} printed {out.strip()[-200:]}")
+    return data
+
+
+def stream_detail(jsz: Mapping[str, Any], stream: str) -> dict[str, Any] | None:
+    """The stream's entry in a ``/jsz?accounts=true&streams=true`` answer, if this server holds it."""
+    for account in jsz.get("account_details") or ():
+        for s in account.get("stream_detail") or ():
+            if s.get("name") == stream:
+                return dict(s)
+    return None
+
+
+class Nats(BrokerPlugin):
+    name = "nats"
+    version = __version__
+    protocol = "nats"
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition"})
+    client_port = 4222
+    peer_ports = (ROUTE_PORT,)
+    data_dir = "/var/lib/nats/jetstream"
+    log_paths = ()  # nats-server logs to stderr: the container log
+    username = "guest"
+    password = "guest"
+    vhost = "APP"  # the account the workload's user belongs to
+    ready_timeout = 60.0
+    settings_schema = {
+        "replicas": (None, (None, 1, 3, 5)),  # None: 3, or every node of a smaller cluster
+        "max_file_store": ("1G", str),
+        "consumer_replicas": (None, (None, 1, 3, 5)),  # None: as many as the stream
+        "ack_wait": (10, int),  # seconds before an unacked delivery goes out again
+    }
+
+    def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().validate_settings(settings)
+        if out["ack_wait"] < 1:
+            raise ScenarioError(f"broker.settings.ack_wait: {out['ack_wait']} is out of range; allowed >= 1")
+        return out
+
+    def image(self) -> ImageRecipe:
+        return ImageRecipe(name="brokerchaos/nats", debian_packages=("nats-server",))
+
+    def config(self, node: NodeInfo) -> str:
+        s = node.settings
+        routes = ", ".join(f'"nats-route://{p}:{ROUTE_PORT}"' for p in node.peers)
+        user, password = SYSTEM_USER
+        lines = [
+            f"server_name: {node.name}",
+            f"listen: 0.0.0.0:{self.client_port}",
+            f"http: 127.0.0.1:{MONITOR_PORT}",
+            "jetstream {",
+            f'  store_dir: "{self.data_dir}"',
+            f'  max_file_store: {s["max_file_store"]}',
+            "  max_memory_store: 64M",
+            "}",
+            "accounts {",
+            f'  {self.vhost}: {{ jetstream: enabled, users: [{{user: "{self.username}", password: "{self.password}"}}] }}',
+            f'  SYS: {{ users: [{{user: "{user}", password: "{password}"}}] }}',
+            "}",
+            "system_account: SYS",
+            "",
+        ]
+        if node.peers:  # a single node runs JetStream standalone: a cluster needs routes
+            lines[-1:-1] = [
+                "cluster {",
+                f'  name: "{node.cluster}"',
+                f'  listen: "@ROUTE_IP@:{ROUTE_PORT}"',
+                f'  advertise: "{node.name}:{ROUTE_PORT}"',
+                "  no_advertise: true",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        return "\n".join(lines)
+
+    def node_spec(self, node: NodeInfo) -> NodeSpec:
+        if len(node.peers) + 1 < int(node.settings["replicas"] or 1):
+            raise ScenarioError(f"broker.settings.replicas: {node.settings['replicas']} replicas need at least as "
+                                f"many nodes; the cluster has {len(node.peers) + 1}")
+        return NodeSpec(command=["/bin/sh", START_SCRIPT], files={START_SCRIPT: START, TEMPLATE: self.config(node)})
+
+    def is_ready(self, node: NodeHandle) -> bool:
+        rc, _ = node.exec(["python3", "-c", FETCH, "/varz"], timeout=10)
+        return rc == 0
+
+    def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any], timeout: float = 90.0) -> None:
+        """Wait until the meta group has a leader, knows every server and each is current,
+        and every server's ``/healthz`` says JetStream is ready."""
+        want = {n.name for n in nodes}
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            try:
+                meta = monitor(nodes[0], "/jsz").get("meta_cluster") or {}
+                peers = {meta.get("leader")} | {r.get("name") for r in meta.get("replicas") or ()
+                                                if r.get("current")}
+                if len(nodes) == 1 or (meta.get("leader") and want <= peers):
+                    unhealthy = [n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0]
+                    if not unhealthy:
+                        return
+                    last = f"not healthy yet: {', '.join(unhealthy)}"
+                else:
+                    last = f"meta group {json.dumps(meta)[:300]}"
+            except ClusterError as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise ClusterError(f"JetStream cluster did not form in {timeout:.0f}s (want {sorted(want)}): {last}")
+            time.sleep(1.0)
+
+    def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """What the client needs to create the streams and read each server's view of them."""
+        user, password = SYSTEM_USER
+        return {"replicas": settings.get("replicas"), "consumer_replicas": settings.get("consumer_replicas"),
+                "ack_wait": settings.get("ack_wait", 10), "system_user": user, "system_password": password}
+
+    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+        """``(num_pending, num_ack_pending)`` of the workload's consumer on the queue's stream, as
+        this server's ``/jsz`` shows it; None if the server holds no replica of the stream or is
+        not the consumer's leader (a follower's counts lag: the drain asks the JetStream API)."""
+        jsz = monitor(node, f"/jsz?acc={self.vhost}&streams=true&consumers=true")
+        stream = stream_detail(jsz, queue)
+        if stream is None:
+            return None
+        for c in stream.get("consumer_detail") or ():
+            if c.get("name") == CONSUMER:
+                if (c.get("cluster") or {}).get("leader") not in (None, node.name):
+                    return None  # a follower's num_pending is not kept current (seen: the whole stream)
+                return int(c.get("num_pending") or 0), int(c.get("num_ack_pending") or 0)
+        raise ClusterError(f"{node.name}: stream {queue!r} has no consumer {CONSUMER!r} in /jsz")
+
+
+@hookimpl
+def brokerchaos_register_brokers(register: Any) -> None:
+    register.add_broker(Nats())

@@ -1,0 +1,582 @@
+"""The NATS JetStream workload driver (client plugin ``nats``), on ``nats-py``.
+
+One stream per workload queue (subject = stream name = queue name, file storage,
+the broker's ``replicas``), kept by limits (a consumed message stays in the
+stream, so every replica's state can be compared after the drain), and one
+durable pull consumer with explicit acks that every consumer process shares.
+
+What the history records (``harness.spec.history``), in JetStream terms:
+
+- ``publish``: a JetStream publish; ``ok`` = the stream leader's ack (``detail``:
+  the stream sequence it gave), ``fail`` = an error reply or no responders (no
+  server took it), ``info`` = a timeout or a lost connection.
+- ``consume``: a message a fetch returned (``detail``: stream sequence, consumer
+  sequence, delivery count; ``redelivered`` = delivered before).
+- ``ack``: ``+ACK`` sent as a request; ``ok`` only once the consumer leader
+  answered it (the double ack), ``info`` otherwise.
+- ``abandon``: ``-NAK`` sent as a request, ``ok`` once answered. A consumer that
+  "crashes" closes its connection holding deliveries: JetStream redelivers
+  those after ``ack_wait`` whatever happened to the connection, so the abandon
+  is ``ok``.
+- ``drain``: through every node, until the consumer (as the node's JetStream API
+  reports it) has nothing pending and nothing waiting for an ack after an idle
+  fetch; the completion's value also holds each server's own view of the stream
+  (``$SYS.REQ.SERVER.PING.JSZ``: messages, first and last sequence, leader), for
+  the replica comparison of ``spark_reports.stream``.
+
+Every client connects through its node's client proxy with reconnection off:
+after a failure it records what was open as ``info`` and moves to the next node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from harness import hookimpl
+from harness.spec import (
+    Endpoint,
+    Invocation,
+    QueueDepth,
+    RateLimiter,
+    Recorder,
+    WorkloadSection,
+    body_digest,
+    message_body,
+)
+from harness.spec.client import Behaviour, drain_order, node_rotation, reason, slow_consumers, wait_or_stop
+
+CONSUMER = "brokerchaos"  # the durable pull consumer every consumer process shares
+ID_HEADER = "Brokerchaos-Id"
+CONNECT_TIMEOUT = 5.0
+OP_TIMEOUT = 5.0  # an ack, a nak, a stream or consumer request
+FETCH_WAIT = 1.0  # how long one pull waits for messages
+ROTATE_AFTER = 5.0  # a consumer that got nothing for this long tries the next node (it may sit on a minority)
+RECONNECT_DELAY = 0.5
+REPLICA_WAIT = 3.0
+STREAM_NOT_FOUND = 10059  # JetStream API error codes
+CONSUMER_NOT_FOUND = 10014  # how long the drain gathers the servers' answers to a JSZ request
+
+#: What a broker round trip raises when the broker, the network or the connection fails.
+BROKER_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError, ConnectionError)
+
+
+def _flag_unknown(trouble: asyncio.Event, task: asyncio.Task[str]) -> None:
+    """A publish that ended unknown (a timeout, a lost connection) sends its producer elsewhere."""
+    if not task.cancelled() and task.result() == "info":
+        trouble.set()
+
+
+async def _quiet(*_args: Any) -> None:
+    """nats-py's callbacks: failures are seen where they happen and recorded there."""
+
+
+@dataclass
+class _Conn:
+    node: str
+    nc: Client
+    js: JetStreamContext
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.nc.close(), 2.0)
+        except Exception:  # noqa: BLE001 - closing a dead connection raises all kinds of things
+            pass
+
+
+def delivery_detail(msg: Msg) -> dict[str, int]:
+    """The sequence numbers of a delivered message, for the history's ``detail``."""
+    md = msg.metadata
+    return {"stream_seq": int(md.sequence.stream), "consumer_seq": int(md.sequence.consumer),
+            "delivered": int(md.num_delivered)}
+
+
+def message_id(msg: Msg) -> str:
+    """The id the producer put in the header, or the body's own (``id|check|payload``)."""
+    headers = msg.headers or {}
+    return headers.get(ID_HEADER) or bytes(msg.data).split(b"|", 1)[0].decode(errors="replace")
+
+
+class NatsDriver:
+    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, *, workload: WorkloadSection,
+                 username: str = "guest", password: str = "guest", vhost: str = "",
+                 queue_arguments: Mapping[str, Any] | None = None, first_node: Mapping[str, str] | None = None,
+                 seed: int = 0, queue_depth: QueueDepth | None = None) -> None:
+        del vhost  # the account is the user's
+        args = dict(queue_arguments or {})
+        self.endpoints = dict(endpoints)
+        self.nodes = list(self.endpoints)
+        self.recorder = recorder
+        self.w = workload
+        self.username = username
+        self.password = password
+        self.replicas = int(args.get("replicas") or min(3, len(self.nodes)))
+        self.consumer_replicas = args.get("consumer_replicas")
+        self.ack_wait = float(args.get("ack_wait") or 10)
+        self.system_user = (args.get("system_user"), args.get("system_password"))
+        self.first_node = dict(first_node or {})
+        self.seed = seed
+        self.queue_depth = queue_depth
+        self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def _connect(self, node: str, *, system: bool = False) -> _Conn:
+        ep = self.endpoints[node]
+        user, password = self.system_user if system else (self.username, self.password)
+        nc = await asyncio.wait_for(nats.connect(
+            servers=[f"nats://{ep.host}:{ep.port}"], user=user, password=password, allow_reconnect=False,
+            connect_timeout=CONNECT_TIMEOUT, max_reconnect_attempts=0, ping_interval=2, max_outstanding_pings=2,
+            error_cb=_quiet, disconnected_cb=_quiet, closed_cb=_quiet, name=f"brokerchaos-{node}"),
+            CONNECT_TIMEOUT + 1)
+        return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
+
+    def _rotation(self, process: str) -> itertools.cycle[str]:
+        return node_rotation(self.nodes, self.first_node.get(process))
+
+    async def setup(self, queues: Sequence[str]) -> None:
+        """Create each queue's stream and the shared durable pull consumer (first node that answers)."""
+        last: BaseException | None = None
+        for _attempt in range(3):
+            for node in self.nodes:
+                try:
+                    conn = await self._connect(node)
+                except BROKER_ERRORS as exc:
+                    last = exc
+                    continue
+                try:
+                    for q in queues:
+                        await conn.js.add_stream(StreamConfig(
+                            name=q, subjects=[q], storage=StorageType.FILE, num_replicas=self.replicas,
+                            retention=RetentionPolicy.LIMITS))
+                        await self.create_consumer(conn, q)
+                    return
+                except BROKER_ERRORS as exc:
+                    last = exc
+                finally:
+                    await conn.close()
+            await asyncio.sleep(1.0)
+        raise ConnectionError(f"no node created the streams: {reason(last) if last else '?'}")
+
+    async def create_consumer(self, conn: _Conn, queue: str) -> None:
+        """The durable pull consumer every consumer process shares (explicit acks, from the start)."""
+        await conn.js.add_consumer(queue, ConsumerConfig(
+            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.ack_wait, max_deliver=-1, max_ack_pending=-1, num_replicas=self.consumer_replicas))
+
+    # -- producers ------------------------------------------------------------------------
+
+    async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        rate = self.w.rate / max(1, self.w.producers) if self.w.rate else 0
+        limiter = RateLimiter(rate)
+        seq = itertools.count(1)
+        window = asyncio.Semaphore(self.w.in_flight)
+        nodes = self._rotation(process)
+        pending: set[asyncio.Task[str]] = set()
+        while not stop.is_set():
+            node = next(nodes)
+            try:
+                conn = await self._connect(node)
+            except BROKER_ERRORS:
+                await wait_or_stop(stop, RECONNECT_DELAY)
+                continue
+            trouble = asyncio.Event()  # a publish on this connection ended unknown: move on
+            try:
+                while not stop.is_set() and not trouble.is_set() and not conn.nc.is_closed:
+                    await limiter.wait()
+                    try:
+                        await asyncio.wait_for(window.acquire(), 1.0)
+                    except TimeoutError:
+                        continue
+                    if stop.is_set() or trouble.is_set():
+                        window.release()
+                        break
+                    msg_id = f"{process}:{next(seq)}"
+                    inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id)
+                    task = asyncio.create_task(self._publish_one(conn, inv, queue, msg_id))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                    task.add_done_callback(lambda _t: window.release())
+                    task.add_done_callback(functools.partial(_flag_unknown, trouble))
+                if pending:
+                    await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
+            finally:
+                await conn.close()
+            if not stop.is_set():
+                await wait_or_stop(stop, RECONNECT_DELAY)
+        if pending:
+            await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
+
+    async def _publish_one(self, conn: _Conn, inv: Invocation, queue: str, msg_id: str) -> str:
+        body = message_body(msg_id, self.seed, self.w.message_size)
+        try:
+            ack = await asyncio.wait_for(
+                conn.js.publish(queue, body, timeout=self.w.confirm_timeout, stream=queue,
+                                headers={ID_HEADER: msg_id}),
+                self.w.confirm_timeout + 0.5)
+        except asyncio.CancelledError:
+            if not inv.done:
+                inv.info("cancelled before the publish ack arrived")
+            raise
+        except nats.js.errors.APIError as exc:  # an error reply: the stream did not store it
+            inv.fail(reason(exc), detail={"code": exc.code, "err_code": exc.err_code})
+            return "fail"
+        except nats.js.errors.NoStreamResponseError as exc:  # no server subscribes the subject: nobody stored it
+            inv.fail(reason(exc))
+            return "fail"
+        except BROKER_ERRORS as exc:
+            inv.info(reason(exc))
+            return "info"
+        except Exception as exc:  # noqa: BLE001 - anything unexpected is indeterminate
+            inv.info(reason(exc))
+            return "info"
+        inv.ok(detail={"stream_seq": int(ack.seq), "stream": ack.stream})
+        return "ok"
+
+    # -- consumers ------------------------------------------------------------------------
+
+    async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time())
+        nodes = self._rotation(process)
+        while not stop.is_set():
+            node = next(nodes)
+            try:
+                conn = await self._connect(node)
+            except BROKER_ERRORS:
+                await wait_or_stop(stop, RECONNECT_DELAY)
+                continue
+            try:
+                session = _Session(self, conn, process, queue, behaviour)
+                await session.run(stop)
+            finally:
+                await conn.close()
+            if not stop.is_set():
+                await wait_or_stop(stop, RECONNECT_DELAY)
+
+    # -- drain ----------------------------------------------------------------------------
+
+    async def drain(self, process: str, queue: str) -> int:
+        """Consume everything left in ``queue``'s stream through every node (after every fault healed).
+
+        Raises ``DrainUnfinished`` (the drain is then ``info`` in the history) if not every
+        node reported the consumer empty within ``drain_timeout``.
+        """
+        return await _Drain(self, process, queue).run()
+
+    async def replica_views(self, queue: str) -> dict[str, Any]:
+        """Each server's own state of ``queue``'s stream (None: the server holds no replica), from
+        the system account's ``JSZ`` request, which every server answers for itself."""
+        if not self.system_user[0]:
+            return {}
+        for node in self.nodes:
+            try:
+                conn = await self._connect(node, system=True)
+            except BROKER_ERRORS:
+                continue
+            try:
+                return await _gather_jsz(conn.nc, queue, len(self.nodes))
+            except BROKER_ERRORS:
+                continue
+            finally:
+                await conn.close()
+        return {}
+
+
+async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
+    inbox = nc.new_inbox()
+    answers: dict[str, Any] = {}
+    got_all = asyncio.Event()
+
+    async def on_reply(msg: Msg) -> None:
+        try:
+            data = json.loads(msg.data)
+        except ValueError:
+            return
+        name = (data.get("server") or {}).get("name")
+        if not name:
+            return
+        answers[name] = None
+        for account in (data.get("data") or {}).get("account_details") or ():
+            for s in account.get("stream_detail") or ():
+                if s.get("name") == stream:
+                    state = s.get("state") or {}
+                    cluster = s.get("cluster") or {}
+                    answers[name] = {k: state.get(k) for k in ("messages", "bytes", "first_seq", "last_seq",
+                                                               "num_deleted")} | {"leader": cluster.get("leader")}
+        if len(answers) >= servers:
+            got_all.set()
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish("$SYS.REQ.SERVER.PING.JSZ", json.dumps({"accounts": True, "streams": True}).encode(),
+                         reply=inbox)
+        try:
+            await asyncio.wait_for(got_all.wait(), REPLICA_WAIT)
+        except TimeoutError:
+            pass
+    finally:
+        await sub.unsubscribe()
+    return answers
+
+
+class _Session:
+    """One consumer on one connection: fetch, record, settle, act out the behaviours."""
+
+    def __init__(self, driver: NatsDriver, conn: _Conn, process: str, queue: str, behaviour: Behaviour) -> None:
+        self.d = driver
+        self.conn = conn
+        self.node = conn.node
+        self.process = process
+        self.queue = queue
+        self.behaviour = behaviour
+        self.loop = asyncio.get_running_loop()
+        self.acked = 0
+        self.last_delivery = self.loop.time()
+
+    async def run(self, stop: asyncio.Event | None, *, rotate_after: float | None = ROTATE_AFTER) -> str:
+        """Fetch and settle until ``stop``, a failure, or (with ``rotate_after``) nothing for that long."""
+        try:
+            sub = await self.conn.js.pull_subscribe_bind(durable=CONSUMER, stream=self.queue)
+        except BROKER_ERRORS:
+            return "lost"
+        batch = max(1, min(self.d.w.prefetch or 64, 256))
+        while stop is None or not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch, timeout=FETCH_WAIT)
+            except nats.errors.TimeoutError:
+                if rotate_after is not None and self.loop.time() - self.last_delivery > rotate_after:
+                    return "idle"
+                if stop is None:
+                    return "idle"
+                continue
+            except BROKER_ERRORS:
+                return "lost"
+            held = [self.deliver(m) for m in msgs]
+            action, at = self.behaviour.next()
+            if action is not None and self.loop.time() >= at and held:
+                self.behaviour.done(action, self.loop.time())
+                if action == "crash":
+                    for _msg, msg_id in held:  # JetStream redelivers them after ack_wait, whatever the connection does
+                        self._abandon(msg_id, "crash").ok()
+                    return "crashed"
+                await asyncio.gather(*(self.give_back(m, msg_id, action) for m, msg_id in held))
+                continue
+            await asyncio.gather(*(self.settle(m, msg_id) for m, msg_id in held))
+            if self.conn.nc.is_closed:
+                return "lost"
+        return "stop"
+
+    def deliver(self, msg: Msg) -> tuple[Msg, str]:
+        body = bytes(msg.data)
+        msg_id = message_id(msg)
+        digest = body_digest(body)
+        detail: dict[str, Any]
+        try:
+            detail = dict(delivery_detail(msg))
+        except Exception:  # noqa: BLE001 - a reply subject that is not a JetStream ack subject
+            detail = {"reply": msg.reply}
+        redelivered = detail.get("delivered", 1) > 1
+        if digest != body_digest(message_body(msg_id, self.d.seed, self.d.w.message_size)):
+            detail.update(body=body[:200].decode(errors="backslashreplace"), length=len(body))
+        self.d.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
+            msg_id, redelivered=redelivered, digest=digest, detail=detail)
+        self.last_delivery = self.loop.time()
+        return msg, msg_id
+
+    async def settle(self, msg: Msg, msg_id: str) -> None:
+        b = self.behaviour
+        if b.slow_ack:
+            await asyncio.sleep(b.slow_ack)
+        if b.requeue and b.rng.random() < b.requeue:
+            await self.give_back(msg, msg_id, "requeue")
+            return
+        op = self.d.recorder.invoke(self.process, "ack", node=self.node, queue=self.queue, value=msg_id)
+        try:
+            await msg.ack_sync(timeout=OP_TIMEOUT)
+        except asyncio.CancelledError:
+            op.info("cancelled before the ack was answered")
+            raise
+        except Exception as exc:  # noqa: BLE001 - the server may or may not have processed it
+            op.info(reason(exc))
+            return
+        op.ok()
+        self.acked += 1
+
+    def _abandon(self, msg_id: str, cause: str) -> Invocation:
+        return self.d.recorder.invoke(self.process, "abandon", node=self.node, queue=self.queue, value=msg_id,
+                                      detail={"cause": cause})
+
+    async def give_back(self, msg: Msg, msg_id: str, cause: str) -> None:
+        """``-NAK`` as a request: ``ok`` once the consumer leader answered."""
+        op = self._abandon(msg_id, "requeue" if cause == "requeue" else ("recover" if cause == "recover" else "close"))
+        try:
+            await self.conn.nc.request(msg.reply, b"-NAK", timeout=OP_TIMEOUT)
+        except asyncio.CancelledError:
+            op.info("cancelled before the nak was answered")
+            raise
+        except Exception as exc:  # noqa: BLE001
+            op.info(reason(exc))
+            return
+        op.ok()
+
+
+@dataclass
+class NodeView:
+    consumed: int = 0
+    ready: int | None = None  # the consumer's num_pending through this node's JetStream API
+    unacked: int | None = None  # its num_ack_pending
+    local: list[int] | None = None  # (pending, ack pending) in this server's own /jsz, if it holds a replica
+    empty_at_ns: int | None = None
+    error: str | None = None
+    missing: str | None = None  # "stream" or "consumer": what the JetStream API said it does not have
+    consumers_created: int = 0  # the drain made the durable consumer again (its state had been lost)
+
+
+class DrainUnfinished(Exception):
+    """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
+
+    def __init__(self, consumed: int, why: str) -> None:
+        super().__init__(f"unfinished after consuming {consumed}: {why}")
+        self.consumed = consumed
+
+
+class _Drain:
+    def __init__(self, driver: NatsDriver, process: str, queue: str) -> None:
+        self.d = driver
+        self.process = process
+        self.queue = queue
+        self.nodes = drain_order(driver.nodes, driver._rotation(process))
+        self.views = {n: NodeView() for n in self.nodes}
+        self.total = 0
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + driver.w.drain_timeout
+
+    def _left(self) -> float:
+        return self.deadline - self.loop.time()
+
+    async def value(self) -> dict[str, Any]:
+        try:
+            replicas = await asyncio.wait_for(self.d.replica_views(self.queue), REPLICA_WAIT + CONNECT_TIMEOUT + 2)
+        except TimeoutError:
+            replicas = {}
+        return {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()},
+                "replicas": replicas}
+
+    async def run(self) -> int:
+        inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
+        try:
+            while True:
+                before = self.total
+                every_empty = True
+                for node in self.nodes:
+                    if self._left() <= 0:
+                        every_empty = False
+                        break
+                    every_empty = await self._visit(node) and every_empty
+                if every_empty and self.total == before:
+                    inv.ok(await self.value())
+                    return self.total
+                if self._left() <= 0:
+                    break
+                if not every_empty:
+                    await asyncio.sleep(min(RECONNECT_DELAY, max(0.0, self._left())))
+        except asyncio.CancelledError:
+            inv.info("drain cancelled", {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}})
+            raise
+        errors = "; ".join(f"{n}: {v.error}" for n, v in self.views.items() if v.error)
+        why = (f"not every node reported {self.queue} empty within {self.d.w.drain_timeout:g}s"
+               + (f": {errors}" if errors else ""))
+        inv.info(why, await self.value())
+        raise DrainUnfinished(self.total, why)
+
+    async def _visit(self, node: str) -> bool:
+        """Fetch through ``node`` until it has been idle for ``drain_idle`` and the consumer is empty."""
+        view = self.views[node]
+        try:
+            conn = await self.d._connect(node)
+        except BROKER_ERRORS as exc:
+            view.error = f"connect: {reason(exc)}"
+            return False
+        session = _Session(self.d, conn, self.process, self.queue, Behaviour.none())
+        try:
+            return await asyncio.wait_for(self._until_empty(conn, session, view), max(0.1, self._left()))
+        except TimeoutError:
+            view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
+            return False
+        except BROKER_ERRORS as exc:
+            view.error = reason(exc)
+            return False
+        finally:
+            view.consumed += session.acked
+            self.total += session.acked
+            await conn.close()
+
+    async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool:
+        patience_from, acked_then = self.loop.time(), session.acked
+        while True:
+            idle_from = self.loop.time()
+            while self.loop.time() - idle_from < self.d.w.drain_idle:
+                before = session.acked
+                outcome = await session.run(None, rotate_after=None)
+                if outcome == "lost":
+                    view.error = "connection lost while draining"
+                    return False
+                if session.acked > before:
+                    idle_from = self.loop.time()
+            try:
+                info = await conn.js.consumer_info(self.queue, CONSUMER, timeout=OP_TIMEOUT)
+            except nats.js.errors.NotFoundError as exc:
+                if exc.err_code == STREAM_NOT_FOUND:  # the cluster holds no such stream: nothing left to read
+                    view.ready, view.unacked, view.missing = 0, 0, "stream"
+                    view.error = None
+                    if view.empty_at_ns is None:
+                        view.empty_at_ns = self.d.recorder.now_ns()
+                    return True
+                if exc.err_code != CONSUMER_NOT_FOUND:
+                    raise
+                # The stream is there, its consumer is not (its state was lost): read the stream
+                # again from the start through a new one, as the drain must read all that is left.
+                await self.d.create_consumer(conn, self.queue)
+                view.missing, view.consumers_created = "consumer", view.consumers_created + 1
+                continue
+            view.ready, view.unacked = int(info.num_pending or 0), int(info.num_ack_pending or 0)
+            if self.d.queue_depth is not None:
+                try:
+                    local = await self.d.queue_depth(conn.node, self.queue)
+                except Exception as exc:  # noqa: BLE001 - a plugin's exec failing is this node's error
+                    view.error = f"queue depth: {reason(exc)}"
+                    local = None
+                view.local = list(local) if local is not None else None
+            if view.ready == 0 and view.unacked == 0:
+                view.error = None
+                if view.empty_at_ns is None:
+                    view.empty_at_ns = self.d.recorder.now_ns()
+                return True
+            if session.acked > acked_then:
+                patience_from, acked_then = self.loop.time(), session.acked
+            elif self.loop.time() - patience_from > max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5):
+                view.error = (f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})")
+                return False
+
+
+def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> NatsDriver:
+    return NatsDriver(endpoints, recorder, **options)
+
+
+@hookimpl
+def brokerchaos_register_clients(register: Any) -> None:
+    register.add_client("nats", make_driver)

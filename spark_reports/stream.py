@@ -1,0 +1,276 @@
+"""Stream checks: what a log-structured broker (JetStream) promises beyond a queue's.
+
+The queue checks (``python``/``spark``) ask whether every confirmed message was
+consumed. A stream also promises one total order: each confirmed publish got a
+stream sequence, each sequence holds one message, consumers see the stream in
+that order, and every replica holds the same log once the cluster healed. From
+the history (publish ``ok`` and ``consume`` ``ok`` records carry ``stream_seq`` in
+``detail``; the drain's completion carries each server's own view of the stream
+in ``value.replicas``):
+
+- ``seq_conflicts``: one stream sequence confirmed to two different messages (a
+  leader that lost acknowledged writes and handed their sequences out again);
+- ``seq_mismatches``: a delivery whose stream sequence is not the one its publish
+  was confirmed with;
+- ``delivered_conflicts``: one stream sequence delivered as two different messages;
+- ``gaps``: sequences below the highest one delivered that nothing ever delivered,
+  not explained by messages the stream removed (below its first sequence); only
+  counted when the drain finished (else the stream is not fully read);
+- ``reordered``: first deliveries (``delivered == 1``) in the consumer's delivery
+  order whose stream sequence goes backwards;
+- ``diverged_streams``: streams whose replicas disagree after the final drain
+  (messages, first or last sequence).
+
+Two engines, one answer: ``check_stream_python`` and ``check_stream_spark`` (Spark
+SQL on the Parquet history) return the same dictionary; a differential test
+compares them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+COUNT_KEYS = ("streams", "confirmed", "delivered", "seq_conflicts", "seq_mismatches", "delivered_conflicts",
+              "gaps", "reordered", "diverged_streams", "unfinished_drains", "history_ops")
+ANOMALIES = ("seq_conflicts", "seq_mismatches", "delivered_conflicts", "gaps", "reordered", "diverged_streams")
+EXAMPLES = 20  # examples kept per anomaly
+_COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
+
+
+def history_path(run_dir: Path) -> Path:
+    parquet = run_dir / "history.parquet"
+    return parquet if parquet.exists() else run_dir / "history.jsonl"
+
+
+def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The columns the stream checks read, in index order (Parquet, or JSONL while a run is written)."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.open() if line.strip()]
+        rows.sort(key=lambda r: r["index"])
+        for r in rows:
+            yield {k: r.get(k) for k in _COLUMNS}
+        return
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=list(_COLUMNS)).sort_by("index")
+    yield from table.to_pylist()
+
+
+def _json(text: Any) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        out = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Streams whose replicas' views (servers that hold the stream) differ, from the last drain of each."""
+    out = []
+    for queue, value in sorted(drains.items()):
+        views = {n: v for n, v in (value.get("replicas") or {}).items() if isinstance(v, dict)}
+        shapes = {(v.get("messages"), v.get("first_seq"), v.get("last_seq")) for v in views.values()}
+        if len(shapes) > 1:
+            out.append({"queue": queue, "replicas": {n: {k: views[n].get(k) for k in ("messages", "first_seq",
+                                                                                     "last_seq")}
+                                                     for n in sorted(views)}})
+    return out
+
+
+def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The stream checks over history rows (dicts with the history's columns)."""
+    confirmed: dict[tuple[str, int], set[str]] = defaultdict(set)
+    seq_of: dict[tuple[str, str], set[int]] = defaultdict(set)
+    delivered: dict[tuple[str, int], set[str]] = defaultdict(set)
+    firsts: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # queue -> (consumer_seq, index, stream_seq)
+    mismatches: list[dict[str, Any]] = []
+    pending_deliveries: list[tuple[str, str, int, int]] = []
+    drains: dict[str, dict[str, Any]] = {}
+    drain_done: dict[str, bool] = {}
+    queues: set[str] = set()
+    n = 0
+    for r in rows:
+        n += 1
+        f, t, q = r.get("f"), r.get("type"), r.get("queue")
+        if f == "drain" and t in ("ok", "info") and q:
+            drain_done[q] = drain_done.get(q, True) and t == "ok"
+            drains[q] = _json(r.get("value"))
+            continue
+        if t != "ok" or not q or f not in ("publish", "consume"):
+            continue
+        d = _json(r.get("detail"))
+        seq = _int(d.get("stream_seq"))
+        if seq is None:
+            continue
+        queues.add(q)
+        mid = str(r.get("value"))
+        if f == "publish":
+            confirmed[(q, seq)].add(mid)
+            seq_of[(q, mid)].add(seq)
+            continue
+        delivered[(q, seq)].add(mid)
+        pending_deliveries.append((q, mid, seq, int(r["index"])))
+        cseq, count = _int(d.get("consumer_seq")), _int(d.get("delivered"))
+        if cseq is not None and count == 1:
+            firsts[q].append((cseq, int(r["index"]), seq))
+    for q, mid, seq, index in pending_deliveries:
+        want = seq_of.get((q, mid))
+        if want and seq not in want:
+            mismatches.append({"queue": q, "id": mid, "index": index, "delivered_seq": seq,
+                               "confirmed_seq": sorted(want)})
+    conflicts = [{"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(confirmed.items())
+                 if len(ids) > 1]
+    dconflicts = [{"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(delivered.items())
+                  if len(ids) > 1]
+    gaps: list[dict[str, Any]] = []
+    for q in sorted(queues):
+        if not drain_done.get(q):
+            continue
+        seqs = {s for (qq, s) in delivered if qq == q}
+        if not seqs:
+            continue
+        firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
+                       if isinstance(v, dict)]
+        floor = min([s for s in firsts_seen if s is not None] or [1])
+        missing = [s for s in range(max(1, floor), max(seqs) + 1) if s not in seqs]
+        gaps.extend({"queue": q, "seq": s} for s in missing)
+    reorders: list[dict[str, Any]] = []
+    for q, items in sorted(firsts.items()):
+        items.sort()
+        for (c1, _i1, s1), (c2, i2, s2) in zip(items, items[1:], strict=False):
+            if s2 < s1:
+                reorders.append({"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]})
+    diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
+    return _results({
+        "streams": len(queues), "confirmed": len(confirmed), "delivered": len(delivered),
+        "seq_conflicts": len(conflicts), "seq_mismatches": len(mismatches), "delivered_conflicts": len(dconflicts),
+        "gaps": len(gaps), "reordered": len(reorders), "diverged_streams": len(diverged),
+        "unfinished_drains": sum(1 for q in drain_done if not drain_done[q]) + len(queues - set(drain_done)),
+        "history_ops": n,
+    }, {"seq_conflicts": conflicts, "seq_mismatches": mismatches, "delivered_conflicts": dconflicts, "gaps": gaps,
+        "reordered": reorders, "diverged_streams": diverged}, engine="python")
+
+
+def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str) -> dict[str, Any]:
+    bad = [k for k in ANOMALIES if counts[k]]
+    if bad:
+        valid: bool | str = False
+        verdict = "INTEGRITY"
+    elif counts["unfinished_drains"]:
+        valid, verdict = "unknown", "unknown"
+    else:
+        valid, verdict = True, "durable"
+    notes = [f"stream {k.replace('_', ' ')}: {counts[k]}" for k in bad]
+    if counts["unfinished_drains"]:
+        notes.append(f"{counts['unfinished_drains']} stream(s) not fully drained: gaps and replica "
+                     "agreement not judged there")
+    if not counts["streams"]:
+        notes.append("no stream sequences in the history (not a stream broker's client?)")
+    return {"valid": valid, "verdict": verdict, "engine": engine, "counts": counts,
+            "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()}, "notes": notes}
+
+
+def check_stream_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
+    return check_rows(iter_rows(history_path(Path(run_dir))))
+
+
+# -- the same checks in Spark SQL ------------------------------------------------------------------
+
+_SQL = {
+    "base": """
+        SELECT index, type, f, queue, value,
+               CAST(get_json_object(detail, '$.stream_seq') AS BIGINT) AS seq,
+               CAST(get_json_object(detail, '$.consumer_seq') AS BIGINT) AS cseq,
+               CAST(get_json_object(detail, '$.delivered') AS BIGINT) AS dcount
+        FROM h WHERE type = 'ok' AND f IN ('publish', 'consume') AND queue IS NOT NULL""",
+    "conflicts": """SELECT queue, seq, sort_array(collect_set(value)) AS ids FROM b
+                    WHERE f = 'publish' AND seq IS NOT NULL GROUP BY queue, seq HAVING size(ids) > 1""",
+    "dconflicts": """SELECT queue, seq, sort_array(collect_set(value)) AS ids FROM b
+                     WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq HAVING size(ids) > 1""",
+    "mismatches": """
+        SELECT c.queue, c.value AS id, c.index, c.seq AS delivered_seq, p.seqs AS confirmed_seq
+        FROM (SELECT * FROM b WHERE f = 'consume' AND seq IS NOT NULL) c
+        JOIN (SELECT queue, value, sort_array(collect_set(seq)) AS seqs FROM b
+              WHERE f = 'publish' AND seq IS NOT NULL GROUP BY queue, value) p
+          ON c.queue = p.queue AND c.value = p.value
+        WHERE NOT array_contains(p.seqs, c.seq)""",
+    "reorders": """
+        SELECT queue, index, array(pc, cseq) AS consumer_seq, array(ps, seq) AS stream_seq FROM (
+          SELECT queue, index, cseq, seq,
+                 lag(cseq) OVER (PARTITION BY queue ORDER BY cseq, index) AS pc,
+                 lag(seq) OVER (PARTITION BY queue ORDER BY cseq, index) AS ps
+          FROM b WHERE f = 'consume' AND seq IS NOT NULL AND cseq IS NOT NULL AND dcount = 1)
+        WHERE ps IS NOT NULL AND seq < ps""",
+}
+
+
+def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None,
+                       spark_master: str | None = None) -> dict[str, Any]:
+    """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    run_dir = Path(run_dir)
+    path = history_path(run_dir)
+    if spark is None:
+        spark = (SparkSession.builder.master(spark_master or "local[2]").appName("brokerchaos-stream")
+                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
+    h.createOrReplaceTempView("h")
+    spark.sql(_SQL["base"]).createOrReplaceTempView("b")
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [r.asDict(recursive=True) for r in spark.sql(_SQL[name]).orderBy("queue").collect()]
+
+    conflicts = sorted(rows("conflicts"), key=lambda r: (r["queue"], r["seq"]))
+    dconflicts = sorted(rows("dconflicts"), key=lambda r: (r["queue"], r["seq"]))
+    mismatches = sorted(rows("mismatches"), key=lambda r: r["index"])
+    reorders = sorted(rows("reorders"), key=lambda r: (r["queue"], r["consumer_seq"], r["index"]))
+    n = h.count()
+    queues = [r["queue"] for r in spark.sql("SELECT DISTINCT queue FROM b WHERE seq IS NOT NULL").collect()]
+    confirmed = spark.sql("SELECT COUNT(DISTINCT queue, seq) AS n FROM b WHERE f = 'publish' AND seq IS NOT NULL"
+                          ).collect()[0]["n"]
+    delivered_seqs = spark.sql("SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq")
+    delivered = delivered_seqs.count()
+    drain_rows = [r.asDict() for r in spark.sql(
+        "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
+    ).collect()]
+    drains: dict[str, dict[str, Any]] = {}
+    drain_done: dict[str, bool] = {}
+    for r in drain_rows:
+        drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
+        drains[r["queue"]] = _json(r["value"])
+    gaps: list[dict[str, Any]] = []
+    for q in sorted(queues):
+        if not drain_done.get(q):
+            continue
+        firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
+                       if isinstance(v, dict)]
+        floor = max(1, min([s for s in firsts_seen if s is not None] or [1]))
+        mine = delivered_seqs.where(F.col("queue") == q)
+        top = mine.agg(F.max("seq").alias("m")).collect()[0]["m"]
+        if top is None or top < floor:
+            continue
+        missing = (spark.range(floor, top + 1).withColumnRenamed("id", "seq")
+                   .join(mine.select("seq"), "seq", "left_anti").orderBy("seq"))
+        gaps.extend({"queue": q, "seq": r["seq"]} for r in missing.collect())
+    diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
+    queue_set = set(queues)
+    return _results({
+        "streams": len(queue_set), "confirmed": int(confirmed), "delivered": int(delivered),
+        "seq_conflicts": len(conflicts), "seq_mismatches": len(mismatches), "delivered_conflicts": len(dconflicts),
+        "gaps": len(gaps), "reordered": len(reorders), "diverged_streams": len(diverged),
+        "unfinished_drains": sum(1 for q in drain_done if not drain_done[q]) + len(queue_set - set(drain_done)),
+        "history_ops": int(n),
+    }, {"seq_conflicts": conflicts, "seq_mismatches": mismatches, "delivered_conflicts": dconflicts, "gaps": gaps,
+        "reordered": reorders, "diverged_streams": diverged}, engine="spark")

@@ -1,0 +1,177 @@
+"""The stream checks on literal histories: one per anomaly, a clean one, and both engines agreeing."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from harness.spec.history import FIELDS, arrow_schema
+from spark_reports.stream import check_rows, check_stream_python, check_stream_spark
+
+Q = "chaos-1"
+
+
+class H:
+    """A history being written by hand: each helper appends the rows a driver would."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def _row(self, process: str, type_: str, f: str, value: Any = None, detail: Any = None,
+             queue: str | None = Q) -> None:
+        self.rows.append({"index": len(self.rows), "process": process, "type": type_, "f": f, "queue": queue,
+                          "value": value if value is None or isinstance(value, str) else json.dumps(value),
+                          "detail": None if detail is None else json.dumps(detail)})
+
+    def publish(self, mid: str, seq: int | None, outcome: str = "ok") -> H:
+        self._row("p1", "invoke", "publish", mid)
+        self._row("p1", outcome, "publish", mid, {"stream_seq": seq} if outcome == "ok" else None)
+        return self
+
+    def deliver(self, mid: str, seq: int, cseq: int, delivered: int = 1, ack: bool = True) -> H:
+        self._row("c1", "invoke", "consume")
+        self._row("c1", "ok", "consume", mid, {"stream_seq": seq, "consumer_seq": cseq, "delivered": delivered})
+        if ack:
+            self._row("c1", "invoke", "ack", mid)
+            self._row("c1", "ok", "ack", mid)
+        return self
+
+    def drain(self, replicas: dict[str, Any] | None = None, ok: bool = True) -> H:
+        self._row("d1", "invoke", "drain")
+        self._row("d1", "ok" if ok else "info", "drain", {"consumed": 0, "nodes": {}, "replicas": replicas or {}})
+        return self
+
+    def clean(self, n: int = 3) -> H:
+        for i in range(1, n + 1):
+            self.publish(f"p1:{i}", i)
+        for i in range(1, n + 1):
+            self.deliver(f"p1:{i}", i, i)
+        view = {"messages": n, "first_seq": 1, "last_seq": n}
+        return self.drain({"n1": view, "n2": dict(view), "n3": None})
+
+    def write(self, run_dir: Path) -> Path:
+        full = [{k: r.get(k) for k in FIELDS} for r in self.rows]
+        for r in full:
+            r.update(time_ns=r["index"], wall_time="", node="n1", schema=2)
+        pq.write_table(pa.Table.from_pylist(full, schema=arrow_schema()), run_dir / "history.parquet")
+        return run_dir
+
+
+def test_clean_stream_is_valid() -> None:
+    res = check_rows(H().clean().rows)
+    assert (res["valid"], res["verdict"]) == (True, "durable")
+    assert res["counts"]["streams"] == 1 and res["counts"]["confirmed"] == 3
+
+
+def test_one_sequence_confirmed_to_two_messages() -> None:
+    h = H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain()
+    res = check_rows(h.rows)
+    assert res["valid"] is False and res["verdict"] == "INTEGRITY"
+    assert res["counts"]["seq_conflicts"] == 1
+    assert res["anomalies"]["seq_conflicts"] == [{"queue": Q, "seq": 1, "ids": ["p1:1", "p2:1"]}]
+    assert res["counts"]["seq_mismatches"] == 0  # p2:1 was delivered at a sequence it was confirmed with
+
+
+def test_delivery_at_another_sequence_than_confirmed() -> None:
+    h = H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1).deliver("p1:2", 3, 2).drain()
+    res = check_rows(h.rows)
+    assert res["counts"]["seq_mismatches"] == 1
+    assert res["anomalies"]["seq_mismatches"][0]["confirmed_seq"] == [2]
+    assert res["counts"]["gaps"] == 1  # and nothing was delivered at 2
+
+
+def test_one_sequence_delivered_as_two_messages() -> None:
+    h = H().publish("p1:1", 1).deliver("p1:1", 1, 1).deliver("p9:9", 1, 2).drain()
+    assert check_rows(h.rows)["counts"]["delivered_conflicts"] == 1
+
+
+def test_gap_counts_only_after_a_finished_drain_and_above_the_first_sequence() -> None:
+    def gappy(ok: bool, first: int) -> dict[str, Any]:
+        h = H()
+        for i in (1, 2, 3, 4):
+            h.publish(f"p1:{i}", i)
+        h.deliver("p1:1", 1, 1).deliver("p1:4", 4, 2)
+        view = {"messages": 4, "first_seq": first, "last_seq": 4}
+        return check_rows(h.drain({"n1": view}, ok=ok).rows)
+
+    res = gappy(True, 1)
+    assert res["counts"]["gaps"] == 2 and [g["seq"] for g in res["anomalies"]["gaps"]] == [2, 3]
+    unfinished = gappy(False, 1)
+    assert unfinished["counts"]["gaps"] == 0 and unfinished["valid"] == "unknown"
+    assert gappy(True, 4)["counts"]["gaps"] == 0  # the stream removed what is below its first sequence
+
+
+def test_reordered_first_deliveries() -> None:
+    h = H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:2", 2, 1).deliver("p1:1", 1, 2).drain()
+    res = check_rows(h.rows)
+    assert res["counts"]["reordered"] == 1
+    # a redelivery out of order is not a reordering
+    h2 = H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1, ack=False).deliver("p1:2", 2, 2)
+    assert check_rows(h2.deliver("p1:1", 1, 3, delivered=2).drain().rows)["counts"]["reordered"] == 0
+
+
+def test_replicas_that_disagree_after_the_drain() -> None:
+    h = H()
+    for i in (1, 2):
+        h.publish(f"p1:{i}", i).deliver(f"p1:{i}", i, i)
+    res = check_rows(h.drain({"n1": {"messages": 2, "first_seq": 1, "last_seq": 2},
+                              "n2": {"messages": 1, "first_seq": 1, "last_seq": 1}, "n3": None}).rows)
+    assert res["counts"]["diverged_streams"] == 1 and res["valid"] is False
+    assert res["anomalies"]["diverged_streams"][0]["replicas"]["n2"]["last_seq"] == 1
+
+
+def test_reads_a_run_directory(tmp_path: Path) -> None:
+    res = check_stream_python(H().clean().write(tmp_path))
+    assert res["valid"] is True and res["counts"]["history_ops"] == len(H().clean().rows)
+
+
+def random_history(rng: random.Random) -> H:
+    """A small stream history with sequences confirmed, delivered, lost, reused, reordered at random."""
+    h = H()
+    n = rng.randint(1, 8)
+    seqs = [rng.randint(1, n + 2) for _ in range(n)]
+    for i, s in enumerate(seqs, start=1):
+        h.publish(f"p1:{i}", s, rng.choice(["ok", "ok", "info"]))
+    order = rng.sample(range(1, n + 1), n)
+    for c, i in enumerate(order, start=1):
+        if rng.random() < 0.7:
+            h.deliver(f"p1:{i}", rng.choice([seqs[i - 1], seqs[i - 1] + 1]), c, delivered=rng.choice([1, 1, 2]))
+    views = {"n1": {"messages": n, "first_seq": 1, "last_seq": n},
+             "n2": {"messages": rng.choice([n, n - 1]), "first_seq": 1, "last_seq": n}}
+    return h.drain(views, ok=rng.random() < 0.7)
+
+
+def _literal_cases() -> list[H]:
+    gap = H()
+    for i in (1, 2, 3, 4):
+        gap.publish(f"p1:{i}", i)
+    gap.deliver("p1:1", 1, 1).deliver("p1:4", 4, 2).drain({"n1": {"messages": 4, "first_seq": 1, "last_seq": 4}})
+    return [
+        H().clean(),
+        H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain(),
+        H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1).deliver("p1:2", 3, 2).drain(),
+        H().publish("p1:1", 1).deliver("p1:1", 1, 1).deliver("p9:9", 1, 2).drain(),
+        gap,
+        H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:2", 2, 1).deliver("p1:1", 1, 2).drain(),
+        H().publish("p1:1", 1).deliver("p1:1", 1, 1).drain({"n1": {"messages": 1, "first_seq": 1, "last_seq": 1},
+                                                            "n2": {"messages": 0, "first_seq": 0, "last_seq": 0}}),
+    ]
+
+
+@pytest.mark.spark
+def test_spark_and_python_agree(tmp_path: Path) -> None:
+    """Every literal anomaly above and a few seeded random histories: the same answer from both engines."""
+    cases = _literal_cases() + [random_history(random.Random(seed)) for seed in range(2)]
+    for i, h in enumerate(cases):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        h.write(run)
+        py, sp = check_stream_python(run), check_stream_spark(run)
+        assert {k: v for k, v in py.items() if k != "engine"} == {k: v for k, v in sp.items() if k != "engine"}, i
+    assert sum(check_stream_python(tmp_path / f"run{i}")["valid"] is False for i in range(len(cases))) >= 6
