@@ -136,6 +136,8 @@ class Netem(Fault):
     def heal(self) -> dict[str, Any]:
         node = self.params["node"]
         shown = _run(self.ctx, node, f"tc -s qdisc show dev {IFACE}", "tc qdisc show")
+        if "netem" not in shown:  # the apply did not take (recorded then): nothing to remove
+            return {"node": node, "qdisc": shown, "removed": None}
         _run(self.ctx, node, f"tc qdisc del dev {IFACE} root", "tc qdisc del")
         return {"node": node, "command": "tc qdisc del dev <if> root", "qdisc_before_heal": shown}
 

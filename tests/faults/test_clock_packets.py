@@ -83,3 +83,29 @@ def test_the_fake_clock_is_preloaded_into_the_broker_only() -> None:
     assert "LD_PRELOAD" not in broker.env, "nodeinit and docker exec keep the real clock"
     assert faked.faketime and not plain.faketime
     assert faked.container("n1", "proxy").cap_add == ("NET_ADMIN",)
+
+
+def test_a_planned_clock_fault_brings_the_fake_clock_and_only_where_the_runtime_honours_it() -> None:
+    from harness.nemesis import Plan, PlannedFault, check_capabilities, plan
+    from harness.runner import host_features
+    from harness.scenario import from_dict
+
+    host = Host.load()
+    faults = host.registry.faults
+    sc = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 60},
+                    "nemesis": {"random": {"faults": ["clock-skew", "clock-strobe", "kill", "packet-loss"],
+                                           "every": [2, 4], "hold": [1, 3]}}})
+    planned = plan(sc, faults, NODES)
+    kinds = {s.kind for s in planned.steps}
+    assert {"clock-skew", "clock-strobe", "packet-loss"} <= kinds
+    assert host_features(sc, planned, faults) == {"faketime"}
+    # a replayed plan (read back from a history) brings it too
+    replay = Plan([PlannedFault("f1", 1.0, 2.0, "clock-bump", {"node": "n2", "delta": -5.0})])
+    assert host_features(sc, replay, faults) == {"faketime"}
+    plain = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 60},
+                       "nemesis": {"random": {"faults": ["kill"], "every": [2, 4], "hold": [1, 3]}}})
+    assert host_features(plain, plan(plain, faults, NODES), faults) == set()
+    # nats-server is a Go binary: it reads the clock without libc, so clock kinds are refused for it
+    if "nats" in host.registry.brokers:
+        with pytest.raises(ScenarioError, match="clock"):
+            check_capabilities(sc, faults, frozenset(host.broker("nats").capabilities), "nats")
