@@ -120,3 +120,24 @@ def node_rotation(nodes: Sequence[str], first: str | None) -> itertools.cycle[st
 def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
     """Every node once, starting where the drainer's rotation starts."""
     return [next(rotation) for _ in nodes]
+
+
+async def drain_rounds(nodes: Sequence[str], visit: Callable[[str], Awaitable[bool]], consumed: Callable[[], int],
+                       left: Callable[[], float], pause: float) -> bool:
+    """A drain's rounds: visit every node in turn until one full round finds every node empty
+    and consumes nothing new (True), or the time ``left`` runs out (False). ``visit`` drains
+    through one node and says whether that node reported the queue empty."""
+    while True:
+        before = consumed()
+        every_empty = True
+        for node in nodes:
+            if left() <= 0:
+                every_empty = False
+                break
+            every_empty = await visit(node) and every_empty
+        if every_empty and consumed() == before:
+            return True
+        if left() <= 0:
+            return False
+        if not every_empty:
+            await asyncio.sleep(min(pause, max(0.0, left())))

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
-from harness.spec.client import reason
+from harness.spec.client import drain_rounds, reason
 from plugins.amqp091.consumer import RECONNECT_DELAY, Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
@@ -87,21 +87,9 @@ class Drain:
     async def run(self) -> int:
         inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            while True:
-                before = self.total
-                every_empty = True
-                for node in self.nodes:
-                    if self._left() <= 0:
-                        every_empty = False
-                        break
-                    every_empty = await self._visit(node) and every_empty
-                if every_empty and self.total == before:
-                    inv.ok(self.value())
-                    return self.total
-                if self._left() <= 0:
-                    break
-                if not every_empty:
-                    await asyncio.sleep(min(RECONNECT_DELAY, max(0.0, self._left())))
+            if await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY):
+                inv.ok(self.value())
+                return self.total
         except asyncio.CancelledError:
             inv.info("drain cancelled", self.value())
             raise

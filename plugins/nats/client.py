@@ -57,7 +57,15 @@ from harness.spec import (
     body_digest,
     message_body,
 )
-from harness.spec.client import Behaviour, drain_order, node_rotation, reason, slow_consumers, wait_or_stop
+from harness.spec.client import (
+    Behaviour,
+    drain_order,
+    drain_rounds,
+    node_rotation,
+    reason,
+    slow_consumers,
+    wait_or_stop,
+)
 
 CONSUMER = "brokerchaos"  # the durable pull consumer every consumer process shares
 ID_HEADER = "Brokerchaos-Id"
@@ -479,21 +487,9 @@ class _Drain:
     async def run(self) -> int:
         inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            while True:
-                before = self.total
-                every_empty = True
-                for node in self.nodes:
-                    if self._left() <= 0:
-                        every_empty = False
-                        break
-                    every_empty = await self._visit(node) and every_empty
-                if every_empty and self.total == before:
-                    inv.ok(await self.value())
-                    return self.total
-                if self._left() <= 0:
-                    break
-                if not every_empty:
-                    await asyncio.sleep(min(RECONNECT_DELAY, max(0.0, self._left())))
+            if await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY):
+                inv.ok(await self.value())
+                return self.total
         except asyncio.CancelledError:
             inv.info("drain cancelled", {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}})
             raise

@@ -176,7 +176,10 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
         task = asyncio.create_task(driver.produce("p1", QUEUE, stop))
         await asyncio.sleep(1.0)
         await asyncio.to_thread(cluster[0].stop)  # p1 starts on n1
-        await asyncio.sleep(3.0)
+        before = rec.counts.get(("publish", "ok"), 0)
+        deadline = time.monotonic() + 60  # a stream leader on n1 needs an election first
+        while rec.counts.get(("publish", "ok"), 0) < before + 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         stop.set()
         await asyncio.wait_for(task, 30)
 
