@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness import FaultError, ScenarioError, short_error
-from harness.spec import ConformanceProbe, Fault, FaultContext
+from harness.spec import Fault, FaultContext
 
 NETEM_DEFAULTS = {"loss": 0.0, "duplicate": 0.0, "corrupt": 0.0, "reorder": 0.0, "delay": 0.0, "jitter": 0.0,
                   "correlation": 0.0}
@@ -151,7 +151,6 @@ class Netem(Fault):
 class PacketLoss(Fault):
     name = "packet-loss"
     requires = frozenset({"partition"})
-    conformance = ConformanceProbe(params={"node": "n1", "loss": 30.0}, nodes=2)
     params_schema = {"node": str, "loss": float, "direction": ("in", "out", "both"), "links": ("peers", "all")}
 
     @classmethod

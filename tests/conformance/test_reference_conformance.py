@@ -25,7 +25,7 @@ REFERENCE_CHECKS = (
     "correctness: no faults, durable", "kill: applied, healed, broker recovers",
     "pause: applied, healed, broker recovers", "stop: applied, healed, broker recovers",
     "power-loss: applied, healed, broker recovers", "power-loss: lazyfs held unsynced broker data",
-    "partition: applied, healed, broker recovers",
+    "partition: applied, healed, broker recovers", "clock-skew: applied, healed, broker recovers",
 )
 
 
