@@ -48,6 +48,8 @@ def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481)
                                  'printf %s "$$PROXIES" > /tmp/proxies.json && exec '
                                  f"/usr/local/bin/{TOXIPROXY_BIN} --host 0.0.0.0 --port {TOXIPROXY_API_PORT} "
                                  "--config /tmp/proxies.json"]
+            if c.cap_add:  # packet faults run tc and nft in the sidecar
+                svc["cap_add"] = list(c.cap_add)
         else:
             svc["network_mode"] = f"service:{c.node}"
             svc["depends_on"] = [c.node]
