@@ -114,12 +114,12 @@ def render(out: Path, data: dict[str, Any]) -> Path:
                     f"<td>{'still fails: kept' if c['fails'] else 'no failure: rejected'}</td>"
                     f"<td>{seconds:.0f}</td><td>{links}</td></tr>")
     orig, best = data["original"], data["best"]
-    status = {"complete": "every pass finished", "budget": "stopped at the time budget",
+    status = {"complete": "complete (every pass finished)", "budget": "stopped at the time budget",
               "interrupted": "interrupted (Ctrl-C)", None: "in progress",
               "stopped": f"stopped early ({data.get('stopped')})"}[data["finished"]]
     body = f"""
 <h1>Shrink of {_e(data['scenario'])} (seed {data['seed']}): {_e(data['loss_class'])}</h1>
-<p>From <code>{_e(data['source'])}</code>. Search {_e(status)} after {data['elapsed_s']:.0f} s:
+<p>From <code>{_e(data['source'])}</code>. Search {_e(status)}; ran {data['elapsed_s']:.0f} s:
 {len(data['candidates'])} candidate schedules, {data['trials']} trial runs (up to {data['trials_per_candidate']} per
 candidate, same seed; a candidate counts as failing when a trial ends in {_e(data['loss_class'])}).</p>
 <table><tr><th></th><th>fault actions</th><th>workload</th><th>rate</th><th>nodes</th></tr>
