@@ -251,7 +251,8 @@ class LazyState:
         self.backing = os.path.abspath(backing)
         self.sync_backing = sync_backing
         #: ``strict``: a name is durable only when its directory is fsynced (POSIX's letter);
-        #: ``journal``: any fsync also commits every name change made so far (ext4/xfs journal).
+        #: ``journal``: any fsync also commits every name change made so far (ext4/xfs journal),
+        #: and a file renamed over another is written first (ext4's ``auto_da_alloc``).
         self.names = names
         self._names_committed = 0
         self.lock = threading.RLock()
@@ -604,6 +605,10 @@ class LazyState:
                         raise _err(errno.ENOTEMPTY, new)
                 elif isinstance(node, Dir):
                     raise _err(errno.ENOTDIR, new)
+                if self.names == "journal" and isinstance(node, File) and node.dirty:
+                    # ext4's auto_da_alloc: a file renamed over another has its data written
+                    # before the rename commits, so replace-by-rename never leaves an empty file.
+                    self._persist_file(node)
                 self._remove(dd, dname)
             self._remove(sd, sname)
             self._add(dd, dname, node)

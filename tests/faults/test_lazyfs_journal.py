@@ -44,3 +44,23 @@ def test_strict_names_need_the_directory_fsync() -> None:
 def test_journal_commits_every_name_with_any_fsync() -> None:
     # The fsynced file is whole; the other one's name came with the commit, its data did not.
     assert _scenario("journal") == {"sub/wal": b"record", "sub/other": b""}
+
+
+@pytest.mark.parametrize(("names", "expected"), [("strict", b"old"), ("journal", b"new")])
+def test_replace_by_rename_never_leaves_an_empty_file_in_journal_mode(names: str, expected: bytes) -> None:
+    """write tmp, rename over the old file, no fsync of either; another file's fsync commits the names."""
+    with tempfile.TemporaryDirectory(prefix="lzr") as tmp, \
+            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz:
+        m = lz.mountpoint
+        with open(f"{m}/schema", "wb") as f:
+            f.write(b"old")
+        lz.command("flush")
+        with open(f"{m}/schema.tmp", "wb") as f:
+            f.write(b"new")
+        os.rename(f"{m}/schema.tmp", f"{m}/schema")
+        fd = os.open(f"{m}/wal", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        assert lz.command("crash")["ok"]
+        with open(f"{m}/schema", "rb") as f:
+            assert f.read() == expected
