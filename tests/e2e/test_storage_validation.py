@@ -1,0 +1,37 @@
+"""Storage faults validated on the reference broker (reference/faults.md, "Validating the faults").
+
+Coordinated power cuts must cost nothing confirmed when the broker fsyncs before it confirms
+(flush: sync) and must lose confirmed messages when it does not (flush: async); a disk that lies
+about fsync must make the harness find the loss, tied to the lie's window. One node each: short,
+and free of the reference broker's cluster cold-start defect
+(scenarios/reference-power-loss-coordinated-cluster.yaml).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.chaos]
+
+
+def test_coordinated_power_loss_costs_nothing_with_sync_flush(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/reference-power-loss-coordinated.yaml")
+    assert r.code == 0, r.explain()
+    c = r.results["counts"]
+    assert c["lost"] == 0 and c["confirmed"] > 1000
+
+
+def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/reference-power-loss-coordinated-async.yaml")
+    assert r.code == 1, r.explain()
+    res = r.results
+    assert res["counts"]["lost"] > 0
+    assert {row["fault_kind"] for row in res["attribution"]["rows"]} == {"power-loss-coordinated"}
+
+
+def test_a_lying_fsync_then_a_power_cut_loses_what_was_confirmed(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+    r = brokerchaos("run", "scenarios/reference-fsync-lie.yaml")
+    assert r.code == 1, r.explain()
+    res = r.results
+    assert res["counts"]["lost"] > 0
+    assert "fsync-lie" in {row["fault_kind"] for row in res["attribution"]["rows"]}
