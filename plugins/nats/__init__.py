@@ -164,6 +164,9 @@ class Nats(BrokerPlugin):
         while True:
             try:
                 meta = monitor(nodes[0], "/jsz").get("meta_cluster") or {}
+                leader = next((n for n in nodes if n.name == meta.get("leader")), None)
+                if leader is not None and leader is not nodes[0]:  # only the leader lists the replicas
+                    meta = monitor(leader, "/jsz").get("meta_cluster") or {}
                 peers = {meta.get("leader")} | {r.get("name") for r in meta.get("replicas") or ()
                                                 if r.get("current")}
                 if len(nodes) == 1 or (meta.get("leader") and want <= peers):
