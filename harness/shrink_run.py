@@ -102,6 +102,8 @@ class Shrink:
         w = self.base.workload
         self.original = Schedule(steps=tuple(recorded.steps), duration=w.duration, rate=w.rate,
                                  nodes=self.base.broker.nodes)
+        # The checkers that judged the original (``--checker`` may have overridden the scenario's).
+        self.checkers = tuple((self.original_results.get("checkers") or {}).keys()) or None
         self.trials = trials
         self.budget_s = budget_s
         self.passes = passes
@@ -159,7 +161,7 @@ class Shrink:
         for k in range(1, self.trials + 1):
             t0 = time.monotonic()
             try:
-                run = Run(self.host, sc, self.out / "trials", replay=Plan(list(s.steps)))
+                run = Run(self.host, sc, self.out / "trials", replay=Plan(list(s.steps)), checkers=self.checkers)
                 results = run.execute()
                 assert run.dir is not None
                 trial = Trial(str(run.dir.path), str(results.get("verdict", results.get("valid"))),
