@@ -26,6 +26,7 @@ from broker_impl.backing import Store, make_backing_queue, open_store
 from broker_impl.backing_queue import BackingQueue
 from broker_impl.codec import ACCESS_REFUSED, ChannelError
 from broker_impl.config import Config, Permission, User
+from broker_impl.exchange import destination_exchange
 from broker_impl.flow import CreditSpec
 from broker_impl.queue import Queue
 from broker_impl.vhost import VHost
@@ -172,8 +173,13 @@ class Broker:
                         arguments=q.get("arguments", {}),
                     )
                 for b in vd.get("bindings", []):
+                    if b["source"] not in vh.exchanges:
+                        continue
+                    to_exchange = destination_exchange(b["destination"])
+                    if to_exchange is not None and to_exchange in vh.exchanges:
+                        vh.bind_exchange(to_exchange, b["source"], b["routing_key"], b.get("arguments", {}))
                     queue = vh.queues.get(b["destination"])
-                    if queue is not None and b["source"] in vh.exchanges:
+                    if queue is not None:
                         vh.bind(queue, b["source"], b["routing_key"], b.get("arguments", {}))
         finally:
             self._loading = False
@@ -369,7 +375,8 @@ class Broker:
                 ],
                 "bindings": [
                     asdict(b) for b in vh.bindings()
-                    if b.destination in durable_q and vh.exchanges[b.source].durable
+                    if vh.exchanges[b.source].durable and (
+                        b.destination in durable_q or _durable_exchange(vh, destination_exchange(b.destination)))
                 ],
             }
         return {
@@ -382,6 +389,11 @@ class Broker:
 
     def disk_free(self) -> int:
         return shutil.disk_usage(self.data_dir).free
+
+
+def _durable_exchange(vh: VHost, name: str | None) -> bool:
+    ex = vh.exchanges.get(name) if name is not None else None
+    return ex is not None and ex.durable
 
 
 __all__ = ["Broker", "BrokerError", "User", "store_queue_key", "write_atomic"]

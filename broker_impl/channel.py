@@ -301,6 +301,21 @@ class Channel(Actor):
         if not m.nowait:
             self._reply(commands.Exchange.DeclareOk())
 
+    async def _exchange_bind(self, m: commands.Exchange.Bind, *_: Any) -> None:
+        # RabbitMQ's checks: write on the destination, read on the source
+        self._perm("write", m.destination, "exchange")
+        self._perm("read", m.source, "exchange")
+        self.conn.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self._reply(commands.Exchange.BindOk())
+
+    async def _exchange_unbind(self, m: commands.Exchange.Unbind, *_: Any) -> None:
+        self._perm("write", m.destination, "exchange")
+        self._perm("read", m.source, "exchange")
+        self.conn.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self._reply(commands.Exchange.UnbindOk())
+
     async def _exchange_delete(self, m: commands.Exchange.Delete, *_: Any) -> None:
         self._perm("configure", m.exchange, "exchange")
         self.conn.vhost.delete_exchange(m.exchange, m.if_unused)
@@ -520,6 +535,8 @@ _HANDLERS: dict[type, Any] = {
     commands.Channel.Open: Channel._channel_open,
     commands.Exchange.Declare: Channel._exchange_declare,
     commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Exchange.Bind: Channel._exchange_bind,
+    commands.Exchange.Unbind: Channel._exchange_unbind,
     commands.Queue.Declare: Channel._queue_declare,
     commands.Queue.Bind: Channel._queue_bind,
     commands.Queue.Unbind: Channel._queue_unbind,

@@ -26,8 +26,23 @@ class Binding:
         return (self.source, self.destination, self.routing_key, tuple(sorted((k, repr(v)) for k, v in self.arguments.items())))
 
 
+# An exchange-to-exchange binding's destination: the exchange's name behind a NUL, so one binding
+# table (and every exchange type's matching) serves both kinds and no queue name can collide.
+_TO_EXCHANGE = "\x00"
+
+
+def exchange_destination(name: str) -> str:
+    """The ``Binding.destination`` of a binding whose destination is exchange ``name``."""
+    return _TO_EXCHANGE + name
+
+
+def destination_exchange(destination: str) -> str | None:
+    """The exchange a binding's destination names, or None when it names a queue."""
+    return destination[1:] if destination.startswith(_TO_EXCHANGE) else None
+
+
 class Exchange:
-    """Base: a set of bindings and a ``route`` that picks destination queue names."""
+    """Base: a set of bindings and a ``route`` that picks destination names (queues, or exchanges)."""
 
     type = ""
 

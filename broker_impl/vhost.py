@@ -22,7 +22,7 @@ from broker_impl.codec import (
     ChannelError,
     ConnectionError_,
 )
-from broker_impl.exchange import Binding, Exchange, make_exchange
+from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination, make_exchange
 from broker_impl.message import Message
 from broker_impl.queue import Queue
 
@@ -96,7 +96,10 @@ class VHost:
             raise ChannelError(ACCESS_REFUSED, f"operation not permitted on the default exchange '{name}'")
         if if_unused and ex.bindings:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
-        del self.exchanges[name]  # its bindings go with it (no exchange-to-exchange bindings)
+        del self.exchanges[name]  # its bindings go with it, and so do the bindings that lead to it
+        dest = exchange_destination(name)
+        for other in self.exchanges.values():
+            other.unbind_queue(dest)
         self.broker.metadata_changed(persist=ex.durable)
 
     def get_exchange(self, name: str) -> Exchange:
@@ -232,6 +235,21 @@ class VHost:
         if ex.unbind(Binding(exchange, queue.name, routing_key, dict(arguments or {}))):
             self.broker.metadata_changed(persist=ex.durable and queue.durable)
 
+    def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        """An exchange-to-exchange binding: what ``source`` routes by it goes on through ``destination``."""
+        if "" in (source, destination):
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        src, dst = self.get_exchange(source), self.get_exchange(destination)
+        src.bind(Binding(source, exchange_destination(destination), routing_key, dict(arguments or {})))
+        self.broker.metadata_changed(persist=src.durable and dst.durable)
+
+    def unbind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        if "" in (source, destination):
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        src, dst = self.get_exchange(source), self.get_exchange(destination)
+        if src.unbind(Binding(source, exchange_destination(destination), routing_key, dict(arguments or {}))):
+            self.broker.metadata_changed(persist=src.durable and dst.durable)
+
     def bindings(self) -> list[Binding]:
         return [b for ex in self.exchanges.values() if ex.name != "" for b in ex.bindings.values()]
 
@@ -246,20 +264,34 @@ class VHost:
         if exchange.name == "":
             q = self.queues.get(routing_key)
             return [q] if q is not None and not q.deleted else []
-        seen: set[str] = set()
+        tried: set[str] = set()
         ex: Exchange | None = exchange
-        while ex is not None and ex.name not in seen:
-            seen.add(ex.name)
-            out = []
-            for qname in ex.route(routing_key, properties):
-                q = self.queues.get(qname)
-                if q is not None and not q.deleted:
-                    out.append(q)
+        while ex is not None and ex.name not in tried:
+            tried.add(ex.name)
+            out = self._route_through(ex, routing_key, properties)
             if out:
                 return out
             ae = ex.arguments.get("alternate-exchange") or self._policy_ae(ex.name)
             ex = self.exchanges.get(ae) if isinstance(ae, str) and ae else None
         return []
+
+    def _route_through(self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties) -> list[Queue]:
+        """The queues reached from ``exchange``, following exchange-to-exchange bindings (each exchange once)."""
+        found: dict[str, Queue] = {}
+        seen = {exchange.name}
+        todo = [exchange]
+        while todo:
+            ex = todo.pop()
+            for dest in ex.route(routing_key, properties):
+                xname = destination_exchange(dest)
+                if xname is None:
+                    q = self.queues.get(dest)
+                    if q is not None and not q.deleted:
+                        found[dest] = q
+                elif xname not in seen and (nxt := self.exchanges.get(xname)) is not None:
+                    seen.add(xname)
+                    todo.append(nxt)
+        return list(found.values())
 
     def _policy_ae(self, exchange: str) -> str | None:
         policy = self.broker.effective_policy(self.name, exchange, apply_to="exchanges")

@@ -27,7 +27,7 @@ from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
 from broker_impl.cluster.mirror import MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
 from broker_impl.config import Permission
-from broker_impl.exchange import Binding, make_exchange
+from broker_impl.exchange import Binding, destination_exchange, make_exchange
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class Catalog:
             if data is None:
                 bnd.arguments = json.loads(k[5])
                 src.unbind(bnd)
-            elif k[3] in vh.queues:
+            elif k[3] in vh.queues or destination_exchange(k[3]) in vh.exchanges:
                 src.bind(bnd)
         elif kind == "queue":
             await self._apply_queue(self._vhost(k[1]), k[2], data)

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from broker_impl.exchange import destination_exchange
+
 if TYPE_CHECKING:
     from broker_impl.broker import Broker
 
@@ -140,7 +142,8 @@ def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) ->
                 "internal": ex.internal, "arguments": _plain(ex.arguments),
             }
         for b in vh.bindings():
-            if b.destination not in shared:
+            to_exchange = destination_exchange(b.destination)
+            if b.destination not in shared and (to_exchange is None or to_exchange not in vh.exchanges):
                 continue
             args = _plain(b.arguments)
             out[key("binding", vname, b.source, b.destination, b.routing_key, json.dumps(args, sort_keys=True))] = {

@@ -92,8 +92,8 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
     ch.queue_declare("ttl.q", durable=True, arguments={"x-message-ttl": 1500})
     ch.queue_declare("ttl.per", durable=True)
     persistent = pika.BasicProperties(delivery_mode=2)
+    ch.basic_publish("", "ttl.per", b"expires too", pika.BasicProperties(delivery_mode=2, expiration="1000"))
     ch.basic_publish("", "ttl.q", b"expires", persistent)
-    ch.basic_publish("", "ttl.per", b"expires too", pika.BasicProperties(delivery_mode=2, expiration="1500"))
     ch.basic_publish("", "ttl.per", b"stays", persistent)
     conn.close()
     first.stop()
@@ -105,10 +105,49 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
         while ch.queue_declare("ttl.q", passive=True).method.message_count:
             assert time.monotonic() < deadline, "a recovered message outlived its TTL"
             conn.process_data_events(time_limit=0.1)
-        got = []  # stored with ttl.q's message: its deadline has passed too, and it is at the head
+        got = []  # stored before ttl.q's message with a shorter TTL: its deadline has passed too
         while (m := ch.basic_get("ttl.per", auto_ack=True))[0] is not None:
             got.append(m[2])
         assert got == [b"stays"]
+        conn.close()
+    finally:
+        second.stop()
+
+
+def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    first = InProcessNode(make_config(tmp_path)).start()
+    port = first.port
+    conn = connect(first)
+    ch = conn.channel()
+    ch.exchange_declare("front", "topic", durable=True)
+    ch.exchange_declare("back", "fanout", durable=True)
+    ch.exchange_declare("loop", "fanout", durable=True)
+    ch.queue_declare("e2e.q", durable=True)
+    ch.queue_bind("e2e.q", "back")
+    ch.exchange_bind("back", "front", "orders.*")  # destination, source, routing key
+    ch.exchange_bind("loop", "back")
+    ch.exchange_bind("back", "loop")  # a cycle: each exchange is visited once, the queue gets one copy
+    ch.confirm_delivery()
+    ch.basic_publish("front", "orders.new", b"via front", pika.BasicProperties(delivery_mode=2), mandatory=True)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("front", "invoices.new", b"matches no binding", mandatory=True)
+    assert ch.queue_declare("e2e.q", passive=True).method.message_count == 1
+    conn.close()
+    first.stop()
+    second = InProcessNode(make_config(tmp_path, node__port=port)).start()
+    try:
+        conn = connect(second)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("front", "orders.old", b"after restart", mandatory=True)
+        bodies = [ch.basic_get("e2e.q", auto_ack=True)[2] for _ in range(2)]
+        assert bodies == [b"via front", b"after restart"]
+        ch.exchange_unbind("back", "front", "orders.*")
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("front", "orders.gone", b"unbound", mandatory=True)
+        ch.exchange_delete("back")  # bindings to and from it go with it
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("loop", "", b"nowhere", mandatory=True)
         conn.close()
     finally:
         second.stop()
