@@ -21,6 +21,13 @@ from tests.broker_impl.test_pika import connect
 pytestmark = pytest.mark.timeout(90)
 
 
+def _restart(tmp_path, node: InProcessNode) -> InProcessNode:  # type: ignore[no-untyped-def]
+    """Stop the node cleanly and start it again on the same data directory and port."""
+    port = node.port
+    node.stop()
+    return InProcessNode(make_config(tmp_path, node__port=port)).start()
+
+
 @pytest.mark.parametrize("qtype", ["quorum", "stream", "no-such-type"])
 def test_a_queue_type_that_is_not_classic_is_refused_with_a_reason(node: InProcessNode, qtype: str) -> None:
     conn = connect(node)
@@ -85,7 +92,6 @@ def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:
 
 def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
     first = InProcessNode(make_config(tmp_path)).start()
-    port = first.port
     conn = connect(first)
     ch = conn.channel()
     ch.confirm_delivery()
@@ -96,8 +102,7 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
     ch.basic_publish("", "ttl.q", b"expires", persistent)
     ch.basic_publish("", "ttl.per", b"stays", persistent)
     conn.close()
-    first.stop()
-    second = InProcessNode(make_config(tmp_path, node__port=port)).start()
+    second = _restart(tmp_path, first)
     try:
         conn = connect(second)
         ch = conn.channel()
@@ -116,7 +121,6 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
 
 def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
     first = InProcessNode(make_config(tmp_path)).start()
-    port = first.port
     conn = connect(first)
     ch = conn.channel()
     ch.exchange_declare("front", "topic", durable=True)
@@ -133,8 +137,7 @@ def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> 
         ch.basic_publish("front", "invoices.new", b"matches no binding", mandatory=True)
     assert ch.queue_declare("e2e.q", passive=True).method.message_count == 1
     conn.close()
-    first.stop()
-    second = InProcessNode(make_config(tmp_path, node__port=port)).start()
+    second = _restart(tmp_path, first)
     try:
         conn = connect(second)
         ch = conn.channel()
