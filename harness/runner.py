@@ -208,10 +208,12 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
     for name in checkers:
         fn = host.checker(name)
         say("check", f"checker {name}")
+        started = time.monotonic()
         try:
             res = phase("check", lambda fn=fn: fn(run_dir.path, scenario))
         except Exception as exc:  # noqa: BLE001 - a checker that throws yields unknown, not a crash
             res = {"valid": "unknown", "verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+        say("check", f"checker {name}: {res.get('verdict')} in {time.monotonic() - started:.1f}s")
         per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
         if combined is None and "error" not in res:
             combined = dict(res)
