@@ -31,10 +31,11 @@ after a failure it records what was open as ``info`` and moves to the next node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -152,6 +153,23 @@ class NatsDriver:
             CONNECT_TIMEOUT + 1)
         return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
 
+    async def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
+        """One connection at a time until ``stop``, each through the next node of the process's
+        rotation; a connection is closed once the loop body is done with it."""
+        nodes = self._rotation(process)
+        while not stop.is_set():
+            try:
+                conn = await self._connect(next(nodes))
+            except BROKER_ERRORS:
+                await wait_or_stop(stop, RECONNECT_DELAY)
+                continue
+            try:
+                yield conn
+            finally:
+                await conn.close()
+            if not stop.is_set():
+                await wait_or_stop(stop, RECONNECT_DELAY)
+
     def _rotation(self, process: str) -> itertools.cycle[str]:
         return node_rotation(self.nodes, self.first_node.get(process))
 
@@ -192,17 +210,10 @@ class NatsDriver:
         limiter = RateLimiter(rate)
         seq = itertools.count(1)
         window = asyncio.Semaphore(self.w.in_flight)
-        nodes = self._rotation(process)
         pending: set[asyncio.Task[str]] = set()
-        while not stop.is_set():
-            node = next(nodes)
-            try:
-                conn = await self._connect(node)
-            except BROKER_ERRORS:
-                await wait_or_stop(stop, RECONNECT_DELAY)
-                continue
-            trouble = asyncio.Event()  # a publish on this connection ended unknown: move on
-            try:
+        async with contextlib.aclosing(self._connections(process, stop)) as conns:
+            async for conn in conns:
+                trouble = asyncio.Event()  # a publish on this connection ended unknown: move on
                 while not stop.is_set() and not trouble.is_set() and not conn.nc.is_closed:
                     await limiter.wait()
                     try:
@@ -213,7 +224,7 @@ class NatsDriver:
                         window.release()
                         break
                     msg_id = f"{process}:{next(seq)}"
-                    inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id)
+                    inv = self.recorder.invoke(process, "publish", node=conn.node, queue=queue, value=msg_id)
                     task = asyncio.create_task(self._publish_one(conn, inv, queue, msg_id))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
@@ -221,10 +232,6 @@ class NatsDriver:
                     task.add_done_callback(functools.partial(_flag_unknown, trouble))
                 if pending:
                     await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
-            finally:
-                await conn.close()
-            if not stop.is_set():
-                await wait_or_stop(stop, RECONNECT_DELAY)
         if pending:
             await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
 
@@ -259,21 +266,9 @@ class NatsDriver:
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time())
-        nodes = self._rotation(process)
-        while not stop.is_set():
-            node = next(nodes)
-            try:
-                conn = await self._connect(node)
-            except BROKER_ERRORS:
-                await wait_or_stop(stop, RECONNECT_DELAY)
-                continue
-            try:
-                session = _Session(self, conn, process, queue, behaviour)
-                await session.run(stop)
-            finally:
-                await conn.close()
-            if not stop.is_set():
-                await wait_or_stop(stop, RECONNECT_DELAY)
+        async with contextlib.aclosing(self._connections(process, stop)) as conns:
+            async for conn in conns:
+                await _Session(self, conn, process, queue, behaviour).run(stop)
 
     # -- drain ----------------------------------------------------------------------------
 
