@@ -20,7 +20,8 @@ The passes, in order, each taking the best schedule so far:
     a cluster just big enough for the nodes the schedule and the broker settings name.
 ``workload``
     the workload cut to just past the end of the last remaining action, then the actions
-    moved earlier (and the workload shortened with them) while it still fails.
+    moved earlier (and the workload shortened with them) while it still fails, then the
+    idle time between one action's heal and the next halved while it still fails.
 ``rate``
     the publish rate halved while it still fails (down to ``MIN_RATE``).
 
@@ -282,6 +283,25 @@ def shrink_workload(s: Schedule, test: Test) -> Schedule:
         cand = s.replace(steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2))
         if not test(cand, f"workload: everything {shift:g} s earlier, {s.duration:g} s -> {cand.duration:g} s"):
             break
+        s = cand
+    return _close_gaps(s, test)
+
+
+def _close_gaps(s: Schedule, test: Test) -> Schedule:
+    """Idle time between one action's heal and the next action halved while it still fails."""
+    i = 1
+    while i < len(s.steps):
+        prev_end = max(p.at + (p.hold or 0.0) for p in s.steps[:i])
+        shift = round((s.steps[i].at - prev_end) / 2, 2)
+        if shift < 0.5:
+            i += 1
+            continue
+        steps = s.steps[:i] + tuple(dataclasses.replace(p, at=round(p.at - shift, 3)) for p in s.steps[i:])
+        cand = s.replace(steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2))
+        if not test(cand, f"workload: {s.steps[i].fault_id} and after {shift:g} s earlier, "
+                          f"{s.duration:g} s -> {cand.duration:g} s"):
+            i += 1
+            continue
         s = cand
     return s
 

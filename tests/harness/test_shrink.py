@@ -120,6 +120,7 @@ def test_search_reaches_the_smallest_failing_schedule() -> None:
     # cut to just past the last heal, and everything moved earlier while it still failed
     assert best.duration == pytest.approx(max(p.at + (p.hold or 0) for p in best.steps) + TAIL)
     assert f1.at < ORIGINAL.steps[0].at and f3.at < ORIGINAL.steps[2].at
+    assert f3.at - (f1.at + (f1.hold or 0)) < 1.0  # the idle time between them closed while it failed
     assert oracle(best)
     assert all(oracle(s) for s in improved) and improved[-1] == best
     sizes = [s.size() for s in improved]
