@@ -486,13 +486,16 @@ class LazyState:
         table[self.next_fh] = node
         return self.next_fh
 
-    def open(self, path: str) -> int:
+    def open(self, path: str, truncate: bool = False) -> int:
         with self.lock:
             node = self.resolve(path)
             if isinstance(node, Dir):
                 raise _err(errno.EISDIR, path)
             if not isinstance(node, File):
                 raise _err(errno.ELOOP, path)
+            if truncate and node.size:
+                node.truncate(0)
+                node.touch()
             node.opens += 1
             return self._handle(self.files, node)
 
@@ -516,7 +519,7 @@ class LazyState:
             raise _err(errno.EEXIST, path)
         return d, name
 
-    def create(self, path: str, mode: int, uid: int, gid: int) -> int:
+    def create(self, path: str, mode: int, uid: int, gid: int, truncate: bool = False) -> int:
         with self.lock:
             d, name = self._parent(path)
             node = d.entries.get(name)
@@ -525,6 +528,9 @@ class LazyState:
                 self._add(d, name, node)
             elif not isinstance(node, File):
                 raise _err(errno.EISDIR, path)
+            elif truncate and node.size:
+                node.truncate(0)
+                node.touch()
             node.opens += 1
             return self._handle(self.files, node)
 

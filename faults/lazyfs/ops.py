@@ -60,11 +60,12 @@ class LazyOps(mfusepy.Operations):
         return 0
 
     def open(self, path: str, flags: int) -> int:
-        return self.state.open(path)
+        # libfuse3 asks the kernel for atomic O_TRUNC: the truncation arrives here, not as a setattr.
+        return self.state.open(path, truncate=bool(flags & os.O_TRUNC))
 
-    def create(self, path: str, mode: int, fi: Any = None) -> int:
+    def create(self, path: str, mode: int, flags: int = 0) -> int:
         uid, gid, _ = mfusepy.fuse_get_context()
-        return self.state.create(path, mode, uid, gid)
+        return self.state.create(path, mode, uid, gid, truncate=bool(flags & os.O_TRUNC))
 
     def release(self, path: str, fh: int) -> int:
         self.state.release(fh)

@@ -64,3 +64,22 @@ def test_replace_by_rename_never_leaves_an_empty_file_in_journal_mode(names: str
         assert lz.command("crash")["ok"]
         with open(f"{m}/schema", "rb") as f:
             assert f.read() == expected
+
+
+@pytest.mark.parametrize("how", ["open", "create"])
+def test_o_trunc_truncates(how: str) -> None:
+    """libfuse3 hands O_TRUNC to open/create (atomic_o_trunc): a rewrite must not keep a stale tail."""
+    with tempfile.TemporaryDirectory(prefix="lzt") as tmp, \
+            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names="journal") as lz:
+        path = f"{lz.mountpoint}/nodes"
+        with open(path, "wb") as f:
+            f.write(b"[n1,n2,n3].\n")
+        lz.command("flush")
+        flags = os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if how == "create" else 0)
+        fd = os.open(path, flags, 0o644)
+        os.write(fd, b"[n1,n3].\n")
+        os.fsync(fd)
+        os.close(fd)
+        assert lz.command("crash")["ok"]
+        with open(path, "rb") as f:
+            assert f.read() == b"[n1,n3].\n"
