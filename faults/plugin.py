@@ -7,6 +7,7 @@ from typing import Any
 from faults.clock import CLOCK_FAULTS
 from faults.corrupt import CorruptFile
 from faults.disk import DISK_FAULTS
+from faults.membership import MemberRemove
 from faults.network import LinkToxic, Partition
 from faults.packets import PACKET_FAULTS
 from faults.power import PowerLossCoordinated
@@ -17,7 +18,7 @@ from harness import hookimpl
 @hookimpl
 def brokerchaos_register_faults(register: Any) -> None:
     for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated,
-                  CorruptFile, *DISK_FAULTS):
+                  CorruptFile, MemberRemove, *DISK_FAULTS):
         register.add_fault(fault)
     for fault in (*CLOCK_FAULTS, *PACKET_FAULTS):
         register.add_fault(fault)

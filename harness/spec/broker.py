@@ -24,6 +24,7 @@ BASE_CAPABILITIES: dict[str, str] = {
     "pause": "SIGSTOP/SIGCONT of the broker's processes",
     "stop": "graceful stop and start",
     "power-loss": "the data directory can sit on the lazy filesystem",
+    "membership": "nodes can leave and join the running cluster (members, remove_node, add_node)",
     "clock": "the broker's runtime reads the wall clock through libc (time, gettimeofday, clock_gettime), so "
              "libfaketime preloaded into its processes sets the clock it sees",
     "partition": "inter-node traffic crosses the harness's proxies",
@@ -164,6 +165,23 @@ class BrokerPlugin:
         drain falls back to the ready count of a passive declare.
         """
         return None
+
+    # -- membership (capability ``membership``) ------------------------------------------
+
+    def members(self, node: NodeHandle) -> set[str]:
+        """Names of the nodes ``node`` sees as running members of its cluster."""
+        raise NotImplementedError
+
+    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
+                    settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Take ``node`` out of the running cluster: it stops serving as a member and the
+        ``remaining`` nodes forget it. Return what was done (recorded in the history)."""
+        raise NotImplementedError
+
+    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Join ``node`` (a former member, or one that never was) to the running cluster of
+        ``members``, starting it empty as a fresh member would. Return what was done."""
+        raise NotImplementedError
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check allowed values; raise ``ScenarioError`` naming the field."""

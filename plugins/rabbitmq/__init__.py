@@ -58,7 +58,8 @@ class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock",
+                              "membership"})
     client_port = 5672
     peer_ports = (4369, 25671, 25672, 25673)  # epmd, and each node's distribution port
 
@@ -108,16 +109,45 @@ class RabbitMQ(BrokerPlugin):
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
         first = nodes[0]
         for node in nodes[1:]:
-            for cmd in (["rabbitmqctl", "stop_app"], ["rabbitmqctl", "join_cluster", f"rabbit@{first.name}"],
-                        ["rabbitmqctl", "start_app"]):
-                run_or_fail(node, cmd, timeout=120)
-        wait_until_running(first, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
-                           {f"rabbit@{n.name}" for n in nodes},
-                           lambda out: set(json.loads(out).get("running_nodes", [])), interval=1.0)
+            self._join(node, first)
+        self._wait_running(first, nodes)
         policy = self.policy(settings)
         if policy is not None:
             run_or_fail(first, ["rabbitmqctl", "set_policy", "brokerchaos-ha", settings["policy_pattern"],
                                 json.dumps(policy), "--apply-to", "queues"])
+
+    @staticmethod
+    def _join(node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
+        cmds = [["rabbitmqctl", "stop_app"], *([["rabbitmqctl", "reset"]] if reset else []),
+                ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"], ["rabbitmqctl", "start_app"]]
+        for cmd in cmds:
+            run_or_fail(node, cmd, timeout=120)
+        return [" ".join(c) for c in cmds]
+
+    @staticmethod
+    def _wait_running(member: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
+        wait_until_running(member, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
+                           {f"rabbit@{n.name}" for n in nodes},
+                           lambda out: set(json.loads(out).get("running_nodes", [])), interval=1.0)
+
+    def members(self, node: NodeHandle) -> set[str]:
+        out = run_or_fail(node, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], timeout=60)
+        return {n.split("@", 1)[1] for n in json.loads(out).get("running_nodes", [])}
+
+    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
+                    settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``stop_app`` on the node, then ``forget_cluster_node`` on a remaining member (RabbitMQ's
+        documented way to remove a node that will not come back as it was)."""
+        run_or_fail(node, ["rabbitmqctl", "stop_app"], timeout=120)
+        forget = ["rabbitmqctl", "forget_cluster_node", f"rabbit@{node.name}"]
+        run_or_fail(remaining[0], forget, timeout=120)
+        return {"on_node": ["rabbitmqctl stop_app"], "on_" + remaining[0].name: [" ".join(forget)]}
+
+    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+        """A forgotten node must ``reset`` (drop its old cluster state and data) before it may join."""
+        cmds = self._join(node, members[0], reset=True)
+        self._wait_running(members[0], [*members, node])
+        return {"on_node": cmds}
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""

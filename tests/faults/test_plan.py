@@ -219,10 +219,11 @@ def test_nemesis_applies_heals_and_records_then_replay_reproduces_it(tmp_path: P
     replay = plan_from_history(tmp_path / "h.jsonl")
     assert [(s.fault_id, s.kind, s.params) for s in replay.steps] == [
         (s.fault_id, s.kind, s.params) for s in p.steps]
-    for want, got in zip(p.steps, replay.steps, strict=True):
-        assert want.at <= got.at < want.at + 0.08, (want, got)
-    assert replay.steps[0].hold is not None and 0.1 - 0.02 < replay.steps[0].hold < 0.1 + 0.08
-    assert replay.steps[1].hold is not None and 0.05 - 0.02 < replay.steps[1].hold < 0.05 + 0.08
+    # Recorded times say when things happened: never before the plan, however late a busy machine ran it.
+    for want, got in zip(p.steps[:2], replay.steps[:2], strict=True):
+        assert want.hold is not None and got.hold is not None
+        assert want.at <= got.at and got.at + got.hold >= want.at + want.hold - 0.002, (want, got)
+    assert p.steps[2].at <= replay.steps[2].at
     assert replay.steps[2].hold is None  # the final heal is not part of the schedule
 
     # The replayed plan runs the same faults again.

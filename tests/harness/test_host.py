@@ -132,7 +132,7 @@ def test_describe_rows(host: Host) -> None:
     assert SHIPPED <= set(rows)
     assert rows["reference"]["provides"] == ["broker:reference"]
     assert rows["reference"]["capabilities"] == sorted(host.broker("reference").capabilities)
-    assert rows["rabbitmq"]["capabilities"] == ["clock", "kill", "mirroring", "partition", "pause", "power-loss", "stop"]
+    assert rows["rabbitmq"]["capabilities"] == ["clock", "kill", "membership", "mirroring", "partition", "pause", "power-loss", "stop"]
     assert "fault:partition" in rows["faults"]["provides"]
     assert rows["faults"]["capabilities"] == []
     assert rows["amqp091"]["provides"] == ["client:amqp091"]

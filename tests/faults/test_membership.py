@@ -1,0 +1,40 @@
+"""member-remove: planned like every kind, and never held beside a process fault anywhere."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from faults.membership import MemberRemove
+from harness import ScenarioError
+from harness.host import Host
+from harness.nemesis import plan
+from harness.scenario import from_dict
+
+NODES = ["n1", "n2", "n3"]
+
+
+def test_resolves_to_a_seeded_member_and_refuses_a_lone_node() -> None:
+    picked = {MemberRemove.resolve({}, NODES, random.Random(s))["node"] for s in range(30)}
+    assert picked == set(NODES)
+    assert MemberRemove.resolve({"node": "n2"}, NODES, random.Random(1)) == {"node": "n2"}
+    with pytest.raises(ScenarioError, match="2 nodes or more"):
+        MemberRemove.resolve({}, ["n1"], random.Random(1))
+    with pytest.raises(ScenarioError, match="'n9' is not one of"):
+        MemberRemove.resolve({"node": "n9"}, NODES, random.Random(1))
+
+
+def test_a_kill_of_another_node_during_a_membership_change_is_refused() -> None:
+    faults = Host.load().registry.faults
+    sc = from_dict({"broker": {"plugin": "rabbitmq", "nodes": 3}, "workload": {"duration": 60},
+                    "nemesis": {"schedule": [{"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
+                                             {"at": 8, "fault": "kill", "params": {"node": "n1"}, "hold": 2}]}})
+    with pytest.raises(ScenarioError, match=r"both hold process of n1"):
+        plan(sc, faults, NODES)
+    partition = from_dict({"broker": {"plugin": "rabbitmq", "nodes": 3}, "workload": {"duration": 60},
+                           "nemesis": {"schedule": [
+                               {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
+                               {"at": 8, "fault": "partition", "params": {"shape": "isolate", "node": "n1"},
+                                "hold": 2}]}})
+    assert [s.kind for s in plan(partition, faults, NODES).steps] == ["member-remove", "partition"]
