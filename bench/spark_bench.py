@@ -63,8 +63,41 @@ def measure(cmd: list[str], log: Path) -> tuple[float, int, int, str]:
     return time.monotonic() - start, peak, proc.returncode, out
 
 
+DUCKDB_CORE = """
+WITH h AS (SELECT * FROM read_parquet('{path}') WHERE process <> 'nemesis' AND value IS NOT NULL),
+p AS (SELECT value AS id, max(CASE WHEN type = 'ok' THEN 1 ELSE 0 END) AS confirmed
+      FROM h WHERE f = 'publish' GROUP BY value),
+a AS (SELECT value AS id, count(*) AS acked FROM h WHERE f = 'ack' AND type = 'ok' GROUP BY value)
+SELECT count(*) FILTER (WHERE p.confirmed = 1) AS confirmed,
+       count(*) FILTER (WHERE p.confirmed = 1 AND coalesce(a.acked, 0) = 0) AS unconsumed,
+       count(*) FILTER (WHERE a.acked > 1) AS duplicated,
+       count(*) FILTER (WHERE p.id IS NULL) AS unexpected
+FROM p FULL OUTER JOIN a ON p.id = a.id
+"""
+"""The core reconciliation only (group by id, full outer join, counts): what one machine's
+plain-SQL engine does in the time; the checkers do much more (pairing, attribution, lists,
+latency percentiles, order, bodies, availability)."""
+
+
+def one_duckdb(run_dir: Path) -> None:
+    import duckdb
+
+    t = time.monotonic()
+    row = duckdb.connect().execute(DUCKDB_CORE.format(path=run_dir / "history.parquet")).fetchone()
+    assert row is not None
+    counts = dict(zip(("confirmed", "unconsumed", "duplicated", "unexpected"), map(int, row), strict=True))
+    print(json.dumps({"check_s": round(time.monotonic() - t, 2), "counts": counts}))
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def one(engine: str, run_dir: Path, driver_memory: str) -> None:
     """Child side: run one engine, print a JSON summary on stdout."""
+    if engine == "duckdb":
+        one_duckdb(run_dir)
+        return
     import spark_reports
 
     scenario_file = run_dir / "scenario.json"
@@ -102,7 +135,7 @@ def main() -> None:
     ap.add_argument("--driver-memory", default="1g")
     ap.add_argument("--data", type=Path, default=Path("/tmp/brokerchaos-bench"))
     ap.add_argument("--results", type=Path, default=HERE / "results")
-    ap.add_argument("--one", choices=["spark", "python"], help=argparse.SUPPRESS)
+    ap.add_argument("--one", choices=["spark", "python", "duckdb"], help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -123,6 +156,13 @@ def main() -> None:
                         "parquet_bytes": (run_dir / "history.parquet").stat().st_size, "generate_s": gen_s,
                         "driver_memory": args.driver_memory, "cores": os.cpu_count(), "command": command}
         engines = ["spark"] + (["python"] if ops <= parse_size(args.python_max) else [])
+        try:
+            import duckdb  # noqa: F401 - only to know whether the yardstick can run
+            engines.append("duckdb")
+        except ImportError:
+            print("spark_bench: duckdb not installed (pip install '.[bench]'): no plain-SQL yardstick",
+                  file=sys.stderr)
+        record["loadavg_before"] = loadavg()
         for engine in engines:
             cmd = [sys.executable, __file__, "--one", engine, "--run-dir", str(run_dir),
                    "--driver-memory", args.driver_memory]
@@ -131,6 +171,7 @@ def main() -> None:
             entry = {"wall_s": round(wall, 1), "peak_rss_mb": round(peak / 2**20), "exit": rc}
             if rc == 0:
                 entry |= json.loads(out.strip().splitlines()[-1])
+            entry["loadavg_after"] = loadavg()
             record[engine] = entry
             print(f"spark_bench: {label} {engine} wall={wall:.1f}s peak={peak / 2**20:.0f}MB exit={rc}",
                   file=sys.stderr, flush=True)
@@ -141,16 +182,20 @@ def main() -> None:
             b = json.loads((run_dir / "results.python.json").read_text())
             record["engines_agree"] = _comparable(a) == _comparable(b)
         (args.results / f"spark_{label}.json").write_text(json.dumps(record, indent=1) + "\n")
-        sp, py = record["spark"], record["python"]
+        sp, py, dk = record["spark"], record["python"], record.get("duckdb", {})
+        ratio = (f"{py['check_s'] / sp['check_s']:.1f}x" if sp.get("check_s") and py.get("check_s") else "-")
         line = (f"| {label} | {record['ops']:,} | {sp.get('wall_s')} s ({sp.get('check_s')} s check) | "
                 f"{sp.get('peak_rss_mb')} MB | "
-                + (f"{py.get('wall_s')} s | {py.get('peak_rss_mb')} MB | {record.get('engines_agree')} |"
-                   if "wall_s" in py else f"{py.get('skipped', 'failed')} | - | - |")
-                + f" {sp.get('verdict')} | `{command}` |\n")
+                + (f"{py.get('wall_s')} s ({py.get('check_s')} s check) | {py.get('peak_rss_mb')} MB | {ratio} | "
+                   f"{record.get('engines_agree')} |"
+                   if "wall_s" in py else f"{py.get('skipped', 'failed')} | - | - | - |")
+                + f" {dk.get('check_s', '-')} s | {sp.get('planted_found')} | {sp.get('verdict')} | "
+                f"{record['loadavg_before']} | `{command}` |\n")
         summary = args.results / "spark_summary.md"
         if not summary.exists():
             summary.write_text("| size | ops | spark wall | spark peak RSS | python wall | python peak RSS | "
-                               "agree | verdict | command |\n|---|---|---|---|---|---|---|---|---|\n")
+                               "python/spark check | agree | duckdb core query | spark = planted | verdict | "
+                               "load before | command |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         with summary.open("a") as fh:
             fh.write(line)
 

@@ -288,7 +288,9 @@ def _count(planted: dict[str, int], unexpected: set[int], m: np.ndarray, plan: d
     ok = plan["outcome"] == 0
     planted["confirmed"] += int(ok.sum())
     planted["lost"] += int((ok & ~plan["consumed"]).sum())
-    planted["duplicated"] += int(plan["dup"].sum())
+    # Consumed twice means acked ok twice: a duplicate whose first ack ended unknown is consumed once;
+    # only the resurrected ones (first ack ok, then a redelivery acked ok) are duplicated.
+    planted["duplicated"] += int(plan["resurrected"].sum())
     planted["resurrected"] += int(plan["resurrected"].sum())
     planted["corrupted"] += int(plan["corrupt"].sum())
     unexpected.update((m[plan["unexpected"]] // PRODUCERS).tolist())

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import body_digest, message_body
+from harness.spec.history import FIELDS, OPTIONAL_FIELDS, body_digest, message_body
 from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
@@ -40,9 +40,9 @@ from harness.spec.results import (
     UnflaggedRedelivery,
 )
 
-HISTORY_COLUMNS = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", "redelivered", "error",
-                   "digest", "detail", "schema")
-OPTIONAL_COLUMNS = ("error", "digest", "detail", "schema")
+HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
+"""What the checkers read of the contract's fields (``wall_time`` is for people)."""
+OPTIONAL_COLUMNS = tuple(name for name in HISTORY_COLUMNS if name in OPTIONAL_FIELDS)
 """Absent from histories written before schema 2 (or by hand): read as nulls."""
 NEMESIS = "nemesis"
 DELIVERY_CAP = 10

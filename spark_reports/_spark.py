@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.spec.history import arrow_schema
 from harness.spec.results import LIST_CAP, Results
 
 from ._common import (
@@ -48,14 +50,38 @@ ID_RE_JAVA = r"(?s)^(.*):([0-9]{1,18})\z"
 
 _session: Any = None
 _session_key: tuple[str, str] | None = None
+_session_lock = threading.Lock()
+
+
+def start_session_in_background(master: str | None = None, driver_memory: str | None = None) -> threading.Thread:
+    """Start the JVM while something else (a run's workload) goes on; the check then finds it ready.
+
+    A failure here is not reported: the check starts the session again and says why.
+    """
+
+    def start() -> None:
+        try:
+            spark_session(master, driver_memory)
+        except Exception:  # noqa: BLE001 - the check reports it, with the real context
+            pass
+
+    thread = threading.Thread(target=start, name="spark-session", daemon=True)
+    thread.start()
+    return thread
 
 
 def spark_session(master: str | None = None, driver_memory: str | None = None) -> Any:
     """One session per process: JVM start-up is paid once for every run checked.
 
     The driver's heap is fixed when the JVM starts; asking for another size later in
-    the same process keeps the first one (Spark cannot resize a running JVM).
+    the same process keeps the first one (Spark cannot resize a running JVM). A caller
+    that asks while a background start is under way waits for it.
     """
+    with _session_lock:
+        return _spark_session(master, driver_memory)
+
+
+def _spark_session(master: str | None, driver_memory: str | None) -> Any:
     global _session, _session_key
     from pyspark.sql import SparkSession
 
@@ -116,12 +142,20 @@ def _log_config() -> Path:
 def stop_session() -> None:
     """Stop the shared session (tests and benchmarks that want a clean JVM)."""
     global _session, _session_key
-    if _session is not None:
-        _session.stop()
-    _session, _session_key = None, None
+    with _session_lock:
+        if _session is not None:
+            _session.stop()
+        _session, _session_key = None, None
 
 
-_COLUMN_TYPES = {"error": "string", "digest": "string", "detail": "string", "schema": "int"}
+def _column_types() -> dict[str, str]:
+    """Spark SQL types of the contract's Arrow schema (an absent optional column reads as a typed null)."""
+    import pyarrow as pa
+
+    sql = {pa.int64(): "bigint", pa.int32(): "int", pa.string(): "string", pa.bool_(): "boolean"}
+    return {f.name: sql[f.type] for f in arrow_schema()}
+
+
 _DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
 
 
@@ -139,17 +173,31 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     conf = (scenario or {}).get("spark") or {}
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
     footer = _footer(pq.ParquetFile(path).metadata)
-    spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(400, footer.rows // 500_000))))
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(footer.rows, spark.sparkContext.defaultParallelism)))
     raw = spark.read.parquet(str(path))
     present = set(raw.columns)
+    types = _column_types()
     # Histories written before schema 2 have no digest or detail column: they read as nulls.
-    h = raw.select(*[F.col(c) if c in present else F.lit(None).cast(_COLUMN_TYPES[c]).alias(c)
+    h = raw.select(*[F.col(c) if c in present else F.lit(None).cast(types[c]).alias(c)
                      for c in HISTORY_COLUMNS])
     job = _Job(spark, h, footer, scenario, has_schema="schema" in present)
     try:
         return job.run()
     finally:
         job.release()
+
+
+ROWS_PER_PARTITION = 500_000
+
+
+def shuffle_partitions(rows: int, cores: int) -> int:
+    """One partition for a small history (every extra task is pure overhead), at least one per core
+    once there is work for each, about ROWS_PER_PARTITION records each above that (a sort of that
+    many fits the default 1 GB heap), at most 400."""
+    n = rows // ROWS_PER_PARTITION
+    if rows >= cores * ROWS_PER_PARTITION // 4:
+        n = max(n, cores)
+    return max(1, min(400, n))
 
 
 class _Job:
@@ -215,62 +263,135 @@ class _Job:
                 .filter(F.col("k").isNotNull()))
 
     def reconcile(self, ctx: Context) -> Facts:
+        from pyspark.sql import functions as F
+
+        ev = self.events(ctx)
+        attempts_l1, j = self.per_id(ctx, ev)
+        metrics = self.metrics(ctx, ev, attempts_l1, j)
+        counts = metrics.counts
+        undigested = counts.pop("undigested")
+        progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
+
+        lists = self.lists(ctx, ev, j)
+        corrupted = self.corrupted(ev, j) if counts["corrupted"] else []
+        unflagged = self.unflagged(ev) if counts["unflagged_redeliveries"] else []
+        violations = self.order_violations(ev) if counts["order_violations"] else []
+        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
+                 corrupted=len(corrupted))
+
+        ok_att = attempts_l1.filter(F.col("o") == "ok").select(
+            F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("v"))
+        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
+            F.greatest(F.expr("(first_d.time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
+        confirm_us, e2e_us = _order_stats({"confirm": (ok_att, metrics.hist["confirm"]),
+                                           "e2e": (e2e, metrics.hist["e2e"])}).values()
+        progress("spark", "latency", confirmed_attempts=confirm_us[0], delivered=e2e_us[0])
+
+        return Facts(
+            counts=counts, lost=lists["lost"], lost_by_cause=metrics.lost_by_cause,
+            ack_unknown=lists["ack_unknown"], unexpected=lists["unexpected"], duplicated=lists["duplicated"],
+            recovered=lists["recovered"], resurrected=lists["resurrected"], corrupted=corrupted,
+            split_brain=lists["split_brain"], unflagged=unflagged, undigested=undigested,
+            order_violations=violations, attribution_rows=metrics.attribution_rows,
+            exposure_rows=metrics.exposure_rows, confirm_us=confirm_us, e2e_us=e2e_us,
+            availability=metrics.availability, timeline=metrics.timeline, latency_timeline=metrics.latency_timeline,
+        )
+
+    def per_id(self, ctx: Context, ev: Any) -> tuple[Any, Any]:
+        """Two aggregation levels over one shuffle by id; returns (publish attempts, one row per id).
+
+        The records of an id are sorted by index once; window passes over that order
+        number the publish attempts and the acks. A publish completion closes the
+        earliest invoke of the id still waiting (FIFO); with x the running count of
+        completions minus invokes, completions that found nothing waiting number
+        max(0, max x before), so the matched ones are those where x does not exceed
+        that, and the m-th matched completion closes the m-th invoke. The k-th ack
+        completion of a (process, id) closes its k-th ack invoke. Level one groups each
+        attempt (invoke with its completion) and each ack pair, the rest of an id's
+        records in one more group; level two, on the same partitioning (no second
+        shuffle), reduces them to the id. Every aggregate is a count, sum, min or max.
+        """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        h = self.h
-        ev = self.events(ctx)
-        k, idx = F.col("k"), F.col("index")
-        is_d = k == "d"
-        cause = F.get_json_object("detail", "$.cause")
-        if ctx.acks:
-            # Per id in index order: was an ack ok already recorded, which abandon came last.
-            # Per (id, process): the k-th ack completion closes the k-th ack invoke (FIFO), which
-            # gives each ack that ended info the index at which it was written.
-            before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
-            upto = (Window.partitionBy("id", "process").orderBy("index")
-                    .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-            ew = ev.withColumns({
-                "ack_before": F.min(F.when(k == "ao", idx)).over(before),
-                "ab_before": F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).over(before),
-            }).withColumns({
-                "invs": F.collect_list(F.when(k == "ai", idx)).over(upto),
-                "done": F.sum(F.when(k.isin("ao", "af", "an"), 1).otherwise(0)).over(upto),
-            }).withColumn("paired", F.when(k == "an", F.expr("try_element_at(invs, cast(done as int))")))
-        else:
-            ew = ev.withColumns({
-                "ack_before": F.lit(None).cast("long"),
-                "ab_before": F.lit(None).cast("struct<index:bigint,cause:string>"),
-                "paired": F.lit(None).cast("long"),
-            })
+        k, idx, ty = F.col("k"), F.col("index"), F.col("type")
+
+        def one(cond: Any) -> Any:
+            return F.when(cond, 1).otherwise(0)
 
         def n(cond: Any) -> Any:
-            return F.sum(F.when(cond, 1).otherwise(0))
+            return F.sum(one(cond))
 
-        resurrecting = is_d & F.col("ack_before").isNotNull()
+        p_inv = (k == "p") & (ty == "invoke")
+        p_done = (k == "p") & (ty != "invoke")
+        w = Window.partitionBy("id").orderBy("index")
+        upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        before = w.rowsBetween(Window.unboundedPreceding, -1)
+        cause = F.get_json_object("detail", "$.cause")
+        cols = {"v": F.sum(one(p_inv)).over(upto), "c": F.sum(one(p_done)).over(upto)}
+        if ctx.acks:
+            cols["ack_before"] = F.min(F.when(k == "ao", idx)).over(before)
+            cols["ab_before"] = F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).over(before)
+        ew = ev.withColumns(cols).withColumn("x", F.col("c") - F.col("v"))
+        ew = ew.withColumn("dropped", F.greatest(F.coalesce(F.max("x").over(before), F.lit(0)), F.lit(0)))
+        pair = (F.when(p_inv, F.col("v"))
+                .when(p_done & (F.col("x") <= F.col("dropped")), F.col("c") - F.col("dropped")))
+        if ctx.acks:
+            wa = (Window.partitionBy("id", "process").orderBy("index")
+                  .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+            closes = k.isin("ao", "af", "an")
+            ack_no = (F.when(k == "ai", F.sum(one(k == "ai")).over(wa))
+                      .when(closes, F.sum(one(closes)).over(wa)))
+            group = (F.when(pair.isNotNull(), F.struct(F.lit("p").alias("g"), F.lit(None).cast("string").alias("proc"),
+                                                       pair.cast("long").alias("n")))
+                     .when(ack_no.isNotNull(), F.struct(F.lit("a").alias("g"), F.col("process").alias("proc"),
+                                                        ack_no.cast("long").alias("n"))))
+            resurrecting = (k == "d") & F.col("ack_before").isNotNull()
+            unflagged = (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
+        else:
+            group = F.when(pair.isNotNull(), F.struct(F.lit("p").alias("g"), F.lit(None).cast("string").alias("proc"),
+                                                      pair.cast("long").alias("n")))
+            resurrecting = unflagged = F.lit(False)
+        ew = ew.withColumn("grp", F.coalesce(group, F.struct(F.lit("o").alias("g"), F.lit(None).cast("string")
+                                                              .alias("proc"), F.lit(0).cast("long").alias("n"))))
+        is_d = k == "d"
         delivery = F.struct(*_DELIVERY)
-        agg = ew.groupBy("id").agg(
-            F.sort_array(F.collect_list(F.when(k == "p", F.struct("index", "type", "time_ns", "node")))).alias("ev"),
-            n(is_d).alias("delivered"),
-            F.slice(F.sort_array(F.collect_list(F.when(is_d, delivery))), 1, DELIVERY_CAP).alias("deliveries"),
-            F.max(F.when(is_d, idx)).alias("last_d"),
-            F.min(F.when(is_d, F.col("digest"))).alias("dig_min"),
-            F.max(F.when(is_d, F.col("digest"))).alias("dig_max"),
-            n(is_d & F.col("digest").isNotNull()).alias("n_dig"),
-            n(is_d & F.col("digest").isNull()).alias("undigested"),
+        l1 = ew.groupBy("id", "grp").agg(
+            F.max(F.when(p_inv, idx)).alias("ii"), F.max(F.when(p_inv, F.col("time_ns"))).alias("it"),
+            F.max(F.when(p_done & (F.col("grp.g") == "p"), F.struct(idx.alias("di"), F.col("time_ns").alias("dt"),
+                                                                    F.col("node").alias("dn"), ty.alias("dtype"))))
+            .alias("done"),
+            F.max(F.when(k == "ai", idx)).alias("a_inv"), F.max(F.when(k == "an", idx)).alias("a_info"),
+            n(is_d).alias("delivered"), F.max(F.when(is_d, idx)).alias("last_d"),
+            F.min(F.when(is_d, delivery)).alias("first_d"),
+            F.min(F.when(is_d, F.col("digest"))).alias("dig_min"), F.max(F.when(is_d, F.col("digest"))).alias("dig_max"),
+            n(is_d & F.col("digest").isNotNull()).alias("n_dig"), n(is_d & F.col("digest").isNull()).alias("undigested"),
             n(k == "ao").alias("acked"),
             F.min(F.when(k == "ao", F.struct("index", "time_ns", "node", "process", "queue"))).alias("first_ack"),
-            F.max(F.when(k == "an", F.col("paired"))).alias("ack_info_inv"),
             n(k == "ab").alias("abandons"),
             F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).alias("last_ab"),
-            n(resurrecting).alias("res_n"),
-            F.min(F.when(resurrecting, delivery)).alias("res_first"),
-            n(is_d & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)).alias("unflagged"),
+            n(resurrecting).alias("res_n"), F.min(F.when(resurrecting, delivery)).alias("res_first"),
+            n(unflagged).alias("unflagged"),
+        ).withColumn("o", F.when(F.col("grp.g") != "p", None).when(F.col("done.dtype").isin("ok", "fail"),
+                                                                   F.col("done.dtype")).otherwise("info"))
+        l1 = self.persist(l1)
+        is_att = F.col("grp.g") == "p"
+        fst = F.min(F.when(is_att, F.struct(F.col("ii"), F.col("it")))).alias("fi")
+        agg = l1.groupBy("id").agg(
+            n(is_att).alias("attempts"), fst,
+            F.max(F.col("o") == "ok").alias("has_ok"), F.max(F.col("o") == "info").alias("has_info"),
+            F.min(F.when(F.col("o") == "ok", F.col("done"))).alias("c"),
+            F.max(F.when(F.col("a_inv") < F.col("a_info"), F.col("a_inv"))).alias("ack_info_inv"),
+            F.sum("delivered").alias("delivered"), F.max("last_d").alias("last_d"), F.min("first_d").alias("first_d"),
+            F.min("dig_min").alias("dig_min"), F.max("dig_max").alias("dig_max"), F.sum("n_dig").alias("n_dig"),
+            F.sum("undigested").alias("undigested"), F.sum("acked").alias("acked"),
+            F.min("first_ack").alias("first_ack"), F.sum("abandons").alias("abandons"),
+            F.max("last_ab").alias("last_ab"), F.sum("res_n").alias("res_n"), F.min("res_first").alias("res_first"),
+            F.sum("unflagged").alias("unflagged"),
         )
-        base = agg.withColumn("a", F.expr(_PAIR)).select(
-            "*", F.size("a").alias("attempts"), F.expr(_OUTCOME).alias("outcome"),
-            F.expr("try_element_at(filter(ev, e -> e.type = 'invoke'), 1).time_ns").alias("fi_t"),
-            F.expr("try_element_at(filter(a, x -> x.o = 'ok'), 1)").alias("c"))
+        outcome = (F.when(F.col("attempts") == 0, "none").when(F.col("has_ok"), "ok")
+                   .when(F.col("has_info"), "info").otherwise("fail"))
+        base = agg.withColumn("outcome", outcome)
         consumed = F.col("acked") if ctx.acks else F.col("delivered")
         unacked = (F.col("outcome") == "ok") & (consumed == 0)
         ack_unknown = unacked & F.col("ack_info_inv").isNotNull() & (
@@ -293,11 +414,11 @@ class _Job:
         else:
             split = F.lit(False)
         j = self.persist(base.select(
-            "id", "a", "attempts", "outcome", "fi_t",
+            "id", "attempts", "outcome", F.col("fi.it").alias("fi_t"),
             F.col("c.di").alias("c_i"), F.col("c.dt").alias("c_t"), F.col("c.dn").alias("c_n"),
-            "delivered", consumed.alias("consumed"), "deliveries", "undigested", "abandons", "unflagged",
+            "delivered", consumed.alias("consumed"), "first_d", "undigested", "abandons", "unflagged",
             "first_ack", "res_n", "res_first",
-            (fa["index"] if ctx.acks else F.col("deliveries")[0]["index"]).alias("first_consumed"),
+            (fa["index"] if ctx.acks else F.col("first_d.index")).alias("first_consumed"),
             F.when(F.col("delivered") == 0, NEVER_DELIVERED)
             .when(F.col("last_ab.index") > F.col("last_d"), ABANDONED).otherwise(UNACKED).alias("cause"),
             F.when((F.col("delivered") > 0) & (F.col("last_ab.index") > F.col("last_d")), F.col("last_ab.cause"))
@@ -311,67 +432,42 @@ class _Job:
             "exp", (exp.isNotNull() & ((F.col("dig_min") != exp) | (F.col("dig_max") != exp))).alias("is_corrupted"),
             split.alias("is_split"),
         ))
+        attempts = l1.filter(is_att).select("it", "o", F.col("done.dt").alias("dt"))
+        return attempts, j
 
-        row = j.agg(
-            n(F.col("attempts") > 0).alias("attempted"), n(F.col("outcome") == "ok").alias("confirmed"),
-            n(F.col("outcome") == "fail").alias("failed"), n(F.col("outcome") == "info").alias("unknown"),
-            F.sum("attempts").alias("publish_attempts"),
-            n(F.col("delivered") > 0).alias("delivered_unique"), F.sum("delivered").alias("delivered_total"),
-            n(F.col("consumed") > 0).alias("consumed_unique"), F.sum("consumed").alias("consumed_total"),
-            F.sum("abandons").alias("abandoned"), n(F.col("is_lost")).alias("lost"),
-            n(F.col("is_ack_unknown")).alias("ack_unknown"), n(F.col("is_unexpected")).alias("unexpected"),
-            n(F.col("is_corrupted")).alias("corrupted"), n(F.col("is_dup")).alias("duplicated"),
-            n(F.col("is_resurrected")).alias("resurrected"), n(F.col("is_recovered")).alias("recovered"),
-            n(F.col("is_split")).alias("split_brain"), F.sum("unflagged").alias("unflagged_redeliveries"),
-            F.sum("undigested").alias("undigested"),
-        ).first()
-        counts = {k: int(v or 0) for k, v in row.asDict().items()}
-        undigested = counts.pop("undigested")
-        progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
+    def metrics(self, ctx: Context, ev: Any, attempts: Any, j: Any) -> _Metrics:
+        """Every count, table, timeline and first histogram in one job: a union of small aggregates.
 
-        def details(flag: str, order: Any, *extra: Any) -> list[dict]:
-            rows = j.filter(F.col(flag)).orderBy(order).limit(LIST_CAP).select(
-                "id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"),
-                F.col("c_t").alias("confirm_ns"), F.col("c_n").alias("confirm_node"), "delivered", "consumed",
-                "deliveries", *extra,
-            ).collect()
-            return [r.asDict(recursive=True) for r in rows]
+        Each branch groups its own rows under a tag with up to two string and two long
+        keys and an array of long values; only these few thousand rows reach the driver.
+        """
+        from pyspark.sql import functions as F
 
-        lost = details("is_lost", F.col("c_i"), "cause", "abandon_cause")
-        lost_by_cause = [(r["cause"], r["abandon_cause"], int(r["count"]))
-                         for r in j.filter("is_lost").groupBy("cause", "abandon_cause").count().collect()]
-        ack_unknown_list = details("is_ack_unknown", F.col("c_i"))
-        unexpected = details("is_unexpected", F.col("first_consumed"))
-        duplicated = details("is_dup", F.col("deliveries")[0]["index"])
-        recovered = details("is_recovered", F.col("first_consumed"))
-        resurrected = [r.asDict(recursive=True) for r in j.filter("is_resurrected").orderBy("res_first.index")
-                       .limit(LIST_CAP).select("id", F.col("first_ack").alias("ack"),
-                                               F.col("res_n").alias("deliveries_after"),
-                                               F.col("res_first").alias("delivery")).collect()]
-        split_brain = [r.asDict(recursive=True) for r in j.filter("is_split").orderBy("first_ack.index")
-                       .limit(LIST_CAP).select("id", F.col("first_ack").alias("ack")).collect()]
-        corrupted = self.corrupted(ev, j) if counts["corrupted"] else []
-        unflagged = self.unflagged(ev) if counts["unflagged_redeliveries"] else []
-        progress("spark", "lists", lost=len(lost), unexpected=len(unexpected), corrupted=len(corrupted))
+        def n(cond: Any) -> Any:
+            return F.sum(F.when(cond, 1).otherwise(0))
 
-        att = j.select(F.explode("a").alias("x")).select("x.*")
-        # Both latency series are read by several passes (histogram, refinement, timeline): keep them.
-        ok_att = self.persist(att.filter(F.col("o") == "ok").select(
-            "dt", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("lat")))
-        confirm_us = _order_stats(ok_att.select(F.col("lat").alias("v")))
-        e2e = self.persist(j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
-            F.greatest(F.expr("(deliveries[0].time_ns - fi_t) div 1000"), F.lit(0)).alias("v")))
-        e2e_us = _order_stats(e2e)
-        progress("spark", "latency", confirmed_attempts=confirm_us[0], delivered=e2e_us[0])
+        def branch(df: Any, tag: str, keys: dict[str, Any], values: list[Any]) -> Any:
+            slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
+            grouped = df.groupBy(*[v.alias(s) for s, v in keys.items()]) if keys else df.groupBy()
+            out = grouped.agg(F.array(*[F.coalesce(x.cast("long"), F.lit(0)) for x in values]).alias("v"))
+            return out.select(F.lit(tag).alias("tag"), *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s)
+                                                         for s, t in slots.items()], "v")
 
+        count_cols = [
+            n(F.col("attempts") > 0), n(F.col("outcome") == "ok"), n(F.col("outcome") == "fail"),
+            n(F.col("outcome") == "info"), F.sum("attempts"), n(F.col("delivered") > 0), F.sum("delivered"),
+            n(F.col("consumed") > 0), F.sum("consumed"), F.sum("abandons"), n(F.col("is_lost")),
+            n(F.col("is_ack_unknown")), n(F.col("is_unexpected")), n(F.col("is_corrupted")), n(F.col("is_dup")),
+            n(F.col("is_resurrected")), n(F.col("is_recovered")), n(F.col("is_split")), F.sum("unflagged"),
+            F.sum("undigested"),
+        ]
+        count_names = ["attempted", "confirmed", "failed", "unknown", "publish_attempts", "delivered_unique",
+                       "delivered_total", "consumed_unique", "consumed_total", "abandoned", "lost", "ack_unknown",
+                       "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
+                       "unflagged_redeliveries", "undigested"]
         windows = _windows_column(ctx)
         it = F.col("it")
         wids = F.transform(F.filter(windows, lambda w: (it >= w["s"]) & (it <= w["e"])), lambda w: w["id"])
-        avail_rows = (att.select(F.explode(F.when(F.size(wids) == 0, F.array(F.lit("outside"))).otherwise(wids))
-                                 .alias("w"), "o")
-                      .groupBy("w").agg(F.count(F.lit(1)).alias("n"), n(F.col("o") == "ok").alias("ok")).collect())
-        availability = {r["w"]: (int(r["n"]), int(r["ok"])) for r in avail_rows}
-
         drain_end = F.lit(ctx.drain_end_ns).cast("long")
         c_t = F.col("c_t")
         kinds = F.array_distinct(F.transform(
@@ -379,38 +475,105 @@ class _Job:
         exposed = j.filter(F.col("outcome") == "ok").select(
             "c_n", "is_lost", F.explode(F.when(F.size(kinds) == 0, F.array(F.lit("none"))).otherwise(kinds))
             .alias("kind"))
-        # One small aggregate (kinds x nodes x lost?) gives both the exposure and the attribution table.
-        by_kind: dict[str, list[int]] = {}
-        attribution_rows = []
-        for r in exposed.groupBy("kind", "c_n", "is_lost").count().collect():
-            kk = by_kind.setdefault(r["kind"], [0, 0])
-            kk[0] += int(r["count"])
-            if r["is_lost"]:
-                kk[1] += int(r["count"])
-                attribution_rows.append((r["kind"], r["c_n"], int(r["count"])))
-        exposure_rows = [(kind, v[0], v[1]) for kind, v in by_kind.items()]
-        progress("spark", "attribution", rows=len(attribution_rows))
+        ok_att = attempts.filter(F.col("o") == "ok").select(
+            "dt", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("v"))
+        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
+            F.greatest(F.expr("(first_d.time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
+        shift = f"greatest(if(v > 0, length(bin(v)), 0) - {HIST_BITS}, 0)"
+        hist_keys = {"l1": F.expr(shift), "l2": F.expr(f"shiftright(v, {shift})")}
+        parts = [
+            branch(j, "count", {}, count_cols),
+            branch(j.filter("is_lost"), "cause", {"s1": F.col("cause"), "s2": F.col("abandon_cause")},
+                   [F.count(F.lit(1))]),
+            branch(exposed, "exposure", {"s1": F.col("kind"), "s2": F.col("c_n"), "l1": F.col("is_lost").cast("long")},
+                   [F.count(F.lit(1))]),
+            branch(attempts.select(F.explode(F.when(F.size(wids) == 0, F.array(F.lit("outside"))).otherwise(wids))
+                                   .alias("w"), "o"), "avail", {"s1": F.col("w")},
+                   [F.count(F.lit(1)), n(F.col("o") == "ok")]),
+            branch(self.h, "timeline", {"l1": _bucket("time_ns", ctx.bucket_s), "s1": F.col("f"), "s2": F.col("type")},
+                   [F.count(F.lit(1))]),
+            branch(ok_att, "latency", {"l1": _bucket("dt", ctx.bucket_s)},
+                   [F.count(F.lit(1)), F.sum("v"), F.max("v")]),
+            branch(ok_att, "hist:confirm", hist_keys, [F.count(F.lit(1))]),
+            branch(e2e, "hist:e2e", hist_keys, [F.count(F.lit(1))]),
+            branch(_order_violation_rows(ev), "order", {}, [F.count(F.lit(1))]),
+        ]
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        m = _Metrics()
+        for r in df.collect():
+            tag, vals = r["tag"], [int(x) for x in r["v"]]
+            if tag == "count":
+                m.counts = dict(zip(count_names, vals, strict=True))
+            elif tag == "cause":
+                m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
+            elif tag == "exposure":
+                kk = m.by_kind.setdefault(r["s1"], [0, 0])
+                kk[0] += vals[0]
+                if r["l1"]:
+                    kk[1] += vals[0]
+                    m.attribution_rows.append((r["s1"], r["s2"], vals[0]))
+            elif tag == "avail":
+                m.availability[r["s1"]] = (vals[0], vals[1])
+            elif tag == "timeline":
+                m.timeline.append((int(r["l1"]), r["s1"], r["s2"], vals[0]))
+            elif tag == "latency":
+                m.latency_timeline.append((int(r["l1"]), vals[0], vals[1], vals[2]))
+            elif tag.startswith("hist:"):
+                s, key = int(r["l1"]), int(r["l2"])
+                m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
+            elif tag == "order":
+                m.order = vals[0]
+        m.counts["order_violations"] = m.order
+        m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
+        progress("spark", "aggregates", rows=len(m.timeline) + len(m.latency_timeline),
+                 attribution=len(m.attribution_rows), order_violations=m.order)
+        return m
 
-        n_viol, violations = self.order_violations(ev.filter(is_d))
-        progress("spark", "order", violations=n_viol)
-        counts["order_violations"] = n_viol
+    def lists(self, ctx: Context, ev: Any, j: Any) -> dict[str, list[dict]]:
+        """The capped detail lists, each the first LIST_CAP by its order, in one job; then the
+        listed ids' first deliveries in one more (a broadcast join of at most a few thousand ids)."""
+        from pyspark.sql import functions as F
 
-        bucket = _bucket("time_ns", ctx.bucket_s)
-        timeline = [(int(r["t"]), r["f"], r["type"], int(r["count"]))
-                    for r in h.groupBy(bucket.alias("t"), "f", "type").count().collect()]
-        ok_bucket = _bucket("dt", ctx.bucket_s)
-        lat_tl = [(int(r["t"]), int(r["n"]), int(r["s"]), int(r["m"])) for r in ok_att.groupBy(ok_bucket.alias("t"))
-                  .agg(F.count(F.lit(1)).alias("n"), F.sum("lat").alias("s"), F.max("lat").alias("m")).collect()]
-        progress("spark", "timeline", buckets=len(timeline))
-
-        return Facts(
-            counts=counts, lost=lost, lost_by_cause=lost_by_cause, ack_unknown=ack_unknown_list,
-            unexpected=unexpected, duplicated=duplicated, recovered=recovered, resurrected=resurrected,
-            corrupted=corrupted, split_brain=split_brain, unflagged=unflagged, undigested=undigested,
-            order_violations=violations, attribution_rows=attribution_rows, exposure_rows=exposure_rows,
-            confirm_us=confirm_us, e2e_us=e2e_us, availability=availability, timeline=timeline,
-            latency_timeline=lat_tl,
-        )
+        common = ["id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"), F.col("c_t").alias("confirm_ns"),
+                  F.col("c_n").alias("confirm_node"), "delivered", "consumed", "cause", "abandon_cause",
+                  F.col("first_ack").alias("ack"), F.col("res_n").alias("deliveries_after"),
+                  F.col("res_first").alias("delivery")]
+        specs = {"lost": ("is_lost", F.col("c_i")), "ack_unknown": ("is_ack_unknown", F.col("c_i")),
+                 "unexpected": ("is_unexpected", F.col("first_consumed")),
+                 "duplicated": ("is_dup", F.col("first_d.index")),
+                 "recovered": ("is_recovered", F.col("first_consumed")),
+                 "resurrected": ("is_resurrected", F.col("res_first.index")),
+                 "split_brain": ("is_split", F.col("first_ack.index"))}
+        df = None
+        for name, (flag, order) in specs.items():
+            part = (j.filter(F.col(flag)).select(F.lit(name).alias("list"), order.alias("o"), *common)
+                    .orderBy("o").limit(LIST_CAP))
+            df = part if df is None else df.unionByName(part)
+        assert df is not None
+        out: dict[str, list[dict]] = {name: [] for name in specs}
+        for r in df.collect():
+            d = r.asDict(recursive=True)
+            out[d.pop("list")].append(d)
+        for name, rows in out.items():
+            rows.sort(key=lambda d: d.pop("o"))
+            if name != "lost":  # a cause is a lost message's alone
+                for d in rows:
+                    d["cause"] = d["abandon_cause"] = None
+        with_deliveries = [d for name in ("lost", "ack_unknown", "unexpected", "duplicated", "recovered")
+                           for d in out[name]]
+        ids = sorted({d["id"] for d in with_deliveries})
+        deliveries: dict[str, list[dict]] = {}
+        if ids:
+            wanted = self.spark.createDataFrame([(i,) for i in ids], "id string")
+            for r in (ev.filter(F.col("k") == "d").join(F.broadcast(wanted), "id").groupBy("id")
+                      .agg(F.slice(F.sort_array(F.collect_list(F.struct(*_DELIVERY))), 1, DELIVERY_CAP).alias("ds"))
+                      .collect()):
+                deliveries[r["id"]] = [x.asDict() for x in r["ds"]]
+        for d in with_deliveries:
+            d["deliveries"] = deliveries.get(d["id"], [])
+        return out
 
     def corrupted(self, ev: Any, j: Any) -> list[dict]:
         """The first corrupted delivery of each corrupted id: only those ids' deliveries are joined."""
@@ -440,24 +603,45 @@ class _Job:
                         F.col("ab_before.cause").alias("abandon_cause")).collect())
         return [r.asDict() for r in rows]
 
-    def order_violations(self, cons: Any) -> tuple[int, list[dict]]:
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
+    def order_violations(self, ev: Any) -> list[dict]:
+        rows = _order_violation_rows(ev).orderBy("index").limit(LIST_CAP).collect()
+        return [r.asDict() for r in rows]
 
-        oc = (cons.filter(~F.col("redelivered").eqNullSafe(True))
-              .withColumn("producer", F.regexp_extract("id", ID_RE_JAVA, 1))
-              .withColumn("seqs", F.regexp_extract("id", ID_RE_JAVA, 2))
-              .filter(F.col("seqs") != "")
-              .withColumn("seq", F.col("seqs").cast("long")))
-        w = (Window.partitionBy("process", "queue", "producer").orderBy("index")
-             .rowsBetween(Window.unboundedPreceding, -1))
-        v = self.persist(oc.withColumn("after_seq", F.max("seq").over(w))
-                         .filter(F.col("seq") < F.col("after_seq"))
-                         .select(F.col("process").alias("consumer"), "queue", "producer", "id", "seq",
-                                 "after_seq", "index"))
-        count = v.count()
-        rows = v.orderBy("index").limit(LIST_CAP).collect() if count else []
-        return count, [r.asDict() for r in rows]
+
+HIST_BITS = 8
+"""The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
+
+
+@dataclass
+class _Metrics:
+    counts: dict[str, int] = field(default_factory=dict)
+    lost_by_cause: list[tuple[str, str | None, int]] = field(default_factory=list)
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
+    attribution_rows: list[tuple[str, str | None, int]] = field(default_factory=list)
+    exposure_rows: list[tuple[str, int, int]] = field(default_factory=list)
+    availability: dict[str, tuple[int, int]] = field(default_factory=dict)
+    timeline: list[tuple[int, str | None, str | None, int]] = field(default_factory=list)
+    latency_timeline: list[tuple[int, int, int, int]] = field(default_factory=list)
+    hist: dict[str, list[tuple[int, int, int]]] = field(default_factory=lambda: {"confirm": [], "e2e": []})
+    order: int = 0
+
+
+def _order_violation_rows(ev: Any) -> Any:
+    """Deliveries (not flagged redelivered) of a producer's id with a lower seq than one the same
+    consumer already got from that producer on that queue."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    oc = (ev.filter((F.col("k") == "d") & ~F.col("redelivered").eqNullSafe(True))
+          .withColumn("producer", F.regexp_extract("id", ID_RE_JAVA, 1))
+          .withColumn("seqs", F.regexp_extract("id", ID_RE_JAVA, 2))
+          .filter(F.col("seqs") != "")
+          .withColumn("seq", F.col("seqs").cast("long")))
+    w = (Window.partitionBy("process", "queue", "producer").orderBy("index")
+         .rowsBetween(Window.unboundedPreceding, -1))
+    return (oc.withColumn("after_seq", F.max("seq").over(w))
+            .filter(F.col("seq") < F.col("after_seq"))
+            .select(F.col("process").alias("consumer"), "queue", "producer", "id", "seq", "after_seq", "index"))
 
 
 def payload_sql(mid: str, seed: int, size: str) -> str:
@@ -475,35 +659,6 @@ def body_from_payload_sql(mid: str, payload: str) -> str:
 def digest_sql(body: str) -> str:
     """``harness.spec.body_digest`` in Spark SQL."""
     return f"substring(sha2({body}, 256), 1, 32)"
-
-
-# Pair each publish completion with the earliest invoke of the same id still waiting
-# (FIFO); invokes left waiting at the end are indeterminate attempts. Mirrors the
-# deque in the Python engine.
-_PAIR = """
-aggregate(ev,
-  named_struct('p', cast(array() as array<struct<i:bigint,t:bigint>>),
-               'a', cast(array() as array<struct<ii:bigint,it:bigint,o:string,di:bigint,dt:bigint,dn:string>>)),
-  (acc, x) -> CASE
-    WHEN x.type = 'invoke' THEN
-      named_struct('p', concat(acc.p, array(named_struct('i', x.index, 't', x.time_ns))), 'a', acc.a)
-    WHEN size(acc.p) = 0 THEN acc
-    ELSE named_struct(
-      'p', slice(acc.p, 2, size(acc.p) - 1),
-      'a', concat(acc.a, array(named_struct(
-        'ii', acc.p[0].i, 'it', acc.p[0].t,
-        'o', CASE WHEN x.type IN ('ok', 'fail') THEN x.type ELSE 'info' END,
-        'di', x.index, 'dt', x.time_ns, 'dn', x.node))))
-  END,
-  acc -> concat(acc.a, transform(acc.p, q -> named_struct(
-    'ii', q.i, 'it', q.t, 'o', 'info',
-    'di', cast(null as bigint), 'dt', cast(null as bigint), 'dn', cast(null as string)))))
-"""
-
-_OUTCOME = """CASE WHEN size(a) = 0 THEN 'none'
-  WHEN exists(a, x -> x.o = 'ok') THEN 'ok'
-  WHEN exists(a, x -> x.o = 'info') THEN 'info'
-  ELSE 'fail' END"""
 
 
 def _bucket(name: str, width_s: int) -> Any:
@@ -572,56 +727,64 @@ def _windows_column(ctx: Context) -> Any:
         for w in ctx.windows])
 
 
-def _order_stats(df: Any) -> tuple[int, dict[str, int | None]]:
-    """Exact nearest-rank order statistics of a long column "v" (values >= 0).
+def _order_stats(series: dict[str, tuple[Any, list[tuple[int, int, int]]]]
+                 ) -> dict[str, tuple[int, dict[str, int | None]]]:
+    """Exact nearest-rank order statistics of long columns "v" (values >= 0), several series at once.
 
-    A full sort of a hundred million latencies is what this avoids: a first pass
-    counts values in 256 buckets per power of two (at most ~16k buckets), later
-    passes split only the buckets that hold a wanted rank, 2^16 ways, until each
-    wanted rank sits on one exact value. Only bucket counts reach the driver.
+    A full sort of a hundred million latencies is what this avoids: the first
+    histogram (2^HIST_BITS buckets per power of two, at most ~16k buckets) comes with
+    the other aggregates; each later pass splits only the buckets that hold a wanted
+    rank, 2^16 ways, for every series in one job, until each wanted rank sits on one
+    exact value. Only bucket counts reach the driver.
     """
     from pyspark.sql import functions as F
 
-    v = F.col("v")
-    bitlen = F.when(v > 0, F.length(F.bin(v))).otherwise(0)
-    df = df.withColumn("s", F.greatest(bitlen - 8, F.lit(0)))
-    rows = df.groupBy("s", F.expr("shiftright(v, s)").alias("k")).count().collect()
-    buckets = sorted((r["k"] << r["s"], (r["k"] + 1) << r["s"], int(r["count"])) for r in rows)
-    n = sum(b[2] for b in buckets)
-    if n == 0:
-        return 0, {}
-    wanted = {f"p{p}": rank_for(p, n) for p in PERCENTILES}
-    wanted["max"] = n
-    found: dict[str, int | None] = {}
-    pending = {name: _locate(buckets, rank) for name, rank in wanted.items()}
-    while pending:
-        for name, (lo, hi, _rank) in list(pending.items()):
+    out: dict[str, tuple[int, dict[str, int | None]]] = {}
+    pending: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for name, (_df, first) in series.items():
+        buckets = sorted(first)
+        total = sum(b[2] for b in buckets)
+        out[name] = (total, {})
+        if total == 0:
+            continue
+        wanted = {f"p{p}": rank_for(p, total) for p in PERCENTILES}
+        wanted["max"] = total
+        for stat, rank in wanted.items():
+            pending[(name, stat)] = _locate(buckets, rank)
+    while True:
+        for key, (lo, hi, _rank) in list(pending.items()):
             if hi - lo == 1:
-                found[name] = lo
-                del pending[name]
+                out[key[0]][1][key[1]] = lo
+                del pending[key]
         if not pending:
-            break
-        ranges = sorted({(lo, hi) for lo, hi, _ in pending.values()})
-        shifts = [max((hi - lo - 1).bit_length() - 16, 0) for lo, hi in ranges]
-        tag = F.lit(None).cast("int")
-        base = F.lit(None).cast("long")
-        sh = F.lit(None).cast("int")
-        for i, ((lo, hi), s) in enumerate(zip(ranges, shifts, strict=True)):
-            inside = (v >= F.lit(lo)) & (v < F.lit(hi))
-            tag = F.when(inside, F.lit(i)).otherwise(tag)
-            base = F.when(inside, F.lit(lo).cast("long")).otherwise(base)
-            sh = F.when(inside, F.lit(s)).otherwise(sh)
-        sub = (df.select(tag.alias("t"), base.alias("b"), sh.alias("sh"), "v").filter(F.col("t").isNotNull())
-               .groupBy("t", F.expr("shiftright(v - b, sh)").alias("k")).count().collect())
-        per_range: dict[int, list[tuple[int, int, int]]] = {}
-        for r in sub:
-            i = int(r["t"])
-            lo, s = ranges[i][0], shifts[i]
-            per_range.setdefault(i, []).append((lo + (r["k"] << s), lo + ((r["k"] + 1) << s), int(r["count"])))
-        for name, (lo, hi, rank) in list(pending.items()):
-            i = ranges.index((lo, hi))
-            pending[name] = _locate(sorted(per_range[i]), rank)
-    return n, found
+            return out
+        ranges = {name: sorted({(lo, hi) for (s, _), (lo, hi, _r) in pending.items() if s == name})
+                  for name in series}
+        v = F.col("v")
+        parts = []
+        for name, rs in ranges.items():
+            if not rs:
+                continue
+            tag, base, sh = F.lit(None).cast("int"), F.lit(None).cast("long"), F.lit(None).cast("int")
+            for i, (lo, hi) in enumerate(rs):
+                inside = (v >= F.lit(lo)) & (v < F.lit(hi))
+                tag = F.when(inside, F.lit(i)).otherwise(tag)
+                base = F.when(inside, F.lit(lo).cast("long")).otherwise(base)
+                sh = F.when(inside, F.lit(max((hi - lo - 1).bit_length() - 16, 0))).otherwise(sh)
+            parts.append(series[name][0].select(F.lit(name).alias("series"), tag.alias("t"), base.alias("b"),
+                                                sh.alias("sh"), "v").filter(F.col("t").isNotNull()))
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        rows = df.groupBy("series", "t", "b", "sh", F.expr("shiftright(v - b, sh)").alias("k")).count().collect()
+        split: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        for r in rows:
+            lo, s = int(r["b"]), int(r["sh"])
+            split.setdefault((r["series"], int(r["t"])), []).append(
+                (lo + (r["k"] << s), lo + ((r["k"] + 1) << s), int(r["count"])))
+        for (name, stat), (lo, hi, rank) in list(pending.items()):
+            i = ranges[name].index((lo, hi))
+            pending[(name, stat)] = _locate(sorted(split[(name, i)]), rank)
 
 
 def _locate(buckets: list[tuple[int, int, int]], rank: int) -> tuple[int, int, int]:

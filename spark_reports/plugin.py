@@ -9,7 +9,7 @@ from typing import Any
 import pluggy
 
 from ._python import check_python
-from ._spark import check_spark
+from ._spark import check_spark, start_session_in_background
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
 
@@ -28,8 +28,15 @@ def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
 
 @hookimpl
 def brokerchaos_register_checkers(register: Any) -> None:
-    register.add_checker("python", check_python, default=True)
-    register.add_checker("spark", _spark)
+    register.add_checker("spark", _spark, default=True)
+    register.add_checker("python", check_python)
+
+
+@hookimpl
+def brokerchaos_run_started(run: Any) -> None:
+    """The JVM starts while the cluster comes up and the workload runs, not after the drain."""
+    if "spark" in getattr(run, "checkers", ()):
+        start_session_in_background(settings.get("spark_master"))
 
 
 @hookimpl

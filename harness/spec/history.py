@@ -51,6 +51,8 @@ SCHEMA_VERSION = 2
 FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value",
           "redelivered", "error", "digest", "detail", "schema")
 TYPES = ("invoke", "ok", "fail", "info")
+OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
+"""Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
 ABANDON_CAUSES = (
     "requeue",  # basic.nack / basic.reject with requeue=true
     "recover",  # basic.recover(requeue=true)

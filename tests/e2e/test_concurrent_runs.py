@@ -62,7 +62,8 @@ def _brokers_started(pid: int) -> bool:
 def test_two_runs_at_once_and_a_down_between_them(tmp_path: Path) -> None:
     orphan = _plant_orphan()
     env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    procs = [subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "8", "--seed", str(seed)],
+    procs = [subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "8", "--seed", str(seed),
+                               "--checker", "python"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
              for seed in (11, 12)]
     try:

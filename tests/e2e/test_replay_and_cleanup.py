@@ -31,12 +31,12 @@ def nemesis_actions(run_dir: Path) -> list[tuple[str, str]]:
 
 
 def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    first = brokerchaos("run", "scenarios/crash.yaml", "--duration", "14")
+    first = brokerchaos("run", "scenarios/crash.yaml", "--duration", "14", "--checker", "python")
     assert first.code == 0, first.explain()
     original = nemesis_actions(first.run_dir)
     assert [k for k, _ in original] == ["kill"], original  # the step at 18 s is past the shortened run
 
-    replay = brokerchaos("run", "scenarios/crash.yaml", "--replay", str(first.run_dir))
+    replay = brokerchaos("run", "scenarios/crash.yaml", "--replay", str(first.run_dir), "--checker", "python")
     assert replay.code == 0, replay.explain()
     assert replay.run_dir != first.run_dir
     assert nemesis_actions(replay.run_dir) == original

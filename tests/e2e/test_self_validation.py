@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
 def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/power-loss-async.yaml")
+    r = brokerchaos("run", "scenarios/power-loss-async.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results
     assert res["valid"] is False and res["counts"]["lost"] > 0
@@ -22,14 +22,14 @@ def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> N
 
 
 def test_sync_flush_loses_nothing_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/power-loss.yaml")
+    r = brokerchaos("run", "scenarios/power-loss.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
 
 
 def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/crash-async.yaml")
+    r = brokerchaos("run", "scenarios/crash-async.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
@@ -37,7 +37,7 @@ def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:  # type: ig
 
 def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> None:  # type: ignore[no-untyped-def]
     """RabbitMQ classic mirrored queue, ha-promote-on-failure=always (reference/mirrored-queues.md)."""
-    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror.yaml")
+    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results
     assert res["counts"]["lost"] > 0
@@ -45,7 +45,7 @@ def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> N
 
 
 def test_when_synced_waits_for_the_master_and_loses_nothing(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror-when-synced.yaml")
+    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror-when-synced.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000

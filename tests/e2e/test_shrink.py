@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
 def test_until_fail_then_shrink_to_the_power_loss_alone(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    found = brokerchaos("run", "scenarios/shrink-mixed-faults.yaml", "--until-fail", "--runs", "3")
+    found = brokerchaos("run", "scenarios/shrink-mixed-faults.yaml", "--until-fail", "--runs", "3", "--checker", "python")
     assert found.code == 1, found.explain()
     assert "until-fail: first failure at run 1 (seed 3)" in found.proc.stdout, found.explain()
     assert found.results["verdict"] == "LOST"
