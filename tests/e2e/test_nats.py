@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 def _short(tmp_path: Path, scenario: str, **workload: Any) -> Path:
     data = yaml.safe_load(open(scenario))
     data["workload"].update(workload)
+    data["checkers"] = ["python", "stream"]  # the point is the broker and the stream checks, not the engine
     out = tmp_path / Path(scenario).name
     out.write_text(yaml.safe_dump(data))
     return out
@@ -42,6 +43,7 @@ def test_coordinated_power_loss_loses_acknowledged_messages(brokerchaos, tmp_pat
     data["nemesis"]["schedule"] = [{"at": 8, "fault": "power-loss-coordinated", "params": {"nodes": "all"},
                                     "hold": 3}]
     data["nemesis"]["settle"] = 5
+    data["checkers"] = ["python", "stream"]
     short = tmp_path / "plc.yaml"
     short.write_text(yaml.safe_dump(data))
     r = brokerchaos("run", str(short))
