@@ -45,7 +45,7 @@ def test_pick_nodes_is_seeded_sorted_and_checked() -> None:
 
 def test_resolve_is_concrete_and_stable_under_replay() -> None:
     p = PowerLossCoordinated.resolve({"nodes": "majority", "torn": True}, N5, random.Random(7))
-    assert len(p["nodes"]) == 3 and isinstance(p["torn_seed"], int) and p["lead"] == 1.0
+    assert len(p["nodes"]) == 3 and isinstance(p["torn_seed"], int) and p["lead"] == 2.0
     # A replay hands the stored, concrete parameters back: they must mean the same thing.
     assert PowerLossCoordinated.resolve(p, N5, random.Random(99)) == p
     assert PowerLossCoordinated.resolve({}, N3, random.Random(1))["nodes"] == N3
