@@ -11,6 +11,7 @@ on a real backing queue; only the node around it (GM, links) is a recorder.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from pamqp import commands
@@ -62,8 +63,9 @@ class _Node:
 
 
 def fingerprint(m: Message) -> int:
-    """A message's share of the content fingerprint the master broadcasts (its digest, summed mod 2**64)."""
-    return int(digest(m), 16)
+    """A message's share of the content fingerprint the master broadcasts (summed mod 2**64): an 8-byte
+    BLAKE2b of its stored form without the node-local id."""
+    return int.from_bytes(hashlib.blake2b(m.to_bytes()[8:], digest_size=8).digest(), "big")
 
 
 def _msg(body: bytes) -> Message:
