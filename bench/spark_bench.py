@@ -1,4 +1,5 @@
-"""Benchmark: the Spark reconciliation against the pure-Python checker on the same histories.
+"""Benchmark: the Spark reconciliation against the pure-Python checker and a DuckDB yardstick
+(the core reconciliation query only) on the same histories, in the same run.
 
 Usage:
   python bench/spark_bench.py --sizes 1M,10M [--python-max 10M] [--driver-memory 1g]
@@ -9,7 +10,8 @@ runs each engine in its own subprocess so peak memory is that engine's alone: th
 parent samples the resident memory of the child's whole process tree (Python plus,
 for Spark, the JVM) every 0.2 s. Wall time includes the JVM's start; the child also
 reports the check alone. Both engines get the generated run's scenario.json (seed
-and message size, so bodies are verified). Results: bench/results/spark_<size>.json,
+and message size, so bodies are verified). The load average is recorded before and after
+each engine: other work shares this machine. Results: bench/results/spark_<size>.json,
 with whether each engine found exactly what the generator planted, one line each
 in bench/results/spark_summary.md, with the command that produced them.
 """
@@ -183,7 +185,7 @@ def main() -> None:
             record["engines_agree"] = _comparable(a) == _comparable(b)
         (args.results / f"spark_{label}.json").write_text(json.dumps(record, indent=1) + "\n")
         sp, py, dk = record["spark"], record["python"], record.get("duckdb", {})
-        ratio = (f"{py['check_s'] / sp['check_s']:.1f}x" if sp.get("check_s") and py.get("check_s") else "-")
+        ratio = (f"{py['check_s'] / sp['check_s']:.2g}x" if sp.get("check_s") and py.get("check_s") else "-")
         line = (f"| {label} | {record['ops']:,} | {sp.get('wall_s')} s ({sp.get('check_s')} s check) | "
                 f"{sp.get('peak_rss_mb')} MB | "
                 + (f"{py.get('wall_s')} s ({py.get('check_s')} s check) | {py.get('peak_rss_mb')} MB | {ratio} | "
