@@ -68,13 +68,13 @@ class _Broker(BrokerPlugin):
     name = "capable"
     client_port = 5672
     data_dir = "/data"
-    capabilities = frozenset({"kill", "clock"})
+    capabilities = frozenset({"kill", "teleport"})
 
 
-class ClockPackage:
+class TeleportPackage:
     @hookimpl
     def brokerchaos_register_faults(self, register: Any) -> None:
-        register.add_capability("clock", "the broker runs under a fake clock the harness can set")
+        register.add_capability("teleport", "the broker runs under a fake clock the harness can set")
 
 
 class BrokerPackage:
@@ -85,14 +85,14 @@ class BrokerPackage:
 
 def test_a_capability_a_fault_package_defines_can_be_declared() -> None:
     host = Host()
-    host.register(ClockPackage(), "clock-faults")
+    host.register(TeleportPackage(), "teleport-faults")
     host.register(BrokerPackage(), "capable-broker")
-    assert "clock" in host.registry.capabilities and host.broker("capable").capabilities == {"kill", "clock"}
+    assert "teleport" in host.registry.capabilities and host.broker("capable").capabilities == {"kill", "teleport"}
 
 
 def test_a_capability_nobody_defined_is_refused_naming_the_plugin() -> None:
     host = Host()
-    with pytest.raises(PluginError, match=r"capable-broker.*unknown capabilities \['clock'\]"):
+    with pytest.raises(PluginError, match=r"capable-broker.*unknown capabilities \['teleport'\]"):
         host.register(BrokerPackage(), "capable-broker")
 
 
