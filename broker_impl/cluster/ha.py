@@ -38,14 +38,15 @@ def promotion_candidate(alive: list[str], synced: set[str], rule: str) -> str | 
 
     The oldest live mirror that is in sync; without one, ``always`` takes the
     oldest live mirror (what only the master held is lost) and ``when-synced``
-    nobody (the queue waits for its master). RabbitMQ's documentation promises
-    exactly this ("an unsynchronised mirror will not be promoted" with
-    when-synced); its 3.x code (``rabbit_mirror_queue_misc:remove_from_queue``)
-    always takes the oldest live mirror and lets when-synced refuse only when no
-    mirror at all is in sync, which loses messages when the oldest mirror is the
-    unsynchronised one and a younger one is in sync. This broker keeps the
-    documented promise under both rules. Every node computes the same answer from
-    the queue's record (its mirrors in join order and the in-sync ones).
+    nobody (the queue waits for its master). RabbitMQ states the promise (the
+    change that added the key: "If set to when-synced, unsynchronised slaves
+    will not be promoted"), but its 3.x code
+    (``rabbit_mirror_queue_misc:remove_from_queue``) always takes the oldest live
+    mirror and lets when-synced refuse only when no mirror at all is in sync,
+    which loses messages when the oldest mirror is the unsynchronised one and a
+    younger one is in sync. This broker keeps the stated promise under both
+    rules. Every node computes the same answer from the queue's record (its
+    mirrors in join order and the in-sync ones).
     """
     for node in alive:
         if node in synced:

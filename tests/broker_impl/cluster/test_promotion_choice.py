@@ -1,10 +1,11 @@
 """Which mirror is promoted: the oldest live in-sync one, whatever the rule; without one, the rule decides.
 
-RabbitMQ's documentation: with ``ha-promote-on-failure: when-synced`` "an
-unsynchronised mirror will not be promoted". Its 3.x code takes the oldest live
-mirror and lets when-synced refuse only when no mirror is in sync at all; that
-promotes an unsynchronised oldest mirror over an in-sync younger one and loses
-what only the master held. Here the documented promise holds under both rules.
+RabbitMQ's stated promise for ``ha-promote-on-failure: when-synced`` (the change
+that added the key): "unsynchronised slaves will not be promoted". Its 3.x code
+takes the oldest live mirror and lets when-synced refuse only when no mirror is
+in sync at all; that promotes an unsynchronised oldest mirror over an in-sync
+younger one and loses what only the master held. Here the promise holds under
+both rules.
 """
 
 from __future__ import annotations
