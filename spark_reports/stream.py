@@ -218,7 +218,6 @@ def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *,
                        spark_master: str | None = None) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     run_dir = Path(run_dir)
     path = history_path(run_dir)
@@ -250,20 +249,24 @@ def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *,
     for r in drain_rows:
         drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
         drains[r["queue"]] = _json(r["value"])
-    gaps: list[dict[str, Any]] = []
+    floors = []
     for q in sorted(queues):
-        if not drain_done.get(q):
-            continue
-        firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
-                       if isinstance(v, dict)]
-        floor = max(1, min([s for s in firsts_seen if s is not None] or [1]))
-        mine = delivered_seqs.where(F.col("queue") == q)
-        top = mine.agg(F.max("seq").alias("m")).collect()[0]["m"]
-        if top is None or top < floor:
-            continue
-        missing = (spark.range(floor, top + 1).withColumnRenamed("id", "seq")
-                   .join(mine.select("seq"), "seq", "left_anti").orderBy("seq"))
-        gaps.extend({"queue": q, "seq": r["seq"]} for r in missing.collect())
+        if drain_done.get(q):
+            firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
+                           if isinstance(v, dict)]
+            floors.append((q, max(1, min([s for s in firsts_seen if s is not None] or [1]))))
+    gaps: list[dict[str, Any]] = []
+    if floors:
+        spark.createDataFrame(floors, "queue string, floor bigint").createOrReplaceTempView("fl")
+        delivered_seqs.createOrReplaceTempView("ds")
+        missing = spark.sql("""
+            SELECT r.queue, r.seq FROM (
+              SELECT fl.queue, explode(sequence(fl.floor, m.top)) AS seq
+              FROM fl JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fl.queue
+              WHERE m.top >= fl.floor) r
+            LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""").collect()
+        gaps = sorted(({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
+                      key=lambda g: (g["queue"], g["seq"]))
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
     queue_set = set(queues)
     return _results({
