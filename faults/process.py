@@ -22,6 +22,12 @@ from harness.spec import ConformanceProbe, Fault, FaultContext
 
 def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
     rc, out = node.exec(["python3", "-m", "faults.nodectl", *args], timeout=timeout)
+    for _ in range(3):
+        # An exec on a loaded engine was seen to end with exit 0 and no output at all; a read-only
+        # query is asked again, a command that acts is never repeated.
+        if out.strip() or args[:1] != ("status",):
+            break
+        rc, out = node.exec(["python3", "-m", "faults.nodectl", *args], timeout=timeout)
     line = out.strip().splitlines()[-1] if out.strip() else ""
     try:
         reply = json.loads(line)
