@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything brokerchaos needs on a fresh Debian (bookworm) machine with Docker:
 # the system packages it lacks (Java 17 for Spark, a Rust toolchain when cargo is missing
-# or too old, Python's pip, debootstrap, FUSE, Chromium), the Python package, the
+# or too old, Python's pip, debootstrap, FUSE, Chromium, nats-server for the NATS client
+# tests on loopback), the Python package, the
 # Toxiproxy-API server, and every image (built locally; no container registry is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ step() { printf '\n== %s\n' "$*" >&2; }
 
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 need_apt=""
-for pkg in debootstrap fuse3 libfuse3-3 chromium; do
+for pkg in debootstrap fuse3 libfuse3-3 chromium nats-server; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt="$need_apt $pkg"
 done
 # Spark needs a Java runtime (17 is what PySpark 4 supports on bookworm).
