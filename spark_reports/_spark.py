@@ -190,6 +190,7 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
 
 
 ROWS_PER_PARTITION = 500_000
+DISK_ONLY_ROWS = 2_000_000
 
 
 def shuffle_partitions(rows: int, cores: int) -> int:
@@ -213,9 +214,12 @@ class _Job:
         self.cached: list[Any] = []
 
     def persist(self, df: Any) -> Any:
+        """Memory first for a small history; disk only for a big one, whose cached blocks read back
+        from disk into the heap whole under MEMORY_AND_DISK and overflow a 1 GB driver."""
         from pyspark import StorageLevel
 
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        big = self.footer.rows > DISK_ONLY_ROWS
+        df = df.persist(StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK)
         self.cached.append(df)
         return df
 
