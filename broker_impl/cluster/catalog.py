@@ -14,6 +14,14 @@ like local deletions), nor while a partition's loser waits for the winner's
 records (``await_winner``). Until the first peer's records are applied after a
 start, a node may hold stale copies of queues mastered elsewhere: it refuses
 clients meanwhile (``joining``).
+
+The table is persisted with its stamps (``cluster.json`` in the data directory,
+fsynced before anything that follows a change: a promoted master writes its
+record before it confirms a publish). At start the node applies the queue
+records it persisted before it claims anything (``recover``): a durable queue
+whose recorded master is another node becomes a proxy and the copy here is
+dropped, so after a whole-cluster cold start the master is the node that
+confirmed the messages, not the node with the highest name.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from broker_impl.broker import BrokerError, write_atomic
 from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
 from broker_impl.cluster.mirror import MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
@@ -35,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_impl.cluster")
 
+TABLE_FILE = "cluster.json"
+
 _APPLY_ORDER = {"vhost": 0, "user": 1, "perm": 2, "policy": 3, "exchange": 4, "queue": 5, "binding": 6}
 
 
@@ -45,7 +56,8 @@ class Catalog:
         self.node = node
         self.broker = node.broker
         self.me = node.me
-        self.table = Table(self.me)
+        self._path = self.broker.data_dir / TABLE_FILE
+        self.table = self._restore()
         self._inbox: asyncio.Queue[tuple[str, dict[str, Entry]]] = asyncio.Queue()
         self._pending_apply = 0
         self._applying = False
@@ -53,6 +65,26 @@ class Catalog:
         self.joining = True
         self.await_winner: str | None = None  # a peer ("*": any) whose records must come before we stamp again
         self._skip_meta: set[str] = set()  # autoheal: the losing side's next table is not merged
+
+    # -- persistence ------------------------------------------------------------------------
+    def _restore(self) -> Table:
+        if not self._path.exists():
+            return Table(self.me)
+        try:
+            return Table.load(self.me, self._path.read_bytes())
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise BrokerError(f"{self._path}: cluster metadata is not valid ({exc}); move it away and the node "
+                              "takes the cluster's records from its peers") from None
+
+    def _save(self) -> None:
+        write_atomic(self._path, self.table.dump())
+
+    async def recover(self) -> None:
+        """Before the first claim after a start: follow the masters the persisted records name."""
+        for k, data in self.table.live().items():
+            parts = split_key(k)
+            if parts[0] == "queue" and data.get("master", self.me) != self.me:
+                await self._apply_queue(self._vhost(parts[1]), parts[2], data)
 
     # -- sending ----------------------------------------------------------------------------
     def _queue_fields(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -79,6 +111,7 @@ class Catalog:
             return
         changed = self.table.diff(collect(self.broker, self._queue_fields()))
         if changed:
+            self._save()
             self._broadcast(changed)
 
     def _broadcast(self, entries: dict[str, Entry]) -> None:
@@ -116,6 +149,7 @@ class Catalog:
             self.await_winner = None
         changed = self.table.merge(Table.decode(h.get("entries", {})))
         if changed:
+            self._save()
             self._pending_apply += 1
             self._inbox.put_nowait((peer, changed))
             if self.joining:

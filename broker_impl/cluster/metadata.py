@@ -18,8 +18,14 @@ later stamp wins key by key. A queue declared on both sides keeps one master
 (the later declaration) and the other side's copy, with its messages, is
 discarded: the same outcome as RabbitMQ's ``ignore``/``autoheal`` for the
 losing side. A delete on one side and a redeclare on the other resolve the
-same way. Nothing here is persisted separately: each node's durable entities
-are in its own ``metadata.json`` and the table is rebuilt by the merge.
+same way.
+
+Each node persists its table with the stamps (``catalog``, ``cluster.json``,
+fsynced on every change), so a whole-cluster cold start resumes the same
+order: a queue's master is the node last recorded as master, as RabbitMQ
+recovers a durable queue on the node of its recorded master. Rebuilding the
+table from each node's ``metadata.json`` alone gave every node a fresh claim to
+every durable queue it knew, and the highest node name won.
 """
 
 from __future__ import annotations
@@ -111,6 +117,18 @@ class Table:
     @staticmethod
     def decode(raw: dict[str, list[Any]]) -> list[tuple[str, Entry]]:
         return [(k, Entry.from_json(v)) for k, v in raw.items()]
+
+    def dump(self) -> bytes:
+        return json.dumps({"clock": self.clock, "entries": self.encode()}, separators=(",", ":")).encode()
+
+    @classmethod
+    def load(cls, me: str, raw: bytes) -> Table:
+        """A table as ``dump`` wrote it; raises ``ValueError`` (or ``KeyError``/``TypeError``) on anything else."""
+        data = json.loads(raw)
+        t = cls(me)
+        t.entries = dict(cls.decode(data["entries"]))
+        t.clock = max([int(data["clock"]), *(e.stamp[0] for e in t.entries.values())])
+        return t
 
 
 def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -80,6 +80,7 @@ class ClusterNode:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
+        await self.catalog.recover()
         self.catalog.local_changed()
         self.spawn(self.catalog.apply_loop())
         self.gm.start()
