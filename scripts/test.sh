@@ -3,7 +3,7 @@
 # Quick local loop without them: python3 -m pytest -m "not docker and not spark"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pytest -p no:cacheprovider --alluredir=allure-results "$@"
+python3 -m pytest -p no:cacheprovider --durations=25 --alluredir=allure-results "$@"
 status=$?
 brokerchaos -q down >/dev/null 2>&1 || true
 if [ "$status" = 5 ]; then

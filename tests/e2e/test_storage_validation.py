@@ -2,9 +2,8 @@
 
 Coordinated power cuts must cost nothing confirmed when the broker fsyncs before it confirms
 (flush: sync) and must lose confirmed messages when it does not (flush: async); a disk that lies
-about fsync must make the harness find the loss, tied to the lie's window. One node each: short,
-and free of the reference broker's cluster cold-start defect
-(scenarios/reference-power-loss-coordinated-cluster.yaml).
+about fsync must make the harness find the loss, tied to the lie's window. One node each, to keep
+them short; the cluster's cold start is tested on loopback (tests/broker_impl/cluster/test_cold_start.py).
 """
 
 from __future__ import annotations
