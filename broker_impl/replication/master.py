@@ -175,18 +175,21 @@ class Master:
         if not isinstance(end, int) or end < 0:
             raise wire.WireError(f"HELLO end {end!r} is not an offset")
         if seg != self.store.config.segment_bytes:
-            return await self._refuse(link, node, f"segment_bytes {seg} differs from the master's "
-                                      f"{self.store.config.segment_bytes}: set [store] segment_bytes the same")
+            await self._refuse(link, node, f"segment_bytes {seg} differs from the master's "
+                               f"{self.store.config.segment_bytes}: set [store] segment_bytes the same")
+            return None
         if end > self.store.end and self._catching_up:
             await self._take_back(link, node, end)
         elif end > self.store.end:
-            return await self._refuse(link, node, f"the replica ends at {end}, beyond the master's log end "
-                                      f"{self.store.end}: it is not a copy of this log; move it away")
+            await self._refuse(link, node, f"the replica ends at {end}, beyond the master's log end "
+                               f"{self.store.end}: it is not a copy of this log; move it away")
+            return None
         first_offset = self.store.first_offset()
         if end < first_offset:
             if end != 0:
-                return await self._refuse(link, node, f"the replica ends at {end} but the master's log now "
-                                          f"starts at {first_offset}: move the replica away to copy afresh")
+                await self._refuse(link, node, f"the replica ends at {end} but the master's log now "
+                                   f"starts at {first_offset}: move the replica away to copy afresh")
+                return None
             end = first_offset
         if self._catching_up:
             self._catching_up = False
@@ -214,7 +217,6 @@ class Master:
     async def _refuse(self, link: Link, node: str, reason: str) -> None:
         log.error("refusing slave %s: %s", node, reason)
         await link.send(wire.encode_json(wire.REFUSE, {"reason": reason}), self.cfg.dead_after_ms / 1000)
-        return None
 
     async def _stream(self, link: Link, conn: SlaveConn) -> None:
         """RocketMQ's WriteSocketService: whole records from where the slave is, a heartbeat when idle."""

@@ -38,7 +38,7 @@ class Slave:
         self.refused: str | None = None
         self.sent_back = 0  # bytes handed back to a master that had lost them
         self._task: asyncio.Task[None] | None = None
-        self._link: Link | None = None
+        self._reports: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -106,7 +106,9 @@ class Slave:
             offset, data = frame.data()
             if data:
                 end = self.replica.append_replicated(offset, data)
-                asyncio.get_running_loop().create_task(self._report_when_safe(link, end))
+                task = asyncio.get_running_loop().create_task(self._report_when_safe(link, end))
+                self._reports.add(task)
+                task.add_done_callback(self._reports.discard)
         elif frame.kind == wire.META:
             await self.apply_metadata(frame.json())
         elif frame.kind == wire.SEND:
