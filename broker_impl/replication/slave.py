@@ -73,8 +73,12 @@ class Slave:
             try:
                 await self._session(link)
             except (*LINK_ERRORS, StoreError) as exc:
-                log.warning("link to master %s:%d lost: %s", host, port, exc or type(exc).__name__)
-                last_error = ""
+                why = str(exc) or type(exc).__name__
+                if self.connected:  # a proxy in between accepts even while the master is down: quiet then
+                    log.warning("link to master %s:%d lost: %s", host, port, why)
+                elif why != last_error:
+                    log.warning("master %s:%d not answering: %s", host, port, why)
+                last_error = why
                 if self.refused is not None:
                     delay = REFUSED_RETRY
             finally:
@@ -86,9 +90,6 @@ class Slave:
         dead = self.cfg.dead_after_ms / 1000
         hello = {"node": self.cfg.node, "segment_bytes": self.replica.config.segment_bytes, "end": self.replica.end}
         await link.send(wire.encode_json(wire.HELLO, hello), dead)
-        self.connected = True
-        self.refused = None
-        log.info("attached to master %s at replica offset %d", link.peer, self.replica.end)
         beat = asyncio.get_running_loop().create_task(self._heartbeat(link))
         try:
             while True:
@@ -96,6 +97,9 @@ class Slave:
                     frame = await link.recv(dead)
                 except TimeoutError:
                     raise TimeoutError(f"master silent for {dead:g} s") from None
+                if not self.connected:
+                    self.connected, self.refused = True, None
+                    log.info("attached to master %s; the replica ended at %d", link.peer, hello["end"])
                 await self._handle(link, frame)
         finally:
             beat.cancel()
