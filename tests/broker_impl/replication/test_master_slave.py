@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pika
 import pytest
@@ -124,3 +125,21 @@ def test_a_restarted_master_waits_for_its_slave_before_serving(pair_factory):
     pair.slave.start()
     pair.master.wait_serving()
     assert drain(pair.master, "q") == list(range(50))
+
+
+def test_a_sync_master_nacks_when_its_slave_goes_silent(pair_factory):
+    """A paused slave keeps its connection open and says nothing (as behind a partition that
+    drops packets): the confirm waits sync_timeout_ms, then the publisher gets a nack."""
+    pair = pair_factory("sync_master")
+    publish(pair.master, "q", range(5), declare=True)
+    assert pair.slave.proc is not None
+    pair.slave.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(NackError):
+            publish(pair.master, "q", range(5, 6))
+        assert "FLUSH_SLAVE_TIMEOUT" in pair.master.log() or "SLAVE_NOT_AVAILABLE" in pair.master.log()
+    finally:
+        pair.slave.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: pair.master.status()["slaves"], what="the slave to be attached after it resumed")
+    publish(pair.master, "q", range(6, 10))
+    assert drain(pair.master, "q") == list(range(10))
