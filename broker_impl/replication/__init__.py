@@ -12,7 +12,9 @@ GroupTransferService; CommitLog.handleHA):
 - The slave connects to the master's HA port, reports the offset its copy ends at,
   and the master streams its log from there; the slave writes the bytes at the same
   offsets and reports back after each batch and as a heartbeat. Either side drops a
-  link that stays silent (haHousekeepingInterval).
+  link that stays silent (haHousekeepingInterval). A slave with an empty replica starts
+  at the master's first segment (RocketMQ starts it at the last one), so it holds
+  everything the master still holds.
 - ASYNC_MASTER confirms a publish once its own flush policy is met. SYNC_MASTER then
   also waits until a slave reported the message's end offset: no slave connected, or
   the best slave further behind than ``max_lag_bytes`` (haMaxGapNotInSync), is

@@ -9,8 +9,8 @@ Keys::
     master = "n1"                # slave: the master's host (or "host:port"; port defaults to ``port``)
     sync_timeout_ms = 5000       # sync_master: a confirm waits this long for the slave (syncFlushTimeout)
     max_lag_bytes = 268435456    # sync_master: a slave further behind is not in sync (haMaxGapNotInSync)
-    heartbeat_ms = 1000          # both ends say something at least this often
-    dead_after_ms = 5000         # a peer silent this long is dropped (haHousekeepingInterval, scaled)
+    heartbeat_ms = 1000          # both ends say something at least this often (haSendHeartbeatInterval: 5 s)
+    dead_after_ms = 5000         # a peer silent this long is dropped (haHousekeepingInterval: 20 s)
 
 A node has either ``[cluster]`` (GM mirrored queues) or ``[replication]``, not both.
 """
