@@ -10,7 +10,7 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_a_sync_master_loses_nothing_and_nacks_while_its_slave_is_cut_off(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_a_sync_master_loses_nothing_confirmed_under_the_same_faults(brokerchaos) -> None:  # type: ignore[no-untyped-def]
     r = brokerchaos("run", "scenarios/reference-master-slave-sync.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
