@@ -34,6 +34,7 @@ from broker_impl.vhost import VHost
 if TYPE_CHECKING:
     from broker_impl.cluster.node import ClusterNode
     from broker_impl.connection import Connection
+    from broker_impl.replication import Replication
 
 log = logging.getLogger("broker_impl.broker")
 
@@ -101,13 +102,17 @@ class Broker:
         self.store_spec = CreditSpec(f.store_initial, f.store_more_after)
         self._loading = False
         self.cluster: ClusterNode | None = None
+        self.replication: Replication | None = None  # master-slave mode (broker_impl.replication)
         # The server's: close (False) or reopen (True) the AMQP listener; pause_minority uses it.
         self.listener_hook: Callable[[bool], None] | None = None
 
     # -- startup / shutdown ------------------------------------------------------------
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._make_replication()
         self.store = await open_store(self.data_dir / "store", self.config.store)
+        if self.replication is not None:
+            await self.replication.attach(self.store)
         path = self.data_dir / METADATA_FILE
         if path.exists():
             try:
@@ -126,6 +131,24 @@ class Broker:
     def client_refusal(self) -> str | None:
         """Why this node turns new client connections away now (None: it serves them)."""
         return self.cluster.client_refusal() if self.cluster is not None else None
+
+    def _make_replication(self) -> None:
+        from broker_impl.config import ConfigError
+        from broker_impl.replication import Replication, ReplicationConfig
+
+        try:
+            cfg = ReplicationConfig.from_table(self.config.replication, self.config.name)
+        except ConfigError as exc:
+            raise BrokerError(f"config error: {exc}") from None
+        if cfg is not None and self.config.cluster.get("peers"):
+            raise BrokerError("config error: [cluster] peers and [replication] are two replication modes; "
+                              "give a node one of them")
+        if cfg is not None:
+            self.replication = Replication(self, cfg)
+
+    def publish_refusal(self) -> str | None:
+        """Why this node takes no publishes now (None: it does); a slave is read-only."""
+        return self.replication.publish_refusal() if self.replication is not None else None
 
     def _make_cluster(self) -> None:
         """Before queues load, so recovered queues stream to mirrors too (``broker_impl.cluster.node``)."""
@@ -190,6 +213,8 @@ class Broker:
     async def stop(self) -> None:
         if self.cluster is not None:
             await self.cluster.stop()
+        if self.replication is not None:
+            await self.replication.stop()
         for vh in self.vhosts.values():
             for q in list(vh.queues.values()):
                 try:
@@ -358,6 +383,8 @@ class Broker:
             write_atomic(self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode())
         if self.cluster is not None:
             self.cluster.local_changed()
+        if self.replication is not None:
+            self.replication.metadata_changed()
 
     def metadata(self) -> dict[str, Any]:
         vhosts: dict[str, Any] = {}

@@ -423,6 +423,9 @@ class Channel(Actor):
         self._perm("write", m.exchange, "exchange")
         if ex.internal:
             raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'")
+        refusal = self.conn.broker.publish_refusal()
+        if refusal is not None:
+            raise ChannelError(ACCESS_REFUSED, refusal)
         if m.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true")
         assert props is not None

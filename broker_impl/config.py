@@ -50,6 +50,9 @@ Every key, its type and default (RabbitMQ's defaults unless noted)::
 
     [cluster]                     # clustering: keys in broker_impl/cluster/config.py (none: runs alone)
 
+    [replication]                 # master-slave: keys in broker_impl/replication/config.py
+                                  # (a node has [cluster] peers or [replication], not both)
+
 Users, vhosts and permissions from the file seed the metadata store on first
 boot; afterwards ``broker_impl.ctl`` changes are what count (as with
 RabbitMQ's definitions import).
@@ -116,6 +119,7 @@ class Config:
     permissions: list[Permission] = field(default_factory=lambda: [Permission("guest", "/")])
     store: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
+    replication: dict[str, Any] = field(default_factory=dict)
 
     @property
     def resolved_log_file(self) -> Path:
@@ -152,7 +156,7 @@ def _int_range(value: int, key: str, lo: int, hi: int) -> int:
     return value
 
 
-_KNOWN_TOP = {"node", "limits", "flow", "users", "vhosts", "permissions", "store", "cluster"}
+_KNOWN_TOP = {"node", "limits", "flow", "users", "vhosts", "permissions", "store", "cluster", "replication"}
 
 
 def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
@@ -246,6 +250,7 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
             cfg.permissions.append(perm)
     cfg.store = dict(_get(data, "store", "", dict, {}))
     cfg.cluster = dict(_get(data, "cluster", "", dict, {}))
+    cfg.replication = dict(_get(data, "replication", "", dict, {}))
     return cfg
 
 

@@ -14,6 +14,7 @@ Commands::
     clear_policy [-p VHOST] NAME   list_policies [-p VHOST]
     list_queues [-p VHOST]   list_exchanges [-p VHOST]   list_bindings [-p VHOST]   list_connections
     cluster_status                           members, running/down peers, partitions seen
+    replication_status                       master-slave role, log end, slaves and their acked offsets
     sync_queue [-p VHOST] NAME               send a mirrored queue's messages to its unsynced mirrors
 """
 
@@ -103,6 +104,8 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
             return {"node": me, "members": [me], "running": [me], "down": [], "peers": [], "partitions": [],
                     "partition_handling": None, "paused": False}
         return b.cluster.status()
+    if cmd == "replication_status":
+        return b.replication.status() if b.replication is not None else {"role": None}
     raise BrokerError(f"unknown command '{cmd}'")
 
 
@@ -181,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser(name).add_argument("-p", "--vhost", default="/")
     sub.add_parser("list_connections")
     sub.add_parser("cluster_status")
+    sub.add_parser("replication_status")
     p = sub.add_parser("sync_queue")
     p.add_argument("-p", "--vhost", default="/")
     p.add_argument("name")

@@ -70,23 +70,74 @@ class CommitLog:
         size = record.encoded_size(queue, len(payload))
         if size + record.END_MIN_BLANK > self.segment_bytes:
             raise ValueError(f"record of {size} bytes does not fit a {self.segment_bytes}-byte segment")
+        if size + record.END_MIN_BLANK > self.room():
+            self.append_blank()
+        offset = self.wrote
+        self.append_raw(record.encode(queue, queue_offset, offset, payload, born_ms, store_ms, sysflag))
+        return offset, size
+
+    def room(self) -> int:
+        """Bytes left in the segment the next append goes to (a whole segment when it starts a new one)."""
+        start = self.starts[-1] if self.starts else None
+        if start is None or self.wrote >= start + self.segment_bytes:
+            return self.segment_bytes
+        return start + self.segment_bytes - self.wrote
+
+    def _writable_segment(self) -> int:
         start = self.starts[-1] if self.starts else None
         if start is None or self.wrote >= start + self.segment_bytes:
             self._new_segment(self.wrote)
             start = self.wrote
-        room = start + self.segment_bytes - self.wrote
-        if size + record.END_MIN_BLANK > room:
-            os.pwrite(self._fd(start), record.encode_blank(room), self.wrote - start)
-            self._dirty.add(start)
-            self.wrote = start + self.segment_bytes
-            self._new_segment(self.wrote)
-            start = self.wrote
-        offset = self.wrote
-        data = record.encode(queue, queue_offset, offset, payload, born_ms, store_ms, sysflag)
-        os.pwrite(self._fd(start), data, offset - start)
+        return start
+
+    def append_raw(self, data: bytes) -> None:
+        """Write one encoded record at the log end (its PHYSICALOFFSET must be ``wrote``).
+
+        ``append`` encodes and calls this; a replica writes the master's bytes as they
+        are, so both logs hold the same record at the same offset.
+        """
+        start = self._writable_segment()
+        os.pwrite(self._fd(start), data, self.wrote - start)
         self._dirty.add(start)
-        self.wrote = offset + size
-        return offset, size
+        self.wrote += len(data)
+
+    def append_blank(self) -> None:
+        """End the current segment with a BLANK; the next append starts a new one."""
+        start = self._writable_segment()
+        room = start + self.segment_bytes - self.wrote
+        os.pwrite(self._fd(start), record.encode_blank(room), self.wrote - start)
+        self._dirty.add(start)
+        self.wrote = start + self.segment_bytes
+
+    def start_at(self, offset: int) -> None:
+        """Make an empty log begin at ``offset`` (a replica of a log whose older segments are gone)."""
+        if self.starts or offset % self.segment_bytes:
+            raise ValueError(f"an empty log can only start at a segment boundary, not {offset}")
+        self.wrote = self.flushed = offset
+
+    def read_raw(self, offset: int, limit: int) -> tuple[bytes, int]:
+        """Whole records from ``offset`` (a record boundary), about ``limit`` bytes: (bytes, next offset).
+
+        At least one record when there is one; a BLANK comes alone as its 12 encoded
+        bytes and the next offset is the following segment's start.
+        """
+        start = self.segment_of(offset)
+        if start is None or offset >= self.wrote:
+            return b"", offset
+        seg_end = start + self.segment_bytes
+        fd = self._fd(start)
+        head = os.pread(fd, 8, offset - start)
+        size, magic = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:8], "big")
+        if magic == record.BLANK_MAGIC:
+            return os.pread(fd, record.BLANK_SIZE, offset - start), seg_end
+        chunk = os.pread(fd, max(size, min(limit, self.wrote - offset, seg_end - offset)), offset - start)
+        end = 0
+        while end + 8 <= len(chunk):
+            size = int.from_bytes(chunk[end : end + 4], "big")
+            if int.from_bytes(chunk[end + 4 : end + 8], "big") != record.MESSAGE_MAGIC or end + size > len(chunk):
+                break
+            end += size
+        return chunk[:end], offset + end
 
     def _new_segment(self, start: int) -> None:
         self.starts.append(start)

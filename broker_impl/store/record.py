@@ -39,6 +39,7 @@ END_MIN_BLANK = 12  # RocketMQ reserves 8; our BLANK also carries a CRC
 _HEAD = struct.Struct(">IIIIQQQQ")  # size, magic, crc, sysflag, qoff, phys, born, store
 _BLANK = struct.Struct(">III")
 HEADER_SIZE = _HEAD.size
+BLANK_SIZE = _BLANK.size  # what a BLANK record really writes (it claims the rest of the segment)
 MAX_RECORD = 1 << 30
 
 

@@ -26,7 +26,7 @@ import shutil
 import struct
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from broker_impl.store.commitlog import CommitLog, Cut
 from broker_impl.store.config import StoreConfig
 from broker_impl.store.consumequeue import ConsumeQueue
 from broker_impl.store.progress import Progress
-from broker_impl.store.record import FLAG_DELETE, Bad, Record
+from broker_impl.store.record import BLANK_SIZE, FLAG_DELETE, Bad, Blank, Record, decode
 
 log = logging.getLogger("broker_impl.store")
 
@@ -94,6 +94,10 @@ class Store:
         # Set by the first failed fsync: from then on the store refuses everything (see ``_fsync_failed``).
         self.failed: StoreError | None = None
         self.on_failure: Callable[[StoreError], None] | None = None  # the node's reaction: stop and restart
+        # Master-slave replication (``broker_impl.replication``): told of every append, and, on a
+        # SYNC master, a second wait after the local flush (RocketMQ's handleHA after handleDiskFlush).
+        self.on_append: Callable[[], None] | None = None
+        self.replica_wait: Callable[[int], Awaitable[None]] | None = None
         self.checkpoint = 0
         self.stats = {"log_fsyncs": 0, "appends": 0, "read_errors": 0, "segments_deleted": 0}
         self.recovery_report = RecoveryReport(True, 0, 0)
@@ -220,6 +224,7 @@ class Store:
         offset, _ = self.log.append(name, 0, b"", 0, _now_ms(), FLAG_DELETE)
         self._tombstones[name] = offset
         self._drop_queue(name)
+        self._appended()
 
     def _drop_queue(self, name: str) -> None:
         q = self.queues.pop(name, None)
@@ -246,12 +251,69 @@ class Store:
             raise StoreError(f"commit log write failed: {e}") from e
         q.cq.put(index, offset, size, tag_hash(payload))
         self.stats["appends"] += 1
+        self._appended()
         return offset, size, index
 
+    def _appended(self) -> None:
+        if self.on_append is not None:
+            self.on_append()
+
+    @property
+    def end(self) -> int:
+        """The log's end offset: where the next record goes."""
+        return self.log.wrote
+
+    def first_offset(self) -> int:
+        return self.log.first_offset()
+
+    def append_replicated(self, offset: int, data: bytes) -> int:
+        """Append another store's log bytes (whole records, as ``read_raw`` gives them) at ``offset``.
+
+        The records keep their offsets, so the two logs stay byte for byte the same;
+        each is checked (magic, CRC, its own offset) before it is written and is
+        dispatched to its consume queue as a local append would be. Returns the new end.
+        """
+        self._check_open()
+        if offset != self.log.wrote:
+            if self.log.starts or self.log.wrote:
+                raise StoreError(f"replicated bytes start at {offset} but this log ends at {self.log.wrote}")
+            try:
+                self.log.start_at(offset)
+            except ValueError as e:
+                raise StoreError(str(e)) from None
+        pos = 0
+        while pos < len(data):
+            got = decode(data, pos, self.log.wrote, self.log.room())
+            if isinstance(got, Bad):
+                raise StoreError(f"replicated bytes at offset {self.log.wrote} are not a record ({got.reason})")
+            try:
+                if isinstance(got, Blank):
+                    self.log.append_blank()
+                    pos += BLANK_SIZE
+                    continue
+                self.log.append_raw(data[pos : pos + got.size])
+            except OSError as e:
+                raise StoreError(f"commit log write failed: {e}") from e
+            self._dispatch(got)
+            pos += got.size
+        if data:
+            self._appended()
+        return self.log.wrote
+
+    def read_raw(self, offset: int, limit: int = 256 * 1024) -> tuple[bytes, int]:
+        """Whole log records from ``offset`` for a replica: (bytes, offset after them)."""
+        self._check_open()
+        return self.log.read_raw(offset, limit)
+
     async def wait_durable(self, end: int) -> None:
-        """Return once the log is safe up to ``end`` under the flush policy; StoreError on timeout."""
-        if self.config.flush == "async" or end <= self.log.flushed:
-            return
+        """Return once the log is safe up to ``end`` under the flush policy (and, on a SYNC
+        master, on its slave); StoreError on timeout."""
+        if self.config.flush == "sync" and end > self.log.flushed:
+            await self._wait_flushed(end)
+        if self.replica_wait is not None:
+            await self.replica_wait(end)
+
+    async def _wait_flushed(self, end: int) -> None:
         self._check_open()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((end, fut))

@@ -73,6 +73,9 @@ class ReferenceBroker(BrokerPlugin):
         "ha_promote_on_failure": ("always", ("always", "when-synced")),
         "ha_promote_on_shutdown": ("when-synced", ("always", "when-synced")),
         "policy_pattern": ("^chaos", str),
+        # master-slave replication (broker_impl.replication) instead of clustering: n1 is the
+        # master (SYNC_MASTER or ASYNC_MASTER), every other node its slave
+        "replication": (None, (None, "sync", "async")),
     }
 
     #: Ranges ``broker_impl`` enforces at start-up, checked here before any container starts.
@@ -97,6 +100,9 @@ class ReferenceBroker(BrokerPlugin):
             raise ScenarioError(f"broker.settings.ha_params: ha_mode {mode!r} needs {wanted[mode]}, got {params!r}")
         if mode in (None, "all") and params is not None:
             raise ScenarioError(f"broker.settings.ha_params: not used with ha_mode {mode!r}; remove it")
+        if out["replication"] is not None and mode is not None:
+            raise ScenarioError("broker.settings.replication: master-slave replication and ha_mode mirroring are "
+                                "two replication modes; choose one")
         return out
 
     @staticmethod
@@ -150,6 +156,10 @@ class ReferenceBroker(BrokerPlugin):
             f"flush_interval_ms = {int(s.get('flush_interval_ms', 500))}",
             f"segment_bytes = {int(s.get('segment_bytes', 16 << 20))}",
             "",
+        ]
+        if s.get("replication"):
+            return "\n".join(lines + self.replication_toml(node)) + "\n"
+        lines += [
             "[cluster]",
             f"node = {_toml_value(node.name)}",
             f"peers = [{', '.join(_toml_value(p) for p in node.peers)}]",
@@ -163,6 +173,16 @@ class ReferenceBroker(BrokerPlugin):
         if s.get("partition_handling", "ignore") != "ignore":
             lines.append(f"partition_handling = {_toml_value(s['partition_handling'])}")
         return "\n".join(lines) + "\n"
+
+    MASTER = "n1"
+
+    def replication_toml(self, node: NodeInfo) -> list[str]:
+        """n1 is the master, every other node its slave, pulling over the inter-node port (so
+        through the sidecar's proxy: a partition between them is real)."""
+        lines = ["[replication]", f"node = {_toml_value(node.name)}", f"port = {self.peer_ports[0]}"]
+        if node.name == self.MASTER:
+            return lines + [f"role = {_toml_value(node.settings['replication'] + '_master')}"]
+        return lines + ['role = "slave"', f"master = {_toml_value(self.MASTER)}"]
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         return NodeSpec(
@@ -196,8 +216,15 @@ class ReferenceBroker(BrokerPlugin):
         return ["python3", "-m", "broker_impl.ctl", "--config", CONFIG_PATH, *args]
 
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
-        """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy."""
+        """Nodes find each other from ``[cluster]``; wait until the first sees them all, then set the policy.
+        With master-slave replication: wait until every slave is attached to the master."""
         first = nodes[0]
+        if settings.get("replication"):
+            master = next(n for n in nodes if n.name == self.MASTER)
+            wait_until_running(master, self.ctl("--json", "replication_status"),
+                               {n.name for n in nodes if n is not master},
+                               lambda out: {str(s["node"]) for s in json.loads(out).get("slaves", [])})
+            return
         # members are the [cluster] node names (n1); accept the [node] form (rabbit@n1) too
         wait_until_running(first, self.ctl("--json", "cluster_status"), {n.name for n in nodes},
                            lambda out: {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])})

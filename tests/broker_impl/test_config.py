@@ -92,6 +92,6 @@ def test_every_key_is_documented() -> None:
     names = [f.name for f in dataclasses.fields(Config) if f.name not in ("flow",)]
     names += [f.name for f in dataclasses.fields(FlowConfig)]
     renamed = {"name": "name =", "data_dir": "data_dir =", "users": "[[users]]", "permissions": "[[permissions]]",
-               "store": "[store]", "cluster": "[cluster]", "vhosts": "vhosts ="}
+               "store": "[store]", "cluster": "[cluster]", "replication": "[replication]", "vhosts": "vhosts ="}
     missing = [n for n in names if renamed.get(n, f"{n} =") not in doc]
     assert not missing, f"undocumented config keys: {missing}"

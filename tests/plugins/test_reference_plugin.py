@@ -80,3 +80,25 @@ def test_names_with_quotes_stay_valid_toml() -> None:
     node = NodeInfo(name='n"1', index=1, peers=("n\\2",), cluster="c", settings=REF.validate_settings({}))
     data = config_of(node)
     assert data["node"]["name"] == 'rabbit@n"1' and data["cluster"]["peers"] == ["n\\2"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_replication_makes_n1_the_master_and_the_others_its_slaves(mode: str) -> None:
+    from broker_impl.replication import ReplicationConfig
+
+    master = parse(config_of(info("n1", 1, ("n2",), replication=mode)), base_dir=Path("/"))
+    slave = parse(config_of(info("n2", 2, ("n1",), replication=mode)), base_dir=Path("/"))
+    assert master.cluster == {} and slave.cluster == {}  # the other mode is off
+    m = ReplicationConfig.from_table(master.replication, master.name)
+    s = ReplicationConfig.from_table(slave.replication, slave.name)
+    assert m is not None and s is not None
+    assert (m.role, m.node, m.port, m.listen) == (f"{mode}_master", "n1", REF.peer_ports[0], "n1")
+    # the slave dials the master by name on the inter-node port: through its sidecar's proxy
+    assert (s.role, s.node, s.master) == ("slave", "n2", ("n1", REF.peer_ports[0]))
+
+
+def test_replication_and_mirroring_are_not_combined() -> None:
+    with pytest.raises(ScenarioError, match="two replication modes; choose one"):
+        REF.validate_settings({"replication": "sync", "ha_mode": "all"})
+    with pytest.raises(ScenarioError, match="broker.settings.replication"):
+        REF.validate_settings({"replication": "semi"})
