@@ -29,6 +29,7 @@ from broker_impl.config import Config, Permission, User
 from broker_impl.exchange import destination_exchange
 from broker_impl.flow import CreditSpec
 from broker_impl.queue import Queue
+from broker_impl.schedule import Scheduler
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class Broker:
         self.store_spec = CreditSpec(f.store_initial, f.store_more_after)
         self._loading = False
         self.cluster: ClusterNode | None = None
+        self.scheduler = Scheduler(self)
         # The server's: close (False) or reopen (True) the AMQP listener; pause_minority uses it.
         self.listener_hook: Callable[[bool], None] | None = None
 
@@ -122,6 +124,7 @@ class Broker:
             self.metadata_changed()
         if self.cluster is not None:
             await self.cluster.start()
+        self.scheduler.start()  # after the queues and the cluster: recovered due messages route at once
 
     def client_refusal(self) -> str | None:
         """Why this node turns new client connections away now (None: it serves them)."""
@@ -188,6 +191,7 @@ class Broker:
                  len(self.vhosts), sum(len(v.queues) for v in self.vhosts.values()), recovered)
 
     async def stop(self) -> None:
+        await self.scheduler.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         for vh in self.vhosts.values():
