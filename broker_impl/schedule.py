@@ -39,7 +39,7 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -159,9 +159,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         results: dict[str, asyncio.Future[bool]] = {q.name: loop.create_future() for q in queues}
         for q in queues:
-            fut = results[q.name]
-            q.enqueue(Message(msg.exchange, msg.routing_key, props, msg.body), None,
-                      lambda ok, fut=fut: fut.done() or fut.set_result(ok))
+            q.enqueue(Message(msg.exchange, msg.routing_key, props, msg.body), None, _resolver(results[q.name]))
         if results:
             await asyncio.wait(results.values(), timeout=CONFIRM_TIMEOUT_S)
         taken.update(name for name, fut in results.items() if fut.done() and fut.result())
@@ -183,6 +181,14 @@ class Scheduler:
         store = self.broker.store
         if store is not None:
             store.ack(key, [e.index])
+
+
+def _resolver(fut: asyncio.Future[bool]) -> Callable[[bool], None]:
+    def done(ok: bool) -> None:
+        if not fut.done():
+            fut.set_result(ok)
+
+    return done
 
 
 def _now_ms() -> int:
