@@ -130,7 +130,7 @@ class AmqpDriver:
 
     async def _declare_delayed(self, ch: Any, queues: Sequence[str]) -> None:
         """``workload.delay``: a delayed-message exchange routing like ``direct``, each queue bound by its name."""
-        await asyncio.wait_for(ch.exchange_declare(DELAYED_EXCHANGE, "x-delayed-message", durable=True,
+        await asyncio.wait_for(ch.exchange_declare(DELAYED_EXCHANGE, exchange_type="x-delayed-message", durable=True,
                                                    arguments={"x-delayed-type": "direct"}), OP_TIMEOUT)
         for q in queues:
             await asyncio.wait_for(ch.queue_bind(q, DELAYED_EXCHANGE, routing_key=q), OP_TIMEOUT)
