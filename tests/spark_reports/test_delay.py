@@ -123,3 +123,31 @@ def test_spark_and_python_agree_on_generated_histories(tmp_path: Path, spark_eng
         assert py["engine"] == "python" and sp["engine"] == "spark"
         py.pop("engine"), sp.pop("engine")
         assert sp == py, f"seed {seed}"
+
+
+def test_the_report_shows_the_delay_verdict_and_the_lateness_plot(tmp_path: Path) -> None:
+    from spark_reports import check_python, render_report
+    from spark_reports.synth import HistoryBuilder
+
+    b = HistoryBuilder(step_ns=10 * MS)
+    for i in range(1, 40):
+        mid = f"p1:{i}"
+        b.op("p1", "invoke", "publish", mid, queue="q", detail={"delay_ms": 100})
+        b.op("p1", "ok", "publish", mid, queue="q")
+        if i == 10:
+            b.fault("f1", "kill", node="n2")
+        if i == 20:
+            b.heal("f1")
+    for i in range(1, 40):
+        b.consume(f"p1:{i}")
+    b.drain()
+    run = b.write(tmp_path / "run", jsonl=False)
+    results = dict(check_python(run, {}))
+    delay = check_delay_python(run, {})
+    assert delay["valid"] is True and delay["counts"]["delayed_delivered"] == 39
+    results["checkers"] = {"python": {"verdict": results["verdict"]},
+                           "delay": {k: delay.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}}
+    text = render_report(run, results).read_text()  # type: ignore[arg-type]
+    assert "Delayed messages" in text and "lateness p99 (ms)" in text
+    assert (run / "plots" / "delay-lateness.png").stat().st_size > 5000
+    assert text.count("src='data:image/png;base64,") == 3
