@@ -98,3 +98,10 @@ def test_the_driver_publishes_delayed_messages_that_arrive_never_early(tmp_path:
     res = check_rows(records)
     assert res["valid"] is True and res["counts"]["early"] == 0
     assert res["counts"]["delayed_delivered"] == res["counts"]["delayed_confirmed"] > 0
+
+
+def test_the_nats_driver_refuses_a_delay_it_cannot_give() -> None:
+    from plugins.nats.client import NatsDriver
+
+    with pytest.raises(ScenarioError, match="workload.delay: NATS JetStream has no delayed-message exchange"):
+        NatsDriver({}, None, workload=S.WorkloadSection(delay=DelaySection()))  # type: ignore[arg-type]
