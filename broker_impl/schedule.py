@@ -17,6 +17,12 @@ per-index ack set of that queue (``store.progress``) rather than one offset per 
   or removed meanwhile count, as with the plugin), enqueued, and its schedule entry is
   acked only once every queue confirmed it. A crash before that ack routes it again
   after the restart: at least once, never lost, never before its due time.
+- Nothing is routed while the node turns clients away (joining the cluster after a restart,
+  or paused in a minority partition): its view of where queues are mastered may be about to
+  be replaced, and a message enqueued into a copy the cluster then drops would be lost (seen
+  in ``scenarios/reference-delayed.yaml`` before this rule: a restarted node routed its
+  overdue messages into its recovered copy 0.1 s before taking the cluster's records, which
+  dropped that copy). Due messages wait; they come out late, not lost.
 - A message with no queue to go to when due is dropped (the plugin's one attempt); a
   queue that refuses it (nack, e.g. its master unreachable) is retried every second
   until it takes it; the queues that already took it are not given it again.
@@ -56,6 +62,7 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX\x00"
 RETRY_MS = 1000  # a due message some queue refused is offered to it again this much later
 CONFIRM_TIMEOUT_S = 30.0  # a queue that neither confirms nor refuses in this time counts as refused
 MAX_SLEEP_S = 1.0  # the timer looks at the wall clock at least this often
+HELD_POLL_S = 0.1  # while the node turns clients away, how often it looks whether it serves again
 
 
 def schedule_key(vhost: str) -> str:
@@ -81,7 +88,7 @@ class Scheduler:
         self._taken: dict[tuple[str, int], set[str]] = {}  # queues that already confirmed a due message
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.stats = {"scheduled": 0, "routed": 0, "dropped": 0, "retried": 0}
+        self.stats = {"scheduled": 0, "routed": 0, "dropped": 0, "retried": 0, "held_for_cluster": 0}
 
     @property
     def pending(self) -> int:
@@ -129,9 +136,16 @@ class Scheduler:
     async def _run(self) -> None:
         while True:
             now = _now_ms()
-            while self._heap and self._heap[0].due_ms <= now:
-                self.broker.spawn(self._route(heapq.heappop(self._heap)))
-            sleep = MAX_SLEEP_S if not self._heap else min(MAX_SLEEP_S, (self._heap[0].due_ms - now) / 1000)
+            due = bool(self._heap) and self._heap[0].due_ms <= now
+            if due and self.broker.client_refusal() is not None:
+                # Joining (the queue records may still be replaced by the cluster's) or paused in a
+                # minority: a message routed now could go to a copy the cluster then drops.
+                self.stats["held_for_cluster"] += 1
+                sleep = HELD_POLL_S
+            else:
+                while self._heap and self._heap[0].due_ms <= now:
+                    self.broker.spawn(self._route(heapq.heappop(self._heap)))
+                sleep = MAX_SLEEP_S if not self._heap else min(MAX_SLEEP_S, (self._heap[0].due_ms - now) / 1000)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), max(sleep, 0.001))

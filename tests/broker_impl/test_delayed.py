@@ -146,3 +146,23 @@ def test_kombu_delayed_publish(node: InProcessNode) -> None:
                 except TimeoutError:
                     pass
     assert got and got[0][0] == 1 and got[0][1] >= 0.5
+
+
+def test_nothing_is_routed_while_the_node_turns_clients_away(node: InProcessNode) -> None:
+    """A node joining the cluster or paused in a minority holds due messages: routing them then
+    could put them in a copy the cluster is about to drop (a restarted node did, before this rule)."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    _delayed_setup(ch, "dx3", "held")
+    refusal: list[str] = ["joining the cluster"]
+    node.broker.client_refusal = lambda: refusal[0] if refusal else None  # as ClusterNode says it
+    ch.basic_publish("dx3", "rk", b"m", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 50}))
+    sched = node.broker.scheduler
+    pump_until(conn, lambda: node.run(lambda: sched.stats["held_for_cluster"]) >= 3)
+    assert node.run(lambda: node.broker.vhosts["/"].queues["held"].message_count()) == 0
+    refusal.clear()
+    got: list[bytes] = []
+    ch.basic_consume("held", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    pump_until(conn, lambda: got == [b"m"])
+    conn.close()
