@@ -23,7 +23,10 @@ per-index ack set of that queue (``store.progress``) rather than one offset per 
   in ``scenarios/reference-delayed.yaml`` before this rule: a restarted node routed its
   overdue messages into its recovered copy 0.1 s before taking the cluster's records, which
   dropped that copy). Due messages wait; they come out late, not lost.
-- A message with no queue to go to when due is dropped (the plugin's one attempt); a
+- A message with no queue to go to when due is dropped (the plugin makes one attempt; here
+  it is tried again every second, ``UNROUTED_TRIES`` times, first: a node taking the cluster's
+  records after a partition heals replaces its copy of a queue, and a message routed in that
+  step found no queue and was dropped, 77 of them in ``reference-delayed.yaml``); a
   queue that refuses it (nack, e.g. its master unreachable) is retried every second
   until it takes it; the queues that already took it are not given it again.
 - Due times are wall-clock milliseconds (they must survive a restart; a monotonic clock
@@ -60,6 +63,7 @@ log = logging.getLogger("broker_impl.schedule")
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX\x00"
 RETRY_MS = 1000  # a due message some queue refused is offered to it again this much later
+UNROUTED_TRIES = 5  # a due message that finds no queue is tried this many more times before it is dropped
 CONFIRM_TIMEOUT_S = 30.0  # a queue that neither confirms nor refuses in this time counts as refused
 MAX_SLEEP_S = 1.0  # the timer looks at the wall clock at least this often
 HELD_POLL_S = 0.1  # while the node turns clients away, how often it looks whether it serves again
@@ -77,6 +81,7 @@ class _Entry:
     offset: int = field(compare=False)
     size: int = field(compare=False)
     delay: int = field(compare=False)
+    unrouted: int = field(default=0, compare=False)  # attempts that found no queue
 
 
 class Scheduler:
@@ -168,6 +173,10 @@ class Scheduler:
         taken = self._taken.setdefault((e.vhost, e.index), set())
         queues = [q for q in vh.route(ex, msg.routing_key, props) if q.name not in taken]
         if not queues and not taken:
+            e.unrouted += 1
+            if e.unrouted <= UNROUTED_TRIES:
+                self._again(e)
+                return
             self._done(key, e, "no queue is bound to take it")
             return
         loop = asyncio.get_running_loop()
@@ -178,15 +187,18 @@ class Scheduler:
             await asyncio.wait(results.values(), timeout=CONFIRM_TIMEOUT_S)
         taken.update(name for name, fut in results.items() if fut.done() and fut.result())
         if any(not (f.done() and f.result()) for f in results.values()):
-            self.stats["retried"] += 1
-            e.due_ms = _now_ms() + RETRY_MS
-            heapq.heappush(self._heap, e)
-            self._wake.set()
+            self._again(e)
             return
         self._taken.pop((e.vhost, e.index), None)
         self.stats["routed"] += 1
         if self.broker.store is store:
             store.ack(key, [e.index])
+
+    def _again(self, e: _Entry) -> None:
+        self.stats["retried"] += 1
+        e.due_ms = _now_ms() + RETRY_MS
+        heapq.heappush(self._heap, e)
+        self._wake.set()
 
     def _done(self, key: str, e: _Entry, why: str) -> None:
         log.info("schedule: delayed message %d in vhost %r dropped: %s", e.index, e.vhost, why)

@@ -166,3 +166,22 @@ def test_nothing_is_routed_while_the_node_turns_clients_away(node: InProcessNode
     ch.basic_consume("held", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
     pump_until(conn, lambda: got == [b"m"])
     conn.close()
+
+
+def test_a_due_message_that_finds_no_queue_is_tried_again_before_it_is_dropped(node: InProcessNode) -> None:
+    """A node taking the cluster's records replaces its copy of a queue; a message due in that step
+    finds no queue for a moment. It is tried again (UNROUTED_TRIES, a second apart), not dropped."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("dx4", "x-delayed-message", durable=True, arguments=DELAYED)
+    ch.queue_declare("gap", durable=True)
+    ch.basic_publish("dx4", "rk", b"m", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 50}))
+    sched = node.broker.scheduler
+    pump_until(conn, lambda: node.run(lambda: sched.stats["retried"]) >= 1)
+    ch.queue_bind("gap", "dx4", "rk")
+    got: list[bytes] = []
+    ch.basic_consume("gap", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    pump_until(conn, lambda: got == [b"m"])
+    assert node.run(lambda: sched.stats["dropped"]) == 0
+    conn.close()
