@@ -126,6 +126,10 @@ class Broker:
             await self.cluster.start()
         self.scheduler.start()  # after the queues and the cluster: recovered due messages route at once
 
+    def peer_losses(self) -> int:
+        """How many times this node saw a cluster peer go down (0 without a cluster)."""
+        return self.cluster.peer_losses if self.cluster is not None else 0
+
     def client_refusal(self) -> str | None:
         """Why this node turns new client connections away now (None: it serves them)."""
         return self.cluster.client_refusal() if self.cluster is not None else None

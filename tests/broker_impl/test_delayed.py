@@ -185,3 +185,24 @@ def test_a_due_message_that_finds_no_queue_is_tried_again_before_it_is_dropped(n
     pump_until(conn, lambda: got == [b"m"])
     assert node.run(lambda: sched.stats["dropped"]) == 0
     conn.close()
+
+
+def test_a_routing_during_which_a_peer_went_down_is_routed_again(node: InProcessNode) -> None:
+    """A master cut off in a minority confirms alone before it pauses; its copy is dropped at the heal.
+    So a routing that saw a peer go down keeps the schedule entry and routes it again (a duplicate, not a loss)."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    _delayed_setup(ch, "dx5", "flappy")
+    losses = iter(range(1_000_000))
+    real = node.broker.peer_losses
+    node.broker.peer_losses = lambda: next(losses)  # a peer goes down during every routing
+    ch.basic_publish("dx5", "rk", b"m", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 50}))
+    sched = node.broker.scheduler
+    queue = node.broker.vhosts["/"].queues["flappy"]
+    pump_until(conn, lambda: node.run(lambda: queue.message_count()) >= 2)
+    assert node.run(lambda: sched.pending) == 1  # still scheduled: not acked
+    node.broker.peer_losses = real
+    pump_until(conn, lambda: node.run(lambda: sched.pending) == 0)
+    assert node.run(lambda: sched.stats["routed"]) == 1
+    conn.close()
