@@ -69,7 +69,11 @@ log = logging.getLogger("broker_impl.schedule")
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX\x00"
 RETRY_MS = 1000  # a due message some queue refused is offered to it again this much later
 UNROUTED_TRIES = 5  # a due message that finds no queue is tried this many more times before it is dropped
-CONFIRM_TIMEOUT_S = 30.0  # a queue that neither confirms nor refuses in this time counts as refused
+# A queue that neither confirms nor refuses in this time counts as refused, and the message is
+# routed again (RocketMQ's flush timeout is 5 s too). A copy the cluster drops (a master cut off,
+# a copy replaced when a partition heals) never answers: with 30 s, messages held through a
+# partition in reference-delayed.yaml waited past the heal until their node was next restarted.
+CONFIRM_TIMEOUT_S = 5.0
 MAX_SLEEP_S = 1.0  # the timer looks at the wall clock at least this often
 HELD_POLL_S = 0.1  # while the node turns clients away, how often it looks whether it serves again
 

@@ -54,6 +54,7 @@ def delay_parts(run_dir: Path, results: Any) -> list[str]:
     if len(on_time) < len(lat):
         left.hist([x for x in lat if x < 0], bins=10, color="#c62828", label="early")
         left.legend(fontsize=8)
+    left.set_yscale("log")  # the tail (messages held while their node was down) is a few among many
     left.set_xlabel("lateness of first delivery (ms)")
     left.set_ylabel("messages")
     left.set_title("Lateness distribution")
@@ -63,6 +64,8 @@ def delay_parts(run_dir: Path, results: Any) -> list[str]:
     right.set_xlabel("due time (s since run start)")
     right.set_ylabel("lateness (ms)")
     right.set_title("Lateness by due time (fault windows shaded)")
+    if results.get("faults"):
+        right.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     png = Path(run_dir) / "plots" / "delay-lateness.png"
     png.parent.mkdir(parents=True, exist_ok=True)
