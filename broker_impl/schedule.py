@@ -63,6 +63,8 @@ from broker_impl.message import Message
 
 if TYPE_CHECKING:
     from broker_impl.broker import Broker
+    from broker_impl.queue import Queue
+    from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.schedule")
 
@@ -74,6 +76,7 @@ UNROUTED_TRIES = 5  # a due message that finds no queue is tried this many more 
 # a copy replaced when a partition heals) never answers: with 30 s, messages held through a
 # partition in reference-delayed.yaml waited past the heal until their node was next restarted.
 CONFIRM_TIMEOUT_S = 5.0
+GONE_POLL_S = 0.1  # how often a routing waiting for confirms looks whether its queues are still there
 MAX_SLEEP_S = 1.0  # the timer looks at the wall clock at least this often
 HELD_POLL_S = 0.1  # while the node turns clients away, how often it looks whether it serves again
 
@@ -202,8 +205,7 @@ class Scheduler:
         results: dict[str, asyncio.Future[bool]] = {q.name: loop.create_future() for q in queues}
         for q in queues:
             q.enqueue(Message(msg.exchange, msg.routing_key, props, msg.body), None, _resolver(results[q.name]))
-        if results:
-            await asyncio.wait(results.values(), timeout=CONFIRM_TIMEOUT_S)
+        await _confirmed_or_gone(results, queues, vh, CONFIRM_TIMEOUT_S)
         if self.broker.peer_losses() != losses or self.broker.client_refusal() is not None:
             # A peer went down while the queues confirmed: a master cut off in a minority
             # confirms alone and its copy is dropped at the heal. Route it again later.
@@ -231,6 +233,19 @@ class Scheduler:
         store = self.broker.store
         if store is not None:
             store.ack(key, [e.index])
+
+
+async def _confirmed_or_gone(results: dict[str, asyncio.Future[bool]], queues: list[Queue], vh: VHost,
+                             timeout: float) -> None:
+    """Wait until every queue answered, one of them is no longer the vhost's (a copy dropped or
+    replaced when the node took the cluster's records: it will never answer), or ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = set(results.values())
+    while pending and loop.time() < deadline:
+        _, pending = await asyncio.wait(pending, timeout=min(GONE_POLL_S, max(0.0, deadline - loop.time())))
+        if any(q.deleted or vh.queues.get(q.name) is not q for q in queues):
+            return
 
 
 def _resolver(fut: asyncio.Future[bool]) -> Callable[[bool], None]:

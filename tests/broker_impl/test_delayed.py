@@ -206,3 +206,27 @@ def test_a_routing_during_which_a_peer_went_down_is_routed_again(node: InProcess
     pump_until(conn, lambda: node.run(lambda: sched.pending) == 0)
     assert node.run(lambda: sched.stats["routed"]) == 1
     conn.close()
+
+
+def test_a_routing_whose_queue_copy_is_replaced_is_routed_again(node: InProcessNode, monkeypatch) -> None:
+    """A node taking the cluster's records after a partition drops its copy of a queue, and that copy
+    never confirms what was routed to it. The routing sees its queue replaced and routes again at once,
+    not after the confirm timeout (set out of reach here)."""
+    from broker_impl import schedule
+
+    monkeypatch.setattr(schedule, "CONFIRM_TIMEOUT_S", 600.0)
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    _delayed_setup(ch, "dx6", "swap")
+    old = node.broker.vhosts["/"].queues["swap"]
+    swallowed: list[bytes] = []
+    old.enqueue = lambda m, sender, cb: swallowed.append(m.body)  # a copy about to be dropped: never answers
+    ch.basic_publish("dx6", "rk", b"m", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 50}))
+    pump_until(conn, lambda: swallowed == [b"m"])
+    ch.queue_delete("swap")
+    _delayed_setup(ch, "dx6", "swap")  # the cluster's queue takes its place
+    got: list[bytes] = []
+    ch.basic_consume("swap", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    pump_until(conn, lambda: got == [b"m"])
+    conn.close()
