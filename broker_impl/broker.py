@@ -29,6 +29,7 @@ from broker_impl.config import Config, Permission, User
 from broker_impl.exchange import destination_exchange
 from broker_impl.flow import CreditSpec
 from broker_impl.queue import Queue
+from broker_impl.schedule import Scheduler
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class Broker:
         self._loading = False
         self.cluster: ClusterNode | None = None
         self.replication: Replication | None = None  # master-slave mode (broker_impl.replication)
+        self.scheduler = Scheduler(self)
         # The server's: close (False) or reopen (True) the AMQP listener; pause_minority uses it.
         self.listener_hook: Callable[[bool], None] | None = None
 
@@ -127,6 +129,11 @@ class Broker:
             self.metadata_changed()
         if self.cluster is not None:
             await self.cluster.start()
+        self.scheduler.start()  # after the queues and the cluster: recovered due messages route at once
+
+    def peer_losses(self) -> int:
+        """How many times this node saw a cluster peer go down (0 without a cluster)."""
+        return self.cluster.peer_losses if self.cluster is not None else 0
 
     def client_refusal(self) -> str | None:
         """Why this node turns new client connections away now (None: it serves them)."""
@@ -211,6 +218,7 @@ class Broker:
                  len(self.vhosts), sum(len(v.queues) for v in self.vhosts.values()), recovered)
 
     async def stop(self) -> None:
+        await self.scheduler.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.replication is not None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 
-from broker_impl.backing_queue import Fetched
+from broker_impl.backing_queue import Fetched, StoreError
 from broker_impl.codec import (
     ACCESS_REFUSED,
     NO_ROUTE,
@@ -31,6 +31,7 @@ from broker_impl.codec import (
     ConnectionError_,
     encode_content,
 )
+from broker_impl.delayed import DELAYED_TYPE, delay_ms
 from broker_impl.flow import Actor
 from broker_impl.message import Message
 from broker_impl.queue import Consumer, Queue
@@ -433,6 +434,10 @@ class Channel(Actor):
         if self.confirm:
             self._publish_seq += 1
             seq = self._publish_seq
+        delay = delay_ms(props) if ex.type == DELAYED_TYPE else None
+        if delay is not None:
+            self._hold_back(vh.name, Message(m.exchange, m.routing_key, props, body), delay, seq)
+            return
         queues = vh.route(ex, m.routing_key, props)
         if not queues:
             if m.mandatory:
@@ -450,6 +455,30 @@ class Channel(Actor):
             cb = self._confirm_cb(seq)
         for q in queues:
             q.enqueue(Message(m.exchange, m.routing_key, props, body), self, cb)
+
+    def _hold_back(self, vhost: str, message: Message, delay: int, seq: int) -> None:
+        """A delayed exchange's publish goes to the schedule; its confirm waits for the schedule's flush."""
+        cb = None
+        if seq:
+            self._pending[seq] = 1
+            cb = self._confirm_cb(seq)
+        try:
+            durable = self.conn.broker.scheduler.schedule(vhost, message, delay)
+        except StoreError:
+            if cb is not None:
+                cb(False)
+            return
+
+        async def confirm() -> None:
+            ok = True
+            try:
+                await durable
+            except StoreError:
+                ok = False
+            if cb is not None:
+                cb(ok)
+
+        self.conn.broker.spawn(confirm())
 
     async def _basic_get(self, m: commands.Basic.Get, *_: Any) -> None:
         q = self.conn.vhost.get_queue(m.queue, self.conn)

@@ -168,5 +168,10 @@ _CLASSES: dict[str, type[Exchange]] = {
 
 
 def make_exchange(type_: str, name: str, **kwargs: Any) -> Exchange:
-    """Raise KeyError for an unknown type (the caller turns it into 503 COMMAND_INVALID)."""
+    """Raise KeyError for an unknown type (the caller turns it into 503 COMMAND_INVALID), ValueError
+    for arguments the type refuses (406 PRECONDITION_FAILED)."""
+    if type_ == "x-delayed-message":  # imported here: the delayed type wraps the ones above
+        from broker_impl.delayed import DelayedExchange
+
+        return DelayedExchange(name, **kwargs)
     return _CLASSES[type_](name, **kwargs)

@@ -81,3 +81,13 @@ def decode_properties(data: bytes) -> commands.Basic.Properties:
     header = ContentHeader()
     header.unmarshal(data)
     return header.properties
+
+
+PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+                  "reply_to", "expiration", "message_id", "timestamp", "message_type", "user_id", "app_id",
+                  "cluster_id")
+
+
+def copy_properties(properties: commands.Basic.Properties) -> commands.Basic.Properties:
+    """A copy to change (dead-lettering, a delayed message's swapped header) without touching the original."""
+    return commands.Basic.Properties(**{k: getattr(properties, k) for k in PROPERTY_NAMES})

@@ -23,7 +23,7 @@ from broker_impl.codec import (
     ConnectionError_,
 )
 from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination, make_exchange
-from broker_impl.message import Message
+from broker_impl.message import Message, copy_properties
 from broker_impl.queue import Queue
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ class VHost:
             ex = make_exchange(type_, name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         except KeyError:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from None
+        except ValueError as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
         self.exchanges[name] = ex
         self.broker.metadata_changed(persist=durable)
         return ex
@@ -322,7 +324,7 @@ class VHost:
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue)
         headers.setdefault("x-first-death-exchange", message.exchange)
-        new_props = commands.Basic.Properties(**{k: getattr(props, k) for k in _PROP_NAMES})
+        new_props = copy_properties(props)
         new_props.headers = headers
         if reason == "expired":
             new_props.expiration = None
@@ -340,20 +342,3 @@ class VHost:
     def durable_queues(self) -> list[Queue]:
         return [q for q in self.queues.values() if q.durable]
 
-
-_PROP_NAMES = (
-    "content_type",
-    "content_encoding",
-    "headers",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "message_type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)

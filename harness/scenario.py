@@ -60,6 +60,22 @@ class ConsumerSection:
 
 
 @dataclass(frozen=True)
+class DelaySection:
+    """Delayed publishes (``workload.delay``): a share of publishes goes through a delayed exchange.
+
+    Each such publish asks for a delay drawn uniformly from [min_ms, max_ms] (seeded by the
+    scenario's seed and the producer's name). The ``delay`` checker calls a delivery ``early``
+    if it came before its due time and reports the lateness of the rest; ``late_ms`` is how
+    far past due a delivery must be to be listed as late.
+    """
+
+    share: float = 0.3  # probability that a publish is delayed
+    min_ms: int = 200
+    max_ms: int = 3000
+    late_ms: int = 5000
+
+
+@dataclass(frozen=True)
 class WorkloadSection:
     producers: int = 2
     consumers: int = 2
@@ -75,6 +91,7 @@ class WorkloadSection:
     drain_idle: float = 3.0
     queue_prefix: str = "chaos"
     consumer: ConsumerSection = field(default_factory=ConsumerSection)
+    delay: DelaySection | None = None  # None: no delayed publishes
 
 
 @dataclass(frozen=True)
@@ -204,7 +221,8 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
-    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers))
+    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers),
+                                   delay=_delay(w.get("delay")))
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
@@ -278,6 +296,25 @@ def _consumer(data: Any, consumers: int) -> ConsumerSection:
                            slow_ack_ms=_int(c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms",
                                             lo=0, hi=60_000),
                            **every)
+
+
+def _delay(data: Any) -> DelaySection | None:
+    if data is None:  # absent, or ``to_dict()``'s ``delay: null``
+        return None
+    d = _mapping(data, "workload.delay")
+    defaults = DelaySection()
+    _only(d, "workload.delay", set(asdict(defaults)))
+    share = _num(d.get("share", defaults.share), "workload.delay.share", lo=0)
+    if share > 1:
+        raise ScenarioError(f"workload.delay.share: {share} is out of range; allowed from 0 to 1 "
+                            "(the probability that a publish is delayed)")
+    max_delay = 2**32 - 1  # the delayed-message exchange's own bound
+    lo = _int(d.get("min_ms", defaults.min_ms), "workload.delay.min_ms", lo=1, hi=max_delay)
+    hi = _int(d.get("max_ms", defaults.max_ms), "workload.delay.max_ms", lo=1, hi=max_delay)
+    if lo > hi:
+        raise ScenarioError(f"workload.delay.min_ms: {lo} is greater than workload.delay.max_ms ({hi})")
+    return DelaySection(share=share, min_ms=lo, max_ms=hi,
+                        late_ms=_int(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0))
 
 
 # -- field helpers: each raises with the field's path and what is allowed -------------------

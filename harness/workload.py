@@ -99,8 +99,10 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
         producers = [t for t in tasks if t.get_name().startswith("p")]
         if producers:
             await asyncio.wait(producers, timeout=w.confirm_timeout + 5)
+        producers_done = time.monotonic()
         if nemesis_task is not None:
             await nemesis_task  # heals everything and settles before returning
+        await until_delayed_due(w, producers_done)
         stop_consumers.set()
         consumers = [t for t in tasks if t.get_name().startswith("c")]
         if consumers:
@@ -132,6 +134,19 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
         stats.delivered = c.get(("consume", "ok"), 0)
         stats.abandoned = c.get(("abandon", "invoke"), 0)
     return stats
+
+
+#: After the last delayed publish is due, how long consumers keep running before the drain: a node
+#: restarted at the final heal routes what came due while it was down only once it is up again.
+DELAY_GRACE_S = 2.0
+
+
+async def until_delayed_due(w: WorkloadSection, producers_done: float) -> None:
+    """``workload.delay``: the drain ends once queues are empty, and a delayed message is in no queue
+    until it is due; so consumers keep running until every delayed publish has come due."""
+    if w.delay is None:
+        return
+    await asyncio.sleep(max(0.0, producers_done + w.delay.max_ms / 1000 + DELAY_GRACE_S - time.monotonic()))
 
 
 async def _tick(on_tick: Any, recorder: Recorder, stats: WorkloadStats) -> None:

@@ -10,6 +10,7 @@ import pluggy
 
 from ._python import check_python
 from ._spark import check_spark, start_session_in_background
+from .delay import check_delay_python, check_delay_spark
 from .stream import check_stream_python
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
@@ -27,17 +28,25 @@ def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     return dict(check_spark(run_dir, scenario, spark_master=settings.get("spark_master")))
 
 
+def _delay_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    from ._spark import spark_session
+
+    return check_delay_spark(run_dir, scenario, spark=spark_session(settings.get("spark_master")))
+
+
 @hookimpl
 def brokerchaos_register_checkers(register: Any) -> None:
     register.add_checker("spark", _spark, default=True)
     register.add_checker("python", check_python)
     register.add_checker("stream", check_stream_python)
+    register.add_checker("delay", check_delay_python)
+    register.add_checker("delay-spark", _delay_spark)
 
 
 @hookimpl
 def brokerchaos_run_started(run: Any) -> None:
     """The JVM starts while the cluster comes up and the workload runs, not after the drain."""
-    if "spark" in getattr(run, "checkers", ()):
+    if {"spark", "delay-spark"} & set(getattr(run, "checkers", ())):
         start_session_in_background(settings.get("spark_master"))
 
 

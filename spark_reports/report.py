@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.spec.results import Grade, Results
 
+from .delay_report import delay_parts
 from .grade import describe_grade
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
@@ -244,6 +245,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         _table(["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
                _availability_rows(results), left=3),
     ] + _drain_parts(results)
+    parts += delay_parts(run_dir, results)
     if results["order_violations"]:
         v = results["order_violations"]
         parts += _section("Order violations", min(len(v), _ROWS), c["order_violations"], "",

@@ -66,6 +66,9 @@ class ClusterNode:
         self.broker = broker
         self.cfg = cfg
         self.me = cfg.node
+        # Peers seen to go down so far: a confirm that arrives after a loss may be a minority's
+        # own (broker_impl.schedule uses it to keep a delayed message until it is routed safely).
+        self.peer_losses = 0
         self.transport = Transport(
             self.me, (cfg.listen, cfg.port), cfg.peers, tick=cfg.tick, down_after=cfg.down_after,
             on_message=self._on_message, on_up=self._peer_up, on_down=self._peer_down,
@@ -172,6 +175,7 @@ class ClusterNode:
         self.ha.reconcile()
 
     def _peer_down(self, peer: str) -> None:
+        self.peer_losses += 1
         self.partitions.peer_down(peer)
         self.forwarder.peer_down(peer)
         self.master_side.peer_down(peer)

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from harness.history import Invocation, Recorder
-from harness.scenario import BrokerSection, ConsumerSection, Scenario, WorkloadSection
+from harness.scenario import BrokerSection, ConsumerSection, DelaySection, Scenario, WorkloadSection
 from harness.spec.broker import (
     BASE_CAPABILITIES,
     BrokerPlugin,
@@ -27,7 +27,7 @@ from harness.spec.broker import (
     run_or_fail,
     wait_until_running,
 )
-from harness.spec.client import Driver, Endpoint, QueueDepth, RateLimiter
+from harness.spec.client import DELAYED_EXCHANGE, Delays, Driver, Endpoint, QueueDepth, RateLimiter
 from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
 from harness.spec.history import (
     ABANDON_CAUSES,
@@ -51,6 +51,9 @@ __all__ = [
     "BrokerSection",
     "ConformanceProbe",
     "ConsumerSection",
+    "DELAYED_EXCHANGE",
+    "DelaySection",
+    "Delays",
     "Driver",
     "Endpoint",
     "Fault",

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from harness.scenario import ConsumerSection
+from harness.scenario import ConsumerSection, DelaySection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
@@ -102,6 +102,30 @@ class Behaviour:
 
     def done(self, kind: str, now: float) -> None:
         self.due[kind] = now + self._gap(kind)
+
+
+#: The exchange a driver routes delayed publishes through; it binds every workload queue by its own name.
+DELAYED_EXCHANGE = "brokerchaos.delayed"
+
+
+class Delays:
+    """Which of one producer's publishes are delayed, and by how much (``workload.delay``).
+
+    Seeded by the scenario's seed and the producer's name, so a rerun delays the same
+    sequence numbers by the same amounts. A driver records the delay it asked for in the
+    publish invoke's ``detail`` as ``{"delay_ms": n}`` (``harness.spec.history``).
+    """
+
+    def __init__(self, section: DelaySection | None, seed: int, process: str) -> None:
+        self.section = section
+        self.rng = random.Random(f"{seed}:{process}:delay")
+
+    def next(self) -> int | None:
+        """The delay in milliseconds for the next publish, or None to publish it undelayed."""
+        d = self.section
+        if d is None or self.rng.random() >= d.share:
+            return None
+        return self.rng.randint(d.min_ms, d.max_ms)
 
 
 def slow_consumers(section: ConsumerSection, consumers: int, seed: int) -> set[str]:

@@ -26,6 +26,10 @@ schema     int32  this version
 Every invoke has exactly one completion by the same process. Client operations:
 
 - ``publish``: invoke when sent; ``ok`` = confirmed, ``fail`` = nacked, ``info`` = unknown.
+  A delayed publish (``workload.delay``) carries ``{"delay_ms": n}`` in its invoke's
+  ``detail``: the delay it asked the broker for. Its due time is judged on the harness's
+  own clock: the invoke's ``time_ns`` plus the delay (the broker received it no earlier,
+  so a broker that holds it the full delay cannot deliver before that).
 - ``consume``: a delivery arrived (invoke and ``ok`` together; ``value`` is the id from
   the message's properties, ``digest`` the body's digest, ``redelivered`` the flag).
   A delivery is not a consumption: only an ack that completes ``ok`` is.

@@ -19,7 +19,16 @@ import aiormq
 from pamqp import commands as spec
 
 from harness import hookimpl
-from harness.spec import Endpoint, QueueDepth, RateLimiter, Recorder, WorkloadSection, message_body
+from harness.spec import (
+    DELAYED_EXCHANGE,
+    Delays,
+    Endpoint,
+    QueueDepth,
+    RateLimiter,
+    Recorder,
+    WorkloadSection,
+    message_body,
+)
 from harness.spec.client import Behaviour, drain_order, node_rotation, reason, slow_consumers, wait_or_stop
 from plugins.amqp091.consumer import RECONNECT_DELAY, run_consumer
 from plugins.amqp091.drain import Drain
@@ -110,12 +119,21 @@ class AmqpDriver:
                 for q in queues:
                     await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=self.queue_arguments),
                                            OP_TIMEOUT)
+                if self.w.delay is not None:
+                    await self._declare_delayed(ch, queues)
                 return
             except BROKER_ERRORS as exc:
                 last = exc
             finally:
                 await link.close()
         raise ConnectionError(f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}")
+
+    async def _declare_delayed(self, ch: Any, queues: Sequence[str]) -> None:
+        """``workload.delay``: a delayed-message exchange routing like ``direct``, each queue bound by its name."""
+        await asyncio.wait_for(ch.exchange_declare(DELAYED_EXCHANGE, exchange_type="x-delayed-message", durable=True,
+                                                   arguments={"x-delayed-type": "direct"}), OP_TIMEOUT)
+        for q in queues:
+            await asyncio.wait_for(ch.queue_bind(q, DELAYED_EXCHANGE, routing_key=q), OP_TIMEOUT)
 
     # -- producers ------------------------------------------------------------------------
 
@@ -128,6 +146,7 @@ class AmqpDriver:
         nodes = self._rotation(process)
         pending: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
+        delays = Delays(self.w.delay, self.seed, process)
         while not stop.is_set():
             node = next(nodes)
             link = None
@@ -151,9 +170,11 @@ class AmqpDriver:
                         window.release()
                         break
                     msg_id = f"{process}:{next(seq)}"
-                    inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id)
+                    delay = delays.next()
+                    inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id,
+                                               detail=None if delay is None else {"delay_ms": delay})
                     progress.sent()
-                    task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props, progress))
+                    task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props, progress, delay))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                     task.add_done_callback(lambda _t: window.release())
@@ -167,14 +188,18 @@ class AmqpDriver:
             await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
 
     async def _publish_one(self, ch: Any, inv: Any, queue: str, msg_id: str, props: spec.Basic.Properties,
-                           progress: _Progress) -> None:
+                           progress: _Progress, delay: int | None = None) -> None:
         body = message_body(msg_id, self.seed, self.w.message_size)
         p = spec.Basic.Properties(delivery_mode=props.delivery_mode, message_id=msg_id)
+        exchange = ""
+        if delay is not None:
+            p.headers, exchange = {"x-delay": delay}, DELAYED_EXCHANGE
         try:
             # aiormq's own timeout does not cover every wait (seen hanging past it while a
             # quorum queue had no leader), so the harness bounds the whole call itself.
             confirm = await asyncio.wait_for(
-                ch.basic_publish(body, routing_key=queue, properties=p, timeout=self.w.confirm_timeout),
+                ch.basic_publish(body, exchange=exchange, routing_key=queue, properties=p,
+                                 timeout=self.w.confirm_timeout),
                 self.w.confirm_timeout)
         except asyncio.CancelledError:
             progress.answered(False)

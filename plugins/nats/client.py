@@ -47,7 +47,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from harness import hookimpl
+from harness import ScenarioError, hookimpl
 from harness.spec import (
     Endpoint,
     Invocation,
@@ -125,6 +125,9 @@ class NatsDriver:
                  queue_arguments: Mapping[str, Any] | None = None, first_node: Mapping[str, str] | None = None,
                  seed: int = 0, queue_depth: QueueDepth | None = None) -> None:
         del vhost  # the account is the user's
+        if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test
+            raise ScenarioError("workload.delay: NATS JetStream has no delayed-message exchange; "
+                                "remove workload.delay from this scenario")
         args = dict(queue_arguments or {})
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)
