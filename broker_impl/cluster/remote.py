@@ -103,6 +103,19 @@ class RemoteQueue:
             return
         self.node.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
 
+    def enqueue_batch(self, messages: list[Message], sender: object | None, on_done: ConfirmCallback | None) -> None:
+        """A committed transaction's publishes: one request, applied by the master as one unit."""
+        if self.deleted:
+            if on_done:
+                on_done(True)
+            return
+        self.node.forwarder.publish_blob(self.master, self._hdr("pubtx"), pack_messages(messages), on_done)
+
+    async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
+        """A committed transaction's acks, applied by the master as one unit per consumer."""
+        for cid, pairs in self._take(seqs).items():
+            self.node.transport.send(self.master, self._hdr("ack", seqs=[s for _, s in pairs], cid=cid, tx=True))
+
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
         try:
@@ -333,7 +346,7 @@ class MasterSide:
     def handle(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         t = h["t"]
         q = self._queue(h)
-        if t == "pub":
+        if t in ("pub", "pubtx"):
             vh = self.node.broker.vhosts.get(h.get("vh", ""))
             exists = vh is not None and h.get("q") in vh.queues
             if q is None:
@@ -346,7 +359,10 @@ class MasterSide:
 
                 def cb(ok: bool, pid: int = pid) -> None:
                     self.node.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
-            q.enqueue(Message.from_bytes(blob), None, cb)
+            if t == "pubtx":
+                q.enqueue_batch(unpack_messages(blob), None, cb)
+            else:
+                q.enqueue(Message.from_bytes(blob), None, cb)
         elif t == "consume":
             cid = h["cid"]
             rc = RemoteConsumerChannel(self.node, peer, cid)
@@ -384,7 +400,7 @@ class MasterSide:
         entry = self.consumers.get((peer, cid)) if cid else None
         consumer = entry[0] if entry is not None and entry[0].queue is q else None
         if t == "ack":
-            self.node.spawn(q.ack(seqs, consumer))
+            self.node.spawn(q.ack_batch(seqs, consumer) if h.get("tx") else q.ack(seqs, consumer))
         elif t == "requeue":
             q.requeue(seqs, consumer)
         else:
