@@ -60,6 +60,20 @@ class ConsumerSection:
 
 
 @dataclass(frozen=True)
+class TransactionsSection:
+    """AMQP transactions in the workload (``workload.transactions``): producers and/or consumers use tx.
+
+    ``publish_batch`` messages per producer transaction (0: producers use confirms),
+    ``ack_batch`` acks per consumer transaction (0: consumers ack plainly), and the
+    probability ``rollback`` that a transaction ends in tx.rollback instead of tx.commit.
+    """
+
+    publish_batch: int = 0
+    ack_batch: int = 0
+    rollback: float = 0.0
+
+
+@dataclass(frozen=True)
 class WorkloadSection:
     producers: int = 2
     consumers: int = 2
@@ -75,6 +89,7 @@ class WorkloadSection:
     drain_idle: float = 3.0
     queue_prefix: str = "chaos"
     consumer: ConsumerSection = field(default_factory=ConsumerSection)
+    transactions: TransactionsSection | None = None
 
 
 @dataclass(frozen=True)
@@ -204,7 +219,8 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
-    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers))
+    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers),
+                                   transactions=_transactions(w.get("transactions")))
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
@@ -278,6 +294,24 @@ def _consumer(data: Any, consumers: int) -> ConsumerSection:
                            slow_ack_ms=_int(c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms",
                                             lo=0, hi=60_000),
                            **every)
+
+
+def _transactions(data: Any) -> TransactionsSection | None:
+    if data is None:  # ``to_dict()`` writes ``transactions: null`` when there are none
+        return None
+    t = _mapping(data, "workload.transactions")
+    defaults = TransactionsSection()
+    _only(t, "workload.transactions", set(asdict(defaults)))
+    publish = _int(t.get("publish_batch", 0), "workload.transactions.publish_batch", lo=0, hi=10_000)
+    ack = _int(t.get("ack_batch", 0), "workload.transactions.ack_batch", lo=0, hi=10_000)
+    rollback = _num(t.get("rollback", 0.0), "workload.transactions.rollback", lo=0)
+    if rollback > 1:
+        raise ScenarioError(f"workload.transactions.rollback: {rollback} is out of range; allowed from 0 to 1 "
+                            "(a probability per transaction)")
+    if not publish and not ack:
+        raise ScenarioError("workload.transactions: set publish_batch (messages per producer transaction) "
+                            "and/or ack_batch (acks per consumer transaction) to 1 or more")
+    return TransactionsSection(publish_batch=publish, ack_batch=ack, rollback=rollback)
 
 
 # -- field helpers: each raises with the field's path and what is allowed -------------------

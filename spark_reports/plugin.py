@@ -10,6 +10,7 @@ import pluggy
 
 from ._python import check_python
 from ._spark import check_spark, start_session_in_background
+from .atomicity import check_atomicity_python
 from .stream import check_stream_python
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
@@ -32,6 +33,7 @@ def brokerchaos_register_checkers(register: Any) -> None:
     register.add_checker("spark", _spark, default=True)
     register.add_checker("python", check_python)
     register.add_checker("stream", check_stream_python)
+    register.add_checker("atomicity", check_atomicity_python)
 
 
 @hookimpl
