@@ -403,9 +403,15 @@ class MirrorMasterBQ(BackingQueue):
         return seqs
 
     async def ack_batch(self, seqs: list[int]) -> None:
+        """A committed transaction's acks: tx.commit-ok waits until every in-sync mirror applied them.
+
+        A plain ack is fire-and-forget, as in RabbitMQ; a committed one is a promise
+        that a failover must keep, else the promoted mirror would deliver again
+        what the commit said was acked.
+        """
         await self.inner.ack_batch(seqs)
         self.held.forget(seqs)
-        self._bcast({"op": "ack", "seqs": seqs, "tx": True})
+        await self._confirmed(self._bcast({"op": "ack", "seqs": seqs, "tx": True}))
 
     async def publish_delivered(self, message: Message) -> int:
         ticket = self.held.ticket()
