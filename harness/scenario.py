@@ -144,7 +144,10 @@ class Scenario:
     source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self), default=list))
+        out = json.loads(json.dumps(asdict(self), default=list))
+        if out["workload"].get("transactions") is None:
+            del out["workload"]["transactions"]  # a run without transactions reads as before they existed
+        return out
 
     def with_overrides(self, *, seed: int | None = None, duration: float | None = None) -> Scenario:
         """Command-line overrides, held to the same rules as the file (a stored run must reload)."""

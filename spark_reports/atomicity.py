@@ -155,3 +155,78 @@ def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], 
 
 def check_atomicity_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
     return check_rows(iter_rows(history_path(Path(run_dir))))
+
+
+# -- the same checks in Spark SQL ------------------------------------------------------------------
+
+_SQL = {
+    "tx": """
+        SELECT t.process, t.tx, t.f, t.queue, t.invoked, t.kind, t.ids, o.outcome,
+               CASE WHEN t.f = 'rollback' OR o.outcome = 'fail' THEN 'rolled_back'
+                    WHEN o.outcome = 'ok' THEN 'committed' ELSE 'unknown' END AS state
+        FROM (SELECT process, value AS tx, f, queue, index AS invoked,
+                     CASE WHEN d.publish IS NULL AND d.ack IS NOT NULL THEN 'ack' ELSE 'publish' END AS kind,
+                     coalesce(d.publish, d.ack, array()) AS ids
+              FROM (SELECT *, from_json(detail, 'publish array<string>, ack array<string>') AS d FROM h)
+              WHERE f IN ('commit', 'rollback') AND type = 'invoke') t
+        LEFT JOIN (SELECT process, value AS tx, min_by(type, index) AS outcome FROM h
+                   WHERE f IN ('commit', 'rollback') AND type <> 'invoke' GROUP BY process, value) o
+          ON t.process = o.process AND t.tx = o.tx""",
+    "per": """
+        SELECT process, tx, queue, kind, state, invoked, size,
+               sort_array(collect_list(CASE WHEN last IS NOT NULL THEN id END)) AS got,
+               sort_array(collect_list(CASE WHEN last IS NULL THEN id END)) AS missing,
+               sort_array(collect_list(CASE WHEN last > invoked THEN id END)) AS back
+        FROM (SELECT tx.process, tx.tx, tx.queue, tx.kind, tx.state, tx.invoked, size(tx.ids) AS size, x.id, d.last
+              FROM tx LATERAL VIEW explode(ids) x AS id
+              LEFT JOIN (SELECT value AS id, MAX(index) AS last FROM h
+                         WHERE f = 'consume' AND type = 'ok' AND value IS NOT NULL GROUP BY value) d
+                ON x.id = d.id)
+        GROUP BY process, tx, queue, kind, state, invoked, size""",
+    "flags": """
+        SELECT 'incomplete_commits' AS anomaly, *, missing AS ids FROM per
+          WHERE kind = 'publish' AND state = 'committed' AND {drained} AND size(got) < size
+        UNION ALL SELECT 'rolled_back_delivered', *, got FROM per
+          WHERE kind = 'publish' AND state = 'rolled_back' AND size(got) > 0
+        UNION ALL SELECT 'partial_transactions', *, got FROM per
+          WHERE kind = 'publish' AND state = 'unknown' AND {drained} AND size(got) > 0 AND size(got) < size
+        UNION ALL SELECT 'acks_undone', *, back FROM per
+          WHERE kind = 'ack' AND state = 'committed' AND size(back) > 0
+        UNION ALL SELECT 'partial_transactions', *, back FROM per
+          WHERE kind = 'ack' AND state = 'unknown' AND size(back) > 0 AND size(back) < size""",
+}
+
+
+def check_atomicity_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None,
+                          spark_master: str | None = None) -> dict[str, Any]:
+    """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
+    with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
+    from pyspark.sql import SparkSession
+
+    path = history_path(Path(run_dir))
+    if spark is None:
+        spark = (SparkSession.builder.master(spark_master or "local[2]").appName("brokerchaos-atomicity")
+                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
+    h.createOrReplaceTempView("h")
+    spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")
+    spark.sql(_SQL["per"]).createOrReplaceTempView("per")
+    drains = spark.sql("SELECT process, queue, bool_and(type = 'ok') AS ok FROM h "
+                       "WHERE f = 'drain' AND type IN ('ok', 'info') GROUP BY process, queue").collect()
+    unfinished = sum(not r["ok"] for r in drains)
+    counts = dict.fromkeys(COUNT_KEYS, 0)
+    counts["history_ops"] = h.count()
+    counts["unfinished_drains"] = unfinished
+    for r in spark.sql("SELECT kind, state, COUNT(*) AS n FROM tx GROUP BY kind, state").collect():
+        counts["transactions"] += r["n"]
+        counts[f"{r['kind']}_transactions"] += r["n"]
+        counts[r["state"]] += r["n"]
+    examples: dict[str, list[dict[str, Any]]] = {k: [] for k in ANOMALIES}
+    flagged = spark.sql(_SQL["flags"].format(drained="true" if not unfinished else "false"))
+    for r in flagged.orderBy("invoked").collect():
+        counts[r["anomaly"]] += 1
+        if len(examples[r["anomaly"]]) < EXAMPLES:
+            examples[r["anomaly"]].append({"process": r["process"], "tx": r["tx"], "queue": r["queue"],
+                                           "kind": r["kind"], "state": r["state"], "index": r["invoked"],
+                                           "ids": list(r["ids"]), "size": r["size"]})
+    return _results(counts, examples, engine="spark")

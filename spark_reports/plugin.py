@@ -10,7 +10,7 @@ import pluggy
 
 from ._python import check_python
 from ._spark import check_spark, start_session_in_background
-from .atomicity import check_atomicity_python
+from .atomicity import check_atomicity_python, check_atomicity_spark
 from .stream import check_stream_python
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
@@ -28,12 +28,17 @@ def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     return dict(check_spark(run_dir, scenario, spark_master=settings.get("spark_master")))
 
 
+def _atomicity_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    return check_atomicity_spark(run_dir, scenario, spark_master=settings.get("spark_master"))
+
+
 @hookimpl
 def brokerchaos_register_checkers(register: Any) -> None:
     register.add_checker("spark", _spark, default=True)
     register.add_checker("python", check_python)
     register.add_checker("stream", check_stream_python)
     register.add_checker("atomicity", check_atomicity_python)
+    register.add_checker("atomicity-spark", _atomicity_spark)
 
 
 @hookimpl
