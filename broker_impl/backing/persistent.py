@@ -36,14 +36,14 @@ class PersistentBackingQueue(MemoryBackingQueue):
             self._entries[seq] = entry
             self._fresh.append(entry)
 
-    async def publish_batch(self, messages: list[Message]) -> list[int]:
+    async def publish_batch(self, messages: list[Message], *, hold: bool = True) -> list[int]:
         """A committed transaction's messages: one commit record, fetchable once it is safe.
 
         The persistent ones go to the log as ONE record (``Store.append_batch``), so
         a crash keeps all or none of them; their entries take their places in the
         order now but stay unfetchable (``_staged``) until the record is as safe as
         the flush policy promises, so no consumer sees a message whose commit a
-        power loss can still undo.
+        power loss can still undo (unless ``hold`` is off: a mirror's replay).
         """
         self._check_open()
         stored = [m for m in messages if m.persistent]
@@ -63,11 +63,14 @@ class PersistentBackingQueue(MemoryBackingQueue):
             self._register(entry)
             entries.append(entry)
         self._staged += len(entries)
+        if not hold:
+            self._place_ready(entries)
         try:
             if stored:
                 await self._store.wait_durable(offset + size)
         finally:
-            self._place_ready(entries)
+            if hold:
+                self._place_ready(entries)
         return [e.seq for e in entries]
 
     async def ack_batch(self, seqs: list[int]) -> None:

@@ -379,7 +379,7 @@ class MirrorMasterBQ(BackingQueue):
         await self._confirmed(n)
         return seq
 
-    async def publish_batch(self, messages: list[Message]) -> list[int]:
+    async def publish_batch(self, messages: list[Message], *, hold: bool = True) -> list[int]:
         """A committed transaction's publishes: ONE broadcast, so the mirrors get all of them or none.
 
         RabbitMQ sends tx.commit-ok once every publish of the transaction is
@@ -396,7 +396,7 @@ class MirrorMasterBQ(BackingQueue):
         n = self._bcast({"op": "pubtx", "depth": self.inner.depth() + len(messages),
                          "fp": (self.held.fp + sum(fps)) & FP_MASK}, pack_batch(blobs))
         tickets = [self.held.wait(m, f) for m, f in zip(messages, fps, strict=True)]
-        seqs = await self.inner.publish_batch(messages)
+        seqs = await self.inner.publish_batch(messages, hold=hold)
         for ticket, seq in zip(tickets, seqs, strict=True):
             self.held.placed(ticket, seq)
         await self._confirmed(n)
@@ -637,7 +637,7 @@ class Mirror:
         messages = [Message.from_bytes(b) for b in blobs]
         held = self.held
         tickets = [held.wait(m, fingerprint_bytes(b)) for m, b in zip(messages, blobs, strict=True)]
-        fut = asyncio.ensure_future(bq.publish_batch(messages))
+        fut = asyncio.ensure_future(bq.publish_batch(messages, hold=False))  # the master held them already
 
         def placed(f: asyncio.Future[Any]) -> None:
             if not f.cancelled() and f.exception() is None:
