@@ -112,9 +112,12 @@ class RemoteQueue:
         self.node.forwarder.publish_blob(self.master, self._hdr("pubtx"), pack_messages(messages), on_done)
 
     async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
-        """A committed transaction's acks, applied by the master as one unit per consumer."""
+        """A committed transaction's acks: a request the master answers once it applied them as one unit.
+
+        A plain ack is a one-way message; commit-ok is a promise, so it waits for the answer.
+        """
         for cid, pairs in self._take(seqs).items():
-            self.node.transport.send(self.master, self._hdr("ack", seqs=[s for _, s in pairs], cid=cid, tx=True))
+            await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
 
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
@@ -385,7 +388,7 @@ class MasterSide:
                     c.queue.requeue(seqs, c)
         elif t in ("ack", "requeue", "reject"):
             self._settle(peer, t, h, q, blob)
-        elif t in ("stat", "get", "purge"):
+        elif t in ("stat", "get", "purge", "acktx"):
             self.node.spawn(self._answer(peer, t, h, q))
 
     def _settle(self, peer: str, t: str, h: dict[str, Any], q: Queue | None, blob: bytes) -> None:
@@ -400,7 +403,7 @@ class MasterSide:
         entry = self.consumers.get((peer, cid)) if cid else None
         consumer = entry[0] if entry is not None and entry[0].queue is q else None
         if t == "ack":
-            self.node.spawn(q.ack_batch(seqs, consumer) if h.get("tx") else q.ack(seqs, consumer))
+            self.node.spawn(q.ack(seqs, consumer))
         elif t == "requeue":
             q.requeue(seqs, consumer)
         else:
@@ -419,6 +422,13 @@ class MasterSide:
         elif t == "purge":
             await q.settled()
             reply = {"n": await q.purge()}
+        elif t == "acktx":
+            cid = str(h.get("cid") or "")
+            seqs = self._release(peer, q, [int(s) for s in h.get("seqs", [])], cid)
+            entry = self.consumers.get((peer, cid)) if cid else None
+            if seqs:
+                await q.ack_batch(seqs, entry[0] if entry is not None and entry[0].queue is q else None)
+            reply = {"acked": len(seqs)}
         else:
             await q.settled()
             f = q.get(bool(h.get("no_ack")))

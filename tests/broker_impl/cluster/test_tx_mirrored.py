@@ -56,3 +56,22 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
     assert not partial, f"transactions partly visible after the failover: {partial}"
     missing = set(committed) - set(by_batch)
     assert not missing, f"committed transactions lost: {sorted(missing)[:5]}"
+
+
+def test_acks_committed_through_another_node_survive_the_master(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue([n1, n2, n3], "ha.txack", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c = amqp(n2)
+    ch = c.channel()
+    for i in range(10):
+        ch.basic_publish("", "ha.txack", str(i).encode(), PERSISTENT)
+    ch.tx_select()
+    tags = []
+    for _ in range(6):
+        m, _p, _b = ch.basic_get("ha.txack")
+        tags.append(m.delivery_tag)
+    ch.basic_ack(tags[-1], multiple=True)
+    ch.tx_commit()  # through n2: commit-ok once the master on n1 and its in-sync mirrors applied the acks
+    n1.kill()
+    wait_for(lambda: queue_info(n3, "ha.txack").get("node") in ("n2", "n3"), what="a mirror promoted")
+    assert drain(n3, "ha.txack") == [6, 7, 8, 9]
