@@ -25,18 +25,22 @@ atomic per queue.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pamqp import commands
 
+from broker_impl.backing_queue import StoreError
 from broker_impl.codec import NO_ROUTE, PRECONDITION_FAILED, ChannelError, encode_content
 from broker_impl.message import Message
 
 if TYPE_CHECKING:
     from broker_impl.channel import Channel, Delivery
     from broker_impl.queue import Consumer, Queue
+
+log = logging.getLogger("broker_impl.tx")
 
 
 @dataclass(slots=True)
@@ -66,11 +70,17 @@ class Transaction:
     def publish(self, channel: Channel, message: Message, queues: list[Queue], mandatory: bool) -> None:
         self.publishes.append(_Publish(message, queues, mandatory))
         store = channel.broker.store
-        if store is not None and message.persistent:
+        if store is None or not message.persistent:
+            return
+        try:
             for q in queues:
                 if q.durable:
                     store.prepare(q.name, self.id, message.to_bytes())
                     self.prepared += 1
+        except StoreError as exc:
+            # the prepared record is the transaction's state on disk, not what makes it visible: a store that
+            # refuses it refuses the commit record too, and that fails the commit
+            log.warning("transaction %d: prepared record not written: %s", self.id, exc)
 
     def settle(self, deliveries: list[tuple[int, Delivery]], requeue: bool | None) -> None:
         self.settles.append(_Settle(deliveries, requeue))
@@ -82,7 +92,10 @@ class Transaction:
     def rollback(self, channel: Channel) -> None:
         store = channel.broker.store
         if self.prepared and store is not None:
-            store.rollback(self.id)
+            try:
+                store.rollback(self.id)
+            except StoreError as exc:  # recovery rolls back what has no commit record anyway
+                log.warning("transaction %d: rollback record not written: %s", self.id, exc)
 
     async def commit(self, channel: Channel) -> None:
         """Apply everything; return once it is as safe as confirms would say. ChannelError if a queue refused."""
