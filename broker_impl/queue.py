@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
+from broker_impl.codec import PRECONDITION_FAILED, ChannelError
 from broker_impl.flow import DEFAULT_LINK, DEFAULT_STORE_LINK, Actor, CreditSpec
 from broker_impl.message import Message
 
@@ -438,9 +439,16 @@ class Queue(Actor):
         self.kick()
 
     async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
-        """A committed transaction's acks on this queue: one unit (``BackingQueue.ack_batch``)."""
+        """A committed transaction's acks on this queue: one unit (``BackingQueue.ack_batch``).
+
+        A copy discarded because another master replaced it cannot take them: the
+        replacement still holds the messages, so the commit must fail, not say ok.
+        """
         if consumer is not None:
             consumer.unacked = max(0, consumer.unacked - len(seqs))
+        if self.discarded:
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: queue '{self.name}' was replaced by "
+                               "a master elsewhere; its deliveries will be delivered again")
         if self.deleted:
             return
         await self.bq.ack_batch(seqs)

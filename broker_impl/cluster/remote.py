@@ -48,7 +48,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import Fetched
-from broker_impl.codec import NOT_FOUND, ChannelError
+from broker_impl.codec import NOT_FOUND, PRECONDITION_FAILED, ChannelError
 from broker_impl.message import Message
 from broker_impl.queue import ConfirmCallback, Consumer, Queue
 
@@ -115,7 +115,15 @@ class RemoteQueue:
         """A committed transaction's acks: a request the master answers once it applied them as one unit.
 
         A plain ack is a one-way message; commit-ok is a promise, so it waits for the answer.
+        Deliveries from a master that has died since are void (its successor delivers them
+        again); acking them cannot be honoured, so the commit fails and none of the
+        transaction's acks on this queue is applied (the live ones go back, redelivered).
         """
+        void = [s for s in seqs if s not in self._live]
+        if void:
+            self.requeue([s for s in seqs if s in self._live], consumer)
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {len(void)} acked deliveries of queue "
+                               f"'{self.name}' came from a master that failed over; they will be delivered again")
         for cid, pairs in self._take(seqs).items():
             await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
 

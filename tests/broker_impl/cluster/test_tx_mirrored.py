@@ -75,3 +75,22 @@ def test_acks_committed_through_another_node_survive_the_master(cluster_factory)
     n1.kill()
     wait_for(lambda: queue_info(n3, "ha.txack").get("node") in ("n2", "n3"), what="a mirror promoted")
     assert drain(n3, "ha.txack") == [6, 7, 8, 9]
+
+
+def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """Found by reference-tx: commit-ok for acks the promoted mirror never saw, and the messages came back."""
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue([n1, n2, n3], "ha.txvoid", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    c = amqp(n2)
+    ch = c.channel()
+    for i in range(4):
+        ch.basic_publish("", "ha.txvoid", str(i).encode(), PERSISTENT)
+    ch.tx_select()
+    tags = [ch.basic_get("ha.txvoid")[0].delivery_tag for _ in range(2)]
+    ch.basic_ack(tags[-1], multiple=True)
+    n1.kill()
+    wait_for(lambda: queue_info(n3, "ha.txvoid").get("node") in ("n2", "n3"), what="a mirror promoted")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.tx_commit()
+    assert e.value.reply_code == 406 and "partial tx completion" in e.value.reply_text
+    assert sorted(drain(n3, "ha.txvoid")) == [0, 1, 2, 3]
