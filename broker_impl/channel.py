@@ -480,19 +480,19 @@ class Channel(Actor):
         ))
 
     def _take(self, tag: int, multiple: bool) -> list[Delivery]:
-        return [d for _, d in self._take_tagged(tag, multiple)]
+        out = [d for _, d in self._take_tagged(tag, multiple)]
+        self.unacked_acking -= len(out)
+        return out
 
     def _take_tagged(self, tag: int, multiple: bool) -> list[tuple[int, Delivery]]:
+        """Take deliveries off the channel; they still count against prefetch (a transaction's until its commit)."""
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         else:
             tags = [tag] if tag in self.unacked else []
         if not tags and not (multiple and tag == 0):
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        out = [(t, self.unacked.pop(t)) for t in tags]
-        if self.tx is None:
-            self.unacked_acking -= len(out)  # in a transaction they count against prefetch until the commit
-        return out
+        return [(t, self.unacked.pop(t)) for t in tags]
 
     def _give_back(self, tx: Transaction) -> None:
         """Deliveries a transaction's acks took are unacked again (rollback, or the channel closing)."""
@@ -514,8 +514,8 @@ class Channel(Actor):
         for (q, c), ds in self._group(self._take(m.delivery_tag, m.multiple)).items():
             await q.ack([d.seq for d in ds], c)
 
-    async def _settle(self, tag: int, multiple: bool, requeue: bool) -> None:
-        if self.tx is not None:
+    async def _settle(self, tag: int, multiple: bool, requeue: bool, transactional: bool = True) -> None:
+        if self.tx is not None and transactional:
             self.tx.settle(self._take_tagged(tag, multiple), requeue)
             return
         for (q, c), ds in self._group(self._take(tag, multiple)).items():
@@ -532,12 +532,12 @@ class Channel(Actor):
 
     async def _basic_recover(self, m: commands.Basic.Recover, *_: Any) -> None:
         if self.unacked:
-            await self._settle(0, True, True)
+            await self._settle(0, True, True, transactional=False)  # basic.recover is not part of a tx
         self._reply(commands.Basic.RecoverOk())
 
     async def _basic_recover_async(self, m: commands.Basic.RecoverAsync, *_: Any) -> None:
         if self.unacked:
-            await self._settle(0, True, True)
+            await self._settle(0, True, True, transactional=False)  # basic.recover is not part of a tx
 
     async def _confirm_select(self, m: commands.Confirm.Select, *_: Any) -> None:
         if self.tx is not None:

@@ -158,3 +158,16 @@ def test_kombu_transaction(node: InProcessNode) -> None:
                 conn.drain_events(timeout=30)
         assert got == [0, 1, 2]
         assert _count(node, "ktx") == 0
+
+
+def test_basic_recover_is_not_part_of_a_transaction(node: InProcessNode) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("txr", durable=True)
+    ch.basic_publish("", "txr", b"m", PERSISTENT)
+    ch.tx_select()
+    assert ch.basic_get("txr")[0] is not None
+    ch.basic_recover(requeue=True)  # at once, as RabbitMQ: no commit needed
+    assert _count(node, "txr") == 1
+    assert node.run(lambda: next(iter(node.broker.connections)).channels[ch.channel_number].unacked_acking) == 0
+    conn.close()
