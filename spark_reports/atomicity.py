@@ -177,11 +177,12 @@ _SQL = {
                sort_array(collect_list(CASE WHEN last IS NOT NULL THEN id END)) AS got,
                sort_array(collect_list(CASE WHEN last IS NULL THEN id END)) AS missing,
                sort_array(collect_list(CASE WHEN last > invoked THEN id END)) AS back
-        FROM (SELECT tx.process, tx.tx, tx.queue, tx.kind, tx.state, tx.invoked, size(tx.ids) AS size, x.id, d.last
-              FROM tx LATERAL VIEW explode(ids) x AS id
+        FROM (SELECT e.*, d.last
+              FROM (SELECT process, tx, queue, kind, state, invoked, size(ids) AS size, id
+                    FROM tx LATERAL VIEW explode(ids) x AS id) e
               LEFT JOIN (SELECT value AS id, MAX(index) AS last FROM h
                          WHERE f = 'consume' AND type = 'ok' AND value IS NOT NULL GROUP BY value) d
-                ON x.id = d.id)
+                ON e.id = d.id)
         GROUP BY process, tx, queue, kind, state, invoked, size""",
     "flags": """
         SELECT 'incomplete_commits' AS anomaly, *, missing AS ids FROM per
