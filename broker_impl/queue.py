@@ -451,7 +451,10 @@ class Queue(Actor):
                                "a master elsewhere; its deliveries will be delivered again")
         if self.deleted:
             return
-        await self.bq.ack_batch(seqs)
+        try:
+            await self.bq.ack_batch(seqs)
+        except StoreError as exc:  # the acks are in memory but not as safe as commit-ok would say
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {exc}") from None
         self.kick()
 
     def requeue(self, seqs: list[int], consumer: Consumer | None) -> None:

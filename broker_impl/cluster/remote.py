@@ -125,7 +125,9 @@ class RemoteQueue:
             raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {len(void)} acked deliveries of queue "
                                f"'{self.name}' came from a master that failed over; they will be delivered again")
         for cid, pairs in self._take(seqs).items():
-            await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
+            r, _ = await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
+            if r.get("error"):
+                raise ChannelError(PRECONDITION_FAILED, str(r["error"]))
 
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
@@ -434,9 +436,12 @@ class MasterSide:
             cid = str(h.get("cid") or "")
             seqs = self._release(peer, q, [int(s) for s in h.get("seqs", [])], cid)
             entry = self.consumers.get((peer, cid)) if cid else None
-            if seqs:
-                await q.ack_batch(seqs, entry[0] if entry is not None and entry[0].queue is q else None)
             reply = {"acked": len(seqs)}
+            try:
+                if seqs:
+                    await q.ack_batch(seqs, entry[0] if entry is not None and entry[0].queue is q else None)
+            except ChannelError as exc:  # the commit on the peer fails with the same reason
+                reply = {"error": exc.text}
         else:
             await q.settled()
             f = q.get(bool(h.get("no_ack")))
