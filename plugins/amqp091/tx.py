@@ -161,7 +161,8 @@ class TxConsumer:
         self.tx = tx
         self.seed = seed
         self.message_size = message_size
-        self.prefetch = max(prefetch, tx.ack_batch)  # a batch must fit in what the broker lets us hold
+        # a batch must fit in what the broker lets us hold (0: no limit)
+        self.prefetch = prefetch and max(prefetch, tx.ack_batch)
         self.commit_timeout = commit_timeout
         self.rng = random.Random(f"{seed}:{process}:txack")
         self._txn = itertools.count(1)
