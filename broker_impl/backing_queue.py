@@ -45,6 +45,21 @@ class BackingQueue(abc.ABC):
         Raises ``StoreError`` when the store cannot take it (the caller nacks).
         """
 
+    async def publish_batch(self, messages: list[Message], *, hold: bool = True) -> list[int]:
+        """A committed transaction's publishes to this queue, as one unit; return their seqs in order.
+
+        After a crash or a failover either all of them are in the queue or none
+        is, and (``hold``) none can be fetched before all are as safe as
+        ``publish`` promises. A mirror passes ``hold=False``: it replays its
+        master's fetches, which came after the master's own hold, so its copy must
+        be fetchable at once. This default suits a queue that nothing survives.
+        """
+        return [await self.publish(m) for m in messages]
+
+    async def ack_batch(self, seqs: list[int]) -> None:
+        """A committed transaction's acks on this queue, as one unit (all or none survive a crash)."""
+        await self.ack(seqs)
+
     @abc.abstractmethod
     async def publish_delivered(self, message: Message) -> int:
         """Store a message that goes straight to a consumer (it starts unacked)."""

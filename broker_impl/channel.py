@@ -35,6 +35,7 @@ from broker_impl.delayed import DELAYED_TYPE, delay_ms
 from broker_impl.flow import Actor
 from broker_impl.message import Message
 from broker_impl.queue import Consumer, Queue
+from broker_impl.tx import Transaction
 
 if TYPE_CHECKING:
     from broker_impl.connection import Connection
@@ -61,6 +62,7 @@ class Channel(Actor):
         self._idle = asyncio.Event()  # set whenever the inbox has been fully processed
         self._idle.set()
         self.confirm = False
+        self.tx: Transaction | None = None  # set by tx.select: the channel is transactional from then on
         self._publish_seq = 0
         self._pending: dict[int, int] = {}  # confirm seq -> queues still to report
         self._failed: set[int] = set()
@@ -166,6 +168,10 @@ class Channel(Actor):
 
     def _release_resources(self) -> None:
         """Requeue every unacked delivery (marked redelivered) and drop consumers; idempotent."""
+        if self.tx is not None:  # an open transaction rolls back: what its acks took is unacked again
+            self._give_back(self.tx)
+            self.tx.rollback(self)
+            self.tx = Transaction()
         for c in list(self.consumers.values()):
             c.queue.remove_consumer(c)
         self.consumers.clear()
@@ -439,6 +445,9 @@ class Channel(Actor):
             self._hold_back(vh.name, Message(m.exchange, m.routing_key, props, body), delay, seq)
             return
         queues = vh.route(ex, m.routing_key, props)
+        if self.tx is not None:
+            self.tx.publish(self, Message(m.exchange, m.routing_key, props, body), queues, m.mandatory)
+            return
         if not queues:
             if m.mandatory:
                 self.conn.write(encode_content(
@@ -503,15 +512,25 @@ class Channel(Actor):
         ))
 
     def _take(self, tag: int, multiple: bool) -> list[Delivery]:
+        out = [d for _, d in self._take_tagged(tag, multiple)]
+        self.unacked_acking -= len(out)
+        return out
+
+    def _take_tagged(self, tag: int, multiple: bool) -> list[tuple[int, Delivery]]:
+        """Take deliveries off the channel; they still count against prefetch (a transaction's until its commit)."""
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         else:
             tags = [tag] if tag in self.unacked else []
         if not tags and not (multiple and tag == 0):
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        out = [self.unacked.pop(t) for t in tags]
-        self.unacked_acking -= len(out)
-        return out
+        return [(t, self.unacked.pop(t)) for t in tags]
+
+    def _give_back(self, tx: Transaction) -> None:
+        """Deliveries a transaction's acks took are unacked again (rollback, or the channel closing)."""
+        for tag, d in tx.held():
+            self.unacked[tag] = d
+        self.unacked = dict(sorted(self.unacked.items()))
 
     @staticmethod
     def _group(ds: list[Delivery]) -> dict[tuple[Queue, Consumer | None], list[Delivery]]:
@@ -521,10 +540,16 @@ class Channel(Actor):
         return g
 
     async def _basic_ack(self, m: commands.Basic.Ack, *_: Any) -> None:
+        if self.tx is not None:
+            self.tx.settle(self._take_tagged(m.delivery_tag, m.multiple), None)
+            return
         for (q, c), ds in self._group(self._take(m.delivery_tag, m.multiple)).items():
             await q.ack([d.seq for d in ds], c)
 
-    async def _settle(self, tag: int, multiple: bool, requeue: bool) -> None:
+    async def _settle(self, tag: int, multiple: bool, requeue: bool, transactional: bool = True) -> None:
+        if self.tx is not None and transactional:
+            self.tx.settle(self._take_tagged(tag, multiple), requeue)
+            return
         for (q, c), ds in self._group(self._take(tag, multiple)).items():
             if requeue:
                 q.requeue([d.seq for d in ds], c)
@@ -539,20 +564,43 @@ class Channel(Actor):
 
     async def _basic_recover(self, m: commands.Basic.Recover, *_: Any) -> None:
         if self.unacked:
-            await self._settle(0, True, True)
+            await self._settle(0, True, True, transactional=False)  # basic.recover is not part of a tx
         self._reply(commands.Basic.RecoverOk())
 
     async def _basic_recover_async(self, m: commands.Basic.RecoverAsync, *_: Any) -> None:
         if self.unacked:
-            await self._settle(0, True, True)
+            await self._settle(0, True, True, transactional=False)  # basic.recover is not part of a tx
 
     async def _confirm_select(self, m: commands.Confirm.Select, *_: Any) -> None:
+        if self.tx is not None:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
             self._reply(commands.Confirm.SelectOk())
 
-    async def _tx(self, m: MethodFrame, *_: Any) -> None:
-        raise ConnectionError_(NOT_IMPLEMENTED, "transactions are not supported")
+    # tx class (broker_impl.tx)
+    async def _tx_select(self, m: commands.Tx.Select, *_: Any) -> None:
+        if self.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = Transaction()
+        self._reply(commands.Tx.SelectOk())
+
+    def _open_tx(self) -> Transaction:
+        if self.tx is None:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        tx, self.tx = self.tx, Transaction()
+        return tx
+
+    async def _tx_commit(self, m: commands.Tx.Commit, *_: Any) -> None:
+        await self._open_tx().commit(self)
+        self._reply(commands.Tx.CommitOk())
+
+    async def _tx_rollback(self, m: commands.Tx.Rollback, *_: Any) -> None:
+        tx = self._open_tx()
+        self._give_back(tx)
+        tx.rollback(self)
+        self._reply(commands.Tx.RollbackOk())
 
 
 def _ids(m: MethodFrame) -> tuple[int, int]:
@@ -585,7 +633,7 @@ _HANDLERS: dict[type, Any] = {
     commands.Basic.Recover: Channel._basic_recover,
     commands.Basic.RecoverAsync: Channel._basic_recover_async,
     commands.Confirm.Select: Channel._confirm_select,
-    commands.Tx.Select: Channel._tx,
-    commands.Tx.Commit: Channel._tx,
-    commands.Tx.Rollback: Channel._tx,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
 }

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
+from broker_impl.codec import PRECONDITION_FAILED, ChannelError
 from broker_impl.flow import DEFAULT_LINK, DEFAULT_STORE_LINK, Actor, CreditSpec
 from broker_impl.message import Message
 
@@ -90,7 +91,7 @@ class Queue(Actor):
         self.had_consumer = False
         self.deleted = False
         self.discarded = False  # deleted as a copy replaced by a master elsewhere (``discard``)
-        self._inbox: deque[tuple[int, Message, Actor | None, ConfirmCallback | None]] = deque()
+        self._inbox: deque[tuple[int, Message | list[Message], Actor | None, ConfirmCallback | None]] = deque()
         self._ticket = 0  # publishes accepted so far
         self._outstanding: set[int] = set()  # tickets accepted but not yet in the backing queue
         self._progress = asyncio.Event()
@@ -161,6 +162,19 @@ class Queue(Actor):
         self._inbox.append((self._ticket, message, sender, on_done))
         self._wake.set()
 
+    def enqueue_batch(self, messages: list[Message], sender: Actor | None, on_done: ConfirmCallback | None) -> None:
+        """A committed transaction's publishes to this queue: one unit (``BackingQueue.publish_batch``)."""
+        if self.deleted:
+            if on_done:
+                on_done(True)
+            return
+        if sender is not None:
+            sender.flow_send(self, self.link_spec)
+        self._ticket += 1
+        self._outstanding.add(self._ticket)
+        self._inbox.append((self._ticket, messages, sender, on_done))
+        self._wake.set()
+
     async def settled(self) -> None:
         """Wait until every publish accepted before this call is in the backing queue.
 
@@ -195,18 +209,23 @@ class Queue(Actor):
                 if handled % 256 == 0:
                     await asyncio.sleep(0)  # let deliveries, readers and other queues run
 
-    def _start_write(self, ticket: int, message: Message, on_done: ConfirmCallback | None) -> None:
-        to_store = self.bq.durable and message.persistent
+    def _start_write(self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None) -> None:
+        batch = message if isinstance(message, list) else [message]
+        to_store = self.bq.durable and any(m.persistent for m in batch)
         if to_store:
             self.flow_send(self._store, self.store_spec)
         task = asyncio.get_running_loop().create_task(self._write(ticket, message, on_done, to_store))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write(self, ticket: int, message: Message, on_done: ConfirmCallback | None, to_store: bool) -> None:
+    async def _write(self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None,
+                     to_store: bool) -> None:
         ok = True
         try:
-            seq = await self.bq.publish(message)
+            if isinstance(message, list):
+                placed = list(zip(await self.bq.publish_batch(message), message, strict=True))
+            else:
+                placed = [(await self.bq.publish(message), message)]
         except StoreError as exc:
             log.error("queue %r: store refused a message: %s", self.name, exc)
             ok = False
@@ -214,10 +233,11 @@ class Queue(Actor):
             log.exception("queue %r: publish failed", self.name)
             ok = False
         else:
-            ttl = self._ttl_for(message)
-            if ttl is not None:
-                self._deadlines[seq] = time.monotonic() + ttl / 1000.0
-                self._schedule_expiry(ttl / 1000.0)
+            for seq, m in placed:
+                ttl = self._ttl_for(m)
+                if ttl is not None:
+                    self._deadlines[seq] = time.monotonic() + ttl / 1000.0
+                    self._schedule_expiry(ttl / 1000.0)
             if self.max_length is not None:
                 await self._enforce_max_length()
         finally:
@@ -416,6 +436,25 @@ class Queue(Actor):
         if self.deleted:
             return
         await self.bq.ack(seqs)
+        self.kick()
+
+    async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
+        """A committed transaction's acks on this queue: one unit (``BackingQueue.ack_batch``).
+
+        A copy discarded because another master replaced it cannot take them: the
+        replacement still holds the messages, so the commit must fail, not say ok.
+        """
+        if consumer is not None:
+            consumer.unacked = max(0, consumer.unacked - len(seqs))
+        if self.discarded:
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: queue '{self.name}' was replaced by "
+                               "a master elsewhere; its deliveries will be delivered again")
+        if self.deleted:
+            return
+        try:
+            await self.bq.ack_batch(seqs)
+        except StoreError as exc:  # the acks are in memory but not as safe as commit-ok would say
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {exc}") from None
         self.kick()
 
     def requeue(self, seqs: list[int], consumer: Consumer | None) -> None:

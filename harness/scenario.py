@@ -76,6 +76,20 @@ class DelaySection:
 
 
 @dataclass(frozen=True)
+class TransactionsSection:
+    """AMQP transactions in the workload (``workload.transactions``): producers and/or consumers use tx.
+
+    ``publish_batch`` messages per producer transaction (0: producers use confirms),
+    ``ack_batch`` acks per consumer transaction (0: consumers ack plainly), and the
+    probability ``rollback`` that a transaction ends in tx.rollback instead of tx.commit.
+    """
+
+    publish_batch: int = 0
+    ack_batch: int = 0
+    rollback: float = 0.0
+
+
+@dataclass(frozen=True)
 class WorkloadSection:
     producers: int = 2
     consumers: int = 2
@@ -92,6 +106,7 @@ class WorkloadSection:
     queue_prefix: str = "chaos"
     consumer: ConsumerSection = field(default_factory=ConsumerSection)
     delay: DelaySection | None = None  # None: no delayed publishes
+    transactions: TransactionsSection | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +161,10 @@ class Scenario:
     source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self), default=list))
+        out = json.loads(json.dumps(asdict(self), default=list))
+        if out["workload"].get("transactions") is None:
+            del out["workload"]["transactions"]  # a run without transactions reads as before they existed
+        return out
 
     def with_overrides(self, *, seed: int | None = None, duration: float | None = None) -> Scenario:
         """Command-line overrides, held to the same rules as the file (a stored run must reload)."""
@@ -222,7 +240,8 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
     workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers),
-                                   delay=_delay(w.get("delay")))
+                                   delay=_delay(w.get("delay")),
+                                   transactions=_transactions(w.get("transactions")))
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
@@ -315,6 +334,24 @@ def _delay(data: Any) -> DelaySection | None:
         raise ScenarioError(f"workload.delay.min_ms: {lo} is greater than workload.delay.max_ms ({hi})")
     return DelaySection(share=share, min_ms=lo, max_ms=hi,
                         late_ms=_int(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0))
+
+
+def _transactions(data: Any) -> TransactionsSection | None:
+    if data is None:  # ``to_dict()`` writes ``transactions: null`` when there are none
+        return None
+    t = _mapping(data, "workload.transactions")
+    defaults = TransactionsSection()
+    _only(t, "workload.transactions", set(asdict(defaults)))
+    publish = _int(t.get("publish_batch", 0), "workload.transactions.publish_batch", lo=0, hi=10_000)
+    ack = _int(t.get("ack_batch", 0), "workload.transactions.ack_batch", lo=0, hi=10_000)
+    rollback = _num(t.get("rollback", 0.0), "workload.transactions.rollback", lo=0)
+    if rollback > 1:
+        raise ScenarioError(f"workload.transactions.rollback: {rollback} is out of range; allowed from 0 to 1 "
+                            "(a probability per transaction)")
+    if not publish and not ack:
+        raise ScenarioError("workload.transactions: set publish_batch (messages per producer transaction) "
+                            "and/or ack_batch (acks per consumer transaction) to 1 or more")
+    return TransactionsSection(publish_batch=publish, ack_batch=ack, rollback=rollback)
 
 
 # -- field helpers: each raises with the field's path and what is allowed -------------------

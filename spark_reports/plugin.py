@@ -10,6 +10,7 @@ import pluggy
 
 from ._python import check_python
 from ._spark import check_spark, start_session_in_background
+from .atomicity import check_atomicity_python, check_atomicity_spark
 from .delay import check_delay_python, check_delay_spark
 from .stream import check_stream_python
 
@@ -34,6 +35,10 @@ def _delay_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     return check_delay_spark(run_dir, scenario, spark=spark_session(settings.get("spark_master")))
 
 
+def _atomicity_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    return check_atomicity_spark(run_dir, scenario, spark_master=settings.get("spark_master"))
+
+
 @hookimpl
 def brokerchaos_register_checkers(register: Any) -> None:
     register.add_checker("spark", _spark, default=True)
@@ -41,12 +46,14 @@ def brokerchaos_register_checkers(register: Any) -> None:
     register.add_checker("stream", check_stream_python)
     register.add_checker("delay", check_delay_python)
     register.add_checker("delay-spark", _delay_spark)
+    register.add_checker("atomicity", check_atomicity_python)
+    register.add_checker("atomicity-spark", _atomicity_spark)
 
 
 @hookimpl
 def brokerchaos_run_started(run: Any) -> None:
     """The JVM starts while the cluster comes up and the workload runs, not after the drain."""
-    if {"spark", "delay-spark"} & set(getattr(run, "checkers", ())):
+    if {"spark", "delay-spark", "atomicity-spark"} & set(getattr(run, "checkers", ())):
         start_session_in_background(settings.get("spark_master"))
 
 

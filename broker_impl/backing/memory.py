@@ -68,6 +68,7 @@ class MemoryBackingQueue(BackingQueue):
         self._fresh: deque[Entry] = deque()
         self._requeued: list[int] = []
         self._unacked: dict[int, Entry] = {}
+        self._staged = 0  # a transaction's messages placed in the order but not yet fetchable
         self._ram = 0
         self._closed = False
 
@@ -127,7 +128,7 @@ class MemoryBackingQueue(BackingQueue):
         return len(gone)
 
     def len(self) -> int:
-        return len(self._fresh) + len(self._requeued)
+        return len(self._fresh) + len(self._requeued) + self._staged
 
     def depth(self) -> int:
         return self.len() + len(self._unacked)
@@ -223,11 +224,29 @@ class MemoryBackingQueue(BackingQueue):
         self._check_open()
         entry = Entry(self._new_seq(message), message.size, message)
         self._write(entry, message)
+        self._register(entry)
+        return entry
+
+    def _register(self, entry: Entry) -> None:
         self._entries[entry.seq] = entry
         self._ram += entry.size
         if self._ram > self.ram_budget_bytes:
             self._page_out(entry)
-        return entry
+
+    def _place_ready(self, entries: list[Entry]) -> None:
+        """Make staged entries fetchable, each at its seq's place among the ready ones.
+
+        Publishes that came after the stage was set may already be ready with
+        higher seqs; a transaction's messages go in front of them, not behind.
+        """
+        self._staged -= len(entries)
+        for entry in entries:
+            if entry.seq not in self._entries:
+                continue  # purged or the queue was deleted meanwhile
+            i = len(self._fresh)
+            while i > 0 and self._fresh[i - 1].seq > entry.seq:
+                i -= 1
+            self._fresh.insert(i, entry)
 
     def _pop_ready(self) -> Entry | None:
         if self._requeued:

@@ -36,6 +36,49 @@ class PersistentBackingQueue(MemoryBackingQueue):
             self._entries[seq] = entry
             self._fresh.append(entry)
 
+    async def publish_batch(self, messages: list[Message], *, hold: bool = True) -> list[int]:
+        """A committed transaction's messages: one commit record, fetchable once it is safe.
+
+        The persistent ones go to the log as ONE record (``Store.append_batch``), so
+        a crash keeps all or none of them; their entries take their places in the
+        order now but stay unfetchable (``_staged``) until the record is as safe as
+        the flush policy promises, so no consumer sees a message whose commit a
+        power loss can still undo (unless ``hold`` is off: a mirror's replay).
+        """
+        self._check_open()
+        stored = [m for m in messages if m.persistent]
+        if stored:
+            offset, size, first = self._store.append_batch(self.name, [m.to_bytes() for m in stored])
+        else:
+            offset, size, first = -1, 0, self._qlog.cq.next_index
+        entries, k = [], 0
+        for m in messages:
+            if m.persistent:
+                self._transients = 0
+                entry = Entry((first + k + 1) << _SHIFT, m.size, m, index=first + k, log_offset=offset, log_size=size)
+                k += 1
+            else:
+                self._transients += 1
+                entry = Entry(((first + k) << _SHIFT) + self._transients, m.size, m)
+            self._register(entry)
+            entries.append(entry)
+        self._staged += len(entries)
+        if not hold:
+            self._place_ready(entries)
+        try:
+            if stored:
+                await self._store.wait_durable(offset + size)
+        finally:
+            if hold:
+                self._place_ready(entries)
+        return [e.seq for e in entries]
+
+    async def ack_batch(self, seqs: list[int]) -> None:
+        """A committed transaction's acks: one record; the ack log takes them once it is flushed."""
+        indexes = [e.index for e in self._take_unacked(seqs) if e.index >= 0]
+        if indexes:
+            await self._store.wait_durable(self._store.ack_batch(self.name, indexes))
+
     def recovered(self) -> int:
         """How many messages came back from disk (ready at attach time)."""
         return len(self._fresh)
@@ -46,9 +89,9 @@ class PersistentBackingQueue(MemoryBackingQueue):
         for entry in list(self._entries.values()):
             if entry.index < 0 or entry.message is not None or entry.log_size <= 0:
                 continue  # published since the start (or already paged in by a delivery)
-            rec = self._store.read(entry.log_offset, entry.log_size)
-            if rec is not None:
-                out.append((entry.seq, rec.store_ms, Message.from_bytes(rec.payload)))
+            got = self._store.read_message(entry.log_offset, entry.log_size, entry.index)
+            if got is not None:
+                out.append((entry.seq, got[1], Message.from_bytes(got[0])))
         return out
 
     def _new_seq(self, message: Message) -> int:
@@ -70,8 +113,8 @@ class PersistentBackingQueue(MemoryBackingQueue):
             await self._store.wait_durable(entry.log_offset + entry.log_size)
 
     def _read_log(self, entry: Entry) -> Message | None:
-        rec = self._store.read(entry.log_offset, entry.log_size)
-        return None if rec is None else Message.from_bytes(rec.payload)
+        got = self._store.read_message(entry.log_offset, entry.log_size, entry.index)
+        return None if got is None else Message.from_bytes(got[0])
 
     def _on_fetch(self, entry: Entry) -> None:
         if entry.index >= 0:

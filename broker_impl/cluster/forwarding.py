@@ -36,15 +36,19 @@ class Forwarder:
         self._cid_of: dict[int, str] = {}
 
     def publish(self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None) -> None:
+        self.publish_blob(master, h, message.to_bytes(), on_done)
+
+    def publish_blob(self, master: str, h: dict[str, Any], blob: bytes, on_done: ConfirmCallback | None) -> None:
+        """Send one publish request (a message, or a transaction's batch) and route its answer to ``on_done``."""
         if on_done is not None:
             pid = next(self._ids)
             h["id"] = pid
-            if not self.transport.send(master, h, message.to_bytes()):
+            if not self.transport.send(master, h, blob):
                 on_done(False)
                 return
             self._pending_pubs[pid] = (master, on_done)
         else:
-            self.transport.send(master, h, message.to_bytes())
+            self.transport.send(master, h, blob)
 
     async def request(self, peer: str, h: dict[str, Any], blob: bytes = b"") -> tuple[dict[str, Any], bytes]:
         rid = next(self._ids)

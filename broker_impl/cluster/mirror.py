@@ -58,6 +58,7 @@ from broker_impl.backing import make_backing_queue
 from broker_impl.backing_queue import BackingQueue, Fetched
 from broker_impl.cluster.gm_link import node_of
 from broker_impl.message import Message, encode_properties
+from broker_impl.store.record import pack_batch, unpack_batch
 
 if TYPE_CHECKING:
     from broker_impl.cluster.gm_link import Endpoint
@@ -378,6 +379,40 @@ class MirrorMasterBQ(BackingQueue):
         await self._confirmed(n)
         return seq
 
+    async def publish_batch(self, messages: list[Message], *, hold: bool = True) -> list[int]:
+        """A committed transaction's publishes: ONE broadcast, so the mirrors get all of them or none.
+
+        RabbitMQ sends tx.commit-ok once every publish of the transaction is
+        confirmed, which on a mirrored queue means by every in-sync mirror; the
+        same wait happens here (``_confirmed``). Broadcasting the publishes one by
+        one would give the same commit-ok but not the same failover: GM hands a
+        surviving mirror everything that reached any mirror, message by message,
+        so a master dying mid-commit could leave the promoted mirror with half a
+        transaction. One GM message is delivered whole or not at all, and each
+        mirror applies it as one unit on its own backing queue (``publish_batch``).
+        """
+        blobs = [m.to_bytes() for m in messages]
+        fps = [fingerprint_bytes(b) for b in blobs]
+        n = self._bcast({"op": "pubtx", "depth": self.inner.depth() + len(messages),
+                         "fp": (self.held.fp + sum(fps)) & FP_MASK}, pack_batch(blobs))
+        tickets = [self.held.wait(m, f) for m, f in zip(messages, fps, strict=True)]
+        seqs = await self.inner.publish_batch(messages, hold=hold)
+        for ticket, seq in zip(tickets, seqs, strict=True):
+            self.held.placed(ticket, seq)
+        await self._confirmed(n)
+        return seqs
+
+    async def ack_batch(self, seqs: list[int]) -> None:
+        """A committed transaction's acks: tx.commit-ok waits until every in-sync mirror applied them.
+
+        A plain ack is fire-and-forget, as in RabbitMQ; a committed one is a promise
+        that a failover must keep, else the promoted mirror would deliver again
+        what the commit said was acked.
+        """
+        await self.inner.ack_batch(seqs)
+        self.held.forget(seqs)
+        await self._confirmed(self._bcast({"op": "ack", "seqs": seqs, "tx": True}))
+
     async def publish_delivered(self, message: Message) -> int:
         ticket = self.held.ticket()
         seq = await self.inner.publish_delivered(message)
@@ -596,6 +631,23 @@ class Mirror:
         await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
         return fut
 
+    async def _batch_started(self, bq: BackingQueue, blob: bytes) -> asyncio.Future[Any]:
+        """Start a transaction's publishes as one unit; return once they hold their places."""
+        blobs = unpack_batch(blob)
+        messages = [Message.from_bytes(b) for b in blobs]
+        held = self.held
+        tickets = [held.wait(m, fingerprint_bytes(b)) for m, b in zip(messages, blobs, strict=True)]
+        fut = asyncio.ensure_future(bq.publish_batch(messages, hold=False))  # the master held them already
+
+        def placed(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                for ticket, seq in zip(tickets, f.result(), strict=True):
+                    held.placed(ticket, seq)
+
+        fut.add_done_callback(placed)
+        await asyncio.sleep(0)  # the task's first step (where the entries are added) runs before we resume
+        return fut
+
     async def _apply(self, h: dict[str, Any], blob: bytes) -> asyncio.Future[Any] | None:
         op = h["op"]
         if op == "start":
@@ -614,6 +666,8 @@ class Mirror:
             return None
         if op == "pub":
             return await self._publish_started(bq, Message.from_bytes(blob), fingerprint_bytes(blob))
+        if op == "pubtx":
+            return await self._batch_started(bq, blob)
         elif op == "pubd":
             m = Message.from_bytes(blob)
             ticket = self.held.ticket()
@@ -638,7 +692,7 @@ class Mirror:
             mine = [self.seqmap.pop(int(s)) for s in h["seqs"] if int(s) in self.seqmap]
             self.held.forget(mine)
             if mine:
-                await (bq.ack(mine) if op == "ack" else bq.drop(mine))
+                await (bq.drop(mine) if op == "drop" else bq.ack_batch(mine) if h.get("tx") else bq.ack(mine))
         elif op == "requeue":
             mine = [self.seqmap[int(s)] for s in h["seqs"] if int(s) in self.seqmap]
             if mine:

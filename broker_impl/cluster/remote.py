@@ -48,7 +48,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import Fetched
-from broker_impl.codec import NOT_FOUND, ChannelError
+from broker_impl.codec import NOT_FOUND, PRECONDITION_FAILED, ChannelError
 from broker_impl.message import Message
 from broker_impl.queue import ConfirmCallback, Consumer, Queue
 
@@ -102,6 +102,32 @@ class RemoteQueue:
                 on_done(True)
             return
         self.node.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
+
+    def enqueue_batch(self, messages: list[Message], sender: object | None, on_done: ConfirmCallback | None) -> None:
+        """A committed transaction's publishes: one request, applied by the master as one unit."""
+        if self.deleted:
+            if on_done:
+                on_done(True)
+            return
+        self.node.forwarder.publish_blob(self.master, self._hdr("pubtx"), pack_messages(messages), on_done)
+
+    async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
+        """A committed transaction's acks: a request the master answers once it applied them as one unit.
+
+        A plain ack is a one-way message; commit-ok is a promise, so it waits for the answer.
+        Deliveries from a master that has died since are void (its successor delivers them
+        again); acking them cannot be honoured, so the commit fails and none of the
+        transaction's acks on this queue is applied (the live ones go back, redelivered).
+        """
+        void = [s for s in seqs if s not in self._live]
+        if void:
+            self.requeue([s for s in seqs if s in self._live], consumer)
+            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {len(void)} acked deliveries of queue "
+                               f"'{self.name}' came from a master that failed over; they will be delivered again")
+        for cid, pairs in self._take(seqs).items():
+            r, _ = await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
+            if r.get("error"):
+                raise ChannelError(PRECONDITION_FAILED, str(r["error"]))
 
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
@@ -333,7 +359,7 @@ class MasterSide:
     def handle(self, peer: str, h: dict[str, Any], blob: bytes) -> None:
         t = h["t"]
         q = self._queue(h)
-        if t == "pub":
+        if t in ("pub", "pubtx"):
             vh = self.node.broker.vhosts.get(h.get("vh", ""))
             exists = vh is not None and h.get("q") in vh.queues
             if q is None:
@@ -346,7 +372,10 @@ class MasterSide:
 
                 def cb(ok: bool, pid: int = pid) -> None:
                     self.node.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
-            q.enqueue(Message.from_bytes(blob), None, cb)
+            if t == "pubtx":
+                q.enqueue_batch(unpack_messages(blob), None, cb)
+            else:
+                q.enqueue(Message.from_bytes(blob), None, cb)
         elif t == "consume":
             cid = h["cid"]
             rc = RemoteConsumerChannel(self.node, peer, cid)
@@ -369,7 +398,7 @@ class MasterSide:
                     c.queue.requeue(seqs, c)
         elif t in ("ack", "requeue", "reject"):
             self._settle(peer, t, h, q, blob)
-        elif t in ("stat", "get", "purge"):
+        elif t in ("stat", "get", "purge", "acktx"):
             self.node.spawn(self._answer(peer, t, h, q))
 
     def _settle(self, peer: str, t: str, h: dict[str, Any], q: Queue | None, blob: bytes) -> None:
@@ -403,6 +432,16 @@ class MasterSide:
         elif t == "purge":
             await q.settled()
             reply = {"n": await q.purge()}
+        elif t == "acktx":
+            cid = str(h.get("cid") or "")
+            seqs = self._release(peer, q, [int(s) for s in h.get("seqs", [])], cid)
+            entry = self.consumers.get((peer, cid)) if cid else None
+            reply = {"acked": len(seqs)}
+            try:
+                if seqs:
+                    await q.ack_batch(seqs, entry[0] if entry is not None and entry[0].queue is q else None)
+            except ChannelError as exc:  # the commit on the peer fails with the same reason
+                reply = {"error": exc.text}
         else:
             await q.settled()
             f = q.get(bool(h.get("no_ack")))

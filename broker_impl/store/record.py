@@ -8,8 +8,13 @@ bytes   field           why
 4       CRC32           over the WHOLE record except this field (RocketMQ only
                         covers the body: a flipped bit in the queue name or
                         offset would go unnoticed there)
-4       SYSFLAG         ``FLAG_DELETE`` marks a queue-delete tombstone
+4       SYSFLAG         ``FLAG_DELETE`` marks a queue-delete tombstone; the
+                        ``FLAG_TX_*`` bits mark transaction records (below)
 8       QUEUEOFFSET     index of the message in its queue's consume queue
+                        (a transaction's commit record: the index of its first
+                        message; a prepared or rollback record: the transaction
+                        id, as RocketMQ, whose prepared records have no queue
+                        offset either)
 8       PHYSICALOFFSET  the record's own log offset: a record copied to the
                         wrong place (or a stale one after truncation) fails
 8       BORNTIMESTAMP   ms; the message's own timestamp property when it has one
@@ -18,6 +23,17 @@ bytes   field           why
 4 + n   PAYLOAD         ``Message.to_bytes()``: exchange, routing key,
                         properties, body
 ======  ==============  =====================================================
+
+Transactions (AMQP ``tx``), RocketMQ's way (``seeds/004``): a publish inside a
+transaction is written at once as a prepared ("half") record, ``FLAG_TX_PREPARED``,
+which recovery never dispatches to a consume queue; ``tx.commit`` writes, for
+each queue the transaction touched, ONE commit record holding copies of all its
+messages for that queue (``FLAG_TX_COMMIT``, payload = ``pack_batch``), and one
+holding all its acks there (``FLAG_TX_ACK``, payload = 8-byte indexes);
+``tx.rollback`` writes a ``FLAG_TX_ROLLBACK`` record with no payload. One record is
+all-or-nothing after a crash (its CRC covers it, recovery cuts the log at the
+first bad one), which is what makes a transaction atomic per queue: the unit the
+AMQP spec asks servers to make atomic at least.
 
 A BLANK record fills the end of a segment: TOTALSIZE = the rest of the segment,
 MAGIC = ``BLANK_MAGIC``, CRC32 over those 8 bytes. It is written when a record
@@ -34,6 +50,10 @@ from dataclasses import dataclass
 MESSAGE_MAGIC = 0xDAA320A7  # RocketMQ's MESSAGE_MAGIC_CODE
 BLANK_MAGIC = 0xCBD43194  # RocketMQ's BLANK_MAGIC_CODE
 FLAG_DELETE = 1
+FLAG_TX_PREPARED = 2
+FLAG_TX_COMMIT = 4
+FLAG_TX_ACK = 8
+FLAG_TX_ROLLBACK = 16
 END_MIN_BLANK = 12  # RocketMQ reserves 8; our BLANK also carries a CRC
 
 _HEAD = struct.Struct(">IIIIQQQQ")  # size, magic, crc, sysflag, qoff, phys, born, store
@@ -129,3 +149,25 @@ def decode(buf: bytes | memoryview | mmap.mmap, pos: int, offset: int, room: int
     if p + plen != size:
         return Bad(f"payload length {plen} does not match size {size}")
     return Record(queue, qoff, phys, born, stored, rec[p:], sysflag, size)
+
+
+def pack_batch(payloads: list[bytes]) -> bytes:
+    """A commit record's payload: each message's ``to_bytes`` with a 4-byte length."""
+    return b"".join(struct.pack(">I", len(p)) + p for p in payloads)
+
+
+def unpack_batch(payload: bytes) -> list[bytes]:
+    out, off = [], 0
+    while off + 4 <= len(payload):
+        (n,) = struct.unpack_from(">I", payload, off)
+        out.append(payload[off + 4 : off + 4 + n])
+        off += 4 + n
+    return out
+
+
+def pack_indexes(indexes: list[int]) -> bytes:
+    return struct.pack(f">{len(indexes)}Q", *indexes)
+
+
+def unpack_indexes(payload: bytes) -> list[int]:
+    return list(struct.unpack(f">{len(payload) // 8}Q", payload[: len(payload) // 8 * 8]))

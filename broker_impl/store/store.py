@@ -38,7 +38,22 @@ from broker_impl.store.commitlog import CommitLog, Cut
 from broker_impl.store.config import StoreConfig
 from broker_impl.store.consumequeue import ConsumeQueue
 from broker_impl.store.progress import Progress
-from broker_impl.store.record import BLANK_SIZE, FLAG_DELETE, Bad, Blank, Record, decode
+from broker_impl.store.record import (
+    BLANK_SIZE,
+    FLAG_DELETE,
+    FLAG_TX_ACK,
+    FLAG_TX_COMMIT,
+    FLAG_TX_PREPARED,
+    FLAG_TX_ROLLBACK,
+    Bad,
+    Blank,
+    Record,
+    decode,
+    pack_batch,
+    pack_indexes,
+    unpack_batch,
+    unpack_indexes,
+)
 
 log = logging.getLogger("broker_impl.store")
 
@@ -101,6 +116,8 @@ class Store:
         self.checkpoint = 0
         self.stats = {"log_fsyncs": 0, "appends": 0, "read_errors": 0, "segments_deleted": 0}
         self.recovery_report = RecoveryReport(True, 0, 0)
+        # acks of committed transactions wait here until the log holding their record is flushed (``flush``)
+        self._parked_acks: list[tuple[int, str, list[int]]] = []
 
     # -- opening and recovery -----------------------------------------------------------
 
@@ -168,7 +185,21 @@ class Store:
             os.close(fd)
 
     def _dispatch(self, rec: Record) -> int:
-        """Apply one log record to the consume queues (recovery and rebuild); 1 if it was applied."""
+        """Apply one log record to the consume queues (recovery and rebuild); 1 if it was applied.
+
+        A transaction's prepared and rollback records are never applied: what a
+        transaction did becomes visible only through its commit records, so one
+        that never committed (the client went away, the node crashed or lost
+        power before the commit record reached the disk) is rolled back here.
+        """
+        if rec.sysflag & (FLAG_TX_PREPARED | FLAG_TX_ROLLBACK):
+            return 0
+        if rec.sysflag & FLAG_TX_ACK:
+            acked = self.queues.get(rec.queue)
+            if acked is None or rec.offset < acked.cq.since:
+                return 0
+            acked.progress.ack(unpack_indexes(rec.payload))
+            return 1
         if rec.sysflag & FLAG_DELETE:
             q = self.queues.get(rec.queue)
             if q is not None and q.cq.since < rec.offset:
@@ -183,6 +214,10 @@ class Store:
             q = self.queues[rec.queue] = self._queue_log(self._queue_dir(rec.queue), rec.queue, since)
         elif rec.offset < q.cq.since:
             return 0
+        if rec.sysflag & FLAG_TX_COMMIT:
+            for i, payload in enumerate(unpack_batch(rec.payload)):
+                q.cq.put(rec.queue_offset + i, rec.offset, rec.size, tag_hash(payload))
+            return 1
         q.cq.put(rec.queue_offset, rec.offset, rec.size, tag_hash(rec.payload))
         return 1
 
@@ -305,6 +340,80 @@ class Store:
         self._check_open()
         return self.log.read_raw(offset, limit)
 
+    # -- transactions ----------------------------------------------------------------------
+
+    def prepare(self, queue: str, tx: int, payload: bytes) -> None:
+        """A publish inside transaction ``tx``: its prepared ("half") record, in no consume queue."""
+        self._tx_append(queue, tx, payload, FLAG_TX_PREPARED)
+
+    def rollback(self, tx: int) -> None:
+        """Transaction ``tx`` was rolled back: a record with no payload says so (RocketMQ's rollback record)."""
+        self._tx_append("", tx, b"", FLAG_TX_ROLLBACK)
+
+    def _tx_append(self, queue: str, tx: int, payload: bytes, flag: int) -> tuple[int, int]:
+        self._check_open()
+        now = _now_ms()
+        try:
+            return self.log.append(queue, tx & 0x7FFF_FFFF_FFFF_FFFF, payload, now, now, flag)
+        except OSError as e:
+            raise StoreError(f"commit log write failed: {e}") from e
+
+    def append_batch(self, queue: str, payloads: list[bytes]) -> tuple[int, int, int]:
+        """A committed transaction's messages for ``queue`` as ONE commit record: all or none survive a crash.
+
+        Returns (log offset, record size, consume-queue index of the first message);
+        message k has index first + k and the same offset and size.
+        """
+        self._check_open()
+        q = self.queues.get(queue) or self.open_queue(queue)
+        first = q.cq.next_index
+        now = _now_ms()
+        try:
+            offset, size = self.log.append(queue, first, pack_batch(payloads), now, now, FLAG_TX_COMMIT)
+        except OSError as e:
+            raise StoreError(f"commit log write failed: {e}") from e
+        for i, payload in enumerate(payloads):
+            q.cq.put(first + i, offset, size, tag_hash(payload))
+        self.stats["appends"] += 1
+        return offset, size, first
+
+    def ack_batch(self, queue: str, indexes: list[int]) -> int:
+        """A committed transaction's acks on ``queue`` as one record; return the log offset it ends at.
+
+        The ack log of the queue takes them only once that record is flushed
+        (``flush`` applies them in the step that advances ``log.flushed``), so a
+        checkpoint never carries acks whose commit record a power loss can still
+        take away; until then recovery re-applies them from the record.
+        """
+        offset, size = self._tx_append(queue, 0, pack_indexes(indexes), FLAG_TX_ACK)
+        self._parked_acks.append((offset + size, queue, indexes))
+        return offset + size
+
+    def _apply_parked_acks(self) -> None:
+        flushed = self.log.flushed
+        keep = []
+        for end, queue, indexes in self._parked_acks:
+            if end <= flushed:
+                self.ack(queue, indexes)
+            else:
+                keep.append((end, queue, indexes))
+        self._parked_acks = keep
+
+    def read_message(self, offset: int, size: int, index: int) -> tuple[bytes, int] | None:
+        """(payload, store ms) of the message with consume-queue ``index`` stored at ``offset``, or None."""
+        rec = self.read(offset, size)
+        if rec is None:
+            return None
+        if rec.sysflag & FLAG_TX_COMMIT:
+            batch = unpack_batch(rec.payload)
+            k = index - rec.queue_offset
+            if not 0 <= k < len(batch):
+                self.stats["read_errors"] += 1
+                log.error("commit record at %d has no message %d: message skipped", offset, index)
+                return None
+            return batch[k], rec.store_ms
+        return rec.payload, rec.store_ms
+
     async def wait_durable(self, end: int) -> None:
         """Return once the log is safe up to ``end`` under the flush policy (and, on a SYNC
         master, on its slave); StoreError on timeout."""
@@ -374,6 +483,8 @@ class Store:
             self.stats["log_fsyncs"] += 1
             self.log.flushed = max(self.log.flushed, target)
             self._last_flush = time.monotonic()
+            if self._parked_acks:
+                self._apply_parked_acks()
 
     async def _group_commit(self) -> None:
         while True:

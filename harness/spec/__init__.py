@@ -16,7 +16,14 @@
 from __future__ import annotations
 
 from harness.history import Invocation, Recorder
-from harness.scenario import BrokerSection, ConsumerSection, DelaySection, Scenario, WorkloadSection
+from harness.scenario import (
+    BrokerSection,
+    ConsumerSection,
+    DelaySection,
+    Scenario,
+    TransactionsSection,
+    WorkloadSection,
+)
 from harness.spec.broker import (
     BASE_CAPABILITIES,
     BrokerPlugin,
@@ -33,6 +40,7 @@ from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
     SCHEMA_VERSION,
+    TX_OPS,
     TYPES,
     arrow_schema,
     body_digest,
@@ -46,6 +54,7 @@ __all__ = [
     "FIELDS",
     "HOST_FEATURES",
     "SCHEMA_VERSION",
+    "TX_OPS",
     "TYPES",
     "BrokerPlugin",
     "BrokerSection",
@@ -68,6 +77,7 @@ __all__ = [
     "Recorder",
     "Registry",
     "Scenario",
+    "TransactionsSection",
     "WorkloadSection",
     "arrow_schema",
     "body_digest",

@@ -44,6 +44,26 @@ Every invoke has exactly one completion by the same process. Client operations:
 - ``drain``: one per queue and drainer, ``value`` = JSON of what the drain saw per node;
   ``ok`` only if every node reported the queue empty (ready and unacked) and stayed
   idle, ``info`` if the drain could not finish.
+
+Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
+operations above: a transactional producer's messages are still ``publish`` ops and
+a transactional consumer's acks still ``ack`` ops, each completed with the outcome
+of the transaction that carried it, so checkers that know nothing of transactions
+read them as before. Each transaction adds one op:
+
+- ``commit``: invoke when ``tx.commit`` is sent; ``value`` = the transaction's id
+  (``process:txN``), ``queue`` its queue, ``detail`` = ``{"publish": [ids]}`` or
+  ``{"ack": [ids]}`` (every operation it covers). ``ok`` = commit-ok arrived: the
+  transaction certainly committed (its publishes ``ok``, its acks ``ok``); ``info``
+  = unknown (its publishes and acks ``info``). A broker's refusal of a commit
+  ("partial tx completion") is ``info`` too: part of it may have been applied.
+- ``rollback``: the transaction certainly did not commit: ``tx.rollback`` was sent,
+  or the channel ended before ``tx.commit`` was (a broker rolls back an open
+  transaction when its channel closes; ``detail.cause`` then says why). Same
+  ``value``/``queue``/``detail``; ``ok`` or ``info`` only says whether the
+  rollback-ok arrived: either way its publishes and acks complete ``fail``. Acks
+  rolled back leave their deliveries unacked on the channel (AMQP), to be acked
+  again or abandoned.
 """
 
 from __future__ import annotations
@@ -55,6 +75,8 @@ SCHEMA_VERSION = 2
 FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value",
           "redelivered", "error", "digest", "detail", "schema")
 TYPES = ("invoke", "ok", "fail", "info")
+TX_OPS = ("commit", "rollback")
+"""The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
 ABANDON_CAUSES = (

@@ -33,6 +33,7 @@ from harness.spec.client import Behaviour, drain_order, node_rotation, reason, s
 from plugins.amqp091.consumer import RECONNECT_DELAY, run_consumer
 from plugins.amqp091.drain import Drain
 from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
+from plugins.amqp091.tx import TxConsumer, TxProducer
 
 
 class _Progress:
@@ -139,6 +140,12 @@ class AmqpDriver:
 
     async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None:
         rate = self.w.rate / max(1, self.w.producers) if self.w.rate else 0
+        tx = self.w.transactions
+        if tx is not None and tx.publish_batch:
+            await TxProducer(self._connect, self._rotation(process), self.recorder, process, queue, tx, rate=rate,
+                             seed=self.seed, message_size=self.w.message_size, persistent=self.w.persistent,
+                             commit_timeout=self.w.confirm_timeout).run(stop)
+            return
         limiter = RateLimiter(rate)
         seq = itertools.count(1)
         window = asyncio.Semaphore(self.w.in_flight)
@@ -228,6 +235,12 @@ class AmqpDriver:
     # -- consumers ------------------------------------------------------------------------
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        tx = self.w.transactions
+        if tx is not None and tx.ack_batch:
+            await TxConsumer(self._connect, self._rotation(process), self.recorder, process, queue, tx,
+                             seed=self.seed, message_size=self.w.message_size, prefetch=self.w.prefetch,
+                             commit_timeout=self.w.confirm_timeout).run(stop)
+            return
         behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow,
                               now=asyncio.get_running_loop().time())
         await run_consumer(self._connect, self._rotation(process), self.recorder, process, queue, stop,

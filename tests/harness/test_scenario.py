@@ -347,3 +347,27 @@ def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
     assert sc.budgets == S.Budgets(duplicated=0, resurrected=None)
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
     assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None}
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    (3, "workload.transactions: expected a mapping, got int"),
+    ({}, "workload.transactions: set publish_batch (messages per producer transaction) and/or ack_batch"),
+    ({"publish_batch": 0, "ack_batch": 0}, "workload.transactions: set publish_batch"),
+    ({"publish_batch": -1}, "workload.transactions.publish_batch: -1 is out of range; allowed from 0 to 10000"),
+    ({"ack_batch": 2.5}, "workload.transactions.ack_batch: expected an integer"),
+    ({"publish_batch": 5, "rollback": 1.5}, "workload.transactions.rollback: 1.5 is out of range; allowed from 0 to 1"),
+    ({"publish_batch": 5, "batch": 1}, "workload.transactions.batch: unknown field; allowed: ack_batch, "
+                                       "publish_batch, rollback"),
+])
+def test_bad_transactions_are_one_line_naming_the_field(value: Any, needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        S.from_dict(_with("workload.transactions", value), source="s.yaml")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_transactions_load_and_round_trip_and_are_absent_by_default() -> None:
+    assert S.from_dict(MINIMAL).workload.transactions is None
+    assert "transactions" not in S.from_dict(MINIMAL).to_dict()["workload"]  # older readers load such runs
+    sc = S.from_dict({**MINIMAL, "workload": {"transactions": {"publish_batch": 5, "rollback": 0.2}}})
+    assert sc.workload.transactions == S.TransactionsSection(publish_batch=5, ack_batch=0, rollback=0.2)
+    assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc

@@ -86,3 +86,29 @@ def test_restart_yields_unacked_persistent_once_with_redelivered_flags(tmp_path:
         await store.close()
 
     asyncio.run(third())
+
+
+def test_a_transaction_is_fetchable_only_once_its_commit_record_is_durable(tmp_path: Path) -> None:
+    """``publish_batch`` holds the batch until its fsync; a mirror's replay (``hold=False``) does not."""
+
+    async def go() -> None:
+        store = await open_store(tmp_path, {**CFG, "flush": "sync"})
+        q = make_backing_queue("txq", True, store)
+        held = asyncio.ensure_future(q.publish_batch([msg(b"a"), msg(b"t", persistent=False), msg(b"b")]))
+        await asyncio.sleep(0)  # its first step wrote the commit record; the group commit has not run
+        assert q.len() == 3 and q.fetch() is None
+        seqs = await held
+        assert [q.fetch().message.body for _ in range(3)] == [b"a", b"t", b"b"]  # type: ignore[union-attr]
+        await q.ack(seqs)
+        mirror = asyncio.ensure_future(q.publish_batch([msg(b"c"), msg(b"d")], hold=False))
+        await asyncio.sleep(0)
+        got = q.fetch()
+        assert got is not None and got.message.body == b"c"  # before its fsync: the master fetched it already
+        await mirror
+        await store.close()
+        store = await open_store(tmp_path, CFG)
+        again = make_backing_queue("txq", True, store)
+        assert [again.fetch().message.body for _ in range(2)] == [b"c", b"d"]  # type: ignore[union-attr]
+        await store.close()
+
+    asyncio.run(go())

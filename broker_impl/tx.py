@@ -1,0 +1,145 @@
+"""A channel's AMQP transaction (``tx.select`` / ``tx.commit`` / ``tx.rollback``).
+
+Observable semantics are RabbitMQ's (``rabbit_channel``): publishes are routed
+when they arrive but reach their queues only at ``tx.commit``; acks, rejects and
+nacks are checked when they arrive (an unknown delivery tag still closes the
+channel) and applied only at ``tx.commit``; ``tx.commit-ok`` goes out once every
+publish is in its queue as safely as a publisher confirm would say (on disk per
+the flush policy, on every in-sync mirror of a mirrored queue); a publish that a
+queue refuses fails the commit with 406 as RabbitMQ's "partial tx completion".
+``tx.rollback`` drops the publishes and gives the acked deliveries back to the
+channel as unacked (they are neither requeued nor acked, as in RabbitMQ). A
+channel that closes with a transaction open rolls it back.
+
+Storage is RocketMQ's (``seeds/004``, ``store/record.py``): a persistent
+publish to a durable queue is written at once as a prepared ("half") record
+that no consume queue points at; the commit writes, per queue, one commit
+record holding all of the transaction's messages for that queue and one holding
+its acks there. So the unit that survives a crash or a power loss whole or not
+at all is the transaction's share of one queue, which is what the AMQP spec
+asks servers to make atomic ("at least where all publish or ack requests affect
+a single queue") and what RabbitMQ documents; a transaction spanning queues is
+atomic per queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from broker_impl.backing_queue import StoreError
+from broker_impl.codec import NO_ROUTE, PRECONDITION_FAILED, ChannelError, encode_content
+from broker_impl.message import Message
+
+if TYPE_CHECKING:
+    from broker_impl.channel import Channel, Delivery
+    from broker_impl.queue import Consumer, Queue
+
+log = logging.getLogger("broker_impl.tx")
+
+
+@dataclass(slots=True)
+class _Publish:
+    message: Message
+    queues: list[Queue]
+    mandatory: bool
+
+
+@dataclass(slots=True)
+class _Settle:
+    """An ack (``requeue`` None), reject or nack, with the deliveries it took from the channel."""
+
+    deliveries: list[tuple[int, Delivery]]
+    requeue: bool | None
+
+
+@dataclass
+class Transaction:
+    """What one channel has done since its last commit or rollback."""
+
+    id: int = field(default_factory=lambda: secrets.randbits(63))
+    publishes: list[_Publish] = field(default_factory=list)
+    settles: list[_Settle] = field(default_factory=list)
+    prepared: int = 0  # half records written for it
+
+    def publish(self, channel: Channel, message: Message, queues: list[Queue], mandatory: bool) -> None:
+        self.publishes.append(_Publish(message, queues, mandatory))
+        store = channel.broker.store
+        if store is None or not message.persistent:
+            return
+        try:
+            for q in queues:
+                if q.durable:
+                    store.prepare(q.name, self.id, message.to_bytes())
+                    self.prepared += 1
+        except StoreError as exc:
+            # the prepared record is the transaction's state on disk, not what makes it visible: a store that
+            # refuses it refuses the commit record too, and that fails the commit
+            log.warning("transaction %d: prepared record not written: %s", self.id, exc)
+
+    def settle(self, deliveries: list[tuple[int, Delivery]], requeue: bool | None) -> None:
+        self.settles.append(_Settle(deliveries, requeue))
+
+    def held(self) -> list[tuple[int, Delivery]]:
+        """The deliveries its acks and rejects took from the channel (they go back on rollback or close)."""
+        return [d for s in self.settles for d in s.deliveries]
+
+    def rollback(self, channel: Channel) -> None:
+        store = channel.broker.store
+        if self.prepared and store is not None:
+            try:
+                store.rollback(self.id)
+            except StoreError as exc:  # recovery rolls back what has no commit record anyway
+                log.warning("transaction %d: rollback record not written: %s", self.id, exc)
+
+    async def commit(self, channel: Channel) -> None:
+        """Apply everything; return once it is as safe as confirms would say. ChannelError if a queue refused."""
+        loop = asyncio.get_running_loop()
+        per_queue: dict[Queue, list[Message]] = {}
+        for p in self.publishes:
+            if not p.queues and p.mandatory:
+                m = p.message
+                channel.conn.write(encode_content(
+                    channel.number, commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
+                    m.properties, m.body, channel.conn.frame_max,
+                ))
+            for q in p.queues:
+                per_queue.setdefault(q, []).append(p.message)
+        waits: list[asyncio.Future[bool]] = []
+        for q, messages in per_queue.items():
+            fut: asyncio.Future[bool] = loop.create_future()
+            waits.append(fut)
+            q.enqueue_batch(messages, channel, _resolver(fut))
+        for s in self.settles:
+            for (q, consumer), seqs in _by_queue(s.deliveries).items():
+                if s.requeue is None:
+                    await q.ack_batch(seqs, consumer)
+                elif s.requeue:
+                    q.requeue(seqs, consumer)
+                else:
+                    await q.reject_messages([(d.seq, d.message) for _, d in s.deliveries
+                                             if d.queue is q and d.consumer is consumer], consumer)
+        channel.unacked_acking -= len(self.held())
+        results = await asyncio.gather(*waits)
+        if not all(results):
+            raise ChannelError(PRECONDITION_FAILED, "partial tx completion")
+
+
+def _resolver(fut: asyncio.Future[bool]):  # type: ignore[no-untyped-def]
+    def done(ok: bool) -> None:
+        if not fut.done():
+            fut.set_result(ok)
+
+    return done
+
+
+def _by_queue(deliveries: list[tuple[int, Delivery]]) -> dict[tuple[Queue, Consumer | None], list[int]]:
+    out: dict[tuple[Queue, Consumer | None], list[int]] = {}
+    for _tag, d in deliveries:
+        out.setdefault((d.queue, d.consumer), []).append(d.seq)
+    return out
