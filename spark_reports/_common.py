@@ -167,6 +167,7 @@ class Params:
     seed: int | None
     message_size: int | None
     budgets: Budgets
+    delays: bool = False  # workload.delay: delayed publishes are outside the per-producer order check
 
     @property
     def bodies_known(self) -> bool:
@@ -208,7 +209,7 @@ def scenario_params(scenario: dict | None) -> Params:
                             "use duplicated and resurrected")
     budgets = Budgets(duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
                       resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True))
-    return Params(seed=seed, message_size=size, budgets=budgets)
+    return Params(seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict))
 
 
 def expected_body(msg_id: str, params: Params) -> str:

@@ -72,7 +72,8 @@ def iter_history(path: Path) -> Iterator[dict]:
 
 class _Msg:
     __slots__ = ("attempts", "outcomes", "first_inv", "confirm", "pending", "deliveries", "delivered", "last_d",
-                 "digests", "acked", "first_ack", "ack_info_inv", "abandons", "last_ab", "res_n", "res_first")
+                 "digests", "acked", "first_ack", "ack_info_inv", "abandons", "last_ab", "res_n", "res_first",
+                 "delayed")
 
     def __init__(self) -> None:
         self.attempts = 0
@@ -91,6 +92,7 @@ class _Msg:
         self.last_ab: tuple[int, str | None] | None = None  # (index, cause)
         self.res_n = 0
         self.res_first: dict | None = None
+        self.delayed = False  # published with a delay: no place in its producer's order
 
     @property
     def outcome(self) -> str:
@@ -167,6 +169,7 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
     bw = ctx.bucket_s
     windows = ctx.windows
     with_acks = ctx.acks
+    delays = ctx.params.delays
 
     def msg(mid: str) -> _Msg:
         m = msgs.get(mid)
@@ -187,6 +190,8 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                     m = msgs[value] = _Msg()
                 m.attempts += 1
                 publish_attempts += 1
+                if delays and r["detail"] is not None and "delay_ms" in r["detail"]:
+                    m.delayed = True
                 if m.first_inv is None:
                     m.first_inv = (r["index"], r["time_ns"])
                 m.pending.append((r["index"], r["time_ns"]))
@@ -231,7 +236,7 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                         m.digests[digest] = [1, {**d, "digest": digest, "detail": r["detail"]}]
                     else:
                         seen[0] += 1
-            parsed = parse_id(value)
+            parsed = parse_id(value) if not m.delayed else None
             if parsed is not None and r["redelivered"] is not True:
                 producer, seq = parsed
                 okey = (r["process"], r["queue"], producer)

@@ -281,7 +281,7 @@ class _Job:
         lists = self.lists(ctx, ev, j)
         corrupted = self.corrupted(ev, j) if counts["corrupted"] else []
         unflagged = self.unflagged(ev) if counts["unflagged_redeliveries"] else []
-        violations = self.order_violations(ev) if counts["order_violations"] else []
+        violations = self.order_violations(ev, ctx.params.delays) if counts["order_violations"] else []
         progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
                  corrupted=len(corrupted))
 
@@ -502,7 +502,7 @@ class _Job:
                    [F.count(F.lit(1)), F.sum("v"), F.max("v")]),
             branch(ok_att, "hist:confirm", hist_keys, [F.count(F.lit(1))]),
             branch(e2e, "hist:e2e", hist_keys, [F.count(F.lit(1))]),
-            branch(_order_violation_rows(ev), "order", {}, [F.count(F.lit(1))]),
+            branch(_order_violation_rows(ev, ctx.params.delays), "order", {}, [F.count(F.lit(1))]),
         ]
         df = parts[0]
         for p in parts[1:]:
@@ -609,8 +609,8 @@ class _Job:
                         F.col("ab_before.cause").alias("abandon_cause")).collect())
         return [r.asDict() for r in rows]
 
-    def order_violations(self, ev: Any) -> list[dict]:
-        rows = _order_violation_rows(ev).orderBy("index").limit(LIST_CAP).collect()
+    def order_violations(self, ev: Any, delays: bool) -> list[dict]:
+        rows = _order_violation_rows(ev, delays).orderBy("index").limit(LIST_CAP).collect()
         return [r.asDict() for r in rows]
 
 
@@ -632,13 +632,19 @@ class _Metrics:
     order: int = 0
 
 
-def _order_violation_rows(ev: Any) -> Any:
+def _order_violation_rows(ev: Any, delays: bool) -> Any:
     """Deliveries (not flagged redelivered) of a producer's id with a lower seq than one the same
-    consumer already got from that producer on that queue."""
+    consumer already got from that producer on that queue; a delayed publish has no place in that
+    order (``delays``: the scenario has some, so they are looked for)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    oc = (ev.filter((F.col("k") == "d") & ~F.col("redelivered").eqNullSafe(True))
+    d = ev.filter((F.col("k") == "d") & ~F.col("redelivered").eqNullSafe(True))
+    if delays:
+        delayed = ev.filter((F.col("k") == "p") & (F.col("type") == "invoke")
+                            & F.get_json_object("detail", "$.delay_ms").isNotNull()).select("id").distinct()
+        d = d.join(delayed, "id", "left_anti")
+    oc = (d
           .withColumn("producer", F.regexp_extract("id", ID_RE_JAVA, 1))
           .withColumn("seqs", F.regexp_extract("id", ID_RE_JAVA, 2))
           .filter(F.col("seqs") != "")
