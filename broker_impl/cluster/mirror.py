@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from broker_impl.backing import make_backing_queue
 from broker_impl.backing_queue import BackingQueue, Fetched
 from broker_impl.cluster.gm_link import node_of
-from broker_impl.message import Message, encode_properties
+from broker_impl.message import Message
 
 if TYPE_CHECKING:
     from broker_impl.cluster.gm_link import Endpoint
@@ -72,12 +72,8 @@ FP_MASK = (1 << 64) - 1
 
 
 def digest(m: Message) -> str:
-    """Which message a fetch took, comparable across nodes (store ids differ per node)."""
-    h = hashlib.blake2b(digest_size=8)
-    for part in (m.exchange.encode(), m.routing_key.encode(), encode_properties(m.properties, len(m.body)), m.body):
-        h.update(len(part).to_bytes(4, "big"))
-        h.update(part)
-    return h.hexdigest()
+    """Which message a fetch took, comparable across nodes: its byte form without the node-local id."""
+    return hashlib.blake2b(memoryview(m.to_bytes())[8:], digest_size=8).hexdigest()
 
 
 def fingerprint_bytes(blob: bytes) -> int:
