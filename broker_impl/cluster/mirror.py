@@ -54,8 +54,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.backing import make_backing_queue
-from broker_impl.backing_queue import BackingQueue, Fetched
+from broker_impl.backing import MemoryBackingQueue, make_backing_queue
+from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
 from broker_impl.cluster.gm_link import node_of
 from broker_impl.message import Message
 
@@ -452,13 +452,14 @@ class Mirror:
         self.master = master  # the node acks go to; switches when a ``promoted`` is applied
         self.master_member = master_member  # whose broadcasts are followed; switches when one arrives
         self.durable = durable
-        self.bq: BackingQueue | None = None
+        self.bq: MemoryBackingQueue | None = None
         self.seqmap: dict[int, int] = {}  # master seq -> our seq
         self.held = Held()  # what our backing queue holds: the new master's snapshots if we are promoted
         self.synced = False
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str]] = deque()
+        self._ack_soon = False
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
         self._mismatches = 0
         self._predecessor = predecessor
@@ -506,7 +507,7 @@ class Mirror:
     def feed(self, h: dict[str, Any], blob: bytes) -> None:
         self._inbox.put_nowait((h, blob))
 
-    async def _fresh(self) -> BackingQueue:
+    async def _fresh(self) -> MemoryBackingQueue:
         """A mirror always starts empty: whatever a previous life left in the store is dropped."""
         from broker_impl.broker import store_queue_key
 
@@ -548,8 +549,14 @@ class Mirror:
                              self.bq.depth(), h.get("depth"))
             self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master))
             if pending is not None:
-                pending.add_done_callback(lambda _f: self._flush_acks())
-            self._flush_acks()
+                pending.add_done_callback(lambda _f: self._ack_later())
+            self._ack_later()
+
+    def _ack_later(self) -> None:
+        """Acknowledge at the end of this turn of the event loop: one ack for everything that got safe in it."""
+        if not self._ack_soon:
+            self._ack_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
 
     def in_sync_with(self, h: dict[str, Any]) -> bool:
         """The same number of messages as the master after operation ``h``, and the same messages."""
@@ -562,6 +569,7 @@ class Mirror:
         Publishes are started in order and left to finish concurrently, so one
         store flush covers many of them (group commit) as on the master.
         """
+        self._ack_soon = False
         last: tuple[int, bool, str] | None = None
         while self._acks and (self._acks[0][1] is None or self._acks[0][1].done()):
             n, fut, synced, master = self._acks.popleft()
@@ -579,17 +587,20 @@ class Mirror:
             self.node.transport.send(master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
                                               "n": n, "synced": synced})
 
-    async def _publish_started(self, bq: BackingQueue, m: Message, fp: int | None = None) -> asyncio.Future[Any]:
-        """Start a publish and return once it holds its place in the queue (its first step has run)."""
+    def _publish_started(self, bq: MemoryBackingQueue, m: Message, fp: int | None = None) -> asyncio.Future[Any]:
+        """Start a publish: it holds its place in the queue on return; the future settles once it is safe."""
         held, ticket = self.held, self.held.wait(m, fp)
-        fut = asyncio.ensure_future(bq.publish(m))
+        try:
+            fut: asyncio.Future[Any] = asyncio.ensure_future(bq.start_publish(m))
+        except StoreError as e:  # refused at once: out of sync, as a publish that fails later is
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(e)
 
         def placed(f: asyncio.Future[Any]) -> None:
             if not f.cancelled() and f.exception() is None:
                 held.placed(ticket, f.result())
 
         fut.add_done_callback(placed)
-        await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
         return fut
 
     async def _apply(self, h: dict[str, Any], blob: bytes) -> asyncio.Future[Any] | None:
@@ -609,7 +620,7 @@ class Mirror:
         if bq is None:
             return None
         if op == "pub":
-            return await self._publish_started(bq, Message.from_bytes(blob), fingerprint_bytes(blob))
+            return self._publish_started(bq, Message.from_bytes(blob), fingerprint_bytes(blob))
         elif op == "pubd":
             m = Message.from_bytes(blob)
             ticket = self.held.ticket()
@@ -660,7 +671,7 @@ class Mirror:
                     self.seqmap[int(mseq)] = s
                     self.held.add(ticket, s, m)
                 else:
-                    started.append(await self._publish_started(bq, m))
+                    started.append(self._publish_started(bq, m))
             return asyncio.gather(*started) if started else None
         elif op in ("delete", "stop"):
             await self.discard()
