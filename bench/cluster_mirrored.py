@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, default=50)
     ap.add_argument("--size", type=int, default=1024)
     args = ap.parse_args(argv)
+    machine = machine_facts()  # before the runs: the load average the benchmark started under
     try:
         ref = measure("reference", args)
         rmq = measure("rabbitmq", args)
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.cluster_mirrored: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     data = {
-        "command": command_line(), "machine": machine_facts(), "args": vars(args), "reference": ref, "rabbitmq": rmq,
+        "command": command_line(), "machine": machine, "args": vars(args), "reference": ref, "rabbitmq": rmq,
         "ratio": {
             "throughput": _ratio(ref["publish_rate"], rmq["publish_rate"]),
             "confirm_p50": _ratio(ref["confirm_p50_ms"], rmq["confirm_p50_ms"]),
