@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 from broker_impl.cluster.transport import Transport
-
 from tests.broker_impl.cluster.conftest import free_port
 
 
