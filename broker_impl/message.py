@@ -23,6 +23,11 @@ class Message:
     ``msg_id`` is unique within one broker node for its lifetime (the store keeps
     it across restarts). ``persistent`` mirrors ``delivery_mode == 2``: only
     persistent messages on durable queues must survive a restart.
+
+    A message is never changed once built (dead-lettering builds a new one), so
+    its byte form is made once: a mirrored publish needs it for the store, the
+    cluster link and the content fingerprint, and a copy decoded from bytes
+    already has it.
     """
 
     exchange: str
@@ -31,6 +36,7 @@ class Message:
     body: bytes
     msg_id: int = 0
     persistent: bool = field(default=False)
+    _bytes: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.properties.delivery_mode == 2:
@@ -42,6 +48,11 @@ class Message:
 
     def to_bytes(self) -> bytes:
         """Serialise for the store: fixed header, exchange, routing key, properties, body."""
+        if self._bytes is None:
+            self._bytes = self._encode()
+        return self._bytes
+
+    def _encode(self) -> bytes:
         ex = self.exchange.encode()
         rk = self.routing_key.encode()
         props = encode_properties(self.properties, len(self.body))
@@ -69,7 +80,7 @@ class Message:
         off += 4
         properties = decode_properties(data[off : off + pl])
         off += pl
-        return cls(exchange, routing_key, properties, data[off:], msg_id, bool(flags & _PERSISTENT))
+        return cls(exchange, routing_key, properties, data[off:], msg_id, bool(flags & _PERSISTENT), data)
 
 
 def encode_properties(properties: commands.Basic.Properties, body_size: int = 0) -> bytes:

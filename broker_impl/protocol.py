@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker_impl.protocol")
 
 MAX_BUFFER = 4 * 1024 * 1024  # never hold more than this of unread input while paused
+WRITE_BATCH = 64 * 1024  # output held for the end of the event loop's turn is written once it reaches this
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -40,6 +41,8 @@ class AMQPProtocol(asyncio.Protocol):
         self._reading_paused = False
         self._decoding = False
         self._dead = False
+        self._out: list[bytes] = []  # written by the end of this turn of the event loop
+        self._out_bytes = 0
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -134,13 +137,29 @@ class AMQPProtocol(asyncio.Protocol):
 
     # -- the Transport interface the connection uses --------------------------------------
     def write(self, data: bytes) -> None:
-        self._write_raw(data)
+        """Frames written in one turn of the event loop (deliveries, confirms) leave in one socket write."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= WRITE_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._out:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            self._write_raw(data)
 
     def _write_raw(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
     def close(self) -> None:
+        self._flush()  # what was written before the close goes out first
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 

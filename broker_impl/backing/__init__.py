@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from broker_impl.backing.memory import DEFAULT_RAM_BUDGET, MemoryBackingQueue
 from broker_impl.backing.persistent import PersistentBackingQueue
-from broker_impl.backing_queue import BackingQueue
 from broker_impl.store import Store, StoreConfig, StoreConfigError, open_store
 
 __all__ = [
@@ -35,7 +34,7 @@ __all__ = [
 
 def make_backing_queue(
     name: str, durable: bool, store: Store | None, *, ram_budget_bytes: int = DEFAULT_RAM_BUDGET
-) -> BackingQueue:
+) -> MemoryBackingQueue:
     """The backing queue for a declared queue (call once per queue and store: a second
     persistent instance would load the same recovered messages again)."""
     if durable and store is not None:

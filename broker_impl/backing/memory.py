@@ -17,9 +17,10 @@ import heapq
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker_impl.backing.spill import SpillFile
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
@@ -75,12 +76,22 @@ class MemoryBackingQueue(BackingQueue):
     # -- contract ---------------------------------------------------------------
 
     async def publish(self, message: Message) -> int:
-        # The entry takes its place in the order before any await, so concurrent
-        # publishes (some waiting for an fsync, some not) stay in seq order. If the
-        # wait fails the message stays queued, unconfirmed (RocketMQ's
-        # FLUSH_DISK_TIMEOUT): the publisher gets a nack and may send a duplicate.
+        return await self.start_publish(message)
+
+    def start_publish(self, message: Message) -> Coroutine[Any, Any, int]:
+        """``publish`` in two steps: the message takes its place in the order (and counts in
+        ``depth``) before this returns; awaiting the result gives its seq once it is safe.
+
+        So concurrent publishes (some waiting for an fsync, some not) stay in seq
+        order, and a mirror replays a run of publishes in one turn of the event
+        loop. If the wait fails the message stays queued, unconfirmed (RocketMQ's
+        FLUSH_DISK_TIMEOUT): the publisher gets a nack and may send a duplicate.
+        """
         entry = self._add(message)
         self._fresh.append(entry)
+        return self._safe_seq(entry)
+
+    async def _safe_seq(self, entry: Entry) -> int:
         await self._wait_safe(entry)
         return entry.seq
 

@@ -54,10 +54,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.backing import make_backing_queue
-from broker_impl.backing_queue import BackingQueue, Fetched
+from broker_impl.backing import MemoryBackingQueue, make_backing_queue
+from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
 from broker_impl.cluster.gm_link import node_of
-from broker_impl.message import Message, encode_properties
+from broker_impl.message import Message
 from broker_impl.store.record import pack_batch, unpack_batch
 
 if TYPE_CHECKING:
@@ -73,12 +73,8 @@ FP_MASK = (1 << 64) - 1
 
 
 def digest(m: Message) -> str:
-    """Which message a fetch took, comparable across nodes (store ids differ per node)."""
-    h = hashlib.blake2b(digest_size=8)
-    for part in (m.exchange.encode(), m.routing_key.encode(), encode_properties(m.properties, len(m.body)), m.body):
-        h.update(len(part).to_bytes(4, "big"))
-        h.update(part)
-    return h.hexdigest()
+    """Which message a fetch took, comparable across nodes: its byte form without the node-local id."""
+    return hashlib.blake2b(memoryview(m.to_bytes())[8:], digest_size=8).hexdigest()
 
 
 def fingerprint_bytes(blob: bytes) -> int:
@@ -491,13 +487,14 @@ class Mirror:
         self.master = master  # the node acks go to; switches when a ``promoted`` is applied
         self.master_member = master_member  # whose broadcasts are followed; switches when one arrives
         self.durable = durable
-        self.bq: BackingQueue | None = None
+        self.bq: MemoryBackingQueue | None = None
         self.seqmap: dict[int, int] = {}  # master seq -> our seq
         self.held = Held()  # what our backing queue holds: the new master's snapshots if we are promoted
         self.synced = False
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str]] = deque()
+        self._ack_soon = False
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
         self._mismatches = 0
         self._predecessor = predecessor
@@ -545,7 +542,7 @@ class Mirror:
     def feed(self, h: dict[str, Any], blob: bytes) -> None:
         self._inbox.put_nowait((h, blob))
 
-    async def _fresh(self) -> BackingQueue:
+    async def _fresh(self) -> MemoryBackingQueue:
         """A mirror always starts empty: whatever a previous life left in the store is dropped."""
         from broker_impl.broker import store_queue_key
 
@@ -587,8 +584,14 @@ class Mirror:
                              self.bq.depth(), h.get("depth"))
             self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master))
             if pending is not None:
-                pending.add_done_callback(lambda _f: self._flush_acks())
-            self._flush_acks()
+                pending.add_done_callback(lambda _f: self._ack_later())
+            self._ack_later()
+
+    def _ack_later(self) -> None:
+        """Acknowledge at the end of this turn of the event loop: one ack for everything that got safe in it."""
+        if not self._ack_soon:
+            self._ack_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
 
     def in_sync_with(self, h: dict[str, Any]) -> bool:
         """The same number of messages as the master after operation ``h``, and the same messages."""
@@ -601,6 +604,7 @@ class Mirror:
         Publishes are started in order and left to finish concurrently, so one
         store flush covers many of them (group commit) as on the master.
         """
+        self._ack_soon = False
         last: tuple[int, bool, str] | None = None
         while self._acks and (self._acks[0][1] is None or self._acks[0][1].done()):
             n, fut, synced, master = self._acks.popleft()
@@ -618,17 +622,20 @@ class Mirror:
             self.node.transport.send(master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
                                               "n": n, "synced": synced})
 
-    async def _publish_started(self, bq: BackingQueue, m: Message, fp: int | None = None) -> asyncio.Future[Any]:
-        """Start a publish and return once it holds its place in the queue (its first step has run)."""
+    def _publish_started(self, bq: MemoryBackingQueue, m: Message, fp: int | None = None) -> asyncio.Future[Any]:
+        """Start a publish: it holds its place in the queue on return; the future settles once it is safe."""
         held, ticket = self.held, self.held.wait(m, fp)
-        fut = asyncio.ensure_future(bq.publish(m))
+        try:
+            fut: asyncio.Future[Any] = asyncio.ensure_future(bq.start_publish(m))
+        except StoreError as e:  # refused at once: out of sync, as a publish that fails later is
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(e)
 
         def placed(f: asyncio.Future[Any]) -> None:
             if not f.cancelled() and f.exception() is None:
                 held.placed(ticket, f.result())
 
         fut.add_done_callback(placed)
-        await asyncio.sleep(0)  # the task's first step (where the entry is added) runs before we resume
         return fut
 
     async def _batch_started(self, bq: BackingQueue, blob: bytes) -> asyncio.Future[Any]:
@@ -665,7 +672,7 @@ class Mirror:
         if bq is None:
             return None
         if op == "pub":
-            return await self._publish_started(bq, Message.from_bytes(blob), fingerprint_bytes(blob))
+            return self._publish_started(bq, Message.from_bytes(blob), fingerprint_bytes(blob))
         if op == "pubtx":
             return await self._batch_started(bq, blob)
         elif op == "pubd":
@@ -718,7 +725,7 @@ class Mirror:
                     self.seqmap[int(mseq)] = s
                     self.held.add(ticket, s, m)
                 else:
-                    started.append(await self._publish_started(bq, m))
+                    started.append(self._publish_started(bq, m))
             return asyncio.gather(*started) if started else None
         elif op in ("delete", "stop"):
             await self.discard()

@@ -47,6 +47,7 @@ class _Peer:
     downs: int = 0
     last_change: float = 0.0
     early: list[Frame] = field(default_factory=list)  # arrived before our own link to the peer was up
+    out: list[bytes] = field(default_factory=list)  # frames sent in this turn of the event loop, not written yet
 
 
 def resolve_listen(host: str) -> str:
@@ -107,12 +108,29 @@ class Transport:
 
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
-        """Queue a frame on the link to ``peer``; False when the peer is down (nothing sent)."""
+        """Queue a frame on the link to ``peer``; False when the peer is down (nothing sent).
+
+        The frames sent to a peer in one turn of the event loop are written
+        together at its end: one socket write (and one wake-up of the peer)
+        for the many frames a burst of publishes makes, in the same order.
+        """
         p = self.peers.get(peer)
         if p is None or not p.up or p.writer is None or p.writer.is_closing():
             return False
-        p.writer.write(encode(Frame(DATA, header, blob)))
+        if not p.out:
+            asyncio.get_running_loop().call_soon(self._write_out, p, p.writer, p.out)
+        p.out.append(encode(Frame(DATA, header, blob)))
         return True
+
+    @staticmethod
+    def _write_out(p: _Peer, writer: asyncio.StreamWriter, frames: list[bytes]) -> None:
+        if p.out is frames:
+            p.out = []
+        if frames:
+            data = b"".join(frames)
+            frames.clear()  # written once, whether the close or the end of the turn comes first
+            if not writer.is_closing():
+                writer.write(data)
 
     def is_up(self, peer: str) -> bool:
         p = self.peers.get(peer)
@@ -251,6 +269,7 @@ class Transport:
     def _close_links(self, p: _Peer) -> None:
         p.early.clear()
         if p.writer is not None:
+            self._write_out(p, p.writer, p.out)  # what was sent before the close goes out first, as before
             p.writer.close()
             p.writer = None
         for w in list(p.readers):

@@ -26,6 +26,7 @@ import shutil
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -101,6 +102,9 @@ class Store:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-fsync")
         self._flush_lock = asyncio.Lock()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # sync flush: when each waiter gives up (flush_timeout_ms), oldest first; one timer for all of them
+        self._deadlines: deque[tuple[float, int, asyncio.Future[None]]] = deque()
+        self._timeout_timer: asyncio.TimerHandle | None = None
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._delivered_dirty: set[str] = set()
@@ -424,13 +428,27 @@ class Store:
 
     async def _wait_flushed(self, end: int) -> None:
         self._check_open()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         self._waiters.append((end, fut))
+        self._deadlines.append((loop.time() + self.config.flush_timeout_ms / 1000, end, fut))
+        if self._timeout_timer is None:
+            self._timeout_timer = loop.call_at(self._deadlines[0][0], self._expire_waiters)
         self._wakeup.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), self.config.flush_timeout_ms / 1000)
-        except TimeoutError:
-            raise StoreError(f"flush timeout: offset {end} not on disk after {self.config.flush_timeout_ms} ms") from None
+        await fut
+
+    def _expire_waiters(self) -> None:
+        """Fail the waits older than flush_timeout_ms (RocketMQ's FLUSH_DISK_TIMEOUT): one timer, not one each."""
+        self._timeout_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._deadlines and (self._deadlines[0][2].done() or self._deadlines[0][0] <= now):
+            _, end, fut = self._deadlines.popleft()
+            if not fut.done():
+                fut.set_exception(StoreError(f"flush timeout: offset {end} not on disk after "
+                                             f"{self.config.flush_timeout_ms} ms"))
+        if self._deadlines:
+            self._timeout_timer = loop.call_at(self._deadlines[0][0], self._expire_waiters)
 
     def read(self, offset: int, size: int) -> Record | None:
         """The record at ``offset``, or None (logged) if it fails its checks: never serve garbage."""
@@ -509,6 +527,8 @@ class Store:
                 else:
                     keep.append((end, fut))
             self._waiters = keep
+            while self._deadlines and self._deadlines[0][2].done():
+                self._deadlines.popleft()
             if keep:
                 self._wakeup.set()
 
@@ -630,6 +650,8 @@ class Store:
         await self.flush()
         await self.write_checkpoint()
         self._closed = True
+        if self._timeout_timer is not None:
+            self._timeout_timer.cancel()
         for _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(StoreError("the store closed"))
