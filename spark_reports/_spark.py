@@ -16,6 +16,7 @@ substring), computed only for attempted ids that were delivered with a digest.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -42,8 +43,10 @@ from ._common import (
     history_path,
     make_context,
     progress,
+    quiet,
     rank_for,
 )
+from ._warmup import warm_up
 
 DEFAULT_DRIVER_MEMORY = "1g"
 ID_RE_JAVA = r"(?s)^(.*):([0-9]{1,18})\z"
@@ -51,24 +54,29 @@ ID_RE_JAVA = r"(?s)^(.*):([0-9]{1,18})\z"
 _session: Any = None
 _session_key: tuple[str, str] | None = None
 _session_lock = threading.Lock()
+_warming: threading.Thread | None = None
 
 
 def start_session_in_background(master: str | None = None, driver_memory: str | None = None) -> threading.Thread:
-    """Start the JVM while something else (a run's workload) goes on; the check then finds it ready.
+    """Start the JVM while something else (a run's workload) goes on, and check a tiny history with
+    every kind of finding on it (``_warmup``), so the real check finds the classes loaded, the JIT warm
+    and the job's code generated. A check started meanwhile waits for it.
 
     A failure here is not reported: the check starts the session again and says why.
     """
+    global _warming
 
     def start() -> None:
         try:
-            spark = spark_session(master, driver_memory)
-            # A first small job loads the classes and code generation a check needs, off the clock.
-            spark.range(1000).selectExpr("id % 7 as k").groupBy("k").count().collect()
+            spark_session(master, driver_memory)
+            with quiet():
+                warm_up(lambda d, s: _check(d, s, master, driver_memory))
         except Exception:  # noqa: BLE001 - the check reports it, with the real context
             pass
 
     thread = threading.Thread(target=start, name="spark-session", daemon=True)
     thread.start()
+    _warming = thread
     return thread
 
 
@@ -168,6 +176,13 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     With spark_master pointing at a real cluster, the run directory must be on a
     filesystem every executor can read at the same path.
     """
+    warming = _warming
+    if warming is not None and warming is not threading.current_thread():
+        warming.join()
+    return _check(run_dir, scenario, spark_master, driver_memory)
+
+
+def _check(run_dir: Path, scenario: dict, spark_master: str | None, driver_memory: str | None) -> Results:
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
@@ -176,6 +191,8 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
     footer = _footer(pq.ParquetFile(path).metadata)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(footer.rows, spark.sparkContext.defaultParallelism)))
+    # Compiling a whole stage into one method costs more than it saves on a small history.
+    spark.conf.set("spark.sql.codegen.wholeStage", str(footer.rows >= WHOLE_STAGE_ROWS).lower())
     raw = spark.read.parquet(str(path))
     present = set(raw.columns)
     types = _column_types()
@@ -189,6 +206,7 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
         job.release()
 
 
+WHOLE_STAGE_ROWS = 1_000_000
 ROWS_PER_PARTITION = 500_000
 DISK_ONLY_ROWS = 2_000_000
 
@@ -269,6 +287,9 @@ class _Job:
                 .filter(F.col("k").isNotNull()))
 
     def reconcile(self, ctx: Context) -> Facts:
+        """Two jobs for a history of any size: the aggregates, then every capped list with the first
+        refinement of the latency percentiles; further refinements only while a wanted rank is not
+        yet on one exact value."""
         from pyspark.sql import functions as F
 
         ev = self.events(ctx)
@@ -278,29 +299,36 @@ class _Job:
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
 
-        lists = self.lists(ctx, ev, j)
-        corrupted = self.corrupted(ev, j) if counts["corrupted"] else []
-        unflagged = self.unflagged(ev) if counts["unflagged_redeliveries"] else []
-        violations = self.order_violations(ev) if counts["order_violations"] else []
-        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
-                 corrupted=len(corrupted))
-
         ok_att = attempts_l1.filter(F.col("o") == "ok").select(
             F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("v"))
         e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
             F.greatest(F.expr("(first_d.time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
-        confirm_us, e2e_us = _order_stats({"confirm": (ok_att, metrics.hist["confirm"]),
-                                           "e2e": (e2e, metrics.hist["e2e"])}).values()
+        ranks = _Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
+        parts = self.detail_parts(ev, j, counts)
+        refine = ranks.query()
+        got = _collect_parts(parts + ([refine] if refine is not None else []))
+        lists = _unpack_lists(got)
+        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
+                 corrupted=len(got.get("corrupted", [])))
+        ranks.feed(got.get("rank", []))
+        while (refine := ranks.query()) is not None:
+            ranks.feed(_collect_parts([refine]).get("rank", []))
+        confirm_us, e2e_us = ranks.result().values()
         progress("spark", "latency", confirmed_attempts=confirm_us[0], delivered=e2e_us[0])
+
+        def by_index(part: str, key: Any) -> list[dict]:
+            return sorted(got.get(part, []), key=key)
 
         return Facts(
             counts=counts, lost=lists["lost"], lost_by_cause=metrics.lost_by_cause,
             ack_unknown=lists["ack_unknown"], unexpected=lists["unexpected"], duplicated=lists["duplicated"],
-            recovered=lists["recovered"], resurrected=lists["resurrected"], corrupted=corrupted,
-            split_brain=lists["split_brain"], unflagged=unflagged, undigested=undigested,
-            order_violations=violations, attribution_rows=metrics.attribution_rows,
-            exposure_rows=metrics.exposure_rows, confirm_us=confirm_us, e2e_us=e2e_us,
-            availability=metrics.availability, timeline=metrics.timeline, latency_timeline=metrics.latency_timeline,
+            recovered=lists["recovered"], resurrected=lists["resurrected"],
+            corrupted=by_index("corrupted", lambda d: d["delivery"]["index"]),
+            split_brain=lists["split_brain"], unflagged=by_index("unflagged", lambda d: d["index"]),
+            undigested=undigested, order_violations=by_index("order", lambda d: d["index"]),
+            attribution_rows=metrics.attribution_rows, exposure_rows=metrics.exposure_rows,
+            confirm_us=confirm_us, e2e_us=e2e_us, availability=metrics.availability, timeline=metrics.timeline,
+            latency_timeline=metrics.latency_timeline,
         )
 
     def per_id(self, ctx: Context, ev: Any) -> tuple[Any, Any]:
@@ -537,9 +565,11 @@ class _Job:
                  attribution=len(m.attribution_rows), order_violations=m.order)
         return m
 
-    def lists(self, ctx: Context, ev: Any, j: Any) -> dict[str, list[dict]]:
-        """The capped detail lists, each the first LIST_CAP by its order, in one job; then the
-        listed ids' first deliveries in one more (a broadcast join of at most a few thousand ids)."""
+    def detail_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
+        """The capped detail lists (each the first LIST_CAP by its order), the listed ids' first
+        deliveries (a broadcast join of at most a few thousand ids), and the corrupted, unflagged and
+        out-of-order lists when the counts say there is anything to list: parts of one job."""
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         common = ["id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"), F.col("c_t").alias("confirm_ns"),
@@ -552,66 +582,76 @@ class _Job:
                  "recovered": ("is_recovered", F.col("first_consumed")),
                  "resurrected": ("is_resurrected", F.col("res_first.index")),
                  "split_brain": ("is_split", F.col("first_ack.index"))}
-        df = None
+        parts, listed = [], None
         for name, (flag, order) in specs.items():
-            part = (j.filter(F.col(flag)).select(F.lit(name).alias("list"), order.alias("o"), *common)
-                    .orderBy("o").limit(LIST_CAP))
-            df = part if df is None else df.unionByName(part)
-        assert df is not None
-        out: dict[str, list[dict]] = {name: [] for name in specs}
-        for r in df.collect():
-            d = r.asDict(recursive=True)
-            out[d.pop("list")].append(d)
-        for name, rows in out.items():
-            rows.sort(key=lambda d: d.pop("o"))
-            if name != "lost":  # a cause is a lost message's alone
-                for d in rows:
-                    d["cause"] = d["abandon_cause"] = None
-        with_deliveries = [d for name in ("lost", "ack_unknown", "unexpected", "duplicated", "recovered")
-                           for d in out[name]]
-        ids = sorted({d["id"] for d in with_deliveries})
-        deliveries: dict[str, list[dict]] = {}
-        if ids:
-            wanted = self.spark.createDataFrame([(i,) for i in ids], "id string")
-            for r in (ev.filter(F.col("k") == "d").join(F.broadcast(wanted), "id").groupBy("id")
-                      .agg(F.slice(F.sort_array(F.collect_list(F.struct(*_DELIVERY))), 1, DELIVERY_CAP).alias("ds"))
-                      .collect()):
-                deliveries[r["id"]] = [x.asDict() for x in r["ds"]]
-        for d in with_deliveries:
-            d["deliveries"] = deliveries.get(d["id"], [])
-        return out
-
-    def corrupted(self, ev: Any, j: Any) -> list[dict]:
-        """The first corrupted delivery of each corrupted id: only those ids' deliveries are joined."""
-        from pyspark.sql import functions as F
-
-        bad = j.filter("is_corrupted").select("id", "exp")
-        rows = (ev.filter((F.col("k") == "d") & F.col("digest").isNotNull()).join(bad, "id")
-                .filter(F.col("digest") != F.col("exp"))
+            top = j.filter(F.col(flag)).select(order.alias("o"), *common).orderBy("o").limit(LIST_CAP)
+            parts.append(_tagged(top, name))
+            if name in _WITH_DELIVERIES:
+                listed = top.select("id") if listed is None else listed.unionByName(top.select("id"))
+        k = F.col("k")
+        deliveries = ev.filter(k == "d")
+        assert listed is not None
+        parts.append(_tagged(deliveries.join(F.broadcast(listed.distinct()), "id").groupBy("id").agg(
+            F.slice(F.sort_array(F.collect_list(F.struct(*_DELIVERY))), 1, DELIVERY_CAP).alias("ds")), "deliveries"))
+        if counts["corrupted"]:
+            bad = j.filter("is_corrupted").select("id", "exp")
+            parts.append(_tagged(
+                deliveries.filter(F.col("digest").isNotNull()).join(bad, "id").filter(F.col("digest") != F.col("exp"))
                 .groupBy("id").agg(F.count(F.lit(1)).alias("deliveries"),
                                    F.min(F.struct(*_DELIVERY, "digest", "detail")).alias("delivery"))
-                .orderBy("delivery.index").limit(LIST_CAP).collect())
-        return [r.asDict(recursive=True) for r in rows]
-
-    def unflagged(self, ev: Any) -> list[dict]:
-        """Deliveries after an abandon without the redelivered flag, with the latest abandon before each."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        k = F.col("k")
-        before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
-        ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
-        rows = (ev.filter(k.isin("d", "ab"))
-                .withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
+                .orderBy("delivery.index").limit(LIST_CAP), "corrupted"))
+        if counts["unflagged_redeliveries"]:
+            before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
+            ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
+            parts.append(_tagged(
+                ev.filter(k.isin("d", "ab")).withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
                 .filter((k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True))
                 .orderBy("index").limit(LIST_CAP)
                 .select("id", *_DELIVERY, F.col("ab_before.index").alias("abandon_index"),
-                        F.col("ab_before.cause").alias("abandon_cause")).collect())
-        return [r.asDict() for r in rows]
+                        F.col("ab_before.cause").alias("abandon_cause")), "unflagged"))
+        if counts["order_violations"]:
+            parts.append(_tagged(_order_violation_rows(ev).orderBy("index").limit(LIST_CAP), "order"))
+        return parts
 
-    def order_violations(self, ev: Any) -> list[dict]:
-        rows = _order_violation_rows(ev).orderBy("index").limit(LIST_CAP).collect()
-        return [r.asDict() for r in rows]
+
+_WITH_DELIVERIES = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered")
+_LISTS = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered", "resurrected", "split_brain")
+
+
+def _tagged(df: Any, part: str) -> Any:
+    """One part of a combined job: its rows as JSON text under a tag, so parts of any shape share a union."""
+    from pyspark.sql import functions as F
+
+    row = F.to_json(F.struct(*[F.col(c) for c in df.columns]), {"ignoreNullFields": "false"})
+    return df.select(F.lit(part).alias("part"), row.alias("js"))
+
+
+def _collect_parts(parts: list[Any]) -> dict[str, list[dict]]:
+    """Run the tagged parts as one job; their rows by tag."""
+    df = parts[0]
+    for p in parts[1:]:
+        df = df.unionByName(p)
+    out: dict[str, list[dict]] = {}
+    for r in df.collect():
+        out.setdefault(r["part"], []).append(json.loads(r["js"]))
+    return out
+
+
+def _unpack_lists(got: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The capped lists in their order, each listed message with its first deliveries."""
+    deliveries = {d["id"]: d["ds"] for d in got.get("deliveries", [])}
+    out: dict[str, list[dict]] = {}
+    for name in _LISTS:
+        rows = sorted(got.get(name, []), key=lambda d: d["o"])
+        for d in rows:
+            del d["o"]
+            if name != "lost":  # a cause is a lost message's alone
+                d["cause"] = d["abandon_cause"] = None
+            if name in _WITH_DELIVERIES:
+                d["deliveries"] = deliveries.get(d["id"], [])
+        out[name] = rows
+    return out
+
 
 
 HIST_BITS = 8
@@ -753,42 +793,50 @@ def _windows_column(ctx: Context) -> Any:
         for w in ctx.windows])
 
 
-def _order_stats(series: dict[str, tuple[Any, list[tuple[int, int, int]]]]
-                 ) -> dict[str, tuple[int, dict[str, int | None]]]:
+class _Ranks:
     """Exact nearest-rank order statistics of long columns "v" (values >= 0), several series at once.
 
     A full sort of a hundred million latencies is what this avoids: the first
     histogram (2^HIST_BITS buckets per power of two, at most ~16k buckets) comes with
-    the other aggregates; each later pass splits only the buckets that hold a wanted
-    rank, 2^16 ways, for every series in one job, until each wanted rank sits on one
-    exact value. Only bucket counts reach the driver.
+    the other aggregates; each refinement (``query``, then ``feed`` its rows) splits only
+    the buckets that hold a wanted rank, 2^16 ways, for every series in one job, until
+    each wanted rank sits on one exact value. Only bucket counts reach the driver.
     """
-    from pyspark.sql import functions as F
 
-    out: dict[str, tuple[int, dict[str, int | None]]] = {}
-    pending: dict[tuple[str, str], tuple[int, int, int]] = {}
-    for name, (_df, first) in series.items():
-        buckets = sorted(first)
-        total = sum(b[2] for b in buckets)
-        out[name] = (total, {})
-        if total == 0:
-            continue
-        wanted = {f"p{p}": rank_for(p, total) for p in PERCENTILES}
-        wanted["max"] = total
-        for stat, rank in wanted.items():
-            pending[(name, stat)] = _locate(buckets, rank)
-    while True:
-        for key, (lo, hi, _rank) in list(pending.items()):
+    def __init__(self, series: dict[str, tuple[Any, list[tuple[int, int, int]]]]) -> None:
+        self.series = series
+        self.out: dict[str, tuple[int, dict[str, int | None]]] = {}
+        self.pending: dict[tuple[str, str], tuple[int, int, int]] = {}
+        for name, (_df, first) in series.items():
+            buckets = sorted(first)
+            total = sum(b[2] for b in buckets)
+            self.out[name] = (total, {})
+            if total == 0:
+                continue
+            wanted = {f"p{p}": rank_for(p, total) for p in PERCENTILES}
+            wanted["max"] = total
+            for stat, rank in wanted.items():
+                self.pending[(name, stat)] = _locate(buckets, rank)
+        self.ranges: dict[str, list[tuple[int, int]]] = {}
+        self._settle()
+
+    def _settle(self) -> None:
+        for key, (lo, hi, _rank) in list(self.pending.items()):
             if hi - lo == 1:
-                out[key[0]][1][key[1]] = lo
-                del pending[key]
-        if not pending:
-            return out
-        ranges = {name: sorted({(lo, hi) for (s, _), (lo, hi, _r) in pending.items() if s == name})
-                  for name in series}
+                self.out[key[0]][1][key[1]] = lo
+                del self.pending[key]
+
+    def query(self) -> Any:
+        """The next refinement as a tagged part ("rank"), or None when every rank is exact."""
+        from pyspark.sql import functions as F
+
+        if not self.pending:
+            return None
+        self.ranges = {name: sorted({(lo, hi) for (s, _), (lo, hi, _r) in self.pending.items() if s == name})
+                       for name in self.series}
         v = F.col("v")
         parts = []
-        for name, rs in ranges.items():
+        for name, rs in self.ranges.items():
             if not rs:
                 continue
             tag, base, sh = F.lit(None).cast("int"), F.lit(None).cast("long"), F.lit(None).cast("int")
@@ -797,20 +845,27 @@ def _order_stats(series: dict[str, tuple[Any, list[tuple[int, int, int]]]]
                 tag = F.when(inside, F.lit(i)).otherwise(tag)
                 base = F.when(inside, F.lit(lo).cast("long")).otherwise(base)
                 sh = F.when(inside, F.lit(max((hi - lo - 1).bit_length() - 16, 0))).otherwise(sh)
-            parts.append(series[name][0].select(F.lit(name).alias("series"), tag.alias("t"), base.alias("b"),
-                                                sh.alias("sh"), "v").filter(F.col("t").isNotNull()))
+            parts.append(self.series[name][0].select(F.lit(name).alias("series"), tag.alias("t"), base.alias("b"),
+                                                     sh.alias("sh"), "v").filter(F.col("t").isNotNull()))
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
-        rows = df.groupBy("series", "t", "b", "sh", F.expr("shiftright(v - b, sh)").alias("k")).count().collect()
+        return _tagged(df.groupBy("series", "t", "b", "sh", F.expr("shiftright(v - b, sh)").alias("k")).count(), "rank")
+
+    def feed(self, rows: list[dict]) -> None:
         split: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
         for r in rows:
             lo, s = int(r["b"]), int(r["sh"])
             split.setdefault((r["series"], int(r["t"])), []).append(
                 (lo + (r["k"] << s), lo + ((r["k"] + 1) << s), int(r["count"])))
-        for (name, stat), (lo, hi, rank) in list(pending.items()):
-            i = ranges[name].index((lo, hi))
-            pending[(name, stat)] = _locate(sorted(split[(name, i)]), rank)
+        for (name, stat), (lo, hi, rank) in list(self.pending.items()):
+            i = self.ranges[name].index((lo, hi))
+            self.pending[(name, stat)] = _locate(sorted(split[(name, i)]), rank)
+        self._settle()
+
+    def result(self) -> dict[str, tuple[int, dict[str, int | None]]]:
+        assert not self.pending
+        return self.out
 
 
 def _locate(buckets: list[tuple[int, int, int]], rank: int) -> tuple[int, int, int]:
