@@ -306,7 +306,7 @@ def _scope_values(ctx: Context) -> dict[str, Any]:
             "x_drain_end": ctx.drain_end_ns, "x_bucket": ctx.bucket_s}
 
 
-WHOLE_STAGE_ROWS = 1_000_000
+WHOLE_STAGE_ROWS = 200_000
 ROWS_PER_PARTITION = 500_000
 DISK_ONLY_ROWS = 2_000_000
 
