@@ -78,6 +78,7 @@ class Run:
                              if client_port_base else None)
         self.dir: RunDir | None = None
         self.timings: dict[str, float] = {}
+        self.drained_at: float | None = None  # monotonic time the workload's final drain returned
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class Run:
                         f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned")
         stats = asyncio.run(run_workload(driver, w, self.nodes, self.scenario.seed, recorder,
                                          on_tick=tick, nemesis=nemesis))
+        self.drained_at = time.monotonic()
         say("drain", "drained " + ", ".join(f"{q}: {n}" for q, n in stats.drained.items()))
         return stats.as_dict()
 
@@ -177,7 +179,7 @@ class Run:
     def check(self) -> dict[str, Any]:
         assert self.dir is not None
         return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers,
-                         phase=lambda name, fn: self._phase(name, fn))
+                         phase=lambda name, fn: self._phase(name, fn), drained_at=self.drained_at)
 
     def report(self, results: dict[str, Any]) -> Path | None:
         assert self.dir is not None
@@ -195,8 +197,12 @@ def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[st
 
 
 def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
-              phase: Any = None) -> dict[str, Any]:
-    """Run the checkers on a stored run and combine their verdicts (pure: no Docker)."""
+              phase: Any = None, drained_at: float | None = None) -> dict[str, Any]:
+    """Run the checkers on a stored run and combine their verdicts (pure: no Docker).
+
+    drained_at: when the run's final drain returned (monotonic); each checker's line then also
+    says how long after the drain it finished, teardown included.
+    """
     phase = phase or (lambda name, fn: fn())
     if run_dir.history_jsonl.exists() and not run_dir.history_parquet.exists():
         # The recorder writes the Parquet history during the run; only a run it could not
@@ -213,7 +219,9 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
             res = phase("check", lambda fn=fn: fn(run_dir.path, scenario))
         except Exception as exc:  # noqa: BLE001 - a checker that throws yields unknown, not a crash
             res = {"valid": "unknown", "verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
-        say("check", f"checker {name}: {res.get('verdict')} in {time.monotonic() - started:.1f}s")
+        done = time.monotonic()
+        after = f" ({done - drained_at:.1f}s after the drain)" if drained_at is not None else ""
+        say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
         per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
         if combined is None and "error" not in res:
             combined = dict(res)

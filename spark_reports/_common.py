@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,10 +74,23 @@ class ScenarioError(ValueError):
 
 
 _T0 = time.monotonic()
+_muted = threading.local()
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """No progress lines from this thread (a warm-up check in the background of a run)."""
+    _muted.on = True
+    try:
+        yield
+    finally:
+        _muted.on = False
 
 
 def progress(engine: str, stage: str, **numbers: Any) -> None:
     """One short line per stage on stderr, so a long job visibly moves."""
+    if getattr(_muted, "on", False):
+        return
     numbers["t"] = f"{time.monotonic() - _T0:.1f}s"
     extra = " ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in numbers.items())
     print(f"spark_reports[{engine}]: {stage} {extra}".rstrip(), file=sys.stderr, flush=True)
@@ -508,10 +524,27 @@ COUNT_KEYS = ("attempted", "confirmed", "failed", "unknown", "publish_attempts",
               "unflagged_redeliveries", "order_violations")
 
 
+def _counts(ctx: Context, c: dict[str, int]) -> Counts:
+    return Counts(**{k: int(c[k]) for k in COUNT_KEYS}, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+
+
+def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
+    return [ExposureRow(fault_kind=k, confirmed=n, lost=lost) for k, n, lost in sorted(rows)]
+
+
+def summarize(engine: str, ctx: Context, counts: dict[str, int], exposure_rows: list[tuple[str, int, int]]
+              ) -> dict[str, Any]:
+    """What grading reads of a run's results (verdict, validity, reason, counts, drain, exposure per
+    fault kind), computed as ``assemble`` computes them: for a job that checks many runs at once."""
+    c = _counts(ctx, counts)
+    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets)
+    return {"engine": engine, "valid": valid, "verdict": verdict, "reason": reason, "counts": c, "drain": ctx.drain,
+            "attribution": {"exposure": _exposure(exposure_rows)}}
+
+
 def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     """Build the results dict identically for both engines."""
-    c = facts.counts
-    counts = Counts(**{k: int(c[k]) for k in COUNT_KEYS}, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+    counts = _counts(ctx, facts.counts)
     budgets = ctx.params.budgets
     valid, verdict, reason = _verdict(counts, ctx.drain, budgets)
     notes = list(ctx.notes)
@@ -555,8 +588,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
             "drain_end_ns": drain_end,
             "rows": [AttributionRow(fault_kind=k, node=n, count=cnt)
                      for k, n, cnt in sorted(facts.attribution_rows, key=lambda r: (r[0], r[1] or ""))],
-            "exposure": [ExposureRow(fault_kind=k, confirmed=n, lost=lost)
-                         for k, n, lost in sorted(facts.exposure_rows)],
+            "exposure": _exposure(facts.exposure_rows),
             "messages": messages,
         },
         latency={"confirm_ms": percentiles_ms(*facts.confirm_us), "e2e_ms": percentiles_ms(*facts.e2e_us)},

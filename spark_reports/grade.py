@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -309,30 +309,35 @@ def describe_grade(grade: Grade) -> list[str]:
 
 def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine: str = "spark",
                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Grade:
-    """Check every run (one Spark session for all of them) and grade them together.
+    """Check every run and grade them together.
 
-    engine: "spark", "python", or "stored" to reuse each run's results.json.
+    engine: "spark" (one Spark job over all the runs' histories), "python" (each run in
+    turn), or "stored" to reuse each run's results.json.
     """
-    check: Callable[[Path, dict], Any]
+    scenarios = []
+    for d in run_dirs:
+        scenario_file = Path(d) / "scenario.json"
+        scenarios.append(json.loads(scenario_file.read_text()) if scenario_file.is_file() else {})
+    results: Sequence[Mapping[str, Any]]
     if engine == "spark":
-        from ._spark import check_spark
+        from ._spark import aggregate_runs
 
-        def check(d: Path, s: dict) -> Any:
-            return check_spark(d, s, spark_master=spark_master)
+        results = aggregate_runs([Path(d) for d in run_dirs], scenarios, spark_master=spark_master)
     elif engine == "python":
-        from ._python import check_python as check
+        from ._python import check_python
+
+        results = [check_python(Path(d), s) for d, s in zip(run_dirs, scenarios, strict=True)]
     elif engine == "stored":
-        def check(d: Path, s: dict) -> Any:
+        stored: list[Mapping[str, Any]] = []
+        for d in run_dirs:
             f = Path(d) / "results.json"
             if not f.is_file():
                 raise HistoryError(f"no results.json in {d}: check the run first or grade with engine='spark'")
-            return json.loads(f.read_text())
+            stored.append(json.loads(f.read_text()))
+        results = stored
     else:
         raise ValueError(f"unknown engine {engine!r}: use 'spark', 'python' or 'stored'")
-    results = []
-    for d in run_dirs:
-        scenario_file = Path(d) / "scenario.json"
-        scenario = json.loads(scenario_file.read_text()) if scenario_file.is_file() else {}
-        run_seed = scenario.get("seed") if isinstance(scenario, dict) else None
-        results.append((str(d), check(Path(d), scenario), run_seed if isinstance(run_seed, int) else None))
-    return grade_results(results, resamples=resamples, seed=seed)
+    seeds = [s.get("seed") if isinstance(s, dict) else None for s in scenarios]
+    return grade_results([(str(d), res, x if isinstance(x, int) else None)
+                          for d, res, x in zip(run_dirs, results, seeds, strict=True)],
+                         resamples=resamples, seed=seed)

@@ -162,3 +162,19 @@ def test_python_checker_on_a_stored_run(tmp_path: Path, host: Host) -> None:
 def test_exit_code(results: dict[str, Any], code: int) -> None:
     assert exit_code(results) == code
     assert (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN) == (0, 1, 3)
+
+
+def test_each_checker_line_says_how_long_after_the_drain_it_finished(run_dir: RunDir,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    import time
+
+    drained_at = time.monotonic() - 5.0  # the drain returned five seconds before the check began
+    check_run(host_with({"a": verdict(True)}), run_dir, {}, ["a"], drained_at=drained_at)
+    out = capsys.readouterr()
+    [line] = [x for x in (out.out + out.err).splitlines() if "checker a: True" in x]
+    m = re.search(r"in ([0-9.]+)s \(([0-9.]+)s after the drain\)", line)
+    assert m is not None, line
+    assert float(m.group(2)) >= 5.0 and float(m.group(2)) >= float(m.group(1))
+    check_run(host_with({"a": verdict(True)}), run_dir, {}, ["a"])  # analyze: no drain in this process
+    assert "after the drain" not in "".join(capsys.readouterr())

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_crosscheck import plans
 
 from spark_reports import (
     HistoryError,
@@ -221,3 +225,61 @@ def test_grade_from_stored_results(tmp_path: Path) -> None:
         grade_runs([d], engine="stored")
     (d / "results.json").write_text(json.dumps(check_python(d, {})))
     assert grade_runs([d], engine="stored")["lost"] == 1
+
+
+def _mixed_runs(root: Path, drawn: list[dict]) -> list[Path]:
+    """Runs that differ in everything the job reads per run: schema, bodies, seeds, faults, drain spans."""
+    from test_crosscheck import build, scenario
+    from test_schema1 import _run_dir
+
+    from spark_reports._warmup import SCENARIO as WARM_SCENARIO
+    from spark_reports._warmup import warm_up_history
+
+    dirs = [_run(root, "a", lose=False, kind="kill", seed=5), _run(root, "b", lose=True, kind="pause", seed=6)]
+    warm = warm_up_history(root / "warm")
+    (warm / "scenario.json").write_text(json.dumps({"scenario": WARM_SCENARIO, "seed": 1}))
+    old = root / "old"
+    old.mkdir()
+    dirs += [warm, _run_dir(old, "old-parquet")]
+    for i, plan in enumerate(drawn):
+        d = build(plan).write(root / f"plan{i}", jsonl=False)
+        (d / "scenario.json").write_text(json.dumps({"scenario": scenario(plan), "seed": 11}))
+        dirs.append(d)
+    empty = HistoryBuilder()
+    empty.drain()  # no client record at all: every count zero
+    dirs.append(empty.write(root / "empty", jsonl=False))
+    return dirs
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@settings(max_examples=2, deadline=None,
+          suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
+@given(drawn=st.lists(plans(), min_size=3, max_size=3))
+def test_grading_runs_in_one_spark_job_equals_grading_each_alone(drawn: list[dict], spark_engine) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _grade_together_and_alone(_mixed_runs(Path(tmp), drawn), spark_engine)
+
+
+def _graded_view(r: dict) -> dict:
+    """What grading reads of a run's results."""
+    return {"exposure": r["attribution"]["exposure"], **{k: r[k] for k in ("valid", "verdict", "reason", "counts", "drain")}}
+
+
+def _grade_together_and_alone(dirs: list[Path], spark_engine: Any) -> None:
+    from spark_reports._spark import aggregate_runs
+
+    scenarios = [json.loads((d / "scenario.json").read_text()) if (d / "scenario.json").is_file() else {}
+                 for d in dirs]
+    together = aggregate_runs(dirs, scenarios)
+    alone = [dict(spark_engine(d, s)) for d, s in zip(dirs, scenarios, strict=True)]
+    python = [dict(check_python(d, s)) for d, s in zip(dirs, scenarios, strict=True)]
+    for one, a, p in zip(together, alone, python, strict=True):
+        assert _graded_view(one) == _graded_view(a) == _graded_view(p)
+        assert one["engine"] == a["engine"] == "spark"
+    assert {r["verdict"] for r in together} >= {"durable", "LOST"}
+    seeds = [s.get("seed") for s in scenarios]
+    graded = grade_runs(dirs, engine="spark", resamples=500)
+    assert graded == grade_results([(str(d), r, x) for d, r, x in zip(dirs, alone, seeds, strict=True)],
+                                   resamples=500)
+    assert graded == grade_runs(dirs, engine="python", resamples=500)

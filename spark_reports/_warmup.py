@@ -1,0 +1,48 @@
+"""A check of a tiny history with every kind of finding, run while a run's workload goes on.
+
+The first check in a JVM pays for class loading, the JIT and Spark's code generation of
+every stage the job has; a check of a few dozen records that takes every branch of the
+job (a fault window, a lost message after a completed drain, an ack of unknown outcome, a duplicate, a resurrection,
+a corrupted body, an abandon and an unflagged redelivery, a delivery out of order, a
+split-brain copy) pays for them before the real history is there.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .synth import HistoryBuilder
+
+SEED, SIZE = 1, 64
+SCENARIO = {"seed": SEED, "workload": {"message_size": SIZE}}
+
+
+def warm_up_history(run_dir: Path) -> Path:
+    b = HistoryBuilder(seed=SEED, message_size=SIZE)
+    b.fault("f1", "partition")
+    for i in range(1, 5):
+        b.publish(f"p1:{i}")
+    b.publish("p1:5", "fail")
+    b.publish("p1:6", "info")
+    b.publish("p1:7")
+    b.consume("p1:2")
+    b.consume("p1:1")  # after p1:2 from the same producer: out of order
+    b.consume("p1:1", consumer="c2", redelivered=True)  # acked twice: duplicated, resurrected
+    b.deliver("p1:3", body=b"not what was sent")
+    b.abandon("p1:3")
+    b.consume("p1:3")  # after the abandon, not flagged redelivered
+    b.consume("p1:6")
+    b.consume("p1:7", ack="info")  # the ack's outcome unknown
+    b.heal("f1")
+    b.drain_invoke(drainer="d1")
+    b.consume("p9:1", consumer="d1", node="n2")  # never published: unexpected; acked on n2 after n1 was empty
+    b.drain_done(drainer="d1", nodes={"n1": {"consumed": 0, "empty_at_ns": 1}, "n2": {"consumed": 1}})
+    return b.write(run_dir, jsonl=False)
+
+
+def warm_up(check: Callable[[Path, dict], object]) -> None:
+    """Run ``check(run_dir, scenario)`` on the warm-up history in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="brokerchaos-spark-warmup-") as tmp:
+        check(warm_up_history(Path(tmp)), SCENARIO)

@@ -1,0 +1,45 @@
+"""The warm-up check a run starts in the background: it must take every branch of the Spark job
+(so the real check finds all of it compiled) and agree with the Python engine like any history."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from spark_reports import check_python
+from spark_reports._common import COUNT_KEYS
+from spark_reports._warmup import SCENARIO, warm_up_history
+
+
+def test_the_warm_up_history_has_every_kind_of_finding() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        r = check_python(warm_up_history(Path(d)), SCENARIO)
+    assert r["verdict"] == "LOST" and r["drain"]["completed"]
+    assert [k for k in COUNT_KEYS if not r["counts"][k]] == []  # type: ignore[literal-required]
+    assert r["faults"] and r["faults"][0]["healed"]
+
+
+@pytest.mark.spark
+def test_spark_agrees_with_python_on_the_warm_up_history(spark_engine) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d))
+        expected = dict(check_python(run, SCENARIO))
+        got = dict(spark_engine(run, SCENARIO))
+    assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
+    assert got == expected
+
+
+@pytest.mark.spark
+def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark_engine) -> None:
+    from spark_reports._spark import start_session_in_background
+
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d) / "run")
+        expected = dict(check_python(run, SCENARIO))
+        thread = start_session_in_background()
+        got = dict(spark_engine(run, SCENARIO))
+        assert not thread.is_alive()  # the check joined it before starting its own job
+    got.pop("engine"), expected.pop("engine")
+    assert got == expected
