@@ -88,7 +88,7 @@ class Mirroring:
             return []  # exclusive queues live and die with one connection on one node: never mirrored
         policy = q.policy or {}
         mode = policy.get("ha-mode")
-        up = [n for n in self.cfg.peers if self.transport.is_up(n)]
+        up = [n for n in self.transport.peers if self.transport.is_up(n)]  # the members, in join order
         current = list(q.bq.mirrors) if isinstance(q.bq, MirrorMasterBQ) else []
         if mode == "all":
             return up
