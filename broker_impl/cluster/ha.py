@@ -209,6 +209,14 @@ class Mirroring:
                 asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, peer,
                                                       shutdown)
 
+    def forgotten(self, node: str) -> None:
+        """``node`` left the cluster for good: the queues it mastered fail over by ha-promote-on-failure even
+        if it stopped in a controlled way (when-synced would wait for a master that never comes back with its
+        messages), as ``rabbitmqctl forget_cluster_node`` promotes the oldest mirror."""
+        for (vname, qname), m in list(self.mirrors.items()):
+            if m.master == node:
+                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, node, False)
+
     def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0) -> None:
         if self.node.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
             return  # paused: the majority side decides; or the master is back, or this mirror was replaced

@@ -209,6 +209,7 @@ class ClusterNode:
         log.warning("cluster: %s was removed from the cluster; no longer talking to it", node)
         self.transport.remove_peer(node)
         self.gm.node_left(node)
+        self.ha.forgotten(node)
         self.partitions.check_majority()
         self.ha.reconcile()
 

@@ -75,6 +75,24 @@ def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_ret
     wait_for(lambda: _running(n2) == ["n1", "n2"], what="n1 and n2 together")
 
 
+def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_waiting(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    n1, n2 = cluster_factory(2)
+    c = amqp(n1)
+    c.channel().queue_declare("ha.forget", durable=True)
+    c.close()
+    publish(n1, "ha.forget", range(30))  # before the policy: the mirror starts without these
+    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all"})
+    wait_for(lambda: queue_info(n1, "ha.forget").get("mirrors") == ["n2"], what="a mirror on n2")
+    publish(n1, "ha.forget", range(30, 40))
+    n1.ctl("stop_app")
+    wait_for(lambda: "ha-promote-on-shutdown=when-synced" in n2.log(), what="promotion refused on the stop")
+    assert queue_info(n2, "ha.forget")["node"] == "n1"
+    n2.ctl("forget_cluster_node", node="n1")  # n1 will not come back with its messages: the mirror takes over
+    wait_for(lambda: queue_info(n2, "ha.forget").get("node") == "n2", what="n2 promoted")
+    assert "promoting the mirror here (NOT in sync)" in n2.log()
+    assert drain(n2, "ha.forget") == list(range(30, 40))
+
+
 # --------------------------------------------------------------------------- the state itself
 
 changes = st.lists(st.tuples(st.sampled_from(["forget", "admit"]), st.sampled_from(["a", "b", "c"])), max_size=8)
