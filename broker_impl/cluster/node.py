@@ -30,8 +30,8 @@ Membership changes: ``forget`` (``ctl forget_cluster_node``, refused while the
 node is seen running) drops the node here and tells every member; each of them
 stops talking to it (its links close, it is never dialled, its connections are
 refused), the GM members on it are recorded dead at once (``members_left``), and
-the queues it mastered fail over as when a node dies; its mirrors are gone from
-every master. A node that was ``reset`` and given ``join_cluster SEED`` dials
+the queues it mastered fail over as when a node dies (those without a mirror on
+a member are deleted, as RabbitMQ does); its mirrors are gone from every master. A node that was ``reset`` and given ``join_cluster SEED`` dials
 SEED with a HELLO asking to join; SEED admits it (``_admit``), tells the others,
 and the node learns the members from SEED and dials them. It starts empty: the
 masters start mirrors on it by their policy, synced by ha-sync-mode.
@@ -201,7 +201,11 @@ class ClusterNode:
             raise BrokerError(str(exc)) from None
         self._forgotten(node)
         self._send_members()
-        return f"{node} removed from the cluster; members now {', '.join([self.me, *self.transport.peers])}"
+        dropped = self.catalog.drop_queues_of(node)
+        if dropped:
+            log.warning("cluster: queues mastered on %s with no mirror to take over deleted: %s", node, dropped)
+        return (f"{node} removed from the cluster; members now {', '.join([self.me, *self.transport.peers])}"
+                + (f"; queues it mastered without a mirror deleted: {', '.join(dropped)}" if dropped else ""))
 
     def _forgotten(self, node: str) -> None:
         """Stop talking to ``node``: links closed (as a node going down: queues it mastered fail over), its

@@ -93,6 +93,25 @@ def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_w
     assert drain(n2, "ha.forget") == list(range(30, 40))
 
 
+def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_stays_deleted(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    n1, n2 = cluster_factory(2)
+    c = amqp(n2)
+    c.channel().queue_declare("plain", durable=True)  # no policy: mastered on n2 alone
+    c.close()
+    publish(n2, "plain", range(5))
+    wait_for(lambda: queue_info(n1, "plain").get("node") == "n2", what="n1 knowing the queue")
+    n2.ctl("stop_app")
+    wait_for(lambda: _running(n1) == ["n1"], what="n2 down")
+    assert "queues it mastered without a mirror deleted: //plain" in n1.ctl("forget_cluster_node", node="n2")
+    wait_for(lambda: queue_info(n1, "plain") == {}, what="the queue gone from n1")
+    n2.ctl("reset")
+    n2.ctl("join_cluster", node="n1")
+    n2.ctl("start_app")
+    wait_for(lambda: _running(n2) == ["n1", "n2"], what="n2 joined")
+    wait_for(lambda: not n2.ctl("cluster_status")["joining"], what="n2 serving clients")
+    assert queue_info(n1, "plain") == {} and queue_info(n2, "plain") == {}
+
+
 # --------------------------------------------------------------------------- the state itself
 
 changes = st.lists(st.tuples(st.sampled_from(["forget", "admit"]), st.sampled_from(["a", "b", "c"])), max_size=8)
