@@ -128,6 +128,14 @@ class Mirroring:
             if list(bq.mirrors) != before:
                 self.node.catalog.local_changed()
 
+    def stopping(self) -> None:
+        """The links are closed: no mirror will ack again, so the masters here drop them and publishes waiting
+        for their acks stop waiting (their clients are gone already), and the queues can close."""
+        for q in self._local_masters():
+            assert isinstance(q.bq, MirrorMasterBQ)
+            for peer in list(q.bq.mirrors):
+                q.bq.remove_mirror(peer, stop=False)
+
     def sync_queue(self, vhost: str, name: str) -> str:
         q = self._local_master(vhost, name)
         if q is not None:

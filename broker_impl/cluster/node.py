@@ -120,6 +120,7 @@ class ClusterNode:
             self.transport.send(peer, {"t": "bye"})
         await asyncio.sleep(min(self.cfg.tick, 0.1))
         await self.transport.stop()
+        self.ha.stopping()
 
     async def _housekeeping(self) -> None:
         while True:

@@ -108,10 +108,12 @@ class Transport:
                  ", ".join(f"{p.name}={p.host}:{p.port}" for p in self.peers.values()) or "none")
 
     async def stop(self) -> None:
+        """Close every link; no peer counts as up afterwards (no callbacks: the node is going away)."""
         for t in [*self._tasks, *self._dialers.values()]:
             t.cancel()
         for p in self.peers.values():
             self._close_links(p)
+            p.up = False
         if self._server is not None:
             self._server.close()
 

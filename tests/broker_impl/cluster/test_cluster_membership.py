@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
+import pika
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from broker_impl.cluster.membership import Membership, MembershipError, ask_to_join, reset_node
-from broker_impl.ctl import CtlError
+from broker_impl.ctl import CtlError, call
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -110,6 +113,39 @@ def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_sta
     wait_for(lambda: _running(n2) == ["n1", "n2"], what="n2 joined")
     wait_for(lambda: not n2.ctl("cluster_status")["joining"], what="n2 serving clients")
     assert queue_info(n1, "plain") == {} and queue_info(n2, "plain") == {}
+
+
+def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """Mirrors frozen (SIGSTOP: links open, nothing answers) and a publish waiting for their acks: stop_app
+    must not wait until GM gives up on each link (2 x tick x down_after = 40 s per mirror here)."""
+    n1, n2, n3 = cluster_factory(3, down_after=100)
+    c = amqp(n1)
+    c.channel().queue_declare("ha.frozen", durable=True)
+    c.close()
+    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
+    wait_for(lambda: len(queue_info(n1, "ha.frozen")["synchronised_mirrors"]) == 2, what="both mirrors in sync")
+    frozen = [n2, n3]
+    for node in frozen:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGSTOP)
+    try:
+        waiting = threading.Thread(target=_publish_ignoring_the_close, args=(n1,), daemon=True)
+        waiting.start()
+        wait_for(lambda: queue_info(n1, "ha.frozen").get("messages_ready") == 1, what="the publish placed on n1")
+        assert call(n1.data_dir, "stop_app", timeout=30) == "stopped"
+    finally:
+        for node in frozen:
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGCONT)
+    assert "did not come up" not in n1.log()
+
+
+def _publish_ignoring_the_close(node: NodeProc) -> None:
+    """One confirmed publish whose confirm cannot come (the mirrors are frozen); the app's stop closes it."""
+    try:
+        publish(node, "ha.frozen", range(1))
+    except pika.exceptions.AMQPError:
+        pass
 
 
 # --------------------------------------------------------------------------- the state itself
