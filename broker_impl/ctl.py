@@ -16,6 +16,15 @@ Commands::
     cluster_status                           members, running/down peers, partitions seen
     replication_status                       master-slave role, log end, slaves and their acked offsets
     sync_queue [-p VHOST] NAME               send a mirrored queue's messages to its unsynced mirrors
+    stop_app   start_app                     stop / start the broker inside the running node
+    reset                                    (app stopped) drop all data and cluster membership
+    join_cluster NODE                        (app stopped, reset) ask NODE to admit this node at start_app
+    forget_cluster_node NODE                 remove NODE (its app stopped) from the cluster
+
+Membership works as ``rabbitmqctl``'s: to take a node out, ``stop_app`` on it and
+``forget_cluster_node`` on a member; to bring it (back) in, ``stop_app``,
+``reset``, ``join_cluster`` a member, ``start_app``. Node names may be given as in
+``[cluster]`` (``n1``) or as ``rabbit@n1``.
 """
 
 from __future__ import annotations
@@ -33,12 +42,62 @@ if TYPE_CHECKING:
     from broker_impl.server import Server
 
 
+def _cluster_name(server: Server) -> tuple[str, list[str]]:
+    """This node's cluster name and the peers its config knows (where it could dial)."""
+    from broker_impl.cluster.config import ClusterConfig
+    from broker_impl.config import ConfigError
+
+    try:
+        cfg = ClusterConfig.from_table(server.config.cluster, server.config.name)
+    except ConfigError as exc:
+        raise BrokerError(f"config error: {exc}") from None
+    if cfg is None:
+        raise BrokerError("this node has no [cluster] peers in its config: it cannot be clustered")
+    return cfg.node, list(cfg.peers)
+
+
+async def _membership(server: Server, cmd: str, args: dict[str, Any]) -> Any:
+    from broker_impl.cluster.membership import MembershipError, ask_to_join, reset_node
+    from broker_impl.server import CONTROL_SOCKET, NODE_FILE
+
+    if cmd == "stop_app":
+        return await server.stop_app()
+    if cmd == "start_app":
+        return await server.start_app()
+    if server.app_running and cmd in ("reset", "join_cluster"):
+        raise BrokerError(f"{cmd} needs the app stopped: run stop_app first")
+    if cmd == "forget_cluster_node":
+        if server.broker.cluster is None:
+            raise BrokerError("this node is not clustered: there is nobody to forget")
+        return server.broker.cluster.forget(_node_name(args["node"]))
+    me, known = _cluster_name(server)
+    try:
+        if cmd == "reset":
+            n = reset_node(server.config.data_dir, me, (NODE_FILE, CONTROL_SOCKET))
+            return f"{me} reset: {n} data entries removed; it is alone until it joins a cluster"
+        ask_to_join(server.config.data_dir, me, _node_name(args["node"]), known)
+    except MembershipError as exc:
+        raise BrokerError(str(exc)) from None
+    return f"{me} will ask {_node_name(args['node'])} to admit it at start_app"
+
+
+def _node_name(raw: str) -> str:
+    return str(raw).rpartition("@")[2]
+
+
 async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
     """Run one control command inside the node; BrokerError becomes the CLI's one-line error."""
+    if cmd in ("stop_app", "start_app", "reset", "join_cluster", "forget_cluster_node"):
+        return await _membership(server, cmd, args)
+    if not server.app_running:
+        if cmd == "status":
+            return {"name": server.config.name, "app_running": False}
+        raise BrokerError(f"the app of node {server.config.name} is stopped; start it with start_app")
     b = server.broker
     vhost = args.get("vhost", "/")
     if cmd == "status":
         return {
+            "app_running": True,
             "name": server.config.name,
             "port": server.port,
             "connections": len(b.connections),
@@ -188,6 +247,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync_queue")
     p.add_argument("-p", "--vhost", default="/")
     p.add_argument("name")
+    for name in ("stop_app", "start_app", "reset"):
+        sub.add_parser(name)
+    for name in ("join_cluster", "forget_cluster_node"):
+        sub.add_parser(name).add_argument("node")
     return ap
 
 
@@ -226,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise CtlError(f"config error: {exc}") from None
         else:
             data_dir = Path(ns.data_dir or "./data")
-        result = call(data_dir, ns.cmd, _request(ns))
+        # starting the app recovers the store; stopping it flushes every queue
+        result = call(data_dir, ns.cmd, _request(ns), timeout=120.0 if ns.cmd.endswith("_app") else 10.0)
     except CtlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

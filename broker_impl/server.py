@@ -2,6 +2,11 @@
 
 On start the node writes ``<data_dir>/node.json`` (pid, AMQP address, control
 address) so the admin CLI and test harnesses can find a node started on port 0.
+
+As with RabbitMQ, the *app* (the broker: its listener, queues, store and
+cluster links) can be stopped and started again inside the running node
+(``stop_app``, ``start_app``) while the control socket stays, so the operator
+can ``reset`` the node's data and ``join_cluster`` in between.
 """
 
 from __future__ import annotations
@@ -59,22 +64,60 @@ class Server:
         self.failure: str | None = None  # why the node stopped itself (a failed fsync), None if it did not
         self._want_listening = True
         self._listener_task: asyncio.Task[None] | None = None
+        self.app_running = False
+        self._spent = False
 
     async def start(self) -> None:
+        await self.start_app()
+        await self._start_control()
+        self._write_node_file()
+
+    async def start_app(self) -> str:
+        """Start the broker (again): recover from the data dir, open the listener, join the cluster."""
+        if self.app_running:
+            return "already running"
+        if self._spent:
+            self.broker = Broker(self.config)  # a stopped app's broker is spent: a new one recovers from disk
+            self._spent = False
         await self.broker.start()
         if self.broker.store is not None:
             self.broker.store.on_failure = self._store_failed
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: AMQPProtocol(self.broker), self.config.host, self.config.port, reuse_address=True
+            lambda: AMQPProtocol(self.broker), self.config.host, self.port or self.config.port, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self._want_listening = True
         self.broker.listener_hook = self.set_listening
-        await self._start_control()
         self._monitor = loop.create_task(self._alarm_monitor())
-        self._write_node_file()
+        self.app_running = True
         log.info("node %s listening on %s:%d (flow control %s)", self.config.name, self.config.host, self.port,
                  "on" if self.broker.flow_enabled else "off")
+        return "started"
+
+    async def stop_app(self, reason: str = "broker app stopped") -> str:
+        """Stop the broker but not the node: clients are closed, the store and cluster links go (peers see
+        a controlled stop), the control socket stays."""
+        if not self.app_running:
+            return "already stopped"
+        self.app_running = False
+        self._spent = True
+        self._want_listening = False
+        if self._listener_task is not None:
+            self._listener_task.cancel()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in list(self.broker.connections):
+            conn.force_close(reason)
+        await asyncio.sleep(0.05)
+        for conn in list(self.broker.connections):
+            conn._terminate()
+        if self._monitor:
+            self._monitor.cancel()
+        await self.broker.stop()
+        log.warning("node %s: app stopped (the node keeps answering its control socket)", self.config.name)
+        return "stopped"
 
     def _write_node_file(self) -> None:
         info = {
@@ -158,21 +201,9 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, close every connection with 320 CONNECTION_FORCED, flush queues, close the store."""
-        self._want_listening = False
-        if self._listener_task is not None:
-            self._listener_task.cancel()
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.broker.connections):
-            conn.force_close("broker shutdown")
-        await asyncio.sleep(0.05)
-        for conn in list(self.broker.connections):
-            conn._terminate()
-        if self._monitor:
-            self._monitor.cancel()
+        await self.stop_app("broker shutdown")
         if self._control is not None:
             self._control.close()
-        await self.broker.stop()
         if isinstance(self.control_address, str) and self.control_address:
             Path(self.control_address).unlink(missing_ok=True)
         (self.config.data_dir / NODE_FILE).unlink(missing_ok=True)

@@ -59,17 +59,19 @@ class MemberRemove(Fault):
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
-        """Every node that is not a running member joins again."""
+        """Every node that is not a running member joins again. The cluster is the largest set of running
+        members any node reports: a node left alone (reset, its join still pending) reports only itself,
+        and must join the others, not have them join it."""
         nodes = ctx.cluster.nodes
         plugin = ctx.cluster.plugin
         seen: set[str] = set()
         for handle in nodes.values():
             try:
-                seen = plugin.members(handle)
+                members = plugin.members(handle)
             except Exception:  # noqa: BLE001 - a node out of the cluster may not answer: ask another
                 continue
-            if seen:
-                break
+            if len(members) > len(seen):
+                seen = members
         out = {}
         for name in sorted(set(nodes) - seen):
             out[name] = _add(ctx, nodes[name], [h for n, h in nodes.items() if n in seen])

@@ -131,6 +131,25 @@ class Catalog:
         self.table.clock = clock
         self.await_winner = source
 
+    def drop_queues_of(self, node: str) -> list[str]:
+        """``node`` was forgotten: delete the records of the queues it mastered that have no mirror on a member
+        to fail over to (``rabbitmqctl forget_cluster_node`` deletes them too: the node comes back empty, if at
+        all). Sent to every member and applied here as a master's delete would be. Returns the queue names."""
+        members = {self.me, *self.node.transport.peers}
+        gone: dict[str, Entry] = {}
+        for k, data in self.table.live().items():
+            parts = split_key(k)
+            if parts[0] != "queue" or data.get("master") != node:
+                continue
+            if any(m in members for m in data.get("mirrors", [])):
+                continue  # a mirror takes over (``ha.forgotten``)
+            gone[k] = self.table.set(k, None)
+        if gone:
+            self._broadcast(gone)
+            self._pending_apply += 1
+            self._inbox.put_nowait((self.me, gone))
+        return sorted(f"{split_key(k)[1]}/{split_key(k)[2]}" for k in gone)
+
     def skip_next_from(self, peer: str) -> None:
         self._skip_meta.add(peer)
 

@@ -91,6 +91,11 @@ Rules
   partitions); then the member records the death (``MarkDead``, version+1).
   ``forgive`` takes back the notices still waiting (a node that finds itself
   in a paused minority records no deaths).
+* ``members_left`` (the operator removed a node from the cluster: every member
+  on it is gone for good) records those deaths at once, whether or not they
+  are neighbours, in every view this member adopts from then on (one that
+  still lists them alive, e.g. a join written after the removal), and
+  ``forgive`` does not take it back.
 * An alias whose window is empty and whose acks have all come back is erased
   from the record (``Erase``). On inheriting an alias a member resets its
   ``last_ack``: as a forwarder it counted acks that passed by, as the origin it
@@ -138,7 +143,11 @@ Differences from gm.erl, and why
 * A member that finds itself dead or gone in a newer record stops
   (``Stopped``) instead of crashing; it must rejoin under a new id, as a
   restarted gm.erl process has a new pid.
-* No ``leave`` and no ``txn_executor``: a member leaves by dying.
+* No ``leave`` and no ``txn_executor``: a member leaves by dying, and a node
+  removed from the cluster (``members_left``) has its members recorded dead by
+  every member that hears of it, not only by their neighbours after the guard
+  delay (``rabbitmqctl forget_cluster_node`` removes the node's mirrors from the
+  queue records directly; here the group record is the one to change).
 """
 
 from __future__ import annotations
@@ -464,6 +473,7 @@ class GmMember:
         self._refresh_blocked = False
         self._seen_version = -1
         self._suspects: dict[MemberId, float] = {}
+        self._gone: set[MemberId] = set()
         self._join_deadline = math.inf
         self._uncertain: set[MemberId] = set()
         self._need_catchup = False
@@ -500,7 +510,7 @@ class GmMember:
         that died), and only a tick past the deadline asks again.
         """
         return not (self._buffer or self._inbox or self._awaiting or self._suspects or self._uncertain
-                    or self._join_deadline < math.inf)
+                    or self._join_deadline < math.inf or self._gone_alive())
 
     def windows(self) -> dict[MemberId, MemberSnapshot]:
         """Per-member state (empty before joining), for diagnostics and tests."""
@@ -564,6 +574,14 @@ class GmMember:
     def forgive(self) -> list[Action]:
         """The failure detector takes back the verdicts still in their guard delay: no death is recorded."""
         self._suspects.clear()
+        return self._drain()
+
+    def members_left(self, members: Iterable[MemberId]) -> list[Action]:
+        """``members`` left for good (their node was removed from the cluster): record them dead now and in
+        every later view that lists them alive; ``forgive`` does not take this back."""
+        if self._phase != _STOPPED:
+            self._gone.update(m for m in members if m != self.me)
+            self._run()
         return self._drain()
 
     def store_reply(self, request: int, record: GroupRecord | None) -> list[Action]:
@@ -753,7 +771,15 @@ class GmMember:
         if not self._view.alone:
             self._emit(Send(self._view.right, Probe(self._view.version, self.me, self._probe_seq)))
 
+    def _gone_alive(self) -> list[MemberId]:
+        view = self._view
+        return sorted(m for m in self._gone if m in view.alive) if view is not None else []
+
     def _fire_suspect(self) -> bool:
+        gone = self._gone_alive()
+        if gone:
+            self._request("dead", UpdateGroup, MarkDead(gone[0]))
+            return True
         for member, deadline in self._suspects.items():
             if deadline > self._now:
                 continue

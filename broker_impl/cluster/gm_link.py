@@ -534,6 +534,16 @@ class GmHub:
                 if node_of(m) == peer:
                     ep.execute(ep.member.neighbour_down(m))
 
+    def node_left(self, peer: str) -> None:
+        """``peer`` was removed from the cluster: its members are gone for good, whichever neighbours they are."""
+        self._waiting.pop(peer, None)
+        for ep in list(self.members.values()):
+            view = ep.member.view
+            if ep.closed or view is None:
+                continue
+            ep.tick()
+            ep.execute(ep.member.members_left([m for m in view.members if node_of(m) == peer]))
+
     def pause(self) -> None:
         """This node paused (pause_minority): deaths it suspected are not recorded.
 

@@ -12,7 +12,12 @@ replayed exactly:
 * killing a member keeps a random prefix of what it had in flight (a TCP link
   that breaks delivers some of its buffer, in order, then nothing), drops what
   was sent to it, and may or may not apply its outstanding store request;
-* time (``now``) advances by a random amount on each tick.
+* time (``now``) advances by a random amount on each tick;
+* a member that *leaves* (its node removed from the cluster) stops as a killed
+  one does, but the failure detector says nothing about it: the survivors hear
+  of it only through ``members_left``, as the nodes of a cluster hear of a
+  ``forget_cluster_node``; ``forgive`` (a node that paused) takes back the
+  detector's pending verdicts, which the detector repeats later.
 
 Broadcast payloads are ``(sender, k)`` with k the sender's count, so the history
 alone says what was sent when; ``check`` turns the history into violations.
@@ -99,6 +104,7 @@ class GmSim:
         self._counts: dict[MemberId, int] = {}
         self._ask: dict[MemberId, MemberId] = {}
         self.held: set[tuple[MemberId, MemberId]] = set()
+        self.departed: set[MemberId] = set()
 
     # ------------------------------------------------------------------ script operations
 
@@ -148,6 +154,22 @@ class GmSim:
         self.store_replies[member].clear()
         for m in self.alive:
             self._watch(m)
+
+    def leave(self, member: MemberId) -> None:
+        """``member``'s node is removed from the cluster: it stops, and every survivor is told at once."""
+        self.departed.add(member)
+        self.kill(member)
+        self._log(f"LEAVE {member}")
+        for m in list(self.alive):
+            self._apply(m, self.members[m].members_left([member]))
+
+    def forgive(self) -> None:
+        """Every survivor takes back the verdicts in their guard delay; the detector will repeat those."""
+        self.step += 1
+        self._log("FORGIVE")
+        self.notified = {(m, n) for m, n in self.notified if n in self.alive or (m, n) in self.notices}
+        for m in list(self.alive):
+            self._apply(m, self.members[m].forgive())
 
     # ------------------------------------------------------------------ scheduler
 
@@ -331,7 +353,7 @@ class GmSim:
         if view is None or member not in self.alive:
             return
         for n in (view.left, view.right):
-            if n != member and n not in self.alive and (member, n) not in self.notified:
+            if n != member and n not in self.alive and n not in self.departed and (member, n) not in self.notified:
                 self.notified.add((member, n))
                 self.notices.append((member, n))
 
@@ -401,7 +423,8 @@ def play(
     ``founders`` members join first (one after another, racing with traffic).
     Script operations, applied to the alive members by index modulo their count:
     ``("broadcast", i, confirm)``, ``("kill", i)`` (skipped when it would leave no
-    joined member), ``("join",)``, ``("run", n)`` (n scheduler steps). The final
+    joined member), ``("leave", i)`` (the same, but the survivors hear of it through
+    ``members_left`` only), ``("forgive",)``, ``("join",)``, ``("run", n)`` (n scheduler steps). The final
     round makes every survivor adopt the newest view, so ``converged`` can hold.
     """
     sim = GmSim(seed, trace=trace, **member_options)
@@ -413,10 +436,16 @@ def play(
         alive = list(sim.alive)
         if op[0] == "broadcast":
             sim.broadcast(alive[op[1] % len(alive)], bool(op[2]))
-        elif op[0] == "kill":
+        elif op[0] in ("kill", "leave"):
             victim = alive[op[1] % len(alive)]
-            if any(sim.members[m].joined for m in alive if m != victim):
+            if not any(sim.members[m].joined for m in alive if m != victim):
+                continue
+            if op[0] == "kill":
                 sim.kill(victim)
+            else:
+                sim.leave(victim)
+        elif op[0] == "forgive":
+            sim.forgive()
         elif op[0] == "join":
             sim.spawn(f"j{joiners}")
             joiners += 1

@@ -88,7 +88,7 @@ class Mirroring:
             return []  # exclusive queues live and die with one connection on one node: never mirrored
         policy = q.policy or {}
         mode = policy.get("ha-mode")
-        up = [n for n in self.cfg.peers if self.transport.is_up(n)]
+        up = [n for n in self.transport.peers if self.transport.is_up(n)]  # the members, in join order
         current = list(q.bq.mirrors) if isinstance(q.bq, MirrorMasterBQ) else []
         if mode == "all":
             return up
@@ -127,6 +127,14 @@ class Mirroring:
                     bq.add_mirror(peer, sync=auto)
             if list(bq.mirrors) != before:
                 self.node.catalog.local_changed()
+
+    def stopping(self) -> None:
+        """The links are closed: no mirror will ack again, so the masters here drop them and publishes waiting
+        for their acks stop waiting (their clients are gone already), and the queues can close."""
+        for q in self._local_masters():
+            assert isinstance(q.bq, MirrorMasterBQ)
+            for peer in list(q.bq.mirrors):
+                q.bq.remove_mirror(peer, stop=False)
 
     def sync_queue(self, vhost: str, name: str) -> str:
         q = self._local_master(vhost, name)
@@ -208,6 +216,14 @@ class Mirroring:
                 # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
                 asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, peer,
                                                       shutdown)
+
+    def forgotten(self, node: str) -> None:
+        """``node`` left the cluster for good: the queues it mastered fail over by ha-promote-on-failure even
+        if it stopped in a controlled way (when-synced would wait for a master that never comes back with its
+        messages), as ``rabbitmqctl forget_cluster_node`` promotes the oldest mirror."""
+        for (vname, qname), m in list(self.mirrors.items()):
+            if m.master == node:
+                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, node, False)
 
     def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0) -> None:
         if self.node.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:

@@ -21,7 +21,20 @@ peer coming up or going down. The parts:
 ``handoff.Handoff``
     replacing the queue object behind a name (consumers move over);
 ``gm_link.GmHub``
-    the GM members and group store of the mirrored queues.
+    the GM members and group store of the mirrored queues;
+``membership.Membership``
+    which of the configured peers are members now (``forget``, a node's
+    request to join, and the copies peers send when a link comes up).
+
+Membership changes: ``forget`` (``ctl forget_cluster_node``, refused while the
+node is seen running) drops the node here and tells every member; each of them
+stops talking to it (its links close, it is never dialled, its connections are
+refused), the GM members on it are recorded dead at once (``members_left``), and
+the queues it mastered fail over as when a node dies (those without a mirror on
+a member are deleted, as RabbitMQ does); its mirrors are gone from every master. A node that was ``reset`` and given ``join_cluster SEED`` dials
+SEED with a HELLO asking to join; SEED admits it (``_admit``), tells the others,
+and the node learns the members from SEED and dials them. It starts empty: the
+masters start mirrors on it by their policy, synced by ha-sync-mode.
 
 The broker sees only this module's public methods: ``start``/``stop``,
 ``wrap_backing``, ``local_changed``, ``client_refusal``, and the operator's
@@ -43,6 +56,7 @@ from broker_impl.cluster.forwarding import Forwarder
 from broker_impl.cluster.gm_link import GmHub
 from broker_impl.cluster.ha import Mirroring
 from broker_impl.cluster.handoff import Handoff
+from broker_impl.cluster.membership import Membership, MembershipError
 from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.partitions import Partitions
 from broker_impl.cluster.remote import MasterSide
@@ -69,10 +83,20 @@ class ClusterNode:
         # Peers seen to go down so far: a confirm that arrives after a loss may be a minority's
         # own (broker_impl.schedule uses it to keep a delayed message until it is routed safely).
         self.peer_losses = 0
+        try:
+            self.membership = Membership.load(broker.data_dir, self.me, cfg.peers)
+        except MembershipError as exc:
+            from broker_impl.broker import BrokerError
+
+            raise BrokerError(str(exc)) from None
+        members = {n: addr for n, addr in cfg.peers.items() if self.membership.is_member(n)}
         self.transport = Transport(
-            self.me, (cfg.listen, cfg.port), cfg.peers, tick=cfg.tick, down_after=cfg.down_after,
-            on_message=self._on_message, on_up=self._peer_up, on_down=self._peer_down,
+            self.me, (cfg.listen, cfg.port), members, tick=cfg.tick, down_after=cfg.down_after,
+            on_message=self._on_message, on_up=self._peer_up, on_down=self._peer_down, on_join=self._admit,
         )
+        seed = self.membership.join
+        if seed is not None and seed in cfg.peers:
+            self.transport.add_peer(seed, *cfg.peers[seed], join=True)
         self.handoff = Handoff(self)
         self.catalog = Catalog(self)
         self.partitions = Partitions(self)
@@ -100,6 +124,7 @@ class ClusterNode:
             self.transport.send(peer, {"t": "bye"})
         await asyncio.sleep(min(self.cfg.tick, 0.1))
         await self.transport.stop()
+        self.ha.stopping()
 
     async def _housekeeping(self) -> None:
         while True:
@@ -146,7 +171,8 @@ class ClusterNode:
         return {
             "node": self.me,
             "listen": f"{self.transport.bound[0]}:{self.transport.bound[1]}",
-            "members": [self.me, *self.cfg.peers],
+            "members": [self.me, *self.transport.peers],
+            "joining_via": self.membership.join,
             "running": [self.me, *self.transport.up_peers()],
             "down": [p["name"] for p in peers if not p["running"]],
             "peers": peers,
@@ -165,8 +191,74 @@ class ClusterNode:
     def sync_queue(self, vhost: str, name: str) -> str:
         return self.ha.sync_queue(vhost, name)
 
+    # -- membership -----------------------------------------------------------------------
+    def forget(self, node: str) -> str:
+        """The operator removes ``node`` from the cluster (``ctl forget_cluster_node``); every member hears of it."""
+        from broker_impl.broker import BrokerError
+
+        if node == self.me:
+            raise BrokerError(f"{node} cannot forget itself: run forget_cluster_node on another member")
+        if self.transport.is_up(node):
+            raise BrokerError(f"{node} is running; stop its app first (stop_app on {node}), then forget it")
+        try:
+            self.membership.forget(node)
+        except MembershipError as exc:
+            raise BrokerError(str(exc)) from None
+        self._forgotten(node)
+        self._send_members()
+        dropped = self.catalog.drop_queues_of(node)
+        if dropped:
+            log.warning("cluster: queues mastered on %s with no mirror to take over deleted: %s", node, dropped)
+        return (f"{node} removed from the cluster; members now {', '.join([self.me, *self.transport.peers])}"
+                + (f"; queues it mastered without a mirror deleted: {', '.join(dropped)}" if dropped else ""))
+
+    def _forgotten(self, node: str) -> None:
+        """Stop talking to ``node``: links closed (as a node going down: queues it mastered fail over), its
+        GM members recorded dead for good, and it no longer counts towards a majority."""
+        log.warning("cluster: %s was removed from the cluster; no longer talking to it", node)
+        self.transport.remove_peer(node)
+        self.gm.node_left(node)
+        self.ha.forgotten(node)
+        self.partitions.check_majority()
+        self.ha.reconcile()
+
+    def _admit(self, node: str) -> bool:
+        """``node`` asks to join (its HELLO says so): a member from now on, if the config knows where it is."""
+        addr = self.cfg.peers.get(node)
+        if addr is None or node == self.me or self.partitions.paused:
+            return False
+        if self.membership.admit(node):
+            log.warning("cluster: %s joins the cluster", node)
+        self.transport.add_peer(node, *addr)
+        self._send_members()
+        return True
+
+    def _send_members(self) -> None:
+        for peer in self.transport.up_peers():
+            self.transport.send(peer, {"t": "members", "epochs": self.membership.epochs})
+
+    def _members_said(self, peer: str, epochs: dict[str, Any]) -> None:
+        added, removed = self.membership.merge({str(n): int(e) for n, e in epochs.items()})
+        if self.membership.is_member(self.me) and int(epochs.get(self.me, 0)) % 2 == 1:
+            self.membership.joined()  # the cluster counts this node in: no need to ask to join again
+        for node in sorted(added - {self.me}):
+            addr = self.cfg.peers.get(node)
+            if addr is None:
+                log.error("cluster: %s says %s is a member, but [cluster] peers has no address for it", peer, node)
+                continue
+            log.warning("cluster: %s joined the cluster (heard from %s)", node, peer)
+            self.transport.add_peer(node, *addr)
+        for node in sorted(removed):
+            if node == self.me:
+                log.error("cluster: %s says this node was removed from the cluster; reset it and join again", peer)
+            else:
+                self._forgotten(node)
+        if added or removed:
+            self._send_members()
+
     # -- links ----------------------------------------------------------------------------
     def _peer_up(self, peer: str) -> None:
+        self.transport.send(peer, {"t": "members", "epochs": self.membership.epochs})
         self.ha.peer_up(peer)
         self.partitions.peer_up(peer)
         self.catalog.send_table(peer)
@@ -189,6 +281,8 @@ class ClusterNode:
         t = h.get("t")
         if t == "meta":
             self.catalog.received(peer, h)
+        elif t == "members":
+            self._members_said(peer, h.get("epochs") or {})
         elif t == "clients":
             self.partitions.clients_said(peer, int(h.get("n", 0)))
         elif t == "heal":

@@ -56,7 +56,7 @@ class Partitions:
     def check_majority(self) -> None:
         if self.cfg.partition_handling != "pause_minority":
             return
-        total = 1 + len(self.cfg.peers)
+        total = 1 + len(self.transport.peers)  # the members now (a forgotten node no longer counts)
         seen = 1 + len(self.transport.up_peers())
         minority = seen * 2 <= total
         if minority and not self.paused:

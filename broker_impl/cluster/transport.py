@@ -13,6 +13,11 @@ directions, so a peer that comes back starts new connections, and the HELLO
 carries its incarnation (boot id): a peer that restarted in between is seen as
 down-then-up even if no tick was missed. Dialling retries with exponential
 backoff capped at a few ticks.
+
+The peers change while the node runs (``add_peer``, ``remove_peer``: the
+cluster admitted or forgot a node). A connection from a node that is not a peer
+is refused, unless its HELLO asks to join and ``on_join`` admits it; a node
+dials the member it asks to join with that flag (``add_peer(..., join=True)``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ log = logging.getLogger("broker_impl.cluster.transport")
 
 MessageHandler = Callable[[str, dict[str, Any], bytes], None]
 PeerHandler = Callable[[str], None]
+JoinHandler = Callable[[str], bool]
 
 
 @dataclass(slots=True)
@@ -48,6 +54,7 @@ class _Peer:
     last_change: float = 0.0
     early: list[Frame] = field(default_factory=list)  # arrived before our own link to the peer was up
     out: list[bytes] = field(default_factory=list)  # frames sent in this turn of the event loop, not written yet
+    join: bool = False  # our HELLO asks this peer to admit us to its cluster
 
 
 def resolve_listen(host: str) -> str:
@@ -59,7 +66,7 @@ def resolve_listen(host: str) -> str:
 
 
 class Transport:
-    """Framed links to a fixed set of peers. All callbacks run on the event loop."""
+    """Framed links to the current peers. All callbacks run on the event loop."""
 
     def __init__(
         self,
@@ -72,6 +79,7 @@ class Transport:
         on_message: MessageHandler,
         on_up: PeerHandler,
         on_down: PeerHandler,
+        on_join: JoinHandler | None = None,
     ) -> None:
         self.me = me
         self.listen = listen
@@ -82,8 +90,10 @@ class Transport:
         self._on_message = on_message
         self._on_up = on_up
         self._on_down = on_down
+        self._on_join = on_join
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._dialers: dict[str, asyncio.Task[None]] = {}
         self.bound: tuple[str, int] = ("", 0)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -93,18 +103,46 @@ class Transport:
         self.bound = self._server.sockets[0].getsockname()[:2]
         loop = asyncio.get_running_loop()
         for p in self.peers.values():
-            self._tasks.append(loop.create_task(self._dial_loop(p), name=f"cluster-dial:{p.name}"))
+            self._dial(p)
         self._tasks.append(loop.create_task(self._ticker(), name="cluster-tick"))
         log.info("cluster link of %s listening on %s:%d; peers %s", self.me, *self.bound,
                  ", ".join(f"{p.name}={p.host}:{p.port}" for p in self.peers.values()) or "none")
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        """Close every link; no peer counts as up afterwards (no callbacks: the node is going away)."""
+        for t in [*self._tasks, *self._dialers.values()]:
             t.cancel()
         for p in self.peers.values():
             self._close_links(p)
+            p.up = False
         if self._server is not None:
             self._server.close()
+
+    # -- membership ----------------------------------------------------------------------
+    def add_peer(self, name: str, host: str, port: int, *, join: bool = False) -> None:
+        """Start talking to ``name`` (dialled at host:port); ``join``: our HELLO asks it to admit us."""
+        if name == self.me:
+            return
+        p = self.peers.get(name)
+        if p is None:
+            p = self.peers[name] = _Peer(name, host, port, join=join)
+            if self._server is not None:
+                self._dial(p)
+        p.join = p.join or join
+
+    def remove_peer(self, name: str) -> None:
+        """Stop talking to ``name`` for good (it was forgotten): down if it was up, links closed, no dialling."""
+        p = self.peers.get(name)
+        if p is None:
+            return
+        self._mark_down(p, "forgotten by the cluster")
+        task = self._dialers.pop(name, None)
+        if task is not None:
+            task.cancel()
+        del self.peers[name]
+
+    def _dial(self, p: _Peer) -> None:
+        self._dialers[p.name] = asyncio.get_running_loop().create_task(self._dial_loop(p), name=f"cluster-dial:{p.name}")
 
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
@@ -163,7 +201,10 @@ class Transport:
                     backoff = min(backoff * 2, self.tick * 3)
                     continue
                 backoff = min(0.1, self.tick)
-                writer.write(encode(Frame(HELLO, {"node": self.me, "inc": self.incarnation})))
+                hello: dict[str, Any] = {"node": self.me, "inc": self.incarnation}
+                if p.join:
+                    hello["join"] = True
+                writer.write(encode(Frame(HELLO, hello)))
                 p.writer = writer
                 asyncio.get_running_loop().create_task(self._drain_dialled(p, reader, writer))
                 self._maybe_up(p)
@@ -195,8 +236,8 @@ class Transport:
                     break
                 for frame in decoder.feed(data):
                     if peer is None:
-                        if frame.type != HELLO or frame.header.get("node") not in self.peers:
-                            log.warning("cluster link: refused a connection from %s (hello %r)",
+                        if frame.type != HELLO or not self._admitted(frame.header):
+                            log.warning("cluster link: refused a connection from %s (hello %r): not a member",
                                         writer.get_extra_info("peername"), frame.header)
                             return
                         peer = self.peers[frame.header["node"]]
@@ -224,6 +265,13 @@ class Transport:
                 peer.readers.discard(writer)
                 self._mark_down(peer, "link closed")
 
+    def _admitted(self, hello: dict[str, Any]) -> bool:
+        node = hello.get("node")
+        if node in self.peers:
+            return True
+        return bool(hello.get("join")) and self._on_join is not None and self._on_join(str(node)) \
+            and node in self.peers
+
     def _deliver(self, peer: _Peer, frame: Frame) -> None:
         try:
             self._on_message(peer.name, frame.header, frame.blob)
@@ -248,6 +296,7 @@ class Transport:
         if time.monotonic() - p.last_heard > self.tick * self.down_after:
             return
         p.up = True
+        p.join = False
         p.last_change = time.monotonic()
         log.warning("cluster: peer %s is up", p.name)
         self._on_up(p.name)

@@ -7,12 +7,18 @@ wheels (pamqp, uvloop) installed offline.
 ``BROKERCHAOS_REFERENCE_SOURCE=DIR`` builds the image from another copy of the
 broker's source (a directory laid out like ``broker_impl/``), e.g. the detection
 bench's planted bugs (``bench/detection.py``).
+
+Membership (capability ``membership``) goes through the broker's own ctl, as
+RabbitMQ's through ``rabbitmqctl``: a node leaves with ``stop_app`` on it and
+``forget_cluster_node`` on a member, and comes back with ``stop_app``, ``reset``,
+``join_cluster`` a member, ``start_app`` (``broker_impl.cluster.membership``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +57,8 @@ class ReferenceBroker(BrokerPlugin):
     name = "reference"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock",
+                              "membership"})
     client_port = 5672
     peer_ports = (25672,)
     data_dir = "/var/lib/brokerchaos/data"
@@ -191,8 +198,12 @@ class ReferenceBroker(BrokerPlugin):
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
-        rc, _ = node.exec(self.ctl("status"), timeout=10)
-        return rc == 0
+        """The node answers and its app runs (``stop_app`` leaves the node answering with the app stopped)."""
+        rc, out = node.exec(self.ctl("--json", "status"), timeout=10)
+        try:
+            return rc == 0 and bool(json.loads(out).get("app_running"))
+        except (json.JSONDecodeError, AttributeError):
+            return False
 
     def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
         """From ``ctl list_queues`` on the node. A node that names no unacked count (a node
@@ -232,6 +243,41 @@ class ReferenceBroker(BrokerPlugin):
         if policy is not None:
             run_or_fail(first, self.ctl("set_policy", "brokerchaos-ha", settings.get("policy_pattern", "^chaos"),
                                         json.dumps(policy)))
+
+
+    # -- membership ------------------------------------------------------------------------
+    def members(self, node: NodeHandle) -> set[str]:
+        out = run_or_fail(node, self.ctl("--json", "cluster_status"), timeout=30)
+        return {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])}
+
+    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
+                    settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``stop_app`` on the node; once a remaining member sees it down, ``forget_cluster_node`` there."""
+        member = remaining[0]
+        run_or_fail(node, self.ctl("stop_app"), timeout=150)
+        self._wait_members(member, lambda running: node.name not in running, f"{node.name} seen down")
+        forget = self.ctl("forget_cluster_node", node.name)
+        run_or_fail(member, forget, timeout=30)
+        return {"on_node": ["ctl stop_app"], "on_" + member.name: [f"ctl forget_cluster_node {node.name}"]}
+
+    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+        """A forgotten node drops its data and membership (``reset``) before it asks a member to admit it."""
+        cmds = [("stop_app",), ("reset",), ("join_cluster", members[0].name), ("start_app",)]
+        for cmd in cmds:
+            run_or_fail(node, self.ctl(*cmd), timeout=150)
+        want = {m.name for m in members} | {node.name}
+        self._wait_members(members[0], lambda running: want <= running, f"{sorted(want)} running")
+        return {"on_node": [" ".join(("ctl", *c)) for c in cmds]}
+
+    def _wait_members(self, node: NodeHandle, done: Any, what: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            seen = self.members(node)
+            if done(seen):
+                return
+            time.sleep(0.5)
+        raise ClusterError(f"{node.name}: waited {timeout:.0f}s for {what}; running members are {sorted(seen)}")
 
 
 @hookimpl

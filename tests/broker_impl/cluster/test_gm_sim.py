@@ -12,6 +12,8 @@ broadcast = st.tuples(st.just("broadcast"), st.integers(0, 9), st.booleans())
 kill = st.tuples(st.just("kill"), st.integers(0, 9))
 join = st.tuples(st.just("join"))
 run = st.tuples(st.just("run"), st.integers(0, 25))
+leave = st.tuples(st.just("leave"), st.integers(0, 9))
+forgive = st.tuples(st.just("forgive"))
 
 # traffic-heavy scripts, and churn-heavy ones (many crashes and joins, little settling)
 traffic = st.lists(st.one_of(broadcast, broadcast, broadcast, kill, join, run), min_size=5, max_size=80)
@@ -45,6 +47,36 @@ def test_guarantees_hold_under_heavy_churn(seed: int, founders: int, ops: list) 
 @given(seed=st.integers(0, 2**32 - 1), ops=traffic)
 def test_guarantees_hold_with_unbatched_broadcasts_and_eager_failure_detection(seed: int, ops: list) -> None:
     assert_guarantees(play(seed, 3, ops, max_buffer=1, guard_delay=0.0, tick_probability=0.4))
+
+
+# membership changes: nodes removed from the cluster (their members leave, the survivors are told, no
+# failure detector verdict) and new ones joining, with crashes and paused nodes forgiving pending verdicts
+membership = st.lists(st.one_of(broadcast, broadcast, leave, leave, join, join, kill, forgive, run),
+                      min_size=5, max_size=60)
+
+
+@examples(400)
+@given(seed=st.integers(0, 2**32 - 1), founders=st.integers(2, 5), ops=membership)
+def test_guarantees_hold_when_members_leave_and_join(seed: int, founders: int, ops: list) -> None:
+    sim = play(seed, founders, ops)
+    assert_guarantees(sim)
+    record = sim.store.read(sim.group)
+    assert record is not None
+    assert not sim.departed & set(record.members), f"departed members still in the record: {record}"
+
+
+def test_a_member_that_left_is_recorded_dead_though_every_pending_verdict_was_forgiven() -> None:
+    sim = GmSim(3)
+    sim.form(["a", "b", "c"])
+    sim.broadcast("a", True)
+    sim.leave("b")
+    sim.forgive()
+    sim.settle()
+    sim.broadcast("c", True)
+    sim.settle()
+    assert_guarantees(sim)
+    record = sim.store.read(sim.group)
+    assert record is not None and set(record.members) == {"a", "c"}, record
 
 
 # Long random scripts that once broke the ring (seed, crash rate, length): a joiner
