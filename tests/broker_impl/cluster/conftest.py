@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,76 +12,25 @@ from typing import Any
 import pika
 import pytest
 
-from broker_impl.ctl import CtlError, call
+from tests.broker_impl.nodes import BrokerProc, free_port, wait_for
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["PERSISTENT", "LinkProxy", "Net", "NodeProc", "amqp", "drain", "free_port", "publish", "queue_info",
+           "wait_for"]
 
 
-class NodeProc:
-    """One broker node process; ``kill()`` is SIGKILL, ``start()`` brings it back on the same data."""
+class NodeProc(BrokerProc):
+    """A cluster node: its ``[cluster]`` table names the peers (and any further cluster settings)."""
 
     def __init__(self, name: str, root: Path, addr: str, cport: int, peers: dict[str, str], cluster: dict[str, Any]) -> None:
-        self.name = name
-        self.dir = root / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir = self.dir / "data"
+        super().__init__(name, root)
         self.addr = addr
-        self.amqp_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
         peer_lines = ", ".join(f'{n} = "{a}"' for n, a in peers.items())
         extra = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cluster.items())
-        self.config = self.dir / "broker.toml"
         self.config.write_text(
             f'[node]\nname = "{name}"\nhost = "127.0.0.1"\nport = {self.amqp_port}\n'
             f'data_dir = "{self.data_dir}"\nlog_file = "{self.dir / "broker.log"}"\nlog_level = "info"\n'
             f'[cluster]\nnode = "{name}"\nlisten = "{addr}"\nport = {cport}\npeers = {{{peer_lines}}}\n{extra}\n'
         )
-
-    def start(self) -> NodeProc:
-        (self.data_dir / "node.json").unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker_impl", "--config", str(self.config)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "ab"),
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        deadline = time.monotonic() + 60  # generous: three nodes starting on a busy 2-core machine
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited: {(self.dir / 'stderr.log').read_text()[-2000:]}")
-            try:
-                call(self.data_dir, "status", timeout=2)
-                return self
-            except (CtlError, OSError, ValueError):
-                time.sleep(0.1)
-        raise RuntimeError(f"node {self.name} did not start")
-
-    def ctl(self, cmd: str, **args: Any) -> Any:
-        return call(self.data_dir, cmd, args)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-
-    def log(self) -> str:
-        p = self.dir / "broker.log"
-        return p.read_text() if p.exists() else ""
 
 
 class LinkProxy:
@@ -209,20 +153,6 @@ def drain(node: NodeProc, queue: str) -> list[int]:
         out.append(int(body))
     c.close()
     return out
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-            if last:
-                return last
-        except (CtlError, OSError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
