@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .stream import history_path, iter_rows
+from ._rows import history_path
+from .stream import iter_rows
 
 COUNT_KEYS = ("transactions", "publish_transactions", "ack_transactions", "committed", "rolled_back", "unknown",
               "incomplete_commits", "rolled_back_delivered", "partial_transactions", "acks_undone",

@@ -30,6 +30,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import _rows
+from ._rows import history_path
+
 COUNT_KEYS = ("delayed_publishes", "delayed_confirmed", "delayed_delivered", "early", "early_ids", "late",
               "lateness_p50_ms", "lateness_p90_ms", "lateness_p99_ms", "lateness_max_ms", "history_ops")
 EXAMPLES = 20  # examples kept per anomaly
@@ -38,23 +41,9 @@ PERCENTILES = (50, 90, 99)
 _COLUMNS = ("index", "time_ns", "process", "node", "type", "f", "value", "detail")
 
 
-def history_path(run_dir: Path) -> Path:
-    parquet = run_dir / "history.parquet"
-    return parquet if parquet.exists() else run_dir / "history.jsonl"
-
-
 def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """The columns the delay checks read, in index order (Parquet, or JSONL while a run is written)."""
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.open() if line.strip()]
-        rows.sort(key=lambda r: r["index"])
-        for r in rows:
-            yield {k: r.get(k) for k in _COLUMNS}
-        return
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=list(_COLUMNS)).sort_by("index")
-    yield from table.to_pylist()
+    """The columns the delay checks read, in index order."""
+    return _rows.iter_rows(path, _COLUMNS)
 
 
 def late_ms(scenario: dict[str, Any] | None) -> int:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .delay import history_path, iter_rows, lateness, lateness_ms_of_first_deliveries
+from ._rows import history_path
+from .delay import iter_rows, lateness, lateness_ms_of_first_deliveries
 
 _LABELS = {
     "delayed_publishes": "ids published with a delay", "delayed_confirmed": "of them confirmed",

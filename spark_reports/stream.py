@@ -34,6 +34,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import _rows
+from ._rows import history_path
+
 COUNT_KEYS = ("streams", "confirmed", "delivered", "seq_conflicts", "seq_mismatches", "delivered_conflicts",
               "gaps", "reordered", "diverged_streams", "unfinished_drains", "history_ops")
 ANOMALIES = ("seq_conflicts", "seq_mismatches", "delivered_conflicts", "gaps", "reordered", "diverged_streams")
@@ -41,23 +44,9 @@ EXAMPLES = 20  # examples kept per anomaly
 _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 
 
-def history_path(run_dir: Path) -> Path:
-    parquet = run_dir / "history.parquet"
-    return parquet if parquet.exists() else run_dir / "history.jsonl"
-
-
 def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """The columns the stream checks read, in index order (Parquet, or JSONL while a run is written)."""
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.open() if line.strip()]
-        rows.sort(key=lambda r: r["index"])
-        for r in rows:
-            yield {k: r.get(k) for k in _COLUMNS}
-        return
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=list(_COLUMNS)).sort_by("index")
-    yield from table.to_pylist()
+    """The columns the stream checks read, in index order."""
+    return _rows.iter_rows(path, _COLUMNS)
 
 
 def _json(text: Any) -> dict[str, Any]:

@@ -1,0 +1,27 @@
+"""The history rows the small pure-Python checkers (stream, delay, atomicity) read: a few columns in index order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def history_path(run_dir: Path) -> Path:
+    parquet = run_dir / "history.parquet"
+    return parquet if parquet.exists() else run_dir / "history.jsonl"
+
+
+def iter_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """``columns`` of every record, in index order (Parquet, or JSONL while a run is written)."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.open() if line.strip()]
+        rows.sort(key=lambda r: r["index"])
+        for r in rows:
+            yield {k: r.get(k) for k in columns}
+        return
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=list(columns)).sort_by("index")
+    yield from table.to_pylist()
