@@ -72,6 +72,8 @@ class MemberRemove(Fault):
                 continue
             if len(members) > len(seen):
                 seen = members
+        if len(seen) < 2:
+            return None  # no node counts another as a member: no cluster to heal (e.g. master-slave replication)
         out = {}
         for name in sorted(set(nodes) - seen):
             out[name] = _add(ctx, nodes[name], [h for n, h in nodes.items() if n in seen])
