@@ -25,3 +25,14 @@ def iter_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
 
     table = pq.read_table(path, columns=list(columns)).sort_by("index")
     yield from table.to_pylist()
+
+
+def verdict_of(counts: dict[str, int], anomalies: Sequence[str]) -> tuple[bool | str, str, list[str]]:
+    """(valid, verdict, the anomalies found) of a small checker: any anomaly is an integrity failure;
+    otherwise an unfinished drain leaves the verdict unknown."""
+    bad = [k for k in anomalies if counts[k]]
+    if bad:
+        return False, "INTEGRITY", bad
+    if counts["unfinished_drains"]:
+        return "unknown", "unknown", bad
+    return True, "durable", bad

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._rows import history_path
+from ._rows import history_path, verdict_of
 from .stream import iter_rows
 
 COUNT_KEYS = ("transactions", "publish_transactions", "ack_transactions", "committed", "rolled_back", "unknown",
@@ -135,14 +135,7 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str) -> dict[str, Any]:
-    bad = [k for k in ANOMALIES if counts[k]]
-    if bad:
-        valid: bool | str = False
-        verdict = "INTEGRITY"
-    elif counts["unfinished_drains"]:
-        valid, verdict = "unknown", "unknown"
-    else:
-        valid, verdict = True, "durable"
+    valid, verdict, bad = verdict_of(counts, ANOMALIES)
     notes = [f"atomicity {k.replace('_', ' ')}: {counts[k]}" for k in bad]
     if counts["unfinished_drains"]:
         notes.append(f"{counts['unfinished_drains']} drain(s) unfinished: whether committed transactions were "

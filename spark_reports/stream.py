@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _rows
-from ._rows import history_path
+from ._rows import history_path, verdict_of
 
 COUNT_KEYS = ("streams", "confirmed", "delivered", "seq_conflicts", "seq_mismatches", "delivered_conflicts",
               "gaps", "reordered", "diverged_streams", "unfinished_drains", "history_ops")
@@ -151,14 +151,7 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str) -> dict[str, Any]:
-    bad = [k for k in ANOMALIES if counts[k]]
-    if bad:
-        valid: bool | str = False
-        verdict = "INTEGRITY"
-    elif counts["unfinished_drains"]:
-        valid, verdict = "unknown", "unknown"
-    else:
-        valid, verdict = True, "durable"
+    valid, verdict, bad = verdict_of(counts, ANOMALIES)
     notes = [f"stream {k.replace('_', ' ')}: {counts[k]}" for k in bad]
     if counts["unfinished_drains"]:
         notes.append(f"{counts['unfinished_drains']} stream(s) not fully drained: gaps and replica "
