@@ -16,7 +16,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -146,22 +146,46 @@ def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
     return [next(rotation) for _ in nodes]
 
 
+class DrainUnfinished(Exception):
+    """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
+
+    def __init__(self, consumed: int, why: str) -> None:
+        super().__init__(f"unfinished after consuming {consumed}: {why}")
+        self.consumed = consumed
+
+
+@dataclass(frozen=True)
+class DrainEnd:
+    """How a drain's rounds ended: ``empty`` when one full round found every node empty and
+    consumed nothing new; otherwise ``unreached`` holds the nodes the last round did not get
+    to before the time ran out."""
+
+    empty: bool
+    unreached: tuple[str, ...] = ()
+
+    def why(self, queue: str, timeout: float, errors: Mapping[str, str | None]) -> str:
+        """The one line an unfinished drain records: every node's error, and every node the
+        time ran out before (so a node that was never reached is named, not left out)."""
+        parts = [f"{n}: {e}" for n, e in errors.items() if e]
+        parts += [f"{n}: the time ran out before the drain reached it" for n in self.unreached if not errors.get(n)]
+        return f"not every node reported {queue} empty within {timeout:g}s" + (": " + "; ".join(parts) if parts else "")
+
+
 async def drain_rounds(nodes: Sequence[str], visit: Callable[[str], Awaitable[bool]], consumed: Callable[[], int],
-                       left: Callable[[], float], pause: float) -> bool:
+                       left: Callable[[], float], pause: float) -> DrainEnd:
     """A drain's rounds: visit every node in turn until one full round finds every node empty
-    and consumes nothing new (True), or the time ``left`` runs out (False). ``visit`` drains
-    through one node and says whether that node reported the queue empty."""
+    and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
+    and says whether that node reported the queue empty."""
     while True:
         before = consumed()
         every_empty = True
-        for node in nodes:
+        for i, node in enumerate(nodes):
             if left() <= 0:
-                every_empty = False
-                break
+                return DrainEnd(False, tuple(nodes[i:]))
             every_empty = await visit(node) and every_empty
         if every_empty and consumed() == before:
-            return True
+            return DrainEnd(True)
         if left() <= 0:
-            return False
+            return DrainEnd(False)
         if not every_empty:
             await asyncio.sleep(min(pause, max(0.0, left())))

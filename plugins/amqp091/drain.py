@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
-from harness.spec.client import drain_rounds, reason
+from harness.spec.client import DrainUnfinished, drain_rounds, reason
 from plugins.amqp091.consumer import RECONNECT_DELAY, Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
@@ -42,14 +42,6 @@ class NodeView:
     unacked: int | None = None
     empty_at_ns: int | None = None
     error: str | None = None
-
-
-class DrainUnfinished(Exception):
-    """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
-
-    def __init__(self, consumed: int, why: str) -> None:
-        super().__init__(f"unfinished after consuming {consumed}: {why}")
-        self.consumed = consumed
 
 
 class _VisitEnded(Exception):
@@ -87,14 +79,14 @@ class Drain:
     async def run(self) -> int:
         inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            if await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY):
+            end = await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY)
+            if end.empty:
                 inv.ok(self.value())
                 return self.total
         except asyncio.CancelledError:
             inv.info("drain cancelled", self.value())
             raise
-        errors = "; ".join(f"{n}: {v.error}" for n, v in self.views.items() if v.error)
-        why = f"not every node reported {self.queue} empty within {self.timeout:g}s" + (f": {errors}" if errors else "")
+        why = end.why(self.queue, self.timeout, {n: v.error for n, v in self.views.items()})
         inv.info(why, self.value())
         raise DrainUnfinished(self.total, why)
 

@@ -60,6 +60,7 @@ from harness.spec import (
 )
 from harness.spec.client import (
     Behaviour,
+    DrainUnfinished,
     drain_order,
     drain_rounds,
     node_rotation,
@@ -452,14 +453,6 @@ class NodeView:
     consumers_created: int = 0  # the drain made the durable consumer again (its state had been lost)
 
 
-class DrainUnfinished(Exception):
-    """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
-
-    def __init__(self, consumed: int, why: str) -> None:
-        super().__init__(f"unfinished after consuming {consumed}: {why}")
-        self.consumed = consumed
-
-
 class _Drain:
     def __init__(self, driver: NatsDriver, process: str, queue: str) -> None:
         self.d = driver
@@ -485,15 +478,14 @@ class _Drain:
     async def run(self) -> int:
         inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            if await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY):
+            end = await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY)
+            if end.empty:
                 inv.ok(await self.value())
                 return self.total
         except asyncio.CancelledError:
             inv.info("drain cancelled", {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}})
             raise
-        errors = "; ".join(f"{n}: {v.error}" for n, v in self.views.items() if v.error)
-        why = (f"not every node reported {self.queue} empty within {self.d.w.drain_timeout:g}s"
-               + (f": {errors}" if errors else ""))
+        why = end.why(self.queue, self.d.w.drain_timeout, {n: v.error for n, v in self.views.items()})
         inv.info(why, await self.value())
         raise DrainUnfinished(self.total, why)
 

@@ -25,9 +25,9 @@ from broker_impl.server import Server
 from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import Endpoint
+from harness.spec.client import DrainUnfinished
 from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
 from plugins.amqp091.client import AmqpDriver, confirm_outcome
-from plugins.amqp091.drain import DrainUnfinished
 
 SEED = 17
 SIZE = 128

@@ -248,3 +248,30 @@ def test_the_live_progress_counts_acked_messages_not_deliveries(tmp_path: Path) 
     asyncio.run(go())
     rec.close()
     assert seen[0]["consumed"] == 1
+
+
+def _rounds(times: dict[str, float], empty: set[str], budget: float) -> client_spec.DrainEnd:
+    """drain_rounds over nodes whose visits take ``times`` seconds of a logical clock."""
+    now = [0.0]
+
+    async def visit(node: str) -> bool:
+        now[0] += times[node]
+        return node in empty
+
+    return asyncio.run(client_spec.drain_rounds(list(times), visit, lambda: 0, lambda: budget - now[0], 0.0))
+
+
+def test_a_drain_that_runs_out_names_the_nodes_it_never_reached() -> None:
+    end = _rounds({"n1": 8.0, "n2": 1.0, "n3": 0.0}, set(), budget=8.0)
+    assert end == client_spec.DrainEnd(False, ("n2", "n3"))
+    why = end.why("chaos-1", 8, {"n1": "drain_timeout (8s) ran out on this node", "n2": None, "n3": None})
+    assert why == ("not every node reported chaos-1 empty within 8s: n1: drain_timeout (8s) ran out on this node; "
+                   "n2: the time ran out before the drain reached it; n3: the time ran out before the drain reached it")
+
+
+def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
+    assert _rounds({"n1": 1.0, "n2": 1.0}, {"n1", "n2"}, budget=10.0) == client_spec.DrainEnd(True)
+    end = _rounds({"n1": 1.0, "n2": 1.0}, {"n1"}, budget=3.0)
+    assert end == client_spec.DrainEnd(False, ("n2",))
+    assert end.why("q", 3, {"n1": None, "n2": "connect: refused"}) == (
+        "not every node reported q empty within 3s: n2: connect: refused")

@@ -23,9 +23,10 @@ import pytest
 from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import Endpoint
+from harness.spec.client import DrainUnfinished
 from harness.spec.history import body_digest, message_body
 from plugins.nats import SYSTEM_USER
-from plugins.nats.client import DrainUnfinished, NatsDriver
+from plugins.nats.client import NatsDriver
 
 SEED = 23
 SIZE = 128
