@@ -125,7 +125,12 @@ class AllureReporter:
             title = PHASE_TITLES.get(phase, phase)
             if phase == "cluster":
                 title = f"start cluster ({len(run.nodes)} node{'s' if len(run.nodes) != 1 else ''})"
-            self._open.append((phase, self._start(title)))
+            uuid = self._start(title)
+            self._open.append((phase, uuid))
+            # A phase that ran on another thread (the check, beside the teardown) is reported
+            # afterwards with its real start and stop.
+            if detail.get("start_ms") is not None and (item := _step_item(uuid)) is not None:
+                item.start = detail["start_ms"]
             return
         for i in range(len(self._open) - 1, -1, -1):
             if self._open[i][0] == phase:
@@ -133,7 +138,10 @@ class AllureReporter:
                 closing = self._open[i:]
                 del self._open[i:]
                 for _, uuid in reversed(closing):
+                    item = _step_item(uuid) if detail.get("stop_ms") is not None else None
                     self._stop(uuid, error)
+                    if item is not None:
+                        item.stop = detail["stop_ms"]
                 return
 
     @hookimpl

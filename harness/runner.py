@@ -12,6 +12,7 @@ import json
 import logging
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -101,24 +102,32 @@ class Run:
         recorder = Recorder(self.dir.history_jsonl, parquet=self.dir.history_parquet)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         workload: dict[str, Any] = {}
+        checking: _Background | None = None
         try:
             images = self._phase("images", lambda: self._images(client))
             topology = build_topology(self.plugin, run_id=self.id, nodes=len(self.nodes), settings=self.settings,
                                       broker_image=images["broker"], proxy_image=images["toxiproxy"],
                                       lazyfs=self.lazyfs, faketime=self.faketime, host_ports=self.client_ports)
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
+                drained = False
                 try:
                     self._phase("cluster", cluster.start)
                     workload = self._phase("workload", lambda: self._workload(cluster, recorder))
+                    drained = True
                 finally:
                     recorder.close()
+                    if drained:
+                        # The history is complete and the checkers need no Docker: check while the
+                        # cluster's logs are collected and its containers removed.
+                        checking = _Background(self._check_aside)
                     self._phase("teardown", lambda: cluster.collect(self.dir.path))
         finally:
             signal.signal(signal.SIGTERM, previous)
             recorder.close()
             logging.getLogger().removeHandler(log_handler)
             log_handler.close()
-        results = self.check()
+        assert checking is not None  # the workload returned: the check was started beside the teardown
+        results = self._checked(checking)
         results["workload"] = workload
         results["timings"] = self.timings
         self.dir.write_json("results.json", results)
@@ -181,9 +190,69 @@ class Run:
         return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers,
                          phase=lambda name, fn: self._phase(name, fn), drained_at=self.drained_at)
 
+    def _check_aside(self) -> tuple[dict[str, Any], list[tuple[str, int, int, float, BaseException | None]]]:
+        """``check`` on another thread, with no hooks called from it (plugins keep per-thread
+        state, e.g. Allure's open steps): each phase's name, start and stop (epoch ms), seconds
+        and error are kept for ``_checked`` to report on the run's own thread."""
+        assert self.dir is not None
+        phases: list[tuple[str, int, int, float, BaseException | None]] = []
+
+        def phase(name: str, fn: Any) -> Any:
+            start_ms, t, error = int(time.time() * 1000), time.monotonic(), None
+            try:
+                return fn()
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                phases.append((name, start_ms, int(time.time() * 1000), round(time.monotonic() - t, 3), error))
+
+        results = check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers, phase=phase,
+                            drained_at=self.drained_at)
+        return results, phases
+
+    def _checked(self, checking: _Background) -> dict[str, Any]:
+        """The results of ``_check_aside``, its phases reported (with their real times) as if run here."""
+        try:
+            results, phases = checking.result()
+        except BaseException as exc:
+            self.host.phase(self, "check", "start")
+            self.host.phase(self, "check", "failed", error=str(exc) or type(exc).__name__)
+            raise
+        for name, start_ms, stop_ms, seconds, error in phases:
+            self.timings[name] = seconds
+            self.host.phase(self, name, "start", start_ms=start_ms)
+            if error is not None:
+                self.host.phase(self, name, "failed", error=str(error) or type(error).__name__, stop_ms=stop_ms)
+            else:
+                self.host.phase(self, name, "done", seconds=seconds, stop_ms=stop_ms)
+        return results
+
     def report(self, results: dict[str, Any]) -> Path | None:
         assert self.dir is not None
         return render_report(self.host, self.dir, results)
+
+
+class _Background:
+    """A call on its own thread; ``result`` waits for it and returns or raises what it did."""
+
+    def __init__(self, fn: Any) -> None:
+        self._out: Any = None
+        self._exc: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="check", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            self._out = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            self._exc = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._exc is not None:
+            raise self._exc
+        return self._out
 
 
 def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[str, str]:
@@ -201,7 +270,7 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
     """Run the checkers on a stored run and combine their verdicts (pure: no Docker).
 
     drained_at: when the run's final drain returned (monotonic); each checker's line then also
-    says how long after the drain it finished, teardown included.
+    says how long after the drain it finished (a run checks while its cluster is torn down).
     """
     phase = phase or (lambda name, fn: fn())
     if run_dir.history_jsonl.exists() and not run_dir.history_parquet.exists():

@@ -61,22 +61,22 @@ def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
     proc = subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "120"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_id = None
-    deadline = time.monotonic() + 300
+    reached = False
     assert proc.stderr is not None
-    for line in proc.stderr:
+    for line in proc.stderr:  # ends if the run ends
         m = re.search(r"network (bc-[0-9a-f]+)", line)
         if m:
             run_id = m.group(1)
         if "workload" in line and "producers" in line:
+            reached = True
             break
-        assert time.monotonic() < deadline, "the run did not reach the workload"
+    assert reached, f"the run ended (exit {proc.wait()}) before its workload started"
     assert run_id is not None
     assert labelled(run_id)["containers"], "the run had started containers"
     history = tmp_path / "store" / "latest" / "history.jsonl"  # interrupt once messages are being confirmed
     while not (history.exists() and '"type":"ok","f":"publish"' in history.read_text()):
-        assert time.monotonic() < deadline and proc.poll() is None, "no publish was confirmed"
+        assert proc.poll() is None, "the run ended before a publish was confirmed"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
-    assert proc.returncode == 130
+    assert proc.wait() == 130
     assert labelled(run_id) == {"containers": [], "networks": [], "volumes": []}
