@@ -331,6 +331,13 @@ def test_there_are_shipped_scenarios() -> None:
     assert SCENARIO_FILES, "scenarios/ holds no scenario files"
 
 
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
+def test_every_shipped_scenario_is_graded_by_spark(host: Host, path: Path) -> None:
+    """Spark is the engine of record: a scenario names no checkers (the defaults) or names it."""
+    checkers = S.load(path).checkers or tuple(host.registry.defaults)
+    assert "spark" in checkers, checkers
+
+
 def test_consumer_behaviours_and_budgets_are_off_by_default() -> None:
     sc = S.from_dict(MINIMAL)
     assert sc.workload.consumer == S.ConsumerSection(requeue=0.0, recover_every=0.0, close_every=0.0,
