@@ -11,7 +11,8 @@ from harness.spec.results import SCHEMA_VERSION, Grade, Results
 
 from ._common import HistoryError, ScenarioError
 from ._python import check_python
-from ._spark import check_spark, spark_session, stop_session
+from ._spark import check_spark
+from ._spark_session import spark_session, stop_session
 from .grade import clopper_pearson_interval, clopper_pearson_upper, describe_grade, grade_runs
 from .report import render_grade_report, render_report
 

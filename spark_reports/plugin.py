@@ -30,7 +30,7 @@ def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def _delay_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
-    from ._spark import spark_session
+    from ._spark_session import spark_session
 
     return check_delay_spark(run_dir, scenario, spark=spark_session(settings.get("spark_master")))
 

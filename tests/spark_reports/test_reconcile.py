@@ -99,6 +99,9 @@ def _consumed_in_fault() -> HistoryBuilder:
 
 def _attributed() -> HistoryBuilder:
     b = HistoryBuilder()
+    # Confirmed by n3 before any fault, never consumed: lost, exposed to both kinds (p1:3, also lost
+    # on n3, to one: their rows for power-loss on n3 are one row of two).
+    b.publish("p1:0", node="n3")
     b.publish("p1:1", node="n1")  # confirmed before any fault, consumed: exposed, not lost
     b.fault("f1", "kill", node="n2")
     b.publish("p1:2", node="n2")  # confirmed by n2 during the kill, never consumed
@@ -347,19 +350,21 @@ def test_message_consumed_only_during_a_fault_is_not_lost(tmp_path: Path) -> Non
 
 def test_attribution(tmp_path: Path) -> None:
     r = run(tmp_path, "attributed")
-    assert r["lost"] == ["p1:2", "p1:3"]
+    assert r["lost"] == ["p1:0", "p1:2", "p1:3"]
     a = r["attribution"]
     assert a["rows"] == [
         {"fault_kind": "kill", "node": "n2", "count": 1},
+        {"fault_kind": "kill", "node": "n3", "count": 1},
         {"fault_kind": "power-loss", "node": "n2", "count": 1},
-        {"fault_kind": "power-loss", "node": "n3", "count": 1},
+        {"fault_kind": "power-loss", "node": "n3", "count": 2},
     ]
     assert [(m["id"], m["confirm_node"], m["fault_ids"], m["fault_kinds"]) for m in a["messages"]] == [
+        ("p1:0", "n3", ["f1", "f2"], ["kill", "power-loss"]),
         ("p1:2", "n2", ["f1", "f2"], ["kill", "power-loss"]), ("p1:3", "n3", ["f2"], ["power-loss"])]
     f2 = r["faults"][1]
     assert f2["healed"] is False and f2["end_ns"] == r["end_ns"]
     assert {e["fault_kind"]: (e["confirmed"], e["lost"]) for e in a["exposure"]} == {
-        "kill": (2, 1), "power-loss": (3, 2)}
+        "kill": (3, 2), "power-loss": (4, 3)}
 
 
 def test_a_delivery_is_not_a_consumption(tmp_path: Path) -> None:
