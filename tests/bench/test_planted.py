@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from bench.detection import CATALOGUE, PLANTED, REPO, SOURCE_ENV, Bug, PatchError, apply_patch, load_catalogue
 from harness.errors import BrokerChaosError
 from harness.scenario import load
+from tests.polling import until
 
 BUGS = load_catalogue()
 
@@ -100,19 +100,12 @@ class PatchedBroker:
         self.port = self._wait_port()
 
     def _wait_port(self) -> int:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                info = json.loads((self.data / "node.json").read_text())
-            except (OSError, json.JSONDecodeError):
-                info = {}
-            if info.get("pid") == self.proc.pid:
-                return int(info["port"])
-            if self.proc.poll() is not None:
-                raise AssertionError(f"patched broker exited {self.proc.returncode}: "
-                                     f"{(self.root / 'stderr.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        raise AssertionError("patched broker wrote no node.json within 30 s")
+        proc = self.proc
+        info = until(lambda: (i := json.loads((self.data / "node.json").read_text())).get("pid") == proc.pid and i,
+                     "the patched broker's node.json", ignore=(OSError, json.JSONDecodeError),
+                     gone=lambda: None if proc.poll() is None else
+                     f"patched broker exited {proc.returncode}: {(self.root / 'stderr.log').read_text()[-2000:]}")
+        return int(info["port"])
 
     def stop(self) -> int:
         if self.proc.poll() is None:

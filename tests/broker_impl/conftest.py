@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from broker_impl.config import Config, parse
 from broker_impl.server import Server
+from tests.polling import until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,28 +105,20 @@ class SubprocessNode:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self, timeout: float = 60) -> SubprocessNode:
+    def start(self) -> SubprocessNode:
         (self.data_dir / "node.json").unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker_impl", "--config", str(self.cfg)],
             env=env, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "ab"),
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            f = self.data_dir / "node.json"
-            if f.exists():
-                try:
-                    info = json.loads(f.read_text())
-                except json.JSONDecodeError:
-                    info = {}
-                if info.get("pid") == self.proc.pid:
-                    self.port = info["port"]
-                    return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}: {(self.dir / 'stderr.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        raise RuntimeError("broker did not start")
+        proc = self.proc
+        info = until(lambda: (i := json.loads((self.data_dir / "node.json").read_text())).get("pid") == proc.pid and i,
+                     "the broker's node.json", ignore=(OSError, json.JSONDecodeError),
+                     gone=lambda: None if proc.poll() is None else
+                     f"broker exited with {proc.returncode}: {(self.dir / 'stderr.log').read_text()[-2000:]}")
+        self.port = info["port"]
+        return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:

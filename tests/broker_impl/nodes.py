@@ -7,12 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from broker_impl.ctl import CtlError, call
+from tests.polling import until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,16 +48,14 @@ class BrokerProc:
         return self
 
     def wait_serving(self) -> None:
-        deadline = time.monotonic() + 60  # generous: several nodes starting on a busy 2-core machine
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited: {(self.dir / 'stderr.log').read_text()[-2000:]}")
-            try:
-                call(self.data_dir, "status", timeout=2)
-                return
-            except (CtlError, OSError, ValueError):
-                time.sleep(0.1)
-        raise RuntimeError(f"node {self.name} did not start")
+        until(lambda: call(self.data_dir, "status", timeout=2) or True, f"node {self.name} to serve", every=0.1,
+              ignore=(CtlError, OSError, ValueError), gone=self.gone)
+
+    def gone(self) -> str | None:
+        """Why this node can no longer come up: its process exited (with its last stderr)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"node {self.name} exited: {(self.dir / 'stderr.log').read_text()[-2000:]}"
+        return None
 
     def ctl(self, cmd: str, **args: Any) -> Any:
         return call(self.data_dir, cmd, args)
@@ -82,16 +80,7 @@ class BrokerProc:
         return p.read_text() if p.exists() else ""
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it returns something true; a node that does not answer yet is polled again."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-            if last:
-                return last
-        except (CtlError, OSError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+def wait_for(cond: Callable[[], Any], what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something true (no deadline: tests/polling.py); a node that
+    does not answer yet is polled again."""
+    return until(cond, what, every=0.1, ignore=(CtlError, OSError))

@@ -9,16 +9,13 @@ message was stored, across a restart too.
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pika.exceptions
 import pytest
 
 from tests.broker_impl.conftest import InProcessNode, make_config
 from tests.broker_impl.test_pika import connect
-
-pytestmark = pytest.mark.timeout(90)
+from tests.polling import until
 
 
 def _restart(tmp_path, node: InProcessNode) -> InProcessNode:  # type: ignore[no-untyped-def]
@@ -75,17 +72,14 @@ def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:
     ch.queue_declare("short-lived", arguments={"x-expires": 300})
     ch.queue_declare("kept", arguments={"x-expires": 300})
     tag = ch.basic_consume("kept", lambda *a: None)  # a consumer keeps it in use
-    deadline = time.monotonic() + 30
-    while "short-lived" in node.run(lambda: dict(node.broker.vhosts["/"].queues)):
-        assert time.monotonic() < deadline, "the unused queue was never deleted"
-        conn.process_data_events(time_limit=0.05)
+    until(lambda: conn.process_data_events(time_limit=0.05)
+          or "short-lived" not in node.run(lambda: dict(node.broker.vhosts["/"].queues)),
+          "the unused queue to be deleted", every=0)
     assert "kept" in node.run(lambda: dict(node.broker.vhosts["/"].queues))
     ch.basic_cancel(tag)
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:  # unused from the cancel on: it goes too
-        while True:
-            ch.queue_declare("kept", passive=True)
-            assert time.monotonic() < deadline + 30
-            conn.process_data_events(time_limit=0.05)
+        until(lambda: ch.queue_declare("kept", passive=True) and conn.process_data_events(time_limit=0.05),
+              "the queue unused since the cancel to be deleted", every=0)
     assert exc.value.reply_code == 404
     conn.close()
 
@@ -106,10 +100,9 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
     try:
         conn = connect(second)
         ch = conn.channel()
-        deadline = time.monotonic() + 30
-        while ch.queue_declare("ttl.q", passive=True).method.message_count:
-            assert time.monotonic() < deadline, "a recovered message outlived its TTL"
-            conn.process_data_events(time_limit=0.1)
+        until(lambda: conn.process_data_events(time_limit=0.1)
+              or not ch.queue_declare("ttl.q", passive=True).method.message_count,
+              "the recovered message's TTL to end it", every=0)
         got = []  # stored before ttl.q's message with a shorter TTL: its deadline has passed too
         while (m := ch.basic_get("ttl.per", auto_ack=True))[0] is not None:
             got.append(m[2])

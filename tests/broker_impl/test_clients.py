@@ -6,11 +6,8 @@ import asyncio
 
 import aio_pika
 import kombu
-import pytest
 
 from tests.broker_impl.conftest import InProcessNode
-
-pytestmark = pytest.mark.timeout(60)
 
 
 def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:

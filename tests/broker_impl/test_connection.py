@@ -10,21 +10,18 @@ from pamqp import commands, heartbeat
 
 from tests.broker_impl.conftest import InProcessNode
 from tests.broker_impl.test_fuzz import Raw
-
-pytestmark = pytest.mark.timeout(60)
+from tests.polling import until
 
 
 def poll_states(node: InProcessNode, want: list[str], pump: pika.BlockingConnection | None = None) -> list[str]:
-    """The connections' flow states once they equal want, or as they are after a generous deadline."""
-    deadline = time.monotonic() + 30
-    while True:
-        states = node.run(lambda: sorted(c.operator_state() for c in node.broker.connections))
-        if states == want or time.monotonic() > deadline:
-            return states
+    """The connections' flow states once they equal want (no deadline: tests/polling.py)."""
+    def states() -> list[str] | None:
         if pump is not None:
             pump.process_data_events(time_limit=0.05)
-        else:
-            time.sleep(0.02)
+        got = node.run(lambda: sorted(c.operator_state() for c in node.broker.connections))
+        return got if got == want else None
+
+    return until(states, f"connection states {want}", every=0 if pump is not None else 0.02)
 
 
 def test_server_sends_heartbeats_and_drops_silent_client(node: InProcessNode) -> None:
@@ -41,7 +38,6 @@ def test_server_sends_heartbeats_and_drops_silent_client(node: InProcessNode) ->
             break
         if isinstance(d.frame, heartbeat.Heartbeat):
             beats += 1
-        assert time.monotonic() - t0 < 30, "a silent client was never dropped"  # generous: a busy machine is late
     silent_for = time.monotonic() - t0
     assert beats >= 2  # every timeout/2
     assert silent_for >= 1.5  # not before about two timeouts (a slow machine can only make this later)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pika
 import pika.exceptions
 import pytest
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+from tests.polling import until
+
+pytestmark = pytest.mark.slow
 
 TOML = """
 [node]
@@ -47,9 +48,8 @@ def test_confirmed_messages_survive_sigkill(subprocess_node) -> None:
     stop = threading.Event()
     t = threading.Thread(target=_publisher, args=(node.port, confirmed, attempted, stop), daemon=True)
     t.start()
-    deadline = time.monotonic() + 45  # generous: fsyncs are slow on a busy machine
-    while len(confirmed) < 300 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: len(confirmed) >= 300, "300 confirms before the kill",
+          gone=lambda: None if t.is_alive() else "the publisher stopped")
     node.kill()  # SIGKILL while the publisher is still going
     stop.set()
     t.join(10)

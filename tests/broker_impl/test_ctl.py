@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 TOML = """
 [node]

@@ -22,7 +22,7 @@ from broker_impl.store import durable
 from faults.lazyfs import LazyMount, fuse_available, is_mounted
 from tests.broker_impl.conftest import SubprocessNode
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 N = 40
 

@@ -25,8 +25,6 @@ from broker_impl.codec import (
 )
 from tests.broker_impl.conftest import InProcessNode
 
-pytestmark = pytest.mark.timeout(120)
-
 
 # -- codec ------------------------------------------------------------------------------
 @settings(max_examples=400, deadline=None)

@@ -10,8 +10,7 @@ import pika.exceptions
 import pytest
 
 from tests.broker_impl.conftest import InProcessNode
-
-pytestmark = pytest.mark.timeout(60)
+from tests.polling import until
 
 
 def connect(node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw) -> pika.BlockingConnection:
@@ -26,12 +25,9 @@ def pump(conn: pika.BlockingConnection, seconds: float) -> None:
         conn.process_data_events(time_limit=0.05)
 
 
-def pump_until(conn: pika.BlockingConnection, cond: Callable[[], object], timeout: float = 30) -> None:
-    """Pump until cond() holds: a busy machine delivers late, not wrongly, so the deadline is generous."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the broker"
-        conn.process_data_events(time_limit=0.05)
+def pump_until(conn: pika.BlockingConnection, cond: Callable[[], object], what: str = "the broker") -> None:
+    """Pump until cond() holds: a busy machine delivers late, not wrongly (no deadline: tests/polling.py)."""
+    until(lambda: conn.process_data_events(time_limit=0.05) or cond(), what, every=0)
 
 
 def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 30) -> list[tuple]:
@@ -142,9 +138,7 @@ def test_round_robin_between_consumers(node: InProcessNode) -> None:
     ch.basic_consume("rr", cb("b"), consumer_tag="b")
     for i in range(20):
         ch.basic_publish("", "rr", str(i).encode())
-    deadline = time.monotonic() + 30
-    while sum(got.values()) < 20 and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.1)
+    pump_until(conn, lambda: sum(got.values()) >= 20, "20 deliveries")
     assert got == {"a": 10, "b": 10}
     conn.close()
 

@@ -18,8 +18,6 @@ from pamqp import commands
 from broker_impl.message import Message
 from tests.broker_impl.conftest import InProcessNode
 
-pytestmark = pytest.mark.timeout(60)
-
 
 @pytest.mark.parametrize(("how", "confirmed"), [("discard", False), ("delete", True)])
 def test_a_publish_waiting_for_its_confirm_when_the_queue_goes(node: InProcessNode, how: str, confirmed: bool) -> None:

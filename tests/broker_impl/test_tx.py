@@ -13,8 +13,6 @@ import pytest
 from tests.broker_impl.conftest import InProcessNode
 from tests.broker_impl.test_pika import connect, drain
 
-pytestmark = pytest.mark.timeout(60)
-
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pika
 import pika.exceptions
@@ -12,8 +11,9 @@ import pytest
 from broker_impl.store.commitlog import CommitLog
 from broker_impl.store.config import StoreConfig
 from broker_impl.store.record import FLAG_TX_PREPARED
+from tests.polling import until
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 TOML = """
 [node]
@@ -99,9 +99,8 @@ def test_sigkill_mid_stream_keeps_every_transaction_whole(subprocess_node) -> No
     stop = threading.Event()
     t = threading.Thread(target=_tx_publisher, args=(node.port, committed, attempted, stop), daemon=True)
     t.start()
-    deadline = time.monotonic() + 45  # generous: fsyncs are slow on a busy machine
-    while len(committed) < 100 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: len(committed) >= 100, "100 commits before the kill",
+          gone=lambda: None if t.is_alive() else "the publisher stopped")
     node.kill()  # SIGKILL while the publisher is still committing
     stop.set()
     t.join(10)

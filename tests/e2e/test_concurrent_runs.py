@@ -13,13 +13,13 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from harness.cluster import OWNER_PID_LABEL, PROJECT_LABEL, ROLE_LABEL, RUN_LABEL, Owner, process_start
+from tests.polling import until
 
 from .conftest import REPO
 
@@ -59,6 +59,15 @@ def _brokers_started(pid: int) -> bool:
     return bool(found)
 
 
+def _ended(procs: list[subprocess.Popen[str]]) -> str | None:
+    """Why the two runs can no longer both be running: one of them ended (with its output)."""
+    for p in procs:
+        if p.poll() is not None:
+            out, err = p.communicate()
+            return f"a run ended before both were running (exit {p.returncode}):\n{out}\n{err}"
+    return None
+
+
 def test_two_runs_at_once_and_a_down_between_them(tmp_path: Path) -> None:
     orphan = _plant_orphan()
     env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
@@ -67,14 +76,8 @@ def test_two_runs_at_once_and_a_down_between_them(tmp_path: Path) -> None:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
              for seed in (11, 12)]
     try:
-        deadline = time.monotonic() + 600  # images may need building first on a busy machine
-        while not all(_brokers_started(p.pid) for p in procs):
-            ended = [p for p in procs if p.poll() is not None]
-            if ended:
-                out, err = ended[0].communicate()
-                pytest.fail(f"a run ended before both were running (exit {ended[0].returncode}):\n{out}\n{err}")
-            assert time.monotonic() < deadline, "the two runs did not both start their brokers"
-            time.sleep(0.5)
+        until(lambda: all(_brokers_started(p.pid) for p in procs), "both runs to start their brokers", every=0.5,
+              gone=lambda: _ended(procs))
         before = {p.pid: _containers_of(p.pid) for p in procs}
         assert set(before[procs[0].pid].values()).isdisjoint(before[procs[1].pid].values())
 

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,6 @@ def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -
     seen: list[str] = []
     reached_fault = False
     assert proc.stderr is not None
-    deadline = time.monotonic() + 300
     for line in proc.stderr:
         seen.append(line)
         m = re.search(r"network (bc-[0-9a-f]+)", line)
@@ -62,7 +60,6 @@ def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -
         if "nemesis" in line and "power-loss" in line:
             reached_fault = True
             break  # the broker is down, its lazy filesystem holds a dropped cache
-        assert time.monotonic() < deadline
     assert run_id is not None and reached_fault, "the run ended before its first fault:\n" + "".join(seen[-20:])
     proc.send_signal(signal.SIGKILL)  # no teardown at all
     proc.wait(timeout=30)

@@ -90,7 +90,6 @@ def one_init() -> Iterator[dict[str, Init]]:
         yield inits
 
 
-@pytest.mark.timeout(120)
 def test_the_broker_is_down_while_its_file_is_corrupted_on_disk(one_init: dict[str, Init]) -> None:
     init = one_init["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 5, "ticks")

@@ -40,7 +40,6 @@ def node() -> Iterator[dict[str, Init]]:
         yield inits
 
 
-@pytest.mark.timeout(120)
 def test_eio_reaches_the_broker_and_the_heal_records_what_it_refused(node: dict[str, Init]) -> None:
     init = node["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
@@ -56,7 +55,6 @@ def test_eio_reaches_the_broker_and_the_heal_records_what_it_refused(node: dict[
     assert DiskError.heal_all(ctx) is None  # nothing left to clear
 
 
-@pytest.mark.timeout(120)
 def test_lie_then_power_loss_drops_what_fsync_acknowledged(node: dict[str, Init]) -> None:
     init = node["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
@@ -74,7 +72,6 @@ def test_lie_then_power_loss_drops_what_fsync_acknowledged(node: dict[str, Init]
     init.ctl("start")
 
 
-@pytest.mark.timeout(120)
 def test_sync_writes_everything_back(node: dict[str, Init]) -> None:
     init = node["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")

@@ -19,7 +19,7 @@ from harness.runner import running_cluster
 from harness.scenario import from_dict
 from harness.spec import Fault, FaultContext
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.docker
 
 QUEUE = "chaos-disk-probe"
 

@@ -18,7 +18,6 @@ from faults.lazyfs import LazyMount, fuse_available, is_mounted
 REASON = fuse_available()
 pytestmark = [
     pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}"),
-    pytest.mark.timeout(120),
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 from faults.lazyfs import LazyMount, fuse_available
 
 REASON = fuse_available()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
 
 
 @pytest.fixture

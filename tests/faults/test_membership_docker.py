@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from harness.cluster import Cluster, build_topology, docker_client
 from harness.host import Host
 from harness.images import ImageBuilder
 from harness.spec import FaultContext
+from tests.polling import until
 
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
@@ -49,17 +49,6 @@ def queue(cluster: Any, node: str) -> dict[str, Any]:
     return next(q for q in ctl(cluster, node, "list_queues") if q["name"] == QUEUE)
 
 
-def until(cond: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} within {timeout:.0f}s (last: {last!r})")
-
-
 def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) -> None:
     import pika
 
@@ -71,7 +60,7 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     for i in range(50):
         ch.basic_publish("", QUEUE, str(i).encode(), pika.BasicProperties(delivery_mode=2))
     conn.close()
-    until(lambda: sorted(queue(cluster, "n2")["synchronised_mirrors"]) == ["n2", "n3"], "two mirrors in sync")
+    until(lambda: sorted(queue(cluster, "n2")["synchronised_mirrors"]) == ["n2", "n3"], "two mirrors in sync", every=0.5)
 
     ctx = FaultContext(cluster)
     done = MemberRemove(ctx, {"node": "n1"}, "f1").apply()
@@ -79,7 +68,7 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     for node in ("n2", "n3"):
         assert sorted(ctl(cluster, node, "cluster_status")["members"]) == ["n2", "n3"]
     moved = until(lambda: (q := queue(cluster, "n2"))["node"] in ("n2", "n3") and "n1" not in q["mirrors"] and q,
-                  "the queue failed over without n1's mirror")
+                  "the queue failed over without n1's mirror", every=0.5)
     assert "n1" not in moved["gm_ring"] and moved["messages_ready"] == 50, moved
 
     for cmd in ("reset", "start_app"):  # alone: a member of nothing but itself
@@ -88,7 +77,7 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     healed = MemberRemove.heal_all(ctx)
     assert healed is not None and healed["n1"]["members_after"] == ["n1", "n2", "n3"], healed
     assert sorted(ctl(cluster, "n1", "cluster_status")["members"]) == ["n1", "n2", "n3"]
-    joined = until(lambda: "n1" in (q := queue(cluster, "n2"))["synchronised_mirrors"] and q, "n1's mirror in sync")
+    joined = until(lambda: "n1" in (q := queue(cluster, "n2"))["synchronised_mirrors"] and q, "n1's mirror in sync", every=0.5)
     assert "n1" in joined["gm_ring"], joined
     local = queue(cluster, "n1")  # n1 started empty: what it holds came by the sync
     assert local["local_messages_ready"] == 50 and local["messages_ready"] == 50, local

@@ -80,7 +80,6 @@ def _stamp(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-@pytest.mark.timeout(120)
 def test_cut_on_two_of_three_nodes_at_one_instant(three_inits: dict[str, Init]) -> None:
     for init in three_inits.values():
         wait_for(lambda init=init: init.log().count(b"tick") >= 3, "ticks")

@@ -28,11 +28,11 @@ from harness.spec import Endpoint
 from harness.spec.client import DrainUnfinished
 from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
 from plugins.amqp091.client import AmqpDriver, confirm_outcome
+from tests.polling import until_async
 
 SEED = 17
 SIZE = 128
 QUEUE = "chaos-1"
-DEADLINE = 60.0  # generous: every wait below polls a condition
 
 
 class Node:
@@ -158,15 +158,6 @@ async def publish(node: Node, ids: list[str], body: Callable[[str], bytes] | Non
         await conn.close()
 
 
-async def until(cond: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError(f"not within {deadline:.0f}s: {what}")
-        await asyncio.sleep(0.02)
-
-
 def count(rec: Recorder, f: str, type_: str) -> int:
     return rec.counts.get((f, type_), 0)
 
@@ -228,7 +219,7 @@ def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
         await d.setup([QUEUE])
         stop = asyncio.Event()
         task = asyncio.create_task(d.produce("p1", QUEUE, stop))
-        await until(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
+        await until_async(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
         stop.set()
         await task
         await d.drain("d1", QUEUE)
@@ -267,15 +258,15 @@ def test_acks_are_info_when_the_connection_drops_before_a_barrier(tmp_path: Path
         await d.setup([QUEUE])
         stop = asyncio.Event()
         task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until(lambda: n1.consumer_connections() == 1, "c1 consuming")
+        await until_async(lambda: n1.consumer_connections() == 1, "c1 consuming")
         n1.silence_consumers()
         await publish(n1, ids)
-        await until(lambda: count(rec, "ack", "invoke") >= 5, "five acks written")
+        await until_async(lambda: count(rec, "ack", "invoke") >= 5, "five acks written")
         n1.cut_consumers()
-        await until(lambda: count(rec, "ack", "info") >= 5, "the five acks completed")
-        await until(lambda: count(rec, "ack", "ok") >= 5, "the five messages acked again")
+        await until_async(lambda: count(rec, "ack", "info") >= 5, "the five acks completed")
+        await until_async(lambda: count(rec, "ack", "ok") >= 5, "the five messages acked again")
         stop.set()
-        await asyncio.wait_for(task, DEADLINE)
+        await task
         rec.close()
 
     asyncio.run(go())
@@ -298,9 +289,9 @@ def test_every_ack_ok_follows_its_invoke_and_covers_every_message(tmp_path: Path
         d, rec = driver(tmp_path, [n1], workload(prefetch=7))
         stop = asyncio.Event()
         task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until(lambda: count(rec, "ack", "ok") >= 100, "100 acks ok")
+        await until_async(lambda: count(rec, "ack", "ok") >= 100, "100 acks ok")
         stop.set()
-        await asyncio.wait_for(task, DEADLINE)
+        await task
         rec.close()
 
     asyncio.run(go())
@@ -331,11 +322,11 @@ def test_a_behaviour_gives_deliveries_back_and_they_come_back(tmp_path: Path, no
         stop_p, stop_c = asyncio.Event(), asyncio.Event()
         tasks = [asyncio.create_task(d.produce("p1", QUEUE, stop_p)),
                  asyncio.create_task(d.consume("c1", QUEUE, stop_c))]
-        await until(lambda: count(rec, "abandon", "ok") >= 3, f"three deliveries given back ({cause})")
+        await until_async(lambda: count(rec, "abandon", "ok") >= 3, f"three deliveries given back ({cause})")
         stop_p.set()
-        await asyncio.wait_for(tasks[0], DEADLINE)
+        await tasks[0]
         stop_c.set()
-        await asyncio.wait_for(tasks[1], DEADLINE)
+        await tasks[1]
         await d.drain("d1", QUEUE)
         rec.close()
 
@@ -367,9 +358,9 @@ def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> No
         d, rec = driver(tmp_path, [n1], w)
         stop = asyncio.Event()
         task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until(lambda: count(rec, "ack", "ok") >= 30, "30 acks")
+        await until_async(lambda: count(rec, "ack", "ok") >= 30, "30 acks")
         stop.set()
-        await asyncio.wait_for(task, DEADLINE)
+        await task
         rec.close()
 
     asyncio.run(go())
@@ -395,12 +386,12 @@ def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveri
         await d.setup([QUEUE])
         stop = asyncio.Event()
         task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until(lambda: n1.consumer_connections() == 1, "c1 consuming")
+        await until_async(lambda: n1.consumer_connections() == 1, "c1 consuming")
         await publish(n1, ids)
-        await until(lambda: count(rec, "consume", "ok") >= 5, "five deliveries held")
+        await until_async(lambda: count(rec, "consume", "ok") >= 5, "five deliveries held")
         n1.silence_consumers()
         stop.set()
-        await asyncio.wait_for(task, DEADLINE)
+        await task
         await d.drain("d1", QUEUE)
         rec.close()
 
@@ -458,11 +449,11 @@ def test_a_drain_cut_off_for_good_ends_info_not_ok(tmp_path: Path, nodes: Any) -
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(prefetch=1, drain_timeout=5))
         task = asyncio.create_task(d.drain("d1", QUEUE))
-        await until(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
         n1.stop()  # its connections drop and nothing answers any more
         left.append(400 - count(rec, "ack", "ok"))
         with pytest.raises(DrainUnfinished):
-            await asyncio.wait_for(task, DEADLINE)
+            await task
         rec.close()
 
     asyncio.run(go())
@@ -485,10 +476,10 @@ def test_a_drain_cut_mid_way_reconnects_and_finishes(tmp_path: Path, nodes: Any)
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(prefetch=1))
         task = asyncio.create_task(d.drain("d1", QUEUE))
-        await until(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
         remaining.append(400 - count(rec, "ack", "ok"))
         n1.cut_consumers()
-        await asyncio.wait_for(task, DEADLINE)
+        await task
         rec.close()
 
     asyncio.run(go())

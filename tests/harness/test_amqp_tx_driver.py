@@ -13,7 +13,8 @@ import pytest
 from harness.scenario import TransactionsSection
 from harness.workload import run_workload
 from spark_reports.atomicity import check_rows
-from tests.harness.test_amqp_driver import QUEUE, SEED, Node, count, driver, history, publish, until, workload
+from tests.harness.test_amqp_driver import QUEUE, SEED, Node, count, driver, history, publish, workload
+from tests.polling import until_async
 
 TX = TransactionsSection(publish_batch=4, ack_batch=3, rollback=0.3)
 
@@ -67,9 +68,9 @@ def test_a_rolled_back_ack_leaves_the_delivery_to_ack_again(tmp_path: Path, n1: 
         d, rec = driver(tmp_path, [n1], workload(transactions=TransactionsSection(ack_batch=5, rollback=0.5)))
         stop = asyncio.Event()
         task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until(lambda: count(rec, "ack", "ok") >= 30, "30 acks committed")
+        await until_async(lambda: count(rec, "ack", "ok") >= 30, "30 acks committed")
         stop.set()
-        await asyncio.wait_for(task, 60)
+        await task
         rec.close()
 
     asyncio.run(go())

@@ -16,7 +16,8 @@ from harness import scenario as S
 from harness.errors import ScenarioError
 from harness.spec import Delays, DelaySection
 from spark_reports.delay import check_rows
-from tests.harness.test_amqp_driver import QUEUE, Node, count, driver, history, until, workload
+from tests.harness.test_amqp_driver import QUEUE, Node, count, driver, history, workload
+from tests.polling import until_async
 
 MINIMAL = {"broker": {"plugin": "reference"}}
 
@@ -83,10 +84,10 @@ def test_the_driver_publishes_delayed_messages_that_arrive_never_early(tmp_path:
         stop_p, stop_c = asyncio.Event(), asyncio.Event()
         producer = asyncio.create_task(d.produce("p1", QUEUE, stop_p))
         consumer = asyncio.create_task(d.consume("c1", QUEUE, stop_c))
-        await until(lambda: count(rec, "publish", "ok") >= 40, "40 confirms")
+        await until_async(lambda: count(rec, "publish", "ok") >= 40, "40 confirms")
         stop_p.set()
         await producer
-        await until(lambda: count(rec, "ack", "ok") >= count(rec, "publish", "ok"), "every confirmed message acked")
+        await until_async(lambda: count(rec, "ack", "ok") >= count(rec, "publish", "ok"), "every confirmed message acked")
         stop_c.set()
         await consumer
         rec.close()

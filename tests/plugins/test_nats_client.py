@@ -13,7 +13,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from harness.spec.client import DrainUnfinished
 from harness.spec.history import body_digest, message_body
 from plugins.nats import SYSTEM_USER
 from plugins.nats.client import NatsDriver
+from tests.polling import until, until_async
 
 SEED = 23
 SIZE = 128
@@ -95,10 +95,9 @@ def cluster(tmp_path: Path) -> Iterator[list[Server]]:
     for s in servers:
         s.start()
     try:
-        deadline = time.monotonic() + 60
-        while not all(s.healthy() for s in servers):
-            assert time.monotonic() < deadline, "the local JetStream cluster did not become healthy"
-            time.sleep(0.2)
+        until(lambda: all(s.healthy() for s in servers), "the local JetStream cluster to be healthy", every=0.2,
+              gone=lambda: next((f"{s.name} exited" for s in servers if s.proc is None or s.proc.poll() is not None),
+                                None))
         yield servers
     finally:
         for s in servers:
@@ -126,7 +125,7 @@ async def _run(driver: NatsDriver, seconds: float, consumers: int = 1) -> int:
     stop_p.set()
     await asyncio.sleep(0.5)
     stop_c.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    await asyncio.gather(*tasks)
     return await driver.drain("d1", QUEUE)
 
 
@@ -175,14 +174,14 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
         await driver.setup([QUEUE])
         stop = asyncio.Event()
         task = asyncio.create_task(driver.produce("p1", QUEUE, stop))
-        await asyncio.sleep(1.0)
+        await until_async(lambda: rec.counts.get(("publish", "ok"), 0) >= 1, "p1's first confirm (through n1)")
         await asyncio.to_thread(cluster[0].stop)  # p1 starts on n1
         before = rec.counts.get(("publish", "ok"), 0)
-        deadline = time.monotonic() + 60  # a stream leader on n1 needs an election first
-        while rec.counts.get(("publish", "ok"), 0) < before + 20 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        # A stream leader on n1 needs an election first.
+        await until_async(lambda: rec.counts.get(("publish", "ok"), 0) >= before + 20, "20 confirms after n1 stopped",
+                          every=0.2)
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await task
 
     asyncio.run(scenario())
     rec.close()

@@ -25,6 +25,7 @@ from harness.spec import Endpoint
 from harness.spec.history import message_body
 from harness.workload import queue_depth_reader
 from plugins.amqp091.client import AmqpDriver
+from tests.polling import until_async
 
 pytestmark = pytest.mark.docker
 
@@ -42,15 +43,6 @@ CLUSTERS = {
 
 def url(ep: Endpoint) -> str:
     return f"amqp://guest:guest@{ep.host}:{ep.port}/"
-
-
-async def until(cond: Any, what: str, deadline: float = 120.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while not await cond():
-        if loop.time() > end:
-            raise AssertionError(f"not within {deadline:.0f}s: {what}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.mark.parametrize("plugin_name", sorted(CLUSTERS))
@@ -99,7 +91,7 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
             async def holding() -> bool:
                 return len(got) == HELD
 
-            await until(holding, f"the holder has {HELD} deliveries")
+            await until_async(holding, f"the holder has {HELD} deliveries", every=0.2)
             for node in cluster.nodes:  # every node that can tell says what the master holds
                 assert await depth(node, QUEUE) in (None, (len(IDS) - HELD, HELD))
             assert await depth("n1", QUEUE) == (len(IDS) - HELD, HELD)
@@ -109,11 +101,11 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
             async def waiting() -> bool:
                 return sum(1 for _n, d in seen if d is not None and d[1] > 0) >= 2
 
-            await until(waiting, "the drain saw the held deliveries twice")
+            await until_async(waiting, "the drain saw the held deliveries twice", every=0.2)
             assert not task.done(), "the drain ended while deliveries were still held"
             released.append(rec.now_ns())
             await holder.close()
-            assert await asyncio.wait_for(task, 300) == len(IDS)
+            assert await task == len(IDS)
             rec.close()
 
         asyncio.run(go())

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from spark_reports.synth import HistoryBuilder, write_history
+from tests.polling import until
 
 pytestmark = pytest.mark.spark
 
@@ -42,20 +42,12 @@ def _json(url: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def _wait(what: str, probe: Any, proc: subprocess.Popen[bytes], log: Path, limit: float = 300) -> Any:
-    """Poll until probe() returns something true; a process that exits first fails the test with its log."""
-    deadline = time.monotonic() + limit  # an upper bound for a very busy machine, not a timing assertion
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{what}: the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            got = probe()
-        except OSError:
-            got = None
-        if got:
-            return got
-        time.sleep(0.5)
-    pytest.fail(f"{what}: not ready:\n{log.read_text()[-3000:]}")
+def _wait(what: str, probe: Any, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    """Poll until probe() returns something true (no deadline: tests/polling.py); a process that
+    exits first fails the test with its log."""
+    return until(probe, what, every=0.5, ignore=(OSError,),
+                 gone=lambda: None if proc.poll() is None else
+                 f"the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ import requests
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic, NotFound
 
+from tests.polling import until
+
 CRATE = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy-server"
 BINARY = CRATE / "target" / "release" / "brokerchaos-toxiproxy"
 GREETING = b"hi\n"
@@ -110,17 +112,11 @@ def start_server(binary: Path, *args: str) -> Server:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return Server(process, port)
-        except OSError:
-            time.sleep(0.02)
-    process.kill()
-    raise AssertionError("server did not start listening within 10 s")
+    until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.2).close() or True,
+          "the server to listen", every=0.02, ignore=(OSError,),
+          gone=lambda: None if process.poll() is None else
+          f"server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+    return Server(process, port)
 
 
 def stop_server(server: Server) -> None:
@@ -276,10 +272,7 @@ class Pump:
 
     def wait_for(self, size: int) -> None:
         """Until ``size`` bytes arrived or the stream ended."""
-        deadline = time.monotonic() + 30
-        while len(self.received) < size and not self.ended.is_set():
-            assert time.monotonic() < deadline, f"only {len(self.received)} bytes arrived"
-            time.sleep(0.01)
+        until(lambda: len(self.received) >= size or self.ended.is_set(), f"{size} bytes to arrive", every=0.01)
 
     def finish(self) -> None:
         """Stop sending; wait until the receiver saw the end of the stream."""

@@ -15,8 +15,6 @@ from broker_impl.cluster.membership import Membership, MembershipError, ask_to_j
 from broker_impl.ctl import CtlError, call
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
 
-pytestmark = pytest.mark.timeout(180)
-
 
 def _members(node: NodeProc) -> list[str]:
     return sorted(node.ctl("cluster_status")["members"])

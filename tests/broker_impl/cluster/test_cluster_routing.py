@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import pika
-import pytest
 
 from tests.broker_impl.cluster.conftest import amqp, wait_for
-
-pytestmark = pytest.mark.timeout(120)
 
 
 def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]

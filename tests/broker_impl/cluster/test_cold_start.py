@@ -15,8 +15,6 @@ import pytest
 
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
 
-pytestmark = pytest.mark.timeout(180)
-
 
 def _cold_start(nodes: list[NodeProc], order: list[int]) -> None:
     for node in nodes:

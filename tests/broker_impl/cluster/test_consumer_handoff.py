@@ -18,8 +18,6 @@ from pamqp import commands, frame
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
 from tests.broker_impl.test_fuzz import Raw
 
-pytestmark = pytest.mark.timeout(120)
-
 HA = {"ha-mode": "all", "ha-sync-mode": "automatic"}
 
 

@@ -27,7 +27,6 @@ from tests.broker_impl.cluster.conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(120)
 
 def _mirrored_queue(nodes: list[NodeProc], queue: str, definition: dict, before: int = 0, mirrors: int = 2) -> None:
     """Declare on n1 (its master), optionally fill it before the policy exists, then mirror it on n2 and n3."""

@@ -17,7 +17,6 @@ from tests.broker_impl.cluster.conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(150)
 
 def _synced_queue(master: NodeProc, queue: str) -> None:
     """Declared on ``master``, mirrored everywhere (ha-mode all, automatic sync), 10 messages in."""

@@ -16,8 +16,6 @@ from broker_impl.cluster.ha import promotion_candidate
 from tests.broker_impl.cluster.conftest import drain, publish, queue_info, wait_for
 from tests.broker_impl.cluster.test_mirroring import _mirrored_queue
 
-pytestmark = pytest.mark.timeout(120)
-
 
 @pytest.mark.parametrize(("alive", "synced", "rule", "chosen"), [
     (["n2", "n3"], {"n3"}, "when-synced", "n3"),  # an unsynced oldest mirror does not block a synced younger one

@@ -7,6 +7,7 @@ from typing import Any
 
 from broker_impl.cluster.transport import Transport
 from tests.broker_impl.cluster.conftest import free_port
+from tests.polling import until_async
 
 
 async def _pair(got: list[tuple[str, dict[str, Any], bytes]]) -> tuple[Transport, Transport]:
@@ -22,13 +23,8 @@ async def _pair(got: list[tuple[str, dict[str, Any], bytes]]) -> tuple[Transport
     a, b = make("n1"), make("n2")
     await a.start()
     await b.start()
-    await asyncio.wait_for(asyncio.gather(up["n1"].wait(), up["n2"].wait()), 30)
+    await asyncio.gather(up["n1"].wait(), up["n2"].wait())
     return a, b
-
-
-async def _until(cond: Any) -> None:
-    while not cond():
-        await asyncio.sleep(0.01)
 
 
 def test_a_burst_sent_in_one_turn_arrives_whole_and_in_order() -> None:
@@ -38,7 +34,7 @@ def test_a_burst_sent_in_one_turn_arrives_whole_and_in_order() -> None:
         try:
             for i in range(500):
                 assert a.send("n2", {"t": "x", "i": i}, bytes([i % 256]) * (i % 7))
-            await asyncio.wait_for(_until(lambda: len(got) == 500), 30)
+            await until_async(lambda: len(got) == 500, "the 500 frames", every=0.01)
             return got
         finally:
             await a.stop()
@@ -57,7 +53,7 @@ def test_frames_sent_just_before_the_link_closes_still_go_out() -> None:
             for i in range(50):
                 a.send("n2", {"t": "x", "i": i})
             await a.stop()  # in the same turn: nothing has been written yet
-            await asyncio.wait_for(_until(lambda: len(got) == 50), 30)
+            await until_async(lambda: len(got) == 50, "the 50 frames", every=0.01)
             return [h["i"] for _p, h, _b in got]
         finally:
             await b.stop()

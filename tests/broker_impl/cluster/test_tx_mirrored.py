@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pika
 import pika.exceptions
@@ -11,8 +10,9 @@ import pytest
 
 from tests.broker_impl.cluster.conftest import PERSISTENT, amqp, drain, queue_info, wait_for
 from tests.broker_impl.cluster.test_mirroring import _mirrored_queue
+from tests.polling import until
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 BATCH = 5
 
@@ -41,9 +41,8 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
     # through n2: each commit travels to the master on n1 as one request, and from it to n2 and n3 as one broadcast
     t = threading.Thread(target=_tx_publisher, args=(n2, committed, stop), daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
-    while len(committed) < 40 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: len(committed) >= 40, "40 commits before the kill",
+          gone=lambda: None if t.is_alive() else "the publisher stopped")
     n1.kill()
     stop.set()
     t.join(15)

@@ -23,7 +23,7 @@ from broker_impl.store.record import FLAG_TX_PREPARED
 from faults.lazyfs import LazyMount, fuse_available, is_mounted
 
 REASON = fuse_available()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
 
 CFG = {"flush": "sync", "checkpoint_interval_ms": 600_000, "segment_bytes": 64 * 1024}
 
