@@ -472,14 +472,21 @@ class _Job:
             if name in _WITH_DELIVERIES:
                 listed = top.select("id") if listed is None else listed.unionByName(top.select("id"))
         k = F.col("k")
-        deliveries = ev.filter(k == "d")
         assert listed is not None
-        parts.append(tagged(deliveries.join(F.broadcast(listed.distinct()), "id").groupBy("id").agg(
+        # The deliveries of the listed ids and of the corrupted ones (with the digest expected of
+        # each), found in one scan of the history by a broadcast of those few ids and kept.
+        ids = listed.distinct().withColumn("listed", F.lit(True))
+        if counts["corrupted"]:
+            ids = ids.join(flagged.filter("is_corrupted").select("id", "exp"), "id", "full")
+        else:
+            ids = ids.withColumn("exp", F.lit(None).cast("string"))
+        mine = self.persist(ev.filter(k == "d").join(F.broadcast(ids), "id")
+                            .select("id", *DELIVERY, "digest", "detail", "listed", "exp"))
+        parts.append(tagged(mine.filter("listed").groupBy("id").agg(
             F.slice(F.sort_array(F.collect_list(F.struct(*DELIVERY))), 1, DELIVERY_CAP).alias("ds")), "deliveries"))
         if counts["corrupted"]:
-            bad = flagged.filter("is_corrupted").select("id", "exp")
             parts.append(tagged(
-                deliveries.filter(F.col("digest").isNotNull()).join(bad, "id").filter(F.col("digest") != F.col("exp"))
+                mine.filter(F.col("digest").isNotNull() & (F.col("digest") != F.col("exp")))
                 .groupBy("id").agg(F.count(F.lit(1)).alias("deliveries"),
                                    F.min(F.struct(*DELIVERY, "digest", "detail")).alias("delivery"))
                 .orderBy("delivery.index").limit(LIST_CAP), "corrupted"))

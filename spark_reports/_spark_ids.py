@@ -314,7 +314,7 @@ def derive(ids: Any, scope: Scope, *keep: str) -> Any:
     ``keep``: more columns of ``ids`` to carry."""
     from pyspark.sql import functions as F
 
-    base = scope.add(ids, "x_acks", "x_bodies", "x_seed", "x_size", "x_spans", "x_spans_lo", "x_spans_hi")
+    base = scope.add(ids, "x_acks", "x_bodies", "x_seed", "x_size")
     consumed = F.when(F.col("x_acks"), F.col("acked")).otherwise(F.col("delivered"))
     unacked = (F.col("outcome") == "ok") & (consumed == 0)
     ack_unknown = unacked & F.col("ack_info_inv").isNotNull() & (
@@ -322,10 +322,11 @@ def derive(ids: Any, scope: Scope, *keep: str) -> Any:
     lost = unacked & ~ack_unknown
     corrupted = F.col("x_bodies") & (F.col("attempts") > 0) & (F.col("n_bad") > 0)
     fa = F.col("first_ack")
-    during = (fa["index"] > F.col("x_spans_lo")) & (fa["index"] < F.col("x_spans_hi"))
-    split = fa.isNotNull() & F.coalesce(during, F.lit(False)) & F.exists("x_spans", lambda s: (
-        (s["p"] == fa["process"]) & s["q"].eqNullSafe(fa["queue"]) & (fa["index"] > s["lo"])
-        & (fa["index"] < s["hi"]) & ~s["n"].eqNullSafe(fa["node"]) & (fa["time_ns"] > s["e"])))
+    # First acked by a drainer within its drain, on another node than one that had said the
+    # queue was empty, after it said so: a copy the drain should never have found.
+    split = fa.isNotNull() & scope.any_span(lambda s: (
+        (fa["process"] == s.process) & fa["queue"].eqNullSafe(F.lit(s.queue)) & (fa["index"] > s.lo)
+        & (fa["index"] < s.hi) & ~F.lit(s.node).eqNullSafe(fa["node"]) & (fa["time_ns"] > s.empty_at_ns)))
     return base.select(
         "run", "id", "attempts", "outcome", F.col("fi.it").alias("fi_t"),
         F.col("c.di").alias("c_i"), F.col("c.dt").alias("c_t"), F.col("c.dn").alias("c_n"),
