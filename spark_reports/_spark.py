@@ -612,16 +612,24 @@ _SMALL = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", 
 
 
 def _small_rows(path: Path) -> list[dict]:
-    """The nemesis and drain records (a handful), read on the driver with a pushed-down filter.
+    """The nemesis and drain records (a handful), read on the driver.
 
     The driver reads the file's footer anyway; this saves a Spark job before the real one.
+    Only the two short columns that pick them are read whole; the rest only in the row
+    groups that hold one (decoding every message id of a big history took seconds).
     """
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    present = set(pq.read_schema(path).names)
+    f = pq.ParquetFile(path)
+    present = set(f.schema_arrow.names)
     columns = [c for c in _SMALL if c in present]
-    table = pq.read_table(path, columns=columns, filters=[[("process", "=", NEMESIS)], [("f", "=", "drain")]])
-    rows = table.to_pylist()
+    rows: list[dict] = []
+    for i in range(f.num_row_groups):
+        keys = f.read_row_group(i, columns=["process", "f"])
+        mask = pc.or_kleene(pc.equal(keys["process"], NEMESIS), pc.equal(keys["f"], "drain"))
+        if pc.any(mask).as_py():
+            rows += f.read_row_group(i, columns=columns).filter(mask).to_pylist()
     for r in rows:
         for c in _SMALL:
             r.setdefault(c, None)
