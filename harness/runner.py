@@ -185,13 +185,8 @@ class Run:
 
     # -- checking and reporting ---------------------------------------------------------------
 
-    def check(self) -> dict[str, Any]:
-        assert self.dir is not None
-        return check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers,
-                         phase=lambda name, fn: self._phase(name, fn), drained_at=self.drained_at)
-
     def _check_aside(self) -> tuple[dict[str, Any], list[tuple[str, int, int, float, BaseException | None]]]:
-        """``check`` on another thread, with no hooks called from it (plugins keep per-thread
+        """``check_run`` on another thread, with no hooks called from it (plugins keep per-thread
         state, e.g. Allure's open steps): each phase's name, start and stop (epoch ms), seconds
         and error are kept for ``_checked`` to report on the run's own thread."""
         assert self.dir is not None
@@ -234,7 +229,9 @@ class Run:
 
 
 class _Background:
-    """A call on its own thread; ``result`` waits for it and returns or raises what it did."""
+    """A call on its own daemon thread; ``result`` waits for it and returns or raises what it
+    did. Not a ThreadPoolExecutor: its worker is joined at interpreter exit, so an interrupted
+    run would wait there for a check nobody reads."""
 
     def __init__(self, fn: Any) -> None:
         self._out: Any = None

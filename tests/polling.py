@@ -49,11 +49,6 @@ async def until_async(cond: Callable[[], Any | Awaitable[Any]], what: str, *, ev
         await asyncio.sleep(every)
 
 
-def process_gone(proc: Any, name: str) -> Gone:
-    """``gone`` for a ``subprocess.Popen``: it has exited."""
-    return lambda: None if proc is None or proc.poll() is None else f"{name} exited ({proc.returncode})"
-
-
 def _check(gone: Gone | None, what: str) -> None:
     why = gone() if gone is not None else None
     if why:
