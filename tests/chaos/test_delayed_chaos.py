@@ -15,4 +15,6 @@ def test_delayed_messages_survive_a_kill_and_never_arrive_early(chaos_run) -> No
     delay = result.results["checkers"]["delay"]
     assert delay["verdict"] == "durable", delay
     assert delay["counts"]["early"] == 0
-    assert delay["counts"]["delayed_delivered"] == delay["counts"]["delayed_confirmed"] > 0
+    # every confirmed delayed message arrives (assert_durable); a publish whose confirm never came (nacked or
+    # unknown when n1 died) may still have been scheduled and delivered, so delivered can exceed confirmed
+    assert delay["counts"]["delayed_delivered"] >= delay["counts"]["delayed_confirmed"] > 0
