@@ -9,6 +9,7 @@ A message counts as consumed when its ack completed ``ok``, not when it arrived.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,21 @@ from harness.history import Recorder
 from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, NodeHandle
 from harness.spec.client import Driver, QueueDepth, RateLimiter  # noqa: F401 - RateLimiter: tests
+
+log = logging.getLogger("brokerchaos.workload")
+
+
+def _orphaned_task_failed(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A client library's own task that failed after the operation awaiting it had given up (an
+    ack's round trip that timed out, then its connection closed in a partition): that operation's
+    outcome is in the history already, so the error goes to the log, not to the terminal as a
+    traceback, even when it is collected after the workload's loop has closed. Anything else
+    goes to asyncio's default handler."""
+    if context.get("message", "").startswith("Task exception was never retrieved"):
+        exc = context.get("exception")
+        log.debug("a client task failed after its operation ended: %s", exc if exc is not None else context)
+        return
+    loop.default_exception_handler(context)
 
 
 @dataclass
@@ -78,6 +94,7 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
     then stop producers, let the nemesis heal, and drain every queue."""
     stats = WorkloadStats()
+    asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
     queues = queue_names(w)
     await driver.setup(queues)
     plan = assignments(w, nodes, seed)

@@ -275,3 +275,32 @@ def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
     assert end == client_spec.DrainEnd(False, ("n2",))
     assert end.why("q", 3, {"n1": None, "n2": "connect: refused"}) == (
         "not every node reported q empty within 3s: n2: connect: refused")
+
+
+def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """An aiormq round trip abandoned by a timed-out wait fails later when a partition closes its
+    connection; asyncio would print its traceback when the task is collected, after the loop."""
+    import gc
+    import logging
+
+    from harness.workload import _orphaned_task_failed
+
+    async def orphan() -> None:
+        asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
+
+        async def fails() -> None:
+            raise ConnectionError("CONNECTION_FORCED - node paused: minority partition")
+
+        task = asyncio.ensure_future(fails())
+        while not task.done():
+            await asyncio.sleep(0)
+        del task
+
+    with caplog.at_level(logging.DEBUG, logger="brokerchaos.workload"):
+        asyncio.run(orphan())
+        gc.collect()
+    assert "Traceback" not in capsys.readouterr().err
+    assert [r.levelname for r in caplog.records if r.name == "asyncio"] == []
+    assert any(r.name == "brokerchaos.workload" and "minority partition" in r.getMessage()
+               for r in caplog.records), caplog.records
