@@ -53,7 +53,7 @@ DELIVERY_CAP = 10
 MAX_TIMELINE_BUCKETS = 3600
 """Timeline buckets are one second wide until a run is longer than this many seconds."""
 ID_RE = re.compile(r"(.*):([0-9]{1,18})", re.S)
-"""producer:seq; the Spark job uses the same pattern in Java syntax (_spark_sql.ID_RE_JAVA)."""
+"""producer:seq; the Spark job splits ids by the same rule in string functions (_spark_sql.producer_and_seq)."""
 NS_PER_S = 1_000_000_000
 
 

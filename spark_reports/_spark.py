@@ -17,6 +17,7 @@ all their histories.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -38,20 +39,24 @@ from ._common import (
     quiet,
     summarize,
 )
-from ._spark_ids import DELIVERY, classify, events
+from ._spark_ids import DELIVERY, Unit, classify, events
 from ._spark_ranks import Ranks
 from ._spark_scope import Scope
 from ._spark_session import spark_session
-from ._spark_sql import ID_RE_JAVA, bucket, collect_parts, tagged
+from ._spark_sql import bucket, collect_parts, producer_and_seq, tagged
+from ._warmup import CHECKS as WARM_UP_CHECKS
 from ._warmup import warm_up
 
 _warming: threading.Thread | None = None
+_wanted = threading.Event()
+"""Set when a real check waits for the background warm-up: it stops after the check under way."""
 
 
 def start_session_in_background(master: str | None = None, driver_memory: str | None = None) -> threading.Thread:
     """Start the JVM while something else (a run's workload) goes on, and check a tiny history with
-    every kind of finding on it (``_warmup``), so the real check finds the classes loaded, the JIT warm
-    and the job's code generated. A check started meanwhile waits for it.
+    every kind of finding on it (``_warmup``) a few times, so the real check finds the classes loaded,
+    the JIT warm and the job's code generated. A check started meanwhile waits for the warm-up check
+    under way, and no other starts.
 
     A failure here is not reported: the check starts the session again and says why.
     """
@@ -61,9 +66,12 @@ def start_session_in_background(master: str | None = None, driver_memory: str | 
         try:
             spark_session(master, driver_memory)
             with quiet():
-                warm_up(lambda d, s: _check(d, s, master, driver_memory))
+                warm_up(lambda d, s: _check(d, s, master, driver_memory), times=WARM_UP_CHECKS,
+                        wanted=_wanted.is_set)
         except Exception:  # noqa: BLE001 - the check reports it, with the real context
             pass
+
+    _wanted.clear()
 
     thread = threading.Thread(target=start, name="spark-session", daemon=True)
     thread.start()
@@ -92,6 +100,7 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     """
     warming = _warming
     if warming is not None and warming is not threading.current_thread():
+        _wanted.set()
         warming.join()
     return _check(run_dir, scenario, spark_master, driver_memory, passes)
 
@@ -191,6 +200,7 @@ WHOLE_STAGE_ROWS = 200_000
 ORDERED_ROWS = 200_000
 """Below this many records every id takes the ordered pass: one job, where the hash aggregate,
 the count of ids needing order and the ordered pass for those are three."""
+ADAPTIVE_ROWS = 200_000
 ROWS_PER_PARTITION = 500_000
 DISK_ONLY_ROWS = 2_000_000
 SPLIT_BYTES = 32 << 20
@@ -219,6 +229,9 @@ class _Job:
         self.passes = passes or ("ordered" if rows < ORDERED_ROWS else "both")
         self.cached: list[Any] = []
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(rows, spark.sparkContext.defaultParallelism)))
+        # Adaptive execution runs each shuffle stage as a job of its own and re-plans after it: on a
+        # history of one shuffle partition there is nothing to adapt, only that overhead.
+        spark.conf.set("spark.sql.adaptive.enabled", str(rows >= ADAPTIVE_ROWS).lower())
         # Compiling a whole stage into one method costs more than it saves on a small history.
         spark.conf.set("spark.sql.codegen.wholeStage", str(rows >= WHOLE_STAGE_ROWS).lower())
         # Splits of the history small enough that a task's partial per-id aggregate (an id's records
@@ -263,8 +276,8 @@ class _Job:
     def aggregates(self) -> dict[int, _Metrics]:
         """Per run: every count, table, timeline and first histogram (one job)."""
         ev = self.events()
-        attempts, j = self.per_id(ev)
-        return self.metrics(ev, attempts, j)
+        _attempts, _j, units = self.per_id(ev)
+        return self.metrics(ev, units)
 
     def events(self) -> Any:
         return events(self.h, self.scope)
@@ -276,16 +289,14 @@ class _Job:
         from pyspark.sql import functions as F
 
         ev = self.events()
-        attempts_l1, j = self.per_id(ev)
-        metrics = self.metrics(ev, attempts_l1, j).get(0) or _Metrics.empty()
+        attempts_l1, j, units = self.per_id(ev)
+        metrics = self.metrics(ev, units).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
 
-        ok_att = attempts_l1.filter(F.col("o") == "ok").select(
-            F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("v"))
-        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
-            F.greatest(F.expr("(first_d.time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
+        ok_att = attempts_l1.filter(F.col("o") == "ok").select(F.expr(confirm_us_sql()).alias("v"))
+        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(F.expr(E2E_US_SQL).alias("v"))
         ranks = Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
         parts = self.detail_parts(ev, j, counts)
         refine = ranks.query()
@@ -314,65 +325,47 @@ class _Job:
             latency_timeline=metrics.latency_timeline,
         )
 
-    def per_id(self, ev: Any) -> tuple[Any, Any]:
-        """(publish attempts, one row per id with its flags), persisted: both jobs read them."""
-        attempts, j, tangled = classify(ev, self.scope, self.names, self.persist, passes=self.passes)
+    def per_id(self, ev: Any) -> tuple[Any, Any, list[Unit]]:
+        """(publish attempts, one row per id with its flags, the kept tables they are read from),
+        persisted: both jobs read them."""
+        attempts, j, tangled, units = classify(ev, self.scope, self.names, self.persist, passes=self.passes)
         progress("spark", "per id", **({"ordered_pass_ids": tangled} if tangled >= 0 else {"ordered_pass": "every id"}))
-        return attempts, j
+        return attempts, j, units
 
-    def metrics(self, ev: Any, attempts: Any, j: Any) -> dict[int, _Metrics]:
-        """Every count, table, timeline and first histogram of every run in one job: a union of small
-        aggregates.
+    def metrics(self, ev: Any, units: list[Unit]) -> dict[int, _Metrics]:
+        """Every count, table, timeline and first histogram of every run in one job.
 
-        Each branch groups its own rows by run and under a tag with up to two string and
-        two long keys and an array of long values; only these few thousand rows per run
-        reach the driver.
+        Each kept table (``units``) is read once: every row becomes the few metric rows it feeds
+        (the id's counts, its lost cause, its exposure bits, its end-to-end latency bucket; its
+        publish attempt's fault-window bits, confirm latency and bucket), each a struct under a tag
+        with up to two string and two long keys, and one aggregate sums them per (run, tag, keys).
+        The timeline (every record) and the order check (every delivery) read the history.
+        Only these few thousand rows per run reach the driver.
         """
         from pyspark.sql import functions as F
 
-        def n(cond: Any) -> Any:
-            return F.sum(F.when(cond, 1).otherwise(0))
-
-        def branch(df: Any, tag: str, keys: dict[str, Any], values: list[Any]) -> Any:
-            slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
-            grouped = df.groupBy("run", *[v.alias(s) for s, v in keys.items()])
-            out = grouped.agg(F.array(*[F.coalesce(x.cast("long"), F.lit(0)) for x in values]).alias("v"))
-            return out.select("run", F.lit(tag).alias("tag"),
-                              *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in slots.items()],
-                              "v")
-
-        count_cols = [
-            n(F.col("attempts") > 0), n(F.col("outcome") == "ok"), n(F.col("outcome") == "fail"),
-            n(F.col("outcome") == "info"), F.sum("attempts"), n(F.col("delivered") > 0), F.sum("delivered"),
-            n(F.col("consumed") > 0), F.sum("consumed"), F.sum("abandons"), n(F.col("is_lost")),
-            n(F.col("is_ack_unknown")), n(F.col("is_unexpected")), n(F.col("is_corrupted")), n(F.col("is_dup")),
-            n(F.col("is_resurrected")), n(F.col("is_recovered")), n(F.col("is_split")), F.sum("unflagged"),
-            F.sum("undigested"),
-        ]
-        add = self.scope.add
-        kinds, exposed = self._exposed(j)
-        windows, in_windows = self._in_windows(attempts)
-        ok_att = add(attempts.filter(F.col("o") == "ok"), "x_bucket").select(
-            "run", "dt", "x_bucket", F.greatest(F.expr("(dt - it) div 1000"), F.lit(0)).alias("v"))
-        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
-            "run", F.greatest(F.expr("(first_d.time_ns - fi_t) div 1000"), F.lit(0)).alias("v"))
-        shift = f"greatest(if(v > 0, length(bin(v)), 0) - {HIST_BITS}, 0)"
-        hist_keys = {"l1": F.expr(shift), "l2": F.expr(f"shiftright(v, {shift})")}
+        kinds, exposure = self._exposure_conds()
+        windows, in_window = self._window_conds()
+        rows = None
+        for u in units:
+            df = self.scope.add(u.df, "x_bucket")
+            structs: list[Any] = []
+            if u.ids:
+                structs += _id_metrics(exposure)
+            if u.attempt is not None:
+                structs += _attempt_metrics(f"{u.attempt}." if u.attempt else "", in_window,
+                                            F.col(u.attempt).isNotNull() if u.attempt else None)
+            one = df.select("run", F.explode(F.array(*structs)).alias("m")).filter(F.col("m").isNotNull())
+            rows = one if rows is None else rows.unionByName(one)
+        assert rows is not None
+        summed = (rows.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2")
+                  .agg(*[F.sum(F.try_element_at("m.v", F.lit(i + 1))).alias(f"v{i}") for i in range(_WIDTH)], F.max("m.mx").alias("mx")))
         parts = [
-            branch(j, "count", {}, count_cols),
-            branch(j.filter("is_lost"), "cause", {"s1": F.col("cause"), "s2": F.col("abandon_cause")},
-                   [F.count(F.lit(1))]),
-            branch(exposed, "exposure", {"l1": F.col("chunk") * 2 + F.col("is_lost").cast("long"), "l2": F.col("bits"),
-                                         "s2": F.col("c_n")}, [F.count(F.lit(1))]),
-            branch(in_windows, "avail", {"l1": F.col("chunk"), "l2": F.col("bits")},
-                   [F.count(F.lit(1)), n(F.col("o") == "ok")]),
-            branch(add(self.h, "x_bucket"), "timeline", {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")},
-                   [F.count(F.lit(1))]),
-            branch(ok_att, "latency", {"l1": bucket("dt", "x_bucket")},
-                   [F.count(F.lit(1)), F.sum("v"), F.max("v")]),
-            branch(ok_att, "hist:confirm", hist_keys, [F.count(F.lit(1))]),
-            branch(e2e, "hist:e2e", hist_keys, [F.count(F.lit(1))]),
-            branch(_order_violation_rows(ev, self.delays), "order", {}, [F.count(F.lit(1))]),
+            summed.select("run", "tag", "s1", "s2", "l1", "l2",
+                          F.array(*[F.coalesce(F.col(f"v{i}"), F.lit(0)) for i in range(_WIDTH)]).alias("v"), "mx"),
+            _branch(self.scope.add(self.h, "x_bucket"), "timeline",
+                    {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")}),
+            _branch(_order_violation_rows(ev, self.delays), "order", {}),
         ]
         df = parts[0]
         for p in parts[1:]:
@@ -401,7 +394,7 @@ class _Job:
             elif tag == "timeline":
                 m.timeline.append((int(r["l1"]), r["s1"], r["s2"], vals[0]))
             elif tag == "latency":
-                m.latency_timeline.append((int(r["l1"]), vals[0], vals[1], vals[2]))
+                m.latency_timeline.append((int(r["l1"]), vals[0], vals[1], int(r["mx"])))
             elif tag.startswith("hist:"):
                 s, key = int(r["l1"]), int(r["l2"])
                 m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
@@ -416,10 +409,11 @@ class _Job:
                                                                  for m in runs.values()))
         return runs
 
-    def _exposed(self, j: Any) -> tuple[list[str], Any]:
-        """The fault kinds, and the confirmed ids with a bit per kind each was exposed to: a fault of
-        that kind began before the drain ended and ended after the confirm. Per run and kind that
-        is ``c_t <= T``, T the latest end of such a fault: compared on the row, no array per row."""
+    def _exposure_conds(self) -> tuple[list[str], list[Any]]:
+        """The fault kinds, and per kind the condition that a confirmed id was exposed to it: a
+        fault of that kind began before the drain ended and ended after the confirm. Per run and
+        kind that is ``c_t <= T``, T the latest end of such a fault: compared on the row, no array
+        per row."""
         from pyspark.sql import functions as F
 
         ctxs = dict(sorted(self.scope.ctxs.items()))
@@ -429,21 +423,23 @@ class _Job:
             latest = [max((w["end_ns"] for w in c.windows if w["kind"] == kind and w["start_ns"] <= c.drain_end_ns),
                           default=None) for c in ctxs.values()]
             conds.append(F.col("c_t") <= self.scope.per_run(latest, "bigint"))
-        return kinds, _bit_rows(j.filter(F.col("outcome") == "ok"), conds, "c_n", "is_lost")
+        return kinds, conds
 
-    def _in_windows(self, attempts: Any) -> tuple[dict[int, list[str]], Any]:
-        """Each run's fault window ids, and the attempts with a bit per window their invoke fell in."""
-        from pyspark.sql import functions as F
-
+    def _window_conds(self) -> tuple[dict[int, list[str]], Callable[[Any], list[Any]]]:
+        """Each run's fault window ids, and per window the condition that an attempt's invoke time
+        (the column given) fell in it."""
         ctxs = dict(sorted(self.scope.ctxs.items()))
         ids = {run: [w["fault_id"] for w in c.windows] for run, c in ctxs.items()}
-        conds = []
+        bounds = []
         for i in range(max((len(v) for v in ids.values()), default=0)):
-            bounds = [c.windows[i] if i < len(c.windows) else None for c in ctxs.values()]
-            start = self.scope.per_run([w and w["start_ns"] for w in bounds], "bigint")
-            end = self.scope.per_run([w and w["end_ns"] for w in bounds], "bigint")
-            conds.append((F.col("it") >= start) & (F.col("it") <= end))
-        return ids, _bit_rows(attempts, conds, "o")
+            ws = [c.windows[i] if i < len(c.windows) else None for c in ctxs.values()]
+            bounds.append((self.scope.per_run([w and w["start_ns"] for w in ws], "bigint"),
+                           self.scope.per_run([w and w["end_ns"] for w in ws], "bigint")))
+
+        def conds(it: Any) -> list[Any]:
+            return [(it >= start) & (it <= end) for start, end in bounds]
+
+        return ids, conds
 
     def detail_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
         """The capped detail lists (each the first LIST_CAP by its order), the listed ids' first
@@ -510,18 +506,121 @@ BITS = 62
 """Conditions per long of ``_bit_rows`` (a sum of distinct powers of two below 2^62)."""
 
 
-def _bit_rows(df: Any, conds: list[Any], *keep: str) -> Any:
-    """``df`` with ``chunk`` and ``bits``: condition c is bit c % BITS of the row of chunk c // BITS.
-    Each row becomes one row per chunk of BITS conditions (one, unless there are more), and
-    ``chunk`` is doubled plus 1 where any condition held, so ``_named`` tells a row that met none."""
+def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
+    """``(chunk, bits)`` per BITS conditions (one pair, unless there are more): condition c is bit
+    c % BITS of pair c // BITS, and ``chunk`` is that number doubled plus 1 where any condition
+    held, so ``_named`` tells a row that met none."""
     from pyspark.sql import functions as F
 
     longs = [reduce(lambda a, b: a + b, [F.when(c, 1 << i).otherwise(0).cast("long")
                                         for i, c in enumerate(conds[k:k + BITS])])
              for k in range(0, len(conds), BITS)] or [F.lit(0).cast("long")]
-    met = reduce(lambda a, b: a | b, [F.coalesce(c, F.lit(False)) for c in conds], F.lit(False))
-    return (df.select("run", *keep, met.alias("met"), F.posexplode(F.array(*longs)).alias("chunk", "bits"))
-            .withColumn("chunk", F.col("chunk").cast("long") * 2 + F.col("met").cast("long")))
+    met = reduce(lambda a, b: a | b, [F.coalesce(c, F.lit(False)) for c in conds], F.lit(False)).cast("long")
+    return [(F.lit(2 * k) + met, bits) for k, bits in enumerate(longs)]
+
+
+def _bit_rows(df: Any, conds: list[Any], *keep: str) -> Any:
+    """``df`` with ``chunk`` and ``bits`` (``_bit_chunks``): one row per chunk of each row."""
+    from pyspark.sql import functions as F
+
+    pairs = [F.struct(c.alias("chunk"), b.alias("bits")) for c, b in _bit_chunks(conds)]
+    return df.select("run", *keep, F.explode(F.array(*pairs)).alias("p")).select("run", *keep, "p.chunk", "p.bits")
+
+
+def _branch(df: Any, tag: str, keys: dict[str, Any]) -> Any:
+    """``df``'s rows counted per run and ``keys``, in the shape of ``_Job.metrics``'s rows."""
+    from pyspark.sql import functions as F
+
+    slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
+    out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(F.count(F.lit(1))).alias("v"))
+    return out.select("run", F.lit(tag).alias("tag"),
+                      *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in slots.items()],
+                      "v", F.lit(None).cast("long").alias("mx"))
+
+
+def _metric(tag: str, *, keys: dict[str, Any] | None = None, v: list[Any] | None = None, mx: Any = None,
+            when: Any = None) -> Any:
+    """One metric row of ``_Job.metrics``: a tag, its keys (s1, s2: strings; l1, l2: longs), up to
+    _WIDTH values summed per key (the count 1 where none are given; an array no longer than the
+    tag needs, a position past its end reads as null) and a maximum."""
+    from pyspark.sql import functions as F
+
+    keys = keys or {}
+    vals = [F.coalesce(x.cast("long"), F.lit(0)) for x in (v if v is not None else [F.lit(1)])]
+    slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
+    m = F.struct(F.lit(tag).alias("tag"),
+                 *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in slots.items()],
+                 F.array(*vals).alias("v"), (mx if mx is not None else F.lit(None)).cast("long").alias("mx"))
+    return F.when(when, m) if when is not None else m
+
+
+def _flag(c: str | Any) -> Any:
+    from pyspark.sql import functions as F
+
+    col = F.col(c) if isinstance(c, str) else c
+    return F.when(col, 1).otherwise(0)
+
+
+def _hist_keys(v: str) -> dict[str, Any]:
+    """The first latency histogram's bucket of ``v`` (an SQL expression, >= 0): (shift, v >> shift),
+    2^HIST_BITS buckets per power of two."""
+    from pyspark.sql import functions as F
+
+    shift = f"greatest(if(({v}) > 0, length(bin({v})), 0) - {HIST_BITS}, 0)"
+    return {"l1": F.expr(shift), "l2": F.expr(f"shiftright({v}, {shift})")}
+
+
+def _id_metrics(exposure: list[Any]) -> list[Any]:
+    """What an id's row feeds: the counts, its lost cause, its exposure bits, its end-to-end
+    latency bucket."""
+    from pyspark.sql import functions as F
+
+    col = F.col
+    counts = [
+        _flag(col("attempts") > 0), _flag(col("outcome") == "ok"), _flag(col("outcome") == "fail"),
+        _flag(col("outcome") == "info"), col("attempts"), _flag(col("delivered") > 0), col("delivered"),
+        _flag(col("consumed") > 0), col("consumed"), col("abandons"), _flag("is_lost"),
+        _flag("is_ack_unknown"), _flag("is_unexpected"), _flag("is_corrupted"), _flag("is_dup"),
+        _flag("is_resurrected"), _flag("is_recovered"), _flag("is_split"), col("unflagged"), col("undigested"),
+    ]
+    return [
+        _metric("count", v=counts),
+        _metric("cause", keys={"s1": col("cause"), "s2": col("abandon_cause")}, when=col("is_lost")),
+        *[_metric("exposure", keys={"l1": chunk * 2 + col("is_lost").cast("long"), "l2": bits, "s2": col("c_n")},
+                  when=col("outcome") == "ok") for chunk, bits in _bit_chunks(exposure)],
+        _metric("hist:e2e", keys=_hist_keys(E2E_US_SQL), when=(col("attempts") > 0) & (col("delivered") > 0)),
+    ]
+
+
+def _attempt_metrics(prefix: str, in_window: Callable[[Any], list[Any]], present: Any) -> list[Any]:
+    """What a publish attempt feeds (its columns it, o and dt under ``prefix``; ``present``: the
+    row has one, None for always): its fault-window bits, and when confirmed its latency bucket
+    and first-histogram bucket."""
+    from pyspark.sql import functions as F
+
+    def at(c: str) -> Any:
+        return F.col(prefix + c)
+
+    ok = at("o") == "ok"
+    if present is not None:
+        ok = present & ok
+    latency = confirm_us_sql(prefix)
+    return [
+        *[_metric("avail", keys={"l1": chunk, "l2": bits}, v=[F.lit(1), _flag(ok)], when=present)
+          for chunk, bits in _bit_chunks(in_window(at("it")))],
+        _metric("latency", keys={"l1": bucket(prefix + "dt", "x_bucket")}, v=[F.lit(1), F.expr(latency)],
+                mx=F.expr(latency), when=ok),
+        _metric("hist:confirm", keys=_hist_keys(latency), when=ok),
+    ]
+
+
+E2E_US_SQL = "greatest((first_d.time_ns - fi_t) div 1000, 0)"
+"""An id's end-to-end latency in microseconds: first invoke to first delivery."""
+
+
+def confirm_us_sql(prefix: str = "") -> str:
+    """A confirmed attempt's latency in microseconds: invoke to confirm (its columns under ``prefix``)."""
+    return f"greatest(({prefix}dt - {prefix}it) div 1000, 0)"
 
 
 def _named(chunk: int, bits: int, names: list[str], none: str) -> list[str]:
@@ -559,6 +658,9 @@ _COUNT_NAMES = ("attempted", "confirmed", "failed", "unknown", "publish_attempts
                 "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
                 "unflagged_redeliveries", "undigested")
 
+_WIDTH = len(_COUNT_NAMES)
+"""Values per metric row: the counts have the most."""
+
 HIST_BITS = 8
 """The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
 
@@ -595,9 +697,10 @@ def _order_violation_rows(ev: Any, delays: bool) -> Any:
         delayed = (ev.filter((F.col("k") == "p") & (F.col("type") == "invoke")
                              & F.get_json_object("detail", "$.delay_ms").isNotNull()).select("run", "id").distinct())
         d = d.join(delayed, ["run", "id"], "left_anti")
+    producer, seqs = producer_and_seq("id")
     oc = (d
-          .withColumn("producer", F.regexp_extract("id", ID_RE_JAVA, 1))
-          .withColumn("seqs", F.regexp_extract("id", ID_RE_JAVA, 2))
+          .withColumn("producer", producer)
+          .withColumn("seqs", seqs)
           .filter(F.col("seqs") != "")
           .withColumn("seq", F.col("seqs").cast("long")))
     w = (Window.partitionBy("run", "process", "queue", "producer").orderBy("index")

@@ -15,6 +15,7 @@ aggregates per pairing and per id. The two passes give the same columns
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ._common import ABANDONED, NEMESIS, NEVER_DELIVERED, UNACKED
@@ -70,10 +71,21 @@ def _with_bad(ev: Any, scope: Scope) -> Any:
             .withColumn("bad", F.when(digested, F.col("digest") != expected)).drop("x_seed", "x_size"))
 
 
+@dataclass(frozen=True)
+class Unit:
+    """A kept table the counts read once: its rows are ids (``ids``: the columns of ``derive``)
+    and/or carry one publish attempt each (``attempt``: the struct column that holds it, "" for
+    an attempt's own rows, None for none)."""
+
+    df: Any
+    ids: bool
+    attempt: str | None
+
+
 def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: str = "both"
-             ) -> tuple[Any, Any, int]:
+             ) -> tuple[Any, Any, int, list[Unit]]:
     """(publish attempts, one row per id with its flags (``derive``), how many ids took the
-    ordered pass), each kept by ``persist``.
+    ordered pass, the kept tables as ``Unit``s), each kept by ``persist``.
 
     The hash-aggregate pass is kept once, with each plain id's one attempt on its row; the
     ordered pass's few ids are kept apart. ``names``: every node, queue and process name
@@ -84,7 +96,7 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
 
     if passes == "ordered":
         attempts, ids = _ordered_kept(ev, scope, persist)
-        return attempts, ids, -1
+        return attempts, ids, -1, [Unit(ids, True, None), Unit(attempts, False, "")]
 
     agg = _plain_aggregate(_with_bad(ev, scope), names)
     attempt = F.when(F.col("pi") == 1, F.struct(F.col("pi_t").alias("it"), _plain_outcome().alias("o"),
@@ -97,6 +109,7 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
     attempts = kept.filter(simple & F.col("attempt").isNotNull()).select("run", "attempt.*")
     tangled = kept.filter("tangled").select("run", "id")
     n_tangled = tangled.count()
+    units = [Unit(kept.filter(simple), True, "attempt")]
     if n_tangled:
         # The tangled ids' records, found by a broadcast of their ids when they are few.
         few = n_tangled <= 200_000
@@ -104,7 +117,8 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
         more_attempts, more_ids = _ordered_kept(mine, scope, persist)
         ids = ids.unionByName(more_ids)
         attempts = attempts.unionByName(more_attempts)
-    return attempts, ids, n_tangled
+        units += [Unit(more_ids, True, None), Unit(more_attempts, False, "")]
+    return attempts, ids, n_tangled, units
 
 
 def _ordered_kept(ev: Any, scope: Scope, persist: Any) -> tuple[Any, Any]:

@@ -43,3 +43,13 @@ def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark
         assert not thread.is_alive()  # the check joined it before starting its own job
     got.pop("engine"), expected.pop("engine")
     assert got == expected
+
+
+def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
+    from spark_reports._warmup import warm_up
+
+    seen: list[Path] = []
+    assert warm_up(lambda run, _s: seen.append(run), times=4, wanted=lambda: len(seen) >= 2) == 2
+    assert len(set(seen)) == 1  # the one history, written once
+    seen.clear()
+    assert warm_up(lambda run, _s: seen.append(run), times=3) == 3
