@@ -51,11 +51,16 @@ def brokerchaos(tmp_path: Path):  # type: ignore[no-untyped-def]
     return run
 
 
-def labelled(run_id: str | None = None) -> dict[str, list[str]]:
+def labelled(run_id: str | None = None, *, owner_pid: int | None = None) -> dict[str, list[str]]:
+    """What the engine holds of the project: of one run, or of the runs of one harness process
+    (other tests' runs may be under way on the same engine)."""
     import docker
 
+    from harness.cluster import OWNER_PID_LABEL
+
     client = docker.from_env()
-    flt = ["brokerchaos.project=brokerchaos"] + ([f"brokerchaos.run={run_id}"] if run_id else [])
+    flt = (["brokerchaos.project=brokerchaos"] + ([f"brokerchaos.run={run_id}"] if run_id else [])
+           + ([f"{OWNER_PID_LABEL}={owner_pid}"] if owner_pid is not None else []))
     # Sorted: the engine lists in no fixed order.
     return {
         "containers": sorted(c.name for c in client.containers.list(all=True, filters={"label": flt})),

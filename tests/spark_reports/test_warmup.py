@@ -53,3 +53,24 @@ def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
     assert len(set(seen)) == 1  # the one history, written once
     seen.clear()
     assert warm_up(lambda run, _s: seen.append(run), times=3) == 3
+
+
+@pytest.mark.spark
+def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from spark_reports import _spark
+
+    ran: list[int] = []
+    real = _spark.warm_up
+
+    def counted(check, *, times, wanted):  # type: ignore[no-untyped-def]
+        n = real(check, times=times, wanted=wanted)
+        ran.append(n)
+        return n
+
+    monkeypatch.setattr(_spark, "warm_up", counted)
+    monkeypatch.setattr(_spark, "WARM_UP_CHECKS", 2)
+    monkeypatch.setattr(_spark, "_warmed", (None, 0))
+    _spark.start_session_in_background().join()
+    _spark.start_session_in_background().join()
+    assert ran == [2]
+    assert _spark._warmed[1] == 2
