@@ -510,7 +510,7 @@ class _Job:
 
 
 BITS = 62
-"""Conditions per long of ``_bit_rows`` (a sum of distinct powers of two below 2^62)."""
+"""Conditions per long of ``_bit_chunks`` (a sum of distinct powers of two below 2^62)."""
 
 
 def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
@@ -524,14 +524,6 @@ def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
              for k in range(0, len(conds), BITS)] or [F.lit(0).cast("long")]
     met = reduce(lambda a, b: a | b, [F.coalesce(c, F.lit(False)) for c in conds], F.lit(False)).cast("long")
     return [(F.lit(2 * k) + met, bits) for k, bits in enumerate(longs)]
-
-
-def _bit_rows(df: Any, conds: list[Any], *keep: str) -> Any:
-    """``df`` with ``chunk`` and ``bits`` (``_bit_chunks``): one row per chunk of each row."""
-    from pyspark.sql import functions as F
-
-    pairs = [F.struct(c.alias("chunk"), b.alias("bits")) for c, b in _bit_chunks(conds)]
-    return df.select("run", *keep, F.explode(F.array(*pairs)).alias("p")).select("run", *keep, "p.chunk", "p.bits")
 
 
 def _branch(df: Any, tag: str, keys: dict[str, Any]) -> Any:
@@ -631,7 +623,7 @@ def confirm_us_sql(prefix: str = "") -> str:
 
 
 def _named(chunk: int, bits: int, names: list[str], none: str) -> list[str]:
-    """What a ``_bit_rows`` row met: the names of its chunk's set bits, or ``none`` (said once, on
+    """What a ``_bit_chunks`` pair met: the names of its chunk's set bits, or ``none`` (said once, on
     the first chunk's row) when it met no condition at all."""
     if not chunk & 1:
         return [none] if chunk >> 1 == 0 else []

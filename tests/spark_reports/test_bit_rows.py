@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_reports._spark import BITS, _bit_rows, _named
+from spark_reports._spark import BITS, _bit_chunks, _named
 
 
 def test_named_reads_each_chunk_and_says_none_once() -> None:
@@ -18,7 +18,7 @@ def test_named_reads_each_chunk_and_says_none_once() -> None:
 
 
 @pytest.mark.spark
-def test_bit_rows_give_every_met_condition_once(spark_engine) -> None:
+def test_bit_chunks_give_every_met_condition_once(spark_engine) -> None:
     from pyspark.sql import functions as F
 
     from spark_reports import spark_session
@@ -29,7 +29,8 @@ def test_bit_rows_give_every_met_condition_once(spark_engine) -> None:
     df = spark.createDataFrame([(0, v) for v in values], "run int, v long")
     conds = [(F.col("v") == i) | ((F.col("v") == 7) & F.lit(i % 40 == 0)) for i in range(n)]
     names = [f"c{i}" for i in range(n)]
-    rows = _bit_rows(df, conds, "v").collect()
+    pairs = [F.struct(c.alias("chunk"), b.alias("bits")) for c, b in _bit_chunks(conds)]
+    rows = df.select("v", F.explode(F.array(*pairs)).alias("p")).select("v", "p.chunk", "p.bits").collect()
     met: dict[int, list[str]] = {}
     for r in rows:
         met.setdefault(r["v"], []).extend(_named(r["chunk"], r["bits"], names, "none"))
