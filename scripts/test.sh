@@ -3,11 +3,11 @@
 # Quick local loop without them: python3 -m pytest -m "not docker and not spark"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# BROKERCHAOS_TEST_WORKERS=2 runs two test files at once (pytest-xdist; a file's tests stay on one
-# worker, for module fixtures such as the conformance kit's cluster): most of the suite's time is
-# Docker chaos runs waiting on fixed-length workloads. 0, the default, runs them one by one.
+# Two test files at once (pytest-xdist; a file's tests stay on one worker, for module fixtures such
+# as the conformance kit's cluster): most of the suite's time is Docker chaos runs waiting on
+# fixed-length workloads. BROKERCHAOS_TEST_WORKERS=0 runs them one by one.
 python3 -m pytest -p no:cacheprovider --durations=25 --alluredir=allure-results \
-  -n "${BROKERCHAOS_TEST_WORKERS:-0}" --dist loadfile "$@"
+  -n "${BROKERCHAOS_TEST_WORKERS:-2}" --dist loadfile "$@"
 status=$?
 brokerchaos -q down >/dev/null 2>&1 || true
 if [ "$status" = 5 ]; then
