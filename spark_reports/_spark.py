@@ -526,14 +526,17 @@ def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
     return [(F.lit(2 * k) + met, bits) for k, bits in enumerate(longs)]
 
 
+_SLOTS = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
+"""The keys a metric row of ``_Job.metrics`` may have, and their types."""
+
+
 def _branch(df: Any, tag: str, keys: dict[str, Any]) -> Any:
     """``df``'s rows counted per run and ``keys``, in the shape of ``_Job.metrics``'s rows."""
     from pyspark.sql import functions as F
 
-    slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
     out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(F.count(F.lit(1))).alias("v"))
     return out.select("run", F.lit(tag).alias("tag"),
-                      *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in slots.items()],
+                      *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in _SLOTS.items()],
                       "v", F.lit(None).cast("long").alias("mx"))
 
 
@@ -546,9 +549,8 @@ def _metric(tag: str, *, keys: dict[str, Any] | None = None, v: list[Any] | None
 
     keys = keys or {}
     vals = [F.coalesce(x.cast("long"), F.lit(0)) for x in (v if v is not None else [F.lit(1)])]
-    slots = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
     m = F.struct(F.lit(tag).alias("tag"),
-                 *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in slots.items()],
+                 *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in _SLOTS.items()],
                  F.array(*vals).alias("v"), (mx if mx is not None else F.lit(None)).cast("long").alias("mx"))
     return F.when(when, m) if when is not None else m
 
