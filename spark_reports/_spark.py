@@ -50,6 +50,8 @@ from ._warmup import warm_up
 _warming: threading.Thread | None = None
 _wanted = threading.Event()
 """Set when a real check waits for the background warm-up: it stops after the check under way."""
+WARM_BIG_ROWS = 10_000_000
+"""The size a big warm-up check is planned for."""
 _warmed: tuple[Any, int] = (None, 0)
 """The session warmed, and how many warm-up checks it has run: a later run's start in the same
 process (the chaos suite's, ``--runs N``) runs only what is left of WARM_UP_CHECKS."""
@@ -72,7 +74,8 @@ def start_session_in_background(master: str | None = None, driver_memory: str | 
             done = _warmed[1] if _warmed[0] is session else 0
             if done < WARM_UP_CHECKS:
                 with quiet():
-                    done += warm_up(lambda d, s: _check(d, s, master, driver_memory),
+                    done += warm_up(lambda d, s, big: _check(d, s, master, driver_memory,
+                                                             planned_rows=WARM_BIG_ROWS if big else None),
                                     times=WARM_UP_CHECKS - done, wanted=_wanted.is_set)
                 _warmed = (session, done)
         except Exception:  # noqa: BLE001 - the check reports it, with the real context
@@ -113,11 +116,13 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
 
 
 def _check(run_dir: Path, scenario: dict, spark_master: str | None, driver_memory: str | None,
-           passes: str | None = None) -> Results:
+           passes: str | None = None, planned_rows: int | None = None) -> Results:
+    """``planned_rows``: plan the job as for a history of that many records (the warm-up's checks
+    of a tiny history take the paths of a big one's too)."""
     conf = (scenario or {}).get("spark") or {}
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
     history = _prepare(spark, Path(run_dir), scenario, 0)
-    job = _Job(spark, history.h, Scope(spark, {0: history.ctx}), history.ctx.ops, history.names,
+    job = _Job(spark, history.h, Scope(spark, {0: history.ctx}), planned_rows or history.ctx.ops, history.names,
                passes=passes)
     try:
         return job.check(history.ctx)

@@ -32,6 +32,20 @@ def test_spark_agrees_with_python_on_the_warm_up_history(spark_engine) -> None:
 
 
 @pytest.mark.spark
+def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -> None:  # type: ignore[no-untyped-def]
+    """The warm-up's big checks take the hash-aggregate pass, adaptive execution and whole-stage
+    code on the tiny history: the same findings."""
+    from spark_reports import _spark
+
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d))
+        expected = dict(check_python(run, SCENARIO))
+        got = dict(_spark._check(run, SCENARIO, None, None, planned_rows=_spark.WARM_BIG_ROWS))
+    got.pop("engine"), expected.pop("engine")
+    assert got == expected
+
+
+@pytest.mark.spark
 def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark_engine) -> None:
     from spark_reports._spark import start_session_in_background
 
@@ -48,11 +62,12 @@ def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark
 def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
     from spark_reports._warmup import warm_up
 
-    seen: list[Path] = []
-    assert warm_up(lambda run, _s: seen.append(run), times=4, wanted=lambda: len(seen) >= 2) == 2
-    assert len(set(seen)) == 1  # the one history, written once
+    seen: list[tuple[Path, bool]] = []
+    assert warm_up(lambda run, _s, big: seen.append((run, big)), times=4, wanted=lambda: len(seen) >= 2) == 2
+    assert len({run for run, _big in seen}) == 1  # the one history, written once
     seen.clear()
-    assert warm_up(lambda run, _s: seen.append(run), times=3) == 3
+    assert warm_up(lambda run, _s, big: seen.append((run, big)), times=3) == 3
+    assert [big for _run, big in seen] == [False, True, False]  # every second one planned as for a big history
 
 
 @pytest.mark.spark
