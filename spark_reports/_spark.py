@@ -280,16 +280,11 @@ class _Job:
         progress("spark", "done", lost=facts.counts["lost"])
         return assemble("spark", ctx, facts)
 
-    @property
-    def delays(self) -> bool:
-        """Some run has delayed publishes: the order check looks for them (``_order_violation_rows``)."""
-        return any(c.params.delays for c in self.scope.ctxs.values())
-
     def aggregates(self) -> dict[int, _Metrics]:
         """Per run: every count, table, timeline and first histogram (one job)."""
         ev = self.events()
-        _attempts, _j, units = self.per_id(ev)
-        return self.metrics(ev, units)
+        _attempts, j, units = self.per_id(ev)
+        return self.metrics(j, units)
 
     def events(self) -> Any:
         return events(self.h, self.scope)
@@ -302,7 +297,7 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
-        metrics = self.metrics(ev, units).get(0) or _Metrics.empty()
+        metrics = self.metrics(j, units).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
@@ -344,7 +339,7 @@ class _Job:
         progress("spark", "per id", **({"ordered_pass_ids": tangled} if tangled >= 0 else {"ordered_pass": "every id"}))
         return attempts, j, units
 
-    def metrics(self, ev: Any, units: list[Unit]) -> dict[int, _Metrics]:
+    def metrics(self, j: Any, units: list[Unit]) -> dict[int, _Metrics]:
         """Every count, table, timeline and first histogram of every run in one job.
 
         Each kept table (``units``) is read once: every row becomes the few metric rows it feeds
@@ -377,7 +372,7 @@ class _Job:
                           F.array(*[F.coalesce(F.col(f"v{i}"), F.lit(0)) for i in range(_WIDTH)]).alias("v"), "mx"),
             _branch(self.scope.add(self.h, "x_bucket"), "timeline",
                     {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")}),
-            _branch(_order_violation_rows(ev, self.delays), "order", {}),
+            _branch(_order_violation_rows(j), "order", {}),
         ]
         df = parts[0]
         for p in parts[1:]:
@@ -454,9 +449,10 @@ class _Job:
         return ids, conds
 
     def detail_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
-        """The capped detail lists (each the first LIST_CAP by its order), the listed ids' first
-        deliveries (a broadcast join of at most a few thousand ids), and the corrupted, unflagged and
-        out-of-order lists when the counts say there is anything to list: parts of one job."""
+        """The capped detail lists (each the first LIST_CAP by its order, a listed message with its
+        first deliveries from its row), and the corrupted, unflagged and out-of-order lists when the
+        counts say there is anything to list: parts of one job. Only the unflagged list reads the
+        history again (abandons and the deliveries after them, when there are some)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -473,31 +469,16 @@ class _Job:
         # The ids on some list (usually a few in a million), kept: one scan of the per-id rows.
         flags = [F.col(flag) for flag, _order in specs.values()] + [F.col("is_corrupted")]
         flagged = self.persist(j.filter(reduce(lambda a, b: a | b, flags)))
-        parts, listed = [], None
+        parts = []
         for name, (flag, order) in specs.items():
-            top = flagged.filter(F.col(flag)).select(order.alias("o"), *common).orderBy("o").limit(LIST_CAP)
-            parts.append(tagged(top, name))
-            if name in _WITH_DELIVERIES:
-                listed = top.select("id") if listed is None else listed.unionByName(top.select("id"))
-        k = F.col("k")
-        assert listed is not None
-        # The deliveries of the listed ids and of the corrupted ones (with the digest expected of
-        # each), found in one scan of the history by a broadcast of those few ids and kept.
-        ids = listed.distinct().withColumn("listed", F.lit(True))
+            cols = [*common, F.slice("ds", 1, DELIVERY_CAP).alias("deliveries")] if name in _WITH_DELIVERIES else common
+            parts.append(tagged(flagged.filter(F.col(flag)).select(order.alias("o"), *cols).orderBy("o")
+                                .limit(LIST_CAP), name))
         if counts["corrupted"]:
-            ids = ids.join(flagged.filter("is_corrupted").select("id", "exp"), "id", "full")
-        else:
-            ids = ids.withColumn("exp", F.lit(None).cast("string"))
-        mine = self.persist(ev.filter(k == "d").join(F.broadcast(ids), "id")
-                            .select("id", *DELIVERY, "digest", "detail", "listed", "exp"))
-        parts.append(tagged(mine.filter("listed").groupBy("id").agg(
-            F.slice(F.sort_array(F.collect_list(F.struct(*DELIVERY))), 1, DELIVERY_CAP).alias("ds")), "deliveries"))
-        if counts["corrupted"]:
-            parts.append(tagged(
-                mine.filter(F.col("digest").isNotNull() & (F.col("digest") != F.col("exp")))
-                .groupBy("id").agg(F.count(F.lit(1)).alias("deliveries"),
-                                   F.min(F.struct(*DELIVERY, "digest", "detail")).alias("delivery"))
+            parts.append(tagged(flagged.filter("is_corrupted").select(
+                "id", F.col("n_bad").alias("deliveries"), F.col("bad_first").alias("delivery"))
                 .orderBy("delivery.index").limit(LIST_CAP), "corrupted"))
+        k = F.col("k")
         if counts["unflagged_redeliveries"]:
             before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
             ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
@@ -508,7 +489,7 @@ class _Job:
                 .select("id", *DELIVERY, F.col("ab_before.index").alias("abandon_index"),
                         F.col("ab_before.cause").alias("abandon_cause")), "unflagged"))
         if counts["order_violations"]:
-            parts.append(tagged(_order_violation_rows(ev, self.delays).drop("run").orderBy("index").limit(LIST_CAP), "order"))
+            parts.append(tagged(_order_violation_rows(j).drop("run").orderBy("index").limit(LIST_CAP), "order"))
         return parts
 
 
@@ -643,8 +624,7 @@ _LISTS = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered", "resur
 
 
 def _unpack_lists(got: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """The capped lists in their order, each listed message with its first deliveries."""
-    deliveries = {d["id"]: d["ds"] for d in got.get("deliveries", [])}
+    """The capped lists in their order."""
     out: dict[str, list[dict]] = {}
     for name in _LISTS:
         rows = sorted(got.get(name, []), key=lambda d: d["o"])
@@ -652,8 +632,6 @@ def _unpack_lists(got: dict[str, list[dict]]) -> dict[str, list[dict]]:
             del d["o"]
             if name != "lost":  # a cause is a lost message's alone
                 d["cause"] = d["abandon_cause"] = None
-            if name in _WITH_DELIVERIES:
-                d["deliveries"] = deliveries.get(d["id"], [])
         out[name] = rows
     return out
 
@@ -691,18 +669,15 @@ class _Metrics:
         return cls(counts=dict.fromkeys(_COUNT_NAMES, 0))
 
 
-def _order_violation_rows(ev: Any, delays: bool) -> Any:
+def _order_violation_rows(ids: Any) -> Any:
     """Deliveries (not flagged redelivered) of a producer's id with a lower seq than one the same
-    consumer already got from that producer on that queue; a delayed publish has no place in that
-    order (``delays``: the scenario has some, so they are looked for)."""
+    consumer already got from that producer on that queue, from the ids' rows (``ds``: each id's
+    deliveries); a delayed publish has no place in that order (``delayed``: its id is left out)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    d = ev.filter((F.col("k") == "d") & ~F.col("redelivered").eqNullSafe(True))
-    if delays:
-        delayed = (ev.filter((F.col("k") == "p") & (F.col("type") == "invoke")
-                             & F.get_json_object("detail", "$.delay_ms").isNotNull()).select("run", "id").distinct())
-        d = d.join(delayed, ["run", "id"], "left_anti")
+    d = (ids.filter(~F.col("delayed") & (F.size("ds") > 0)).select("run", "id", F.explode("ds").alias("d"))
+         .select("run", "id", "d.*").filter(~F.col("redelivered").eqNullSafe(True)))
     producer, seqs = producer_and_seq("id")
     oc = (d
           .withColumn("producer", producer)

@@ -1,16 +1,20 @@
 """Per message id: what became of it, in Spark.
 
 Most ids have a plain life: one publish invoke and at most one completion after it,
-deliveries, ok acks that come after every delivery, no abandon, no ack of unknown
-outcome. Their classification needs counts, minima and the values at the first index
+at most one delivery, with the body sent, ok acks that come after it, no abandon, no ack
+of unknown outcome. Their classification needs counts, minima and the values at the first index
 of a kind (``min_by``), so one hash aggregate over the records does it (no sort of the
 history: every aggregation buffer is numeric; node, queue and process names travel
 as their position in a small dictionary of the history's names). The remaining ids
-(retries, abandons, acks of unknown outcome, deliveries after an ok ack) go through
-the ordered pass: their records only, sorted by index per id, window passes pairing
+(retries, abandons, acks of unknown outcome, several deliveries, a corrupted body) go
+through the ordered pass: their records only, sorted by index per id, window passes pairing
 each publish completion with its invoke and each ack completion with its invoke, then
 aggregates per pairing and per id. The two passes give the same columns
 (``_SHAPE``); ``derive`` then reduces them to one row per id with its flags.
+
+Each id's row carries its deliveries (``ds``: a plain id's one, rebuilt from the aggregate;
+an ordered-pass id's all, in order) and its first corrupted one with the body's digest and
+detail, so the order check and the detail lists read the kept rows, not the history again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from ._spark_scope import Scope
 from ._spark_sql import expected_digest_sql
 
 DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
-_DELIVERY_T = "struct<index:bigint,time_ns:bigint,node:string,queue:string,process:string,redelivered:boolean>"
+_DELIVERY_FIELDS = "index:bigint,time_ns:bigint,node:string,queue:string,process:string,redelivered:boolean"
+_DELIVERY_T = f"struct<{_DELIVERY_FIELDS}>"
 _SHAPE = {
     "attempts": "bigint", "outcome": "string", "fi": "struct<ii:bigint,it:bigint>",
     "c": "struct<di:bigint,dt:bigint,dn:string,dtype:string>", "ack_info_inv": "bigint",
@@ -31,7 +36,8 @@ _SHAPE = {
     "undigested": "bigint", "acked": "bigint",
     "first_ack": "struct<index:bigint,time_ns:bigint,node:string,process:string,queue:string>",
     "abandons": "bigint", "last_ab": "struct<index:bigint,cause:string>", "res_n": "bigint",
-    "res_first": _DELIVERY_T, "unflagged": "bigint",
+    "res_first": _DELIVERY_T, "unflagged": "bigint", "ds": f"array<{_DELIVERY_T}>",
+    "bad_first": f"struct<{_DELIVERY_FIELDS},digest:string,detail:string>", "delayed": "boolean",
 }
 """What either pass says of an id, before ``derive``."""
 _ATTEMPT = {"it": "bigint", "o": "string", "dt": "bigint"}
@@ -59,6 +65,16 @@ def events(h: Any, scope: Scope) -> Any:
             .select("run", F.col("value").alias("id"), "index", "type", "time_ns", "node", "queue", "process",
                     "redelivered", "digest", "detail", kind.alias("k"))
             .filter(F.col("k").isNotNull()))
+
+
+def _delayed(scope: Scope) -> Any:
+    """A publish invoke that asked for a delay (looked for only when some run has delays)."""
+    from pyspark.sql import functions as F
+
+    if not scope.delays:
+        return F.lit(False)
+    return ((F.col("k") == "p") & (F.col("type") == "invoke")
+            & F.get_json_object("detail", "$.delay_ms").isNotNull())
 
 
 def _with_bad(ev: Any, scope: Scope) -> Any:
@@ -98,7 +114,7 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
         attempts, ids = _ordered_kept(ev, scope, persist)
         return attempts, ids, -1, [Unit(ids, True, None), Unit(attempts, False, "")]
 
-    agg = _plain_aggregate(_with_bad(ev, scope), names)
+    agg = _plain_aggregate(_with_bad(ev, scope), names, _delayed(scope))
     attempt = F.when(F.col("pi") == 1, F.struct(F.col("pi_t").alias("it"), _plain_outcome().alias("o"),
                                                 F.when(_matched(), F.col("pd_t")).alias("dt")))
     plain = _shaped(_plain_ids(agg, names, F.col("tangled"),
@@ -125,8 +141,8 @@ def _ordered_kept(ev: Any, scope: Scope, persist: Any) -> tuple[Any, Any]:
     """The ordered pass over ``ev``'s ids, kept: (publish attempts, one row per id with its flags)."""
     from pyspark.sql import functions as F
 
-    kept = persist(derive(_shaped(_ordered(_with_bad(ev, scope)), _SHAPE, "run", "id", "attempt_list"), scope,
-                          "attempt_list"))
+    kept = persist(derive(_shaped(_ordered(_with_bad(ev, scope), _delayed(scope)), _SHAPE, "run", "id",
+                                  "attempt_list"), scope, "attempt_list"))
     attempts = kept.select("run", F.explode("attempt_list").alias("a")).select("run", "a.*")
     return _shaped(attempts, _ATTEMPT, "run"), kept.drop("attempt_list")
 
@@ -144,9 +160,10 @@ def _codes(names: list[str]) -> Any:
     return F.array(*[F.lit(n) for n in names]).cast("array<string>")
 
 
-def _plain_aggregate(ev: Any, names: list[str]) -> Any:
+def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
     """Counts, minima and first values per id: a hash aggregate (numeric buffers only), and
-    ``tangled``: the id needs the ordered pass."""
+    ``tangled``: the id needs the ordered pass. ``delayed``: a record that says the id's publish
+    was delayed."""
     from pyspark.sql import functions as F
 
     k, idx, ty, t = F.col("k"), F.col("index"), F.col("type"), F.col("time_ns")
@@ -171,7 +188,9 @@ def _plain_aggregate(ev: Any, names: list[str]) -> Any:
         n(p_done).alias("pd"), F.min(F.when(p_done, idx)).alias("pd_i"), F.min(F.when(p_done, t)).alias("pd_t"),
         F.min(F.when(p_done, done_type)).alias("pd_ty"), F.min(F.when(p_done, code("node"))).alias("pd_n"),
         n(d).alias("nd"), F.min(F.when(d, idx)).alias("d_i"), F.max(F.when(d, idx)).alias("d_max"),
-        first(d, t).alias("d_t"),
+        first(d, t).alias("d_t"), first(d, code("node")).alias("d_n"), first(d, code("queue")).alias("d_q"),
+        first(d, code("process")).alias("d_p"), first(d, F.col("redelivered").cast("int")).alias("d_r"),
+        F.max(F.when(delayed, 1).otherwise(0)).alias("delayed"),
         n(d & F.col("digest").isNotNull()).alias("n_dig"), n(d & F.col("digest").isNull()).alias("undigested"),
         n(F.col("bad")).alias("n_bad"),
         n(ao).alias("acked"), F.min(F.when(ao, idx)).alias("ao_i"), first(ao, t).alias("ao_t"),
@@ -181,7 +200,7 @@ def _plain_aggregate(ev: Any, names: list[str]) -> Any:
     )
     pi, pd = F.col("pi"), F.col("pd")
     tangled = ((pi > 1) | (pd > 1) | ((pi == 1) & (pd == 1) & (F.col("pd_i") < F.col("pi_i")))
-               | (F.col("an") > 0) | (F.col("ab") > 0)
+               | (F.col("an") > 0) | (F.col("ab") > 0) | (F.col("nd") > 1) | (F.col("n_bad") > 0)
                | ((F.col("nd") > 0) & (F.col("acked") > 0) & (F.col("d_max") > F.col("ao_i"))))
     return agg.withColumn("tangled", tangled)
 
@@ -203,7 +222,7 @@ def _plain_outcome() -> Any:
 
 def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
     """A plain id's ``_SHAPE`` columns from its aggregate (and ``extra``): no retry, abandon, ack
-    of unknown outcome or delivery after an ok ack, so none of what those feed."""
+    of unknown outcome, second delivery or corrupted body, so none of what those feed."""
     from pyspark.sql import functions as F
 
     codes = _codes(names)
@@ -225,11 +244,16 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
                                             name("ao_n").alias("node"), name("ao_p").alias("process"),
                                             name("ao_q").alias("queue"))).alias("first_ack"),
         F.lit(0).alias("abandons"), F.lit(None).alias("last_ab"), F.lit(0).alias("res_n"),
-        F.lit(None).alias("res_first"), F.lit(0).alias("unflagged"), *extra,
+        F.lit(None).alias("res_first"), F.lit(0).alias("unflagged"),
+        F.when(F.col("nd") == 1, F.array(F.struct(
+            F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"), name("d_n").alias("node"),
+            name("d_q").alias("queue"), name("d_p").alias("process"), F.col("d_r").cast("boolean").alias("redelivered"))))
+        .otherwise(F.array().cast(f"array<{_DELIVERY_T}>")).alias("ds"),
+        F.lit(None).alias("bad_first"), (F.col("delayed") > 0).alias("delayed"), *extra,
     )
 
 
-def _ordered(ev: Any) -> Any:
+def _ordered(ev: Any, delayed: Any) -> Any:
     """The ordered pass over some ids' records: ``_SHAPE`` rows, each with its publish attempts
     (``attempt_list``).
 
@@ -299,6 +323,9 @@ def _ordered(ev: Any) -> Any:
         F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).alias("last_ab"),
         n(resurrecting).alias("res_n"), F.min(F.when(resurrecting, delivery)).alias("res_first"),
         n(unflagged).alias("unflagged"),
+        F.collect_list(F.when(is_d, delivery)).alias("ds"),
+        F.min(F.when(F.col("bad"), F.struct(*DELIVERY, "digest", "detail"))).alias("bad_first"),
+        F.max(delayed).alias("delayed"),
     ).withColumn("o", F.when(F.col("grp.g") != "p", None).when(F.col("done.dtype").isin("ok", "fail"),
                                                                F.col("done.dtype")).otherwise("info"))
     is_att = F.col("grp.g") == "p"
@@ -313,6 +340,8 @@ def _ordered(ev: Any) -> Any:
         F.min("first_ack").alias("first_ack"), F.sum("abandons").alias("abandons"),
         F.max("last_ab").alias("last_ab"), F.sum("res_n").alias("res_n"), F.min("res_first").alias("res_first"),
         F.sum("unflagged").alias("unflagged"),
+        F.sort_array(F.flatten(F.collect_list("ds"))).alias("ds"), F.min("bad_first").alias("bad_first"),
+        F.coalesce(F.max("delayed"), F.lit(False)).alias("delayed"),
         # The id's attempts ride on its row (an ordered-pass id has a few), kept with it.
         F.collect_list(F.when(is_att, F.struct(F.col("it"), F.col("o"), F.col("done.dt").alias("dt"))))
         .alias("attempt_list"),
@@ -358,7 +387,6 @@ def derive(ids: Any, scope: Scope, *keep: str) -> Any:
         (consumed > 1).alias("is_dup"),
         (F.col("outcome").isin("fail", "info") & (consumed > 0)).alias("is_recovered"),
         (F.col("res_n") > 0).alias("is_resurrected"),
-        F.when(corrupted, F.expr(expected_digest_sql("id", "x_seed", "x_size"))).alias("exp"),
-        corrupted.alias("is_corrupted"),
+        "n_bad", "ds", "bad_first", "delayed", corrupted.alias("is_corrupted"),
         split.alias("is_split"), *keep,
     )
