@@ -342,23 +342,27 @@ class _Job:
     def metrics(self, j: Any, units: list[Unit]) -> dict[int, _Metrics]:
         """Every count, table, timeline and first histogram of every run in one job.
 
-        Each kept table (``units``) is read once: every row becomes the few metric rows it feeds
-        (the id's counts, its lost cause, its exposure bits, its end-to-end latency bucket; its
-        publish attempt's fault-window bits, confirm latency and bucket), each a struct under a tag
-        with up to two string and two long keys, and one aggregate sums them per (run, tag, keys).
-        The timeline (every record) and the order check (every delivery) read the history.
-        Only these few thousand rows per run reach the driver.
+        Each kept table (``units``) of ids feeds the counts, summed per run; and each kept table's
+        rows become the few keyed metric rows they feed (an id's lost cause, exposure bits and
+        end-to-end latency bucket; a publish attempt's fault-window bits, confirm latency and
+        bucket), each a struct under a tag with up to two string and two long keys and two values,
+        summed per (run, tag, keys) in one aggregate. The timeline reads the history; the order
+        check, the ids' deliveries. Only these few thousand rows per run reach the driver.
         """
         from pyspark.sql import functions as F
 
         kinds, exposure = self._exposure_conds()
         windows, in_window = self._window_conds()
-        rows = None
+        rows, counted = None, []
         for u in units:
             df = self.scope.add(u.df, "x_bucket")
             structs: list[Any] = []
             if u.ids:
                 structs += _id_metrics(exposure)
+                counted.append(df.groupBy("run").agg(F.array(*[F.sum(c) for c in _id_counts()]).alias("v"))
+                               .select("run", F.lit("count").alias("tag"),
+                                       *[F.lit(None).cast(t).alias(c) for c, t in _SLOTS.items()],
+                                       "v", F.lit(None).cast("long").alias("mx")))
             if u.attempt is not None:
                 structs += _attempt_metrics(f"{u.attempt}." if u.attempt else "", in_window,
                                             F.col(u.attempt).isNotNull() if u.attempt else None)
@@ -366,10 +370,10 @@ class _Job:
             rows = one if rows is None else rows.unionByName(one)
         assert rows is not None
         summed = (rows.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2")
-                  .agg(*[F.sum(F.try_element_at("m.v", F.lit(i + 1))).alias(f"v{i}") for i in range(_WIDTH)], F.max("m.mx").alias("mx")))
+                  .agg(F.sum("m.v0").alias("v0"), F.sum("m.v1").alias("v1"), F.max("m.mx").alias("mx")))
         parts = [
-            summed.select("run", "tag", "s1", "s2", "l1", "l2",
-                          F.array(*[F.coalesce(F.col(f"v{i}"), F.lit(0)) for i in range(_WIDTH)]).alias("v"), "mx"),
+            summed.select("run", "tag", "s1", "s2", "l1", "l2", F.array("v0", "v1").alias("v"), "mx"),
+            *counted,
             _branch(self.scope.add(self.h, "x_bucket"), "timeline",
                     {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")}),
             _branch(_order_violation_rows(j), "order", {}),
@@ -381,8 +385,9 @@ class _Job:
         for r in df.collect():
             m = runs.setdefault(r["run"], _Metrics.empty())
             tag, vals = r["tag"], [int(x) for x in r["v"]]
-            if tag == "count":
-                m.counts = dict(zip(_COUNT_NAMES, vals, strict=True))
+            if tag == "count":  # one row per kept table of ids
+                for name, v in zip(_COUNT_NAMES, vals, strict=True):
+                    m.counts[name] += v
             elif tag == "cause":
                 m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
             elif tag == "exposure":
@@ -528,16 +533,16 @@ def _branch(df: Any, tag: str, keys: dict[str, Any]) -> Any:
 
 def _metric(tag: str, *, keys: dict[str, Any] | None = None, v: list[Any] | None = None, mx: Any = None,
             when: Any = None) -> Any:
-    """One metric row of ``_Job.metrics``: a tag, its keys (s1, s2: strings; l1, l2: longs), up to
-    _WIDTH values summed per key (the count 1 where none are given; an array no longer than the
-    tag needs, a position past its end reads as null) and a maximum."""
+    """One keyed metric row of ``_Job.metrics``: a tag, its keys (s1, s2: strings; l1, l2: longs), two
+    values summed per key (v0: 1 where none are given; v1: 0) and a maximum."""
     from pyspark.sql import functions as F
 
     keys = keys or {}
     vals = [F.coalesce(x.cast("long"), F.lit(0)) for x in (v if v is not None else [F.lit(1)])]
+    vals += [F.lit(0).cast("long")] * (2 - len(vals))
     m = F.struct(F.lit(tag).alias("tag"),
                  *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in _SLOTS.items()],
-                 F.array(*vals).alias("v"), (mx if mx is not None else F.lit(None)).cast("long").alias("mx"))
+                 vals[0].alias("v0"), vals[1].alias("v1"), (mx if mx is not None else F.lit(None)).cast("long").alias("mx"))
     return F.when(when, m) if when is not None else m
 
 
@@ -557,21 +562,27 @@ def _hist_keys(v: str) -> dict[str, Any]:
     return {"l1": F.expr(shift), "l2": F.expr(f"shiftright({v}, {shift})")}
 
 
-def _id_metrics(exposure: list[Any]) -> list[Any]:
-    """What an id's row feeds: the counts, its lost cause, its exposure bits, its end-to-end
-    latency bucket."""
+def _id_counts() -> list[Any]:
+    """What an id's row adds to each of _COUNT_NAMES."""
     from pyspark.sql import functions as F
 
     col = F.col
-    counts = [
+    return [
         _flag(col("attempts") > 0), _flag(col("outcome") == "ok"), _flag(col("outcome") == "fail"),
         _flag(col("outcome") == "info"), col("attempts"), _flag(col("delivered") > 0), col("delivered"),
         _flag(col("consumed") > 0), col("consumed"), col("abandons"), _flag("is_lost"),
         _flag("is_ack_unknown"), _flag("is_unexpected"), _flag("is_corrupted"), _flag("is_dup"),
         _flag("is_resurrected"), _flag("is_recovered"), _flag("is_split"), col("unflagged"), col("undigested"),
     ]
+
+
+def _id_metrics(exposure: list[Any]) -> list[Any]:
+    """The keyed metric rows an id's row feeds: its lost cause, its exposure bits, its end-to-end
+    latency bucket."""
+    from pyspark.sql import functions as F
+
+    col = F.col
     return [
-        _metric("count", v=counts),
         _metric("cause", keys={"s1": col("cause"), "s2": col("abandon_cause")}, when=col("is_lost")),
         *[_metric("exposure", keys={"l1": chunk * 2 + col("is_lost").cast("long"), "l2": bits, "s2": col("c_n")},
                   when=col("outcome") == "ok") for chunk, bits in _bit_chunks(exposure)],
@@ -641,9 +652,6 @@ _COUNT_NAMES = ("attempted", "confirmed", "failed", "unknown", "publish_attempts
                 "delivered_total", "consumed_unique", "consumed_total", "abandoned", "lost", "ack_unknown",
                 "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
                 "unflagged_redeliveries", "undigested")
-
-_WIDTH = len(_COUNT_NAMES)
-"""Values per metric row: the counts have the most."""
 
 HIST_BITS = 8
 """The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
