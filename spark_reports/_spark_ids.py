@@ -148,10 +148,13 @@ def _ordered_kept(ev: Any, scope: Scope, persist: Any) -> tuple[Any, Any]:
 
 
 def _shaped(df: Any, shape: dict[str, str], *keys: str) -> Any:
-    """The columns of ``shape`` in its order and types (a union matches columns by type)."""
+    """The columns of ``shape`` in its order and types (a union matches columns by type). A column
+    already of its type is left as it is: a cast that only widens nullability is dropped by the
+    optimiser, and a kept table whose planned and optimised columns differ so draws a warning."""
     from pyspark.sql import functions as F
 
-    return df.select(*keys, *[F.col(c).cast(t).alias(c) for c, t in shape.items()])
+    have = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    return df.select(*keys, *[F.col(c) if have.get(c) == t else F.col(c).cast(t).alias(c) for c, t in shape.items()])
 
 
 def _codes(names: list[str]) -> Any:

@@ -89,3 +89,27 @@ def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_eng
     _spark.start_session_in_background().join()
     assert ran == [2]
     assert _spark._warmed[1] == 2
+
+
+@pytest.mark.spark
+def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine) -> None:  # type: ignore[no-untyped-def]
+    """Spark warns of a kept (locally checkpointed) table whose planned columns differ from its
+    optimised ones, on every check: the per-id tables of both passes must not draw it."""
+    from spark_reports import _spark, _spark_ids
+    from spark_reports._spark_scope import Scope
+
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d))
+        spark = _spark.spark_session()
+        history = _spark._prepare(spark, run, SCENARIO, 0)
+        scope = Scope(spark, {0: history.ctx})
+        job = _spark._Job(spark, history.h, scope, history.ctx.ops, history.names)
+        kept: list = []
+        _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="both")
+        _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="ordered")
+        assert len(kept) == 3  # the hash-aggregate pass's, the ordered pass's for its tangled ids, the ordered pass's for all
+        for df in kept:
+            qe = df._jdf.queryExecution()
+            planned, optimised = qe.analyzed().output(), qe.optimizedPlan().output()
+            assert [planned.apply(i).dataType().json() for i in range(planned.size())] == \
+                [optimised.apply(i).dataType().json() for i in range(optimised.size())]
