@@ -20,6 +20,7 @@ detail, so the order check and the detail lists read the kept rows, not the hist
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from ._common import ABANDONED, NEMESIS, NEVER_DELIVERED, UNACKED
@@ -114,6 +115,9 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
         attempts, ids = _ordered_kept(ev, scope, persist)
         return attempts, ids, -1, [Unit(ids, True, None), Unit(attempts, False, "")]
 
+    if len(names) > _CODE_MASK:
+        raise ValueError(f"{len(names):,} distinct node, queue and process names: the Spark checker codes at most "
+                         f"{_CODE_MASK:,}; check this history with --checker python")
     agg = _plain_aggregate(_with_bad(ev, scope), names, _delayed(scope))
     attempt = F.when(F.col("pi") == 1, F.struct(F.col("pi_t").alias("it"), _plain_outcome().alias("o"),
                                                 F.when(_matched(), F.col("pd_t")).alias("dt")))
@@ -123,7 +127,8 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
     simple = ~F.col("tangled")
     ids = kept.filter(simple).drop("tangled", "attempt")
     attempts = kept.filter(simple & F.col("attempt").isNotNull()).select("run", "attempt.*")
-    tangled = kept.filter("tangled").select("run", "id")
+    # Kept apart (one read of the big table): counted, then broadcast, each from this small one.
+    tangled = persist(kept.filter("tangled").select("run", "id"))
     n_tangled = tangled.count()
     units = [Unit(kept.filter(simple), True, "attempt")]
     if n_tangled:
@@ -157,6 +162,11 @@ def _shaped(df: Any, shape: dict[str, str], *keys: str) -> Any:
     return df.select(*keys, *[F.col(c) if have.get(c) == t else F.col(c).cast(t).alias(c) for c, t in shape.items()])
 
 
+_CODE_BITS = 20
+_CODE_MASK = (1 << _CODE_BITS) - 1
+"""Up to a million distinct names, three codes and a flag to a long (``_plain_aggregate``)."""
+
+
 def _codes(names: list[str]) -> Any:
     from pyspark.sql import functions as F
 
@@ -175,6 +185,14 @@ def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
     def code(c: str) -> Any:
         return F.array_position(codes, F.col(c))
 
+    def packed(*cols: str) -> Any:
+        """Names' codes (and a delivery's redelivered flag: 0 null, 1 false, 2 true) in one long."""
+        parts = [F.coalesce(code(c), F.lit(0)) for c in cols]
+        if "redelivered" in cols:
+            r = F.col("redelivered")
+            parts[cols.index("redelivered")] = F.when(r, 2).when(~r, 1).otherwise(0)
+        return reduce(lambda a, b: a + b, [F.shiftleft(x.cast("long"), _CODE_BITS * i) for i, x in enumerate(parts)])
+
     def n(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0))
 
@@ -191,14 +209,13 @@ def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
         n(p_done).alias("pd"), F.min(F.when(p_done, idx)).alias("pd_i"), F.min(F.when(p_done, t)).alias("pd_t"),
         F.min(F.when(p_done, done_type)).alias("pd_ty"), F.min(F.when(p_done, code("node"))).alias("pd_n"),
         n(d).alias("nd"), F.min(F.when(d, idx)).alias("d_i"), F.max(F.when(d, idx)).alias("d_max"),
-        first(d, t).alias("d_t"), first(d, code("node")).alias("d_n"), first(d, code("queue")).alias("d_q"),
-        first(d, code("process")).alias("d_p"), first(d, F.col("redelivered").cast("int")).alias("d_r"),
+        # A plain id has one delivery at most (a second makes it tangled): its minima are its values.
+        F.min(F.when(d, t)).alias("d_t"), F.min(F.when(d, packed("node", "queue", "process", "redelivered"))).alias("d_pk"),
         F.max(F.when(delayed, 1).otherwise(0)).alias("delayed"),
         n(d & F.col("digest").isNotNull()).alias("n_dig"), n(d & F.col("digest").isNull()).alias("undigested"),
         n(F.col("bad")).alias("n_bad"),
         n(ao).alias("acked"), F.min(F.when(ao, idx)).alias("ao_i"), first(ao, t).alias("ao_t"),
-        first(ao, code("node")).alias("ao_n"), first(ao, code("process")).alias("ao_p"),
-        first(ao, code("queue")).alias("ao_q"),
+        first(ao, packed("node", "process", "queue")).alias("ao_pk"),
         n(k == "an").alias("an"), n(k == "ab").alias("ab"),
     )
     pi, pd = F.col("pi"), F.col("pd")
@@ -230,27 +247,32 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
 
     codes = _codes(names)
 
-    def name(c: str) -> Any:
-        return F.when(F.col(c) > 0, F.element_at(codes, F.col(c).cast("int")))
+    def name(c: str, i: int) -> Any:
+        """The name of code i in packed column c."""
+        n = F.shiftright(F.col(c), _CODE_BITS * i).bitwiseAND(_CODE_MASK).cast("int")
+        return F.when(n > 0, F.element_at(codes, n))
+
+    r = F.shiftright(F.col("d_pk"), _CODE_BITS * 3)
 
     outcome = _plain_outcome()
     return agg.select(
         "run", "id", F.col("pi").alias("attempts"), outcome.alias("outcome"),
         F.when(F.col("pi") == 1, F.struct(F.col("pi_i").alias("ii"), F.col("pi_t").alias("it"))).alias("fi"),
         F.when(outcome == "ok", F.struct(F.col("pd_i").alias("di"), F.col("pd_t").alias("dt"),
-                                         name("pd_n").alias("dn"), F.lit("ok").alias("dtype"))).alias("c"),
+                                         F.when(F.col("pd_n") > 0, F.element_at(codes, F.col("pd_n").cast("int"))).alias("dn"), F.lit("ok").alias("dtype"))).alias("c"),
         F.lit(None).alias("ack_info_inv"), F.col("nd").alias("delivered"), F.col("d_max").alias("last_d"),
         F.when(F.col("nd") > 0, F.struct(F.col("d_i").alias("index"), F.col("d_t").alias("time_ns")))
         .alias("first_d"),
         "n_bad", "n_dig", "undigested", "acked",
         F.when(F.col("acked") > 0, F.struct(F.col("ao_i").alias("index"), F.col("ao_t").alias("time_ns"),
-                                            name("ao_n").alias("node"), name("ao_p").alias("process"),
-                                            name("ao_q").alias("queue"))).alias("first_ack"),
+                                            name("ao_pk", 0).alias("node"), name("ao_pk", 1).alias("process"),
+                                            name("ao_pk", 2).alias("queue"))).alias("first_ack"),
         F.lit(0).alias("abandons"), F.lit(None).alias("last_ab"), F.lit(0).alias("res_n"),
         F.lit(None).alias("res_first"), F.lit(0).alias("unflagged"),
         F.when(F.col("nd") == 1, F.array(F.struct(
-            F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"), name("d_n").alias("node"),
-            name("d_q").alias("queue"), name("d_p").alias("process"), F.col("d_r").cast("boolean").alias("redelivered"))))
+            F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"), name("d_pk", 0).alias("node"),
+            name("d_pk", 1).alias("queue"), name("d_pk", 2).alias("process"),
+            F.when(r == 2, True).when(r == 1, False).alias("redelivered"))))
         .otherwise(F.array().cast(f"array<{_DELIVERY_T}>")).alias("ds"),
         F.lit(None).alias("bad_first"), (F.col("delayed") > 0).alias("delayed"), *extra,
     )

@@ -107,7 +107,8 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
         kept: list = []
         _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="both")
         _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="ordered")
-        assert len(kept) == 3  # the hash-aggregate pass's, the ordered pass's for its tangled ids, the ordered pass's for all
+        # The hash-aggregate pass's, its tangled ids, the ordered pass's for those, the ordered pass's for all.
+        assert len(kept) == 4
         for df in kept:
             qe = df._jdf.queryExecution()
             planned, optimised = qe.analyzed().output(), qe.optimizedPlan().output()
