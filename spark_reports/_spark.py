@@ -290,27 +290,30 @@ class _Job:
         return events(self.h, self.scope)
 
     def reconcile(self, ctx: Context) -> Facts:
-        """Two jobs for a history of any size: the aggregates, then every capped list with the first
-        refinement of the latency percentiles; further refinements only while a wanted rank is not
-        yet on one exact value."""
+        """Two jobs after the per-id pass, for a history of any size: the aggregates with every
+        capped list, then the first refinement of the latency percentiles with the lists that only
+        the counts say are needed; further refinements only while a wanted rank is not yet on one
+        exact value."""
         from pyspark.sql import functions as F
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
-        metrics = self.metrics(j, units).get(0) or _Metrics.empty()
+        first = collect_parts([tagged(self.metric_rows(j, units), "metrics"), self.list_part(j)])
+        metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
+        lists, corrupted = _unpack_lists(first.get("lists", []))
+        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
+                 corrupted=len(corrupted))
 
         ok_att = attempts_l1.filter(F.col("o") == "ok").select(F.expr(confirm_us_sql()).alias("v"))
         e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(F.expr(E2E_US_SQL).alias("v"))
         ranks = Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
-        parts = self.detail_parts(ev, j, counts)
+        parts = self.counted_parts(ev, j, counts)
         refine = ranks.query()
-        got = collect_parts(parts + ([refine] if refine is not None else []))
-        lists = _unpack_lists(got)
-        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
-                 corrupted=len(got.get("corrupted", [])))
+        parts += [refine] if refine is not None else []
+        got = collect_parts(parts) if parts else {}
         ranks.feed(got.get("rank", []))
         while (refine := ranks.query()) is not None:
             ranks.feed(collect_parts([refine]).get("rank", []))
@@ -324,7 +327,7 @@ class _Job:
             counts=counts, lost=lists["lost"], lost_by_cause=metrics.lost_by_cause,
             ack_unknown=lists["ack_unknown"], unexpected=lists["unexpected"], duplicated=lists["duplicated"],
             recovered=lists["recovered"], resurrected=lists["resurrected"],
-            corrupted=by_index("corrupted", lambda d: d["delivery"]["index"]),
+            corrupted=sorted(corrupted, key=lambda d: d["delivery"]["index"]),
             split_brain=lists["split_brain"], unflagged=by_index("unflagged", lambda d: d["index"]),
             undigested=undigested, order_violations=by_index("order", lambda d: d["index"]),
             attribution_rows=metrics.attribution_rows, exposure_rows=metrics.exposure_rows,
@@ -340,7 +343,11 @@ class _Job:
         return attempts, j, units
 
     def metrics(self, j: Any, units: list[Unit]) -> dict[int, _Metrics]:
-        """Every count, table, timeline and first histogram of every run in one job.
+        """Every count, table, timeline and first histogram of every run in one job."""
+        return _parse_metrics(self.metric_rows(j, units).collect(), self.scope)
+
+    def metric_rows(self, j: Any, units: list[Unit]) -> Any:
+        """Every count, table, timeline and first histogram of every run: rows for ``_parse_metrics``.
 
         Each kept table (``units``) of ids feeds the counts, summed per run; and each kept table's
         rows become the few keyed metric rows they feed (an id's lost cause, exposure bits and
@@ -351,8 +358,8 @@ class _Job:
         """
         from pyspark.sql import functions as F
 
-        kinds, exposure = self._exposure_conds()
-        windows, in_window = self._window_conds()
+        exposure = self._exposure_conds()
+        in_window = self._window_conds()
         rows, counted = None, []
         for u in units:
             df = self.scope.add(u.df, "x_bucket")
@@ -381,69 +388,29 @@ class _Job:
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
-        runs: dict[int, _Metrics] = {}
-        for r in df.collect():
-            m = runs.setdefault(r["run"], _Metrics.empty())
-            tag, vals = r["tag"], [int(x) for x in r["v"]]
-            if tag == "count":  # one row per kept table of ids
-                for name, v in zip(_COUNT_NAMES, vals, strict=True):
-                    m.counts[name] += v
-            elif tag == "cause":
-                m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
-            elif tag == "exposure":
-                lost = int(r["l1"]) & 1
-                for kind in _named(int(r["l1"]) >> 1, int(r["l2"]), kinds, "none"):
-                    kk = m.by_kind.setdefault(kind, [0, 0])
-                    kk[0] += vals[0]
-                    if lost:
-                        kk[1] += vals[0]
-                        by_node = m.lost_by_kind_node
-                        by_node[(kind, r["s2"])] = by_node.get((kind, r["s2"]), 0) + vals[0]
-            elif tag == "avail":
-                for w in _named(int(r["l1"]), int(r["l2"]), windows[r["run"]], "outside"):
-                    total, ok = m.availability.get(w, (0, 0))
-                    m.availability[w] = (total + vals[0], ok + vals[1])
-            elif tag == "timeline":
-                m.timeline.append((int(r["l1"]), r["s1"], r["s2"], vals[0]))
-            elif tag == "latency":
-                m.latency_timeline.append((int(r["l1"]), vals[0], vals[1], int(r["mx"])))
-            elif tag.startswith("hist:"):
-                s, key = int(r["l1"]), int(r["l2"])
-                m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
-            elif tag == "order":
-                m.order = vals[0]
-        for m in runs.values():
-            m.counts["order_violations"] = m.order
-            m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
-            # Rows of several bit sets name the same kind and node: one row each.
-            m.attribution_rows = [(kind, node, n) for (kind, node), n in m.lost_by_kind_node.items()]
-        progress("spark", "aggregates", runs=len(runs), rows=sum(len(m.timeline) + len(m.latency_timeline)
-                                                                 for m in runs.values()))
-        return runs
+        return df
 
-    def _exposure_conds(self) -> tuple[list[str], list[Any]]:
-        """The fault kinds, and per kind the condition that a confirmed id was exposed to it: a
+    def _exposure_conds(self) -> list[Any]:
+        """Per fault kind (``_kinds``) the condition that a confirmed id was exposed to it: a
         fault of that kind began before the drain ended and ended after the confirm. Per run and
         kind that is ``c_t <= T``, T the latest end of such a fault: compared on the row, no array
         per row."""
         from pyspark.sql import functions as F
 
         ctxs = dict(sorted(self.scope.ctxs.items()))
-        kinds = sorted({w["kind"] for c in ctxs.values() for w in c.windows})
         conds = []
-        for kind in kinds:
+        for kind in _kinds(self.scope):
             latest = [max((w["end_ns"] for w in c.windows if w["kind"] == kind and w["start_ns"] <= c.drain_end_ns),
                           default=None) for c in ctxs.values()]
             conds.append(F.col("c_t") <= self.scope.per_run(latest, "bigint"))
-        return kinds, conds
+        return conds
 
-    def _window_conds(self) -> tuple[dict[int, list[str]], Callable[[Any], list[Any]]]:
-        """Each run's fault window ids, and per window the condition that an attempt's invoke time
-        (the column given) fell in it."""
+    def _window_conds(self) -> Callable[[Any], list[Any]]:
+        """Per fault window (``_window_ids``) the condition that an attempt's invoke time (the
+        column given) fell in it."""
         ctxs = dict(sorted(self.scope.ctxs.items()))
-        ids = {run: [w["fault_id"] for w in c.windows] for run, c in ctxs.items()}
         bounds = []
-        for i in range(max((len(v) for v in ids.values()), default=0)):
+        for i in range(max((len(v) for v in _window_ids(self.scope).values()), default=0)):
             ws = [c.windows[i] if i < len(c.windows) else None for c in ctxs.values()]
             bounds.append((self.scope.per_run([w and w["start_ns"] for w in ws], "bigint"),
                            self.scope.per_run([w and w["end_ns"] for w in ws], "bigint")))
@@ -451,39 +418,42 @@ class _Job:
         def conds(it: Any) -> list[Any]:
             return [(it >= start) & (it <= end) for start, end in bounds]
 
-        return ids, conds
+        return conds
 
-    def detail_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
-        """The capped detail lists (each the first LIST_CAP by its order, a listed message with its
-        first deliveries from its row), and the corrupted, unflagged and out-of-order lists when the
-        counts say there is anything to list: parts of one job. Only the unflagged list reads the
-        history again (abandons and the deliveries after them, when there are some)."""
+    def list_part(self, j: Any) -> Any:
+        """The capped detail lists from one read of the per-id rows: each flagged id once per list it
+        is on, the first LIST_CAP of each list by its order (a listed message with its first
+        deliveries; a corrupted one with its first corrupted delivery)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         common = ["id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"), F.col("c_t").alias("confirm_ns"),
                   F.col("c_n").alias("confirm_node"), "delivered", "consumed", "cause", "abandon_cause",
                   F.col("first_ack").alias("ack"), F.col("res_n").alias("deliveries_after"),
-                  F.col("res_first").alias("delivery")]
+                  F.col("res_first").alias("delivery"), F.slice("ds", 1, DELIVERY_CAP).alias("deliveries"),
+                  "n_bad", "bad_first"]
         specs = {"lost": ("is_lost", F.col("c_i")), "ack_unknown": ("is_ack_unknown", F.col("c_i")),
                  "unexpected": ("is_unexpected", F.col("first_consumed")),
                  "duplicated": ("is_dup", F.col("first_d.index")),
                  "recovered": ("is_recovered", F.col("first_consumed")),
                  "resurrected": ("is_resurrected", F.col("res_first.index")),
-                 "split_brain": ("is_split", F.col("first_ack.index"))}
-        # The ids on some list (usually a few in a million), kept: one scan of the per-id rows.
-        flags = [F.col(flag) for flag, _order in specs.values()] + [F.col("is_corrupted")]
-        flagged = self.persist(j.filter(reduce(lambda a, b: a | b, flags)))
-        parts = []
-        for name, (flag, order) in specs.items():
-            cols = [*common, F.slice("ds", 1, DELIVERY_CAP).alias("deliveries")] if name in _WITH_DELIVERIES else common
-            parts.append(tagged(flagged.filter(F.col(flag)).select(order.alias("o"), *cols).orderBy("o")
-                                .limit(LIST_CAP), name))
-        if counts["corrupted"]:
-            parts.append(tagged(flagged.filter("is_corrupted").select(
-                "id", F.col("n_bad").alias("deliveries"), F.col("bad_first").alias("delivery"))
-                .orderBy("delivery.index").limit(LIST_CAP), "corrupted"))
-        k = F.col("k")
+                 "split_brain": ("is_split", F.col("first_ack.index")),
+                 "corrupted": ("is_corrupted", F.col("bad_first.index"))}
+        on = [F.when(F.col(flag), F.struct(F.lit(name).alias("list"), order.cast("long").alias("o")))
+              for name, (flag, order) in specs.items()]
+        flagged = j.filter(reduce(lambda a, b: a | b, [F.col(flag) for flag, _order in specs.values()]))
+        rows = flagged.select(*common, F.explode(F.array(*on)).alias("e")).filter(F.col("e").isNotNull())
+        rank = F.row_number().over(Window.partitionBy("e.list").orderBy("e.o"))
+        top = rows.withColumn("rank", rank).filter(F.col("rank") <= LIST_CAP)
+        return tagged(top.select(F.col("e.list").alias("list"), F.col("e.o").alias("o"), *rows.columns[:-1]), "lists")
+
+    def counted_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
+        """The unflagged and out-of-order lists, when the counts say there is anything to list.
+        Only the unflagged list reads the history again (abandons and the deliveries after them)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        parts, k = [], F.col("k")
         if counts["unflagged_redeliveries"]:
             before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
             ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
@@ -498,6 +468,58 @@ class _Job:
         return parts
 
 
+def _kinds(scope: Scope) -> list[str]:
+    """The fault kinds of every run, in the order of the exposure bits."""
+    return sorted({w["kind"] for c in scope.ctxs.values() for w in c.windows})
+
+
+def _window_ids(scope: Scope) -> dict[int, list[str]]:
+    """Each run's fault window ids, in the order of the availability bits."""
+    return {run: [w["fault_id"] for w in c.windows] for run, c in sorted(scope.ctxs.items())}
+
+
+def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
+    """Each run's metrics from the rows of ``_Job.metric_rows`` (Spark rows, or their JSON as dicts)."""
+    kinds, windows = _kinds(scope), _window_ids(scope)
+    runs: dict[int, _Metrics] = {}
+    for r in rows:
+        m = runs.setdefault(r["run"], _Metrics.empty())
+        tag, vals = r["tag"], [int(x) for x in r["v"]]
+        if tag == "count":  # one row per kept table of ids
+            for name, v in zip(_COUNT_NAMES, vals, strict=True):
+                m.counts[name] += v
+        elif tag == "cause":
+            m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
+        elif tag == "exposure":
+            lost = int(r["l1"]) & 1
+            for kind in _named(int(r["l1"]) >> 1, int(r["l2"]), kinds, "none"):
+                kk = m.by_kind.setdefault(kind, [0, 0])
+                kk[0] += vals[0]
+                if lost:
+                    kk[1] += vals[0]
+                    by_node = m.lost_by_kind_node
+                    by_node[(kind, r["s2"])] = by_node.get((kind, r["s2"]), 0) + vals[0]
+        elif tag == "avail":
+            for w in _named(int(r["l1"]), int(r["l2"]), windows[r["run"]], "outside"):
+                total, ok = m.availability.get(w, (0, 0))
+                m.availability[w] = (total + vals[0], ok + vals[1])
+        elif tag == "timeline":
+            m.timeline.append((int(r["l1"]), r["s1"], r["s2"], vals[0]))
+        elif tag == "latency":
+            m.latency_timeline.append((int(r["l1"]), vals[0], vals[1], int(r["mx"])))
+        elif tag.startswith("hist:"):
+            s, key = int(r["l1"]), int(r["l2"])
+            m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
+        elif tag == "order":
+            m.order = vals[0]
+    for m in runs.values():
+        m.counts["order_violations"] = m.order
+        m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
+        # Rows of several bit sets name the same kind and node: one row each.
+        m.attribution_rows = [(kind, node, n) for (kind, node), n in m.lost_by_kind_node.items()]
+    progress("spark", "aggregates", runs=len(runs), rows=sum(len(m.timeline) + len(m.latency_timeline)
+                                                             for m in runs.values()))
+    return runs
 
 
 BITS = 62
@@ -634,17 +656,21 @@ _WITH_DELIVERIES = ("lost", "ack_unknown", "unexpected", "duplicated", "recovere
 _LISTS = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered", "resurrected", "split_brain")
 
 
-def _unpack_lists(got: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """The capped lists in their order."""
-    out: dict[str, list[dict]] = {}
-    for name in _LISTS:
-        rows = sorted(got.get(name, []), key=lambda d: d["o"])
-        for d in rows:
-            del d["o"]
-            if name != "lost":  # a cause is a lost message's alone
-                d["cause"] = d["abandon_cause"] = None
-        out[name] = rows
-    return out
+def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """The capped lists in their order from ``_Job.list_part``'s rows, and the corrupted list."""
+    lists: dict[str, list[tuple[int, dict]]] = {name: [] for name in _LISTS}
+    corrupted = []
+    for d in rows:
+        name, o, n_bad, bad_first, deliveries = (d.pop(c) for c in ("list", "o", "n_bad", "bad_first", "deliveries"))
+        if name == "corrupted":
+            corrupted.append({"id": d["id"], "deliveries": n_bad, "delivery": bad_first})
+            continue
+        if name != "lost":  # a cause is a lost message's alone
+            d["cause"] = d["abandon_cause"] = None
+        if name in _WITH_DELIVERIES:
+            d["deliveries"] = deliveries
+        lists[name].append((o, d))
+    return {name: [d for _o, d in sorted(v, key=lambda x: x[0])] for name, v in lists.items()}, corrupted
 
 
 
