@@ -7,11 +7,13 @@ few tens of thousands of buckets. Everything per message stays in Spark, where i
 spills to disk when the driver's heap (spark.driver.memory, 1g by default) is too
 small to hold it.
 
-A check is two jobs over the history: the per-id classification (``_spark_ids``: a
-hash aggregate, and an ordered pass for the few ids that need one) with every count,
-table, timeline and first latency histogram; then the capped lists and the first
-refinement of the latency percentiles. Grading many runs is the first job alone over
-all their histories.
+A check is the per-id classification (``_spark_ids``: a hash aggregate, and an ordered
+pass that reads the history again for the few ids that need one), kept; then one job with
+every count, table, timeline and first latency histogram and the capped lists (each id's
+row carries its deliveries, so neither the lists nor the order check read the history
+again); then, only where needed, the lists the counts call for and the refinement of the
+latency percentiles. Grading many runs is the classification and the counts alone, over all
+their histories.
 """
 
 from __future__ import annotations
