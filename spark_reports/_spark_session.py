@@ -94,6 +94,9 @@ logger.memstore.name = org.apache.spark.storage.memory.MemoryStore
 logger.memstore.level = error
 logger.blockmgr.name = org.apache.spark.storage.BlockManager
 logger.blockmgr.level = error
+# Spark says once per session that it shortened a plan's text (the per-id plans have many columns).
+logger.strings.name = org.apache.spark.util.SparkStringUtils
+logger.strings.level = error
 # Releasing a kept (locally checkpointed) table at the end of a check is meant: no warning for it.
 logger.rdd.name = org.apache.spark.rdd.MapPartitionsRDD
 logger.rdd.level = error
