@@ -187,10 +187,9 @@ def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
 
     def packed(*cols: str) -> Any:
         """Names' codes (and a delivery's redelivered flag: 0 null, 1 false, 2 true) in one long."""
-        parts = [F.coalesce(code(c), F.lit(0)) for c in cols]
-        if "redelivered" in cols:
-            r = F.col("redelivered")
-            parts[cols.index("redelivered")] = F.when(r, 2).when(~r, 1).otherwise(0)
+        r = F.col("redelivered")
+        parts = [F.when(r, 2).when(~r, 1).otherwise(0) if c == "redelivered" else F.coalesce(code(c), F.lit(0))
+                 for c in cols]
         return reduce(lambda a, b: a + b, [F.shiftleft(x.cast("long"), _CODE_BITS * i) for i, x in enumerate(parts)])
 
     def n(cond: Any) -> Any:
