@@ -368,10 +368,7 @@ class _Job:
             structs: list[Any] = []
             if u.ids:
                 structs += _id_metrics(exposure)
-                counted.append(df.groupBy("run").agg(F.array(*[F.sum(c) for c in _id_counts()]).alias("v"))
-                               .select("run", F.lit("count").alias("tag"),
-                                       *[F.lit(None).cast(t).alias(c) for c, t in _SLOTS.items()],
-                                       "v", F.lit(None).cast("long").alias("mx")))
+                counted.append(_branch(df, "count", {}, [F.sum(c) for c in _id_counts()]))
             if u.attempt is not None:
                 structs += _attempt_metrics(f"{u.attempt}." if u.attempt else "", in_window,
                                             F.col(u.attempt).isNotNull() if u.attempt else None)
@@ -545,11 +542,13 @@ _SLOTS = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
 """The keys a metric row of ``_Job.metrics`` may have, and their types."""
 
 
-def _branch(df: Any, tag: str, keys: dict[str, Any]) -> Any:
-    """``df``'s rows counted per run and ``keys``, in the shape of ``_Job.metrics``'s rows."""
+def _branch(df: Any, tag: str, keys: dict[str, Any], values: list[Any] | None = None) -> Any:
+    """``df``'s rows summed per run and ``keys`` (``values``: the sums, each an aggregate; the
+    count of rows where none are given), in the shape of ``_Job.metric_rows``'s rows."""
     from pyspark.sql import functions as F
 
-    out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(F.count(F.lit(1))).alias("v"))
+    sums = values if values is not None else [F.count(F.lit(1))]
+    out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(*sums).alias("v"))
     return out.select("run", F.lit(tag).alias("tag"),
                       *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in _SLOTS.items()],
                       "v", F.lit(None).cast("long").alias("mx"))

@@ -246,10 +246,13 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
 
     codes = _codes(names)
 
+    def named(n: Any) -> Any:
+        """The name of code n (null for 0: none)."""
+        return F.when(n > 0, F.element_at(codes, n.cast("int")))
+
     def name(c: str, i: int) -> Any:
         """The name of code i in packed column c."""
-        n = F.shiftright(F.col(c), _CODE_BITS * i).bitwiseAND(_CODE_MASK).cast("int")
-        return F.when(n > 0, F.element_at(codes, n))
+        return named(F.shiftright(F.col(c), _CODE_BITS * i).bitwiseAND(_CODE_MASK))
 
     r = F.shiftright(F.col("d_pk"), _CODE_BITS * 3)
 
@@ -258,7 +261,7 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
         "run", "id", F.col("pi").alias("attempts"), outcome.alias("outcome"),
         F.when(F.col("pi") == 1, F.struct(F.col("pi_i").alias("ii"), F.col("pi_t").alias("it"))).alias("fi"),
         F.when(outcome == "ok", F.struct(F.col("pd_i").alias("di"), F.col("pd_t").alias("dt"),
-                                         F.when(F.col("pd_n") > 0, F.element_at(codes, F.col("pd_n").cast("int"))).alias("dn"), F.lit("ok").alias("dtype"))).alias("c"),
+                                         named(F.col("pd_n")).alias("dn"), F.lit("ok").alias("dtype"))).alias("c"),
         F.lit(None).alias("ack_info_inv"), F.col("nd").alias("delivered"), F.col("d_max").alias("last_d"),
         F.when(F.col("nd") > 0, F.struct(F.col("d_i").alias("index"), F.col("d_t").alias("time_ns")))
         .alias("first_d"),
