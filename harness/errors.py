@@ -40,6 +40,10 @@ class ClusterError(BrokerChaosError):
     """A cluster did not start or did not become ready in time."""
 
 
+class ConfigError(BrokerChaosError):
+    """A plugin cannot accept a setting of the command line (``brokerchaos_configure``)."""
+
+
 class FaultError(BrokerChaosError):
     """A fault could not be applied (unsupported capability, bad parameters)."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from harness.errors import BrokerChaosError, PluginError
+from harness.errors import BrokerChaosError, ConfigError, PluginError
 from harness.spec import hooks as hookspec
 from harness.spec.registry import Registry
 
@@ -138,7 +138,12 @@ class Host:
             raise BrokerChaosError(f"unknown checker {name!r}; available: {known}") from None
 
     def configure(self, config: dict[str, Any]) -> None:
-        self.pm.hook.brokerchaos_configure.call_historic(kwargs={"config": config})
+        """Give every plugin the settings; one that refuses one (a ValueError) ends the command with
+        its message as one line."""
+        try:
+            self.pm.hook.brokerchaos_configure.call_historic(kwargs={"config": config})
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def run_started(self, run: Any) -> None:
         self.pm.hook.brokerchaos_run_started(run=run)

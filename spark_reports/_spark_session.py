@@ -29,6 +29,15 @@ _session_key: tuple[str, str] | None = None
 _session_lock = threading.Lock()
 
 
+def check_master(master: str | None) -> None:
+    """A master URL Spark can start with (None: the default), or a ValueError that says which
+    it takes: a malformed one would otherwise end in the Java stack trace of spark-submit."""
+    if master is None or master in ("local", "yarn") or master.startswith(("local[", "spark://", "k8s://")):
+        return
+    raise ValueError(f"Spark master {master!r}: give local[*], local[N], spark://HOST:PORT (a standalone "
+                     "cluster), yarn or k8s://HOST:PORT (--spark-master or BROKERCHAOS_SPARK_MASTER)")
+
+
 def spark_session(master: str | None = None, driver_memory: str | None = None) -> Any:
     """One session per process: JVM start-up is paid once for every run checked.
 
@@ -45,6 +54,7 @@ def _spark_session(master: str | None, driver_memory: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     master = master or os.environ.get("BROKERCHAOS_SPARK_MASTER") or "local[*]"
+    check_master(master)
     memory = driver_memory or os.environ.get("BROKERCHAOS_SPARK_DRIVER_MEMORY") or DEFAULT_DRIVER_MEMORY
     if _session is not None and _session_key is not None and _session_key[0] == master:
         return _session

@@ -22,6 +22,9 @@ settings: dict[str, Any] = {}
 
 @hookimpl
 def brokerchaos_configure(config: dict[str, Any]) -> None:
+    from ._spark_session import check_master
+
+    check_master(config.get("spark_master"))
     settings.update(config)
 
 

@@ -75,6 +75,8 @@ def brokerchaos_configure(config: dict[str, Any]) -> None:
     checker's default) and ``checker_options`` (``{checker: {option: value}}`` from
     ``--checker-option``). Checkers take their settings from here, never from the
     harness by name. Historic: a plugin registered later (``-p``) still receives it.
+    A plugin that cannot accept a setting raises ``ValueError`` with a message that says
+    what to give instead: the command ends with that message as one line.
     """
 
 

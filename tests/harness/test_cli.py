@@ -142,3 +142,11 @@ def test_replay_rebuilds_the_stored_scenario_and_plan(tmp_path: Path) -> None:
     r = brokerchaos("-q", "run", "s.yaml", "--replay", str(rd.path), "--store", str(tmp_path / "again"),
                     cwd=tmp_path, env={"DOCKER_HOST": "tcp://127.0.0.1:1"})
     assert "cannot reach the Docker engine" in one_line_error(r)
+
+
+@pytest.mark.parametrize("command", [["analyze", "store/x/1"], ["grade", "store/x/1"]])
+def test_a_spark_master_spark_cannot_start_with_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """The checker plugin refuses it when it is configured, before any JVM (whose spark-submit
+    would print a Java stack trace), and the harness prints its message as one line."""
+    line = one_line_error(brokerchaos(*command, "--spark-master", "bogus://x", cwd=tmp_path))
+    assert "'bogus://x'" in line and "spark://HOST:PORT" in line

@@ -28,3 +28,15 @@ def test_cli_missing_history_is_one_line(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"error: no history.parquet or history.jsonl in {tmp_path}: pass a run directory "
         "(store/<scenario>/<timestamp>)"]
+
+
+def test_spark_masters_spark_can_start_with_pass_and_others_say_what_to_give() -> None:
+    import pytest
+
+    from spark_reports._spark_session import check_master
+
+    for ok in (None, "local", "local[*]", "local[2]", "spark://127.0.0.1:7077", "yarn", "k8s://https://h:6443"):
+        check_master(ok)
+    for bad in ("bogus://x", "127.0.0.1:7077", "", "spark:/h"):
+        with pytest.raises(ValueError, match="spark://HOST:PORT"):
+            check_master(bad)
