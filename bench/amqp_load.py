@@ -162,8 +162,12 @@ async def _publisher(load: Load, start: Any, out: dict[str, Any]) -> None:
     if pending:
         await asyncio.wait(pending, timeout=10)
     await conn.close()
-    out.update(published=counts["ok"], nacked=counts["nack"], latencies_ms=lat,
-               client_cpu_seconds=cpu1 - (cpu0 if cpu0 is not None else cpu1))
+    out.update(
+        published=counts["ok"],
+        nacked=counts["nack"],
+        latencies_ms=lat,
+        client_cpu_seconds=cpu1 - (cpu0 if cpu0 is not None else cpu1),
+    )
 
 
 def _raw_handshake(url: str) -> Any:
@@ -198,11 +202,20 @@ def _raw_handshake(url: str) -> Any:
     sock.sendall(frame.marshal(header.ProtocolHeader(), 0))
     expect(spec.Connection.Start)
     creds = f"\0{urllib.parse.unquote(u.username or 'guest')}\0{urllib.parse.unquote(u.password or 'guest')}"
-    sock.sendall(frame.marshal(spec.Connection.StartOk(client_properties={"product": "brokerchaos bench"},
-                                                       mechanism="PLAIN", response=creds), 0))
+    sock.sendall(
+        frame.marshal(
+            spec.Connection.StartOk(
+                client_properties={"product": "brokerchaos bench"}, mechanism="PLAIN", response=creds
+            ),
+            0,
+        )
+    )
     tune = expect(spec.Connection.Tune)
-    sock.sendall(frame.marshal(spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max,
-                                                      heartbeat=0), 0))
+    sock.sendall(
+        frame.marshal(
+            spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0), 0
+        )
+    )
     sock.sendall(frame.marshal(spec.Connection.Open(virtual_host="/"), 0))
     expect(spec.Connection.OpenOk)
     sock.sendall(frame.marshal(spec.Channel.Open(), 1))
@@ -226,7 +239,7 @@ def _blaster(load: Load, start: Any, out: dict[str, Any]) -> None:
     one += frame.marshal(header.ContentHeader(0, len(payload), props), 1)
     step = frame_max - 8
     for i in range(0, len(payload), step):
-        one += frame.marshal(body.ContentBody(payload[i:i + step]), 1)
+        one += frame.marshal(body.ContentBody(payload[i : i + step]), 1)
     batch = one * max(1, (256 * 1024) // len(one))
     sock.setblocking(False)
     ready, value, connected = start
@@ -252,7 +265,9 @@ def _blaster(load: Load, start: Any, out: dict[str, Any]) -> None:
         offset = (offset + n) % len(batch)
     cpu1 = time.process_time()
     sock.close()
-    out.update(published=(total - (at_from or 0)) // len(one), client_cpu_seconds=cpu1 - cpu0 if at_from else 0.0)
+    out.update(
+        published=(total - (at_from or 0)) // len(one), client_cpu_seconds=cpu1 - cpu0 if at_from else 0.0
+    )
 
 
 async def _consumer(load: Load, start: Any, out: dict[str, Any]) -> None:
@@ -334,8 +349,10 @@ def _client_main(role: str, load: Load, start: Any, results: Any) -> None:
         results.put(out)
 
 
-def run_load(load: Load, on_window: Callable[[float, float, Callable[[], bool]], Any] | None = None,
-             ) -> tuple[Result, Any]:
+def run_load(
+    load: Load,
+    on_window: Callable[[float, float, Callable[[], bool]], Any] | None = None,
+) -> tuple[Result, Any]:
     """Run the case's client processes. ``on_window(t_from, t_stop, finished)`` runs in a thread
     of this process during the measurement window (broker sampling; ``finished()`` turns true
     once every client has reported, which a backlog case may do early) and its return value
@@ -361,6 +378,7 @@ def run_load(load: Load, on_window: Callable[[float, float, Callable[[], bool]],
         t_from = value.value + load.warmup
         t_stop = t_from + load.duration
         if on_window is not None:
+
             def watch() -> None:
                 try:
                     window[0] = on_window(t_from, t_stop, finished.is_set)

@@ -51,8 +51,14 @@ class Usage:
 class BrokerContainer:
     """Start with ``with BrokerContainer(...) as b:``; the container and its volume are always removed."""
 
-    def __init__(self, broker: str, *, settings: Mapping[str, Any] | None = None, image: str | None = None,
-                 config_extra: str = "") -> None:
+    def __init__(
+        self,
+        broker: str,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        image: str | None = None,
+        config_extra: str = "",
+    ) -> None:
         self.plugin = plugin_for(broker)
         self.name = broker
         self.settings = self.plugin.validate_settings(dict(settings or {}))
@@ -91,8 +97,13 @@ class BrokerContainer:
         try:
             self.client.volumes.create(f"{self.tag}-data", labels=labels)
             self.container = self.client.containers.create(
-                image=self.image, name=self.tag, hostname="n1", detach=True, labels=labels,
-                command=["--data-dir", self.plugin.data_dir, "--", *spec.command], environment=dict(spec.env),
+                image=self.image,
+                name=self.tag,
+                hostname="n1",
+                detach=True,
+                labels=labels,
+                command=["--data-dir", self.plugin.data_dir, "--", *spec.command],
+                environment=dict(spec.env),
                 volumes={f"{self.tag}-data": {"bind": self.plugin.data_dir, "mode": "rw"}},
                 ports={f"{self.plugin.client_port}/tcp": ("127.0.0.1", None)},
             )
@@ -100,12 +111,15 @@ class BrokerContainer:
                 self.container.put_archive("/", _tar_files(files))
             self.container.start()
         except docker.errors.ImageNotFound:
-            raise SystemExit(f"image {self.image} not found; build it with `brokerchaos images build`") from None
+            raise SystemExit(
+                f"image {self.image} not found; build it with `brokerchaos images build`"
+            ) from None
         except docker.errors.APIError as exc:
             raise SystemExit(f"Docker refused to start {self.image}: {exc.explanation or exc}") from None
         self.container.reload()
-        self.port = int(self.container.attrs["NetworkSettings"]["Ports"][f"{self.plugin.client_port}/tcp"][0]
-                        ["HostPort"])
+        self.port = int(
+            self.container.attrs["NetworkSettings"]["Ports"][f"{self.plugin.client_port}/tcp"][0]["HostPort"]
+        )
         self.wait_ready()
 
     def exec(self, cmd: list[str], timeout: float = 30.0) -> tuple[int, str]:
@@ -121,7 +135,9 @@ class BrokerContainer:
             if self.plugin.is_ready(self):  # type: ignore[arg-type]
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"{self.name} not ready after {self.plugin.ready_timeout:.0f}s: {self.logs()}")
+                raise ClusterError(
+                    f"{self.name} not ready after {self.plugin.ready_timeout:.0f}s: {self.logs()}"
+                )
             time.sleep(0.5)
 
     def logs(self, lines: int = 15) -> str:
@@ -162,8 +178,14 @@ class BrokerContainer:
         rc, out = self.exec(["python3", "-c", "import sys; print(sys.version.split()[0])"])
         return f"broker_impl on Python {out.strip()}" if rc == 0 else "broker_impl"
 
-    def sample(self, t_from: float, t_stop: float, finished: Callable[[], bool] = lambda: False,
-               every: float = 0.25, stop_if: Callable[[Usage], bool] | None = None) -> list[Usage]:
+    def sample(
+        self,
+        t_from: float,
+        t_stop: float,
+        finished: Callable[[], bool] = lambda: False,
+        every: float = 0.25,
+        stop_if: Callable[[Usage], bool] | None = None,
+    ) -> list[Usage]:
         """Usage every ``every`` seconds from ``t_from`` to ``t_stop`` (monotonic clock), or until
         the load has ``finished`` or ``stop_if`` says enough."""
         samples = []
@@ -184,11 +206,19 @@ class BrokerContainer:
             for line in (mem / "memory.stat").read_text().splitlines():
                 key, _, val = line.partition(" ")
                 stat[key] = val
-            return Usage(time.monotonic(), int(cpu.read_text()) / 1e9, int(stat.get("total_rss", stat["rss"])),
-                         int((mem / "memory.usage_in_bytes").read_text()))
+            return Usage(
+                time.monotonic(),
+                int(cpu.read_text()) / 1e9,
+                int(stat.get("total_rss", stat["rss"])),
+                int((mem / "memory.usage_in_bytes").read_text()),
+            )
         s = self.container.stats(stream=False)
         ms = s.get("memory_stats", {})
         st = ms.get("stats", {})
         rss = st.get("total_rss", st.get("anon", ms.get("usage", 0)))
-        return Usage(time.monotonic(), s["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9, int(rss),
-                     int(ms.get("usage", 0)))
+        return Usage(
+            time.monotonic(),
+            s["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9,
+            int(rss),
+            int(ms.get("usage", 0)),
+        )

@@ -75,12 +75,20 @@ def broker_cpu(samples: list[Any], seconds: float) -> float:
 def run_case(b: BrokerContainer, case: Case, args: argparse.Namespace, queue: str) -> dict[str, Any]:
     if not case.uses_backlog:
         asyncio.run(declare(b.url, queue, durable=case.persistent))
-    load = Load(url=b.url, queue=queue, persistent=case.persistent, size=case.size,
-                publishers=args.publishers if case.publish else 0,
-                consumers=args.consumers if case.consume else 0,
-                in_flight=args.in_flight, prefetch=args.prefetch, ack_every=args.ack_every,
-                warmup=0.5 if case.uses_backlog else args.warmup, duration=args.duration,
-                stop_when_idle=1.0 if case.uses_backlog else 0.0)
+    load = Load(
+        url=b.url,
+        queue=queue,
+        persistent=case.persistent,
+        size=case.size,
+        publishers=args.publishers if case.publish else 0,
+        consumers=args.consumers if case.consume else 0,
+        in_flight=args.in_flight,
+        prefetch=args.prefetch,
+        ack_every=args.ack_every,
+        warmup=0.5 if case.uses_backlog else args.warmup,
+        duration=args.duration,
+        stop_when_idle=1.0 if case.uses_backlog else 0.0,
+    )
     res, samples = run_load(load, b.sample)
     cpu = broker_cpu(samples, res.window_seconds)
     rate = res.publish_rate if case.publish else res.consume_rate
@@ -119,8 +127,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def measure(chosen: list[Case], args: argparse.Namespace, runs: dict[str, dict[str, list[dict[str, Any]]]],
-            brokers: dict[str, dict[str, Any]]) -> None:
+def measure(
+    chosen: list[Case],
+    args: argparse.Namespace,
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    brokers: dict[str, dict[str, Any]],
+) -> None:
     """Both brokers up, each measured in turn while the other is paused."""
     with BrokerContainer("reference", settings={"flush": "sync"}) as ref, BrokerContainer("rabbitmq") as rmq:
         containers = {"reference": ref, "rabbitmq": rmq}
@@ -140,11 +152,14 @@ def measure(chosen: list[Case], args: argparse.Namespace, runs: dict[str, dict[s
                             # Nothing reads this queue's leftovers: drop them before the next case.
                             asyncio.run(delete(b.url, queue))
                         runs[name][case.name].append(r)
-                        print(f"  [{rep + 1}/{args.repeats}] {name:9} {case.name:34} "
-                              f"{r[case.headline]:9.0f} msg/s  p50 {r['confirm_p50_ms'] or 0:7.1f} ms  "
-                              f"p99 {r['confirm_p99_ms'] or 0:7.1f} ms  broker {r['broker_cpu_cores']:.2f} "
-                              f"client {r['client_cpu_cores']:.2f} cores"
-                              + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+                        print(
+                            f"  [{rep + 1}/{args.repeats}] {name:9} {case.name:34} "
+                            f"{r[case.headline]:9.0f} msg/s  p50 {r['confirm_p50_ms'] or 0:7.1f} ms  "
+                            f"p99 {r['confirm_p99_ms'] or 0:7.1f} ms  broker {r['broker_cpu_cores']:.2f} "
+                            f"client {r['client_cpu_cores']:.2f} cores"
+                            + (f"  errors {r['errors']}" if r["errors"] else ""),
+                            flush=True,
+                        )
                 finally:
                     try:
                         other.container.unpause()
@@ -153,8 +168,9 @@ def measure(chosen: list[Case], args: argparse.Namespace, runs: dict[str, dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per case (default 10)")
     ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each window")
     ap.add_argument("--repeats", type=int, default=3, help="runs per case and broker; the median is reported")
@@ -172,15 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         # A backlog case needs the publish case before it.
         names = {c.name for c in chosen}
-        chosen = [c for c in cases(sizes) if c.name in names or
-                  (c.publish and not c.consume and c.name.replace("publish", "consume backlog") in names)]
+        chosen = [
+            c
+            for c in cases(sizes)
+            if c.name in names
+            or (c.publish and not c.consume and c.name.replace("publish", "consume backlog") in names)
+        ]
     if not chosen:
         print(f"no case matches --only {args.only!r}", file=sys.stderr)
         return 2
     facts = machine_facts()
     command = command_line()
-    print(f"# {len(chosen)} cases x {args.repeats} repeats x {len(BROKERS)} brokers, "
-          f"{args.warmup:.0f}+{args.duration:.0f} s each; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"# {len(chosen)} cases x {args.repeats} repeats x {len(BROKERS)} brokers, "
+        f"{args.warmup:.0f}+{args.duration:.0f} s each; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {b: {c.name: [] for c in chosen} for b in BROKERS}
     brokers: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
@@ -190,20 +213,46 @@ def main(argv: list[str] | None = None) -> int:
     for case in chosen:
         med = {b: median_of(runs[b][case.name]) for b in BROKERS}
         h = case.headline
-        results.append({
-            "case": case.name, "persistent": case.persistent, "size": case.size, "headline": h,
-            "reference": med["reference"], "rabbitmq": med["rabbitmq"],
-            "ratio_throughput": ratio(med["reference"].get(h), med["rabbitmq"].get(h)),
-            "ratio_p50": ratio(med["reference"].get("confirm_p50_ms"), med["rabbitmq"].get("confirm_p50_ms")),
-            "ratio_p99": ratio(med["reference"].get("confirm_p99_ms"), med["rabbitmq"].get("confirm_p99_ms")),
-            "ratio_msgs_per_broker_cpu_second": ratio(med["reference"].get("msgs_per_broker_cpu_second"),
-                                                      med["rabbitmq"].get("msgs_per_broker_cpu_second")),
-            "runs": {b: runs[b][case.name] for b in BROKERS},
-        })
+        results.append(
+            {
+                "case": case.name,
+                "persistent": case.persistent,
+                "size": case.size,
+                "headline": h,
+                "reference": med["reference"],
+                "rabbitmq": med["rabbitmq"],
+                "ratio_throughput": ratio(med["reference"].get(h), med["rabbitmq"].get(h)),
+                "ratio_p50": ratio(
+                    med["reference"].get("confirm_p50_ms"), med["rabbitmq"].get("confirm_p50_ms")
+                ),
+                "ratio_p99": ratio(
+                    med["reference"].get("confirm_p99_ms"), med["rabbitmq"].get("confirm_p99_ms")
+                ),
+                "ratio_msgs_per_broker_cpu_second": ratio(
+                    med["reference"].get("msgs_per_broker_cpu_second"),
+                    med["rabbitmq"].get("msgs_per_broker_cpu_second"),
+                ),
+                "runs": {b: runs[b][case.name] for b in BROKERS},
+            }
+        )
     data = {
-        "benchmark": "broker_vs_rabbitmq", "command": command, "machine": facts, "brokers": brokers,
-        "client": {k: getattr(args, k) for k in ("publishers", "consumers", "in_flight", "prefetch", "ack_every",
-                                                 "duration", "warmup", "repeats")},
+        "benchmark": "broker_vs_rabbitmq",
+        "command": command,
+        "machine": facts,
+        "brokers": brokers,
+        "client": {
+            k: getattr(args, k)
+            for k in (
+                "publishers",
+                "consumers",
+                "in_flight",
+                "prefetch",
+                "ack_every",
+                "duration",
+                "warmup",
+                "repeats",
+            )
+        },
         "elapsed_seconds": round(time.monotonic() - started, 1),
         "results": results,
     }
@@ -225,9 +274,11 @@ def aim_verdict(results: list[dict[str, Any]]) -> str:
         if r["persistent"] and r["headline"] == "publish_rate":
             ratio_ = r["ratio_throughput"]
             met = ratio_ is not None and ratio_ >= 1.0
-            lines.append(f"aim (>= RabbitMQ, persistent confirmed) {r['case']}: "
-                         f"{r['reference'].get('publish_rate', 0):.0f} vs {r['rabbitmq'].get('publish_rate', 0):.0f} "
-                         f"msg/s, ratio {ratio_} -> {'met' if met else 'NOT met'}")
+            lines.append(
+                f"aim (>= RabbitMQ, persistent confirmed) {r['case']}: "
+                f"{r['reference'].get('publish_rate', 0):.0f} vs {r['rabbitmq'].get('publish_rate', 0):.0f} "
+                f"msg/s, ratio {ratio_} -> {'met' if met else 'NOT met'}"
+            )
     return "\n".join(lines)
 
 
@@ -236,8 +287,10 @@ def _fmt(x: Any, spec: str = ".0f") -> str:
 
 
 def render_table(results: list[dict[str, Any]]) -> str:
-    head = ("| case | ref msg/s | rmq msg/s | ratio | ref p50/p99 ms | rmq p50/p99 ms | p99 ratio "
-            "| ref broker/client CPU | rmq broker/client CPU | ref msg/CPU-s | rmq msg/CPU-s | ratio |")
+    head = (
+        "| case | ref msg/s | rmq msg/s | ratio | ref p50/p99 ms | rmq p50/p99 ms | p99 ratio "
+        "| ref broker/client CPU | rmq broker/client CPU | ref msg/CPU-s | rmq msg/CPU-s | ratio |"
+    )
     rows = [head, "|" + "---|" * 12]
     for r in results:
         a, b, h = r["reference"], r["rabbitmq"], r["headline"]
@@ -254,30 +307,39 @@ def render_table(results: list[dict[str, Any]]) -> str:
             f"| {_fmt(a.get('broker_cpu_cores'), '.2f')}/{_fmt(a.get('client_cpu_cores'), '.2f')} "
             f"| {_fmt(b.get('broker_cpu_cores'), '.2f')}/{_fmt(b.get('client_cpu_cores'), '.2f')} "
             f"| {_fmt(a.get('msgs_per_broker_cpu_second'))} | {_fmt(b.get('msgs_per_broker_cpu_second'))} "
-            f"| {_fmt(r['ratio_msgs_per_broker_cpu_second'], '.2f')} |")
+            f"| {_fmt(r['ratio_msgs_per_broker_cpu_second'], '.2f')} |"
+        )
     return "\n".join(rows)
 
 
 def render_markdown(data: dict[str, Any], table: str, verdict: str) -> str:
     c = data["client"]
-    brokers = "\n".join(f"- {name}: {b['version']}, image {b['image']} ({b['image_id']}, built {b['created']}), "
-                        f"settings {b['settings']}" for name, b in data["brokers"].items())
+    brokers = "\n".join(
+        f"- {name}: {b['version']}, image {b['image']} ({b['image_id']}, built {b['created']}), "
+        f"settings {b['settings']}"
+        for name, b in data["brokers"].items()
+    )
     return (
         "# Reference broker vs RabbitMQ 3.10\n\n"
         + facts_markdown(data["machine"], data["command"])
         + f"- elapsed: {data['elapsed_seconds']:.0f} s\n\n"
-        + brokers + "\n\n"
+        + brokers
+        + "\n\n"
         + f"Client: {c['publishers']} publisher and {c['consumers']} consumer processes (aiormq on uvloop), "
-          f"{c['in_flight']} unconfirmed messages per publisher, prefetch {c['prefetch']}, "
-          f"ack every {c['ack_every']}; {c['warmup']:.0f} s warm-up then {c['duration']:.0f} s measured; "
-          f"median of {c['repeats']} repeats, brokers alternating (the idle one paused).\n\n"
+        f"{c['in_flight']} unconfirmed messages per publisher, prefetch {c['prefetch']}, "
+        f"ack every {c['ack_every']}; {c['warmup']:.0f} s warm-up then {c['duration']:.0f} s measured; "
+        f"median of {c['repeats']} repeats, brokers alternating (the idle one paused).\n\n"
         + "msg/s is confirmed publishes per second (deliveries per second for `consume backlog`; "
-          "`c` = deliveries during publish+consume). CPU is in cores (1.00 = one core busy). "
-          "msg/CPU-s = headline messages per broker CPU-second. Ratios are reference / RabbitMQ "
-          "(throughput: > 1 means the reference broker is faster; p99: < 1 means it confirms sooner).\n\n"
-        + table + "\n\n" + verdict.replace("\n", "\n\n") + "\n\n"
+        "`c` = deliveries during publish+consume). CPU is in cores (1.00 = one core busy). "
+        "msg/CPU-s = headline messages per broker CPU-second. Ratios are reference / RabbitMQ "
+        "(throughput: > 1 means the reference broker is faster; p99: < 1 means it confirms sooner).\n\n"
+        + table
+        + "\n\n"
+        + verdict.replace("\n", "\n\n")
+        + "\n\n"
         + "Each repeat's headline rate (msg/s), to show the spread behind the medians:\n\n"
-        + render_repeats(data["results"]) + "\n"
+        + render_repeats(data["results"])
+        + "\n"
     )
 
 

@@ -42,7 +42,10 @@ def container_cpu_seconds(container: Any) -> float:
     v1 = CGROUP_V1_CPU / cid / "cpuacct.usage"
     if v1.exists():
         return int(v1.read_text()) / 1e9
-    for v2 in (CGROUP_V2 / "system.slice" / f"docker-{cid}.scope" / "cpu.stat", CGROUP_V2 / "docker" / cid / "cpu.stat"):
+    for v2 in (
+        CGROUP_V2 / "system.slice" / f"docker-{cid}.scope" / "cpu.stat",
+        CGROUP_V2 / "docker" / cid / "cpu.stat",
+    ):
         if v2.exists():
             stat = dict(line.split() for line in v2.read_text().splitlines())
             return int(stat["usage_usec"]) / 1e6
@@ -67,8 +70,9 @@ class WindowCpu:
         self._thread.start()
 
     def _sample(self) -> None:
-        self.samples.append((time.monotonic(), sum(container_cpu_seconds(c) for c in self.containers),
-                             host_cpu_ticks()))
+        self.samples.append(
+            (time.monotonic(), sum(container_cpu_seconds(c) for c in self.containers), host_cpu_ticks())
+        )
 
     def _run(self, t_from: float, t_to: float) -> None:
         time.sleep(max(0.0, t_from - time.monotonic()))
@@ -89,8 +93,13 @@ def _scenario(broker: str) -> Any:
     settings: dict[str, Any] = {"ha_mode": "all", "ha_sync_mode": "automatic", "policy_pattern": "^bench"}
     if broker == "rabbitmq":
         settings["partition_handling"] = "ignore"
-    return from_dict({"name": f"bench-cluster-{broker}", "broker": {"plugin": broker, "nodes": 3, "settings": settings},
-                      "workload": {"duration": 1}})
+    return from_dict(
+        {
+            "name": f"bench-cluster-{broker}",
+            "broker": {"plugin": broker, "nodes": 3, "settings": settings},
+            "workload": {"duration": 1},
+        }
+    )
 
 
 def measure(broker: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -106,20 +115,36 @@ def measure(broker: str, args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats):
             asyncio.run(declare(url["n1"], QUEUE, durable=True))
             time.sleep(2)  # mirrors start and sync (empty queue) on the next tick
-            load = Load(url=url["n2"], queue=QUEUE, persistent=True, size=args.size, publishers=args.publishers,
-                        consumers=1, in_flight=args.in_flight, warmup=WARMUP, duration=args.duration)
+            load = Load(
+                url=url["n2"],
+                queue=QUEUE,
+                persistent=True,
+                size=args.size,
+                publishers=args.publishers,
+                consumers=1,
+                in_flight=args.in_flight,
+                warmup=WARMUP,
+                duration=args.duration,
+            )
             # the middle of the measurement window: the clients' processes start within the first second
             start = time.monotonic() + WARMUP + 1.0
             cpu = WindowCpu([n.container for n in cluster.nodes.values()], start, start + args.duration - 2.0)
             result, _ = run_load(load)
             cores, machine_busy = cpu.result()
             rate = result.publish_rate
-            runs.append({
-                "publish_rate": round(rate, 1), "consume_rate": round(result.consume_rate, 1),
-                "confirm_p50_ms": _r(result.percentile(0.5)), "confirm_p99_ms": _r(result.percentile(0.99)),
-                "broker_cpu_cores": round(cores, 3), "cpu_ms_per_msg": round(1000 * cores / rate, 3) if rate else None,
-                "machine_cpu_busy": round(machine_busy, 3), "nacked": result.nacked, "errors": result.errors[:5],
-            })
+            runs.append(
+                {
+                    "publish_rate": round(rate, 1),
+                    "consume_rate": round(result.consume_rate, 1),
+                    "confirm_p50_ms": _r(result.percentile(0.5)),
+                    "confirm_p99_ms": _r(result.percentile(0.99)),
+                    "broker_cpu_cores": round(cores, 3),
+                    "cpu_ms_per_msg": round(1000 * cores / rate, 3) if rate else None,
+                    "machine_cpu_busy": round(machine_busy, 3),
+                    "nacked": result.nacked,
+                    "errors": result.errors[:5],
+                }
+            )
     best = max(runs, key=lambda r: r["publish_rate"])
     keys = ("publish_rate", "confirm_p50_ms", "confirm_p99_ms", "cpu_ms_per_msg", "machine_cpu_busy")
     return {"broker": broker, "runs": runs, **{k: best[k] for k in keys}}
@@ -152,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.cluster_mirrored: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     data = {
-        "command": command_line(), "machine": machine, "args": vars(args), "reference": ref, "rabbitmq": rmq,
+        "command": command_line(),
+        "machine": machine,
+        "args": vars(args),
+        "reference": ref,
+        "rabbitmq": rmq,
         "ratio": {
             "throughput": _ratio(ref["publish_rate"], rmq["publish_rate"]),
             "confirm_p50": _ratio(ref["confirm_p50_ms"], rmq["confirm_p50_ms"]),
@@ -162,25 +191,39 @@ def main(argv: list[str] | None = None) -> int:
     }
     data["machine"]["load_average_at_end"] = os.getloadavg()
     OUT.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    rows = [f"| {b['broker']} | {b['publish_rate']} | {b['confirm_p50_ms']} | {b['confirm_p99_ms']} | "
-            f"{b['cpu_ms_per_msg']} | {round(100 * b['machine_cpu_busy'])}% |" for b in (ref, rmq)]
-    every = "; ".join(f"{b['broker']} " + ", ".join(f"{r['publish_rate']} msg/s at {r['cpu_ms_per_msg']} ms CPU"
-                                                    for r in b["runs"]) for b in (ref, rmq))
-    md = "\n".join([
-        "# 3-node mirrored queue (ha-mode all, automatic sync): reference vs RabbitMQ 3.10", "",
-        f"`{data['command']}`; publishers and the consumer on n2, queue master on n1; persistent "
-        f"{args.size}-byte messages, {args.publishers} publishers x {args.in_flight} unconfirmed; each broker's "
-        f"best of {args.repeats} run(s) of {args.duration:g} s (every run is in the json). CPU: the three broker "
-        "containers' CPU time (cgroup) over the measurement window per confirmed message; machine busy: the whole "
-        "machine's CPU over that window (it is shared: other work runs beside the benchmark).", "",
-        "| broker | confirmed msg/s | confirm p50 ms | confirm p99 ms | broker CPU ms/msg | machine busy |",
-        "| --- | --- | --- | --- | --- | --- |", *rows, "",
-        f"Ratios reference / RabbitMQ: throughput {data['ratio']['throughput']}, confirm p50 "
-        f"{data['ratio']['confirm_p50']}, p99 {data['ratio']['confirm_p99']}, CPU per message "
-        f"{data['ratio']['cpu_per_msg']}.", "",
-        f"Every run: {every}.", "",
-        facts_markdown(data["machine"], data["command"]),
-    ])
+    rows = [
+        f"| {b['broker']} | {b['publish_rate']} | {b['confirm_p50_ms']} | {b['confirm_p99_ms']} | "
+        f"{b['cpu_ms_per_msg']} | {round(100 * b['machine_cpu_busy'])}% |"
+        for b in (ref, rmq)
+    ]
+    every = "; ".join(
+        f"{b['broker']} "
+        + ", ".join(f"{r['publish_rate']} msg/s at {r['cpu_ms_per_msg']} ms CPU" for r in b["runs"])
+        for b in (ref, rmq)
+    )
+    md = "\n".join(
+        [
+            "# 3-node mirrored queue (ha-mode all, automatic sync): reference vs RabbitMQ 3.10",
+            "",
+            f"`{data['command']}`; publishers and the consumer on n2, queue master on n1; persistent "
+            f"{args.size}-byte messages, {args.publishers} publishers x {args.in_flight} unconfirmed; each broker's "
+            f"best of {args.repeats} run(s) of {args.duration:g} s (every run is in the json). CPU: the three broker "
+            "containers' CPU time (cgroup) over the measurement window per confirmed message; machine busy: the whole "
+            "machine's CPU over that window (it is shared: other work runs beside the benchmark).",
+            "",
+            "| broker | confirmed msg/s | confirm p50 ms | confirm p99 ms | broker CPU ms/msg | machine busy |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+            f"Ratios reference / RabbitMQ: throughput {data['ratio']['throughput']}, confirm p50 "
+            f"{data['ratio']['confirm_p50']}, p99 {data['ratio']['confirm_p99']}, CPU per message "
+            f"{data['ratio']['cpu_per_msg']}.",
+            "",
+            f"Every run: {every}.",
+            "",
+            facts_markdown(data["machine"], data["command"]),
+        ]
+    )
     OUT.with_suffix(".md").write_text(md)
     print(md)
     return 0

@@ -51,8 +51,17 @@ CATALOGUE = PLANTED / "catalogue.yaml"
 SOURCE_ENV = "BROKERCHAOS_REFERENCE_SOURCE"  # read by plugins/reference's image()
 VERDICTS = ("LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "unknown")
 #: The counts shown per run, when the checkers report them.
-SHOWN_COUNTS = ("confirmed", "lost", "unexpected", "corrupted", "integrity", "resurrected", "duplicated",
-                "recovered", "split_brain")
+SHOWN_COUNTS = (
+    "confirmed",
+    "lost",
+    "unexpected",
+    "corrupted",
+    "integrity",
+    "resurrected",
+    "duplicated",
+    "recovered",
+    "split_brain",
+)
 #: How long a run may take to stop after Ctrl-C (it tears its cluster down first).
 STOP_GRACE = 180.0
 
@@ -83,14 +92,23 @@ def load_catalogue(path: Path = CATALOGUE) -> list[Bug]:
     bugs: list[Bug] = []
     for i, raw in enumerate((data or {}).get("bugs") or []):
         where = f"{path.name}: bugs[{i}]"
-        missing = [k for k in ("id", "name", "patch", "area", "description", "precedent", "scenario", "expect")
-                   if not raw.get(k)]
+        missing = [
+            k
+            for k in ("id", "name", "patch", "area", "description", "precedent", "scenario", "expect")
+            if not raw.get(k)
+        ]
         if missing:
             raise BrokerChaosError(f"{where}: missing {', '.join(missing)}")
-        bug = Bug(id=str(raw["id"]), name=str(raw["name"]), patch=path.parent / raw["patch"], area=str(raw["area"]),
-                  description=" ".join(str(raw["description"]).split()),
-                  precedent=" ".join(str(raw["precedent"]).split()),
-                  scenario=REPO / raw["scenario"], expect=str(raw["expect"]))
+        bug = Bug(
+            id=str(raw["id"]),
+            name=str(raw["name"]),
+            patch=path.parent / raw["patch"],
+            area=str(raw["area"]),
+            description=" ".join(str(raw["description"]).split()),
+            precedent=" ".join(str(raw["precedent"]).split()),
+            scenario=REPO / raw["scenario"],
+            expect=str(raw["expect"]),
+        )
         if bug.expect not in VERDICTS:
             raise BrokerChaosError(f"{where}: expect {bug.expect!r}; allowed {', '.join(VERDICTS)}")
         for f in (bug.patch, bug.scenario):
@@ -111,12 +129,28 @@ def apply_patch(bug: Bug, dest: Path) -> Path:
     """
     tree = dest / "broker_impl"
     shutil.copytree(REPO / "broker_impl", tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
-                           "-d", str(dest), "-i", str(bug.patch)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "patch",
+            "-p1",
+            "--forward",
+            "--batch",
+            "--fuzz=0",
+            "--no-backup-if-mismatch",
+            "-d",
+            str(dest),
+            "-i",
+            str(bug.patch),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         why = (proc.stdout + proc.stderr).strip().splitlines()
-        raise PatchError(f"{bug.patch.name} does not apply to the current broker_impl/ "
-                         f"({why[-1] if why else 'patch failed'}): update the patch")
+        raise PatchError(
+            f"{bug.patch.name} does not apply to the current broker_impl/ "
+            f"({why[-1] if why else 'patch failed'}): update the patch"
+        )
     return tree
 
 
@@ -205,13 +239,24 @@ def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> R
     env.pop(SOURCE_ENV, None)
     if tree is not None:
         env[SOURCE_ENV] = str(tree)
-    cmd = [sys.executable, "-m", "harness.cli", "run", str(scenario), "--seed", str(seed), "--store", str(store),
-           "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        str(scenario),
+        "--seed",
+        str(seed),
+        "--store",
+        str(store),
+        "--json",
+    ]
     t0 = time.monotonic()
     interrupted = False
     with open(store / "run.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        )
         try:
             out, _ = proc.communicate()
         except KeyboardInterrupt:
@@ -240,12 +285,27 @@ def _record(scenario: Path, seed: int, store: Path, code: int, out: str, seconds
         results = json.loads(out)
     if code not in (0, 1, 3) or not results:
         tail = (store / "run.log").read_text(errors="replace").strip().splitlines()
-        return RunRecord(_rel(scenario), seed, "interrupted" if code in (130, -signal.SIGTERM) else "error", code,
-                         seconds, run_dir=run_dir, detail=tail[-1][:300] if tail else f"exit {code}")
+        return RunRecord(
+            _rel(scenario),
+            seed,
+            "interrupted" if code in (130, -signal.SIGTERM) else "error",
+            code,
+            seconds,
+            run_dir=run_dir,
+            detail=tail[-1][:300] if tail else f"exit {code}",
+        )
     verdict = str(results.get("verdict") or results.get("valid"))
-    return RunRecord(_rel(scenario), seed, verdict, code, seconds, counts=dict(results.get("counts") or {}),
-                     valid=results.get("valid"), run_dir=run_dir,
-                     detail=results.get("error"))
+    return RunRecord(
+        _rel(scenario),
+        seed,
+        verdict,
+        code,
+        seconds,
+        counts=dict(results.get("counts") or {}),
+        valid=results.get("valid"),
+        run_dir=run_dir,
+        detail=results.get("error"),
+    )
 
 
 def _run_dir(store: Path) -> str | None:
@@ -316,8 +376,10 @@ class Bench:
                 res.status, res.detail = "error", str(exc)
                 say(f"[bug {bug.label}] error: {exc}")
                 return res
-            say(f"[bug {bug.label}] image {res.image} ({res.build_seconds:.0f} s); {_rel(bug.scenario)}, "
-                f"up to {self.args.runs} run(s), expecting {bug.expect}")
+            say(
+                f"[bug {bug.label}] image {res.image} ({res.build_seconds:.0f} s); {_rel(bug.scenario)}, "
+                f"up to {self.args.runs} run(s), expecting {bug.expect}"
+            )
             t0 = time.monotonic()
             for k in range(self.args.runs):
                 seed = self.args.seed_base + k
@@ -327,8 +389,10 @@ class Bench:
                 except Interrupted as stop:
                     rec, stopped = stop.record, stop
                 res.runs.append(rec)
-                line = (f"[bug {bug.label}] run {k + 1}/{self.args.runs} seed {seed}: {rec.verdict} "
-                        f"({rec.counts_text()}) {rec.seconds:.0f} s")
+                line = (
+                    f"[bug {bug.label}] run {k + 1}/{self.args.runs} seed {seed}: {rec.verdict} "
+                    f"({rec.counts_text()}) {rec.seconds:.0f} s"
+                )
                 if rec.caught:
                     res.status = "caught"
                     res.runs_to_detection = k + 1
@@ -352,8 +416,10 @@ class Bench:
                 scenarios.append(b.scenario)
         if not scenarios:
             return []
-        return [(scenarios[j % len(scenarios)], self.args.seed_base + j // len(scenarios))
-                for j in range(self.args.clean_runs)]
+        return [
+            (scenarios[j % len(scenarios)], self.args.seed_base + j // len(scenarios))
+            for j in range(self.args.clean_runs)
+        ]
 
     def run_clean(self) -> None:
         plan = self.clean_plan()
@@ -361,17 +427,24 @@ class Bench:
             return
         t = time.monotonic()
         image = build_image(None)
-        say(f"[clean] image {image} ({time.monotonic() - t:.0f} s); {len(plan)} run(s) of the unmodified broker")
+        say(
+            f"[clean] image {image} ({time.monotonic() - t:.0f} s); {len(plan)} run(s) of the unmodified broker"
+        )
         for j, (scenario, seed) in enumerate(plan, start=1):
             stopped: Interrupted | None = None
             try:
-                rec = run_scenario(scenario, seed, None, self.store / "clean" / f"{scenario.stem}-seed-{seed}")
+                rec = run_scenario(
+                    scenario, seed, None, self.store / "clean" / f"{scenario.stem}-seed-{seed}"
+                )
             except Interrupted as stop:
                 rec, stopped = stop.record, stop
             self.clean.append(rec)
             alarm = " <- FALSE ALARM" if rec.failed else ""
-            say(f"[clean] run {j}/{len(plan)} {scenario.stem} seed {seed}: {rec.verdict} "
-                f"({rec.counts_text()}) {rec.seconds:.0f} s{alarm}" + (f" [{rec.detail}]" if rec.detail else ""))
+            say(
+                f"[clean] run {j}/{len(plan)} {scenario.stem} seed {seed}: {rec.verdict} "
+                f"({rec.counts_text()}) {rec.seconds:.0f} s{alarm}"
+                + (f" [{rec.detail}]" if rec.detail else "")
+            )
             if stopped is not None:
                 raise stopped
             self.write()
@@ -401,8 +474,12 @@ class Bench:
         return {
             "command": self.command,
             "facts": facts,
-            "settings": {"runs": self.args.runs, "clean_runs": self.args.clean_runs,
-                         "seed_base": self.args.seed_base, "store": _rel(self.store)},
+            "settings": {
+                "runs": self.args.runs,
+                "clean_runs": self.args.clean_runs,
+                "seed_base": self.args.seed_base,
+                "store": _rel(self.store),
+            },
             "interrupted": self.interrupted,
             "wall_seconds": round(time.monotonic() - self.started, 1),
             "summary": self.summary(),
@@ -419,9 +496,17 @@ class Bench:
 
 
 def _bug_dict(bug: Bug) -> dict[str, Any]:
-    return {"id": bug.id, "name": bug.name, "label": bug.label, "area": bug.area, "patch": _rel(bug.patch),
-            "scenario": _rel(bug.scenario), "expect": bug.expect, "description": bug.description,
-            "precedent": bug.precedent}
+    return {
+        "id": bug.id,
+        "name": bug.name,
+        "label": bug.label,
+        "area": bug.area,
+        "patch": _rel(bug.patch),
+        "scenario": _rel(bug.scenario),
+        "expect": bug.expect,
+        "description": bug.description,
+        "precedent": bug.precedent,
+    }
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -442,45 +527,75 @@ def markdown(data: dict[str, Any]) -> str:
         f"{s['clean_inconclusive']} inconclusive (unknown or harness error)",
     ]
     if s["bugs_waiting"]:
-        lines.append(f"- waiting (scenario needs harness features not in this checkout): "
-                     f"{', '.join(s['bugs_waiting'])}")
+        lines.append(
+            f"- waiting (scenario needs harness features not in this checkout): "
+            f"{', '.join(s['bugs_waiting'])}"
+        )
     if s["bugs_error"]:
         lines.append(f"- not run (patch or image error): {', '.join(s['bugs_error'])}")
-    lines += ["", "| bug | area | scenario | expected | result | runs | time to detection | verdict | counts |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "| bug | area | scenario | expected | result | runs | time to detection | verdict | counts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for b in data["bugs"]:
         runs = b["runs"]
         last = runs[-1] if runs else None
-        counts = ", ".join(f"{k} {last['counts'][k]}" for k in SHOWN_COUNTS
-                           if last and last["counts"].get(k)) if last else ""
+        counts = (
+            ", ".join(f"{k} {last['counts'][k]}" for k in SHOWN_COUNTS if last and last["counts"].get(k))
+            if last
+            else ""
+        )
         t = b["seconds_to_detection"]
-        lines.append(f"| {b['bug']['label']} | {b['bug']['area']} | `{Path(b['bug']['scenario']).name}` | "
-                     f"{b['bug']['expect']} | {b['status']} | {len(runs)} | {f'{t:.0f} s' if t is not None else '-'} "
-                     f"| {last['verdict'] if last else '-'} | {counts or '-'} |")
+        lines.append(
+            f"| {b['bug']['label']} | {b['bug']['area']} | `{Path(b['bug']['scenario']).name}` | "
+            f"{b['bug']['expect']} | {b['status']} | {len(runs)} | {f'{t:.0f} s' if t is not None else '-'} "
+            f"| {last['verdict'] if last else '-'} | {counts or '-'} |"
+        )
     if data["clean"]:
-        lines += ["", "Clean control runs:", "", "| scenario | seed | verdict | counts | seconds |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Clean control runs:",
+            "",
+            "| scenario | seed | verdict | counts | seconds |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for c in data["clean"]:
             counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
-            lines.append(f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
-                         f"{c['seconds']:.0f} |")
+            lines.append(
+                f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
+                f"{c['seconds']:.0f} |"
+            )
         for c in data["clean"]:
             if c["verdict"] != "durable":
-                lines.append(f"\nNot durable on the unmodified broker: `{Path(c['scenario']).name}` seed {c['seed']}, "
-                             f"{c['verdict']}, run directory `{c['run_dir']}`" + (f": {c['detail']}" if c["detail"] else ""))
+                lines.append(
+                    f"\nNot durable on the unmodified broker: `{Path(c['scenario']).name}` seed {c['seed']}, "
+                    f"{c['verdict']}, run directory `{c['run_dir']}`"
+                    + (f": {c['detail']}" if c["detail"] else "")
+                )
     lines += ["", "Every run (run directories under the store named in the JSON):", ""]
     for b in data["bugs"]:
         for r in b["runs"]:
-            lines.append(f"- {b['bug']['label']} seed {r['seed']}: {r['verdict']} in {r['seconds']:.0f} s "
-                         f"(`{r['run_dir']}`)" + (f": {r['detail']}" if r["detail"] else ""))
+            lines.append(
+                f"- {b['bug']['label']} seed {r['seed']}: {r['verdict']} in {r['seconds']:.0f} s "
+                f"(`{r['run_dir']}`)" + (f": {r['detail']}" if r["detail"] else "")
+            )
         if b["status"] in ("waiting", "error"):
             lines.append(f"- {b['bug']['label']}: {b['status']}: {b['detail']}")
     lines += ["", "The bugs (`bench/planted/catalogue.yaml`):", ""]
     for b in data["bugs"]:
         bug = b["bug"]
-        lines.append(f"- **{bug['label']}** ({bug['area']}): {bug['description']} *Precedent:* {bug['precedent']}")
-    lines += ["", "## Machine and command", "", facts_markdown(facts, data["command"]).rstrip(),
-              f"- wall time: {data['wall_seconds']:.0f} s", ""]
+        lines.append(
+            f"- **{bug['label']}** ({bug['area']}): {bug['description']} *Precedent:* {bug['precedent']}"
+        )
+    lines += [
+        "",
+        "## Machine and command",
+        "",
+        facts_markdown(facts, data["command"]).rstrip(),
+        f"- wall time: {data['wall_seconds']:.0f} s",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -490,15 +605,23 @@ def say(line: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.detection",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--bugs", help="comma-separated bug ids or names (default: every bug in the catalogue)")
     p.add_argument("--runs", type=int, default=3, help="seeded runs per bug at most (default 3)")
-    p.add_argument("--clean-runs", type=int, default=20, help="runs of the unmodified broker (default 20; 0: none)")
+    p.add_argument(
+        "--clean-runs", type=int, default=20, help="runs of the unmodified broker (default 20; 0: none)"
+    )
     p.add_argument("--seed-base", type=int, default=100, help="seed of each bug's first run (default 100)")
     p.add_argument("--store", help="run store root (default store/detection/<time>)")
-    p.add_argument("--out", default=str(RESULTS / "detection"),
-                   help="results path without suffix (default bench/results/detection)")
+    p.add_argument(
+        "--out",
+        default=str(RESULTS / "detection"),
+        help="results path without suffix (default bench/results/detection)",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -528,8 +651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
     bench = Bench(bugs, args, store.resolve())
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    say(f"{len(bugs)} planted bug(s), up to {args.runs} run(s) each, then {args.clean_runs} clean run(s); "
-        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}")
+    say(
+        f"{len(bugs)} planted bug(s), up to {args.runs} run(s) each, then {args.clean_runs} clean run(s); "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}"
+    )
     try:
         for bug in bugs:
             bench.run_bug(bug)
@@ -542,9 +667,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         bench.write()
     s = bench.summary()
-    say(f"caught {s['bugs_caught']} of {s['bugs_run']} bugs run; median time to detection "
+    say(
+        f"caught {s['bugs_caught']} of {s['bugs_run']} bugs run; median time to detection "
         f"{s['median_seconds_to_detection']} s; clean {s['clean_durable']}/{s['clean_runs']} durable, "
-        f"{s['false_alarms']} false alarm(s) -> {Path(args.out).with_suffix('.md')}")
+        f"{s['false_alarms']} false alarm(s) -> {Path(args.out).with_suffix('.md')}"
+    )
     if bench.interrupted:
         return 130
     return 0 if s["bugs_caught"] == s["bugs_run"] and not s["false_alarms"] else 1

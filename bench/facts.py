@@ -62,8 +62,12 @@ def _version(pkg: str) -> str:
 
 def machine_facts() -> dict[str, Any]:
     try:
-        docker = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                                text=True, timeout=20).stdout.strip()
+        docker = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         docker = "?"
     return {
@@ -123,8 +127,11 @@ def run_cli(main: Callable[[], int]) -> None:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         code = 1
     except docker.errors.NotFound:
-        print("error: a benchmark container disappeared during the run (removed by `brokerchaos clean`?); "
-              "run the benchmark again", file=sys.stderr)
+        print(
+            "error: a benchmark container disappeared during the run (removed by `brokerchaos clean`?); "
+            "run the benchmark again",
+            file=sys.stderr,
+        )
         code = 1
     except KeyboardInterrupt:
         code = 130

@@ -124,9 +124,19 @@ def one(engine: str, run_dir: Path, driver_memory: str) -> None:
     planted = json.loads((run_dir / "generated.json").read_text()).get("planted") or {}
     counts: dict = dict(res["counts"])
     found = {k: counts.get(k) for k in planted}
-    print(json.dumps({"session_s": round(session_s, 1), "check_s": round(check_s, 1), "jvm_max_heap": jvm_heap,
-                      "verdict": res["verdict"], "counts": res["counts"], "planted_found": found == planted,
-                      "notes": res["notes"]}))
+    print(
+        json.dumps(
+            {
+                "session_s": round(session_s, 1),
+                "check_s": round(check_s, 1),
+                "jvm_max_heap": jvm_heap,
+                "verdict": res["verdict"],
+                "counts": res["counts"],
+                "planted_found": found == planted,
+                "notes": res["notes"],
+            }
+        )
+    )
 
 
 def _comparable(res: dict) -> dict:
@@ -154,23 +164,43 @@ def main() -> None:
         gen_s = None
         if not (run_dir / "history.parquet").is_file():
             t = time.monotonic()
-            subprocess.run([sys.executable, str(HERE / "spark_gen.py"), "--ops", str(ops), "--out", str(run_dir)],
-                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, str(HERE / "spark_gen.py"), "--ops", str(ops), "--out", str(run_dir)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             gen_s = round(time.monotonic() - t, 1)
-        record: dict = {"size": label, "ops": json.loads((run_dir / "generated.json").read_text())["ops"],
-                        "parquet_bytes": (run_dir / "history.parquet").stat().st_size, "generate_s": gen_s,
-                        "driver_memory": args.driver_memory, "cores": os.cpu_count(), "command": command}
+        record: dict = {
+            "size": label,
+            "ops": json.loads((run_dir / "generated.json").read_text())["ops"],
+            "parquet_bytes": (run_dir / "history.parquet").stat().st_size,
+            "generate_s": gen_s,
+            "driver_memory": args.driver_memory,
+            "cores": os.cpu_count(),
+            "command": command,
+        }
         engines = ["spark"] + (["python"] if ops <= parse_size(args.python_max) else [])
         try:
             import duckdb  # noqa: F401 - only to know whether the yardstick can run
+
             engines.append("duckdb")
         except ImportError:
-            print("spark_bench: duckdb not installed (pip install '.[bench]'): no plain-SQL yardstick",
-                  file=sys.stderr)
+            print(
+                "spark_bench: duckdb not installed (pip install '.[bench]'): no plain-SQL yardstick",
+                file=sys.stderr,
+            )
         record["loadavg_before"] = loadavg()
         for engine in engines:
-            cmd = [sys.executable, __file__, "--one", engine, "--run-dir", str(run_dir),
-                   "--driver-memory", args.driver_memory]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                engine,
+                "--run-dir",
+                str(run_dir),
+                "--driver-memory",
+                args.driver_memory,
+            ]
             print(f"spark_bench: {label} {engine} ...", file=sys.stderr, flush=True)
             wall, peak, rc, out = measure(cmd, args.results / f"spark_{label}_{engine}.log")
             entry = {"wall_s": round(wall, 1), "peak_rss_mb": round(peak / 2**20), "exit": rc}
@@ -178,8 +208,11 @@ def main() -> None:
                 entry |= json.loads(out.strip().splitlines()[-1])
             entry["loadavg_after"] = loadavg()
             record[engine] = entry
-            print(f"spark_bench: {label} {engine} wall={wall:.1f}s peak={peak / 2**20:.0f}MB exit={rc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"spark_bench: {label} {engine} wall={wall:.1f}s peak={peak / 2**20:.0f}MB exit={rc}",
+                file=sys.stderr,
+                flush=True,
+            )
         if "python" not in engines:
             record["python"] = {"skipped": f"not run above --python-max {args.python_max}"}
         elif record["spark"].get("exit") == 0 and record["python"].get("exit") == 0:
@@ -188,19 +221,26 @@ def main() -> None:
             record["engines_agree"] = _comparable(a) == _comparable(b)
         (args.results / f"spark_{label}.json").write_text(json.dumps(record, indent=1) + "\n")
         sp, py, dk = record["spark"], record["python"], record.get("duckdb", {})
-        ratio = (f"{py['check_s'] / sp['check_s']:.2g}x" if sp.get("check_s") and py.get("check_s") else "-")
-        line = (f"| {label} | {record['ops']:,} | {sp.get('wall_s')} s ({sp.get('check_s')} s check) | "
-                f"{sp.get('peak_rss_mb')} MB | "
-                + (f"{py.get('wall_s')} s ({py.get('check_s')} s check) | {py.get('peak_rss_mb')} MB | {ratio} | "
-                   f"{record.get('engines_agree')} |"
-                   if "wall_s" in py else f"{py.get('skipped', 'failed')} | - | - | - |")
-                + f" {dk.get('check_s', '-')} s | {sp.get('planted_found')} | {sp.get('verdict')} | "
-                f"{record['loadavg_before']} | `{command}` |\n")
+        ratio = f"{py['check_s'] / sp['check_s']:.2g}x" if sp.get("check_s") and py.get("check_s") else "-"
+        line = (
+            f"| {label} | {record['ops']:,} | {sp.get('wall_s')} s ({sp.get('check_s')} s check) | "
+            f"{sp.get('peak_rss_mb')} MB | "
+            + (
+                f"{py.get('wall_s')} s ({py.get('check_s')} s check) | {py.get('peak_rss_mb')} MB | {ratio} | "
+                f"{record.get('engines_agree')} |"
+                if "wall_s" in py
+                else f"{py.get('skipped', 'failed')} | - | - | - |"
+            )
+            + f" {dk.get('check_s', '-')} s | {sp.get('planted_found')} | {sp.get('verdict')} | "
+            f"{record['loadavg_before']} | `{command}` |\n"
+        )
         summary = args.results / "spark_summary.md"
         if not summary.exists():
-            summary.write_text("| size | ops | spark wall | spark peak RSS | python wall | python peak RSS | "
-                               "python/spark check | agree | duckdb core query | spark = planted | verdict | "
-                               "load before | command |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            summary.write_text(
+                "| size | ops | spark wall | spark peak RSS | python wall | python peak RSS | "
+                "python/spark check | agree | duckdb core query | spark = planted | verdict | "
+                "load before | command |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            )
         with summary.open("a") as fh:
             fh.write(line)
 

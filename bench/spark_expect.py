@@ -28,9 +28,11 @@ def expected(run_dir: Path) -> dict:
     unexpected_ids: set[int] = set()
     for lo in range(0, n_msgs, g.PLAN_BLOCK):
         m = np.arange(lo, min(lo + g.PLAN_BLOCK, n_msgs), dtype=np.int64)
-        plan = g.message_plan(np.arange(lo, lo + g.PLAN_BLOCK, dtype=np.int64),
-                              np.random.default_rng([meta["seed"], lo]),
-                              chunk_of_slot[lo:lo + g.PLAN_BLOCK])
+        plan = g.message_plan(
+            np.arange(lo, lo + g.PLAN_BLOCK, dtype=np.int64),
+            np.random.default_rng([meta["seed"], lo]),
+            chunk_of_slot[lo : lo + g.PLAN_BLOCK],
+        )
         plan = {k: v[: len(m)] for k, v in plan.items()}
         ok = plan["outcome"] == 0
         out["confirmed"] += int(ok.sum())

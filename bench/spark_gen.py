@@ -38,9 +38,23 @@ PRODUCERS, CONSUMERS, QUEUES, NODES = 8, 4, 2, 3
 SLOT_NS = 50_000  # one message published per slot: 20k messages/s
 LAG_SLOTS = 200  # a message is consumed this many slots after it was published
 CHUNKS = 20
-FAULTS = [(2, 3, "partition"), (6, 8, "kill"), (10, 11, "pause"), (14, 16, "power-loss"), (17, 18, "partition")]
-RATES = {"fail": 0.002, "info": 0.002, "info_consumed": 0.5, "dup": 0.001, "lost_in_fault": 2e-5,
-         "unexpected_of_fail": 0.001, "resurrected_of_dup": 0.2, "corrupt": 1e-4}
+FAULTS = [
+    (2, 3, "partition"),
+    (6, 8, "kill"),
+    (10, 11, "pause"),
+    (14, 16, "power-loss"),
+    (17, 18, "partition"),
+]
+RATES = {
+    "fail": 0.002,
+    "info": 0.002,
+    "info_consumed": 0.5,
+    "dup": 0.001,
+    "lost_in_fault": 2e-5,
+    "unexpected_of_fail": 0.001,
+    "resurrected_of_dup": 0.2,
+    "corrupt": 1e-4,
+}
 # publish invoke, publish completion; consume invoke, consume ok, ack invoke, ack completion;
 # for a duplicate: a second consume invoke, consume ok (redelivered), ack invoke, ack ok
 ROW_KINDS = 10
@@ -51,22 +65,35 @@ MESSAGE_SIZE = 64
 def message_plan(m: np.ndarray, rng: np.random.Generator, chunk_of: np.ndarray) -> dict[str, np.ndarray]:
     """Fate of each message id m (outcome, consumed, duplicated, unexpected substitute)."""
     u = rng.random(len(m))
-    outcome = np.where(u < RATES["fail"], 1, np.where(u < RATES["fail"] + RATES["info"], 2, 0))  # 0 ok 1 fail 2 info
+    outcome = np.where(
+        u < RATES["fail"], 1, np.where(u < RATES["fail"] + RATES["info"], 2, 0)
+    )  # 0 ok 1 fail 2 info
     in_fault = np.zeros(len(m), dtype=bool)
     for start, end, _ in FAULTS:
         in_fault |= (chunk_of >= start) & (chunk_of < end)
     u2 = rng.random(len(m))
     lost = (outcome == 0) & in_fault & (u2 < RATES["lost_in_fault"])
     consumed = (outcome == 0) & ~lost | (outcome == 2) & (u2 < RATES["info_consumed"])
-    unexpected = (outcome == 1) & (u2 < RATES["unexpected_of_fail"])  # its delivery carries a never-published id
+    unexpected = (outcome == 1) & (
+        u2 < RATES["unexpected_of_fail"]
+    )  # its delivery carries a never-published id
     consumed |= unexpected
     dup = consumed & (rng.random(len(m)) < RATES["dup"])
-    latency = np.minimum(rng.exponential(2_000 + 6_000 * in_fault, len(m)).astype(np.int64) + 200, SLOT_NS * 3 // 10)
+    latency = np.minimum(
+        rng.exponential(2_000 + 6_000 * in_fault, len(m)).astype(np.int64) + 200, SLOT_NS * 3 // 10
+    )
     # Drawn after the draws above, so the plans spark_expect.py replays are unchanged.
     resurrected = dup & (rng.random(len(m)) < RATES["resurrected_of_dup"])
     corrupt = consumed & ~unexpected & (rng.random(len(m)) < RATES["corrupt"])
-    return {"outcome": outcome, "consumed": consumed, "dup": dup, "unexpected": unexpected, "latency": latency,
-            "resurrected": resurrected, "corrupt": corrupt}
+    return {
+        "outcome": outcome,
+        "consumed": consumed,
+        "dup": dup,
+        "unexpected": unexpected,
+        "latency": latency,
+        "resurrected": resurrected,
+        "corrupt": corrupt,
+    }
 
 
 def _names(prefix: str, n: int) -> pa.Array:
@@ -95,13 +122,23 @@ def _bodies(ids: list[str], seed: int, size: int, corrupt: np.ndarray) -> tuple[
         flipped = bytearray(body)
         flipped[len(mid) + 1] ^= 1  # a digit of the check: still ASCII, no longer the body sent
         bad.append(body_digest(bytes(flipped)))
-        detail.append(json.dumps({"body": bytes(flipped[:200]).decode(errors="backslashreplace"),
-                                  "length": len(flipped)}))
+        detail.append(
+            json.dumps(
+                {"body": bytes(flipped[:200]).decode(errors="backslashreplace"), "length": len(flipped)}
+            )
+        )
     return good, bad, detail
 
 
-def chunk_table(lo: int, hi: int, n_msgs: int, chunk_of_slot: np.ndarray, seed: int, first_index: int,
-                message_size: int = MESSAGE_SIZE) -> pa.Table:
+def chunk_table(
+    lo: int,
+    hi: int,
+    n_msgs: int,
+    chunk_of_slot: np.ndarray,
+    seed: int,
+    first_index: int,
+    message_size: int = MESSAGE_SIZE,
+) -> pa.Table:
     """Rows of slots [lo, hi): slot s publishes message s and consumes message s - LAG_SLOTS."""
     s = np.arange(lo, hi, dtype=np.int64)
     pub_plan = _plan_for(s, seed, chunk_of_slot)
@@ -158,8 +195,12 @@ def chunk_table(lo: int, hi: int, n_msgs: int, chunk_of_slot: np.ndarray, seed: 
 
     keep = present.ravel()
     cons_ids = _ids(c_safe, cons_plan["unexpected"])
-    good, bad, details = _bodies(pc.if_else(pa.array(cons_ok), cons_ids, pa.scalar(None, pa.string())).to_pylist(),
-                                 seed, message_size, corrupt)
+    good, bad, details = _bodies(
+        pc.if_else(pa.array(cons_ok), cons_ids, pa.scalar(None, pa.string())).to_pylist(),
+        seed,
+        message_size,
+        corrupt,
+    )
     idx_vals = pa.concat_arrays([_ids(s), cons_ids])
 
     def pick(values: pa.Array, codes: np.ndarray) -> pa.Array:
@@ -170,22 +211,25 @@ def chunk_table(lo: int, hi: int, n_msgs: int, chunk_of_slot: np.ndarray, seed: 
     rows = len(times)
     procs = pa.concat_arrays([_names("p", PRODUCERS), _names("c", CONSUMERS)])
     red = redelivered.ravel()[keep]
-    return pa.Table.from_arrays([
-        pa.array(first_index + np.arange(rows, dtype=np.int64)),
-        pa.array(times),
-        pc.strftime(pa.array(times.astype("datetime64[ns]")), format="%Y-%m-%dT%H:%M:%S"),
-        pc.take(procs, pa.array(proc.ravel()[keep])),
-        pc.take(_names("n", NODES), pa.array(node.ravel()[keep])),
-        pc.take(pa.array(["invoke", "ok", "fail", "info"]), pa.array(type_codes.ravel()[keep])),
-        pc.take(pa.array(["publish", "consume", "ack"]), pa.array(f_codes.ravel()[keep])),
-        pc.take(_names("q", QUEUES), pa.array(queue.ravel()[keep])),
-        pick(idx_vals, value),
-        pa.array(red == 1, mask=red == 2),
-        pick(pa.array(["connection lost before the ack was confirmed"]), error),
-        pick(pa.array(good + bad, pa.string()), digest),
-        pick(pa.array(details, pa.string()), detail),
-        pa.array(np.full(rows, SCHEMA_VERSION, dtype=np.int32)),
-    ], schema=arrow_schema())
+    return pa.Table.from_arrays(
+        [
+            pa.array(first_index + np.arange(rows, dtype=np.int64)),
+            pa.array(times),
+            pc.strftime(pa.array(times.astype("datetime64[ns]")), format="%Y-%m-%dT%H:%M:%S"),
+            pc.take(procs, pa.array(proc.ravel()[keep])),
+            pc.take(_names("n", NODES), pa.array(node.ravel()[keep])),
+            pc.take(pa.array(["invoke", "ok", "fail", "info"]), pa.array(type_codes.ravel()[keep])),
+            pc.take(pa.array(["publish", "consume", "ack"]), pa.array(f_codes.ravel()[keep])),
+            pc.take(_names("q", QUEUES), pa.array(queue.ravel()[keep])),
+            pick(idx_vals, value),
+            pa.array(red == 1, mask=red == 2),
+            pick(pa.array(["connection lost before the ack was confirmed"]), error),
+            pick(pa.array(good + bad, pa.string()), digest),
+            pick(pa.array(details, pa.string()), detail),
+            pa.array(np.full(rows, SCHEMA_VERSION, dtype=np.int32)),
+        ],
+        schema=arrow_schema(),
+    )
 
 
 def _plan_for(m: np.ndarray, seed: int, chunk_of_slot: np.ndarray) -> dict[str, np.ndarray]:
@@ -217,14 +261,26 @@ def nemesis_rows(kind: str, fault: tuple[int, int, str], i: int, t: int, index: 
         f, node = fault[2], f"n{i % NODES + 1}"
     else:
         value, f, node = json.dumps({"fault_ids": [f"f{i + 1}"]}), "heal", None
-    return [{"index": index + j, "time_ns": t + j, "process": "nemesis", "node": node, "type": ty, "f": f,
-             "value": value} for j, ty in enumerate(("invoke", "ok"))]
+    return [
+        {
+            "index": index + j,
+            "time_ns": t + j,
+            "process": "nemesis",
+            "node": node,
+            "type": ty,
+            "f": f,
+            "value": value,
+        }
+        for j, ty in enumerate(("invoke", "ok"))
+    ]
 
 
 def small_table(rows: list[dict]) -> pa.Table:
     from harness.spec.history import FIELDS, SCHEMA_VERSION
 
-    full = [{name: r.get(name) for name in FIELDS} | {"schema": SCHEMA_VERSION, "wall_time": ""} for r in rows]
+    full = [
+        {name: r.get(name) for name in FIELDS} | {"schema": SCHEMA_VERSION, "wall_time": ""} for r in rows
+    ]
     return pa.Table.from_pylist(full, schema=arrow_schema())
 
 
@@ -261,25 +317,64 @@ def generate(ops: int, out: Path, seed: int = 1, message_size: int = MESSAGE_SIZ
                 m = np.arange(lo, min(hi, n_msgs), dtype=np.int64)
                 if len(m):
                     _count(planted, unexpected, m, _plan_for(m, seed, chunk_of_slot))
-            print(f"spark_gen: chunk {ci + 1}/{CHUNKS} rows={index:,} t={time.monotonic() - started:.0f}s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"spark_gen: chunk {ci + 1}/{CHUNKS} rows={index:,} t={time.monotonic() - started:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
         t_end = total_slots * SLOT_NS
         # One drain op per queue (drainer dN), each node reporting the queue empty; nothing left to drain.
-        nodes = {f"n{k + 1}": {"consumed": 0, "ready": 0, "unacked": 0, "empty_at_ns": t_end + 500_000,
-                               "error": None} for k in range(NODES)}
-        drain = [{"index": index + q, "time_ns": t_end + q, "process": f"d{q + 1}", "type": "invoke", "f": "drain",
-                  "queue": f"q{q + 1}"} for q in range(QUEUES)]
-        drain += [{"index": index + QUEUES + q, "time_ns": t_end + 1_000_000 + q, "process": f"d{q + 1}",
-                   "type": "ok", "f": "drain", "queue": f"q{q + 1}",
-                   "value": json.dumps({"consumed": 0, "nodes": nodes})} for q in range(QUEUES)]
+        nodes = {
+            f"n{k + 1}": {
+                "consumed": 0,
+                "ready": 0,
+                "unacked": 0,
+                "empty_at_ns": t_end + 500_000,
+                "error": None,
+            }
+            for k in range(NODES)
+        }
+        drain = [
+            {
+                "index": index + q,
+                "time_ns": t_end + q,
+                "process": f"d{q + 1}",
+                "type": "invoke",
+                "f": "drain",
+                "queue": f"q{q + 1}",
+            }
+            for q in range(QUEUES)
+        ]
+        drain += [
+            {
+                "index": index + QUEUES + q,
+                "time_ns": t_end + 1_000_000 + q,
+                "process": f"d{q + 1}",
+                "type": "ok",
+                "f": "drain",
+                "queue": f"q{q + 1}",
+                "value": json.dumps({"consumed": 0, "nodes": nodes}),
+            }
+            for q in range(QUEUES)
+        ]
         w.write_table(small_table(drain))
         index += len(drain)
     planted["unexpected"] = len(unexpected)
-    meta = {"ops": index, "messages": n_msgs, "seed": seed, "message_size": message_size, "rates": RATES,
-            "faults": FAULTS, "planted": planted}
+    meta = {
+        "ops": index,
+        "messages": n_msgs,
+        "seed": seed,
+        "message_size": message_size,
+        "rates": RATES,
+        "faults": FAULTS,
+        "planted": planted,
+    }
     (out / "generated.json").write_text(json.dumps(meta, indent=1))
-    (out / "scenario.json").write_text(json.dumps({"name": "spark-bench", "seed": seed,
-                                                   "workload": {"message_size": message_size}}, indent=1))
+    (out / "scenario.json").write_text(
+        json.dumps(
+            {"name": "spark-bench", "seed": seed, "workload": {"message_size": message_size}}, indent=1
+        )
+    )
     return meta
 
 

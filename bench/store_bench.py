@@ -45,8 +45,12 @@ async def run(seconds: float, publishers: int, flush: str, size: int) -> dict[st
                 await asyncio.sleep(0)  # a real publisher yields while reading its socket
 
         await asyncio.gather(ticker(), *(publisher() for _ in range(publishers)))
-        result = {"msgs_per_s": done / seconds, "messages": done, "log_fsyncs": store.stats["log_fsyncs"],
-                  "worst_loop_stall_ms": worst_lag * 1000}
+        result = {
+            "msgs_per_s": done / seconds,
+            "messages": done,
+            "log_fsyncs": store.stats["log_fsyncs"],
+            "worst_loop_stall_ms": worst_lag * 1000,
+        }
         await q.close()
         await store.close()
         return result

@@ -72,13 +72,26 @@ def until_fail(scenario: Path, runs: int, seed: int, store: Path, tree: Path | N
     env.pop(SOURCE_ENV, None)
     if tree is not None:
         env[SOURCE_ENV] = str(tree)
-    cmd = [sys.executable, "-m", "harness.cli", "run", str(scenario), "--until-fail", "--runs", str(runs),
-           "--seed", str(seed), "--store", str(store)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        str(scenario),
+        "--until-fail",
+        "--runs",
+        str(runs),
+        "--seed",
+        str(seed),
+        "--store",
+        str(store),
+    ]
     target.load_before = list(os.getloadavg())
     t0 = time.monotonic()
     with open(store / "run.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        )
         try:
             out, _ = proc.communicate()
         except KeyboardInterrupt:
@@ -110,9 +123,15 @@ def _runs(store: Path) -> list[dict[str, Any]]:
         d = sc.parent
         res = json.loads((d / "results.json").read_text()) if (d / "results.json").exists() else {}
         timings = res.get("timings") or {}
-        out.append({"seed": json.loads(sc.read_text()).get("seed"), "verdict": res.get("verdict", "error"),
-                    "lost": (res.get("counts") or {}).get("lost"), "seconds": round(sum(timings.values()), 1),
-                    "run_dir": _rel(d)})
+        out.append(
+            {
+                "seed": json.loads(sc.read_text()).get("seed"),
+                "verdict": res.get("verdict", "error"),
+                "lost": (res.get("counts") or {}).get("lost"),
+                "seconds": round(sum(timings.values()), 1),
+                "run_dir": _rel(d),
+            }
+        )
     return out
 
 
@@ -143,8 +162,10 @@ class Bench:
                 t.status, t.error = "error", str(exc)
                 self._said(t)
                 return
-            say(f"[{t.label}] image built ({t.build_seconds:.0f} s); {t.scenario} until it fails, "
-                f"up to {self.args.runs} run(s)")
+            say(
+                f"[{t.label}] image built ({t.build_seconds:.0f} s); {t.scenario} until it fails, "
+                f"up to {self.args.runs} run(s)"
+            )
             until_fail(bug.scenario, self.args.runs, self.args.seed_base, self.store / t.label, tree, t)
         self._said(t)
 
@@ -158,7 +179,9 @@ class Bench:
     def _said(self, t: Target) -> None:
         verdicts = ", ".join(str(r["verdict"]) for r in t.runs)
         if t.status == "detected":
-            say(f"[{t.label}] detected at run {t.runs_to_detection} after {t.seconds_to_detection:.0f} s ({verdicts})")
+            say(
+                f"[{t.label}] detected at run {t.runs_to_detection} after {t.seconds_to_detection:.0f} s ({verdicts})"
+            )
         else:
             say(f"[{t.label}] {t.status} ({verdicts})" + (f": {t.error}" if t.error else ""))
         self.write()
@@ -166,10 +189,14 @@ class Bench:
     def to_json(self) -> dict[str, Any]:
         facts = dict(self.facts)
         facts["load_average_at_end"] = os.getloadavg()
-        return {"command": self.command, "facts": facts, "interrupted": self.interrupted,
-                "settings": {"runs": self.args.runs, "seed_base": self.args.seed_base, "store": _rel(self.store)},
-                "wall_seconds": round(time.monotonic() - self.started, 1),
-                "targets": [asdict(t) for t in self.targets]}
+        return {
+            "command": self.command,
+            "facts": facts,
+            "interrupted": self.interrupted,
+            "settings": {"runs": self.args.runs, "seed_base": self.args.seed_base, "store": _rel(self.store)},
+            "wall_seconds": round(time.monotonic() - self.started, 1),
+            "targets": [asdict(t) for t in self.targets],
+        }
 
     def write(self) -> None:
         data = self.to_json()
@@ -184,41 +211,68 @@ def markdown(data: dict[str, Any]) -> str:
     lines = ["# Time to detection", ""]
     if data["interrupted"]:
         lines += ["**Interrupted**: what was measured until Ctrl-C.", ""]
-    lines += [f"`brokerchaos run SCENARIO --until-fail --runs {s['runs']} --seed {s['seed_base']}` per target: "
-              "seeded runs until the first failing verdict. Time to detection is the CLI's wall time from the start "
-              "of the first run to that verdict (image builds excluded); load is the 1/5/15-minute load average "
-              "before and after the target's runs on this machine.", "",
-              "| target | kind | scenario | result | runs | time to detection | verdicts | load before -> after |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        f"`brokerchaos run SCENARIO --until-fail --runs {s['runs']} --seed {s['seed_base']}` per target: "
+        "seeded runs until the first failing verdict. Time to detection is the CLI's wall time from the start "
+        "of the first run to that verdict (image builds excluded); load is the 1/5/15-minute load average "
+        "before and after the target's runs on this machine.",
+        "",
+        "| target | kind | scenario | result | runs | time to detection | verdicts | load before -> after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for t in data["targets"]:
         ttd = t["seconds_to_detection"]
-        load = (f"{' '.join(f'{x:.2f}' for x in t['load_before'])} -> {' '.join(f'{x:.2f}' for x in t['load_after'])}"
-                if t["load_after"] else "-")
-        lines.append(f"| {t['label']} | {t['kind']} | `{Path(t['scenario']).name}` | {t['status']} | "
-                     f"{t['runs_to_detection'] or len(t['runs'])} | {f'{ttd:.0f} s' if ttd is not None else '-'} | "
-                     f"{', '.join(str(r['verdict']) for r in t['runs']) or '-'} | {load} |")
+        load = (
+            f"{' '.join(f'{x:.2f}' for x in t['load_before'])} -> {' '.join(f'{x:.2f}' for x in t['load_after'])}"
+            if t["load_after"]
+            else "-"
+        )
+        lines.append(
+            f"| {t['label']} | {t['kind']} | `{Path(t['scenario']).name}` | {t['status']} | "
+            f"{t['runs_to_detection'] or len(t['runs'])} | {f'{ttd:.0f} s' if ttd is not None else '-'} | "
+            f"{', '.join(str(r['verdict']) for r in t['runs']) or '-'} | {load} |"
+        )
     lines += ["", "Runs:", ""]
     for t in data["targets"]:
         for r in t["runs"]:
-            lines.append(f"- {t['label']} seed {r['seed']}: {r['verdict']}"
-                         + (f", lost {r['lost']}" if r["lost"] else "") + f" (`{r['run_dir']}`)")
+            lines.append(
+                f"- {t['label']} seed {r['seed']}: {r['verdict']}"
+                + (f", lost {r['lost']}" if r["lost"] else "")
+                + f" (`{r['run_dir']}`)"
+            )
         if t["error"]:
             lines.append(f"- {t['label']}: {t['status']}: {t['error']}")
-    lines += ["", "## Machine and command", "", facts_markdown(data["facts"], data["command"]).rstrip(),
-              f"- wall time: {data['wall_seconds']:.0f} s", ""]
+    lines += [
+        "",
+        "## Machine and command",
+        "",
+        facts_markdown(data["facts"], data["command"]).rstrip(),
+        f"- wall time: {data['wall_seconds']:.0f} s",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.time_to_detection", description=__doc__.split("\n\n")[0])
-    p.add_argument("--bugs", help="comma-separated planted bug ids or names (default: every bug; 'none': no bug)")
-    p.add_argument("--scenarios", default="scenarios/rabbitmq-unsynced-mirror.yaml",
-                   help="comma-separated real-broker scenarios run as shipped ('' for none)")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.time_to_detection", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--bugs", help="comma-separated planted bug ids or names (default: every bug; 'none': no bug)"
+    )
+    p.add_argument(
+        "--scenarios",
+        default="scenarios/rabbitmq-unsynced-mirror.yaml",
+        help="comma-separated real-broker scenarios run as shipped ('' for none)",
+    )
     p.add_argument("--runs", type=int, default=5, help="seeded runs per target at most (default 5)")
     p.add_argument("--seed-base", type=int, default=100, help="seed of each target's first run (default 100)")
     p.add_argument("--store", help="run store root (default store/time-to-detection/<time>)")
-    p.add_argument("--out", default=str(RESULTS / "time_to_detection"),
-                   help="results path without suffix (default bench/results/time_to_detection)")
+    p.add_argument(
+        "--out",
+        default=str(RESULTS / "time_to_detection"),
+        help="results path without suffix (default bench/results/time_to_detection)",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -236,8 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = (Path(args.store) if args.store else REPO / "store" / "time-to-detection" / stamp).resolve()
     bench = Bench(args, store)
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    say(f"{len(bugs)} planted bug(s), {len(scenarios)} real-broker scenario(s), up to {args.runs} run(s) each; "
-        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}")
+    say(
+        f"{len(bugs)} planted bug(s), {len(scenarios)} real-broker scenario(s), up to {args.runs} run(s) each; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}"
+    )
     try:
         for bug in bugs:
             bench.bug(bug)

@@ -33,14 +33,27 @@ from plugins.amqp091.client import AmqpDriver
 
 
 def run_one(broker: str, args: argparse.Namespace) -> dict[str, Any]:
-    w = WorkloadSection(producers=args.producers, consumers=args.consumers, queues=args.queues, rate=0.0,
-                        message_size=args.size, duration=args.duration, persistent=True,
-                        in_flight=args.in_flight, prefetch=args.prefetch, drain_idle=1.0)
+    w = WorkloadSection(
+        producers=args.producers,
+        consumers=args.consumers,
+        queues=args.queues,
+        rate=0.0,
+        message_size=args.size,
+        duration=args.duration,
+        persistent=True,
+        in_flight=args.in_flight,
+        prefetch=args.prefetch,
+        drain_idle=1.0,
+    )
     settings = {"flush": "sync"} if broker == "reference" else {}
     with BrokerContainer(broker, settings=settings) as b, tempfile.TemporaryDirectory() as d:
         recorder = Recorder(Path(d) / "history.jsonl")
-        driver = AmqpDriver({"n1": Endpoint("n1", b.host, b.port)}, recorder, workload=w,
-                            queue_arguments=b.plugin.queue_arguments(b.settings))
+        driver = AmqpDriver(
+            {"n1": Endpoint("n1", b.host, b.port)},
+            recorder,
+            workload=w,
+            queue_arguments=b.plugin.queue_arguments(b.settings),
+        )
         u0 = b.usage()
         try:
             stats = asyncio.run(run_workload(driver, w, ["n1"], args.seed, recorder))
@@ -79,8 +92,11 @@ def benchmarked_rates() -> dict[str, dict[str, Any]]:
             for broker in ("reference", "rabbitmq"):
                 m = case.get(broker, {})
                 if m.get("publish_rate") is not None and m.get("consume_rate") is not None:
-                    out[broker] = {"case": case["case"], "ops": m["publish_rate"] + m["consume_rate"],
-                                   "source": "bench/results/broker_vs_rabbitmq.json"}
+                    out[broker] = {
+                        "case": case["case"],
+                        "ops": m["publish_rate"] + m["consume_rate"],
+                        "source": "bench/results/broker_vs_rabbitmq.json",
+                    }
     return out
 
 
@@ -104,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         r = run_one(broker, args)
         r["elapsed_seconds"] = round(time.monotonic() - t0, 1)
         runs.append(r)
-        print(f"{broker}: {r['ops_per_second']:.0f} ops/s achieved ({r['messages_published_ok']} confirmed, "
-              f"{r['messages_consumed']} consumed, {r['messages_published_info']} unknown), driver CPU "
-              f"{r['driver_cpu_seconds']:.1f} s = {r['driver_cpu_share']:.2f} cores, capacity "
-              f"{r['driver_capacity_ops_per_cpu_second']} ops per CPU-second, capacity/achieved "
-              f"{r['capacity_over_achieved']}, broker CPU {r['broker_cpu_cores']:.2f} cores", flush=True)
+        print(
+            f"{broker}: {r['ops_per_second']:.0f} ops/s achieved ({r['messages_published_ok']} confirmed, "
+            f"{r['messages_consumed']} consumed, {r['messages_published_info']} unknown), driver CPU "
+            f"{r['driver_cpu_seconds']:.1f} s = {r['driver_cpu_share']:.2f} cores, capacity "
+            f"{r['driver_capacity_ops_per_cpu_second']} ops per CPU-second, capacity/achieved "
+            f"{r['capacity_over_achieved']}, broker CPU {r['broker_cpu_cores']:.2f} cores",
+            flush=True,
+        )
     facts["load_average_at_end"] = os.getloadavg()
     peer = benchmarked_rates()
     for r in runs:
@@ -116,36 +135,58 @@ def main(argv: list[str] | None = None) -> int:
         if best and r["driver_capacity_ops_per_cpu_second"]:
             r["benchmarked_ops_per_second"] = best
             r["capacity_over_benchmarked"] = round(r["driver_capacity_ops_per_cpu_second"] / best["ops"], 2)
-            print(f"{r['broker']}: capacity / the rate broker_vs_rabbitmq measured with several client processes "
-                  f"({best['case']}, {best['ops']:.0f} ops/s) = {r['capacity_over_benchmarked']}")
-    data: dict[str, Any] = {"benchmark": "workload_capacity", "command": command, "machine": facts,
-            "workload": {k: getattr(args, k) for k in ("duration", "producers", "consumers", "queues", "size",
-                                                       "in_flight", "prefetch", "seed")},
-            "runs": runs}
+            print(
+                f"{r['broker']}: capacity / the rate broker_vs_rabbitmq measured with several client processes "
+                f"({best['case']}, {best['ops']:.0f} ops/s) = {r['capacity_over_benchmarked']}"
+            )
+    data: dict[str, Any] = {
+        "benchmark": "workload_capacity",
+        "command": command,
+        "machine": facts,
+        "workload": {
+            k: getattr(args, k)
+            for k in ("duration", "producers", "consumers", "queues", "size", "in_flight", "prefetch", "seed")
+        },
+        "runs": runs,
+    }
     write_json("workload_capacity.json", data)
-    rows = ["| broker | ops/s achieved | driver CPU s (cores) | driver capacity ops/CPU-s | capacity / achieved "
-            "| broker CPU cores | confirmed | consumed | unknown | history records |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| broker | ops/s achieved | driver CPU s (cores) | driver capacity ops/CPU-s | capacity / achieved "
+        "| broker CPU cores | confirmed | consumed | unknown | history records |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     extra: list[str] = []
     for r in runs:
-        extra.append(f"- {r['broker']}: capacity / the persistent 1 KiB publish+consume rate broker_vs_rabbitmq "
-                     f"measured with several client processes ({r['benchmarked_ops_per_second']['ops']:.0f} ops/s): "
-                     f"{r['capacity_over_benchmarked']}" if "capacity_over_benchmarked" in r else
-                     f"- {r['broker']}: no broker_vs_rabbitmq result to compare with")
-        rows.append(f"| {r['broker_version']} | {r['ops_per_second']:.0f} | {r['driver_cpu_seconds']:.1f} "
-                    f"({r['driver_cpu_share']:.2f}) | {r['driver_capacity_ops_per_cpu_second']} "
-                    f"| {r['capacity_over_achieved']} | {r['broker_cpu_cores']:.2f} | {r['messages_published_ok']} "
-                    f"| {r['messages_consumed']} | {r['messages_published_info']} | {r['history_records']} |")
+        extra.append(
+            f"- {r['broker']}: capacity / the persistent 1 KiB publish+consume rate broker_vs_rabbitmq "
+            f"measured with several client processes ({r['benchmarked_ops_per_second']['ops']:.0f} ops/s): "
+            f"{r['capacity_over_benchmarked']}"
+            if "capacity_over_benchmarked" in r
+            else f"- {r['broker']}: no broker_vs_rabbitmq result to compare with"
+        )
+        rows.append(
+            f"| {r['broker_version']} | {r['ops_per_second']:.0f} | {r['driver_cpu_seconds']:.1f} "
+            f"({r['driver_cpu_share']:.2f}) | {r['driver_capacity_ops_per_cpu_second']} "
+            f"| {r['capacity_over_achieved']} | {r['broker_cpu_cores']:.2f} | {r['messages_published_ok']} "
+            f"| {r['messages_consumed']} | {r['messages_published_info']} | {r['history_records']} |"
+        )
     w = data["workload"]
-    write_text("workload_capacity.md", "# Workload driver capacity\n\n" + facts_markdown(facts, command)
-               + f"- workload: {w['producers']} producers, {w['consumers']} consumers, {w['queues']} queues, "
-                 f"rate 0 (unlimited), {w['size']} B persistent, in-flight {w['in_flight']}, prefetch "
-                 f"{w['prefetch']}, {w['duration']:.0f} s then drain; one driver process (aiormq), history "
-                 "recorded to JSONL\n\n"
-               + "An operation is a confirmed/failed/unknown publish or a consumed message. Capacity is "
-                 "operations per CPU-second the driver spent; capacity / achieved > 1 means the driver "
-                 "could have driven more than the broker took.\n\n" + "\n".join(rows) + "\n\n"
-               + "\n".join(extra) + "\n")
+    write_text(
+        "workload_capacity.md",
+        "# Workload driver capacity\n\n"
+        + facts_markdown(facts, command)
+        + f"- workload: {w['producers']} producers, {w['consumers']} consumers, {w['queues']} queues, "
+        f"rate 0 (unlimited), {w['size']} B persistent, in-flight {w['in_flight']}, prefetch "
+        f"{w['prefetch']}, {w['duration']:.0f} s then drain; one driver process (aiormq), history "
+        "recorded to JSONL\n\n"
+        + "An operation is a confirmed/failed/unknown publish or a consumed message. Capacity is "
+        "operations per CPU-second the driver spent; capacity / achieved > 1 means the driver "
+        "could have driven more than the broker took.\n\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(extra)
+        + "\n",
+    )
     print("wrote bench/results/workload_capacity.{json,md}")
     return 0
 

@@ -66,13 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         failure = asyncio.run(_run(cfg))
         if failure is not None:
-            print(f"broker_impl: stopped: {failure}; restart the node to recover from its disk", file=sys.stderr)
+            print(
+                f"broker_impl: stopped: {failure}; restart the node to recover from its disk", file=sys.stderr
+            )
             return 70
     except BrokerError as exc:
         print(f"broker_impl: cannot start: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"broker_impl: cannot start: {exc.strerror or exc} (is port {cfg.port} in use?)", file=sys.stderr)
+        print(
+            f"broker_impl: cannot start: {exc.strerror or exc} (is port {cfg.port} in use?)", file=sys.stderr
+        )
         return 1
     except KeyboardInterrupt:
         pass

@@ -120,7 +120,9 @@ class Broker:
             try:
                 data = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise BrokerError(f"{path}: metadata file is not valid JSON ({exc}); restore it or move it away") from None
+                raise BrokerError(
+                    f"{path}: metadata file is not valid JSON ({exc}); restore it or move it away"
+                ) from None
             self._make_cluster()
             await self._load(data)
         else:
@@ -148,8 +150,10 @@ class Broker:
         except ConfigError as exc:
             raise BrokerError(f"config error: {exc}") from None
         if cfg is not None and self.config.cluster.get("peers"):
-            raise BrokerError("config error: [cluster] peers and [replication] are two replication modes; "
-                              "give a node one of them")
+            raise BrokerError(
+                "config error: [cluster] peers and [replication] are two replication modes; "
+                "give a node one of them"
+            )
         if cfg is not None:
             self.replication = Replication(self, cfg)
 
@@ -194,12 +198,19 @@ class Broker:
                 self.vhosts[vname] = vh
                 for ex in vd.get("exchanges", []):
                     vh.declare_exchange(
-                        ex["name"], ex["type"], durable=True, auto_delete=ex.get("auto_delete", False),
-                        internal=ex.get("internal", False), arguments=ex.get("arguments", {}),
+                        ex["name"],
+                        ex["type"],
+                        durable=True,
+                        auto_delete=ex.get("auto_delete", False),
+                        internal=ex.get("internal", False),
+                        arguments=ex.get("arguments", {}),
                     )
                 for q in vd.get("queues", []):
                     await vh.declare_queue(
-                        q["name"], owner=None, durable=True, auto_delete=q.get("auto_delete", False),
+                        q["name"],
+                        owner=None,
+                        durable=True,
+                        auto_delete=q.get("auto_delete", False),
                         arguments=q.get("arguments", {}),
                     )
                 for b in vd.get("bindings", []):
@@ -214,8 +225,12 @@ class Broker:
         finally:
             self._loading = False
         recovered = sum(q.message_count() for vh in self.vhosts.values() for q in vh.queues.values())
-        log.info("recovered %d vhost(s), %d durable queue(s), %d message(s)",
-                 len(self.vhosts), sum(len(v.queues) for v in self.vhosts.values()), recovered)
+        log.info(
+            "recovered %d vhost(s), %d durable queue(s), %d message(s)",
+            len(self.vhosts),
+            sum(len(v.queues) for v in self.vhosts.values()),
+            recovered,
+        )
 
     async def stop(self) -> None:
         await self.scheduler.stop()
@@ -251,7 +266,9 @@ class Broker:
 
     # -- queues ---------------------------------------------------------------------------
     async def open_backing(self, vhost: str, name: str, durable: bool) -> BackingQueue:
-        bq = make_backing_queue(store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget())
+        bq = make_backing_queue(
+            store_queue_key(vhost, name), durable, self.store, ram_budget_bytes=self.ram_budget()
+        )
         return self.cluster.wrap_backing(vhost, name, bq) if self.cluster is not None else bq
 
     def ram_budget(self) -> int:
@@ -259,8 +276,13 @@ class Broker:
 
     def make_queue(self, vhost: VHost, name: str, bq: BackingQueue, **kwargs: Any) -> Queue:
         return Queue(
-            vhost, name, bq, flow_enabled=self.flow_enabled, link_spec=self.link_spec,
-            store_spec=self.store_spec, **kwargs,
+            vhost,
+            name,
+            bq,
+            flow_enabled=self.flow_enabled,
+            link_spec=self.link_spec,
+            store_spec=self.store_spec,
+            **kwargs,
         )
 
     def all_queues(self) -> list[Queue]:
@@ -314,7 +336,9 @@ class Broker:
             try:
                 re.compile(rx)
             except re.error as exc:
-                raise BrokerError(f"{kind} permission {rx!r} is not a valid regular expression ({exc})") from None
+                raise BrokerError(
+                    f"{kind} permission {rx!r} is not a valid regular expression ({exc})"
+                ) from None
         self.permissions[(user, vhost)] = Permission(user, vhost, configure, write, read)
         self.metadata_changed()
 
@@ -324,8 +348,15 @@ class Broker:
         self.vhosts[name] = VHost(self, name)
         self.metadata_changed()
 
-    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any],
-                   priority: int = 0, apply_to: str = "queues") -> None:
+    def set_policy(
+        self,
+        vhost: str,
+        name: str,
+        pattern: str,
+        definition: dict[str, Any],
+        priority: int = 0,
+        apply_to: str = "queues",
+    ) -> None:
         if vhost not in self.vhosts:
             raise BrokerError(f"no such vhost '{vhost}'")
         try:
@@ -337,8 +368,12 @@ class Broker:
         if apply_to not in ("queues", "exchanges", "all"):
             raise BrokerError(f"apply-to {apply_to!r} not allowed; allowed queues, exchanges, all")
         self.policies[(vhost, name)] = {
-            "vhost": vhost, "name": name, "pattern": pattern, "definition": definition,
-            "priority": priority, "apply-to": apply_to,
+            "vhost": vhost,
+            "name": name,
+            "pattern": pattern,
+            "definition": definition,
+            "priority": priority,
+            "apply-to": apply_to,
         }
         for q in self.vhosts[vhost].queues.values():
             self.apply_policies(q)
@@ -388,7 +423,9 @@ class Broker:
         if self._loading:
             return
         if persist:
-            write_atomic(self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode())
+            write_atomic(
+                self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode()
+            )
         if self.cluster is not None:
             self.cluster.local_changed()
         if self.replication is not None:
@@ -401,17 +438,23 @@ class Broker:
             durable_q = {q.name for q in vh.queues.values() if q.durable and q.exclusive_owner is None}
             vhosts[vname] = {
                 "exchanges": [
-                    ex.to_json() for ex in vh.exchanges.values()
+                    ex.to_json()
+                    for ex in vh.exchanges.values()
                     if ex.durable and ex.name != "" and not ex.name.startswith("amq.")
                 ],
                 "queues": [
                     {"name": q.name, "auto_delete": q.auto_delete, "arguments": q.arguments}
-                    for q in vh.queues.values() if q.name in durable_q
+                    for q in vh.queues.values()
+                    if q.name in durable_q
                 ],
                 "bindings": [
-                    asdict(b) for b in vh.bindings()
-                    if vh.exchanges[b.source].durable and (
-                        b.destination in durable_q or _durable_exchange(vh, destination_exchange(b.destination)))
+                    asdict(b)
+                    for b in vh.bindings()
+                    if vh.exchanges[b.source].durable
+                    and (
+                        b.destination in durable_q
+                        or _durable_exchange(vh, destination_exchange(b.destination))
+                    )
                 ],
             }
         return {

@@ -79,7 +79,9 @@ class Channel(Actor):
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"channel:{number}")
 
     # -- inbox ----------------------------------------------------------------------
-    def submit(self, method: MethodFrame, props: commands.Basic.Properties | None = None, body: bytes = b"") -> None:
+    def submit(
+        self, method: MethodFrame, props: commands.Basic.Properties | None = None, body: bytes = b""
+    ) -> None:
         """Called by the reader; publishes cost one credit on the reader -> channel link."""
         if props is not None:
             self.conn.flow_send(self, self.conn.broker.link_spec)
@@ -260,7 +262,7 @@ class Channel(Actor):
             self.conn.send_method(self.number, commands.Basic.Ack(below[-1], multiple=True))
         elif below:
             self.conn.send_method(self.number, commands.Basic.Ack(below[0], multiple=False))
-        for s in acks[len(below):]:
+        for s in acks[len(below) :]:
             self.conn.send_method(self.number, commands.Basic.Ack(s, multiple=False))
 
     # -- method dispatch ----------------------------------------------------------------------
@@ -302,8 +304,13 @@ class Channel(Actor):
         if not m.passive:
             self._perm("configure", m.exchange, "exchange")
         self.conn.vhost.declare_exchange(
-            m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
-            auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
+            m.exchange,
+            m.exchange_type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments,
         )
         if not m.nowait:
             self._reply(commands.Exchange.DeclareOk())
@@ -345,8 +352,12 @@ class Channel(Actor):
                 if name:
                     self._perm("read", name)
             q = await vh.declare_queue(
-                name, owner=self.conn, durable=m.durable, exclusive=m.exclusive,
-                auto_delete=m.auto_delete, arguments=m.arguments,
+                name,
+                owner=self.conn,
+                durable=m.durable,
+                exclusive=m.exclusive,
+                auto_delete=m.auto_delete,
+                arguments=m.arguments,
             )
         if not m.nowait:
             await q.settled()
@@ -410,8 +421,12 @@ class Channel(Actor):
         if any(c.exclusive for c in q.consumers):
             raise ChannelError(ACCESS_REFUSED, f"queue '{q.name}' in vhost '{q.vhost.name}' in exclusive use")
         if m.exclusive and q.consumers:
-            raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue '{q.name}', it has consumers")
-        c = Consumer(tag, self, q, m.no_ack, m.exclusive, self.prefetch_consumer, arguments=dict(m.arguments or {}))
+            raise ChannelError(
+                ACCESS_REFUSED, f"cannot obtain exclusive access to queue '{q.name}', it has consumers"
+            )
+        c = Consumer(
+            tag, self, q, m.no_ack, m.exclusive, self.prefetch_consumer, arguments=dict(m.arguments or {})
+        )
         self.consumers[tag] = c
         if not m.nowait:
             self._reply(commands.Basic.ConsumeOk(tag))
@@ -424,7 +439,9 @@ class Channel(Actor):
         if not m.nowait:
             self._reply(commands.Basic.CancelOk(m.consumer_tag))
 
-    async def _basic_publish(self, m: commands.Basic.Publish, props: commands.Basic.Properties | None, body: bytes) -> None:
+    async def _basic_publish(
+        self, m: commands.Basic.Publish, props: commands.Basic.Properties | None, body: bytes
+    ) -> None:
         vh = self.conn.vhost
         ex = vh.get_exchange(m.exchange)
         self._perm("write", m.exchange, "exchange")
@@ -450,10 +467,15 @@ class Channel(Actor):
             return
         if not queues:
             if m.mandatory:
-                self.conn.write(encode_content(
-                    self.number, commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
-                    props, body, self.conn.frame_max,
-                ))
+                self.conn.write(
+                    encode_content(
+                        self.number,
+                        commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
+                        props,
+                        body,
+                        self.conn.frame_max,
+                    )
+                )
             if seq:
                 self._done_ack.append(seq)
                 self._schedule_flush()
@@ -505,11 +527,15 @@ class Channel(Actor):
             self.unacked[tag] = Delivery(q, f.seq, None, f.message)
             self.unacked_acking += 1
         msg = f.message
-        self.conn.write(encode_content(
-            self.number,
-            commands.Basic.GetOk(tag, f.redelivered, msg.exchange, msg.routing_key, q.message_count()),
-            msg.properties, msg.body, self.conn.frame_max,
-        ))
+        self.conn.write(
+            encode_content(
+                self.number,
+                commands.Basic.GetOk(tag, f.redelivered, msg.exchange, msg.routing_key, q.message_count()),
+                msg.properties,
+                msg.body,
+                self.conn.frame_max,
+            )
+        )
 
     def _take(self, tag: int, multiple: bool) -> list[Delivery]:
         out = [d for _, d in self._take_tagged(tag, multiple)]

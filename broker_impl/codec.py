@@ -140,10 +140,17 @@ class FrameDecoder:
         if len(buf) < 7:
             return None
         ftype, channel, size = _FRAME_HDR.unpack_from(buf, 0)
-        if ftype not in (constants.FRAME_METHOD, constants.FRAME_HEADER, constants.FRAME_BODY, constants.FRAME_HEARTBEAT):
+        if ftype not in (
+            constants.FRAME_METHOD,
+            constants.FRAME_HEADER,
+            constants.FRAME_BODY,
+            constants.FRAME_HEARTBEAT,
+        ):
             raise ConnectionError_(FRAME_ERROR, f"unknown frame type {ftype}")
         if size + FRAME_OVERHEAD > self.frame_max:
-            raise ConnectionError_(FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}")
+            raise ConnectionError_(
+                FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}"
+            )
         total = 7 + size + 1
         if len(buf) < total:
             return None
@@ -163,7 +170,9 @@ class FrameDecoder:
         except pamqp_exceptions.UnmarshalingException as exc:
             if ftype == constants.FRAME_METHOD and "Unknown method index" in str(exc):
                 raise ConnectionError_(NOT_IMPLEMENTED, str(exc)[:200]) from None
-            raise ConnectionError_(SYNTAX_ERROR if ftype == constants.FRAME_METHOD else FRAME_ERROR, str(exc)[:200]) from None
+            raise ConnectionError_(
+                SYNTAX_ERROR if ftype == constants.FRAME_METHOD else FRAME_ERROR, str(exc)[:200]
+            ) from None
         except Exception as exc:  # pamqp raises assorted errors on hostile input
             raise ConnectionError_(SYNTAX_ERROR, f"cannot decode frame: {type(exc).__name__}") from None
         return Decoded(ch, value)

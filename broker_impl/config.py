@@ -163,7 +163,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     """Build a Config from a parsed TOML document; relative paths resolve against base_dir."""
     unknown = set(data) - _KNOWN_TOP
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown top-level key; allowed {', '.join(sorted(_KNOWN_TOP))}")
+        raise ConfigError(
+            f"{sorted(unknown)[0]}: unknown top-level key; allowed {', '.join(sorted(_KNOWN_TOP))}"
+        )
     base_dir = base_dir or Path.cwd()
     cfg = Config()
     node = _get(data, "node", "", dict, {})
@@ -179,12 +181,21 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     cfg.control_port = _int_range(_get(node, "control_port", "node", int, 0), "node.control_port", 0, 65535)
 
     limits = _get(data, "limits", "", dict, {})
-    cfg.frame_max = _int_range(_get(limits, "frame_max", "limits", int, cfg.frame_max), "limits.frame_max", 4096, 2**31 - 1)
-    cfg.channel_max = _int_range(_get(limits, "channel_max", "limits", int, cfg.channel_max), "limits.channel_max", 1, 65535)
-    cfg.max_message_size = _int_range(
-        _get(limits, "max_message_size", "limits", int, cfg.max_message_size), "limits.max_message_size", 1, 2**31 - 1
+    cfg.frame_max = _int_range(
+        _get(limits, "frame_max", "limits", int, cfg.frame_max), "limits.frame_max", 4096, 2**31 - 1
     )
-    cfg.heartbeat = _int_range(_get(limits, "heartbeat", "limits", int, cfg.heartbeat), "limits.heartbeat", 0, 65535)
+    cfg.channel_max = _int_range(
+        _get(limits, "channel_max", "limits", int, cfg.channel_max), "limits.channel_max", 1, 65535
+    )
+    cfg.max_message_size = _int_range(
+        _get(limits, "max_message_size", "limits", int, cfg.max_message_size),
+        "limits.max_message_size",
+        1,
+        2**31 - 1,
+    )
+    cfg.heartbeat = _int_range(
+        _get(limits, "heartbeat", "limits", int, cfg.heartbeat), "limits.heartbeat", 0, 65535
+    )
 
     flow = _get(data, "flow", "", dict, {})
     f = cfg.flow
@@ -193,7 +204,10 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     f.more_after = _get(flow, "more_after", "flow", int, f.more_after)
     f.store_initial = _get(flow, "store_initial", "flow", int, f.store_initial)
     f.store_more_after = _get(flow, "store_more_after", "flow", int, f.store_more_after)
-    for ini, more, prefix in (("initial", "more_after", "flow."), ("store_initial", "store_more_after", "flow.")):
+    for ini, more, prefix in (
+        ("initial", "more_after", "flow."),
+        ("store_initial", "store_more_after", "flow."),
+    ):
         i, m = getattr(f, ini), getattr(f, more)
         if i < 1:
             raise ConfigError(f"{prefix}{ini}: {i} is out of range; allowed >= 1")
@@ -201,11 +215,15 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
             raise ConfigError(f"{prefix}{more}: {m} is out of range; allowed 0 <= {more} <= {ini} ({i})")
     wm = _get(flow, "memory_high_watermark", "flow", (int, float), f.memory_high_watermark)
     if wm <= 0:
-        raise ConfigError(f"flow.memory_high_watermark: {wm} is out of range; allowed a fraction in (0, 1) or bytes >= 1")
+        raise ConfigError(
+            f"flow.memory_high_watermark: {wm} is out of range; allowed a fraction in (0, 1) or bytes >= 1"
+        )
     f.memory_high_watermark = float(wm)
     f.memory_source = _get(flow, "memory_source", "flow", str, f.memory_source)
     if f.memory_source not in _MEMORY_SOURCES:
-        raise ConfigError(f"flow.memory_source: {f.memory_source!r} not allowed; allowed {', '.join(_MEMORY_SOURCES)}")
+        raise ConfigError(
+            f"flow.memory_source: {f.memory_source!r} not allowed; allowed {', '.join(_MEMORY_SOURCES)}"
+        )
     f.queue_ram_bytes = _get(flow, "queue_ram_bytes", "flow", int, f.queue_ram_bytes)
     if f.queue_ram_bytes < 0:
         raise ConfigError(f"flow.queue_ram_bytes: {f.queue_ram_bytes} is out of range; allowed >= 0")
@@ -213,7 +231,10 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     if f.disk_free_limit < 0:
         raise ConfigError(f"flow.disk_free_limit: {f.disk_free_limit} is out of range; allowed >= 0")
     f.check_interval_ms = _int_range(
-        _get(flow, "check_interval_ms", "flow", int, f.check_interval_ms), "flow.check_interval_ms", 10, 600_000
+        _get(flow, "check_interval_ms", "flow", int, f.check_interval_ms),
+        "flow.check_interval_ms",
+        10,
+        600_000,
     )
 
     if "users" in data:
@@ -238,7 +259,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
         cfg.permissions = []
         for i, p in enumerate(perms):
             if not isinstance(p, dict) or "user" not in p or "vhost" not in p:
-                raise ConfigError(f"permissions[{i}]: expected a table with user, vhost, configure, write, read")
+                raise ConfigError(
+                    f"permissions[{i}]: expected a table with user, vhost, configure, write, read"
+                )
             perm = Permission(
                 _get(p, "user", f"permissions[{i}]", str, ""),
                 _get(p, "vhost", f"permissions[{i}]", str, "/"),

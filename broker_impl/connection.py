@@ -213,12 +213,19 @@ class Connection(Actor):
         if vh is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {f.virtual_host} not found")
         if not self.broker.can_access_vhost(self.user, f.virtual_host):
-            raise ConnectionError_(NOT_ALLOWED, f"access to vhost '{f.virtual_host}' refused for user '{self.user}'")
+            raise ConnectionError_(
+                NOT_ALLOWED, f"access to vhost '{f.virtual_host}' refused for user '{self.user}'"
+            )
         self.vhost = vh
         self.state = "running"
         self.send_method(0, commands.Connection.OpenOk())
-        log.info("connection %s opened: user %r vhost %r client %s", self.peer, self.user, vh.name,
-                 self.client_properties.get("product", "?"))
+        log.info(
+            "connection %s opened: user %r vhost %r client %s",
+            self.peer,
+            self.user,
+            vh.name,
+            self.client_properties.get("product", "?"),
+        )
         if self.broker.alarms:
             self.alarms_changed()
 
@@ -228,7 +235,9 @@ class Connection(Actor):
             self._content_frame(ch, asm, frame)
             return
         if not isinstance(frame, MethodFrame):
-            raise ConnectionError_(UNEXPECTED_FRAME, f"{type(frame).__name__} frame on channel {ch} without a method")
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"{type(frame).__name__} frame on channel {ch} without a method"
+            )
         if frame.name.startswith("Connection."):
             raise ConnectionError_(COMMAND_INVALID, f"{frame.name} on channel {ch}")
         channel = self.channels.get(ch)
@@ -236,14 +245,17 @@ class Connection(Actor):
             if isinstance(frame, commands.Channel.Open):
                 if ch > self.channel_max:
                     raise ConnectionError_(
-                        NOT_ALLOWED, f"channel number {ch} exceeds the negotiated channel_max ({self.channel_max})"
+                        NOT_ALLOWED,
+                        f"channel number {ch} exceeds the negotiated channel_max ({self.channel_max})",
                     )
                 self.channels[ch] = Channel(self, ch)
                 self.send_method(ch, commands.Channel.OpenOk())
                 return
             if isinstance(frame, commands.Channel.CloseOk):
                 return
-            raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, got {frame.name}")
+            raise ConnectionError_(
+                CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, got {frame.name}"
+            )
         if channel.state == "closing":
             # We closed it: drop everything until the client's close-ok (or its own close).
             if isinstance(frame, commands.Channel.CloseOk | commands.Channel.Close):
@@ -258,7 +270,9 @@ class Connection(Actor):
         method, props, size, chunks, got = asm
         if props is None:
             if not isinstance(frame, header.ContentHeader):
-                raise ConnectionError_(UNEXPECTED_FRAME, f"expected content header on channel {ch}, got {type(frame).__name__}")
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME, f"expected content header on channel {ch}, got {type(frame).__name__}"
+                )
             if frame.class_id != 60:
                 raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {frame.class_id}")
             asm[1] = frame.properties
@@ -269,21 +283,30 @@ class Connection(Actor):
                 self._content_done(ch, method, frame.properties, b"")
             return
         if not isinstance(frame, pbody.ContentBody):
-            raise ConnectionError_(UNEXPECTED_FRAME, f"expected content body on channel {ch}, got {type(frame).__name__}")
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"expected content body on channel {ch}, got {type(frame).__name__}"
+            )
         if chunks is not None:
             chunks.append(frame.value)
         got += len(frame.value)
         asm[4] = got
         if got > size:
-            raise ConnectionError_(UNEXPECTED_FRAME, f"content body exceeds declared size {size} on channel {ch}")
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"content body exceeds declared size {size} on channel {ch}"
+            )
         if got == size:
             if chunks is None:
                 del self._assembly[ch]
                 channel = self.channels.get(ch)
                 if channel is not None:
-                    channel.submit_error(ChannelError(
-                        PRECONDITION_FAILED, f"message size {size} is larger than max size {self.broker.config.max_message_size}", 60, 40,
-                    ))
+                    channel.submit_error(
+                        ChannelError(
+                            PRECONDITION_FAILED,
+                            f"message size {size} is larger than max size {self.broker.config.max_message_size}",
+                            60,
+                            40,
+                        )
+                    )
                 return
             self._content_done(ch, method, props, b"".join(chunks))
 
@@ -320,7 +343,9 @@ class Connection(Actor):
         self.close_reason = f"{exc.code} {exc.reply_text}"
         log.error("closing connection %s: %d %s", self.peer, exc.code, exc.reply_text)
         if self.state != "handshake":
-            self.send_method(0, commands.Connection.Close(exc.code, exc.reply_text, exc.class_id, exc.method_id))
+            self.send_method(
+                0, commands.Connection.Close(exc.code, exc.reply_text, exc.class_id, exc.method_id)
+            )
         self.state = "closing"
         self._shutdown_channels()
         if immediately:
@@ -452,4 +477,3 @@ def _credentials(mechanism: str, response: Any) -> tuple[str | None, str]:
             return None, ""
         return login, password
     return None, ""
-

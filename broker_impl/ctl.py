@@ -124,8 +124,14 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
         b.set_permissions(args["user"], vhost, args["configure"], args["write"], args["read"])
         return None
     if cmd == "set_policy":
-        b.set_policy(vhost, args["name"], args["pattern"], args["definition"], int(args.get("priority", 0)),
-                     args.get("apply_to", "queues"))
+        b.set_policy(
+            vhost,
+            args["name"],
+            args["pattern"],
+            args["definition"],
+            int(args.get("priority", 0)),
+            args.get("apply_to", "queues"),
+        )
         return None
     if cmd == "clear_policy":
         b.clear_policy(vhost, args["name"])
@@ -140,8 +146,10 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
         if b.cluster is None:
             return [q.info() for q in vh.queues.values()]
         # every node reports the master's counts (a drain may ask any node whether the queue is empty)
-        return [{**q.info(), **b.cluster.queue_info(vhost, q.name), **await b.cluster.queue_counts(vhost, q.name)}
-                for q in list(vh.queues.values())]
+        return [
+            {**q.info(), **b.cluster.queue_info(vhost, q.name), **await b.cluster.queue_counts(vhost, q.name)}
+            for q in list(vh.queues.values())
+        ]
     if cmd == "sync_queue":
         if b.cluster is None:
             raise BrokerError("this node is not clustered: there are no mirrors to synchronise")
@@ -152,7 +160,12 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
     if cmd == "list_bindings":
         assert vh is not None
         return [
-            {"source": x.source, "destination": x.destination, "routing_key": x.routing_key, "arguments": x.arguments}
+            {
+                "source": x.source,
+                "destination": x.destination,
+                "routing_key": x.routing_key,
+                "arguments": x.arguments,
+            }
             for x in vh.bindings()
         ]
     if cmd == "list_connections":
@@ -160,8 +173,16 @@ async def dispatch(server: Server, cmd: str, args: dict[str, Any]) -> Any:
     if cmd == "cluster_status":
         if b.cluster is None:  # alone: named as a clustered node would be ([cluster] node, else [node] name)
             me = str(server.config.cluster.get("node") or server.config.name)
-            return {"node": me, "members": [me], "running": [me], "down": [], "peers": [], "partitions": [],
-                    "partition_handling": None, "paused": False}
+            return {
+                "node": me,
+                "members": [me],
+                "running": [me],
+                "down": [],
+                "peers": [],
+                "partitions": [],
+                "partition_handling": None,
+                "paused": False,
+            }
         return b.cluster.status()
     if cmd == "replication_status":
         return b.replication.status() if b.replication is not None else {"role": None}
@@ -177,7 +198,9 @@ def node_info(data_dir: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise CtlError(f"no running node found: {path} does not exist (is the broker started with this data_dir?)") from None
+        raise CtlError(
+            f"no running node found: {path} does not exist (is the broker started with this data_dir?)"
+        ) from None
 
 
 def call(data_dir: Path, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
@@ -208,7 +231,9 @@ def call(data_dir: Path, cmd: str, args: dict[str, Any] | None = None, timeout: 
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m broker_impl.ctl", description="Administer a running broker_impl node")
+    ap = argparse.ArgumentParser(
+        prog="python -m broker_impl.ctl", description="Administer a running broker_impl node"
+    )
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--data-dir", help="the node's data_dir")
     where.add_argument("--config", help="the node's TOML config (data_dir is read from it)")
@@ -267,8 +292,19 @@ def _request(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 _COLUMNS = {
-    "list_queues": ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable", "policy", "state",
-                    "node", "mirrors", "synchronised_mirrors", "gm_ring"),
+    "list_queues": (
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+        "consumers",
+        "durable",
+        "policy",
+        "state",
+        "node",
+        "mirrors",
+        "synchronised_mirrors",
+        "gm_ring",
+    ),
     "list_connections": ("peer", "user", "vhost", "state", "channels"),
     "list_exchanges": ("name", "type", "durable"),
     "list_bindings": ("source", "destination", "routing_key"),
@@ -301,11 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     cols = _COLUMNS[ns.cmd]
     print("\t".join(cols))
     for row in result:
-        print("\t".join(json.dumps(row.get(c)) if isinstance(row.get(c), dict | list) else str(row.get(c)) for c in cols))
+        print(
+            "\t".join(
+                json.dumps(row.get(c)) if isinstance(row.get(c), dict | list) else str(row.get(c))
+                for c in cols
+            )
+        )
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

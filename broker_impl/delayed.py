@@ -33,20 +33,30 @@ class DelayedExchange(Exchange):
 
     type = DELAYED_TYPE
 
-    def __init__(self, name: str, durable: bool = False, auto_delete: bool = False, internal: bool = False,
-                 arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(name, durable, auto_delete, internal, arguments)
         inner = self.arguments.get("x-delayed-type")
         if isinstance(inner, bytes):
             inner = inner.decode(errors="replace")
         if not isinstance(inner, str) or inner == DELAYED_TYPE:
-            raise ValueError(f"Invalid argument, 'x-delayed-type' must be an existing exchange type "
-                             f"(got {inner!r}) for exchange '{name}'")
+            raise ValueError(
+                f"Invalid argument, 'x-delayed-type' must be an existing exchange type "
+                f"(got {inner!r}) for exchange '{name}'"
+            )
         try:
             self._inner = make_exchange(inner, name)
         except KeyError:
-            raise ValueError(f"Invalid argument, 'x-delayed-type' {inner!r} is not an existing exchange type "
-                             f"for exchange '{name}'") from None
+            raise ValueError(
+                f"Invalid argument, 'x-delayed-type' {inner!r} is not an existing exchange type "
+                f"for exchange '{name}'"
+            ) from None
         self._inner.bindings = self.bindings  # one binding table: bind/unbind here are seen by the router
 
     def route(self, routing_key: str, properties: commands.Basic.Properties) -> set[str]:
@@ -74,4 +84,3 @@ def swapped_headers(properties: commands.Basic.Properties, delay: int) -> comman
     out = copy_properties(properties)
     out.headers = {**(properties.headers or {}), "x-delay": -delay}
     return out
-

@@ -23,7 +23,12 @@ class Binding:
     arguments: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
-        return (self.source, self.destination, self.routing_key, tuple(sorted((k, repr(v)) for k, v in self.arguments.items())))
+        return (
+            self.source,
+            self.destination,
+            self.routing_key,
+            tuple(sorted((k, repr(v)) for k, v in self.arguments.items())),
+        )
 
 
 # An exchange-to-exchange binding's destination: the exchange's name behind a NUL, so one binding
@@ -74,7 +79,9 @@ class Exchange:
     def route(self, routing_key: str, properties: commands.Basic.Properties) -> set[str]:
         raise NotImplementedError
 
-    def equivalent(self, type_: str, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any]) -> bool:
+    def equivalent(
+        self, type_: str, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any]
+    ) -> bool:
         """RabbitMQ refuses a redeclare that changes any of these (406)."""
         return (
             type_ == self.type

@@ -28,7 +28,9 @@ class CreditSpec:
 
     def __post_init__(self) -> None:
         if not 0 <= self.more_after <= self.initial:
-            raise ValueError(f"credit spec needs 0 <= more_after <= initial, got {self.initial}/{self.more_after}")
+            raise ValueError(
+                f"credit spec needs 0 <= more_after <= initial, got {self.initial}/{self.more_after}"
+            )
 
 
 DEFAULT_LINK = CreditSpec(400, 200)

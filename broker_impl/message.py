@@ -94,9 +94,22 @@ def decode_properties(data: bytes) -> commands.Basic.Properties:
     return header.properties
 
 
-PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
-                  "reply_to", "expiration", "message_id", "timestamp", "message_type", "user_id", "app_id",
-                  "cluster_id")
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "message_type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
 
 
 def copy_properties(properties: commands.Basic.Properties) -> commands.Basic.Properties:

@@ -91,7 +91,9 @@ class Queue(Actor):
         self.had_consumer = False
         self.deleted = False
         self.discarded = False  # deleted as a copy replaced by a master elsewhere (``discard``)
-        self._inbox: deque[tuple[int, Message | list[Message], Actor | None, ConfirmCallback | None]] = deque()
+        self._inbox: deque[tuple[int, Message | list[Message], Actor | None, ConfirmCallback | None]] = (
+            deque()
+        )
         self._ticket = 0  # publishes accepted so far
         self._outstanding: set[int] = set()  # tickets accepted but not yet in the backing queue
         self._progress = asyncio.Event()
@@ -162,7 +164,9 @@ class Queue(Actor):
         self._inbox.append((self._ticket, message, sender, on_done))
         self._wake.set()
 
-    def enqueue_batch(self, messages: list[Message], sender: Actor | None, on_done: ConfirmCallback | None) -> None:
+    def enqueue_batch(
+        self, messages: list[Message], sender: Actor | None, on_done: ConfirmCallback | None
+    ) -> None:
         """A committed transaction's publishes to this queue: one unit (``BackingQueue.publish_batch``)."""
         if self.deleted:
             if on_done:
@@ -209,7 +213,9 @@ class Queue(Actor):
                 if handled % 256 == 0:
                     await asyncio.sleep(0)  # let deliveries, readers and other queues run
 
-    def _start_write(self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None) -> None:
+    def _start_write(
+        self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None
+    ) -> None:
         batch = message if isinstance(message, list) else [message]
         to_store = self.bq.durable and any(m.persistent for m in batch)
         if to_store:
@@ -218,8 +224,9 @@ class Queue(Actor):
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write(self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None,
-                     to_store: bool) -> None:
+    async def _write(
+        self, ticket: int, message: Message | list[Message], on_done: ConfirmCallback | None, to_store: bool
+    ) -> None:
         ok = True
         try:
             if isinstance(message, list):
@@ -447,8 +454,11 @@ class Queue(Actor):
         if consumer is not None:
             consumer.unacked = max(0, consumer.unacked - len(seqs))
         if self.discarded:
-            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: queue '{self.name}' was replaced by "
-                               "a master elsewhere; its deliveries will be delivered again")
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"partial tx completion: queue '{self.name}' was replaced by "
+                "a master elsewhere; its deliveries will be delivered again",
+            )
         if self.deleted:
             return
         try:

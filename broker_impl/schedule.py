@@ -120,7 +120,7 @@ class Scheduler:
         for key in sorted(store.recovered_queues()):
             if not key.startswith(SCHEDULE_TOPIC):
                 continue
-            vhost = key[len(SCHEDULE_TOPIC):]
+            vhost = key[len(SCHEDULE_TOPIC) :]
             for index, offset, size in store.open_queue(key).unacked():
                 rec = store.read(offset, size)
                 if rec is None:
@@ -165,7 +165,9 @@ class Scheduler:
                 while self._heap and self._heap[0].due_ms <= now:
                     self._routing += 1
                     self.broker.spawn(self._routed(heapq.heappop(self._heap)))
-                sleep = MAX_SLEEP_S if not self._heap else min(MAX_SLEEP_S, (self._heap[0].due_ms - now) / 1000)
+                sleep = (
+                    MAX_SLEEP_S if not self._heap else min(MAX_SLEEP_S, (self._heap[0].due_ms - now) / 1000)
+                )
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), max(sleep, 0.001))
@@ -204,7 +206,9 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         results: dict[str, asyncio.Future[bool]] = {q.name: loop.create_future() for q in queues}
         for q in queues:
-            q.enqueue(Message(msg.exchange, msg.routing_key, props, msg.body), None, _resolver(results[q.name]))
+            q.enqueue(
+                Message(msg.exchange, msg.routing_key, props, msg.body), None, _resolver(results[q.name])
+            )
         await _confirmed_or_gone(results, queues, vh, CONFIRM_TIMEOUT_S)
         if self.broker.peer_losses() != losses or self.broker.client_refusal() is not None:
             # A peer went down while the queues confirmed: a master cut off in a minority
@@ -235,8 +239,9 @@ class Scheduler:
             store.ack(key, [e.index])
 
 
-async def _confirmed_or_gone(results: dict[str, asyncio.Future[bool]], queues: list[Queue], vh: VHost,
-                             timeout: float) -> None:
+async def _confirmed_or_gone(
+    results: dict[str, asyncio.Future[bool]], queues: list[Queue], vh: VHost, timeout: float
+) -> None:
     """Wait until every queue answered, one of them is no longer the vhost's (a copy dropped or
     replaced when the node took the cluster's records: it will never answer), or ``timeout``."""
     loop = asyncio.get_running_loop()

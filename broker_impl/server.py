@@ -84,15 +84,23 @@ class Server:
             self.broker.store.on_failure = self._store_failed
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: AMQPProtocol(self.broker), self.config.host, self.port or self.config.port, reuse_address=True
+            lambda: AMQPProtocol(self.broker),
+            self.config.host,
+            self.port or self.config.port,
+            reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._want_listening = True
         self.broker.listener_hook = self.set_listening
         self._monitor = loop.create_task(self._alarm_monitor())
         self.app_running = True
-        log.info("node %s listening on %s:%d (flow control %s)", self.config.name, self.config.host, self.port,
-                 "on" if self.broker.flow_enabled else "off")
+        log.info(
+            "node %s listening on %s:%d (flow control %s)",
+            self.config.name,
+            self.config.host,
+            self.port,
+            "on" if self.broker.flow_enabled else "off",
+        )
         return "started"
 
     async def stop_app(self, reason: str = "broker app stopped") -> str:
@@ -131,7 +139,9 @@ class Server:
 
     async def _start_control(self) -> None:
         if self.config.control_port:
-            self._control = await asyncio.start_server(self._control_client, "127.0.0.1", self.config.control_port)
+            self._control = await asyncio.start_server(
+                self._control_client, "127.0.0.1", self.config.control_port
+            )
             self.control_address = self._control.sockets[0].getsockname()[1]
         else:
             path = self.config.data_dir / CONTROL_SOCKET
@@ -159,7 +169,11 @@ class Server:
 
     async def _alarm_monitor(self) -> None:
         f = self.config.flow
-        limit = int(f.memory_high_watermark * total_memory()) if f.memory_high_watermark < 1 else int(f.memory_high_watermark)
+        limit = (
+            int(f.memory_high_watermark * total_memory())
+            if f.memory_high_watermark < 1
+            else int(f.memory_high_watermark)
+        )
         while True:
             try:
                 used = rss_bytes() if f.memory_source == "rss" else self.memory_in_queues()
@@ -190,7 +204,8 @@ class Server:
                 continue
             try:
                 self._server = await asyncio.get_running_loop().create_server(
-                    lambda: AMQPProtocol(self.broker), self.config.host, self.port, reuse_address=True)
+                    lambda: AMQPProtocol(self.broker), self.config.host, self.port, reuse_address=True
+                )
                 log.warning("AMQP listener on port %d open again", self.port)
             except OSError as exc:
                 log.error("cannot listen on port %d again (%s); retrying", self.port, exc)

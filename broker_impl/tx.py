@@ -104,10 +104,15 @@ class Transaction:
         for p in self.publishes:
             if not p.queues and p.mandatory:
                 m = p.message
-                channel.conn.write(encode_content(
-                    channel.number, commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
-                    m.properties, m.body, channel.conn.frame_max,
-                ))
+                channel.conn.write(
+                    encode_content(
+                        channel.number,
+                        commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
+                        m.properties,
+                        m.body,
+                        channel.conn.frame_max,
+                    )
+                )
             for q in p.queues:
                 per_queue.setdefault(q, []).append(p.message)
         waits: list[asyncio.Future[bool]] = []
@@ -122,8 +127,14 @@ class Transaction:
                 elif s.requeue:
                     q.requeue(seqs, consumer)
                 else:
-                    await q.reject_messages([(d.seq, d.message) for _, d in s.deliveries
-                                             if d.queue is q and d.consumer is consumer], consumer)
+                    await q.reject_messages(
+                        [
+                            (d.seq, d.message)
+                            for _, d in s.deliveries
+                            if d.queue is q and d.consumer is consumer
+                        ],
+                        consumer,
+                    )
         channel.unacked_acking -= len(self.held())
         results = await asyncio.gather(*waits)
         if not all(results):

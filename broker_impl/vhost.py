@@ -40,7 +40,14 @@ _BUILTIN_EXCHANGES = (
     ("amq.match", "headers"),
 )
 
-_QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length", "x-expires", "x-queue-type")
+_QUEUE_ARGS_COMPARED = (
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-expires",
+    "x-queue-type",
+)
 
 
 class VHost:
@@ -81,7 +88,9 @@ class VHost:
                 )
             return existing
         try:
-            ex = make_exchange(type_, name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+            ex = make_exchange(
+                type_, name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+            )
         except KeyError:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from None
         except ValueError as exc:
@@ -174,12 +183,19 @@ class VHost:
                 "is not supported by this broker (classic queues only; replicate them with an ha-mode policy)",
             )
         expires = arguments.get("x-expires")
-        if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int) or expires <= 0):
-            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-expires' for queue '{name}' in vhost "
-                               f"'{self.name}': {expires!r} is not a positive integer (milliseconds)")
+        if expires is not None and (
+            isinstance(expires, bool) or not isinstance(expires, int) or expires <= 0
+        ):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-expires' for queue '{name}' in vhost "
+                f"'{self.name}': {expires!r} is not a positive integer (milliseconds)",
+            )
         dlx = arguments.get("x-dead-letter-exchange")
         if dlx is not None and not isinstance(dlx, str):
-            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-exchange' for queue '{name}'")
+            raise ChannelError(
+                PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-exchange' for queue '{name}'"
+            )
         if "x-dead-letter-routing-key" in arguments and dlx is None:
             raise ChannelError(
                 PRECONDITION_FAILED,
@@ -189,8 +205,13 @@ class VHost:
         bq = await self.broker.open_backing(self.name, name, durable)
         try:
             q = self.broker.make_queue(
-                self, name, bq, durable=durable, exclusive_owner=owner if exclusive else None,
-                auto_delete=auto_delete, arguments=arguments,
+                self,
+                name,
+                bq,
+                durable=durable,
+                exclusive_owner=owner if exclusive else None,
+                auto_delete=auto_delete,
+                arguments=arguments,
             )
         except ValueError as exc:
             await bq.delete()
@@ -237,7 +258,9 @@ class VHost:
         if ex.unbind(Binding(exchange, queue.name, routing_key, dict(arguments or {}))):
             self.broker.metadata_changed(persist=ex.durable and queue.durable)
 
-    def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
         """An exchange-to-exchange binding: what ``source`` routes by it goes on through ``destination``."""
         if "" in (source, destination):
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
@@ -245,7 +268,9 @@ class VHost:
         src.bind(Binding(source, exchange_destination(destination), routing_key, dict(arguments or {})))
         self.broker.metadata_changed(persist=src.durable and dst.durable)
 
-    def unbind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
         if "" in (source, destination):
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         src, dst = self.get_exchange(source), self.get_exchange(destination)
@@ -256,7 +281,9 @@ class VHost:
         return [b for ex in self.exchanges.values() if ex.name != "" for b in ex.bindings.values()]
 
     # -- routing -------------------------------------------------------------------------
-    def route(self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties) -> list[Queue]:
+    def route(
+        self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties
+    ) -> list[Queue]:
         """The queues a publish reaches; what ``exchange`` cannot route goes to its alternate exchange.
 
         As RabbitMQ: the ``alternate-exchange`` argument (or policy key) names an
@@ -277,7 +304,9 @@ class VHost:
             ex = self.exchanges.get(ae) if isinstance(ae, str) and ae else None
         return []
 
-    def _route_through(self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties) -> list[Queue]:
+    def _route_through(
+        self, exchange: Exchange, routing_key: str, properties: commands.Basic.Properties
+    ) -> list[Queue]:
         """The queues reached from ``exchange``, following exchange-to-exchange bindings (each exchange once)."""
         found: dict[str, Queue] = {}
         seen = {exchange.name}
@@ -341,4 +370,3 @@ class VHost:
 
     def durable_queues(self) -> list[Queue]:
         return [q for q in self.queues.values() if q.durable]
-

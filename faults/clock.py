@@ -90,7 +90,9 @@ def read_offset(ctx: FaultContext, node: str) -> float:
 def stop_strobe(ctx: FaultContext, node: str) -> str | None:
     """Stop a strobe loop on the node, if one runs; returns its pid."""
     p = shlex.quote(STROBE_PID)
-    out = _exec(ctx, node, f"if [ -f {p} ]; then pid=$(cat {p}); kill $pid 2>/dev/null; rm -f {p}; echo $pid; fi")
+    out = _exec(
+        ctx, node, f"if [ -f {p} ]; then pid=$(cat {p}); kill $pid 2>/dev/null; rm -f {p}; echo $pid; fi"
+    )
     return out or None
 
 
@@ -113,7 +115,10 @@ class _ClockFault(Fault):
                 continue
             try:
                 strobe = stop_strobe(ctx, name)
-                done[name] = {**write_offset(ctx, name, 0.0), **({"stopped_strobe": strobe} if strobe else {})}
+                done[name] = {
+                    **write_offset(ctx, name, 0.0),
+                    **({"stopped_strobe": strobe} if strobe else {}),
+                }
             except FaultError as exc:
                 failed[name] = short_error(exc)
         if failed:
@@ -150,7 +155,10 @@ class ClockBump(_ClockFault):
     def apply(self) -> dict[str, Any]:
         node = self.params["node"]
         before = read_offset(self.ctx, node)
-        return {"before": offset_text(before), "set": write_offset(self.ctx, node, before + self.params["delta"])}
+        return {
+            "before": offset_text(before),
+            "set": write_offset(self.ctx, node, before + self.params["delta"]),
+        }
 
     def heal(self) -> dict[str, Any]:
         return {"node": self.params["node"], "kept": "a bump stays until clock-reset or the final heal"}
@@ -166,12 +174,19 @@ class ClockStrobe(_ClockFault):
         period = round(float(params.get("period", MIN_PERIOD)), 3)
         duration = round(float(params.get("duration", 10.0)), 3)
         if period < MIN_PERIOD:
-            raise ScenarioError(f"{cls.name}: period {period} is below {MIN_PERIOD}s, how often a broker re-reads "
-                                "its fake clock; a faster strobe would skip flips unseen")
+            raise ScenarioError(
+                f"{cls.name}: period {period} is below {MIN_PERIOD}s, how often a broker re-reads "
+                "its fake clock; a faster strobe would skip flips unseen"
+            )
         if duration <= 0:
             raise ScenarioError(f"{cls.name}: duration must be > 0 seconds, got {duration}")
-        return {"node": _node(params, nodes, rng, cls.name), "a": round(float(params.get("a", 0.0)), 3),
-                "b": _seconds(params, "b", rng, 5, 120), "period": period, "duration": duration}
+        return {
+            "node": _node(params, nodes, rng, cls.name),
+            "a": round(float(params.get("a", 0.0)), 3),
+            "b": _seconds(params, "b", rng, 5, 120),
+            "period": period,
+            "duration": duration,
+        }
 
     def apply(self) -> dict[str, Any]:
         p = self.params
@@ -180,16 +195,24 @@ class ClockStrobe(_ClockFault):
         put = "printf '%s\\n' {v} > " + f"{f}.tmp && mv {f}.tmp {f}"
         a, b = shlex.quote(offset_text(p["a"])), shlex.quote(offset_text(p["b"]))
         # `date` here is the real clock: only the broker's processes have the fake one.
-        loop = (f"echo $$ > {pidf}; end=$(( $(date +%s) + {int(-(-p['duration'] // 1))} )); "
-                f"while [ $(date +%s) -lt $end ]; do {put.format(v=a)}; sleep {p['period']}; "
-                f"{put.format(v=b)}; sleep {p['period']}; done; {put.format(v='+0')}; rm -f {pidf}")
+        loop = (
+            f"echo $$ > {pidf}; end=$(( $(date +%s) + {int(-(-p['duration'] // 1))} )); "
+            f"while [ $(date +%s) -lt $end ]; do {put.format(v=a)}; sleep {p['period']}; "
+            f"{put.format(v=b)}; sleep {p['period']}; done; {put.format(v='+0')}; rm -f {pidf}"
+        )
         stop_strobe(self.ctx, node)
         try:
             self.ctx.cluster.nodes[node].container.exec_run(["sh", "-c", loop], detach=True)
         except Exception as exc:  # noqa: BLE001 - the Docker SDK raises several kinds
             raise FaultError(f"{node}: could not start the clock strobe: {short_error(exc)}") from None
-        return {"node": node, "file": FAKETIME_FILE, "between": [offset_text(p["a"]), offset_text(p["b"])],
-                "period": p["period"], "duration": p["duration"], "loop": loop}
+        return {
+            "node": node,
+            "file": FAKETIME_FILE,
+            "between": [offset_text(p["a"]), offset_text(p["b"])],
+            "period": p["period"],
+            "duration": p["duration"],
+            "loop": loop,
+        }
 
     def heal(self) -> dict[str, Any]:
         node = self.params["node"]
@@ -214,7 +237,9 @@ class ClockReset(_ClockFault):
         done = []
         for node in self.params["nodes"]:
             strobe = stop_strobe(self.ctx, node)
-            done.append({**write_offset(self.ctx, node, 0.0), **({"stopped_strobe": strobe} if strobe else {})})
+            done.append(
+                {**write_offset(self.ctx, node, 0.0), **({"stopped_strobe": strobe} if strobe else {})}
+            )
         return {"set": done}
 
     def heal(self) -> dict[str, Any]:

@@ -33,17 +33,28 @@ class CorruptFile(NodesFault):
     name = "corrupt-file"
     requires = frozenset({"kill"})
     touches = frozenset({"process", "disk"})
-    conformance = ConformanceProbe(params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True)
-    params_schema = {"nodes": object, "mode": ("bitflip", "truncate"), "bits": int, "bytes": int, "files": str,
-                     "picks": dict}
+    conformance = ConformanceProbe(
+        params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True
+    )
+    params_schema = {
+        "nodes": object,
+        "mode": ("bitflip", "truncate"),
+        "bits": int,
+        "bytes": int,
+        "files": str,
+        "picks": dict,
+    }
     DEFAULT_BITS = 8
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
         mode = params.get("mode", "bitflip")
-        out: dict[str, Any] = {"nodes": pick_nodes(cls.name, params.get("nodes", "minority"), nodes, rng),
-                               "mode": mode, "files": params.get("files", "**/*")}
+        out: dict[str, Any] = {
+            "nodes": pick_nodes(cls.name, params.get("nodes", "minority"), nodes, rng),
+            "mode": mode,
+            "files": params.get("files", "**/*"),
+        }
         if mode == "bitflip":
             if "bytes" in params:
                 raise ScenarioError(f"fault {cls.name}: bytes is for mode truncate; bitflip takes bits")
@@ -79,21 +90,27 @@ class CorruptFile(NodesFault):
         node = self.ctx.cluster.nodes[name]
         killed = nodectl(node, "crash")
         root = self.ctx.cluster.topology.data_dir
-        rc, out = node.exec(["python3", "-m", "faults.node.corrupt", "--root", root,
-                             "--plan", json.dumps(self._plan(name))], timeout=60)
+        rc, out = node.exec(
+            ["python3", "-m", "faults.node.corrupt", "--root", root, "--plan", json.dumps(self._plan(name))],
+            timeout=60,
+        )
         line = out.strip().splitlines()[-1] if out.strip() else ""
         try:
             reply = json.loads(line)
         except json.JSONDecodeError:
             reply = {"ok": False, "error": f"exit {rc}: {out.strip()[-300:]}"}
         if not reply.get("ok"):
-            raise FaultError(f"broker killed, but corrupting a file under {root} failed: {reply.get('error')}")
+            raise FaultError(
+                f"broker killed, but corrupting a file under {root} failed: {reply.get('error')}"
+            )
         reply.pop("ok")
         return {"nodectl": killed, "corrupted": reply}
 
     def apply(self) -> dict[str, Any]:
         done, errors = on_each(list(self.params["nodes"]), self._corrupt)
         if errors:
-            raise FaultError("; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
-                             + (f" (corrupted: {json.dumps(done, sort_keys=True)})" if done else ""))
+            raise FaultError(
+                "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                + (f" (corrupted: {json.dumps(done, sort_keys=True)})" if done else "")
+            )
         return {"nodes": done}

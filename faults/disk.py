@@ -48,16 +48,22 @@ class _DiskRuleFault(Fault):
 
     def rule(self) -> dict[str, Any]:
         """The rule as lazyfs takes it (``id``, ``kind``, ``glob`` and the kind's own fields)."""
-        return {"id": self.fault_id or self.name, "kind": self.rule_kind, "glob": self.params["files"],
-                **{k: self.params[k] for k in self.rule_fields}}
+        return {
+            "id": self.fault_id or self.name,
+            "kind": self.rule_kind,
+            "glob": self.params["files"],
+            **{k: self.params[k] for k in self.rule_fields},
+        }
 
     def _each(self, *args: str) -> dict[str, Any]:
         nodes = self.ctx.cluster.nodes
         replies, errors = on_each(list(self.params["nodes"]), lambda n: nodectl(nodes[n], "disk", *args))
         if errors:
-            raise FaultError(f"{self.name}: nodectl disk {args[0]} failed: "
-                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
-                             + (f" (done on {', '.join(sorted(replies))})" if replies else ""))
+            raise FaultError(
+                f"{self.name}: nodectl disk {args[0]} failed: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                + (f" (done on {', '.join(sorted(replies))})" if replies else "")
+            )
         return {n: r["lazyfs"] for n, r in replies.items()}
 
     def apply(self) -> dict[str, Any]:
@@ -78,8 +84,10 @@ class _DiskRuleFault(Fault):
         nodes = ctx.cluster.nodes
         replies, errors = on_each(list(nodes), lambda n: nodectl(nodes[n], "disk", "clear"))
         if errors:
-            raise FaultError("clearing disk fault rules failed: "
-                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+            raise FaultError(
+                "clearing disk fault rules failed: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+            )
         cleared = {n: r["lazyfs"]["cleared"] for n, r in replies.items() if r["lazyfs"]["cleared"]}
         return cleared or None
 

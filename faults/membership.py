@@ -33,7 +33,9 @@ class MemberRemove(Fault):
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
         if len(nodes) < 2:
-            raise ScenarioError(f"fault {cls.name}: needs a cluster of 2 nodes or more, this one has {len(nodes)}")
+            raise ScenarioError(
+                f"fault {cls.name}: needs a cluster of 2 nodes or more, this one has {len(nodes)}"
+            )
         node = params.get("node") or rng.choice(list(nodes))
         if node not in nodes:
             raise ScenarioError(f"fault {cls.name}: node {node!r} is not one of {list(nodes)}")
@@ -49,8 +51,10 @@ class MemberRemove(Fault):
         done = plugin.remove_node(node, others, self.ctx.cluster.settings)
         members = plugin.members(others[0])
         if node.name in members:
-            raise FaultError(f"{node.name} still counts as a member on {others[0].name} after its removal: "
-                             f"{sorted(members)}")
+            raise FaultError(
+                f"{node.name} still counts as a member on {others[0].name} after its removal: "
+                f"{sorted(members)}"
+            )
         return {"removed": node.name, "done": done, "members_after": sorted(members)}
 
     def heal(self) -> dict[str, Any]:
@@ -73,7 +77,9 @@ class MemberRemove(Fault):
             if len(members) > len(seen):
                 seen = members
         if len(seen) < 2:
-            return None  # no node counts another as a member: no cluster to heal (e.g. master-slave replication)
+            return (
+                None  # no node counts another as a member: no cluster to heal (e.g. master-slave replication)
+            )
         out = {}
         for name in sorted(set(nodes) - seen):
             out[name] = _add(ctx, nodes[name], [h for n, h in nodes.items() if n in seen])

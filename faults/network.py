@@ -27,7 +27,17 @@ from typing import Any
 from harness import FaultError, ScenarioError, short_error
 from harness.spec import ConformanceProbe, Fault, FaultContext
 
-SHAPES = ("isolate", "halves", "fixed-halves", "majorities-ring", "bridge", "one-way", "clients", "custom", "random")
+SHAPES = (
+    "isolate",
+    "halves",
+    "fixed-halves",
+    "majorities-ring",
+    "bridge",
+    "one-way",
+    "clients",
+    "custom",
+    "random",
+)
 #: What ``shape: random`` draws from (by the step's seed): the shapes that need no parameters.
 RANDOM_SHAPES = ("isolate", "halves", "majorities-ring", "bridge", "one-way")
 TOXIC = "brokerchaos_partition"
@@ -37,7 +47,7 @@ def _pairs(groups: Sequence[Sequence[str]]) -> list[list[str]]:
     """Symmetric cuts between every pair of nodes in different groups."""
     out = []
     for i, a in enumerate(groups):
-        for b in groups[i + 1:]:
+        for b in groups[i + 1 :]:
             for x in a:
                 for y in b:
                     out += [[x, y], [y, x]]
@@ -51,8 +61,9 @@ def _member(node: Any, nodes: Sequence[str], field: str, fault: str = "partition
     return node
 
 
-def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
-                   params: Mapping[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
+def partition_cuts(
+    shape: str, nodes: Sequence[str], rng: random.Random, params: Mapping[str, Any]
+) -> tuple[list[list[str]], dict[str, Any]]:
     """Directed cuts for a shape, plus a description of the groups (what the history shows)."""
     nodes = list(nodes)
     n = len(nodes)
@@ -88,7 +99,9 @@ def partition_cuts(shape: str, nodes: Sequence[str], rng: random.Random,
         src = _member(params.get("from") or rng.choice(nodes), nodes, "from")
         dst = _member(params.get("to") or rng.choice([x for x in nodes if x != src]), nodes, "to")
         if src == dst:
-            raise ScenarioError(f"partition shape 'one-way': from and to are both {src!r}; a node always hears itself")
+            raise ScenarioError(
+                f"partition shape 'one-way': from and to are both {src!r}; a node always hears itself"
+            )
         return [[src, dst]], {"deaf": dst, "unheard": src}
     if shape == "custom":
         given = params.get("cuts")
@@ -115,8 +128,15 @@ class Partition(_ProxyFault):
     name = "partition"
     requires = frozenset({"partition"})
     conformance = ConformanceProbe(params={"shape": "isolate", "node": "n1"}, nodes=2)
-    params_schema = {"shape": SHAPES, "mode": ("drop", "refuse"), "node": str, "from": str, "to": str,
-                     "cuts": list, "nodes": list}
+    params_schema = {
+        "shape": SHAPES,
+        "mode": ("drop", "refuse"),
+        "node": str,
+        "from": str,
+        "to": str,
+        "cuts": list,
+        "nodes": list,
+    }
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
@@ -124,8 +144,12 @@ class Partition(_ProxyFault):
         shape = params.get("shape", "halves")
         mode = params.get("mode", "drop")  # values were checked against params_schema above
         if shape == "random":
-            usable = [x for x in RANDOM_SHAPES if (len(nodes) >= 3 or x != "bridge")
-                      and (mode == "drop" or x not in ("one-way", "majorities-ring"))]  # refuse: symmetric only
+            usable = [
+                x
+                for x in RANDOM_SHAPES
+                if (len(nodes) >= 3 or x != "bridge")
+                and (mode == "drop" or x not in ("one-way", "majorities-ring"))
+            ]  # refuse: symmetric only
             shape = rng.choice(usable)
         if shape == "clients":
             targets = params.get("nodes") or [params.get("node") or rng.choice(list(nodes))]
@@ -164,8 +188,12 @@ class Partition(_ProxyFault):
         """(sidecar, proxy) pairs that the ``clients`` shape and ``refuse`` mode disable."""
         if self.params["shape"] == "clients":
             return [(node, f"client_to_{node}") for node in self.params["clients_cut_from"]]
-        return [(src, p.name) for src, dst in self.params["cuts"]
-                for p in self.ctx.cluster.topology.proxies[src] if p.dst == dst]
+        return [
+            (src, p.name)
+            for src, dst in self.params["cuts"]
+            for p in self.ctx.cluster.topology.proxies[src]
+            if p.dst == dst
+        ]
 
     def _switch(self, enabled: bool) -> dict[str, Any]:
         done = []
@@ -182,10 +210,19 @@ class Partition(_ProxyFault):
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
                 toxic = self._toxic(stream)
-                cluster.nodes[sidecar].toxiproxy.add_toxic(proxy, name=toxic, type="timeout", stream=stream,
-                                                           attributes={"timeout": 0})
-                done.append({"sidecar": sidecar, "proxy": proxy, "toxic": toxic, "type": "timeout",
-                             "stream": stream, "attributes": {"timeout": 0}})
+                cluster.nodes[sidecar].toxiproxy.add_toxic(
+                    proxy, name=toxic, type="timeout", stream=stream, attributes={"timeout": 0}
+                )
+                done.append(
+                    {
+                        "sidecar": sidecar,
+                        "proxy": proxy,
+                        "toxic": toxic,
+                        "type": "timeout",
+                        "stream": stream,
+                        "attributes": {"timeout": 0},
+                    }
+                )
         return {"actions": done}
 
     def heal(self) -> dict[str, Any]:
@@ -222,22 +259,38 @@ class LinkToxic(_ProxyFault):
     name = "degrade"
     requires = frozenset({"partition"})
     TYPES = ("latency", "bandwidth", "slicer", "slow_close", "limit_data", "reset_peer")
-    params_schema = {"type": TYPES, "attributes": dict, "node": str, "links": ("peers", "clients", "all"),
-                     "stream": ("upstream", "downstream", "both"), "toxicity": float}
+    params_schema = {
+        "type": TYPES,
+        "attributes": dict,
+        "node": str,
+        "links": ("peers", "clients", "all"),
+        "stream": ("upstream", "downstream", "both"),
+        "toxicity": float,
+    }
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
         kind = params.get("type", "latency")  # values were checked against params_schema above
-        defaults = {"latency": {"latency": 200, "jitter": 50}, "bandwidth": {"rate": 64},
-                    "slicer": {"average_size": 64, "size_variation": 32, "delay": 1000},
-                    "slow_close": {"delay": 1000}, "limit_data": {"bytes": 4096}, "reset_peer": {"timeout": 0}}
+        defaults = {
+            "latency": {"latency": 200, "jitter": 50},
+            "bandwidth": {"rate": 64},
+            "slicer": {"average_size": 64, "size_variation": 32, "delay": 1000},
+            "slow_close": {"delay": 1000},
+            "limit_data": {"bytes": 4096},
+            "reset_peer": {"timeout": 0},
+        }
         node = _member(params.get("node", rng.choice(list(nodes))), nodes, "node", cls.name)
         if kind == "reset_peer" and float(params.get("toxicity", 1.0)) != 1.0:
             raise ScenarioError(f"{cls.name}: reset_peer resets every connection; toxicity must be 1")
-        return {"type": kind, "attributes": {**defaults[kind], **params.get("attributes", {})}, "node": node,
-                "links": params.get("links", "peers"), "stream": params.get("stream", "both"),
-                "toxicity": float(params.get("toxicity", 1.0))}
+        return {
+            "type": kind,
+            "attributes": {**defaults[kind], **params.get("attributes", {})},
+            "node": node,
+            "links": params.get("links", "peers"),
+            "stream": params.get("stream", "both"),
+            "toxicity": float(params.get("toxicity", 1.0)),
+        }
 
     def _targets(self) -> list[tuple[str, str]]:
         cluster = self.ctx.cluster
@@ -262,10 +315,23 @@ class LinkToxic(_ProxyFault):
             for stream in self._streams():
                 name = self._toxic(stream)
                 self.ctx.cluster.nodes[sidecar].toxiproxy.add_toxic(
-                    proxy, name=name, type=self.params["type"], stream=stream,
-                    toxicity=self.params["toxicity"], attributes=self.params["attributes"])
-                done.append({"sidecar": sidecar, "proxy": proxy, "toxic": name, "type": self.params["type"],
-                             "stream": stream, "attributes": self.params["attributes"]})
+                    proxy,
+                    name=name,
+                    type=self.params["type"],
+                    stream=stream,
+                    toxicity=self.params["toxicity"],
+                    attributes=self.params["attributes"],
+                )
+                done.append(
+                    {
+                        "sidecar": sidecar,
+                        "proxy": proxy,
+                        "toxic": name,
+                        "type": self.params["type"],
+                        "stream": stream,
+                        "attributes": self.params["attributes"],
+                    }
+                )
         return {"actions": done}
 
     def heal(self) -> dict[str, Any]:

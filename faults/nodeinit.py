@@ -246,8 +246,9 @@ class Node:
             done.update(self._restart_later(restart_after))
             return done
 
-    def power_loss(self, torn: str | None = None, restart_after: float | None = None,
-                   at: float | None = None) -> dict[str, Any]:
+    def power_loss(
+        self, torn: str | None = None, restart_after: float | None = None, at: float | None = None
+    ) -> dict[str, Any]:
         """Cut power now, or at the wall-clock time ``at`` (UNIX seconds), so that several nodes
         told the same ``at`` die within a scheduler tick of each other (a rack losing power)."""
         cue = _wait_until(at) if at is not None else None
@@ -279,7 +280,12 @@ class Node:
             fs = self.lazy.command("flush")
         except ControlError as e:
             raise CommandError(f"lazyfs did not answer: {e}") from None
-        return {"lazyfs": {"ok": fs.get("ok"), "persisted_bytes": (fs.get("persisted") or {}).get("unsynced_bytes")}}
+        return {
+            "lazyfs": {
+                "ok": fs.get("ok"),
+                "persisted_bytes": (fs.get("persisted") or {}).get("unsynced_bytes"),
+            }
+        }
 
     def disk(self, line: str) -> dict[str, Any]:
         """Disk fault rules of the lazy filesystem (``add JSON``, ``clear [ID]``, ``list``), while the broker runs."""
@@ -360,8 +366,11 @@ class Node:
                 body = self.crash(_opt_float(req, "restart_after"))
             elif cmd == "power-loss":
                 torn = req.get("torn")
-                body = self.power_loss(None if torn is None else str(torn), _opt_float(req, "restart_after"),
-                                       _opt_float(req, "at"))
+                body = self.power_loss(
+                    None if torn is None else str(torn),
+                    _opt_float(req, "restart_after"),
+                    _opt_float(req, "at"),
+                )
             elif cmd == "sync":
                 body = self.sync()
             elif cmd == "disk":
@@ -451,9 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", help="the broker's data directory")
     p.add_argument("--lazyfs", action="store_true", help="mount lazyfs at --data-dir (power loss possible)")
     p.add_argument("--backing", help="lazyfs backing directory (default: DATA_DIR.backing)")
-    p.add_argument("--lazyfs-names", choices=("strict", "journal"), default="journal",
-                   help="when a file's name is durable: journal (default, as on ext4/xfs: with any fsync) or "
-                        "strict (only with an fsync of its directory)")
+    p.add_argument(
+        "--lazyfs-names",
+        choices=("strict", "journal"),
+        default="journal",
+        help="when a file's name is durable: journal (default, as on ext4/xfs: with any fsync) or "
+        "strict (only with an fsync of its directory)",
+    )
     p.add_argument("--control", default=os.environ.get("BROKERCHAOS_NODE_SOCKET", NODE_SOCKET))
     p.add_argument("--lazyfs-control", default=LAZYFS_SOCKET)
     p.add_argument("--log-file", help="also append the broker's output here")

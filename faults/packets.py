@@ -31,8 +31,15 @@ from typing import Any
 from harness import FaultError, ScenarioError, short_error
 from harness.spec import Fault, FaultContext
 
-NETEM_DEFAULTS = {"loss": 0.0, "duplicate": 0.0, "corrupt": 0.0, "reorder": 0.0, "delay": 0.0, "jitter": 0.0,
-                  "correlation": 0.0}
+NETEM_DEFAULTS = {
+    "loss": 0.0,
+    "duplicate": 0.0,
+    "corrupt": 0.0,
+    "reorder": 0.0,
+    "delay": 0.0,
+    "jitter": 0.0,
+    "correlation": 0.0,
+}
 TABLE_PREFIX = "brokerchaos_loss"
 #: The interface a sidecar reaches the run's network by (a shell fragment: Docker names it eth0).
 IFACE = "$(ip -o route show default | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' | head -n1)"
@@ -105,8 +112,10 @@ class Netem(Fault):
         if out["jitter"] and not out["delay"]:
             raise ScenarioError(f"{cls.name}: jitter needs a delay (netem varies the delay by the jitter)")
         if out["reorder"] and not out["delay"]:
-            raise ScenarioError(f"{cls.name}: reorder needs a delay (netem reorders by sending some packets "
-                                "at once while the others wait the delay)")
+            raise ScenarioError(
+                f"{cls.name}: reorder needs a delay (netem reorders by sending some packets "
+                "at once while the others wait the delay)"
+            )
         return out
 
     def tc_args(self) -> list[str]:
@@ -127,9 +136,11 @@ class Netem(Fault):
         rc, out = sidecar_exec(self.ctx, node, f"{command} && tc -s qdisc show dev {IFACE}")
         if rc != 0:
             if "qdisc kind is unknown" in out:
-                raise FaultError(f"{node}: the Docker host's kernel has no netem queueing discipline "
-                                 "(CONFIG_NET_SCH_NETEM); use a kernel with sch_netem, or fault packet-loss "
-                                 "(nftables) for loss alone")
+                raise FaultError(
+                    f"{node}: the Docker host's kernel has no netem queueing discipline "
+                    "(CONFIG_NET_SCH_NETEM); use a kernel with sch_netem, or fault packet-loss "
+                    "(nftables) for loss alone"
+                )
             raise FaultError(f"{node}: {command} failed (exit {rc}): {out[-400:]}")
         return {"node": node, "command": command, "qdisc": out}
 
@@ -144,21 +155,36 @@ class Netem(Fault):
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
         """Remove a netem root qdisc from every sidecar (Docker's default qdisc comes back)."""
-        return _on_every_sidecar(ctx, f"if tc qdisc show dev {IFACE} | grep -q netem; then "
-                                      f"tc qdisc del dev {IFACE} root && echo removed; fi", "remove the netem qdisc")
+        return _on_every_sidecar(
+            ctx,
+            f"if tc qdisc show dev {IFACE} | grep -q netem; then "
+            f"tc qdisc del dev {IFACE} root && echo removed; fi",
+            "remove the netem qdisc",
+        )
 
 
 class PacketLoss(Fault):
     name = "packet-loss"
     requires = frozenset({"partition"})
-    params_schema = {"node": str, "loss": float, "direction": ("in", "out", "both"), "links": ("peers", "all")}
+    params_schema = {
+        "node": str,
+        "loss": float,
+        "direction": ("in", "out", "both"),
+        "links": ("peers", "all"),
+    }
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
-        loss = _percent(cls.name, "loss", params["loss"]) if "loss" in params else round(rng.uniform(5, 40), 1)
-        return {"node": _node(params, nodes, rng, cls.name), "loss": loss,
-                "direction": params.get("direction", "both"), "links": params.get("links", "peers")}
+        loss = (
+            _percent(cls.name, "loss", params["loss"]) if "loss" in params else round(rng.uniform(5, 40), 1)
+        )
+        return {
+            "node": _node(params, nodes, rng, cls.name),
+            "loss": loss,
+            "direction": params.get("direction", "both"),
+            "links": params.get("links", "peers"),
+        }
 
     def _table(self) -> str:
         return f"{TABLE_PREFIX}_{self.fault_id or 'adhoc'}"
@@ -179,8 +205,11 @@ class PacketLoss(Fault):
         peers = [n for n in addr if n != node]
         out = {}
         if direction in ("in", "both"):
-            out[node] = ("" if self.params["links"] == "all"
-                         else f"ip saddr {{ {', '.join(addr[p] for p in peers)} }} ")
+            out[node] = (
+                ""
+                if self.params["links"] == "all"
+                else f"ip saddr {{ {', '.join(addr[p] for p in peers)} }} "
+            )
         if direction in ("out", "both"):
             for p in peers:
                 out[p] = f"ip saddr {addr[node]} "
@@ -192,18 +221,28 @@ class PacketLoss(Fault):
         done = []
         try:
             for sidecar, match in self._rules().items():
-                script = "; ".join([
-                    "set -e", f"dev={IFACE}", f"nft add table netdev {table}",
-                    f"nft add chain netdev {table} ingress '{{ type filter hook ingress device \"'$dev'\" "
-                    "priority -500; }'",
-                    # the first rule counts what is eligible, the second drops its share and counts that
-                    f"nft add rule netdev {table} ingress {match}counter",
-                    f"nft add rule netdev {table} ingress {match}numgen random mod 10000 '<' {threshold} "
-                    "counter drop",
-                    f"nft list table netdev {table}",
-                ])
-                done.append({"sidecar": sidecar, "table": f"netdev {table}", "drops": f"{match}{threshold}/10000",
-                             "shown": _run(self.ctx, sidecar, script, "nft add")})
+                script = "; ".join(
+                    [
+                        "set -e",
+                        f"dev={IFACE}",
+                        f"nft add table netdev {table}",
+                        f"nft add chain netdev {table} ingress '{{ type filter hook ingress device \"'$dev'\" "
+                        "priority -500; }'",
+                        # the first rule counts what is eligible, the second drops its share and counts that
+                        f"nft add rule netdev {table} ingress {match}counter",
+                        f"nft add rule netdev {table} ingress {match}numgen random mod 10000 '<' {threshold} "
+                        "counter drop",
+                        f"nft list table netdev {table}",
+                    ]
+                )
+                done.append(
+                    {
+                        "sidecar": sidecar,
+                        "table": f"netdev {table}",
+                        "drops": f"{match}{threshold}/10000",
+                        "shown": _run(self.ctx, sidecar, script, "nft add"),
+                    }
+                )
         except FaultError:
             self.heal()
             raise
@@ -213,17 +252,22 @@ class PacketLoss(Fault):
         table = self._table()
         done = {}
         for sidecar in self._rules():
-            script = (f"if nft list table netdev {table} >/dev/null 2>&1; then nft list table netdev {table}; "
-                      f"nft delete table netdev {table}; fi")
+            script = (
+                f"if nft list table netdev {table} >/dev/null 2>&1; then nft list table netdev {table}; "
+                f"nft delete table netdev {table}; fi"
+            )
             done[sidecar] = _run(self.ctx, sidecar, script, "nft delete table")
         return {"counters_before_heal": done}
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
         """Delete every packet-loss table on every sidecar."""
-        done = _on_every_sidecar(ctx, f"for t in $(nft list tables netdev 2>/dev/null | awk '{{print $3}}' | "
-                                      f"grep '^{TABLE_PREFIX}_'); do nft delete table netdev $t && echo $t; done",
-                                 "delete the packet-loss tables")
+        done = _on_every_sidecar(
+            ctx,
+            f"for t in $(nft list tables netdev 2>/dev/null | awk '{{print $3}}' | "
+            f"grep '^{TABLE_PREFIX}_'); do nft delete table netdev $t && echo $t; done",
+            "delete the packet-loss tables",
+        )
         return {node: out.split() for node, out in done.items()} if done else None
 
 

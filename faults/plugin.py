@@ -17,8 +17,19 @@ from harness import hookimpl
 
 @hookimpl
 def brokerchaos_register_faults(register: Any) -> None:
-    for fault in (Partition, LinkToxic, Kill, Pause, Stop, PowerLoss, RollingRestart, PowerLossCoordinated,
-                  CorruptFile, MemberRemove, *DISK_FAULTS):
+    for fault in (
+        Partition,
+        LinkToxic,
+        Kill,
+        Pause,
+        Stop,
+        PowerLoss,
+        RollingRestart,
+        PowerLossCoordinated,
+        CorruptFile,
+        MemberRemove,
+        *DISK_FAULTS,
+    ):
         register.add_fault(fault)
     for fault in (*CLOCK_FAULTS, *PACKET_FAULTS):
         register.add_fault(fault)

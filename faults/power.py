@@ -50,8 +50,10 @@ class NodesFault(_ProcessFault):
         nodes = self.ctx.cluster.nodes
         replies, errors = on_each(names, lambda n: nodectl(nodes[n], "start"))
         if errors:
-            raise FaultError(f"restart after {self.name} failed: "
-                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+            raise FaultError(
+                f"restart after {self.name} failed: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+            )
         self.ctx.cluster.wait_ready(names)
         return {"nodes": {n: {"nodectl": r} for n, r in replies.items()}, "ready": True}
 
@@ -77,9 +79,11 @@ class PowerLossCoordinated(NodesFault):
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
-        out: dict[str, Any] = {"nodes": pick_nodes(cls.name, params.get("nodes", "all"), nodes, rng),
-                               "torn": bool(params.get("torn", False)),
-                               "lead": float(params.get("lead", cls.DEFAULT_LEAD))}
+        out: dict[str, Any] = {
+            "nodes": pick_nodes(cls.name, params.get("nodes", "all"), nodes, rng),
+            "torn": bool(params.get("torn", False)),
+            "lead": float(params.get("lead", cls.DEFAULT_LEAD)),
+        }
         if not 0 < out["lead"] <= 30:
             raise ScenarioError(f"fault {cls.name}: lead {out['lead']!r} must be between 0 and 30 seconds")
         if out["torn"]:
@@ -100,9 +104,11 @@ class PowerLossCoordinated(NodesFault):
         replies, errors = on_each(names, lambda n: nodectl(nodes[n], *self._args(n, at), timeout=60 + lead))
         done = {"cut": summarize(at, replies), "nodes": {n: {"nodectl": r} for n, r in replies.items()}}
         if errors:
-            raise FaultError(f"power cut failed on {', '.join(sorted(errors))}: "
-                             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
-                             + f" (cut on {', '.join(sorted(replies)) or 'no node'}: {done['cut']})")
+            raise FaultError(
+                f"power cut failed on {', '.join(sorted(errors))}: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                + f" (cut on {', '.join(sorted(replies)) or 'no node'}: {done['cut']})"
+            )
         return done
 
 

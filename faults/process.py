@@ -32,7 +32,9 @@ def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
     try:
         reply = json.loads(line)
     except json.JSONDecodeError:
-        raise FaultError(f"{node.name}: nodectl {' '.join(args)} failed (exit {rc}): {out.strip()[-300:]}") from None
+        raise FaultError(
+            f"{node.name}: nodectl {' '.join(args)} failed (exit {rc}): {out.strip()[-300:]}"
+        ) from None
     if rc != 0 or reply.get("ok") is False:
         raise FaultError(f"{node.name}: nodectl {' '.join(args)}: {reply.get('error', reply)}")
     return reply

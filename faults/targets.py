@@ -35,7 +35,9 @@ def pick_nodes(fault: str, spec: Any, nodes: Sequence[str], rng: random.Random) 
             raise ScenarioError(f"fault {fault}: nodes {list(spec)!r} must name distinct nodes among {nodes}")
         return sorted(picked, key=nodes.index)
     if spec not in SHARES:
-        raise ScenarioError(f"fault {fault}: nodes {spec!r} is not allowed; use one of {', '.join(SHARES)} "
-                            "or a list of node names")
+        raise ScenarioError(
+            f"fault {fault}: nodes {spec!r} is not allowed; use one of {', '.join(SHARES)} "
+            "or a list of node names"
+        )
     size = rng.randint(1, len(nodes)) if spec == "random" else share_size(spec, len(nodes))
     return sorted(rng.sample(nodes, size), key=nodes.index)

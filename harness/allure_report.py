@@ -75,10 +75,17 @@ class AllureReporter:
 
     def _stop(self, uuid: str, error: BaseException | None = None) -> None:
         allure_commons.plugin_manager.hook.stop_step(
-            uuid=uuid, title="", exc_type=type(error) if error else None, exc_val=error, exc_tb=None)
+            uuid=uuid, title="", exc_type=type(error) if error else None, exc_val=error, exc_tb=None
+        )
 
-    def _past_step(self, title: str, params: dict[str, Any], start_ms: int | None, stop_ms: int | None,
-                   error: BaseException | None = None) -> None:
+    def _past_step(
+        self,
+        title: str,
+        params: dict[str, Any],
+        start_ms: int | None,
+        stop_ms: int | None,
+        error: BaseException | None = None,
+    ) -> None:
         """A step for something that already happened, with its own start and stop times."""
         uuid = self._start(title, params)
         item = _step_item(uuid)
@@ -103,18 +110,32 @@ class AllureReporter:
         kinds = sorted({s.kind for s in run.plan.steps}) or ["no faults"]
         test = _current_test()
         have = {(lb.name, lb.value) for lb in test.labels} if test is not None else set()
-        for label_type, value in ([(LabelType.EPIC, run.plugin.name)] + [(LabelType.FEATURE, k) for k in kinds]
-                                  + [(LabelType.STORY, sc.name)]):
+        for label_type, value in (
+            [(LabelType.EPIC, run.plugin.name)]
+            + [(LabelType.FEATURE, k) for k in kinds]
+            + [(LabelType.STORY, sc.name)]
+        ):
             if (label_type, value) not in have:
                 allure.dynamic.label(label_type, value)
         if test is not None:
-            for name, value in (("seed", sc.seed), ("broker", run.plugin.name), ("scenario", sc.name),
-                                ("nodes", sc.broker.nodes), ("duration_s", sc.workload.duration)):
+            for name, value in (
+                ("seed", sc.seed),
+                ("broker", run.plugin.name),
+                ("scenario", sc.name),
+                ("nodes", sc.broker.nodes),
+                ("duration_s", sc.workload.duration),
+            ):
                 allure.dynamic.parameter(name, value)
             allure.dynamic.parameter("run_dir", str(run.dir.path) if run.dir else "", excluded=True)
-        uuid = self._start(f"run {sc.name} seed={sc.seed} on {run.plugin.name}",
-                           {"seed": sc.seed, "broker": run.plugin.name, "run_id": run.id,
-                            "rerun": f"brokerchaos run {sc.source or sc.name} --seed {sc.seed}"})
+        uuid = self._start(
+            f"run {sc.name} seed={sc.seed} on {run.plugin.name}",
+            {
+                "seed": sc.seed,
+                "broker": run.plugin.name,
+                "run_id": run.id,
+                "rerun": f"brokerchaos run {sc.source or sc.name} --seed {sc.seed}",
+            },
+        )
         self._open.append(("run", uuid))
 
     @hookimpl
@@ -156,9 +177,13 @@ class AllureReporter:
         else:
             node = op.get("node")
             title = f"{value.get('fault_id', '?')} {op['f']}{' on ' + node if node else ''} at t={t:.1f}s"
-        params = {"time_s": f"{t:.3f}", "wall_time": op["wall_time"], "outcome": op["type"],
-                  "params": json.dumps(value.get("params", {}), sort_keys=True),
-                  "done": json.dumps(value.get("done", {}), sort_keys=True, default=str)[:2000]}
+        params = {
+            "time_s": f"{t:.3f}",
+            "wall_time": op["wall_time"],
+            "outcome": op["type"],
+            "params": json.dumps(value.get("params", {}), sort_keys=True),
+            "done": json.dumps(value.get("done", {}), sort_keys=True, default=str)[:2000],
+        }
         if value.get("hold") is not None:
             params["hold_s"] = value["hold"]
         error = BrokerChaosError(op["error"]) if op["type"] != "ok" and op.get("error") else None
@@ -170,7 +195,9 @@ class AllureReporter:
         self._attach_run(run, results)
         error = None
         if results.get("valid") is not True:
-            error = AssertionError(f"verdict {results.get('verdict', results.get('valid'))}: {results.get('reason', '')}")
+            error = AssertionError(
+                f"verdict {results.get('verdict', results.get('valid'))}: {results.get('reason', '')}"
+            )
         self._close_all(error)
 
     def run_aborted(self, run: Any, exc: BaseException) -> None:
@@ -178,7 +205,9 @@ class AllureReporter:
         try:
             self._attach_run(run, None)
         finally:
-            self._close_all(exc if isinstance(exc, Exception) else BrokerChaosError(str(exc) or type(exc).__name__))
+            self._close_all(
+                exc if isinstance(exc, Exception) else BrokerChaosError(str(exc) or type(exc).__name__)
+            )
 
     # -- drain and attachments -------------------------------------------------------------
 
@@ -206,44 +235,65 @@ class AllureReporter:
             return
         params = {"queues": json.dumps(drained, sort_keys=True, default=str)[:2000], "incomplete": failed}
         error = BrokerChaosError(f"{failed} drain operation(s) did not complete") if failed else None
-        self._past_step("drain", params, _epoch_ms(first["wall_time"]),
-                        _epoch_ms(last["wall_time"]) if last else None, error)
+        self._past_step(
+            "drain",
+            params,
+            _epoch_ms(first["wall_time"]),
+            _epoch_ms(last["wall_time"]) if last else None,
+            error,
+        )
 
     def _attach_run(self, run: Any, results: dict[str, Any] | None) -> None:
         if run.dir is None:
             return
         path: Path = run.dir.path
         if (path / "scenario.json").exists():
-            allure.attach.file(str(path / "scenario.json"), name="scenario", attachment_type=AttachmentType.JSON)
+            allure.attach.file(
+                str(path / "scenario.json"), name="scenario", attachment_type=AttachmentType.JSON
+            )
         if (path / "results.json").exists():
-            allure.attach.file(str(path / "results.json"), name="results", attachment_type=AttachmentType.JSON)
+            allure.attach.file(
+                str(path / "results.json"), name="results", attachment_type=AttachmentType.JSON
+            )
         for plot in ("timeline", "latency"):
             png = path / "plots" / f"{plot}.png"
             if png.exists():
                 allure.attach.file(str(png), name=f"{plot} plot", attachment_type=AttachmentType.PNG)
         if results is not None:
-            allure.attach(attribution_text(results), name="loss attribution", attachment_type=AttachmentType.TEXT)
+            allure.attach(
+                attribution_text(results), name="loss attribution", attachment_type=AttachmentType.TEXT
+            )
         if results is None or results.get("valid") is not True:
             self._attach_logs(path)
 
     def _attach_logs(self, path: Path) -> None:
         if (path / "harness.log").exists():
-            allure.attach.file(str(path / "harness.log"), name="harness.log", attachment_type=AttachmentType.TEXT)
+            allure.attach.file(
+                str(path / "harness.log"), name="harness.log", attachment_type=AttachmentType.TEXT
+            )
         nodes = path / "nodes"
         for f in sorted(nodes.glob("*/*")) if nodes.exists() else []:
             if f.is_file() and f.stat().st_size:
-                allure.attach.file(str(f), name=f"{f.parent.name}/{f.name}", attachment_type=AttachmentType.TEXT)
+                allure.attach.file(
+                    str(f), name=f"{f.parent.name}/{f.name}", attachment_type=AttachmentType.TEXT
+                )
         for f in sorted(nodes.glob("*/logs/**/*")) if nodes.exists() else []:
             if f.is_file() and f.stat().st_size:
-                allure.attach.file(str(f), name=f"{f.relative_to(nodes)}", attachment_type=AttachmentType.TEXT)
+                allure.attach.file(
+                    str(f), name=f"{f.relative_to(nodes)}", attachment_type=AttachmentType.TEXT
+                )
 
 
 def attribution_text(results: dict[str, Any]) -> str:
     """The attribution table as plain text (Allure shows it inline)."""
     c = results.get("counts") or {}
     att = results.get("attribution") or {}
-    lines = [f"verdict: {results.get('verdict', results.get('valid'))}  lost: {c.get('lost')}  "
-             f"confirmed: {c.get('confirmed')}", "", f"{'fault kind':<18}{'node':<8}lost"]
+    lines = [
+        f"verdict: {results.get('verdict', results.get('valid'))}  lost: {c.get('lost')}  "
+        f"confirmed: {c.get('confirmed')}",
+        "",
+        f"{'fault kind':<18}{'node':<8}lost",
+    ]
     rows = att.get("rows") or []
     lines += [f"{r['fault_kind']:<18}{str(r['node']):<8}{r['count']}" for r in rows] or ["(no lost messages)"]
     lines += ["", f"{'fault kind':<18}{'exposed confirmed':<20}lost"]

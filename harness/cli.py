@@ -32,10 +32,20 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="brokerchaos", description="Chaos testing for message brokers.",
-                                epilog=USAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-p", dest="plugins", action="append", default=[], metavar="MODULE",
-                   help="load a plugin module by import path (repeatable)")
+    p = argparse.ArgumentParser(
+        prog="brokerchaos",
+        description="Chaos testing for message brokers.",
+        epilog=USAGE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-p",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="load a plugin module by import path (repeatable)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -45,22 +55,37 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=float, help="override the workload duration (seconds)")
     r.add_argument("--runs", type=int, default=1, help="seeded runs (seed, seed+1, ...), graded together")
     r.add_argument("--replay", metavar="RUN_DIR", help="repeat the fault schedule a stored run applied")
-    r.add_argument("--until-fail", action="store_true",
-                   help="with --runs N: stop at the first failing run and report the runs and wall time it took")
+    r.add_argument(
+        "--until-fail",
+        action="store_true",
+        help="with --runs N: stop at the first failing run and report the runs and wall time it took",
+    )
     r.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
     r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
     r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     r.add_argument("--keep", action="store_true", help="leave the cluster running after the run")
-    r.add_argument("--ports", type=int, metavar="BASE",
-                   help="publish the nodes' client ports at BASE, BASE+1, ... on 127.0.0.1 (default: any free port)")
+    r.add_argument(
+        "--ports",
+        type=int,
+        metavar="BASE",
+        help="publish the nodes' client ports at BASE, BASE+1, ... on 127.0.0.1 (default: any free port)",
+    )
     r.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
-    s = sub.add_parser("shrink", help="search for the smallest schedule that still fails like a stored failing run")
+    s = sub.add_parser(
+        "shrink", help="search for the smallest schedule that still fails like a stored failing run"
+    )
     s.add_argument("run_dir", help="a stored run whose verdict is LOST or INTEGRITY")
     s.add_argument("--budget", type=float, default=30.0, help="minutes of search at most (default 30)")
-    s.add_argument("--trials", type=int, default=2,
-                   help="runs of each candidate at most; it fails if any of them fails (default 2)")
-    s.add_argument("--passes", help="comma-separated, of: faults, holds, nodes, cluster, workload, rate (default all)")
+    s.add_argument(
+        "--trials",
+        type=int,
+        default=2,
+        help="runs of each candidate at most; it fails if any of them fails (default 2)",
+    )
+    s.add_argument(
+        "--passes", help="comma-separated, of: faults, holds, nodes, cluster, workload, rate (default all)"
+    )
     s.add_argument("--out", help="shrink directory (default <store>/shrink/<scenario>-<time>)")
     s.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
 
@@ -70,34 +95,56 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--spark-master")
     a.add_argument("--json", action="store_true")
 
-    g = sub.add_parser("grade", help="grade stored runs together: share of runs that lost messages (exact "
-                                      "binomial over runs) and a per-message rate (bootstrap over runs)")
+    g = sub.add_parser(
+        "grade",
+        help="grade stored runs together: share of runs that lost messages (exact "
+        "binomial over runs) and a per-message rate (bootstrap over runs)",
+    )
     g.add_argument("run_dirs", nargs="+")
     g.add_argument("--spark-master")
     g.add_argument("--out", help="directory for the grade report")
-    g.add_argument("--engine", choices=("spark", "python", "stored"), default="spark",
-                   help="check each run with Spark (default), the pure-Python checker, or reuse results.json")
+    g.add_argument(
+        "--engine",
+        choices=("spark", "python", "stored"),
+        default="spark",
+        help="check each run with Spark (default), the pure-Python checker, or reuse results.json",
+    )
 
     sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
 
     i = sub.add_parser("images", help="image management")
     isub = i.add_subparsers(dest="images_command", metavar="ACTION")
-    ib = isub.add_parser("build", help="build the base, Toxiproxy and plugin images (skips what is up to date)")
+    ib = isub.add_parser(
+        "build", help="build the base, Toxiproxy and plugin images (skips what is up to date)"
+    )
     ib.add_argument("--broker", action="append", help="only these broker plugins (default: all)")
     ib.add_argument("--force", action="store_true")
 
-    d = sub.add_parser("down", help="remove the containers, networks and volumes of runs whose harness has exited "
-                                    "(runs in progress are left alone)")
+    d = sub.add_parser(
+        "down",
+        help="remove the containers, networks and volumes of runs whose harness has exited "
+        "(runs in progress are left alone)",
+    )
     which = d.add_mutually_exclusive_group()
     which.add_argument("--run", help="only this run id, whether its harness is still running or not")
-    which.add_argument("--all", action="store_true",
-                       help="everything brokerchaos created on this engine, runs in progress included (no prompt)")
+    which.add_argument(
+        "--all",
+        action="store_true",
+        help="everything brokerchaos created on this engine, runs in progress included (no prompt)",
+    )
 
-    v = sub.add_parser("validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure")
+    v = sub.add_parser(
+        "validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure"
+    )
     v.add_argument("--plugin", required=True, help="broker plugin name (load outside ones with -p MODULE)")
-    v.add_argument("--only", help="comma-separated check groups: contract, image, cluster, data-dir, "
-                                  "correctness, and each fault kind `brokerchaos plugins` lists that the kit probes")
-    v.add_argument("--duration", type=float, default=6.0, help="workload seconds of each short run (default 6)")
+    v.add_argument(
+        "--only",
+        help="comma-separated check groups: contract, image, cluster, data-dir, "
+        "correctness, and each fault kind `brokerchaos plugins` lists that the kit probes",
+    )
+    v.add_argument(
+        "--duration", type=float, default=6.0, help="workload seconds of each short run (default 6)"
+    )
     v.add_argument("--store", help="where the runs are stored (default: a temporary directory)")
 
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
@@ -121,8 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"brokerchaos: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("brokerchaos: interrupted; the cluster was torn down (run `brokerchaos down` if anything remains)",
-              file=sys.stderr)
+        print(
+            "brokerchaos: interrupted; the cluster was torn down (run `brokerchaos down` if anything remains)",
+            file=sys.stderr,
+        )
         return 130
 
 
@@ -131,10 +180,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     from harness.store import default_root
 
     host = Host.load(args.plugins)
-    host.configure({
-        "store": Path(args.store) if getattr(args, "store", None) else default_root(),
-        "spark_master": getattr(args, "spark_master", None),
-    })
+    host.configure(
+        {
+            "store": Path(args.store) if getattr(args, "store", None) else default_root(),
+            "spark_master": getattr(args, "spark_master", None),
+        }
+    )
     if args.command == "plugins":
         return _plugins(host)
     if args.command == "run":
@@ -160,7 +211,9 @@ def _plugins(host: Any) -> int:
     rows = host.describe()
     print(f"{'plugin':<12} {'version':<10} {'provides':<44} capabilities")
     for r in rows:
-        print(f"{r['plugin']:<12} {r['version']:<10} {', '.join(r['provides']):<44} {', '.join(r['capabilities'])}")
+        print(
+            f"{r['plugin']:<12} {r['version']:<10} {', '.join(r['provides']):<44} {', '.join(r['capabilities'])}"
+        )
         print(f"{'':<12} {'':<10} ({r['source']})")
     reg = host.registry
     print("\nbrokers (client they need, capabilities)")
@@ -200,8 +253,15 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     started = time.monotonic()
     for k in range(args.runs):
         s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
-        run = Run(host, s, store, replay=replay, keep=args.keep,
-                  checkers=tuple(args.checker) if args.checker else None, client_port_base=args.ports)
+        run = Run(
+            host,
+            s,
+            store,
+            replay=replay,
+            keep=args.keep,
+            checkers=tuple(args.checker) if args.checker else None,
+            client_port_base=args.ports,
+        )
         results = run.execute()
         assert run.dir is not None
         run_dirs.append(run.dir.path)
@@ -227,11 +287,15 @@ def _run(host: Any, args: argparse.Namespace) -> int:
 def _until_fail_summary(codes: list[int], run_dirs: list[Path], seed: int, wall: float) -> None:
     """Time to detection: how many seeded runs and how much wall time until the first failure."""
     if codes[-1] == EXIT_FAILED:
-        print(f"\nuntil-fail: first failure at run {len(codes)} (seed {seed + len(codes) - 1}) after {wall:.1f} s "
-              f"of wall time (time to detection); run directory {run_dirs[-1]}")
+        print(
+            f"\nuntil-fail: first failure at run {len(codes)} (seed {seed + len(codes) - 1}) after {wall:.1f} s "
+            f"of wall time (time to detection); run directory {run_dirs[-1]}"
+        )
     else:
-        print(f"\nuntil-fail: no failure in {len(codes)} run(s) (seeds {seed}..{seed + len(codes) - 1}), "
-              f"{wall:.1f} s of wall time")
+        print(
+            f"\nuntil-fail: no failure in {len(codes)} run(s) (seeds {seed}..{seed + len(codes) - 1}), "
+            f"{wall:.1f} s of wall time"
+        )
 
 
 def _shrink(host: Any, args: argparse.Namespace) -> int:
@@ -250,12 +314,17 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
     try:
         best = job.run()
     except KeyboardInterrupt:
-        print(f"brokerchaos: interrupted; the best schedule so far is in {out / 'shrunk.yaml'}", file=sys.stderr)
+        print(
+            f"brokerchaos: interrupted; the best schedule so far is in {out / 'shrunk.yaml'}", file=sys.stderr
+        )
         return 130
-    how = {"complete": "search complete", "budget": "time budget spent",
-           "stopped": "search stopped early"}[job.finished or "complete"]
-    print(f"\n{how}: {len(job.original.steps)} -> {len(best.steps)} fault action(s) in {job.elapsed:.0f} s, "
-          f"{len(job.candidates)} candidates, {sum(len(c.trials) for c in job.candidates)} trials")
+    how = {"complete": "search complete", "budget": "time budget spent", "stopped": "search stopped early"}[
+        job.finished or "complete"
+    ]
+    print(
+        f"\n{how}: {len(job.original.steps)} -> {len(best.steps)} fault action(s) in {job.elapsed:.0f} s, "
+        f"{len(job.candidates)} candidates, {sum(len(c.trials) for c in job.candidates)} trials"
+    )
     print(f"  original   {job.original.describe()}")
     print(f"  minimal    {best.describe()}")
     print(f"  scenario   {out / 'shrunk.yaml'}")
@@ -263,8 +332,10 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
     if job.best_run:
         print(f"  failing    {job.best_run}")
     if job.stopped:
-        print(f"brokerchaos: shrink stopped early: {job.stopped}; the best schedule so far is in {out / 'shrunk.yaml'}",
-              file=sys.stderr)
+        print(
+            f"brokerchaos: shrink stopped early: {job.stopped}; the best schedule so far is in {out / 'shrunk.yaml'}",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     return 0
 
@@ -275,8 +346,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
 
     rd = RunDir.open(args.run_dir)
     stored = rd.read_json("scenario.json")
-    checkers = (tuple(args.checker) if args.checker else tuple(stored["scenario"].get("checkers") or ())
-                or host.registry.default_checkers())
+    checkers = (
+        tuple(args.checker)
+        if args.checker
+        else tuple(stored["scenario"].get("checkers") or ()) or host.registry.default_checkers()
+    )
     results = check_run(host, rd, stored["scenario"], checkers)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
@@ -343,10 +417,15 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     done = remove_orphans(client)
     runs = ", ".join(done.removed_runs)
-    print(f"removed {_counts(done.counts)} of {len(done.removed_runs)} run(s) whose harness has exited"
-          + (f" ({runs})" if runs else ""))
-    why = {"alive": "harness still running", "elsewhere": "started on another host or pid namespace",
-           "unowned": "no owner labels (an older brokerchaos or another tool)"}
+    print(
+        f"removed {_counts(done.counts)} of {len(done.removed_runs)} run(s) whose harness has exited"
+        + (f" ({runs})" if runs else "")
+    )
+    why = {
+        "alive": "harness still running",
+        "elsewhere": "started on another host or pid namespace",
+        "unowned": "no owner labels (an older brokerchaos or another tool)",
+    }
     for run_id, state in sorted(done.left.items()):
         print(f"left alone: {run_id or '(resources without a run id)'}: {why.get(state, state)}")
     if any(state != "alive" for state in done.left.values()):
@@ -364,8 +443,9 @@ def _validate(host: Any, args: argparse.Namespace) -> int:
     if args.duration <= 0:
         raise BrokerChaosError("--duration must be a positive number of seconds")
     only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
-    battery = Battery(host, args.plugin, store=Path(args.store) if args.store else None, duration=args.duration,
-                      only=only)
+    battery = Battery(
+        host, args.plugin, store=Path(args.store) if args.store else None, duration=args.duration, only=only
+    )
     rows = battery.run()
     print(render(rows, args.plugin))
     print(f"runs stored under {battery.store}")
@@ -379,8 +459,10 @@ def _compose(args: argparse.Namespace) -> int:
     target = Path(args.output)
     if args.check:
         if not target.exists() or target.read_text() != text:
-            print(f"brokerchaos: {target} differs from the default topology; run `brokerchaos compose`",
-                  file=sys.stderr)
+            print(
+                f"brokerchaos: {target} differs from the default topology; run `brokerchaos compose`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     target.write_text(text)

@@ -52,8 +52,12 @@ LAZYFS_BACKING = "/var/lib/brokerchaos/backing"
 #: The broker's own environment under the ``faketime`` host feature: libfaketime reads its
 #: wall-clock offset from the control file, at most once a second (re-reading it on every
 #: call costs about 40 us per ``time.time()``), and leaves CLOCK_MONOTONIC alone.
-FAKETIME_ENV = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": FAKETIME_FILE,
-                "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+FAKETIME_ENV = {
+    "LD_PRELOAD": FAKETIME_LIB,
+    "FAKETIME_TIMESTAMP_FILE": FAKETIME_FILE,
+    "FAKETIME_CACHE_DURATION": "1",
+    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+}
 
 
 def docker_client():  # type: ignore[no-untyped-def]
@@ -81,6 +85,7 @@ def published_host() -> str:
 
 
 # -- who owns a run ------------------------------------------------------------------------
+
 
 def _read(path: str) -> str:
     try:
@@ -122,12 +127,22 @@ class Owner:
     @classmethod
     def current(cls) -> Owner:
         pid = os.getpid()
-        return cls(host=socket.gethostname(), boot_id=_read("/proc/sys/kernel/random/boot_id"),
-                   pidns=_pidns("self"), pid=pid, start=process_start(pid) or "")
+        return cls(
+            host=socket.gethostname(),
+            boot_id=_read("/proc/sys/kernel/random/boot_id"),
+            pidns=_pidns("self"),
+            pid=pid,
+            start=process_start(pid) or "",
+        )
 
     def labels(self) -> dict[str, str]:
-        return {OWNER_HOST_LABEL: self.host, OWNER_BOOT_LABEL: self.boot_id, OWNER_PIDNS_LABEL: self.pidns,
-                OWNER_PID_LABEL: str(self.pid), OWNER_START_LABEL: self.start}
+        return {
+            OWNER_HOST_LABEL: self.host,
+            OWNER_BOOT_LABEL: self.boot_id,
+            OWNER_PIDNS_LABEL: self.pidns,
+            OWNER_PID_LABEL: str(self.pid),
+            OWNER_START_LABEL: self.start,
+        }
 
 
 def _pidns(pid: str) -> str:
@@ -140,8 +155,9 @@ def _pidns(pid: str) -> str:
 OwnerState = Literal["alive", "gone", "elsewhere", "unowned"]
 
 
-def owner_state(labels: Mapping[str, str], here: Owner,
-                start_of: Callable[[int], str | None] = process_start) -> OwnerState:
+def owner_state(
+    labels: Mapping[str, str], here: Owner, start_of: Callable[[int], str | None] = process_start
+) -> OwnerState:
     """Whether the harness that labelled a resource is still running, as far as this process can tell.
 
     "gone" is the only state that allows removal: the owner ran on this machine in this
@@ -210,10 +226,19 @@ class Topology:
         raise KeyError((node, role))
 
 
-def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: Mapping[str, Any],
-                   broker_image: str, proxy_image: str, lazyfs: bool = False, faketime: bool = False,
-                   host_ports: Mapping[str, int] | None = None,
-                   api_host_ports: Mapping[str, int] | None = None) -> Topology:
+def build_topology(
+    plugin: BrokerPlugin,
+    *,
+    run_id: str,
+    nodes: int,
+    settings: Mapping[str, Any],
+    broker_image: str,
+    proxy_image: str,
+    lazyfs: bool = False,
+    faketime: bool = False,
+    host_ports: Mapping[str, int] | None = None,
+    api_host_ports: Mapping[str, int] | None = None,
+) -> Topology:
     """The containers, volumes and proxies of one cluster."""
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id}
@@ -223,9 +248,16 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
     for i, name in enumerate(names, start=1):
         sidecar = f"{run_id}-{name}"
         peers = tuple(n for n in names if n != name)
-        links = [ProxySpec(name=f"client_to_{name}", listen=f"0.0.0.0:{cport}",
-                           upstream=f"127.0.0.1:{plugin.client_port}", src="client", dst=name,
-                           port=plugin.client_port)]
+        links = [
+            ProxySpec(
+                name=f"client_to_{name}",
+                listen=f"0.0.0.0:{cport}",
+                upstream=f"127.0.0.1:{plugin.client_port}",
+                src="client",
+                dst=name,
+                port=plugin.client_port,
+            )
+        ]
         for j, peer in enumerate(names, start=1):
             if peer == name:
                 continue
@@ -233,17 +265,34 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
             # this namespace's hosts file, back to this very proxy.
             upstream_host = f"{run_id}-{peer}"
             for port in plugin.peer_ports_for(j):
-                links.append(ProxySpec(name=f"{name}_to_{peer}_{port}", listen=f"{peer_address(j)}:{port}",
-                                       upstream=f"{upstream_host}:{port}", src=name, dst=peer, port=port))
+                links.append(
+                    ProxySpec(
+                        name=f"{name}_to_{peer}_{port}",
+                        listen=f"{peer_address(j)}:{port}",
+                        upstream=f"{upstream_host}:{port}",
+                        src=name,
+                        dst=peer,
+                        port=port,
+                    )
+                )
         proxies[name] = tuple(links)
-        containers.append(ContainerSpec(
-            name=sidecar, service=name, role="proxy", node=name, image=proxy_image,
-            hostname=name,
-            extra_hosts={peer: peer_address(names.index(peer) + 1) for peer in peers},
-            ports={cport: (host_ports or {}).get(name), TOXIPROXY_API_PORT: (api_host_ports or {}).get(name)},
-            cap_add=("NET_ADMIN",),  # packet faults: tc and nft in the node's network namespace
-            labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
-        ))
+        containers.append(
+            ContainerSpec(
+                name=sidecar,
+                service=name,
+                role="proxy",
+                node=name,
+                image=proxy_image,
+                hostname=name,
+                extra_hosts={peer: peer_address(names.index(peer) + 1) for peer in peers},
+                ports={
+                    cport: (host_ports or {}).get(name),
+                    TOXIPROXY_API_PORT: (api_host_ports or {}).get(name),
+                },
+                cap_add=("NET_ADMIN",),  # packet faults: tc and nft in the node's network namespace
+                labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
+            )
+        )
         spec = plugin.node_spec(NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings))
         init = ["--data-dir", plugin.data_dir]
         volume_mount = plugin.data_dir
@@ -258,15 +307,35 @@ def build_topology(plugin: BrokerPlugin, *, run_id: str, nodes: int, settings: M
             sec = ("apparmor:unconfined",)
         # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
         clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if faketime else []
-        containers.append(ContainerSpec(
-            name=f"{sidecar}-broker", service=f"{name}-broker", role="broker", node=name, image=broker_image,
-            command=[*init, "--", *clock, *spec.command], env=dict(spec.env), network_of=sidecar,
-            volumes={f"{run_id}-{name}-data": volume_mount}, files=dict(spec.files),
-            devices=devices, cap_add=caps, security_opt=sec,
-            labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
-        ))
-    return Topology(run_id=run_id, network=run_id, nodes=names, containers=tuple(containers), proxies=proxies,
-                    client_port=plugin.client_port, data_dir=plugin.data_dir, lazyfs=lazyfs, faketime=faketime)
+        containers.append(
+            ContainerSpec(
+                name=f"{sidecar}-broker",
+                service=f"{name}-broker",
+                role="broker",
+                node=name,
+                image=broker_image,
+                command=[*init, "--", *clock, *spec.command],
+                env=dict(spec.env),
+                network_of=sidecar,
+                volumes={f"{run_id}-{name}-data": volume_mount},
+                files=dict(spec.files),
+                devices=devices,
+                cap_add=caps,
+                security_opt=sec,
+                labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
+            )
+        )
+    return Topology(
+        run_id=run_id,
+        network=run_id,
+        nodes=names,
+        containers=tuple(containers),
+        proxies=proxies,
+        client_port=plugin.client_port,
+        data_dir=plugin.data_dir,
+        lazyfs=lazyfs,
+        faketime=faketime,
+    )
 
 
 class Node:
@@ -304,8 +373,15 @@ class Node:
 class Cluster:
     """Start, inspect and tear down one topology. Use as a context manager: it always tears down."""
 
-    def __init__(self, client, topology: Topology, plugin: BrokerPlugin, settings: Mapping[str, Any],  # type: ignore[no-untyped-def]
-                 *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        client,
+        topology: Topology,
+        plugin: BrokerPlugin,
+        settings: Mapping[str, Any],  # type: ignore[no-untyped-def]
+        *,
+        keep: bool = False,
+    ) -> None:
         self.client = client
         self.topology = topology
         self.plugin = plugin
@@ -330,7 +406,10 @@ class Cluster:
         import docker.errors
 
         t = self.topology
-        say("cluster", f"network {t.network}, {len(t.nodes)} nodes, data on {'lazyfs' if t.lazyfs else 'volumes'}")
+        say(
+            "cluster",
+            f"network {t.network}, {len(t.nodes)} nodes, data on {'lazyfs' if t.lazyfs else 'volumes'}",
+        )
         try:
             self._refuse_taken_names()
             self.client.networks.create(t.network, driver="bridge", labels=self._labels())
@@ -368,7 +447,9 @@ class Cluster:
         for name, node in self.nodes.items():
             rc, out = node.exec(["python3", "-m", "faults.nodectl", "sync"])
             if rc != 0:
-                raise ClusterError(f"{name}: writing back the lazy filesystem after start failed: {out.strip()[-300:]}")
+                raise ClusterError(
+                    f"{name}: writing back the lazy filesystem after start failed: {out.strip()[-300:]}"
+                )
 
     def _labels(self) -> dict[str, str]:
         return {PROJECT_LABEL: "brokerchaos", RUN_LABEL: self.topology.run_id, **self.owner.labels()}
@@ -380,21 +461,29 @@ class Cluster:
 
         t = self.topology
         taken = [n.name for n in self.client.networks.list(names=[t.network]) if n.name == t.network]
-        for name, get in [*((v, self.client.volumes.get) for c in t.containers for v in c.volumes),
-                          *((c.name, self.client.containers.get) for c in t.containers)]:
+        for name, get in [
+            *((v, self.client.volumes.get) for c in t.containers for v in c.volumes),
+            *((c.name, self.client.containers.get) for c in t.containers),
+        ]:
             try:
                 get(name)
                 taken.append(name)
             except docker.errors.NotFound:
                 pass
         if taken:
-            raise ClusterError(f"run id {t.run_id} is already used on this Docker engine ({', '.join(sorted(taken))}); "
-                               "start the run again (a new run gets a new id)")
+            raise ClusterError(
+                f"run id {t.run_id} is already used on this Docker engine ({', '.join(sorted(taken))}); "
+                "start the run again (a new run gets a new id)"
+            )
 
     def _create(self, c: ContainerSpec):  # type: ignore[no-untyped-def]
         kwargs: dict[str, Any] = dict(
-            image=c.image, name=c.name, command=list(c.command) or None, environment=dict(c.env),
-            labels={**c.labels, **self.owner.labels()}, detach=True,
+            image=c.image,
+            name=c.name,
+            command=list(c.command) or None,
+            environment=dict(c.env),
+            labels={**c.labels, **self.owner.labels()},
+            detach=True,
         )
         if c.entrypoint is not None:
             kwargs["entrypoint"] = list(c.entrypoint)
@@ -404,8 +493,10 @@ class Cluster:
             kwargs["network"] = self.topology.network
             kwargs["hostname"] = c.hostname
             kwargs["extra_hosts"] = dict(c.extra_hosts)
-            kwargs["ports"] = {f"{p}/tcp": (self.host if self.host == "127.0.0.1" else "0.0.0.0", hp)
-                               for p, hp in c.ports.items()}
+            kwargs["ports"] = {
+                f"{p}/tcp": (self.host if self.host == "127.0.0.1" else "0.0.0.0", hp)
+                for p, hp in c.ports.items()
+            }
         if c.volumes:
             kwargs["volumes"] = {v: {"bind": m, "mode": "rw"} for v, m in c.volumes.items()}
         if c.devices:
@@ -443,13 +534,17 @@ class Cluster:
             for name in list(pending):
                 node = self.nodes[name]
                 if not node.running():
-                    raise ClusterError(f"{name}: the broker container exited; its log:\n{self.tail_log(name)}")
+                    raise ClusterError(
+                        f"{name}: the broker container exited; its log:\n{self.tail_log(name)}"
+                    )
                 if self.plugin.is_ready(node):
                     say("cluster", f"{name}: ready")
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
-                raise ClusterError(f"{', '.join(pending)} not ready after {timeout:.0f}s; last log lines:\n"
-                                   + "\n".join(self.tail_log(n) for n in pending))
+                raise ClusterError(
+                    f"{', '.join(pending)} not ready after {timeout:.0f}s; last log lines:\n"
+                    + "\n".join(self.tail_log(n) for n in pending)
+                )
             if pending:
                 time.sleep(0.5)
 
@@ -502,8 +597,12 @@ class Cleanup:
     left: dict[str, OwnerState] = field(default_factory=dict)  # run id ("" = no run label) -> state
 
 
-def remove_orphans(client, *, here: Owner | None = None,  # type: ignore[no-untyped-def]
-                   start_of: Callable[[int], str | None] = process_start) -> Cleanup:
+def remove_orphans(
+    client,
+    *,
+    here: Owner | None = None,  # type: ignore[no-untyped-def]
+    start_of: Callable[[int], str | None] = process_start,
+) -> Cleanup:
     """Remove the runs whose harness process is gone; leave every other run alone.
 
     A run is judged by the owner labels of its resources: any resource whose owner is
@@ -513,8 +612,11 @@ def remove_orphans(client, *, here: Owner | None = None,  # type: ignore[no-unty
     here = here or Owner.current()
     flt = {"label": [f"{PROJECT_LABEL}=brokerchaos"]}
     states: dict[str, set[OwnerState]] = {}
-    for kind in (client.containers.list(all=True, filters=flt), client.networks.list(filters=flt),
-                 client.volumes.list(filters=flt)):
+    for kind in (
+        client.containers.list(all=True, filters=flt),
+        client.networks.list(filters=flt),
+        client.volumes.list(filters=flt),
+    ):
         for r in kind:
             labels = _labels_of(r)
             states.setdefault(labels.get(RUN_LABEL, ""), set()).add(owner_state(labels, here, start_of))

@@ -33,21 +33,29 @@ HEADER = """\
 def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481) -> str:
     services: dict[str, Any] = {}
     for c in topology.containers:
-        svc: dict[str, Any] = {"image": c.image.rsplit(":", 1)[0] + ":latest", "container_name": c.name,
-                               "labels": dict(c.labels)}
+        svc: dict[str, Any] = {
+            "image": c.image.rsplit(":", 1)[0] + ":latest",
+            "container_name": c.name,
+            "labels": dict(c.labels),
+        }
         if c.role == "proxy":
             idx = topology.nodes.index(c.node)
             proxies = [p.as_dict() for p in topology.proxies[c.node]]
             svc["hostname"] = c.hostname
             svc["extra_hosts"] = [f"{h}:{ip}" for h, ip in sorted(c.extra_hosts.items())]
             client_port = next(p for p in c.ports if p != TOXIPROXY_API_PORT)
-            svc["ports"] = [f"127.0.0.1:{client_base + idx}:{client_port}",
-                            f"127.0.0.1:{api_base + idx}:{TOXIPROXY_API_PORT}"]
+            svc["ports"] = [
+                f"127.0.0.1:{client_base + idx}:{client_port}",
+                f"127.0.0.1:{api_base + idx}:{TOXIPROXY_API_PORT}",
+            ]
             svc["environment"] = {"PROXIES": json.dumps(proxies, separators=(",", ":"))}
-            svc["entrypoint"] = ["/bin/sh", "-c",
-                                 'printf %s "$$PROXIES" > /tmp/proxies.json && exec '
-                                 f"/usr/local/bin/{TOXIPROXY_BIN} --host 0.0.0.0 --port {TOXIPROXY_API_PORT} "
-                                 "--config /tmp/proxies.json"]
+            svc["entrypoint"] = [
+                "/bin/sh",
+                "-c",
+                'printf %s "$$PROXIES" > /tmp/proxies.json && exec '
+                f"/usr/local/bin/{TOXIPROXY_BIN} --host 0.0.0.0 --port {TOXIPROXY_API_PORT} "
+                "--config /tmp/proxies.json",
+            ]
             if c.cap_add:  # packet faults run tc and nft in the sidecar
                 svc["cap_add"] = list(c.cap_add)
         else:
@@ -58,7 +66,9 @@ def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481)
             for i, (path, text) in enumerate(sorted(c.files.items())):
                 env[f"BROKERCHAOS_FILE_{i}"] = text
                 d = path.rsplit("/", 1)[0] or "/"
-                writes.append(f'mkdir -p {shlex.quote(d)} && printf %s "$$BROKERCHAOS_FILE_{i}" > {shlex.quote(path)}')
+                writes.append(
+                    f'mkdir -p {shlex.quote(d)} && printf %s "$$BROKERCHAOS_FILE_{i}" > {shlex.quote(path)}'
+                )
             if env:
                 svc["environment"] = env
             init = "/usr/bin/tini -g -- python3 -m faults.nodeinit"
@@ -72,8 +82,9 @@ def render(topology: Topology, *, client_base: int = 5681, api_base: int = 8481)
             if c.security_opt:  # the FUSE mount is refused under Docker's default AppArmor profile
                 svc["security_opt"] = list(c.security_opt)
         services[c.service] = svc
-    volumes = {v: {"labels": {"brokerchaos.project": "brokerchaos"}}
-               for c in topology.containers for v in c.volumes}
+    volumes = {
+        v: {"labels": {"brokerchaos.project": "brokerchaos"}} for c in topology.containers for v in c.volumes
+    }
     doc = {"services": services, "volumes": volumes}
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
@@ -86,7 +97,12 @@ def default_compose() -> str:
     host = Host.load()
     plugin = host.broker("reference")
     settings = plugin.validate_settings({})
-    topology = build_topology(plugin, run_id="brokerchaos", nodes=3, settings=settings,
-                              broker_image="brokerchaos/reference:latest",
-                              proxy_image="brokerchaos/toxiproxy:latest")
+    topology = build_topology(
+        plugin,
+        run_id="brokerchaos",
+        nodes=3,
+        settings=settings,
+        broker_image="brokerchaos/reference:latest",
+        proxy_image="brokerchaos/toxiproxy:latest",
+    )
     return render(topology)

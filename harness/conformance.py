@@ -52,22 +52,33 @@ class Check:
 class Battery:
     """Runs the checks for one broker plugin; ``run()`` returns the rows in order."""
 
-    def __init__(self, host: Host, plugin: str, *, store: Path | None = None, duration: float = 6.0,
-                 only: Iterable[str] | None = None, seed: int = 1) -> None:
+    def __init__(
+        self,
+        host: Host,
+        plugin: str,
+        *,
+        store: Path | None = None,
+        duration: float = 6.0,
+        only: Iterable[str] | None = None,
+        seed: int = 1,
+    ) -> None:
         self.host = host
         self.plugin: BrokerPlugin = host.broker(plugin)
         self.duration = duration
         self.seed = seed
         #: Each registered fault kind with a conformance probe is one group, in name order.
         self.probes: dict[str, tuple[frozenset[str], ConformanceProbe]] = {
-            name: (cls.requires, cls.conformance) for name, cls in sorted(host.registry.faults.items())
-            if cls.conformance is not None}
+            name: (cls.requires, cls.conformance)
+            for name, cls in sorted(host.registry.faults.items())
+            if cls.conformance is not None
+        }
         groups = (*BASE_GROUPS, *self.probes)
         self.only = set(only) if only else set(groups)
         unknown = self.only - set(groups)
         if unknown:
-            raise BrokerChaosError(f"unknown check group(s) {', '.join(sorted(unknown))}; "
-                                   f"choose from {', '.join(groups)}")
+            raise BrokerChaosError(
+                f"unknown check group(s) {', '.join(sorted(unknown))}; choose from {', '.join(groups)}"
+            )
         self.store = store or Path(tempfile.mkdtemp(prefix="brokerchaos-validate-"))
         self.rows: list[Check] = []
         self._baseline: Any = None
@@ -77,8 +88,11 @@ class Battery:
 
     def run(self) -> list[Check]:
         steps: list[tuple[str, Callable[[], list[Check]]]] = [
-            ("contract", self.contract), ("image", self.image), ("cluster", self.cluster),
-            ("data-dir", self.data_dir), ("correctness", self.correctness),
+            ("contract", self.contract),
+            ("image", self.image),
+            ("cluster", self.cluster),
+            ("data-dir", self.data_dir),
+            ("correctness", self.correctness),
         ] + [(f, functools.partial(self.fault, f)) for f in self.probes]
         for group, fn in steps:
             if group not in self.only:
@@ -92,8 +106,14 @@ class Battery:
             except DockerUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - a check that throws is a failed check, not a crash
-                self.rows.append(Check(group, FAIL, f"{type(exc).__name__}: {exc}",
-                                       "see the run directory's harness.log and nodes/*/broker.log"))
+                self.rows.append(
+                    Check(
+                        group,
+                        FAIL,
+                        f"{type(exc).__name__}: {exc}",
+                        "see the run directory's harness.log and nodes/*/broker.log",
+                    )
+                )
         return self.rows
 
     def _blocked(self, group: str) -> str | None:
@@ -125,46 +145,86 @@ class Battery:
         for i in range(1, 4):
             for port in p.peer_ports_for(i):
                 if not isinstance(port, int) or not 0 < port < 65536 or port == p.client_port:
-                    problems.append(f"peer port {port!r} of node {i} is not a TCP port distinct from client_port")
+                    problems.append(
+                        f"peer port {port!r} of node {i} is not a TCP port distinct from client_port"
+                    )
         for path in p.log_paths:
             if not path.startswith("/"):
                 problems.append(f"log path {path!r} is not absolute")
-        rows.append(Check("contract: attributes", FAIL if problems else PASS,
-                          "; ".join(problems) or f"name {p.name}, client port {p.client_port}, "
-                          f"peer ports {list(p.peer_ports_for(1))}, protocol {p.protocol}",
-                          "set the class attributes of harness.BrokerPlugin" if problems else ""))
+        rows.append(
+            Check(
+                "contract: attributes",
+                FAIL if problems else PASS,
+                "; ".join(problems)
+                or f"name {p.name}, client port {p.client_port}, "
+                f"peer ports {list(p.peer_ports_for(1))}, protocol {p.protocol}",
+                "set the class attributes of harness.BrokerPlugin" if problems else "",
+            )
+        )
         try:
             self.host.client(p.protocol)
             rows.append(Check("contract: client driver", PASS, f"a workload driver speaks {p.protocol!r}"))
         except BrokerChaosError as exc:
-            rows.append(Check("contract: client driver", FAIL, str(exc),
-                              "register a client with brokerchaos_register_clients, or use protocol 'amqp091'"))
+            rows.append(
+                Check(
+                    "contract: client driver",
+                    FAIL,
+                    str(exc),
+                    "register a client with brokerchaos_register_clients, or use protocol 'amqp091'",
+                )
+            )
         caps = set(p.capabilities)
         known = self.host.registry.capabilities
         unknown = caps - set(known)
-        rows.append(Check("contract: capabilities", FAIL if unknown else PASS,
-                          f"unknown {sorted(unknown)}" if unknown else f"declares {', '.join(sorted(caps)) or 'none'}",
-                          f"use only {', '.join(sorted(known))}, or load the fault package that defines the others"
-                          if unknown else ""))
+        rows.append(
+            Check(
+                "contract: capabilities",
+                FAIL if unknown else PASS,
+                f"unknown {sorted(unknown)}" if unknown else f"declares {', '.join(sorted(caps)) or 'none'}",
+                f"use only {', '.join(sorted(known))}, or load the fault package that defines the others"
+                if unknown
+                else "",
+            )
+        )
         ok = isinstance(p.data_dir, str) and p.data_dir.startswith("/") and p.data_dir.rstrip("/") != ""
-        rows.append(Check("contract: data_dir", PASS if ok else FAIL, f"data_dir {p.data_dir!r}",
-                          "" if ok else "declare data_dir as the absolute directory the broker writes its data to"))
+        rows.append(
+            Check(
+                "contract: data_dir",
+                PASS if ok else FAIL,
+                f"data_dir {p.data_dir!r}",
+                "" if ok else "declare data_dir as the absolute directory the broker writes its data to",
+            )
+        )
         try:
             settings = p.validate_settings({})
             recipe = p.image()
-            spec = p.node_spec(NodeInfo(name="n1", index=1, peers=("n2",), cluster="bc-validate", settings=settings))
+            spec = p.node_spec(
+                NodeInfo(name="n1", index=1, peers=("n2",), cluster="bc-validate", settings=settings)
+            )
             bad = []
             if not isinstance(recipe, ImageRecipe):
                 bad.append(f"image() returned {type(recipe).__name__}, not ImageRecipe")
             if not isinstance(spec, NodeSpec) or not list(spec.command):
                 bad.append("node_spec() must return a NodeSpec with a command")
-            rows.append(Check("contract: recipe and node spec", FAIL if bad else PASS,
-                              "; ".join(bad) or f"image {recipe.name}, command {' '.join(spec.command)[:60]}",
-                              "return harness.ImageRecipe from image() and harness.NodeSpec from node_spec()"
-                              if bad else ""))
+            rows.append(
+                Check(
+                    "contract: recipe and node spec",
+                    FAIL if bad else PASS,
+                    "; ".join(bad) or f"image {recipe.name}, command {' '.join(spec.command)[:60]}",
+                    "return harness.ImageRecipe from image() and harness.NodeSpec from node_spec()"
+                    if bad
+                    else "",
+                )
+            )
         except Exception as exc:  # noqa: BLE001
-            rows.append(Check("contract: recipe and node spec", FAIL, f"{type(exc).__name__}: {exc}",
-                              "default settings must validate and node_spec() must work for any node"))
+            rows.append(
+                Check(
+                    "contract: recipe and node spec",
+                    FAIL,
+                    f"{type(exc).__name__}: {exc}",
+                    "default settings must validate and node_spec() must work for any node",
+                )
+            )
         return rows
 
     # -- docker-backed checks -------------------------------------------------------------------
@@ -179,7 +239,11 @@ class Battery:
             builder.toxiproxy_image()
         except BrokerChaosError as exc:
             self._images_ok = False
-            return [Check("image: builds", FAIL, str(exc), "fix the ImageRecipe (packages, copy paths, run steps)")]
+            return [
+                Check(
+                    "image: builds", FAIL, str(exc), "fix the ImageRecipe (packages, copy paths, run steps)"
+                )
+            ]
         self._images_ok = True
         return [Check("image: builds", PASS, tag)]
 
@@ -197,15 +261,27 @@ class Battery:
         rows = []
         try:
             with running_cluster(self.host, sc) as cluster:
-                rows.append(Check("cluster: nodes start and form a cluster", PASS,
-                                  f"{n} node(s) ready and formed ({', '.join(cluster.nodes)})"))
+                rows.append(
+                    Check(
+                        "cluster: nodes start and form a cluster",
+                        PASS,
+                        f"{n} node(s) ready and formed ({', '.join(cluster.nodes)})",
+                    )
+                )
                 rows.append(self._client_reachable(cluster))
                 if n > 1:
                     rows.append(self._proxies_used(cluster))
         except BrokerChaosError as exc:
-            rows.append(Check("cluster: nodes start and form a cluster", FAIL, str(exc).splitlines()[0],
-                              "check is_ready() and form_cluster(); the node's log is in the message above"
-                              if "\n" in str(exc) else "check node_spec() and is_ready()"))
+            rows.append(
+                Check(
+                    "cluster: nodes start and form a cluster",
+                    FAIL,
+                    str(exc).splitlines()[0],
+                    "check is_ready() and form_cluster(); the node's log is in the message above"
+                    if "\n" in str(exc)
+                    else "check node_spec() and is_ready()",
+                )
+            )
         return rows
 
     def _client_reachable(self, cluster: Any) -> Check:
@@ -217,10 +293,17 @@ class Battery:
             except OSError as exc:
                 bad.append(f"{node} {host}:{port}: {exc}")
         if bad:
-            return Check("cluster: client port through the proxy", FAIL, "; ".join(bad),
-                         f"the broker must listen on client_port {self.plugin.client_port} inside its container")
-        return Check("cluster: client port through the proxy", PASS,
-                     f"{len(cluster.client_endpoints())} endpoint(s) accept connections")
+            return Check(
+                "cluster: client port through the proxy",
+                FAIL,
+                "; ".join(bad),
+                f"the broker must listen on client_port {self.plugin.client_port} inside its container",
+            )
+        return Check(
+            "cluster: client port through the proxy",
+            PASS,
+            f"{len(cluster.client_endpoints())} endpoint(s) accept connections",
+        )
 
     def _proxies_used(self, cluster: Any) -> Check:
         """Inter-node connections must go to the peers' proxy addresses, never around them."""
@@ -231,42 +314,75 @@ class Battery:
             node = cluster.nodes[name]
             rc, out = node.exec(["cat", "/proc/net/tcp"], timeout=10)
             if rc != 0:
-                return Check("cluster: inter-node links cross the proxies", FAIL, f"{name}: cannot read /proc/net/tcp",
-                             "the image needs cat(1)")
-            proxy_addrs = {(peer_address(j), port) for j, peer in enumerate(names, start=1) if peer != name
-                           for port in self.plugin.peer_ports_for(j)}
+                return Check(
+                    "cluster: inter-node links cross the proxies",
+                    FAIL,
+                    f"{name}: cannot read /proc/net/tcp",
+                    "the image needs cat(1)",
+                )
+            proxy_addrs = {
+                (peer_address(j), port)
+                for j, peer in enumerate(names, start=1)
+                if peer != name
+                for port in self.plugin.peer_ports_for(j)
+            }
             peer_port_set = {port for j in range(1, len(names) + 1) for port in self.plugin.peer_ports_for(j)}
             for local, remote in _established(out):
                 if remote in proxy_addrs:
                     via_proxy[name] = via_proxy.get(name, 0) + 1
-                elif remote[1] in peer_port_set and not remote[0].startswith("127.") and local[1] not in peer_port_set:
+                elif (
+                    remote[1] in peer_port_set
+                    and not remote[0].startswith("127.")
+                    and local[1] not in peer_port_set
+                ):
                     direct[name] = direct.get(name, 0) + 1
         # Each proxied connection has one upstream leg to the peer; more direct legs than that bypass a proxy.
-        bypass = {n: direct.get(n, 0) - via_proxy.get(n, 0) for n in names if direct.get(n, 0) > via_proxy.get(n, 0)}
+        bypass = {
+            n: direct.get(n, 0) - via_proxy.get(n, 0) for n in names if direct.get(n, 0) > via_proxy.get(n, 0)
+        }
         if bypass:
-            return Check("cluster: inter-node links cross the proxies", FAIL,
-                         f"connections to peers that skip the proxies: {bypass}",
-                         "peers must be reached by host name (NodeInfo.peers), not by IP or container name")
+            return Check(
+                "cluster: inter-node links cross the proxies",
+                FAIL,
+                f"connections to peers that skip the proxies: {bypass}",
+                "peers must be reached by host name (NodeInfo.peers), not by IP or container name",
+            )
         if not via_proxy:
-            return Check("cluster: inter-node links cross the proxies", SKIP,
-                         "no inter-node connection seen: the nodes do not talk to each other, so a partition "
-                         "only cuts client links", "if the broker clusters, it should dial its peers by host name")
-        return Check("cluster: inter-node links cross the proxies", PASS,
-                     "connections through the proxies: " + ", ".join(f"{n}={c}" for n, c in sorted(via_proxy.items())))
+            return Check(
+                "cluster: inter-node links cross the proxies",
+                SKIP,
+                "no inter-node connection seen: the nodes do not talk to each other, so a partition "
+                "only cuts client links",
+                "if the broker clusters, it should dial its peers by host name",
+            )
+        return Check(
+            "cluster: inter-node links cross the proxies",
+            PASS,
+            "connections through the proxies: " + ", ".join(f"{n}={c}" for n, c in sorted(via_proxy.items())),
+        )
 
     # -- runs --------------------------------------------------------------------------------
 
     def _scenario(self, name: str, nodes: int, schedule: Sequence[dict[str, Any]]) -> Any:
         from harness.scenario import build as build_scenario
 
-        return build_scenario({
-            "name": f"validate-{self.plugin.name}-{name}", "seed": self.seed,
-            "broker": {"plugin": self.plugin.name, "nodes": nodes},
-            "workload": {"producers": 2, "consumers": 1, "rate": 150, "duration": self.duration,
-                         "drain_idle": 2.0, "drain_timeout": 60},
-            "nemesis": {"schedule": list(schedule), "settle": 2 if schedule else 0},
-            "checkers": ["python"],
-        })
+        return build_scenario(
+            {
+                "name": f"validate-{self.plugin.name}-{name}",
+                "seed": self.seed,
+                "broker": {"plugin": self.plugin.name, "nodes": nodes},
+                "workload": {
+                    "producers": 2,
+                    "consumers": 1,
+                    "rate": 150,
+                    "duration": self.duration,
+                    "drain_idle": 2.0,
+                    "drain_timeout": 60,
+                },
+                "nemesis": {"schedule": list(schedule), "settle": 2 if schedule else 0},
+                "checkers": ["python"],
+            }
+        )
 
     def _run(self, name: str, nodes: int, schedule: Sequence[dict[str, Any]] = ()) -> Any:
         from harness.runner import execute
@@ -288,22 +404,44 @@ class Battery:
         r = self.baseline()
         c = r.results.get("counts", {})
         if r.results.get("valid") is True and c.get("confirmed", 0) > 0:
-            return [Check("correctness: no faults, durable", PASS,
-                          f"{c['confirmed']} confirmed, {c['consumed_unique']} consumed, 0 lost ({r.run_dir.name})")]
+            return [
+                Check(
+                    "correctness: no faults, durable",
+                    PASS,
+                    f"{c['confirmed']} confirmed, {c['consumed_unique']} consumed, 0 lost ({r.run_dir.name})",
+                )
+            ]
         if not c.get("confirmed"):
-            return [Check("correctness: no faults, durable", FAIL, f"no publish was confirmed ({r.run_dir})",
-                          "check the credentials, vhost and queue_arguments; see the history's errors")]
-        return [Check("correctness: no faults, durable", FAIL,
-                      f"{r.results.get('verdict')}: {r.results.get('reason', '')} ({r.run_dir})",
-                      "a broker must return every confirmed message when nothing goes wrong")]
+            return [
+                Check(
+                    "correctness: no faults, durable",
+                    FAIL,
+                    f"no publish was confirmed ({r.run_dir})",
+                    "check the credentials, vhost and queue_arguments; see the history's errors",
+                )
+            ]
+        return [
+            Check(
+                "correctness: no faults, durable",
+                FAIL,
+                f"{r.results.get('verdict')}: {r.results.get('reason', '')} ({r.run_dir})",
+                "a broker must return every confirmed message when nothing goes wrong",
+            )
+        ]
 
     def data_dir(self) -> list[Check]:
         r = self.baseline()
         d = self.plugin.data_dir.rstrip("/")
         listing = r.run_dir / "nodes" / "n1" / "data-dir.txt"
         if not listing.exists():
-            return [Check("data-dir: the broker writes there", FAIL, f"no listing of {d} ({listing} missing)",
-                          "the node must still run after the workload so its data directory can be listed")]
+            return [
+                Check(
+                    "data-dir: the broker writes there",
+                    FAIL,
+                    f"no listing of {d} ({listing} missing)",
+                    "the node must still run after the workload so its data directory can be listed",
+                )
+            ]
         files = []
         for line in listing.read_text().splitlines():
             parts = line.split(None, 2)
@@ -311,17 +449,24 @@ class Battery:
                 files.append(parts[2])
         confirmed = r.results.get("counts", {}).get("confirmed", 0)
         if not files:
-            return [Check("data-dir: the broker writes there", FAIL,
-                          f"after a {self.duration:g}s run with {confirmed} confirmed persistent messages, "
-                          f"the declared data_dir {d} holds no files",
-                          f"make data_dir ({d}) the directory the broker's own config stores data in; kill, "
-                          "power loss and the lazy filesystem act on data_dir, so elsewhere they test nothing")]
+            return [
+                Check(
+                    "data-dir: the broker writes there",
+                    FAIL,
+                    f"after a {self.duration:g}s run with {confirmed} confirmed persistent messages, "
+                    f"the declared data_dir {d} holds no files",
+                    f"make data_dir ({d}) the directory the broker's own config stores data in; kill, "
+                    "power loss and the lazy filesystem act on data_dir, so elsewhere they test nothing",
+                )
+            ]
         return [Check("data-dir: the broker writes there", PASS, f"{len(files)} file(s) under {d}")]
 
     def fault(self, kind: str) -> list[Check]:
         probe = self.probes[kind][1]
         at = round(self.duration * 0.3, 1)
-        r = self._run(kind, probe.nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}])
+        r = self._run(
+            kind, probe.nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}]
+        )
         ops = [op for op in r.history() if op["process"] == "nemesis" and op["type"] != "invoke"]
         name = f"{kind}: applied, healed, broker recovers"
         applied = [op for op in ops if op["f"] == kind]
@@ -329,27 +474,59 @@ class Battery:
         bad = [op for op in applied + heals if op["type"] != "ok"]
         if not applied or bad:
             why = "; ".join(f"{op['f']}: {op.get('error')}" for op in bad) or "the fault was never applied"
-            return [Check(name, FAIL, why, f"the broker must survive {kind} and become ready again after the heal "
-                                             "(is_ready() within ready_timeout)")]
+            return [
+                Check(
+                    name,
+                    FAIL,
+                    why,
+                    f"the broker must survive {kind} and become ready again after the heal "
+                    "(is_ready() within ready_timeout)",
+                )
+            ]
         scheduled = [op["time_ns"] for op in heals if json.loads(op["value"] or "{}").get("fault_ids")]
         healed_at = max(scheduled) if scheduled else max(op["time_ns"] for op in heals)
-        after = sum(1 for op in r.history() if op["f"] == "publish" and op["type"] == "ok"
-                    and op["time_ns"] > healed_at)
+        after = sum(
+            1
+            for op in r.history()
+            if op["f"] == "publish" and op["type"] == "ok" and op["time_ns"] > healed_at
+        )
         drain = r.results.get("drain", {})
         lost = r.results.get("counts", {}).get("lost", 0)
         rows = []
         if not drain.get("completed"):
             # The drain runs after the heal: a broker that recovered serves it.
-            rows.append(Check(name, FAIL, f"the final drain after the heal did not complete ({r.run_dir})",
-                              "after the heal the broker must become ready and serve consumers again"))
+            rows.append(
+                Check(
+                    name,
+                    FAIL,
+                    f"the final drain after the heal did not complete ({r.run_dir})",
+                    "after the heal the broker must become ready and serve consumers again",
+                )
+            )
         elif lost and not probe.may_lose:
-            rows.append(Check(name, FAIL, f"{lost} confirmed messages lost ({r.run_dir})",
-                              f"under {kind} the disk keeps every write: the broker confirmed before writing, "
-                              "or does not restart on its data_dir"))
+            rows.append(
+                Check(
+                    name,
+                    FAIL,
+                    f"{lost} confirmed messages lost ({r.run_dir})",
+                    f"under {kind} the disk keeps every write: the broker confirmed before writing, "
+                    "or does not restart on its data_dir",
+                )
+            )
         else:
-            note = f", {lost} confirmed lost (durability under power loss is for chaos tests to judge)" if lost else ""
-            rows.append(Check(name, PASS, f"drain after the heal complete, {after} publishes confirmed between "
-                                          f"the heal and the end of the workload{note}"))
+            note = (
+                f", {lost} confirmed lost (durability under power loss is for chaos tests to judge)"
+                if lost
+                else ""
+            )
+            rows.append(
+                Check(
+                    name,
+                    PASS,
+                    f"drain after the heal complete, {after} publishes confirmed between "
+                    f"the heal and the end of the workload{note}",
+                )
+            )
         if "lazyfs" in self.host.registry.faults[kind].needs:
             rows.append(self._lazyfs_held_data(kind, applied[0]))
         return rows
@@ -362,16 +539,25 @@ class Battery:
         found = [(r.get("nodectl") or {}).get("lazyfs") or {} for r in replies]
         dropped = sum(int(fs.get("dropped_bytes") or 0) for fs in found)
         kept = sum(int(fs.get("kept_bytes") or 0) for fs in found)
-        paths = sorted({d["path"] for fs in found for d in fs.get("dropped_data", []) + fs.get("torn", [])}
-                       | {p for fs in found for p in fs.get("names_lost", [])})
+        paths = sorted(
+            {d["path"] for fs in found for d in fs.get("dropped_data", []) + fs.get("torn", [])}
+            | {p for fs in found for p in fs.get("names_lost", [])}
+        )
         name = f"{kind}: lazyfs held unsynced broker data"
         if dropped + kept == 0 and not paths:
-            return Check(name, FAIL,
-                         f"at {kind} nothing under {self.plugin.data_dir} was unsynced (dropped 0 bytes)",
-                         "the broker writes its data outside data_dir, so power loss cannot reach it; point its "
-                         "config at data_dir")
-        return Check(name, PASS, f"dropped {dropped} unsynced bytes in {len(paths)} path(s) "
-                                 f"({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})")
+            return Check(
+                name,
+                FAIL,
+                f"at {kind} nothing under {self.plugin.data_dir} was unsynced (dropped 0 bytes)",
+                "the broker writes its data outside data_dir, so power loss cannot reach it; point its "
+                "config at data_dir",
+            )
+        return Check(
+            name,
+            PASS,
+            f"dropped {dropped} unsynced bytes in {len(paths)} path(s) "
+            f"({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})",
+        )
 
 
 def _established(proc_net_tcp: str) -> list[tuple[tuple[str, int], tuple[str, int]]]:
@@ -387,7 +573,7 @@ def _established(proc_net_tcp: str) -> list[tuple[tuple[str, int], tuple[str, in
 
 def _addr(hex_addr: str) -> tuple[str, int]:
     ip, port = hex_addr.split(":")
-    octets = [str(int(ip[i:i + 2], 16)) for i in range(6, -1, -2)]
+    octets = [str(int(ip[i : i + 2], 16)) for i in range(6, -1, -2)]
     return ".".join(octets), int(port, 16)
 
 
@@ -400,17 +586,25 @@ def render(rows: Sequence[Check], plugin: str, width: int = 160) -> str:
     cw = max([len("check")] + [len(r.name) for r in rows])
     rest = max(40, width - cw - 10)
     dw, hw = rest * 3 // 5, rest - rest * 3 // 5
-    lines = [f"conformance of broker plugin {plugin!r}", "",
-             f"{'check':<{cw}}  {'result':<6}  {'detail':<{dw}}  what to do",
-             f"{'-' * cw}  {'-' * 6}  {'-' * dw}  {'-' * hw}"]
+    lines = [
+        f"conformance of broker plugin {plugin!r}",
+        "",
+        f"{'check':<{cw}}  {'result':<6}  {'detail':<{dw}}  what to do",
+        f"{'-' * cw}  {'-' * 6}  {'-' * dw}  {'-' * hw}",
+    ]
     for r in rows:
         detail = textwrap.wrap(r.detail, dw) or [""]
         hint = textwrap.wrap(r.hint, hw) if r.status != PASS else []
         for i in range(max(len(detail), len(hint))):
             first = i == 0
-            lines.append(f"{r.name if first else '':<{cw}}  {(r.status.upper() if r.status == FAIL else r.status) if first else '':<6}  "
-                         f"{detail[i] if i < len(detail) else '':<{dw}}  {hint[i] if i < len(hint) else ''}".rstrip())
+            lines.append(
+                f"{r.name if first else '':<{cw}}  {(r.status.upper() if r.status == FAIL else r.status) if first else '':<6}  "
+                f"{detail[i] if i < len(detail) else '':<{dw}}  {hint[i] if i < len(hint) else ''}".rstrip()
+            )
     counts = {s: sum(1 for r in rows if r.status == s) for s in (PASS, FAIL, SKIP)}
-    lines += ["", f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped: "
-                  + ("the plugin does not conform" if counts[FAIL] else "the plugin conforms")]
+    lines += [
+        "",
+        f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped: "
+        + ("the plugin does not conform" if counts[FAIL] else "the plugin conforms"),
+    ]
     return "\n".join(lines)

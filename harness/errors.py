@@ -59,8 +59,15 @@ def short_error(exc: BaseException) -> str:
         seen.add(id(nxt))
         root = nxt
     text = str(root).strip()
-    for marker in ("Connection refused", "No such file or directory", "Permission denied", "Name or service not known",
-                   "timed out", "port is already allocated", "address already in use"):
+    for marker in (
+        "Connection refused",
+        "No such file or directory",
+        "Permission denied",
+        "Name or service not known",
+        "timed out",
+        "port is already allocated",
+        "address already in use",
+    ):
         if marker.lower() in str(exc).lower() or marker.lower() in text.lower():
             return marker.lower()
     line = text.splitlines()[-1] if text else type(root).__name__

@@ -21,7 +21,16 @@ from typing import IO, Any
 
 from harness.spec.history import FIELDS, SCHEMA_VERSION, TYPES, arrow_schema
 
-__all__ = ["FIELDS", "SCHEMA_VERSION", "TYPES", "Invocation", "Recorder", "arrow_schema", "read_jsonl", "to_parquet"]
+__all__ = [
+    "FIELDS",
+    "SCHEMA_VERSION",
+    "TYPES",
+    "Invocation",
+    "Recorder",
+    "arrow_schema",
+    "read_jsonl",
+    "to_parquet",
+]
 
 
 def encode_value(value: Any) -> str | None:
@@ -35,8 +44,17 @@ class Invocation:
 
     __slots__ = ("recorder", "process", "f", "node", "queue", "value", "index", "time_ns", "done")
 
-    def __init__(self, recorder: Recorder, process: str, f: str, node: str | None, queue: str | None,
-                 value: Any, index: int, time_ns: int) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        process: str,
+        f: str,
+        node: str | None,
+        queue: str | None,
+        value: Any,
+        index: int,
+        time_ns: int,
+    ) -> None:
         self.recorder = recorder
         self.process = process
         self.f = f
@@ -47,19 +65,42 @@ class Invocation:
         self.time_ns = time_ns
         self.done = False
 
-    def _complete(self, type_: str, value: Any, error: str | None, redelivered: bool | None,
-                  node: str | None, digest: str | None = None, detail: Any = None) -> dict[str, Any]:
+    def _complete(
+        self,
+        type_: str,
+        value: Any,
+        error: str | None,
+        redelivered: bool | None,
+        node: str | None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]:
         if self.done:
             raise RuntimeError(f"operation {self.index} ({self.process} {self.f}) completed twice")
         self.done = True
         return self.recorder._write(
-            self.process, type_, self.f, node if node is not None else self.node, self.queue,
-            self.value if value is None else value, redelivered, error, invocation=self,
-            digest=digest, detail=detail,
+            self.process,
+            type_,
+            self.f,
+            node if node is not None else self.node,
+            self.queue,
+            self.value if value is None else value,
+            redelivered,
+            error,
+            invocation=self,
+            digest=digest,
+            detail=detail,
         )
 
-    def ok(self, value: Any = None, *, redelivered: bool | None = None, node: str | None = None,
-           digest: str | None = None, detail: Any = None) -> dict[str, Any]:
+    def ok(
+        self,
+        value: Any = None,
+        *,
+        redelivered: bool | None = None,
+        node: str | None = None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]:
         return self._complete("ok", value, None, redelivered, node, digest, detail)
 
     def fail(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]:
@@ -126,8 +167,9 @@ class Recorder:
     """Appends history records to ``history.jsonl`` and, given ``parquet``, to a Parquet file
     in row groups as the run goes; safe to call from several threads."""
 
-    def __init__(self, path: Path, *, flush_every: int = 256, parquet: Path | None = None,
-                 row_group: int = 50_000) -> None:
+    def __init__(
+        self, path: Path, *, flush_every: int = 256, parquet: Path | None = None, row_group: int = 50_000
+    ) -> None:
         self.path = path
         self._parquet = _ParquetParts(parquet, row_group) if parquet is not None else None
         self._fh: IO[str] = path.open("a", encoding="utf-8", buffering=1 << 16)
@@ -143,26 +185,57 @@ class Recorder:
     def now_ns(self) -> int:
         return time.monotonic_ns() - self._t0
 
-    def invoke(self, process: str, f: str, *, node: str | None = None, queue: str | None = None,
-               value: Any = None, detail: Any = None) -> Invocation:
+    def invoke(
+        self,
+        process: str,
+        f: str,
+        *,
+        node: str | None = None,
+        queue: str | None = None,
+        value: Any = None,
+        detail: Any = None,
+    ) -> Invocation:
         with self._lock:
             rec = self._write_locked(process, "invoke", f, node, queue, value, None, None, detail=detail)
             inv = Invocation(self, process, f, node, queue, value, rec["index"], rec["time_ns"])
             self._open[inv.index] = inv
             return inv
 
-    def _write(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
-               redelivered: bool | None, error: str | None, invocation: Invocation | None = None,
-               digest: str | None = None, detail: Any = None) -> dict[str, Any]:
+    def _write(
+        self,
+        process: str,
+        type_: str,
+        f: str,
+        node: str | None,
+        queue: str | None,
+        value: Any,
+        redelivered: bool | None,
+        error: str | None,
+        invocation: Invocation | None = None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]:
         with self._lock:
             if invocation is not None:
                 self._open.pop(invocation.index, None)
-            return self._write_locked(process, type_, f, node, queue, value, redelivered, error,
-                                      digest=digest, detail=detail)
+            return self._write_locked(
+                process, type_, f, node, queue, value, redelivered, error, digest=digest, detail=detail
+            )
 
-    def _write_locked(self, process: str, type_: str, f: str, node: str | None, queue: str | None, value: Any,
-                      redelivered: bool | None, error: str | None, *, digest: str | None = None,
-                      detail: Any = None) -> dict[str, Any]:
+    def _write_locked(
+        self,
+        process: str,
+        type_: str,
+        f: str,
+        node: str | None,
+        queue: str | None,
+        value: Any,
+        redelivered: bool | None,
+        error: str | None,
+        *,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]:
         if self.closed:
             raise RuntimeError("history is closed")
         t = self.now_ns()
@@ -205,8 +278,16 @@ class Recorder:
                 return
             for inv in sorted(self._open.values(), key=lambda i: i.index):
                 inv.done = True
-                self._write_locked(inv.process, "info", inv.f, inv.node, inv.queue, inv.value, None,
-                                   "no completion recorded before the run ended")
+                self._write_locked(
+                    inv.process,
+                    "info",
+                    inv.f,
+                    inv.node,
+                    inv.queue,
+                    inv.value,
+                    None,
+                    "no completion recorded before the run ended",
+                )
             self._open.clear()
             self._fh.flush()
             self._fh.close()

@@ -48,8 +48,14 @@ class Host:
                 try:
                     module = ep.load()
                 except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
-                    raise PluginError(ep.name, f"failed to import {ep.value}: {type(exc).__name__}: {exc}") from exc
-                version = _module_version(module) if hasattr(module, "__version__") or ep.dist is None else ep.dist.version
+                    raise PluginError(
+                        ep.name, f"failed to import {ep.value}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                version = (
+                    _module_version(module)
+                    if hasattr(module, "__version__") or ep.dist is None
+                    else ep.dist.version
+                )
                 host._register(module, ep.name, f"entry point {ep.value}", version)
         for path in extra:
             try:
@@ -102,7 +108,9 @@ class Host:
                 except BrokerChaosError:
                     raise
                 except Exception as exc:  # noqa: BLE001
-                    raise PluginError(impl.plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}") from exc
+                    raise PluginError(
+                        impl.plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}"
+                    ) from exc
         self.registry.current_plugin = "?"
         self.registry.check_capabilities()
 
@@ -121,7 +129,9 @@ class Host:
         try:
             return self.registry.clients[protocol]
         except KeyError:
-            raise BrokerChaosError(f"no workload driver for protocol {protocol!r}; load a client plugin") from None
+            raise BrokerChaosError(
+                f"no workload driver for protocol {protocol!r}; load a client plugin"
+            ) from None
 
     def fault(self, name: str) -> type:
         try:
@@ -159,7 +169,9 @@ class Host:
         return Path(path) if path else None
 
     def grade(self, run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self.pm.hook.brokerchaos_grade(run_dirs=run_dirs, engine=engine, out=out)
+        result: dict[str, Any] | None = self.pm.hook.brokerchaos_grade(
+            run_dirs=run_dirs, engine=engine, out=out
+        )
         return result
 
     def run_finished(self, run: Any, results: dict[str, Any]) -> None:
@@ -169,14 +181,21 @@ class Host:
         """One row per loaded plugin and what it contributed (for ``brokerchaos plugins``)."""
         rows = []
         for lp in self.loaded:
-            contributed = sorted(f"{kind}:{name}" for (kind, name), who in self.registry.origin.items() if who == lp.name)
+            contributed = sorted(
+                f"{kind}:{name}" for (kind, name), who in self.registry.origin.items() if who == lp.name
+            )
             caps: list[str] = []
             for (kind, name), who in self.registry.origin.items():
                 if kind == "broker" and who == lp.name:
                     caps.extend(sorted(self.registry.brokers[name].capabilities))
             rows.append(
-                {"plugin": lp.name, "version": lp.version, "source": lp.source,
-                 "provides": contributed, "capabilities": sorted(set(caps))}
+                {
+                    "plugin": lp.name,
+                    "version": lp.version,
+                    "source": lp.source,
+                    "provides": contributed,
+                    "capabilities": sorted(set(caps)),
+                }
             )
         return rows
 

@@ -36,8 +36,15 @@ from harness.spec.fault import FAKETIME_FILE
 SUITE = "bookworm"
 MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = (
-    "python3", "python3-pip", "fuse3", "libfuse3-3", "iproute2", "procps", "netcat-openbsd",
-    "ca-certificates", "tini",
+    "python3",
+    "python3-pip",
+    "fuse3",
+    "libfuse3-3",
+    "iproute2",
+    "procps",
+    "netcat-openbsd",
+    "ca-certificates",
+    "tini",
 )
 NODE_WHEELS = ("mfusepy",)
 REPO = Path(__file__).resolve().parent.parent
@@ -103,14 +110,23 @@ class ImageBuilder:
         if self._registry_base(tag, packages):
             return tag
         if shutil.which("debootstrap") is None:
-            raise ImageError("debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)")
+            raise ImageError(
+                "debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)"
+            )
         say("images", f"bootstrapping Debian {SUITE} with {len(packages)} packages -> {tag} (about a minute)")
         cache = CACHE / "debootstrap-debs"
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="brokerchaos-rootfs-") as tmp:
             root = Path(tmp) / "root"
-            cmd = ["debootstrap", "--variant=minbase", f"--cache-dir={cache}",
-                   f"--include={','.join(packages)}", SUITE, str(root), MIRROR]
+            cmd = [
+                "debootstrap",
+                "--variant=minbase",
+                f"--cache-dir={cache}",
+                f"--include={','.join(packages)}",
+                SUITE,
+                str(root),
+                MIRROR,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
@@ -126,7 +142,9 @@ class ImageBuilder:
             say("images", f"docker import {tar_path.stat().st_size >> 20} MiB")
             repo, _, version = tag.partition(":")
             self.client.api.import_image_from_file(
-                str(tar_path), repository=repo, tag=version,
+                str(tar_path),
+                repository=repo,
+                tag=version,
                 changes=[f"LABEL {LABEL}={version}", "ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'],
             )
         return tag
@@ -159,10 +177,27 @@ class ImageBuilder:
         out.mkdir(parents=True, exist_ok=True)
         say("images", f"fetching wheels on the host: {', '.join(packages)}")
         proc = subprocess.run(
-            ["python3", "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
-             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-             "--platform", "manylinux_2_28_x86_64", "-d", str(out), *packages],
-            capture_output=True, text=True,
+            [
+                "python3",
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--platform",
+                "manylinux_2_17_x86_64",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "-d",
+                str(out),
+                *packages,
+            ],
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
@@ -177,9 +212,12 @@ class ImageBuilder:
         files: dict[str, Path] = {"opt/brokerchaos/faults": REPO / "faults"}
         for host, container in recipe.copy.items():
             files[container.lstrip("/")] = Path(host)
-        lines = [f"FROM {base}", "COPY wheels /tmp/wheels",
-                 "RUN python3 -m pip install --no-index --no-cache-dir --break-system-packages "
-                 "--find-links /tmp/wheels /tmp/wheels/*.whl && rm -rf /tmp/wheels"]
+        lines = [
+            f"FROM {base}",
+            "COPY wheels /tmp/wheels",
+            "RUN python3 -m pip install --no-index --no-cache-dir --break-system-packages "
+            "--find-links /tmp/wheels /tmp/wheels/*.whl && rm -rf /tmp/wheels",
+        ]
         for container in files:
             lines.append(f"COPY {container} /{container}")
         env = {"PYTHONPATH": "/opt/brokerchaos", "PYTHONUNBUFFERED": "1", **recipe.env}
@@ -232,8 +270,10 @@ class ImageBuilder:
     def toxiproxy_image(self) -> str:
         binary = self.toxiproxy_binary()
         base = self.rootfs(SIDECAR_PACKAGES)
-        dockerfile = (f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
-                      f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n')
+        dockerfile = (
+            f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
+            f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n'
+        )
         tag = f"brokerchaos/toxiproxy:{_digest(dockerfile, _tree_digest([binary]))}"
         if not self.force and _exists(self.client, tag):
             say("images", f"{tag} up to date")
@@ -251,10 +291,22 @@ class ImageBuilder:
         if target.exists() and all(p.stat().st_mtime <= target.stat().st_mtime for p in sources):
             return target
         if shutil.which("cargo") is None:
-            raise ImageError("cargo is not installed: the Toxiproxy-API server is built with cargo (install Rust)")
+            raise ImageError(
+                "cargo is not installed: the Toxiproxy-API server is built with cargo (install Rust)"
+            )
         say("images", "building the Toxiproxy-API server with cargo (a few minutes the first time)")
-        proc = subprocess.run(["cargo", "build", "--release", "--locked", "--manifest-path",
-                               str(TOXIPROXY_CRATE / "Cargo.toml")], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                "cargo",
+                "build",
+                "--release",
+                "--locked",
+                "--manifest-path",
+                str(TOXIPROXY_CRATE / "Cargo.toml"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             tail = proc.stderr.strip().splitlines()[-3:]
             raise ImageError(f"cargo build of the Toxiproxy-API server failed: {' | '.join(tail)}")
@@ -270,13 +322,23 @@ class ImageBuilder:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
             for arcname, path in files.items():
-                tar.add(str(path), arcname=arcname,
-                        filter=lambda ti: None if "__pycache__" in ti.name or ti.name.endswith(".pyc") else ti)
+                tar.add(
+                    str(path),
+                    arcname=arcname,
+                    filter=lambda ti: None if "__pycache__" in ti.name or ti.name.endswith(".pyc") else ti,
+                )
         context.seek(0)
         repo, _, version = tag.partition(":")
         try:
-            for chunk in self.client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True,
-                                               forcerm=True, decode=True, labels={LABEL: version}):
+            for chunk in self.client.api.build(
+                fileobj=context,
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                labels={LABEL: version},
+            ):
                 if "error" in chunk:
                     raise ImageError(f"building {tag}: {chunk['error'].strip()}")
                 line = chunk.get("stream", "").strip()

@@ -49,16 +49,21 @@ def _fault_class(faults: Mapping[str, type[Fault]], name: str) -> type[Fault]:
     try:
         return faults[name]
     except KeyError:
-        raise ScenarioError(f"nemesis: unknown fault {name!r}; available: {', '.join(sorted(faults))}") from None
+        raise ScenarioError(
+            f"nemesis: unknown fault {name!r}; available: {', '.join(sorted(faults))}"
+        ) from None
 
 
-def check_capabilities(scenario: Scenario, faults: Mapping[str, type[Fault]], capabilities: frozenset[str],
-                       broker: str) -> None:
+def check_capabilities(
+    scenario: Scenario, faults: Mapping[str, type[Fault]], capabilities: frozenset[str], broker: str
+) -> None:
     for name in sorted(scenario.nemesis.fault_names):
         missing = _fault_class(faults, name).requires - capabilities
         if missing:
-            raise ScenarioError(f"nemesis: fault {name!r} needs broker capabilities {sorted(missing)} "
-                                f"that plugin {broker!r} does not declare")
+            raise ScenarioError(
+                f"nemesis: fault {name!r} needs broker capabilities {sorted(missing)} "
+                f"that plugin {broker!r} does not declare"
+            )
 
 
 def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> Plan:
@@ -67,14 +72,25 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
     # A step at or after the end of the workload would hit a cluster with no traffic
     # (e.g. after ``--duration`` shortened a run): it is not part of this run's plan.
     steps: list[tuple[float, float | None, str, Mapping[str, Any], bool]] = [
-        (s.at, s.hold, s.fault, s.params, False) for s in scenario.nemesis.schedule
+        (s.at, s.hold, s.fault, s.params, False)
+        for s in scenario.nemesis.schedule
         if s.at < scenario.workload.duration
     ]
     rnd = scenario.nemesis.random
     if rnd is not None and (rnd.overlap > 1 or steps):
         # The explicit steps are made concrete first, so the draws can see what they hold.
-        steps = [(at, hold, kind, _fault_class(faults, kind).resolve(params, nodes, random.Random(
-                  f"{scenario.seed}:fixed:{j}")), True) for j, (at, hold, kind, params, _) in enumerate(steps)]
+        steps = [
+            (
+                at,
+                hold,
+                kind,
+                _fault_class(faults, kind).resolve(
+                    params, nodes, random.Random(f"{scenario.seed}:fixed:{j}")
+                ),
+                True,
+            )
+            for j, (at, hold, kind, params, _) in enumerate(steps)
+        ]
         steps += _overlapping(scenario, faults, nodes, steps)
     elif rnd is not None:
         rng = random.Random(f"{scenario.seed}:schedule")
@@ -94,9 +110,12 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
     return out
 
 
-def _overlapping(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[str],
-                 fixed: Sequence[tuple[float, float | None, str, Mapping[str, Any], bool]],
-                 ) -> list[tuple[float, float | None, str, Mapping[str, Any], bool]]:
+def _overlapping(
+    scenario: Scenario,
+    faults: Mapping[str, type[Fault]],
+    nodes: Sequence[str],
+    fixed: Sequence[tuple[float, float | None, str, Mapping[str, Any], bool]],
+) -> list[tuple[float, float | None, str, Mapping[str, Any], bool]]:
     """Random faults with up to ``overlap`` held at once: a new one starts ``every`` after the
     previous start, not after its heal. A draw that cannot overlap what is held then (the same
     resource on the same node, or proxies switched during another network fault) is replaced
@@ -105,7 +124,9 @@ def _overlapping(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: S
     assert rnd is not None
     duration = scenario.workload.duration
     rng = random.Random(f"{scenario.seed}:schedule")
-    held_steps = [PlannedFault(f"step at {at:g}s", at, hold, kind, dict(params)) for at, hold, kind, params, _ in fixed]
+    held_steps = [
+        PlannedFault(f"step at {at:g}s", at, hold, kind, dict(params)) for at, hold, kind, params, _ in fixed
+    ]
     out: list[tuple[float, float | None, str, Mapping[str, Any], bool]] = []
     t = rng.uniform(*rnd.every)
     draw = 0
@@ -122,8 +143,9 @@ def _overlapping(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: S
         for attempt in range(3):
             for kind in kinds:
                 draw += 1
-                params = faults[kind].resolve(rnd.params.get(kind, {}), nodes,
-                                              random.Random(f"{scenario.seed}:draw:{draw}:{attempt}"))
+                params = faults[kind].resolve(
+                    rnd.params.get(kind, {}), nodes, random.Random(f"{scenario.seed}:draw:{draw}:{attempt}")
+                )
                 candidate = PlannedFault("new", round(t, 3), hold, kind, dict(params))
                 if all(_conflict(candidate, other, faults, nodes) is None for other in active):
                     chosen = candidate
@@ -143,13 +165,17 @@ def _window(s: PlannedFault, duration: float) -> tuple[float, float]:
     return s.at, s.at + (s.hold if s.hold is not None else duration)
 
 
-def _conflict(a: PlannedFault, b: PlannedFault, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> str | None:
+def _conflict(
+    a: PlannedFault, b: PlannedFault, faults: Mapping[str, type[Fault]], nodes: Sequence[str]
+) -> str | None:
     """Why ``a`` and ``b`` cannot be held at the same time, or None."""
     switching = [s for s in (a, b) if faults[s.kind].switches_proxies(s.params)]
     network = all(faults[s.kind].requires & {"partition"} for s in (a, b))
     if switching and network:
-        return (f"{switching[0].fault_id} switches proxies off and on (mode 'refuse' or shape 'clients'): healing "
-                "one would undo the other; use mode 'drop'")
+        return (
+            f"{switching[0].fault_id} switches proxies off and on (mode 'refuse' or shape 'clients'): healing "
+            "one would undo the other; use mode 'drop'"
+        )
     shared = faults[a.kind].holds(a.params, nodes) & faults[b.kind].holds(b.params, nodes)
     if shared:
         what = ", ".join(f"{r} of {n}" for r, n in sorted(shared))
@@ -157,8 +183,9 @@ def _conflict(a: PlannedFault, b: PlannedFault, faults: Mapping[str, type[Fault]
     return None
 
 
-def _check_overlaps(steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float,
-                    nodes: Sequence[str]) -> None:
+def _check_overlaps(
+    steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float, nodes: Sequence[str]
+) -> None:
     """Refuse two faults held at once when their mechanisms cannot overlap, saying why."""
     for i, a in enumerate(steps):
         for b in steps[i + 1 :]:
@@ -169,7 +196,8 @@ def _check_overlaps(steps: Sequence[PlannedFault], faults: Mapping[str, type[Fau
             if why:
                 raise ScenarioError(
                     f"nemesis: {a.fault_id} ({a.kind} at {a.at:g}s) and {b.fault_id} ({b.kind} at {b.at:g}s) are held "
-                    f"at the same time and {why}; move one or shorten its hold")
+                    f"at the same time and {why}; move one or shorten its hold"
+                )
 
 
 def plan_from_history(path: Path) -> Plan:
@@ -191,9 +219,15 @@ def plan_from_history(path: Path) -> Plan:
     for fid, s in starts.items():
         t = s["rec"]["time_ns"] / 1e9
         hold = (s["heal_ns"] / 1e9 - t) if "heal_ns" in s else None
-        out.steps.append(PlannedFault(fid, round(t - s["value"].get("workload_start_s", 0.0), 3),
-                                      None if hold is None else round(hold, 3), s["value"]["kind"],
-                                      s["value"]["params"]))
+        out.steps.append(
+            PlannedFault(
+                fid,
+                round(t - s["value"].get("workload_start_s", 0.0), 3),
+                None if hold is None else round(hold, 3),
+                s["value"]["kind"],
+                s["value"]["params"],
+            )
+        )
     out.steps.sort(key=lambda p: p.at)
     return out
 
@@ -201,8 +235,17 @@ def plan_from_history(path: Path) -> Plan:
 class Nemesis:
     """Runs a plan against a cluster, recording every action, and heals everything at the end."""
 
-    def __init__(self, plan: Plan, faults: Mapping[str, type[Fault]], ctx: FaultContext, recorder: Recorder,
-                 *, settle: float, final_heal: Any, on_fault: Any = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        faults: Mapping[str, type[Fault]],
+        ctx: FaultContext,
+        recorder: Recorder,
+        *,
+        settle: float,
+        final_heal: Any,
+        on_fault: Any = None,
+    ) -> None:
         self.plan = plan
         self.faults = faults
         self.ctx = ctx
@@ -244,8 +287,13 @@ class Nemesis:
     async def _apply(self, step: PlannedFault) -> None:
         cls = self.faults[step.kind]
         fault = cls(self.ctx, step.params, step.fault_id)
-        value = {"fault_id": step.fault_id, "kind": step.kind, "params": step.params,
-                 "workload_start_s": self.start_ns / 1e9, "hold": step.hold}
+        value = {
+            "fault_id": step.fault_id,
+            "kind": step.kind,
+            "params": step.params,
+            "workload_start_s": self.start_ns / 1e9,
+            "hold": step.hold,
+        }
         inv = self.recorder.invoke("nemesis", step.kind, node=step.params.get("node"), value=value)
         say("nemesis", f"{step.fault_id} {step.kind} {json.dumps(step.params, sort_keys=True)}")
         try:

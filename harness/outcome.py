@@ -86,8 +86,10 @@ def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, li
     if messages:
         lines.append(f"  lost messages (first {min(limit, len(messages))} of {results['counts']['lost']}):")
         for m in messages[:limit]:
-            lines.append(f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
-                         f"faults: {', '.join(m['fault_ids']) or 'none'}")
+            lines.append(
+                f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
+                f"faults: {', '.join(m['fault_ids']) or 'none'}"
+            )
     lines += [
         f"  run directory: {run_dir}",
         f"  rerun: brokerchaos run {scenario.source or '<scenario>'} --seed {scenario.seed}   "

@@ -74,7 +74,9 @@ class ToxiproxyServer:
                 if api.running():
                     return
             time.sleep(0.2)
-        raise ClusterError(f"Toxiproxy server of {self.node} at {self.host}:{self.port} did not answer in {timeout:.0f}s")
+        raise ClusterError(
+            f"Toxiproxy server of {self.node} at {self.host}:{self.port} did not answer in {timeout:.0f}s"
+        )
 
     def populate(self, proxies: list[ProxySpec], attempts: int = 5) -> None:
         """Create the proxies (create-or-replace). A server that has just started can still
@@ -84,19 +86,27 @@ class ToxiproxyServer:
         for attempt in range(attempts):
             try:
                 with self._api() as api:
-                    api.populate([{"name": p.name, "listen": p.listen, "upstream": p.upstream} for p in proxies])
+                    api.populate(
+                        [{"name": p.name, "listen": p.listen, "upstream": p.upstream} for p in proxies]
+                    )
                 return
             except requests.ConnectionError as exc:
                 if attempt == attempts - 1:
-                    raise ClusterError(f"Toxiproxy server of {self.node} refused the proxies: {exc}") from None
+                    raise ClusterError(
+                        f"Toxiproxy server of {self.node} refused the proxies: {exc}"
+                    ) from None
                 time.sleep(0.5 * (attempt + 1))
 
     def proxies(self) -> dict[str, dict[str, Any]]:
         with self._api() as api:
             out = {}
             for name, proxy in api.proxies().items():
-                out[name] = {"enabled": proxy.enabled, "listen": proxy.listen, "upstream": proxy.upstream,
-                             "toxics": sorted(proxy.toxics())}
+                out[name] = {
+                    "enabled": proxy.enabled,
+                    "listen": proxy.listen,
+                    "upstream": proxy.upstream,
+                    "toxics": sorted(proxy.toxics()),
+                }
             return out
 
     def set_enabled(self, name: str, enabled: bool) -> None:
@@ -109,13 +119,23 @@ class ToxiproxyServer:
             else:
                 proxy.disable()
 
-    def add_toxic(self, proxy_name: str, *, name: str, type: str, stream: str = "downstream",
-                  toxicity: float = 1.0, attributes: dict[str, Any] | None = None) -> None:
+    def add_toxic(
+        self,
+        proxy_name: str,
+        *,
+        name: str,
+        type: str,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
         with self._api() as api:
             proxy = api.get_proxy(proxy_name)
             if proxy is None:
                 raise ClusterError(f"no proxy {proxy_name!r} on {self.node}'s Toxiproxy")
-            proxy.add_toxic(name=name, type=type, stream=stream, toxicity=toxicity, attributes=attributes or {})
+            proxy.add_toxic(
+                name=name, type=type, stream=stream, toxicity=toxicity, attributes=attributes or {}
+            )
 
     def remove_toxic(self, proxy_name: str, toxic: str) -> None:
         with self._api() as api:

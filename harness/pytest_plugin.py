@@ -42,18 +42,46 @@ OPTION_GROUP = "brokerchaos"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup(OPTION_GROUP, "brokerchaos chaos testing")
-    g.addoption("--broker", default=None, metavar="PLUGIN",
-                help="run every chaos scenario against this broker plugin (default: the scenario's)")
-    g.addoption("--chaos-seed", type=int, default=None, metavar="N",
-                help="seed for every chaos run (default: the scenario's); rerun a failure with its seed")
-    g.addoption("--chaos-runs", type=int, default=None, metavar="N",
-                help="seeded runs per chaos test (seed, seed+1, ...), all must be durable (default 1)")
-    g.addoption("--chaos-duration", type=float, default=None, metavar="SECONDS",
-                help="workload duration of every chaos run (default: the scenario's)")
-    g.addoption("--chaos-store", default=None, metavar="DIR",
-                help="run store root (default ./store or $BROKERCHAOS_STORE)")
-    g.addoption("--chaos-plugin", action="append", default=[], metavar="MODULE",
-                help="load a brokerchaos plugin module by import path (repeatable)")
+    g.addoption(
+        "--broker",
+        default=None,
+        metavar="PLUGIN",
+        help="run every chaos scenario against this broker plugin (default: the scenario's)",
+    )
+    g.addoption(
+        "--chaos-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed for every chaos run (default: the scenario's); rerun a failure with its seed",
+    )
+    g.addoption(
+        "--chaos-runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seeded runs per chaos test (seed, seed+1, ...), all must be durable (default 1)",
+    )
+    g.addoption(
+        "--chaos-duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="workload duration of every chaos run (default: the scenario's)",
+    )
+    g.addoption(
+        "--chaos-store",
+        default=None,
+        metavar="DIR",
+        help="run store root (default ./store or $BROKERCHAOS_STORE)",
+    )
+    g.addoption(
+        "--chaos-plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="load a brokerchaos plugin module by import path (repeatable)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -122,9 +150,14 @@ def chaos_run(chaos_host: Host, pytestconfig: pytest.Config) -> Any:
     """
     root = Path(str(pytestconfig.rootpath))
 
-    def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, runs: int | None = None,
-            checkers: list[str] | tuple[str, ...] | None = None, keep: bool = False,
-            **overrides: Any) -> ChaosResult | ChaosSeries:
+    def run(
+        scenario: str | Path | Mapping[str, Any] | Scenario,
+        *,
+        runs: int | None = None,
+        checkers: list[str] | tuple[str, ...] | None = None,
+        keep: bool = False,
+        **overrides: Any,
+    ) -> ChaosResult | ChaosSeries:
         with allure.step(f"load scenario {scenario if isinstance(scenario, str | Path) else '(inline)'}"):
             sc = build_scenario(scenario, root=root, **_overrides(pytestconfig, overrides))
         n = runs if runs is not None else (pytestconfig.getoption("--chaos-runs") or 1)
@@ -135,8 +168,14 @@ def chaos_run(chaos_host: Host, pytestconfig: pytest.Config) -> Any:
         if n == 1:
             return execute(chaos_host, sc, store, checkers=chosen, keep=keep, reporter=_reporter(chaos_host))
         return ChaosSeries(
-            execute(chaos_host, sc.with_overrides(seed=sc.seed + k), store, checkers=chosen, keep=keep,
-                    reporter=_reporter(chaos_host))
+            execute(
+                chaos_host,
+                sc.with_overrides(seed=sc.seed + k),
+                store,
+                checkers=chosen,
+                keep=keep,
+                reporter=_reporter(chaos_host),
+            )
             for k in range(n)
         )
 
@@ -144,7 +183,9 @@ def chaos_run(chaos_host: Host, pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture
-def chaos_cluster(chaos_host: Host, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator[Any]:
+def chaos_cluster(
+    chaos_host: Host, pytestconfig: pytest.Config, request: pytest.FixtureRequest
+) -> Iterator[Any]:
     """A running cluster (``harness.cluster.Cluster``) without the workload; always torn down.
 
     The scenario comes from ``@pytest.mark.chaos(scenario=..., nodes=..., settings=...)``
@@ -155,8 +196,10 @@ def chaos_cluster(chaos_host: Host, pytestconfig: pytest.Config, request: pytest
     kwargs = dict(marker.kwargs) if marker else {}
     base = getattr(request, "param", None) or kwargs.pop("scenario", None)
     if base is None:
-        base = {"name": "cluster", "broker": {"plugin": pytestconfig.getoption("--broker") or "reference",
-                                               "nodes": 1}}
+        base = {
+            "name": "cluster",
+            "broker": {"plugin": pytestconfig.getoption("--broker") or "reference", "nodes": 1},
+        }
     overrides = _overrides(pytestconfig, kwargs)
     overrides.pop("duration", None)
     sc = build_scenario(base, root=Path(str(pytestconfig.rootpath)), **overrides)

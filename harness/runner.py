@@ -47,9 +47,18 @@ def exit_code(results: dict[str, Any]) -> int:
 class Run:
     """A run in progress; hooks receive it (``run.scenario``, ``run.dir``, ``run.id``)."""
 
-    def __init__(self, host: Host, scenario: Scenario, store_root: Path, *, replay: Plan | None = None,
-                 keep: bool = False, checkers: tuple[str, ...] | None = None,
-                 build_images: bool = True, client_port_base: int | None = None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        scenario: Scenario,
+        store_root: Path,
+        *,
+        replay: Plan | None = None,
+        keep: bool = False,
+        checkers: tuple[str, ...] | None = None,
+        build_images: bool = True,
+        client_port_base: int | None = None,
+    ) -> None:
         self.host = host
         self.scenario = scenario
         self.plugin = host.broker(scenario.broker.plugin)
@@ -64,8 +73,10 @@ class Run:
         for feature in sorted(self.features):
             cap = HOST_FEATURES[feature].capability
             if cap is not None and cap not in self.plugin.capabilities:
-                raise BrokerChaosError(f"broker plugin {self.plugin.name!r} does not declare {cap!r}, which "
-                                       f"{feature} needs: {HOST_FEATURES[feature].description}")
+                raise BrokerChaosError(
+                    f"broker plugin {self.plugin.name!r} does not declare {cap!r}, which "
+                    f"{feature} needs: {HOST_FEATURES[feature].description}"
+                )
         self.lazyfs = "lazyfs" in self.features
         self.faketime = "faketime" in self.features
         self.checkers = checkers or scenario.checkers or host.registry.default_checkers()
@@ -75,8 +86,9 @@ class Run:
         self.store_root = store_root
         self.keep = keep
         self.build_images = build_images
-        self.client_ports = ({n: client_port_base + i for i, n in enumerate(self.nodes)}
-                             if client_port_base else None)
+        self.client_ports = (
+            {n: client_port_base + i for i, n in enumerate(self.nodes)} if client_port_base else None
+        )
         self.dir: RunDir | None = None
         self.timings: dict[str, float] = {}
         self.drained_at: float | None = None  # monotonic time the workload's final drain returned
@@ -88,15 +100,29 @@ class Run:
         if self.client_ports:
             check_ports_free(self.client_ports)
         self.dir = RunDir.create(self.store_root, self.scenario.name)
-        say("run", f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
-                   f"nodes={len(self.nodes)} -> {self.dir.path}")
-        self.dir.write_json("scenario.json", {
-            "scenario": self.scenario.to_dict(), "seed": self.scenario.seed, "run_id": self.id,
-            "broker": {"plugin": self.plugin.name, "version": self.plugin.version, "settings": self.settings,
-                       "capabilities": sorted(self.plugin.capabilities)},
-            "plan": self.plan.to_list(), "lazyfs": self.lazyfs, "faketime": self.faketime,
-            "plugins": self.host.describe(),
-        })
+        say(
+            "run",
+            f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
+            f"nodes={len(self.nodes)} -> {self.dir.path}",
+        )
+        self.dir.write_json(
+            "scenario.json",
+            {
+                "scenario": self.scenario.to_dict(),
+                "seed": self.scenario.seed,
+                "run_id": self.id,
+                "broker": {
+                    "plugin": self.plugin.name,
+                    "version": self.plugin.version,
+                    "settings": self.settings,
+                    "capabilities": sorted(self.plugin.capabilities),
+                },
+                "plan": self.plan.to_list(),
+                "lazyfs": self.lazyfs,
+                "faketime": self.faketime,
+                "plugins": self.host.describe(),
+            },
+        )
         self.host.run_started(self)
         log_handler = _log_to(self.dir.path / "harness.log")
         recorder = Recorder(self.dir.history_jsonl, parquet=self.dir.history_parquet)
@@ -105,9 +131,17 @@ class Run:
         checking: _Background | None = None
         try:
             images = self._phase("images", lambda: self._images(client))
-            topology = build_topology(self.plugin, run_id=self.id, nodes=len(self.nodes), settings=self.settings,
-                                      broker_image=images["broker"], proxy_image=images["toxiproxy"],
-                                      lazyfs=self.lazyfs, faketime=self.faketime, host_ports=self.client_ports)
+            topology = build_topology(
+                self.plugin,
+                run_id=self.id,
+                nodes=len(self.nodes),
+                settings=self.settings,
+                broker_image=images["broker"],
+                proxy_image=images["toxiproxy"],
+                lazyfs=self.lazyfs,
+                faketime=self.faketime,
+                host_ports=self.client_ports,
+            )
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
                 drained = False
                 try:
@@ -159,26 +193,42 @@ class Run:
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)
-        driver = factory(endpoints, recorder, first_node=first, **driver_options(
-            w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth))
+        driver = factory(
+            endpoints,
+            recorder,
+            first_node=first,
+            **driver_options(w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth),
+        )
 
         ctx = FaultContext(cluster)
-        nemesis = Nemesis(self.plan, self.faults, ctx, recorder,
-                          settle=self.scenario.nemesis.settle if self.plan.steps else 0.0,
-                          final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
-                          on_fault=lambda op: self.host.fault_done(self, op))
+        nemesis = Nemesis(
+            self.plan,
+            self.faults,
+            ctx,
+            recorder,
+            settle=self.scenario.nemesis.settle if self.plan.steps else 0.0,
+            final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
+            on_fault=lambda op: self.host.fault_done(self, op),
+        )
         start = time.monotonic()
 
         def tick(c: dict[str, int]) -> None:
             t = time.monotonic() - start
             if int(t) % 5 == 0:
-                say("workload", f"t={t:5.0f}s published {c['published']} ok / {c['failed']} nacked / "
-                                f"{c['unknown']} unknown, consumed {c['consumed']}")
+                say(
+                    "workload",
+                    f"t={t:5.0f}s published {c['published']} ok / {c['failed']} nacked / "
+                    f"{c['unknown']} unknown, consumed {c['consumed']}",
+                )
 
-        say("workload", f"{w.producers} producers, {w.consumers} consumers, {w.queues} queue(s), "
-                        f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned")
-        stats = asyncio.run(run_workload(driver, w, self.nodes, self.scenario.seed, recorder,
-                                         on_tick=tick, nemesis=nemesis))
+        say(
+            "workload",
+            f"{w.producers} producers, {w.consumers} consumers, {w.queues} queue(s), "
+            f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned",
+        )
+        stats = asyncio.run(
+            run_workload(driver, w, self.nodes, self.scenario.seed, recorder, on_tick=tick, nemesis=nemesis)
+        )
         self.drained_at = time.monotonic()
         say("drain", "drained " + ", ".join(f"{q}: {n}" for q, n in stats.drained.items()))
         return stats.as_dict()
@@ -200,10 +250,18 @@ class Run:
                 error = exc
                 raise
             finally:
-                phases.append((name, start_ms, int(time.time() * 1000), round(time.monotonic() - t, 3), error))
+                phases.append(
+                    (name, start_ms, int(time.time() * 1000), round(time.monotonic() - t, 3), error)
+                )
 
-        results = check_run(self.host, self.dir, self.scenario.to_dict(), self.checkers, phase=phase,
-                            drained_at=self.drained_at)
+        results = check_run(
+            self.host,
+            self.dir,
+            self.scenario.to_dict(),
+            self.checkers,
+            phase=phase,
+            drained_at=self.drained_at,
+        )
         return results, phases
 
     def _checked(self, checking: _Background) -> dict[str, Any]:
@@ -218,7 +276,9 @@ class Run:
             self.timings[name] = seconds
             self.host.phase(self, name, "start", start_ms=start_ms)
             if error is not None:
-                self.host.phase(self, name, "failed", error=str(error) or type(error).__name__, stop_ms=stop_ms)
+                self.host.phase(
+                    self, name, "failed", error=str(error) or type(error).__name__, stop_ms=stop_ms
+                )
             else:
                 self.host.phase(self, name, "done", seconds=seconds, stop_ms=stop_ms)
         return results
@@ -262,8 +322,14 @@ def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[st
     return {"broker": broker, "toxiproxy": builder.toxiproxy_image()}
 
 
-def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: tuple[str, ...] | list[str],
-              phase: Any = None, drained_at: float | None = None) -> dict[str, Any]:
+def check_run(
+    host: Host,
+    run_dir: RunDir,
+    scenario: dict[str, Any],
+    checkers: tuple[str, ...] | list[str],
+    phase: Any = None,
+    drained_at: float | None = None,
+) -> dict[str, Any]:
     """Run the checkers on a stored run and combine their verdicts (pure: no Docker).
 
     drained_at: when the run's final drain returned (monotonic); each checker's line then also
@@ -294,7 +360,9 @@ def check_run(host: Host, run_dir: RunDir, scenario: dict[str, Any], checkers: t
     if combined is None:  # every checker failed: report the first one's error
         combined = {"verdict": "unknown", "error": per[checkers[0]]["error"]}
     valids = [p["valid"] for p in per.values()]
-    combined["valid"] = False if False in valids else ("unknown" if any(v is not True for v in valids) else True)
+    combined["valid"] = (
+        False if False in valids else ("unknown" if any(v is not True for v in valids) else True)
+    )
     combined["checkers"] = per
     return combined
 
@@ -307,12 +375,16 @@ def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Faul
         out |= faults[step.kind].needs
     unknown = out - set(HOST_FEATURES)
     if unknown:
-        raise BrokerChaosError(f"fault kinds need host features {sorted(unknown)} this harness does not provide; "
-                               f"it provides: {', '.join(sorted(HOST_FEATURES))}")
+        raise BrokerChaosError(
+            f"fault kinds need host features {sorted(unknown)} this harness does not provide; "
+            f"it provides: {', '.join(sorted(HOST_FEATURES))}"
+        )
     return frozenset(out)
 
 
-def heal_all(faults: Mapping[str, type[Fault]], ctx: FaultContext, capabilities: frozenset[str]) -> dict[str, Any]:
+def heal_all(
+    faults: Mapping[str, type[Fault]], ctx: FaultContext, capabilities: frozenset[str]
+) -> dict[str, Any]:
     """Every registered fault kind the broker could have suffered heals whatever it may have left."""
     out: dict[str, Any] = {}
     healed: set[Any] = set()  # kinds that share a mechanism share one heal_all: run it once
@@ -342,15 +414,18 @@ def check_ports_free(ports: dict[str, int]) -> None:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
-                raise PortInUse(f"port {port} (client port of {node}) is in use: free it or choose another "
-                                f"--ports base") from None
+                raise PortInUse(
+                    f"port {port} (client port of {node}) is in use: free it or choose another --ports base"
+                ) from None
 
 
 def _check_replay(replay: Plan, faults: Any, capabilities: frozenset[str], nodes: list[str]) -> None:
     """A replayed plan comes from a file: check it as strictly as a planned one."""
     for step in replay.steps:
         if step.kind not in faults:
-            raise BrokerChaosError(f"replay: the stored run used fault {step.kind!r}, which no loaded plugin provides")
+            raise BrokerChaosError(
+                f"replay: the stored run used fault {step.kind!r}, which no loaded plugin provides"
+            )
         missing = faults[step.kind].requires - capabilities
         if missing:
             raise BrokerChaosError(f"replay: fault {step.kind!r} needs broker capabilities {sorted(missing)}")
@@ -358,7 +433,9 @@ def _check_replay(replay: Plan, faults: Any, capabilities: frozenset[str], nodes
         targets = [step.params.get("node")] + (list(named) if isinstance(named, list) else [])
         for node in targets:
             if node is not None and node not in nodes:
-                raise BrokerChaosError(f"replay: fault {step.fault_id} targets node {node!r}, not one of {nodes}")
+                raise BrokerChaosError(
+                    f"replay: fault {step.fault_id} targets node {node!r}, not one of {nodes}"
+                )
 
 
 def _log_to(path: Path) -> logging.Handler:
@@ -382,13 +459,21 @@ def summary_table(results: dict[str, Any]) -> str:
     old_history = (results.get("history_schema") or 2) < 2
     rows = [
         ("verdict", str(results.get("verdict", results.get("valid")))),
-        ("attempted", c.get("attempted")), ("confirmed", c.get("confirmed")), ("nacked", c.get("failed")),
-        ("unknown", c.get("unknown")), ("delivered (unique)", c.get("delivered_unique")),
+        ("attempted", c.get("attempted")),
+        ("confirmed", c.get("confirmed")),
+        ("nacked", c.get("failed")),
+        ("unknown", c.get("unknown")),
+        ("delivered (unique)", c.get("delivered_unique")),
         ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
-        ("lost", c.get("lost")), ("ack unknown", c.get("ack_unknown")), ("unexpected", c.get("unexpected")),
-        ("corrupted", c.get("corrupted")), ("duplicated", c.get("duplicated")),
-        ("resurrected", c.get("resurrected")), ("recovered", c.get("recovered")),
-        ("split-brain copies", c.get("split_brain")), ("unflagged redeliveries", c.get("unflagged_redeliveries")),
+        ("lost", c.get("lost")),
+        ("ack unknown", c.get("ack_unknown")),
+        ("unexpected", c.get("unexpected")),
+        ("corrupted", c.get("corrupted")),
+        ("duplicated", c.get("duplicated")),
+        ("resurrected", c.get("resurrected")),
+        ("recovered", c.get("recovered")),
+        ("split-brain copies", c.get("split_brain")),
+        ("unflagged redeliveries", c.get("unflagged_redeliveries")),
         ("order violations", c.get("order_violations")),
     ]
     width = max(len(r[0]) for r in rows)
@@ -407,8 +492,15 @@ def dumps(results: dict[str, Any]) -> str:
     return json.dumps(results, indent=2, sort_keys=True, default=str)
 
 
-def execute(host: Host, scenario: Scenario, store: Path, *, checkers: tuple[str, ...] | None = None,
-            keep: bool = False, reporter: Any = None) -> ChaosResult:
+def execute(
+    host: Host,
+    scenario: Scenario,
+    store: Path,
+    *,
+    checkers: tuple[str, ...] | None = None,
+    keep: bool = False,
+    reporter: Any = None,
+) -> ChaosResult:
     """Run one scenario to its results. ``reporter`` (the Allure one) hears of a run that dies."""
     run = Run(host, scenario, store, keep=keep, checkers=checkers)
     try:
@@ -422,16 +514,29 @@ def execute(host: Host, scenario: Scenario, store: Path, *, checkers: tuple[str,
 
 
 @contextlib.contextmanager
-def running_cluster(host: Host, scenario: Scenario, *, keep: bool = False,
-                    collect_to: Path | None = None, faketime: bool = False) -> Iterator[Any]:
+def running_cluster(
+    host: Host,
+    scenario: Scenario,
+    *,
+    keep: bool = False,
+    collect_to: Path | None = None,
+    faketime: bool = False,
+) -> Iterator[Any]:
     """A started ``harness.cluster.Cluster`` for a scenario's broker, no workload; always torn down."""
     plugin = host.broker(scenario.broker.plugin)
     settings = plugin.validate_settings(scenario.broker.settings)
     client = docker_client()
     images = build_images(client, plugin, faketime=faketime)
-    topology = build_topology(plugin, run_id=f"bc-{secrets.token_hex(3)}", nodes=scenario.broker.nodes,
-                              settings=settings, broker_image=images["broker"], proxy_image=images["toxiproxy"],
-                              lazyfs=scenario.broker.lazyfs, faketime=faketime)
+    topology = build_topology(
+        plugin,
+        run_id=f"bc-{secrets.token_hex(3)}",
+        nodes=scenario.broker.nodes,
+        settings=settings,
+        broker_image=images["broker"],
+        proxy_image=images["toxiproxy"],
+        lazyfs=scenario.broker.lazyfs,
+        faketime=faketime,
+    )
     with Cluster(client, topology, plugin, settings, keep=keep) as cluster:
         try:
             cluster.start()

@@ -229,26 +229,35 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         consumers=_int(w.get("consumers", defaults.consumers), "workload.consumers", lo=0, hi=256),
         queues=_int(w.get("queues", defaults.queues), "workload.queues", lo=1, hi=1000),
         rate=_num(w.get("rate", defaults.rate), "workload.rate", lo=0),
-        message_size=_int(w.get("message_size", defaults.message_size), "workload.message_size", lo=16, hi=64 << 20),
+        message_size=_int(
+            w.get("message_size", defaults.message_size), "workload.message_size", lo=16, hi=64 << 20
+        ),
         duration=_num(w.get("duration", defaults.duration), "workload.duration", lo=0.1),
         persistent=_bool(w.get("persistent", defaults.persistent), "workload.persistent"),
         prefetch=_int(w.get("prefetch", defaults.prefetch), "workload.prefetch", lo=0, hi=65535),
         in_flight=_int(w.get("in_flight", defaults.in_flight), "workload.in_flight", lo=1, hi=100_000),
-        confirm_timeout=_num(w.get("confirm_timeout", defaults.confirm_timeout), "workload.confirm_timeout", lo=0.1),
+        confirm_timeout=_num(
+            w.get("confirm_timeout", defaults.confirm_timeout), "workload.confirm_timeout", lo=0.1
+        ),
         drain_timeout=_num(w.get("drain_timeout", defaults.drain_timeout), "workload.drain_timeout", lo=1),
         drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
-    workload = dataclasses.replace(workload, consumer=_consumer(w.get("consumer", {}), workload.consumers),
-                                   delay=_delay(w.get("delay")),
-                                   transactions=_transactions(w.get("transactions")))
+    workload = dataclasses.replace(
+        workload,
+        consumer=_consumer(w.get("consumer", {}), workload.consumers),
+        delay=_delay(w.get("delay")),
+        transactions=_transactions(w.get("transactions")),
+    )
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
     steps = []
     raw_steps = n.get("schedule", [])
     if not isinstance(raw_steps, list):
-        raise ScenarioError("nemesis.schedule: expected a list of steps like {at: 10, fault: partition, hold: 10}")
+        raise ScenarioError(
+            "nemesis.schedule: expected a list of steps like {at: 10, fault: partition, hold: 10}"
+        )
     for i, raw in enumerate(raw_steps):
         where = f"nemesis.schedule[{i}]"
         s = _mapping(raw, where)
@@ -274,12 +283,17 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
             faults=tuple(faults),
             every=_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
             hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
-            params={k: dict(_mapping(v, f"nemesis.random.params.{k}"))
-                    for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()},
+            params={
+                k: dict(_mapping(v, f"nemesis.random.params.{k}"))
+                for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()
+            },
             overlap=_int(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
         )
-    nemesis = NemesisSection(schedule=tuple(sorted(steps, key=lambda s: s.at)), random=rnd,
-                             settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0))
+    nemesis = NemesisSection(
+        schedule=tuple(sorted(steps, key=lambda s: s.at)),
+        random=rnd,
+        settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0),
+    )
 
     checkers = top.get("checkers", [])
     if isinstance(checkers, str):
@@ -288,10 +302,22 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
     bud = _mapping(top.get("budgets", {}), "budgets")
     _only(bud, "budgets", {"duplicated", "resurrected"})
-    budgets = Budgets(**{k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
-                         for k in ("duplicated", "resurrected")})
-    return Scenario(name=name, broker=broker, workload=workload, nemesis=nemesis, seed=seed,
-                    checkers=tuple(checkers), budgets=budgets, source=source)
+    budgets = Budgets(
+        **{
+            k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
+            for k in ("duplicated", "resurrected")
+        }
+    )
+    return Scenario(
+        name=name,
+        broker=broker,
+        workload=workload,
+        nemesis=nemesis,
+        seed=seed,
+        checkers=tuple(checkers),
+        budgets=budgets,
+        source=source,
+    )
 
 
 def _consumer(data: Any, consumers: int) -> ConsumerSection:
@@ -306,15 +332,21 @@ def _consumer(data: Any, consumers: int) -> ConsumerSection:
         every[key] = v
     requeue = _num(c.get("requeue", defaults.requeue), "workload.consumer.requeue", lo=0)
     if requeue > 1:
-        raise ScenarioError(f"workload.consumer.requeue: {requeue} is out of range; allowed from 0 to 1 "
-                            "(a probability per delivery)")
+        raise ScenarioError(
+            f"workload.consumer.requeue: {requeue} is out of range; allowed from 0 to 1 "
+            "(a probability per delivery)"
+        )
     slow = _int(c.get("slow", defaults.slow), "workload.consumer.slow", lo=0)
     if slow > consumers:
         raise ScenarioError(f"workload.consumer.slow: {slow} is more than workload.consumers ({consumers})")
-    return ConsumerSection(requeue=requeue, slow=slow,
-                           slow_ack_ms=_int(c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms",
-                                            lo=0, hi=60_000),
-                           **every)
+    return ConsumerSection(
+        requeue=requeue,
+        slow=slow,
+        slow_ack_ms=_int(
+            c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms", lo=0, hi=60_000
+        ),
+        **every,
+    )
 
 
 def _delay(data: Any) -> DelaySection | None:
@@ -325,15 +357,21 @@ def _delay(data: Any) -> DelaySection | None:
     _only(d, "workload.delay", set(asdict(defaults)))
     share = _num(d.get("share", defaults.share), "workload.delay.share", lo=0)
     if share > 1:
-        raise ScenarioError(f"workload.delay.share: {share} is out of range; allowed from 0 to 1 "
-                            "(the probability that a publish is delayed)")
+        raise ScenarioError(
+            f"workload.delay.share: {share} is out of range; allowed from 0 to 1 "
+            "(the probability that a publish is delayed)"
+        )
     max_delay = 2**32 - 1  # the delayed-message exchange's own bound
     lo = _int(d.get("min_ms", defaults.min_ms), "workload.delay.min_ms", lo=1, hi=max_delay)
     hi = _int(d.get("max_ms", defaults.max_ms), "workload.delay.max_ms", lo=1, hi=max_delay)
     if lo > hi:
         raise ScenarioError(f"workload.delay.min_ms: {lo} is greater than workload.delay.max_ms ({hi})")
-    return DelaySection(share=share, min_ms=lo, max_ms=hi,
-                        late_ms=_int(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0))
+    return DelaySection(
+        share=share,
+        min_ms=lo,
+        max_ms=hi,
+        late_ms=_int(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0),
+    )
 
 
 def _transactions(data: Any) -> TransactionsSection | None:
@@ -346,11 +384,15 @@ def _transactions(data: Any) -> TransactionsSection | None:
     ack = _int(t.get("ack_batch", 0), "workload.transactions.ack_batch", lo=0, hi=10_000)
     rollback = _num(t.get("rollback", 0.0), "workload.transactions.rollback", lo=0)
     if rollback > 1:
-        raise ScenarioError(f"workload.transactions.rollback: {rollback} is out of range; allowed from 0 to 1 "
-                            "(a probability per transaction)")
+        raise ScenarioError(
+            f"workload.transactions.rollback: {rollback} is out of range; allowed from 0 to 1 "
+            "(a probability per transaction)"
+        )
     if not publish and not ack:
-        raise ScenarioError("workload.transactions: set publish_batch (messages per producer transaction) "
-                            "and/or ack_batch (acks per consumer transaction) to 1 or more")
+        raise ScenarioError(
+            "workload.transactions: set publish_batch (messages per producer transaction) "
+            "and/or ack_batch (acks per consumer transaction) to 1 or more"
+        )
     return TransactionsSection(publish_batch=publish, ack_batch=ack, rollback=rollback)
 
 
@@ -431,11 +473,21 @@ def _bounds(lo: float | None, hi: float | None) -> str:
     return ""
 
 
-def build(scenario: str | Path | Mapping[str, Any] | Scenario, *, broker: str | None = None,
-                   seed: int | None = None, duration: float | None = None, nodes: int | None = None,
-                   settings: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
-                   nemesis: Mapping[str, Any] | None = None, checkers: list[str] | tuple[str, ...] | None = None,
-                   name: str | None = None, lazyfs: bool | None = None, root: Path | None = None) -> Scenario:
+def build(
+    scenario: str | Path | Mapping[str, Any] | Scenario,
+    *,
+    broker: str | None = None,
+    seed: int | None = None,
+    duration: float | None = None,
+    nodes: int | None = None,
+    settings: Mapping[str, Any] | None = None,
+    workload: Mapping[str, Any] | None = None,
+    nemesis: Mapping[str, Any] | None = None,
+    checkers: list[str] | tuple[str, ...] | None = None,
+    name: str | None = None,
+    lazyfs: bool | None = None,
+    root: Path | None = None,
+) -> Scenario:
     """A scenario from a file, a dict or a ``Scenario``, with overrides held to the file's rules.
 
     ``workload`` is merged into the scenario's; ``nemesis`` replaces it. Changing the

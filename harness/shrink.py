@@ -61,8 +61,16 @@ class Schedule:
 
     def key(self) -> str:
         """Identity for the oracle's cache: two equal schedules are tried once."""
-        return json.dumps({"steps": [vars(s) for s in self.steps], "duration": self.duration, "rate": self.rate,
-                           "nodes": self.nodes}, sort_keys=True, default=str)
+        return json.dumps(
+            {
+                "steps": [vars(s) for s in self.steps],
+                "duration": self.duration,
+                "rate": self.rate,
+                "nodes": self.nodes,
+            },
+            sort_keys=True,
+            default=str,
+        )
 
     def replace(self, **changes: Any) -> Schedule:
         return dataclasses.replace(self, **changes)
@@ -79,8 +87,14 @@ class Schedule:
 
     def size(self) -> tuple[float, ...]:
         """Smaller is simpler: fewer actions, fewer nodes touched, shorter holds, shorter, slower, smaller."""
-        return (len(self.steps), sum(len(node_names(s.params)) for s in self.steps),
-                sum(s.hold or self.duration for s in self.steps), self.duration, self.rate, self.nodes)
+        return (
+            len(self.steps),
+            sum(len(node_names(s.params)) for s in self.steps),
+            sum(s.hold or self.duration for s in self.steps),
+            self.duration,
+            self.rate,
+            self.nodes,
+        )
 
 
 def describe_step(s: PlannedFault) -> str:
@@ -183,8 +197,11 @@ def without_node(params: dict[str, Any], node: str) -> dict[str, Any] | None:
 
 def _strip(value: Any, node: str) -> Any:
     if isinstance(value, list | tuple):
-        return [_strip(x, node) for x in value
-                if x != node and not (isinstance(x, list | tuple | dict) and node in node_names(x))]
+        return [
+            _strip(x, node)
+            for x in value
+            if x != node and not (isinstance(x, list | tuple | dict) and node in node_names(x))
+        ]
     if isinstance(value, dict):
         return {k: _strip(v, node) for k, v in value.items() if k != node}
     return value
@@ -280,8 +297,12 @@ def shrink_workload(s: Schedule, test: Test) -> Schedule:
         if shift < 0.5:
             break
         steps = tuple(dataclasses.replace(p, at=round(p.at - shift, 3)) for p in s.steps)
-        cand = s.replace(steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2))
-        if not test(cand, f"workload: everything {shift:g} s earlier, {s.duration:g} s -> {cand.duration:g} s"):
+        cand = s.replace(
+            steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2)
+        )
+        if not test(
+            cand, f"workload: everything {shift:g} s earlier, {s.duration:g} s -> {cand.duration:g} s"
+        ):
             break
         s = cand
     return _close_gaps(s, test)
@@ -297,9 +318,14 @@ def _close_gaps(s: Schedule, test: Test) -> Schedule:
             i += 1
             continue
         steps = s.steps[:i] + tuple(dataclasses.replace(p, at=round(p.at - shift, 3)) for p in s.steps[i:])
-        cand = s.replace(steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2))
-        if not test(cand, f"workload: {s.steps[i].fault_id} and after {shift:g} s earlier, "
-                          f"{s.duration:g} s -> {cand.duration:g} s"):
+        cand = s.replace(
+            steps=steps, duration=round(max(s.duration - shift, _end(s.replace(steps=steps)) + TAIL), 2)
+        )
+        if not test(
+            cand,
+            f"workload: {s.steps[i].fault_id} and after {shift:g} s earlier, "
+            f"{s.duration:g} s -> {cand.duration:g} s",
+        ):
             i += 1
             continue
         s = cand
@@ -315,8 +341,14 @@ def shrink_rate(s: Schedule, test: Test) -> Schedule:
     return s
 
 
-def search(start: Schedule, test: Test, *, passes: Iterable[str] = PASSES, settings: Any = None,
-           on_best: Callable[[Schedule], None] | None = None) -> tuple[Schedule, bool]:
+def search(
+    start: Schedule,
+    test: Test,
+    *,
+    passes: Iterable[str] = PASSES,
+    settings: Any = None,
+    on_best: Callable[[Schedule], None] | None = None,
+) -> tuple[Schedule, bool]:
     """The smallest failing schedule the passes find from ``start`` (known to fail).
 
     ``test`` raises StopSearch (e.g. OutOfBudget when the time is spent): the best so far is
@@ -336,8 +368,12 @@ def search(start: Schedule, test: Test, *, passes: Iterable[str] = PASSES, setti
         return True
 
     steps: dict[str, Callable[[Schedule, Test], Schedule]] = {
-        "faults": shrink_faults, "holds": shrink_holds, "nodes": shrink_nodes,
-        "cluster": lambda s, t: shrink_cluster(s, t, settings), "workload": shrink_workload, "rate": shrink_rate,
+        "faults": shrink_faults,
+        "holds": shrink_holds,
+        "nodes": shrink_nodes,
+        "cluster": lambda s, t: shrink_cluster(s, t, settings),
+        "workload": shrink_workload,
+        "rate": shrink_rate,
     }
     wanted = list(passes)
     unknown = [p for p in wanted if p not in steps]

@@ -61,31 +61,54 @@ class Candidate:
     cached: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "what": self.what, "schedule": schedule_dict(self.schedule),
-                "trials": [vars(t) for t in self.trials], "fails": self.fails, "cached": self.cached}
+        return {
+            "number": self.number,
+            "what": self.what,
+            "schedule": schedule_dict(self.schedule),
+            "trials": [vars(t) for t in self.trials],
+            "fails": self.fails,
+            "cached": self.cached,
+        }
 
 
 def schedule_dict(s: Schedule) -> dict[str, Any]:
-    return {"steps": [vars(p) for p in s.steps], "duration": s.duration, "rate": s.rate, "nodes": s.nodes,
-            "describe": s.describe()}
+    return {
+        "steps": [vars(p) for p in s.steps],
+        "duration": s.duration,
+        "rate": s.rate,
+        "nodes": s.nodes,
+        "describe": s.describe(),
+    }
 
 
 def open_failing(run_dir: str | Path) -> tuple[RunDir, dict[str, Any], dict[str, Any]]:
     """The stored run, its scenario.json and results.json; a run that did not fail is refused in one line."""
     rd = RunDir.open(run_dir)
     if not (rd.path / "results.json").exists():
-        raise BrokerChaosError(f"{run_dir} has no results.json: check it first with `brokerchaos analyze {run_dir}`")
+        raise BrokerChaosError(
+            f"{run_dir} has no results.json: check it first with `brokerchaos analyze {run_dir}`"
+        )
     results = rd.read_json("results.json")
     verdict = str(results.get("verdict", results.get("valid")))
     if verdict not in LOSS_CLASSES:
-        raise BrokerChaosError(f"{run_dir} is {verdict}, not a failure: shrink takes a run whose verdict is "
-                               f"{' or '.join(LOSS_CLASSES)}")
+        raise BrokerChaosError(
+            f"{run_dir} is {verdict}, not a failure: shrink takes a run whose verdict is "
+            f"{' or '.join(LOSS_CLASSES)}"
+        )
     return rd, rd.read_json("scenario.json"), results
 
 
 class Shrink:
-    def __init__(self, host: Host, run_dir: str | Path, out: Path, *, trials: int = 2, budget_s: float = 1800.0,
-                 passes: tuple[str, ...] = PASSES) -> None:
+    def __init__(
+        self,
+        host: Host,
+        run_dir: str | Path,
+        out: Path,
+        *,
+        trials: int = 2,
+        budget_s: float = 1800.0,
+        passes: tuple[str, ...] = PASSES,
+    ) -> None:
         if trials < 1:
             raise BrokerChaosError("--trials must be at least 1")
         if budget_s <= 0:
@@ -98,10 +121,13 @@ class Shrink:
         recorded = plan_from_history(self.source.history_jsonl)
         missing = sorted({p.kind for p in recorded.steps} - set(self.faults))
         if missing:
-            raise BrokerChaosError(f"the run used fault kinds {missing} that no loaded plugin provides (-p MODULE)")
+            raise BrokerChaosError(
+                f"the run used fault kinds {missing} that no loaded plugin provides (-p MODULE)"
+            )
         w = self.base.workload
-        self.original = Schedule(steps=tuple(recorded.steps), duration=w.duration, rate=w.rate,
-                                 nodes=self.base.broker.nodes)
+        self.original = Schedule(
+            steps=tuple(recorded.steps), duration=w.duration, rate=w.rate, nodes=self.base.broker.nodes
+        )
         # The checkers that judged the original (``--checker`` may have overridden the scenario's).
         self.checkers = tuple((self.original_results.get("checkers") or {}).keys()) or None
         self.trials = trials
@@ -121,11 +147,16 @@ class Shrink:
     def scenario_for(self, s: Schedule) -> Scenario:
         """The candidate as a scenario: its actions as explicit steps (the trials replay them exactly)."""
         b, w = self.base.broker, self.base.workload
-        steps = tuple(Step(at=p.at, fault=p.kind, hold=p.hold, params=self.scenario_params(p)) for p in s.steps)
+        steps = tuple(
+            Step(at=p.at, fault=p.kind, hold=p.hold, params=self.scenario_params(p)) for p in s.steps
+        )
         return dataclasses.replace(
-            self.base, broker=dataclasses.replace(b, nodes=s.nodes),
+            self.base,
+            broker=dataclasses.replace(b, nodes=s.nodes),
             workload=dataclasses.replace(w, duration=s.duration, rate=s.rate),
-            nemesis=dataclasses.replace(self.base.nemesis, schedule=steps, random=None), source=None)
+            nemesis=dataclasses.replace(self.base.nemesis, schedule=steps, random=None),
+            source=None,
+        )
 
     def scenario_params(self, p: PlannedFault) -> dict[str, Any]:
         """The action's parameters a scenario may give (its kind's ``params_schema``)."""
@@ -138,8 +169,9 @@ class Shrink:
         out = []
         for i, p in enumerate(s.steps, start=1):
             try:
-                got = self.faults[p.kind].resolve(self.scenario_params(p), nodes,
-                                                  random.Random(f"{self.base.seed}:fault:{i}"))
+                got = self.faults[p.kind].resolve(
+                    self.scenario_params(p), nodes, random.Random(f"{self.base.seed}:fault:{i}")
+                )
             except ScenarioError:
                 got = None
             out.append(got == p.params)
@@ -161,17 +193,25 @@ class Shrink:
         for k in range(1, self.trials + 1):
             t0 = time.monotonic()
             try:
-                run = Run(self.host, sc, self.out / "trials", replay=Plan(list(s.steps)), checkers=self.checkers)
+                run = Run(
+                    self.host, sc, self.out / "trials", replay=Plan(list(s.steps)), checkers=self.checkers
+                )
                 results = run.execute()
                 assert run.dir is not None
-                trial = Trial(str(run.dir.path), str(results.get("verdict", results.get("valid"))),
-                              round(time.monotonic() - t0, 1))
+                trial = Trial(
+                    str(run.dir.path),
+                    str(results.get("verdict", results.get("valid"))),
+                    round(time.monotonic() - t0, 1),
+                )
             except BrokerChaosError as exc:  # this candidate could not run: it did not show the failure
                 trial = Trial(None, "error", round(time.monotonic() - t0, 1), str(exc))
             cand.trials.append(trial)
             cand.fails = trial.verdict == self.loss_class
-            say("shrink", f"candidate {cand.number} trial {k}/{self.trials}: {trial.verdict} ({trial.seconds:.0f} s)"
-                          + (f" [{trial.error}]" if trial.error else ""))
+            say(
+                "shrink",
+                f"candidate {cand.number} trial {k}/{self.trials}: {trial.verdict} ({trial.seconds:.0f} s)"
+                + (f" [{trial.error}]" if trial.error else ""),
+            )
             if cand.fails:
                 self.best_run = trial.run_dir
                 break
@@ -185,8 +225,11 @@ class Shrink:
 
     def on_best(self, s: Schedule) -> None:
         self.best = s
-        say("shrink", f"best so far ({len(self.candidates)} candidates, "
-                      f"{sum(len(c.trials) for c in self.candidates)} trials): {s.describe()}")
+        say(
+            "shrink",
+            f"best so far ({len(self.candidates)} candidates, "
+            f"{sum(len(c.trials) for c in self.candidates)} trials): {s.describe()}",
+        )
         self.write()
 
     # -- the whole search ----------------------------------------------------------------------
@@ -197,13 +240,21 @@ class Shrink:
         docker_client()  # Docker down: one line now, not an error per trial
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
-        say("shrink", f"{self.source.path}: {self.loss_class}; {len(self.original.steps)} fault action(s); "
-                      f"up to {self.trials} trial(s) per candidate, budget {self.budget_s / 60:g} min -> {self.out}")
+        say(
+            "shrink",
+            f"{self.source.path}: {self.loss_class}; {len(self.original.steps)} fault action(s); "
+            f"up to {self.trials} trial(s) per candidate, budget {self.budget_s / 60:g} min -> {self.out}",
+        )
         say("shrink", f"original: {self.original.describe()}")
         previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM between trials too: keep the best
         try:
-            best, complete = search(self.original, self.test, passes=self.passes,
-                                    settings=self.base.broker.settings, on_best=self.on_best)
+            best, complete = search(
+                self.original,
+                self.test,
+                passes=self.passes,
+                settings=self.base.broker.settings,
+                on_best=self.on_best,
+            )
             self.best = best
             self.finished = "complete" if complete else ("stopped" if self.stopped else "budget")
         except KeyboardInterrupt:
@@ -224,16 +275,25 @@ class Shrink:
         sc = self.scenario_for(self.best)
         d = sc.to_dict()
         defaults = scenario_mod.WorkloadSection()
-        workload = {k: v for k, v in d["workload"].items()
-                    if k in ("duration", "rate") or v != getattr(defaults, k) and k != "consumer"}
-        consumer = {k: v for k, v in d["workload"]["consumer"].items()
-                    if v != getattr(scenario_mod.ConsumerSection(), k)}
+        workload = {
+            k: v
+            for k, v in d["workload"].items()
+            if k in ("duration", "rate") or v != getattr(defaults, k) and k != "consumer"
+        }
+        consumer = {
+            k: v
+            for k, v in d["workload"]["consumer"].items()
+            if v != getattr(scenario_mod.ConsumerSection(), k)
+        }
         if consumer:
             workload["consumer"] = consumer
-        schedule = [{"at": s["at"], "fault": s["fault"], "hold": s["hold"], "params": s["params"]}
-                    for s in d["nemesis"]["schedule"]]
+        schedule = [
+            {"at": s["at"], "fault": s["fault"], "hold": s["hold"], "params": s["params"]}
+            for s in d["nemesis"]["schedule"]
+        ]
         out: dict[str, Any] = {
-            "name": f"{self.base.name}-shrunk", "seed": sc.seed,
+            "name": f"{self.base.name}-shrunk",
+            "seed": sc.seed,
             "broker": {k: v for k, v in d["broker"].items() if k != "lazyfs" or v},
             "workload": workload,
             "nemesis": {"schedule": schedule, "settle": d["nemesis"]["settle"]},
@@ -252,17 +312,23 @@ class Shrink:
 
         data = self.shrunk_scenario()
         exact = self.exact(self.best)
-        lines = [f"# The smallest schedule found that still ends in {self.loss_class}, shrunk from",
-                 f"# {self.source.path} ({len(self.original.steps)} fault actions, {self.original.duration:g} s).",
-                 f"# Search: {self.finished or 'in progress'}; {len(self.candidates)} candidates, "
-                 f"{sum(len(c.trials) for c in self.candidates)} trials, {self.elapsed:.0f} s.",
-                 f"# Run it:        brokerchaos run {self.out / 'shrunk.yaml'}"]
+        lines = [
+            f"# The smallest schedule found that still ends in {self.loss_class}, shrunk from",
+            f"# {self.source.path} ({len(self.original.steps)} fault actions, {self.original.duration:g} s).",
+            f"# Search: {self.finished or 'in progress'}; {len(self.candidates)} candidates, "
+            f"{sum(len(c.trials) for c in self.candidates)} trials, {self.elapsed:.0f} s.",
+            f"# Run it:        brokerchaos run {self.out / 'shrunk.yaml'}",
+        ]
         if self.best_run:
-            lines.append(f"# Exact replay:  brokerchaos run {self.out / 'shrunk.yaml'} --replay {self.best_run}")
+            lines.append(
+                f"# Exact replay:  brokerchaos run {self.out / 'shrunk.yaml'} --replay {self.best_run}"
+            )
         for p, ok in zip(self.best.steps, exact, strict=True):
             if not ok:
-                lines.append(f"# {p.fault_id}: planning these params may not give back exactly what the run applied "
-                             f"({p.params}); --replay repeats it exactly")
+                lines.append(
+                    f"# {p.fault_id}: planning these params may not give back exactly what the run applied "
+                    f"({p.params}); --replay repeats it exactly"
+                )
         text = "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
         scenario_mod.from_dict(yaml.safe_load(text))  # what is written must load
         (self.out / "shrunk.yaml").write_text(text)
@@ -274,13 +340,22 @@ class Shrink:
         if self.best_run and (Path(self.best_run) / "results.json").exists():
             best_results = RunDir(Path(self.best_run)).read_json("results.json")
         return {
-            "source": str(self.source.path), "loss_class": self.loss_class, "seed": self.base.seed,
-            "scenario": self.base.name, "trials_per_candidate": self.trials, "budget_s": self.budget_s,
-            "passes": list(self.passes), "finished": self.finished, "stopped": self.stopped,
+            "source": str(self.source.path),
+            "loss_class": self.loss_class,
+            "seed": self.base.seed,
+            "scenario": self.base.name,
+            "trials_per_candidate": self.trials,
+            "budget_s": self.budget_s,
+            "passes": list(self.passes),
+            "finished": self.finished,
+            "stopped": self.stopped,
             "elapsed_s": self.elapsed,
             "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "original": schedule_dict(self.original), "best": schedule_dict(self.best), "best_run": self.best_run,
-            "original_results": _summary(self.original_results), "best_results": _summary(best_results),
+            "original": schedule_dict(self.original),
+            "best": schedule_dict(self.best),
+            "best_run": self.best_run,
+            "original_results": _summary(self.original_results),
+            "best_results": _summary(best_results),
             "candidates": [c.to_dict() for c in self.candidates],
             "trials": sum(len(c.trials) for c in self.candidates),
         }
@@ -294,11 +369,14 @@ def _summary(results: dict[str, Any] | None) -> dict[str, Any] | None:
     for m in (results.get("attribution") or {}).get("messages") or []:
         for fid in m.get("fault_ids") or []:
             per_fault[fid] = per_fault.get(fid, 0) + 1
-    return {"verdict": results.get("verdict"), "reason": results.get("reason"),
-            "counts": {k: v for k, v in (results.get("counts") or {}).items() if v},
-            "attribution": (results.get("attribution") or {}).get("rows") or [],
-            "lost_listed": len((results.get("attribution") or {}).get("messages") or []),
-            "lost_by_fault": per_fault}
+    return {
+        "verdict": results.get("verdict"),
+        "reason": results.get("reason"),
+        "counts": {k: v for k, v in (results.get("counts") or {}).items() if v},
+        "attribution": (results.get("attribution") or {}).get("rows") or [],
+        "lost_listed": len((results.get("attribution") or {}).get("messages") or []),
+        "lost_by_fault": per_fault,
+    }
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -58,7 +58,9 @@ class RunDir:
         if p.is_symlink():
             p = p.resolve()
         if not (p / "scenario.json").exists():
-            raise BrokerChaosError(f"{path} is not a run directory (no scenario.json); runs are under store/<scenario>/")
+            raise BrokerChaosError(
+                f"{path} is not a run directory (no scenario.json); runs are under store/<scenario>/"
+            )
         if not (p / "history.jsonl").exists() and not (p / "history.parquet").exists():
             raise BrokerChaosError(f"{path} has no history (history.jsonl or history.parquet)")
         return cls(p)

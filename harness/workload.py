@@ -66,7 +66,9 @@ class WorkloadStats:
             "reconnects": self.reconnects,
             "ops_per_second": round(ops / wall, 1),
             # What one core of this driver could sustain: operations per CPU-second it spent.
-            "driver_capacity_ops_per_cpu_second": round(ops / self.cpu_seconds, 1) if self.cpu_seconds else None,
+            "driver_capacity_ops_per_cpu_second": round(ops / self.cpu_seconds, 1)
+            if self.cpu_seconds
+            else None,
             "driver_cpu_share": round(self.cpu_seconds / wall, 3),
         }
 
@@ -89,8 +91,16 @@ def assignments(w: WorkloadSection, nodes: Sequence[str], seed: int) -> dict[str
     return out
 
 
-async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str], seed: int,
-                       recorder: Recorder, *, on_tick: Any = None, nemesis: Any = None) -> WorkloadStats:
+async def run_workload(
+    driver: Driver,
+    w: WorkloadSection,
+    nodes: Sequence[str],
+    seed: int,
+    recorder: Recorder,
+    *,
+    on_tick: Any = None,
+    nemesis: Any = None,
+) -> WorkloadStats:
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
     then stop producers, let the nemesis heal, and drain every queue."""
     stats = WorkloadStats()
@@ -126,7 +136,8 @@ async def run_workload(driver: Driver, w: WorkloadSection, nodes: Sequence[str],
             await asyncio.wait(consumers, timeout=10)
         stats.drained = {}
         results = await asyncio.gather(
-            *(driver.drain(f"d{i}", q) for i, q in enumerate(queues, start=1)), return_exceptions=True)
+            *(driver.drain(f"d{i}", q) for i, q in enumerate(queues, start=1)), return_exceptions=True
+        )
         for q, res in zip(queues, results, strict=True):
             stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
     finally:
@@ -170,17 +181,25 @@ async def _tick(on_tick: Any, recorder: Recorder, stats: WorkloadStats) -> None:
     while True:
         await asyncio.sleep(1.0)
         c = recorder.counts
-        on_tick({
-            "published": c.get(("publish", "ok"), 0),
-            "failed": c.get(("publish", "fail"), 0),
-            "unknown": c.get(("publish", "info"), 0),
-            "consumed": c.get(("ack", "ok"), 0),
-            "faults": c.get(("heal", "ok"), 0),
-        })
+        on_tick(
+            {
+                "published": c.get(("publish", "ok"), 0),
+                "failed": c.get(("publish", "fail"), 0),
+                "unknown": c.get(("publish", "info"), 0),
+                "consumed": c.get(("ack", "ok"), 0),
+                "faults": c.get(("heal", "ok"), 0),
+            }
+        )
 
 
-def driver_options(w: WorkloadSection, plugin: Any, settings: Mapping[str, Any], *, seed: int = 0,
-                   queue_depth: QueueDepth | None = None) -> dict[str, Any]:
+def driver_options(
+    w: WorkloadSection,
+    plugin: Any,
+    settings: Mapping[str, Any],
+    *,
+    seed: int = 0,
+    queue_depth: QueueDepth | None = None,
+) -> dict[str, Any]:
     return {
         "username": plugin.username,
         "password": plugin.password,

@@ -19,7 +19,9 @@ from ._common import HistoryError, ScenarioError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spark_reports", description="Reconcile stored brokerchaos runs.")
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_reports", description="Reconcile stored brokerchaos runs."
+    )
     ap.add_argument("run_dirs", nargs="+", type=Path)
     ap.add_argument("--engine", choices=["spark", "python"], default="spark")
     ap.add_argument("--spark-master", default=None, help="default local[*]")
@@ -40,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             scenario_file = d / "scenario.json"
             scenario = json.loads(scenario_file.read_text()) if scenario_file.is_file() else {}
             if args.engine == "spark":
-                res = check_spark(d, scenario, spark_master=args.spark_master, driver_memory=args.driver_memory)
+                res = check_spark(
+                    d, scenario, spark_master=args.spark_master, driver_memory=args.driver_memory
+                )
             else:
                 res = check_python(d, scenario)
             (d / "results.json").write_text(json.dumps(res, indent=1))

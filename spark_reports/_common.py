@@ -142,8 +142,11 @@ def percentiles_ms(n: int, values_us: dict[str, int | None]) -> Percentiles:
         return None if v is None or n == 0 else v / 1000
 
     return Percentiles(
-        n=n, p50=ms(values_us.get("p50")), p95=ms(values_us.get("p95")),
-        p99=ms(values_us.get("p99")), max=ms(values_us.get("max")),
+        n=n,
+        p50=ms(values_us.get("p50")),
+        p95=ms(values_us.get("p95")),
+        p99=ms(values_us.get("p99")),
+        max=ms(values_us.get("max")),
     )
 
 
@@ -212,8 +215,11 @@ def scenario_params(scenario: dict | None) -> Params:
     w = s.get("workload")
     workload: dict = w if isinstance(w, dict) else {}
     seed = _whole(s["seed"], "seed", null_ok=True) if "seed" in s else None
-    size = (_whole(workload["message_size"], "workload.message_size", null_ok=True)
-            if "message_size" in workload else None)
+    size = (
+        _whole(workload["message_size"], "workload.message_size", null_ok=True)
+        if "message_size" in workload
+        else None
+    )
     raw = s.get("budgets")
     if raw is None:
         raw = {}
@@ -221,11 +227,16 @@ def scenario_params(scenario: dict | None) -> Params:
         raise ScenarioError(f"scenario budgets must be a mapping, not {raw!r}: fix the scenario file")
     unknown = sorted(set(raw) - {"duplicated", "resurrected"})
     if unknown:
-        raise ScenarioError(f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; "
-                            "use duplicated and resurrected")
-    budgets = Budgets(duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
-                      resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True))
-    return Params(seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict))
+        raise ScenarioError(
+            f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; use duplicated and resurrected"
+        )
+    budgets = Budgets(
+        duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
+        resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True),
+    )
+    return Params(
+        seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict)
+    )
 
 
 def expected_body(msg_id: str, params: Params) -> str:
@@ -262,8 +273,14 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
             if fid in windows:
                 continue
             params = {k: v for k, v in value.items() if k not in ("fault_id", "kind")}
-            windows[fid] = {"fault_id": fid, "kind": str(value.get("kind") or f), "node": r.get("node"),
-                            "start_ns": r["time_ns"], "applied": False, "params": params}
+            windows[fid] = {
+                "fault_id": fid,
+                "kind": str(value.get("kind") or f),
+                "node": r.get("node"),
+                "start_ns": r["time_ns"],
+                "applied": False,
+                "params": params,
+            }
             order.append(fid)
         elif fid in windows and r.get("type") == "ok":
             windows[fid]["applied"] = True
@@ -271,11 +288,18 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     for fid in order:
         w = windows[fid]
         ends = [t for t, ids in heals if fid in ids and t >= w["start_ns"]]
-        out.append(FaultWindow(
-            fault_id=fid, kind=w["kind"], node=w["node"], start_ns=w["start_ns"],
-            end_ns=min(ends) if ends else max(end_ns, w["start_ns"]), applied=w["applied"],
-            healed=bool(ends), params=w["params"],
-        ))
+        out.append(
+            FaultWindow(
+                fault_id=fid,
+                kind=w["kind"],
+                node=w["node"],
+                start_ns=w["start_ns"],
+                end_ns=min(ends) if ends else max(end_ns, w["start_ns"]),
+                applied=w["applied"],
+                healed=bool(ends),
+                params=w["params"],
+            )
+        )
     return out
 
 
@@ -304,8 +328,14 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
     for r in sorted(drain_rows, key=lambda r: r["index"]):
         key = (r["process"], r.get("queue"))
         if r.get("type") == "invoke":
-            op = DrainOp(process=r["process"], queue=r.get("queue"), outcome="open", error=None, consumed=None,
-                         nodes={})
+            op = DrainOp(
+                process=r["process"],
+                queue=r.get("queue"),
+                outcome="open",
+                error=None,
+                consumed=None,
+                nodes={},
+            )
             ops.append(op)
             open_ops.setdefault(key, []).append((r["index"], op))
             continue
@@ -324,8 +354,16 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
         for n, v in op["nodes"].items():
             t = v["empty_at_ns"]
             if isinstance(t, int) and not isinstance(t, bool):
-                spans.append(DrainSpan(process=r["process"], queue=r.get("queue"), lo=lo, hi=r["index"], node=n,
-                                       empty_at_ns=t))
+                spans.append(
+                    DrainSpan(
+                        process=r["process"],
+                        queue=r.get("queue"),
+                        lo=lo,
+                        hi=r["index"],
+                        node=n,
+                        empty_at_ns=t,
+                    )
+                )
     return ops, spans
 
 
@@ -340,12 +378,19 @@ def drain_status(drain_rows: list[dict]) -> Drain:
     return Drain(invoked=len(ops), completed=completed, end_ns=max(oks) if oks else None, ops=ops)
 
 
-def split_brain_nodes(spans: list[DrainSpan], process: str, queue: str | None, index: int, time_ns: int,
-                      node: str | None) -> list[EmptyNode]:
+def split_brain_nodes(
+    spans: list[DrainSpan], process: str, queue: str | None, index: int, time_ns: int, node: str | None
+) -> list[EmptyNode]:
     """The other nodes of the drain op holding this ack that had reported empty before it."""
-    hits = {(s.empty_at_ns, s.node) for s in spans
-            if s.process == process and s.queue == queue and s.lo < index < s.hi and s.node != node
-            and time_ns > s.empty_at_ns}
+    hits = {
+        (s.empty_at_ns, s.node)
+        for s in spans
+        if s.process == process
+        and s.queue == queue
+        and s.lo < index < s.hi
+        and s.node != node
+        and time_ns > s.empty_at_ns
+    }
     return [EmptyNode(node=n, empty_at_ns=t) for t, n in sorted(hits)]
 
 
@@ -380,8 +425,9 @@ class Context:
         return self.acks and self.params.bodies_known
 
 
-def make_context(ops: int, end_ns: int | None, small_rows: list[dict], scenario: dict | None,
-                 history_schema: int | None) -> Context:
+def make_context(
+    ops: int, end_ns: int | None, small_rows: list[dict], scenario: dict | None, history_schema: int | None
+) -> Context:
     """small_rows: every nemesis op and every drain op of the history.
 
     history_schema: the lowest ``schema`` of the history's records (None when it has none).
@@ -394,14 +440,25 @@ def make_context(ops: int, end_ns: int | None, small_rows: list[dict], scenario:
     _, spans = drain_ops(drains)
     notes = []
     if version < 2:
-        notes.append(f"schema-{version} history: acks were recorded ok when written, not once the broker had "
-                     "them, so a delivery counts as consumed; ack outcomes, abandons, resurrections, bodies and "
-                     "split-brain copies are not checked")
+        notes.append(
+            f"schema-{version} history: acks were recorded ok when written, not once the broker had "
+            "them, so a delivery counts as consumed; ack outcomes, abandons, resurrections, bodies and "
+            "split-brain copies are not checked"
+        )
         spans = []
     elif not params.bodies_known:
         notes.append("bodies not verified: the scenario gives no seed and workload.message_size")
-    return Context(end_ns=end, ops=ops, windows=fault_windows(nem, end), drain=drain_status(drains),
-                   bucket_s=bucket_width_s(end), history_schema=version, params=params, spans=spans, notes=notes)
+    return Context(
+        end_ns=end,
+        ops=ops,
+        windows=fault_windows(nem, end),
+        drain=drain_status(drains),
+        bucket_s=bucket_width_s(end),
+        history_schema=version,
+        params=params,
+        spans=spans,
+        notes=notes,
+    )
 
 
 def overlapping(windows: list[FaultWindow], start_ns: int, end_ns: int) -> list[FaultWindow]:
@@ -446,47 +503,80 @@ class Facts:
 
 
 def _delivery(x: dict) -> Delivery:
-    return Delivery(index=x["index"], time_ns=x["time_ns"], node=x.get("node"), queue=x.get("queue"),
-                    process=x["process"], redelivered=x.get("redelivered"))
+    return Delivery(
+        index=x["index"],
+        time_ns=x["time_ns"],
+        node=x.get("node"),
+        queue=x.get("queue"),
+        process=x["process"],
+        redelivered=x.get("redelivered"),
+    )
 
 
 def _detail(d: dict) -> MessageDetail:
     deliveries = sorted(d.get("deliveries") or [], key=lambda x: x["index"])[:DELIVERY_CAP]
     return MessageDetail(
-        id=d["id"], attempts=int(d.get("attempts") or 0), outcome=d.get("outcome") or "none",
-        first_invoke_ns=d.get("first_invoke_ns"), confirm_ns=d.get("confirm_ns"),
-        confirm_node=d.get("confirm_node"), delivered=int(d.get("delivered") or 0),
-        consumed=int(d.get("consumed") or 0), deliveries=[_delivery(x) for x in deliveries],
-        cause=d.get("cause"), abandon_cause=d.get("abandon_cause"),
+        id=d["id"],
+        attempts=int(d.get("attempts") or 0),
+        outcome=d.get("outcome") or "none",
+        first_invoke_ns=d.get("first_invoke_ns"),
+        confirm_ns=d.get("confirm_ns"),
+        confirm_node=d.get("confirm_node"),
+        delivered=int(d.get("delivered") or 0),
+        consumed=int(d.get("consumed") or 0),
+        deliveries=[_delivery(x) for x in deliveries],
+        cause=d.get("cause"),
+        abandon_cause=d.get("abandon_cause"),
     )
 
 
 def _resurrection(d: dict) -> Resurrection:
     a = d["ack"]
-    return Resurrection(id=d["id"], ack_index=a["index"], ack_ns=a["time_ns"], ack_node=a.get("node"),
-                        ack_process=a["process"], deliveries_after=int(d["deliveries_after"]),
-                        delivery=_delivery(d["delivery"]))
+    return Resurrection(
+        id=d["id"],
+        ack_index=a["index"],
+        ack_ns=a["time_ns"],
+        ack_node=a.get("node"),
+        ack_process=a["process"],
+        deliveries_after=int(d["deliveries_after"]),
+        delivery=_delivery(d["delivery"]),
+    )
 
 
 def _corruption(d: dict, params: Params) -> Corruption:
     x = d["delivery"]
-    return Corruption(id=d["id"], deliveries=int(d["deliveries"]), delivery=_delivery(x),
-                      expected_digest=expected_digest(d["id"], params), digest=x["digest"],
-                      expected=expected_body(d["id"], params)[:EXCERPT_CHARS],
-                      received=json_field(x.get("detail"), "body"), received_length=json_int(x.get("detail"), "length"))
+    return Corruption(
+        id=d["id"],
+        deliveries=int(d["deliveries"]),
+        delivery=_delivery(x),
+        expected_digest=expected_digest(d["id"], params),
+        digest=x["digest"],
+        expected=expected_body(d["id"], params)[:EXCERPT_CHARS],
+        received=json_field(x.get("detail"), "body"),
+        received_length=json_int(x.get("detail"), "length"),
+    )
 
 
 def _split_brain(d: dict, spans: list[DrainSpan]) -> SplitBrainCopy:
     a = d["ack"]
-    return SplitBrainCopy(id=d["id"], drainer=a["process"], queue=a.get("queue"), node=a.get("node"),
-                          ack_index=a["index"], ack_ns=a["time_ns"],
-                          empty=split_brain_nodes(spans, a["process"], a.get("queue"), a["index"], a["time_ns"],
-                                                  a.get("node")))
+    return SplitBrainCopy(
+        id=d["id"],
+        drainer=a["process"],
+        queue=a.get("queue"),
+        node=a.get("node"),
+        ack_index=a["index"],
+        ack_ns=a["time_ns"],
+        empty=split_brain_nodes(spans, a["process"], a.get("queue"), a["index"], a["time_ns"], a.get("node")),
+    )
 
 
 def _unflagged(d: dict) -> UnflaggedRedelivery:
-    return UnflaggedRedelivery(id=d["id"], delivery=_delivery(d), abandon_index=d["abandon_index"],
-                               abandon_cause=d.get("abandon_cause"))
+    return UnflaggedRedelivery(
+        id=d["id"],
+        delivery=_delivery(d),
+        abandon_index=d["abandon_index"],
+        abandon_cause=d.get("abandon_cause"),
+    )
 
 
 def _over(count: int, budget: int | None) -> bool:
@@ -503,8 +593,10 @@ def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, 
         return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}"
     if bad:
         return False, "INTEGRITY", "messages: " + "; ".join(bad)
-    for name, verdict, what in (("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
-                                ("duplicated", "DUPLICATED", "consumed (acked ok) more than once")):
+    for name, verdict, what in (
+        ("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
+        ("duplicated", "DUPLICATED", "consumed (acked ok) more than once"),
+    ):
         budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
         if _over(count, budget):
             return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}"
@@ -513,15 +605,39 @@ def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, 
         return "unknown", "unknown", f"{lost:,} confirmed messages unconsumed, but {why}"
     confirmed, unknown_acks = counts["confirmed"], counts["ack_unknown"]
     if unknown_acks:
-        return True, "durable", (f"{confirmed - unknown_acks:,} of {confirmed:,} confirmed messages consumed; "
-                                 f"the other {unknown_acks:,} were acked with an unknown outcome")
+        return (
+            True,
+            "durable",
+            (
+                f"{confirmed - unknown_acks:,} of {confirmed:,} confirmed messages consumed; "
+                f"the other {unknown_acks:,} were acked with an unknown outcome"
+            ),
+        )
     return True, "durable", f"every one of {confirmed:,} confirmed messages was consumed"
 
 
-COUNT_KEYS = ("attempted", "confirmed", "failed", "unknown", "publish_attempts", "delivered_unique",
-              "delivered_total", "consumed_unique", "consumed_total", "abandoned", "lost", "ack_unknown",
-              "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
-              "unflagged_redeliveries", "order_violations")
+COUNT_KEYS = (
+    "attempted",
+    "confirmed",
+    "failed",
+    "unknown",
+    "publish_attempts",
+    "delivered_unique",
+    "delivered_total",
+    "consumed_unique",
+    "consumed_total",
+    "abandoned",
+    "lost",
+    "ack_unknown",
+    "unexpected",
+    "corrupted",
+    "duplicated",
+    "resurrected",
+    "recovered",
+    "split_brain",
+    "unflagged_redeliveries",
+    "order_violations",
+)
 
 
 def _counts(ctx: Context, c: dict[str, int]) -> Counts:
@@ -532,14 +648,22 @@ def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
     return [ExposureRow(fault_kind=k, confirmed=n, lost=lost) for k, n, lost in sorted(rows)]
 
 
-def summarize(engine: str, ctx: Context, counts: dict[str, int], exposure_rows: list[tuple[str, int, int]]
-              ) -> dict[str, Any]:
+def summarize(
+    engine: str, ctx: Context, counts: dict[str, int], exposure_rows: list[tuple[str, int, int]]
+) -> dict[str, Any]:
     """What grading reads of a run's results (verdict, validity, reason, counts, drain, exposure per
     fault kind), computed as ``assemble`` computes them: for a job that checks many runs at once."""
     c = _counts(ctx, counts)
     valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets)
-    return {"engine": engine, "valid": valid, "verdict": verdict, "reason": reason, "counts": c, "drain": ctx.drain,
-            "attribution": {"exposure": _exposure(exposure_rows)}}
+    return {
+        "engine": engine,
+        "valid": valid,
+        "verdict": verdict,
+        "reason": reason,
+        "counts": c,
+        "drain": ctx.drain,
+        "attribution": {"exposure": _exposure(exposure_rows)},
+    }
 
 
 def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
@@ -549,33 +673,58 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     valid, verdict, reason = _verdict(counts, ctx.drain, budgets)
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:
-        notes.append(f"{facts.undigested:,} of {counts['delivered_total']:,} deliveries carry no body digest "
-                     "and were not verified")
+        notes.append(
+            f"{facts.undigested:,} of {counts['delivered_total']:,} deliveries carry no body digest "
+            "and were not verified"
+        )
     lost_detail = [_detail(d) for d in facts.lost]
     drain_end = ctx.drain_end_ns
     messages: list[LostAttribution] = []
     for d in lost_detail:
         confirm = d["confirm_ns"] if d["confirm_ns"] is not None else 0
         ws = overlapping(ctx.windows, confirm, drain_end)
-        messages.append(LostAttribution(
-            id=d["id"], confirm_node=d["confirm_node"], confirm_ns=confirm,
-            fault_ids=[w["fault_id"] for w in ws], fault_kinds=kinds_for(ctx.windows, confirm, drain_end),
-        ))
+        messages.append(
+            LostAttribution(
+                id=d["id"],
+                confirm_node=d["confirm_node"],
+                confirm_ns=confirm,
+                fault_ids=[w["fault_id"] for w in ws],
+                fault_kinds=kinds_for(ctx.windows, confirm, drain_end),
+            )
+        )
     kind_of = {w["fault_id"]: w["kind"] for w in ctx.windows}
     availability = []
     for wid in [w["fault_id"] for w in ctx.windows] + ["outside"]:
         attempts, confirmed = facts.availability.get(wid, (0, 0))
-        availability.append({"window": wid, "kind": kind_of.get(wid), "attempts": attempts,
-                             "confirmed": confirmed, "share": (confirmed / attempts) if attempts else None})
+        availability.append(
+            {
+                "window": wid,
+                "kind": kind_of.get(wid),
+                "attempts": attempts,
+                "confirmed": confirmed,
+                "share": (confirmed / attempts) if attempts else None,
+            }
+        )
     return Results(
-        schema=SCHEMA_VERSION, engine=engine, history_schema=ctx.history_schema, valid=valid,  # type: ignore[typeddict-item]
-        verdict=verdict, reason=reason, notes=notes, budgets=budgets, counts=counts,
-        lost=[d["id"] for d in lost_detail], lost_truncated=counts["lost"] > len(lost_detail),
+        schema=SCHEMA_VERSION,
+        engine=engine,
+        history_schema=ctx.history_schema,
+        valid=valid,  # type: ignore[typeddict-item]
+        verdict=verdict,
+        reason=reason,
+        notes=notes,
+        budgets=budgets,
+        counts=counts,
+        lost=[d["id"] for d in lost_detail],
+        lost_truncated=counts["lost"] > len(lost_detail),
         lost_detail=lost_detail,
-        lost_by_cause=[LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
-                       for k, a, n in sorted(facts.lost_by_cause, key=lambda r: (r[0], r[1] or ""))],
+        lost_by_cause=[
+            LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
+            for k, a, n in sorted(facts.lost_by_cause, key=lambda r: (r[0], r[1] or ""))
+        ],
         ack_unknown=[_detail(d) for d in facts.ack_unknown],
-        unexpected=[d["id"] for d in facts.unexpected], unexpected_truncated=counts["unexpected"] > len(facts.unexpected),
+        unexpected=[d["id"] for d in facts.unexpected],
+        unexpected_truncated=counts["unexpected"] > len(facts.unexpected),
         unexpected_detail=[_detail(d) for d in facts.unexpected],
         corrupted=[_corruption(d, ctx.params) for d in facts.corrupted],
         duplicated=[_detail(d) for d in facts.duplicated],
@@ -586,8 +735,10 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         order_violations=sorted(facts.order_violations, key=lambda v: v["index"]),  # type: ignore[arg-type]
         attribution={
             "drain_end_ns": drain_end,
-            "rows": [AttributionRow(fault_kind=k, node=n, count=cnt)
-                     for k, n, cnt in sorted(facts.attribution_rows, key=lambda r: (r[0], r[1] or ""))],
+            "rows": [
+                AttributionRow(fault_kind=k, node=n, count=cnt)
+                for k, n, cnt in sorted(facts.attribution_rows, key=lambda r: (r[0], r[1] or ""))
+            ],
             "exposure": _exposure(facts.exposure_rows),
             "messages": messages,
         },
@@ -595,12 +746,18 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         availability=availability,  # type: ignore[typeddict-item]
         timeline={
             "bucket_s": ctx.bucket_s,
-            "rows": [{"t_s": t, "f": f, "type": ty, "count": n}  # type: ignore[typeddict-item]
-                     for t, f, ty, n in sorted(facts.timeline, key=lambda r: (r[0], r[1] or "", r[2] or ""))],
-            "latency": [{"t_s": t, "n": n, "mean_ms": round(s / n / 1000, 3), "max_ms": mx / 1000}
-                        for t, n, s, mx in sorted(facts.latency_timeline)],
+            "rows": [
+                {"t_s": t, "f": f, "type": ty, "count": n}  # type: ignore[typeddict-item]
+                for t, f, ty, n in sorted(facts.timeline, key=lambda r: (r[0], r[1] or "", r[2] or ""))
+            ],
+            "latency": [
+                {"t_s": t, "n": n, "mean_ms": round(s / n / 1000, 3), "max_ms": mx / 1000}
+                for t, n, s, mx in sorted(facts.latency_timeline)
+            ],
         },
-        faults=ctx.windows, drain=ctx.drain, end_ns=ctx.end_ns,
+        faults=ctx.windows,
+        drain=ctx.drain,
+        end_ns=ctx.end_ns,
     )
 
 

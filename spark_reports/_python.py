@@ -71,9 +71,25 @@ def iter_history(path: Path) -> Iterator[dict]:
 
 
 class _Msg:
-    __slots__ = ("attempts", "outcomes", "first_inv", "confirm", "pending", "deliveries", "delivered", "last_d",
-                 "digests", "acked", "first_ack", "ack_info_inv", "abandons", "last_ab", "res_n", "res_first",
-                 "delayed")
+    __slots__ = (
+        "attempts",
+        "outcomes",
+        "first_inv",
+        "confirm",
+        "pending",
+        "deliveries",
+        "delivered",
+        "last_d",
+        "digests",
+        "acked",
+        "first_ack",
+        "ack_info_inv",
+        "abandons",
+        "last_ab",
+        "res_n",
+        "res_first",
+        "delayed",
+    )
 
     def __init__(self) -> None:
         self.attempts = 0
@@ -164,7 +180,9 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
     violations: list[dict] = []
     unflagged: list[dict] = []
     acks = _AckPairs()
-    n = dict.fromkeys(("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0)
+    n = dict.fromkeys(
+        ("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0
+    )
     publish_attempts = 0
     bw = ctx.bucket_s
     windows = ctx.windows
@@ -225,8 +243,9 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                 if m.last_ab is not None and r["redelivered"] is not True:
                     n["unflagged"] += 1
                     if len(unflagged) < LIST_CAP:
-                        unflagged.append({"id": value, **d, "abandon_index": m.last_ab[0],
-                                          "abandon_cause": m.last_ab[1]})
+                        unflagged.append(
+                            {"id": value, **d, "abandon_index": m.last_ab[0], "abandon_cause": m.last_ab[1]}
+                        )
                 digest = r["digest"]
                 if digest is None:
                     n["undigested"] += 1
@@ -244,8 +263,17 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                 if prev is not None and seq < prev:
                     n["violations"] += 1
                     if len(violations) < LIST_CAP:
-                        violations.append({"consumer": r["process"], "queue": r["queue"], "producer": producer,
-                                           "id": value, "seq": seq, "after_seq": prev, "index": r["index"]})
+                        violations.append(
+                            {
+                                "consumer": r["process"],
+                                "queue": r["queue"],
+                                "producer": producer,
+                                "id": value,
+                                "seq": seq,
+                                "after_seq": prev,
+                                "index": r["index"],
+                            }
+                        )
                 max_seq[okey] = seq if prev is None else max(prev, seq)
         elif with_acks and f == "ack":
             if ty == "invoke":
@@ -274,11 +302,38 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             m.outcomes.add("info")
             _count_attempt(availability, windows, inv_time, False)
 
-    counts = dict.fromkeys(("attempted", "confirmed", "failed", "unknown", "delivered_unique", "consumed_unique",
-                            "lost", "ack_unknown", "unexpected", "corrupted", "duplicated", "resurrected",
-                            "recovered", "split_brain"), 0)
-    lists: dict[str, list[dict]] = {k: [] for k in ("lost", "ack_unknown", "unexpected", "duplicated", "recovered",
-                                                    "resurrected", "corrupted", "split_brain")}
+    counts = dict.fromkeys(
+        (
+            "attempted",
+            "confirmed",
+            "failed",
+            "unknown",
+            "delivered_unique",
+            "consumed_unique",
+            "lost",
+            "ack_unknown",
+            "unexpected",
+            "corrupted",
+            "duplicated",
+            "resurrected",
+            "recovered",
+            "split_brain",
+        ),
+        0,
+    )
+    lists: dict[str, list[dict]] = {
+        k: []
+        for k in (
+            "lost",
+            "ack_unknown",
+            "unexpected",
+            "duplicated",
+            "recovered",
+            "resurrected",
+            "corrupted",
+            "split_brain",
+        )
+    }
     by_cause: dict[tuple[str, str | None], int] = {}
     e2e: list[int] = []
     attribution: dict[tuple[str, str | None], int] = {}
@@ -297,8 +352,9 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             assert m.first_inv is not None
             e2e.append(latency_us(m.deliveries[0]["time_ns"], m.first_inv[1]))
         unacked = outcome == "ok" and consumed == 0
-        ack_unknown = (unacked and m.ack_info_inv is not None
-                       and (m.last_d is None or m.ack_info_inv > m.last_d))
+        ack_unknown = (
+            unacked and m.ack_info_inv is not None and (m.last_d is None or m.ack_info_inv > m.last_d)
+        )
         is_lost = unacked and not ack_unknown
         if outcome == "ok":
             assert m.confirm is not None
@@ -309,13 +365,26 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                 if is_lost:
                     akey = (kind, m.confirm[2])
                     attribution[akey] = attribution.get(akey, 0) + 1
-        first_consumed = (m.first_ack["index"] if with_acks and m.first_ack
-                          else m.deliveries[0]["index"] if m.deliveries else None)
+        first_consumed = (
+            m.first_ack["index"]
+            if with_acks and m.first_ack
+            else m.deliveries[0]["index"]
+            if m.deliveries
+            else None
+        )
 
-        def add(name: str, extra: dict | None = None, mid: str = mid, m: _Msg = m, consumed: int = consumed,
-                first_consumed: int | None = first_consumed) -> None:
+        def add(
+            name: str,
+            extra: dict | None = None,
+            mid: str = mid,
+            m: _Msg = m,
+            consumed: int = consumed,
+            first_consumed: int | None = first_consumed,
+        ) -> None:
             counts[name] += 1
-            lists[name].append({**_detail(mid, m, consumed), "first_consumed_index": first_consumed, **(extra or {})})
+            lists[name].append(
+                {**_detail(mid, m, consumed), "first_consumed_index": first_consumed, **(extra or {})}
+            )
 
         if is_lost:
             cause, abandon_cause = _lost_cause(m)
@@ -331,16 +400,29 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             add("recovered")
         if m.res_n:
             counts["resurrected"] += 1
-            lists["resurrected"].append({"id": mid, "ack": m.first_ack, "deliveries_after": m.res_n,
-                                         "delivery": m.res_first, "first_index": m.res_first["index"]})  # type: ignore[index]
+            lists["resurrected"].append(
+                {
+                    "id": mid,
+                    "ack": m.first_ack,
+                    "deliveries_after": m.res_n,
+                    "delivery": m.res_first,
+                    "first_index": m.res_first["index"],
+                }
+            )  # type: ignore[index]
         if ctx.check_bodies and m.attempts and m.digests:
             want = expected_digest(mid, ctx.params)
             bad = [v for dg, v in m.digests.items() if dg != want]
             if bad:
                 first = min((v[1] for v in bad), key=lambda x: x["index"])
                 counts["corrupted"] += 1
-                lists["corrupted"].append({"id": mid, "deliveries": sum(v[0] for v in bad), "delivery": first,
-                                           "first_index": first["index"]})
+                lists["corrupted"].append(
+                    {
+                        "id": mid,
+                        "deliveries": sum(v[0] for v in bad),
+                        "delivery": first,
+                        "first_index": first["index"],
+                    }
+                )
         if ctx.spans and m.first_ack is not None:
             a = m.first_ack
             if split_brain_nodes(ctx.spans, a["process"], a["queue"], a["index"], a["time_ns"], a["node"]):
@@ -398,10 +480,14 @@ def _count_attempt(availability: dict[str, list[int]], windows: list, inv_time: 
 
 def _detail(mid: str, m: _Msg, consumed: int) -> dict:
     return {
-        "id": mid, "attempts": m.attempts, "outcome": m.outcome,
+        "id": mid,
+        "attempts": m.attempts,
+        "outcome": m.outcome,
         "first_invoke_ns": m.first_inv[1] if m.first_inv else None,
         "confirm_ns": m.confirm[1] if m.confirm else None,
         "confirm_node": m.confirm[2] if m.confirm else None,
         "confirm_index": m.confirm[0] if m.confirm else None,
-        "delivered": m.delivered, "consumed": consumed, "deliveries": list(m.deliveries),
+        "delivered": m.delivered,
+        "consumed": consumed,
+        "deliveries": list(m.deliveries),
     }

@@ -59,7 +59,9 @@ _warmed: tuple[Any, int] = (None, 0)
 process (the chaos suite's, ``--runs N``) runs only what is left of WARM_UP_CHECKS."""
 
 
-def start_session_in_background(master: str | None = None, driver_memory: str | None = None) -> threading.Thread:
+def start_session_in_background(
+    master: str | None = None, driver_memory: str | None = None
+) -> threading.Thread:
     """Start the JVM while something else (a run's workload) goes on, and check a tiny history with
     every kind of finding on it (``_warmup``) a few times, so the real check finds the classes loaded,
     the JIT warm and the job's code generated. A check started meanwhile waits for the warm-up check
@@ -76,9 +78,13 @@ def start_session_in_background(master: str | None = None, driver_memory: str | 
             done = _warmed[1] if _warmed[0] is session else 0
             if done < WARM_UP_CHECKS:
                 with quiet():
-                    done += warm_up(lambda d, s, big: _check(d, s, master, driver_memory,
-                                                             planned_rows=WARM_BIG_ROWS if big else None),
-                                    times=WARM_UP_CHECKS - done, wanted=_wanted.is_set)
+                    done += warm_up(
+                        lambda d, s, big: _check(
+                            d, s, master, driver_memory, planned_rows=WARM_BIG_ROWS if big else None
+                        ),
+                        times=WARM_UP_CHECKS - done,
+                        wanted=_wanted.is_set,
+                    )
                 _warmed = (session, done)
         except Exception:  # noqa: BLE001 - the check reports it, with the real context
             pass
@@ -91,7 +97,6 @@ def start_session_in_background(master: str | None = None, driver_memory: str | 
     return thread
 
 
-
 def _column_types() -> dict[str, str]:
     """Spark SQL types of the contract's Arrow schema (an absent optional column reads as a typed null)."""
     import pyarrow as pa
@@ -100,9 +105,14 @@ def _column_types() -> dict[str, str]:
     return {f.name: sql[f.type] for f in arrow_schema()}
 
 
-
-def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = None,
-                driver_memory: str | None = None, passes: str | None = None) -> Results:
+def check_spark(
+    run_dir: Path,
+    scenario: dict,
+    *,
+    spark_master: str | None = None,
+    driver_memory: str | None = None,
+    passes: str | None = None,
+) -> Results:
     """Reconcile a stored run with Spark; same results schema as check_python.
 
     With spark_master pointing at a real cluster, the run directory must be on a
@@ -117,23 +127,36 @@ def check_spark(run_dir: Path, scenario: dict, *, spark_master: str | None = Non
     return _check(run_dir, scenario, spark_master, driver_memory, passes)
 
 
-def _check(run_dir: Path, scenario: dict, spark_master: str | None, driver_memory: str | None,
-           passes: str | None = None, planned_rows: int | None = None) -> Results:
+def _check(
+    run_dir: Path,
+    scenario: dict,
+    spark_master: str | None,
+    driver_memory: str | None,
+    passes: str | None = None,
+    planned_rows: int | None = None,
+) -> Results:
     """``planned_rows``: plan the job as for a history of that many records (the warm-up's checks
     of a tiny history take the paths of a big one's too)."""
     conf = (scenario or {}).get("spark") or {}
     spark = spark_session(spark_master or conf.get("master"), driver_memory or conf.get("driver_memory"))
     history = _prepare(spark, Path(run_dir), scenario, 0)
-    job = _Job(spark, history.h, Scope(spark, {0: history.ctx}), planned_rows or history.ctx.ops, history.names,
-               passes=passes)
+    job = _Job(
+        spark,
+        history.h,
+        Scope(spark, {0: history.ctx}),
+        planned_rows or history.ctx.ops,
+        history.names,
+        passes=passes,
+    )
     try:
         return job.check(history.ctx)
     finally:
         job.release()
 
 
-def aggregate_runs(run_dirs: list[Path], scenarios: list[dict], *, spark_master: str | None = None
-                   ) -> list[dict[str, Any]]:
+def aggregate_runs(
+    run_dirs: list[Path], scenarios: list[dict], *, spark_master: str | None = None
+) -> list[dict[str, Any]]:
     """Verdict, counts, drain and exposure of every run in one Spark job over all their histories.
 
     Each history is read with its run's number as a column; the run contexts (schema, bodies,
@@ -143,7 +166,9 @@ def aggregate_runs(run_dirs: list[Path], scenarios: list[dict], *, spark_master:
     not read them.
     """
     spark = spark_session(spark_master)
-    histories = [_prepare(spark, Path(d), s, i) for i, (d, s) in enumerate(zip(run_dirs, scenarios, strict=True))]
+    histories = [
+        _prepare(spark, Path(d), s, i) for i, (d, s) in enumerate(zip(run_dirs, scenarios, strict=True))
+    ]
     h = histories[0].h
     for x in histories[1:]:
         h = h.unionByName(x.h)
@@ -179,8 +204,10 @@ def _prepare(spark: Any, run_dir: Path, scenario: dict, run: int) -> _History:
     present = set(raw.columns)
     types = _column_types()
     # Histories written before schema 2 have no digest or detail column: they read as nulls.
-    h = raw.select(F.lit(run).alias("run"), *[F.col(c) if c in present else F.lit(None).cast(types[c]).alias(c)
-                                              for c in HISTORY_COLUMNS])
+    h = raw.select(
+        F.lit(run).alias("run"),
+        *[F.col(c) if c in present else F.lit(None).cast(types[c]).alias(c) for c in HISTORY_COLUMNS],
+    )
     ops, end_ns, schema = footer.rows, footer.max_time, footer.min_schema
     if end_ns is None:
         ops, end_ns = h.agg(F.count(F.lit(1)), F.max("time_ns")).first()
@@ -190,8 +217,14 @@ def _prepare(spark: Any, run_dir: Path, scenario: dict, run: int) -> _History:
         schema = h.agg(F.min(F.coalesce("schema", F.lit(1)))).first()[0]
     small = _small_rows(path)
     ctx = make_context(int(ops), end_ns, small, scenario, schema)
-    progress("spark", "prelude", ops=int(ops), faults=len(ctx.windows), drain_ops=len(small),
-             schema=ctx.history_schema)
+    progress(
+        "spark",
+        "prelude",
+        ops=int(ops),
+        faults=len(ctx.windows),
+        drain_ops=len(small),
+        schema=ctx.history_schema,
+    )
     return _History(h=h, ctx=ctx, names=_names(path))
 
 
@@ -209,6 +242,7 @@ def _names(path: Path) -> list[str]:
             for chunk in col.chunks:
                 names.update(x for x in chunk.dictionary.to_pylist() if x is not None)
     return sorted(names)
+
 
 WHOLE_STAGE_ROWS = 200_000
 ORDERED_ROWS = 200_000
@@ -231,8 +265,9 @@ def shuffle_partitions(rows: int, cores: int) -> int:
 
 
 class _Job:
-    def __init__(self, spark: Any, h: Any, scope: Scope, rows: int, names: list[str], *,
-                 passes: str | None = None) -> None:
+    def __init__(
+        self, spark: Any, h: Any, scope: Scope, rows: int, names: list[str], *, passes: str | None = None
+    ) -> None:
         self.spark = spark
         self.h = h
         self.scope = scope
@@ -242,7 +277,10 @@ class _Job:
             raise ValueError(f"passes: 'both' or 'ordered', not {passes!r}")
         self.passes = passes or ("ordered" if rows < ORDERED_ROWS else "both")
         self.cached: list[Any] = []
-        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(rows, spark.sparkContext.defaultParallelism)))
+        spark.conf.set(
+            "spark.sql.shuffle.partitions",
+            str(shuffle_partitions(rows, spark.sparkContext.defaultParallelism)),
+        )
         # Adaptive execution runs each shuffle stage as a job of its own and re-plans after it: on a
         # history of one shuffle partition there is nothing to adapt, only that overhead.
         spark.conf.set("spark.sql.adaptive.enabled", str(rows >= ADAPTIVE_ROWS).lower())
@@ -264,7 +302,9 @@ class _Job:
         from pyspark import StorageLevel
 
         big = self.rows > DISK_ONLY_ROWS
-        df = df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK)
+        df = df.localCheckpoint(
+            eager=True, storageLevel=StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK
+        )
         self.cached.append(df)
         return df
 
@@ -306,11 +346,18 @@ class _Job:
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
         lists, corrupted = _unpack_lists(first.get("lists", []))
-        progress("spark", "lists", lost=len(lists["lost"]), unexpected=len(lists["unexpected"]),
-                 corrupted=len(corrupted))
+        progress(
+            "spark",
+            "lists",
+            lost=len(lists["lost"]),
+            unexpected=len(lists["unexpected"]),
+            corrupted=len(corrupted),
+        )
 
         ok_att = attempts_l1.filter(F.col("o") == "ok").select(F.expr(confirm_us_sql()).alias("v"))
-        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(F.expr(E2E_US_SQL).alias("v"))
+        e2e = j.filter((F.col("attempts") > 0) & (F.col("delivered") > 0)).select(
+            F.expr(E2E_US_SQL).alias("v")
+        )
         ranks = Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
         parts = self.counted_parts(ev, j, counts)
         refine = ranks.query()
@@ -326,14 +373,25 @@ class _Job:
             return sorted(got.get(part, []), key=key)
 
         return Facts(
-            counts=counts, lost=lists["lost"], lost_by_cause=metrics.lost_by_cause,
-            ack_unknown=lists["ack_unknown"], unexpected=lists["unexpected"], duplicated=lists["duplicated"],
-            recovered=lists["recovered"], resurrected=lists["resurrected"],
+            counts=counts,
+            lost=lists["lost"],
+            lost_by_cause=metrics.lost_by_cause,
+            ack_unknown=lists["ack_unknown"],
+            unexpected=lists["unexpected"],
+            duplicated=lists["duplicated"],
+            recovered=lists["recovered"],
+            resurrected=lists["resurrected"],
             corrupted=sorted(corrupted, key=lambda d: d["delivery"]["index"]),
-            split_brain=lists["split_brain"], unflagged=by_index("unflagged", lambda d: d["index"]),
-            undigested=undigested, order_violations=by_index("order", lambda d: d["index"]),
-            attribution_rows=metrics.attribution_rows, exposure_rows=metrics.exposure_rows,
-            confirm_us=confirm_us, e2e_us=e2e_us, availability=metrics.availability, timeline=metrics.timeline,
+            split_brain=lists["split_brain"],
+            unflagged=by_index("unflagged", lambda d: d["index"]),
+            undigested=undigested,
+            order_violations=by_index("order", lambda d: d["index"]),
+            attribution_rows=metrics.attribution_rows,
+            exposure_rows=metrics.exposure_rows,
+            confirm_us=confirm_us,
+            e2e_us=e2e_us,
+            availability=metrics.availability,
+            timeline=metrics.timeline,
             latency_timeline=metrics.latency_timeline,
         )
 
@@ -341,7 +399,11 @@ class _Job:
         """(publish attempts, one row per id with its flags, the kept tables they are read from),
         persisted: both jobs read them."""
         attempts, j, tangled, units = classify(ev, self.scope, self.names, self.persist, passes=self.passes)
-        progress("spark", "per id", **({"ordered_pass_ids": tangled} if tangled >= 0 else {"ordered_pass": "every id"}))
+        progress(
+            "spark",
+            "per id",
+            **({"ordered_pass_ids": tangled} if tangled >= 0 else {"ordered_pass": "every id"}),
+        )
         return attempts, j, units
 
     def metrics(self, j: Any, units: list[Unit]) -> dict[int, _Metrics]:
@@ -370,18 +432,25 @@ class _Job:
                 structs += _id_metrics(exposure)
                 counted.append(_branch(df, "count", {}, [F.sum(c) for c in _id_counts()]))
             if u.attempt is not None:
-                structs += _attempt_metrics(f"{u.attempt}." if u.attempt else "", in_window,
-                                            F.col(u.attempt).isNotNull() if u.attempt else None)
+                structs += _attempt_metrics(
+                    f"{u.attempt}." if u.attempt else "",
+                    in_window,
+                    F.col(u.attempt).isNotNull() if u.attempt else None,
+                )
             one = df.select("run", F.explode(F.array(*structs)).alias("m")).filter(F.col("m").isNotNull())
             rows = one if rows is None else rows.unionByName(one)
         assert rows is not None
-        summed = (rows.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2")
-                  .agg(F.sum("m.v0").alias("v0"), F.sum("m.v1").alias("v1"), F.max("m.mx").alias("mx")))
+        summed = rows.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2").agg(
+            F.sum("m.v0").alias("v0"), F.sum("m.v1").alias("v1"), F.max("m.mx").alias("mx")
+        )
         parts = [
             summed.select("run", "tag", "s1", "s2", "l1", "l2", F.array("v0", "v1").alias("v"), "mx"),
             *counted,
-            _branch(self.scope.add(self.h, "x_bucket"), "timeline",
-                    {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")}),
+            _branch(
+                self.scope.add(self.h, "x_bucket"),
+                "timeline",
+                {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")},
+            ),
             _branch(_order_violation_rows(j), "order", {}),
         ]
         df = parts[0]
@@ -399,8 +468,13 @@ class _Job:
         ctxs = dict(sorted(self.scope.ctxs.items()))
         conds = []
         for kind in _kinds(self.scope):
-            latest = [max((w["end_ns"] for w in c.windows if w["kind"] == kind and w["start_ns"] <= c.drain_end_ns),
-                          default=None) for c in ctxs.values()]
+            latest = [
+                max(
+                    (w["end_ns"] for w in c.windows if w["kind"] == kind and w["start_ns"] <= c.drain_end_ns),
+                    default=None,
+                )
+                for c in ctxs.values()
+            ]
             conds.append(F.col("c_t") <= self.scope.per_run(latest, "bigint"))
         return conds
 
@@ -411,8 +485,12 @@ class _Job:
         bounds = []
         for i in range(max((len(v) for v in _window_ids(self.scope).values()), default=0)):
             ws = [c.windows[i] if i < len(c.windows) else None for c in ctxs.values()]
-            bounds.append((self.scope.per_run([w and w["start_ns"] for w in ws], "bigint"),
-                           self.scope.per_run([w and w["end_ns"] for w in ws], "bigint")))
+            bounds.append(
+                (
+                    self.scope.per_run([w and w["start_ns"] for w in ws], "bigint"),
+                    self.scope.per_run([w and w["end_ns"] for w in ws], "bigint"),
+                )
+            )
 
         def conds(it: Any) -> list[Any]:
             return [(it >= start) & (it <= end) for start, end in bounds]
@@ -426,25 +504,45 @@ class _Job:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        common = ["id", "attempts", "outcome", F.col("fi_t").alias("first_invoke_ns"), F.col("c_t").alias("confirm_ns"),
-                  F.col("c_n").alias("confirm_node"), "delivered", "consumed", "cause", "abandon_cause",
-                  F.col("first_ack").alias("ack"), F.col("res_n").alias("deliveries_after"),
-                  F.col("res_first").alias("delivery"), F.slice("ds", 1, DELIVERY_CAP).alias("deliveries"),
-                  "n_bad", "bad_first"]
-        specs = {"lost": ("is_lost", F.col("c_i")), "ack_unknown": ("is_ack_unknown", F.col("c_i")),
-                 "unexpected": ("is_unexpected", F.col("first_consumed")),
-                 "duplicated": ("is_dup", F.col("first_d.index")),
-                 "recovered": ("is_recovered", F.col("first_consumed")),
-                 "resurrected": ("is_resurrected", F.col("res_first.index")),
-                 "split_brain": ("is_split", F.col("first_ack.index")),
-                 "corrupted": ("is_corrupted", F.col("bad_first.index"))}
-        on = [F.when(F.col(flag), F.struct(F.lit(name).alias("list"), order.cast("long").alias("o")))
-              for name, (flag, order) in specs.items()]
+        common = [
+            "id",
+            "attempts",
+            "outcome",
+            F.col("fi_t").alias("first_invoke_ns"),
+            F.col("c_t").alias("confirm_ns"),
+            F.col("c_n").alias("confirm_node"),
+            "delivered",
+            "consumed",
+            "cause",
+            "abandon_cause",
+            F.col("first_ack").alias("ack"),
+            F.col("res_n").alias("deliveries_after"),
+            F.col("res_first").alias("delivery"),
+            F.slice("ds", 1, DELIVERY_CAP).alias("deliveries"),
+            "n_bad",
+            "bad_first",
+        ]
+        specs = {
+            "lost": ("is_lost", F.col("c_i")),
+            "ack_unknown": ("is_ack_unknown", F.col("c_i")),
+            "unexpected": ("is_unexpected", F.col("first_consumed")),
+            "duplicated": ("is_dup", F.col("first_d.index")),
+            "recovered": ("is_recovered", F.col("first_consumed")),
+            "resurrected": ("is_resurrected", F.col("res_first.index")),
+            "split_brain": ("is_split", F.col("first_ack.index")),
+            "corrupted": ("is_corrupted", F.col("bad_first.index")),
+        }
+        on = [
+            F.when(F.col(flag), F.struct(F.lit(name).alias("list"), order.cast("long").alias("o")))
+            for name, (flag, order) in specs.items()
+        ]
         flagged = j.filter(reduce(lambda a, b: a | b, [F.col(flag) for flag, _order in specs.values()]))
         rows = flagged.select(*common, F.explode(F.array(*on)).alias("e")).filter(F.col("e").isNotNull())
         rank = F.row_number().over(Window.partitionBy("e.list").orderBy("e.o"))
         top = rows.withColumn("rank", rank).filter(F.col("rank") <= LIST_CAP)
-        return tagged(top.select(F.col("e.list").alias("list"), F.col("e.o").alias("o"), *rows.columns[:-1]), "lists")
+        return tagged(
+            top.select(F.col("e.list").alias("list"), F.col("e.o").alias("o"), *rows.columns[:-1]), "lists"
+        )
 
     def counted_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
         """The unflagged and out-of-order lists, when the counts say there is anything to list.
@@ -455,15 +553,31 @@ class _Job:
         parts, k = [], F.col("k")
         if counts["unflagged_redeliveries"]:
             before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
-            ab = F.struct(F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause"))
-            parts.append(tagged(
-                ev.filter(k.isin("d", "ab")).withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
-                .filter((k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True))
-                .orderBy("index").limit(LIST_CAP)
-                .select("id", *DELIVERY, F.col("ab_before.index").alias("abandon_index"),
-                        F.col("ab_before.cause").alias("abandon_cause")), "unflagged"))
+            ab = F.struct(
+                F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause")
+            )
+            parts.append(
+                tagged(
+                    ev.filter(k.isin("d", "ab"))
+                    .withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
+                    .filter(
+                        (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
+                    )
+                    .orderBy("index")
+                    .limit(LIST_CAP)
+                    .select(
+                        "id",
+                        *DELIVERY,
+                        F.col("ab_before.index").alias("abandon_index"),
+                        F.col("ab_before.cause").alias("abandon_cause"),
+                    ),
+                    "unflagged",
+                )
+            )
         if counts["order_violations"]:
-            parts.append(tagged(_order_violation_rows(j).drop("run").orderBy("index").limit(LIST_CAP), "order"))
+            parts.append(
+                tagged(_order_violation_rows(j).drop("run").orderBy("index").limit(LIST_CAP), "order")
+            )
         return parts
 
 
@@ -516,8 +630,12 @@ def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
         m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
         # Rows of several bit sets name the same kind and node: one row each.
         m.attribution_rows = [(kind, node, n) for (kind, node), n in m.lost_by_kind_node.items()]
-    progress("spark", "aggregates", runs=len(runs), rows=sum(len(m.timeline) + len(m.latency_timeline)
-                                                             for m in runs.values()))
+    progress(
+        "spark",
+        "aggregates",
+        runs=len(runs),
+        rows=sum(len(m.timeline) + len(m.latency_timeline) for m in runs.values()),
+    )
     return runs
 
 
@@ -531,9 +649,13 @@ def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
     held, so ``_named`` tells a row that met none."""
     from pyspark.sql import functions as F
 
-    longs = [reduce(lambda a, b: a + b, [F.when(c, 1 << i).otherwise(0).cast("long")
-                                        for i, c in enumerate(conds[k:k + BITS])])
-             for k in range(0, len(conds), BITS)] or [F.lit(0).cast("long")]
+    longs = [
+        reduce(
+            lambda a, b: a + b,
+            [F.when(c, 1 << i).otherwise(0).cast("long") for i, c in enumerate(conds[k : k + BITS])],
+        )
+        for k in range(0, len(conds), BITS)
+    ] or [F.lit(0).cast("long")]
     met = reduce(lambda a, b: a | b, [F.coalesce(c, F.lit(False)) for c in conds], F.lit(False)).cast("long")
     return [(F.lit(2 * k) + met, bits) for k, bits in enumerate(longs)]
 
@@ -549,13 +671,23 @@ def _branch(df: Any, tag: str, keys: dict[str, Any], values: list[Any] | None = 
 
     sums = values if values is not None else [F.count(F.lit(1))]
     out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(*sums).alias("v"))
-    return out.select("run", F.lit(tag).alias("tag"),
-                      *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in _SLOTS.items()],
-                      "v", F.lit(None).cast("long").alias("mx"))
+    return out.select(
+        "run",
+        F.lit(tag).alias("tag"),
+        *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in _SLOTS.items()],
+        "v",
+        F.lit(None).cast("long").alias("mx"),
+    )
 
 
-def _metric(tag: str, *, keys: dict[str, Any] | None = None, v: list[Any] | None = None, mx: Any = None,
-            when: Any = None) -> Any:
+def _metric(
+    tag: str,
+    *,
+    keys: dict[str, Any] | None = None,
+    v: list[Any] | None = None,
+    mx: Any = None,
+    when: Any = None,
+) -> Any:
     """One keyed metric row of ``_Job.metrics``: a tag, its keys (s1, s2: strings; l1, l2: longs), two
     values summed per key (v0: 1 where none are given; v1: 0) and a maximum."""
     from pyspark.sql import functions as F
@@ -563,9 +695,13 @@ def _metric(tag: str, *, keys: dict[str, Any] | None = None, v: list[Any] | None
     keys = keys or {}
     vals = [F.coalesce(x.cast("long"), F.lit(0)) for x in (v if v is not None else [F.lit(1)])]
     vals += [F.lit(0).cast("long")] * (2 - len(vals))
-    m = F.struct(F.lit(tag).alias("tag"),
-                 *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in _SLOTS.items()],
-                 vals[0].alias("v0"), vals[1].alias("v1"), (mx if mx is not None else F.lit(None)).cast("long").alias("mx"))
+    m = F.struct(
+        F.lit(tag).alias("tag"),
+        *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in _SLOTS.items()],
+        vals[0].alias("v0"),
+        vals[1].alias("v1"),
+        (mx if mx is not None else F.lit(None)).cast("long").alias("mx"),
+    )
     return F.when(when, m) if when is not None else m
 
 
@@ -591,11 +727,26 @@ def _id_counts() -> list[Any]:
 
     col = F.col
     return [
-        _flag(col("attempts") > 0), _flag(col("outcome") == "ok"), _flag(col("outcome") == "fail"),
-        _flag(col("outcome") == "info"), col("attempts"), _flag(col("delivered") > 0), col("delivered"),
-        _flag(col("consumed") > 0), col("consumed"), col("abandons"), _flag("is_lost"),
-        _flag("is_ack_unknown"), _flag("is_unexpected"), _flag("is_corrupted"), _flag("is_dup"),
-        _flag("is_resurrected"), _flag("is_recovered"), _flag("is_split"), col("unflagged"), col("undigested"),
+        _flag(col("attempts") > 0),
+        _flag(col("outcome") == "ok"),
+        _flag(col("outcome") == "fail"),
+        _flag(col("outcome") == "info"),
+        col("attempts"),
+        _flag(col("delivered") > 0),
+        col("delivered"),
+        _flag(col("consumed") > 0),
+        col("consumed"),
+        col("abandons"),
+        _flag("is_lost"),
+        _flag("is_ack_unknown"),
+        _flag("is_unexpected"),
+        _flag("is_corrupted"),
+        _flag("is_dup"),
+        _flag("is_resurrected"),
+        _flag("is_recovered"),
+        _flag("is_split"),
+        col("unflagged"),
+        col("undigested"),
     ]
 
 
@@ -607,8 +758,14 @@ def _id_metrics(exposure: list[Any]) -> list[Any]:
     col = F.col
     return [
         _metric("cause", keys={"s1": col("cause"), "s2": col("abandon_cause")}, when=col("is_lost")),
-        *[_metric("exposure", keys={"l1": chunk * 2 + col("is_lost").cast("long"), "l2": bits, "s2": col("c_n")},
-                  when=col("outcome") == "ok") for chunk, bits in _bit_chunks(exposure)],
+        *[
+            _metric(
+                "exposure",
+                keys={"l1": chunk * 2 + col("is_lost").cast("long"), "l2": bits, "s2": col("c_n")},
+                when=col("outcome") == "ok",
+            )
+            for chunk, bits in _bit_chunks(exposure)
+        ],
         _metric("hist:e2e", keys=_hist_keys(E2E_US_SQL), when=(col("attempts") > 0) & (col("delivered") > 0)),
     ]
 
@@ -627,10 +784,17 @@ def _attempt_metrics(prefix: str, in_window: Callable[[Any], list[Any]], present
         ok = present & ok
     latency = confirm_us_sql(prefix)
     return [
-        *[_metric("avail", keys={"l1": chunk, "l2": bits}, v=[F.lit(1), _flag(ok)], when=present)
-          for chunk, bits in _bit_chunks(in_window(at("it")))],
-        _metric("latency", keys={"l1": bucket(prefix + "dt", "x_bucket")}, v=[F.lit(1), F.expr(latency)],
-                mx=F.expr(latency), when=ok),
+        *[
+            _metric("avail", keys={"l1": chunk, "l2": bits}, v=[F.lit(1), _flag(ok)], when=present)
+            for chunk, bits in _bit_chunks(in_window(at("it")))
+        ],
+        _metric(
+            "latency",
+            keys={"l1": bucket(prefix + "dt", "x_bucket")},
+            v=[F.lit(1), F.expr(latency)],
+            mx=F.expr(latency),
+            when=ok,
+        ),
         _metric("hist:confirm", keys=_hist_keys(latency), when=ok),
     ]
 
@@ -662,7 +826,9 @@ def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
     lists: dict[str, list[tuple[int, dict]]] = {name: [] for name in _LISTS}
     corrupted = []
     for d in rows:
-        name, o, n_bad, bad_first, deliveries = (d.pop(c) for c in ("list", "o", "n_bad", "bad_first", "deliveries"))
+        name, o, n_bad, bad_first, deliveries = (
+            d.pop(c) for c in ("list", "o", "n_bad", "bad_first", "deliveries")
+        )
         if name == "corrupted":
             corrupted.append({"id": d["id"], "deliveries": n_bad, "delivery": bad_first})
             continue
@@ -674,11 +840,28 @@ def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
     return {name: [d for _o, d in sorted(v, key=lambda x: x[0])] for name, v in lists.items()}, corrupted
 
 
-
-_COUNT_NAMES = ("attempted", "confirmed", "failed", "unknown", "publish_attempts", "delivered_unique",
-                "delivered_total", "consumed_unique", "consumed_total", "abandoned", "lost", "ack_unknown",
-                "unexpected", "corrupted", "duplicated", "resurrected", "recovered", "split_brain",
-                "unflagged_redeliveries", "undigested")
+_COUNT_NAMES = (
+    "attempted",
+    "confirmed",
+    "failed",
+    "unknown",
+    "publish_attempts",
+    "delivered_unique",
+    "delivered_total",
+    "consumed_unique",
+    "consumed_total",
+    "abandoned",
+    "lost",
+    "ack_unknown",
+    "unexpected",
+    "corrupted",
+    "duplicated",
+    "resurrected",
+    "recovered",
+    "split_brain",
+    "unflagged_redeliveries",
+    "undigested",
+)
 
 HIST_BITS = 8
 """The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
@@ -711,20 +894,31 @@ def _order_violation_rows(ids: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    d = (ids.filter(~F.col("delayed") & (F.size("ds") > 0)).select("run", "id", F.explode("ds").alias("d"))
-         .select("run", "id", "d.*").filter(~F.col("redelivered").eqNullSafe(True)))
+    d = (
+        ids.filter(~F.col("delayed") & (F.size("ds") > 0))
+        .select("run", "id", F.explode("ds").alias("d"))
+        .select("run", "id", "d.*")
+        .filter(~F.col("redelivered").eqNullSafe(True))
+    )
     producer, seqs = producer_and_seq("id")
-    oc = (d
-          .withColumn("producer", producer)
-          .withColumn("seqs", seqs)
-          .filter(F.col("seqs") != "")
-          .withColumn("seq", F.col("seqs").cast("long")))
-    w = (Window.partitionBy("run", "process", "queue", "producer").orderBy("index")
-         .rowsBetween(Window.unboundedPreceding, -1))
-    return (oc.withColumn("after_seq", F.max("seq").over(w))
-            .filter(F.col("seq") < F.col("after_seq"))
-            .select("run", F.col("process").alias("consumer"), "queue", "producer", "id", "seq", "after_seq", "index"))
-
+    oc = (
+        d.withColumn("producer", producer)
+        .withColumn("seqs", seqs)
+        .filter(F.col("seqs") != "")
+        .withColumn("seq", F.col("seqs").cast("long"))
+    )
+    w = (
+        Window.partitionBy("run", "process", "queue", "producer")
+        .orderBy("index")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    return (
+        oc.withColumn("after_seq", F.max("seq").over(w))
+        .filter(F.col("seq") < F.col("after_seq"))
+        .select(
+            "run", F.col("process").alias("consumer"), "queue", "producer", "id", "seq", "after_seq", "index"
+        )
+    )
 
 
 _SMALL = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", "error")
@@ -787,4 +981,3 @@ def _min(stats: Any) -> int:
 
 def _max(stats: Any) -> int:
     return int(stats.max)
-

@@ -31,14 +31,27 @@ DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _DELIVERY_FIELDS = "index:bigint,time_ns:bigint,node:string,queue:string,process:string,redelivered:boolean"
 _DELIVERY_T = f"struct<{_DELIVERY_FIELDS}>"
 _SHAPE = {
-    "attempts": "bigint", "outcome": "string", "fi": "struct<ii:bigint,it:bigint>",
-    "c": "struct<di:bigint,dt:bigint,dn:string,dtype:string>", "ack_info_inv": "bigint",
-    "delivered": "bigint", "last_d": "bigint", "first_d": "struct<index:bigint,time_ns:bigint>", "n_bad": "bigint", "n_dig": "bigint",
-    "undigested": "bigint", "acked": "bigint",
+    "attempts": "bigint",
+    "outcome": "string",
+    "fi": "struct<ii:bigint,it:bigint>",
+    "c": "struct<di:bigint,dt:bigint,dn:string,dtype:string>",
+    "ack_info_inv": "bigint",
+    "delivered": "bigint",
+    "last_d": "bigint",
+    "first_d": "struct<index:bigint,time_ns:bigint>",
+    "n_bad": "bigint",
+    "n_dig": "bigint",
+    "undigested": "bigint",
+    "acked": "bigint",
     "first_ack": "struct<index:bigint,time_ns:bigint,node:string,process:string,queue:string>",
-    "abandons": "bigint", "last_ab": "struct<index:bigint,cause:string>", "res_n": "bigint",
-    "res_first": _DELIVERY_T, "unflagged": "bigint", "ds": f"array<{_DELIVERY_T}>",
-    "bad_first": f"struct<{_DELIVERY_FIELDS},digest:string,detail:string>", "delayed": "boolean",
+    "abandons": "bigint",
+    "last_ab": "struct<index:bigint,cause:string>",
+    "res_n": "bigint",
+    "res_first": _DELIVERY_T,
+    "unflagged": "bigint",
+    "ds": f"array<{_DELIVERY_T}>",
+    "bad_first": f"struct<{_DELIVERY_FIELDS},digest:string,detail:string>",
+    "delayed": "boolean",
 }
 """What either pass says of an id, before ``derive``."""
 _ATTEMPT = {"it": "bigint", "o": "string", "dt": "bigint"}
@@ -57,15 +70,34 @@ def events(h: Any, scope: Scope) -> Any:
     f, ty = F.col("f"), F.col("type")
     acks = scope.scalar("x_acks")
     ack = acks & (f == "ack")
-    kind = (F.when(f == "publish", "p").when((f == "consume") & (ty == "ok"), "d")
-            .when(ack & (ty == "invoke"), "ai").when(ack & (ty == "ok"), "ao")
-            .when(ack & (ty == "fail"), "af").when(ack, "an")
-            .when(acks & (f == "abandon") & (ty == "invoke"), "ab"))
+    kind = (
+        F.when(f == "publish", "p")
+        .when((f == "consume") & (ty == "ok"), "d")
+        .when(ack & (ty == "invoke"), "ai")
+        .when(ack & (ty == "ok"), "ao")
+        .when(ack & (ty == "fail"), "af")
+        .when(ack, "an")
+        .when(acks & (f == "abandon") & (ty == "invoke"), "ab")
+    )
     client = ~F.col("process").eqNullSafe(NEMESIS) & F.col("value").isNotNull()
-    return (h.filter(client)
-            .select("run", F.col("value").alias("id"), "index", "type", "time_ns", "node", "queue", "process",
-                    "redelivered", "digest", "detail", kind.alias("k"))
-            .filter(F.col("k").isNotNull()))
+    return (
+        h.filter(client)
+        .select(
+            "run",
+            F.col("value").alias("id"),
+            "index",
+            "type",
+            "time_ns",
+            "node",
+            "queue",
+            "process",
+            "redelivered",
+            "digest",
+            "detail",
+            kind.alias("k"),
+        )
+        .filter(F.col("k").isNotNull())
+    )
 
 
 def _delayed(scope: Scope) -> Any:
@@ -74,8 +106,11 @@ def _delayed(scope: Scope) -> Any:
 
     if not scope.delays:
         return F.lit(False)
-    return ((F.col("k") == "p") & (F.col("type") == "invoke")
-            & F.get_json_object("detail", "$.delay_ms").isNotNull())
+    return (
+        (F.col("k") == "p")
+        & (F.col("type") == "invoke")
+        & F.get_json_object("detail", "$.delay_ms").isNotNull()
+    )
 
 
 def _with_bad(ev: Any, scope: Scope) -> Any:
@@ -84,8 +119,11 @@ def _with_bad(ev: Any, scope: Scope) -> Any:
 
     digested = (F.col("k") == "d") & F.col("digest").isNotNull() & scope.scalar("x_bodies")
     expected = F.expr(expected_digest_sql("id", "x_seed", "x_size"))
-    return (ev.withColumns({"x_seed": scope.scalar("x_seed"), "x_size": scope.scalar("x_size")})
-            .withColumn("bad", F.when(digested, F.col("digest") != expected)).drop("x_seed", "x_size"))
+    return (
+        ev.withColumns({"x_seed": scope.scalar("x_seed"), "x_size": scope.scalar("x_size")})
+        .withColumn("bad", F.when(digested, F.col("digest") != expected))
+        .drop("x_seed", "x_size")
+    )
 
 
 @dataclass(frozen=True)
@@ -99,8 +137,9 @@ class Unit:
     attempt: str | None
 
 
-def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: str = "both"
-             ) -> tuple[Any, Any, int, list[Unit]]:
+def classify(
+    ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: str = "both"
+) -> tuple[Any, Any, int, list[Unit]]:
     """(publish attempts, one row per id with its flags (``derive``), how many ids took the
     ordered pass, the kept tables as ``Unit``s), each kept by ``persist``.
 
@@ -116,13 +155,27 @@ def classify(ev: Any, scope: Scope, names: list[str], persist: Any, *, passes: s
         return attempts, ids, -1, [Unit(ids, True, None), Unit(attempts, False, "")]
 
     if len(names) > _CODE_MASK:
-        raise ValueError(f"{len(names):,} distinct node, queue and process names: the Spark checker codes at most "
-                         f"{_CODE_MASK:,}; check this history with --checker python")
+        raise ValueError(
+            f"{len(names):,} distinct node, queue and process names: the Spark checker codes at most "
+            f"{_CODE_MASK:,}; check this history with --checker python"
+        )
     agg = _plain_aggregate(_with_bad(ev, scope), names, _delayed(scope))
-    attempt = F.when(F.col("pi") == 1, F.struct(F.col("pi_t").alias("it"), _plain_outcome().alias("o"),
-                                                F.when(_matched(), F.col("pd_t")).alias("dt")))
-    plain = _shaped(_plain_ids(agg, names, F.col("tangled"),
-                               attempt.alias("attempt")), _SHAPE, "run", "id", "tangled", "attempt")
+    attempt = F.when(
+        F.col("pi") == 1,
+        F.struct(
+            F.col("pi_t").alias("it"),
+            _plain_outcome().alias("o"),
+            F.when(_matched(), F.col("pd_t")).alias("dt"),
+        ),
+    )
+    plain = _shaped(
+        _plain_ids(agg, names, F.col("tangled"), attempt.alias("attempt")),
+        _SHAPE,
+        "run",
+        "id",
+        "tangled",
+        "attempt",
+    )
     kept = persist(derive(plain, scope, "tangled", "attempt"))
     simple = ~F.col("tangled")
     ids = kept.filter(simple).drop("tangled", "attempt")
@@ -146,8 +199,13 @@ def _ordered_kept(ev: Any, scope: Scope, persist: Any) -> tuple[Any, Any]:
     """The ordered pass over ``ev``'s ids, kept: (publish attempts, one row per id with its flags)."""
     from pyspark.sql import functions as F
 
-    kept = persist(derive(_shaped(_ordered(_with_bad(ev, scope), _delayed(scope)), _SHAPE, "run", "id",
-                                  "attempt_list"), scope, "attempt_list"))
+    kept = persist(
+        derive(
+            _shaped(_ordered(_with_bad(ev, scope), _delayed(scope)), _SHAPE, "run", "id", "attempt_list"),
+            scope,
+            "attempt_list",
+        )
+    )
     attempts = kept.select("run", F.explode("attempt_list").alias("a")).select("run", "a.*")
     return _shaped(attempts, _ATTEMPT, "run"), kept.drop("attempt_list")
 
@@ -159,7 +217,9 @@ def _shaped(df: Any, shape: dict[str, str], *keys: str) -> Any:
     from pyspark.sql import functions as F
 
     have = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    return df.select(*keys, *[F.col(c) if have.get(c) == t else F.col(c).cast(t).alias(c) for c, t in shape.items()])
+    return df.select(
+        *keys, *[F.col(c) if have.get(c) == t else F.col(c).cast(t).alias(c) for c, t in shape.items()]
+    )
 
 
 _CODE_BITS = 20
@@ -188,9 +248,13 @@ def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
     def packed(*cols: str) -> Any:
         """Names' codes (and a delivery's redelivered flag: 0 null, 1 false, 2 true) in one long."""
         r = F.col("redelivered")
-        parts = [F.when(r, 2).when(~r, 1).otherwise(0) if c == "redelivered" else F.coalesce(code(c), F.lit(0))
-                 for c in cols]
-        return reduce(lambda a, b: a + b, [F.shiftleft(x.cast("long"), _CODE_BITS * i) for i, x in enumerate(parts)])
+        parts = [
+            F.when(r, 2).when(~r, 1).otherwise(0) if c == "redelivered" else F.coalesce(code(c), F.lit(0))
+            for c in cols
+        ]
+        return reduce(
+            lambda a, b: a + b, [F.shiftleft(x.cast("long"), _CODE_BITS * i) for i, x in enumerate(parts)]
+        )
 
     def n(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0))
@@ -204,23 +268,42 @@ def _plain_aggregate(ev: Any, names: list[str], delayed: Any) -> Any:
     d, ao = k == "d", k == "ao"
     done_type = F.when(ty == "ok", 1).when(ty == "fail", 2).otherwise(3)
     agg = ev.groupBy("run", "id").agg(
-        n(p_inv).alias("pi"), F.min(F.when(p_inv, idx)).alias("pi_i"), F.min(F.when(p_inv, t)).alias("pi_t"),
-        n(p_done).alias("pd"), F.min(F.when(p_done, idx)).alias("pd_i"), F.min(F.when(p_done, t)).alias("pd_t"),
-        F.min(F.when(p_done, done_type)).alias("pd_ty"), F.min(F.when(p_done, code("node"))).alias("pd_n"),
-        n(d).alias("nd"), F.min(F.when(d, idx)).alias("d_i"), F.max(F.when(d, idx)).alias("d_max"),
+        n(p_inv).alias("pi"),
+        F.min(F.when(p_inv, idx)).alias("pi_i"),
+        F.min(F.when(p_inv, t)).alias("pi_t"),
+        n(p_done).alias("pd"),
+        F.min(F.when(p_done, idx)).alias("pd_i"),
+        F.min(F.when(p_done, t)).alias("pd_t"),
+        F.min(F.when(p_done, done_type)).alias("pd_ty"),
+        F.min(F.when(p_done, code("node"))).alias("pd_n"),
+        n(d).alias("nd"),
+        F.min(F.when(d, idx)).alias("d_i"),
+        F.max(F.when(d, idx)).alias("d_max"),
         # A plain id has one delivery at most (a second makes it tangled): its minima are its values.
-        F.min(F.when(d, t)).alias("d_t"), F.min(F.when(d, packed("node", "queue", "process", "redelivered"))).alias("d_pk"),
+        F.min(F.when(d, t)).alias("d_t"),
+        F.min(F.when(d, packed("node", "queue", "process", "redelivered"))).alias("d_pk"),
         F.max(F.when(delayed, 1).otherwise(0)).alias("delayed"),
-        n(d & F.col("digest").isNotNull()).alias("n_dig"), n(d & F.col("digest").isNull()).alias("undigested"),
+        n(d & F.col("digest").isNotNull()).alias("n_dig"),
+        n(d & F.col("digest").isNull()).alias("undigested"),
         n(F.col("bad")).alias("n_bad"),
-        n(ao).alias("acked"), F.min(F.when(ao, idx)).alias("ao_i"), first(ao, t).alias("ao_t"),
+        n(ao).alias("acked"),
+        F.min(F.when(ao, idx)).alias("ao_i"),
+        first(ao, t).alias("ao_t"),
         first(ao, packed("node", "process", "queue")).alias("ao_pk"),
-        n(k == "an").alias("an"), n(k == "ab").alias("ab"),
+        n(k == "an").alias("an"),
+        n(k == "ab").alias("ab"),
     )
     pi, pd = F.col("pi"), F.col("pd")
-    tangled = ((pi > 1) | (pd > 1) | ((pi == 1) & (pd == 1) & (F.col("pd_i") < F.col("pi_i")))
-               | (F.col("an") > 0) | (F.col("ab") > 0) | (F.col("nd") > 1) | (F.col("n_bad") > 0)
-               | ((F.col("nd") > 0) & (F.col("acked") > 0) & (F.col("d_max") > F.col("ao_i"))))
+    tangled = (
+        (pi > 1)
+        | (pd > 1)
+        | ((pi == 1) & (pd == 1) & (F.col("pd_i") < F.col("pi_i")))
+        | (F.col("an") > 0)
+        | (F.col("ab") > 0)
+        | (F.col("nd") > 1)
+        | (F.col("n_bad") > 0)
+        | ((F.col("nd") > 0) & (F.col("acked") > 0) & (F.col("d_max") > F.col("ao_i")))
+    )
     return agg.withColumn("tangled", tangled)
 
 
@@ -235,8 +318,12 @@ def _plain_outcome() -> Any:
     from pyspark.sql import functions as F
 
     ty = F.col("pd_ty")
-    return (F.when(F.col("pi") == 0, "none").when(_matched() & (ty == 1), "ok")
-            .when(_matched() & (ty == 2), "fail").otherwise("info"))
+    return (
+        F.when(F.col("pi") == 0, "none")
+        .when(_matched() & (ty == 1), "ok")
+        .when(_matched() & (ty == 2), "fail")
+        .otherwise("info")
+    )
 
 
 def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
@@ -258,25 +345,63 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
 
     outcome = _plain_outcome()
     return agg.select(
-        "run", "id", F.col("pi").alias("attempts"), outcome.alias("outcome"),
+        "run",
+        "id",
+        F.col("pi").alias("attempts"),
+        outcome.alias("outcome"),
         F.when(F.col("pi") == 1, F.struct(F.col("pi_i").alias("ii"), F.col("pi_t").alias("it"))).alias("fi"),
-        F.when(outcome == "ok", F.struct(F.col("pd_i").alias("di"), F.col("pd_t").alias("dt"),
-                                         named(F.col("pd_n")).alias("dn"), F.lit("ok").alias("dtype"))).alias("c"),
-        F.lit(None).alias("ack_info_inv"), F.col("nd").alias("delivered"), F.col("d_max").alias("last_d"),
-        F.when(F.col("nd") > 0, F.struct(F.col("d_i").alias("index"), F.col("d_t").alias("time_ns")))
-        .alias("first_d"),
-        "n_bad", "n_dig", "undigested", "acked",
-        F.when(F.col("acked") > 0, F.struct(F.col("ao_i").alias("index"), F.col("ao_t").alias("time_ns"),
-                                            name("ao_pk", 0).alias("node"), name("ao_pk", 1).alias("process"),
-                                            name("ao_pk", 2).alias("queue"))).alias("first_ack"),
-        F.lit(0).alias("abandons"), F.lit(None).alias("last_ab"), F.lit(0).alias("res_n"),
-        F.lit(None).alias("res_first"), F.lit(0).alias("unflagged"),
-        F.when(F.col("nd") == 1, F.array(F.struct(
-            F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"), name("d_pk", 0).alias("node"),
-            name("d_pk", 1).alias("queue"), name("d_pk", 2).alias("process"),
-            F.when(r == 2, True).when(r == 1, False).alias("redelivered"))))
-        .otherwise(F.array().cast(f"array<{_DELIVERY_T}>")).alias("ds"),
-        F.lit(None).alias("bad_first"), (F.col("delayed") > 0).alias("delayed"), *extra,
+        F.when(
+            outcome == "ok",
+            F.struct(
+                F.col("pd_i").alias("di"),
+                F.col("pd_t").alias("dt"),
+                named(F.col("pd_n")).alias("dn"),
+                F.lit("ok").alias("dtype"),
+            ),
+        ).alias("c"),
+        F.lit(None).alias("ack_info_inv"),
+        F.col("nd").alias("delivered"),
+        F.col("d_max").alias("last_d"),
+        F.when(F.col("nd") > 0, F.struct(F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"))).alias(
+            "first_d"
+        ),
+        "n_bad",
+        "n_dig",
+        "undigested",
+        "acked",
+        F.when(
+            F.col("acked") > 0,
+            F.struct(
+                F.col("ao_i").alias("index"),
+                F.col("ao_t").alias("time_ns"),
+                name("ao_pk", 0).alias("node"),
+                name("ao_pk", 1).alias("process"),
+                name("ao_pk", 2).alias("queue"),
+            ),
+        ).alias("first_ack"),
+        F.lit(0).alias("abandons"),
+        F.lit(None).alias("last_ab"),
+        F.lit(0).alias("res_n"),
+        F.lit(None).alias("res_first"),
+        F.lit(0).alias("unflagged"),
+        F.when(
+            F.col("nd") == 1,
+            F.array(
+                F.struct(
+                    F.col("d_i").alias("index"),
+                    F.col("d_t").alias("time_ns"),
+                    name("d_pk", 0).alias("node"),
+                    name("d_pk", 1).alias("queue"),
+                    name("d_pk", 2).alias("process"),
+                    F.when(r == 2, True).when(r == 1, False).alias("redelivered"),
+                )
+            ),
+        )
+        .otherwise(F.array().cast(f"array<{_DELIVERY_T}>"))
+        .alias("ds"),
+        F.lit(None).alias("bad_first"),
+        (F.col("delayed") > 0).alias("delayed"),
+        *extra,
     )
 
 
@@ -312,69 +437,129 @@ def _ordered(ev: Any, delayed: Any) -> Any:
     before = w.rowsBetween(Window.unboundedPreceding, -1)
     cause = F.get_json_object("detail", "$.cause")
     # Without acks (schema 1) no record has an ack or abandon kind: these columns stay null.
-    cols = {"v": F.sum(one(p_inv)).over(upto), "c": F.sum(one(p_done)).over(upto),
-            "ack_before": F.min(F.when(k == "ao", idx)).over(before),
-            "ab_before": F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).over(before)}
+    cols = {
+        "v": F.sum(one(p_inv)).over(upto),
+        "c": F.sum(one(p_done)).over(upto),
+        "ack_before": F.min(F.when(k == "ao", idx)).over(before),
+        "ab_before": F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).over(
+            before
+        ),
+    }
     ew = ev.withColumns(cols).withColumn("x", F.col("c") - F.col("v"))
     ew = ew.withColumn("dropped", F.greatest(F.coalesce(F.max("x").over(before), F.lit(0)), F.lit(0)))
-    pair = (F.when(p_inv, F.col("v"))
-            .when(p_done & (F.col("x") <= F.col("dropped")), F.col("c") - F.col("dropped")))
-    wa = (Window.partitionBy("run", "id", "process").orderBy("index")
-          .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    pair = F.when(p_inv, F.col("v")).when(
+        p_done & (F.col("x") <= F.col("dropped")), F.col("c") - F.col("dropped")
+    )
+    wa = (
+        Window.partitionBy("run", "id", "process")
+        .orderBy("index")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     closes = k.isin("ao", "af", "an")
-    ack_no = (F.when(k == "ai", F.sum(one(k == "ai")).over(wa))
-              .when(closes, F.sum(one(closes)).over(wa)))
-    group = (F.when(pair.isNotNull(), F.struct(F.lit("p").alias("g"), F.lit(None).cast("string").alias("proc"),
-                                               pair.cast("long").alias("n")))
-             .when(ack_no.isNotNull(), F.struct(F.lit("a").alias("g"), F.col("process").alias("proc"),
-                                                ack_no.cast("long").alias("n"))))
+    ack_no = F.when(k == "ai", F.sum(one(k == "ai")).over(wa)).when(closes, F.sum(one(closes)).over(wa))
+    group = F.when(
+        pair.isNotNull(),
+        F.struct(
+            F.lit("p").alias("g"), F.lit(None).cast("string").alias("proc"), pair.cast("long").alias("n")
+        ),
+    ).when(
+        ack_no.isNotNull(),
+        F.struct(F.lit("a").alias("g"), F.col("process").alias("proc"), ack_no.cast("long").alias("n")),
+    )
     resurrecting = (k == "d") & F.col("ack_before").isNotNull()
     unflagged = (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
-    ew = ew.withColumn("grp", F.coalesce(group, F.struct(F.lit("o").alias("g"), F.lit(None).cast("string")
-                                                          .alias("proc"), F.lit(0).cast("long").alias("n"))))
+    ew = ew.withColumn(
+        "grp",
+        F.coalesce(
+            group,
+            F.struct(
+                F.lit("o").alias("g"),
+                F.lit(None).cast("string").alias("proc"),
+                F.lit(0).cast("long").alias("n"),
+            ),
+        ),
+    )
     is_d = k == "d"
     delivery = F.struct(*DELIVERY)
-    l1 = ew.groupBy("run", "id", "grp").agg(
-        F.max(F.when(p_inv, idx)).alias("ii"), F.max(F.when(p_inv, F.col("time_ns"))).alias("it"),
-        F.max(F.when(p_done & (F.col("grp.g") == "p"), F.struct(idx.alias("di"), F.col("time_ns").alias("dt"),
-                                                                F.col("node").alias("dn"), ty.alias("dtype"))))
-        .alias("done"),
-        F.max(F.when(k == "ai", idx)).alias("a_inv"), F.max(F.when(k == "an", idx)).alias("a_info"),
-        n(is_d).alias("delivered"), F.max(F.when(is_d, idx)).alias("last_d"),
-        F.min(F.when(is_d, F.struct("index", "time_ns"))).alias("first_d"),
-        n(F.col("bad")).alias("n_bad"),
-        n(is_d & F.col("digest").isNotNull()).alias("n_dig"), n(is_d & F.col("digest").isNull()).alias("undigested"),
-        n(k == "ao").alias("acked"),
-        F.min(F.when(k == "ao", F.struct("index", "time_ns", "node", "process", "queue"))).alias("first_ack"),
-        n(k == "ab").alias("abandons"),
-        F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).alias("last_ab"),
-        n(resurrecting).alias("res_n"), F.min(F.when(resurrecting, delivery)).alias("res_first"),
-        n(unflagged).alias("unflagged"),
-        F.collect_list(F.when(is_d, delivery)).alias("ds"),
-        F.min(F.when(F.col("bad"), F.struct(*DELIVERY, "digest", "detail"))).alias("bad_first"),
-        F.max(delayed).alias("delayed"),
-    ).withColumn("o", F.when(F.col("grp.g") != "p", None).when(F.col("done.dtype").isin("ok", "fail"),
-                                                               F.col("done.dtype")).otherwise("info"))
+    l1 = (
+        ew.groupBy("run", "id", "grp")
+        .agg(
+            F.max(F.when(p_inv, idx)).alias("ii"),
+            F.max(F.when(p_inv, F.col("time_ns"))).alias("it"),
+            F.max(
+                F.when(
+                    p_done & (F.col("grp.g") == "p"),
+                    F.struct(
+                        idx.alias("di"),
+                        F.col("time_ns").alias("dt"),
+                        F.col("node").alias("dn"),
+                        ty.alias("dtype"),
+                    ),
+                )
+            ).alias("done"),
+            F.max(F.when(k == "ai", idx)).alias("a_inv"),
+            F.max(F.when(k == "an", idx)).alias("a_info"),
+            n(is_d).alias("delivered"),
+            F.max(F.when(is_d, idx)).alias("last_d"),
+            F.min(F.when(is_d, F.struct("index", "time_ns"))).alias("first_d"),
+            n(F.col("bad")).alias("n_bad"),
+            n(is_d & F.col("digest").isNotNull()).alias("n_dig"),
+            n(is_d & F.col("digest").isNull()).alias("undigested"),
+            n(k == "ao").alias("acked"),
+            F.min(F.when(k == "ao", F.struct("index", "time_ns", "node", "process", "queue"))).alias(
+                "first_ack"
+            ),
+            n(k == "ab").alias("abandons"),
+            F.max(F.when(k == "ab", F.struct(idx.alias("index"), cause.alias("cause")))).alias("last_ab"),
+            n(resurrecting).alias("res_n"),
+            F.min(F.when(resurrecting, delivery)).alias("res_first"),
+            n(unflagged).alias("unflagged"),
+            F.collect_list(F.when(is_d, delivery)).alias("ds"),
+            F.min(F.when(F.col("bad"), F.struct(*DELIVERY, "digest", "detail"))).alias("bad_first"),
+            F.max(delayed).alias("delayed"),
+        )
+        .withColumn(
+            "o",
+            F.when(F.col("grp.g") != "p", None)
+            .when(F.col("done.dtype").isin("ok", "fail"), F.col("done.dtype"))
+            .otherwise("info"),
+        )
+    )
     is_att = F.col("grp.g") == "p"
     agg = l1.groupBy("run", "id").agg(
-        n(is_att).alias("attempts"), F.min(F.when(is_att, F.struct(F.col("ii"), F.col("it")))).alias("fi"),
-        F.max(F.col("o") == "ok").alias("has_ok"), F.max(F.col("o") == "info").alias("has_info"),
+        n(is_att).alias("attempts"),
+        F.min(F.when(is_att, F.struct(F.col("ii"), F.col("it")))).alias("fi"),
+        F.max(F.col("o") == "ok").alias("has_ok"),
+        F.max(F.col("o") == "info").alias("has_info"),
         F.min(F.when(F.col("o") == "ok", F.col("done"))).alias("c"),
         F.max(F.when(F.col("a_inv") < F.col("a_info"), F.col("a_inv"))).alias("ack_info_inv"),
-        F.sum("delivered").alias("delivered"), F.max("last_d").alias("last_d"), F.min("first_d").alias("first_d"),
-        F.sum("n_bad").alias("n_bad"), F.sum("n_dig").alias("n_dig"),
-        F.sum("undigested").alias("undigested"), F.sum("acked").alias("acked"),
-        F.min("first_ack").alias("first_ack"), F.sum("abandons").alias("abandons"),
-        F.max("last_ab").alias("last_ab"), F.sum("res_n").alias("res_n"), F.min("res_first").alias("res_first"),
+        F.sum("delivered").alias("delivered"),
+        F.max("last_d").alias("last_d"),
+        F.min("first_d").alias("first_d"),
+        F.sum("n_bad").alias("n_bad"),
+        F.sum("n_dig").alias("n_dig"),
+        F.sum("undigested").alias("undigested"),
+        F.sum("acked").alias("acked"),
+        F.min("first_ack").alias("first_ack"),
+        F.sum("abandons").alias("abandons"),
+        F.max("last_ab").alias("last_ab"),
+        F.sum("res_n").alias("res_n"),
+        F.min("res_first").alias("res_first"),
         F.sum("unflagged").alias("unflagged"),
-        F.sort_array(F.flatten(F.collect_list("ds"))).alias("ds"), F.min("bad_first").alias("bad_first"),
+        F.sort_array(F.flatten(F.collect_list("ds"))).alias("ds"),
+        F.min("bad_first").alias("bad_first"),
         F.coalesce(F.max("delayed"), F.lit(False)).alias("delayed"),
         # The id's attempts ride on its row (an ordered-pass id has a few), kept with it.
-        F.collect_list(F.when(is_att, F.struct(F.col("it"), F.col("o"), F.col("done.dt").alias("dt"))))
-        .alias("attempt_list"),
+        F.collect_list(F.when(is_att, F.struct(F.col("it"), F.col("o"), F.col("done.dt").alias("dt")))).alias(
+            "attempt_list"
+        ),
     )
-    outcome = (F.when(F.col("attempts") == 0, "none").when(F.col("has_ok"), "ok")
-               .when(F.col("has_info"), "info").otherwise("fail"))
+    outcome = (
+        F.when(F.col("attempts") == 0, "none")
+        .when(F.col("has_ok"), "ok")
+        .when(F.col("has_info"), "info")
+        .otherwise("fail")
+    )
     return agg.withColumn("outcome", outcome)
 
 
@@ -387,33 +572,65 @@ def derive(ids: Any, scope: Scope, *keep: str) -> Any:
     base = scope.add(ids, "x_acks", "x_bodies", "x_seed", "x_size")
     consumed = F.when(F.col("x_acks"), F.col("acked")).otherwise(F.col("delivered"))
     unacked = (F.col("outcome") == "ok") & (consumed == 0)
-    ack_unknown = unacked & F.col("ack_info_inv").isNotNull() & (
-        F.col("last_d").isNull() | (F.col("ack_info_inv") > F.col("last_d")))
+    ack_unknown = (
+        unacked
+        & F.col("ack_info_inv").isNotNull()
+        & (F.col("last_d").isNull() | (F.col("ack_info_inv") > F.col("last_d")))
+    )
     lost = unacked & ~ack_unknown
     corrupted = F.col("x_bodies") & (F.col("attempts") > 0) & (F.col("n_bad") > 0)
     fa = F.col("first_ack")
     # First acked by a drainer within its drain, on another node than one that had said the
     # queue was empty, after it said so: a copy the drain should never have found.
-    split = fa.isNotNull() & scope.any_span(lambda s: (
-        (fa["process"] == s.process) & fa["queue"].eqNullSafe(F.lit(s.queue)) & (fa["index"] > s.lo)
-        & (fa["index"] < s.hi) & ~F.lit(s.node).eqNullSafe(fa["node"]) & (fa["time_ns"] > s.empty_at_ns)))
+    split = fa.isNotNull() & scope.any_span(
+        lambda s: (
+            (fa["process"] == s.process)
+            & fa["queue"].eqNullSafe(F.lit(s.queue))
+            & (fa["index"] > s.lo)
+            & (fa["index"] < s.hi)
+            & ~F.lit(s.node).eqNullSafe(fa["node"])
+            & (fa["time_ns"] > s.empty_at_ns)
+        )
+    )
     return base.select(
-        "run", "id", "attempts", "outcome", F.col("fi.it").alias("fi_t"),
-        F.col("c.di").alias("c_i"), F.col("c.dt").alias("c_t"), F.col("c.dn").alias("c_n"),
-        "delivered", consumed.alias("consumed"), "first_d", "undigested", "abandons", "unflagged",
-        "first_ack", "res_n", "res_first",
+        "run",
+        "id",
+        "attempts",
+        "outcome",
+        F.col("fi.it").alias("fi_t"),
+        F.col("c.di").alias("c_i"),
+        F.col("c.dt").alias("c_t"),
+        F.col("c.dn").alias("c_n"),
+        "delivered",
+        consumed.alias("consumed"),
+        "first_d",
+        "undigested",
+        "abandons",
+        "unflagged",
+        "first_ack",
+        "res_n",
+        "res_first",
         F.when(F.col("x_acks"), fa["index"]).otherwise(F.col("first_d.index")).alias("first_consumed"),
         # A cause is a lost message's alone (null elsewhere: millions of rows carry no text).
         F.when(lost & (F.col("delivered") == 0), NEVER_DELIVERED)
-        .when(lost & (F.col("last_ab.index") > F.col("last_d")), ABANDONED).when(lost, UNACKED).alias("cause"),
-        F.when(lost & (F.col("delivered") > 0) & (F.col("last_ab.index") > F.col("last_d")), F.col("last_ab.cause"))
-        .alias("abandon_cause"),
+        .when(lost & (F.col("last_ab.index") > F.col("last_d")), ABANDONED)
+        .when(lost, UNACKED)
+        .alias("cause"),
+        F.when(
+            lost & (F.col("delivered") > 0) & (F.col("last_ab.index") > F.col("last_d")),
+            F.col("last_ab.cause"),
+        ).alias("abandon_cause"),
         lost.alias("is_lost"),
         ack_unknown.alias("is_ack_unknown"),
         ((F.col("attempts") == 0) & (consumed > 0)).alias("is_unexpected"),
         (consumed > 1).alias("is_dup"),
         (F.col("outcome").isin("fail", "info") & (consumed > 0)).alias("is_recovered"),
         (F.col("res_n") > 0).alias("is_resurrected"),
-        "n_bad", "ds", "bad_first", "delayed", corrupted.alias("is_corrupted"),
-        split.alias("is_split"), *keep,
+        "n_bad",
+        "ds",
+        "bad_first",
+        "delayed",
+        corrupted.alias("is_corrupted"),
+        split.alias("is_split"),
+        *keep,
     )

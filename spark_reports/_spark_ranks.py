@@ -47,8 +47,10 @@ class Ranks:
 
         if not self.pending:
             return None
-        self.ranges = {name: sorted({(lo, hi) for (s, _), (lo, hi, _r) in self.pending.items() if s == name})
-                       for name in self.series}
+        self.ranges = {
+            name: sorted({(lo, hi) for (s, _), (lo, hi, _r) in self.pending.items() if s == name})
+            for name in self.series
+        }
         v = F.col("v")
         parts = []
         for name, rs in self.ranges.items():
@@ -60,19 +62,25 @@ class Ranks:
                 tag = F.when(inside, F.lit(i)).otherwise(tag)
                 base = F.when(inside, F.lit(lo).cast("long")).otherwise(base)
                 sh = F.when(inside, F.lit(max((hi - lo - 1).bit_length() - 16, 0))).otherwise(sh)
-            parts.append(self.series[name][0].select(F.lit(name).alias("series"), tag.alias("t"), base.alias("b"),
-                                                     sh.alias("sh"), "v").filter(F.col("t").isNotNull()))
+            parts.append(
+                self.series[name][0]
+                .select(F.lit(name).alias("series"), tag.alias("t"), base.alias("b"), sh.alias("sh"), "v")
+                .filter(F.col("t").isNotNull())
+            )
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
-        return tagged(df.groupBy("series", "t", "b", "sh", F.expr("shiftright(v - b, sh)").alias("k")).count(), "rank")
+        return tagged(
+            df.groupBy("series", "t", "b", "sh", F.expr("shiftright(v - b, sh)").alias("k")).count(), "rank"
+        )
 
     def feed(self, rows: list[dict]) -> None:
         split: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
         for r in rows:
             lo, s = int(r["b"]), int(r["sh"])
             split.setdefault((r["series"], int(r["t"])), []).append(
-                (lo + (r["k"] << s), lo + ((r["k"] + 1) << s), int(r["count"])))
+                (lo + (r["k"] << s), lo + ((r["k"] + 1) << s), int(r["count"]))
+            )
         for (name, stat), (lo, hi, rank) in list(self.pending.items()):
             i = self.ranges[name].index((lo, hi))
             self.pending[(name, stat)] = _locate(sorted(split[(name, i)]), rank)

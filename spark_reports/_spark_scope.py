@@ -15,8 +15,13 @@ from typing import Any
 
 from ._common import Context, DrainSpan
 
-_SCALARS = {"x_acks": "boolean", "x_bodies": "boolean", "x_seed": "bigint", "x_size": "bigint",
-            "x_bucket": "bigint"}
+_SCALARS = {
+    "x_acks": "boolean",
+    "x_bodies": "boolean",
+    "x_seed": "bigint",
+    "x_size": "bigint",
+    "x_bucket": "bigint",
+}
 
 
 class Scope:
@@ -55,12 +60,20 @@ class Scope:
         from pyspark.sql import functions as F
 
         several = len(self.ctxs) > 1
-        terms = [((F.col("run") == run) & term(span)) if several else term(span)
-                 for run, ctx in sorted(self.ctxs.items()) for span in ctx.spans]
+        terms = [
+            ((F.col("run") == run) & term(span)) if several else term(span)
+            for run, ctx in sorted(self.ctxs.items())
+            for span in ctx.spans
+        ]
         return reduce(lambda a, b: a | b, terms) if terms else F.lit(False)
 
 
 def _scope_values(ctx: Context) -> dict[str, Any]:
     p = ctx.params
-    return {"x_acks": ctx.acks, "x_bodies": ctx.check_bodies, "x_seed": p.seed, "x_size": p.message_size,
-            "x_bucket": ctx.bucket_s}
+    return {
+        "x_acks": ctx.acks,
+        "x_bodies": ctx.check_bodies,
+        "x_seed": p.seed,
+        "x_size": p.message_size,
+        "x_bucket": ctx.bucket_s,
+    }

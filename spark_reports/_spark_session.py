@@ -34,8 +34,10 @@ def check_master(master: str | None) -> None:
     it takes: a malformed one would otherwise end in the Java stack trace of spark-submit."""
     if master is None or master in ("local", "yarn") or master.startswith(("local[", "spark://", "k8s://")):
         return
-    raise ValueError(f"Spark master {master!r}: give local[*], local[N], spark://HOST:PORT (a standalone "
-                     "cluster), yarn or k8s://HOST:PORT (--spark-master or BROKERCHAOS_SPARK_MASTER)")
+    raise ValueError(
+        f"Spark master {master!r}: give local[*], local[N], spark://HOST:PORT (a standalone "
+        "cluster), yarn or k8s://HOST:PORT (--spark-master or BROKERCHAOS_SPARK_MASTER)"
+    )
 
 
 def spark_session(master: str | None = None, driver_memory: str | None = None) -> Any:
@@ -78,7 +80,9 @@ def _spark_session(master: str | None, driver_memory: str | None) -> Any:
         # What the job keeps on disk (a big history's per-id rows) is written with Kryo: Java
         # serialisation of millions of rows cost more than computing them.
         .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log_config()} {JVM_OPTIONS}")
+        .config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log_config()} {JVM_OPTIONS}"
+        )
         .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
     )
     with warnings.catch_warnings():
@@ -128,4 +132,3 @@ def stop_session() -> None:
         if _session is not None:
             _session.stop()
         _session, _session_key = None, None
-

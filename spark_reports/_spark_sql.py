@@ -17,8 +17,11 @@ def producer_and_seq(mid: str) -> tuple[Any, Any]:
     from pyspark.sql import functions as F
 
     seqs = f"substring_index({mid}, ':', -1)"
-    match = (F.col(mid).contains(":") & F.expr(f"char_length({seqs}) between 1 and 18")
-             & (F.expr(f"translate({seqs}, '0123456789', '')") == ""))
+    match = (
+        F.col(mid).contains(":")
+        & F.expr(f"char_length({seqs}) between 1 and 18")
+        & (F.expr(f"translate({seqs}, '0123456789', '')") == "")
+    )
     producer = F.expr(f"substring({mid}, 1, char_length({mid}) - char_length({seqs}) - 1)")
     return F.when(match, producer).otherwise(""), F.when(match, F.expr(seqs)).otherwise("")
 
@@ -27,7 +30,9 @@ def payload_sql(mid: str, seed: int | str, size: str) -> str:
     """The seeded filler of ``harness.spec.message_body`` in Spark SQL (mid, seed, size: SQL expressions)."""
     head = f"concat({mid}, '|')"
     n = f"greatest(0, ({size}) - char_length({head}) - 17)"
-    return f"substring(repeat(sha2(concat(cast({seed} as string), ':', {mid}), 256), ({n}) div 64 + 1), 1, {n})"
+    return (
+        f"substring(repeat(sha2(concat(cast({seed} as string), ':', {mid}), 256), ({n}) div 64 + 1), 1, {n})"
+    )
 
 
 def body_from_payload_sql(mid: str, payload: str) -> str:
@@ -68,7 +73,6 @@ def collect_parts(parts: list[Any]) -> dict[str, list[dict]]:
     for r in df.collect():
         out.setdefault(r["part"], []).append(json.loads(r["js"]))
     return out
-
 
 
 def expected_digest_sql(mid: str, seed: str, size: str) -> str:

@@ -51,8 +51,9 @@ and the hash-aggregate pass, which a small history's check never takes (two such
 first check of a 1M-record history from 11.3 s to 9.6 s)."""
 
 
-def warm_up(check: Callable[[Path, dict, bool], object], *, times: int = 1,
-            wanted: Callable[[], bool] = lambda: False) -> int:
+def warm_up(
+    check: Callable[[Path, dict, bool], object], *, times: int = 1, wanted: Callable[[], bool] = lambda: False
+) -> int:
     """Run ``check(run_dir, scenario, big)`` on the warm-up history in a temporary directory,
     ``times`` times (``big`` every second time), or fewer once ``wanted()`` says a real check is
     waiting. Returns how many ran."""

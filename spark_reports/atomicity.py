@@ -34,9 +34,20 @@ from typing import Any
 from ._rows import history_path, verdict_of
 from .stream import iter_rows
 
-COUNT_KEYS = ("transactions", "publish_transactions", "ack_transactions", "committed", "rolled_back", "unknown",
-              "incomplete_commits", "rolled_back_delivered", "partial_transactions", "acks_undone",
-              "unfinished_drains", "history_ops")
+COUNT_KEYS = (
+    "transactions",
+    "publish_transactions",
+    "ack_transactions",
+    "committed",
+    "rolled_back",
+    "unknown",
+    "incomplete_commits",
+    "rolled_back_delivered",
+    "partial_transactions",
+    "acks_undone",
+    "unfinished_drains",
+    "history_ops",
+)
 ANOMALIES = ("incomplete_commits", "rolled_back_delivered", "partial_transactions", "acks_undone")
 EXAMPLES = 20
 TX_OPS = ("commit", "rollback")
@@ -69,7 +80,13 @@ class _Seen:
 
 
 def _ids(detail: Any) -> tuple[str, list[str]]:
-    d = detail if isinstance(detail, dict) else json.loads(detail) if isinstance(detail, str) and detail else {}
+    d = (
+        detail
+        if isinstance(detail, dict)
+        else json.loads(detail)
+        if isinstance(detail, str) and detail
+        else {}
+    )
     for kind in ("publish", "ack"):
         if isinstance(d.get(kind), list):
             return kind, [str(x) for x in d[kind]]
@@ -107,8 +124,18 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
     def flag(name: str, tx: _Tx, ids: list[str]) -> None:
         counts[name] += 1
-        examples[name].append({"process": tx.process, "tx": tx.id, "queue": tx.queue, "kind": tx.kind,
-                               "state": tx.state, "index": tx.invoked, "ids": sorted(ids), "size": len(tx.ids)})
+        examples[name].append(
+            {
+                "process": tx.process,
+                "tx": tx.id,
+                "queue": tx.queue,
+                "kind": tx.kind,
+                "state": tx.state,
+                "index": tx.invoked,
+                "ids": sorted(ids),
+                "size": len(tx.ids),
+            }
+        )
 
     for tx in sorted(seen.txs.values(), key=lambda x: x.invoked):
         counts["transactions"] += 1
@@ -134,17 +161,26 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return _results(counts, examples, engine="python")
 
 
-def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str) -> dict[str, Any]:
+def _results(
+    counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str
+) -> dict[str, Any]:
     valid, verdict, bad = verdict_of(counts, ANOMALIES)
     notes = [f"atomicity {k.replace('_', ' ')}: {counts[k]}" for k in bad]
     if counts["unfinished_drains"]:
-        notes.append(f"{counts['unfinished_drains']} drain(s) unfinished: whether committed transactions were "
-                     "delivered whole is not judged")
+        notes.append(
+            f"{counts['unfinished_drains']} drain(s) unfinished: whether committed transactions were "
+            "delivered whole is not judged"
+        )
     if not counts["transactions"]:
         notes.append("no transactions in the history (workload.transactions not set?)")
-    return {"valid": valid, "verdict": verdict, "engine": engine, "counts": counts,
-            "anomalies": {k: sorted(v, key=lambda e: e["index"])[:EXAMPLES] for k, v in examples.items()},
-            "notes": notes}
+    return {
+        "valid": valid,
+        "verdict": verdict,
+        "engine": engine,
+        "counts": counts,
+        "anomalies": {k: sorted(v, key=lambda e: e["index"])[:EXAMPLES] for k, v in examples.items()},
+        "notes": notes,
+    }
 
 
 def check_atomicity_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -192,22 +228,34 @@ _SQL = {
 }
 
 
-def check_atomicity_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None,
-                          spark_master: str | None = None) -> dict[str, Any]:
+def check_atomicity_spark(
+    run_dir: Path,
+    scenario: dict[str, Any] | None = None,
+    *,
+    spark: Any = None,
+    spark_master: str | None = None,
+) -> dict[str, Any]:
     """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
     with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
     from pyspark.sql import SparkSession
 
     path = history_path(Path(run_dir))
     if spark is None:
-        spark = (SparkSession.builder.master(spark_master or "local[2]").appName("brokerchaos-atomicity")
-                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+        spark = (
+            SparkSession.builder.master(spark_master or "local[2]")
+            .appName("brokerchaos-atomicity")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")
     spark.sql(_SQL["per"]).createOrReplaceTempView("per")
-    drains = spark.sql("SELECT process, queue, bool_and(type = 'ok') AS ok FROM h "
-                       "WHERE f = 'drain' AND type IN ('ok', 'info') GROUP BY process, queue").collect()
+    drains = spark.sql(
+        "SELECT process, queue, bool_and(type = 'ok') AS ok FROM h "
+        "WHERE f = 'drain' AND type IN ('ok', 'info') GROUP BY process, queue"
+    ).collect()
     unfinished = sum(not r["ok"] for r in drains)
     counts = dict.fromkeys(COUNT_KEYS, 0)
     counts["history_ops"] = h.count()
@@ -221,7 +269,16 @@ def check_atomicity_spark(run_dir: Path, scenario: dict[str, Any] | None = None,
     for r in flagged.orderBy("invoked").collect():
         counts[r["anomaly"]] += 1
         if len(examples[r["anomaly"]]) < EXAMPLES:
-            examples[r["anomaly"]].append({"process": r["process"], "tx": r["tx"], "queue": r["queue"],
-                                           "kind": r["kind"], "state": r["state"], "index": r["invoked"],
-                                           "ids": list(r["ids"]), "size": r["size"]})
+            examples[r["anomaly"]].append(
+                {
+                    "process": r["process"],
+                    "tx": r["tx"],
+                    "queue": r["queue"],
+                    "kind": r["kind"],
+                    "state": r["state"],
+                    "index": r["invoked"],
+                    "ids": list(r["ids"]),
+                    "size": r["size"],
+                }
+            )
     return _results(counts, examples, engine="spark")

@@ -33,8 +33,19 @@ from typing import Any
 from . import _rows
 from ._rows import history_path
 
-COUNT_KEYS = ("delayed_publishes", "delayed_confirmed", "delayed_delivered", "early", "early_ids", "late",
-              "lateness_p50_ms", "lateness_p90_ms", "lateness_p99_ms", "lateness_max_ms", "history_ops")
+COUNT_KEYS = (
+    "delayed_publishes",
+    "delayed_confirmed",
+    "delayed_delivered",
+    "early",
+    "early_ids",
+    "late",
+    "lateness_p50_ms",
+    "lateness_p90_ms",
+    "lateness_p99_ms",
+    "lateness_max_ms",
+    "history_ops",
+)
 EXAMPLES = 20  # examples kept per anomaly
 DEFAULT_LATE_MS = 5000
 PERCENTILES = (50, 90, 99)
@@ -92,8 +103,15 @@ def lateness(rows: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], int]:
             confirmed.add(mid)
         elif f == "consume" and t == "ok" and mid in due:
             at = int(r["time_ns"])
-            seen = {"id": mid, "index": int(r["index"]), "delay_ms": delay[mid], "due_ns": due[mid],
-                    "delivered_ns": at, "node": r.get("node"), "process": r.get("process")}
+            seen = {
+                "id": mid,
+                "index": int(r["index"]),
+                "delay_ms": delay[mid],
+                "due_ns": due[mid],
+                "delivered_ns": at,
+                "node": r.get("node"),
+                "process": r.get("process"),
+            }
             if at < due[mid]:
                 early.append(seen | {"early_ms": (due[mid] - at) // 1_000_000})
             if mid not in first:
@@ -109,38 +127,64 @@ def lateness_ms_of_first_deliveries(state: dict[str, Any]) -> list[int]:
 def check_rows(rows: Iterable[dict[str, Any]], late_after_ms: int = DEFAULT_LATE_MS) -> dict[str, Any]:
     state, n = lateness(rows)
     lat = lateness_ms_of_first_deliveries(state)
-    late = sorted(({**d, "late_ms": (d["delivered_ns"] - d["due_ns"]) // 1_000_000} for d in state["first"].values()
-                   if (d["delivered_ns"] - d["due_ns"]) // 1_000_000 > late_after_ms),
-                  key=lambda d: (-d["late_ms"], d["index"]))
+    late = sorted(
+        (
+            {**d, "late_ms": (d["delivered_ns"] - d["due_ns"]) // 1_000_000}
+            for d in state["first"].values()
+            if (d["delivered_ns"] - d["due_ns"]) // 1_000_000 > late_after_ms
+        ),
+        key=lambda d: (-d["late_ms"], d["index"]),
+    )
     early = state["early"]
     counts = {
-        "delayed_publishes": len(state["due"]), "delayed_confirmed": len(state["confirmed"]),
-        "delayed_delivered": len(state["first"]), "early": len(early), "early_ids": len({e["id"] for e in early}),
-        "late": len(late), "lateness_max_ms": lat[-1] if lat else None, "history_ops": n,
+        "delayed_publishes": len(state["due"]),
+        "delayed_confirmed": len(state["confirmed"]),
+        "delayed_delivered": len(state["first"]),
+        "early": len(early),
+        "early_ids": len({e["id"] for e in early}),
+        "late": len(late),
+        "lateness_max_ms": lat[-1] if lat else None,
+        "history_ops": n,
     } | {f"lateness_p{p}_ms": nearest_rank(lat, p) for p in PERCENTILES}
-    return results(counts, {"early": sorted(early, key=lambda e: e["index"]), "late": late}, late_after_ms,
-                   engine="python")
+    return results(
+        counts,
+        {"early": sorted(early, key=lambda e: e["index"]), "late": late},
+        late_after_ms,
+        engine="python",
+    )
 
 
-def results(counts: dict[str, Any], examples: dict[str, list[dict[str, Any]]], late_after_ms: int, *,
-            engine: str) -> dict[str, Any]:
+def results(
+    counts: dict[str, Any], examples: dict[str, list[dict[str, Any]]], late_after_ms: int, *, engine: str
+) -> dict[str, Any]:
     counts = {k: counts[k] for k in COUNT_KEYS}
     notes = []
     if counts["early"]:
         valid: bool | str = False
         verdict = "INTEGRITY"
-        notes.append(f"{counts['early']} deliveries of {counts['early_ids']} delayed message(s) came before "
-                     "their due time")
+        notes.append(
+            f"{counts['early']} deliveries of {counts['early_ids']} delayed message(s) came before "
+            "their due time"
+        )
     elif not counts["delayed_publishes"]:
         valid, verdict = "unknown", "unknown"
         notes.append("no delayed publishes in the history (is workload.delay set?)")
     else:
         valid, verdict = True, "durable"
     if counts["late"]:
-        notes.append(f"{counts['late']} delayed message(s) first delivered more than {late_after_ms} ms after due "
-                     f"(at most {counts['lateness_max_ms']} ms)")
-    return {"valid": valid, "verdict": verdict, "engine": engine, "counts": counts, "late_after_ms": late_after_ms,
-            "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()}, "notes": notes}
+        notes.append(
+            f"{counts['late']} delayed message(s) first delivered more than {late_after_ms} ms after due "
+            f"(at most {counts['lateness_max_ms']} ms)"
+        )
+    return {
+        "valid": valid,
+        "verdict": verdict,
+        "engine": engine,
+        "counts": counts,
+        "late_after_ms": late_after_ms,
+        "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()},
+        "notes": notes,
+    }
 
 
 def check_delay_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -169,8 +213,13 @@ _SQL = {
 }
 
 
-def check_delay_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None,
-                      spark_master: str | None = None) -> dict[str, Any]:
+def check_delay_spark(
+    run_dir: Path,
+    scenario: dict[str, Any] | None = None,
+    *,
+    spark: Any = None,
+    spark_master: str | None = None,
+) -> dict[str, Any]:
     """The delay checks as Spark SQL over the Parquet history; only examples and percentiles come back."""
     from pyspark.sql import SparkSession
 
@@ -178,8 +227,13 @@ def check_delay_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, 
     path = history_path(run_dir)
     after = late_ms(scenario)
     if spark is None:
-        spark = (SparkSession.builder.master(spark_master or "local[2]").appName("brokerchaos-delay")
-                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+        spark = (
+            SparkSession.builder.master(spark_master or "local[2]")
+            .appName("brokerchaos-delay")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["due"]).createOrReplaceTempView("due")
@@ -191,12 +245,19 @@ def check_delay_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, 
         return spark.sql(sql).collect()[0][0]
 
     cols = "id, index, delay_ms, due_ns, delivered_ns, node, process"
-    early = [_example(r.asDict()) | {"early_ms": (r["due_ns"] - r["delivered_ns"]) // 1_000_000} for r in spark.sql(
-        f"SELECT {cols} FROM dl WHERE delivered_ns < due_ns ORDER BY index LIMIT {EXAMPLES}").collect()]
-    late = [_example(r.asDict()) | {"late_ms": int(r["late_ms"])} for r in spark.sql(
-        f"SELECT {cols}, floor((delivered_ns - due_ns) / 1000000) AS late_ms FROM fd "
-        f"WHERE floor((delivered_ns - due_ns) / 1000000) > {int(after)} ORDER BY late_ms DESC, index LIMIT {EXAMPLES}"
-    ).collect()]
+    early = [
+        _example(r.asDict()) | {"early_ms": (r["due_ns"] - r["delivered_ns"]) // 1_000_000}
+        for r in spark.sql(
+            f"SELECT {cols} FROM dl WHERE delivered_ns < due_ns ORDER BY index LIMIT {EXAMPLES}"
+        ).collect()
+    ]
+    late = [
+        _example(r.asDict()) | {"late_ms": int(r["late_ms"])}
+        for r in spark.sql(
+            f"SELECT {cols}, floor((delivered_ns - due_ns) / 1000000) AS late_ms FROM fd "
+            f"WHERE floor((delivered_ns - due_ns) / 1000000) > {int(after)} ORDER BY late_ms DESC, index LIMIT {EXAMPLES}"
+        ).collect()
+    ]
     n_lat = one("SELECT count(*) FROM rk")
     pct = {}
     for p in PERCENTILES:
@@ -204,8 +265,10 @@ def check_delay_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, 
         pct[f"lateness_p{p}_ms"] = int(one(f"SELECT max(lat) FROM rk WHERE rn = {rank}")) if n_lat else None
     counts = {
         "delayed_publishes": one("SELECT count(*) FROM due"),
-        "delayed_confirmed": one("SELECT count(DISTINCT h.value) FROM h JOIN due ON h.value = due.id "
-                                 "WHERE h.f = 'publish' AND h.type = 'ok'"),
+        "delayed_confirmed": one(
+            "SELECT count(DISTINCT h.value) FROM h JOIN due ON h.value = due.id "
+            "WHERE h.f = 'publish' AND h.type = 'ok'"
+        ),
         "delayed_delivered": n_lat,
         "early": one("SELECT count(*) FROM dl WHERE delivered_ns < due_ns"),
         "early_ids": one("SELECT count(DISTINCT id) FROM dl WHERE delivered_ns < due_ns"),
@@ -218,5 +281,12 @@ def check_delay_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, 
 
 
 def _example(r: dict[str, Any]) -> dict[str, Any]:
-    return {"id": r["id"], "index": int(r["index"]), "delay_ms": int(r["delay_ms"]), "due_ns": int(r["due_ns"]),
-            "delivered_ns": int(r["delivered_ns"]), "node": r["node"], "process": r["process"]}
+    return {
+        "id": r["id"],
+        "index": int(r["index"]),
+        "delay_ms": int(r["delay_ms"]),
+        "due_ns": int(r["due_ns"]),
+        "delivered_ns": int(r["delivered_ns"]),
+        "node": r["node"],
+        "process": r["process"],
+    }

@@ -14,11 +14,16 @@ from ._rows import history_path
 from .delay import iter_rows, lateness, lateness_ms_of_first_deliveries
 
 _LABELS = {
-    "delayed_publishes": "ids published with a delay", "delayed_confirmed": "of them confirmed",
-    "delayed_delivered": "of them delivered", "early": "deliveries before the due time (violations)",
-    "early_ids": "ids delivered early", "late": "ids first delivered later than late_ms after due",
-    "lateness_p50_ms": "lateness p50 (ms)", "lateness_p90_ms": "lateness p90 (ms)",
-    "lateness_p99_ms": "lateness p99 (ms)", "lateness_max_ms": "lateness max (ms)",
+    "delayed_publishes": "ids published with a delay",
+    "delayed_confirmed": "of them confirmed",
+    "delayed_delivered": "of them delivered",
+    "early": "deliveries before the due time (violations)",
+    "early_ids": "ids delivered early",
+    "late": "ids first delivered later than late_ms after due",
+    "lateness_p50_ms": "lateness p50 (ms)",
+    "lateness_p90_ms": "lateness p90 (ms)",
+    "lateness_p99_ms": "lateness p99 (ms)",
+    "lateness_max_ms": "lateness max (ms)",
 }
 
 
@@ -31,14 +36,25 @@ def delay_parts(run_dir: Path, results: Any) -> list[str]:
         return []
     summary = checkers[name]
     counts = summary.get("counts") or {}
-    parts = ["<h2>Delayed messages</h2>",
-             f"<p>checker <code>{_e(name)}</code>: <b>{_e(summary.get('verdict'))}</b>. Due time = the publish "
-             "invoke's time on the harness's clock + its x-delay; a delivery before it is early (a violation), "
-             "lateness = first delivery &minus; due time.</p>"]
+    parts = [
+        "<h2>Delayed messages</h2>",
+        f"<p>checker <code>{_e(name)}</code>: <b>{_e(summary.get('verdict'))}</b>. Due time = the publish "
+        "invoke's time on the harness's clock + its x-delay; a delivery before it is early (a violation), "
+        "lateness = first delivery &minus; due time.</p>",
+    ]
     if summary.get("error"):
         return parts + [f"<div class='note'>{_e(summary['error'])}</div>"]
-    parts.append(_table(["", "what", "value"], [[k, _LABELS.get(k, k), "-" if v is None else f"{v:,}"]
-                                                for k, v in counts.items() if k in _LABELS], left=2))
+    parts.append(
+        _table(
+            ["", "what", "value"],
+            [
+                [k, _LABELS.get(k, k), "-" if v is None else f"{v:,}"]
+                for k, v in counts.items()
+                if k in _LABELS
+            ],
+            left=2,
+        )
+    )
     state, _ = lateness(iter_rows(history_path(Path(run_dir))))
     if not state["first"]:
         return parts
@@ -60,8 +76,12 @@ def delay_parts(run_dir: Path, results: Any) -> list[str]:
     left.set_ylabel("messages")
     left.set_title("Lateness distribution")
     _shade_faults(right, results)
-    right.scatter([d["due_ns"] / 1e9 for d in firsts], [(d["delivered_ns"] - d["due_ns"]) / 1e6 for d in firsts],
-                  s=4, color=["#c62828" if d["delivered_ns"] < d["due_ns"] else "#1565c0" for d in firsts])
+    right.scatter(
+        [d["due_ns"] / 1e9 for d in firsts],
+        [(d["delivered_ns"] - d["due_ns"]) / 1e6 for d in firsts],
+        s=4,
+        color=["#c62828" if d["delivered_ns"] < d["due_ns"] else "#1565c0" for d in firsts],
+    )
     right.set_xlabel("due time (s since run start)")
     right.set_ylabel("lateness (ms)")
     right.set_title("Lateness by due time (fault windows shaded)")

@@ -44,6 +44,7 @@ VERDICT_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
 
 # -- exact binomial intervals ---------------------------------------------------------------
 
+
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction for the incomplete beta function (modified Lentz)."""
     tiny = 1e-300
@@ -125,15 +126,24 @@ def clopper_pearson_interval(k: int, n: int, confidence: float = CONFIDENCE) -> 
     _check(k, n)
     tail = (1.0 - confidence) / 2
     low = 0.0 if k == 0 else (tail ** (1.0 / n) if k == n else beta_quantile(tail, float(k), n - k + 1.0))
-    high = 1.0 if k == n else (1.0 - tail ** (1.0 / n) if k == 0 else beta_quantile(1 - tail, k + 1.0, float(n - k)))
+    high = (
+        1.0
+        if k == n
+        else (1.0 - tail ** (1.0 / n) if k == 0 else beta_quantile(1 - tail, k + 1.0, float(n - k)))
+    )
     return low, high
 
 
 # -- bootstrap over runs --------------------------------------------------------------------
 
-def bootstrap_ratio(pairs: Sequence[tuple[int, int]], *, resamples: int = BOOTSTRAP_RESAMPLES,
-                    seed: int | str = BOOTSTRAP_SEED,
-                    confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+
+def bootstrap_ratio(
+    pairs: Sequence[tuple[int, int]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int | str = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> tuple[float, float] | None:
     """Percentile interval of sum(lost) / sum(confirmed) when whole runs are resampled.
 
     pairs: one (lost, confirmed) per run. A resample whose runs confirmed nothing has no
@@ -160,6 +170,7 @@ def bootstrap_ratio(pairs: Sequence[tuple[int, int]], *, resamples: int = BOOTST
 
 # -- grading --------------------------------------------------------------------------------
 
+
 def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGrade:
     counts = res.get("counts") or {}
     verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
@@ -169,9 +180,17 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     # after a completed drain. A checker that failed left no counts; a run the checkers
     # called unknown stays unknown here too, whatever its counts say.
     known = verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
-    return RunGrade(run_dir=run_dir, seed=seed, verdict=verdict, valid=res.get("valid", "unknown"),
-                    graded=known, confirmed=int(counts.get("confirmed") or 0), lost=lost,
-                    unexpected=int(counts.get("unexpected") or 0), reason=str(res.get("reason") or res.get("error") or ""))
+    return RunGrade(
+        run_dir=run_dir,
+        seed=seed,
+        verdict=verdict,
+        valid=res.get("valid", "unknown"),
+        graded=known,
+        confirmed=int(counts.get("confirmed") or 0),
+        lost=lost,
+        unexpected=int(counts.get("unexpected") or 0),
+        reason=str(res.get("reason") or res.get("error") or ""),
+    )
 
 
 def _worst(verdicts: Sequence[Verdict]) -> Verdict:
@@ -189,8 +208,12 @@ def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     return {r["fault_kind"]: (int(r["lost"]), int(r["confirmed"])) for r in rows}
 
 
-def grade_results(results: Sequence[tuple[str, Mapping[str, Any], int | None]], *,
-                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Grade:
+def grade_results(
+    results: Sequence[tuple[str, Mapping[str, Any], int | None]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Grade:
     """Grade per-run results together (no I/O; grade_runs feeds it).
 
     Each item is (run directory, its results, the run's seed or None).
@@ -200,8 +223,10 @@ def grade_results(results: Sequence[tuple[str, Mapping[str, Any], int | None]], 
     for run_dir, res, run_seed in results:
         runs.append(_run_grade(run_dir, res, run_seed))
         exposures.append(_exposure(res))
-    seen = sorted({r["verdict"] for r in runs},
-                  key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v))
+    seen = sorted(
+        {r["verdict"] for r in runs},
+        key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v),
+    )
     verdicts: dict[str, int] = {v: sum(1 for r in runs if r["verdict"] == v) for v in seen}
     worst = _worst(seen)
     graded = [r for r in runs if r["graded"]]
@@ -228,22 +253,46 @@ def grade_results(results: Sequence[tuple[str, Mapping[str, Any], int | None]], 
     for kind, kpairs in sorted(kinds.items()):
         klost, kconf = sum(p[0] for p in kpairs), sum(p[1] for p in kpairs)
         kint = bootstrap_ratio(kpairs, resamples=resamples, seed=f"{seed}:{kind}") if klost else None
-        per_kind.append(KindGrade(fault_kind=kind, runs=len(kpairs), runs_lost=sum(1 for p in kpairs if p[0]),
-                                  confirmed=kconf, lost=klost, loss_rate=(klost / kconf) if kconf else None,
-                                  low=kint[0] if kint else None, high=kint[1] if kint else None))
+        per_kind.append(
+            KindGrade(
+                fault_kind=kind,
+                runs=len(kpairs),
+                runs_lost=sum(1 for p in kpairs if p[0]),
+                confirmed=kconf,
+                lost=klost,
+                loss_rate=(klost / kconf) if kconf else None,
+                low=kint[0] if kint else None,
+                high=kint[1] if kint else None,
+            )
+        )
     grade = Grade(
-        schema=SCHEMA_VERSION, runs=runs, verdict=worst, verdicts=verdicts, confidence=CONFIDENCE,
-        graded_runs=len(graded), excluded_runs=len(runs) - len(graded), runs_lost=runs_lost,
-        runs_lost_interval=share_sided, runs_lost_low=share_low, runs_lost_high=share_high,
-        confirmed=confirmed, lost=lost, loss_rate=(lost / confirmed) if confirmed else None,
-        loss_low=interval[0] if interval else None, loss_high=interval[1] if interval else None,
-        bootstrap_resamples=resamples, bootstrap_seed=seed, per_kind=per_kind, statement="",
+        schema=SCHEMA_VERSION,
+        runs=runs,
+        verdict=worst,
+        verdicts=verdicts,
+        confidence=CONFIDENCE,
+        graded_runs=len(graded),
+        excluded_runs=len(runs) - len(graded),
+        runs_lost=runs_lost,
+        runs_lost_interval=share_sided,
+        runs_lost_low=share_low,
+        runs_lost_high=share_high,
+        confirmed=confirmed,
+        lost=lost,
+        loss_rate=(lost / confirmed) if confirmed else None,
+        loss_low=interval[0] if interval else None,
+        loss_high=interval[1] if interval else None,
+        bootstrap_resamples=resamples,
+        bootstrap_seed=seed,
+        per_kind=per_kind,
+        statement="",
     )
     grade["statement"] = " ".join(describe_grade(grade)[1:2])
     return grade
 
 
 # -- words ----------------------------------------------------------------------------------
+
 
 def _pct(x: float) -> str:
     return f"{x:.1%}" if x >= 0.01 or x == 0 else f"{x * 100:.2g}%"
@@ -265,50 +314,80 @@ def describe_grade(grade: Grade) -> list[str]:
     if n == 0:
         lines.append("no run has a known outcome, so nothing can be said about loss")
     elif n < MIN_RUNS:
-        lines.append(f"{grade['lost']:,} of {grade['confirmed']:,} confirmed messages lost in the one run with a "
-                     "known outcome; no bound: a run is one trial (losses come in clusters, so its messages are "
-                     "not independent), and a bound needs several seeded runs (brokerchaos run SCENARIO --runs 10)")
+        lines.append(
+            f"{grade['lost']:,} of {grade['confirmed']:,} confirmed messages lost in the one run with a "
+            "known outcome; no bound: a run is one trial (losses come in clusters, so its messages are "
+            "not independent), and a bound needs several seeded runs (brokerchaos run SCENARIO --runs 10)"
+        )
     elif grade["runs_lost_interval"] == "one-sided":
-        lines.append(f"0 of {n} runs lost a message: the share of runs that lose messages is below "
-                     f"{_pct(grade['runs_lost_high'] or 0.0)} ({pct} one-sided exact binomial upper bound over runs; "
-                     "not a proof of zero)")
+        lines.append(
+            f"0 of {n} runs lost a message: the share of runs that lose messages is below "
+            f"{_pct(grade['runs_lost_high'] or 0.0)} ({pct} one-sided exact binomial upper bound over runs; "
+            "not a proof of zero)"
+        )
     else:
-        lines.append(f"{grade['runs_lost']} of {n} runs lost messages: the share of runs that lose messages is between "
-                     f"{_pct(grade['runs_lost_low'] or 0.0)} and {_pct(grade['runs_lost_high'] or 0.0)} "
-                     f"({pct} two-sided exact binomial interval over runs)")
+        lines.append(
+            f"{grade['runs_lost']} of {n} runs lost messages: the share of runs that lose messages is between "
+            f"{_pct(grade['runs_lost_low'] or 0.0)} and {_pct(grade['runs_lost_high'] or 0.0)} "
+            f"({pct} two-sided exact binomial interval over runs)"
+        )
     counts = ", ".join(f"{v} {k}" for k, v in grade["verdicts"].items() if v)
     lines.append(f"verdicts: {counts or 'none'}")
     if grade["excluded_runs"]:
-        lines.append(f"{_runs(grade['excluded_runs'])} left out of every rate: whether {'it' if grade['excluded_runs'] == 1 else 'they'} "
-                     "lost messages is not known (final drain unfinished or checker failed); counted as neither "
-                     "durable nor lossy")
+        lines.append(
+            f"{_runs(grade['excluded_runs'])} left out of every rate: whether {'it' if grade['excluded_runs'] == 1 else 'they'} "
+            "lost messages is not known (final drain unfinished or checker failed); counted as neither "
+            "durable nor lossy"
+        )
     if n >= MIN_RUNS:
-        lines.append(f"messages: {grade['lost']:,} lost of {grade['confirmed']:,} confirmed over the {_runs(n)} "
-                     f"with a known outcome (pooled rate {_rate(grade['loss_rate'])} per confirmed message)")
+        lines.append(
+            f"messages: {grade['lost']:,} lost of {grade['confirmed']:,} confirmed over the {_runs(n)} "
+            f"with a known outcome (pooled rate {_rate(grade['loss_rate'])} per confirmed message)"
+        )
         boot = f"resampling whole runs, B={grade['bootstrap_resamples']:,}, seed {grade['bootstrap_seed']}"
         if grade["loss_low"] is not None:
-            few = f"; with fewer than {FEW_RUNS} runs it likely understates the uncertainty" if n < FEW_RUNS else ""
-            lines.append(f"per-message loss rate between {_rate(grade['loss_low'])} and {_rate(grade['loss_high'])} "
-                         f"({pct} bootstrap percentile interval, {boot}{few})")
+            few = (
+                f"; with fewer than {FEW_RUNS} runs it likely understates the uncertainty"
+                if n < FEW_RUNS
+                else ""
+            )
+            lines.append(
+                f"per-message loss rate between {_rate(grade['loss_low'])} and {_rate(grade['loss_high'])} "
+                f"({pct} bootstrap percentile interval, {boot}{few})"
+            )
         elif grade["lost"] == 0:
-            lines.append("per-message loss rate: no run lost a message, so resampling runs gives no interval above "
-                         "zero; the bound on the share of runs is the statement to use")
+            lines.append(
+                "per-message loss rate: no run lost a message, so resampling runs gives no interval above "
+                "zero; the bound on the share of runs is the statement to use"
+            )
         if grade["per_kind"]:
-            lines.append("per fault kind (confirmed messages whose confirm-to-drain interval overlapped a window of "
-                         "that kind; one message can count under several kinds; 'none' met no fault):")
+            lines.append(
+                "per fault kind (confirmed messages whose confirm-to-drain interval overlapped a window of "
+                "that kind; one message can count under several kinds; 'none' met no fault):"
+            )
             for k in grade["per_kind"]:
                 where = f"{k['runs_lost']} of {_runs(k['runs'])} lost"
                 rate = f"{k['lost']:,} of {k['confirmed']:,} exposed lost (rate {_rate(k['loss_rate'])})"
-                ival = (f", {pct} bootstrap {_rate(k['low'])} to {_rate(k['high'])}" if k["low"] is not None
-                        else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval"))
+                ival = (
+                    f", {pct} bootstrap {_rate(k['low'])} to {_rate(k['high'])}"
+                    if k["low"] is not None
+                    else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
+                )
                 lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
     return lines
 
 
 # -- from run directories -------------------------------------------------------------------
 
-def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine: str = "spark",
-               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Grade:
+
+def grade_runs(
+    run_dirs: list[Path],
+    *,
+    spark_master: str | None = None,
+    engine: str = "spark",
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Grade:
     """Check every run and grade them together.
 
     engine: "spark" (one Spark job over all the runs' histories), "python" (each run in
@@ -332,12 +411,19 @@ def grade_runs(run_dirs: list[Path], *, spark_master: str | None = None, engine:
         for d in run_dirs:
             f = Path(d) / "results.json"
             if not f.is_file():
-                raise HistoryError(f"no results.json in {d}: check the run first or grade with engine='spark'")
+                raise HistoryError(
+                    f"no results.json in {d}: check the run first or grade with engine='spark'"
+                )
             stored.append(json.loads(f.read_text()))
         results = stored
     else:
         raise ValueError(f"unknown engine {engine!r}: use 'spark', 'python' or 'stored'")
     seeds = [s.get("seed") if isinstance(s, dict) else None for s in scenarios]
-    return grade_results([(str(d), res, x if isinstance(x, int) else None)
-                          for d, res, x in zip(run_dirs, results, seeds, strict=True)],
-                         resamples=resamples, seed=seed)
+    return grade_results(
+        [
+            (str(d), res, x if isinstance(x, int) else None)
+            for d, res, x in zip(run_dirs, results, seeds, strict=True)
+        ],
+        resamples=resamples,
+        seed=seed,
+    )

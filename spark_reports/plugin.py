@@ -73,5 +73,9 @@ def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str,
 
     grade = grade_runs(run_dirs, spark_master=settings.get("spark_master"), engine=engine)
     (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
-    return {"verdict": grade.get("verdict"), "lines": describe_grade(grade),
-            "report": str(render_grade_report(out, grade)), "grade": grade}
+    return {
+        "verdict": grade.get("verdict"),
+        "lines": describe_grade(grade),
+        "report": str(render_grade_report(out, grade)),
+        "grade": grade,
+    }

@@ -35,20 +35,32 @@ max-width:520px;text-align:left}
 """
 
 _COUNT_LABELS = {
-    "attempted": "ids published at least once", "confirmed": "confirmed (publish ok)",
-    "failed": "refused (every attempt nacked)", "unknown": "unconfirmed, outcome unknown",
-    "publish_attempts": "publish attempts", "delivered_unique": "ids delivered",
-    "delivered_total": "deliveries", "consumed_unique": "ids consumed (an ack completed ok)",
-    "consumed_total": "acks completed ok", "abandoned": "deliveries given back (abandon ops)",
-    "lost": "lost: confirmed, never consumed", "ack_unknown": "confirmed, ack outcome unknown",
-    "unexpected": "consumed, never published", "corrupted": "body differs from the one sent",
-    "duplicated": "consumed (acked ok) more than once", "resurrected": "delivered again after an ack completed ok",
-    "recovered": "unconfirmed but consumed", "split_brain": "split-brain copies found by the drain",
+    "attempted": "ids published at least once",
+    "confirmed": "confirmed (publish ok)",
+    "failed": "refused (every attempt nacked)",
+    "unknown": "unconfirmed, outcome unknown",
+    "publish_attempts": "publish attempts",
+    "delivered_unique": "ids delivered",
+    "delivered_total": "deliveries",
+    "consumed_unique": "ids consumed (an ack completed ok)",
+    "consumed_total": "acks completed ok",
+    "abandoned": "deliveries given back (abandon ops)",
+    "lost": "lost: confirmed, never consumed",
+    "ack_unknown": "confirmed, ack outcome unknown",
+    "unexpected": "consumed, never published",
+    "corrupted": "body differs from the one sent",
+    "duplicated": "consumed (acked ok) more than once",
+    "resurrected": "delivered again after an ack completed ok",
+    "recovered": "unconfirmed but consumed",
+    "split_brain": "split-brain copies found by the drain",
     "unflagged_redeliveries": "redeliveries without the redelivered flag",
-    "order_violations": "per-producer order violations", "history_ops": "history records",
+    "order_violations": "per-producer order violations",
+    "history_ops": "history records",
 }
-_SCHEMA1_LABELS = {"consumed_unique": "ids consumed (delivered: schema-1 history)",
-                   "consumed_total": "consumptions (deliveries: schema-1 history)"}
+_SCHEMA1_LABELS = {
+    "consumed_unique": "ids consumed (delivered: schema-1 history)",
+    "consumed_total": "consumptions (deliveries: schema-1 history)",
+}
 _ROWS = 200
 """Rows shown per detail table; results.json holds up to LIST_CAP of each."""
 _DUPLICATES = 50
@@ -59,17 +71,22 @@ class _Raw(str):
     """A table cell that is already HTML."""
 
 
-
 def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x))
 
 
 def _table(headers: list[str], rows: Iterable[Iterable[Any]], left: int = 1) -> str:
-    head = "".join(f"<th class='l'>{_e(h)}</th>" if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers))
+    head = "".join(
+        f"<th class='l'>{_e(h)}</th>" if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
+    )
     body = []
     for row in rows:
-        cells = "".join((f"<td class='l'>{c}</td>" if isinstance(c, _Raw) else f"<td class='l'>{_e(c)}</td>")
-                        if i < left else f"<td>{_e(c)}</td>" for i, c in enumerate(row))
+        cells = "".join(
+            (f"<td class='l'>{c}</td>" if isinstance(c, _Raw) else f"<td class='l'>{_e(c)}</td>")
+            if i < left
+            else f"<td>{_e(c)}</td>"
+            for i, c in enumerate(row)
+        )
         body.append(f"<tr>{cells}</tr>")
     if not body:
         body.append(f"<tr><td class='l' colspan='{len(headers)}'>none</td></tr>")
@@ -81,8 +98,10 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body>{body}</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{_CSS}</style></head><body>{body}</body></html>"
+    )
 
 
 def _img(path: Path) -> str:
@@ -95,8 +114,14 @@ def _shade_faults(ax: Any, results: Results) -> None:
     for w in results["faults"]:
         first = w["kind"] not in colours
         colour = colours.setdefault(w["kind"], _FAULT_COLOURS[len(colours) % len(_FAULT_COLOURS)])
-        ax.axvspan(w["start_ns"] / 1e9, w["end_ns"] / 1e9, color=colour, alpha=0.35, lw=0,
-                   label=w["kind"] if first else None)
+        ax.axvspan(
+            w["start_ns"] / 1e9,
+            w["end_ns"] / 1e9,
+            color=colour,
+            alpha=0.35,
+            lw=0,
+            label=w["kind"] if first else None,
+        )
 
 
 def _grid(times: list[int], width: int) -> list[int]:
@@ -135,9 +160,16 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     # not a line drawn across the gap (a broker down for 4 s must look down for 4 s).
     grid = _grid([t for pts in series.values() for t in pts], width)
     for name, pts in sorted(series.items()):
-        colour = (_COLOURS["consume"] if name == "delivered" else _COLOURS["ack"] if name == "acked ok"
-                  else _COLOURS[name.split()[1]])
-        ax.plot(grid, [pts.get(x, 0.0) for x in grid], label=name, color=colour, lw=1.2, drawstyle="steps-post")
+        colour = (
+            _COLOURS["consume"]
+            if name == "delivered"
+            else _COLOURS["ack"]
+            if name == "acked ok"
+            else _COLOURS[name.split()[1]]
+        )
+        ax.plot(
+            grid, [pts.get(x, 0.0) for x in grid], label=name, color=colour, lw=1.2, drawstyle="steps-post"
+        )
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("ops/s")
     ax.set_title("Operations by outcome (fault windows shaded)")
@@ -155,10 +187,22 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
         by_t = {r["t_s"]: r for r in lat}
         xs = _grid(list(by_t), width)
         nan = float("nan")
-        ax.plot(xs, [by_t[x]["max_ms"] if x in by_t else nan for x in xs], label="max", color="#c62828", lw=1,
-                drawstyle="steps-post")
-        ax.plot(xs, [by_t[x]["mean_ms"] if x in by_t else nan for x in xs], label="mean", color="#1565c0", lw=1.2,
-                drawstyle="steps-post")
+        ax.plot(
+            xs,
+            [by_t[x]["max_ms"] if x in by_t else nan for x in xs],
+            label="max",
+            color="#c62828",
+            lw=1,
+            drawstyle="steps-post",
+        )
+        ax.plot(
+            xs,
+            [by_t[x]["mean_ms"] if x in by_t else nan for x in xs],
+            label="mean",
+            color="#1565c0",
+            lw=1.2,
+            drawstyle="steps-post",
+        )
         ax.set_yscale("log")
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("confirm latency (ms)")
@@ -207,9 +251,15 @@ def render_report(run_dir: Path, results: Results) -> Path:
     run_dir = Path(run_dir)
     html_path = run_dir / "report.html"
     if "counts" not in results or "timeline" not in results:  # every checker failed: say why, nothing else
-        html_path.write_text(_page(f"brokerchaos {run_dir.name}", (
-            f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict unknown'>"
-            f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(results.get('error', 'no checker result'))}</div>")))
+        html_path.write_text(
+            _page(
+                f"brokerchaos {run_dir.name}",
+                (
+                    f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict unknown'>"
+                    f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(results.get('error', 'no checker result'))}</div>"
+                ),
+            )
+        )
         return html_path
     plots = _plots(run_dir, results)
     c = results["counts"]
@@ -222,36 +272,67 @@ def render_report(run_dir: Path, results: Results) -> Path:
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
         f"<p>checked by the {_e(results['engine'])} engine on a schema-{results.get('history_schema', 1)} history; "
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
-        f"{c['history_ops']:,} operations"
-        + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
+        f"{c['history_ops']:,} operations" + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
         *[f"<div class='note'>{_e(n)}</div>" for n in results.get("notes", [])],
         "<h2>Counts</h2>",
         _table(["", "what", "messages"], [[k, labels.get(k, k), f"{v:,}"] for k, v in c.items()], left=2),
-        "<h2>Timeline</h2>", _img(plots[0]), "<h2>Latency</h2>", _img(plots[1]),
-        _table(["latency (ms)", "n", "p50", "p95", "p99", "max"],
-               [[name, f"{p['n']:,}", _fmt(p["p50"]), _fmt(p["p95"]), _fmt(p["p99"]), _fmt(p["max"])]
-                for name, p in (("publish confirm", lat["confirm_ms"]), ("publish to first delivery",
-                                                                         lat["e2e_ms"]))]),
+        "<h2>Timeline</h2>",
+        _img(plots[0]),
+        "<h2>Latency</h2>",
+        _img(plots[1]),
+        _table(
+            ["latency (ms)", "n", "p50", "p95", "p99", "max"],
+            [
+                [name, f"{p['n']:,}", _fmt(p["p50"]), _fmt(p["p95"]), _fmt(p["p99"]), _fmt(p["max"])]
+                for name, p in (
+                    ("publish confirm", lat["confirm_ms"]),
+                    ("publish to first delivery", lat["e2e_ms"]),
+                )
+            ],
+        ),
     ]
-    parts += _lost_parts(results) + _anomaly_parts(results) + [
-        "<h2>Loss attribution</h2>",
-        "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
-        "to the end of the final drain, against the node that confirmed it.</p>",
-        _table(["fault kind", "node", "lost"], [[r["fault_kind"], r["node"], r["count"]]
-                                                for r in results["attribution"]["rows"]], left=2),
-        _table(["fault kind", "exposed confirmed", "lost"],
-               [[r["fault_kind"], f"{r['confirmed']:,}", r["lost"]] for r in results["attribution"]["exposure"]]),
-        "<h2>Fault windows and availability</h2>",
-        _table(["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
-               _availability_rows(results), left=3),
-    ] + _drain_parts(results)
+    parts += (
+        _lost_parts(results)
+        + _anomaly_parts(results)
+        + [
+            "<h2>Loss attribution</h2>",
+            "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
+            "to the end of the final drain, against the node that confirmed it.</p>",
+            _table(
+                ["fault kind", "node", "lost"],
+                [[r["fault_kind"], r["node"], r["count"]] for r in results["attribution"]["rows"]],
+                left=2,
+            ),
+            _table(
+                ["fault kind", "exposed confirmed", "lost"],
+                [
+                    [r["fault_kind"], f"{r['confirmed']:,}", r["lost"]]
+                    for r in results["attribution"]["exposure"]
+                ],
+            ),
+            "<h2>Fault windows and availability</h2>",
+            _table(
+                ["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
+                _availability_rows(results),
+                left=3,
+            ),
+        ]
+        + _drain_parts(results)
+    )
     parts += delay_parts(run_dir, results)
     if results["order_violations"]:
         v = results["order_violations"]
-        parts += _section("Order violations", min(len(v), _ROWS), c["order_violations"], "",
-                          _table(["consumer", "queue", "producer", "id", "after seq"],
-                                 [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]]
-                                  for x in v[:_ROWS]], left=4))
+        parts += _section(
+            "Order violations",
+            min(len(v), _ROWS),
+            c["order_violations"],
+            "",
+            _table(
+                ["consumer", "queue", "producer", "id", "after seq"],
+                [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]] for x in v[:_ROWS]],
+                left=4,
+            ),
+        )
     html_path.write_text(_page(f"brokerchaos {run_dir.name}", "".join(parts)))
     return html_path
 
@@ -267,22 +348,45 @@ def _lost_parts(results: Results) -> list[str]:
             cause: str = (d["cause"] or "-") if d else "-"
             if d and d["abandon_cause"]:
                 cause += f" ({d['abandon_cause']})"
-            rows.append([m["id"], cause, d["delivered"] if d else "-", m["confirm_node"],
-                         f"{m['confirm_ns'] / 1e9:.3f}", ", ".join(m["fault_ids"]) or "-"])
-        parts += [f"<h2>Lost messages ({c['lost']:,})</h2>",
-                  _table(["cause", "abandoned as", "lost"],
-                         [[r["cause"], r["abandon_cause"] or "-", f"{r['count']:,}"]
-                          for r in results.get("lost_by_cause", [])], left=2),
-                  f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
-                  _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2)]
+            rows.append(
+                [
+                    m["id"],
+                    cause,
+                    d["delivered"] if d else "-",
+                    m["confirm_node"],
+                    f"{m['confirm_ns'] / 1e9:.3f}",
+                    ", ".join(m["fault_ids"]) or "-",
+                ]
+            )
+        parts += [
+            f"<h2>Lost messages ({c['lost']:,})</h2>",
+            _table(
+                ["cause", "abandoned as", "lost"],
+                [
+                    [r["cause"], r["abandon_cause"] or "-", f"{r['count']:,}"]
+                    for r in results.get("lost_by_cause", [])
+                ],
+                left=2,
+            ),
+            f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
+            _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2),
+        ]
     if results.get("ack_unknown"):
         parts += _section(
-            "Acked with an unknown outcome", min(len(results["ack_unknown"]), _ROWS), c["ack_unknown"],
+            "Acked with an unknown outcome",
+            min(len(results["ack_unknown"]), _ROWS),
+            c["ack_unknown"],
             "Confirmed messages whose ack ended without an answer (connection lost) and that were not delivered "
             "again: the broker may have processed the ack. Indeterminate, not counted as lost.",
-            _table(["id", "last delivery", "deliveries"],
-                   [[d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]]
-                    for d in results["ack_unknown"][:_ROWS]], left=2))
+            _table(
+                ["id", "last delivery", "deliveries"],
+                [
+                    [d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]]
+                    for d in results["ack_unknown"][:_ROWS]
+                ],
+                left=2,
+            ),
+        )
     return parts
 
 
@@ -295,54 +399,125 @@ def _anomaly_parts(results: Results) -> list[str]:
             want, got = _bodies(x["expected"], x["received"])
             length = "-" if x["received_length"] is None else f"{x['received_length']:,} bytes"
             rows.append([x["id"], _where(x["delivery"]), want, got, length, x["deliveries"]])
-        parts += _section("Corrupted bodies", len(rows), c["corrupted"],
-                          "Delivered with a body whose digest is not that of the body the producer sent (recomputed "
-                          "from the id, the seed and the message size). Received text is the consumer's excerpt; "
-                          "characters that differ from the sent body are marked.",
-                          _table(["id", "delivered", "sent (excerpt)", "received (excerpt)", "received length",
-                                  "bad deliveries"], rows, left=4))
+        parts += _section(
+            "Corrupted bodies",
+            len(rows),
+            c["corrupted"],
+            "Delivered with a body whose digest is not that of the body the producer sent (recomputed "
+            "from the id, the seed and the message size). Received text is the consumer's excerpt; "
+            "characters that differ from the sent body are marked.",
+            _table(
+                [
+                    "id",
+                    "delivered",
+                    "sent (excerpt)",
+                    "received (excerpt)",
+                    "received length",
+                    "bad deliveries",
+                ],
+                rows,
+                left=4,
+            ),
+        )
     if results["unexpected"]:
-        parts += _section("Consumed but never attempted", min(len(results["unexpected_detail"]), _ROWS),
-                          c["unexpected"], "",
-                          _table(["id", "deliveries", "first delivered"],
-                                 [[d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"]
-                                  for d in results["unexpected_detail"][:_ROWS]]))
+        parts += _section(
+            "Consumed but never attempted",
+            min(len(results["unexpected_detail"]), _ROWS),
+            c["unexpected"],
+            "",
+            _table(
+                ["id", "deliveries", "first delivered"],
+                [
+                    [d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"]
+                    for d in results["unexpected_detail"][:_ROWS]
+                ],
+            ),
+        )
     if results.get("resurrected"):
-        parts += _section("Resurrected", min(len(results["resurrected"]), _ROWS), c["resurrected"],
-                          "Delivered again after an ack of the message had completed ok (the broker had certainly "
-                          "processed it).",
-                          _table(["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
-                                 [[x["id"], _where({"process": x["ack_process"], "node": x["ack_node"],
-                                                    "time_ns": x["ack_ns"]}),
-                                   _where(x["delivery"]), "yes" if x["delivery"]["redelivered"] else "no",
-                                   x["deliveries_after"]]
-                                  for x in results["resurrected"][:_ROWS]], left=4))
+        parts += _section(
+            "Resurrected",
+            min(len(results["resurrected"]), _ROWS),
+            c["resurrected"],
+            "Delivered again after an ack of the message had completed ok (the broker had certainly "
+            "processed it).",
+            _table(
+                ["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
+                [
+                    [
+                        x["id"],
+                        _where({"process": x["ack_process"], "node": x["ack_node"], "time_ns": x["ack_ns"]}),
+                        _where(x["delivery"]),
+                        "yes" if x["delivery"]["redelivered"] else "no",
+                        x["deliveries_after"],
+                    ]
+                    for x in results["resurrected"][:_ROWS]
+                ],
+                left=4,
+            ),
+        )
     if results.get("split_brain"):
-        parts += _section("Split-brain copies", min(len(results["split_brain"]), _ROWS), c["split_brain"],
-                          "Found by the final drain on one node after another node had reported the queue empty.",
-                          _table(["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
-                                 [[x["id"], x["node"], x["drainer"], x["queue"],
-                                   ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
-                                   _s(x["ack_ns"])]
-                                  for x in results["split_brain"][:_ROWS]], left=5))
+        parts += _section(
+            "Split-brain copies",
+            min(len(results["split_brain"]), _ROWS),
+            c["split_brain"],
+            "Found by the final drain on one node after another node had reported the queue empty.",
+            _table(
+                ["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
+                [
+                    [
+                        x["id"],
+                        x["node"],
+                        x["drainer"],
+                        x["queue"],
+                        ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
+                        _s(x["ack_ns"]),
+                    ]
+                    for x in results["split_brain"][:_ROWS]
+                ],
+                left=5,
+            ),
+        )
     if results.get("unflagged_redeliveries"):
-        parts += _section("Redeliveries without the redelivered flag", min(len(results["unflagged_redeliveries"]),
-                                                                           _ROWS), c["unflagged_redeliveries"],
-                          "A delivery after the message was given back, not flagged redelivered (reported, "
-                          "not a failure: a publish retried under the same id also arrives unflagged).",
-                          _table(["id", "delivered", "after abandon"],
-                                 [[x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"]
-                                  for x in results["unflagged_redeliveries"][:_ROWS]], left=3))
+        parts += _section(
+            "Redeliveries without the redelivered flag",
+            min(len(results["unflagged_redeliveries"]), _ROWS),
+            c["unflagged_redeliveries"],
+            "A delivery after the message was given back, not flagged redelivered (reported, "
+            "not a failure: a publish retried under the same id also arrives unflagged).",
+            _table(
+                ["id", "delivered", "after abandon"],
+                [
+                    [x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"]
+                    for x in results["unflagged_redeliveries"][:_ROWS]
+                ],
+                left=3,
+            ),
+        )
     if results["duplicated"]:
         shown = min(len(results["duplicated"]), _DUPLICATES)
-        parts += _section("Delivered more than once", shown, c["duplicated"],
-                          "Allowed by at-least-once delivery (every delivery given back comes again); "
-                          "a budget in the scenario can bound them.",
-                          _table(["id", "where (first deliveries; r: flagged redelivered)", "deliveries", "acks ok"],
-                                 [[d["id"],
-                                   "; ".join(f"{x['process']}@{x['node'] or '?'}{' (r)' if x['redelivered'] else ''}"
-                                             for x in d["deliveries"]), d["delivered"], d["consumed"]]
-                                  for d in results["duplicated"][:shown]], left=2))
+        parts += _section(
+            "Delivered more than once",
+            shown,
+            c["duplicated"],
+            "Allowed by at-least-once delivery (every delivery given back comes again); "
+            "a budget in the scenario can bound them.",
+            _table(
+                ["id", "where (first deliveries; r: flagged redelivered)", "deliveries", "acks ok"],
+                [
+                    [
+                        d["id"],
+                        "; ".join(
+                            f"{x['process']}@{x['node'] or '?'}{' (r)' if x['redelivered'] else ''}"
+                            for x in d["deliveries"]
+                        ),
+                        d["delivered"],
+                        d["consumed"],
+                    ]
+                    for d in results["duplicated"][:shown]
+                ],
+                left=2,
+            ),
+        )
     return parts
 
 
@@ -354,12 +529,39 @@ def _drain_parts(results: Results) -> list[str]:
     for op in ops:
         nodes: list[tuple[str | None, dict]] = list(op["nodes"].items()) or [(None, {})]
         for node, v in nodes:
-            rows.append([op["process"], op["queue"], op["outcome"], "-" if op["consumed"] is None else op["consumed"],
-                         node or "-", _v(v.get("consumed")), _v(v.get("ready")), _v(v.get("unacked")),
-                         _s(v.get("empty_at_ns")), v.get("error") or op["error"] or "-"])
-    return ["<h2>Final drain</h2>",
-            _table(["drainer", "queue", "outcome", "acked", "node", "node acked", "ready", "unacked", "empty at s",
-                    "error"], rows, left=3)]
+            rows.append(
+                [
+                    op["process"],
+                    op["queue"],
+                    op["outcome"],
+                    "-" if op["consumed"] is None else op["consumed"],
+                    node or "-",
+                    _v(v.get("consumed")),
+                    _v(v.get("ready")),
+                    _v(v.get("unacked")),
+                    _s(v.get("empty_at_ns")),
+                    v.get("error") or op["error"] or "-",
+                ]
+            )
+    return [
+        "<h2>Final drain</h2>",
+        _table(
+            [
+                "drainer",
+                "queue",
+                "outcome",
+                "acked",
+                "node",
+                "node acked",
+                "ready",
+                "unacked",
+                "empty at s",
+                "error",
+            ],
+            rows,
+            left=3,
+        ),
+    ]
 
 
 def _v(x: Any) -> str:
@@ -371,10 +573,19 @@ def _availability_rows(results: Results) -> list[list[Any]]:
     rows = []
     for a in results["availability"]:
         w = by_id.get(a["window"])
-        rows.append([a["window"], a["kind"] or "-", (w["node"] if w else None) or "-",
-                     f"{w['start_ns'] / 1e9:.2f}" if w else "-", f"{w['end_ns'] / 1e9:.2f}" if w else "-",
-                     ("yes" if w["healed"] else "no") if w else "-", f"{a['attempts']:,}", f"{a['confirmed']:,}",
-                     "-" if a["share"] is None else f"{a['share']:.1%}"])
+        rows.append(
+            [
+                a["window"],
+                a["kind"] or "-",
+                (w["node"] if w else None) or "-",
+                f"{w['start_ns'] / 1e9:.2f}" if w else "-",
+                f"{w['end_ns'] / 1e9:.2f}" if w else "-",
+                ("yes" if w["healed"] else "no") if w else "-",
+                f"{a['attempts']:,}",
+                f"{a['confirmed']:,}",
+                "-" if a["share"] is None else f"{a['share']:.1%}",
+            ]
+        )
     return rows
 
 
@@ -392,9 +603,16 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     if kinds:
         names = [k["fault_kind"] for k in kinds]
         low = [k["low"] or 0.0 for k in kinds]
-        ax.bar(names, [(k["high"] or 0.0) - lo for k, lo in zip(kinds, low, strict=True)], bottom=low,
-               color="#90caf9", label=f"{grade['confidence']:.0%} bootstrap interval over runs")
-        ax.scatter(names, [k["loss_rate"] or 0 for k in kinds], color="#c62828", zorder=3, label="pooled rate")
+        ax.bar(
+            names,
+            [(k["high"] or 0.0) - lo for k, lo in zip(kinds, low, strict=True)],
+            bottom=low,
+            color="#90caf9",
+            label=f"{grade['confidence']:.0%} bootstrap interval over runs",
+        )
+        ax.scatter(
+            names, [k["loss_rate"] or 0 for k in kinds], color="#c62828", zorder=3, label="pooled rate"
+        )
         ax.legend(fontsize=8)
     ax.set_ylabel("lost per confirmed message")
     ax.set_title("Loss rate per fault kind")
@@ -411,14 +629,48 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
         "bootstrap interval that resamples whole runs. Per fault kind the denominator is the confirmed messages "
         "whose confirm-to-drain interval overlapped a window of that kind.</p>",
         _img(png),
-        _table(["fault kind", "runs", "runs that lost", "exposed confirmed", "lost", "pooled rate",
-                "interval low", "interval high"],
-               [[k["fault_kind"], k["runs"], k["runs_lost"], f"{k['confirmed']:,}", k["lost"], _fmt(k["loss_rate"]),
-                 _fmt(k["low"]), _fmt(k["high"])] for k in grade["per_kind"]]),
+        _table(
+            [
+                "fault kind",
+                "runs",
+                "runs that lost",
+                "exposed confirmed",
+                "lost",
+                "pooled rate",
+                "interval low",
+                "interval high",
+            ],
+            [
+                [
+                    k["fault_kind"],
+                    k["runs"],
+                    k["runs_lost"],
+                    f"{k['confirmed']:,}",
+                    k["lost"],
+                    _fmt(k["loss_rate"]),
+                    _fmt(k["low"]),
+                    _fmt(k["high"]),
+                ]
+                for k in grade["per_kind"]
+            ],
+        ),
         "<h2>Runs</h2>",
-        _table(["run", "seed", "verdict", "graded", "confirmed", "lost", "unexpected"],
-               [[r["run_dir"], "-" if r["seed"] is None else r["seed"], r["verdict"], "yes" if r["graded"] else "no",
-                 f"{r['confirmed']:,}", r["lost"], r["unexpected"]] for r in grade["runs"]], left=2),
+        _table(
+            ["run", "seed", "verdict", "graded", "confirmed", "lost", "unexpected"],
+            [
+                [
+                    r["run_dir"],
+                    "-" if r["seed"] is None else r["seed"],
+                    r["verdict"],
+                    "yes" if r["graded"] else "no",
+                    f"{r['confirmed']:,}",
+                    r["lost"],
+                    r["unexpected"],
+                ]
+                for r in grade["runs"]
+            ],
+            left=2,
+        ),
     ]
     path = out_dir / "grade.html"
     path.write_text(_page("brokerchaos grade", "".join(body)))

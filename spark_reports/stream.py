@@ -37,9 +37,27 @@ from typing import Any
 from . import _rows
 from ._rows import history_path, verdict_of
 
-COUNT_KEYS = ("streams", "confirmed", "delivered", "seq_conflicts", "seq_mismatches", "delivered_conflicts",
-              "gaps", "reordered", "diverged_streams", "unfinished_drains", "history_ops")
-ANOMALIES = ("seq_conflicts", "seq_mismatches", "delivered_conflicts", "gaps", "reordered", "diverged_streams")
+COUNT_KEYS = (
+    "streams",
+    "confirmed",
+    "delivered",
+    "seq_conflicts",
+    "seq_mismatches",
+    "delivered_conflicts",
+    "gaps",
+    "reordered",
+    "diverged_streams",
+    "unfinished_drains",
+    "history_ops",
+)
+ANOMALIES = (
+    "seq_conflicts",
+    "seq_mismatches",
+    "delivered_conflicts",
+    "gaps",
+    "reordered",
+    "diverged_streams",
+)
 EXAMPLES = 20  # examples kept per anomaly
 _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 
@@ -70,9 +88,15 @@ def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, A
         views = {n: v for n, v in (value.get("replicas") or {}).items() if isinstance(v, dict)}
         shapes = {(v.get("messages"), v.get("first_seq"), v.get("last_seq")) for v in views.values()}
         if len(shapes) > 1:
-            out.append({"queue": queue, "replicas": {n: {k: views[n].get(k) for k in ("messages", "first_seq",
-                                                                                     "last_seq")}
-                                                     for n in sorted(views)}})
+            out.append(
+                {
+                    "queue": queue,
+                    "replicas": {
+                        n: {k: views[n].get(k) for k in ("messages", "first_seq", "last_seq")}
+                        for n in sorted(views)
+                    },
+                }
+            )
     return out
 
 
@@ -81,7 +105,9 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     confirmed: dict[tuple[str, int], set[str]] = defaultdict(set)
     seq_of: dict[tuple[str, str], set[int]] = defaultdict(set)
     delivered: dict[tuple[str, int], set[str]] = defaultdict(set)
-    firsts: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # queue -> (consumer_seq, index, stream_seq)
+    firsts: dict[str, list[tuple[int, int, int]]] = defaultdict(
+        list
+    )  # queue -> (consumer_seq, index, stream_seq)
     mismatches: list[dict[str, Any]] = []
     pending_deliveries: list[tuple[str, str, int, int]] = []
     drains: dict[str, dict[str, Any]] = {}
@@ -115,12 +141,19 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for q, mid, seq, index in pending_deliveries:
         want = seq_of.get((q, mid))
         if want and seq not in want:
-            mismatches.append({"queue": q, "id": mid, "index": index, "delivered_seq": seq,
-                               "confirmed_seq": sorted(want)})
-    conflicts = [{"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(confirmed.items())
-                 if len(ids) > 1]
-    dconflicts = [{"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(delivered.items())
-                  if len(ids) > 1]
+            mismatches.append(
+                {"queue": q, "id": mid, "index": index, "delivered_seq": seq, "confirmed_seq": sorted(want)}
+            )
+    conflicts = [
+        {"queue": q, "seq": s, "ids": sorted(ids)}
+        for (q, s), ids in sorted(confirmed.items())
+        if len(ids) > 1
+    ]
+    dconflicts = [
+        {"queue": q, "seq": s, "ids": sorted(ids)}
+        for (q, s), ids in sorted(delivered.items())
+        if len(ids) > 1
+    ]
     gaps: list[dict[str, Any]] = []
     for q in sorted(queues):
         if not drain_done.get(q):
@@ -128,8 +161,11 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         seqs = {s for (qq, s) in delivered if qq == q}
         if not seqs:
             continue
-        firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
-                       if isinstance(v, dict)]
+        firsts_seen = [
+            _int(v.get("first_seq"))
+            for v in (drains[q].get("replicas") or {}).values()
+            if isinstance(v, dict)
+        ]
         floor = min([s for s in firsts_seen if s is not None] or [1])
         missing = [s for s in range(max(1, floor), max(seqs) + 1) if s not in seqs]
         gaps.extend({"queue": q, "seq": s} for s in missing)
@@ -140,26 +176,53 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             if s2 < s1:
                 reorders.append({"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]})
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
-    return _results({
-        "streams": len(queues), "confirmed": len(confirmed), "delivered": len(delivered),
-        "seq_conflicts": len(conflicts), "seq_mismatches": len(mismatches), "delivered_conflicts": len(dconflicts),
-        "gaps": len(gaps), "reordered": len(reorders), "diverged_streams": len(diverged),
-        "unfinished_drains": sum(1 for q in drain_done if not drain_done[q]) + len(queues - set(drain_done)),
-        "history_ops": n,
-    }, {"seq_conflicts": conflicts, "seq_mismatches": mismatches, "delivered_conflicts": dconflicts, "gaps": gaps,
-        "reordered": reorders, "diverged_streams": diverged}, engine="python")
+    return _results(
+        {
+            "streams": len(queues),
+            "confirmed": len(confirmed),
+            "delivered": len(delivered),
+            "seq_conflicts": len(conflicts),
+            "seq_mismatches": len(mismatches),
+            "delivered_conflicts": len(dconflicts),
+            "gaps": len(gaps),
+            "reordered": len(reorders),
+            "diverged_streams": len(diverged),
+            "unfinished_drains": sum(1 for q in drain_done if not drain_done[q])
+            + len(queues - set(drain_done)),
+            "history_ops": n,
+        },
+        {
+            "seq_conflicts": conflicts,
+            "seq_mismatches": mismatches,
+            "delivered_conflicts": dconflicts,
+            "gaps": gaps,
+            "reordered": reorders,
+            "diverged_streams": diverged,
+        },
+        engine="python",
+    )
 
 
-def _results(counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str) -> dict[str, Any]:
+def _results(
+    counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str
+) -> dict[str, Any]:
     valid, verdict, bad = verdict_of(counts, ANOMALIES)
     notes = [f"stream {k.replace('_', ' ')}: {counts[k]}" for k in bad]
     if counts["unfinished_drains"]:
-        notes.append(f"{counts['unfinished_drains']} stream(s) not fully drained: gaps and replica "
-                     "agreement not judged there")
+        notes.append(
+            f"{counts['unfinished_drains']} stream(s) not fully drained: gaps and replica "
+            "agreement not judged there"
+        )
     if not counts["streams"]:
         notes.append("no stream sequences in the history (not a stream broker's client?)")
-    return {"valid": valid, "verdict": verdict, "engine": engine, "counts": counts,
-            "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()}, "notes": notes}
+    return {
+        "valid": valid,
+        "verdict": verdict,
+        "engine": engine,
+        "counts": counts,
+        "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()},
+        "notes": notes,
+    }
 
 
 def check_stream_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -196,16 +259,26 @@ _SQL = {
 }
 
 
-def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None,
-                       spark_master: str | None = None) -> dict[str, Any]:
+def check_stream_spark(
+    run_dir: Path,
+    scenario: dict[str, Any] | None = None,
+    *,
+    spark: Any = None,
+    spark_master: str | None = None,
+) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
     from pyspark.sql import SparkSession
 
     run_dir = Path(run_dir)
     path = history_path(run_dir)
     if spark is None:
-        spark = (SparkSession.builder.master(spark_master or "local[2]").appName("brokerchaos-stream")
-                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+        spark = (
+            SparkSession.builder.master(spark_master or "local[2]")
+            .appName("brokerchaos-stream")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["base"]).createOrReplaceTempView("b")
@@ -219,13 +292,19 @@ def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *,
     reorders = sorted(rows("reorders"), key=lambda r: (r["queue"], r["consumer_seq"], r["index"]))
     n = h.count()
     queues = [r["queue"] for r in spark.sql("SELECT DISTINCT queue FROM b WHERE seq IS NOT NULL").collect()]
-    confirmed = spark.sql("SELECT COUNT(DISTINCT queue, seq) AS n FROM b WHERE f = 'publish' AND seq IS NOT NULL"
-                          ).collect()[0]["n"]
-    delivered_seqs = spark.sql("SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq")
+    confirmed = spark.sql(
+        "SELECT COUNT(DISTINCT queue, seq) AS n FROM b WHERE f = 'publish' AND seq IS NOT NULL"
+    ).collect()[0]["n"]
+    delivered_seqs = spark.sql(
+        "SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq"
+    )
     delivered = delivered_seqs.count()
-    drain_rows = [r.asDict() for r in spark.sql(
-        "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
-    ).collect()]
+    drain_rows = [
+        r.asDict()
+        for r in spark.sql(
+            "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
+        ).collect()
+    ]
     drains: dict[str, dict[str, Any]] = {}
     drain_done: dict[str, bool] = {}
     for r in drain_rows:
@@ -234,8 +313,11 @@ def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *,
     floors = []
     for q in sorted(queues):
         if drain_done.get(q):
-            firsts_seen = [_int(v.get("first_seq")) for v in (drains[q].get("replicas") or {}).values()
-                           if isinstance(v, dict)]
+            firsts_seen = [
+                _int(v.get("first_seq"))
+                for v in (drains[q].get("replicas") or {}).values()
+                if isinstance(v, dict)
+            ]
             floors.append((q, max(1, min([s for s in firsts_seen if s is not None] or [1]))))
     gaps: list[dict[str, Any]] = []
     if floors:
@@ -247,15 +329,34 @@ def check_stream_spark(run_dir: Path, scenario: dict[str, Any] | None = None, *,
               FROM fl JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fl.queue
               WHERE m.top >= fl.floor) r
             LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""").collect()
-        gaps = sorted(({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
-                      key=lambda g: (g["queue"], g["seq"]))
+        gaps = sorted(
+            ({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
+            key=lambda g: (g["queue"], g["seq"]),
+        )
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
     queue_set = set(queues)
-    return _results({
-        "streams": len(queue_set), "confirmed": int(confirmed), "delivered": int(delivered),
-        "seq_conflicts": len(conflicts), "seq_mismatches": len(mismatches), "delivered_conflicts": len(dconflicts),
-        "gaps": len(gaps), "reordered": len(reorders), "diverged_streams": len(diverged),
-        "unfinished_drains": sum(1 for q in drain_done if not drain_done[q]) + len(queue_set - set(drain_done)),
-        "history_ops": int(n),
-    }, {"seq_conflicts": conflicts, "seq_mismatches": mismatches, "delivered_conflicts": dconflicts, "gaps": gaps,
-        "reordered": reorders, "diverged_streams": diverged}, engine="spark")
+    return _results(
+        {
+            "streams": len(queue_set),
+            "confirmed": int(confirmed),
+            "delivered": int(delivered),
+            "seq_conflicts": len(conflicts),
+            "seq_mismatches": len(mismatches),
+            "delivered_conflicts": len(dconflicts),
+            "gaps": len(gaps),
+            "reordered": len(reorders),
+            "diverged_streams": len(diverged),
+            "unfinished_drains": sum(1 for q in drain_done if not drain_done[q])
+            + len(queue_set - set(drain_done)),
+            "history_ops": int(n),
+        },
+        {
+            "seq_conflicts": conflicts,
+            "seq_mismatches": mismatches,
+            "delivered_conflicts": dconflicts,
+            "gaps": gaps,
+            "reordered": reorders,
+            "diverged_streams": diverged,
+        },
+        engine="spark",
+    )

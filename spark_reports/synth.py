@@ -53,17 +53,40 @@ class HistoryBuilder:
     seed: int | None = None
     message_size: int | None = None
 
-    def op(self, process: str, type_: str, f: str, value: Any = None, *, node: str | None = "n1",
-           queue: str | None = None, redelivered: bool | None = None, at: int | None = None,
-           error: str | None = None, digest: str | None = None, detail: Any = None) -> dict:
+    def op(
+        self,
+        process: str,
+        type_: str,
+        f: str,
+        value: Any = None,
+        *,
+        node: str | None = "n1",
+        queue: str | None = None,
+        redelivered: bool | None = None,
+        at: int | None = None,
+        error: str | None = None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict:
         self.t = self.t + self.step_ns if at is None else at
         if not isinstance(value, str) and value is not None:
             value = json.dumps(value)
         if not isinstance(detail, str) and detail is not None:
             detail = json.dumps(detail)
-        row = {"index": len(self.rows), "time_ns": self.t, "process": process, "node": node, "type": type_,
-               "f": f, "queue": queue, "value": value, "redelivered": redelivered, "error": error,
-               "digest": digest, "detail": detail}
+        row = {
+            "index": len(self.rows),
+            "time_ns": self.t,
+            "process": process,
+            "node": node,
+            "type": type_,
+            "f": f,
+            "queue": queue,
+            "value": value,
+            "redelivered": redelivered,
+            "error": error,
+            "digest": digest,
+            "detail": detail,
+        }
         self.rows.append(row)
         return row
 
@@ -78,8 +101,16 @@ class HistoryBuilder:
         assert self.seed is not None and self.message_size is not None, "set seed and message_size"
         return message_body(mid, self.seed, self.message_size)
 
-    def deliver(self, mid: str, *, consumer: str = "c1", node: str | None = "n1", queue: str | None = "q",
-                redelivered: bool = False, body: bytes | None = None) -> dict:
+    def deliver(
+        self,
+        mid: str,
+        *,
+        consumer: str = "c1",
+        node: str | None = "n1",
+        queue: str | None = "q",
+        redelivered: bool = False,
+        body: bytes | None = None,
+    ) -> dict:
         """A delivery (consume invoke and ok). ``body``: what arrived, when it is not what was sent."""
         digest, detail = None, None
         known = self.seed is not None and self.message_size is not None
@@ -90,33 +121,81 @@ class HistoryBuilder:
         elif known:
             digest = body_digest(self.body(mid))
         self.op(consumer, "invoke", "consume", None, node=node, queue=queue)
-        return self.op(consumer, "ok", "consume", mid, node=node, queue=queue, redelivered=redelivered,
-                       digest=digest, detail=detail)
+        return self.op(
+            consumer,
+            "ok",
+            "consume",
+            mid,
+            node=node,
+            queue=queue,
+            redelivered=redelivered,
+            digest=digest,
+            detail=detail,
+        )
 
-    def ack(self, mid: str, outcome: str | None = "ok", *, consumer: str = "c1", node: str | None = "n1",
-            queue: str | None = "q") -> None:
+    def ack(
+        self,
+        mid: str,
+        outcome: str | None = "ok",
+        *,
+        consumer: str = "c1",
+        node: str | None = "n1",
+        queue: str | None = "q",
+    ) -> None:
         """An ack written (invoke) and, unless outcome is None, its completion."""
         self.op(consumer, "invoke", "ack", mid, node=node, queue=queue)
         if outcome is not None:
-            self.op(consumer, outcome, "ack", mid, node=node, queue=queue,
-                    error=None if outcome == "ok" else "channel closed")
+            self.op(
+                consumer,
+                outcome,
+                "ack",
+                mid,
+                node=node,
+                queue=queue,
+                error=None if outcome == "ok" else "channel closed",
+            )
 
-    def abandon(self, mid: str, cause: str = "requeue", outcome: str = "ok", *, consumer: str = "c1",
-                node: str | None = "n1", queue: str | None = "q") -> None:
+    def abandon(
+        self,
+        mid: str,
+        cause: str = "requeue",
+        outcome: str = "ok",
+        *,
+        consumer: str = "c1",
+        node: str | None = "n1",
+        queue: str | None = "q",
+    ) -> None:
         """A delivery given back unacked; the cause is on the invoke, as the contract has it."""
         self.op(consumer, "invoke", "abandon", mid, node=node, queue=queue, detail={"cause": cause})
-        self.op(consumer, outcome, "abandon", mid, node=node, queue=queue,
-                error=None if outcome == "ok" else "channel closed")
+        self.op(
+            consumer,
+            outcome,
+            "abandon",
+            mid,
+            node=node,
+            queue=queue,
+            error=None if outcome == "ok" else "channel closed",
+        )
 
-    def consume(self, mid: str, *, consumer: str = "c1", node: str | None = "n1", queue: str | None = "q",
-                redelivered: bool = False, ack: str | None = "ok", body: bytes | None = None) -> None:
+    def consume(
+        self,
+        mid: str,
+        *,
+        consumer: str = "c1",
+        node: str | None = "n1",
+        queue: str | None = "q",
+        redelivered: bool = False,
+        ack: str | None = "ok",
+        body: bytes | None = None,
+    ) -> None:
         """A delivery and its ack (``ack=None``: delivered, never acked)."""
         self.deliver(mid, consumer=consumer, node=node, queue=queue, redelivered=redelivered, body=body)
         if ack is not None:
             self.ack(mid, ack, consumer=consumer, node=node, queue=queue)
 
-    def fault(self, fault_id: str, kind: str, *, node: str | None = "n1", applied: bool = True,
-              **params: Any) -> None:
+    def fault(
+        self, fault_id: str, kind: str, *, node: str | None = "n1", applied: bool = True, **params: Any
+    ) -> None:
         value = {"fault_id": fault_id, "kind": kind, **params}
         self.op("nemesis", "invoke", kind, value, node=node)
         if applied:
@@ -130,17 +209,40 @@ class HistoryBuilder:
     def drain_invoke(self, *, drainer: str = "d1", queue: str | None = "q") -> None:
         self.op(drainer, "invoke", "drain", {}, node=None, queue=queue)
 
-    def drain_done(self, *, drainer: str = "d1", queue: str | None = "q", outcome: str = "ok", consumed: int = 0,
-                   nodes: dict[str, dict] | None = None, error: str | None = None) -> None:
+    def drain_done(
+        self,
+        *,
+        drainer: str = "d1",
+        queue: str | None = "q",
+        outcome: str = "ok",
+        consumed: int = 0,
+        nodes: dict[str, dict] | None = None,
+        error: str | None = None,
+    ) -> None:
         """The drain's completion; nodes: per node what the drainer saw (contract item 4)."""
         value: dict[str, Any] = {"consumed": consumed}
         if nodes is not None:
             value["nodes"] = nodes
-        self.op(drainer, outcome, "drain", value, node=None, queue=queue,
-                error=error if error is not None or outcome == "ok" else "drain did not finish")
+        self.op(
+            drainer,
+            outcome,
+            "drain",
+            value,
+            node=None,
+            queue=queue,
+            error=error if error is not None or outcome == "ok" else "drain did not finish",
+        )
 
-    def drain(self, *, drainer: str = "d1", complete: bool = True, consumed: int = 0, queue: str | None = "q",
-              nodes: dict[str, dict] | None = None, outcome: str = "ok") -> None:
+    def drain(
+        self,
+        *,
+        drainer: str = "d1",
+        complete: bool = True,
+        consumed: int = 0,
+        queue: str | None = "q",
+        nodes: dict[str, dict] | None = None,
+        outcome: str = "ok",
+    ) -> None:
         """A whole drain op; complete=False leaves it without a completion."""
         self.drain_invoke(drainer=drainer, queue=queue)
         if complete:

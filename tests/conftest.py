@@ -33,6 +33,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     back = [h.name for h in SLOW_MACHINE_CHECKS if h not in chosen.suppress_health_check]
     if chosen.deadline is not None or back:
         on = ([f"deadline={chosen.deadline}"] if chosen.deadline is not None else []) + back
-        pytest.fail(f"{item.nodeid}: its @settings turns {', '.join(on)} back on; keep deadline=None and extend "
-                    "the profile's list: suppress_health_check=[*settings().suppress_health_check, ...]",
-                    pytrace=False)
+        pytest.fail(
+            f"{item.nodeid}: its @settings turns {', '.join(on)} back on; keep deadline=None and extend "
+            "the profile's list: suppress_health_check=[*settings().suppress_health_check, ...]",
+            pytrace=False,
+        )

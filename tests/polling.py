@@ -21,8 +21,14 @@ Gone = Callable[[], str | None]
 """Why the condition can no longer hold (``None``: it still can)."""
 
 
-def until(cond: Callable[[], Any], what: str, *, every: float = 0.05,
-          ignore: tuple[type[BaseException], ...] = (), gone: Gone | None = None) -> Any:
+def until(
+    cond: Callable[[], Any],
+    what: str,
+    *,
+    every: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+    gone: Gone | None = None,
+) -> Any:
     """Poll ``cond`` every ``every`` seconds until it returns something true, and return that.
     Exceptions of the ``ignore`` types count as "not yet" (a node that does not answer yet)."""
     while True:
@@ -36,8 +42,9 @@ def until(cond: Callable[[], Any], what: str, *, every: float = 0.05,
         time.sleep(every)
 
 
-async def until_async(cond: Callable[[], Any | Awaitable[Any]], what: str, *, every: float = 0.05,
-                      gone: Gone | None = None) -> Any:
+async def until_async(
+    cond: Callable[[], Any | Awaitable[Any]], what: str, *, every: float = 0.05, gone: Gone | None = None
+) -> Any:
     """``until`` inside an event loop: ``cond`` may be a plain or an async function."""
     while True:
         got = cond()

@@ -55,7 +55,9 @@ class PersistentBackingQueue(MemoryBackingQueue):
         for m in messages:
             if m.persistent:
                 self._transients = 0
-                entry = Entry((first + k + 1) << _SHIFT, m.size, m, index=first + k, log_offset=offset, log_size=size)
+                entry = Entry(
+                    (first + k + 1) << _SHIFT, m.size, m, index=first + k, log_offset=offset, log_size=size
+                )
                 k += 1
             else:
                 self._transients += 1

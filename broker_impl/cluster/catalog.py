@@ -63,7 +63,9 @@ class Catalog:
         self._applying = False
         self._dirty = False
         self.joining = True
-        self.await_winner: str | None = None  # a peer ("*": any) whose records must come before we stamp again
+        self.await_winner: str | None = (
+            None  # a peer ("*": any) whose records must come before we stamp again
+        )
         self._skip_meta: set[str] = set()  # autoheal: the losing side's next table is not merged
 
     # -- persistence ------------------------------------------------------------------------
@@ -73,8 +75,10 @@ class Catalog:
         try:
             return Table.load(self.me, self._path.read_bytes())
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise BrokerError(f"{self._path}: cluster metadata is not valid ({exc}); move it away and the node "
-                              "takes the cluster's records from its peers") from None
+            raise BrokerError(
+                f"{self._path}: cluster metadata is not valid ({exc}); move it away and the node "
+                "takes the cluster's records from its peers"
+            ) from None
 
     def _save(self) -> None:
         write_atomic(self._path, self.table.dump())
@@ -216,7 +220,9 @@ class Catalog:
             if data is None:
                 b.permissions.pop((k[1], k[2]), None)
             else:
-                b.permissions[(k[1], k[2])] = Permission(k[1], k[2], data["configure"], data["write"], data["read"])
+                b.permissions[(k[1], k[2])] = Permission(
+                    k[1], k[2], data["configure"], data["write"], data["read"]
+                )
         elif kind == "policy":
             if data is None:
                 b.policies.pop((k[1], k[2]), None)
@@ -231,8 +237,14 @@ class Catalog:
             if data is None:
                 vh.exchanges.pop(k[2], None)
             else:
-                ex = make_exchange(data["type"], k[2], durable=data["durable"], auto_delete=data["auto_delete"],
-                                   internal=data["internal"], arguments=data.get("arguments") or {})
+                ex = make_exchange(
+                    data["type"],
+                    k[2],
+                    durable=data["durable"],
+                    auto_delete=data["auto_delete"],
+                    internal=data["internal"],
+                    arguments=data.get("arguments") or {},
+                )
                 if old is not None:
                     ex.bindings = old.bindings
                 vh.exchanges[k[2]] = ex
@@ -276,8 +288,13 @@ class Catalog:
                 # queue does not wait): a publish that found no queue under the name would be confirmed as
                 # unroutable, and dropped.
                 dropped = handoff.start_drop(vh, local) if local is not None else None
-                q = await vh.declare_queue(name, owner=None, durable=data["durable"], auto_delete=data["auto_delete"],
-                                           arguments=data.get("arguments") or {})
+                q = await vh.declare_queue(
+                    name,
+                    owner=None,
+                    durable=data["durable"],
+                    auto_delete=data["auto_delete"],
+                    arguments=data.get("arguments") or {},
+                )
                 handoff.give_consumers(q, movers)
                 if dropped is not None:
                     await dropped
@@ -287,7 +304,9 @@ class Catalog:
                 local.master_changed(master)
             return
         if local is not None:
-            log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", name, vh.name, master)
+            log.warning(
+                "queue %r in vhost %r: master is now %s; dropping the copy here", name, vh.name, master
+            )
             await handoff.demote(vh, local, master, data)
             return
         handoff.install_proxy(vh, name, master, data)

@@ -50,18 +50,22 @@ class ClusterConfig:
             for name, addr in raw_peers.items():
                 host, _, p = str(addr).rpartition(":")
                 if not host or not p.isdigit():
-                    raise ConfigError(f"cluster.peers.{name}: expected \"host:port\", got {addr!r}")
+                    raise ConfigError(f'cluster.peers.{name}: expected "host:port", got {addr!r}')
                 peers[str(name)] = (host, int(p))
         else:
-            raise ConfigError("cluster.peers: expected a list of node names or a table of name = \"host:port\"")
+            raise ConfigError('cluster.peers: expected a list of node names or a table of name = "host:port"')
         peers.pop(node, None)
         tick = t.get("tick", 1.0)
         if isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0:
             raise ConfigError(f"cluster.tick: expected seconds > 0, got {tick!r}")
         down_after = t.get("down_after", 3)
         if isinstance(down_after, bool) or not isinstance(down_after, int) or down_after < 1:
-            raise ConfigError(f"cluster.down_after: expected a whole number of ticks >= 1, got {down_after!r}")
+            raise ConfigError(
+                f"cluster.down_after: expected a whole number of ticks >= 1, got {down_after!r}"
+            )
         mode = t.get("partition_handling", "ignore")
         if mode not in PARTITION_MODES:
-            raise ConfigError(f"cluster.partition_handling: {mode!r} not allowed; allowed {', '.join(PARTITION_MODES)}")
+            raise ConfigError(
+                f"cluster.partition_handling: {mode!r} not allowed; allowed {', '.join(PARTITION_MODES)}"
+            )
         return cls(node, peers, port, str(t.get("listen") or node), float(tick), down_after, mode)

@@ -35,10 +35,14 @@ class Forwarder:
         self._proxy_consumers: dict[str, Consumer] = {}
         self._cid_of: dict[int, str] = {}
 
-    def publish(self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None) -> None:
+    def publish(
+        self, master: str, h: dict[str, Any], message: Message, on_done: ConfirmCallback | None
+    ) -> None:
         self.publish_blob(master, h, message.to_bytes(), on_done)
 
-    def publish_blob(self, master: str, h: dict[str, Any], blob: bytes, on_done: ConfirmCallback | None) -> None:
+    def publish_blob(
+        self, master: str, h: dict[str, Any], blob: bytes, on_done: ConfirmCallback | None
+    ) -> None:
         """Send one publish request (a message, or a transaction's batch) and route its answer to ``on_done``."""
         if on_done is not None:
             pid = next(self._ids)
@@ -96,8 +100,14 @@ class Forwarder:
                 self.transport.send(peer, {"t": "requeue", "seqs": [int(h["seq"])], **back})
                 self.transport.send(peer, {"t": "cancel", **back})
                 return
-            c.queue.delivered(c, peer, cid, int(h["seq"]), bool(h.get("red")),  # type: ignore[attr-defined]
-                              Message.from_bytes(blob))
+            c.queue.delivered(
+                c,
+                peer,
+                cid,
+                int(h["seq"]),
+                bool(h.get("red")),  # type: ignore[attr-defined]
+                Message.from_bytes(blob),
+            )
         elif t == "cancelled":
             c = self._proxy_consumers.get(h["cid"])
             if c is not None:

@@ -509,8 +509,15 @@ class GmMember:
         have been lost (sent to a node whose link is not up yet, or to a member
         that died), and only a tick past the deadline asks again.
         """
-        return not (self._buffer or self._inbox or self._awaiting or self._suspects or self._uncertain
-                    or self._join_deadline < math.inf or self._gone_alive())
+        return not (
+            self._buffer
+            or self._inbox
+            or self._awaiting
+            or self._suspects
+            or self._uncertain
+            or self._join_deadline < math.inf
+            or self._gone_alive()
+        )
 
     def windows(self) -> dict[MemberId, MemberSnapshot]:
         """Per-member state (empty before joining), for diagnostics and tests."""
@@ -706,7 +713,9 @@ class GmMember:
             return
         if self.me not in record.members or self.me in record.dead:
             if self._view is not None:
-                self._stop(f"{self.me} is {'dead' if self.me in record.dead else 'gone'} in group {self.group} v{record.version}")
+                self._stop(
+                    f"{self.me} is {'dead' if self.me in record.dead else 'gone'} in group {self.group} v{record.version}"
+                )
             return
         old = self._view
         view = self._view = View.of(record, self.me)
@@ -750,7 +759,11 @@ class GmMember:
     def _adopt_snapshot(self, catchup: Catchup) -> None:
         view = self._view
         assert view is not None
-        self._state = {m: _Window(s.pending, s.last_pub, s.last_ack) for m, s in catchup.state.items() if m in view.members}
+        self._state = {
+            m: _Window(s.pending, s.last_pub, s.last_ack)
+            for m, s in catchup.state.items()
+            if m in view.members
+        }
         self._state.setdefault(self.me, _Window())
         self._emit(Joined(view.version, catchup))
         self._emit(Send(view.right, Catchup(view.version, self._snapshot())))
@@ -796,7 +809,11 @@ class GmMember:
         view, state = self._view, self._state
         if view is None or state is None or not view.aliases:
             return False
-        done = tuple(sorted(m for m in view.aliases if m not in self._uncertain and (m not in state or state[m].finished)))
+        done = tuple(
+            sorted(
+                m for m in view.aliases if m not in self._uncertain and (m not in state or state[m].finished)
+            )
+        )
         if not done:
             return False
         self._request("erase", UpdateGroup, Erase(done))
@@ -822,7 +839,9 @@ class GmMember:
                 if token is not None:
                     self._emit(Confirm(token))
 
-    def _process_activity(self, entries: Iterable[ActivityEntry], out: list[ActivityEntry] | None = None) -> None:
+    def _process_activity(
+        self, entries: Iterable[ActivityEntry], out: list[ActivityEntry] | None = None
+    ) -> None:
         view, state = self._view, self._state
         assert view is not None and state is not None
         out = out if out is not None else []

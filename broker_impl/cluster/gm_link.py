@@ -123,12 +123,20 @@ def encode_message(msg: GmMessage) -> tuple[dict[str, Any], bytes]:
     """A ring message as a frame header part and body."""
     blobs = _Blobs()
     if isinstance(msg, Activity):
-        h = {"k": "a", "v": msg.version,
-             "e": [[e.sender, [[n, *blobs.add(p)] for n, p in e.pubs], list(e.acks)] for e in msg.entries]}
+        h = {
+            "k": "a",
+            "v": msg.version,
+            "e": [[e.sender, [[n, *blobs.add(p)] for n, p in e.pubs], list(e.acks)] for e in msg.entries],
+        }
     elif isinstance(msg, Catchup):
-        h = {"k": "c", "v": msg.version,
-             "s": {m: [[[n, *blobs.add(p)] for n, p in s.pending], s.last_pub, s.last_ack]
-                   for m, s in msg.state.items()}}
+        h = {
+            "k": "c",
+            "v": msg.version,
+            "s": {
+                m: [[[n, *blobs.add(p)] for n, p in s.pending], s.last_pub, s.last_ack]
+                for m, s in msg.state.items()
+            },
+        }
     elif isinstance(msg, JoinRequest):
         h = {"k": "j", "m": msg.member}
     elif isinstance(msg, Probe):
@@ -146,11 +154,15 @@ def decode_message(h: dict[str, Any], body: bytes) -> GmMessage:
 
     k = h["k"]
     if k == "a":
-        return Activity(int(h["v"]), tuple(ActivityEntry(str(s), pubs(p), tuple(int(a) for a in acks))
-                                           for s, p, acks in h["e"]))
+        return Activity(
+            int(h["v"]),
+            tuple(ActivityEntry(str(s), pubs(p), tuple(int(a) for a in acks)) for s, p, acks in h["e"]),
+        )
     if k == "c":
-        return Catchup(int(h["v"]), {str(m): MemberSnapshot(pubs(p), int(lp), int(la))
-                                     for m, (p, lp, la) in h["s"].items()})
+        return Catchup(
+            int(h["v"]),
+            {str(m): MemberSnapshot(pubs(p), int(lp), int(la)) for m, (p, lp, la) in h["s"].items()},
+        )
     if k == "j":
         return JoinRequest(str(h["m"]))
     if k == "p":
@@ -199,7 +211,12 @@ def newer(a: GroupRecord, b: GroupRecord | None) -> bool:
     """Whether ``a`` replaces ``b`` when copies merge: the same total order on every node."""
     if b is None:
         return True
-    return (a.version, len(a.dead), a.members, sorted(a.dead)) > (b.version, len(b.dead), b.members, sorted(b.dead))
+    return (a.version, len(a.dead), a.members, sorted(a.dead)) > (
+        b.version,
+        len(b.dead),
+        b.members,
+        sorted(b.dead),
+    )
 
 
 # --------------------------------------------------------------------------- group store
@@ -332,7 +349,9 @@ class GroupStore:
 
     def peer_up(self, peer: str) -> None:
         if self.records:
-            self.node.transport.send(peer, {"t": "gm_recs", "recs": [encode_record(r) for r in self.records.values()]})
+            self.node.transport.send(
+                peer, {"t": "gm_recs", "recs": [encode_record(r) for r in self.records.values()]}
+            )
 
     def peer_down(self, peer: str) -> None:
         for coord, fut in self._calls.values():
@@ -348,17 +367,29 @@ class GroupStore:
 class Endpoint:
     """One GM member on this node, with the callbacks of the queue copy that owns it."""
 
-    def __init__(self, hub: GmHub, group: str, member: MemberId, *,
-                 on_deliver: Callable[[MemberId, Payload], None],
-                 on_joined: Callable[[], None] | None = None,
-                 on_stopped: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        hub: GmHub,
+        group: str,
+        member: MemberId,
+        *,
+        on_deliver: Callable[[MemberId, Payload], None],
+        on_joined: Callable[[], None] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
+    ) -> None:
         self.hub = hub
         self.group = group
         self.id = member
         tick = hub.node.cfg.tick
-        self.member = GmMember(group, member, flush_interval=0.0, max_buffer=256,
-                               guard_delay=tick, join_timeout=max(1.0, 2 * tick),
-                               probe_timeout=max(1.0, 2 * tick))
+        self.member = GmMember(
+            group,
+            member,
+            flush_interval=0.0,
+            max_buffer=256,
+            guard_delay=tick,
+            join_timeout=max(1.0, 2 * tick),
+            probe_timeout=max(1.0, 2 * tick),
+        )
         self.on_deliver = on_deliver
         self.on_joined = on_joined
         self.on_stopped = on_stopped
@@ -401,7 +432,9 @@ class Endpoint:
                 return
             if isinstance(a, Send):
                 h, body = encode_message(a.message)
-                self.hub.send(node_of(a.to), {"t": "gm", "g": self.group, "from": self.id, "to": a.to, **h}, body)
+                self.hub.send(
+                    node_of(a.to), {"t": "gm", "g": self.group, "from": self.id, "to": a.to, **h}, body
+                )
             elif isinstance(a, Deliver):
                 self.on_deliver(a.sender, a.msg)
             elif isinstance(a, ReadGroup | UpdateGroup):
@@ -420,7 +453,11 @@ class Endpoint:
 
     async def _store(self, a: ReadGroup | UpdateGroup) -> None:
         store = self.hub.store
-        rec = await (store.read(self.member.group) if isinstance(a, ReadGroup) else store.update(self.member.group, a.op))
+        rec = await (
+            store.read(self.member.group)
+            if isinstance(a, ReadGroup)
+            else store.update(self.member.group, a.op)
+        )
         if not self.closed:
             self.execute(self.member.tick(time.monotonic()))  # the answer is processed at the current time
         if not self.closed:
@@ -451,8 +488,12 @@ class GmHub:
         limit = time.monotonic() - 2 * cfg.tick * cfg.down_after
         for peer in [p for p, (since, _frames) in self._waiting.items() if since < limit]:
             _since, frames = self._waiting.pop(peer)
-            log.warning("gm: the link to %s did not come up; %d ring frame(s) for it dropped, its members "
-                        "count as down", peer, len(frames))
+            log.warning(
+                "gm: the link to %s did not come up; %d ring frame(s) for it dropped, its members "
+                "count as down",
+                peer,
+                len(frames),
+            )
             if not self.node.partitions.paused:  # a paused node records no deaths (see ``pause``)
                 self._members_down_on(peer)
 

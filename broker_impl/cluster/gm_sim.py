@@ -76,7 +76,13 @@ class GmSim:
     """A ring of ``GmMember``s of one group, all in this process."""
 
     def __init__(
-        self, seed: int, *, group: str = "q", tick_probability: float = 0.15, trace: bool = False, **member_options: Any
+        self,
+        seed: int,
+        *,
+        group: str = "q",
+        tick_probability: float = 0.15,
+        trace: bool = False,
+        **member_options: Any,
     ) -> None:
         self.rng = random.Random(seed)
         self.trace: list[str] | None = [] if trace else None
@@ -150,7 +156,9 @@ class GmSim:
                 n = self.rng.randint(0, len(q)) if keep is None else min(keep, len(q))
                 while len(q) > n:
                     q.pop()
-        self.store_requests = [(m, r) for m, r in self.store_requests if m != member or self.rng.random() < 0.5]
+        self.store_requests = [
+            (m, r) for m, r in self.store_requests if m != member or self.rng.random() < 0.5
+        ]
         self.store_replies[member].clear()
         for m in self.alive:
             self._watch(m)
@@ -175,7 +183,9 @@ class GmSim:
 
     def step_once(self) -> None:
         """Run one randomly chosen enabled event."""
-        choices: list[tuple[str, Any]] = [("link", k) for k, q in self.links.items() if q and k not in self.held]
+        choices: list[tuple[str, Any]] = [
+            ("link", k) for k, q in self.links.items() if q and k not in self.held
+        ]
         if self.store_requests:
             choices.append(("store", None))
         choices.extend(("reply", m) for m, q in self.store_replies.items() if q)
@@ -353,7 +363,12 @@ class GmSim:
         if view is None or member not in self.alive:
             return
         for n in (view.left, view.right):
-            if n != member and n not in self.alive and n not in self.departed and (member, n) not in self.notified:
+            if (
+                n != member
+                and n not in self.alive
+                and n not in self.departed
+                and (member, n) not in self.notified
+            ):
                 self.notified.add((member, n))
                 self.notices.append((member, n))
 
@@ -364,7 +379,7 @@ def check(sim: GmSim) -> list[str]:
     out: list[str] = []
     alive = list(sim.alive)
     by_sender: dict[MemberId, list[int]] = {}
-    for (s, k) in sorted(h.sent_at):
+    for s, k in sorted(h.sent_at):
         by_sender.setdefault(s, []).append(k)
 
     def after_join(r: MemberId, s: MemberId) -> list[int]:
@@ -416,7 +431,13 @@ Op = tuple[Any, ...]
 
 
 def play(
-    seed: int, founders: int, ops: Iterable[Op], *, max_steps: int = 20000, trace: bool = False, **member_options: Any
+    seed: int,
+    founders: int,
+    ops: Iterable[Op],
+    *,
+    max_steps: int = 20000,
+    trace: bool = False,
+    **member_options: Any,
 ) -> GmSim:
     """Run a script against a fresh ring and let it settle; then every survivor broadcasts once more.
 
@@ -466,7 +487,9 @@ def converged(sim: GmSim) -> list[str]:
     views = {m: sim.members[m].view for m in sim.alive}
     versions = {v.version for v in views.values() if v is not None}
     if len(versions) != 1:
-        out.append(f"survivors on different view versions: { {m: v.version if v else None for m, v in views.items()} }")
+        out.append(
+            f"survivors on different view versions: { {m: v.version if v else None for m, v in views.items()} }"
+        )
     for m, v in views.items():
         if v is None or set(v.alive) != set(sim.alive):
             out.append(f"{m} sees alive {v.alive if v else None}, really alive {sorted(sim.alive)}")

@@ -70,8 +70,12 @@ class Mirroring:
 
     # -- queues mastered here ------------------------------------------------------------
     def _local_masters(self) -> list[Queue]:
-        return [q for vh in self.broker.vhosts.values() for q in vh.queues.values()
-                if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted]
+        return [
+            q
+            for vh in self.broker.vhosts.values()
+            for q in vh.queues.values()
+            if isinstance(q, Queue) and isinstance(q.bq, MirrorMasterBQ) and not q.deleted
+        ]
 
     def _local_master(self, vhost: str, name: str) -> Queue | None:
         vh = self.broker.vhosts.get(vhost)
@@ -112,8 +116,12 @@ class Mirroring:
             bq = q.bq
             assert isinstance(bq, MirrorMasterBQ)
             for peer in bq.silent_mirrors():
-                log.warning("queue %r: the mirror on %s is not in the group (it did not follow a promotion, or "
-                            "left the ring); restarting it", q.name, peer)
+                log.warning(
+                    "queue %r: the mirror on %s is not in the group (it did not follow a promotion, or "
+                    "left the ring); restarting it",
+                    q.name,
+                    peer,
+                )
                 bq.remove_mirror(peer)
             want = self.desired_mirrors(q)
             before = list(bq.mirrors)
@@ -145,7 +153,9 @@ class Mirroring:
             return f"synchronising {len(unsynced)} mirror(s) of {name} with {n} message(s)"
         vh = self.broker.vhosts.get(vhost)
         rq = vh.queues.get(name) if vh is not None else None
-        if isinstance(rq, RemoteQueue) and self.transport.send(rq.master, {"t": "sync_req", "vh": vhost, "q": name}):
+        if isinstance(rq, RemoteQueue) and self.transport.send(
+            rq.master, {"t": "sync_req", "vh": vhost, "q": name}
+        ):
             return f"asked master {rq.master} to synchronise {name}"
         from broker_impl.broker import BrokerError
 
@@ -189,10 +199,21 @@ class Mirroring:
                 # The copy this node mastered before (it restarted, or a partition healed): the record applied
                 # next would drop it, but the mirror must not open the same store queue until it is deleted (or
                 # the deletion would hit the mirror's copy).
-                log.warning("queue %r in vhost %r: master is now %s; dropping the copy here", k[1], k[0], peer)
+                log.warning(
+                    "queue %r in vhost %r: master is now %s; dropping the copy here", k[1], k[0], peer
+                )
                 handoff.demote(vh, local, peer, record)
-            self.mirrors[k] = Mirror(self.node, k[0], k[1], peer, bool(h.get("durable")), str(h["group"]),
-                                     str(h["mm"]), predecessor=m, after=handoff.dropping.get(k))
+            self.mirrors[k] = Mirror(
+                self.node,
+                k[0],
+                k[1],
+                peer,
+                bool(h.get("durable")),
+                str(h["group"]),
+                str(h["mm"]),
+                predecessor=m,
+                after=handoff.dropping.get(k),
+            )
         elif h.get("op") == "stop" and m is not None and m.master == peer:
             self.node.spawn(m.discard())
 
@@ -214,8 +235,9 @@ class Mirroring:
         for (vname, qname), m in list(self.mirrors.items()):
             if m.master == peer:
                 # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
-                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, peer,
-                                                      shutdown)
+                asyncio.get_running_loop().call_later(
+                    self.cfg.tick, self._maybe_promote, vname, qname, m, peer, shutdown
+                )
 
     def forgotten(self, node: str) -> None:
         """``node`` left the cluster for good: the queues it mastered fail over by ha-promote-on-failure even
@@ -223,15 +245,24 @@ class Mirroring:
         messages), as ``rabbitmqctl forget_cluster_node`` promotes the oldest mirror."""
         for (vname, qname), m in list(self.mirrors.items()):
             if m.master == node:
-                asyncio.get_running_loop().call_later(self.cfg.tick, self._maybe_promote, vname, qname, m, node, False)
+                asyncio.get_running_loop().call_later(
+                    self.cfg.tick, self._maybe_promote, vname, qname, m, node, False
+                )
 
-    def _maybe_promote(self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0) -> None:
-        if self.node.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
+    def _maybe_promote(
+        self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0
+    ) -> None:
+        if (
+            self.node.partitions.paused
+            or self.transport.is_up(dead)
+            or self.mirrors.get((vname, qname)) is not m
+        ):
             return  # paused: the majority side decides; or the master is back, or this mirror was replaced
         if m.gm is not None and m.master_member in m.gm.ring and waited < 10:
             # GM has not repaired the ring yet: what the dead master sent to any survivor is still on its way here
-            asyncio.get_running_loop().call_later(self.cfg.tick / 2, self._maybe_promote, vname, qname, m, dead,
-                                                  shutdown, waited + 1)
+            asyncio.get_running_loop().call_later(
+                self.cfg.tick / 2, self._maybe_promote, vname, qname, m, dead, shutdown, waited + 1
+            )
             return
         data = self.node.catalog.table.live().get(key("queue", vname, qname))
         if data is None or data.get("master") != dead or m.bq is None:
@@ -242,31 +273,62 @@ class Mirroring:
         vh = self.broker.vhosts.get(vname)
         policy = self.broker.effective_policy(vname, qname)
         definition = policy["definition"] if policy else {}
-        rule = definition.get("ha-promote-on-shutdown", "when-synced") if shutdown else \
-            definition.get("ha-promote-on-failure", "always")
+        rule = (
+            definition.get("ha-promote-on-shutdown", "when-synced")
+            if shutdown
+            else definition.get("ha-promote-on-failure", "always")
+        )
         chosen = promotion_candidate(alive, set(data.get("synced", [])), rule)
         key_name = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"
         if chosen is None:
-            log.warning("queue %r: master %s %s and no live mirror is in sync; not promoting (%s=when-synced)",
-                        qname, dead, "stopped" if shutdown else "died", key_name)
+            log.warning(
+                "queue %r: master %s %s and no live mirror is in sync; not promoting (%s=when-synced)",
+                qname,
+                dead,
+                "stopped" if shutdown else "died",
+                key_name,
+            )
             return
         if chosen != self.me:
-            log.info("queue %r: master %s gone; live mirrors %s, in sync %s: %s takes over", qname, dead, alive,
-                     data.get("synced", []), chosen)
+            log.info(
+                "queue %r: master %s gone; live mirrors %s, in sync %s: %s takes over",
+                qname,
+                dead,
+                alive,
+                data.get("synced", []),
+                chosen,
+            )
             return
         if rule == "when-synced" and not m.synced:
-            log.warning("queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
-                        qname, dead, "stopped" if shutdown else "died", key_name)
+            log.warning(
+                "queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
+                qname,
+                dead,
+                "stopped" if shutdown else "died",
+                key_name,
+            )
             return
         if vh is None:
             return
-        log.warning("queue %r: master %s %s; promoting the mirror here (%s)", qname, dead,
-                    "stopped" if shutdown else "died", "in sync" if m.synced else "NOT in sync")
+        log.warning(
+            "queue %r: master %s %s; promoting the mirror here (%s)",
+            qname,
+            dead,
+            "stopped" if shutdown else "died",
+            "in sync" if m.synced else "NOT in sync",
+        )
         bq, msgs, gm = m.take_over()
         self.node.spawn(self._promote(vh, qname, data, bq, msgs, gm))
 
-    async def _promote(self, vh: VHost, name: str, data: dict[str, Any], bq: BackingQueue,
-                       msgs: dict[int, Message], gm: Endpoint | None) -> None:
+    async def _promote(
+        self,
+        vh: VHost,
+        name: str,
+        data: dict[str, Any],
+        bq: BackingQueue,
+        msgs: dict[int, Message],
+        gm: Endpoint | None,
+    ) -> None:
         handoff = self.node.handoff
         old = vh.queues.get(name)
         movers = handoff.take_consumers(old)
@@ -275,8 +337,14 @@ class Mirroring:
         keep = [n for n in data.get("mirrors", []) if n in ring and n != self.me and self.transport.is_up(n)]
         log.info("queue %r: promoted here; mirrors %s follow", name, keep)
         wrapper = MirrorMasterBQ(bq, self.node, vh.name, name, live=msgs, gm=gm, mirrors=keep)
-        q = self.broker.make_queue(vh, name, wrapper, durable=data["durable"], auto_delete=data["auto_delete"],
-                                   arguments=data.get("arguments") or {})
+        q = self.broker.make_queue(
+            vh,
+            name,
+            wrapper,
+            durable=data["durable"],
+            auto_delete=data["auto_delete"],
+            arguments=data.get("arguments") or {},
+        )
         # The proxy leaves the name in the step the new master takes it: a publish that found no queue
         # under the name, here or forwarded from another node, would be confirmed as unroutable, and dropped.
         dropped = handoff.start_drop(vh, old) if old is not None else None
@@ -296,8 +364,12 @@ class Mirroring:
         if q is not None:
             data = q.bq.cluster_fields()  # type: ignore[attr-defined]
         ring = [node_of(m) for m in q.bq.gm.ring] if q is not None else []  # type: ignore[attr-defined]
-        return {"node": data.get("master"), "mirrors": data.get("mirrors", []),
-                "synchronised_mirrors": data.get("synced", []), "gm_ring": ring}
+        return {
+            "node": data.get("master"),
+            "mirrors": data.get("mirrors", []),
+            "synchronised_mirrors": data.get("synced", []),
+            "gm_ring": ring,
+        }
 
     async def queue_counts(self, vhost: str, name: str) -> dict[str, Any]:
         """The master's ready and unacked counts, asked afresh when it is elsewhere, and this node's own copy's.
@@ -317,6 +389,9 @@ class Mirroring:
             return {}
         m = self.mirrors.get((vhost, name))
         local = q.bq if isinstance(q, Queue) else m.bq if m is not None and not m.closed else None
-        return {"messages_ready": ready, "messages_unacknowledged": unacked,
-                "local_messages_ready": local.len() if local is not None else None,
-                "local_messages_unacknowledged": local.depth() - local.len() if local is not None else None}
+        return {
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+            "local_messages_ready": local.len() if local is not None else None,
+            "local_messages_unacknowledged": local.depth() - local.len() if local is not None else None,
+        }

@@ -69,8 +69,15 @@ class Handoff:
         return task
 
     def install_proxy(self, vh: VHost, name: str, master: str, data: dict[str, Any]) -> RemoteQueue:
-        rq = RemoteQueue(self.node, vh, name, master, durable=data["durable"], auto_delete=data["auto_delete"],
-                         arguments=data.get("arguments") or {})
+        rq = RemoteQueue(
+            self.node,
+            vh,
+            name,
+            master,
+            durable=data["durable"],
+            auto_delete=data["auto_delete"],
+            arguments=data.get("arguments") or {},
+        )
         vh.queues[name] = rq  # type: ignore[assignment]
         vh.exchanges[""].bind(Binding("", name, name))
         self.node.broker.apply_policies(rq)  # type: ignore[arg-type]

@@ -58,7 +58,9 @@ class Membership:
             epochs = {str(n): int(e) for n, e in raw["epochs"].items()}
             join = raw.get("join")
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise MembershipError(f"{path}: not a membership file (expected {{\"epochs\": {{name: n}}}})") from None
+            raise MembershipError(
+                f'{path}: not a membership file (expected {{"epochs": {{name: n}}}})'
+            ) from None
         return cls(path, me, epochs, str(join) if join else None)
 
     @classmethod
@@ -73,7 +75,9 @@ class Membership:
         torn file that stops the node from starting."""
         from broker_impl.broker import write_atomic
 
-        write_atomic(self.path, json.dumps({"epochs": self.epochs, "join": self.join}, sort_keys=True).encode())
+        write_atomic(
+            self.path, json.dumps({"epochs": self.epochs, "join": self.join}, sort_keys=True).encode()
+        )
 
     def members(self) -> list[str]:
         return sorted(n for n, e in self.epochs.items() if e % 2 == 1)
@@ -86,7 +90,9 @@ class Membership:
 
     def forget(self, name: str) -> None:
         if not self.is_member(name):
-            raise MembershipError(f"{name} is not a member of this cluster (members: {', '.join(self.members())})")
+            raise MembershipError(
+                f"{name} is not a member of this cluster (members: {', '.join(self.members())})"
+            )
         self.epochs[name] = _next(self.epochs[name], member=False)
         self.save()
 
@@ -146,11 +152,14 @@ def ask_to_join(data_dir: Path, me: str, seed: str, known: Iterable[str]) -> Non
     if seed == me:
         raise MembershipError(f"{me} cannot join itself; name a running member of the cluster to join")
     if seed not in set(known):
-        raise MembershipError(f"{seed} is not in this node's [cluster] peers ({', '.join(sorted(known))}): "
-                              "it cannot be dialled")
+        raise MembershipError(
+            f"{seed} is not in this node's [cluster] peers ({', '.join(sorted(known))}): it cannot be dialled"
+        )
     m = Membership.load(data_dir, me, known)
     if not m.alone():
-        raise MembershipError(f"{me} is clustered with {', '.join(n for n in m.members() if n != me)}; "
-                              "reset it first (ctl reset), then join")
+        raise MembershipError(
+            f"{me} is clustered with {', '.join(n for n in m.members() if n != me)}; "
+            "reset it first (ctl reset), then join"
+        )
     m.join = seed
     m.save()

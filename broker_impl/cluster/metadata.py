@@ -150,21 +150,31 @@ def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) ->
             shared.add(q.name)
             extra = master_of.get((vname, q.name), {})
             out[key("queue", vname, q.name)] = {
-                "durable": q.durable, "auto_delete": q.auto_delete, "arguments": _plain(q.arguments), **extra,
+                "durable": q.durable,
+                "auto_delete": q.auto_delete,
+                "arguments": _plain(q.arguments),
+                **extra,
             }
         for ex in vh.exchanges.values():
             if ex.name == "" or ex.name.startswith("amq."):
                 continue
             out[key("exchange", vname, ex.name)] = {
-                "type": ex.type, "durable": ex.durable, "auto_delete": ex.auto_delete,
-                "internal": ex.internal, "arguments": _plain(ex.arguments),
+                "type": ex.type,
+                "durable": ex.durable,
+                "auto_delete": ex.auto_delete,
+                "internal": ex.internal,
+                "arguments": _plain(ex.arguments),
             }
         for b in vh.bindings():
             to_exchange = destination_exchange(b.destination)
             if b.destination not in shared and (to_exchange is None or to_exchange not in vh.exchanges):
                 continue
             args = _plain(b.arguments)
-            out[key("binding", vname, b.source, b.destination, b.routing_key, json.dumps(args, sort_keys=True))] = {
+            out[
+                key(
+                    "binding", vname, b.source, b.destination, b.routing_key, json.dumps(args, sort_keys=True)
+                )
+            ] = {
                 "arguments": args,
             }
     return out

@@ -209,9 +209,16 @@ class _Link:
 class MirrorMasterBQ(BackingQueue):
     """The master's backing queue: the real one plus the broadcast of every operation to the group."""
 
-    def __init__(self, inner: BackingQueue, node: ClusterNode, vhost: str, queue: str,
-                 live: dict[int, Message] | None = None, gm: Endpoint | None = None,
-                 mirrors: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        inner: BackingQueue,
+        node: ClusterNode,
+        vhost: str,
+        queue: str,
+        live: dict[int, Message] | None = None,
+        gm: Endpoint | None = None,
+        mirrors: list[str] | None = None,
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self.durable = inner.durable
@@ -247,8 +254,11 @@ class MirrorMasterBQ(BackingQueue):
 
     def _stopped(self, reason: str) -> None:
         """Our member was recorded dead (e.g. by the other side of a partition): start a new group."""
-        log.warning("queue %r: the master's GM member left the group (%s); restarting the mirrors in a new group",
-                    self.queue, reason)
+        log.warning(
+            "queue %r: the master's GM member left the group (%s); restarting the mirrors in a new group",
+            self.queue,
+            reason,
+        )
         for peer in list(self.mirrors):
             self.remove_mirror(peer)
         self._new_group()
@@ -258,13 +268,34 @@ class MirrorMasterBQ(BackingQueue):
     def _bcast(self, op: dict[str, Any], blob: bytes = b"") -> int:
         self._n += 1
         if self.mirrors:  # a mirror joins from now on, never earlier: nothing to send while there is none
-            self.gm.broadcast(({"vh": self.vhost, "q": self.queue, "n": self._n,
-                                "depth": self.inner.depth(), "fp": self.held.fp, **op}, blob))
+            self.gm.broadcast(
+                (
+                    {
+                        "vh": self.vhost,
+                        "q": self.queue,
+                        "n": self._n,
+                        "depth": self.inner.depth(),
+                        "fp": self.held.fp,
+                        **op,
+                    },
+                    blob,
+                )
+            )
         return self._n
 
     def _control(self, peer: str, op: str) -> None:
-        self.node.transport.send(peer, {"t": "mq", "vh": self.vhost, "q": self.queue, "op": op,
-                                        "group": self.group, "mm": self.gm.id, "durable": self.durable})
+        self.node.transport.send(
+            peer,
+            {
+                "t": "mq",
+                "vh": self.vhost,
+                "q": self.queue,
+                "op": op,
+                "group": self.group,
+                "mm": self.gm.id,
+                "durable": self.durable,
+            },
+        )
 
     async def _confirmed(self, n: int) -> None:
         if not self._needed(n):
@@ -274,8 +305,11 @@ class MirrorMasterBQ(BackingQueue):
         await fut
 
     def _needed(self, n: int) -> list[str]:
-        return [p for p, link in self.mirrors.items()
-                if link.synced and link.acked < n and self.node.transport.is_up(p)]
+        return [
+            p
+            for p, link in self.mirrors.items()
+            if link.synced and link.acked < n and self.node.transport.is_up(p)
+        ]
 
     def _release(self) -> None:
         while self._waiters and not self._needed(self._waiters[0][0]):
@@ -307,8 +341,9 @@ class MirrorMasterBQ(BackingQueue):
                 link.missing_since = link.missing_since or now
             else:
                 link.missing_since = None
-            if (link.deadline is not None and link.acked < 1 and now > link.deadline) or \
-                    (link.missing_since is not None and now - link.missing_since > grace):
+            if (link.deadline is not None and link.acked < 1 and now > link.deadline) or (
+                link.missing_since is not None and now - link.missing_since > grace
+            ):
                 out.append(p)
         return out
 
@@ -351,16 +386,31 @@ class MirrorMasterBQ(BackingQueue):
             self.mirrors[p].joined = self._n + 1
             for i in range(0, max(len(items), 1), SYNC_BATCH):
                 batch = items[i : i + SYNC_BATCH]
-                self._bcast({"op": "sync", "to": p, "first": i == 0, "seqs": [s for s, _ in batch],
-                             "unacked": [s for s, _ in batch if s in unacked]},
-                            pack_messages([m for _, m in batch]))
-            log.info("queue %r: synchronising mirror on %s (%d message(s), %d of them still being written)",
-                     self.queue, p, len(items), self.held.waiting())
+                self._bcast(
+                    {
+                        "op": "sync",
+                        "to": p,
+                        "first": i == 0,
+                        "seqs": [s for s, _ in batch],
+                        "unacked": [s for s, _ in batch if s in unacked],
+                    },
+                    pack_messages([m for _, m in batch]),
+                )
+            log.info(
+                "queue %r: synchronising mirror on %s (%d message(s), %d of them still being written)",
+                self.queue,
+                p,
+                len(items),
+                self.held.waiting(),
+            )
         return len(items)
 
     def cluster_fields(self) -> dict[str, Any]:
-        return {"master": self.node.me, "mirrors": list(self.mirrors),
-                "synced": [p for p, link in self.mirrors.items() if link.synced]}
+        return {
+            "master": self.node.me,
+            "mirrors": list(self.mirrors),
+            "synced": [p for p, link in self.mirrors.items() if link.synced],
+        }
 
     # -- BackingQueue ---------------------------------------------------------------------
     async def publish(self, message: Message) -> int:
@@ -368,7 +418,9 @@ class MirrorMasterBQ(BackingQueue):
         # message its place: a fetch of it (possible while its fsync is pending) cannot overtake it.
         blob = message.to_bytes()
         fp = fingerprint_bytes(blob)
-        n = self._bcast({"op": "pub", "depth": self.inner.depth() + 1, "fp": (self.held.fp + fp) & FP_MASK}, blob)
+        n = self._bcast(
+            {"op": "pub", "depth": self.inner.depth() + 1, "fp": (self.held.fp + fp) & FP_MASK}, blob
+        )
         ticket = self.held.wait(message, fp)
         seq = await self.inner.publish(message)
         self.held.placed(ticket, seq)
@@ -389,8 +441,14 @@ class MirrorMasterBQ(BackingQueue):
         """
         blobs = [m.to_bytes() for m in messages]
         fps = [fingerprint_bytes(b) for b in blobs]
-        n = self._bcast({"op": "pubtx", "depth": self.inner.depth() + len(messages),
-                         "fp": (self.held.fp + sum(fps)) & FP_MASK}, pack_batch(blobs))
+        n = self._bcast(
+            {
+                "op": "pubtx",
+                "depth": self.inner.depth() + len(messages),
+                "fp": (self.held.fp + sum(fps)) & FP_MASK,
+            },
+            pack_batch(blobs),
+        )
         tickets = [self.held.wait(m, f) for m, f in zip(messages, fps, strict=True)]
         seqs = await self.inner.publish_batch(messages, hold=hold)
         for ticket, seq in zip(tickets, seqs, strict=True):
@@ -478,9 +536,18 @@ class MirrorMasterBQ(BackingQueue):
 class Mirror:
     """A queue's copy on a mirror node: replays the master's stream in order on its own backing queue."""
 
-    def __init__(self, node: ClusterNode, vhost: str, queue: str, master: str, durable: bool,
-                 group: str, master_member: str, predecessor: Mirror | None = None,
-                 after: asyncio.Future[Any] | None = None) -> None:
+    def __init__(
+        self,
+        node: ClusterNode,
+        vhost: str,
+        queue: str,
+        master: str,
+        durable: bool,
+        group: str,
+        master_member: str,
+        predecessor: Mirror | None = None,
+        after: asyncio.Future[Any] | None = None,
+    ) -> None:
         self.node = node
         self.vhost = vhost
         self.queue = queue
@@ -506,8 +573,9 @@ class Mirror:
                 predecessor.gm = None
         self._task = node.spawn(self._run())
         self.group = group
-        self.gm: Endpoint | None = node.gm.endpoint(group, on_deliver=self._delivered, on_joined=self._joined,
-                                                    on_stopped=self._stopped)
+        self.gm: Endpoint | None = node.gm.endpoint(
+            group, on_deliver=self._delivered, on_joined=self._joined, on_stopped=self._stopped
+        )
         self.gm.join()
 
     def _delivered(self, sender: str, payload: tuple[dict[str, Any], bytes]) -> None:
@@ -528,8 +596,12 @@ class Mirror:
         """Our member was recorded dead: this copy cannot follow the stream any more; the master restarts it."""
         self.gm = None
         if not self.closed:
-            log.warning("mirror of %r: left the group (%s); asking %s for a new mirror", self.queue, reason,
-                        self.master)
+            log.warning(
+                "mirror of %r: left the group (%s); asking %s for a new mirror",
+                self.queue,
+                reason,
+                self.master,
+            )
             self.synced = False
             self.node.transport.send(self.master, {"t": "mq_gone", "vh": self.vhost, "q": self.queue})
 
@@ -579,9 +651,15 @@ class Mirror:
             if self.bq is not None:
                 was, self.synced = self.synced, self.in_sync_with(h)
                 if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.node.me):
-                    log.info("mirror of %r (master %s): %s after %s, depth %d here, %s on the master", self.queue,
-                             self.master, "in sync" if self.synced else "NOT in sync", h.get("op"),
-                             self.bq.depth(), h.get("depth"))
+                    log.info(
+                        "mirror of %r (master %s): %s after %s, depth %d here, %s on the master",
+                        self.queue,
+                        self.master,
+                        "in sync" if self.synced else "NOT in sync",
+                        h.get("op"),
+                        self.bq.depth(),
+                        h.get("depth"),
+                    )
             self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master))
             if pending is not None:
                 pending.add_done_callback(lambda _f: self._ack_later())
@@ -619,10 +697,13 @@ class Mirror:
 
     def _send_ack(self, n: int, synced: bool, master: str) -> None:
         if not self.closed and n >= 0:
-            self.node.transport.send(master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue,
-                                              "n": n, "synced": synced})
+            self.node.transport.send(
+                master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue, "n": n, "synced": synced}
+            )
 
-    def _publish_started(self, bq: MemoryBackingQueue, m: Message, fp: int | None = None) -> asyncio.Future[Any]:
+    def _publish_started(
+        self, bq: MemoryBackingQueue, m: Message, fp: int | None = None
+    ) -> asyncio.Future[Any]:
         """Start a publish: it holds its place in the queue on return; the future settles once it is safe."""
         held, ticket = self.held, self.held.wait(m, fp)
         try:
@@ -691,8 +772,13 @@ class Mirror:
                 bq.requeue([f.seq])
                 self._mismatches += 1
                 if self._mismatches <= 3:
-                    log.info("mirror of %r: the master's head %s is not ours (%d of %d here)", self.queue,
-                             h.get("seq"), bq.len(), bq.depth())
+                    log.info(
+                        "mirror of %r: the master's head %s is not ours (%d of %d here)",
+                        self.queue,
+                        h.get("seq"),
+                        bq.len(),
+                        bq.depth(),
+                    )
                 return None
             self.seqmap[int(h["seq"])] = f.seq
         elif op in ("ack", "drop"):

@@ -91,8 +91,15 @@ class ClusterNode:
             raise BrokerError(str(exc)) from None
         members = {n: addr for n, addr in cfg.peers.items() if self.membership.is_member(n)}
         self.transport = Transport(
-            self.me, (cfg.listen, cfg.port), members, tick=cfg.tick, down_after=cfg.down_after,
-            on_message=self._on_message, on_up=self._peer_up, on_down=self._peer_down, on_join=self._admit,
+            self.me,
+            (cfg.listen, cfg.port),
+            members,
+            tick=cfg.tick,
+            down_after=cfg.down_after,
+            on_message=self._on_message,
+            on_up=self._peer_up,
+            on_down=self._peer_down,
+            on_join=self._admit,
         )
         seed = self.membership.join
         if seed is not None and seed in cfg.peers:
@@ -114,8 +121,9 @@ class ClusterNode:
         await self.transport.start()
         # Until the first peer's records are in, a restarted node may hold stale copies of queues
         # mastered elsewhere: clients wait (or 2 x the down detection time if nobody answers).
-        asyncio.get_running_loop().call_later(2 * self.cfg.tick * self.cfg.down_after, self.catalog.joined,
-                                              "no peer answered")
+        asyncio.get_running_loop().call_later(
+            2 * self.cfg.tick * self.cfg.down_after, self.catalog.joined, "no peer answered"
+        )
         self.spawn(self._housekeeping())
 
     async def stop(self) -> None:
@@ -208,9 +216,13 @@ class ClusterNode:
         self._send_members()
         dropped = self.catalog.drop_queues_of(node)
         if dropped:
-            log.warning("cluster: queues mastered on %s with no mirror to take over deleted: %s", node, dropped)
-        return (f"{node} removed from the cluster; members now {', '.join([self.me, *self.transport.peers])}"
-                + (f"; queues it mastered without a mirror deleted: {', '.join(dropped)}" if dropped else ""))
+            log.warning(
+                "cluster: queues mastered on %s with no mirror to take over deleted: %s", node, dropped
+            )
+        return (
+            f"{node} removed from the cluster; members now {', '.join([self.me, *self.transport.peers])}"
+            + (f"; queues it mastered without a mirror deleted: {', '.join(dropped)}" if dropped else "")
+        )
 
     def _forgotten(self, node: str) -> None:
         """Stop talking to ``node``: links closed (as a node going down: queues it mastered fail over), its
@@ -244,13 +256,17 @@ class ClusterNode:
         for node in sorted(added - {self.me}):
             addr = self.cfg.peers.get(node)
             if addr is None:
-                log.error("cluster: %s says %s is a member, but [cluster] peers has no address for it", peer, node)
+                log.error(
+                    "cluster: %s says %s is a member, but [cluster] peers has no address for it", peer, node
+                )
                 continue
             log.warning("cluster: %s joined the cluster (heard from %s)", node, peer)
             self.transport.add_peer(node, *addr)
         for node in sorted(removed):
             if node == self.me:
-                log.error("cluster: %s says this node was removed from the cluster; reset it and join again", peer)
+                log.error(
+                    "cluster: %s says this node was removed from the cluster; reset it and join again", peer
+                )
             else:
                 self._forgotten(node)
         if added or removed:

@@ -46,7 +46,9 @@ class Partitions:
         if peer in self._was_down:
             self._was_down.discard(peer)
             if self.cfg.partition_handling == "autoheal":
-                side = self._heal_side[peer] = self._side(peer)  # the sides as they were when this link healed
+                side = self._heal_side[peer] = self._side(
+                    peer
+                )  # the sides as they were when this link healed
                 self.transport.send(peer, {"t": "heal", "side": side, "clients": self._side_clients(side)})
 
     def peer_down(self, peer: str) -> None:
@@ -65,8 +67,11 @@ class Partitions:
             self.paused = True
             self.node.catalog.await_winner = "*"
             self.node.gm.pause()
-            log.warning("cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
-                        seen, total)
+            log.warning(
+                "cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
+                seen,
+                total,
+            )
             for conn in list(self.broker.connections):
                 conn.force_close("node paused: minority partition")
             if self.broker.listener_hook is not None:
@@ -78,7 +83,9 @@ class Partitions:
             self.node.catalog.restart("*")
             if self.broker.listener_hook is not None:
                 self.broker.listener_hook(True)
-            log.warning("cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total)
+            log.warning(
+                "cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total
+            )
 
     def _side(self, returning: str) -> list[str]:
         """The nodes on this side of a partition that just healed towards ``returning``."""
@@ -104,12 +111,22 @@ class Partitions:
         my_clients = self._side_clients(mine)
         lose = (my_clients, min(their_side)) < (their_clients, min(mine))
         if not lose:
-            log.warning("autoheal: this side %s (%d clients) wins over %s (%d clients)",
-                        mine, my_clients, their_side, their_clients)
+            log.warning(
+                "autoheal: this side %s (%d clients) wins over %s (%d clients)",
+                mine,
+                my_clients,
+                their_side,
+                their_clients,
+            )
             self.node.catalog.skip_next_from(peer)
             return
-        log.warning("autoheal: this side %s (%d clients) loses to %s (%d clients); restarting queues from the winner",
-                    mine, my_clients, their_side, their_clients)
+        log.warning(
+            "autoheal: this side %s (%d clients) loses to %s (%d clients); restarting queues from the winner",
+            mine,
+            my_clients,
+            their_side,
+            their_clients,
+        )
         for conn in list(self.broker.connections):
             conn.force_close("autoheal: node restarting after a partition")
         self.node.catalog.restart(peer)

@@ -66,8 +66,17 @@ class RemoteQueue:
 
     bq = None  # no local storage: memory accounting skips it
 
-    def __init__(self, node: ClusterNode, vhost: VHost, name: str, master: str, *, durable: bool,
-                 auto_delete: bool, arguments: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        node: ClusterNode,
+        vhost: VHost,
+        name: str,
+        master: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+    ) -> None:
         self.node = node
         self.vhost = vhost
         self.name = name
@@ -103,7 +112,9 @@ class RemoteQueue:
             return
         self.node.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
 
-    def enqueue_batch(self, messages: list[Message], sender: object | None, on_done: ConfirmCallback | None) -> None:
+    def enqueue_batch(
+        self, messages: list[Message], sender: object | None, on_done: ConfirmCallback | None
+    ) -> None:
         """A committed transaction's publishes: one request, applied by the master as one unit."""
         if self.deleted:
             if on_done:
@@ -122,8 +133,11 @@ class RemoteQueue:
         void = [s for s in seqs if s not in self._live]
         if void:
             self.requeue([s for s in seqs if s in self._live], consumer)
-            raise ChannelError(PRECONDITION_FAILED, f"partial tx completion: {len(void)} acked deliveries of queue "
-                               f"'{self.name}' came from a master that failed over; they will be delivered again")
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"partial tx completion: {len(void)} acked deliveries of queue "
+                f"'{self.name}' came from a master that failed over; they will be delivered again",
+            )
         for cid, pairs in self._take(seqs).items():
             r, _ = await self._ask("acktx", seqs=[s for _, s in pairs], cid=cid)
             if r.get("error"):
@@ -134,8 +148,11 @@ class RemoteQueue:
         try:
             return await self.node.forwarder.request(self.master, self._hdr(t, **kw))
         except ConnectionError:
-            raise ChannelError(NOT_FOUND, f"home node '{self.master}' of durable queue '{self.name}' in vhost "
-                                          f"'{self.vhost.name}' is down or inaccessible") from None
+            raise ChannelError(
+                NOT_FOUND,
+                f"home node '{self.master}' of durable queue '{self.name}' in vhost "
+                f"'{self.vhost.name}' is down or inaccessible",
+            ) from None
 
     async def settled(self) -> None:
         """A round trip behind our earlier publishes (links are FIFO) refreshes the counts."""
@@ -167,9 +184,17 @@ class RemoteQueue:
     def _subscribe(self, consumer: Consumer) -> None:
         """Register with the master; while it is unreachable the consumer waits (the queue is unavailable)."""
         cid = self.node.forwarder.register_consumer(consumer)
-        self.node.transport.send(self.master, self._hdr(
-            "consume", cid=cid, no_ack=consumer.no_ack, prefetch=consumer.prefetch,
-            exclusive=consumer.exclusive, args=_plain(consumer.arguments)))
+        self.node.transport.send(
+            self.master,
+            self._hdr(
+                "consume",
+                cid=cid,
+                no_ack=consumer.no_ack,
+                prefetch=consumer.prefetch,
+                exclusive=consumer.exclusive,
+                args=_plain(consumer.arguments),
+            ),
+        )
 
     def resubscribe(self, previous: str | None = None) -> None:
         """Register every consumer again; the old registrations are cancelled where they were (if still there)."""
@@ -211,13 +236,15 @@ class RemoteQueue:
         self.node.forwarder.unregister_consumer(consumer)
         consumer.channel.consumer_cancelled(consumer)
 
-    def delivered(self, consumer: Consumer, peer: str, cid: str, seq: int, redelivered: bool,
-                  message: Message) -> None:
+    def delivered(
+        self, consumer: Consumer, peer: str, cid: str, seq: int, redelivered: bool, message: Message
+    ) -> None:
         if peer != self.master or consumer.channel.state != "open" or consumer not in self.consumers:
             self.node.transport.send(peer, self._hdr("requeue", seqs=[seq], cid=cid))
             return
-        consumer.channel.deliver(consumer, self, Fetched(self._track(seq, cid, consumer.no_ack), message,
-                                                         redelivered))
+        consumer.channel.deliver(
+            consumer, self, Fetched(self._track(seq, cid, consumer.no_ack), message, redelivered)
+        )
 
     def _track(self, seq: int, cid: str, no_ack: bool) -> int:
         did = next(self._ids)
@@ -256,8 +283,11 @@ class RemoteQueue:
         bodies = dict(items)
         for cid, pairs in self._take([did for did, _ in items]).items():
             # the bodies travel back so the master can dead-letter them
-            self.node.transport.send(self.master, self._hdr("reject", seqs=[s for _, s in pairs], cid=cid),
-                                     pack_messages([bodies[did] for did, _ in pairs]))
+            self.node.transport.send(
+                self.master,
+                self._hdr("reject", seqs=[s for _, s in pairs], cid=cid),
+                pack_messages([bodies[did] for did, _ in pairs]),
+            )
 
     async def purge(self) -> int:
         r, _ = await self._ask("purge")
@@ -289,10 +319,19 @@ class RemoteQueue:
     def info(self) -> dict[str, Any]:
         """As of the last answer from the master (``ha.Mirroring.queue_counts`` asks it afresh)."""
         return {
-            "name": self.name, "vhost": self.vhost.name, "durable": self.durable, "exclusive": False,
-            "auto_delete": self.auto_delete, "arguments": self.arguments, "messages_ready": self._count,
-            "messages_unacknowledged": self._unacked, "consumers": len(self.consumers), "policy": self.policy_name,
-            "effective_policy_definition": self.policy or {}, "state": "remote", "node": self.master,
+            "name": self.name,
+            "vhost": self.vhost.name,
+            "durable": self.durable,
+            "exclusive": False,
+            "auto_delete": self.auto_delete,
+            "arguments": self.arguments,
+            "messages_ready": self._count,
+            "messages_unacknowledged": self._unacked,
+            "consumers": len(self.consumers),
+            "policy": self.policy_name,
+            "effective_policy_definition": self.policy or {},
+            "state": "remote",
+            "node": self.master,
         }
 
 
@@ -311,9 +350,18 @@ class RemoteConsumerChannel:
     def deliver(self, consumer: Consumer, queue: Queue, fetched: Fetched) -> None:
         if not consumer.no_ack:
             self.node.master_side.hold(self.peer, queue, fetched.seq, self.cid)
-        self.node.transport.send(self.peer, {"t": "deliver", "vh": queue.vhost.name, "q": queue.name, "cid": self.cid,
-                                             "seq": fetched.seq, "red": fetched.redelivered},
-                                 fetched.message.to_bytes())
+        self.node.transport.send(
+            self.peer,
+            {
+                "t": "deliver",
+                "vh": queue.vhost.name,
+                "q": queue.name,
+                "cid": self.cid,
+                "seq": fetched.seq,
+                "red": fetched.redelivered,
+            },
+            fetched.message.to_bytes(),
+        )
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue went away (deleted, or its copy here dropped): what the consumer held goes with it."""
@@ -372,6 +420,7 @@ class MasterSide:
 
                 def cb(ok: bool, pid: int = pid) -> None:
                     self.node.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
+
             if t == "pubtx":
                 q.enqueue_batch(unpack_messages(blob), None, cb)
             else:
@@ -382,8 +431,15 @@ class MasterSide:
             if q is None:
                 self.node.transport.send(peer, {"t": "cancelled", "cid": cid})
                 return
-            c = Consumer(cid, rc, q, bool(h.get("no_ack")), bool(h.get("exclusive")), int(h.get("prefetch", 0)),
-                         arguments=dict(h.get("args") or {}))
+            c = Consumer(
+                cid,
+                rc,
+                q,
+                bool(h.get("no_ack")),
+                bool(h.get("exclusive")),
+                int(h.get("prefetch", 0)),
+                arguments=dict(h.get("args") or {}),
+            )
             self.consumers[(peer, cid)] = (c, rc)
             q.add_consumer(c)
         elif t == "cancel":
@@ -427,8 +483,11 @@ class MasterSide:
             reply: dict[str, Any] = {"messages": 0, "consumers": 0, "found": False, "count": 0, "n": 0}
         elif t == "stat":
             await q.settled()
-            reply = {"messages": q.message_count(), "unacked": q.bq.depth() - q.bq.len(),
-                     "consumers": q.consumer_count()}
+            reply = {
+                "messages": q.message_count(),
+                "unacked": q.bq.depth() - q.bq.len(),
+                "consumers": q.consumer_count(),
+            }
         elif t == "purge":
             await q.settled()
             reply = {"n": await q.purge()}
@@ -455,7 +514,7 @@ class MasterSide:
 
     def peer_down(self, peer: str) -> None:
         """Everything delivered to that node and not acked goes back, redelivered."""
-        for (p, cid) in [k for k in self.consumers if k[0] == peer]:
+        for p, cid in [k for k in self.consumers if k[0] == peer]:
             c, rc = self.consumers.pop((p, cid))
             rc.state = "closed"
             c.queue.remove_consumer(c)

@@ -53,7 +53,9 @@ class _Peer:
     downs: int = 0
     last_change: float = 0.0
     early: list[Frame] = field(default_factory=list)  # arrived before our own link to the peer was up
-    out: list[bytes] = field(default_factory=list)  # frames sent in this turn of the event loop, not written yet
+    out: list[bytes] = field(
+        default_factory=list
+    )  # frames sent in this turn of the event loop, not written yet
     join: bool = False  # our HELLO asks this peer to admit us to its cluster
 
 
@@ -99,14 +101,20 @@ class Transport:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         host, port = self.listen
-        self._server = await asyncio.start_server(self._accepted, resolve_listen(host), port, reuse_address=True)
+        self._server = await asyncio.start_server(
+            self._accepted, resolve_listen(host), port, reuse_address=True
+        )
         self.bound = self._server.sockets[0].getsockname()[:2]
         loop = asyncio.get_running_loop()
         for p in self.peers.values():
             self._dial(p)
         self._tasks.append(loop.create_task(self._ticker(), name="cluster-tick"))
-        log.info("cluster link of %s listening on %s:%d; peers %s", self.me, *self.bound,
-                 ", ".join(f"{p.name}={p.host}:{p.port}" for p in self.peers.values()) or "none")
+        log.info(
+            "cluster link of %s listening on %s:%d; peers %s",
+            self.me,
+            *self.bound,
+            ", ".join(f"{p.name}={p.host}:{p.port}" for p in self.peers.values()) or "none",
+        )
 
     async def stop(self) -> None:
         """Close every link; no peer counts as up afterwards (no callbacks: the node is going away)."""
@@ -142,7 +150,9 @@ class Transport:
         del self.peers[name]
 
     def _dial(self, p: _Peer) -> None:
-        self._dialers[p.name] = asyncio.get_running_loop().create_task(self._dial_loop(p), name=f"cluster-dial:{p.name}")
+        self._dialers[p.name] = asyncio.get_running_loop().create_task(
+            self._dial_loop(p), name=f"cluster-dial:{p.name}"
+        )
 
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
@@ -181,7 +191,10 @@ class Transport:
         now = time.monotonic()
         return [
             {
-                "name": p.name, "address": f"{p.host}:{p.port}", "running": p.up, "times_down": p.downs,
+                "name": p.name,
+                "address": f"{p.host}:{p.port}",
+                "running": p.up,
+                "times_down": p.downs,
                 "since_s": round(now - p.last_change, 1) if p.last_change else None,
             }
             for p in self.peers.values()
@@ -195,7 +208,8 @@ class Transport:
                 p.writer = None
                 try:
                     reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(p.host, p.port), timeout=max(self.tick * self.down_after, 1.0))
+                        asyncio.open_connection(p.host, p.port), timeout=max(self.tick * self.down_after, 1.0)
+                    )
                 except (TimeoutError, OSError):
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.tick * 3)
@@ -210,7 +224,9 @@ class Transport:
                 self._maybe_up(p)
             await asyncio.sleep(min(self.tick, 0.2))
 
-    async def _drain_dialled(self, p: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _drain_dialled(
+        self, p: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         """Nothing comes back on a dialled link; reading only notices when the peer hangs up.
 
         A link that breaks may have lost frames, so the peer counts as down: both
@@ -237,8 +253,11 @@ class Transport:
                 for frame in decoder.feed(data):
                     if peer is None:
                         if frame.type != HELLO or not self._admitted(frame.header):
-                            log.warning("cluster link: refused a connection from %s (hello %r): not a member",
-                                        writer.get_extra_info("peername"), frame.header)
+                            log.warning(
+                                "cluster link: refused a connection from %s (hello %r): not a member",
+                                writer.get_extra_info("peername"),
+                                frame.header,
+                            )
                             return
                         peer = self.peers[frame.header["node"]]
                         inc = str(frame.header.get("inc", ""))
@@ -269,8 +288,12 @@ class Transport:
         node = hello.get("node")
         if node in self.peers:
             return True
-        return bool(hello.get("join")) and self._on_join is not None and self._on_join(str(node)) \
+        return (
+            bool(hello.get("join"))
+            and self._on_join is not None
+            and self._on_join(str(node))
             and node in self.peers
+        )
 
     def _deliver(self, peer: _Peer, frame: Frame) -> None:
         try:
@@ -324,4 +347,3 @@ class Transport:
         for w in list(p.readers):
             w.close()
         p.readers.clear()
-

@@ -134,6 +134,11 @@ class Replication:
             for q in vd.get("queues", []) if isinstance(vd, dict) else []:
                 name = q.get("name") if isinstance(q, dict) else None
                 if isinstance(name, str) and name and name not in vh.queues:
-                    await vh.declare_queue(name, owner=None, durable=True, auto_delete=bool(q.get("auto_delete")),
-                                           arguments=dict(q.get("arguments") or {}))
+                    await vh.declare_queue(
+                        name,
+                        owner=None,
+                        durable=True,
+                        auto_delete=bool(q.get("auto_delete")),
+                        arguments=dict(q.get("arguments") or {}),
+                    )
                     log.info("queue %r in vhost %r declared from the master's metadata", name, vname)

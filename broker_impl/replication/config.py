@@ -23,8 +23,13 @@ from typing import Any
 from broker_impl.config import ConfigError
 
 ROLES = ("sync_master", "async_master", "slave")
-_INTS = {"port": (1, 65535), "sync_timeout_ms": (1, None), "max_lag_bytes": (1, None),
-         "heartbeat_ms": (10, None), "dead_after_ms": (10, None)}
+_INTS = {
+    "port": (1, 65535),
+    "sync_timeout_ms": (1, None),
+    "max_lag_bytes": (1, None),
+    "heartbeat_ms": (10, None),
+    "dead_after_ms": (10, None),
+}
 _KNOWN = {"role", "listen", "node", "master", *_INTS}
 
 
@@ -60,7 +65,12 @@ class ReplicationConfig:
             if key not in t:
                 continue
             value = t[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < lo
+                or (hi is not None and value > hi)
+            ):
                 allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
                 raise ConfigError(f"replication.{key}: expected a whole number {allowed}, got {value!r}")
             ints[key] = value
@@ -79,5 +89,4 @@ class ReplicationConfig:
         if ints.get("dead_after_ms", 5000) <= ints.get("heartbeat_ms", 1000):
             raise ConfigError("replication.dead_after_ms: must be longer than heartbeat_ms")
         node = str(t.get("node") or default_name)
-        return cls(role, node, listen=str(t.get("listen") or node), master=master,
-                   **ints)
+        return cls(role, node, listen=str(t.get("listen") or node), master=master, **ints)

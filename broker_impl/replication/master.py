@@ -63,14 +63,19 @@ class Master:
         log.info("replication (%s) listening on %s:%d for slaves", self.cfg.role, host, self.cfg.port)
         if not catch_up:
             return
-        log.warning("the last stop was abnormal: waiting for a slave to hand back what it holds beyond "
-                    "offset %d before serving clients", self.store.end)
+        log.warning(
+            "the last stop was abnormal: waiting for a slave to hand back what it holds beyond "
+            "offset %d before serving clients",
+            self.store.end,
+        )
         while True:
             try:
                 await asyncio.wait_for(self._caught_up.wait(), 10)
                 return
             except TimeoutError:
-                log.warning("still waiting for a slave before serving clients (log ends at %d)", self.store.end)
+                log.warning(
+                    "still waiting for a slave before serving clients (log ends at %d)", self.store.end
+                )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -115,8 +120,9 @@ class Master:
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.cfg.sync_timeout_ms / 1000)
         except TimeoutError:
-            raise StoreError(f"FLUSH_SLAVE_TIMEOUT: no slave reported offset {end} within "
-                             f"{self.cfg.sync_timeout_ms} ms") from None
+            raise StoreError(
+                f"FLUSH_SLAVE_TIMEOUT: no slave reported offset {end} within {self.cfg.sync_timeout_ms} ms"
+            ) from None
         finally:
             if not fut.done():
                 fut.cancel()
@@ -127,8 +133,10 @@ class Master:
             "log_end": self.store.end,
             "serving": not self._catching_up,
             "caught_up_bytes": self.caught_up_bytes,
-            "slaves": sorted(({"node": s.node, "peer": s.peer, "acked": s.acked, "sent": s.sent} for s in self.slaves),
-                             key=lambda s: str(s["node"])),
+            "slaves": sorted(
+                ({"node": s.node, "peer": s.peer, "acked": s.acked, "sent": s.sent} for s in self.slaves),
+                key=lambda s: str(s["node"]),
+            ),
         }
 
     # -- one slave ----------------------------------------------------------------------------
@@ -145,8 +153,13 @@ class Master:
             if conn is None:
                 return
             self.slaves.add(conn)
-            log.info("slave %s (%s) attached at offset %d; log ends at %d", conn.node, conn.peer, conn.sent,
-                     self.store.end)
+            log.info(
+                "slave %s (%s) attached at offset %d; log ends at %d",
+                conn.node,
+                conn.peer,
+                conn.sent,
+                self.store.end,
+            )
             stream = asyncio.get_running_loop().create_task(self._stream(link, conn))
             listen = asyncio.get_running_loop().create_task(self._listen(link, conn))
             try:
@@ -175,20 +188,32 @@ class Master:
         if not isinstance(end, int) or end < 0:
             raise wire.WireError(f"HELLO end {end!r} is not an offset")
         if seg != self.store.config.segment_bytes:
-            await self._refuse(link, node, f"segment_bytes {seg} differs from the master's "
-                               f"{self.store.config.segment_bytes}: set [store] segment_bytes the same")
+            await self._refuse(
+                link,
+                node,
+                f"segment_bytes {seg} differs from the master's "
+                f"{self.store.config.segment_bytes}: set [store] segment_bytes the same",
+            )
             return None
         if end > self.store.end and self._catching_up:
             await self._take_back(link, node, end)
         elif end > self.store.end:
-            await self._refuse(link, node, f"the replica ends at {end}, beyond the master's log end "
-                               f"{self.store.end}: it is not a copy of this log; move it away")
+            await self._refuse(
+                link,
+                node,
+                f"the replica ends at {end}, beyond the master's log end "
+                f"{self.store.end}: it is not a copy of this log; move it away",
+            )
             return None
         first_offset = self.store.first_offset()
         if end < first_offset:
             if end != 0:
-                await self._refuse(link, node, f"the replica ends at {end} but the master's log now "
-                                   f"starts at {first_offset}: move the replica away to copy afresh")
+                await self._refuse(
+                    link,
+                    node,
+                    f"the replica ends at {end} but the master's log now "
+                    f"starts at {first_offset}: move the replica away to copy afresh",
+                )
                 return None
             end = first_offset
         if self._catching_up:
@@ -211,8 +236,13 @@ class Master:
             self.store.append_replicated(offset, data)
         await self.store.flush()
         self.caught_up_bytes += self.store.end - mine
-        log.warning("took back %d bytes (offsets %d..%d) from slave %s that this log had lost",
-                    self.store.end - mine, mine, self.store.end, node)
+        log.warning(
+            "took back %d bytes (offsets %d..%d) from slave %s that this log had lost",
+            self.store.end - mine,
+            mine,
+            self.store.end,
+            node,
+        )
 
     async def _refuse(self, link: Link, node: str, reason: str) -> None:
         log.error("refusing slave %s: %s", node, reason)

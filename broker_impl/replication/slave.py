@@ -27,8 +27,12 @@ REFUSED_RETRY = 5.0  # after the master refused this replica
 
 
 class Slave:
-    def __init__(self, cfg: ReplicationConfig, replica: Store,
-                 apply_metadata: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        cfg: ReplicationConfig,
+        replica: Store,
+        apply_metadata: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
         assert cfg.master is not None
         self.cfg = cfg
         self.replica = replica
@@ -52,9 +56,15 @@ class Slave:
 
     def status(self) -> dict[str, Any]:
         host, port = self.cfg.master or ("", 0)
-        return {"role": "slave", "master": f"{host}:{port}", "connected": self.connected,
-                "replica_end": self.replica.end, "reported": self.reported, "sent_back": self.sent_back,
-                "refused": self.refused}
+        return {
+            "role": "slave",
+            "master": f"{host}:{port}",
+            "connected": self.connected,
+            "replica_end": self.replica.end,
+            "reported": self.reported,
+            "sent_back": self.sent_back,
+            "refused": self.refused,
+        }
 
     async def _run(self) -> None:
         host, port = self.cfg.master or ("", 0)
@@ -62,8 +72,9 @@ class Slave:
         while True:
             delay = RETRY
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                                        self.cfg.dead_after_ms / 1000)
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), self.cfg.dead_after_ms / 1000
+                )
             except LINK_ERRORS as exc:
                 if str(exc) != last_error:
                     log.warning("cannot reach master %s:%d: %s", host, port, exc or type(exc).__name__)
@@ -89,7 +100,11 @@ class Slave:
 
     async def _session(self, link: Link) -> None:
         dead = self.cfg.dead_after_ms / 1000
-        hello = {"node": self.cfg.node, "segment_bytes": self.replica.config.segment_bytes, "end": self.replica.end}
+        hello = {
+            "node": self.cfg.node,
+            "segment_bytes": self.replica.config.segment_bytes,
+            "end": self.replica.end,
+        }
         await link.send(wire.encode_json(wire.HELLO, hello), dead)
         beat = asyncio.get_running_loop().create_task(self._heartbeat(link))
         try:
@@ -137,7 +152,9 @@ class Slave:
     async def _heartbeat(self, link: Link) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_ms / 1000)
-            await link.send(wire.encode_offset(wire.REPORT, max(self.reported, 0)), self.cfg.dead_after_ms / 1000)
+            await link.send(
+                wire.encode_offset(wire.REPORT, max(self.reported, 0)), self.cfg.dead_after_ms / 1000
+            )
 
     async def _send_back(self, link: Link, ask: dict[str, Any]) -> None:
         """A master back from an abnormal stop lost its log's tail: give it what this replica has."""

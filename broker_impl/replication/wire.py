@@ -28,8 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 HELLO, REPORT, DATA, META, SEND, SENT, REFUSE = range(1, 8)
-KINDS = {HELLO: "HELLO", REPORT: "REPORT", DATA: "DATA", META: "META", SEND: "SEND", SENT: "SENT",
-         REFUSE: "REFUSE"}
+KINDS = {
+    HELLO: "HELLO",
+    REPORT: "REPORT",
+    DATA: "DATA",
+    META: "META",
+    SEND: "SEND",
+    SENT: "SENT",
+    REFUSE: "REFUSE",
+}
 MAX_FRAME = 64 * 1024 * 1024
 _LEN = struct.Struct(">IB")
 _OFF = struct.Struct(">Q")

@@ -64,8 +64,9 @@ class CommitLog:
 
     # -- append / read ---------------------------------------------------------------
 
-    def append(self, queue: str, queue_offset: int, payload: bytes, born_ms: int, store_ms: int,
-               sysflag: int = 0) -> tuple[int, int]:
+    def append(
+        self, queue: str, queue_offset: int, payload: bytes, born_ms: int, store_ms: int, sysflag: int = 0
+    ) -> tuple[int, int]:
         """Write one record; return (offset, size). Rolls with a BLANK when the segment is full."""
         size = record.encoded_size(queue, len(payload))
         if size + record.END_MIN_BLANK > self.segment_bytes:
@@ -134,7 +135,9 @@ class CommitLog:
         end = 0
         while end + 8 <= len(chunk):
             size = int.from_bytes(chunk[end : end + 4], "big")
-            if int.from_bytes(chunk[end + 4 : end + 8], "big") != record.MESSAGE_MAGIC or end + size > len(chunk):
+            if int.from_bytes(chunk[end + 4 : end + 8], "big") != record.MESSAGE_MAGIC or end + size > len(
+                chunk
+            ):
                 break
             end += size
         return chunk[:end], offset + end
@@ -202,7 +205,9 @@ class CommitLog:
                 i += 1
                 continue
             if bad is None and more:
-                bad = "gap between segments" if full else "segment ends without a BLANK before a later segment"
+                bad = (
+                    "gap between segments" if full else "segment ends without a BLANK before a later segment"
+                )
             path = self.dir / seg_name(start)
             cut_bytes = 0
             if not full and os.path.getsize(path) > end - start:
@@ -216,7 +221,9 @@ class CommitLog:
             self.wrote = self.flushed = end
             break
         for cut in cuts:
-            log.warning("commit log cut at offset %d: %d bytes removed (%s)", cut.offset, cut.bytes, cut.reason)
+            log.warning(
+                "commit log cut at offset %d: %d bytes removed (%s)", cut.offset, cut.bytes, cut.reason
+            )
         return records, cuts
 
     def _scan_segment(self, start: int, out: list[Record]) -> tuple[int, str | None]:

@@ -41,5 +41,7 @@ class StoreConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise StoreConfigError(f"[store] {key} = {value!r}: must be a positive integer")
         if table.get("segment_bytes", 4096) < 4096:
-            raise StoreConfigError(f"[store] segment_bytes = {table['segment_bytes']!r}: must be at least 4096")
+            raise StoreConfigError(
+                f"[store] segment_bytes = {table['segment_bytes']!r}: must be at least 4096"
+            )
         return cls(**table)

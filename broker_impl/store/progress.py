@@ -76,7 +76,11 @@ class Progress:
 
     def truncate(self, next_index: int) -> None:
         """The log lost indexes from ``next_index`` on: forget acks/deliveries of them (they will be reused)."""
-        if self.watermark > next_index or self.delivered > next_index or any(i >= next_index for i in self.acked):
+        if (
+            self.watermark > next_index
+            or self.delivered > next_index
+            or any(i >= next_index for i in self.acked)
+        ):
             self._apply_truncate(next_index)
             self._written_delivered = self.delivered
             self._append(TRUNCATE, struct.pack(">Q", next_index))
@@ -91,7 +95,11 @@ class Progress:
         self.dirty = True
 
     def wants_compaction(self) -> bool:
-        return self._pending is None and self._size > COMPACT_BYTES and self._size > 16 * 8 * (len(self.acked) + 1)
+        return (
+            self._pending is None
+            and self._size > COMPACT_BYTES
+            and self._size > 16 * 8 * (len(self.acked) + 1)
+        )
 
     def compact_begin(self) -> bytes:
         """A snapshot of the current state; records appended from now on are kept for ``compact_finish``."""

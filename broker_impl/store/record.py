@@ -87,8 +87,9 @@ class Bad:
     reason: str
 
 
-def encode(queue: str, queue_offset: int, offset: int, payload: bytes, born_ms: int, store_ms: int,
-           sysflag: int = 0) -> bytes:
+def encode(
+    queue: str, queue_offset: int, offset: int, payload: bytes, born_ms: int, store_ms: int, sysflag: int = 0
+) -> bytes:
     q = queue.encode()
     size = HEADER_SIZE + 2 + len(q) + 4 + len(payload)
     head = _HEAD.pack(size, MESSAGE_MAGIC, 0, sysflag, queue_offset, offset, born_ms, store_ms)

@@ -159,7 +159,10 @@ class Store:
         if not clean or cuts:
             log.warning(
                 "store recovery (%s shutdown): scanned from %d to %d, %d records re-dispatched, cuts: %s",
-                "clean" if clean else "abnormal", scan_from, self.log.wrote, report.redispatched,
+                "clean" if clean else "abnormal",
+                scan_from,
+                self.log.wrote,
+                report.redispatched,
                 ", ".join(f"{c.bytes} bytes at {c.offset} ({c.reason})" for c in cuts) or "none",
             )
         durable.write_file(abort, b"")
@@ -324,7 +327,9 @@ class Store:
         while pos < len(data):
             got = decode(data, pos, self.log.wrote, self.log.room())
             if isinstance(got, Bad):
-                raise StoreError(f"replicated bytes at offset {self.log.wrote} are not a record ({got.reason})")
+                raise StoreError(
+                    f"replicated bytes at offset {self.log.wrote} are not a record ({got.reason})"
+                )
             try:
                 if isinstance(got, Blank):
                     self.log.append_blank()
@@ -445,8 +450,11 @@ class Store:
         while self._deadlines and (self._deadlines[0][2].done() or self._deadlines[0][0] <= now):
             _, end, fut = self._deadlines.popleft()
             if not fut.done():
-                fut.set_exception(StoreError(f"flush timeout: offset {end} not on disk after "
-                                             f"{self.config.flush_timeout_ms} ms"))
+                fut.set_exception(
+                    StoreError(
+                        f"flush timeout: offset {end} not on disk after {self.config.flush_timeout_ms} ms"
+                    )
+                )
         if self._deadlines:
             self._timeout_timer = loop.call_at(self._deadlines[0][0], self._expire_waiters)
 
@@ -496,8 +504,9 @@ class Store:
             try:
                 await loop.run_in_executor(self._pool, _fsync_all, fds)
             except OSError as e:
-                raise self._fsync_failed(f"commit log fsync failed ({e}); offsets {self.log.flushed}..{target} "
-                                         "may not be on disk") from e
+                raise self._fsync_failed(
+                    f"commit log fsync failed ({e}); offsets {self.log.flushed}..{target} may not be on disk"
+                ) from e
             self.stats["log_fsyncs"] += 1
             self.log.flushed = max(self.log.flushed, target)
             self._last_flush = time.monotonic()
@@ -577,7 +586,9 @@ class Store:
                     if self.queues.get(q.name) is q:
                         q.progress.compact_finish()
         except OSError as e:
-            raise self._fsync_failed(f"checkpoint failed ({e}): consume queues and acks may not be on disk") from e
+            raise self._fsync_failed(
+                f"checkpoint failed ({e}): consume queues and acks may not be on disk"
+            ) from e
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -687,7 +698,12 @@ def tag_hash(payload: bytes) -> int:
 def queue_dirname(queue: str) -> str:
     """A file-system-safe, collision-free directory name for a queue name."""
     raw = queue.encode()
-    if len(raw) <= 100 and raw.isascii() and all(c.isalnum() or c in "-_." for c in queue) and queue not in (".", ".."):
+    if (
+        len(raw) <= 100
+        and raw.isascii()
+        and all(c.isalnum() or c in "-_." for c in queue)
+        and queue not in (".", "..")
+    ):
         return "q-" + queue
     if len(raw) <= 100:
         return "x-" + raw.hex()

@@ -21,9 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--foreground", action="store_true", help="do not daemonize")
     p.add_argument("--threads", action="store_true", help="multithreaded FUSE loop (default: one thread)")
     p.add_argument("--sync-backing", action="store_true", help="also fsync the backing files on persist")
-    p.add_argument("--names", choices=("strict", "journal"), default="strict",
-                   help="strict: a name is durable only after its directory's fsync; journal: any fsync "
-                        "also commits every name change so far, as ext4 and xfs do")
+    p.add_argument(
+        "--names",
+        choices=("strict", "journal"),
+        default="strict",
+        help="strict: a name is durable only after its directory's fsync; journal: any fsync "
+        "also commits every name change so far, as ext4 and xfs do",
+    )
     p.add_argument(
         "--no-flush-on-unmount", action="store_true", help="a clean unmount drops unsynced data too"
     )

@@ -69,9 +69,15 @@ class Rule:
             ops = ("write",)
         elif kind in ("slow-fsync", "fsync-lie"):
             ops = ("fsync",)
-        rule = cls(id=str(spec["id"]), kind=kind, glob=str(spec.get("glob") or "*"), ops=ops,
-                   after_bytes=int(spec.get("after_bytes", 0)), delay_ms=float(spec.get("delay_ms", 0.0)),
-                   df=bool(spec.get("df", True)))
+        rule = cls(
+            id=str(spec["id"]),
+            kind=kind,
+            glob=str(spec.get("glob") or "*"),
+            ops=ops,
+            after_bytes=int(spec.get("after_bytes", 0)),
+            delay_ms=float(spec.get("delay_ms", 0.0)),
+            df=bool(spec.get("df", True)),
+        )
         if rule.after_bytes < 0 or rule.delay_ms < 0:
             raise ValueError("after_bytes and delay_ms must not be negative")
         return rule
@@ -87,8 +93,17 @@ class Rule:
             self.paths.append(path)
 
     def report(self) -> dict[str, Any]:
-        out = {"id": self.id, "kind": self.kind, "glob": self.glob, "ops": list(self.ops), "hits": self.hits,
-               "paths": list(self.paths), "first_hit": self.first, "last_hit": self.last, "added": self.added}
+        out = {
+            "id": self.id,
+            "kind": self.kind,
+            "glob": self.glob,
+            "ops": list(self.ops),
+            "hits": self.hits,
+            "paths": list(self.paths),
+            "first_hit": self.first,
+            "last_hit": self.last,
+            "added": self.added,
+        }
         if self.kind == "enospc":
             out.update(after_bytes=self.after_bytes, df=self.df, written_before_full=self.bytes)
         elif self.kind == "slow-fsync":

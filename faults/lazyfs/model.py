@@ -714,7 +714,9 @@ class LazyState:
         if self.disk:
             with self.lock:
                 node = self._node(path, fh)
-                delay, lie = self.disk.on_fsync(self.path_of(node), node.dirty_bytes if isinstance(node, File) else 0)
+                delay, lie = self.disk.on_fsync(
+                    self.path_of(node), node.dirty_bytes if isinstance(node, File) else 0
+                )
             if lie:
                 return  # reported done, nothing persisted: the writes stay unsynced
             if delay:

@@ -161,7 +161,10 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
         body = state.torn(args[0])
         body["seed"] = args[0]
     else:
-        return {"ok": False, "error": f"unknown command {cmd!r} (status, flush, crash, torn SEED, fault, ping)"}
+        return {
+            "ok": False,
+            "error": f"unknown command {cmd!r} (status, flush, crash, torn SEED, fault, ping)",
+        }
     return {"ok": True, "command": cmd, "started": started, "finished": now_iso(), **body}
 
 

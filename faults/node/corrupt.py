@@ -62,14 +62,24 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
                 before = os.pread(fd, 1, off)[0]
                 after = before ^ (1 << int(bit))
                 os.pwrite(fd, bytes([after]), off)
-                changes.append({"offset": off, "bit": int(bit), "before": f"{before:02x}", "after": f"{after:02x}"})
+                changes.append(
+                    {"offset": off, "bit": int(bit), "before": f"{before:02x}", "after": f"{after:02x}"}
+                )
             done["changes"] = changes
         elif plan["mode"] == "truncate":
-            keep = max(0, size - int(plan["bytes"])) if plan.get("bytes") is not None else _index(float(plan["cut"]), size)
+            keep = (
+                max(0, size - int(plan["bytes"]))
+                if plan.get("bytes") is not None
+                else _index(float(plan["cut"]), size)
+            )
             tail = os.pread(fd, size - keep, keep)
             os.ftruncate(fd, keep)
-            done["cut"] = {"offset": keep, "bytes": len(tail), "sha256": hashlib.sha256(tail).hexdigest(),
-                           "first_bytes": tail[:SHOWN].hex()}
+            done["cut"] = {
+                "offset": keep,
+                "bytes": len(tail),
+                "sha256": hashlib.sha256(tail).hexdigest(),
+                "first_bytes": tail[:SHOWN].hex(),
+            }
         else:
             raise ValueError(f"unknown mode {plan['mode']!r}")
         os.fsync(fd)

@@ -26,7 +26,7 @@ BASE_CAPABILITIES: dict[str, str] = {
     "power-loss": "the data directory can sit on the lazy filesystem",
     "membership": "nodes can leave and join the running cluster (members, remove_node, add_node)",
     "clock": "the broker's runtime reads the wall clock through libc (time, gettimeofday, clock_gettime), so "
-             "libfaketime preloaded into its processes sets the clock it sees",
+    "libfaketime preloaded into its processes sets the clock it sees",
     "partition": "inter-node traffic crosses the harness's proxies",
     "mirroring": "queues replicated across nodes (policy settings apply)",
 }
@@ -88,8 +88,14 @@ def run_or_fail(node: NodeHandle, cmd: Sequence[str], timeout: float = 30.0) -> 
     return out
 
 
-def wait_until_running(node: NodeHandle, status_cmd: Sequence[str], want: set[str],
-                       running: Callable[[str], set[str]], timeout: float = 60.0, interval: float = 0.5) -> None:
+def wait_until_running(
+    node: NodeHandle,
+    status_cmd: Sequence[str],
+    want: set[str],
+    running: Callable[[str], set[str]],
+    timeout: float = 60.0,
+    interval: float = 0.5,
+) -> None:
     """Poll ``status_cmd`` on ``node`` until ``running(output)`` includes every name in ``want``.
 
     For ``form_cluster``: a status command that fails or lists too few nodes is
@@ -105,7 +111,9 @@ def wait_until_running(node: NodeHandle, status_cmd: Sequence[str], want: set[st
             except ValueError:  # a half-started node may print something else than its status
                 pass
         if time.monotonic() > deadline:
-            raise ClusterError(f"cluster did not form in {timeout:.0f}s (want {sorted(want)}): {out.strip()[-300:]}")
+            raise ClusterError(
+                f"cluster did not form in {timeout:.0f}s (want {sorted(want)}): {out.strip()[-300:]}"
+            )
         time.sleep(interval)
 
 
@@ -172,13 +180,16 @@ class BrokerPlugin:
         """Names of the nodes ``node`` sees as running members of its cluster."""
         raise NotImplementedError
 
-    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
-                    settings: Mapping[str, Any]) -> dict[str, Any]:
+    def remove_node(
+        self, node: NodeHandle, remaining: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """Take ``node`` out of the running cluster: it stops serving as a member and the
         ``remaining`` nodes forget it. Return what was done (recorded in the history)."""
         raise NotImplementedError
 
-    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+    def add_node(
+        self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """Join ``node`` (a former member, or one that never was) to the running cluster of
         ``members``, starting it empty as a fresh member would. Return what was done."""
         raise NotImplementedError
@@ -191,7 +202,9 @@ class BrokerPlugin:
         for key in settings:
             if key not in self.settings_schema:
                 known = ", ".join(sorted(self.settings_schema)) or "(none)"
-                raise ScenarioError(f"broker.settings.{key}: unknown setting for {self.name}; allowed: {known}")
+                raise ScenarioError(
+                    f"broker.settings.{key}: unknown setting for {self.name}; allowed: {known}"
+                )
         for key, (default, allowed) in self.settings_schema.items():
             value = settings.get(key, default)
             if isinstance(allowed, type):

@@ -167,12 +167,21 @@ class DrainEnd:
         """The one line an unfinished drain records: every node's error, and every node the
         time ran out before (so a node that was never reached is named, not left out)."""
         parts = [f"{n}: {e}" for n, e in errors.items() if e]
-        parts += [f"{n}: the time ran out before the drain reached it" for n in self.unreached if not errors.get(n)]
-        return f"not every node reported {queue} empty within {timeout:g}s" + (": " + "; ".join(parts) if parts else "")
+        parts += [
+            f"{n}: the time ran out before the drain reached it" for n in self.unreached if not errors.get(n)
+        ]
+        return f"not every node reported {queue} empty within {timeout:g}s" + (
+            ": " + "; ".join(parts) if parts else ""
+        )
 
 
-async def drain_rounds(nodes: Sequence[str], visit: Callable[[str], Awaitable[bool]], consumed: Callable[[], int],
-                       left: Callable[[], float], pause: float) -> DrainEnd:
+async def drain_rounds(
+    nodes: Sequence[str],
+    visit: Callable[[str], Awaitable[bool]],
+    consumed: Callable[[], int],
+    left: Callable[[], float],
+    pause: float,
+) -> DrainEnd:
     """A drain's rounds: visit every node in turn until one full round finds every node empty
     and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
     and says whether that node reported the queue empty."""

@@ -34,10 +34,15 @@ FAKETIME_FILE = "/var/lib/brokerchaos-clock/offset"
 
 #: Host features a fault may ``need``.
 HOST_FEATURES: dict[str, HostFeature] = {
-    "lazyfs": HostFeature("each node's data directory sits on the lazy filesystem (unsynced writes can be dropped)",
-                          capability="power-loss"),
-    "faketime": HostFeature("libfaketime is preloaded into each broker process, its wall-clock offset read from a "
-                            "control file the clock faults write", capability="clock"),
+    "lazyfs": HostFeature(
+        "each node's data directory sits on the lazy filesystem (unsynced writes can be dropped)",
+        capability="power-loss",
+    ),
+    "faketime": HostFeature(
+        "libfaketime is preloaded into each broker process, its wall-clock offset read from a "
+        "control file the clock faults write",
+        capability="clock",
+    ),
 }
 
 
@@ -119,8 +124,10 @@ class Fault:
         """Concrete parameters for one application (deterministic given ``rng``)."""
         for key, value in params.items():
             if key not in cls.params_schema:
-                raise ScenarioError(f"fault {cls.name}: unknown parameter {key!r}; allowed: "
-                                    f"{', '.join(sorted(cls.params_schema)) or '(none)'}")
+                raise ScenarioError(
+                    f"fault {cls.name}: unknown parameter {key!r}; allowed: "
+                    f"{', '.join(sorted(cls.params_schema)) or '(none)'}"
+                )
             _check_param(cls.name, key, value, cls.params_schema[key])
         return dict(params)
 
@@ -146,8 +153,9 @@ def _check_param(fault: str, key: str, value: Any, allowed: Any) -> None:
     """Reject a value ``params_schema`` rules out now, not when the fault is applied mid-run."""
     if isinstance(allowed, tuple):
         if value not in allowed:
-            raise ScenarioError(f"fault {fault}: {key} {value!r} is not allowed; use one of "
-                                f"{', '.join(map(str, allowed))}")
+            raise ScenarioError(
+                f"fault {fault}: {key} {value!r} is not allowed; use one of {', '.join(map(str, allowed))}"
+            )
     elif isinstance(allowed, type):
         if allowed is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)

@@ -72,8 +72,22 @@ import hashlib
 from typing import Any
 
 SCHEMA_VERSION = 2
-FIELDS = ("index", "time_ns", "wall_time", "process", "node", "type", "f", "queue", "value",
-          "redelivered", "error", "digest", "detail", "schema")
+FIELDS = (
+    "index",
+    "time_ns",
+    "wall_time",
+    "process",
+    "node",
+    "type",
+    "f",
+    "queue",
+    "value",
+    "redelivered",
+    "error",
+    "digest",
+    "detail",
+    "schema",
+)
 TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
@@ -87,9 +101,20 @@ ABANDON_CAUSES = (
 )
 
 _ARROW_TYPES = {
-    "index": "int64", "time_ns": "int64", "wall_time": "string", "process": "string", "node": "string",
-    "type": "string", "f": "string", "queue": "string", "value": "string", "redelivered": "bool_",
-    "error": "string", "digest": "string", "detail": "string", "schema": "int32",
+    "index": "int64",
+    "time_ns": "int64",
+    "wall_time": "string",
+    "process": "string",
+    "node": "string",
+    "type": "string",
+    "f": "string",
+    "queue": "string",
+    "value": "string",
+    "redelivered": "bool_",
+    "error": "string",
+    "digest": "string",
+    "detail": "string",
+    "schema": "int32",
 }
 
 

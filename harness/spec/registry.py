@@ -38,19 +38,25 @@ class Registry:
 
     def add_broker(self, plugin: BrokerPlugin) -> None:
         if not isinstance(plugin, BrokerPlugin):
-            raise PluginError(self.current_plugin, f"add_broker() needs a BrokerPlugin instance, got {plugin!r}")
+            raise PluginError(
+                self.current_plugin, f"add_broker() needs a BrokerPlugin instance, got {plugin!r}"
+            )
         for attr in ("name", "client_port", "data_dir"):
             if not hasattr(plugin, attr):
                 raise PluginError(self.current_plugin, f"broker plugin does not declare {attr!r}")
         if not plugin.data_dir.startswith("/"):
-            raise PluginError(self.current_plugin, f"broker {plugin.name!r}: data_dir must be an absolute path")
+            raise PluginError(
+                self.current_plugin, f"broker {plugin.name!r}: data_dir must be an absolute path"
+            )
         self._claim("broker", plugin.name)
         self.brokers[plugin.name] = plugin
 
     def add_capability(self, name: str, description: str) -> None:
         """A capability a broker plugin may declare beyond the base ones (a fault package that needs it adds it)."""
         if not isinstance(name, str) or not name or not isinstance(description, str):
-            raise PluginError(self.current_plugin, f"add_capability() needs a name and a description, got {name!r}")
+            raise PluginError(
+                self.current_plugin, f"add_capability() needs a name and a description, got {name!r}"
+            )
         if name in BASE_CAPABILITIES:
             return
         self._claim("capability", name)
@@ -73,7 +79,9 @@ class Registry:
 
     def add_fault(self, fault: type[Fault]) -> None:
         if not (isinstance(fault, type) and issubclass(fault, Fault)):
-            raise PluginError(self.current_plugin, f"add_fault() needs a subclass of harness.spec.Fault, got {fault!r}")
+            raise PluginError(
+                self.current_plugin, f"add_fault() needs a subclass of harness.spec.Fault, got {fault!r}"
+            )
         name = getattr(fault, "name", None)
         if not isinstance(name, str):
             raise PluginError(self.current_plugin, f"fault class {fault!r} has no string 'name'")
@@ -91,5 +99,7 @@ class Registry:
 
     def default_checkers(self) -> tuple[str, ...]:
         if not self.checkers:
-            raise PluginError("?", "no checker is loaded: install spark_reports or load a checker plugin with -p")
+            raise PluginError(
+                "?", "no checker is loaded: install spark_reports or load a checker plugin with -p"
+            )
         return tuple(self.defaults) or (sorted(self.checkers)[0],)

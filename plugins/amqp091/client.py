@@ -74,10 +74,21 @@ def confirm_outcome(confirm: object) -> tuple[str, str | None]:
 
 
 class AmqpDriver:
-    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, *, workload: WorkloadSection,
-                 username: str = "guest", password: str = "guest", vhost: str = "/",
-                 queue_arguments: Mapping[str, Any] | None = None, first_node: Mapping[str, str] | None = None,
-                 heartbeat: int = 5, seed: int = 0, queue_depth: QueueDepth | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Mapping[str, Endpoint],
+        recorder: Recorder,
+        *,
+        workload: WorkloadSection,
+        username: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        queue_arguments: Mapping[str, Any] | None = None,
+        first_node: Mapping[str, str] | None = None,
+        heartbeat: int = 5,
+        seed: int = 0,
+        queue_depth: QueueDepth | None = None,
+    ) -> None:
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)
         self.recorder = recorder
@@ -97,8 +108,10 @@ class AmqpDriver:
     def url(self, node: str) -> str:
         ep = self.endpoints[node]
         vhost = urllib.parse.quote(self.vhost, safe="")
-        return (f"amqp://{urllib.parse.quote(self.username)}:{urllib.parse.quote(self.password)}"
-                f"@{ep.host}:{ep.port}/{vhost}?heartbeat={self.heartbeat}")
+        return (
+            f"amqp://{urllib.parse.quote(self.username)}:{urllib.parse.quote(self.password)}"
+            f"@{ep.host}:{ep.port}/{vhost}?heartbeat={self.heartbeat}"
+        )
 
     def _rotation(self, process: str) -> itertools.cycle[str]:
         return node_rotation(self.nodes, self.first_node.get(process))
@@ -118,8 +131,9 @@ class AmqpDriver:
             try:
                 ch = await link.channel(confirms=False)
                 for q in queues:
-                    await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=self.queue_arguments),
-                                           OP_TIMEOUT)
+                    await asyncio.wait_for(
+                        ch.queue_declare(q, durable=True, arguments=self.queue_arguments), OP_TIMEOUT
+                    )
                 if self.w.delay is not None:
                     await self._declare_delayed(ch, queues)
                 return
@@ -127,12 +141,21 @@ class AmqpDriver:
                 last = exc
             finally:
                 await link.close()
-        raise ConnectionError(f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}")
+        raise ConnectionError(
+            f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}"
+        )
 
     async def _declare_delayed(self, ch: Any, queues: Sequence[str]) -> None:
         """``workload.delay``: a delayed-message exchange routing like ``direct``, each queue bound by its name."""
-        await asyncio.wait_for(ch.exchange_declare(DELAYED_EXCHANGE, exchange_type="x-delayed-message", durable=True,
-                                                   arguments={"x-delayed-type": "direct"}), OP_TIMEOUT)
+        await asyncio.wait_for(
+            ch.exchange_declare(
+                DELAYED_EXCHANGE,
+                exchange_type="x-delayed-message",
+                durable=True,
+                arguments={"x-delayed-type": "direct"},
+            ),
+            OP_TIMEOUT,
+        )
         for q in queues:
             await asyncio.wait_for(ch.queue_bind(q, DELAYED_EXCHANGE, routing_key=q), OP_TIMEOUT)
 
@@ -142,9 +165,19 @@ class AmqpDriver:
         rate = self.w.rate / max(1, self.w.producers) if self.w.rate else 0
         tx = self.w.transactions
         if tx is not None and tx.publish_batch:
-            await TxProducer(self._connect, self._rotation(process), self.recorder, process, queue, tx, rate=rate,
-                             seed=self.seed, message_size=self.w.message_size, persistent=self.w.persistent,
-                             commit_timeout=self.w.confirm_timeout).run(stop)
+            await TxProducer(
+                self._connect,
+                self._rotation(process),
+                self.recorder,
+                process,
+                queue,
+                tx,
+                rate=rate,
+                seed=self.seed,
+                message_size=self.w.message_size,
+                persistent=self.w.persistent,
+                commit_timeout=self.w.confirm_timeout,
+            ).run(stop)
             return
         limiter = RateLimiter(rate)
         seq = itertools.count(1)
@@ -178,10 +211,18 @@ class AmqpDriver:
                         break
                     msg_id = f"{process}:{next(seq)}"
                     delay = delays.next()
-                    inv = self.recorder.invoke(process, "publish", node=node, queue=queue, value=msg_id,
-                                               detail=None if delay is None else {"delay_ms": delay})
+                    inv = self.recorder.invoke(
+                        process,
+                        "publish",
+                        node=node,
+                        queue=queue,
+                        value=msg_id,
+                        detail=None if delay is None else {"delay_ms": delay},
+                    )
                     progress.sent()
-                    task = asyncio.create_task(self._publish_one(ch, inv, queue, msg_id, props, progress, delay))
+                    task = asyncio.create_task(
+                        self._publish_one(ch, inv, queue, msg_id, props, progress, delay)
+                    )
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                     task.add_done_callback(lambda _t: window.release())
@@ -194,8 +235,16 @@ class AmqpDriver:
         if pending:
             await asyncio.wait(list(pending), timeout=self.w.confirm_timeout + 1)
 
-    async def _publish_one(self, ch: Any, inv: Any, queue: str, msg_id: str, props: spec.Basic.Properties,
-                           progress: _Progress, delay: int | None = None) -> None:
+    async def _publish_one(
+        self,
+        ch: Any,
+        inv: Any,
+        queue: str,
+        msg_id: str,
+        props: spec.Basic.Properties,
+        progress: _Progress,
+        delay: int | None = None,
+    ) -> None:
         body = message_body(msg_id, self.seed, self.w.message_size)
         p = spec.Basic.Properties(delivery_mode=props.delivery_mode, message_id=msg_id)
         exchange = ""
@@ -205,9 +254,11 @@ class AmqpDriver:
             # aiormq's own timeout does not cover every wait (seen hanging past it while a
             # quorum queue had no leader), so the harness bounds the whole call itself.
             confirm = await asyncio.wait_for(
-                ch.basic_publish(body, exchange=exchange, routing_key=queue, properties=p,
-                                 timeout=self.w.confirm_timeout),
-                self.w.confirm_timeout)
+                ch.basic_publish(
+                    body, exchange=exchange, routing_key=queue, properties=p, timeout=self.w.confirm_timeout
+                ),
+                self.w.confirm_timeout,
+            )
         except asyncio.CancelledError:
             progress.answered(False)
             if not inv.done:
@@ -237,15 +288,38 @@ class AmqpDriver:
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
         tx = self.w.transactions
         if tx is not None and tx.ack_batch:
-            await TxConsumer(self._connect, self._rotation(process), self.recorder, process, queue, tx,
-                             seed=self.seed, message_size=self.w.message_size, prefetch=self.w.prefetch,
-                             commit_timeout=self.w.confirm_timeout).run(stop)
+            await TxConsumer(
+                self._connect,
+                self._rotation(process),
+                self.recorder,
+                process,
+                queue,
+                tx,
+                seed=self.seed,
+                message_size=self.w.message_size,
+                prefetch=self.w.prefetch,
+                commit_timeout=self.w.confirm_timeout,
+            ).run(stop)
             return
-        behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow,
-                              now=asyncio.get_running_loop().time())
-        await run_consumer(self._connect, self._rotation(process), self.recorder, process, queue, stop,
-                           seed=self.seed, message_size=self.w.message_size, prefetch=self.w.prefetch,
-                           behaviour=behaviour)
+        behaviour = Behaviour(
+            self.w.consumer,
+            self.seed,
+            process,
+            slow=process in self._slow,
+            now=asyncio.get_running_loop().time(),
+        )
+        await run_consumer(
+            self._connect,
+            self._rotation(process),
+            self.recorder,
+            process,
+            queue,
+            stop,
+            seed=self.seed,
+            message_size=self.w.message_size,
+            prefetch=self.w.prefetch,
+            behaviour=behaviour,
+        )
 
     # -- drain ----------------------------------------------------------------------------
 
@@ -255,10 +329,19 @@ class AmqpDriver:
         Raises ``DrainUnfinished`` (the drain is then ``info`` in the history) if not every
         node reported the queue empty within ``drain_timeout``.
         """
-        drain = Drain(nodes=drain_order(self.nodes, self._rotation(process)), open_link=self._connect,
-                      recorder=self.recorder, process=process, queue=queue, depth=self.queue_depth, seed=self.seed,
-                      message_size=self.w.message_size, prefetch=self.w.prefetch, idle=self.w.drain_idle,
-                      timeout=self.w.drain_timeout)
+        drain = Drain(
+            nodes=drain_order(self.nodes, self._rotation(process)),
+            open_link=self._connect,
+            recorder=self.recorder,
+            process=process,
+            queue=queue,
+            depth=self.queue_depth,
+            seed=self.seed,
+            message_size=self.w.message_size,
+            prefetch=self.w.prefetch,
+            idle=self.w.drain_idle,
+            timeout=self.w.drain_timeout,
+        )
         return await drain.run()
 
     # -- helpers --------------------------------------------------------------------------

@@ -44,8 +44,18 @@ class Delivery:
 class Session:
     """One consuming channel on one link: its deliveries, acks and what it gave back."""
 
-    def __init__(self, link: Link, recorder: Recorder, process: str, queue: str, *, seed: int, message_size: int,
-                 prefetch: int, behaviour: Behaviour | None = None) -> None:
+    def __init__(
+        self,
+        link: Link,
+        recorder: Recorder,
+        process: str,
+        queue: str,
+        *,
+        seed: int,
+        message_size: int,
+        prefetch: int,
+        behaviour: Behaviour | None = None,
+    ) -> None:
         self.link = link
         self.node = link.node
         self.recorder = recorder
@@ -84,7 +94,9 @@ class Session:
         self._barriers = asyncio.create_task(self._barrier_loop())
 
     async def consume(self) -> None:
-        ok = await asyncio.wait_for(self.ch.basic_consume(self.queue, self._on_message, no_ack=False), OP_TIMEOUT)
+        ok = await asyncio.wait_for(
+            self.ch.basic_consume(self.queue, self._on_message, no_ack=False), OP_TIMEOUT
+        )
         self.consumer_tag = ok.consumer_tag
 
     async def cancel(self) -> None:
@@ -123,7 +135,8 @@ class Session:
             detail = {"body": body[:200].decode(errors="backslashreplace"), "length": len(body)}
         frame: Any = message.delivery  # a basic.deliver on a consumer
         self.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
-            msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail)
+            msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail
+        )
         d = Delivery(int(frame.delivery_tag), msg_id)
         self.last_delivery = self.loop.time()
         if self.ending is not None:
@@ -148,7 +161,9 @@ class Session:
 
     async def _write(self, d: Delivery, f: str, *, reject: bool = False) -> None:
         detail = {"cause": "requeue"} if f == "abandon" else None
-        op = self.recorder.invoke(self.process, f, node=self.node, queue=self.queue, value=d.msg_id, detail=detail)
+        op = self.recorder.invoke(
+            self.process, f, node=self.node, queue=self.queue, value=d.msg_id, detail=detail
+        )
         self._writing += 1
         self._written.clear()
         try:
@@ -311,8 +326,9 @@ class Session:
         return held
 
     def _abandon(self, d: Delivery, cause: str) -> Invocation:
-        return self.recorder.invoke(self.process, "abandon", node=self.node, queue=self.queue, value=d.msg_id,
-                                    detail={"cause": cause})
+        return self.recorder.invoke(
+            self.process, "abandon", node=self.node, queue=self.queue, value=d.msg_id, detail={"cause": cause}
+        )
 
     def _begin_end(self, cause: str) -> None:
         """From here on nothing is acked; every delivery held, or still arriving, is given back."""
@@ -360,9 +376,19 @@ def _closed_cleanly(ch: Any) -> bool:
     return type(exc) is aiormq.exceptions.ChannelClosed and exc.args[:1] == (None,)
 
 
-async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder,
-                       process: str, queue: str, stop: asyncio.Event, *, seed: int, message_size: int,
-                       prefetch: int, behaviour: Behaviour) -> None:
+async def run_consumer(
+    open_link: Callable[[str], Awaitable[Link]],
+    nodes: Iterator[str],
+    recorder: Recorder,
+    process: str,
+    queue: str,
+    stop: asyncio.Event,
+    *,
+    seed: int,
+    message_size: int,
+    prefetch: int,
+    behaviour: Behaviour,
+) -> None:
     """Consume until ``stop``; after a failure move to the next node. At ``stop`` the channel and
     connection are closed within a bound, or the connection is cut (a consumer stuck on a
     silent connection must not keep deliveries from the drain)."""
@@ -376,8 +402,16 @@ async def run_consumer(open_link: Callable[[str], Awaitable[Link]], nodes: Itera
         session: Session | None = None
         try:
             while not stop.is_set() and not link.closed:
-                session = Session(link, recorder, process, queue, seed=seed, message_size=message_size,
-                                  prefetch=prefetch, behaviour=behaviour)
+                session = Session(
+                    link,
+                    recorder,
+                    process,
+                    queue,
+                    seed=seed,
+                    message_size=message_size,
+                    prefetch=prefetch,
+                    behaviour=behaviour,
+                )
                 try:
                     await session.open()
                 except BROKER_ERRORS as exc:

@@ -49,9 +49,21 @@ class _VisitEnded(Exception):
 
 
 class Drain:
-    def __init__(self, *, nodes: list[str], open_link: Callable[[str], Awaitable[Link]], recorder: Recorder,
-                 process: str, queue: str, depth: QueueDepth | None, seed: int, message_size: int, prefetch: int,
-                 idle: float, timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        nodes: list[str],
+        open_link: Callable[[str], Awaitable[Link]],
+        recorder: Recorder,
+        process: str,
+        queue: str,
+        depth: QueueDepth | None,
+        seed: int,
+        message_size: int,
+        prefetch: int,
+        idle: float,
+        timeout: float,
+    ) -> None:
         self.nodes = nodes
         self.open_link = open_link
         self.recorder = recorder
@@ -98,8 +110,15 @@ class Drain:
         except BROKER_ERRORS as exc:
             view.error = f"connect: {reason(exc)}"
             return False
-        session = Session(link, self.recorder, self.process, self.queue, seed=self.seed,
-                          message_size=self.message_size, prefetch=self.prefetch)
+        session = Session(
+            link,
+            self.recorder,
+            self.process,
+            self.queue,
+            seed=self.seed,
+            message_size=self.message_size,
+            prefetch=self.prefetch,
+        )
         empty = False
         try:
             await asyncio.wait_for(session.open(), min(OP_TIMEOUT, max(0.1, self._left())))
@@ -139,8 +158,10 @@ class Drain:
             if session.acked > progress_acked:
                 progress_acked, progress_at = session.acked, now
             elif now - progress_at > self.patience:
-                raise _VisitEnded(f"not empty after {now - progress_at:.0f}s without a new ack "
-                                  f"(ready {ready}, unacked {'?' if unacked is None else unacked})")
+                raise _VisitEnded(
+                    f"not empty after {now - progress_at:.0f}s without a new ack "
+                    f"(ready {ready}, unacked {'?' if unacked is None else unacked})"
+                )
             await session.consume()
 
     async def _quiet(self, session: Session, idle: float | None = None) -> None:
@@ -150,8 +171,11 @@ class Drain:
             why = session.broken()
             if why is not None:
                 raise _VisitEnded(why)
-            if (self.loop.time() - session.last_delivery >= idle and not session.held
-                    and not session.unconfirmed):
+            if (
+                self.loop.time() - session.last_delivery >= idle
+                and not session.held
+                and not session.unconfirmed
+            ):
                 return
             if session.unconfirmed and not session.held:
                 await session.barrier()

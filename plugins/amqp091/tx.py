@@ -41,9 +41,21 @@ RECONNECT_DELAY = 0.5
 class TxProducer:
     """One producer process publishing in transactions; reconnects to the next node after a failure."""
 
-    def __init__(self, open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder,
-                 process: str, queue: str, tx: TransactionsSection, *, rate: float, seed: int, message_size: int,
-                 persistent: bool, commit_timeout: float) -> None:
+    def __init__(
+        self,
+        open_link: Callable[[str], Awaitable[Link]],
+        nodes: Iterator[str],
+        recorder: Recorder,
+        process: str,
+        queue: str,
+        tx: TransactionsSection,
+        *,
+        rate: float,
+        seed: int,
+        message_size: int,
+        persistent: bool,
+        commit_timeout: float,
+    ) -> None:
         self.open_link = open_link
         self.nodes = nodes
         self.recorder = recorder
@@ -89,12 +101,20 @@ class TxProducer:
         for _ in range(self.tx.publish_batch):
             await self.limiter.wait()
             msg_id = f"{self.process}:{next(self._seq)}"
-            pubs.append(self.recorder.invoke(self.process, "publish", node=node, queue=self.queue, value=msg_id))
+            pubs.append(
+                self.recorder.invoke(self.process, "publish", node=node, queue=self.queue, value=msg_id)
+            )
             ids.append(msg_id)
             props = spec.Basic.Properties(delivery_mode=self.delivery_mode, message_id=msg_id)
             try:
-                await asyncio.wait_for(ch.basic_publish(message_body(msg_id, self.seed, self.message_size),
-                                                        routing_key=self.queue, properties=props), OP_TIMEOUT)
+                await asyncio.wait_for(
+                    ch.basic_publish(
+                        message_body(msg_id, self.seed, self.message_size),
+                        routing_key=self.queue,
+                        properties=props,
+                    ),
+                    OP_TIMEOUT,
+                )
             except BROKER_ERRORS as exc:
                 broken = reason(exc)
                 break
@@ -102,19 +122,40 @@ class TxProducer:
         detail = {"publish": ids}
         if broken is not None:
             # tx.commit was never sent: the broker rolls the transaction back with its channel
-            op = self.recorder.invoke(self.process, "rollback", node=node, queue=self.queue, value=tx_id,
-                                      detail=detail)
+            op = self.recorder.invoke(
+                self.process, "rollback", node=node, queue=self.queue, value=tx_id, detail=detail
+            )
             op.ok(detail={"cause": f"channel lost before tx.commit: {broken}"})
             for p in pubs:
                 p.fail(f"transaction never committed: {broken}")
             return False
-        return await end_transaction(self.recorder, self.process, node, self.queue, ch, tx_id, detail, pubs,
-                                     rollback=self.rng.random() < self.tx.rollback, timeout=self.commit_timeout)
+        return await end_transaction(
+            self.recorder,
+            self.process,
+            node,
+            self.queue,
+            ch,
+            tx_id,
+            detail,
+            pubs,
+            rollback=self.rng.random() < self.tx.rollback,
+            timeout=self.commit_timeout,
+        )
 
 
-async def end_transaction(recorder: Recorder, process: str, node: str, queue: str, ch: Any, tx_id: str,
-                          detail: dict[str, list[str]], ops: list[Invocation], *, rollback: bool,
-                          timeout: float) -> bool:
+async def end_transaction(
+    recorder: Recorder,
+    process: str,
+    node: str,
+    queue: str,
+    ch: Any,
+    tx_id: str,
+    detail: dict[str, list[str]],
+    ops: list[Invocation],
+    *,
+    rollback: bool,
+    timeout: float,
+) -> bool:
     """tx.commit or tx.rollback, completing the transaction's own ``ops`` with its outcome.
 
     Returns whether the channel can go on.
@@ -139,7 +180,9 @@ async def end_transaction(recorder: Recorder, process: str, node: str, queue: st
 
 def _complete(ops: list[Invocation], rollback: bool, failure: str | None) -> None:
     for o in ops:
-        if rollback:  # a rollback whose answer never came still rolled back: the channel goes, its transaction too
+        if (
+            rollback
+        ):  # a rollback whose answer never came still rolled back: the channel goes, its transaction too
             o.fail("rolled back" if failure is None else f"rolled back: {failure}")
         elif failure is None:
             o.ok()
@@ -150,9 +193,20 @@ def _complete(ops: list[Invocation], rollback: bool, failure: str | None) -> Non
 class TxConsumer:
     """One consumer process acking in transactions of ``ack_batch`` deliveries."""
 
-    def __init__(self, open_link: Callable[[str], Awaitable[Link]], nodes: Iterator[str], recorder: Recorder,
-                 process: str, queue: str, tx: TransactionsSection, *, seed: int, message_size: int, prefetch: int,
-                 commit_timeout: float) -> None:
+    def __init__(
+        self,
+        open_link: Callable[[str], Awaitable[Link]],
+        nodes: Iterator[str],
+        recorder: Recorder,
+        process: str,
+        queue: str,
+        tx: TransactionsSection,
+        *,
+        seed: int,
+        message_size: int,
+        prefetch: int,
+        commit_timeout: float,
+    ) -> None:
         self.open_link = open_link
         self.nodes = nodes
         self.recorder = recorder
@@ -185,8 +239,14 @@ class TxConsumer:
                 clean = await link.close() and clean
                 cause = "close" if clean else "crash"
                 for _tag, msg_id in held:
-                    ab = self.recorder.invoke(self.process, "abandon", node=node, queue=self.queue, value=msg_id,
-                                              detail={"cause": cause})
+                    ab = self.recorder.invoke(
+                        self.process,
+                        "abandon",
+                        node=node,
+                        queue=self.queue,
+                        value=msg_id,
+                        detail={"cause": cause},
+                    )
                     (ab.ok() if clean else ab.info(link.failure()))
             if not stop.is_set():
                 await wait_or_stop(stop, RECONNECT_DELAY)
@@ -208,7 +268,8 @@ class TxConsumer:
                 detail = {"body": body[:200].decode(errors="backslashreplace"), "length": len(body)}
             frame: Any = message.delivery
             self.recorder.invoke(self.process, "consume", node=node, queue=self.queue).ok(
-                msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail)
+                msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail
+            )
             held.append((int(frame.delivery_tag), msg_id))
             last[0] = loop.time()
             arrived.set()
@@ -222,8 +283,9 @@ class TxConsumer:
                 await asyncio.wait_for(ch.close(), OP_TIMEOUT)
                 return True
             if len(held) >= batch or (held and loop.time() - last[0] >= IDLE_COMMIT):
-                if not await self._ack(node, ch, held, min(batch, len(held)),
-                                       rollback=self.rng.random() < self.tx.rollback):
+                if not await self._ack(
+                    node, ch, held, min(batch, len(held)), rollback=self.rng.random() < self.tx.rollback
+                ):
                     return False
                 continue
             arrived.clear()
@@ -236,8 +298,10 @@ class TxConsumer:
     async def _ack(self, node: str, ch: Any, held: list[tuple[int, str]], n: int, *, rollback: bool) -> bool:
         """Ack the ``n`` oldest held deliveries in one transaction; on rollback they stay held (unacked)."""
         batch = held[:n]
-        ops = [self.recorder.invoke(self.process, "ack", node=node, queue=self.queue, value=msg_id)
-               for _tag, msg_id in batch]
+        ops = [
+            self.recorder.invoke(self.process, "ack", node=node, queue=self.queue, value=msg_id)
+            for _tag, msg_id in batch
+        ]
         try:
             # every older delivery is acked or in this batch: one multiple ack covers exactly the batch
             await asyncio.wait_for(ch.basic_ack(batch[-1][0], multiple=True), OP_TIMEOUT)
@@ -247,8 +311,18 @@ class TxConsumer:
             return False
         tx_id = f"{self.process}:tx{next(self._txn)}"
         detail = {"ack": [msg_id for _tag, msg_id in batch]}
-        going = await end_transaction(self.recorder, self.process, node, self.queue, ch, tx_id, detail, ops,
-                                      rollback=rollback, timeout=self.commit_timeout)
+        going = await end_transaction(
+            self.recorder,
+            self.process,
+            node,
+            self.queue,
+            ch,
+            tx_id,
+            detail,
+            ops,
+            rollback=rollback,
+            timeout=self.commit_timeout,
+        )
         if not rollback:
             del held[:n]  # acked, or their ack unknown: not given back either way
         return going

@@ -59,8 +59,10 @@ exec /usr/sbin/nats-server -c {CONF}
 """
 
 # A monitoring endpoint read inside the container (no curl in the image; python3 is there).
-FETCH = ("import sys, urllib.request; "
-         f"print(urllib.request.urlopen('http://127.0.0.1:{MONITOR_PORT}' + sys.argv[1], timeout=5).read().decode())")
+FETCH = (
+    "import sys, urllib.request; "
+    f"print(urllib.request.urlopen('http://127.0.0.1:{MONITOR_PORT}' + sys.argv[1], timeout=5).read().decode())"
+)
 
 
 def monitor(node: NodeHandle, path: str, timeout: float = 15.0) -> dict[str, Any]:
@@ -123,7 +125,7 @@ class Nats(BrokerPlugin):
             f"http: 127.0.0.1:{MONITOR_PORT}",
             "jetstream {",
             f'  store_dir: "{self.data_dir}"',
-            f'  max_file_store: {s["max_file_store"]}',
+            f"  max_file_store: {s['max_file_store']}",
             "  max_memory_store: 64M",
             "}",
             "accounts {",
@@ -147,15 +149,21 @@ class Nats(BrokerPlugin):
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         if len(node.peers) + 1 < int(node.settings["replicas"] or 1):
-            raise ScenarioError(f"broker.settings.replicas: {node.settings['replicas']} replicas need at least as "
-                                f"many nodes; the cluster has {len(node.peers) + 1}")
-        return NodeSpec(command=["/bin/sh", START_SCRIPT], files={START_SCRIPT: START, TEMPLATE: self.config(node)})
+            raise ScenarioError(
+                f"broker.settings.replicas: {node.settings['replicas']} replicas need at least as "
+                f"many nodes; the cluster has {len(node.peers) + 1}"
+            )
+        return NodeSpec(
+            command=["/bin/sh", START_SCRIPT], files={START_SCRIPT: START, TEMPLATE: self.config(node)}
+        )
 
     def is_ready(self, node: NodeHandle) -> bool:
         rc, _ = node.exec(["python3", "-c", FETCH, "/varz"], timeout=10)
         return rc == 0
 
-    def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any], timeout: float = 90.0) -> None:
+    def form_cluster(
+        self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any], timeout: float = 90.0
+    ) -> None:
         """Wait until the meta group has a leader, knows every server and each is current,
         and every server's ``/healthz`` says JetStream is ready."""
         want = {n.name for n in nodes}
@@ -167,10 +175,13 @@ class Nats(BrokerPlugin):
                 leader = next((n for n in nodes if n.name == meta.get("leader")), None)
                 if leader is not None and leader is not nodes[0]:  # only the leader lists the replicas
                     meta = monitor(leader, "/jsz").get("meta_cluster") or {}
-                peers = {meta.get("leader")} | {r.get("name") for r in meta.get("replicas") or ()
-                                                if r.get("current")}
+                peers = {meta.get("leader")} | {
+                    r.get("name") for r in meta.get("replicas") or () if r.get("current")
+                }
                 if len(nodes) == 1 or (meta.get("leader") and want <= peers):
-                    unhealthy = [n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0]
+                    unhealthy = [
+                        n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0
+                    ]
                     if not unhealthy:
                         return
                     last = f"not healthy yet: {', '.join(unhealthy)}"
@@ -179,14 +190,21 @@ class Nats(BrokerPlugin):
             except ClusterError as exc:
                 last = str(exc)
             if time.monotonic() > deadline:
-                raise ClusterError(f"JetStream cluster did not form in {timeout:.0f}s (want {sorted(want)}): {last}")
+                raise ClusterError(
+                    f"JetStream cluster did not form in {timeout:.0f}s (want {sorted(want)}): {last}"
+                )
             time.sleep(1.0)
 
     def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """What the client needs to create the streams and read each server's view of them."""
         user, password = SYSTEM_USER
-        return {"replicas": settings.get("replicas"), "consumer_replicas": settings.get("consumer_replicas"),
-                "ack_wait": settings.get("ack_wait", 10), "system_user": user, "system_password": password}
+        return {
+            "replicas": settings.get("replicas"),
+            "consumer_replicas": settings.get("consumer_replicas"),
+            "ack_wait": settings.get("ack_wait", 10),
+            "system_user": user,
+            "system_password": password,
+        }
 
     def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
         """``(num_pending, num_ack_pending)`` of the workload's consumer on the queue's stream, as

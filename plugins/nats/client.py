@@ -110,8 +110,11 @@ class _Conn:
 def delivery_detail(msg: Msg) -> dict[str, int]:
     """The sequence numbers of a delivered message, for the history's ``detail``."""
     md = msg.metadata
-    return {"stream_seq": int(md.sequence.stream), "consumer_seq": int(md.sequence.consumer),
-            "delivered": int(md.num_delivered)}
+    return {
+        "stream_seq": int(md.sequence.stream),
+        "consumer_seq": int(md.sequence.consumer),
+        "delivered": int(md.num_delivered),
+    }
 
 
 def message_id(msg: Msg) -> str:
@@ -121,14 +124,26 @@ def message_id(msg: Msg) -> str:
 
 
 class NatsDriver:
-    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, *, workload: WorkloadSection,
-                 username: str = "guest", password: str = "guest", vhost: str = "",
-                 queue_arguments: Mapping[str, Any] | None = None, first_node: Mapping[str, str] | None = None,
-                 seed: int = 0, queue_depth: QueueDepth | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Mapping[str, Endpoint],
+        recorder: Recorder,
+        *,
+        workload: WorkloadSection,
+        username: str = "guest",
+        password: str = "guest",
+        vhost: str = "",
+        queue_arguments: Mapping[str, Any] | None = None,
+        first_node: Mapping[str, str] | None = None,
+        seed: int = 0,
+        queue_depth: QueueDepth | None = None,
+    ) -> None:
         del vhost  # the account is the user's
         if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test
-            raise ScenarioError("workload.delay: NATS JetStream has no delayed-message exchange; "
-                                "remove workload.delay from this scenario")
+            raise ScenarioError(
+                "workload.delay: NATS JetStream has no delayed-message exchange; "
+                "remove workload.delay from this scenario"
+            )
         args = dict(queue_arguments or {})
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)
@@ -150,11 +165,23 @@ class NatsDriver:
     async def _connect(self, node: str, *, system: bool = False) -> _Conn:
         ep = self.endpoints[node]
         user, password = self.system_user if system else (self.username, self.password)
-        nc = await asyncio.wait_for(nats.connect(
-            servers=[f"nats://{ep.host}:{ep.port}"], user=user, password=password, allow_reconnect=False,
-            connect_timeout=CONNECT_TIMEOUT, max_reconnect_attempts=0, ping_interval=2, max_outstanding_pings=2,
-            error_cb=_quiet, disconnected_cb=_quiet, closed_cb=_quiet, name=f"brokerchaos-{node}"),
-            CONNECT_TIMEOUT + 1)
+        nc = await asyncio.wait_for(
+            nats.connect(
+                servers=[f"nats://{ep.host}:{ep.port}"],
+                user=user,
+                password=password,
+                allow_reconnect=False,
+                connect_timeout=CONNECT_TIMEOUT,
+                max_reconnect_attempts=0,
+                ping_interval=2,
+                max_outstanding_pings=2,
+                error_cb=_quiet,
+                disconnected_cb=_quiet,
+                closed_cb=_quiet,
+                name=f"brokerchaos-{node}",
+            ),
+            CONNECT_TIMEOUT + 1,
+        )
         return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
 
     async def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
@@ -189,9 +216,15 @@ class NatsDriver:
                     continue
                 try:
                     for q in queues:
-                        await conn.js.add_stream(StreamConfig(
-                            name=q, subjects=[q], storage=StorageType.FILE, num_replicas=self.replicas,
-                            retention=RetentionPolicy.LIMITS))
+                        await conn.js.add_stream(
+                            StreamConfig(
+                                name=q,
+                                subjects=[q],
+                                storage=StorageType.FILE,
+                                num_replicas=self.replicas,
+                                retention=RetentionPolicy.LIMITS,
+                            )
+                        )
                         await self.create_consumer(conn, q)
                     return
                 except BROKER_ERRORS as exc:
@@ -203,9 +236,18 @@ class NatsDriver:
 
     async def create_consumer(self, conn: _Conn, queue: str) -> None:
         """The durable pull consumer every consumer process shares (explicit acks, from the start)."""
-        await conn.js.add_consumer(queue, ConsumerConfig(
-            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-            ack_wait=self.ack_wait, max_deliver=-1, max_ack_pending=-1, num_replicas=self.consumer_replicas))
+        await conn.js.add_consumer(
+            queue,
+            ConsumerConfig(
+                durable_name=CONSUMER,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=self.ack_wait,
+                max_deliver=-1,
+                max_ack_pending=-1,
+                num_replicas=self.consumer_replicas,
+            ),
+        )
 
     # -- producers ------------------------------------------------------------------------
 
@@ -243,9 +285,11 @@ class NatsDriver:
         body = message_body(msg_id, self.seed, self.w.message_size)
         try:
             ack = await asyncio.wait_for(
-                conn.js.publish(queue, body, timeout=self.w.confirm_timeout, stream=queue,
-                                headers={ID_HEADER: msg_id}),
-                self.w.confirm_timeout + 0.5)
+                conn.js.publish(
+                    queue, body, timeout=self.w.confirm_timeout, stream=queue, headers={ID_HEADER: msg_id}
+                ),
+                self.w.confirm_timeout + 0.5,
+            )
         except asyncio.CancelledError:
             if not inv.done:
                 inv.info("cancelled before the publish ack arrived")
@@ -253,7 +297,9 @@ class NatsDriver:
         except nats.js.errors.APIError as exc:  # an error reply: the stream did not store it
             inv.fail(reason(exc), detail={"code": exc.code, "err_code": exc.err_code})
             return "fail"
-        except nats.js.errors.NoStreamResponseError as exc:  # no server subscribes the subject: nobody stored it
+        except (
+            nats.js.errors.NoStreamResponseError
+        ) as exc:  # no server subscribes the subject: nobody stored it
             inv.fail(reason(exc))
             return "fail"
         except BROKER_ERRORS as exc:
@@ -269,7 +315,9 @@ class NatsDriver:
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        behaviour = Behaviour(self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time())
+        behaviour = Behaviour(
+            self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time()
+        )
         async with contextlib.aclosing(self._connections(process, stop)) as conns:
             async for conn in conns:
                 await _Session(self, conn, process, queue, behaviour).run(stop)
@@ -322,15 +370,17 @@ async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
                 if s.get("name") == stream:
                     state = s.get("state") or {}
                     cluster = s.get("cluster") or {}
-                    answers[name] = {k: state.get(k) for k in ("messages", "bytes", "first_seq", "last_seq",
-                                                               "num_deleted")} | {"leader": cluster.get("leader")}
+                    answers[name] = {
+                        k: state.get(k) for k in ("messages", "bytes", "first_seq", "last_seq", "num_deleted")
+                    } | {"leader": cluster.get("leader")}
         if len(answers) >= servers:
             got_all.set()
 
     sub = await nc.subscribe(inbox, cb=on_reply)
     try:
-        await nc.publish("$SYS.REQ.SERVER.PING.JSZ", json.dumps({"accounts": True, "streams": True}).encode(),
-                         reply=inbox)
+        await nc.publish(
+            "$SYS.REQ.SERVER.PING.JSZ", json.dumps({"accounts": True, "streams": True}).encode(), reply=inbox
+        )
         try:
             await asyncio.wait_for(got_all.wait(), REPLICA_WAIT)
         except TimeoutError:
@@ -343,7 +393,9 @@ async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
 class _Session:
     """One consumer on one connection: fetch, record, settle, act out the behaviours."""
 
-    def __init__(self, driver: NatsDriver, conn: _Conn, process: str, queue: str, behaviour: Behaviour) -> None:
+    def __init__(
+        self, driver: NatsDriver, conn: _Conn, process: str, queue: str, behaviour: Behaviour
+    ) -> None:
         self.d = driver
         self.conn = conn
         self.node = conn.node
@@ -377,7 +429,10 @@ class _Session:
             if action is not None and self.loop.time() >= at and held:
                 self.behaviour.done(action, self.loop.time())
                 if action == "crash":
-                    for _msg, msg_id in held:  # JetStream redelivers them after ack_wait, whatever the connection does
+                    for (
+                        _msg,
+                        msg_id,
+                    ) in held:  # JetStream redelivers them after ack_wait, whatever the connection does
                         self._abandon(msg_id, "crash").ok()
                     return "crashed"
                 await asyncio.gather(*(self.give_back(m, msg_id, action) for m, msg_id in held))
@@ -400,7 +455,8 @@ class _Session:
         if digest != body_digest(message_body(msg_id, self.d.seed, self.d.w.message_size)):
             detail.update(body=body[:200].decode(errors="backslashreplace"), length=len(body))
         self.d.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
-            msg_id, redelivered=redelivered, digest=digest, detail=detail)
+            msg_id, redelivered=redelivered, digest=digest, detail=detail
+        )
         self.last_delivery = self.loop.time()
         return msg, msg_id
 
@@ -424,12 +480,15 @@ class _Session:
         self.acked += 1
 
     def _abandon(self, msg_id: str, cause: str) -> Invocation:
-        return self.d.recorder.invoke(self.process, "abandon", node=self.node, queue=self.queue, value=msg_id,
-                                      detail={"cause": cause})
+        return self.d.recorder.invoke(
+            self.process, "abandon", node=self.node, queue=self.queue, value=msg_id, detail={"cause": cause}
+        )
 
     async def give_back(self, msg: Msg, msg_id: str, cause: str) -> None:
         """``-NAK`` as a request: ``ok`` once the consumer leader answered."""
-        op = self._abandon(msg_id, "requeue" if cause == "requeue" else ("recover" if cause == "recover" else "close"))
+        op = self._abandon(
+            msg_id, "requeue" if cause == "requeue" else ("recover" if cause == "recover" else "close")
+        )
         try:
             await self.conn.nc.request(msg.reply, b"-NAK", timeout=OP_TIMEOUT)
         except asyncio.CancelledError:
@@ -469,11 +528,16 @@ class _Drain:
 
     async def value(self) -> dict[str, Any]:
         try:
-            replicas = await asyncio.wait_for(self.d.replica_views(self.queue), REPLICA_WAIT + CONNECT_TIMEOUT + 2)
+            replicas = await asyncio.wait_for(
+                self.d.replica_views(self.queue), REPLICA_WAIT + CONNECT_TIMEOUT + 2
+            )
         except TimeoutError:
             replicas = {}
-        return {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()},
-                "replicas": replicas}
+        return {
+            "consumed": self.total,
+            "nodes": {n: asdict(v) for n, v in self.views.items()},
+            "replicas": replicas,
+        }
 
     async def run(self) -> int:
         inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
@@ -483,7 +547,10 @@ class _Drain:
                 inv.ok(await self.value())
                 return self.total
         except asyncio.CancelledError:
-            inv.info("drain cancelled", {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}})
+            inv.info(
+                "drain cancelled",
+                {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}},
+            )
             raise
         why = end.why(self.queue, self.d.w.drain_timeout, {n: v.error for n, v in self.views.items()})
         inv.info(why, await self.value())
@@ -555,7 +622,7 @@ class _Drain:
             if session.acked > acked_then:
                 patience_from, acked_then = self.loop.time(), session.acked
             elif self.loop.time() - patience_from > max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5):
-                view.error = (f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})")
+                view.error = f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})"
                 return False
 
 

@@ -58,13 +58,15 @@ class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock",
-                              "membership"})
+    capabilities = frozenset(
+        {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
+    )
     client_port = 5672
     peer_ports = (4369, 25671, 25672, 25673)  # epmd, and each node's distribution port
 
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         return (4369, 25670 + index)
+
     data_dir = "/var/lib/rabbitmq/mnesia"
     log_paths = ("/var/log/rabbitmq",)
     ready_timeout = 120.0
@@ -85,20 +87,26 @@ class RabbitMQ(BrokerPlugin):
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings
-        conf = "\n".join([
-            "listeners.tcp.default = 5672",
-            "loopback_users = none",
-            f"cluster_partition_handling = {s['partition_handling']}",
-            "log.file.level = info",
-            "log.console = true",
-            "log.console.level = warning",
-            "disk_free_limit.absolute = 50MB",
-            "",
-        ])
+        conf = "\n".join(
+            [
+                "listeners.tcp.default = 5672",
+                "loopback_users = none",
+                f"cluster_partition_handling = {s['partition_handling']}",
+                "log.file.level = info",
+                "log.console = true",
+                "log.console.level = warning",
+                "disk_free_limit.absolute = 50MB",
+                "",
+            ]
+        )
         return NodeSpec(
             command=["/bin/sh", START_SCRIPT],
-            env={"RABBITMQ_NODENAME": f"rabbit@{node.name}", "BROKERCHAOS_COOKIE": f"bc{node.cluster}".upper(),
-                 "BROKERCHAOS_NET_TICKTIME": str(s["net_ticktime"]), "RABBITMQ_DIST_PORT": str(25670 + node.index)},
+            env={
+                "RABBITMQ_NODENAME": f"rabbit@{node.name}",
+                "BROKERCHAOS_COOKIE": f"bc{node.cluster}".upper(),
+                "BROKERCHAOS_NET_TICKTIME": str(s["net_ticktime"]),
+                "RABBITMQ_DIST_PORT": str(25670 + node.index),
+            },
             files={START_SCRIPT: START, CONF: conf},
         )
 
@@ -113,29 +121,48 @@ class RabbitMQ(BrokerPlugin):
         self._wait_running(first, nodes)
         policy = self.policy(settings)
         if policy is not None:
-            run_or_fail(first, ["rabbitmqctl", "set_policy", "brokerchaos-ha", settings["policy_pattern"],
-                                json.dumps(policy), "--apply-to", "queues"])
+            run_or_fail(
+                first,
+                [
+                    "rabbitmqctl",
+                    "set_policy",
+                    "brokerchaos-ha",
+                    settings["policy_pattern"],
+                    json.dumps(policy),
+                    "--apply-to",
+                    "queues",
+                ],
+            )
 
     @staticmethod
     def _join(node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
-        cmds = [["rabbitmqctl", "stop_app"], *([["rabbitmqctl", "reset"]] if reset else []),
-                ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"], ["rabbitmqctl", "start_app"]]
+        cmds = [
+            ["rabbitmqctl", "stop_app"],
+            *([["rabbitmqctl", "reset"]] if reset else []),
+            ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"],
+            ["rabbitmqctl", "start_app"],
+        ]
         for cmd in cmds:
             run_or_fail(node, cmd, timeout=120)
         return [" ".join(c) for c in cmds]
 
     @staticmethod
     def _wait_running(member: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
-        wait_until_running(member, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
-                           {f"rabbit@{n.name}" for n in nodes},
-                           lambda out: set(json.loads(out).get("running_nodes", [])), interval=1.0)
+        wait_until_running(
+            member,
+            ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
+            {f"rabbit@{n.name}" for n in nodes},
+            lambda out: set(json.loads(out).get("running_nodes", [])),
+            interval=1.0,
+        )
 
     def members(self, node: NodeHandle) -> set[str]:
         out = run_or_fail(node, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], timeout=60)
         return {n.split("@", 1)[1] for n in json.loads(out).get("running_nodes", [])}
 
-    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
-                    settings: Mapping[str, Any]) -> dict[str, Any]:
+    def remove_node(
+        self, node: NodeHandle, remaining: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """``stop_app`` on the node, then ``forget_cluster_node`` on a remaining member (RabbitMQ's
         documented way to remove a node that will not come back as it was)."""
         run_or_fail(node, ["rabbitmqctl", "stop_app"], timeout=120)
@@ -143,7 +170,9 @@ class RabbitMQ(BrokerPlugin):
         run_or_fail(remaining[0], forget, timeout=120)
         return {"on_node": ["rabbitmqctl stop_app"], "on_" + remaining[0].name: [" ".join(forget)]}
 
-    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+    def add_node(
+        self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """A forgotten node must ``reset`` (drop its old cluster state and data) before it may join."""
         cmds = self._join(node, members[0], reset=True)
         self._wait_running(members[0], [*members, node])
@@ -154,27 +183,39 @@ class RabbitMQ(BrokerPlugin):
         out = super().validate_settings(settings)
         mode, params = out["ha_mode"], out["ha_params"]
         if mode == "exactly" and (isinstance(params, bool) or not isinstance(params, int) or params < 1):
-            raise ScenarioError(f"broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got {params!r}")
-        if mode == "nodes" and (not isinstance(params, list) or not params
-                                or not all(isinstance(n, str) for n in params)):
-            raise ScenarioError("broker.settings.ha_params: ha_mode 'nodes' needs a list of node names "
-                                f"such as ['rabbit@n1', 'rabbit@n2'], got {params!r}")
+            raise ScenarioError(
+                f"broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got {params!r}"
+            )
+        if mode == "nodes" and (
+            not isinstance(params, list) or not params or not all(isinstance(n, str) for n in params)
+        ):
+            raise ScenarioError(
+                "broker.settings.ha_params: ha_mode 'nodes' needs a list of node names "
+                f"such as ['rabbit@n1', 'rabbit@n2'], got {params!r}"
+            )
         if mode in (None, "all") and params is not None:
             raise ScenarioError(f"broker.settings.ha_params: not used with ha_mode {mode!r}; remove it")
         if mode is not None and out["queue_type"] == "quorum":
-            raise ScenarioError("broker.settings.ha_mode: quorum queues are not mirrored by policy; "
-                                "remove ha_mode or use queue_type 'classic'")
+            raise ScenarioError(
+                "broker.settings.ha_mode: quorum queues are not mirrored by policy; "
+                "remove ha_mode or use queue_type 'classic'"
+            )
         if out["net_ticktime"] < 1:
-            raise ScenarioError(f"broker.settings.net_ticktime: {out['net_ticktime']} is out of range; allowed >= 1")
+            raise ScenarioError(
+                f"broker.settings.net_ticktime: {out['net_ticktime']} is out of range; allowed >= 1"
+            )
         return out
 
     @staticmethod
     def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:
         if settings.get("queue_type") == "quorum" or not settings.get("ha_mode"):
             return None
-        p: dict[str, Any] = {"ha-mode": settings["ha_mode"], "ha-sync-mode": settings["ha_sync_mode"],
-                             "ha-promote-on-failure": settings["ha_promote_on_failure"],
-                             "ha-promote-on-shutdown": settings["ha_promote_on_shutdown"]}
+        p: dict[str, Any] = {
+            "ha-mode": settings["ha_mode"],
+            "ha-sync-mode": settings["ha_sync_mode"],
+            "ha-promote-on-failure": settings["ha_promote_on_failure"],
+            "ha-promote-on-shutdown": settings["ha_promote_on_shutdown"],
+        }
         if settings.get("ha_params") is not None:
             p["ha-params"] = settings["ha_params"]
         return p
@@ -187,12 +228,15 @@ class RabbitMQ(BrokerPlugin):
         proxies (seen hanging until the exec timed out); with ``--local`` a node lists only
         the queues it masters. ``eval`` runs on the node itself and asks the queue process.
         """
+
         def binary(text: str) -> str:
             return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"/utf8>>'
 
-        expr = (f"case rabbit_amqqueue:lookup(rabbit_misc:r({binary(self.vhost)}, queue, {binary(queue)})) of "
-                "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); "
-                "Other -> Other end.")
+        expr = (
+            f"case rabbit_amqqueue:lookup(rabbit_misc:r({binary(self.vhost)}, queue, {binary(queue)})) of "
+            "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); "
+            "Other -> Other end."
+        )
         out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", expr], timeout=30)
         counts = dict(re.findall(r"\{(messages_ready|messages_unacknowledged),(\d+)\}", out))
         if len(counts) != 2:

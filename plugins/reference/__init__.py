@@ -57,8 +57,9 @@ class ReferenceBroker(BrokerPlugin):
     name = "reference"
     version = __version__
     protocol = "amqp091"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock",
-                              "membership"})
+    capabilities = frozenset(
+        {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
+    )
     client_port = 5672
     peer_ports = (25672,)
     data_dir = "/var/lib/brokerchaos/data"
@@ -86,8 +87,12 @@ class ReferenceBroker(BrokerPlugin):
     }
 
     #: Ranges ``broker_impl`` enforces at start-up, checked here before any container starts.
-    RANGES = {"flush_interval_ms": (1, None), "segment_bytes": (4096, None), "heartbeat": (0, 65535),
-              "missed_ticks": (1, None)}
+    RANGES = {
+        "flush_interval_ms": (1, None),
+        "segment_bytes": (4096, None),
+        "heartbeat": (0, 65535),
+        "missed_ticks": (1, None),
+    }
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = super().validate_settings(settings)
@@ -101,15 +106,21 @@ class ReferenceBroker(BrokerPlugin):
             raise ScenarioError(f"broker.settings.tick: expected seconds > 0, got {tick!r}")
         mode, params = out["ha_mode"], out["ha_params"]
         wanted = {"exactly": "a node count >= 1", "nodes": "a list of node names such as ['n1', 'n2']"}
-        ok = {"exactly": isinstance(params, int) and not isinstance(params, bool) and params >= 1,
-              "nodes": isinstance(params, list) and bool(params) and all(isinstance(n, str) for n in params)}
+        ok = {
+            "exactly": isinstance(params, int) and not isinstance(params, bool) and params >= 1,
+            "nodes": isinstance(params, list) and bool(params) and all(isinstance(n, str) for n in params),
+        }
         if mode in ok and not ok[mode]:
-            raise ScenarioError(f"broker.settings.ha_params: ha_mode {mode!r} needs {wanted[mode]}, got {params!r}")
+            raise ScenarioError(
+                f"broker.settings.ha_params: ha_mode {mode!r} needs {wanted[mode]}, got {params!r}"
+            )
         if mode in (None, "all") and params is not None:
             raise ScenarioError(f"broker.settings.ha_params: not used with ha_mode {mode!r}; remove it")
         if out["replication"] is not None and mode is not None:
-            raise ScenarioError("broker.settings.replication: master-slave replication and ha_mode mirroring are "
-                                "two replication modes; choose one")
+            raise ScenarioError(
+                "broker.settings.replication: master-slave replication and ha_mode mirroring are "
+                "two replication modes; choose one"
+            )
         return out
 
     @staticmethod
@@ -131,8 +142,10 @@ class ReferenceBroker(BrokerPlugin):
         if override:
             source, name = Path(override).resolve(), "brokerchaos/reference-custom"
             if not (source / "__main__.py").is_file():
-                raise BrokerChaosError(f"{SOURCE_ENV}={override}: not a broker_impl source tree (no __main__.py "
-                                       "there); point it at a copy of broker_impl/ or unset it")
+                raise BrokerChaosError(
+                    f"{SOURCE_ENV}={override}: not a broker_impl source tree (no __main__.py "
+                    "there); point it at a copy of broker_impl/ or unset it"
+                )
         return ImageRecipe(
             name=name,
             python_packages=("pamqp", "uvloop"),
@@ -232,26 +245,40 @@ class ReferenceBroker(BrokerPlugin):
         first = nodes[0]
         if settings.get("replication"):
             master = next(n for n in nodes if n.name == self.MASTER)
-            wait_until_running(master, self.ctl("--json", "replication_status"),
-                               {n.name for n in nodes if n is not master},
-                               lambda out: {str(s["node"]) for s in json.loads(out).get("slaves", [])})
+            wait_until_running(
+                master,
+                self.ctl("--json", "replication_status"),
+                {n.name for n in nodes if n is not master},
+                lambda out: {str(s["node"]) for s in json.loads(out).get("slaves", [])},
+            )
             return
         # members are the [cluster] node names (n1); accept the [node] form (rabbit@n1) too
-        wait_until_running(first, self.ctl("--json", "cluster_status"), {n.name for n in nodes},
-                           lambda out: {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])})
+        wait_until_running(
+            first,
+            self.ctl("--json", "cluster_status"),
+            {n.name for n in nodes},
+            lambda out: {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])},
+        )
         policy = self.policy(settings)
         if policy is not None:
-            run_or_fail(first, self.ctl("set_policy", "brokerchaos-ha", settings.get("policy_pattern", "^chaos"),
-                                        json.dumps(policy)))
-
+            run_or_fail(
+                first,
+                self.ctl(
+                    "set_policy",
+                    "brokerchaos-ha",
+                    settings.get("policy_pattern", "^chaos"),
+                    json.dumps(policy),
+                ),
+            )
 
     # -- membership ------------------------------------------------------------------------
     def members(self, node: NodeHandle) -> set[str]:
         out = run_or_fail(node, self.ctl("--json", "cluster_status"), timeout=30)
         return {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])}
 
-    def remove_node(self, node: NodeHandle, remaining: Sequence[NodeHandle],
-                    settings: Mapping[str, Any]) -> dict[str, Any]:
+    def remove_node(
+        self, node: NodeHandle, remaining: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """``stop_app`` on the node; once a remaining member sees it down, ``forget_cluster_node`` there."""
         member = remaining[0]
         run_or_fail(node, self.ctl("stop_app"), timeout=150)
@@ -260,7 +287,9 @@ class ReferenceBroker(BrokerPlugin):
         run_or_fail(member, forget, timeout=30)
         return {"on_node": ["ctl stop_app"], "on_" + member.name: [f"ctl forget_cluster_node {node.name}"]}
 
-    def add_node(self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]) -> dict[str, Any]:
+    def add_node(
+        self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """A forgotten node drops its data and membership (``reset``) before it asks a member to admit it."""
         cmds = [("stop_app",), ("reset",), ("join_cluster", members[0].name), ("start_app",)]
         for cmd in cmds:
@@ -277,7 +306,9 @@ class ReferenceBroker(BrokerPlugin):
             if done(seen):
                 return
             time.sleep(0.5)
-        raise ClusterError(f"{node.name}: waited {timeout:.0f}s for {what}; running members are {sorted(seen)}")
+        raise ClusterError(
+            f"{node.name}: waited {timeout:.0f}s for {what}; running members are {sorted(seen)}"
+        )
 
 
 @hookimpl

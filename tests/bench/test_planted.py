@@ -66,10 +66,14 @@ def _tree_bytes(root: Path) -> dict[Path, bytes]:
 
 def test_a_patch_that_does_not_apply_is_one_clear_error(tmp_path: Path) -> None:
     stale = tmp_path / "stale.patch"
-    stale.write_text("--- a/broker_impl/queue.py\n+++ b/broker_impl/queue.py\n@@ -1,1 +1,1 @@\n"
-                     "-this line is not in the file\n+nor this one\n")
+    stale.write_text(
+        "--- a/broker_impl/queue.py\n+++ b/broker_impl/queue.py\n@@ -1,1 +1,1 @@\n"
+        "-this line is not in the file\n+nor this one\n"
+    )
     bug = Bug("99", "stale", stale, "queue", "d", "p", REPO / "scenarios" / "smoke.yaml", "LOST")
-    with pytest.raises(PatchError, match=r"stale\.patch does not apply to the current broker_impl/ .*update the patch"):
+    with pytest.raises(
+        PatchError, match=r"stale\.patch does not apply to the current broker_impl/ .*update the patch"
+    ):
         apply_patch(bug, tmp_path / "copy")
 
 
@@ -78,7 +82,9 @@ def test_catalogue_errors_name_the_entry(tmp_path: Path) -> None:
     bad.write_text((CATALOGUE.read_text()).replace("expect: INTEGRITY", "expect: BROKEN"))
     for p in PLANTED.glob("*.patch"):
         (tmp_path / p.name).write_text(p.read_text())
-    with pytest.raises(BrokerChaosError, match=r"catalogue\.yaml: bugs\[\d+\]: expect 'BROKEN'; allowed LOST"):
+    with pytest.raises(
+        BrokerChaosError, match=r"catalogue\.yaml: bugs\[\d+\]: expect 'BROKEN'; allowed LOST"
+    ):
         load_catalogue(bad)
 
 
@@ -92,19 +98,32 @@ class PatchedBroker:
         self.root = root
         self.data = root / "data"
         cfg = root / "broker.toml"
-        cfg.write_text(f'[node]\nport = 0\ndata_dir = "{self.data}"\nlog_file = "{root / "broker.log"}"\n'
-                       '[store]\nflush = "sync"\n')
+        cfg.write_text(
+            f'[node]\nport = 0\ndata_dir = "{self.data}"\nlog_file = "{root / "broker.log"}"\n'
+            '[store]\nflush = "sync"\n'
+        )
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "broker_impl", "--config", str(cfg)], cwd=root, env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=open(root / "stderr.log", "wb"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker_impl", "--config", str(cfg)],
+            cwd=root,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(root / "stderr.log", "wb"),
+        )
         self.port = self._wait_port()
 
     def _wait_port(self) -> int:
         proc = self.proc
-        info = until(lambda: (i := json.loads((self.data / "node.json").read_text())).get("pid") == proc.pid and i,
-                     "the patched broker's node.json", ignore=(OSError, json.JSONDecodeError),
-                     gone=lambda: None if proc.poll() is None else
-                     f"patched broker exited {proc.returncode}: {(self.root / 'stderr.log').read_text()[-2000:]}")
+        info = until(
+            lambda: (i := json.loads((self.data / "node.json").read_text())).get("pid") == proc.pid and i,
+            "the patched broker's node.json",
+            ignore=(OSError, json.JSONDecodeError),
+            gone=lambda: (
+                None
+                if proc.poll() is None
+                else f"patched broker exited {proc.returncode}: {(self.root / 'stderr.log').read_text()[-2000:]}"
+            ),
+        )
         return int(info["port"])
 
     def stop(self) -> int:
@@ -134,16 +153,27 @@ def patched(tmp_path: Path) -> Iterator[PatchedBroker]:
 @pytest.mark.parametrize("bug", BUGS, ids=[b.label for b in BUGS])
 def test_patched_broker_serves_a_confirmed_publish_and_an_ack(bug: Bug, patched, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     broker = patched(bug)
-    which = subprocess.run([sys.executable, "-c", "import broker_impl; print(broker_impl.__file__)"], env=broker.env,
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    which = subprocess.run(
+        [sys.executable, "-c", "import broker_impl; print(broker_impl.__file__)"],
+        env=broker.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(which).parent == tmp_path / "broker_impl", "the patched copy is not the broker that runs"
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
     try:
         ch = conn.channel()
         ch.confirm_delivery()
         ch.queue_declare("planted", durable=True)
-        ch.basic_publish("", "planted", b"first body", pika.BasicProperties(delivery_mode=2, message_id="p1:1"),
-                         mandatory=True)
+        ch.basic_publish(
+            "",
+            "planted",
+            b"first body",
+            pika.BasicProperties(delivery_mode=2, message_id="p1:1"),
+            mandatory=True,
+        )
         method, props, body = ch.basic_get("planted")
         assert method is not None and body == b"first body" and props.message_id == "p1:1"
         ch.basic_ack(method.delivery_tag)
@@ -170,10 +200,13 @@ def test_reference_image_from_a_patched_tree(monkeypatch: pytest.MonkeyPatch, tm
     assert recipe.copy == {str(REPO / "broker_impl"): "/opt/brokerchaos/broker_impl"}
 
 
-def test_reference_image_from_a_directory_that_is_not_the_broker(monkeypatch: pytest.MonkeyPatch,
-                                                                  tmp_path: Path) -> None:
+def test_reference_image_from_a_directory_that_is_not_the_broker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from plugins.reference import ReferenceBroker
 
     monkeypatch.setenv(SOURCE_ENV, str(tmp_path))
-    with pytest.raises(BrokerChaosError, match=r"^BROKERCHAOS_REFERENCE_SOURCE=.*not a broker_impl source tree"):
+    with pytest.raises(
+        BrokerChaosError, match=r"^BROKERCHAOS_REFERENCE_SOURCE=.*not a broker_impl source tree"
+    ):
         ReferenceBroker().image()

@@ -65,7 +65,9 @@ class InProcessNode:
 
 
 def make_config(tmp_path: Path, **overrides: Any) -> Config:
-    data: dict[str, Any] = {"node": {"port": 0, "data_dir": str(tmp_path / "data"), "log_file": str(tmp_path / "broker.log")}}
+    data: dict[str, Any] = {
+        "node": {"port": 0, "data_dir": str(tmp_path / "data"), "log_file": str(tmp_path / "broker.log")}
+    }
     for key, value in overrides.items():
         table, _, name = key.partition("__")
         if name:
@@ -110,13 +112,21 @@ class SubprocessNode:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker_impl", "--config", str(self.cfg)],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "ab"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "stderr.log", "ab"),
         )
         proc = self.proc
-        info = until(lambda: (i := json.loads((self.data_dir / "node.json").read_text())).get("pid") == proc.pid and i,
-                     "the broker's node.json", ignore=(OSError, json.JSONDecodeError),
-                     gone=lambda: None if proc.poll() is None else
-                     f"broker exited with {proc.returncode}: {(self.dir / 'stderr.log').read_text()[-2000:]}")
+        info = until(
+            lambda: (i := json.loads((self.data_dir / "node.json").read_text())).get("pid") == proc.pid and i,
+            "the broker's node.json",
+            ignore=(OSError, json.JSONDecodeError),
+            gone=lambda: (
+                None
+                if proc.poll() is None
+                else f"broker exited with {proc.returncode}: {(self.dir / 'stderr.log').read_text()[-2000:]}"
+            ),
+        )
         self.port = info["port"]
         return self
 

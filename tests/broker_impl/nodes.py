@@ -40,7 +40,9 @@ class BrokerProc:
         (self.data_dir / "node.json").unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker_impl", "--config", str(self.config)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "ab"),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "stderr.log", "ab"),
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         if wait:
@@ -48,8 +50,13 @@ class BrokerProc:
         return self
 
     def wait_serving(self) -> None:
-        until(lambda: call(self.data_dir, "status", timeout=2) or True, f"node {self.name} to serve", every=0.1,
-              ignore=(CtlError, OSError, ValueError), gone=self.gone)
+        until(
+            lambda: call(self.data_dir, "status", timeout=2) or True,
+            f"node {self.name} to serve",
+            every=0.1,
+            ignore=(CtlError, OSError, ValueError),
+            gone=self.gone,
+        )
 
     def gone(self) -> str | None:
         """Why this node can no longer come up: its process exited (with its last stderr)."""

@@ -72,14 +72,24 @@ def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:
     ch.queue_declare("short-lived", arguments={"x-expires": 300})
     ch.queue_declare("kept", arguments={"x-expires": 300})
     tag = ch.basic_consume("kept", lambda *a: None)  # a consumer keeps it in use
-    until(lambda: conn.process_data_events(time_limit=0.05)
-          or "short-lived" not in node.run(lambda: dict(node.broker.vhosts["/"].queues)),
-          "the unused queue to be deleted", every=0)
+    until(
+        lambda: (
+            conn.process_data_events(time_limit=0.05)
+            or "short-lived" not in node.run(lambda: dict(node.broker.vhosts["/"].queues))
+        ),
+        "the unused queue to be deleted",
+        every=0,
+    )
     assert "kept" in node.run(lambda: dict(node.broker.vhosts["/"].queues))
     ch.basic_cancel(tag)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:  # unused from the cancel on: it goes too
-        until(lambda: ch.queue_declare("kept", passive=True) and conn.process_data_events(time_limit=0.05),
-              "the queue unused since the cancel to be deleted", every=0)
+    with pytest.raises(
+        pika.exceptions.ChannelClosedByBroker
+    ) as exc:  # unused from the cancel on: it goes too
+        until(
+            lambda: ch.queue_declare("kept", passive=True) and conn.process_data_events(time_limit=0.05),
+            "the queue unused since the cancel to be deleted",
+            every=0,
+        )
     assert exc.value.reply_code == 404
     conn.close()
 
@@ -100,9 +110,14 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
     try:
         conn = connect(second)
         ch = conn.channel()
-        until(lambda: conn.process_data_events(time_limit=0.1)
-              or not ch.queue_declare("ttl.q", passive=True).method.message_count,
-              "the recovered message's TTL to end it", every=0)
+        until(
+            lambda: (
+                conn.process_data_events(time_limit=0.1)
+                or not ch.queue_declare("ttl.q", passive=True).method.message_count
+            ),
+            "the recovered message's TTL to end it",
+            every=0,
+        )
         got = []  # stored before ttl.q's message with a shorter TTL: its deadline has passed too
         while (m := ch.basic_get("ttl.per", auto_ack=True))[0] is not None:
             got.append(m[2])
@@ -125,7 +140,9 @@ def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> 
     ch.exchange_bind("loop", "back")
     ch.exchange_bind("back", "loop")  # a cycle: each exchange is visited once, the queue gets one copy
     ch.confirm_delivery()
-    ch.basic_publish("front", "orders.new", b"via front", pika.BasicProperties(delivery_mode=2), mandatory=True)
+    ch.basic_publish(
+        "front", "orders.new", b"via front", pika.BasicProperties(delivery_mode=2), mandatory=True
+    )
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("front", "invoices.new", b"matches no binding", mandatory=True)
     assert ch.queue_declare("e2e.q", passive=True).method.message_count == 1

@@ -101,9 +101,13 @@ def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
         await asyncio.to_thread(first.stop)
         second = InProcessNode(make_config(tmp_path, node__port=port)).start()
         try:
-            for _ in range(300):  # the robust connection reconnects and restores its channel (about 30 s of retries)
+            for _ in range(
+                300
+            ):  # the robust connection reconnects and restores its channel (about 30 s of retries)
                 try:
-                    await ch.default_exchange.publish(aio_pika.Message(b"after", delivery_mode=persistent), "robust")
+                    await ch.default_exchange.publish(
+                        aio_pika.Message(b"after", delivery_mode=persistent), "robust"
+                    )
                     break
                 except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
                     await asyncio.sleep(0.1)

@@ -72,7 +72,10 @@ def test_heartbeat() -> None:
         (b"\x09\x00\x01\x00\x00\x00\x01\x00\xce", FRAME_ERROR),  # unknown frame type
         (b"\x01\x00\x01\x00\x01\x00\x00", FRAME_ERROR),  # oversize (65536 > 4096) before payload arrives
         (b"\x01\x00\x01\x00\x00\x00\x04\x00\x63\x00\x01\xce", NOT_IMPLEMENTED),  # unknown method 99.1
-        (b"\x01\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x28\x00\xce", SYNTAX_ERROR),  # truncated basic.publish args
+        (
+            b"\x01\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x28\x00\xce",
+            SYNTAX_ERROR,
+        ),  # truncated basic.publish args
         (b"\x01\x00\x01\x00\x00\x00\x00\xce", FRAME_ERROR),  # empty method payload
     ],
 )
@@ -92,7 +95,9 @@ def test_incomplete_frame_waits() -> None:
 
 def test_content_split_at_frame_max() -> None:
     payload = bytes(range(256)) * 40  # 10240 bytes
-    raw = encode_content(1, commands.Basic.Deliver("c", 1, False, "", "q"), commands.Basic.Properties(), payload, 4096)
+    raw = encode_content(
+        1, commands.Basic.Deliver("c", 1, False, "", "q"), commands.Basic.Properties(), payload, 4096
+    )
     d = started()
     d.feed(raw)
     frames = [f.frame for f in d.frames()]
@@ -103,7 +108,9 @@ def test_content_split_at_frame_max() -> None:
 
 
 def test_empty_body_has_no_body_frame() -> None:
-    raw = encode_content(1, commands.Basic.Deliver("c", 1, False, "", "q"), commands.Basic.Properties(), b"", 4096)
+    raw = encode_content(
+        1, commands.Basic.Deliver("c", 1, False, "", "q"), commands.Basic.Properties(), b"", 4096
+    )
     d = started()
     d.feed(raw)
     frames = [f.frame for f in d.frames()]

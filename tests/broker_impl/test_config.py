@@ -18,7 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_defaults_are_rabbitmq_defaults() -> None:
     cfg = parse({})
     assert (cfg.port, cfg.frame_max, cfg.channel_max, cfg.heartbeat) == (5672, 131072, 2047, 60)
-    assert (cfg.flow.initial, cfg.flow.more_after, cfg.flow.store_initial, cfg.flow.store_more_after) == (400, 200, 4000, 800)
+    assert (cfg.flow.initial, cfg.flow.more_after, cfg.flow.store_initial, cfg.flow.store_more_after) == (
+        400,
+        200,
+        4000,
+        800,
+    )
     assert [u.name for u in cfg.users] == ["guest"]
 
 
@@ -62,7 +67,7 @@ def test_store_and_cluster_tables_pass_through() -> None:
     ("toml", "needle"),
     [
         ("[flow]\ninitial = 10\nmore_after = 20\n", "flow.more_after"),
-        ("[store]\nflush = \"sometimes\"\n", "flush"),
+        ('[store]\nflush = "sometimes"\n', "flush"),
         ("[node\n", "not valid TOML"),
     ],
 )
@@ -71,7 +76,10 @@ def test_cli_exits_2_with_one_line(tmp_path: Path, toml: str, needle: str) -> No
     cfg.write_text(toml)
     proc = subprocess.run(
         [sys.executable, "-m", "broker_impl", "--config", str(cfg)],
-        capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -91,7 +99,15 @@ def test_every_key_is_documented() -> None:
     doc = config_module.__doc__ or ""
     names = [f.name for f in dataclasses.fields(Config) if f.name not in ("flow",)]
     names += [f.name for f in dataclasses.fields(FlowConfig)]
-    renamed = {"name": "name =", "data_dir": "data_dir =", "users": "[[users]]", "permissions": "[[permissions]]",
-               "store": "[store]", "cluster": "[cluster]", "replication": "[replication]", "vhosts": "vhosts ="}
+    renamed = {
+        "name": "name =",
+        "data_dir": "data_dir =",
+        "users": "[[users]]",
+        "permissions": "[[permissions]]",
+        "store": "[store]",
+        "cluster": "[cluster]",
+        "replication": "[replication]",
+        "vhosts": "vhosts =",
+    }
     missing = [n for n in names if renamed.get(n, f"{n} =") not in doc]
     assert not missing, f"undocumented config keys: {missing}"

@@ -13,8 +13,11 @@ from tests.broker_impl.test_fuzz import Raw
 from tests.polling import until
 
 
-def poll_states(node: InProcessNode, want: list[str], pump: pika.BlockingConnection | None = None) -> list[str]:
+def poll_states(
+    node: InProcessNode, want: list[str], pump: pika.BlockingConnection | None = None
+) -> list[str]:
     """The connections' flow states once they equal want (no deadline: tests/polling.py)."""
+
     def states() -> list[str] | None:
         if pump is not None:
             pump.process_data_events(time_limit=0.05)

@@ -48,8 +48,11 @@ def test_confirmed_messages_survive_sigkill(subprocess_node) -> None:
     stop = threading.Event()
     t = threading.Thread(target=_publisher, args=(node.port, confirmed, attempted, stop), daemon=True)
     t.start()
-    until(lambda: len(confirmed) >= 300, "300 confirms before the kill",
-          gone=lambda: None if t.is_alive() else "the publisher stopped")
+    until(
+        lambda: len(confirmed) >= 300,
+        "300 confirms before the kill",
+        gone=lambda: None if t.is_alive() else "the publisher stopped",
+    )
     node.kill()  # SIGKILL while the publisher is still going
     stop.set()
     t.join(10)

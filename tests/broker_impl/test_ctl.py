@@ -26,7 +26,10 @@ log_level = "info"
 def ctl(data_dir: Path, *args: str, ok: bool = True) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "broker_impl.ctl", "--data-dir", str(data_dir), *args],
-        capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert (proc.returncode == 0) == ok, proc.stderr
     return proc.stdout if ok else proc.stderr

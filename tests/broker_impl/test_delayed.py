@@ -43,8 +43,13 @@ def test_pika_delayed_messages_come_due_in_order_never_early(node: InProcessNode
     for body, header in ((b"plain", None), (b"negative", {"x-delay": -5}), (b"word", {"x-delay": "soon"})):
         ch.basic_publish("dx", "rk", body, pika.BasicProperties(delivery_mode=2, headers=header))
     got: list[tuple[bytes, float, object]] = []
-    ch.basic_consume("dq", lambda c, m, p, b: (got.append((b, time.monotonic(), (p.headers or {}).get("x-delay"))),
-                                               c.basic_ack(m.delivery_tag)))
+    ch.basic_consume(
+        "dq",
+        lambda c, m, p, b: (
+            got.append((b, time.monotonic(), (p.headers or {}).get("x-delay"))),
+            c.basic_ack(m.delivery_tag),
+        ),
+    )
     pump_until(conn, lambda: len(got) == 6)
     order = [b for b, _t, _h in got]
     assert sorted(order[:3]) == [b"negative", b"plain", b"word"]
@@ -73,8 +78,9 @@ def test_mandatory_is_not_applied_to_held_back_messages(node: InProcessNode) -> 
     ch = conn.channel()
     ch.confirm_delivery()
     ch.exchange_declare("dx-unbound", "x-delayed-message", arguments=DELAYED)
-    ch.basic_publish("dx-unbound", "nowhere", b"held", pika.BasicProperties(headers={"x-delay": 100}),
-                     mandatory=True)  # no queue now: still confirmed, no basic.return (as the plugin)
+    ch.basic_publish(
+        "dx-unbound", "nowhere", b"held", pika.BasicProperties(headers={"x-delay": 100}), mandatory=True
+    )  # no queue now: still confirmed, no basic.return (as the plugin)
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("dx-unbound", "nowhere", b"now", mandatory=True)
     conn.close()
@@ -99,15 +105,21 @@ def test_aio_pika_delayed_topic_exchange(node: InProcessNode) -> None:
     async def scenario() -> list[tuple[str, float]]:
         async with await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{node.port}/") as conn:
             ch = await conn.channel()  # confirms on
-            ex = await ch.declare_exchange("adx", "x-delayed-message", durable=True,
-                                           arguments={"x-delayed-type": "topic"})
+            ex = await ch.declare_exchange(
+                "adx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "topic"}
+            )
             q = await ch.declare_queue("adq", durable=True)
             await q.bind(ex, "orders.#")
             sent = time.monotonic()
             for name, delay in (("b", 700), ("a", 200)):
-                confirm = await ex.publish(aio_pika.Message(name.encode(), headers={"x-delay": delay},
-                                                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                                           f"orders.{name}")
+                confirm = await ex.publish(
+                    aio_pika.Message(
+                        name.encode(),
+                        headers={"x-delay": delay},
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
+                    f"orders.{name}",
+                )
                 assert confirm is not None
             out: list[tuple[str, float]] = []
             async with q.iterator() as it:
@@ -138,6 +150,7 @@ def test_kombu_delayed_publish(node: InProcessNode) -> None:
             message.ack()
 
         with kombu.Consumer(conn, queues=[queue], callbacks=[on_message]):
+
             def drained() -> bool:
                 try:
                     conn.drain_events(timeout=0.5)

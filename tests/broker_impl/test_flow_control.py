@@ -68,7 +68,12 @@ def _flood(node: InProcessNode) -> dict[str, Any]:
     return result
 
 
-SMALL_CREDIT = {"flow__initial": 100, "flow__more_after": 50, "flow__store_initial": 200, "flow__store_more_after": 100}
+SMALL_CREDIT = {
+    "flow__initial": 100,
+    "flow__more_after": 50,
+    "flow__store_initial": 200,
+    "flow__store_more_after": 100,
+}
 
 
 def test_credit_flow_bounds_broker_buffers(node_factory) -> None:
@@ -92,8 +97,11 @@ def test_without_flow_control_publishers_are_never_throttled(node_factory) -> No
 def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow: bool) -> None:
     watermark = 1_000_000
     node = node_factory(
-        flow__enabled=flow, flow__memory_source="queues", flow__memory_high_watermark=watermark,
-        flow__queue_ram_bytes=100_000_000, flow__check_interval_ms=20,
+        flow__enabled=flow,
+        flow__memory_source="queues",
+        flow__memory_high_watermark=watermark,
+        flow__queue_ram_bytes=100_000_000,
+        flow__check_interval_ms=20,
     )
     n, body = 1500, b"y" * 2048  # 3 MB in total: three times the watermark
     blocked_events: list[str] = []
@@ -114,7 +122,9 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
         # The publisher stays connected while the consumer empties the queue: once it is below the
         # watermark the alarm clears and every connection it blocked hears connection.unblocked.
         consumed_all.wait()
-        conn.process_data_events(time_limit=0)  # pika delivers blocked/unblocked only while it processes events
+        conn.process_data_events(
+            time_limit=0
+        )  # pika delivers blocked/unblocked only while it processes events
         for _ in range(6000):
             if not blocked_events or blocked_events[-1] == "unblocked":
                 break
@@ -160,7 +170,9 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
         assert peak < watermark + 1_000_000, peak
         # The publisher was held back to the consumer's pace: its last confirm came when the queue
         # held less than the peak bound, so the consumer had taken the rest (10 may sit unacked).
-        assert consumed_when_published >= n - (watermark + 1_000_000) // len(body) - 10, consumed_when_published
+        assert consumed_when_published >= n - (watermark + 1_000_000) // len(body) - 10, (
+            consumed_when_published
+        )
     else:
         assert blocked_events == [] and "blocked" not in states
         assert peak > 2 * watermark, peak  # the queue grew well past the watermark

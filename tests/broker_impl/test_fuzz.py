@@ -167,16 +167,26 @@ _CONTENT_HEADER = header.ContentHeader(0, 3, commands.Basic.Properties())
         ("open", frame.marshal(commands.Basic.Qos(), 5), CHANNEL_ERROR),  # channel never opened
         ("channel", frame.marshal(_CONTENT_HEADER, 1), UNEXPECTED_FRAME),  # content without a method
         ("channel", frame.marshal(body.ContentBody(b"abc"), 1), UNEXPECTED_FRAME),
-        ("channel", frame.marshal(commands.Basic.Publish(routing_key="keep"), 1)
-         + frame.marshal(commands.Basic.Qos(), 1), UNEXPECTED_FRAME),  # method where a header belongs
+        (
+            "channel",
+            frame.marshal(commands.Basic.Publish(routing_key="keep"), 1)
+            + frame.marshal(commands.Basic.Qos(), 1),
+            UNEXPECTED_FRAME,
+        ),  # method where a header belongs
         ("start", frame.marshal(commands.Connection.Open("/"), 0), COMMAND_INVALID),  # out of order
         ("open", frame.marshal(commands.Queue.Declare(queue="x"), 0), COMMAND_INVALID),  # channel method on 0
-        ("channel", frame.marshal(commands.Connection.Open("/"), 1), COMMAND_INVALID),  # connection method on 1
+        (
+            "channel",
+            frame.marshal(commands.Connection.Open("/"), 1),
+            COMMAND_INVALID,
+        ),  # connection method on 1
         ("channel", frame.marshal(commands.Channel.Open(), 1), CHANNEL_ERROR),  # second open
         ("open", frame.marshal(commands.Channel.Open(), 3000), NOT_ALLOWED),  # beyond channel_max
     ],
 )
-def test_bad_input_closes_only_that_connection(seeded: InProcessNode, stage: str, payload: bytes, code: int) -> None:
+def test_bad_input_closes_only_that_connection(
+    seeded: InProcessNode, stage: str, payload: bytes, code: int
+) -> None:
     before = _stored(seeded)
     bystander = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", seeded.port))
     raw = Raw(seeded.port)
@@ -203,14 +213,18 @@ def test_wrong_protocol_header_gets_ours_back(node: InProcessNode) -> None:
     assert s.recv(8) == b""
 
 
-@settings(max_examples=40, suppress_health_check=[*settings().suppress_health_check,
-                                               HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
+)
 @given(
     stage=st.sampled_from(["start", "tune", "open", "channel"]),
     junk=st.binary(min_size=1, max_size=64),
     truncate=st.booleans(),
 )
-def test_fuzzed_frames_never_hurt_the_node(seeded: InProcessNode, stage: str, junk: bytes, truncate: bool) -> None:
+def test_fuzzed_frames_never_hurt_the_node(
+    seeded: InProcessNode, stage: str, junk: bytes, truncate: bool
+) -> None:
     before = _stored(seeded)
     raw = Raw(seeded.port)
     raw.handshake(stage)

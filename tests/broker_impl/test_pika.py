@@ -13,7 +13,9 @@ from tests.broker_impl.conftest import InProcessNode
 from tests.polling import until
 
 
-def connect(node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw) -> pika.BlockingConnection:
+def connect(
+    node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw
+) -> pika.BlockingConnection:
     creds = pika.PlainCredentials(user, password)
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, vhost, creds, **kw))
 
@@ -331,7 +333,9 @@ def test_expiry_timer_does_not_mark_survivors_redelivered(node: InProcessNode) -
     ch.queue_declare("mixed-ttl")
     ch.basic_publish("", "mixed-ttl", b"short", pika.BasicProperties(expiration="50"))
     ch.basic_publish("", "mixed-ttl", b"keeps")
-    pump_until(conn, lambda: ch.queue_declare("mixed-ttl", passive=True).method.message_count == 1)  # the timer ran
+    pump_until(
+        conn, lambda: ch.queue_declare("mixed-ttl", passive=True).method.message_count == 1
+    )  # the timer ran
     m, _p, body = ch.basic_get("mixed-ttl", auto_ack=True)
     assert body == b"keeps" and not m.redelivered
     assert ch.basic_get("mixed-ttl") == (None, None, None)
@@ -363,7 +367,6 @@ def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) ->
     conn.close()
 
 
-
 def test_oversize_message_fails_its_channel_only(node_factory) -> None:
     node = node_factory(limits__max_message_size=4096)
     conn = connect(node)
@@ -381,7 +384,9 @@ def test_oversize_message_fails_its_channel_only(node_factory) -> None:
 
 def test_policy_max_length_and_dead_letter_apply(node: InProcessNode) -> None:
     b = node.broker
-    node.run(lambda: b.set_policy("/", "cap", "^pol\\.", {"max-length": 1, "dead-letter-exchange": "amq.fanout"}))
+    node.run(
+        lambda: b.set_policy("/", "cap", "^pol\\.", {"max-length": 1, "dead-letter-exchange": "amq.fanout"})
+    )
     conn = connect(node)
     ch = conn.channel()
     ch.confirm_delivery()

@@ -20,14 +20,18 @@ from tests.broker_impl.conftest import InProcessNode
 
 
 @pytest.mark.parametrize(("how", "confirmed"), [("discard", False), ("delete", True)])
-def test_a_publish_waiting_for_its_confirm_when_the_queue_goes(node: InProcessNode, how: str, confirmed: bool) -> None:
+def test_a_publish_waiting_for_its_confirm_when_the_queue_goes(
+    node: InProcessNode, how: str, confirmed: bool
+) -> None:
     async def scenario() -> list[bool]:
         q = await node.broker.vhosts["/"].declare_queue("pending", owner=None, durable=True)
         gate = asyncio.Event()
         store = q.bq.publish
 
         async def held(message: Message) -> Any:
-            await gate.wait()  # the real backing queue, held where a mirror's confirm or an fsync holds a publish
+            await (
+                gate.wait()
+            )  # the real backing queue, held where a mirror's confirm or an fsync holds a publish
             return await store(message)
 
         q.bq.publish = held  # type: ignore[method-assign]

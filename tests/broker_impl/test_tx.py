@@ -115,8 +115,9 @@ def test_aio_pika_transaction(node: InProcessNode) -> None:
             persistent = aio_pika.DeliveryMode.PERSISTENT
             async with ch.transaction():
                 for i in range(3):
-                    await ch.default_exchange.publish(aio_pika.Message(f"a{i}".encode(), delivery_mode=persistent),
-                                                      "aiotx")
+                    await ch.default_exchange.publish(
+                        aio_pika.Message(f"a{i}".encode(), delivery_mode=persistent), "aiotx"
+                    )
             tx = ch.transaction()
             await tx.select()
             await ch.default_exchange.publish(aio_pika.Message(b"never", delivery_mode=persistent), "aiotx")
@@ -167,5 +168,7 @@ def test_basic_recover_is_not_part_of_a_transaction(node: InProcessNode) -> None
     assert ch.basic_get("txr")[0] is not None
     ch.basic_recover(requeue=True)  # at once, as RabbitMQ: no commit needed
     assert _count(node, "txr") == 1
-    assert node.run(lambda: next(iter(node.broker.connections)).channels[ch.channel_number].unacked_acking) == 0
+    assert (
+        node.run(lambda: next(iter(node.broker.connections)).channels[ch.channel_number].unacked_acking) == 0
+    )
     conn.close()

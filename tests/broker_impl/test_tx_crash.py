@@ -69,8 +69,11 @@ def test_sigkill_between_prepared_records_and_commit_rolls_back(subprocess_node)
     assert _drain(node.port, "txk") == [b"committed-%d" % i for i in range(BATCH)]
     node.stop()
     segment = StoreConfig.from_table({}).segment_bytes
-    halves = [r.payload for r in CommitLog(node.data_dir / "store" / "commitlog", segment).iter_records(0)
-              if r.sysflag & FLAG_TX_PREPARED]
+    halves = [
+        r.payload
+        for r in CommitLog(node.data_dir / "store" / "commitlog", segment).iter_records(0)
+        if r.sysflag & FLAG_TX_PREPARED
+    ]
     assert len(halves) == 2 * BATCH, "the open transaction's publishes were not written as prepared records"
 
 
@@ -99,8 +102,11 @@ def test_sigkill_mid_stream_keeps_every_transaction_whole(subprocess_node) -> No
     stop = threading.Event()
     t = threading.Thread(target=_tx_publisher, args=(node.port, committed, attempted, stop), daemon=True)
     t.start()
-    until(lambda: len(committed) >= 100, "100 commits before the kill",
-          gone=lambda: None if t.is_alive() else "the publisher stopped")
+    until(
+        lambda: len(committed) >= 100,
+        "100 commits before the kill",
+        gone=lambda: None if t.is_alive() else "the publisher stopped",
+    )
     node.kill()  # SIGKILL while the publisher is still committing
     stop.set()
     t.join(10)

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STATUSES = {"passed", "failed", "broken", "skipped", "unknown"}
 
-USER_TESTS = '''
+USER_TESTS = """
 import pytest
 
 pytestmark = [pytest.mark.chaos, pytest.mark.docker]
@@ -32,14 +32,16 @@ def test_power_loss_with_async_flush(chaos_run):
 
 def test_unknown_broker(chaos_run):
     chaos_run("scenarios/smoke.yaml", broker="no-such-broker")
-'''
+"""
 
 
 def _check_attachments(item: dict[str, Any], where: str, out: Path) -> list[str]:
     names = []
     for a in item.get("attachments", []):
         assert {"name", "source", "type"} <= set(a), f"{where}: attachment {a} lacks name/source/type"
-        assert (out / a["source"]).is_file(), f"{where}: attachment {a['name']!r} names {a['source']}, which is missing"
+        assert (out / a["source"]).is_file(), (
+            f"{where}: attachment {a['name']!r} names {a['source']}, which is missing"
+        )
         names.append(a["name"])
     return names
 
@@ -50,7 +52,9 @@ def _check_steps(steps: list[dict[str, Any]], where: str, out: Path) -> list[dic
     for s in steps:
         assert s.get("name"), f"{where}: a step has no name"
         assert s.get("status") in STATUSES, f"{where}: step {s.get('name')!r} status {s.get('status')!r}"
-        assert isinstance(s.get("start"), int) and isinstance(s.get("stop"), int), f"{where}: {s['name']} times"
+        assert isinstance(s.get("start"), int) and isinstance(s.get("stop"), int), (
+            f"{where}: {s['name']} times"
+        )
         assert s["start"] <= s["stop"], f"{where}: step {s['name']!r} stops before it starts"
         for p in s.get("parameters", []):
             assert {"name", "value"} <= set(p), f"{where}: step {s['name']!r} parameter {p}"
@@ -70,9 +74,24 @@ def allure_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess
     (base / "test_user_chaos.py").write_text(USER_TESTS)
     out = base / "allure-results"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(base / "test_user_chaos.py"),
-         "--alluredir", str(out), "--chaos-store", str(base / "store")],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"},
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            str(base / "test_user_chaos.py"),
+            "--alluredir",
+            str(out),
+            "--chaos-store",
+            str(base / "store"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CI": "true"},
     )
     return proc, out
 
@@ -80,12 +99,18 @@ def allure_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess
 @pytest.mark.docker
 @pytest.mark.chaos
 @pytest.mark.slow
-def test_allure_results_follow_the_format(allure_session: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+def test_allure_results_follow_the_format(
+    allure_session: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     proc, out = allure_session
-    assert proc.returncode == 1, f"one test must fail, one error: exit {proc.returncode}\n{proc.stdout[-4000:]}"
+    assert proc.returncode == 1, (
+        f"one test must fail, one error: exit {proc.returncode}\n{proc.stdout[-4000:]}"
+    )
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*-result.json"))]
     by_name = {r["name"]: r for r in results}
-    assert set(by_name) == {"test_smoke", "test_power_loss_with_async_flush", "test_unknown_broker"}, proc.stdout
+    assert set(by_name) == {"test_smoke", "test_power_loss_with_async_flush", "test_unknown_broker"}, (
+        proc.stdout
+    )
     for r in results:
         for key in ("uuid", "name", "status", "labels", "steps", "start", "stop", "historyId", "fullName"):
             assert key in r, f"{r.get('name')}: no {key!r}"
@@ -107,7 +132,13 @@ def test_allure_results_follow_the_format(allure_session: tuple[subprocess.Compl
     assert params["seed"] == "1" and "broker" in params and "run_dir" in params
     steps = _check_steps(smoke["steps"], "smoke", out)
     names = [s["name"] for s in steps]
-    for wanted in ("build images", "start cluster (1 node)", "workload and faults", "drain", "reconciliation"):
+    for wanted in (
+        "build images",
+        "start cluster (1 node)",
+        "workload and faults",
+        "drain",
+        "reconciliation",
+    ):
         assert wanted in names, f"no step {wanted!r} in {names}"
     assert smoke["steps"][0]["name"] == "load scenario scenarios/smoke.yaml"
     run_step = _run_step(smoke)

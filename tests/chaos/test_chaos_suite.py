@@ -12,16 +12,22 @@ pytestmark = [pytest.mark.chaos, pytest.mark.docker, pytest.mark.slow]
 
 
 def test_crash_keeps_confirmed_messages(chaos_run) -> None:  # type: ignore[no-untyped-def]
-    result = chaos_run("scenarios/crash.yaml", duration=10,
-                       nemesis={"schedule": [{"at": 4, "fault": "kill", "hold": 2}], "settle": 2})
+    result = chaos_run(
+        "scenarios/crash.yaml",
+        duration=10,
+        nemesis={"schedule": [{"at": 4, "fault": "kill", "hold": 2}], "settle": 2},
+    )
     result.assert_durable()
     kills = [op for op in result.history() if op["f"] == "kill" and op["type"] == "ok"]
     assert kills, "the kill was never applied"
 
 
 def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:  # type: ignore[no-untyped-def]
-    result = chaos_run("scenarios/power-loss.yaml", duration=8,
-                       nemesis={"schedule": [{"at": 4, "fault": "power-loss", "hold": 2}], "settle": 2})
+    result = chaos_run(
+        "scenarios/power-loss.yaml",
+        duration=8,
+        nemesis={"schedule": [{"at": 4, "fault": "power-loss", "hold": 2}], "settle": 2},
+    )
     result.assert_durable()
     assert result.results["counts"]["confirmed"] > 0
 
@@ -32,8 +38,9 @@ def test_a_cut_client_link_refuses_clients_until_healed(chaos_cluster) -> None: 
     import pika.exceptions
 
     host, port = chaos_cluster.client_endpoints()["n1"]
-    params = pika.ConnectionParameters(host, port, connection_attempts=1, socket_timeout=5,
-                                       blocked_connection_timeout=5)
+    params = pika.ConnectionParameters(
+        host, port, connection_attempts=1, socket_timeout=5, blocked_connection_timeout=5
+    )
     pika.BlockingConnection(params).close()
     proxy = chaos_cluster.nodes["n1"].toxiproxy
     proxy.set_enabled("client_to_n1", False)

@@ -8,9 +8,12 @@ pytestmark = [pytest.mark.chaos, pytest.mark.docker, pytest.mark.slow]
 
 
 def test_delayed_messages_survive_a_kill_and_never_arrive_early(chaos_run) -> None:  # type: ignore[no-untyped-def]
-    result = chaos_run("scenarios/reference-delayed.yaml", duration=10, checkers=["python", "delay"],
-                       nemesis={"schedule": [{"at": 3, "fault": "kill", "params": {"node": "n1"}, "hold": 3}],
-                                "settle": 2})
+    result = chaos_run(
+        "scenarios/reference-delayed.yaml",
+        duration=10,
+        checkers=["python", "delay"],
+        nemesis={"schedule": [{"at": 3, "fault": "kill", "params": {"node": "n1"}, "hold": 3}], "settle": 2},
+    )
     result.assert_durable()
     delay = result.results["checkers"]["delay"]
     assert delay["verdict"] == "durable", delay

@@ -21,8 +21,11 @@ class UnusedDataDirBroker(ReferenceBroker):
 
     def config_toml(self, node: NodeInfo) -> str:
         # The broker keeps storing where the reference plugin points it.
-        return super().config_toml(node).replace(f'data_dir = "{self.data_dir}"',
-                                                 f'data_dir = "{ReferenceBroker.data_dir}"')
+        return (
+            super()
+            .config_toml(node)
+            .replace(f'data_dir = "{self.data_dir}"', f'data_dir = "{ReferenceBroker.data_dir}"')
+        )
 
 
 class BadPortBroker(ReferenceBroker):

@@ -19,13 +19,23 @@ from harness.host import Host
 REPO = Path(__file__).resolve().parents[2]
 
 REFERENCE_CHECKS = (
-    "contract: attributes", "contract: client driver", "contract: capabilities", "contract: data_dir",
-    "contract: recipe and node spec", "image: builds", "cluster: nodes start and form a cluster",
-    "cluster: client port through the proxy", "data-dir: the broker writes there",
-    "correctness: no faults, durable", "kill: applied, healed, broker recovers",
-    "pause: applied, healed, broker recovers", "stop: applied, healed, broker recovers",
-    "power-loss: applied, healed, broker recovers", "power-loss: lazyfs held unsynced broker data",
-    "partition: applied, healed, broker recovers", "clock-skew: applied, healed, broker recovers",
+    "contract: attributes",
+    "contract: client driver",
+    "contract: capabilities",
+    "contract: data_dir",
+    "contract: recipe and node spec",
+    "image: builds",
+    "cluster: nodes start and form a cluster",
+    "cluster: client port through the proxy",
+    "data-dir: the broker writes there",
+    "correctness: no faults, durable",
+    "kill: applied, healed, broker recovers",
+    "pause: applied, healed, broker recovers",
+    "stop: applied, healed, broker recovers",
+    "power-loss: applied, healed, broker recovers",
+    "power-loss: lazyfs held unsynced broker data",
+    "partition: applied, healed, broker recovers",
+    "clock-skew: applied, healed, broker recovers",
 )
 
 
@@ -44,7 +54,9 @@ def test_contract_names_what_a_plugin_declares_wrong() -> None:
     assert by["contract: attributes"].status == FAIL
     assert "client_port must be a TCP port" in by["contract: attributes"].detail
     assert by["contract: attributes"].hint
-    assert by["cluster"].status == SKIP and "contract" in by["cluster"].detail, "no Docker work on a broken contract"
+    assert by["cluster"].status == SKIP and "contract" in by["cluster"].detail, (
+        "no Docker work on a broken contract"
+    )
 
 
 def test_unknown_check_group_is_one_clear_error() -> None:
@@ -53,9 +65,11 @@ def test_unknown_check_group_is_one_clear_error() -> None:
 
 
 def test_render_shows_result_detail_and_what_to_do() -> None:
-    rows = [Check("contract: data_dir", PASS, "data_dir '/d'"),
-            Check("data-dir: the broker writes there", FAIL, "holds no files", "point the config at data_dir"),
-            Check("pause", SKIP, "the plugin does not declare 'pause'")]
+    rows = [
+        Check("contract: data_dir", PASS, "data_dir '/d'"),
+        Check("data-dir: the broker writes there", FAIL, "holds no files", "point the config at data_dir"),
+        Check("pause", SKIP, "the plugin does not declare 'pause'"),
+    ]
     text = render(rows, "x")
     assert failed(rows) and not failed(rows[:1])
     line = next(x for x in text.splitlines() if x.startswith("data-dir"))
@@ -105,9 +119,26 @@ def test_reference_inter_node_links_never_bypass_the_proxies(reference_rows: dic
 def test_validate_names_a_data_directory_the_broker_does_not_use(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        ["brokerchaos", "-q", "-p", "tests.conformance.broken_plugin", "validate", "--plugin", "broken-datadir",
-         "--only", "contract,data-dir,power-loss", "--duration", "4", "--store", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+        [
+            "brokerchaos",
+            "-q",
+            "-p",
+            "tests.conformance.broken_plugin",
+            "validate",
+            "--plugin",
+            "broken-datadir",
+            "--only",
+            "contract,data-dir,power-loss",
+            "--duration",
+            "4",
+            "--store",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     out = proc.stdout
     assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"

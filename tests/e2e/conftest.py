@@ -44,8 +44,9 @@ def brokerchaos(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     def run(*args: str, timeout: float = 900) -> CliRun:
         env = {**os.environ, "BROKERCHAOS_STORE": str(store)}
-        proc = subprocess.run(["brokerchaos", *args], capture_output=True, text=True, timeout=timeout,
-                              env=env, cwd=REPO)
+        proc = subprocess.run(
+            ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+        )
         return CliRun(proc, store)
 
     return run
@@ -59,8 +60,11 @@ def labelled(run_id: str | None = None, *, owner_pid: int | None = None) -> dict
     from harness.cluster import OWNER_PID_LABEL
 
     client = docker.from_env()
-    flt = (["brokerchaos.project=brokerchaos"] + ([f"brokerchaos.run={run_id}"] if run_id else [])
-           + ([f"{OWNER_PID_LABEL}={owner_pid}"] if owner_pid is not None else []))
+    flt = (
+        ["brokerchaos.project=brokerchaos"]
+        + ([f"brokerchaos.run={run_id}"] if run_id else [])
+        + ([f"{OWNER_PID_LABEL}={owner_pid}"] if owner_pid is not None else [])
+    )
     # Sorted: the engine lists in no fixed order.
     return {
         "containers": sorted(c.name for c in client.containers.list(all=True, filters={"label": flt})),

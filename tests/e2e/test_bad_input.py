@@ -17,9 +17,14 @@ def test_a_client_port_in_use_is_one_line_and_starts_nothing(tmp_path) -> None: 
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--ports", str(port)], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={"BROKERCHAOS_STORE": str(tmp_path), "PATH": __import__("os").environ["PATH"]})
+        proc = subprocess.Popen(
+            ["brokerchaos", "run", "scenarios/smoke.yaml", "--ports", str(port)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"BROKERCHAOS_STORE": str(tmp_path), "PATH": __import__("os").environ["PATH"]},
+        )
         _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
     lines = err.strip().splitlines()

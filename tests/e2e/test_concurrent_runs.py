@@ -40,8 +40,11 @@ def _plant_orphan() -> str:
     child.stdin.close()
     child.wait()
     run_id = f"bc-orphan{secrets.token_hex(3)}"
-    labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id,
-              **replace(Owner.current(), pid=child.pid, start=start).labels()}
+    labels = {
+        PROJECT_LABEL: "brokerchaos",
+        RUN_LABEL: run_id,
+        **replace(Owner.current(), pid=child.pid, start=start).labels(),
+    }
     client = _client()
     client.networks.create(run_id, driver="bridge", labels=labels)
     client.volumes.create(f"{run_id}-n1-data", labels=labels)
@@ -71,19 +74,42 @@ def _ended(procs: list[subprocess.Popen[str]]) -> str | None:
 def test_two_runs_at_once_and_a_down_between_them(tmp_path: Path) -> None:
     orphan = _plant_orphan()
     env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    procs = [subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "8", "--seed", str(seed),
-                               "--checker", "python"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-             for seed in (11, 12)]
+    procs = [
+        subprocess.Popen(
+            [
+                "brokerchaos",
+                "run",
+                "scenarios/smoke.yaml",
+                "--duration",
+                "8",
+                "--seed",
+                str(seed),
+                "--checker",
+                "python",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for seed in (11, 12)
+    ]
     try:
-        until(lambda: all(_brokers_started(p.pid) for p in procs), "both runs to start their brokers", every=0.5,
-              gone=lambda: _ended(procs))
+        until(
+            lambda: all(_brokers_started(p.pid) for p in procs),
+            "both runs to start their brokers",
+            every=0.5,
+            gone=lambda: _ended(procs),
+        )
         before = {p.pid: _containers_of(p.pid) for p in procs}
         assert set(before[procs[0].pid].values()).isdisjoint(before[procs[1].pid].values())
 
         down = subprocess.run(["brokerchaos", "down"], capture_output=True, text=True, timeout=300, cwd=REPO)
         assert down.returncode == 0, down.stderr
-        assert re.search(rf"of \d+ run\(s\) whose harness has exited \(.*{orphan}.*\)", down.stdout), down.stdout
+        assert re.search(rf"of \d+ run\(s\) whose harness has exited \(.*{orphan}.*\)", down.stdout), (
+            down.stdout
+        )
         for p in procs:
             run_id = next(iter(before[p.pid].values()))
             assert f"left alone: {run_id}: harness still running" in down.stdout, down.stdout

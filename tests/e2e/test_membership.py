@@ -14,11 +14,14 @@ def test_a_node_leaves_and_joins_a_running_quorum_cluster(brokerchaos, tmp_path)
     import yaml
 
     scenario = {
-        "name": "membership-short", "seed": 1,
+        "name": "membership-short",
+        "seed": 1,
         "broker": {"plugin": "rabbitmq", "nodes": 3, "settings": {"queue_type": "quorum"}},
         "workload": {"producers": 1, "consumers": 1, "rate": 50, "duration": 25, "drain_timeout": 120},
-        "nemesis": {"schedule": [{"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10}],
-                    "settle": 10},
+        "nemesis": {
+            "schedule": [{"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10}],
+            "settle": 10,
+        },
         "checkers": ["python"],
     }
     path = tmp_path / "membership.yaml"
@@ -33,5 +36,9 @@ def test_a_node_leaves_and_joins_a_running_quorum_cluster(brokerchaos, tmp_path)
     healed = [json.loads(op["value"]) for op in nemesis if op["f"] == "heal"]
     added = [h for h in healed if "f1" in h.get("fault_ids", [])]
     # ... and count it again once it joined.
-    assert added and "n3" in json.dumps(added[0]) and '"members_after": ["n1", "n2", "n3"]' in json.dumps(added[0])
+    assert (
+        added
+        and "n3" in json.dumps(added[0])
+        and '"members_after": ["n1", "n2", "n3"]' in json.dumps(added[0])
+    )
     assert r.results["counts"]["confirmed"] > 200

@@ -30,8 +30,11 @@ def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None: 
     assert res["counts"]["confirmed"] > 0  # how many depends on how busy the machine is, not on the broker
     stream = res["checkers"]["stream"]
     assert stream["valid"] is True and stream["counts"]["confirmed"] == res["counts"]["confirmed"]
-    drain = [json.loads(line) for line in (r.run_dir / "history.jsonl").read_text().splitlines()
-             if '"drain"' in line]
+    drain = [
+        json.loads(line)
+        for line in (r.run_dir / "history.jsonl").read_text().splitlines()
+        if '"drain"' in line
+    ]
     replicas = json.loads(next(op["value"] for op in drain if op["type"] == "ok"))["replicas"]
     assert sorted(replicas) == ["n1", "n2", "n3"]  # every server's own view of the stream, all alike
     assert len({json.dumps(v, sort_keys=True) for v in replicas.values()}) == 1
@@ -40,8 +43,9 @@ def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None: 
 def test_coordinated_power_loss_loses_acknowledged_messages(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = yaml.safe_load(open("scenarios/nats-power-loss-coordinated.yaml"))
     data["workload"].update(duration=20)
-    data["nemesis"]["schedule"] = [{"at": 8, "fault": "power-loss-coordinated", "params": {"nodes": "all"},
-                                    "hold": 3}]
+    data["nemesis"]["schedule"] = [
+        {"at": 8, "fault": "power-loss-coordinated", "params": {"nodes": "all"}, "hold": 3}
+    ]
     data["nemesis"]["settle"] = 5
     data["checkers"] = ["python", "stream"]
     short = tmp_path / "plc.yaml"

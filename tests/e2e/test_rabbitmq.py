@@ -19,7 +19,9 @@ def _faults(run_dir) -> list[str]:  # type: ignore[no-untyped-def]
     return kinds
 
 
-@pytest.mark.parametrize("scenario", ["scenarios/rabbitmq-jepsen-2014.yaml", "scenarios/rabbitmq-jepsen-2014-quorum.yaml"])
+@pytest.mark.parametrize(
+    "scenario", ["scenarios/rabbitmq-jepsen-2014.yaml", "scenarios/rabbitmq-jepsen-2014-quorum.yaml"]
+)
 def test_random_halves_partitions_short(brokerchaos, tmp_path, scenario: str) -> None:  # type: ignore[no-untyped-def]
     import yaml
 

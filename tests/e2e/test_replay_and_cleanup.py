@@ -46,8 +46,14 @@ def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos
 
 def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -> None:
     env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    proc = subprocess.Popen(["brokerchaos", "run", "scenarios/power-loss.yaml", "--duration", "60"], cwd=REPO,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["brokerchaos", "run", "scenarios/power-loss.yaml", "--duration", "60"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = None
     seen: list[str] = []
     reached_fault = False
@@ -60,12 +66,16 @@ def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -
         if "nemesis" in line and "power-loss" in line:
             reached_fault = True
             break  # the broker is down, its lazy filesystem holds a dropped cache
-    assert run_id is not None and reached_fault, "the run ended before its first fault:\n" + "".join(seen[-20:])
+    assert run_id is not None and reached_fault, "the run ended before its first fault:\n" + "".join(
+        seen[-20:]
+    )
     proc.send_signal(signal.SIGKILL)  # no teardown at all
     proc.wait(timeout=30)
     left = labelled(run_id)
     assert left["containers"] and left["volumes"], "a killed harness leaves its cluster behind"
-    down = subprocess.run(["brokerchaos", "down", "--run", run_id], capture_output=True, text=True, timeout=120)
+    down = subprocess.run(
+        ["brokerchaos", "down", "--run", run_id], capture_output=True, text=True, timeout=120
+    )
     assert down.returncode == 0, down.stderr
     assert labelled(run_id) == {"containers": [], "networks": [], "volumes": []}
     mounts = Path("/proc/mounts").read_text()

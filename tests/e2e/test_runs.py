@@ -58,8 +58,14 @@ def test_analyze_rechecks_a_stored_run(brokerchaos) -> None:  # type: ignore[no-
 
 def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
     env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    proc = subprocess.Popen(["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "120"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "120"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = None
     reached = False
     assert proc.stderr is not None

@@ -20,13 +20,17 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
 def test_until_fail_then_shrink_to_the_power_loss_alone(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    found = brokerchaos("run", "scenarios/shrink-mixed-faults.yaml", "--until-fail", "--runs", "3", "--checker", "python")
+    found = brokerchaos(
+        "run", "scenarios/shrink-mixed-faults.yaml", "--until-fail", "--runs", "3", "--checker", "python"
+    )
     assert found.code == 1, found.explain()
     assert "until-fail: first failure at run 1 (seed 3)" in found.proc.stdout, found.explain()
     assert found.results["verdict"] == "LOST"
 
     out = tmp_path / "shrink"
-    shrunk = brokerchaos("shrink", str(found.run_dir), "--trials", "1", "--passes", "faults", "--out", str(out))
+    shrunk = brokerchaos(
+        "shrink", str(found.run_dir), "--trials", "1", "--passes", "faults", "--out", str(out)
+    )
     assert shrunk.code == 0, shrunk.explain()
     assert "4 -> 1 fault action(s)" in shrunk.proc.stdout, shrunk.explain()
 
@@ -44,9 +48,12 @@ def test_until_fail_then_shrink_to_the_power_loss_alone(brokerchaos, tmp_path: P
     page = (out / "shrink.html").read_text()
     assert "<svg" in page and "f3 power-loss n1" in page
 
-    clean = next(Path(t["run_dir"]) for c in data["candidates"] for t in c["trials"] if t["verdict"] == "durable")
+    clean = next(
+        Path(t["run_dir"]) for c in data["candidates"] for t in c["trials"] if t["verdict"] == "durable"
+    )
     refused = brokerchaos("shrink", str(clean))
     assert refused.code == 2, refused.explain()
     assert refused.proc.stderr.splitlines() == [
-        f"brokerchaos: {clean} is durable, not a failure: shrink takes a run whose verdict is LOST or INTEGRITY"]
+        f"brokerchaos: {clean} is durable, not a failure: shrink takes a run whose verdict is LOST or INTEGRITY"
+    ]
     assert "Traceback" not in refused.proc.stderr

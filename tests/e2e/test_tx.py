@@ -14,8 +14,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 def test_transactions_stay_whole_through_a_master_kill(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = yaml.safe_load(open("scenarios/reference-tx.yaml"))
     data["workload"].update(duration=12, drain_timeout=60)
-    data["nemesis"] = {"schedule": [{"at": 4, "fault": "kill", "params": {"node": "n1"}, "hold": 3}], "settle": 4}
-    data["checkers"] = ["python", "atomicity"]  # the point is the broker and the atomicity checks, not the engine
+    data["nemesis"] = {
+        "schedule": [{"at": 4, "fault": "kill", "params": {"node": "n1"}, "hold": 3}],
+        "settle": 4,
+    }
+    data["checkers"] = [
+        "python",
+        "atomicity",
+    ]  # the point is the broker and the atomicity checks, not the engine
     short = tmp_path / "reference-tx.yaml"
     short.write_text(yaml.safe_dump(data))
     r = brokerchaos("run", str(short))

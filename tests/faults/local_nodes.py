@@ -38,8 +38,7 @@ class LocalCluster:
         self.nodes = {n: LocalNode(n, i) for n, i in inits.items()}
         # One data directory for all, as in a real cluster (where each container has its own).
         dirs = {i.data for i in inits.values()}
-        self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None,
-                                        lazyfs=lazyfs)
+        self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None, lazyfs=lazyfs)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
         for n in nodes:

@@ -14,7 +14,7 @@ from harness import BrokerPlugin, ImageRecipe, NodeHandle, NodeInfo, NodeSpec, h
 from plugins.reference import ReferenceBroker
 
 PEER_PORT = 25999
-PROBE = r'''
+PROBE = r"""
 import socket, socketserver, sys, threading
 host = socket.gethostbyname(socket.gethostname())
 class H(socketserver.StreamRequestHandler):
@@ -27,8 +27,8 @@ class S(socketserver.ThreadingTCPServer):
     daemon_threads = True
 threading.Thread(target=S(("0.0.0.0", 5672), H).serve_forever, daemon=True).start()
 S((host, int(sys.argv[1])), H).serve_forever()
-'''
-SEND = r'''
+"""
+SEND = r"""
 import socket, sys, time
 peer, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 try:
@@ -38,7 +38,7 @@ try:
     s.close()
 except OSError as e:
     print("connect failed:", e)
-'''
+"""
 
 
 class Probe(BrokerPlugin):
@@ -54,8 +54,10 @@ class Probe(BrokerPlugin):
         return ReferenceBroker().image()
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
-        return NodeSpec(command=["python3", "/opt/probe.py", str(PEER_PORT)],
-                        files={"/opt/probe.py": PROBE, "/opt/send.py": SEND})
+        return NodeSpec(
+            command=["python3", "/opt/probe.py", str(PEER_PORT)],
+            files={"/opt/probe.py": PROBE, "/opt/send.py": SEND},
+        )
 
     def is_ready(self, node: NodeHandle) -> bool:
         rc, out = node.exec(["sh", "-c", f"ss -ltn | grep -q ':{PEER_PORT} '"], timeout=5)

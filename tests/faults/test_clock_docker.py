@@ -18,7 +18,9 @@ from harness.spec import FaultContext
 
 pytestmark = pytest.mark.docker
 
-OPENED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO broker_impl\.connection: connection \S+ opened")
+OPENED = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO broker_impl\.connection: connection \S+ opened"
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,15 @@ def cluster():  # type: ignore[no-untyped-def]
     settings = plugin.validate_settings({})
     client = docker_client()
     builder = ImageBuilder(client)
-    topology = build_topology(plugin, run_id=f"bc-clock{random.randrange(16**4):04x}", nodes=1, settings=settings,
-                              broker_image=builder.faketime_image(builder.node_image(plugin.image())),
-                              proxy_image=builder.toxiproxy_image(), faketime=True)
+    topology = build_topology(
+        plugin,
+        run_id=f"bc-clock{random.randrange(16**4):04x}",
+        nodes=1,
+        settings=settings,
+        broker_image=builder.faketime_image(builder.node_image(plugin.image())),
+        proxy_image=builder.toxiproxy_image(),
+        faketime=True,
+    )
     with Cluster(client, topology, plugin, settings) as c:
         c.start()
         yield c
@@ -50,7 +58,9 @@ def broker_offset(cluster) -> float:  # type: ignore[no-untyped-def]
         lines = cluster.nodes["n1"].container.logs().decode(errors="replace").splitlines()[before:]
         stamps = [m.group(1) for m in map(OPENED.match, lines) if m]
         if stamps:
-            logged = datetime.datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=datetime.UTC)
+            logged = datetime.datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").replace(
+                tzinfo=datetime.UTC
+            )
             return logged.timestamp() - (t0 + t1) / 2
         time.sleep(0.1)
     raise AssertionError("the broker logged no connection")
@@ -87,8 +97,13 @@ def test_skew_bump_strobe_reach_the_broker_and_heal(cluster) -> None:  # type: i
     assert abs(settled_offset(cluster, -150.5) + 150.5) <= 1.0
 
     # A strobe flips the broker's clock while it runs (seen from the broker), then ends true.
-    strobe = ClockStrobe(ctx, ClockStrobe.resolve({"node": "n1", "a": 0, "b": 600, "period": 1, "duration": 30},
-                                                  nodes, random.Random(2)), "f3")
+    strobe = ClockStrobe(
+        ctx,
+        ClockStrobe.resolve(
+            {"node": "n1", "a": 0, "b": 600, "period": 1, "duration": 30}, nodes, random.Random(2)
+        ),
+        "f3",
+    )
     strobe.apply()
     seen = set()
     for _ in range(40):

@@ -29,32 +29,68 @@ def test_resolve_is_concrete_and_seeded(kind) -> None:  # type: ignore[no-untype
 
 
 def test_offsets_as_libfaketime_reads_them() -> None:
-    assert [offset_text(x) for x in (0, -0.0, 3600, -150.5, 0.0004, 12.3456)] == \
-        ["+0", "+0", "+3600", "-150.5", "+0", "+12.346"]
+    assert [offset_text(x) for x in (0, -0.0, 3600, -150.5, 0.0004, 12.3456)] == [
+        "+0",
+        "+0",
+        "+3600",
+        "-150.5",
+        "+0",
+        "+12.346",
+    ]
 
 
-@pytest.mark.parametrize(("kind", "params", "message"), [
-    (ClockSkew, {"node": "n9"}, "not one of"),
-    (ClockSkew, {"offset": "soon"}, "expects float"),
-    (ClockStrobe, {"period": 0.1}, "below 1.0s"),
-    (ClockStrobe, {"duration": 0}, "duration must be > 0"),
-    (ClockReset, {"nodes": ["n1", "x"]}, "not one of"),
-    (Netem, {"loss": 120}, "percentage from 0 to 100"),
-    (Netem, {"jitter": 5}, "jitter needs a delay"),
-    (Netem, {"reorder": 25, "loss": 1}, "reorder needs a delay"),
-    (PacketLoss, {"direction": "sideways"}, "not allowed"),
-])
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        (ClockSkew, {"node": "n9"}, "not one of"),
+        (ClockSkew, {"offset": "soon"}, "expects float"),
+        (ClockStrobe, {"period": 0.1}, "below 1.0s"),
+        (ClockStrobe, {"duration": 0}, "duration must be > 0"),
+        (ClockReset, {"nodes": ["n1", "x"]}, "not one of"),
+        (Netem, {"loss": 120}, "percentage from 0 to 100"),
+        (Netem, {"jitter": 5}, "jitter needs a delay"),
+        (Netem, {"reorder": 25, "loss": 1}, "reorder needs a delay"),
+        (PacketLoss, {"direction": "sideways"}, "not allowed"),
+    ],
+)
 def test_refused_before_the_run(kind, params, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ScenarioError, match=message):
         kind.resolve(params, NODES, random.Random(0))
 
 
 def test_netem_options_in_tc_order() -> None:
-    params = Netem.resolve({"node": "n2", "delay": 100, "jitter": 20, "loss": 2.5, "reorder": 25, "duplicate": 1,
-                            "corrupt": 0.1, "correlation": 25}, NODES, random.Random(0))
+    params = Netem.resolve(
+        {
+            "node": "n2",
+            "delay": 100,
+            "jitter": 20,
+            "loss": 2.5,
+            "reorder": 25,
+            "duplicate": 1,
+            "corrupt": 0.1,
+            "correlation": 25,
+        },
+        NODES,
+        random.Random(0),
+    )
     assert Netem(None, params).tc_args() == [  # type: ignore[arg-type]
-        "delay", "100ms", "20ms", "25%", "loss", "2.5%", "25%", "duplicate", "1%", "25%",
-        "corrupt", "0.1%", "25%", "reorder", "25%", "25%"]
+        "delay",
+        "100ms",
+        "20ms",
+        "25%",
+        "loss",
+        "2.5%",
+        "25%",
+        "duplicate",
+        "1%",
+        "25%",
+        "corrupt",
+        "0.1%",
+        "25%",
+        "reorder",
+        "25%",
+        "25%",
+    ]
 
 
 def test_clock_kinds_need_the_fake_clock_and_a_runtime_that_honours_it() -> None:
@@ -76,10 +112,14 @@ def test_the_fake_clock_is_preloaded_into_the_broker_only() -> None:
     plain = build_topology(plugin, **kw)  # type: ignore[arg-type]
     faked = build_topology(plugin, faketime=True, **kw)  # type: ignore[arg-type]
     broker = faked.container("n1", "broker")
-    env = list(broker.command[broker.command.index("--") + 1:])
+    env = list(broker.command[broker.command.index("--") + 1 :])
     assert env[0] == "/usr/bin/env" and f"FAKETIME_TIMESTAMP_FILE={FAKETIME_FILE}" in env
-    assert env[1 + len(FAKETIME_ENV):] == list(plain.container("n1", "broker").command)[
-        list(plain.container("n1", "broker").command).index("--") + 1:]
+    assert (
+        env[1 + len(FAKETIME_ENV) :]
+        == list(plain.container("n1", "broker").command)[
+            list(plain.container("n1", "broker").command).index("--") + 1 :
+        ]
+    )
     assert "LD_PRELOAD" not in broker.env, "nodeinit and docker exec keep the real clock"
     assert faked.faketime and not plain.faketime
     assert faked.container("n1", "proxy").cap_add == ("NET_ADMIN",)
@@ -92,9 +132,20 @@ def test_a_planned_clock_fault_brings_the_fake_clock_and_only_where_the_runtime_
 
     host = Host.load()
     faults = host.registry.faults
-    sc = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 60},
-                    "nemesis": {"random": {"faults": ["clock-skew", "clock-strobe", "kill", "packet-loss"],
-                                           "every": [2, 4], "hold": [1, 3]}}})
+    sc = from_dict(
+        {
+            "seed": 4,
+            "broker": {"plugin": "reference", "nodes": 3},
+            "workload": {"duration": 60},
+            "nemesis": {
+                "random": {
+                    "faults": ["clock-skew", "clock-strobe", "kill", "packet-loss"],
+                    "every": [2, 4],
+                    "hold": [1, 3],
+                }
+            },
+        }
+    )
     planned = plan(sc, faults, NODES)
     kinds = {s.kind for s in planned.steps}
     assert {"clock-skew", "clock-strobe", "packet-loss"} <= kinds
@@ -102,8 +153,14 @@ def test_a_planned_clock_fault_brings_the_fake_clock_and_only_where_the_runtime_
     # a replayed plan (read back from a history) brings it too
     replay = Plan([PlannedFault("f1", 1.0, 2.0, "clock-bump", {"node": "n2", "delta": -5.0})])
     assert host_features(sc, replay, faults) == {"faketime"}
-    plain = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 60},
-                       "nemesis": {"random": {"faults": ["kill"], "every": [2, 4], "hold": [1, 3]}}})
+    plain = from_dict(
+        {
+            "seed": 4,
+            "broker": {"plugin": "reference", "nodes": 3},
+            "workload": {"duration": 60},
+            "nemesis": {"random": {"faults": ["kill"], "every": [2, 4], "hold": [1, 3]}},
+        }
+    )
     assert host_features(plain, plan(plain, faults, NODES), faults) == set()
     # nats-server is a Go binary: it reads the clock without libc, so clock kinds are refused for it
     if "nats" in host.registry.brokers:

@@ -40,8 +40,10 @@ def test_candidates_are_sorted_non_empty_files_matching_the_glob(data: Path) -> 
 def test_bitflip_changes_exactly_the_recorded_bits(data: Path) -> None:
     path = data / "seg" / "0001.log"
     before = path.read_bytes()
-    done = corrupt(data, {"mode": "bitflip", "glob": "seg/*.log", "file": 0.2,
-                          "flips": [[0.0, 0], [0.5, 7], [0.999999, 3]]})
+    done = corrupt(
+        data,
+        {"mode": "bitflip", "glob": "seg/*.log", "file": 0.2, "flips": [[0.0, 0], [0.5, 7], [0.999999, 3]]},
+    )
     after = path.read_bytes()
     assert done["file"] == str(path) and done["candidates"] == 2
     assert done["size_before"] == done["size_after"] == 5000
@@ -77,9 +79,12 @@ def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
     assert t["nodes"] == ["n2"] and set(t["picks"]["n2"]) == {"file", "cut"}
     t = CorruptFile.resolve({"mode": "truncate", "bytes": 10}, N3, random.Random(1))
     assert t["bytes"] == 10 and set(t["picks"][t["nodes"][0]]) == {"file"}
-    for bad, match in (({"mode": "truncate", "bits": 2}, "bits is for mode bitflip"),
-                       ({"bytes": 2}, "bytes is for mode truncate"), ({"mode": "zero"}, "mode 'zero'"),
-                       ({"bits": 0}, "between 1 and 4096")):
+    for bad, match in (
+        ({"mode": "truncate", "bits": 2}, "bits is for mode bitflip"),
+        ({"bytes": 2}, "bytes is for mode truncate"),
+        ({"mode": "zero"}, "mode 'zero'"),
+        ({"bits": 0}, "between 1 and 4096"),
+    ):
         with pytest.raises(ScenarioError, match=match):
             CorruptFile.resolve(bad, N3, random.Random(1))
 

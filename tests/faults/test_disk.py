@@ -22,14 +22,24 @@ def test_resolve_is_concrete_and_checked() -> None:
     assert len(p["nodes"]) == 1 and p["files"] == "*" and p["ops"] == ["write", "fsync"]
     assert DiskError.resolve(p, N3, random.Random(9)) == p
     assert DiskError.resolve({"ops": ["fsync", "read"]}, N3, random.Random(2))["ops"] == ["read", "fsync"]
-    assert DiskFull.resolve({"nodes": "all"}, N3, random.Random(1)) == {"nodes": N3, "files": "*", "after_bytes": 0,
-                                                                            "df": True}
+    assert DiskFull.resolve({"nodes": "all"}, N3, random.Random(1)) == {
+        "nodes": N3,
+        "files": "*",
+        "after_bytes": 0,
+        "df": True,
+    }
     assert SlowFsync.resolve({"delay_ms": 50}, N3, random.Random(1))["delay_ms"] == 50.0
     assert FsyncLie.resolve({"nodes": ["n2"], "files": "store/*"}, N3, random.Random(1)) == {
-        "nodes": ["n2"], "files": "store/*"}
-    for cls, bad, match in ((DiskError, {"ops": ["chmod"]}, "ops"), (DiskError, {"ops": []}, "ops"),
-                            (DiskFull, {"after_bytes": -1}, "negative"), (SlowFsync, {"delay_ms": 0}, "delay_ms"),
-                            (FsyncLie, {"delay_ms": 5}, "unknown parameter")):
+        "nodes": ["n2"],
+        "files": "store/*",
+    }
+    for cls, bad, match in (
+        (DiskError, {"ops": ["chmod"]}, "ops"),
+        (DiskError, {"ops": []}, "ops"),
+        (DiskFull, {"after_bytes": -1}, "negative"),
+        (SlowFsync, {"delay_ms": 0}, "delay_ms"),
+        (FsyncLie, {"delay_ms": 5}, "unknown parameter"),
+    ):
         with pytest.raises(ScenarioError, match=match):
             cls.resolve(bad, N3, random.Random(1))
 
@@ -90,9 +100,17 @@ def test_the_random_nemesis_draws_every_storage_kind_concretely() -> None:
     from harness.nemesis import plan
     from harness.scenario import from_dict
 
-    kinds = {c.name: c for c in (PowerLossCoordinated, CorruptFile, DiskError, DiskFull, SlowFsync, FsyncLie, Kill)}
-    sc = from_dict({"seed": 4, "broker": {"plugin": "reference", "nodes": 3}, "workload": {"duration": 300},
-                    "nemesis": {"random": {"faults": sorted(kinds), "every": [3, 6], "hold": [2, 5], "overlap": 2}}})
+    kinds = {
+        c.name: c for c in (PowerLossCoordinated, CorruptFile, DiskError, DiskFull, SlowFsync, FsyncLie, Kill)
+    }
+    sc = from_dict(
+        {
+            "seed": 4,
+            "broker": {"plugin": "reference", "nodes": 3},
+            "workload": {"duration": 300},
+            "nemesis": {"random": {"faults": sorted(kinds), "every": [3, 6], "hold": [2, 5], "overlap": 2}},
+        }
+    )
     steps = plan(sc, kinds, N3).steps
     assert {s.kind for s in steps} == set(kinds)
     for s in steps:

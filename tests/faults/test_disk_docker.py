@@ -26,8 +26,12 @@ QUEUE = "chaos-disk-probe"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    sc = from_dict({"name": "disk-probe", "broker": {"plugin": "reference", "nodes": 1, "lazyfs": True,
-                                                     "settings": {"flush": "sync"}}})
+    sc = from_dict(
+        {
+            "name": "disk-probe",
+            "broker": {"plugin": "reference", "nodes": 1, "lazyfs": True, "settings": {"flush": "sync"}},
+        }
+    )
     with running_cluster(Host.load(), sc) as c:
         yield c
 
@@ -47,9 +51,12 @@ async def _publish(cluster: Any, bodies: list[bytes]) -> list[tuple[bytes, str, 
         for body in bodies:
             t = time.monotonic()
             try:
-                r = await asyncio.wait_for(ch.basic_publish(body, routing_key=QUEUE,
-                                                            properties=aiormq.spec.Basic.Properties(delivery_mode=2)),
-                                           15)
+                r = await asyncio.wait_for(
+                    ch.basic_publish(
+                        body, routing_key=QUEUE, properties=aiormq.spec.Basic.Properties(delivery_mode=2)
+                    ),
+                    15,
+                )
                 outcome = "ack" if isinstance(r, aiormq.spec.Basic.Ack) else "nack"
             except Exception as exc:  # noqa: BLE001 - a refused publish is an outcome here
                 outcome = f"error: {type(exc).__name__}: {exc}"
@@ -120,8 +127,9 @@ def test_disk_faults_reach_the_broker(cluster: Any) -> None:
     # EIO on the commit log, then a full disk that df does not show (so no disk alarm blocks
     # publishers first): the broker refuses (or stops), and its own log names the error.
     for fid, cls, params, error in (
-            ("f4", DiskError, {}, "Input/output error"),
-            ("f5", DiskFull, {"df": False}, "No space left on device")):
+        ("f4", DiskError, {}, "Input/output error"),
+        ("f5", DiskFull, {"df": False}, "No space left on device"),
+    ):
         f = fault(cluster, cls, {"nodes": "all", "files": "store/commitlog/*", **params}, fid)
         f.apply()
         refused = publish(cluster, fid, 3)

@@ -20,7 +20,10 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASO
 
 @pytest.fixture
 def lazy() -> Iterator[LazyMount]:
-    with tempfile.TemporaryDirectory(prefix="lzd") as tmp, LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock") as lz:
+    with (
+        tempfile.TemporaryDirectory(prefix="lzd") as tmp,
+        LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock") as lz,
+    ):
         yield lz
 
 
@@ -125,10 +128,13 @@ def test_slow_fsync_waits_and_a_lying_fsync_loses_the_data_at_power_loss(lazy: L
 
 
 def test_bad_rules_are_refused(lazy: LazyMount) -> None:
-    for line, why in (('fault add {"id": "x", "kind": "melt"}', "rule kind"),
-                      ('fault add {"kind": "eio"}', "needs an id"),
-                      ('fault add {"id": "x", "kind": "eio", "ops": ["chmod"]}', "rule ops"),
-                      ("fault add nope", "fault add"), ("fault", "usage")):
+    for line, why in (
+        ('fault add {"id": "x", "kind": "melt"}', "rule kind"),
+        ('fault add {"kind": "eio"}', "needs an id"),
+        ('fault add {"id": "x", "kind": "eio", "ops": ["chmod"]}', "rule ops"),
+        ("fault add nope", "fault add"),
+        ("fault", "usage"),
+    ):
         reply = lazy.command(line)
         assert not reply["ok"] and why in reply["error"], reply
     rule(lazy, id="x", kind="eio")

@@ -15,8 +15,10 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASO
 
 def _scenario(names: str) -> dict[str, bytes | None]:
     """mkdir + create + write + fsync(file) with no directory fsync; a second file never fsynced."""
-    with tempfile.TemporaryDirectory(prefix="lzj") as tmp, \
-            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz:
+    with (
+        tempfile.TemporaryDirectory(prefix="lzj") as tmp,
+        LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz,
+    ):
         m = lz.mountpoint
         os.mkdir(f"{m}/sub")
         other = os.open(f"{m}/sub/other", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -49,8 +51,10 @@ def test_journal_commits_every_name_with_any_fsync() -> None:
 @pytest.mark.parametrize(("names", "expected"), [("strict", b"old"), ("journal", b"new")])
 def test_replace_by_rename_never_leaves_an_empty_file_in_journal_mode(names: str, expected: bytes) -> None:
     """write tmp, rename over the old file, no fsync of either; another file's fsync commits the names."""
-    with tempfile.TemporaryDirectory(prefix="lzr") as tmp, \
-            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz:
+    with (
+        tempfile.TemporaryDirectory(prefix="lzr") as tmp,
+        LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names=names) as lz,
+    ):
         m = lz.mountpoint
         with open(f"{m}/schema", "wb") as f:
             f.write(b"old")
@@ -69,8 +73,10 @@ def test_replace_by_rename_never_leaves_an_empty_file_in_journal_mode(names: str
 @pytest.mark.parametrize("how", ["open", "create"])
 def test_o_trunc_truncates(how: str) -> None:
     """libfuse3 hands O_TRUNC to open/create (atomic_o_trunc): a rewrite must not keep a stale tail."""
-    with tempfile.TemporaryDirectory(prefix="lzt") as tmp, \
-            LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names="journal") as lz:
+    with (
+        tempfile.TemporaryDirectory(prefix="lzt") as tmp,
+        LazyMount(f"{tmp}/b", f"{tmp}/m", f"{tmp}/c.sock", names="journal") as lz,
+    ):
         path = f"{lz.mountpoint}/nodes"
         with open(path, "wb") as f:
             f.write(b"[n1,n2,n3].\n")

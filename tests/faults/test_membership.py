@@ -27,14 +27,30 @@ def test_resolves_to_a_seeded_member_and_refuses_a_lone_node() -> None:
 
 def test_a_kill_of_another_node_during_a_membership_change_is_refused() -> None:
     faults = Host.load().registry.faults
-    sc = from_dict({"broker": {"plugin": "rabbitmq", "nodes": 3}, "workload": {"duration": 60},
-                    "nemesis": {"schedule": [{"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
-                                             {"at": 8, "fault": "kill", "params": {"node": "n1"}, "hold": 2}]}})
+    sc = from_dict(
+        {
+            "broker": {"plugin": "rabbitmq", "nodes": 3},
+            "workload": {"duration": 60},
+            "nemesis": {
+                "schedule": [
+                    {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
+                    {"at": 8, "fault": "kill", "params": {"node": "n1"}, "hold": 2},
+                ]
+            },
+        }
+    )
     with pytest.raises(ScenarioError, match=r"both hold process of n1"):
         plan(sc, faults, NODES)
-    partition = from_dict({"broker": {"plugin": "rabbitmq", "nodes": 3}, "workload": {"duration": 60},
-                           "nemesis": {"schedule": [
-                               {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
-                               {"at": 8, "fault": "partition", "params": {"shape": "isolate", "node": "n1"},
-                                "hold": 2}]}})
+    partition = from_dict(
+        {
+            "broker": {"plugin": "rabbitmq", "nodes": 3},
+            "workload": {"duration": 60},
+            "nemesis": {
+                "schedule": [
+                    {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
+                    {"at": 8, "fault": "partition", "params": {"shape": "isolate", "node": "n1"}, "hold": 2},
+                ]
+            },
+        }
+    )
     assert [s.kind for s in plan(partition, faults, NODES).steps] == ["member-remove", "partition"]

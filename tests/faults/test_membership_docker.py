@@ -32,8 +32,14 @@ def cluster() -> Iterator[Any]:
     settings = plugin.validate_settings({"ha_mode": "all", "ha_sync_mode": "automatic"})
     client = docker_client()
     builder = ImageBuilder(client)
-    topology = build_topology(plugin, run_id=f"bc-mbr{random.randrange(16**4):04x}", nodes=3, settings=settings,
-                              broker_image=builder.node_image(plugin.image()), proxy_image=builder.toxiproxy_image())
+    topology = build_topology(
+        plugin,
+        run_id=f"bc-mbr{random.randrange(16**4):04x}",
+        nodes=3,
+        settings=settings,
+        broker_image=builder.node_image(plugin.image()),
+        proxy_image=builder.toxiproxy_image(),
+    )
     with Cluster(client, topology, plugin, settings) as c:
         c.start()
         yield c
@@ -60,15 +66,22 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     for i in range(50):
         ch.basic_publish("", QUEUE, str(i).encode(), pika.BasicProperties(delivery_mode=2))
     conn.close()
-    until(lambda: sorted(queue(cluster, "n2")["synchronised_mirrors"]) == ["n2", "n3"], "two mirrors in sync", every=0.5)
+    until(
+        lambda: sorted(queue(cluster, "n2")["synchronised_mirrors"]) == ["n2", "n3"],
+        "two mirrors in sync",
+        every=0.5,
+    )
 
     ctx = FaultContext(cluster)
     done = MemberRemove(ctx, {"node": "n1"}, "f1").apply()
     assert done["members_after"] == ["n2", "n3"], done
     for node in ("n2", "n3"):
         assert sorted(ctl(cluster, node, "cluster_status")["members"]) == ["n2", "n3"]
-    moved = until(lambda: (q := queue(cluster, "n2"))["node"] in ("n2", "n3") and "n1" not in q["mirrors"] and q,
-                  "the queue failed over without n1's mirror", every=0.5)
+    moved = until(
+        lambda: (q := queue(cluster, "n2"))["node"] in ("n2", "n3") and "n1" not in q["mirrors"] and q,
+        "the queue failed over without n1's mirror",
+        every=0.5,
+    )
     assert "n1" not in moved["gm_ring"] and moved["messages_ready"] == 50, moved
 
     for cmd in ("reset", "start_app"):  # alone: a member of nothing but itself
@@ -77,7 +90,11 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     healed = MemberRemove.heal_all(ctx)
     assert healed is not None and healed["n1"]["members_after"] == ["n1", "n2", "n3"], healed
     assert sorted(ctl(cluster, "n1", "cluster_status")["members"]) == ["n1", "n2", "n3"]
-    joined = until(lambda: "n1" in (q := queue(cluster, "n2"))["synchronised_mirrors"] and q, "n1's mirror in sync", every=0.5)
+    joined = until(
+        lambda: "n1" in (q := queue(cluster, "n2"))["synchronised_mirrors"] and q,
+        "n1's mirror in sync",
+        every=0.5,
+    )
     assert "n1" in joined["gm_ring"], joined
     local = queue(cluster, "n1")  # n1 started empty: what it holds came by the sync
     assert local["local_messages_ready"] == 50 and local["messages_ready"] == 50, local

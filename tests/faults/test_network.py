@@ -71,7 +71,7 @@ def test_halves(n: int, seed: int, shape: str) -> None:
         for x in group:
             assert h[x] == set(group)  # nothing cut inside a group, everything across
     if shape == "fixed-halves":
-        assert r["groups"] == [members[: n // 2], members[n // 2:]]
+        assert r["groups"] == [members[: n // 2], members[n // 2 :]]
 
 
 def test_random_halves_vary_with_the_seed() -> None:
@@ -125,16 +125,19 @@ def test_one_way_named() -> None:
     assert resolve({"shape": "one-way", "from": "n3", "to": "n1"}, 3)["cuts"] == [["n3", "n1"]]
 
 
-@pytest.mark.parametrize(("params", "needle"), [
-    ({"shape": "one-way", "from": "n9"}, "from 'n9' is not one of"),
-    ({"shape": "one-way", "to": "n9"}, "to 'n9' is not one of"),
-    ({"shape": "one-way", "from": "n1", "to": "n1"}, "from and to are both 'n1'"),
-    ({"shape": "isolate", "node": "n4"}, "node 'n4' is not one of"),
-    ({"shape": "custom", "cuts": [["n1", "n7"]]}, "cuts 'n7' is not one of"),
-    ({"shape": "custom", "cuts": [["n1"]]}, "needs cuts: [[src, dst], ...]"),
-    ({"shape": "custom"}, "needs cuts"),
-    ({"shape": "clients", "nodes": ["n1", "x"]}, "nodes 'x' is not one of"),
-])
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"shape": "one-way", "from": "n9"}, "from 'n9' is not one of"),
+        ({"shape": "one-way", "to": "n9"}, "to 'n9' is not one of"),
+        ({"shape": "one-way", "from": "n1", "to": "n1"}, "from and to are both 'n1'"),
+        ({"shape": "isolate", "node": "n4"}, "node 'n4' is not one of"),
+        ({"shape": "custom", "cuts": [["n1", "n7"]]}, "cuts 'n7' is not one of"),
+        ({"shape": "custom", "cuts": [["n1"]]}, "needs cuts: [[src, dst], ...]"),
+        ({"shape": "custom"}, "needs cuts"),
+        ({"shape": "clients", "nodes": ["n1", "x"]}, "nodes 'x' is not one of"),
+    ],
+)
 def test_named_nodes_must_exist(params: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError) as e:
         resolve(params, 3)
@@ -182,15 +185,23 @@ def test_every_shape_is_handled() -> None:
 
 
 def test_random_shape_is_drawn_by_the_seed_and_recorded_concretely() -> None:
-    drawn = {Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(s))["shape"] for s in range(40)}
+    drawn = {
+        Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(s))["shape"]
+        for s in range(40)
+    }
     assert drawn == set(RANDOM_SHAPES)
     a = Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(7))
     assert a == Partition.resolve({"shape": "random"}, ["n1", "n2", "n3"], random.Random(7))
-    refused = {Partition.resolve({"shape": "random", "mode": "refuse"}, ["n1", "n2", "n3"], random.Random(s))["shape"]
-               for s in range(40)}
+    refused = {
+        Partition.resolve({"shape": "random", "mode": "refuse"}, ["n1", "n2", "n3"], random.Random(s))[
+            "shape"
+        ]
+        for s in range(40)
+    }
     assert not refused & {"one-way", "majorities-ring"}
-    assert "bridge" not in {Partition.resolve({"shape": "random"}, ["n1", "n2"], random.Random(s))["shape"]
-                            for s in range(40)}
+    assert "bridge" not in {
+        Partition.resolve({"shape": "random"}, ["n1", "n2"], random.Random(s))["shape"] for s in range(40)
+    }
 
 
 # -- which proxies and streams carry a cut -------------------------------------------------------
@@ -205,8 +216,14 @@ class TopologyOnly:
 
 def topology(plugin: Any, n: int) -> Topology:
     settings = plugin.validate_settings({})
-    return build_topology(plugin, run_id="bc-test", nodes=n, settings=settings,
-                          broker_image="img/broker:test", proxy_image="img/proxy:test")
+    return build_topology(
+        plugin,
+        run_id="bc-test",
+        nodes=n,
+        settings=settings,
+        broker_image="img/broker:test",
+        proxy_image="img/proxy:test",
+    )
 
 
 @pytest.mark.parametrize("plugin", [ReferenceBroker(), RabbitMQ()], ids=lambda p: p.name)
@@ -220,10 +237,14 @@ def test_links_carry_src_bytes_to_dst(plugin: Any, n: int) -> None:
         src_index = topo.nodes.index(src) + 1
         # Connections src opened to dst: the proxy sits in src's sidecar, src->dst is its upstream.
         up = sorted((p, s) for side, p, s in links if side == src)
-        assert up == sorted((f"{src}_to_{dst}_{port}", "upstream") for port in plugin.peer_ports_for(dst_index))
+        assert up == sorted(
+            (f"{src}_to_{dst}_{port}", "upstream") for port in plugin.peer_ports_for(dst_index)
+        )
         # Connections dst opened to src: in dst's sidecar, src's replies travel downstream.
         down = sorted((p, s) for side, p, s in links if side == dst)
-        assert down == sorted((f"{dst}_to_{src}_{port}", "downstream") for port in plugin.peer_ports_for(src_index))
+        assert down == sorted(
+            (f"{dst}_to_{src}_{port}", "downstream") for port in plugin.peer_ports_for(src_index)
+        )
         assert len(links) == len(up) + len(down)
         names = {p.name for side in topo.proxies.values() for p in side}
         assert all(p in names for _, p, _ in links)
@@ -236,15 +257,19 @@ def test_cutting_both_directions_covers_every_peer_proxy_stream_once() -> None:
     seen = [link for s, d in itertools.permutations(topo.nodes, 2) for link in part._links(s, d)]
     assert len(seen) == len(set(seen))
     peer_proxies = {(side, p.name) for side, ps in topo.proxies.items() for p in ps if p.src != "client"}
-    assert {(side, p, s) for side, p, s in seen} == {(side, p, s) for side, p in peer_proxies
-                                                      for s in ("upstream", "downstream")}
+    assert {(side, p, s) for side, p, s in seen} == {
+        (side, p, s) for side, p in peer_proxies for s in ("upstream", "downstream")
+    }
 
 
-@pytest.mark.parametrize(("links", "want"), [
-    ("peers", {"n2_to_n1_25672", "n2_to_n3_25672"}),
-    ("clients", {"client_to_n2"}),
-    ("all", {"n2_to_n1_25672", "n2_to_n3_25672", "client_to_n2"}),
-])
+@pytest.mark.parametrize(
+    ("links", "want"),
+    [
+        ("peers", {"n2_to_n1_25672", "n2_to_n3_25672"}),
+        ("clients", {"client_to_n2"}),
+        ("all", {"n2_to_n1_25672", "n2_to_n3_25672", "client_to_n2"}),
+    ],
+)
 def test_degrade_targets(links: str, want: set[str]) -> None:
     topo = topology(ReferenceBroker(), 3)
     params = LinkToxic.resolve({"node": "n2", "links": links}, topo.nodes, random.Random(0))

@@ -26,8 +26,9 @@ time.sleep(60)
 
 
 def test_the_tree_includes_a_grandchild_in_another_process_group() -> None:
-    leader = subprocess.Popen([sys.executable, "-c", SPAWN_ESCAPER], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", SPAWN_ESCAPER], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     bystander = subprocess.Popen(["sleep", "60"])
     escaper = 0
     try:

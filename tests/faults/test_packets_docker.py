@@ -19,7 +19,7 @@ from harness.spec import FaultContext
 pytestmark = pytest.mark.docker
 
 SENT = 3000
-RECEIVE = r'''
+RECEIVE = r"""
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("0.0.0.0", int(sys.argv[1])))
@@ -32,15 +32,15 @@ try:
 except OSError:
     pass
 open(sys.argv[2], "w").write(str(len(seen)))
-'''
-SEND = r'''
+"""
+SEND = r"""
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for i in range(int(sys.argv[3])):
     s.sendto(b"%06d" % i, (sys.argv[1], int(sys.argv[2])))
     if i % 100 == 99:
         time.sleep(0.01)  # stay below the receiver's socket buffer: only the fault may lose them
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,25 @@ def cluster():  # type: ignore[no-untyped-def]
     plugin = host.broker("probe")
     client = docker_client()
     builder = ImageBuilder(client)
-    topology = build_topology(plugin, run_id=f"bc-pkt{random.randrange(16**4):04x}", nodes=2, settings={},
-                              broker_image=builder.node_image(plugin.image()),
-                              proxy_image=builder.toxiproxy_image())
+    topology = build_topology(
+        plugin,
+        run_id=f"bc-pkt{random.randrange(16**4):04x}",
+        nodes=2,
+        settings={},
+        broker_image=builder.node_image(plugin.image()),
+        proxy_image=builder.toxiproxy_image(),
+    )
     with Cluster(client, topology, plugin, {}) as c:
         c.start()
         for node in c.nodes.values():
-            node.exec(["sh", "-c", f"cat > /opt/udp_recv.py <<'EOF'\n{RECEIVE}\nEOF\n"
-                                   f"cat > /opt/udp_send.py <<'EOF'\n{SEND}\nEOF"])
+            node.exec(
+                [
+                    "sh",
+                    "-c",
+                    f"cat > /opt/udp_recv.py <<'EOF'\n{RECEIVE}\nEOF\n"
+                    f"cat > /opt/udp_send.py <<'EOF'\n{SEND}\nEOF",
+                ]
+            )
         yield c
 
 
@@ -71,8 +82,9 @@ def delivered(cluster, src: str, dst: str) -> int:  # type: ignore[no-untyped-de
         time.sleep(0.05)
     # The sidecar's container name is dst's address on the run network; its host name would
     # resolve to a loopback address of src's own proxies.
-    rc, text = cluster.nodes[src].exec(["python3", "/opt/udp_send.py", cluster.nodes[dst].sidecar_name, str(port),
-                                        str(SENT)], timeout=60)
+    rc, text = cluster.nodes[src].exec(
+        ["python3", "/opt/udp_send.py", cluster.nodes[dst].sidecar_name, str(port), str(SENT)], timeout=60
+    )
     assert rc == 0, text
     for _ in range(200):
         rc, text = cluster.nodes[dst].exec(["cat", out])
@@ -84,8 +96,11 @@ def delivered(cluster, src: str, dst: str) -> int:  # type: ignore[no-untyped-de
 
 def counters(shown: str) -> tuple[int, int]:
     """(eligible, dropped) packets from ``nft list table`` of a packet-loss table."""
-    packets = [int(line.split("counter packets ")[1].split()[0]) for line in shown.splitlines()
-               if "counter packets" in line]
+    packets = [
+        int(line.split("counter packets ")[1].split()[0])
+        for line in shown.splitlines()
+        if "counter packets" in line
+    ]
     return packets[0], packets[1]
 
 
@@ -111,8 +126,9 @@ def test_packet_loss_rate_direction_counters_and_heal(cluster) -> None:  # type:
     assert delivered(cluster, "n2", "n1") == SENT, "the heal restores every packet"
 
     # direction 'out': the node's packets are lost on arrival at each peer; a final heal clears it.
-    PacketLoss(ctx, PacketLoss.resolve({"node": "n1", "loss": 50, "direction": "out"}, nodes,
-                                       random.Random(2)), "f2").apply()
+    PacketLoss(
+        ctx, PacketLoss.resolve({"node": "n1", "loss": 50, "direction": "out"}, nodes, random.Random(2)), "f2"
+    ).apply()
     assert abs((SENT - delivered(cluster, "n1", "n2")) - 0.5 * SENT) <= 165
     assert PacketLoss.heal_all(ctx) == {"n2": ["brokerchaos_loss_f2"]}
     assert PacketLoss.heal_all(ctx) is None
@@ -122,8 +138,9 @@ def test_packet_loss_rate_direction_counters_and_heal(cluster) -> None:  # type:
 def test_netem_loss_on_the_node_egress_or_a_clear_refusal(cluster) -> None:  # type: ignore[no-untyped-def]
     ctx = FaultContext(cluster)
     rc, out = sidecar_exec(ctx, "n1", "tc qdisc add dev lo root netem delay 1ms && tc qdisc del dev lo root")
-    fault = Netem(ctx, Netem.resolve({"node": "n1", "loss": 30}, list(cluster.topology.nodes), random.Random(3)),
-                  "f3")
+    fault = Netem(
+        ctx, Netem.resolve({"node": "n1", "loss": 30}, list(cluster.topology.nodes), random.Random(3)), "f3"
+    )
     assert fault.tc_args() == ["loss", "30%"]
     if "qdisc kind is unknown" in out:
         with pytest.raises(FaultError, match="no netem queueing discipline"):

@@ -26,9 +26,14 @@ def cluster():  # type: ignore[no-untyped-def]
     plugin = host.broker("probe")
     client = docker_client()
     builder = ImageBuilder(client)
-    topology = build_topology(plugin, run_id=f"bc-probe{random.randrange(16**4):04x}", nodes=NODES, settings={},
-                              broker_image=builder.node_image(plugin.image()),
-                              proxy_image=builder.toxiproxy_image())
+    topology = build_topology(
+        plugin,
+        run_id=f"bc-probe{random.randrange(16**4):04x}",
+        nodes=NODES,
+        settings={},
+        broker_image=builder.node_image(plugin.image()),
+        proxy_image=builder.toxiproxy_image(),
+    )
     with Cluster(client, topology, plugin, {}) as c:
         c.start()
         yield c
@@ -40,21 +45,28 @@ def matrix(cluster, tag: str) -> set[tuple[str, str]]:  # type: ignore[no-untype
 
     pairs = list(itertools.permutations(cluster.topology.nodes, 2))
     with ThreadPoolExecutor(max_workers=8) as pool:
-        heard = pool.map(lambda p: hears(cluster, p[0], p[1], f"{tag}-{p[0]}-{p[1]}-{random.randrange(10**9)}"),
-                         pairs)
+        heard = pool.map(
+            lambda p: hears(cluster, p[0], p[1], f"{tag}-{p[0]}-{p[1]}-{random.randrange(10**9)}"), pairs
+        )
         return {pair for pair, ok in zip(pairs, heard, strict=True) if not ok}
 
 
 SHAPES = [
-    ("isolate", "drop"), ("halves", "drop"), ("fixed-halves", "refuse"), ("majorities-ring", "drop"),
-    ("bridge", "drop"), ("one-way", "drop"),
+    ("isolate", "drop"),
+    ("halves", "drop"),
+    ("fixed-halves", "refuse"),
+    ("majorities-ring", "drop"),
+    ("bridge", "drop"),
+    ("one-way", "drop"),
 ]
 
 
 @pytest.mark.parametrize(("shape", "mode"), SHAPES)
 def test_partition_shape_cuts_exactly_its_links_and_heals(cluster, shape: str, mode: str) -> None:  # type: ignore[no-untyped-def]
     assert matrix(cluster, "before") == set(), "every node hears every other before the fault"
-    params = Partition.resolve({"shape": shape, "mode": mode}, list(cluster.topology.nodes), random.Random(shape))
+    params = Partition.resolve(
+        {"shape": shape, "mode": mode}, list(cluster.topology.nodes), random.Random(shape)
+    )
     fault = Partition(FaultContext(cluster), params)
     fault.apply()
     try:
@@ -66,13 +78,17 @@ def test_partition_shape_cuts_exactly_its_links_and_heals(cluster, shape: str, m
 
 
 def test_clients_cut_and_final_heal_is_idempotent(cluster) -> None:  # type: ignore[no-untyped-def]
-    params = Partition.resolve({"shape": "clients", "node": "n2"}, list(cluster.topology.nodes), random.Random(1))
+    params = Partition.resolve(
+        {"shape": "clients", "node": "n2"}, list(cluster.topology.nodes), random.Random(1)
+    )
     Partition(FaultContext(cluster), params).apply()
     assert not client_reaches(cluster, "n2", f"cut-{random.randrange(10**9)}")
     assert client_reaches(cluster, "n1", f"open-{random.randrange(10**9)}")
     # A cut the schedule never healed is undone by the final heal, twice without harm.
-    Partition(FaultContext(cluster), Partition.resolve({"shape": "isolate", "node": "n1"},
-                                                       list(cluster.topology.nodes), random.Random(2))).apply()
+    Partition(
+        FaultContext(cluster),
+        Partition.resolve({"shape": "isolate", "node": "n1"}, list(cluster.topology.nodes), random.Random(2)),
+    ).apply()
     heal_network(cluster)
     heal_network(cluster)
     for node in cluster.nodes.values():

@@ -35,8 +35,14 @@ def faults() -> Mapping[str, type[Fault]]:
 
 
 def scenario(nemesis: dict[str, Any], *, seed: int = 1, duration: float = 120, nodes: int = 3) -> Scenario:
-    return from_dict({"seed": seed, "broker": {"plugin": "reference", "nodes": nodes},
-                      "workload": {"duration": duration}, "nemesis": nemesis})
+    return from_dict(
+        {
+            "seed": seed,
+            "broker": {"plugin": "reference", "nodes": nodes},
+            "workload": {"duration": duration},
+            "nemesis": nemesis,
+        }
+    )
 
 
 RANDOM = {"random": {"faults": ["partition", "kill", "pause"], "every": [2, 6], "hold": [1, 4]}}
@@ -66,19 +72,32 @@ def test_random_steps_stay_inside_the_workload_and_do_not_overlap(faults: Mappin
 
 
 def test_random_params_per_fault_reach_resolve(faults: Mapping[str, type[Fault]]) -> None:
-    nem = {"random": {"faults": ["partition"], "every": 5, "hold": 1,
-                      "params": {"partition": {"shape": "isolate", "node": "n2"}}}}
+    nem = {
+        "random": {
+            "faults": ["partition"],
+            "every": 5,
+            "hold": 1,
+            "params": {"partition": {"shape": "isolate", "node": "n2"}},
+        }
+    }
     p = plan(scenario(nem, duration=30), faults, NODES3)
     assert p.steps and all(s.params["groups"] == [["n2"], ["n1", "n3"]] for s in p.steps)
 
 
 def test_explicit_steps_sorted_and_resolved(faults: Mapping[str, type[Fault]]) -> None:
-    nem = {"schedule": [{"at": 30, "fault": "pause", "params": {"node": "n3"}, "hold": 5},
-                        {"at": 10, "fault": "kill", "hold": 2},
-                        {"at": 20, "fault": "partition", "params": {"shape": "fixed-halves"}}]}
+    nem = {
+        "schedule": [
+            {"at": 30, "fault": "pause", "params": {"node": "n3"}, "hold": 5},
+            {"at": 10, "fault": "kill", "hold": 2},
+            {"at": 20, "fault": "partition", "params": {"shape": "fixed-halves"}},
+        ]
+    }
     p = plan(scenario(nem), faults, NODES3)
     assert [(s.fault_id, s.at, s.kind, s.hold) for s in p.steps] == [
-        ("f1", 10.0, "kill", 2.0), ("f2", 20.0, "partition", None), ("f3", 30.0, "pause", 5.0)]
+        ("f1", 10.0, "kill", 2.0),
+        ("f2", 20.0, "partition", None),
+        ("f3", 30.0, "pause", 5.0),
+    ]
     assert p.steps[0].params["node"] in NODES3  # drawn from the step's own seeded RNG
     assert p.steps[1].params["groups"] == [["n1"], ["n2", "n3"]]
     assert p.steps[2].params == {"node": "n3"}
@@ -92,12 +111,16 @@ def test_explicit_and_random_steps_merge_in_time_order(faults: Mapping[str, type
     assert ats == sorted(ats) and 7.5 in ats
 
 
-@pytest.mark.parametrize(("nemesis", "needle"), [
-    ({"schedule": [{"at": 1, "fault": "meteor"}]}, "nemesis: unknown fault 'meteor'; available: "),
-    ({"random": {"faults": ["kill", "meteor"]}}, "nemesis: unknown fault 'meteor'"),
-])
-def test_unknown_fault_is_a_scenario_error(faults: Mapping[str, type[Fault]], nemesis: dict[str, Any],
-                                            needle: str) -> None:
+@pytest.mark.parametrize(
+    ("nemesis", "needle"),
+    [
+        ({"schedule": [{"at": 1, "fault": "meteor"}]}, "nemesis: unknown fault 'meteor'; available: "),
+        ({"random": {"faults": ["kill", "meteor"]}}, "nemesis: unknown fault 'meteor'"),
+    ],
+)
+def test_unknown_fault_is_a_scenario_error(
+    faults: Mapping[str, type[Fault]], nemesis: dict[str, Any], needle: str
+) -> None:
     sc = scenario(nemesis)
     with pytest.raises(ScenarioError, match=needle):
         plan(sc, faults, NODES3)
@@ -113,25 +136,45 @@ def test_missing_capability_is_a_scenario_error(faults: Mapping[str, type[Fault]
     check_capabilities(sc, faults, frozenset({"kill", "power-loss"}), "toy")  # declared: fine
 
 
-@pytest.mark.parametrize(("fault", "params", "needle"), [
-    ("kill", {"nod": "n1"}, "fault kill: unknown parameter 'nod'; allowed: node"),
-    ("kill", {"node": "n7"}, "fault kill: node 'n7' is not one of"),
-    ("kill", {"node": 1}, "fault kill: node expects str, got 1"),
-    ("partition", {"shape": "triangle"}, "fault partition: shape 'triangle' is not allowed; use one of isolate"),
-    ("partition", {"mode": "blackhole"}, "fault partition: mode 'blackhole' is not allowed; use one of drop, refuse"),
-    ("degrade", {"type": "reset_peer", "toxicity": 0.5}, "degrade: reset_peer resets every connection"),
-    ("degrade", {"type": "jitter"}, "fault degrade: type 'jitter' is not allowed"),
-    ("degrade", {"links": "everything"}, "fault degrade: links 'everything' is not allowed; use one of peers"),
-    ("degrade", {"stream": "sideways"}, "fault degrade: stream 'sideways' is not allowed"),
-    ("degrade", {"toxicity": "half"}, "fault degrade: toxicity expects float, got 'half'"),
-    ("degrade", {"attributes": [1]}, "fault degrade: attributes expects dict"),
-    ("degrade", {"node": "n9"}, "degrade: node 'n9' is not one of"),
-    ("power-loss", {"torn": "yes"}, "fault power-loss: torn expects bool, got 'yes'"),
-    ("power-loss", {"torn": True, "torn_seed": True}, "fault power-loss: torn_seed expects int, got True"),
-    ("rolling-restart", {"order": ["n1", "n8"]}, "fault rolling-restart: order names ['n8']"),
-])
-def test_fault_parameters_are_checked_when_planning(faults: Mapping[str, type[Fault]], fault: str,
-                                                    params: dict[str, Any], needle: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "params", "needle"),
+    [
+        ("kill", {"nod": "n1"}, "fault kill: unknown parameter 'nod'; allowed: node"),
+        ("kill", {"node": "n7"}, "fault kill: node 'n7' is not one of"),
+        ("kill", {"node": 1}, "fault kill: node expects str, got 1"),
+        (
+            "partition",
+            {"shape": "triangle"},
+            "fault partition: shape 'triangle' is not allowed; use one of isolate",
+        ),
+        (
+            "partition",
+            {"mode": "blackhole"},
+            "fault partition: mode 'blackhole' is not allowed; use one of drop, refuse",
+        ),
+        ("degrade", {"type": "reset_peer", "toxicity": 0.5}, "degrade: reset_peer resets every connection"),
+        ("degrade", {"type": "jitter"}, "fault degrade: type 'jitter' is not allowed"),
+        (
+            "degrade",
+            {"links": "everything"},
+            "fault degrade: links 'everything' is not allowed; use one of peers",
+        ),
+        ("degrade", {"stream": "sideways"}, "fault degrade: stream 'sideways' is not allowed"),
+        ("degrade", {"toxicity": "half"}, "fault degrade: toxicity expects float, got 'half'"),
+        ("degrade", {"attributes": [1]}, "fault degrade: attributes expects dict"),
+        ("degrade", {"node": "n9"}, "degrade: node 'n9' is not one of"),
+        ("power-loss", {"torn": "yes"}, "fault power-loss: torn expects bool, got 'yes'"),
+        (
+            "power-loss",
+            {"torn": True, "torn_seed": True},
+            "fault power-loss: torn_seed expects int, got True",
+        ),
+        ("rolling-restart", {"order": ["n1", "n8"]}, "fault rolling-restart: order names ['n8']"),
+    ],
+)
+def test_fault_parameters_are_checked_when_planning(
+    faults: Mapping[str, type[Fault]], fault: str, params: dict[str, Any], needle: str
+) -> None:
     sc = scenario({"schedule": [{"at": 1, "fault": fault, "params": params}]})
     with pytest.raises(ScenarioError) as e:
         plan(sc, faults, NODES3)
@@ -139,11 +182,19 @@ def test_fault_parameters_are_checked_when_planning(faults: Mapping[str, type[Fa
 
 
 def test_valid_parameters_pass(faults: Mapping[str, type[Fault]]) -> None:
-    sc = scenario({"schedule": [
-        {"at": 1, "fault": "degrade", "params": {"toxicity": 1, "type": "bandwidth", "attributes": {"rate": 8}}},
-        {"at": 2, "fault": "power-loss", "params": {"torn": True, "node": "n2"}, "hold": 0.5},
-        {"at": 3, "fault": "rolling-restart", "params": {"order": ["n3", "n1", "n2"]}},
-    ]})
+    sc = scenario(
+        {
+            "schedule": [
+                {
+                    "at": 1,
+                    "fault": "degrade",
+                    "params": {"toxicity": 1, "type": "bandwidth", "attributes": {"rate": 8}},
+                },
+                {"at": 2, "fault": "power-loss", "params": {"torn": True, "node": "n2"}, "hold": 0.5},
+                {"at": 3, "fault": "rolling-restart", "params": {"order": ["n3", "n1", "n2"]}},
+            ]
+        }
+    )
     p = plan(sc, faults, NODES3)
     assert p.steps[0].params["toxicity"] == 1.0 and p.steps[0].params["attributes"] == {"rate": 8}
     assert isinstance(p.steps[1].params["torn_seed"], int)
@@ -163,7 +214,10 @@ class Mark(Fault):
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         super().resolve(params, nodes, rng)
-        return {"node": params.get("node") or rng.choice(list(nodes)), "fail": bool(params.get("fail", False))}
+        return {
+            "node": params.get("node") or rng.choice(list(nodes)),
+            "fail": bool(params.get("fail", False)),
+        }
 
     def apply(self) -> dict[str, Any]:
         Mark.log.append(("apply", self.params["node"]))
@@ -183,12 +237,21 @@ class NodesOnly:
         nodes = tuple(NODES3)
 
 
-def _run(p: Plan, path: Path, duration: float, final_heal: Any = lambda: {"reset": True}) -> list[dict[str, Any]]:
+def _run(
+    p: Plan, path: Path, duration: float, final_heal: Any = lambda: {"reset": True}
+) -> list[dict[str, Any]]:
     Mark.log.clear()
     rec = Recorder(path)
     ops: list[dict[str, Any]] = []
-    nem = Nemesis(p, {"mark": Mark}, FaultContext(NodesOnly()), rec, settle=0.0, final_heal=final_heal,
-                  on_fault=ops.append)
+    nem = Nemesis(
+        p,
+        {"mark": Mark},
+        FaultContext(NodesOnly()),
+        rec,
+        settle=0.0,
+        final_heal=final_heal,
+        on_fault=ops.append,
+    )
     try:
         asyncio.run(nem(duration))
     finally:
@@ -197,18 +260,35 @@ def _run(p: Plan, path: Path, duration: float, final_heal: Any = lambda: {"reset
 
 
 def test_nemesis_applies_heals_and_records_then_replay_reproduces_it(tmp_path: Path) -> None:
-    sc = scenario({"schedule": [
-        {"at": 0.05, "fault": "mark", "params": {"node": "n2"}, "hold": 0.1},
-        {"at": 0.2, "fault": "mark", "params": {"node": "n3", "fail": True}, "hold": 0.05},
-        {"at": 0.3, "fault": "mark", "params": {"node": "n1"}},  # healed only by the final heal
-    ]}, duration=1)
+    sc = scenario(
+        {
+            "schedule": [
+                {"at": 0.05, "fault": "mark", "params": {"node": "n2"}, "hold": 0.1},
+                {"at": 0.2, "fault": "mark", "params": {"node": "n3", "fail": True}, "hold": 0.05},
+                {"at": 0.3, "fault": "mark", "params": {"node": "n1"}},  # healed only by the final heal
+            ]
+        },
+        duration=1,
+    )
     p = plan(sc, {"mark": Mark}, NODES3)
     ops = _run(p, tmp_path / "h.jsonl", duration=0.4)
-    assert Mark.log == [("apply", "n2"), ("heal", "n2"), ("apply", "n3"), ("heal", "n3"), ("apply", "n1"),
-                        ("heal", "n1")]
+    assert Mark.log == [
+        ("apply", "n2"),
+        ("heal", "n2"),
+        ("apply", "n3"),
+        ("heal", "n3"),
+        ("apply", "n1"),
+        ("heal", "n1"),
+    ]
     assert [(o["f"], o["type"]) for o in ops] == [
-        ("mark", "ok"), ("heal", "ok"), ("mark", "info"), ("heal", "ok"), ("mark", "ok"), ("heal", "ok"),
-        ("heal", "ok")]
+        ("mark", "ok"),
+        ("heal", "ok"),
+        ("mark", "info"),
+        ("heal", "ok"),
+        ("mark", "ok"),
+        ("heal", "ok"),
+        ("heal", "ok"),
+    ]
     assert "link already cut" in ops[2]["error"]
     assert json.loads(ops[0]["value"])["done"] == {"marked": "n2"}
     assert json.loads(ops[-1]["value"])["final"] is True
@@ -218,7 +298,8 @@ def test_nemesis_applies_heals_and_records_then_replay_reproduces_it(tmp_path: P
 
     replay = plan_from_history(tmp_path / "h.jsonl")
     assert [(s.fault_id, s.kind, s.params) for s in replay.steps] == [
-        (s.fault_id, s.kind, s.params) for s in p.steps]
+        (s.fault_id, s.kind, s.params) for s in p.steps
+    ]
     # Recorded times say when things happened: never before the plan, however late a busy machine ran it.
     for want, got in zip(p.steps[:2], replay.steps[:2], strict=True):
         assert want.hold is not None and got.hold is not None
@@ -251,28 +332,46 @@ def test_failed_final_heal_is_recorded_and_raised(tmp_path: Path) -> None:
 
 
 def _two_partitions(first: dict[str, Any], second: dict[str, Any], second_at: float) -> Scenario:
-    return scenario({"schedule": [{"at": 5, "fault": "partition", "hold": 10, "params": first},
-                                  {"at": second_at, "fault": "partition", "hold": 10, "params": second}]})
+    return scenario(
+        {
+            "schedule": [
+                {"at": 5, "fault": "partition", "hold": 10, "params": first},
+                {"at": second_at, "fault": "partition", "hold": 10, "params": second},
+            ]
+        }
+    )
 
 
 @pytest.mark.parametrize("first", [{"shape": "halves", "mode": "refuse"}, {"shape": "clients"}])
-def test_a_proxy_switching_partition_may_not_overlap_another(faults: Mapping[str, type[Fault]],
-                                                             first: dict[str, Any]) -> None:
-    with pytest.raises(ScenarioError, match=r"f1 \(partition at 5s\) and f2 \(partition at 8s\) are held at the same time"):
+def test_a_proxy_switching_partition_may_not_overlap_another(
+    faults: Mapping[str, type[Fault]], first: dict[str, Any]
+) -> None:
+    with pytest.raises(
+        ScenarioError, match=r"f1 \(partition at 5s\) and f2 \(partition at 8s\) are held at the same time"
+    ):
         plan(_two_partitions(first, {"shape": "isolate"}, 8), faults, NODES3)
 
 
 def test_overlapping_drop_partitions_and_back_to_back_switching_ones_are_planned(
-        faults: Mapping[str, type[Fault]]) -> None:
-    assert len(plan(_two_partitions({"shape": "isolate"}, {"shape": "one-way"}, 8), faults, NODES3).steps) == 2
+    faults: Mapping[str, type[Fault]],
+) -> None:
+    assert (
+        len(plan(_two_partitions({"shape": "isolate"}, {"shape": "one-way"}, 8), faults, NODES3).steps) == 2
+    )
     refuse = {"shape": "halves", "mode": "refuse"}
     assert len(plan(_two_partitions(refuse, refuse, 15), faults, NODES3).steps) == 2
 
 
 # -- combined schedules: several kinds held at once where the mechanisms allow ------------------
 
-COMBINED = {"random": {"faults": ["partition", "kill", "pause", "power-loss"], "every": [1, 3], "hold": [3, 8],
-                       "overlap": 3}}
+COMBINED = {
+    "random": {
+        "faults": ["partition", "kill", "pause", "power-loss"],
+        "every": [1, 3],
+        "hold": [3, 8],
+        "overlap": 3,
+    }
+}
 
 
 def _windows_overlap(a: PlannedFault, b: PlannedFault) -> bool:
@@ -280,7 +379,9 @@ def _windows_overlap(a: PlannedFault, b: PlannedFault) -> bool:
     return a.at < b.at + b.hold and b.at < a.at + a.hold
 
 
-def test_combined_schedules_overlap_without_sharing_a_node_resource(faults: Mapping[str, type[Fault]]) -> None:
+def test_combined_schedules_overlap_without_sharing_a_node_resource(
+    faults: Mapping[str, type[Fault]],
+) -> None:
     overlapping = 0
     for seed in range(30):
         p = plan(scenario(COMBINED, seed=seed, duration=60), faults, NODES3)
@@ -299,19 +400,36 @@ def test_combined_schedules_overlap_without_sharing_a_node_resource(faults: Mapp
 def test_overlap_one_keeps_the_sequential_plan(faults: Mapping[str, type[Fault]]) -> None:
     """Scenarios written before overlap existed plan exactly as before."""
     one = {"random": {**RANDOM["random"], "overlap": 1}}
-    assert plan(scenario(one, seed=3), faults, NODES3).to_list() == plan(scenario(RANDOM, seed=3), faults,
-                                                                          NODES3).to_list()
+    assert (
+        plan(scenario(one, seed=3), faults, NODES3).to_list()
+        == plan(scenario(RANDOM, seed=3), faults, NODES3).to_list()
+    )
 
 
-def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(faults: Mapping[str, type[Fault]]) -> None:
-    sc = scenario({"schedule": [{"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
-                                {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n2"}}]})
-    with pytest.raises(ScenarioError, match=r"f1 \(pause at 5s\) and f2 \(kill at 8s\).*both hold process of n2"):
+def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(
+    faults: Mapping[str, type[Fault]],
+) -> None:
+    sc = scenario(
+        {
+            "schedule": [
+                {"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
+                {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n2"}},
+            ]
+        }
+    )
+    with pytest.raises(
+        ScenarioError, match=r"f1 \(pause at 5s\) and f2 \(kill at 8s\).*both hold process of n2"
+    ):
         plan(sc, faults, NODES3)
-    fine = scenario({"schedule": [{"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
-                                  {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n3"}},
-                                  {"at": 6, "fault": "partition", "hold": 6, "params": {"shape": "isolate",
-                                                                                        "node": "n2"}}]})
+    fine = scenario(
+        {
+            "schedule": [
+                {"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
+                {"at": 8, "fault": "kill", "hold": 3, "params": {"node": "n3"}},
+                {"at": 6, "fault": "partition", "hold": 6, "params": {"shape": "isolate", "node": "n2"}},
+            ]
+        }
+    )
     assert len(plan(fine, faults, NODES3).steps) == 3
 
 

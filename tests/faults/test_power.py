@@ -23,10 +23,20 @@ N3 = ["n1", "n2", "n3"]
 N5 = ["n1", "n2", "n3", "n4", "n5"]
 
 
-@pytest.mark.parametrize(("share", "n", "size"), [
-    ("all", 3, 3), ("majority", 3, 2), ("minority", 3, 1), ("majority", 5, 3), ("minority", 5, 2),
-    ("majority", 4, 3), ("minority", 4, 1), ("minority", 1, 1), ("majority", 1, 1),
-])
+@pytest.mark.parametrize(
+    ("share", "n", "size"),
+    [
+        ("all", 3, 3),
+        ("majority", 3, 2),
+        ("minority", 3, 1),
+        ("majority", 5, 3),
+        ("minority", 5, 2),
+        ("majority", 4, 3),
+        ("minority", 4, 1),
+        ("minority", 1, 1),
+        ("majority", 1, 1),
+    ],
+)
 def test_share_sizes(share: str, n: int, size: int) -> None:
     assert share_size(share, n) == size
 
@@ -57,10 +67,21 @@ def test_resolve_is_concrete_and_stable_under_replay() -> None:
 
 def test_the_random_nemesis_draws_it_with_concrete_nodes() -> None:
     faults = {"power-loss-coordinated": PowerLossCoordinated, "kill": Kill}
-    sc = from_dict({"seed": 3, "broker": {"plugin": "reference", "nodes": 5}, "workload": {"duration": 120},
-                    "nemesis": {"random": {"faults": ["power-loss-coordinated", "kill"], "every": [5, 10],
-                                           "hold": [2, 4],
-                                           "params": {"power-loss-coordinated": {"nodes": "random"}}}}})
+    sc = from_dict(
+        {
+            "seed": 3,
+            "broker": {"plugin": "reference", "nodes": 5},
+            "workload": {"duration": 120},
+            "nemesis": {
+                "random": {
+                    "faults": ["power-loss-coordinated", "kill"],
+                    "every": [5, 10],
+                    "hold": [2, 4],
+                    "params": {"power-loss-coordinated": {"nodes": "random"}},
+                }
+            },
+        }
+    )
     steps = [s for s in plan(sc, faults, N5).steps if s.kind == "power-loss-coordinated"]
     assert steps and all(s.params["nodes"] and set(s.params["nodes"]) <= set(N5) for s in steps)
     assert len({tuple(s.params["nodes"]) for s in steps}) > 1
@@ -83,8 +104,9 @@ def _stamp(iso: str) -> float:
 def test_cut_on_two_of_three_nodes_at_one_instant(three_inits: dict[str, Init]) -> None:
     for init in three_inits.values():
         wait_for(lambda init=init: init.log().count(b"tick") >= 3, "ticks")
-    fault = PowerLossCoordinated(FaultContext(LocalCluster(three_inits)),
-                                 {"nodes": ["n1", "n3"], "torn": False, "lead": 1.0}, "f1")
+    fault = PowerLossCoordinated(
+        FaultContext(LocalCluster(three_inits)), {"nodes": ["n1", "n3"], "torn": False, "lead": 1.0}, "f1"
+    )
     done: dict[str, Any] = fault.apply()
     cut = done["cut"]
     assert sorted(done["nodes"]) == ["n1", "n3"]
@@ -97,8 +119,10 @@ def test_cut_on_two_of_three_nodes_at_one_instant(three_inits: dict[str, Init]) 
         assert three_inits[n].log().endswith(b"boot\n")
         assert three_inits[n].ctl("status")["state"] == "stopped"
     assert cut["spread_ms"] == pytest.approx(
-        abs(_stamp(done["nodes"]["n1"]["nodectl"]["at"]) - _stamp(done["nodes"]["n3"]["nodectl"]["at"])) * 1000,
-        abs=0.01)
+        abs(_stamp(done["nodes"]["n1"]["nodectl"]["at"]) - _stamp(done["nodes"]["n3"]["nodectl"]["at"]))
+        * 1000,
+        abs=0.01,
+    )
     assert three_inits["n2"].ctl("status")["state"] == "running"  # not in the list: untouched
 
     healed = fault.heal()
@@ -114,7 +138,9 @@ def test_a_replay_naming_nodes_the_cluster_lacks_is_refused() -> None:
     from harness.runner import _check_replay
 
     faults = {"power-loss-coordinated": PowerLossCoordinated}
-    stored = Plan([PlannedFault("f1", 5.0, 2.0, "power-loss-coordinated", {"nodes": ["n1", "n5"], "lead": 1.0})])
+    stored = Plan(
+        [PlannedFault("f1", 5.0, 2.0, "power-loss-coordinated", {"nodes": ["n1", "n5"], "lead": 1.0})]
+    )
     with pytest.raises(BrokerChaosError, match="targets node 'n5'"):
         _check_replay(stored, faults, frozenset({"power-loss"}), N3)
     _check_replay(stored, faults, frozenset({"power-loss"}), N5)

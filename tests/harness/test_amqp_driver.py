@@ -47,8 +47,16 @@ class Node:
         self.server: Server | None = None
 
     def start(self) -> Node:
-        cfg = parse({"node": {"port": self.port, "data_dir": str(self.dir / "data"),
-                              "log_file": str(self.dir / "broker.log")}}, self.dir)
+        cfg = parse(
+            {
+                "node": {
+                    "port": self.port,
+                    "data_dir": str(self.dir / "data"),
+                    "log_file": str(self.dir / "broker.log"),
+                }
+            },
+            self.dir,
+        )
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.server = Server(cfg)
@@ -80,8 +88,11 @@ class Node:
 
     def _consuming(self) -> list[Any]:
         assert self.server is not None
-        return [c for c in self.server.broker.connections
-                if any(getattr(ch, "consumers", None) for ch in list(c.channels.values()))]
+        return [
+            c
+            for c in self.server.broker.connections
+            if any(getattr(ch, "consumers", None) for ch in list(c.channels.values()))
+        ]
 
     def consumer_connections(self) -> int:
         return int(self.run(lambda: len(self._consuming())))
@@ -121,21 +132,36 @@ def nodes(tmp_path: Path) -> Iterator[Callable[[str], Node]]:
 
 
 def workload(**kw: Any) -> WorkloadSection:
-    base: dict[str, Any] = dict(producers=1, consumers=1, rate=200, message_size=SIZE, prefetch=10,
-                                drain_idle=0.5, drain_timeout=30, confirm_timeout=5)
+    base: dict[str, Any] = dict(
+        producers=1,
+        consumers=1,
+        rate=200,
+        message_size=SIZE,
+        prefetch=10,
+        drain_idle=0.5,
+        drain_timeout=30,
+        confirm_timeout=5,
+    )
     base.update(kw)
     return WorkloadSection(**base)
 
 
-def driver(tmp_path: Path, ns: list[Node], w: WorkloadSection, *, depth: bool = True) -> tuple[AmqpDriver, Recorder]:
+def driver(
+    tmp_path: Path, ns: list[Node], w: WorkloadSection, *, depth: bool = True
+) -> tuple[AmqpDriver, Recorder]:
     rec = Recorder(tmp_path / "history.jsonl")
 
     async def queue_depth(node: str, queue: str) -> tuple[int, int] | None:
         by_name = {n.name: n for n in ns}
         return await asyncio.to_thread(by_name[node].depth, queue)
 
-    d = AmqpDriver({n.name: n.endpoint() for n in ns}, rec, workload=w, seed=SEED,
-                   queue_depth=queue_depth if depth else None)
+    d = AmqpDriver(
+        {n.name: n.endpoint() for n in ns},
+        rec,
+        workload=w,
+        seed=SEED,
+        queue_depth=queue_depth if depth else None,
+    )
     return d, rec
 
 
@@ -151,8 +177,9 @@ async def publish(node: Node, ids: list[str], body: Callable[[str], bytes] | Non
         await ch.queue_declare(QUEUE, durable=True)
         for msg_id in ids:
             data = body(msg_id) if body else message_body(msg_id, SEED, SIZE)
-            confirm = await ch.basic_publish(data, routing_key=QUEUE, properties=spec.Basic.Properties(
-                delivery_mode=2, message_id=msg_id))
+            confirm = await ch.basic_publish(
+                data, routing_key=QUEUE, properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id)
+            )
             assert isinstance(confirm, spec.Basic.Ack)
     finally:
         await conn.close()
@@ -163,8 +190,11 @@ def count(rec: Recorder, f: str, type_: str) -> int:
 
 
 def acked_ok(records: list[dict[str, Any]], process_prefix: str = "") -> list[str]:
-    return [r["value"] for r in records
-            if r["f"] == "ack" and r["type"] == "ok" and r["process"].startswith(process_prefix)]
+    return [
+        r["value"]
+        for r in records
+        if r["f"] == "ack" and r["type"] == "ok" and r["process"].startswith(process_prefix)
+    ]
 
 
 def ops(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -230,8 +260,10 @@ def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
     published = {r["value"] for r in records if r["f"] == "publish" and r["type"] == "ok"}
     consumed = [r for r in records if r["f"] == "consume" and r["type"] == "ok"]
     assert published <= {r["value"] for r in consumed}
-    assert all(r["digest"] == body_digest(message_body(r["value"], SEED, SIZE)) and r["detail"] is None
-               for r in consumed)
+    assert all(
+        r["digest"] == body_digest(message_body(r["value"], SEED, SIZE)) and r["detail"] is None
+        for r in consumed
+    )
 
 
 def test_a_nack_is_a_failed_publish_however_aiormq_hands_it_over() -> None:
@@ -305,14 +337,18 @@ def test_every_ack_ok_follows_its_invoke_and_covers_every_message(tmp_path: Path
 # -- consumer behaviours -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("behaviour", "cause"), [
-    ({"requeue": 0.3}, "requeue"),
-    ({"recover_every": 0.3}, "recover"),
-    ({"close_every": 0.3}, "close"),
-    ({"crash_every": 0.3}, "crash"),
-])
-def test_a_behaviour_gives_deliveries_back_and_they_come_back(tmp_path: Path, nodes: Any,
-                                                              behaviour: dict[str, Any], cause: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "cause"),
+    [
+        ({"requeue": 0.3}, "requeue"),
+        ({"recover_every": 0.3}, "recover"),
+        ({"close_every": 0.3}, "close"),
+        ({"crash_every": 0.3}, "crash"),
+    ],
+)
+def test_a_behaviour_gives_deliveries_back_and_they_come_back(
+    tmp_path: Path, nodes: Any, behaviour: dict[str, Any], cause: str
+) -> None:
     n1 = nodes("n1")
     w = workload(consumer=ConsumerSection(**behaviour))
 
@@ -320,8 +356,10 @@ def test_a_behaviour_gives_deliveries_back_and_they_come_back(tmp_path: Path, no
         d, rec = driver(tmp_path, [n1], w)
         await d.setup([QUEUE])
         stop_p, stop_c = asyncio.Event(), asyncio.Event()
-        tasks = [asyncio.create_task(d.produce("p1", QUEUE, stop_p)),
-                 asyncio.create_task(d.consume("c1", QUEUE, stop_c))]
+        tasks = [
+            asyncio.create_task(d.produce("p1", QUEUE, stop_p)),
+            asyncio.create_task(d.consume("c1", QUEUE, stop_c)),
+        ]
         await until_async(lambda: count(rec, "abandon", "ok") >= 3, f"three deliveries given back ({cause})")
         stop_p.set()
         await tasks[0]
@@ -372,8 +410,9 @@ def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> No
     assert all(r["time_ns"] - delivered[r["value"]] >= 49_000_000 for r in acks)
 
 
-def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveries(tmp_path: Path,
-                                                                                   nodes: Any) -> None:
+def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveries(
+    tmp_path: Path, nodes: Any
+) -> None:
     """A consumer whose connection went silent holds deliveries. At the end it cannot
     close, so its connection is cut and what it held is abandoned; the drain sees them unacked
     on the broker until the broker notices, and waits for them instead of calling the queue empty."""
@@ -434,7 +473,9 @@ def test_the_drain_reads_every_node_and_dates_each_nodes_emptiness(tmp_path: Pat
     view = json.loads(drain[1]["value"])
     assert view["consumed"] == 30
     assert {n: (v["consumed"], v["ready"], v["unacked"], v["error"]) for n, v in view["nodes"].items()} == {
-        "n1": (20, 0, 0, None), "n2": (10, 0, 0, None)}
+        "n1": (20, 0, 0, None),
+        "n2": (10, 0, 0, None),
+    }
     through = {r["value"]: r for r in records if r["f"] == "ack" and r["type"] == "ok"}
     assert {through[i]["node"] for i in on1} == {"n1"} and {through[i]["node"] for i in on2} == {"n2"}
     assert view["nodes"]["n1"]["empty_at_ns"] < min(through[i]["time_ns"] for i in on2)

@@ -42,8 +42,11 @@ def test_transactions_record_their_ids_and_outcomes_and_hold_atomicity(tmp_path:
     publishes = {r["value"]: r["type"] for r in records if r["f"] == "publish" and r["type"] != "invoke"}
     delivered = {r["value"] for r in records if r["f"] == "consume" and r["type"] == "ok"}
     ends = [r for r in records if r["f"] in ("commit", "rollback") and r["type"] != "invoke"]
-    invokes = {(r["process"], r["value"]): r for r in records if r["f"] in ("commit", "rollback")
-               and r["type"] == "invoke"}
+    invokes = {
+        (r["process"], r["value"]): r
+        for r in records
+        if r["f"] in ("commit", "rollback") and r["type"] == "invoke"
+    }
     kinds = {(r["f"], next(iter(_detail(invokes[(r["process"], r["value"])])))) for r in ends}
     assert kinds == {("commit", "publish"), ("rollback", "publish"), ("commit", "ack"), ("rollback", "ack")}
     for r in ends:

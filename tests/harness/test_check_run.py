@@ -34,6 +34,7 @@ def verdict(valid: Any, **extra: Any) -> Checker:
     def check(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         assert (run_dir / "history.parquet").exists(), "checkers read the Parquet history"
         return {"valid": valid, "verdict": str(valid), "counts": {"attempted": 1}, **extra}
+
     return check
 
 
@@ -56,18 +57,21 @@ def host_with(table: dict[str, Checker]) -> Host:
     return h
 
 
-@pytest.mark.parametrize(("valids", "want"), [
-    ([True], True),
-    ([False], False),
-    (["unknown"], "unknown"),
-    ([True, True], True),
-    ([True, False], False),
-    ([False, "unknown"], False),
-    (["unknown", False], False),
-    ([True, "unknown"], "unknown"),
-    ([True, None], "unknown"),
-    ([True, "true"], "unknown"),  # only the boolean True counts as valid
-])
+@pytest.mark.parametrize(
+    ("valids", "want"),
+    [
+        ([True], True),
+        ([False], False),
+        (["unknown"], "unknown"),
+        ([True, True], True),
+        ([True, False], False),
+        ([False, "unknown"], False),
+        (["unknown", False], False),
+        ([True, "unknown"], "unknown"),
+        ([True, None], "unknown"),
+        ([True, "true"], "unknown"),  # only the boolean True counts as valid
+    ],
+)
 def test_combination_rules(run_dir: RunDir, valids: list[Any], want: Any) -> None:
     table = {f"c{i}": verdict(v) for i, v in enumerate(valids)}
     res = check_run(host_with(table), run_dir, {"name": "s"}, list(table))
@@ -80,8 +84,13 @@ def test_combination_rules(run_dir: RunDir, valids: list[Any], want: Any) -> Non
 def test_a_checker_that_raises_is_unknown_with_the_error(run_dir: RunDir) -> None:
     res = check_run(host_with({"ok": verdict(True), "boom": boom}), run_dir, {}, ["ok", "boom"])
     assert res["valid"] == "unknown"
-    assert res["checkers"]["boom"] == {"valid": "unknown", "verdict": "unknown", "counts": None,
-                                       "error": "ValueError: column missing", "engine": None}
+    assert res["checkers"]["boom"] == {
+        "valid": "unknown",
+        "verdict": "unknown",
+        "counts": None,
+        "error": "ValueError: column missing",
+        "engine": None,
+    }
     assert res["counts"] == {"attempted": 1}  # the first checker's detail is the combined result's
     res = check_run(host_with({"boom": boom, "bad": verdict(False)}), run_dir, {}, ["boom", "bad"])
     assert res["valid"] is False
@@ -151,21 +160,25 @@ def test_python_checker_on_a_stored_run(tmp_path: Path, host: Host) -> None:
         assert res["valid"] is want, res
 
 
-@pytest.mark.parametrize(("results", "code"), [
-    ({"valid": True}, EXIT_DURABLE),
-    ({"valid": False}, EXIT_FAILED),
-    ({"valid": "unknown"}, EXIT_UNKNOWN),
-    ({"valid": None}, EXIT_UNKNOWN),
-    ({}, EXIT_UNKNOWN),
-    ({"valid": 1}, EXIT_UNKNOWN),
-])
+@pytest.mark.parametrize(
+    ("results", "code"),
+    [
+        ({"valid": True}, EXIT_DURABLE),
+        ({"valid": False}, EXIT_FAILED),
+        ({"valid": "unknown"}, EXIT_UNKNOWN),
+        ({"valid": None}, EXIT_UNKNOWN),
+        ({}, EXIT_UNKNOWN),
+        ({"valid": 1}, EXIT_UNKNOWN),
+    ],
+)
 def test_exit_code(results: dict[str, Any], code: int) -> None:
     assert exit_code(results) == code
     assert (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN) == (0, 1, 3)
 
 
-def test_each_checker_line_says_how_long_after_the_drain_it_finished(run_dir: RunDir,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_checker_line_says_how_long_after_the_drain_it_finished(
+    run_dir: RunDir, capsys: pytest.CaptureFixture[str]
+) -> None:
     import re
     import time
 

@@ -17,7 +17,9 @@ from harness.store import RunDir
 HERE = Path(__file__).resolve().parent
 EXE = shutil.which("brokerchaos")
 
-pytestmark = pytest.mark.skipif(EXE is None, reason="the brokerchaos command is not installed (pip install -e .)")
+pytestmark = pytest.mark.skipif(
+    EXE is None, reason="the brokerchaos command is not installed (pip install -e .)"
+)
 
 
 def brokerchaos(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -71,7 +73,10 @@ def test_fault_the_broker_cannot_take(tmp_path: Path) -> None:
 
 def test_unknown_plugin_module(tmp_path: Path) -> None:
     line = one_line_error(brokerchaos("-p", "does.not.exist", "plugins", cwd=tmp_path))
-    assert line == "brokerchaos: plugin 'does.not.exist': failed to import: ModuleNotFoundError: No module named 'does'"
+    assert (
+        line
+        == "brokerchaos: plugin 'does.not.exist': failed to import: ModuleNotFoundError: No module named 'does'"
+    )
 
 
 def test_broken_plugin_module(tmp_path: Path) -> None:
@@ -139,8 +144,17 @@ def test_replay_rebuilds_the_stored_scenario_and_plan(tmp_path: Path) -> None:
     value = {"fault_id": "f1", "kind": "kill", "params": {"node": "n2"}, "workload_start_s": 0.0, "hold": 1}
     rec.invoke("nemesis", "kill", node="n2", value=value).ok({**value, "done": {}})
     rec.close()
-    r = brokerchaos("-q", "run", "s.yaml", "--replay", str(rd.path), "--store", str(tmp_path / "again"),
-                    cwd=tmp_path, env={"DOCKER_HOST": "tcp://127.0.0.1:1"})
+    r = brokerchaos(
+        "-q",
+        "run",
+        "s.yaml",
+        "--replay",
+        str(rd.path),
+        "--store",
+        str(tmp_path / "again"),
+        cwd=tmp_path,
+        env={"DOCKER_HOST": "tcp://127.0.0.1:1"},
+    )
     assert "cannot reach the Docker engine" in one_line_error(r)
 
 

@@ -29,12 +29,21 @@ def test_default_compose_is_stable() -> None:
 
 def test_rendered_services_mirror_the_topology(host: Host) -> None:
     plugin = host.broker("reference")
-    topo = build_topology(plugin, run_id="brokerchaos", nodes=3, settings=plugin.validate_settings({}),
-                          broker_image="brokerchaos/reference:abc", proxy_image="brokerchaos/toxiproxy:abc")
+    topo = build_topology(
+        plugin,
+        run_id="brokerchaos",
+        nodes=3,
+        settings=plugin.validate_settings({}),
+        broker_image="brokerchaos/reference:abc",
+        proxy_image="brokerchaos/toxiproxy:abc",
+    )
     doc = yaml.safe_load(render(topo, client_base=7000, api_base=9000))
     services = doc["services"]
-    assert set(services) == {c.service for c in topo.containers} == {"n1", "n2", "n3", "n1-broker", "n2-broker",
-                                                                      "n3-broker"}
+    assert (
+        set(services)
+        == {c.service for c in topo.containers}
+        == {"n1", "n2", "n3", "n1-broker", "n2-broker", "n3-broker"}
+    )
     cport = client_proxy_port(plugin.client_port)
     for i, node in enumerate(topo.nodes):
         sidecar = services[node]
@@ -45,10 +54,14 @@ def test_rendered_services_mirror_the_topology(host: Host) -> None:
             assert proxy["upstream"].rsplit(":", 1)[0] in {c["container_name"] for c in services.values()}
         assert sidecar["image"] == "brokerchaos/toxiproxy:latest"
         assert sidecar["hostname"] == node
-        assert sidecar["ports"] == [f"127.0.0.1:{7000 + i}:{cport}", f"127.0.0.1:{9000 + i}:{TOXIPROXY_API_PORT}"]
+        assert sidecar["ports"] == [
+            f"127.0.0.1:{7000 + i}:{cport}",
+            f"127.0.0.1:{9000 + i}:{TOXIPROXY_API_PORT}",
+        ]
         assert json.loads(sidecar["environment"]["PROXIES"]) == [p.as_dict() for p in topo.proxies[node]]
-        assert sorted(sidecar["extra_hosts"]) == sorted(f"{h}:{ip}" for h, ip in
-                                                        topo.container(node, "proxy").extra_hosts.items())
+        assert sorted(sidecar["extra_hosts"]) == sorted(
+            f"{h}:{ip}" for h, ip in topo.container(node, "proxy").extra_hosts.items()
+        )
         assert "$$PROXIES" in sidecar["entrypoint"][-1]  # compose must not interpolate it
         broker = services[f"{node}-broker"]
         spec = topo.container(node, "broker")
@@ -66,8 +79,15 @@ def test_rendered_services_mirror_the_topology(host: Host) -> None:
 
 def test_lazyfs_topology_renders_fuse_access(host: Host) -> None:
     plugin = host.broker("reference")
-    topo = build_topology(plugin, run_id="brokerchaos", nodes=3, settings=plugin.validate_settings({}),
-                          broker_image="b:1", proxy_image="p:1", lazyfs=True)
+    topo = build_topology(
+        plugin,
+        run_id="brokerchaos",
+        nodes=3,
+        settings=plugin.validate_settings({}),
+        broker_image="b:1",
+        proxy_image="p:1",
+        lazyfs=True,
+    )
     broker = yaml.safe_load(render(topo))["services"]["n1-broker"]
     spec = topo.container("n1", "broker")
     assert broker["devices"] == list(spec.devices) == ["/dev/fuse:/dev/fuse:rwm"]

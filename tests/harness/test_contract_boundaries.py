@@ -38,15 +38,21 @@ def test_importing_every_harness_module_loads_no_plugin_fault_or_checker() -> No
     assert out.stdout.strip() == "[]", out.stdout
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for p in (REPO / "harness").rglob("*.py")), ids=str)
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(REPO) for p in (REPO / "harness").rglob("*.py")), ids=str
+)
 def test_no_harness_module_imports_a_part(path: Path) -> None:
     bad = [m for m in imports(REPO / path) if m.split(".")[0] in PARTS]
     assert not bad, f"{path} imports {bad}"
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for part in PARTS[:3] for p in (REPO / part).rglob("*.py")),
-                         ids=str)
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(REPO) for part in PARTS[:3] for p in (REPO / part).rglob("*.py")), ids=str
+)
 def test_parts_import_only_the_contract(path: Path) -> None:
-    bad = [m for m in imports(REPO / path)
-           if m.split(".")[0] == "harness" and m not in CONTRACT and not m.startswith("harness.spec.")]
+    bad = [
+        m
+        for m in imports(REPO / path)
+        if m.split(".")[0] == "harness" and m not in CONTRACT and not m.startswith("harness.spec.")
+    ]
     assert not bad, f"{path} imports harness internals {bad}; use harness.spec"

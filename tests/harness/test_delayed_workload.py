@@ -35,7 +35,10 @@ def _with_delay(value: Any) -> dict[str, Any]:
         ({"min_ms": 0}, "workload.delay.min_ms: 0 is out of range; allowed from 1 to 4294967295"),
         ({"max_ms": 2**32}, "workload.delay.max_ms: 4294967296 is out of range"),
         ({"min_ms": 2.5}, "workload.delay.min_ms: expected an integer"),
-        ({"min_ms": 500, "max_ms": 100}, "workload.delay.min_ms: 500 is greater than workload.delay.max_ms (100)"),
+        (
+            {"min_ms": 500, "max_ms": 100},
+            "workload.delay.min_ms: 500 is greater than workload.delay.max_ms (100)",
+        ),
         ({"late_ms": -1}, "workload.delay.late_ms: -1 is out of range; allowed >= 0"),
         ({"delay": 5}, "workload.delay.delay: unknown field; allowed: late_ms, max_ms, min_ms, share"),
     ],
@@ -87,7 +90,9 @@ def test_the_driver_publishes_delayed_messages_that_arrive_never_early(tmp_path:
         await until_async(lambda: count(rec, "publish", "ok") >= 40, "40 confirms")
         stop_p.set()
         await producer
-        await until_async(lambda: count(rec, "ack", "ok") >= count(rec, "publish", "ok"), "every confirmed message acked")
+        await until_async(
+            lambda: count(rec, "ack", "ok") >= count(rec, "publish", "ok"), "every confirmed message acked"
+        )
         stop_c.set()
         await consumer
         rec.close()

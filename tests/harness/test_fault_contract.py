@@ -87,7 +87,10 @@ def test_a_capability_a_fault_package_defines_can_be_declared() -> None:
     host = Host()
     host.register(TeleportPackage(), "teleport-faults")
     host.register(BrokerPackage(), "capable-broker")
-    assert "teleport" in host.registry.capabilities and host.broker("capable").capabilities == {"kill", "teleport"}
+    assert "teleport" in host.registry.capabilities and host.broker("capable").capabilities == {
+        "kill",
+        "teleport",
+    }
 
 
 def test_a_capability_nobody_defined_is_refused_naming_the_plugin() -> None:

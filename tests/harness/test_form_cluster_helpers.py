@@ -25,8 +25,10 @@ class LocalNode:
 
 def status_cmd(state: Path) -> list[str]:
     """Each call lists one more running node (n1, then n1 n2, ...), as a cluster forming would."""
-    code = ("import json, pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text() or 0) + 1; "
-            "p.write_text(str(n)); print(json.dumps({'running': [f'rabbit@n{i}' for i in range(1, n + 1)]}))")
+    code = (
+        "import json, pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text() or 0) + 1; "
+        "p.write_text(str(n)); print(json.dumps({'running': [f'rabbit@n{i}' for i in range(1, n + 1)]}))"
+    )
     return [sys.executable, "-c", code, str(state)]
 
 
@@ -42,7 +44,7 @@ def test_waits_until_every_node_is_running(tmp_path: Path) -> None:
 
 
 def test_gives_up_with_the_last_output(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-c", "print('{\"running\": [\"rabbit@n1\"]}')"]
+    cmd = [sys.executable, "-c", 'print(\'{"running": ["rabbit@n1"]}\')']
     with pytest.raises(ClusterError, match=r"cluster did not form in 0s \(want \['n1', 'n2'\]\).*rabbit@n1"):
         wait_until_running(LocalNode(), cmd, {"n1", "n2"}, running, timeout=0.2, interval=0.05)
 
@@ -50,10 +52,13 @@ def test_gives_up_with_the_last_output(tmp_path: Path) -> None:
 def test_output_that_is_not_a_status_is_retried_not_raised(tmp_path: Path) -> None:
     state = tmp_path / "calls"
     state.write_text("0")
-    code = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text()) + 1; p.write_text(str(n)); "
-            "print('starting...' if n < 2 else '{\"running\": [\"n1\"]}')")
-    wait_until_running(LocalNode(), [sys.executable, "-c", code, str(state)], {"n1"}, running, timeout=30,
-                       interval=0.01)
+    code = (
+        "import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text()) + 1; p.write_text(str(n)); "
+        "print('starting...' if n < 2 else '{\"running\": [\"n1\"]}')"
+    )
+    wait_until_running(
+        LocalNode(), [sys.executable, "-c", code, str(state)], {"n1"}, running, timeout=30, interval=0.01
+    )
     assert state.read_text() == "2"
 
 

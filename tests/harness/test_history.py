@@ -38,10 +38,14 @@ def test_invoke_and_each_completion_carry_every_field(rec: Recorder) -> None:
     rec.close()
     lines = _lines(rec.path)
     assert [(r["process"], r["type"], r["f"]) for r in lines] == [
-        ("p1", "invoke", "publish"), ("p1", "ok", "publish"),
-        ("p1", "invoke", "publish"), ("p1", "fail", "publish"),
-        ("c1", "invoke", "consume"), ("c1", "ok", "consume"),
-        ("nemesis", "invoke", "partition"), ("nemesis", "info", "partition"),
+        ("p1", "invoke", "publish"),
+        ("p1", "ok", "publish"),
+        ("p1", "invoke", "publish"),
+        ("p1", "fail", "publish"),
+        ("c1", "invoke", "consume"),
+        ("c1", "ok", "consume"),
+        ("nemesis", "invoke", "partition"),
+        ("nemesis", "info", "partition"),
     ]
     for r in lines:
         assert tuple(r) == FIELDS
@@ -49,7 +53,13 @@ def test_invoke_and_each_completion_carry_every_field(rec: Recorder) -> None:
         assert isinstance(r["time_ns"], int) and r["time_ns"] >= 0
         assert dt.datetime.fromisoformat(r["wall_time"]).tzinfo is not None
     ok, fail, consumed, info = lines[1], lines[3], lines[5], lines[7]
-    assert (ok["value"], ok["node"], ok["queue"], ok["error"], ok["redelivered"]) == ("p1:1", "n1", "chaos-1", None, None)
+    assert (ok["value"], ok["node"], ok["queue"], ok["error"], ok["redelivered"]) == (
+        "p1:1",
+        "n1",
+        "chaos-1",
+        None,
+        None,
+    )
     assert (fail["value"], fail["error"], fail["node"]) == ("p1:2", "nack", "n2")
     assert (consumed["value"], consumed["redelivered"], consumed["node"]) == ("p1:1", True, "n1")
     assert lines[4]["value"] is None and lines[4]["node"] == "n3"
@@ -90,7 +100,9 @@ def test_close_completes_open_invocations_as_info(rec: Recorder) -> None:
     lines = _lines(rec.path)
     tail = lines[-2:]
     assert [(r["process"], r["type"], r["f"], r["node"], r["queue"], r["value"]) for r in tail] == [
-        ("p1", "info", "publish", "n1", "q", "p1:2"), ("c1", "info", "consume", "n2", "q", None)]
+        ("p1", "info", "publish", "n1", "q", "p1:2"),
+        ("c1", "info", "consume", "n2", "q", None),
+    ]
     assert all(r["error"] and "no completion" in r["error"] for r in tail)
     with pytest.raises(RuntimeError):
         open1.ok()  # already completed by close()

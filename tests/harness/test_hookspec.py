@@ -20,7 +20,9 @@ def _opts(fn: Any) -> dict[str, Any]:
 
 
 def test_there_are_hooks() -> None:
-    assert {"brokerchaos_register_brokers", "brokerchaos_register_faults", "brokerchaos_configure"} <= set(HOOKS)
+    assert {"brokerchaos_register_brokers", "brokerchaos_register_faults", "brokerchaos_configure"} <= set(
+        HOOKS
+    )
 
 
 @pytest.mark.parametrize("name", sorted(HOOKS))
@@ -39,7 +41,9 @@ def test_historic_and_firstresult_exactly_where_documented(name: str) -> None:
     doc = inspect.getdoc(HOOKS[name]) or ""
     opts = _opts(HOOKS[name])
     assert bool(opts["historic"]) == bool(re.search(r"\bhistoric\b", doc, re.I)), name
-    assert bool(opts["firstresult"]) == bool(re.search(r"\bfirst[ -]?result\b|first non-None", doc, re.I)), name
+    assert bool(opts["firstresult"]) == bool(re.search(r"\bfirst[ -]?result\b|first non-None", doc, re.I)), (
+        name
+    )
 
 
 def test_configure_is_the_historic_one() -> None:

@@ -14,7 +14,8 @@ def test_entry_point_plugins_are_registered(host: Host) -> None:
     assert SHIPPED <= {p.name for p in host.loaded}
     assert {"reference", "rabbitmq"} <= set(host.registry.brokers)
     assert {"partition", "kill", "pause", "stop", "power-loss", "degrade", "rolling-restart"} <= set(
-        host.registry.faults)
+        host.registry.faults
+    )
     assert "python" in host.registry.checkers
     assert "amqp091" in host.registry.clients
     for lp in host.loaded:
@@ -44,7 +45,10 @@ def test_p_module_loads_alongside_entry_points(fixture_plugins: str) -> None:
 @pytest.mark.parametrize(
     ("module", "needles"),
     [
-        ("broken_import", ["failed to import", "ModuleNotFoundError", "brokerchaos_fixture_missing_dependency"]),
+        (
+            "broken_import",
+            ["failed to import", "ModuleNotFoundError", "brokerchaos_fixture_missing_dependency"],
+        ),
         ("misspelled_hook", ["brokerchaos_register_brokerz", "spec/hooks.py"]),
         ("wrong_argument", ["registry"]),
         ("unknown_capability", ["teleport", "known: clock, kill"]),
@@ -52,7 +56,9 @@ def test_p_module_loads_alongside_entry_points(fixture_plugins: str) -> None:
         ("raising_hook", ["brokerchaos_register_checkers raised RuntimeError: checker table is corrupt"]),
     ],
 )
-def test_refused_plugin_is_named_with_the_reason(fixture_plugins: str, module: str, needles: list[str]) -> None:
+def test_refused_plugin_is_named_with_the_reason(
+    fixture_plugins: str, module: str, needles: list[str]
+) -> None:
     with pytest.raises(PluginError) as e:
         Host.load([f"{fixture_plugins}.{module}"], entry_points=False)
     assert e.value.plugin == f"{fixture_plugins}.{module}"
@@ -132,7 +138,16 @@ def test_describe_rows(host: Host) -> None:
     assert SHIPPED <= set(rows)
     assert rows["reference"]["provides"] == ["broker:reference"]
     assert rows["reference"]["capabilities"] == sorted(host.broker("reference").capabilities)
-    assert rows["rabbitmq"]["capabilities"] == ["clock", "kill", "membership", "mirroring", "partition", "pause", "power-loss", "stop"]
+    assert rows["rabbitmq"]["capabilities"] == [
+        "clock",
+        "kill",
+        "membership",
+        "mirroring",
+        "partition",
+        "pause",
+        "power-loss",
+        "stop",
+    ]
     assert "fault:partition" in rows["faults"]["provides"]
     assert rows["faults"]["capabilities"] == []
     assert rows["amqp091"]["provides"] == ["client:amqp091"]

@@ -66,7 +66,9 @@ def test_another_host_or_pid_namespace_is_left_alone() -> None:
     here = Owner(host="h", boot_id="b", pidns="pid:[1]", pid=10, start="5")
     nobody = lambda pid: None  # noqa: E731 - no such pid here: still not ours to judge
     assert owner_state(replace(here, host="other").labels(), here, start_of=nobody) == "elsewhere"
-    assert owner_state(replace(here, boot_id="x", host="other").labels(), here, start_of=nobody) == "elsewhere"
+    assert (
+        owner_state(replace(here, boot_id="x", host="other").labels(), here, start_of=nobody) == "elsewhere"
+    )
     assert owner_state(replace(here, pidns="pid:[2]").labels(), here, start_of=nobody) == "elsewhere"
 
 
@@ -78,8 +80,13 @@ def test_resources_without_owner_labels_are_not_judged() -> None:
 
 def test_the_pid_decides_when_everything_else_matches() -> None:
     here = Owner(host="h", boot_id="b", pidns="n", pid=10, start="5")
-    labels = {OWNER_HOST_LABEL: "h", OWNER_BOOT_LABEL: "b", OWNER_PIDNS_LABEL: "n", OWNER_PID_LABEL: "77",
-              OWNER_START_LABEL: "123"}
+    labels = {
+        OWNER_HOST_LABEL: "h",
+        OWNER_BOOT_LABEL: "b",
+        OWNER_PIDNS_LABEL: "n",
+        OWNER_PID_LABEL: "77",
+        OWNER_START_LABEL: "123",
+    }
     assert owner_state(labels, here, start_of={77: "123"}.get) == "alive"
     assert owner_state(labels, here, start_of={77: "124"}.get) == "gone"
     assert owner_state(labels, here, start_of=lambda pid: None) == "gone"

@@ -17,8 +17,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_overrides_apply_to_a_scenario_file() -> None:
-    sc = build_scenario("scenarios/crash.yaml", root=REPO, seed=9, duration=4, nodes=2,
-                        workload={"rate": 50}, nemesis={"schedule": [{"at": 1, "fault": "kill", "hold": 1}]})
+    sc = build_scenario(
+        "scenarios/crash.yaml",
+        root=REPO,
+        seed=9,
+        duration=4,
+        nodes=2,
+        workload={"rate": 50},
+        nemesis={"schedule": [{"at": 1, "fault": "kill", "hold": 1}]},
+    )
     assert (sc.seed, sc.workload.duration, sc.broker.nodes, sc.workload.rate) == (9, 4.0, 2, 50.0)
     assert sc.workload.producers == 2, "workload overrides merge into the file's section"
     assert [s.fault for s in sc.nemesis.schedule] == ["kill"]
@@ -44,16 +51,40 @@ def test_bad_overrides_name_the_field() -> None:
 
 def _lossy_results() -> dict:
     return {
-        "valid": False, "verdict": "LOST", "reason": "2 confirmed messages never consumed",
-        "counts": {"attempted": 10, "confirmed": 10, "failed": 0, "unknown": 0, "consumed_unique": 8, "lost": 2,
-                   "unexpected": 0, "duplicated": 0, "recovered": 0, "order_violations": 0},
+        "valid": False,
+        "verdict": "LOST",
+        "reason": "2 confirmed messages never consumed",
+        "counts": {
+            "attempted": 10,
+            "confirmed": 10,
+            "failed": 0,
+            "unknown": 0,
+            "consumed_unique": 8,
+            "lost": 2,
+            "unexpected": 0,
+            "duplicated": 0,
+            "recovered": 0,
+            "order_violations": 0,
+        },
         "attribution": {
             "rows": [{"fault_kind": "power-loss", "node": "n1", "count": 2}],
             "exposure": [{"fault_kind": "power-loss", "confirmed": 6, "lost": 2}],
-            "messages": [{"id": "p1:7", "confirm_node": "n1", "confirm_ns": 4_200_000_000, "fault_ids": ["f1"],
-                          "fault_kinds": ["power-loss"]},
-                         {"id": "p1:8", "confirm_node": "n1", "confirm_ns": 4_300_000_000, "fault_ids": ["f1"],
-                          "fault_kinds": ["power-loss"]}],
+            "messages": [
+                {
+                    "id": "p1:7",
+                    "confirm_node": "n1",
+                    "confirm_ns": 4_200_000_000,
+                    "fault_ids": ["f1"],
+                    "fault_kinds": ["power-loss"],
+                },
+                {
+                    "id": "p1:8",
+                    "confirm_node": "n1",
+                    "confirm_ns": 4_300_000_000,
+                    "fault_ids": ["f1"],
+                    "fault_kinds": ["power-loss"],
+                },
+            ],
         },
     }
 
@@ -89,8 +120,13 @@ def test_attribution_text_lists_rows_and_exposure() -> None:
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_plugin_registers_options_and_markers() -> None:
@@ -106,7 +142,8 @@ def test_the_plugin_registers_options_and_markers() -> None:
 def test_a_harness_error_fails_the_test_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "test_user.py").write_text(
         "def test_unknown_broker(chaos_run):\n"
-        "    chaos_run('scenarios/smoke.yaml', broker='no-such-broker')\n")
+        "    chaos_run('scenarios/smoke.yaml', broker='no-such-broker')\n"
+    )
     proc = _pytest("-q", str(tmp_path / "test_user.py"))
     assert proc.returncode == 1
     assert "\nbrokerchaos: unknown broker plugin 'no-such-broker'; loaded:" in proc.stdout

@@ -106,8 +106,9 @@ def test_yaml_and_toml_load_to_equal_scenarios(tmp_path: Path) -> None:
     assert a.workload.rate == 50.5 and a.workload.persistent is False and a.workload.duration == 12.0
     assert a.workload.prefetch == S.WorkloadSection().prefetch  # unset fields keep defaults
     assert [s.at for s in a.nemesis.schedule] == [3.0, 8.0]  # sorted by time
-    assert a.nemesis.random == S.RandomSchedule(("pause", "partition"), (1.0, 2.0), (3.0, 3.0),
-                                                {"partition": {"shape": "bridge"}})
+    assert a.nemesis.random == S.RandomSchedule(
+        ("pause", "partition"), (1.0, 2.0), (3.0, 3.0), {"partition": {"shape": "bridge"}}
+    )
     assert a.nemesis.fault_names == {"kill", "partition", "pause"}
     assert a.checkers == ("python", "spark")
 
@@ -182,36 +183,91 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("nemesis.schedule", [{"fault": "kill"}], "nemesis.schedule[0].at: required"),
         ("nemesis.schedule", [{"at": 1}], "nemesis.schedule[0].fault: required"),
         ("nemesis.schedule", [{"at": -1, "fault": "kill"}], "nemesis.schedule[0].at: -1 is out of range"),
-        ("nemesis.schedule", [{"at": 1, "fault": "kill", "hold": "long"}], "nemesis.schedule[0].hold: expected a number"),
-        ("nemesis.schedule", [{"at": 1, "fault": "kill", "params": 3}], "nemesis.schedule[0].params: expected a mapping"),
+        (
+            "nemesis.schedule",
+            [{"at": 1, "fault": "kill", "hold": "long"}],
+            "nemesis.schedule[0].hold: expected a number",
+        ),
+        (
+            "nemesis.schedule",
+            [{"at": 1, "fault": "kill", "params": 3}],
+            "nemesis.schedule[0].params: expected a mapping",
+        ),
         ("nemesis.schedule", [{"at": 1, "fault": "kill"}, "kill"], "nemesis.schedule[1]: expected a mapping"),
         ("nemesis.random", {"faults": []}, "nemesis.random.faults: expected a non-empty list"),
         ("nemesis.random", {"faults": "kill"}, "nemesis.random.faults: expected a non-empty list"),
-        ("nemesis.random", {"faults": ["kill"], "every": [5, 1]}, "nemesis.random.every: min 5.0 is greater than max 1.0"),
-        ("nemesis.random", {"faults": ["kill"], "every": [1, 2, 3]}, "nemesis.random.every: expected [min, max]"),
-        ("nemesis.random", {"faults": ["kill"], "every": "often"}, "nemesis.random.every: expected [min, max]"),
-        ("nemesis.random", {"faults": ["kill"], "hold": [-1, 2]}, "nemesis.random.hold: -1 is out of range; allowed >= 0"),
-        ("nemesis.random", {"faults": ["kill"], "hold": -1}, "nemesis.random.hold: -1 is out of range; allowed >= 0"),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "every": [5, 1]},
+            "nemesis.random.every: min 5.0 is greater than max 1.0",
+        ),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "every": [1, 2, 3]},
+            "nemesis.random.every: expected [min, max]",
+        ),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "every": "often"},
+            "nemesis.random.every: expected [min, max]",
+        ),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "hold": [-1, 2]},
+            "nemesis.random.hold: -1 is out of range; allowed >= 0",
+        ),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "hold": -1},
+            "nemesis.random.hold: -1 is out of range; allowed >= 0",
+        ),
         # A zero gap would let the random schedule draw faults forever without time passing.
-        ("nemesis.random", {"faults": ["kill"], "every": 0, "hold": 0}, "nemesis.random.every: min 0.0 is out of range"),
-        ("nemesis.random", {"faults": ["kill"], "every": [0, 1]}, "nemesis.random.every: min 0.0 is out of range"),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "every": 0, "hold": 0},
+            "nemesis.random.every: min 0.0 is out of range",
+        ),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "every": [0, 1]},
+            "nemesis.random.every: min 0.0 is out of range",
+        ),
         ("nemesis.random", {"faults": ["kill"], "every": -3}, "nemesis.random.every"),
-        ("nemesis.random", {"faults": ["kill"], "params": {"kill": 1}}, "nemesis.random.params.kill: expected a mapping"),
+        (
+            "nemesis.random",
+            {"faults": ["kill"], "params": {"kill": 1}},
+            "nemesis.random.params.kill: expected a mapping",
+        ),
         ("nemesis.settle", -1, "nemesis.settle: -1 is out of range"),
         ("workload.consumer", 3, "workload.consumer: expected a mapping, got int"),
-        ("workload.consumer", {"requeue": 1.5}, "workload.consumer.requeue: 1.5 is out of range; allowed from 0 to 1"),
-        ("workload.consumer", {"requeue": -0.1}, "workload.consumer.requeue: -0.1 is out of range; allowed >= 0"),
+        (
+            "workload.consumer",
+            {"requeue": 1.5},
+            "workload.consumer.requeue: 1.5 is out of range; allowed from 0 to 1",
+        ),
+        (
+            "workload.consumer",
+            {"requeue": -0.1},
+            "workload.consumer.requeue: -0.1 is out of range; allowed >= 0",
+        ),
         ("workload.consumer", {"requeue": "often"}, "workload.consumer.requeue: expected a number"),
         ("workload.consumer", {"recover_every": -1}, "workload.consumer.recover_every: -1 is out of range"),
-        ("workload.consumer", {"close_every": 0.05},
-         "workload.consumer.close_every: 0.05 is out of range; allowed 0 (never) or >= 0.1"),
+        (
+            "workload.consumer",
+            {"close_every": 0.05},
+            "workload.consumer.close_every: 0.05 is out of range; allowed 0 (never) or >= 0.1",
+        ),
         ("workload.consumer", {"crash_every": True}, "workload.consumer.crash_every: expected a number"),
         ("workload.consumer", {"slow": 3}, "workload.consumer.slow: 3 is more than workload.consumers (2)"),
         ("workload.consumer", {"slow": -1}, "workload.consumer.slow: -1 is out of range"),
         ("workload.consumer", {"slow_ack_ms": 60001}, "workload.consumer.slow_ack_ms: 60001 is out of range"),
         ("workload.consumer", {"slow_ack_ms": 0.5}, "workload.consumer.slow_ack_ms: expected an integer"),
-        ("workload.consumer", {"crash": 1}, "workload.consumer.crash: unknown field; allowed: close_every, "
-                                            "crash_every, recover_every, requeue, slow, slow_ack_ms"),
+        (
+            "workload.consumer",
+            {"crash": 1},
+            "workload.consumer.crash: unknown field; allowed: close_every, "
+            "crash_every, recover_every, requeue, slow, slow_ack_ms",
+        ),
         ("budgets", [1], "budgets: expected a mapping, got list"),
         ("budgets", {"duplicated": -1}, "budgets.duplicated: -1 is out of range; allowed >= 0"),
         ("budgets", {"resurrected": 1.5}, "budgets.resurrected: expected an integer"),
@@ -229,12 +285,17 @@ def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> Non
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({**MINIMAL, "sede": 1},
-         "sede: unknown field; allowed: broker, budgets, checkers, name, nemesis, seed, source, workload"),
+        (
+            {**MINIMAL, "sede": 1},
+            "sede: unknown field; allowed: broker, budgets, checkers, name, nemesis, seed, source, workload",
+        ),
         (_with("broker.node", 3), "broker.node: unknown field; allowed: lazyfs, nodes, plugin, settings"),
         (_with("workload.rat", 3), "workload.rat: unknown field; allowed: "),
         (_with("nemesis.schedul", []), "nemesis.schedul: unknown field"),
-        (_with("nemesis.schedule", [{"at": 1, "fault": "kill", "hld": 1}]), "nemesis.schedule[0].hld: unknown field"),
+        (
+            _with("nemesis.schedule", [{"at": 1, "fault": "kill", "hld": 1}]),
+            "nemesis.schedule[0].hld: unknown field",
+        ),
         (_with("nemesis.random", {"faults": ["kill"], "evry": 3}), "nemesis.random.evry: unknown field"),
         ({}, "broker: required section is missing"),
         (None, "broker: required section is missing"),
@@ -300,11 +361,14 @@ def test_with_overrides() -> None:
     assert sc.with_overrides(duration=1).workload.duration == 1.0
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"seed": -1}, "seed: -1 is out of range"),
-    ({"duration": 0}, "workload.duration: 0 is out of range"),
-    ({"duration": -5.0}, "workload.duration: -5.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"seed": -1}, "seed: -1 is out of range"),
+        ({"duration": 0}, "workload.duration: 0 is out of range"),
+        ({"duration": -5.0}, "workload.duration: -5.0 is out of range"),
+    ],
+)
 def test_overrides_obey_the_file_rules(kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError, match=needle):
         S.from_dict(MINIMAL).with_overrides(**kwargs)
@@ -340,15 +404,28 @@ def test_every_shipped_scenario_is_graded_by_spark(host: Host, path: Path) -> No
 
 def test_consumer_behaviours_and_budgets_are_off_by_default() -> None:
     sc = S.from_dict(MINIMAL)
-    assert sc.workload.consumer == S.ConsumerSection(requeue=0.0, recover_every=0.0, close_every=0.0,
-                                                     crash_every=0.0, slow=0, slow_ack_ms=100)
+    assert sc.workload.consumer == S.ConsumerSection(
+        requeue=0.0, recover_every=0.0, close_every=0.0, crash_every=0.0, slow=0, slow_ack_ms=100
+    )
     assert sc.budgets == S.Budgets(duplicated=None, resurrected=None)
 
 
 def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
-    data = {**MINIMAL, "workload": {"consumers": 3, "consumer": {
-        "requeue": 0.25, "recover_every": 10, "close_every": 15.5, "crash_every": 0.1, "slow": 3, "slow_ack_ms": 0}},
-        "budgets": {"duplicated": 0, "resurrected": None}}
+    data = {
+        **MINIMAL,
+        "workload": {
+            "consumers": 3,
+            "consumer": {
+                "requeue": 0.25,
+                "recover_every": 10,
+                "close_every": 15.5,
+                "crash_every": 0.1,
+                "slow": 3,
+                "slow_ack_ms": 0,
+            },
+        },
+        "budgets": {"duplicated": 0, "resurrected": None},
+    }
     sc = S.from_dict(data)
     assert sc.workload.consumer == S.ConsumerSection(0.25, 10.0, 15.5, 0.1, 3, 0)
     assert sc.budgets == S.Budgets(duplicated=0, resurrected=None)
@@ -356,16 +433,27 @@ def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
     assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None}
 
 
-@pytest.mark.parametrize(("value", "needle"), [
-    (3, "workload.transactions: expected a mapping, got int"),
-    ({}, "workload.transactions: set publish_batch (messages per producer transaction) and/or ack_batch"),
-    ({"publish_batch": 0, "ack_batch": 0}, "workload.transactions: set publish_batch"),
-    ({"publish_batch": -1}, "workload.transactions.publish_batch: -1 is out of range; allowed from 0 to 10000"),
-    ({"ack_batch": 2.5}, "workload.transactions.ack_batch: expected an integer"),
-    ({"publish_batch": 5, "rollback": 1.5}, "workload.transactions.rollback: 1.5 is out of range; allowed from 0 to 1"),
-    ({"publish_batch": 5, "batch": 1}, "workload.transactions.batch: unknown field; allowed: ack_batch, "
-                                       "publish_batch, rollback"),
-])
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (3, "workload.transactions: expected a mapping, got int"),
+        ({}, "workload.transactions: set publish_batch (messages per producer transaction) and/or ack_batch"),
+        ({"publish_batch": 0, "ack_batch": 0}, "workload.transactions: set publish_batch"),
+        (
+            {"publish_batch": -1},
+            "workload.transactions.publish_batch: -1 is out of range; allowed from 0 to 10000",
+        ),
+        ({"ack_batch": 2.5}, "workload.transactions.ack_batch: expected an integer"),
+        (
+            {"publish_batch": 5, "rollback": 1.5},
+            "workload.transactions.rollback: 1.5 is out of range; allowed from 0 to 1",
+        ),
+        (
+            {"publish_batch": 5, "batch": 1},
+            "workload.transactions.batch: unknown field; allowed: ack_batch, publish_batch, rollback",
+        ),
+    ],
+)
 def test_bad_transactions_are_one_line_naming_the_field(value: Any, needle: str) -> None:
     with pytest.raises(ScenarioError) as e:
         S.from_dict(_with("workload.transactions", value), source="s.yaml")

@@ -29,7 +29,9 @@ from harness.shrink import (
 )
 
 
-@given(st.integers(1, 24).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1))))
+@given(
+    st.integers(1, 24).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1)))
+)
 def test_ddmin_finds_exactly_the_needed_items(case: tuple[int, set[int]]) -> None:
     n, needed = case
     asked: list[tuple[int, ...]] = []
@@ -64,10 +66,18 @@ def test_ddmin_keeps_an_interaction_of_two() -> None:
 def test_without_node() -> None:
     assert without_node({"node": "n1"}, "n1") is None  # the action needs its target
     assert without_node({"order": ["n1", "n2", "n3"]}, "n2") == {"order": ["n1", "n3"]}
-    cuts = {"shape": "x", "cuts": [["n1", "n3"], ["n3", "n1"], ["n1", "n2"], ["n2", "n1"]],
-            "groups": [["n1"], ["n2", "n3"]], "sees": {"n1": ["n1", "n2"], "n3": ["n3"]}}
-    assert without_node(cuts, "n3") == {"shape": "x", "cuts": [["n1", "n2"], ["n2", "n1"]],
-                                        "groups": [["n1"]], "sees": {"n1": ["n1", "n2"]}}
+    cuts = {
+        "shape": "x",
+        "cuts": [["n1", "n3"], ["n3", "n1"], ["n1", "n2"], ["n2", "n1"]],
+        "groups": [["n1"], ["n2", "n3"]],
+        "sees": {"n1": ["n1", "n2"], "n3": ["n3"]},
+    }
+    assert without_node(cuts, "n3") == {
+        "shape": "x",
+        "cuts": [["n1", "n2"], ["n2", "n1"]],
+        "groups": [["n1"]],
+        "sees": {"n1": ["n1", "n2"]},
+    }
     assert without_node({"cuts": [["n1", "n3"]]}, "n3") is None  # nothing left to cut
     assert without_node({"torn": True}, "n1") is None  # nothing to take out
     assert node_names({"a": [["n1", "x"]], "n12": 1, "b": "n2x"}) == {"n1", "n12"}
@@ -84,7 +94,10 @@ ORIGINAL = Schedule(
         _step("f3", 12.0, 8.0, "c", node="n1"),
         _step("f4", 22.0, 4.0, "a", cuts=[["n2", "n3"], ["n3", "n2"]]),
     ),
-    duration=30.0, rate=300.0, nodes=3)
+    duration=30.0,
+    rate=300.0,
+    nodes=3,
+)
 
 
 def oracle(s: Schedule) -> bool:
@@ -94,8 +107,13 @@ def oracle(s: Schedule) -> bool:
     f1, f3 = byid.get("f1"), byid.get("f3")
     if f1 is None or f3 is None or ["n1", "n2"] not in f1.params["cuts"]:
         return False
-    return (f1.at < f3.at and (f3.hold or 0) >= 1.5 and f3.at + (f3.hold or 0) <= s.duration
-            and s.rate >= 20 and s.nodes >= 2)
+    return (
+        f1.at < f3.at
+        and (f3.hold or 0) >= 1.5
+        and f3.at + (f3.hold or 0) <= s.duration
+        and s.rate >= 20
+        and s.nodes >= 2
+    )
 
 
 def test_search_reaches_the_smallest_failing_schedule() -> None:
@@ -171,11 +189,15 @@ EXE = shutil.which("brokerchaos")
 def test_shrink_refuses_a_run_that_did_not_fail(tmp_path: Path, verdict: str) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "scenario.json").write_text(json.dumps({"scenario": {"name": "x", "broker": {"plugin": "reference"}}}))
+    (run / "scenario.json").write_text(
+        json.dumps({"scenario": {"name": "x", "broker": {"plugin": "reference"}}})
+    )
     (run / "history.jsonl").write_text("")
     (run / "results.json").write_text(json.dumps({"verdict": verdict, "valid": verdict == "durable"}))
     assert EXE is not None
     r = subprocess.run([EXE, "shrink", str(run)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [f"brokerchaos: {run} is {verdict}, not a failure: shrink takes a run whose "
-                                     "verdict is LOST or INTEGRITY"]
+    assert r.stderr.splitlines() == [
+        f"brokerchaos: {run} is {verdict}, not a failure: shrink takes a run whose "
+        "verdict is LOST or INTEGRITY"
+    ]

@@ -25,8 +25,15 @@ RUN = "bc-abc123"
 
 
 def build(plugin: BrokerPlugin, n: int = 3, **kw: Any) -> Topology:
-    return build_topology(plugin, run_id=RUN, nodes=n, settings=plugin.validate_settings({}),
-                          broker_image="brokerchaos/x:abc", proxy_image="brokerchaos/toxiproxy:abc", **kw)
+    return build_topology(
+        plugin,
+        run_id=RUN,
+        nodes=n,
+        settings=plugin.validate_settings({}),
+        broker_image="brokerchaos/x:abc",
+        proxy_image="brokerchaos/toxiproxy:abc",
+        **kw,
+    )
 
 
 @pytest.fixture(params=["reference", "rabbitmq"])
@@ -40,8 +47,12 @@ def test_a_proxy_for_every_directed_pair_and_peer_port(plugin: BrokerPlugin, n: 
     assert t.nodes == tuple(f"n{i}" for i in range(1, n + 1))
     for src in t.nodes:
         peer = sorted((p.dst, p.port) for p in t.proxies[src] if p.src != "client")
-        want = sorted((dst, port) for j, dst in enumerate(t.nodes, start=1) if dst != src
-                      for port in plugin.peer_ports_for(j))
+        want = sorted(
+            (dst, port)
+            for j, dst in enumerate(t.nodes, start=1)
+            if dst != src
+            for port in plugin.peer_ports_for(j)
+        )
         assert peer == want
         for p in t.proxies[src]:
             if p.src != "client":
@@ -55,7 +66,9 @@ def test_proxies_listen_on_the_peers_loopback_addresses(plugin: BrokerPlugin) ->
     for node in t.nodes:
         sidecar = t.container(node, "proxy")
         assert sidecar.hostname == node
-        assert sidecar.extra_hosts == {peer: peer_address(t.nodes.index(peer) + 1) for peer in t.nodes if peer != node}
+        assert sidecar.extra_hosts == {
+            peer: peer_address(t.nodes.index(peer) + 1) for peer in t.nodes if peer != node
+        }
         assert len(set(sidecar.extra_hosts.values())) == len(t.nodes) - 1
         listens = [p.listen for p in t.proxies[node]]
         assert len(listens) == len(set(listens)), "two proxies bind one address in a namespace"
@@ -117,7 +130,7 @@ def test_broker_containers_join_their_sidecar(plugin: BrokerPlugin) -> None:
         assert broker.image == "brokerchaos/x:abc" and sidecar.image == "brokerchaos/toxiproxy:abc"
         assert list(broker.command[:2]) == ["--data-dir", plugin.data_dir]
         sep = list(broker.command).index("--")
-        assert list(broker.command[sep + 1:]) == list(plugin.node_spec(_info(plugin, t, node)).command)
+        assert list(broker.command[sep + 1 :]) == list(plugin.node_spec(_info(plugin, t, node)).command)
         assert broker.volumes == {f"{RUN}-{node}-data": plugin.data_dir}
         assert not broker.devices and not broker.cap_add
         assert broker.files, "the plugin's config files are copied in"
@@ -126,8 +139,13 @@ def test_broker_containers_join_their_sidecar(plugin: BrokerPlugin) -> None:
 def _info(plugin: BrokerPlugin, t: Topology, node: str) -> Any:
     from harness.spec.broker import NodeInfo
 
-    return NodeInfo(name=node, index=t.nodes.index(node) + 1, peers=tuple(x for x in t.nodes if x != node),
-                    cluster=RUN, settings=plugin.validate_settings({}))
+    return NodeInfo(
+        name=node,
+        index=t.nodes.index(node) + 1,
+        peers=tuple(x for x in t.nodes if x != node),
+        cluster=RUN,
+        settings=plugin.validate_settings({}),
+    )
 
 
 def test_lazyfs_adds_fuse_and_moves_the_volume_to_the_backing_path(plugin: BrokerPlugin) -> None:
@@ -151,4 +169,6 @@ def test_node_specs_see_their_own_index_and_peers(host: Host) -> None:
         assert env["RABBITMQ_DIST_PORT"] == str(25670 + i)
     # Distribution ports are per node, so no namespace binds one twice.
     for a, b in itertools.combinations(range(1, 4), 2):
-        assert set(host.broker("rabbitmq").peer_ports_for(a)) & set(host.broker("rabbitmq").peer_ports_for(b)) == {4369}
+        assert set(host.broker("rabbitmq").peer_ports_for(a)) & set(
+            host.broker("rabbitmq").peer_ports_for(b)
+        ) == {4369}

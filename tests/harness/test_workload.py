@@ -94,20 +94,27 @@ def test_real_clock_rate_is_roughly_kept() -> None:
         return loop.time() - t0
 
     elapsed = asyncio.run(go())
-    assert elapsed >= 0.09  # 20 gaps of 5 ms at least; a busy machine only adds (exact gaps: the fake clock above)
+    assert (
+        elapsed >= 0.09
+    )  # 20 gaps of 5 ms at least; a busy machine only adds (exact gaps: the fake clock above)
 
 
 def test_queue_names() -> None:
     assert queue_names(WorkloadSection(queues=3, queue_prefix="q")) == ["q-1", "q-2", "q-3"]
 
 
-@pytest.mark.parametrize(("producers", "consumers", "queues", "nodes"), [(3, 3, 1, 3), (6, 4, 2, 3), (5, 5, 5, 5),
-                                                                           (2, 2, 1, 1)])
-def test_assignments_spread_over_nodes_and_queues(producers: int, consumers: int, queues: int, nodes: int) -> None:
+@pytest.mark.parametrize(
+    ("producers", "consumers", "queues", "nodes"), [(3, 3, 1, 3), (6, 4, 2, 3), (5, 5, 5, 5), (2, 2, 1, 1)]
+)
+def test_assignments_spread_over_nodes_and_queues(
+    producers: int, consumers: int, queues: int, nodes: int
+) -> None:
     w = WorkloadSection(producers=producers, consumers=consumers, queues=queues)
     names = [f"n{i}" for i in range(1, nodes + 1)]
     a = assignments(w, names, seed=3)
-    assert sorted(a) == sorted([f"p{i}" for i in range(1, producers + 1)] + [f"c{i}" for i in range(1, consumers + 1)])
+    assert sorted(a) == sorted(
+        [f"p{i}" for i in range(1, producers + 1)] + [f"c{i}" for i in range(1, consumers + 1)]
+    )
     for role, count in (("p", producers), ("c", consumers)):
         per_node = collections.Counter(node for proc, (_q, node) in a.items() if proc.startswith(role))
         assert set(per_node) <= set(names)
@@ -130,14 +137,34 @@ def test_assignments_are_seeded() -> None:
 
 
 def test_stats_as_dict() -> None:
-    s = WorkloadStats(started=10.0, stopped=12.0, cpu_seconds=0.5, published_ok=90, published_fail=4,
-                      published_info=6, consumed=100, delivered=120, abandoned=20, reconnects=2,
-                      drained={"chaos-1": 3})
+    s = WorkloadStats(
+        started=10.0,
+        stopped=12.0,
+        cpu_seconds=0.5,
+        published_ok=90,
+        published_fail=4,
+        published_info=6,
+        consumed=100,
+        delivered=120,
+        abandoned=20,
+        reconnects=2,
+        drained={"chaos-1": 3},
+    )
     d = s.as_dict()
-    assert d == {"wall_seconds": 2.0, "driver_cpu_seconds": 0.5, "messages_published_ok": 90,
-                 "messages_published_fail": 4, "messages_published_info": 6, "messages_consumed": 100,
-                 "messages_delivered": 120, "messages_abandoned": 20, "reconnects": 2, "ops_per_second": 100.0, "driver_capacity_ops_per_cpu_second": 400.0,
-                 "driver_cpu_share": 0.25}
+    assert d == {
+        "wall_seconds": 2.0,
+        "driver_cpu_seconds": 0.5,
+        "messages_published_ok": 90,
+        "messages_published_fail": 4,
+        "messages_published_info": 6,
+        "messages_consumed": 100,
+        "messages_delivered": 120,
+        "messages_abandoned": 20,
+        "reconnects": 2,
+        "ops_per_second": 100.0,
+        "driver_capacity_ops_per_cpu_second": 400.0,
+        "driver_cpu_share": 0.25,
+    }
     assert WorkloadStats().as_dict()["driver_capacity_ops_per_cpu_second"] is None
 
 
@@ -204,7 +231,12 @@ def test_run_workload_runs_stops_heals_and_drains(tmp_path: Path) -> None:
     ev = driver.events
     assert ev[0] == "setup"
     # Producers stop, the nemesis heals, consumers stop, then every queue is drained.
-    assert ev.index("p1 stopped") < ev.index("nemesis healed") < ev.index("c1 stopped") < ev.index("drain chaos-1")
+    assert (
+        ev.index("p1 stopped")
+        < ev.index("nemesis healed")
+        < ev.index("c1 stopped")
+        < ev.index("drain chaos-1")
+    )
     records = list(read_jsonl(tmp_path / "h.jsonl"))
     published = [r for r in records if r["f"] == "publish" and r["type"] == "ok"]
     consumed = [r for r in records if r["f"] == "ack" and r["type"] == "ok"]
@@ -265,8 +297,10 @@ def test_a_drain_that_runs_out_names_the_nodes_it_never_reached() -> None:
     end = _rounds({"n1": 8.0, "n2": 1.0, "n3": 0.0}, set(), budget=8.0)
     assert end == client_spec.DrainEnd(False, ("n2", "n3"))
     why = end.why("chaos-1", 8, {"n1": "drain_timeout (8s) ran out on this node", "n2": None, "n3": None})
-    assert why == ("not every node reported chaos-1 empty within 8s: n1: drain_timeout (8s) ran out on this node; "
-                   "n2: the time ran out before the drain reached it; n3: the time ran out before the drain reached it")
+    assert why == (
+        "not every node reported chaos-1 empty within 8s: n1: drain_timeout (8s) ran out on this node; "
+        "n2: the time ran out before the drain reached it; n3: the time ran out before the drain reached it"
+    )
 
 
 def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
@@ -274,11 +308,13 @@ def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
     end = _rounds({"n1": 1.0, "n2": 1.0}, {"n1"}, budget=3.0)
     assert end == client_spec.DrainEnd(False, ("n2",))
     assert end.why("q", 3, {"n1": None, "n2": "connect: refused"}) == (
-        "not every node reported q empty within 3s: n2: connect: refused")
+        "not every node reported q empty within 3s: n2: connect: refused"
+    )
 
 
 def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed(
-        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """An aiormq round trip abandoned by a timed-out wait fails later when a partition closes its
     connection; asyncio would print its traceback when the task is collected, after the loop."""
     import gc
@@ -302,5 +338,6 @@ def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed
         gc.collect()
     assert "Traceback" not in capsys.readouterr().err
     assert [r.levelname for r in caplog.records if r.name == "asyncio"] == []
-    assert any(r.name == "brokerchaos.workload" and "minority partition" in r.getMessage()
-               for r in caplog.records), caplog.records
+    assert any(
+        r.name == "brokerchaos.workload" and "minority partition" in r.getMessage() for r in caplog.records
+    ), caplog.records

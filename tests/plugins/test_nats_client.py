@@ -52,20 +52,32 @@ class Server:
         self.dir.mkdir()
         user, password = SYSTEM_USER
         self.conf = self.dir / "nats.conf"
-        self.conf.write_text("\n".join([
-            f"server_name: {name}", f"listen: 127.0.0.1:{port}", f"http: 127.0.0.1:{monitor}",
-            f'jetstream {{ store_dir: "{self.dir / "js"}", max_file_store: 256M, max_memory_store: 16M }}',
-            "accounts {",
-            '  APP: { jetstream: enabled, users: [{user: "guest", password: "guest"}] }',
-            f'  SYS: {{ users: [{{user: "{user}", password: "{password}"}}] }}',
-            "}", "system_account: SYS",
-            f'cluster {{ name: "test", listen: "127.0.0.1:{route}", no_advertise: true,',
-            "  routes: [" + ", ".join(f'"nats-route://127.0.0.1:{r}"' for r in routes) + "] }", ""]))
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"server_name: {name}",
+                    f"listen: 127.0.0.1:{port}",
+                    f"http: 127.0.0.1:{monitor}",
+                    f'jetstream {{ store_dir: "{self.dir / "js"}", max_file_store: 256M, max_memory_store: 16M }}',
+                    "accounts {",
+                    '  APP: { jetstream: enabled, users: [{user: "guest", password: "guest"}] }',
+                    f'  SYS: {{ users: [{{user: "{user}", password: "{password}"}}] }}',
+                    "}",
+                    "system_account: SYS",
+                    f'cluster {{ name: "test", listen: "127.0.0.1:{route}", no_advertise: true,',
+                    "  routes: [" + ", ".join(f'"nats-route://127.0.0.1:{r}"' for r in routes) + "] }",
+                    "",
+                ]
+            )
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["nats-server", "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "log", "ab"))  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            ["nats-server", "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "log", "ab"),
+        )  # noqa: SIM115
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -90,14 +102,23 @@ class Server:
 def cluster(tmp_path: Path) -> Iterator[list[Server]]:
     ports = _free_ports(9)
     routes = ports[3:6]
-    servers = [Server(tmp_path, f"n{i + 1}", ports[i], routes[i], ports[6 + i], [r for r in routes if r != routes[i]])
-               for i in range(3)]
+    servers = [
+        Server(
+            tmp_path, f"n{i + 1}", ports[i], routes[i], ports[6 + i], [r for r in routes if r != routes[i]]
+        )
+        for i in range(3)
+    ]
     for s in servers:
         s.start()
     try:
-        until(lambda: all(s.healthy() for s in servers), "the local JetStream cluster to be healthy", every=0.2,
-              gone=lambda: next((f"{s.name} exited" for s in servers if s.proc is None or s.proc.poll() is not None),
-                                None))
+        until(
+            lambda: all(s.healthy() for s in servers),
+            "the local JetStream cluster to be healthy",
+            every=0.2,
+            gone=lambda: next(
+                (f"{s.name} exited" for s in servers if s.proc is None or s.proc.poll() is not None), None
+            ),
+        )
         yield servers
     finally:
         for s in servers:
@@ -107,9 +128,13 @@ def cluster(tmp_path: Path) -> Iterator[list[Server]]:
 def _driver(servers: list[Server], rec: Recorder, **workload: Any) -> NatsDriver:
     w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=60, confirm_timeout=5, **workload)
     user, password = SYSTEM_USER
-    return NatsDriver({s.name: s.endpoint() for s in servers}, rec, workload=w,
-                      queue_arguments={"replicas": 3, "ack_wait": 3, "system_user": user, "system_password": password},
-                      seed=SEED)
+    return NatsDriver(
+        {s.name: s.endpoint() for s in servers},
+        rec,
+        workload=w,
+        queue_arguments={"replicas": 3, "ack_wait": 3, "system_user": user, "system_password": password},
+        seed=SEED,
+    )
 
 
 def _history(path: Path) -> list[dict[str, Any]]:
@@ -137,8 +162,11 @@ def test_ops_carry_sequences_and_the_drain_sees_every_replica(cluster: list[Serv
     asyncio.run(_run(driver, 2.0))
     rec.close()
     rows = _history(tmp_path / "h.jsonl")
-    published = {r["value"]: json.loads(r["detail"])["stream_seq"] for r in rows
-                 if r["f"] == "publish" and r["type"] == "ok"}
+    published = {
+        r["value"]: json.loads(r["detail"])["stream_seq"]
+        for r in rows
+        if r["f"] == "publish" and r["type"] == "ok"
+    }
     assert len(published) > 50
     assert sorted(published.values()) == list(range(1, len(published) + 1))  # one sequence each, no gaps
     deliveries = [r for r in rows if r["f"] == "consume" and r["type"] == "ok"]
@@ -174,12 +202,17 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
         await driver.setup([QUEUE])
         stop = asyncio.Event()
         task = asyncio.create_task(driver.produce("p1", QUEUE, stop))
-        await until_async(lambda: rec.counts.get(("publish", "ok"), 0) >= 1, "p1's first confirm (through n1)")
+        await until_async(
+            lambda: rec.counts.get(("publish", "ok"), 0) >= 1, "p1's first confirm (through n1)"
+        )
         await asyncio.to_thread(cluster[0].stop)  # p1 starts on n1
         before = rec.counts.get(("publish", "ok"), 0)
         # A stream leader on n1 needs an election first.
-        await until_async(lambda: rec.counts.get(("publish", "ok"), 0) >= before + 20, "20 confirms after n1 stopped",
-                          every=0.2)
+        await until_async(
+            lambda: rec.counts.get(("publish", "ok"), 0) >= before + 20,
+            "20 confirms after n1 stopped",
+            every=0.2,
+        )
         stop.set()
         await task
 

@@ -48,8 +48,9 @@ def url(ep: Endpoint) -> str:
 @pytest.mark.parametrize("plugin_name", sorted(CLUSTERS))
 def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path, plugin_name: str) -> None:
     host = Host.load()
-    scenario = from_dict({"name": "depth", "broker": {"plugin": plugin_name, "nodes": 3,
-                                                       "settings": CLUSTERS[plugin_name]}})
+    scenario = from_dict(
+        {"name": "depth", "broker": {"plugin": plugin_name, "nodes": 3, "settings": CLUSTERS[plugin_name]}}
+    )
     plugin = host.broker(plugin_name)
     settings = plugin.validate_settings(scenario.broker.settings)
     with running_cluster(host, scenario) as cluster:
@@ -64,8 +65,14 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
 
         rec = Recorder(tmp_path / "history.jsonl")
         w = WorkloadSection(prefetch=10, message_size=SIZE, drain_idle=1.0, drain_timeout=240)
-        driver = AmqpDriver(endpoints, rec, workload=w, seed=SEED, queue_depth=watched,
-                            queue_arguments=plugin.queue_arguments(settings))
+        driver = AmqpDriver(
+            endpoints,
+            rec,
+            workload=w,
+            seed=SEED,
+            queue_depth=watched,
+            queue_arguments=plugin.queue_arguments(settings),
+        )
         released: list[int] = []
 
         async def go() -> None:
@@ -73,8 +80,11 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
             pub = await aiormq.connect(url(endpoints["n1"]))
             ch = await pub.channel()
             for msg_id in IDS:
-                confirm = await ch.basic_publish(message_body(msg_id, SEED, SIZE), routing_key=QUEUE,
-                                                 properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id))
+                confirm = await ch.basic_publish(
+                    message_body(msg_id, SEED, SIZE),
+                    routing_key=QUEUE,
+                    properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id),
+                )
                 assert isinstance(confirm, spec.Basic.Ack)
             await pub.close()
             # The holder consumes through n2 and never acks.
@@ -115,11 +125,18 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
     assert sorted(acks) == sorted(IDS)
     late = [i for i in IDS if acks[i]["time_ns"] > released[0]]
     assert len(late) == HELD  # what the holder had came back only once it let go
-    assert all(any(r["f"] == "consume" and r["value"] == i and r["redelivered"] for r in records) for i in late)
+    assert all(
+        any(r["f"] == "consume" and r["value"] == i and r["redelivered"] for r in records) for i in late
+    )
     drain = [r for r in records if r["f"] == "drain"]
     assert [r["type"] for r in drain] == ["invoke", "ok"]
     view = json.loads(drain[1]["value"])["nodes"]
     assert set(view) == {"n1", "n2", "n3"}
     for v in view.values():
-        assert v["ready"] == 0 and v["unacked"] in (0, None) and v["error"] is None and v["empty_at_ns"] is not None
+        assert (
+            v["ready"] == 0
+            and v["unacked"] in (0, None)
+            and v["error"] is None
+            and v["empty_at_ns"] is not None
+        )
     assert view["n1"]["unacked"] == 0

@@ -19,30 +19,56 @@ def settings(**kw: Any) -> dict[str, Any]:
 
 def test_defaults() -> None:
     s = settings()
-    assert s == {"queue_type": "classic", "ha_mode": None, "ha_params": None, "ha_sync_mode": "manual",
-                 "ha_promote_on_failure": "always", "ha_promote_on_shutdown": "when-synced",
-                 "partition_handling": "pause_minority", "net_ticktime": 10, "policy_pattern": "^chaos"}
+    assert s == {
+        "queue_type": "classic",
+        "ha_mode": None,
+        "ha_params": None,
+        "ha_sync_mode": "manual",
+        "ha_promote_on_failure": "always",
+        "ha_promote_on_shutdown": "when-synced",
+        "partition_handling": "pause_minority",
+        "net_ticktime": 10,
+        "policy_pattern": "^chaos",
+    }
 
 
-@pytest.mark.parametrize(("given", "needle"), [
-    ({"queue_type": "stream"}, "broker.settings.queue_type: 'stream' is not allowed; use one of 'classic', 'quorum'"),
-    ({"ha_mode": "some"}, "broker.settings.ha_mode: 'some' is not allowed"),
-    ({"ha_sync_mode": "auto"}, "broker.settings.ha_sync_mode: 'auto' is not allowed"),
-    ({"partition_handling": "pause_if_all_down"}, "broker.settings.partition_handling: 'pause_if_all_down'"),
-    ({"net_ticktime": "10"}, "broker.settings.net_ticktime: expected int, got '10'"),
-    ({"net_ticktime": True}, "broker.settings.net_ticktime: expected int, got True"),
-    ({"net_ticktime": 0}, "broker.settings.net_ticktime: 0 is out of range; allowed >= 1"),
-    ({"policy_pattern": 3}, "broker.settings.policy_pattern: expected str"),
-    ({"mirror": "all"}, "broker.settings.mirror: unknown setting for rabbitmq; allowed: ha_mode, "),
-    ({"ha_mode": "exactly"}, "broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got None"),
-    ({"ha_mode": "exactly", "ha_params": 0}, "ha_mode 'exactly' needs a node count >= 1, got 0"),
-    ({"ha_mode": "exactly", "ha_params": "2"}, "ha_mode 'exactly' needs a node count"),
-    ({"ha_mode": "nodes"}, "broker.settings.ha_params: ha_mode 'nodes' needs a list of node names"),
-    ({"ha_mode": "nodes", "ha_params": [1]}, "ha_mode 'nodes' needs a list of node names"),
-    ({"ha_mode": "all", "ha_params": 2}, "broker.settings.ha_params: not used with ha_mode 'all'; remove it"),
-    ({"ha_params": 2}, "broker.settings.ha_params: not used with ha_mode None"),
-    ({"queue_type": "quorum", "ha_mode": "all"}, "broker.settings.ha_mode: quorum queues are not mirrored by policy"),
-])
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        (
+            {"queue_type": "stream"},
+            "broker.settings.queue_type: 'stream' is not allowed; use one of 'classic', 'quorum'",
+        ),
+        ({"ha_mode": "some"}, "broker.settings.ha_mode: 'some' is not allowed"),
+        ({"ha_sync_mode": "auto"}, "broker.settings.ha_sync_mode: 'auto' is not allowed"),
+        (
+            {"partition_handling": "pause_if_all_down"},
+            "broker.settings.partition_handling: 'pause_if_all_down'",
+        ),
+        ({"net_ticktime": "10"}, "broker.settings.net_ticktime: expected int, got '10'"),
+        ({"net_ticktime": True}, "broker.settings.net_ticktime: expected int, got True"),
+        ({"net_ticktime": 0}, "broker.settings.net_ticktime: 0 is out of range; allowed >= 1"),
+        ({"policy_pattern": 3}, "broker.settings.policy_pattern: expected str"),
+        ({"mirror": "all"}, "broker.settings.mirror: unknown setting for rabbitmq; allowed: ha_mode, "),
+        (
+            {"ha_mode": "exactly"},
+            "broker.settings.ha_params: ha_mode 'exactly' needs a node count >= 1, got None",
+        ),
+        ({"ha_mode": "exactly", "ha_params": 0}, "ha_mode 'exactly' needs a node count >= 1, got 0"),
+        ({"ha_mode": "exactly", "ha_params": "2"}, "ha_mode 'exactly' needs a node count"),
+        ({"ha_mode": "nodes"}, "broker.settings.ha_params: ha_mode 'nodes' needs a list of node names"),
+        ({"ha_mode": "nodes", "ha_params": [1]}, "ha_mode 'nodes' needs a list of node names"),
+        (
+            {"ha_mode": "all", "ha_params": 2},
+            "broker.settings.ha_params: not used with ha_mode 'all'; remove it",
+        ),
+        ({"ha_params": 2}, "broker.settings.ha_params: not used with ha_mode None"),
+        (
+            {"queue_type": "quorum", "ha_mode": "all"},
+            "broker.settings.ha_mode: quorum queues are not mirrored by policy",
+        ),
+    ],
+)
 def test_validate_settings_errors(given: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError) as e:
         RMQ.validate_settings(given)
@@ -51,12 +77,19 @@ def test_validate_settings_errors(given: dict[str, Any], needle: str) -> None:
 
 def test_policy_for_classic_mirrored_queues() -> None:
     assert RMQ.policy(settings(ha_mode="all", ha_sync_mode="automatic")) == {
-        "ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": "always",
-        "ha-promote-on-shutdown": "when-synced"}
+        "ha-mode": "all",
+        "ha-sync-mode": "automatic",
+        "ha-promote-on-failure": "always",
+        "ha-promote-on-shutdown": "when-synced",
+    }
     assert RMQ.policy(settings(ha_mode="exactly", ha_params=2))["ha-params"] == 2
     assert RMQ.policy(settings(ha_mode="nodes", ha_params=["rabbit@n1", "rabbit@n2"]))["ha-params"] == [
-        "rabbit@n1", "rabbit@n2"]
-    p = RMQ.policy(settings(ha_mode="all", ha_promote_on_failure="when-synced", ha_promote_on_shutdown="always"))
+        "rabbit@n1",
+        "rabbit@n2",
+    ]
+    p = RMQ.policy(
+        settings(ha_mode="all", ha_promote_on_failure="when-synced", ha_promote_on_shutdown="always")
+    )
     assert p is not None
     assert (p["ha-promote-on-failure"], p["ha-promote-on-shutdown"]) == ("when-synced", "always")
 
@@ -80,8 +113,13 @@ def test_declaration() -> None:
 
 
 def test_node_spec() -> None:
-    info = NodeInfo(name="n2", index=2, peers=("n1", "n3"), cluster="bc-1a2b3c",
-                    settings=settings(partition_handling="autoheal", net_ticktime=7))
+    info = NodeInfo(
+        name="n2",
+        index=2,
+        peers=("n1", "n3"),
+        cluster="bc-1a2b3c",
+        settings=settings(partition_handling="autoheal", net_ticktime=7),
+    )
     spec = RMQ.node_spec(info)
     assert list(spec.command) == ["/bin/sh", START_SCRIPT]
     assert spec.env["RABBITMQ_NODENAME"] == "rabbit@n2"

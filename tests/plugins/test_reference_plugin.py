@@ -18,8 +18,12 @@ from plugins.reference import CONFIG_PATH, CONTROL_PORT, ReferenceBroker
 REF = ReferenceBroker()
 
 
-def info(name: str = "n2", index: int = 2, peers: tuple[str, ...] = ("n1", "n3"), **settings: Any) -> NodeInfo:
-    return NodeInfo(name=name, index=index, peers=peers, cluster="bc-1", settings=REF.validate_settings(settings))
+def info(
+    name: str = "n2", index: int = 2, peers: tuple[str, ...] = ("n1", "n3"), **settings: Any
+) -> NodeInfo:
+    return NodeInfo(
+        name=name, index=index, peers=peers, cluster="bc-1", settings=REF.validate_settings(settings)
+    )
 
 
 def config_of(node: NodeInfo) -> dict[str, Any]:
@@ -38,28 +42,36 @@ def test_generated_toml_parses_and_passes_broker_validation() -> None:
     assert (store.flush, store.flush_interval_ms, store.segment_bytes) == ("sync", 500, 16 << 20)
 
 
-@pytest.mark.parametrize(("flush", "flow", "heartbeat", "interval", "segment"), list(itertools.product(
-    ["sync", "async"], [True, False], [0, 1, 65535], [1, 500], [4096, 1 << 30])))
-def test_every_valid_setting_combination_is_accepted_by_the_broker(flush: str, flow: bool, heartbeat: int,
-                                                                  interval: int, segment: int) -> None:
-    node = info(flush=flush, flow=flow, heartbeat=heartbeat, flush_interval_ms=interval, segment_bytes=segment)
+@pytest.mark.parametrize(
+    ("flush", "flow", "heartbeat", "interval", "segment"),
+    list(itertools.product(["sync", "async"], [True, False], [0, 1, 65535], [1, 500], [4096, 1 << 30])),
+)
+def test_every_valid_setting_combination_is_accepted_by_the_broker(
+    flush: str, flow: bool, heartbeat: int, interval: int, segment: int
+) -> None:
+    node = info(
+        flush=flush, flow=flow, heartbeat=heartbeat, flush_interval_ms=interval, segment_bytes=segment
+    )
     cfg = parse(config_of(node), base_dir=Path("/"))
     assert (cfg.heartbeat, cfg.flow.enabled) == (heartbeat, flow)
     store = StoreConfig.from_table(cfg.store)
     assert (store.flush, store.flush_interval_ms, store.segment_bytes) == (flush, interval, segment)
 
 
-@pytest.mark.parametrize(("given", "needle"), [
-    ({"flush": "never"}, "broker.settings.flush: 'never' is not allowed; use one of 'sync', 'async'"),
-    ({"flow": "yes"}, "broker.settings.flow: expected bool, got 'yes'"),
-    ({"heartbeat": True}, "broker.settings.heartbeat: expected int, got True"),
-    ({"heartbeat": -1}, "broker.settings.heartbeat: -1 is out of range; allowed from 0 to 65535"),
-    ({"heartbeat": 70000}, "broker.settings.heartbeat: 70000 is out of range"),
-    ({"segment_bytes": 100}, "broker.settings.segment_bytes: 100 is out of range; allowed >= 4096"),
-    ({"flush_interval_ms": 0}, "broker.settings.flush_interval_ms: 0 is out of range; allowed >= 1"),
-    ({"flush_interval_ms": 1.5}, "broker.settings.flush_interval_ms: expected int"),
-    ({"fsync": "always"}, "broker.settings.fsync: unknown setting for reference; allowed: flow, flush, "),
-])
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"flush": "never"}, "broker.settings.flush: 'never' is not allowed; use one of 'sync', 'async'"),
+        ({"flow": "yes"}, "broker.settings.flow: expected bool, got 'yes'"),
+        ({"heartbeat": True}, "broker.settings.heartbeat: expected int, got True"),
+        ({"heartbeat": -1}, "broker.settings.heartbeat: -1 is out of range; allowed from 0 to 65535"),
+        ({"heartbeat": 70000}, "broker.settings.heartbeat: 70000 is out of range"),
+        ({"segment_bytes": 100}, "broker.settings.segment_bytes: 100 is out of range; allowed >= 4096"),
+        ({"flush_interval_ms": 0}, "broker.settings.flush_interval_ms: 0 is out of range; allowed >= 1"),
+        ({"flush_interval_ms": 1.5}, "broker.settings.flush_interval_ms: expected int"),
+        ({"fsync": "always"}, "broker.settings.fsync: unknown setting for reference; allowed: flow, flush, "),
+    ],
+)
 def test_validate_settings_errors(given: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError) as e:
         REF.validate_settings(given)

@@ -26,9 +26,17 @@ class H:
         self._tx = 0
 
     def _row(self, process: str, type_: str, f: str, value: Any = None, detail: Any = None) -> None:
-        self.rows.append({"index": len(self.rows), "process": process, "type": type_, "f": f, "queue": Q,
-                          "value": value if value is None or isinstance(value, str) else json.dumps(value),
-                          "detail": None if detail is None else json.dumps(detail)})
+        self.rows.append(
+            {
+                "index": len(self.rows),
+                "process": process,
+                "type": type_,
+                "f": f,
+                "queue": Q,
+                "value": value if value is None or isinstance(value, str) else json.dumps(value),
+                "detail": None if detail is None else json.dumps(detail),
+            }
+        )
 
     def tx(self, process: str, kind: str, ids: list[str], outcome: str | None = "ok", f: str = "commit") -> H:
         """One transaction's end: its commit or rollback op covering ``ids`` (None: never completed)."""
@@ -63,14 +71,20 @@ def _anomalies(h: H) -> dict[str, int]:
 
 
 def test_whole_transactions_are_valid() -> None:
-    h = (H().tx("p1", "publish", ["p1:1", "p1:2"]).deliver("p1:1", "p1:2")
-         .tx("p1", "publish", ["p1:3", "p1:4"], f="rollback")
-         .tx("p1", "publish", ["p1:5", "p1:6"], outcome="info")  # unknown, applied whole
-         .tx("p1", "publish", ["p1:7", "p1:8"], outcome=None)  # unknown, not applied at all
-         .deliver("p1:5", "p1:6")
-         .tx("c1", "ack", ["p1:1", "p1:2"])
-         .tx("c1", "ack", ["p1:5", "p1:6"], outcome="info").deliver("p1:5", "p1:6", process="c2")
-         .tx("c2", "ack", ["p1:5", "p1:6"]).drain())
+    h = (
+        H()
+        .tx("p1", "publish", ["p1:1", "p1:2"])
+        .deliver("p1:1", "p1:2")
+        .tx("p1", "publish", ["p1:3", "p1:4"], f="rollback")
+        .tx("p1", "publish", ["p1:5", "p1:6"], outcome="info")  # unknown, applied whole
+        .tx("p1", "publish", ["p1:7", "p1:8"], outcome=None)  # unknown, not applied at all
+        .deliver("p1:5", "p1:6")
+        .tx("c1", "ack", ["p1:1", "p1:2"])
+        .tx("c1", "ack", ["p1:5", "p1:6"], outcome="info")
+        .deliver("p1:5", "p1:6", process="c2")
+        .tx("c2", "ack", ["p1:5", "p1:6"])
+        .drain()
+    )
     res = check_rows(h.rows)
     assert (res["valid"], res["verdict"]) == (True, "durable"), res
     c = res["counts"]
@@ -86,17 +100,25 @@ def test_committed_publishes_not_all_delivered() -> None:
 
 
 def test_rolled_back_or_failed_commit_delivered() -> None:
-    assert _anomalies(H().tx("p1", "publish", ["p1:1"], f="rollback", outcome="info").deliver("p1:1").drain()) == {
-        "rolled_back_delivered": 1}
+    assert _anomalies(
+        H().tx("p1", "publish", ["p1:1"], f="rollback", outcome="info").deliver("p1:1").drain()
+    ) == {"rolled_back_delivered": 1}
     assert _anomalies(H().tx("p1", "publish", ["p1:1", "p1:2"], outcome="fail").deliver("p1:2").drain()) == {
-        "rolled_back_delivered": 1}
+        "rolled_back_delivered": 1
+    }
 
 
 def test_unknown_commit_half_applied() -> None:
     assert _anomalies(H().tx("p1", "publish", ["p1:1", "p1:2"], outcome="info").deliver("p1:1").drain()) == {
-        "partial_transactions": 1}
+        "partial_transactions": 1
+    }
     # acks: after the commit was sent one message came back, the other did not
-    h = H().deliver("p1:1", "p1:2").tx("c1", "ack", ["p1:1", "p1:2"], outcome=None).deliver("p1:2", process="c2")
+    h = (
+        H()
+        .deliver("p1:1", "p1:2")
+        .tx("c1", "ack", ["p1:1", "p1:2"], outcome=None)
+        .deliver("p1:2", process="c2")
+    )
     assert _anomalies(h.drain()) == {"partial_transactions": 1}
 
 
@@ -142,11 +164,13 @@ def random_history(rng: random.Random, p: int) -> H:
 def test_spark_and_python_agree(tmp_path: Path) -> None:
     """Every literal case above and seeded random histories in one history (one Spark job): one answer."""
     combined = H()
-    cases = [H().tx("p1", "publish", ["p1:1", "p1:2", "p1:3"]).deliver("p1:1"),
-             H().tx("p2", "publish", ["p2:1"], f="rollback").deliver("p2:1"),
-             H().tx("p3", "publish", ["p3:1", "p3:2"], outcome="info").deliver("p3:1"),
-             H().deliver("p4:1").tx("c4", "ack", ["p4:1"]).deliver("p4:1", process="c5"),
-             H().tx("p5", "publish", [], outcome="ok")]
+    cases = [
+        H().tx("p1", "publish", ["p1:1", "p1:2", "p1:3"]).deliver("p1:1"),
+        H().tx("p2", "publish", ["p2:1"], f="rollback").deliver("p2:1"),
+        H().tx("p3", "publish", ["p3:1", "p3:2"], outcome="info").deliver("p3:1"),
+        H().deliver("p4:1").tx("c4", "ack", ["p4:1"]).deliver("p4:1", process="c5"),
+        H().tx("p5", "publish", [], outcome="ok"),
+    ]
     cases += [random_history(random.Random(seed), 10 + seed) for seed in range(6)]
     for h in cases:
         for r in h.rows:

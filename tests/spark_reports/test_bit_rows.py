@@ -35,5 +35,12 @@ def test_bit_chunks_give_every_met_condition_once(spark_engine) -> None:
     for r in rows:
         met.setdefault(r["v"], []).extend(_named(r["chunk"], r["bits"], names, "none"))
     assert len(rows) == 3 * len(values)
-    assert met == {-1: ["none"], 0: ["c0"], 1: ["c1"], BITS - 1: [f"c{BITS - 1}"], BITS: [f"c{BITS}"],
-                   2 * BITS + 4: [f"c{2 * BITS + 4}"], 7: ["c0", "c7", "c40", "c80", "c120"]}
+    assert met == {
+        -1: ["none"],
+        0: ["c0"],
+        1: ["c1"],
+        BITS - 1: [f"c{BITS - 1}"],
+        BITS: [f"c{BITS}"],
+        2 * BITS + 4: [f"c{2 * BITS + 4}"],
+        7: ["c0", "c7", "c40", "c80", "c120"],
+    }

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from harness.spec import body_digest, message_body
 from spark_reports._spark_sql import body_from_payload_sql, digest_sql, payload_sql
 
-IDS = st.text(st.characters(codec="utf-8"), max_size=40) | st.from_regex(r"p[0-9]{1,3}:[0-9]{1,18}",
-                                                                                          fullmatch=True)
+IDS = st.text(st.characters(codec="utf-8"), max_size=40) | st.from_regex(
+    r"p[0-9]{1,3}:[0-9]{1,18}", fullmatch=True
+)
 SIZES = st.integers(0, 300) | st.sampled_from([4096, 70_000])
 
 
@@ -24,12 +25,33 @@ def _sql_bodies(spark, seed: int, pairs: list[tuple[str, int]]) -> list[tuple[st
 
 
 @pytest.mark.spark
-@settings(max_examples=12, deadline=None,
-          suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
+)
 @given(seed=st.integers(0, 2**63 - 1), pairs=st.lists(st.tuples(IDS, SIZES), min_size=1, max_size=60))
-@example(seed=0, pairs=[("p1:1", 0), ("p1:1", 5), ("p12:345", 8), ("p1:1", 21), ("p1:1", 22), ("p1:1", 23),
-                        ("p1:1", 86), ("p1:1", 87), ("p1:1", 88), ("", 0), ("", 17), ("ü:1", 40), ("p1:1", 256)])
-def test_sql_body_and_digest_equal_message_body(seed: int, pairs: list[tuple[str, int]], spark_engine) -> None:
+@example(
+    seed=0,
+    pairs=[
+        ("p1:1", 0),
+        ("p1:1", 5),
+        ("p12:345", 8),
+        ("p1:1", 21),
+        ("p1:1", 22),
+        ("p1:1", 23),
+        ("p1:1", 86),
+        ("p1:1", 87),
+        ("p1:1", 88),
+        ("", 0),
+        ("", 17),
+        ("ü:1", 40),
+        ("p1:1", 256),
+    ],
+)
+def test_sql_body_and_digest_equal_message_body(
+    seed: int, pairs: list[tuple[str, int]], spark_engine
+) -> None:
     from spark_reports import spark_session
 
     got = _sql_bodies(spark_session(), seed, pairs)

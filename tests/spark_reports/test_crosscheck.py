@@ -29,24 +29,44 @@ DRAIN_QUEUE = "q1"
 @st.composite
 def plans(draw: st.DrawFn) -> dict:
     """A history plan: what each message went through, in an order hypothesis picks."""
-    delivery = st.fixed_dictionaries({
-        "consumer": st.sampled_from(["c1", "c2", "d1"]), "node": st.sampled_from(NODES),
-        "queue": st.sampled_from(["q1", "q2"]), "redelivered": st.booleans(),
-        "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
-        "abandon": st.sampled_from([None, None, *CAUSES]), "corrupt": st.sampled_from([False, False, False, True]),
-    })
+    delivery = st.fixed_dictionaries(
+        {
+            "consumer": st.sampled_from(["c1", "c2", "d1"]),
+            "node": st.sampled_from(NODES),
+            "queue": st.sampled_from(["q1", "q2"]),
+            "redelivered": st.booleans(),
+            "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
+            "abandon": st.sampled_from([None, None, *CAUSES]),
+            "corrupt": st.sampled_from([False, False, False, True]),
+        }
+    )
     messages: list[dict[str, Any]] = []
     for p in range(1, draw(st.integers(1, 3)) + 1):
         for seq in range(1, draw(st.integers(0, 7)) + 1):
             outcomes = draw(st.lists(st.sampled_from(["ok", "fail", "info", None]), min_size=1, max_size=2))
-            messages.append({"id": f"p{p}:{seq}", "outcomes": outcomes,
-                             "deliveries": draw(st.lists(delivery, max_size=3)),
-                             "node": draw(st.sampled_from(NODES)), "queue": draw(st.sampled_from(["q1", "q2"]))})
-    unexpected = [{"id": f"x{i}:{i}", "deliveries": draw(st.lists(delivery, min_size=1, max_size=2))}
-                  for i in range(draw(st.integers(0, 2)))]
-    faults = [{"id": f"f{i}", "kind": draw(st.sampled_from(KINDS)), "node": draw(st.sampled_from(NODES)),
-               "healed": draw(st.booleans()), "applied": draw(st.booleans())}
-              for i in range(draw(st.integers(0, 3)))]
+            messages.append(
+                {
+                    "id": f"p{p}:{seq}",
+                    "outcomes": outcomes,
+                    "deliveries": draw(st.lists(delivery, max_size=3)),
+                    "node": draw(st.sampled_from(NODES)),
+                    "queue": draw(st.sampled_from(["q1", "q2"])),
+                }
+            )
+    unexpected = [
+        {"id": f"x{i}:{i}", "deliveries": draw(st.lists(delivery, min_size=1, max_size=2))}
+        for i in range(draw(st.integers(0, 2)))
+    ]
+    faults = [
+        {
+            "id": f"f{i}",
+            "kind": draw(st.sampled_from(KINDS)),
+            "node": draw(st.sampled_from(NODES)),
+            "healed": draw(st.booleans()),
+            "applied": draw(st.booleans()),
+        }
+        for i in range(draw(st.integers(0, 3)))
+    ]
     drain = draw(st.sampled_from(["complete", "complete", "info", "incomplete", "none"]))
     # One event stream: publishes in seq order per producer; a delivery's own steps (ack written,
     # ack completed, abandon) after it; everything else placed anywhere by drawing each position.
@@ -63,16 +83,28 @@ def plans(draw: st.DrawFn) -> dict:
         events.append(("drain_invoke",))
     order = draw(st.permutations(range(len(events))))
     stream: list = [events[i] for i in order]
-    _keep_in_order(stream, lambda e: e[0] == "publish", lambda e: e[1]["id"].split(":")[0],
-                   lambda e: int(e[1]["id"].split(":")[1]))
+    _keep_in_order(
+        stream,
+        lambda e: e[0] == "publish",
+        lambda e: e[1]["id"].split(":")[0],
+        lambda e: int(e[1]["id"].split(":")[1]),
+    )
     rank = {"deliver": 0, "ack_invoke": 1, "abandon": 1, "ack_done": 2}
     _keep_in_order(stream, lambda e: e[0] in rank, lambda e: (e[1], e[2]), lambda e: rank[e[0]])
-    return {"messages": messages, "unexpected": unexpected, "faults": faults, "stream": stream, "drain": drain,
-            "empty_at": draw(st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=3, max_size=3)),
-            "bodies": draw(st.booleans()),
-            "budgets": {"duplicated": draw(st.sampled_from([None, 0, 1, 3])),
-                        "resurrected": draw(st.sampled_from([None, 0, 1]))},
-            "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001]))}
+    return {
+        "messages": messages,
+        "unexpected": unexpected,
+        "faults": faults,
+        "stream": stream,
+        "drain": drain,
+        "empty_at": draw(st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=3, max_size=3)),
+        "bodies": draw(st.booleans()),
+        "budgets": {
+            "duplicated": draw(st.sampled_from([None, 0, 1, 3])),
+            "resurrected": draw(st.sampled_from([None, 0, 1])),
+        },
+        "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001])),
+    }
 
 
 def _keep_in_order(stream: list, member, group, key) -> None:
@@ -122,9 +154,16 @@ def build(plan: dict) -> HistoryBuilder:
             b.heal(f["id"])
     if plan["drain"] in ("complete", "info"):
         end = b.t
-        nodes = {f"n{i + 1}": {"consumed": 0, "ready": 0, "unacked": 0, "error": None,
-                               "empty_at_ns": None if x is None else int(x * end)}
-                 for i, x in enumerate(plan["empty_at"])}
+        nodes = {
+            f"n{i + 1}": {
+                "consumed": 0,
+                "ready": 0,
+                "unacked": 0,
+                "error": None,
+                "empty_at_ns": None if x is None else int(x * end),
+            }
+            for i, x in enumerate(plan["empty_at"])
+        }
         b.drain_done(queue=DRAIN_QUEUE, outcome="ok" if plan["drain"] == "complete" else "info", nodes=nodes)
     return b
 
@@ -136,8 +175,19 @@ def truth(plan: dict, rows: list[dict]) -> dict:
     confirmed = {m["id"] for m in plan["messages"] if "ok" in m["outcomes"]}
     of = {mid: [r for r in rows if r["value"] == mid] for mid in ids}
     drain = [r for r in rows if r["f"] == "drain"]
-    out: dict = {k: [] for k in ("lost", "ack_unknown", "unexpected", "recovered", "duplicated", "resurrected",
-                                 "corrupted", "split_brain")}
+    out: dict = {
+        k: []
+        for k in (
+            "lost",
+            "ack_unknown",
+            "unexpected",
+            "recovered",
+            "duplicated",
+            "resurrected",
+            "corrupted",
+            "split_brain",
+        )
+    }
     out["causes"], out["unflagged"] = {}, 0
     for mid in ids:
         rs = of[mid]
@@ -160,8 +210,13 @@ def truth(plan: dict, rows: list[dict]) -> dict:
                 out["lost"].append(mid)
                 last_d = max((d["index"] for d in deliveries), default=None)
                 later = [a for a in abandons if last_d is not None and a["index"] > last_d]
-                out["causes"][mid] = ("never delivered" if not deliveries else
-                                      "abandoned delivery never redelivered" if later else "delivered, never acked")
+                out["causes"][mid] = (
+                    "never delivered"
+                    if not deliveries
+                    else "abandoned delivery never redelivered"
+                    if later
+                    else "delivered, never acked"
+                )
         if mid not in attempted and consumed:
             out["unexpected"].append(mid)
         if mid in attempted and mid not in confirmed and consumed:
@@ -174,15 +229,24 @@ def truth(plan: dict, rows: list[dict]) -> dict:
             want = body_digest(message_body(mid, SEED, SIZE))
             if any(d["digest"] is not None and d["digest"] != want for d in deliveries):
                 out["corrupted"].append(mid)
-        out["unflagged"] += sum(1 for d in deliveries if d["redelivered"] is not True
-                                and any(a["index"] < d["index"] for a in abandons))
+        out["unflagged"] += sum(
+            1
+            for d in deliveries
+            if d["redelivered"] is not True and any(a["index"] < d["index"] for a in abandons)
+        )
         if ack_oks and len(drain) == 2:
             a = min(ack_oks, key=lambda r: r["index"])
             inv, done = drain
             nodes = _json(done["value"])["nodes"]
-            if (a["process"] == "d1" and a["queue"] == DRAIN_QUEUE and inv["index"] < a["index"] < done["index"]
-                    and any(n != a["node"] and v["empty_at_ns"] is not None and a["time_ns"] > v["empty_at_ns"]
-                            for n, v in nodes.items())):
+            if (
+                a["process"] == "d1"
+                and a["queue"] == DRAIN_QUEUE
+                and inv["index"] < a["index"] < done["index"]
+                and any(
+                    n != a["node"] and v["empty_at_ns"] is not None and a["time_ns"] > v["empty_at_ns"]
+                    for n, v in nodes.items()
+                )
+            ):
                 out["split_brain"].append(mid)
     return {k: sorted(v) if isinstance(v, list) else v for k, v in out.items()}
 
@@ -249,8 +313,11 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None,
-          suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
+)
 @given(plan=plans())
 def test_spark_agrees_with_python_exactly(plan: dict, spark_engine) -> None:
     b = build(plan)

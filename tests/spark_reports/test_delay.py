@@ -25,13 +25,27 @@ class H:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def _row(self, t: int, process: str, type_: str, f: str, value: str | None = None, detail: Any = None) -> None:
-        self.rows.append({"index": len(self.rows), "time_ns": t, "process": process, "node": "n1", "type": type_,
-                          "f": f, "queue": "chaos-1", "value": value,
-                          "detail": None if detail is None else json.dumps(detail)})
+    def _row(
+        self, t: int, process: str, type_: str, f: str, value: str | None = None, detail: Any = None
+    ) -> None:
+        self.rows.append(
+            {
+                "index": len(self.rows),
+                "time_ns": t,
+                "process": process,
+                "node": "n1",
+                "type": type_,
+                "f": f,
+                "queue": "chaos-1",
+                "value": value,
+                "detail": None if detail is None else json.dumps(detail),
+            }
+        )
 
     def publish(self, mid: str, at_ms: int, delay_ms: int | None, outcome: str = "ok") -> H:
-        self._row(at_ms * MS, "p1", "invoke", "publish", mid, None if delay_ms is None else {"delay_ms": delay_ms})
+        self._row(
+            at_ms * MS, "p1", "invoke", "publish", mid, None if delay_ms is None else {"delay_ms": delay_ms}
+        )
         self._row(at_ms * MS + MS, "p1", outcome, "publish", mid)
         return self
 
@@ -48,7 +62,9 @@ class H:
 
 def test_on_time_and_late_deliveries_are_valid_and_summarised() -> None:
     h = H().publish("p1:1", 0, 1000).publish("p1:2", 10, 500).publish("p1:3", 20, None)
-    res = check_rows(h.deliver("p1:3", 21).deliver("p1:2", 510).deliver("p1:1", 1000).rows, late_after_ms=5000)
+    res = check_rows(
+        h.deliver("p1:3", 21).deliver("p1:2", 510).deliver("p1:1", 1000).rows, late_after_ms=5000
+    )
     assert (res["valid"], res["verdict"]) == (True, "durable")
     c = res["counts"]
     assert (c["delayed_publishes"], c["delayed_confirmed"], c["delayed_delivered"]) == (2, 2, 2)
@@ -145,8 +161,10 @@ def test_the_report_shows_the_delay_verdict_and_the_lateness_plot(tmp_path: Path
     results = dict(check_python(run, {}))
     delay = check_delay_python(run, {})
     assert delay["valid"] is True and delay["counts"]["delayed_delivered"] == 39
-    results["checkers"] = {"python": {"verdict": results["verdict"]},
-                           "delay": {k: delay.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}}
+    results["checkers"] = {
+        "python": {"verdict": results["verdict"]},
+        "delay": {k: delay.get(k) for k in ("valid", "verdict", "counts", "error", "engine")},
+    }
     text = render_report(run, results).read_text()  # type: ignore[arg-type]
     assert "Delayed messages" in text and "lateness p99 (ms)" in text
     assert (run / "plots" / "delay-lateness.png").stat().st_size > 5000
@@ -179,11 +197,17 @@ def test_a_delayed_message_overtaken_by_a_later_publish_is_no_order_violation(tm
     with_delays = {"workload": {"delay": {"share": 0.5}}}
     assert _order_counts(check_python, _overtaken_delayed_message(tmp_path, True), with_delays) == (0, [])
     # without the delay the same arrival order is a violation
-    assert _order_counts(check_python, _overtaken_delayed_message(tmp_path, False), with_delays) == (1, ["p1:1"])
+    assert _order_counts(check_python, _overtaken_delayed_message(tmp_path, False), with_delays) == (
+        1,
+        ["p1:1"],
+    )
 
 
 @pytest.mark.spark
 def test_spark_leaves_delayed_messages_out_of_the_order_check_too(tmp_path: Path, spark_engine: Any) -> None:
     with_delays = {"workload": {"delay": {"share": 0.5}}}
     assert _order_counts(spark_engine, _overtaken_delayed_message(tmp_path, True), with_delays) == (0, [])
-    assert _order_counts(spark_engine, _overtaken_delayed_message(tmp_path, False), with_delays) == (1, ["p1:1"])
+    assert _order_counts(spark_engine, _overtaken_delayed_message(tmp_path, False), with_delays) == (
+        1,
+        ["p1:1"],
+    )

@@ -62,14 +62,17 @@ def test_two_sided_interval_matches_the_binomial_sums(k: int, n: int) -> None:
     assert interval[1] == pytest.approx(_brute_upper(k, n, 0.025), rel=1e-9)
 
 
-@pytest.mark.parametrize(("k", "n", "low", "high"), [
-    # Published Clopper-Pearson 95% intervals (e.g. 1 of 10: 0.0025 to 0.4450).
-    (1, 10, 0.00252857854446, 0.445016117028),
-    (5, 10, 0.187086028447, 0.812913971553),
-    (3, 20, 0.0320709371855, 0.378926826545),
-    (7, 40, 0.0733827293521, 0.327790133362),
-    (10, 10, 0.691502892181, 1.0),
-])
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [
+        # Published Clopper-Pearson 95% intervals (e.g. 1 of 10: 0.0025 to 0.4450).
+        (1, 10, 0.00252857854446, 0.445016117028),
+        (5, 10, 0.187086028447, 0.812913971553),
+        (3, 20, 0.0320709371855, 0.378926826545),
+        (7, 40, 0.0733827293521, 0.327790133362),
+        (10, 10, 0.691502892181, 1.0),
+    ],
+)
 def test_two_sided_interval_known_values(k: int, n: int, low: float, high: float) -> None:
     assert clopper_pearson_interval(k, n) == pytest.approx((low, high), rel=1e-9)
 
@@ -79,7 +82,7 @@ def test_one_sided_known_values_and_edges() -> None:
     assert clopper_pearson_upper(0, 3) == pytest.approx(0.631596850136, rel=1e-9)
     assert clopper_pearson_upper(0, 0) is None and clopper_pearson_interval(0, 0) is None
     assert clopper_pearson_upper(4, 4) == 1.0
-    assert clopper_pearson_interval(0, 10) == pytest.approx((0.0, 1 - 0.025 ** 0.1))
+    assert clopper_pearson_interval(0, 10) == pytest.approx((0.0, 1 - 0.025**0.1))
     with pytest.raises(ValueError):
         clopper_pearson_upper(5, 4)
     with pytest.raises(ValueError):
@@ -117,20 +120,35 @@ def test_bootstrap_refuses_one_run_and_empty_denominators() -> None:
     assert bootstrap_ratio([(0, 0), (0, 0)]) is None
 
 
-def _res(lost: int, confirmed: int, *, verdict: str | None = None, completed: bool = True,
-         exposure: Sequence[tuple[str, int, int]] = ()) -> dict[str, Any]:
+def _res(
+    lost: int,
+    confirmed: int,
+    *,
+    verdict: str | None = None,
+    completed: bool = True,
+    exposure: Sequence[tuple[str, int, int]] = (),
+) -> dict[str, Any]:
     v = verdict or ("LOST" if lost else "durable")
-    return {"verdict": v, "valid": {"durable": True, "unknown": "unknown"}.get(v, False), "reason": "",
-            "counts": {"confirmed": confirmed, "lost": lost, "unexpected": 1 if v == "INTEGRITY" else 0},
-            "drain": {"completed": completed},
-            "attribution": {"exposure": [{"fault_kind": k, "confirmed": c, "lost": x} for k, c, x in exposure]}}
+    return {
+        "verdict": v,
+        "valid": {"durable": True, "unknown": "unknown"}.get(v, False),
+        "reason": "",
+        "counts": {"confirmed": confirmed, "lost": lost, "unexpected": 1 if v == "INTEGRITY" else 0},
+        "drain": {"completed": completed},
+        "attribution": {"exposure": [{"fault_kind": k, "confirmed": c, "lost": x} for k, c, x in exposure]},
+    }
 
 
 def test_a_single_run_gives_counts_and_no_bound() -> None:
     g = grade_results([("r", _res(0, 20_000), 1)])
     assert (g["graded_runs"], g["confirmed"], g["lost"]) == (1, 20_000, 0)
     assert g["runs_lost_interval"] == "none"
-    assert (g["runs_lost_low"], g["runs_lost_high"], g["loss_low"], g["loss_high"]) == (None, None, None, None)
+    assert (g["runs_lost_low"], g["runs_lost_high"], g["loss_low"], g["loss_high"]) == (
+        None,
+        None,
+        None,
+        None,
+    )
     text = "\n".join(describe_grade(g))
     assert "0 of 20,000 confirmed messages lost in the one run" in text
     assert "a bound needs several seeded runs" in text
@@ -144,15 +162,20 @@ def test_a_single_lossy_run_gives_no_bound_either() -> None:
 
 
 def test_unknown_runs_are_neither_durable_nor_in_any_denominator() -> None:
-    g = grade_results([("a", _res(0, 1000), 1), ("b", _res(0, 900), 2),
-                       ("c", _res(5, 800, verdict="unknown", completed=False), 3),
-                       ("d", {"verdict": "unknown", "valid": "unknown", "error": "checker failed"}, 4)])
+    g = grade_results(
+        [
+            ("a", _res(0, 1000), 1),
+            ("b", _res(0, 900), 2),
+            ("c", _res(5, 800, verdict="unknown", completed=False), 3),
+            ("d", {"verdict": "unknown", "valid": "unknown", "error": "checker failed"}, 4),
+        ]
+    )
     assert g["verdict"] == "unknown"
     assert g["verdicts"] == {"durable": 2, "unknown": 2}
     assert (g["graded_runs"], g["excluded_runs"], g["confirmed"], g["lost"]) == (2, 2, 1900, 0)
     assert [r["graded"] for r in g["runs"]] == [True, True, False, False]
     assert g["runs_lost_interval"] == "one-sided"
-    assert g["runs_lost_high"] == pytest.approx(1 - 0.05 ** 0.5)
+    assert g["runs_lost_high"] == pytest.approx(1 - 0.05**0.5)
     text = "\n".join(describe_grade(g))
     assert "0 of 2 runs lost a message" in text and "one-sided" in text
     assert "2 runs left out of every rate" in text and "neither durable nor lossy" in text
@@ -160,27 +183,40 @@ def test_unknown_runs_are_neither_durable_nor_in_any_denominator() -> None:
 
 
 def test_an_integrity_run_whose_drain_finished_counts_its_losses() -> None:
-    g = grade_results([("a", _res(0, 1000, verdict="INTEGRITY"), 1), ("b", _res(0, 1000), 2),
-                       ("c", _res(3, 1000, verdict="INTEGRITY", completed=False), 3)])
+    g = grade_results(
+        [
+            ("a", _res(0, 1000, verdict="INTEGRITY"), 1),
+            ("b", _res(0, 1000), 2),
+            ("c", _res(3, 1000, verdict="INTEGRITY", completed=False), 3),
+        ]
+    )
     assert [r["graded"] for r in g["runs"]] == [True, True, False]
     assert g["verdict"] == "INTEGRITY" and g["verdicts"]["INTEGRITY"] == 2
 
 
 def test_a_verdict_the_grader_does_not_know_is_a_failure_and_still_counted() -> None:
-    g = grade_results([("a", _res(0, 1000, verdict="RESURRECTED"), 1), ("b", _res(0, 1000, verdict="unknown"), 2),
-                       ("c", _res(0, 1000), 3)])
+    g = grade_results(
+        [
+            ("a", _res(0, 1000, verdict="RESURRECTED"), 1),
+            ("b", _res(0, 1000, verdict="unknown"), 2),
+            ("c", _res(0, 1000), 3),
+        ]
+    )
     assert g["verdict"] == "RESURRECTED"
     assert list(g["verdicts"].items()) == [("durable", 1), ("unknown", 1), ("RESURRECTED", 1)]
 
 
 def test_several_runs_give_a_two_sided_share_and_a_bootstrap_rate() -> None:
     runs = [("r0", _res(4203, 20_000, exposure=[("kill", 5000, 4203), ("none", 15_000, 0)]), 0)]
-    runs += [(f"r{i}", _res(0, 20_000, exposure=[("kill", 5000, 0), ("none", 15_000, 0)]), i) for i in range(1, 10)]
+    runs += [
+        (f"r{i}", _res(0, 20_000, exposure=[("kill", 5000, 0), ("none", 15_000, 0)]), i) for i in range(1, 10)
+    ]
     g = grade_results(runs, resamples=2000, seed=3)
     assert (g["runs_lost"], g["graded_runs"], g["runs_lost_interval"]) == (1, 10, "two-sided")
     assert (g["runs_lost_low"], g["runs_lost_high"]) == pytest.approx((0.00252857854446, 0.445016117028))
-    assert (g["loss_low"], g["loss_high"]) == bootstrap_ratio([(r[1]["counts"]["lost"], 20_000) for r in runs],
-                                                              resamples=2000, seed=3)
+    assert (g["loss_low"], g["loss_high"]) == bootstrap_ratio(
+        [(r[1]["counts"]["lost"], 20_000) for r in runs], resamples=2000, seed=3
+    )
     assert (g["bootstrap_resamples"], g["bootstrap_seed"]) == (2000, 3)
     kinds = {k["fault_kind"]: k for k in g["per_kind"]}
     assert (kinds["kill"]["runs"], kinds["kill"]["runs_lost"], kinds["kill"]["lost"]) == (10, 1, 4203)
@@ -208,8 +244,11 @@ def _run(root: Path, name: str, *, lose: bool, kind: str, seed: int) -> Path:
 
 
 def test_grade_runs_reads_run_directories_and_their_seeds(tmp_path: Path) -> None:
-    dirs = [_run(tmp_path, "a", lose=False, kind="kill", seed=5), _run(tmp_path, "b", lose=True, kind="kill", seed=6),
-            _run(tmp_path, "c", lose=False, kind="partition", seed=7)]
+    dirs = [
+        _run(tmp_path, "a", lose=False, kind="kill", seed=5),
+        _run(tmp_path, "b", lose=True, kind="kill", seed=6),
+        _run(tmp_path, "c", lose=False, kind="partition", seed=7),
+    ]
     g = grade_runs(dirs, engine="python")
     assert (g["confirmed"], g["lost"], g["verdict"], g["runs_lost"]) == (30, 1, "LOST", 1)
     assert [(r["verdict"], r["seed"]) for r in g["runs"]] == [("durable", 5), ("LOST", 6), ("durable", 7)]
@@ -235,7 +274,10 @@ def _mixed_runs(root: Path, drawn: list[dict]) -> list[Path]:
     from spark_reports._warmup import SCENARIO as WARM_SCENARIO
     from spark_reports._warmup import warm_up_history
 
-    dirs = [_run(root, "a", lose=False, kind="kill", seed=5), _run(root, "b", lose=True, kind="pause", seed=6)]
+    dirs = [
+        _run(root, "a", lose=False, kind="kill", seed=5),
+        _run(root, "b", lose=True, kind="pause", seed=6),
+    ]
     warm = warm_up_history(root / "warm")
     (warm / "scenario.json").write_text(json.dumps({"scenario": WARM_SCENARIO, "seed": 1}))
     old = root / "old"
@@ -253,8 +295,11 @@ def _mixed_runs(root: Path, drawn: list[dict]) -> list[Path]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(max_examples=2, deadline=None,
-          suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=2,
+    deadline=None,
+    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
+)
 @given(drawn=st.lists(plans(), min_size=3, max_size=3))
 def test_grading_runs_in_one_spark_job_equals_grading_each_alone(drawn: list[dict], spark_engine) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,14 +308,18 @@ def test_grading_runs_in_one_spark_job_equals_grading_each_alone(drawn: list[dic
 
 def _graded_view(r: dict) -> dict:
     """What grading reads of a run's results."""
-    return {"exposure": r["attribution"]["exposure"], **{k: r[k] for k in ("valid", "verdict", "reason", "counts", "drain")}}
+    return {
+        "exposure": r["attribution"]["exposure"],
+        **{k: r[k] for k in ("valid", "verdict", "reason", "counts", "drain")},
+    }
 
 
 def _grade_together_and_alone(dirs: list[Path], spark_engine: Any) -> None:
     from spark_reports._spark import aggregate_runs
 
-    scenarios = [json.loads((d / "scenario.json").read_text()) if (d / "scenario.json").is_file() else {}
-                 for d in dirs]
+    scenarios = [
+        json.loads((d / "scenario.json").read_text()) if (d / "scenario.json").is_file() else {} for d in dirs
+    ]
     together = aggregate_runs(dirs, scenarios)
     alone = [dict(spark_engine(d, s)) for d, s in zip(dirs, scenarios, strict=True)]
     python = [dict(check_python(d, s)) for d, s in zip(dirs, scenarios, strict=True)]
@@ -280,6 +329,7 @@ def _grade_together_and_alone(dirs: list[Path], spark_engine: Any) -> None:
     assert {r["verdict"] for r in together} >= {"durable", "LOST"}
     seeds = [s.get("seed") for s in scenarios]
     graded = grade_runs(dirs, engine="spark", resamples=500)
-    assert graded == grade_results([(str(d), r, x) for d, r, x in zip(dirs, alone, seeds, strict=True)],
-                                   resamples=500)
+    assert graded == grade_results(
+        [(str(d), r, x) for d, r, x in zip(dirs, alone, seeds, strict=True)], resamples=500
+    )
     assert graded == grade_runs(dirs, engine="python", resamples=500)

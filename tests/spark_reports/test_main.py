@@ -22,12 +22,17 @@ def test_cli_writes_results_and_report_and_exits_1_on_loss(tmp_path: Path) -> No
 
 
 def test_cli_missing_history_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "spark_reports", str(tmp_path), "--engine", "python"],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_reports", str(tmp_path), "--engine", "python"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: no history.parquet or history.jsonl in {tmp_path}: pass a run directory "
-        "(store/<scenario>/<timestamp>)"]
+        "(store/<scenario>/<timestamp>)"
+    ]
 
 
 def test_spark_masters_spark_can_start_with_pass_and_others_say_what_to_give() -> None:
@@ -35,7 +40,15 @@ def test_spark_masters_spark_can_start_with_pass_and_others_say_what_to_give() -
 
     from spark_reports._spark_session import check_master
 
-    for ok in (None, "local", "local[*]", "local[2]", "spark://127.0.0.1:7077", "yarn", "k8s://https://h:6443"):
+    for ok in (
+        None,
+        "local",
+        "local[*]",
+        "local[2]",
+        "spark://127.0.0.1:7077",
+        "yarn",
+        "k8s://https://h:6443",
+    ):
         check_master(ok)
     for bad in ("bogus://x", "127.0.0.1:7077", "", "spark:/h"):
         with pytest.raises(ValueError, match="spark://HOST:PORT"):

@@ -217,10 +217,14 @@ def _split_brain() -> HistoryBuilder:
     t_n1_empty = b.t + 1
     b.consume("p1:2", consumer="d1", node="n1")  # through n1 before n1 was empty: fine
     b.consume("p1:3", consumer="d1", node="n2", redelivered=True)  # through n2 after n1 said empty
-    b.drain_done(consumed=2, nodes={
-        "n1": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": t_n1_empty, "error": None},
-        "n2": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 10, "error": None},
-        "n3": {"consumed": 0, "ready": 0, "unacked": None, "empty_at_ns": None, "error": "unreachable"}})
+    b.drain_done(
+        consumed=2,
+        nodes={
+            "n1": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": t_n1_empty, "error": None},
+            "n2": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 10, "error": None},
+            "n3": {"consumed": 0, "ready": 0, "unacked": None, "empty_at_ns": None, "error": "unreachable"},
+        },
+    )
     return b
 
 
@@ -242,14 +246,28 @@ def _budgets() -> HistoryBuilder:
 
 
 LITERALS = {
-    "lost": _lost, "lost_undrained": _lost_undrained, "unexpected": _unexpected, "duplicated": _duplicated,
-    "recovered": _recovered, "reordered": _reordered, "info_ops": _info_ops,
-    "consumed_in_fault": _consumed_in_fault, "attributed": _attributed,
-    "consumption_is_an_ack": _consumption_is_an_ack, "ack_unknown": _ack_unknown, "lost_causes": _lost_causes,
-    "unflagged": _unflagged, "resurrected": _resurrected, "corrupted": _corrupted, "split_brain": _split_brain,
+    "lost": _lost,
+    "lost_undrained": _lost_undrained,
+    "unexpected": _unexpected,
+    "duplicated": _duplicated,
+    "recovered": _recovered,
+    "reordered": _reordered,
+    "info_ops": _info_ops,
+    "consumed_in_fault": _consumed_in_fault,
+    "attributed": _attributed,
+    "consumption_is_an_ack": _consumption_is_an_ack,
+    "ack_unknown": _ack_unknown,
+    "lost_causes": _lost_causes,
+    "unflagged": _unflagged,
+    "resurrected": _resurrected,
+    "corrupted": _corrupted,
+    "split_brain": _split_brain,
     "budgets": _budgets,
 }
-SCENARIOS: dict[str, dict] = {"corrupted": BODIES, "budgets": {"budgets": {"duplicated": 1, "resurrected": 0}}}
+SCENARIOS: dict[str, dict] = {
+    "corrupted": BODIES,
+    "budgets": {"budgets": {"duplicated": 1, "resurrected": 0}},
+}
 
 
 def run(tmp_path: Path, name: str, **kw) -> dict:
@@ -322,7 +340,9 @@ def test_reordered(tmp_path: Path) -> None:
     assert r["valid"] is True
     assert r["counts"]["order_violations"] == 2
     assert [(v["consumer"], v["id"], v["after_seq"]) for v in r["order_violations"]] == [
-        ("c1", "p1:1", 2), ("c2", "p1:3", 4)]
+        ("c1", "p1:1", 2),
+        ("c2", "p1:3", 4),
+    ]
 
 
 def test_info_ops_and_retries(tmp_path: Path) -> None:
@@ -333,19 +353,32 @@ def test_info_ops_and_retries(tmp_path: Path) -> None:
     # The confirm latency is measured from the retry that got the ok, one tick (1 ms) earlier.
     assert r["latency"]["confirm_ms"] == {"n": 1, "p50": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0}
     # Unconfirmed attempts count against availability.
-    assert r["availability"] == [{"window": "outside", "kind": None, "attempts": 4, "confirmed": 1, "share": 0.25}]
+    assert r["availability"] == [
+        {"window": "outside", "kind": None, "attempts": 4, "confirmed": 1, "share": 0.25}
+    ]
 
 
 def test_message_consumed_only_during_a_fault_is_not_lost(tmp_path: Path) -> None:
     r = run(tmp_path, "consumed_in_fault")
     assert (r["valid"], r["verdict"]) == (True, "durable")
     [w] = r["faults"]
-    assert (w["fault_id"], w["kind"], w["node"], w["healed"], w["applied"]) == ("f1", "partition", "n2", True, True)
+    assert (w["fault_id"], w["kind"], w["node"], w["healed"], w["applied"]) == (
+        "f1",
+        "partition",
+        "n2",
+        True,
+        True,
+    )
     assert w["params"] == {"partitions": [["n1"], ["n2", "n3"]]}
     [d] = [x for x in LITERALS["consumed_in_fault"]().rows if x["f"] == "consume" and x["type"] == "ok"]
     assert w["start_ns"] <= d["time_ns"] <= w["end_ns"]
-    assert r["availability"][0] == {"window": "f1", "kind": "partition", "attempts": 1, "confirmed": 0,
-                                    "share": 0.0}
+    assert r["availability"][0] == {
+        "window": "f1",
+        "kind": "partition",
+        "attempts": 1,
+        "confirmed": 0,
+        "share": 0.0,
+    }
 
 
 def test_attribution(tmp_path: Path) -> None:
@@ -360,11 +393,15 @@ def test_attribution(tmp_path: Path) -> None:
     ]
     assert [(m["id"], m["confirm_node"], m["fault_ids"], m["fault_kinds"]) for m in a["messages"]] == [
         ("p1:0", "n3", ["f1", "f2"], ["kill", "power-loss"]),
-        ("p1:2", "n2", ["f1", "f2"], ["kill", "power-loss"]), ("p1:3", "n3", ["f2"], ["power-loss"])]
+        ("p1:2", "n2", ["f1", "f2"], ["kill", "power-loss"]),
+        ("p1:3", "n3", ["f2"], ["power-loss"]),
+    ]
     f2 = r["faults"][1]
     assert f2["healed"] is False and f2["end_ns"] == r["end_ns"]
     assert {e["fault_kind"]: (e["confirmed"], e["lost"]) for e in a["exposure"]} == {
-        "kill": (3, 2), "power-loss": (4, 3)}
+        "kill": (3, 2),
+        "power-loss": (4, 3),
+    }
 
 
 def test_a_delivery_is_not_a_consumption(tmp_path: Path) -> None:
@@ -374,7 +411,12 @@ def test_a_delivery_is_not_a_consumption(tmp_path: Path) -> None:
     assert [d["id"] for d in r["recovered"]] == ["p1:3"]
     assert r["unexpected"] == []
     c = r["counts"]
-    assert (c["delivered_unique"], c["delivered_total"], c["consumed_unique"], c["consumed_total"]) == (4, 4, 1, 1)
+    assert (c["delivered_unique"], c["delivered_total"], c["consumed_unique"], c["consumed_total"]) == (
+        4,
+        4,
+        1,
+        1,
+    )
     assert r["history_schema"] == 2
 
 
@@ -396,7 +438,12 @@ def test_ack_unknown_alone_is_durable_and_said(tmp_path: Path) -> None:
     b.drain()
     b.write(tmp_path)
     r = check_python(tmp_path, {})
-    assert (r["valid"], r["verdict"], r["counts"]["lost"], r["counts"]["ack_unknown"]) == (True, "durable", 0, 1)
+    assert (r["valid"], r["verdict"], r["counts"]["lost"], r["counts"]["ack_unknown"]) == (
+        True,
+        "durable",
+        0,
+        1,
+    )
     assert r["reason"] == "1 of 2 confirmed messages consumed; the other 1 were acked with an unknown outcome"
 
 
@@ -423,7 +470,11 @@ def test_unflagged_redelivery_is_reported_not_failed(tmp_path: Path) -> None:
     assert r["counts"]["unflagged_redeliveries"] == 1
     [u] = r["unflagged_redeliveries"]
     assert (u["id"], u["delivery"]["process"], u["delivery"]["node"], u["delivery"]["redelivered"]) == (
-        "p1:1", "c2", "n2", False)
+        "p1:1",
+        "c2",
+        "n2",
+        False,
+    )
     assert u["abandon_cause"] == "requeue" and u["abandon_index"] < u["delivery"]["index"]
 
 
@@ -450,7 +501,9 @@ def test_corrupted_bodies_are_integrity_failures(tmp_path: Path) -> None:
     assert two["expected_digest"] == body_digest(sent) != two["digest"]
     assert two["expected"] == sent.decode() and len(two["expected"]) == SIZE
     assert two["received"] != two["expected"] and two["received_length"] == SIZE
-    assert [i for i, (x, y) in enumerate(zip(two["expected"], two["received"], strict=True)) if x != y] == [40]
+    assert [i for i, (x, y) in enumerate(zip(two["expected"], two["received"], strict=True)) if x != y] == [
+        40
+    ]
     assert three["id"] == "p1:3" and three["received"] == message_body("p1:3", SEED, SIZE).decode()[:30]
     assert three["received_length"] == 30
 
@@ -488,22 +541,27 @@ def test_split_brain_copy_found_after_another_node_said_empty(tmp_path: Path) ->
 def test_drain_that_could_not_finish_makes_loss_unknown(tmp_path: Path) -> None:
     b = HistoryBuilder()
     b.publish("p1:1")
-    b.drain(outcome="info", nodes={"n1": {"consumed": 0, "ready": 3, "unacked": 0, "empty_at_ns": None,
-                                          "error": "timeout"}})
+    b.drain(
+        outcome="info",
+        nodes={"n1": {"consumed": 0, "ready": 3, "unacked": 0, "empty_at_ns": None, "error": "timeout"}},
+    )
     b.write(tmp_path)
     r = check_python(tmp_path, {})
     assert (r["valid"], r["verdict"], r["counts"]["lost"]) == ("unknown", "unknown", 1)
     assert r["drain"]["ops"][0]["outcome"] == "info" and r["drain"]["completed"] is False
 
 
-@pytest.mark.parametrize(("budgets", "want"), [
-    ({}, (True, "durable")),
-    ({"duplicated": None, "resurrected": None}, (True, "durable")),
-    ({"duplicated": 2, "resurrected": 1}, (True, "durable")),
-    ({"duplicated": 1}, (False, "DUPLICATED")),
-    ({"resurrected": 0}, (False, "RESURRECTED")),
-    ({"duplicated": 0, "resurrected": 0}, (False, "RESURRECTED")),
-])
+@pytest.mark.parametrize(
+    ("budgets", "want"),
+    [
+        ({}, (True, "durable")),
+        ({"duplicated": None, "resurrected": None}, (True, "durable")),
+        ({"duplicated": 2, "resurrected": 1}, (True, "durable")),
+        ({"duplicated": 1}, (False, "DUPLICATED")),
+        ({"resurrected": 0}, (False, "RESURRECTED")),
+        ({"duplicated": 0, "resurrected": 0}, (False, "RESURRECTED")),
+    ],
+)
 def test_budgets(tmp_path: Path, budgets: dict, want: tuple) -> None:
     _budgets().write(tmp_path)
     r = check_python(tmp_path, {"budgets": budgets})
@@ -534,17 +592,23 @@ def test_loss_and_integrity_take_precedence_over_budgets(tmp_path: Path) -> None
 
 def test_budgets_read_from_a_run_directory_scenario_json(tmp_path: Path) -> None:
     _budgets().write(tmp_path)
-    stored = {"scenario": {"name": "x", "seed": 3, "budgets": {"duplicated": 0, "resurrected": None}}, "seed": 3}
+    stored = {
+        "scenario": {"name": "x", "seed": 3, "budgets": {"duplicated": 0, "resurrected": None}},
+        "seed": 3,
+    }
     assert check_python(tmp_path, stored)["verdict"] == "DUPLICATED"
 
 
-@pytest.mark.parametrize(("scenario", "message"), [
-    ({"budgets": {"duplicated": -1}}, "scenario budgets.duplicated must be a whole number >= 0 or null"),
-    ({"budgets": {"lost": 3}}, "scenario budgets: unknown key(s) lost"),
-    ({"budgets": [1]}, "scenario budgets must be a mapping"),
-    ({"seed": "x"}, "scenario seed must be a whole number"),
-    ({"workload": {"message_size": 1.5}}, "scenario workload.message_size must be"),
-])
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [
+        ({"budgets": {"duplicated": -1}}, "scenario budgets.duplicated must be a whole number >= 0 or null"),
+        ({"budgets": {"lost": 3}}, "scenario budgets: unknown key(s) lost"),
+        ({"budgets": [1]}, "scenario budgets must be a mapping"),
+        ({"seed": "x"}, "scenario seed must be a whole number"),
+        ({"workload": {"message_size": 1.5}}, "scenario workload.message_size must be"),
+    ],
+)
 def test_malformed_scenario_values_are_one_clear_error(tmp_path: Path, scenario: dict, message: str) -> None:
     _budgets().write(tmp_path)
     with pytest.raises(ScenarioError, match=re.escape(message)):
@@ -579,8 +643,11 @@ def test_missing_history_is_one_clear_error(tmp_path: Path) -> None:
 
 
 # Literals checked again under another scenario: bodies unverified (no seed), another budget.
-SPARK_VARIANTS = [("corrupted", {}), ("budgets", {"budgets": {"duplicated": 1}}),
-                  ("budgets", {"budgets": {"duplicated": 2, "resurrected": 1}})]
+SPARK_VARIANTS = [
+    ("corrupted", {}),
+    ("budgets", {"budgets": {"duplicated": 1}}),
+    ("budgets", {"budgets": {"duplicated": 2, "resurrected": 1}}),
+]
 
 
 @pytest.mark.spark
@@ -595,8 +662,10 @@ def test_spark_matches_python_on_literals(tmp_path: Path, spark_engine) -> None:
         assert got["engine"] == "spark"
         got["engine"] = "python"
         assert got == expected, (name, scenario)
-    verdicts = [check_python(tmp_path / f"{len(LITERALS) + k}-{n}", s)["verdict"]
-                for k, (n, s) in enumerate(SPARK_VARIANTS)]
+    verdicts = [
+        check_python(tmp_path / f"{len(LITERALS) + k}-{n}", s)["verdict"]
+        for k, (n, s) in enumerate(SPARK_VARIANTS)
+    ]
     assert verdicts == ["INTEGRITY", "DUPLICATED", "durable"]
 
 

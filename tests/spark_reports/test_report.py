@@ -61,10 +61,13 @@ def _every_class(tmp_path: Path) -> tuple[Path, Results]:
     b.drain_invoke()
     t0 = b.t
     b.consume("p1:8", consumer="d1", node="n3")
-    b.drain_done(consumed=1, nodes={"n1": {"consumed": 0, "ready": 0, "unacked": 0, "empty_at_ns": t0 + 1,
-                                           "error": None},
-                                    "n3": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 1,
-                                           "error": None}})
+    b.drain_done(
+        consumed=1,
+        nodes={
+            "n1": {"consumed": 0, "ready": 0, "unacked": 0, "empty_at_ns": t0 + 1, "error": None},
+            "n3": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 1, "error": None},
+        },
+    )
     d = b.write(tmp_path / "every", jsonl=False)
     return d, check_python(d, {"seed": 3, "workload": {"message_size": 120}, "budgets": {"duplicated": 5}})
 
@@ -72,16 +75,31 @@ def _every_class(tmp_path: Path) -> tuple[Path, Results]:
 def test_report_shows_every_class_and_each_lost_cause(tmp_path: Path) -> None:
     d, results = _every_class(tmp_path)
     c = results["counts"]
-    assert (c["lost"], c["ack_unknown"], c["corrupted"], c["resurrected"], c["split_brain"],
-            c["unflagged_redeliveries"]) == (3, 1, 1, 1, 1, 1)
+    assert (
+        c["lost"],
+        c["ack_unknown"],
+        c["corrupted"],
+        c["resurrected"],
+        c["split_brain"],
+        c["unflagged_redeliveries"],
+    ) == (3, 1, 1, 1, 1, 1)
     text = render_report(d, results).read_text()
-    for heading in ("Lost messages (3)", "Acked with an unknown outcome", "Corrupted bodies", "Resurrected",
-                    "Split-brain copies", "Redeliveries without the redelivered flag", "Delivered more than once",
-                    "Final drain"):
+    for heading in (
+        "Lost messages (3)",
+        "Acked with an unknown outcome",
+        "Corrupted bodies",
+        "Resurrected",
+        "Split-brain copies",
+        "Redeliveries without the redelivered flag",
+        "Delivered more than once",
+        "Final drain",
+    ):
         assert f"<h2>{heading}" in text, heading
-    for cause in ("<td class='l'>p1:1</td><td class='l'>never delivered</td>",
-                  "<td class='l'>p1:2</td><td class='l'>abandoned delivery never redelivered (crash)</td>",
-                  "<td class='l'>p1:3</td><td class='l'>delivered, never acked</td>"):
+    for cause in (
+        "<td class='l'>p1:1</td><td class='l'>never delivered</td>",
+        "<td class='l'>p1:2</td><td class='l'>abandoned delivery never redelivered (crash)</td>",
+        "<td class='l'>p1:3</td><td class='l'>delivered, never acked</td>",
+    ):
         assert cause in text
     # The corrupted characters are escaped and marked; the sent body is shown beside them.
     assert "<span class='diff'>&lt;&amp;&gt;X</span>" in text
@@ -117,8 +135,20 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, make: str) -> None:
         d, results = _every_class(tmp_path)
     page = render_report(d, results)
     shot = tmp_path / "shot.png"
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                    "--window-size=1200,1600", page.as_uri()], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1200,1600",
+            page.as_uri(),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     pixels = mpimg.imread(shot)
     assert pixels.shape[0] == 1600 and pixels.shape[1] == 1200
     # The verdict banner is red for LOST: some pixels near (198, 40, 40).

@@ -41,15 +41,32 @@ SCHEMA1 = """\
 {"index":18,"time_ns":10000,"wall_time":"2024-05-01T10:00:00.000010+00:00","process":"d1","node":null,"type":"invoke","f":"drain","queue":"chaos-1","value":"{}","redelivered":null,"error":null,"schema":1}
 {"index":19,"time_ns":11000,"wall_time":"2024-05-01T10:00:00.000011+00:00","process":"d1","node":"n1","type":"ok","f":"drain","queue":"chaos-1","value":"{\\"consumed\\":0,\\"node\\":\\"n1\\"}","redelivered":null,"error":null,"schema":1}
 """
-SCENARIO = {"name": "old", "seed": 5, "workload": {"message_size": 64}, "budgets": {"resurrected": 0},
-            "checkers": ["python"]}
+SCENARIO = {
+    "name": "old",
+    "seed": 5,
+    "workload": {"message_size": 64},
+    "budgets": {"resurrected": 0},
+    "checkers": ["python"],
+}
 
 
 def _schema1_arrow() -> pa.Schema:
-    return pa.schema([("index", pa.int64()), ("time_ns", pa.int64()), ("wall_time", pa.string()),
-                      ("process", pa.string()), ("node", pa.string()), ("type", pa.string()), ("f", pa.string()),
-                      ("queue", pa.string()), ("value", pa.string()), ("redelivered", pa.bool_()),
-                      ("error", pa.string()), ("schema", pa.int32())])
+    return pa.schema(
+        [
+            ("index", pa.int64()),
+            ("time_ns", pa.int64()),
+            ("wall_time", pa.string()),
+            ("process", pa.string()),
+            ("node", pa.string()),
+            ("type", pa.string()),
+            ("f", pa.string()),
+            ("queue", pa.string()),
+            ("value", pa.string()),
+            ("redelivered", pa.bool_()),
+            ("error", pa.string()),
+            ("schema", pa.int32()),
+        ]
+    )
 
 
 def _run_dir(root: Path, form: str) -> Path:
@@ -88,8 +105,9 @@ def test_schema1_history_counts_deliveries_as_consumed(tmp_path: Path, form: str
 
 def test_brokerchaos_analyze_reads_a_schema1_run(tmp_path: Path) -> None:
     d = _run_dir(tmp_path, "jsonl")
-    proc = subprocess.run(["brokerchaos", "analyze", str(d), "--checker", "python"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ["brokerchaos", "analyze", str(d), "--checker", "python"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.splitlines()[0] == f"{d}: LOST"
     r = json.loads((d / "results.json").read_text())

@@ -45,35 +45,83 @@ def _json(url: str) -> dict[str, Any]:
 def _wait(what: str, probe: Any, proc: subprocess.Popen[bytes], log: Path) -> Any:
     """Poll until probe() returns something true (no deadline: tests/polling.py); a process that
     exits first fails the test with its log."""
-    return until(probe, what, every=0.5, ignore=(OSError,),
-                 gone=lambda: None if proc.poll() is None else
-                 f"the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+    return until(
+        probe,
+        what,
+        every=0.5,
+        ignore=(OSError,),
+        gone=lambda: (
+            None
+            if proc.poll() is None
+            else f"the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        ),
+    )
 
 
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """(master URL, master status URL, worker status URL); both stopped at the end."""
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path / "work"),
-           "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+    }
     port, ui, wport, wui = (_free_port() for _ in range(4))
     master_url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         mlog = tmp_path / "master.log"
         with mlog.open("wb") as out:
-            procs.append(subprocess.Popen(
-                [str(_spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(ui)], stdout=out, stderr=subprocess.STDOUT, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(_spark_class()),
+                        "org.apache.spark.deploy.master.Master",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--webui-port",
+                        str(ui),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
         master_json = f"http://127.0.0.1:{ui}/json/"
         _wait("master", lambda: _json(master_json).get("status") == "ALIVE", procs[0], mlog)
         wlog = tmp_path / "worker.log"
         with wlog.open("wb") as out:
-            procs.append(subprocess.Popen(
-                [str(_spark_class()), "org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
-                 "--port", str(wport), "--webui-port", str(wui), "--cores", "1", "--memory", "2g"],
-                stdout=out, stderr=subprocess.STDOUT, env=env))
-        _wait("worker registered", lambda: any(w.get("state") == "ALIVE" for w in _json(master_json)["workers"]),
-              procs[1], wlog)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(_spark_class()),
+                        "org.apache.spark.deploy.worker.Worker",
+                        master_url,
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(wport),
+                        "--webui-port",
+                        str(wui),
+                        "--cores",
+                        "1",
+                        "--memory",
+                        "2g",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
+        _wait(
+            "worker registered",
+            lambda: any(w.get("state") == "ALIVE" for w in _json(master_json)["workers"]),
+            procs[1],
+            wlog,
+        )
         yield master_url, master_json, f"http://127.0.0.1:{wui}/json/"
     finally:
         for p in reversed(procs):
@@ -107,24 +155,46 @@ def _stored_run(root: Path) -> Path:
 
 def _analyze(run_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "analyze", str(run_dir), "--checker", "spark",
-                           "--json", *extra], capture_output=True, text=True, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "analyze",
+            str(run_dir),
+            "--checker",
+            "spark",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     return dict(json.loads(proc.stdout))
 
 
 def test_analyze_on_a_standalone_cluster_equals_local_and_runs_on_the_worker(
-        tmp_path: Path, standalone: tuple[str, str, str]) -> None:
+    tmp_path: Path, standalone: tuple[str, str, str]
+) -> None:
     master_url, master_json, worker_json = standalone
     run_dir = _stored_run(tmp_path)
     local = _analyze(run_dir)
     remote = _analyze(run_dir, "--spark-master", master_url)
     assert local["verdict"] == "LOST" and local["counts"]["lost"] == 2 and local["counts"]["unexpected"] == 1
     assert remote == local
-    apps = [a for a in _json(master_json).get("completedapps", []) + _json(master_json).get("activeapps", [])
-            if a.get("name") == "brokerchaos-reconcile"]
+    apps = [
+        a
+        for a in _json(master_json).get("completedapps", []) + _json(master_json).get("activeapps", [])
+        if a.get("name") == "brokerchaos-reconcile"
+    ]
     assert apps, "the master saw no brokerchaos application"
     worker = _json(worker_json)
-    ran_here = [e for e in worker.get("finishedexecutors", []) + worker.get("executors", [])
-                if e.get("appid") in {a["id"] for a in apps}]
+    ran_here = [
+        e
+        for e in worker.get("finishedexecutors", []) + worker.get("executors", [])
+        if e.get("appid") in {a["id"] for a in apps}
+    ]
     assert ran_here, f"no executor of {[a['id'] for a in apps]} on the worker: {worker}"

@@ -23,11 +23,20 @@ class H:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def _row(self, process: str, type_: str, f: str, value: Any = None, detail: Any = None,
-             queue: str | None = Q) -> None:
-        self.rows.append({"index": len(self.rows), "process": process, "type": type_, "f": f, "queue": queue,
-                          "value": value if value is None or isinstance(value, str) else json.dumps(value),
-                          "detail": None if detail is None else json.dumps(detail)})
+    def _row(
+        self, process: str, type_: str, f: str, value: Any = None, detail: Any = None, queue: str | None = Q
+    ) -> None:
+        self.rows.append(
+            {
+                "index": len(self.rows),
+                "process": process,
+                "type": type_,
+                "f": f,
+                "queue": queue,
+                "value": value if value is None or isinstance(value, str) else json.dumps(value),
+                "detail": None if detail is None else json.dumps(detail),
+            }
+        )
 
     def publish(self, mid: str, seq: int | None, outcome: str = "ok") -> H:
         self._row("p1", "invoke", "publish", mid)
@@ -36,7 +45,9 @@ class H:
 
     def deliver(self, mid: str, seq: int, cseq: int, delivered: int = 1, ack: bool = True) -> H:
         self._row("c1", "invoke", "consume")
-        self._row("c1", "ok", "consume", mid, {"stream_seq": seq, "consumer_seq": cseq, "delivered": delivered})
+        self._row(
+            "c1", "ok", "consume", mid, {"stream_seq": seq, "consumer_seq": cseq, "delivered": delivered}
+        )
         if ack:
             self._row("c1", "invoke", "ack", mid)
             self._row("c1", "ok", "ack", mid)
@@ -44,7 +55,9 @@ class H:
 
     def drain(self, replicas: dict[str, Any] | None = None, ok: bool = True) -> H:
         self._row("d1", "invoke", "drain")
-        self._row("d1", "ok" if ok else "info", "drain", {"consumed": 0, "nodes": {}, "replicas": replicas or {}})
+        self._row(
+            "d1", "ok" if ok else "info", "drain", {"consumed": 0, "nodes": {}, "replicas": replicas or {}}
+        )
         return self
 
     def clean(self, n: int = 3) -> H:
@@ -120,8 +133,15 @@ def test_replicas_that_disagree_after_the_drain() -> None:
     h = H()
     for i in (1, 2):
         h.publish(f"p1:{i}", i).deliver(f"p1:{i}", i, i)
-    res = check_rows(h.drain({"n1": {"messages": 2, "first_seq": 1, "last_seq": 2},
-                              "n2": {"messages": 1, "first_seq": 1, "last_seq": 1}, "n3": None}).rows)
+    res = check_rows(
+        h.drain(
+            {
+                "n1": {"messages": 2, "first_seq": 1, "last_seq": 2},
+                "n2": {"messages": 1, "first_seq": 1, "last_seq": 1},
+                "n3": None,
+            }
+        ).rows
+    )
     assert res["counts"]["diverged_streams"] == 1 and res["valid"] is False
     assert res["anomalies"]["diverged_streams"][0]["replicas"]["n2"]["last_seq"] == 1
 
@@ -141,9 +161,13 @@ def random_history(rng: random.Random) -> H:
     order = rng.sample(range(1, n + 1), n)
     for c, i in enumerate(order, start=1):
         if rng.random() < 0.7:
-            h.deliver(f"p1:{i}", rng.choice([seqs[i - 1], seqs[i - 1] + 1]), c, delivered=rng.choice([1, 1, 2]))
-    views = {"n1": {"messages": n, "first_seq": 1, "last_seq": n},
-             "n2": {"messages": rng.choice([n, n - 1]), "first_seq": 1, "last_seq": n}}
+            h.deliver(
+                f"p1:{i}", rng.choice([seqs[i - 1], seqs[i - 1] + 1]), c, delivered=rng.choice([1, 1, 2])
+            )
+    views = {
+        "n1": {"messages": n, "first_seq": 1, "last_seq": n},
+        "n2": {"messages": rng.choice([n, n - 1]), "first_seq": 1, "last_seq": n},
+    }
     return h.drain(views, ok=rng.random() < 0.7)
 
 
@@ -151,7 +175,9 @@ def _literal_cases() -> list[H]:
     gap = H()
     for i in (1, 2, 3, 4):
         gap.publish(f"p1:{i}", i)
-    gap.deliver("p1:1", 1, 1).deliver("p1:4", 4, 2).drain({"n1": {"messages": 4, "first_seq": 1, "last_seq": 4}})
+    gap.deliver("p1:1", 1, 1).deliver("p1:4", 4, 2).drain(
+        {"n1": {"messages": 4, "first_seq": 1, "last_seq": 4}}
+    )
     return [
         H().clean(),
         H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain(),
@@ -159,8 +185,15 @@ def _literal_cases() -> list[H]:
         H().publish("p1:1", 1).deliver("p1:1", 1, 1).deliver("p9:9", 1, 2).drain(),
         gap,
         H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:2", 2, 1).deliver("p1:1", 1, 2).drain(),
-        H().publish("p1:1", 1).deliver("p1:1", 1, 1).drain({"n1": {"messages": 1, "first_seq": 1, "last_seq": 1},
-                                                            "n2": {"messages": 0, "first_seq": 0, "last_seq": 0}}),
+        H()
+        .publish("p1:1", 1)
+        .deliver("p1:1", 1, 1)
+        .drain(
+            {
+                "n1": {"messages": 1, "first_seq": 1, "last_seq": 1},
+                "n2": {"messages": 0, "first_seq": 0, "last_seq": 0},
+            }
+        ),
     ]
 
 

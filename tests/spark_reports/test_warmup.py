@@ -67,7 +67,11 @@ def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
     assert len({run for run, _big in seen}) == 1  # the one history, written once
     seen.clear()
     assert warm_up(lambda run, _s, big: seen.append((run, big)), times=3) == 3
-    assert [big for _run, big in seen] == [False, True, False]  # every second one planned as for a big history
+    assert [big for _run, big in seen] == [
+        False,
+        True,
+        False,
+    ]  # every second one planned as for a big history
 
 
 @pytest.mark.spark
@@ -105,12 +109,17 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
         scope = Scope(spark, {0: history.ctx})
         job = _spark._Job(spark, history.h, scope, history.ctx.ops, history.names)
         kept: list = []
-        _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="both")
-        _spark_ids.classify(job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="ordered")
+        _spark_ids.classify(
+            job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="both"
+        )
+        _spark_ids.classify(
+            job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="ordered"
+        )
         # The hash-aggregate pass's, its tangled ids, the ordered pass's for those, the ordered pass's for all.
         assert len(kept) == 4
         for df in kept:
             qe = df._jdf.queryExecution()
             planned, optimised = qe.analyzed().output(), qe.optimizedPlan().output()
-            assert [planned.apply(i).dataType().json() for i in range(planned.size())] == \
-                [optimised.apply(i).dataType().json() for i in range(optimised.size())]
+            assert [planned.apply(i).dataType().json() for i in range(planned.size())] == [
+                optimised.apply(i).dataType().json() for i in range(optimised.size())
+            ]

@@ -112,10 +112,13 @@ def start_server(binary: Path, *args: str) -> Server:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.2).close() or True,
-          "the server to listen", every=0.02, ignore=(OSError,),
-          gone=lambda: None if process.poll() is None else
-          f"server exited: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+    until(
+        lambda: socket.create_connection(("127.0.0.1", port), timeout=0.2).close() or True,
+        "the server to listen",
+        every=0.02,
+        ignore=(OSError,),
+        gone=lambda: None if process.poll() is None else f"server exited: {process.stderr.read().decode()}",
+    )  # type: ignore[union-attr]
     return Server(process, port)
 
 
@@ -240,8 +243,10 @@ class Pump:
         self._sender, self._receiver = sender, receiver
         self._stop = threading.Event()
         receiver.settimeout(30)  # a stall, not a slow machine, is what would exceed it
-        self._threads = [threading.Thread(target=self._send, daemon=True),
-                         threading.Thread(target=self._receive, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._send, daemon=True),
+            threading.Thread(target=self._receive, daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -272,7 +277,9 @@ class Pump:
 
     def wait_for(self, size: int) -> None:
         """Until ``size`` bytes arrived or the stream ended."""
-        until(lambda: len(self.received) >= size or self.ended.is_set(), f"{size} bytes to arrive", every=0.01)
+        until(
+            lambda: len(self.received) >= size or self.ended.is_set(), f"{size} bytes to arrive", every=0.01
+        )
 
     def finish(self) -> None:
         """Stop sending; wait until the receiver saw the end of the stream."""
@@ -397,7 +404,11 @@ def test_reset_peer_resets_open_and_new_connections_after_its_timeout(
     proxy.add_toxic(name="rst", type="reset_peer", attributes={"timeout": 0})
     toxic = proxy.get_toxic("rst")
     assert (toxic.type, toxic.stream, toxic.attributes, toxic.toxicity) == (
-        "reset_peer", "downstream", {"timeout": 0}, 1.0)
+        "reset_peer",
+        "downstream",
+        {"timeout": 0},
+        1.0,
+    )
     assert_reset(open_before)
     # With a timeout the stream is held (nothing passes) until the reset.
     proxy.destroy_toxic("rst")
@@ -629,11 +640,15 @@ def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, ups
     from harness.spec import FaultContext
 
     listen = f"127.0.0.1:{free_port()}"
-    spec = ProxySpec(name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000)
+    spec = ProxySpec(
+        name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000
+    )
     sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
     sidecar.populate([spec])
-    cluster = SimpleNamespace(topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
-                              nodes={"n1": SimpleNamespace(toxiproxy=sidecar)})
+    cluster = SimpleNamespace(
+        topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
+        nodes={"n1": SimpleNamespace(toxiproxy=sidecar)},
+    )
     params = {"shape": "custom", "mode": "drop", "cuts": [["n1", "n2"], ["n2", "n1"]]}
     first, second = (Partition(FaultContext(cluster), params, fid) for fid in ("f1", "f2"))
     first.apply()

@@ -42,7 +42,11 @@ def test_requeue_returns_to_original_position_marked_redelivered() -> None:
         assert a and b and c
         q.requeue([c.seq, a.seq])
         got = [q.fetch() for _ in range(3)]
-        assert [(g.message.body, g.redelivered) for g in got if g] == [(b"0", True), (b"2", True), (b"3", False)]
+        assert [(g.message.body, g.redelivered) for g in got if g] == [
+            (b"0", True),
+            (b"2", True),
+            (b"3", False),
+        ]
         assert q.unacked() == sorted([a.seq, b.seq, c.seq + 1, c.seq])
         assert q.fetch() is None
 

@@ -105,8 +105,11 @@ async def run_ops(ops: list[tuple], durable: bool, data_dir: Path) -> None:
             store = await open_store(data_dir, STORE_CFG)
             q = make_backing_queue("q", durable, store, ram_budget_bytes=400)
             model.restart()
-        assert (q.len(), q.depth(), q.unacked()) == (len(model.ready), len(model.ready) + len(model.unacked),
-                                                     sorted(model.unacked))
+        assert (q.len(), q.depth(), q.unacked()) == (
+            len(model.ready),
+            len(model.ready) + len(model.unacked),
+            sorted(model.unacked),
+        )
         assert q.ram_bytes() <= 400
     # drain: everything left comes out once, in order, with the right flags
     model.requeue(sorted(model.unacked))

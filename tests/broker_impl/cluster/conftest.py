@@ -14,14 +14,26 @@ import pytest
 
 from tests.broker_impl.nodes import BrokerProc, free_port, wait_for
 
-__all__ = ["PERSISTENT", "LinkProxy", "Net", "NodeProc", "amqp", "drain", "free_port", "publish", "queue_info",
-           "wait_for"]
+__all__ = [
+    "PERSISTENT",
+    "LinkProxy",
+    "Net",
+    "NodeProc",
+    "amqp",
+    "drain",
+    "free_port",
+    "publish",
+    "queue_info",
+    "wait_for",
+]
 
 
 class NodeProc(BrokerProc):
     """A cluster node: its ``[cluster]`` table names the peers (and any further cluster settings)."""
 
-    def __init__(self, name: str, root: Path, addr: str, cport: int, peers: dict[str, str], cluster: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, root: Path, addr: str, cport: int, peers: dict[str, str], cluster: dict[str, Any]
+    ) -> None:
         super().__init__(name, root)
         self.addr = addr
         peer_lines = ", ".join(f'{n} = "{a}"' for n, a in peers.items())
@@ -123,8 +135,9 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 def amqp(node: NodeProc) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0,
-                                                             connection_attempts=1))
+    return pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0, connection_attempts=1)
+    )
 
 
 def queue_info(node: NodeProc, queue: str) -> dict[str, Any]:
@@ -180,13 +193,23 @@ def cluster_factory(tmp_path: Path, net: Net) -> Iterator[Callable[..., list[Nod
             return f"127.0.0.1:{link.port}"
 
         nodes = [
-            NodeProc(name, tmp_path, addrs[name], cport, {p: peer_addr(name, p) for p in names if p != name}, cluster)
+            NodeProc(
+                name,
+                tmp_path,
+                addrs[name],
+                cport,
+                {p: peer_addr(name, p) for p in names if p != name},
+                cluster,
+            )
             for name in names
         ]
         made.extend(nodes)
         for node in nodes:
             node.start()
-        wait_for(lambda: all(len(nd.ctl("cluster_status")["running"]) == n for nd in nodes), what="all nodes running")
+        wait_for(
+            lambda: all(len(nd.ctl("cluster_status")["running"]) == n for nd in nodes),
+            what="all nodes running",
+        )
         return nodes
 
     yield make

@@ -24,13 +24,17 @@ def _running(node: NodeProc) -> list[str]:
     return sorted(node.ctl("cluster_status")["running"])
 
 
-def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_syncs(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_syncs(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     c = amqp(n3)
     c.channel().queue_declare("ha.members", durable=True)  # mastered on n3, the node to be forgotten
     c.close()
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(queue_info(n1, "ha.members")["synchronised_mirrors"]) == 2, what="both mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(n1, "ha.members")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
+    )
     publish(n1, "ha.members", range(100))
 
     with pytest.raises(CtlError, match="n2 is running; stop its app first"):
@@ -41,8 +45,10 @@ def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_
     n1.ctl("forget_cluster_node", node="rabbit@n3")
     for node in (n1, n2):  # n2 heard it from n1
         wait_for(lambda node=node: _members(node) == ["n1", "n2"], what=f"{node.name} no longer lists n3")
-    info = wait_for(lambda: (i := queue_info(n2, "ha.members")) and "n3" not in i["mirrors"] + i["gm_ring"] and i,
-                    what="n3's mirror gone")
+    info = wait_for(
+        lambda: (i := queue_info(n2, "ha.members")) and "n3" not in i["mirrors"] + i["gm_ring"] and i,
+        what="n3's mirror gone",
+    )
     assert sorted([info["node"], *info["mirrors"]]) == ["n1", "n2"]
 
     # the forgotten node started as it was (not reset): the members refuse its links
@@ -63,7 +69,9 @@ def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_
     assert drain(n3, "ha.members") == list(range(100))
 
 
-def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_returns(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_returns(
+    cluster_factory, net
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3, proxied=True)
     net.partition(["n1", "n3"], ["n2"])
     wait_for(lambda: _running(n1) == ["n1", "n3"], what="n2 cut off")
@@ -76,7 +84,9 @@ def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_ret
     wait_for(lambda: _running(n2) == ["n1", "n2"], what="n1 and n2 together")
 
 
-def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_waiting(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_waiting(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2 = cluster_factory(2)
     c = amqp(n1)
     c.channel().queue_declare("ha.forget", durable=True)
@@ -94,7 +104,9 @@ def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_w
     assert drain(n2, "ha.forget") == list(range(30, 40))
 
 
-def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_stays_deleted(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_stays_deleted(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2 = cluster_factory(2)
     c = amqp(n2)
     c.channel().queue_declare("plain", durable=True)  # no policy: mastered on n2 alone
@@ -121,7 +133,9 @@ def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(clus
     c.channel().queue_declare("ha.frozen", durable=True)
     c.close()
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(queue_info(n1, "ha.frozen")["synchronised_mirrors"]) == 2, what="both mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(n1, "ha.frozen")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
+    )
     frozen = [n2, n3]
     for node in frozen:
         assert node.proc is not None
@@ -129,7 +143,9 @@ def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(clus
     try:
         waiting = threading.Thread(target=_publish_ignoring_the_close, args=(n1,), daemon=True)
         waiting.start()
-        wait_for(lambda: queue_info(n1, "ha.frozen").get("messages_ready") == 1, what="the publish placed on n1")
+        wait_for(
+            lambda: queue_info(n1, "ha.frozen").get("messages_ready") == 1, what="the publish placed on n1"
+        )
         assert call(n1.data_dir, "stop_app", timeout=30) == "stopped"
     finally:
         for node in frozen:
@@ -148,12 +164,15 @@ def _publish_ignoring_the_close(node: NodeProc) -> None:
 
 # --------------------------------------------------------------------------- the state itself
 
-changes = st.lists(st.tuples(st.sampled_from(["forget", "admit"]), st.sampled_from(["a", "b", "c"])), max_size=8)
+changes = st.lists(
+    st.tuples(st.sampled_from(["forget", "admit"]), st.sampled_from(["a", "b", "c"])), max_size=8
+)
 
 
 @given(left=changes, right=changes)
-def test_two_copies_merge_to_the_same_members_whatever_the_order(tmp_path_factory: pytest.TempPathFactory,
-                                                                 left: list, right: list) -> None:
+def test_two_copies_merge_to_the_same_members_whatever_the_order(
+    tmp_path_factory: pytest.TempPathFactory, left: list, right: list
+) -> None:
     copies = []
     for script in (left, right):
         m = Membership(tmp_path_factory.mktemp("m") / "members.json", "a", {"a": 1, "b": 1, "c": 1})

@@ -42,21 +42,31 @@ def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-u
         return True
 
     wait_for(converged, what="metadata on every node")
-    masters = {n.name: {q["name"]: q.get("node", n.name) for q in n.ctl("list_queues")}["shared"] for n in (n1, n2, n3)}
+    masters = {
+        n.name: {q["name"]: q.get("node", n.name) for q in n.ctl("list_queues")}["shared"]
+        for n in (n1, n2, n3)
+    }
     assert masters == {"n1": "n2", "n2": "n2", "n3": "n2"}
     c = amqp(n3)
     c.channel().queue_delete("shared")
     c.close()
-    wait_for(lambda: all("shared" not in [q["name"] for q in n.ctl("list_queues")] for n in (n1, n2, n3)),
-             what="delete everywhere")
+    wait_for(
+        lambda: all("shared" not in [q["name"] for q in n.ctl("list_queues")] for n in (n1, n2, n3)),
+        what="delete everywhere",
+    )
 
 
 def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     c1 = amqp(n1)
     c1.channel().queue_declare("work", durable=True)
-    wait_for(lambda: "work" in [q["name"] for q in n2.ctl("list_queues")] and
-             "work" in [q["name"] for q in n3.ctl("list_queues")], what="queue everywhere")
+    wait_for(
+        lambda: (
+            "work" in [q["name"] for q in n2.ctl("list_queues")]
+            and "work" in [q["name"] for q in n3.ctl("list_queues")]
+        ),
+        what="queue everywhere",
+    )
     c2 = amqp(n2)
     pub = c2.channel()
     pub.confirm_delivery()
@@ -69,7 +79,9 @@ def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None: 
     sub.basic_qos(prefetch_count=20)
     got: list[int] = []
     requeued_once = False
-    for method, _props, body in sub.consume("work", inactivity_timeout=30):  # a stall, not a slow machine, ends it
+    for method, _props, body in sub.consume(
+        "work", inactivity_timeout=30
+    ):  # a stall, not a slow machine, ends it
         if method is None:
             break
         if int(body) == 7 and not requeued_once:
@@ -107,11 +119,15 @@ def test_unacked_deliveries_return_when_the_consumers_node_dies(cluster_factory)
     held: list[bytes] = []
     sub.basic_consume("held", lambda _ch, _m, _p, body: held.append(body))
     wait_for(lambda: c3.process_data_events(0.2) or len(held) == 5, what="five deliveries on n3")
-    wait_for(lambda: {q["name"]: q for q in n1.ctl("list_queues")}["held"]["messages_unacknowledged"] == 5,
-             what="all five delivered to n3 and unacked")
+    wait_for(
+        lambda: {q["name"]: q for q in n1.ctl("list_queues")}["held"]["messages_unacknowledged"] == 5,
+        what="all five delivered to n3 and unacked",
+    )
     n3.kill()
-    wait_for(lambda: {q["name"]: q for q in n1.ctl("list_queues")}["held"]["messages_ready"] == 5,
-             what="requeued on the master")
+    wait_for(
+        lambda: {q["name"]: q for q in n1.ctl("list_queues")}["held"]["messages_ready"] == 5,
+        what="requeued on the master",
+    )
     m, _p, body = ch.basic_get("held", auto_ack=True)
     assert body == b"0" and m.redelivered
     c1.close()

@@ -21,8 +21,10 @@ def _cold_start(nodes: list[NodeProc], order: list[int]) -> None:
         node.kill()
     for i in order:
         nodes[i].start()
-    wait_for(lambda: all(len(nd.ctl("cluster_status")["running"]) == len(nodes) for nd in nodes),
-             what="all nodes running again")
+    wait_for(
+        lambda: all(len(nd.ctl("cluster_status")["running"]) == len(nodes) for nd in nodes),
+        what="all nodes running again",
+    )
 
 
 @pytest.mark.parametrize("order", [[2, 1, 0], [0, 1, 2]], ids=["last-named-first", "master-first"])
@@ -37,8 +39,10 @@ def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, 
 
     _cold_start(nodes, order)
 
-    info = wait_for(lambda: (i := queue_info(n3, "cold.plain")) and i.get("messages_ready") == 150 and i,
-                    what="the queue's 150 messages back")
+    info = wait_for(
+        lambda: (i := queue_info(n3, "cold.plain")) and i.get("messages_ready") == 150 and i,
+        what="the queue's 150 messages back",
+    )
     assert info["node"] == "n1"
     assert "dropping the copy here" not in n1.log()
     assert drain(n3, "cold.plain") == list(range(150))
@@ -51,17 +55,25 @@ def test_a_mirrored_queue_comes_back_whole_on_its_recorded_master(cluster_factor
     c.channel().queue_declare("ha.cold", durable=True)
     c.close()
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: len(queue_info(n1, "ha.cold").get("synchronised_mirrors", [])) == 2, what="mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(n1, "ha.cold").get("synchronised_mirrors", [])) == 2, what="mirrors in sync"
+    )
     publish(n3, "ha.cold", range(120))
     n1.kill()  # n2 or n3 is promoted: the record must follow the promotion, not the declaring node
-    new = wait_for(lambda: (m := queue_info(n2, "ha.cold").get("node")) in ("n2", "n3") and m, what="promotion")
+    new = wait_for(
+        lambda: (m := queue_info(n2, "ha.cold").get("node")) in ("n2", "n3") and m, what="promotion"
+    )
     n1.start()
-    wait_for(lambda: len(queue_info(n2, "ha.cold").get("synchronised_mirrors", [])) == 2, what="n1 back in sync")
+    wait_for(
+        lambda: len(queue_info(n2, "ha.cold").get("synchronised_mirrors", [])) == 2, what="n1 back in sync"
+    )
     publish(n1, "ha.cold", range(120, 200))
 
     _cold_start(nodes, [0, 1, 2])
 
-    info = wait_for(lambda: (i := queue_info(n1, "ha.cold")) and i.get("messages_ready") == 200 and i,
-                    what="the queue's 200 messages back")
+    info = wait_for(
+        lambda: (i := queue_info(n1, "ha.cold")) and i.get("messages_ready") == 200 and i,
+        what="the queue's 200 messages back",
+    )
     assert info["node"] == new
     assert drain(n1, "ha.cold") == list(range(200))

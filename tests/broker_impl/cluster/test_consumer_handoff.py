@@ -36,8 +36,9 @@ def _wait_for_counts(node: NodeProc, queue: str, want: tuple[int, int]) -> dict[
     return wait_for(row, what=f"{want} (ready, unacked) on {node.name}")
 
 
-def _consume(conn: pika.BlockingConnection, queue: str, until: int,
-             prefetch: int = 0) -> tuple[Any, list[tuple[int, int, bool]]]:
+def _consume(
+    conn: pika.BlockingConnection, queue: str, until: int, prefetch: int = 0
+) -> tuple[Any, list[tuple[int, int, bool]]]:
     """A channel that takes deliveries without acking them; returns it and (tag, body, redelivered) seen so far."""
     ch = conn.channel()
     ch.basic_qos(prefetch_count=prefetch)
@@ -47,7 +48,9 @@ def _consume(conn: pika.BlockingConnection, queue: str, until: int,
     return ch, seen
 
 
-def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_every_one_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_every_one_back(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.handoff"
     c = amqp(n1)
@@ -59,7 +62,9 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
     publish(n1, queue, range(1000, 1005))
     assert len(drain(n1, queue)) == 5
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=HA)
-    wait_for(lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync"
+    )
     publish(n2, queue, range(100))
 
     conn = amqp(n3)  # a remote consumer: the master is n1
@@ -90,7 +95,9 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
     assert set(back) | acked == set(range(100)), f"lost: {sorted(set(range(100)) - set(back) - acked)}"
 
 
-def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every_delivery_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every_delivery_back(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2, _n3 = cluster_factory(3)
     queue = "handoff.inflight"
     c = amqp(n1)
@@ -115,7 +122,9 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
     c.channel().queue_declare(queue, durable=True)
     c.close()
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=HA)
-    wait_for(lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync"
+    )
     publish(n2, queue, range(30))
     holder = amqp(n1)  # a consumer on the master holds 10 deliveries unacked
     _ch, held = _consume(holder, queue, until=10, prefetch=10)
@@ -139,7 +148,9 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
     mirror_conn.close()
 
 
-def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refused_not_answered_zero(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refused_not_answered_zero(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     n1, n2, _n3 = cluster_factory(3)
     queue = "counts.unreachable"
     c = amqp(n1)
@@ -157,7 +168,9 @@ def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refuse
     conn.close()
 
 
-def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_timeout_and_its_deliveries_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_timeout_and_its_deliveries_come_back(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     """A client whose stream to the broker stops in the middle of a frame (a cut TCP stream) holds nothing for ever."""
     n1, n2, _n3 = cluster_factory(3)
     queue = "handoff.silent"

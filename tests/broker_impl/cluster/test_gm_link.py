@@ -35,18 +35,36 @@ from broker_impl.cluster.gm_link import (
 from broker_impl.cluster.wire import DATA, Decoder, Frame, encode
 
 members = st.sampled_from(["n1/a/1", "n2/b/1", "n3/c/2", "n4/d/7"])
-payloads = st.tuples(st.dictionaries(st.sampled_from(["op", "n", "depth", "seqs"]),
-                                     st.one_of(st.integers(-5, 10**6), st.text(max_size=8),
-                                               st.lists(st.integers(0, 100), max_size=4)), max_size=4),
-                     st.binary(max_size=64))
+payloads = st.tuples(
+    st.dictionaries(
+        st.sampled_from(["op", "n", "depth", "seqs"]),
+        st.one_of(st.integers(-5, 10**6), st.text(max_size=8), st.lists(st.integers(0, 100), max_size=4)),
+        max_size=4,
+    ),
+    st.binary(max_size=64),
+)
 pubs = st.lists(st.tuples(st.integers(0, 10**9), payloads), max_size=5).map(tuple)
-activities = st.builds(Activity, st.integers(0, 50), st.lists(
-    st.builds(ActivityEntry, members, pubs, st.lists(st.integers(0, 10**9), max_size=4).map(tuple)), max_size=4
-).map(tuple))
-catchups = st.builds(Catchup, st.integers(0, 50), st.dictionaries(
-    members, st.builds(MemberSnapshot, pubs, st.integers(-1, 10**9), st.integers(-1, 10**9)), max_size=4))
-messages = st.one_of(activities, catchups, st.builds(JoinRequest, members),
-                     st.builds(Probe, st.integers(0, 50), members, st.integers(0, 99)))
+activities = st.builds(
+    Activity,
+    st.integers(0, 50),
+    st.lists(
+        st.builds(ActivityEntry, members, pubs, st.lists(st.integers(0, 10**9), max_size=4).map(tuple)),
+        max_size=4,
+    ).map(tuple),
+)
+catchups = st.builds(
+    Catchup,
+    st.integers(0, 50),
+    st.dictionaries(
+        members, st.builds(MemberSnapshot, pubs, st.integers(-1, 10**9), st.integers(-1, 10**9)), max_size=4
+    ),
+)
+messages = st.one_of(
+    activities,
+    catchups,
+    st.builds(JoinRequest, members),
+    st.builds(Probe, st.integers(0, 50), members, st.integers(0, 99)),
+)
 
 
 @given(messages)
@@ -57,8 +75,10 @@ def test_every_ring_message_survives_a_cluster_frame(msg) -> None:  # type: igno
     assert decode_message(frame.header, frame.blob) == msg
 
 
-@pytest.mark.parametrize("op", [CreateGroup("n1/a/1"), AddOnRight("n1/a/1", "n2/b/1"), MarkDead("n2/b/1"),
-                                Erase(("n2/b/1", "n3/c/2"))])
+@pytest.mark.parametrize(
+    "op",
+    [CreateGroup("n1/a/1"), AddOnRight("n1/a/1", "n2/b/1"), MarkDead("n2/b/1"), Erase(("n2/b/1", "n3/c/2"))],
+)
 def test_group_operations_round_trip(op) -> None:  # type: ignore[no-untyped-def]
     assert decode_op(encode_op(op)) == op
 
@@ -77,8 +97,15 @@ def test_member_ids_name_their_node() -> None:
 def _records() -> list[GroupRecord]:
     """Every record a short history of operations reaches, on one copy and on diverged copies."""
     out = set()
-    ops = [CreateGroup("n1/a/1"), AddOnRight("n1/a/1", "n2/b/1"), AddOnRight("n2/b/1", "n3/c/2"),
-           MarkDead("n1/a/1"), MarkDead("n3/c/2"), Erase(("n1/a/1",)), Erase(("n3/c/2",))]
+    ops = [
+        CreateGroup("n1/a/1"),
+        AddOnRight("n1/a/1", "n2/b/1"),
+        AddOnRight("n2/b/1", "n3/c/2"),
+        MarkDead("n1/a/1"),
+        MarkDead("n3/c/2"),
+        Erase(("n1/a/1",)),
+        Erase(("n3/c/2",)),
+    ]
     for seq in itertools.permutations(ops, 5):
         r = None
         for op in seq:

@@ -18,8 +18,11 @@ forgive = st.tuples(st.just("forgive"))
 # traffic-heavy scripts, and churn-heavy ones (many crashes and joins, little settling)
 traffic = st.lists(st.one_of(broadcast, broadcast, broadcast, kill, join, run), min_size=5, max_size=80)
 churn = st.lists(
-    st.one_of(broadcast, kill, kill, join, join, st.tuples(st.just("run"), st.integers(0, 3))), min_size=5, max_size=50
+    st.one_of(broadcast, kill, kill, join, join, st.tuples(st.just("run"), st.integers(0, 3))),
+    min_size=5,
+    max_size=50,
 )
+
 
 def examples(n: int) -> settings:
     """Deterministic: the same examples on every run and machine, nothing stored between runs."""
@@ -51,8 +54,9 @@ def test_guarantees_hold_with_unbatched_broadcasts_and_eager_failure_detection(s
 
 # membership changes: nodes removed from the cluster (their members leave, the survivors are told, no
 # failure detector verdict) and new ones joining, with crashes and paused nodes forgiving pending verdicts
-membership = st.lists(st.one_of(broadcast, broadcast, leave, leave, join, join, kill, forgive, run),
-                      min_size=5, max_size=60)
+membership = st.lists(
+    st.one_of(broadcast, broadcast, leave, leave, join, join, kill, forgive, run), min_size=5, max_size=60
+)
 
 
 @examples(400)
@@ -82,7 +86,10 @@ def test_a_member_that_left_is_recorded_dead_though_every_pending_verdict_was_fo
 # Long random scripts that once broke the ring (seed, crash rate, length): a joiner
 # adopting state without the acks of a member it inherited (94, 175), a member
 # erased while others held its messages (288), acks lost with dead members (1767, 103783).
-@pytest.mark.parametrize(("seed", "kill", "length"), [(94, 0.12, 40), (175, 0.15, 60), (288, 0.15, 60), (1767, 0.12, 40), (103783, 0.25, 120)])
+@pytest.mark.parametrize(
+    ("seed", "kill", "length"),
+    [(94, 0.12, 40), (175, 0.15, 60), (288, 0.15, 60), (1767, 0.12, 40), (103783, 0.25, 120)],
+)
 def test_scripts_that_once_broke_the_ring(seed: int, kill: float, length: int) -> None:
     founders, ops = random_script(seed, kill, length)
     assert_guarantees(play(seed, founders, ops))
@@ -98,7 +105,15 @@ def test_a_left_that_comes_back_is_heard_only_from_its_catchup_on() -> None:
 def test_an_inherited_member_is_not_erased_while_its_acks_travel() -> None:
     # found by Hypothesis: the heir of a dead origin counted acks that had only
     # passed it by and erased the dead member while the last ack was still in flight
-    ops = [("join",), ("run", 12), ("run", 25), ("broadcast", 0, False), ("broadcast", 0, False), ("run", 18), ("kill", 0)]
+    ops = [
+        ("join",),
+        ("run", 12),
+        ("run", 25),
+        ("broadcast", 0, False),
+        ("broadcast", 0, False),
+        ("run", 18),
+        ("kill", 0),
+    ]
     assert_guarantees(play(0, 3, ops, max_buffer=1, guard_delay=0.0, tick_probability=0.4))
 
 

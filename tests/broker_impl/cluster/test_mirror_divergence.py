@@ -80,9 +80,15 @@ async def _replay() -> list[dict[str, Any]]:
     ops: list[tuple[dict[str, Any], bytes]] = [
         ({"op": "start", "n": -1, "depth": -1}, b""),
         ({"op": "pub", "n": 1, "depth": 1, "fp": fingerprint(a)}, a.to_bytes()),
-        ({"op": "pub", "n": 2, "depth": 2, "fp": master_fp}, b.to_bytes()),  # the mirror got B, the master has C
+        (
+            {"op": "pub", "n": 2, "depth": 2, "fp": master_fp},
+            b.to_bytes(),
+        ),  # the mirror got B, the master has C
         ({"op": "fetch", "n": 3, "depth": 2, "fp": master_fp, "seq": 0, "d": digest(a)}, b""),
-        ({"op": "fetch", "n": 4, "depth": 2, "fp": master_fp, "seq": 1, "d": digest(c)}, b""),  # mismatch: B here
+        (
+            {"op": "fetch", "n": 4, "depth": 2, "fp": master_fp, "seq": 1, "d": digest(c)},
+            b"",
+        ),  # mismatch: B here
     ]
     for batch, last in ((ops[:2], 1), (ops[2:], 4)):  # A alone first (in sync on both sides), then the rest
         for h, blob in batch:

@@ -28,7 +28,9 @@ from tests.broker_impl.cluster.conftest import (
 )
 
 
-def _mirrored_queue(nodes: list[NodeProc], queue: str, definition: dict, before: int = 0, mirrors: int = 2) -> None:
+def _mirrored_queue(
+    nodes: list[NodeProc], queue: str, definition: dict, before: int = 0, mirrors: int = 2
+) -> None:
     """Declare on n1 (its master), optionally fill it before the policy exists, then mirror it on n2 and n3."""
     n1 = nodes[0]
     c = amqp(n1)
@@ -39,7 +41,9 @@ def _mirrored_queue(nodes: list[NodeProc], queue: str, definition: dict, before:
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=definition)
     wait_for(lambda: len(queue_info(n1, queue).get("mirrors", [])) == mirrors, what=f"{mirrors} mirror(s)")
     if definition.get("ha-sync-mode") == "automatic":
-        wait_for(lambda: len(queue_info(n1, queue)["synchronised_mirrors"]) == mirrors, what="mirrors in sync")
+        wait_for(
+            lambda: len(queue_info(n1, queue)["synchronised_mirrors"]) == mirrors, what="mirrors in sync"
+        )
 
 
 def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(cluster_factory) -> None:  # type: ignore[no-untyped-def]
@@ -47,7 +51,9 @@ def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(clus
     _mirrored_queue([n1, n2, n3], "ha.synced", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     publish(n2, "ha.synced", range(200))  # through a non-master node
     n1.kill()
-    info = wait_for(lambda: (i := queue_info(n2, "ha.synced")) and i["node"] == "n2" and i, what="n2 promoted")
+    info = wait_for(
+        lambda: (i := queue_info(n2, "ha.synced")) and i["node"] == "n2" and i, what="n2 promoted"
+    )
     assert info["messages_ready"] == 200
     assert "promoting the mirror here (in sync)" in n2.log()
     assert drain(n3, "ha.synced") == list(range(200))
@@ -74,7 +80,9 @@ def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory)
 
 def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.always", {"ha-mode": "all", "ha-promote-on-failure": "always"}, before=50)
+    _mirrored_queue(
+        [n1, n2, n3], "ha.always", {"ha-mode": "all", "ha-promote-on-failure": "always"}, before=50
+    )
     assert queue_info(n1, "ha.always")["synchronised_mirrors"] == []  # manual sync: the old 50 are on n1 only
     publish(n2, "ha.always", range(50, 60))
     assert queue_info(n1, "ha.always")["messages_ready"] == 60
@@ -86,11 +94,15 @@ def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_
 
 def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.ws", {"ha-mode": "all", "ha-promote-on-failure": "when-synced"}, before=50)
+    _mirrored_queue(
+        [n1, n2, n3], "ha.ws", {"ha-mode": "all", "ha-promote-on-failure": "when-synced"}, before=50
+    )
     publish(n2, "ha.ws", range(50, 60))
     n1.kill()
     wait_for(lambda: "n1" in n2.ctl("cluster_status")["down"], what="n1 down")
-    wait_for(lambda: "not promoting (ha-promote-on-failure=when-synced)" in n2.log(), what="promotion refused")
+    wait_for(
+        lambda: "not promoting (ha-promote-on-failure=when-synced)" in n2.log(), what="promotion refused"
+    )
     assert queue_info(n2, "ha.ws")["node"] == "n1"  # nobody promoted
     c = amqp(n3)
     ch = c.channel()
@@ -99,8 +111,10 @@ def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluste
         ch.basic_publish("", "ha.ws", b"refused", PERSISTENT)
     c.close()
     n1.start()
-    wait_for(lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in (n2, n3)),
-             what="n1 back for n2 and n3")
+    wait_for(
+        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in (n2, n3)),
+        what="n1 back for n2 and n3",
+    )
     wait_for(lambda: queue_info(n1, "ha.ws").get("messages_ready") == 60, what="60 messages recovered on n1")
     assert drain(n3, "ha.ws") == list(range(60))
 
@@ -110,14 +124,20 @@ def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror
     _mirrored_queue([n1, n2, n3], "ha.manual", {"ha-mode": "exactly", "ha-params": 2}, before=40, mirrors=1)
     mirror = queue_info(n1, "ha.manual")["mirrors"][0]
     assert queue_info(n1, "ha.manual")["synchronised_mirrors"] == []
-    assert "synchronising 1 mirror(s) of ha.manual with 40 message(s)" in n1.ctl("sync_queue", name="ha.manual")
-    wait_for(lambda: queue_info(n1, "ha.manual")["synchronised_mirrors"] == [mirror], what="synced by sync_queue")
+    assert "synchronising 1 mirror(s) of ha.manual with 40 message(s)" in n1.ctl(
+        "sync_queue", name="ha.manual"
+    )
+    wait_for(
+        lambda: queue_info(n1, "ha.manual")["synchronised_mirrors"] == [mirror], what="synced by sync_queue"
+    )
     n1.kill()
     by_name = {"n2": n2, "n3": n3}
     survivor = by_name[mirror]
     other = by_name["n3" if mirror == "n2" else "n2"]
     wait_for(lambda: queue_info(survivor, "ha.manual").get("node") == mirror, what="mirror promoted")
-    wait_for(lambda: queue_info(survivor, "ha.manual").get("mirrors") == [other.name], what="replacement mirror")
+    wait_for(
+        lambda: queue_info(survivor, "ha.manual").get("mirrors") == [other.name], what="replacement mirror"
+    )
     assert drain(other, "ha.manual") == list(range(40))
 
 
@@ -129,19 +149,29 @@ def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(
     got: list[int] = []
     cancelled: list[str] = []
 
-    def take(ch: pika.channel.Channel, m: pika.spec.Basic.Deliver, _p: pika.BasicProperties, body: bytes) -> None:
+    def take(
+        ch: pika.channel.Channel, m: pika.spec.Basic.Deliver, _p: pika.BasicProperties, body: bytes
+    ) -> None:
         got.append(int(body))
         ch.basic_ack(m.delivery_tag)
 
     stay.basic_consume("ha.cons", take)
     leave.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
-    leave.basic_consume("ha.cons", lambda ch, m, _p, body: ch.basic_reject(m.delivery_tag, requeue=True),
-                        arguments={"x-cancel-on-ha-failover": True}, consumer_tag="leaver")
+    leave.basic_consume(
+        "ha.cons",
+        lambda ch, m, _p, body: ch.basic_reject(m.delivery_tag, requeue=True),
+        arguments={"x-cancel-on-ha-failover": True},
+        consumer_tag="leaver",
+    )
     wait_for(lambda: queue_info(n1, "ha.cons")["consumers"] == 2, what="two consumers on the master")
     n1.kill()
-    wait_for(lambda: c3.process_data_events(0.1) or cancelled == ["leaver"], what="basic.cancel for the leaver")
-    wait_for(lambda: queue_info(n2, "ha.cons").get("node") == "n2" and queue_info(n2, "ha.cons")["consumers"] == 1,
-             what="the other consumer on the new master")
+    wait_for(
+        lambda: c3.process_data_events(0.1) or cancelled == ["leaver"], what="basic.cancel for the leaver"
+    )
+    wait_for(
+        lambda: queue_info(n2, "ha.cons").get("node") == "n2" and queue_info(n2, "ha.cons")["consumers"] == 1,
+        what="the other consumer on the new master",
+    )
     publish(n2, "ha.cons", range(20))
     wait_for(lambda: c3.process_data_events(0.1) or len(got) == 20, what="deliveries after failover")
     assert got == list(range(20))
@@ -179,10 +209,14 @@ def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:  # 
     """The master and every mirror are members of one GM group; the ring drops a killed mirror's node."""
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.ring", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three")
+    wait_for(
+        lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three"
+    )
     publish(n2, "ha.ring", range(50))
     n3.kill()
-    wait_for(lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2"], what="n3 gone from the ring")
+    wait_for(
+        lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2"], what="n3 gone from the ring"
+    )
     publish(n1, "ha.ring", range(50, 60))
     assert queue_info(n1, "ha.ring")["synchronised_mirrors"] == ["n2"]
     n1.kill()
@@ -193,8 +227,12 @@ def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:  # 
 def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_factory) -> None:  # type: ignore[no-untyped-def]
     """With manual sync, a mirror that had to restart would stay out of sync: staying in the group keeps it in sync."""
     n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.follow", {"ha-mode": "all"})  # manual sync; empty queue: mirrors in sync at once
-    wait_for(lambda: len(queue_info(n1, "ha.follow")["synchronised_mirrors"]) == 2, what="both mirrors in sync")
+    _mirrored_queue(
+        [n1, n2, n3], "ha.follow", {"ha-mode": "all"}
+    )  # manual sync; empty queue: mirrors in sync at once
+    wait_for(
+        lambda: len(queue_info(n1, "ha.follow")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
+    )
     publish(n3, "ha.follow", range(80))
     c = amqp(n3)
     ch = c.channel()
@@ -253,12 +291,16 @@ def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowi
     n1.kill()
     wait_for(lambda: queue_info(n2, queue).get("node") == "n2", what="n2 promoted")
     n1.start()
-    wait_for(lambda: sorted(queue_info(n2, queue)["synchronised_mirrors"]) == ["n1", "n3"], what="n1 back in sync")
+    wait_for(
+        lambda: sorted(queue_info(n2, queue)["synchronised_mirrors"]) == ["n1", "n3"], what="n1 back in sync"
+    )
     publish(n3, queue, range(30, 60))  # confirmed only once n1 and n3 both have them
     n2.kill()
     wait_for(lambda: queue_info(n3, queue).get("node") == "n3", what="n3 promoted")
     n2.start()
-    wait_for(lambda: sorted(queue_info(n3, queue)["synchronised_mirrors"]) == ["n1", "n2"], what="n2 back in sync")
+    wait_for(
+        lambda: sorted(queue_info(n3, queue)["synchronised_mirrors"]) == ["n1", "n2"], what="n2 back in sync"
+    )
     publish(n1, queue, range(60, 90))
     assert drain(n2, queue) == list(range(90))
 
@@ -277,8 +319,11 @@ class _Stream:
         self.attempted: set[int] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(node, k * len(nodes) + i), daemon=True)
-                         for k in range(per_node) for i, node in enumerate(nodes)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(node, k * len(nodes) + i), daemon=True)
+            for k in range(per_node)
+            for i, node in enumerate(nodes)
+        ]
         for t in self._threads:
             t.start()
 
@@ -317,7 +362,9 @@ class _Stream:
             t.join(30)
 
 
-def test_an_automatically_synced_mirror_reaches_and_keeps_sync_under_a_steady_publish_stream(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_an_automatically_synced_mirror_reaches_and_keeps_sync_under_a_steady_publish_stream(
+    cluster_factory,
+) -> None:  # type: ignore[no-untyped-def]
     """The sync snapshot holds what the master's queue holds, publishes still waiting for their fsync included.
 
     A mirror that got a snapshot without them would lack them for good: with no
@@ -333,8 +380,10 @@ def test_an_automatically_synced_mirror_reaches_and_keeps_sync_under_a_steady_pu
     stream = _Stream([n1, n2, n3], queue)
     wait_for(lambda: stream.count() >= 300, what="the stream flowing")
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(lambda: sorted(queue_info(n1, queue).get("synchronised_mirrors", [])) == ["n2", "n3"],
-             what="both mirrors in sync under the stream")
+    wait_for(
+        lambda: sorted(queue_info(n1, queue).get("synchronised_mirrors", [])) == ["n2", "n3"],
+        what="both mirrors in sync under the stream",
+    )
     assert "NOT in sync after sync" not in n2.log() + n3.log()
     seen = stream.count()
     samples = []
@@ -388,7 +437,9 @@ async def _snapshot_vs_queue(ops: list[tuple[Any, ...]], data_dir: Path) -> None
             if kind == "publish":
                 tasks.append(asyncio.ensure_future(publish(m)))
                 await asyncio.sleep(0)  # its first step: the message takes its place in the queue
-            elif q.depth() == 0:  # the broker uses it on an empty queue only, and learns the seq before anything else
+            elif (
+                q.depth() == 0
+            ):  # the broker uses it on an empty queue only, and learns the seq before anything else
                 ticket = held.ticket()
                 held.add(ticket, await q.publish_delivered(m), m)
         elif kind == "yield":
@@ -412,7 +463,9 @@ async def _snapshot_vs_queue(ops: list[tuple[Any, ...]], data_dir: Path) -> None
             await q.purge()
             held.purge(set(q.unacked()))
     snapshot, unacked = held.snapshot(), q.unacked()
-    assert held.fp == sum(fingerprint(m) for _, m in snapshot) & FP_MASK  # the content fingerprint follows too
+    assert (
+        held.fp == sum(fingerprint(m) for _, m in snapshot) & FP_MASK
+    )  # the content fingerprint follows too
     assert sorted(s for s, _ in snapshot if s in unacked) == unacked
     assert [held[s].body for s in unacked] == [m.body for s, m in snapshot if s in unacked]
     ready = []
@@ -428,9 +481,18 @@ def _props(persistent: bool) -> commands.Basic.Properties:
     return commands.Basic.Properties(delivery_mode=2 if persistent else 1)
 
 
-@settings(max_examples=300, deadline=None,
-          suppress_health_check=[*settings().suppress_health_check, HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[
+        *settings().suppress_health_check,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(ops=st.lists(_op, max_size=16))
-def test_a_sync_snapshot_is_what_the_queue_holds_even_while_writes_are_pending(ops: list[tuple[Any, ...]]) -> None:
+def test_a_sync_snapshot_is_what_the_queue_holds_even_while_writes_are_pending(
+    ops: list[tuple[Any, ...]],
+) -> None:
     with tempfile.TemporaryDirectory() as d:
         asyncio.run(_snapshot_vs_queue(ops, Path(d)))

@@ -20,11 +20,15 @@ from tests.broker_impl.cluster.conftest import (
 
 def _synced_queue(master: NodeProc, queue: str) -> None:
     """Declared on ``master``, mirrored everywhere (ha-mode all, automatic sync), 10 messages in."""
-    master.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
+    master.ctl(
+        "set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"}
+    )
     c = amqp(master)
     c.channel().queue_declare(queue, durable=True)
     c.close()
-    wait_for(lambda: len(queue_info(master, queue).get("synchronised_mirrors", [])) == 2, what="mirrors in sync")
+    wait_for(
+        lambda: len(queue_info(master, queue).get("synchronised_mirrors", [])) == 2, what="mirrors in sync"
+    )
     publish(master, queue, range(10))
 
 
@@ -80,7 +84,9 @@ def test_ignore_keeps_both_sides_writing_and_discards_one_side_on_heal(cluster_f
     n1, n2, n3 = nodes
     _split_brain(nodes, net)
     net.heal()
-    wait_for(lambda: len({queue_info(n, "ha.split").get("node") for n in nodes}) == 1, what="one master again")
+    wait_for(
+        lambda: len({queue_info(n, "ha.split").get("node") for n in nodes}) == 1, what="one master again"
+    )
     got = set(drain(n3, "ha.split"))
     side1, side2 = set(range(100, 110)), set(range(200, 210))
     # every message was confirmed; one side's are gone (the record with the later stamp won)
@@ -98,7 +104,9 @@ def test_autoheal_restarts_the_side_with_fewer_clients(cluster_factory, net) -> 
 
     time.sleep(0.5)  # a couple of ticks so the counts travel
     net.heal()
-    wait_for(lambda: all(queue_info(n, "ha.split").get("node") == "n2" for n in nodes), what="n2 master everywhere")
+    wait_for(
+        lambda: all(queue_info(n, "ha.split").get("node") == "n2" for n in nodes), what="n2 master everywhere"
+    )
     assert "loses to" in n1.log()
     got = set(drain(n3, "ha.split"))
     assert got == set(range(10)) | set(range(200, 210))  # n1's writes during the partition are discarded
@@ -110,14 +118,18 @@ def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_
     n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     _synced_queue(n3, "ha.minority")
     net.partition(["n1", "n2"], ["n3"])
-    wait_for(lambda: queue_info(n1, "ha.minority").get("node") in ("n1", "n2"), what="promoted on the majority")
+    wait_for(
+        lambda: queue_info(n1, "ha.minority").get("node") in ("n1", "n2"), what="promoted on the majority"
+    )
     wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
     publish(n2, "ha.minority", range(10, 20))
     net.heal()
     wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
     master = queue_info(n1, "ha.minority")["node"]
-    wait_for(lambda: all(queue_info(n, "ha.minority").get("node") == master for n in (n1, n2, n3)),
-             what="the majority's master everywhere")
+    wait_for(
+        lambda: all(queue_info(n, "ha.minority").get("node") == master for n in (n1, n2, n3)),
+        what="the majority's master everywhere",
+    )
     got: list[int] = []  # n3 may serve the queue a moment after the master converged
 
     def drained() -> bool:
@@ -138,13 +150,19 @@ def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net
     _synced_queue(n1, "ha.paused")
     net.partition(["n1", "n2"], ["n3"])
     wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
-    wait_for(lambda: sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2"], what="n3 out of the ring")
+    wait_for(
+        lambda: sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2"], what="n3 out of the ring"
+    )
     publish(n1, "ha.paused", range(10, 20))
     net.heal()
     wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
-    wait_for(lambda: queue_info(n1, "ha.paused")["synchronised_mirrors"] == ["n2", "n3"], what="n3 in sync again")
+    wait_for(
+        lambda: queue_info(n1, "ha.paused")["synchronised_mirrors"] == ["n2", "n3"], what="n3 in sync again"
+    )
     # n3's member from before the pause leaves the ring as its replacement joins
-    wait_for(lambda: sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three")
+    wait_for(
+        lambda: sorted(queue_info(n1, "ha.paused")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three"
+    )
     n1.kill()
     wait_for(lambda: queue_info(n2, "ha.paused").get("node") == "n2", what="n2 promoted")
     assert drain(n3, "ha.paused") == list(range(20))

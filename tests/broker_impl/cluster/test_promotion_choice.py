@@ -17,30 +17,55 @@ from tests.broker_impl.cluster.conftest import drain, publish, queue_info, wait_
 from tests.broker_impl.cluster.test_mirroring import _mirrored_queue
 
 
-@pytest.mark.parametrize(("alive", "synced", "rule", "chosen"), [
-    (["n2", "n3"], {"n3"}, "when-synced", "n3"),  # an unsynced oldest mirror does not block a synced younger one
-    (["n2", "n3"], {"n3"}, "always", "n3"),  # nor is it promoted while a synced one exists
-    (["n2", "n3"], {"n2", "n3"}, "always", "n2"),  # both in sync: the oldest
-    (["n2", "n3"], set(), "always", "n2"),  # none in sync: always takes the oldest (and loses what it lacks)
-    (["n2", "n3"], set(), "when-synced", None),  # none in sync: when-synced waits for the master
-    (["n3"], {"n2"}, "when-synced", None),  # the only synced mirror is down
-    ([], set(), "always", None),
-])
-def test_the_oldest_live_in_sync_mirror_is_chosen(alive: list[str], synced: set[str], rule: str,
-                                                  chosen: str | None) -> None:
+@pytest.mark.parametrize(
+    ("alive", "synced", "rule", "chosen"),
+    [
+        (
+            ["n2", "n3"],
+            {"n3"},
+            "when-synced",
+            "n3",
+        ),  # an unsynced oldest mirror does not block a synced younger one
+        (["n2", "n3"], {"n3"}, "always", "n3"),  # nor is it promoted while a synced one exists
+        (["n2", "n3"], {"n2", "n3"}, "always", "n2"),  # both in sync: the oldest
+        (
+            ["n2", "n3"],
+            set(),
+            "always",
+            "n2",
+        ),  # none in sync: always takes the oldest (and loses what it lacks)
+        (["n2", "n3"], set(), "when-synced", None),  # none in sync: when-synced waits for the master
+        (["n3"], {"n2"}, "when-synced", None),  # the only synced mirror is down
+        ([], set(), "always", None),
+    ],
+)
+def test_the_oldest_live_in_sync_mirror_is_chosen(
+    alive: list[str], synced: set[str], rule: str, chosen: str | None
+) -> None:
     assert promotion_candidate(alive, synced, rule) == chosen
 
 
 @pytest.mark.parametrize("rule", ["always", "when-synced"])
-def test_an_unsynced_oldest_mirror_neither_blocks_nor_replaces_a_synced_younger_one(cluster_factory, rule: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_unsynced_oldest_mirror_neither_blocks_nor_replaces_a_synced_younger_one(
+    cluster_factory, rule: str
+) -> None:  # type: ignore[no-untyped-def]
     """n2 mirrors first without the 50 old messages (manual sync); n3 joins later and is synced at once."""
     n1, n2, n3 = cluster_factory(3)
     q = "ha.pick"
-    _mirrored_queue([n1, n2, n3], q, {"ha-mode": "exactly", "ha-params": 2, "ha-promote-on-failure": rule},
-                    before=50, mirrors=1)
+    _mirrored_queue(
+        [n1, n2, n3],
+        q,
+        {"ha-mode": "exactly", "ha-params": 2, "ha-promote-on-failure": rule},
+        before=50,
+        mirrors=1,
+    )
     assert queue_info(n1, q)["mirrors"] == ["n2"] and queue_info(n1, q)["synchronised_mirrors"] == []
-    n1.ctl("set_policy", name="ha", pattern="^ha",
-           definition={"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": rule})
+    n1.ctl(
+        "set_policy",
+        name="ha",
+        pattern="^ha",
+        definition={"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": rule},
+    )
     wait_for(lambda: queue_info(n1, q)["synchronised_mirrors"] == ["n3"], what="n3 (only) in sync")
     assert queue_info(n1, q)["mirrors"] == ["n2", "n3"]  # n2 is the oldest
     publish(n2, q, range(50, 60))

@@ -16,9 +16,15 @@ async def _pair(got: list[tuple[str, dict[str, Any], bytes]]) -> tuple[Transport
 
     def make(me: str) -> Transport:
         other = "n2" if me == "n1" else "n1"
-        return Transport(me, ("127.0.0.1", ports[me]), {other: ("127.0.0.1", ports[other])}, tick=0.2,
-                         on_message=lambda peer, h, blob: got.append((peer, h, blob)),
-                         on_up=lambda _peer: up[me].set(), on_down=lambda _peer: None)
+        return Transport(
+            me,
+            ("127.0.0.1", ports[me]),
+            {other: ("127.0.0.1", ports[other])},
+            tick=0.2,
+            on_message=lambda peer, h, blob: got.append((peer, h, blob)),
+            on_up=lambda _peer: up[me].set(),
+            on_down=lambda _peer: None,
+        )
 
     a, b = make("n1"), make("n2")
     await a.start()
@@ -41,8 +47,9 @@ def test_a_burst_sent_in_one_turn_arrives_whole_and_in_order() -> None:
             await b.stop()
 
     got = asyncio.run(main())
-    assert [(p, h["i"], blob) for p, h, blob in got] == [("n1", i, bytes([i % 256]) * (i % 7))
-                                                          for i in range(500)]
+    assert [(p, h["i"], blob) for p, h, blob in got] == [
+        ("n1", i, bytes([i % 256]) * (i % 7)) for i in range(500)
+    ]
 
 
 def test_frames_sent_just_before_the_link_closes_still_go_out() -> None:

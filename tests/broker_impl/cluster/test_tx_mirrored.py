@@ -41,8 +41,11 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
     # through n2: each commit travels to the master on n1 as one request, and from it to n2 and n3 as one broadcast
     t = threading.Thread(target=_tx_publisher, args=(n2, committed, stop), daemon=True)
     t.start()
-    until(lambda: len(committed) >= 40, "40 commits before the kill",
-          gone=lambda: None if t.is_alive() else "the publisher stopped")
+    until(
+        lambda: len(committed) >= 40,
+        "40 commits before the kill",
+        gone=lambda: None if t.is_alive() else "the publisher stopped",
+    )
     n1.kill()
     stop.set()
     t.join(15)

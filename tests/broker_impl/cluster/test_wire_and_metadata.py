@@ -18,20 +18,27 @@ def test_frame_layout_is_length_type_header_blob() -> None:
 
 
 def test_frames_split_at_every_byte_boundary_decode_the_same() -> None:
-    frames = [Frame(HELLO, {"node": "n1", "inc": "ab"}), Frame(HEARTBEAT, {}), Frame(DATA, {"t": "x"}, b"\xff" * 300)]
+    frames = [
+        Frame(HELLO, {"node": "n1", "inc": "ab"}),
+        Frame(HEARTBEAT, {}),
+        Frame(DATA, {"t": "x"}, b"\xff" * 300),
+    ]
     raw = b"".join(encode(f) for f in frames)
     for cut in range(len(raw) + 1):
         d = Decoder()
         assert [*d.feed(raw[:cut]), *d.feed(raw[cut:])] == frames
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    (b"\x00\x00\x00\x01\x03", "bad frame length 1"),
-    (b"\x00\x00\x00\x05\x09\x00\x00\x00\x00", "unknown frame type 9"),
-    (b"\x00\x00\x00\x06\x03\x00\x00\x00\x09{", "header length 9 beyond frame length 6"),
-    (b"\x00\x00\x00\x06\x03\x00\x00\x00\x01{", "frame header is not JSON"),
-    (b"\x00\x00\x00\x07\x03\x00\x00\x00\x02[]", "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"\x00\x00\x00\x01\x03", "bad frame length 1"),
+        (b"\x00\x00\x00\x05\x09\x00\x00\x00\x00", "unknown frame type 9"),
+        (b"\x00\x00\x00\x06\x03\x00\x00\x00\x09{", "header length 9 beyond frame length 6"),
+        (b"\x00\x00\x00\x06\x03\x00\x00\x00\x01{", "frame header is not JSON"),
+        (b"\x00\x00\x00\x07\x03\x00\x00\x00\x02[]", "not a JSON object"),
+    ],
+)
 def test_garbage_is_a_wire_error(raw: bytes, needle: str) -> None:
     with pytest.raises(WireError, match=needle):
         list(Decoder().feed(raw))
@@ -40,7 +47,9 @@ def test_garbage_is_a_wire_error(raw: bytes, needle: str) -> None:
 def test_diff_stamps_changes_and_tombstones() -> None:
     t = Table("n1")
     first = t.diff({key("queue", "/", "a"): {"master": "n1"}})
-    assert [(k, e.stamp, e.data) for k, e in first.items()] == [(key("queue", "/", "a"), (1, "n1"), {"master": "n1"})]
+    assert [(k, e.stamp, e.data) for k, e in first.items()] == [
+        (key("queue", "/", "a"), (1, "n1"), {"master": "n1"})
+    ]
     assert t.diff({key("queue", "/", "a"): {"master": "n1"}}) == {}
     gone = t.diff({})
     assert gone[key("queue", "/", "a")].data is None and gone[key("queue", "/", "a")].stamp == (2, "n1")

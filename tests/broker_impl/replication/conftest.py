@@ -46,8 +46,12 @@ class Pair:
 
     def wait_in_sync(self) -> int:
         """Until the slave reported the master's whole log; returns that offset."""
-        return wait_for(lambda: (lambda s: s["slaves"] and s["slaves"][0]["acked"] == s["log_end"] and s["log_end"])(
-            self.master.status()), what="the slave to report the master's log end")
+        return wait_for(
+            lambda: (lambda s: s["slaves"] and s["slaves"][0]["acked"] == s["log_end"] and s["log_end"])(
+                self.master.status()
+            ),
+            what="the slave to report the master's log end",
+        )
 
 
 @pytest.fixture
@@ -58,9 +62,13 @@ def pair_factory(tmp_path: Path) -> Iterator[Callable[..., Pair]]:
 
     def make(role: str = "sync_master", segment_bytes: int = 16384) -> Pair:
         port = free_port()
-        master = Node(tmp_path, "m", {"role": role, "port": port, "listen": "127.0.0.1", **FAST}, segment_bytes)
+        master = Node(
+            tmp_path, "m", {"role": role, "port": port, "listen": "127.0.0.1", **FAST}, segment_bytes
+        )
         link = LinkProxy(("127.0.0.1", port))
-        slave = Node(tmp_path, "s", {"role": "slave", "master": f"127.0.0.1:{link.port}", **FAST}, segment_bytes)
+        slave = Node(
+            tmp_path, "s", {"role": "slave", "master": f"127.0.0.1:{link.port}", **FAST}, segment_bytes
+        )
         made.extend((master, slave))
         links.append(link)
         master.start()

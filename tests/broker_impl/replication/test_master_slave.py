@@ -15,8 +15,9 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 def connect(node: Node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0,
-                                                             connection_attempts=1))
+    return pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0, connection_attempts=1)
+    )
 
 
 def publish(node: Node, queue: str, bodies: range, declare: bool = False) -> None:
@@ -59,7 +60,9 @@ def test_the_slave_copies_the_log_and_the_queues_and_refuses_publishes(pair_fact
     for name in os.listdir(mdir):
         assert (mdir / name).read_bytes() == (sdir / name).read_bytes(), name
     # the slave knows the queue (a consumer can attach) but serves nothing and takes no publishes
-    q = wait_for(lambda: {x["name"]: x for x in pair.slave.ctl("list_queues")}.get("q"), what="q on the slave")
+    q = wait_for(
+        lambda: {x["name"]: x for x in pair.slave.ctl("list_queues")}.get("q"), what="q on the slave"
+    )
     assert q["messages_ready"] == 0
     with pytest.raises(ChannelClosedByBroker) as err:
         publish(pair.slave, "q", range(1))

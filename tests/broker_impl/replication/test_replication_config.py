@@ -20,16 +20,28 @@ def test_defaults_follow_rocketmq() -> None:
     assert ReplicationConfig.from_table({}, "n1") is None
 
 
-@pytest.mark.parametrize(("table", "needle"), [
-    ({"role": "primary"}, "replication.role: 'primary' not allowed; allowed sync_master, async_master, slave"),
-    ({"role": "slave"}, "replication.master: a slave needs its master's host"),
-    ({"role": "slave", "master": "n1:x"}, 'replication.master: expected "host" or "host:port"'),
-    ({"role": "sync_master", "master": "n1"}, "replication.master: only a slave names a master"),
-    ({"role": "sync_master", "port": 0}, "replication.port: expected a whole number 1..65535, got 0"),
-    ({"role": "sync_master", "sync_timeout_ms": True}, "replication.sync_timeout_ms: expected a whole number"),
-    ({"role": "sync_master", "heartbeat_ms": 5000}, "replication.dead_after_ms: must be longer than heartbeat_ms"),
-    ({"role": "sync_master", "flush": "sync"}, "replication.flush: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("table", "needle"),
+    [
+        (
+            {"role": "primary"},
+            "replication.role: 'primary' not allowed; allowed sync_master, async_master, slave",
+        ),
+        ({"role": "slave"}, "replication.master: a slave needs its master's host"),
+        ({"role": "slave", "master": "n1:x"}, 'replication.master: expected "host" or "host:port"'),
+        ({"role": "sync_master", "master": "n1"}, "replication.master: only a slave names a master"),
+        ({"role": "sync_master", "port": 0}, "replication.port: expected a whole number 1..65535, got 0"),
+        (
+            {"role": "sync_master", "sync_timeout_ms": True},
+            "replication.sync_timeout_ms: expected a whole number",
+        ),
+        (
+            {"role": "sync_master", "heartbeat_ms": 5000},
+            "replication.dead_after_ms: must be longer than heartbeat_ms",
+        ),
+        ({"role": "sync_master", "flush": "sync"}, "replication.flush: unknown key"),
+    ],
+)
 def test_errors(table: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         ReplicationConfig.from_table(table, "n1")
@@ -42,7 +54,12 @@ def test_a_node_cannot_have_both_modes(tmp_path) -> None:
     from broker_impl.broker import Broker, BrokerError
     from broker_impl.config import parse
 
-    cfg = parse({"node": {"data_dir": str(tmp_path)}, "cluster": {"peers": ["n2"]},
-                 "replication": {"role": "sync_master"}})
+    cfg = parse(
+        {
+            "node": {"data_dir": str(tmp_path)},
+            "cluster": {"peers": ["n2"]},
+            "replication": {"role": "sync_master"},
+        }
+    )
     with pytest.raises(BrokerError, match="two replication modes"):
         asyncio.run(Broker(cfg).start())

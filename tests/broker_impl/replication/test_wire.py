@@ -8,8 +8,11 @@ from broker_impl.replication import wire
 
 
 def test_frames_split_anywhere_come_out_whole() -> None:
-    data = (wire.encode_offset(wire.DATA, 4096, b"abc") + wire.encode_json(wire.HELLO, {"end": 7})
-            + wire.encode_offset(wire.REPORT, 1 << 40))
+    data = (
+        wire.encode_offset(wire.DATA, 4096, b"abc")
+        + wire.encode_json(wire.HELLO, {"end": 7})
+        + wire.encode_offset(wire.REPORT, 1 << 40)
+    )
     assert data[:5] == b"\x00\x00\x00\x0c\x03"  # length 12 = kind + 8-byte offset + 3 bytes; kind DATA
     for cut in range(len(data) + 1):
         dec = wire.Decoder()
@@ -20,11 +23,14 @@ def test_frames_split_anywhere_come_out_whole() -> None:
         assert frames[2].offset() == 1 << 40
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    (b"\x00\x00\x00\x00\x01", "frame length 0 out of range"),
-    (b"\x7f\xff\xff\xff\x01", "out of range"),
-    (b"\x00\x00\x00\x01\x63", "unknown frame kind 99"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"\x00\x00\x00\x00\x01", "frame length 0 out of range"),
+        (b"\x7f\xff\xff\xff\x01", "out of range"),
+        (b"\x00\x00\x00\x01\x63", "unknown frame kind 99"),
+    ],
+)
 def test_garbage_is_a_wire_error(raw: bytes, needle: str) -> None:
     with pytest.raises(wire.WireError, match=needle):
         wire.Decoder().feed(raw)

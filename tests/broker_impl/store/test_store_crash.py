@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_sigkill_loses_no_confirmed_append(tmp_path: Path, flush: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(WRITER), str(tmp_path), flush], stdout=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), str(tmp_path), flush], stdout=subprocess.PIPE, env=env
+    )
     assert proc.stdout is not None
     confirmed = []
     for line in proc.stdout:

@@ -8,8 +8,12 @@ from pathlib import Path
 from broker_impl.backing_queue import StoreError
 from broker_impl.store import open_store
 
-CFG = {"segment_bytes": 4096, "checkpoint_interval_ms": 60_000, "retention_interval_ms": 60_000,
-       "flush_timeout_ms": 50}
+CFG = {
+    "segment_bytes": 4096,
+    "checkpoint_interval_ms": 60_000,
+    "retention_interval_ms": 60_000,
+    "flush_timeout_ms": 50,
+}
 
 
 def test_staggered_waiters_each_time_out_and_a_later_flush_serves_again(tmp_path: Path) -> None:

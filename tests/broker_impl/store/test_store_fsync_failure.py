@@ -36,14 +36,16 @@ class FailingFsync:
                     self.fail -= 1
                     raise OSError(errno.EIO, os.strerror(errno.EIO))
                 real(fd)
+
             return call
 
         monkeypatch.setattr(os, "fdatasync", wrap(real_datasync))
         monkeypatch.setattr(os, "fsync", wrap(real_fsync))
 
 
-def test_a_failed_fsync_is_never_covered_by_a_later_successful_one(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_fsync_is_never_covered_by_a_later_successful_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     failures: list[StoreError] = []
 
     async def go() -> None:
@@ -100,8 +102,9 @@ def test_a_failed_checkpoint_fsync_is_fatal_too(tmp_path: Path, monkeypatch: pyt
     assert (tmp_path / "abort").exists()
 
 
-def test_the_node_nacks_what_the_failed_fsync_covered_and_stops_itself(node_factory,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_node_nacks_what_the_failed_fsync_covered_and_stops_itself(
+    node_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """pika against a node whose disk fails one fsync: a nack, then the node asks to be restarted."""
     import pika
     import pika.exceptions

@@ -13,7 +13,12 @@ from broker_impl.store import record as rec
 from broker_impl.store.commitlog import CommitLog
 from broker_impl.store.progress import Progress
 
-CFG = {"segment_bytes": 4096, "cq_entries_per_file": 8, "checkpoint_interval_ms": 60_000, "retention_interval_ms": 60_000}
+CFG = {
+    "segment_bytes": 4096,
+    "cq_entries_per_file": 8,
+    "checkpoint_interval_ms": 60_000,
+    "retention_interval_ms": 60_000,
+}
 
 
 def test_record_roundtrip_and_crc_covers_whole_record() -> None:
@@ -200,7 +205,10 @@ def test_queue_delete_is_not_resurrected_by_crash_recovery(tmp_path: Path) -> No
 def test_store_config_errors_are_one_line(tmp_path: Path) -> None:
     from broker_impl.store import StoreConfigError
 
-    for table, text in (({"flush_interval_ms": 0}, "flush_interval_ms = 0"), ({"segment_bytes": 10}, "at least 4096")):
+    for table, text in (
+        ({"flush_interval_ms": 0}, "flush_interval_ms = 0"),
+        ({"segment_bytes": 10}, "at least 4096"),
+    ):
         with pytest.raises(StoreConfigError, match=text) as e:
             asyncio.run(open_store(tmp_path, table))
         assert "\n" not in str(e.value)

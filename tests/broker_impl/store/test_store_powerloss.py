@@ -95,6 +95,7 @@ def _run_until_compaction(lazy: LazyMount, monkeypatch: pytest.MonkeyPatch, cras
 
 
 @pytest.mark.parametrize("crash_at", ["before-rename", "after-rename", "after-dir-fsync", "end"])
-def test_compaction_keeps_checkpointed_acks_through_a_power_cut(lazy: LazyMount, monkeypatch: pytest.MonkeyPatch,
-                                                               crash_at: str) -> None:
+def test_compaction_keeps_checkpointed_acks_through_a_power_cut(
+    lazy: LazyMount, monkeypatch: pytest.MonkeyPatch, crash_at: str
+) -> None:
     _run_until_compaction(lazy, monkeypatch, crash_at)

@@ -10,7 +10,12 @@ import pytest
 from broker_impl.backing_queue import StoreError
 from broker_impl.store import Store, open_store
 
-CFG = {"segment_bytes": 4096, "checkpoint_interval_ms": 60_000, "retention_interval_ms": 60_000, "flush": "async"}
+CFG = {
+    "segment_bytes": 4096,
+    "checkpoint_interval_ms": 60_000,
+    "retention_interval_ms": 60_000,
+    "flush": "async",
+}
 
 
 def copy(src: Store, dst: Store, limit: int) -> int:
@@ -27,7 +32,9 @@ def copy(src: Store, dst: Store, limit: int) -> int:
 
 
 @pytest.mark.parametrize("limit", [1, 300, 1 << 20])
-def test_the_replica_is_the_same_log_byte_for_byte_with_its_consume_queues(tmp_path: Path, limit: int) -> None:
+def test_the_replica_is_the_same_log_byte_for_byte_with_its_consume_queues(
+    tmp_path: Path, limit: int
+) -> None:
     async def go() -> None:
         a = await open_store(tmp_path / "a", CFG)
         b = await open_store(tmp_path / "b", CFG)

@@ -79,8 +79,11 @@ def test_power_cut_keeps_committed_and_drops_uncommitted(lazy: LazyMount, checkp
     async def after_cut() -> None:
         store = await open_store(data, CFG)
         assert _bodies(store, "q") == [b"plain-2", b"plain-3", b"a-0", b"a-1", b"a-2"]
-        prepared = [r for r in CommitLog(data / "commitlog", CFG["segment_bytes"]).iter_records(0)
-                    if r.sysflag & FLAG_TX_PREPARED]
+        prepared = [
+            r
+            for r in CommitLog(data / "commitlog", CFG["segment_bytes"]).iter_records(0)
+            if r.sysflag & FLAG_TX_PREPARED
+        ]
         assert [r.payload for r in prepared] == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"b-2"]
         # the log goes on after recovery: a new commit lands after what survived
         store.append_batch("q", [b"d-0"])
