@@ -140,9 +140,9 @@ def _option_rows(parser: argparse.ArgumentParser, where: str) -> list[list[str]]
         if a.option_strings:
             name = ", ".join(a.option_strings)
             if a.nargs != 0:
-                name += " " + (a.metavar or a.dest.upper())
+                name += " " + str(a.metavar or a.dest.upper())
         else:
-            name = a.metavar or a.dest
+            name = str(a.metavar or a.dest)
             if a.nargs == "+":
                 name += " ..."
         default = ""
@@ -210,8 +210,8 @@ _SECTION_SEED: dict[str, Callable[[Any], dict[str, Any]]] = {
     "nemesis.random": lambda v: {"nemesis": {"random": {"faults": ["kill"], **v}}},
     "workload.transactions": lambda v: {"workload": {"transactions": {"publish_batch": 1, **v}}},
 }
-_WRONG_TYPE = ("x", 5, [1, 2, 3])
-_OUT_OF_RANGE = (-1, 0.05, 2, 10**13)
+_WRONG_TYPE: tuple[Any, ...] = ("x", 5, [1, 2, 3])
+_OUT_OF_RANGE: tuple[Any, ...] = (-1, 0.05, 2, 10**13)
 
 
 def _nest(path: str, value: Any) -> dict[str, Any]:
@@ -244,6 +244,21 @@ def _answer(path: str, value: Any) -> str | None:
         shown = path.replace("[]", "[0]")
         return text.split(f"{shown}: ", 1)[1] if f"{shown}: " in text else text
     return None
+
+
+def _loads_without(path: str) -> bool:
+    """Whether a scenario without this top-level field loads (the loader supplies it)."""
+    from harness.errors import ScenarioError
+    from harness.scenario import from_dict
+
+    if "." in path:
+        return False
+    data = {k: v for k, v in _BASE.items() if k != path}
+    try:
+        from_dict(data)
+    except ScenarioError:
+        return False
+    return True
 
 
 def _allowed(path: str) -> str:
@@ -385,7 +400,10 @@ def scenario_page() -> str:
                 continue
             if not comment:
                 raise DocsError(f"scenario field {path} has no comment in harness/scenario.py")
-            rows.append([f"`{path}`", _allowed(path), _cell(comment), _default(f)])
+            default = _default(f)
+            if default == "required" and _loads_without(path):
+                default = "see meaning"  # the loader fills it in (a scenario's name: its file's)
+            rows.append([f"`{path}`", _allowed(path), _cell(comment), default])
         title = _SECTION_TITLES.get(prefix.rstrip("."), "Top level")
         intro = _own_doc(cls) if cls is not scenario.Scenario else ""
         parts.append(f"## {title}")
