@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import os
 import re
+import subprocess
 import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -549,6 +550,27 @@ def broker_settings_page() -> str:
     return _page("Broker settings", "each broker plugin's settings_schema", *parts)
 
 
+def plugins_page() -> str:
+    listing = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "plugins"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return _page(
+        "Loaded plugins",
+        "the output of brokerchaos plugins",
+        "`brokerchaos plugins` lists what loaded: every plugin with its version and what it provides, "
+        "the brokers with the client they need and their capabilities, the fault kinds with the broker "
+        "capabilities they require and the host features they need, what each capability promises, "
+        "the checkers and the clients. With the plugins this project ships:",
+        "```\n" + "\n".join(line.rstrip() for line in listing.strip("\n").splitlines()) + "\n```",
+        "Plugins load from the `brokerchaos` entry-point group and from `-p module.path`; "
+        "[Write a plugin](../how-to/write-a-plugin.md) says how to add one.",
+    )
+
+
 # -- hooks --------------------------------------------------------------------------------
 
 
@@ -730,6 +752,7 @@ PAGES: Mapping[str, Callable[[], str]] = {
     "scenario.md": scenario_page,
     "faults.md": faults_page,
     "broker-settings.md": broker_settings_page,
+    "plugins.md": plugins_page,
     "hooks.md": hooks_page,
     "history.md": history_page,
     "results.md": results_page,
