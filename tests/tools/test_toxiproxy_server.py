@@ -633,24 +633,33 @@ def test_error_responses(server: Server, toxiproxy: Toxiproxy, upstream: Upstrea
     assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 404
 
 
+class _Sidecar:
+    """One proxy ``n1_to_n2_7000`` in n1's sidecar (the server under test), as the faults see a cluster."""
+
+    def __init__(self, server: Server, upstream: str) -> None:
+        from types import SimpleNamespace
+
+        from harness.proxies import ProxySpec, ToxiproxyServer
+
+        self.listen = f"127.0.0.1:{free_port()}"
+        spec = ProxySpec(
+            name="n1_to_n2_7000", listen=self.listen, upstream=upstream, src="n1", dst="n2", port=7000
+        )
+        sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
+        sidecar.populate([spec])
+        self.cluster = SimpleNamespace(
+            topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
+            nodes={"n1": SimpleNamespace(toxiproxy=sidecar), "n2": SimpleNamespace(toxiproxy=None)},
+        )
+
+
 def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, upstream: Upstream) -> None:
     """Two partition faults holding the same link at once: healing the first leaves the second's cut in place."""
-    from types import SimpleNamespace
-
     from faults.network import Partition
-    from harness.proxies import ProxySpec, ToxiproxyServer
     from harness.spec import FaultContext
 
-    listen = f"127.0.0.1:{free_port()}"
-    spec = ProxySpec(
-        name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000
-    )
-    sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
-    sidecar.populate([spec])
-    cluster = SimpleNamespace(
-        topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
-        nodes={"n1": SimpleNamespace(toxiproxy=sidecar)},
-    )
+    sidecar = _Sidecar(server, upstream.address)
+    listen, cluster = sidecar.listen, sidecar.cluster
     params = {"shape": "custom", "mode": "drop", "cuts": [["n1", "n2"], ["n2", "n1"]]}
     first, second = (Partition(FaultContext(cluster), params, fid) for fid in ("f1", "f2"))
     first.apply()
@@ -677,26 +686,6 @@ def test_a_reply_in_two_writes_crosses_the_proxy_as_it_would_a_cable(toxiproxy: 
         times = alternate({"direct": upstream.address, "proxied": proxy.listen}, 60)
     direct, proxied = (statistics.median(times[path]) for path in ("direct", "proxied"))
     assert proxied < 5 * direct, f"proxied p50 {proxied * 1000:.1f} ms, direct p50 {direct * 1000:.1f} ms"
-
-
-class _Sidecar:
-    """One proxy ``n1_to_n2_7000`` in n1's sidecar (the server under test), as the faults see a cluster."""
-
-    def __init__(self, server: Server, upstream: str) -> None:
-        from types import SimpleNamespace
-
-        from harness.proxies import ProxySpec, ToxiproxyServer
-
-        self.listen = f"127.0.0.1:{free_port()}"
-        spec = ProxySpec(
-            name="n1_to_n2_7000", listen=self.listen, upstream=upstream, src="n1", dst="n2", port=7000
-        )
-        sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
-        sidecar.populate([spec])
-        self.cluster = SimpleNamespace(
-            topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
-            nodes={"n1": SimpleNamespace(toxiproxy=sidecar), "n2": SimpleNamespace(toxiproxy=None)},
-        )
 
 
 DISCARDING_FAULTS = {
