@@ -381,6 +381,25 @@ def test_timeout_zero_stalls_data_but_accepts_connections(toxiproxy: Toxiproxy, 
         round_trip(sock)
 
 
+def test_an_update_that_could_let_a_cut_connection_pass_closes_it(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    """A cut updated but still discarding everywhere keeps its silent connections; one whose
+    toxicity drops below 1 closes them, since they lost bytes and might now pass again."""
+    proxy = toxiproxy.create(upstream=upstream.address, name="partial")
+    proxy.add_toxic(name="cut", type="timeout", stream="upstream", attributes={"timeout": 0})
+    url = f"{server.url}/proxies/partial/toxics/cut"
+    with greeted(proxy.listen) as sock:
+        sock.sendall(b"discarded")
+        assert requests.post(url, json={"attributes": {"timeout": 0}}, timeout=30).status_code == 200
+        assert_stalled(sock)
+        assert requests.post(url, json={"toxicity": 0.0}, timeout=30).status_code == 200
+        assert_closed(sock)
+    assert bytes(upstream.received) == b""
+    with greeted(proxy.listen) as sock:
+        round_trip(sock)  # toxicity 0: new connections pass
+
+
 def test_timeout_with_delay_closes_the_connection(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="expire")
     proxy.add_toxic(type="timeout", attributes={"timeout": 200})
