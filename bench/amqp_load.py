@@ -181,6 +181,7 @@ def _raw_handshake(url: str) -> Any:
 
     u = urllib.parse.urlparse(url)
     sock = socket.create_connection((u.hostname or "127.0.0.1", u.port or 5672), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the asyncio clients have it
     buf = b""
 
     def expect(kind: type) -> Any:

@@ -8,8 +8,10 @@ Two mechanisms, chosen with ``mode``:
     A ``timeout`` toxic with timeout 0 on each stream that carries src's bytes to
     dst: connections stay open and go silent, so peers notice only through their
     own heartbeats and timeouts, as behind a real partition. Toxiproxy discards
-    the bytes it holds back (TCP would have retransmitted them), so on heal the
-    affected proxies are also bounced to close the streams that lost bytes.
+    the bytes it holds back (TCP would have retransmitted them), so no connection
+    that lost bytes may carry on: removing a timeout toxic closes the proxy's open
+    connections before its streams pass again (Toxiproxy's timeout toxic does so on
+    removal, and so does the project's server), and the heal only removes toxics.
 ``refuse``
     The proxies of a cut pair are disabled: open connections are closed at once
     and new ones refused. Symmetric cuts only.
@@ -237,17 +239,18 @@ class Partition(_ProxyFault):
         done: list[dict[str, Any]] = []
         if self.params["shape"] == "clients" or self.params["mode"] == "refuse":
             return self._switch(True)
-        touched: set[tuple[str, str]] = set()
+        cut: dict[tuple[str, str], list[str]] = {}
         for src, dst in self.params["cuts"]:
             for sidecar, proxy, stream in self._links(src, dst):
-                cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, self._toxic(stream))
-                touched.add((sidecar, proxy))
-        for sidecar, proxy in sorted(touched):
-            # The timeout toxic discarded bytes: close the streams that lost them.
-            tp = cluster.nodes[sidecar].toxiproxy
-            tp.set_enabled(proxy, False)
-            tp.set_enabled(proxy, True)
-            done.append({"sidecar": sidecar, "proxy": proxy, "action": "remove toxics, bounce"})
+                cut.setdefault((sidecar, proxy), []).append(self._toxic(stream))
+        for (sidecar, proxy), toxics in sorted(cut.items()):
+            # Each removal closes the proxy's open connections (they lost bytes to the
+            # toxic) before its stream passes again; a proxy's toxics go one after the other.
+            for toxic in sorted(set(toxics)):
+                cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, toxic)
+            done.append(
+                {"sidecar": sidecar, "proxy": proxy, "removed": sorted(set(toxics)), "connections": "closed"}
+            )
         return {"actions": done}
 
 
@@ -260,7 +263,9 @@ class LinkToxic(_ProxyFault):
     carries a data-passing toxic (the second stream's toxic on apply, each removal
     on heal) closes that proxy's open connections rather than dropping the bytes
     the old toxic held (``tools/toxiproxy-server/README.md``): clients of a degraded
-    link see a reconnect at the start and the end of the fault, never a gap.
+    link see a reconnect at the start and the end of the fault, never a gap. Removing a
+    ``reset_peer`` (which discards the stream it holds until the reset) closes the
+    connections it held, as removing a partition's ``timeout`` toxic does.
     """
 
     name = "degrade"

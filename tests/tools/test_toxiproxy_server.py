@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import socketserver
+import statistics
 import struct
 import subprocess
 import threading
@@ -24,6 +25,7 @@ import requests
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic, NotFound
 
+from bench.proxy_round_trip import TwoWriteServer, alternate
 from tests.polling import until
 
 CRATE = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy-server"
@@ -379,6 +381,25 @@ def test_timeout_zero_stalls_data_but_accepts_connections(toxiproxy: Toxiproxy, 
         round_trip(sock)
 
 
+def test_an_update_that_could_let_a_cut_connection_pass_closes_it(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    """A cut updated but still discarding everywhere keeps its silent connections; one whose
+    toxicity drops below 1 closes them, since they lost bytes and might now pass again."""
+    proxy = toxiproxy.create(upstream=upstream.address, name="partial")
+    proxy.add_toxic(name="cut", type="timeout", stream="upstream", attributes={"timeout": 0})
+    url = f"{server.url}/proxies/partial/toxics/cut"
+    with greeted(proxy.listen) as sock:
+        sock.sendall(b"discarded")
+        assert requests.post(url, json={"attributes": {"timeout": 0}}, timeout=30).status_code == 200
+        assert_stalled(sock)
+        assert requests.post(url, json={"toxicity": 0.0}, timeout=30).status_code == 200
+        assert_closed(sock)
+    assert bytes(upstream.received) == b""
+    with greeted(proxy.listen) as sock:
+        round_trip(sock)  # toxicity 0: new connections pass
+
+
 def test_timeout_with_delay_closes_the_connection(toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     proxy = toxiproxy.create(upstream=upstream.address, name="expire")
     proxy.add_toxic(type="timeout", attributes={"timeout": 200})
@@ -631,24 +652,33 @@ def test_error_responses(server: Server, toxiproxy: Toxiproxy, upstream: Upstrea
     assert requests.delete(f"{server.url}/proxies/dup", timeout=5).status_code == 404
 
 
+class _Sidecar:
+    """One proxy ``n1_to_n2_7000`` in n1's sidecar (the server under test), as the faults see a cluster."""
+
+    def __init__(self, server: Server, upstream: str) -> None:
+        from types import SimpleNamespace
+
+        from harness.proxies import ProxySpec, ToxiproxyServer
+
+        self.listen = f"127.0.0.1:{free_port()}"
+        spec = ProxySpec(
+            name="n1_to_n2_7000", listen=self.listen, upstream=upstream, src="n1", dst="n2", port=7000
+        )
+        sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
+        sidecar.populate([spec])
+        self.cluster = SimpleNamespace(
+            topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
+            nodes={"n1": SimpleNamespace(toxiproxy=sidecar), "n2": SimpleNamespace(toxiproxy=None)},
+        )
+
+
 def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, upstream: Upstream) -> None:
     """Two partition faults holding the same link at once: healing the first leaves the second's cut in place."""
-    from types import SimpleNamespace
-
     from faults.network import Partition
-    from harness.proxies import ProxySpec, ToxiproxyServer
     from harness.spec import FaultContext
 
-    listen = f"127.0.0.1:{free_port()}"
-    spec = ProxySpec(
-        name="n1_to_n2_7000", listen=listen, upstream=upstream.address, src="n1", dst="n2", port=7000
-    )
-    sidecar = ToxiproxyServer("n1", "127.0.0.1", server.port)
-    sidecar.populate([spec])
-    cluster = SimpleNamespace(
-        topology=SimpleNamespace(nodes=["n1", "n2"], proxies={"n1": [spec], "n2": []}),
-        nodes={"n1": SimpleNamespace(toxiproxy=sidecar)},
-    )
+    sidecar = _Sidecar(server, upstream.address)
+    listen, cluster = sidecar.listen, sidecar.cluster
     params = {"shape": "custom", "mode": "drop", "cuts": [["n1", "n2"], ["n2", "n1"]]}
     first, second = (Partition(FaultContext(cluster), params, fid) for fid in ("f1", "f2"))
     first.apply()
@@ -660,3 +690,99 @@ def test_overlapping_partitions_each_heal_only_their_own_cut(server: Server, ups
     sock = greeted(listen)
     round_trip(sock)
     sock.close()
+
+
+def test_a_reply_in_two_writes_crosses_the_proxy_as_it_would_a_cable(toxiproxy: Toxiproxy) -> None:
+    """Both sockets of a proxied connection have TCP_NODELAY, as in Toxiproxy (Go's default).
+
+    The server answers in two writes 1 ms apart. A proxy socket with Nagle's algorithm
+    holds the second write until the client's delayed ACK (about 40 ms on Linux, some 30
+    times the direct round trip); without it the proxy adds only its own hops. Medians of
+    round trips taking turns with direct ones, so both see the same load.
+    """
+    with TwoWriteServer() as upstream:
+        proxy = toxiproxy.create(upstream=upstream.address, name="cable")
+        times = alternate({"direct": upstream.address, "proxied": proxy.listen}, 60)
+    direct, proxied = (statistics.median(times[path]) for path in ("direct", "proxied"))
+    assert proxied < 5 * direct, f"proxied p50 {proxied * 1000:.1f} ms, direct p50 {direct * 1000:.1f} ms"
+
+
+DISCARDING_FAULTS = {
+    "partition both ways": ("partition", {"shape": "custom", "cuts": [["n1", "n2"], ["n2", "n1"]]}),
+    "partition n1->n2": ("partition", {"shape": "one-way", "from": "n1", "to": "n2"}),
+    "partition n2->n1": ("partition", {"shape": "one-way", "from": "n2", "to": "n1"}),
+    "degrade reset_peer (healed before the reset)": (
+        "degrade",
+        {"type": "reset_peer", "node": "n1", "attributes": {"timeout": 600_000}},
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(DISCARDING_FAULTS))
+def test_no_heal_lets_a_stream_with_a_hole_through(
+    server: Server, listener: socket.socket, fault: str
+) -> None:
+    """Numbered records both ways on two connections; the harness's own fault cuts and heals them.
+
+    The fault's toxics discard the bytes they receive while the connections stay open (a
+    real network would have retransmitted them). After the heal every connection's
+    received stream must be a prefix of what was sent, complete or closed: never a stream
+    that goes on past a hole.
+    """
+    import random
+
+    from faults.network import LinkToxic, Partition
+    from harness.spec import FaultContext
+
+    kind, params = DISCARDING_FAULTS[fault]
+    cls = Partition if kind == "partition" else LinkToxic
+    host, port = listener.getsockname()[:2]
+    sidecar = _Sidecar(server, f"{host}:{port}")
+    pumps: list[Pump] = []
+    socks: list[socket.socket] = []
+    for _ in range(2):
+        client = connect(sidecar.listen)
+        server_side, _ = listener.accept()
+        socks += [client, server_side]
+        pumps += [Pump(client, server_side), Pump(server_side, client)]
+    try:
+        for pump in pumps:
+            pump.wait_for(RECORD.size)
+        resolved = cls.resolve(params, ["n1", "n2"], random.Random(0))
+        step = cls(FaultContext(sidecar.cluster), resolved, "f1")
+        step.apply()
+        at_cut = [len(p.sent) for p in pumps]
+        # Every sender goes on writing (the toxic reads and discards what it cannot pass).
+        until(
+            lambda: all(
+                len(p.sent) >= n + 20 * RECORD.size or p.ended.is_set()
+                for p, n in zip(pumps, at_cut, strict=True)
+            ),
+            "20 more records from every sender",
+            every=0.01,
+        )
+        step.heal()
+        at_heal = [len(p.received) for p in pumps]
+        until(
+            lambda: all(len(p.received) > n or p.ended.is_set() for p, n in zip(pumps, at_heal, strict=True)),
+            "every stream to go on or end after the heal",
+            every=0.01,
+        )
+        for pump in pumps:
+            pump.finish()
+    finally:
+        for sock in socks:
+            sock.close()
+    for i, pump in enumerate(pumps):
+        received, sent = bytes(pump.received), bytes(pump.sent)
+        if not sent.startswith(received):
+            size = RECORD.size
+            at = next(
+                k for k in range(0, len(received), size) if sent[k : k + size] != received[k : k + size]
+            )
+            got = (
+                f"record {RECORD.unpack_from(received, at)[0]}"
+                if len(received) >= at + size
+                else "a partial record"
+            )
+            pytest.fail(f"stream {i}: {got} arrived where record {at // size} was due: a hole after the heal")

@@ -5,9 +5,11 @@
 //! project's harness (and `toxiproxy-python`) can drive network faults.
 
 mod api;
+mod cable;
 mod error;
 mod fields;
 mod reset;
+mod sockets;
 mod store;
 mod toxics;
 

@@ -17,6 +17,7 @@
 //! connection is seen, within a few milliseconds of its accept. Upstream sockets are told
 //! apart only by when they appear: connections accepted in the same poll are reset together.
 
+use crate::sockets::{sockets, Endpoints};
 use noxious::state::ProxyState;
 use noxious::toxic::StreamDirection;
 use std::collections::{HashMap, HashSet};
@@ -28,75 +29,6 @@ use tokio::time::Instant;
 
 /// How often the watcher looks for new connections and due resets.
 const POLL: Duration = Duration::from_millis(5);
-
-/// A TCP socket of this process, by its addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Endpoints {
-    pub local: SocketAddr,
-    pub peer: SocketAddr,
-}
-
-fn sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match storage.ss_family as libc::c_int {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
-            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
-            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
-        }
-        _ => None,
-    }
-}
-
-fn name_of(
-    fd: libc::c_int,
-    call: unsafe extern "C" fn(
-        libc::c_int,
-        *mut libc::sockaddr,
-        *mut libc::socklen_t,
-    ) -> libc::c_int,
-) -> Option<SocketAddr> {
-    // SAFETY: a zeroed sockaddr_storage is valid, and the length tells the kernel its size.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: storage and len are valid for writing; a closed fd only yields an error.
-    let rc = unsafe { call(fd, &mut storage as *mut _ as *mut libc::sockaddr, &mut len) };
-    if rc == 0 {
-        sockaddr(&storage)
-    } else {
-        None
-    }
-}
-
-fn endpoints(fd: libc::c_int) -> Option<Endpoints> {
-    Some(Endpoints {
-        local: name_of(fd, libc::getsockname)?,
-        peer: name_of(fd, libc::getpeername)?,
-    })
-}
-
-/// Every connected socket of this process: descriptor and addresses.
-pub fn sockets() -> Vec<(libc::c_int, Endpoints)> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
-    dir.filter_map(|entry| {
-        let entry = entry.ok()?;
-        let target = std::fs::read_link(entry.path()).ok()?;
-        if !target.to_string_lossy().starts_with("socket:") {
-            return None;
-        }
-        let fd: libc::c_int = entry.file_name().to_str()?.parse().ok()?;
-        Some((fd, endpoints(fd)?))
-    })
-    .collect()
-}
 
 /// Send an RST on the socket with these addresses, if it is still open.
 pub fn reset(socket: Endpoints) -> bool {

@@ -11,15 +11,18 @@
 //! holds up to 1024 chunks) while the connection goes on, so the peer would see
 //! bytes vanish from the middle of a TCP stream, which no real network does. A
 //! change that would do that closes the proxy's open connections instead, as a
-//! disable does, and listens again with the new toxics (`Proxy::change`).
+//! disable does, and listens again with the new toxics (`Proxy::change`). So
+//! does removing a `timeout` toxic: the bytes it discarded are a hole in each
+//! open connection's stream, and Toxiproxy's timeout toxic closes its
+//! connections when it is removed.
 
+use crate::cable;
 use crate::error::ApiError;
 use crate::fields;
 use crate::reset;
 use crate::toxics::{self, ApiToxic};
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
-use noxious::socket::TcpListener;
 use noxious::state::SharedProxyInfo;
 use noxious::toxic::{
     StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult, ToxicKind,
@@ -228,7 +231,7 @@ impl Proxy {
         config.listen = resolve_listen(&config.listen)?;
         config.enabled = true;
         let (listener, info) =
-            ProxyRunner::initialize_proxy::<TcpListener>(config.clone(), self.library_toxics())
+            ProxyRunner::initialize_proxy::<cable::Listener>(config.clone(), self.library_toxics())
                 .await
                 .map_err(|err| {
                     ApiError::internal(format!("listen tcp {}: {err}", config.listen))
@@ -327,20 +330,54 @@ impl Proxy {
             })
     }
 
-    /// Change the toxic list, on open connections too, without ever dropping bytes mid-stream.
+    /// Whether the change takes a `timeout` toxic (or a `reset_peer`, which the library runs
+    /// as one) off connections whose bytes it may have discarded.
     ///
-    /// Through the library's event when its rebuild is lossless; otherwise the
-    /// open connections are closed (their peers see a close, not a gap) and the
-    /// proxy listens again at once with the new list.
+    /// Those connections would go on from wherever the discarded bytes left their streams,
+    /// a hole no TCP connection can have. Toxiproxy closes them: its timeout toxic's cleanup,
+    /// run when the toxic is removed, closes each connection's link. An update that keeps
+    /// the toxic discarding on every connection (a timeout toxic at toxicity 1) leaves them
+    /// open; one that lowers its toxicity could let some of them pass again, so it closes
+    /// them too (Toxiproxy would leave them open with the hole).
+    fn ends_a_discard(&self, kind: &ToxicEventKind) -> bool {
+        let discards = |t: &Toxic| matches!(t.kind, ToxicKind::Timeout { .. });
+        let was_discarding = |name: &str| {
+            self.toxics
+                .iter()
+                .any(|t| t.name() == name && discards(&t.toxic))
+        };
+        match kind {
+            ToxicEventKind::RemoveToxic(name) => was_discarding(name),
+            ToxicEventKind::UpdateToxic(new) => {
+                was_discarding(&new.name) && !(discards(new) && new.toxicity >= 1.0)
+            }
+            _ => false,
+        }
+    }
+
+    /// Change the toxic list, on open connections too, without ever letting a stream
+    /// through with bytes missing from its middle.
+    ///
+    /// Through the library's event when its rebuild is lossless and no discarded
+    /// bytes are behind the change; otherwise the open connections are closed (their
+    /// peers see a close, not a gap) and the proxy listens again at once with the new
+    /// list.
     async fn change(
         &mut self,
         kind: ToxicEventKind,
         edit: impl FnOnce(&mut Vec<ApiToxic>),
     ) -> Result<(), ApiError> {
-        if self.running.is_some() && self.rebuild_drops_bytes() {
+        let why = if self.ends_a_discard(&kind) {
+            Some("a timeout toxic discarded bytes of their streams")
+        } else if self.rebuild_drops_bytes() {
+            Some("the library would drop the bytes their toxics hold")
+        } else {
+            None
+        };
+        if let (Some(why), true) = (why, self.running.is_some()) {
             eprintln!(
                 "brokerchaos-toxiproxy: proxy {}: closing open connections for a toxic change \
-                 (the library would drop the bytes their toxics hold)",
+                 ({why})",
                 self.config.name
             );
             self.stop().await;
