@@ -23,6 +23,7 @@ from harness.spec.history import FIELDS, OPTIONAL_FIELDS, body_digest, message_b
 from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
+    UNAVAILABLE_S,
     AttributionRow,
     Budgets,
     Corruption,
@@ -30,9 +31,11 @@ from harness.spec.results import (
     Delivery,
     Drain,
     DrainOp,
+    DrainRound,
     EmptyNode,
     ExposureRow,
     FaultWindow,
+    Liveness,
     LostAttribution,
     LostCauseRow,
     MessageDetail,
@@ -42,6 +45,8 @@ from harness.spec.results import (
     SplitBrainCopy,
     UnflaggedRedelivery,
 )
+
+from ._liveness import NS_PER_S, LiveFacts, describe_overrun, describe_unavailable, liveness
 
 HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
 """What the checkers read of the contract's fields (``wall_time`` is for people)."""
@@ -54,7 +59,6 @@ MAX_TIMELINE_BUCKETS = 3600
 """Timeline buckets are one second wide until a run is longer than this many seconds."""
 ID_RE = re.compile(r"(.*):([0-9]{1,18})", re.S)
 """producer:seq; the Spark job splits ids by the same rule in string functions (_spark_sql.producer_and_seq)."""
-NS_PER_S = 1_000_000_000
 
 
 NEVER_DELIVERED = "never delivered"
@@ -202,6 +206,23 @@ def _whole(value: Any, where: str, *, null_ok: bool) -> int | None:
     return value
 
 
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ScenarioError(
+            f"scenario {where} must be a number of seconds > 0, not {value!r}: fix the scenario file"
+        )
+    return float(value)
+
+
+def recovery_budget_of(value: Any) -> float | dict[str, float] | None:
+    """``budgets.recovery_s``: seconds for every fault kind, or a mapping from fault kind to seconds."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _seconds(v, f"budgets.recovery_s.{k}") for k, v in sorted(value.items())}
+    return _seconds(value, "budgets.recovery_s")
+
+
 def scenario_params(scenario: dict | None) -> Params:
     """Read seed, workload.message_size and budgets from a scenario dict.
 
@@ -225,14 +246,16 @@ def scenario_params(scenario: dict | None) -> Params:
         raw = {}
     if not isinstance(raw, dict):
         raise ScenarioError(f"scenario budgets must be a mapping, not {raw!r}: fix the scenario file")
-    unknown = sorted(set(raw) - {"duplicated", "resurrected"})
+    unknown = sorted(set(raw) - {"duplicated", "resurrected", "recovery_s"})
     if unknown:
         raise ScenarioError(
-            f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; use duplicated and resurrected"
+            f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; "
+            "use duplicated, resurrected and recovery_s"
         )
     budgets = Budgets(
         duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
         resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True),
+        recovery_s=recovery_budget_of(raw.get("recovery_s")),
     )
     return Params(
         seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict)
@@ -320,6 +343,21 @@ def _node_view(v: Any) -> dict:
     return {k: view.get(k) for k in ("consumed", "ready", "unacked", "empty_at_ns", "error")}
 
 
+def _round(x: dict) -> DrainRound:
+    errors = x.get("errors")
+    empty = x.get("empty")
+    return DrainRound(
+        end_ns=_int_or(x.get("end_ns"), 0),
+        consumed=_int_or(x.get("consumed"), 0),
+        empty=[str(n) for n in empty] if isinstance(empty, list) else [],
+        errors={str(n): str(e) for n, e in errors.items()} if isinstance(errors, dict) else {},
+    )
+
+
+def _int_or(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
     """Pair each drain invoke with the next completion of the same drainer and queue."""
     ops: list[DrainOp] = []
@@ -335,6 +373,8 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
                 error=None,
                 consumed=None,
                 nodes={},
+                rounds=[],
+                end_ns=None,
             )
             ops.append(op)
             open_ops.setdefault(key, []).append((r["index"], op))
@@ -351,6 +391,9 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
         op["error"] = r.get("error")
         op["consumed"] = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
         op["nodes"] = {str(n): _node_view(v) for n, v in sorted(nodes.items())}
+        op["end_ns"] = r["time_ns"]
+        rounds = value.get("rounds")
+        op["rounds"] = [_round(x) for x in rounds if isinstance(x, dict)] if isinstance(rounds, list) else []
         for n, v in op["nodes"].items():
             t = v["empty_at_ns"]
             if isinstance(t, int) and not isinstance(t, bool):
@@ -499,6 +542,7 @@ class Facts:
     availability: dict[str, tuple[int, int]]  # window id or "outside" -> (attempts, confirmed)
     timeline: list[tuple[int, str | None, str | None, int]]
     latency_timeline: list[tuple[int, int, int, int]]  # bucket, n, sum_us, max_us
+    live: LiveFacts = field(default_factory=LiveFacts)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -583,26 +627,44 @@ def _over(count: int, budget: int | None) -> bool:
     return budget is not None and count > budget
 
 
-def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, str]:
-    """LOST and INTEGRITY first, then the budgets (certain even when the drain is not), then unknown."""
+def _verdict(counts: Counts, drain: Drain, budgets: Budgets, live: Liveness) -> tuple[Any, Any, str]:
+    """LOST and INTEGRITY first, then the budgets (certain even when the drain is not), then a queue
+    that never came back or came back over its recovery budget, then unknown. A safety verdict
+    says the liveness finding beside it."""
     lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
+    unreachable = counts["unreachable"]
+    down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
+    down += [describe_overrun(r) for r in live["recovery"] if r["over_budget"]]
+    also = (
+        f"; also unavailable: {down[0]}" + (f" (and {len(down) - 1} more)" if len(down) > 1 else "")
+        if down
+        else ""
+    )
     bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
     bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
     if lost and drain["completed"]:
         extra = f" (and {'; '.join(bad)})" if bad else ""
-        return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}"
+        return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}{also}"
     if bad:
-        return False, "INTEGRITY", "messages: " + "; ".join(bad)
+        return False, "INTEGRITY", "messages: " + "; ".join(bad) + also
     for name, verdict, what in (
         ("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
         ("duplicated", "DUPLICATED", "consumed (acked ok) more than once"),
     ):
         budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
         if _over(count, budget):
-            return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}"
-    if lost:
+            return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}{also}"
+    if down:
+        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+        return False, "UNAVAILABLE", down[0] + more
+    if unreachable:
         why = "no drain was recorded" if drain["invoked"] == 0 else "the final drain did not complete"
-        return "unknown", "unknown", f"{lost:,} confirmed messages unconsumed, but {why}"
+        return (
+            "unknown",
+            "unknown",
+            f"{unreachable:,} confirmed messages unconsumed (unreachable, not known lost), but {why} "
+            "although every queue answered after the last heal",
+        )
     confirmed, unknown_acks = counts["confirmed"], counts["ack_unknown"]
     if unknown_acks:
         return (
@@ -641,7 +703,23 @@ COUNT_KEYS = (
 
 
 def _counts(ctx: Context, c: dict[str, int]) -> Counts:
-    return Counts(**{k: int(c[k]) for k in COUNT_KEYS}, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+    """The engine's ``lost`` (confirmed, never consumed) is lost only after a completed drain;
+    otherwise those messages are unreachable."""
+    out = {k: int(c[k]) for k in COUNT_KEYS}
+    out["unreachable"] = 0 if ctx.drain["completed"] else out["lost"]
+    out["lost"] = out["lost"] if ctx.drain["completed"] else 0
+    return Counts(**out, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+
+
+def live_of(ctx: Context, live: LiveFacts) -> Liveness:
+    return liveness(
+        live,
+        windows=ctx.windows,
+        drain_ops=ctx.drain["ops"],
+        end_ns=ctx.end_ns,
+        budgets=ctx.params.budgets,
+        threshold_ns=UNAVAILABLE_S * NS_PER_S,
+    )
 
 
 def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
@@ -649,12 +727,17 @@ def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
 
 
 def summarize(
-    engine: str, ctx: Context, counts: dict[str, int], exposure_rows: list[tuple[str, int, int]]
+    engine: str,
+    ctx: Context,
+    counts: dict[str, int],
+    exposure_rows: list[tuple[str, int, int]],
+    live: LiveFacts,
 ) -> dict[str, Any]:
     """What grading reads of a run's results (verdict, validity, reason, counts, drain, exposure per
-    fault kind), computed as ``assemble`` computes them: for a job that checks many runs at once."""
+    fault kind, liveness), computed as ``assemble`` computes them: for a job that checks many runs at once."""
     c = _counts(ctx, counts)
-    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets)
+    lv = live_of(ctx, live)
+    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets, lv)
     return {
         "engine": engine,
         "valid": valid,
@@ -663,6 +746,8 @@ def summarize(
         "counts": c,
         "drain": ctx.drain,
         "attribution": {"exposure": _exposure(exposure_rows)},
+        "faults": ctx.windows,
+        "liveness": lv,
     }
 
 
@@ -670,7 +755,8 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     """Build the results dict identically for both engines."""
     counts = _counts(ctx, facts.counts)
     budgets = ctx.params.budgets
-    valid, verdict, reason = _verdict(counts, ctx.drain, budgets)
+    live = live_of(ctx, facts.live)
+    valid, verdict, reason = _verdict(counts, ctx.drain, budgets, live)
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:
         notes.append(
@@ -716,7 +802,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         budgets=budgets,
         counts=counts,
         lost=[d["id"] for d in lost_detail],
-        lost_truncated=counts["lost"] > len(lost_detail),
+        lost_truncated=counts["lost"] + counts["unreachable"] > len(lost_detail),
         lost_detail=lost_detail,
         lost_by_cause=[
             LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
@@ -757,6 +843,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         },
         faults=ctx.windows,
         drain=ctx.drain,
+        liveness=live,
         end_ns=ctx.end_ns,
     )
 

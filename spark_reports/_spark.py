@@ -42,6 +42,7 @@ from ._common import (
     summarize,
 )
 from ._spark_ids import DELIVERY, Unit, classify, events
+from ._spark_live import live_parts, parse_live
 from ._spark_ranks import Ranks
 from ._spark_scope import Scope
 from ._spark_session import spark_session
@@ -177,12 +178,13 @@ def aggregate_runs(
     job = _Job(spark, h, Scope(spark, ctxs), sum(c.ops for c in ctxs.values()), names)
     try:
         metrics = job.aggregates()
+        live = parse_live(collect_parts(live_parts(h, job.scope)), len(ctxs))
     finally:
         job.release()
     out = []
     for i, ctx in ctxs.items():
         m = metrics.get(i) or _Metrics.empty()
-        out.append(summarize("spark", ctx, m.counts, m.exposure_rows))
+        out.append(summarize("spark", ctx, m.counts, m.exposure_rows, live[i]))
     return out
 
 
@@ -340,7 +342,14 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
-        first = collect_parts([tagged(self.metric_rows(j, units), "metrics"), self.list_part(j)])
+        first = collect_parts(
+            [
+                tagged(self.metric_rows(j, units), "metrics"),
+                self.list_part(j),
+                *live_parts(self.h, self.scope),
+            ]
+        )
+        live = parse_live(first, 1)[0]
         metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
@@ -393,6 +402,7 @@ class _Job:
             availability=metrics.availability,
             timeline=metrics.timeline,
             latency_timeline=metrics.latency_timeline,
+            live=live,
         )
 
     def per_id(self, ev: Any) -> tuple[Any, Any, list[Unit]]:

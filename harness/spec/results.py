@@ -22,8 +22,11 @@ from typing import Literal, TypedDict
 SCHEMA_VERSION = 2
 LIST_CAP = 1000
 """Lists of message ids (lost, unexpected, ...) are capped so results stay small."""
+UNAVAILABLE_S = 5
+"""Liveness: a gap longer than this (seconds) with no ``ok`` operation of a kind on a queue is an
+unavailable window (``UnavailableWindow``)."""
 
-Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "unknown"]
+Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"]
 Valid = bool | Literal["unknown"]
 LostCause = Literal["never delivered", "abandoned delivery never redelivered", "delivered, never acked"]
 
@@ -41,7 +44,8 @@ class Counts(TypedDict):
     consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
     consumed_total: int  # ack ok records (schema 1: consume ok records)
     abandoned: int  # abandon ops: deliveries a consumer gave back unacked
-    lost: int  # confirmed, never consumed, and not ack_unknown
+    lost: int  # confirmed, never consumed, not ack_unknown, and the final drain completed
+    unreachable: int  # the same, but the final drain did not complete: behind a queue that did not answer, not known lost
     ack_unknown: int  # confirmed, never acked ok, but an ack of it ended info and no delivery followed it
     unexpected: int  # consumed, never attempted
     corrupted: int  # attempted ids with a delivery whose body digest is not the one sent
@@ -251,6 +255,15 @@ class OrderViolation(TypedDict):
     index: int
 
 
+class DrainRound(TypedDict):
+    """One round of a drain op through every node (recorded by the drainer in its value)."""
+
+    end_ns: int  # history time the round ended
+    consumed: int  # acked ok by the drain so far
+    empty: list[str]  # nodes that reported the queue empty in this round
+    errors: dict[str, str]  # nodes that did not, with what they said
+
+
 class DrainOp(TypedDict):
     """One drain op (per drainer and queue) as its completion reported it."""
 
@@ -260,6 +273,8 @@ class DrainOp(TypedDict):
     error: str | None
     consumed: int | None
     nodes: dict[str, dict]  # node -> {consumed, ready, unacked, empty_at_ns, error} as the drainer saw it
+    rounds: list[DrainRound]  # every round it went through, where the drainer recorded them
+    end_ns: int | None  # time of its completion
 
 
 class Drain(TypedDict):
@@ -270,10 +285,111 @@ class Drain(TypedDict):
 
 
 class Budgets(TypedDict):
-    """From the scenario's ``budgets`` section; None means no limit."""
+    """From the scenario's ``budgets`` section; None means no limit.
+
+    ``recovery_s``: seconds from a fault's heal to the queue's recovery (``Recovery.recovery_ns``),
+    one number for every fault kind or a mapping from fault kind to seconds (kinds it does not
+    name have no limit).
+    """
 
     duplicated: int | None
     resurrected: int | None
+    recovery_s: float | dict[str, float] | None
+
+
+LiveKind = Literal["publish", "consume"]
+"""What liveness measures per queue: ``publish`` ok (confirmed) and ``consume`` (an ack that
+completed ok; in a schema-1 history, a delivery)."""
+
+
+class NodeRecovery(TypedDict):
+    """After one heal, through one node (where clients are pinned to nodes, this is that node's
+    recovery): nanoseconds from the heal to the first ok op of each kind there, None if none."""
+
+    node: str | None
+    publish_ok_ns: int | None
+    consume_ok_ns: int | None
+
+
+class Recovery(TypedDict):
+    """One fault step and one queue: how long after the step's heal the queue worked again.
+
+    A kind counts once it was asked for after the heal: ``publish`` when a publish was invoked
+    on the queue at or after the heal, ``consume`` always (consumers or the final drain read
+    every queue). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
+    completing ok (every node answered that it is empty), whichever is first.
+    """
+
+    fault_id: str
+    kind: str  # the fault's kind
+    node: str | None  # the fault's target
+    queue: str
+    healed: bool  # a heal naming the step completed ok (otherwise nothing is measured)
+    heal_ns: int | None
+    publish_demand: bool
+    publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node
+    consume_ok_ns: int | None  # heal -> first consume ok (or drain ok) on the queue, any node
+    recovery_ns: int | None  # heal -> the later of the two (publish only when asked for); None: not recovered
+    recovered: bool
+    budget_s: float | None  # budgets.recovery_s for this fault kind
+    over_budget: bool  # not recovered, or recovered later than the budget
+    nodes: list[NodeRecovery]  # every node a client op of the queue went through, by name
+
+
+class UnavailableWindow(TypedDict):
+    """A stretch longer than ``Liveness.threshold_ns`` in which no op of ``kind`` on ``queue``
+    completed ok, between two oks or an end of the queue's span (``QueueLiveness``)."""
+
+    queue: str
+    kind: LiveKind
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    ended_by_ok: bool  # False: it ran to the end of the span (the kind never came back)
+    fault_ids: list[str]  # fault windows it overlaps
+
+
+class QueueLiveness(TypedDict):
+    """One queue and kind over the run. The span starts at the first publish invoke on the queue
+    and ends at the last publish record (``publish``) or at the end of the queue's last drain op,
+    else the history's end (``consume``)."""
+
+    queue: str
+    kind: LiveKind
+    span_start_ns: int
+    span_end_ns: int
+    ok: int  # ok ops of the kind on the queue
+    first_ok_ns: int | None
+    last_ok_ns: int | None
+    unavailable_ns: int  # summed over its unavailable windows
+    available_share: float | None  # 1 - unavailable / span; None for an empty span
+    longest_ns: int  # its longest unavailable window, 0 if none
+
+
+class UnavailableQueue(TypedDict):
+    """A queue with no ok op of any kind (and no completed drain) after the last heal."""
+
+    queue: str
+    since_ns: int  # its last ok op of any kind, else the start of its span
+    fault_id: str  # the step whose heal was the last
+    fault_kind: str
+    heal_ns: int
+    nodes: dict[str, str | None]  # what each node said to the last drain op of the queue (its error)
+    drain_rounds: int | None  # rounds that drain op went through, where it recorded them
+    log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
+
+
+class Liveness(TypedDict):
+    """Did the broker come back after each fault, and how long did it take."""
+
+    threshold_ns: int  # UNAVAILABLE_S in nanoseconds
+    recovery: list[Recovery]  # by fault window, then queue
+    windows: list[UnavailableWindow]  # by start, queue, kind
+    queues: list[QueueLiveness]
+    longest_outage_ns: int  # the longest unavailable window of any queue and kind
+    available_share: float | None  # over every queue and kind: 1 - unavailable / span, summed
+    unavailable: list[UnavailableQueue]  # never recovered after the last heal: verdict UNAVAILABLE
+    over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
 
 
 class Results(TypedDict):
@@ -307,6 +423,7 @@ class Results(TypedDict):
     timeline: Timeline
     faults: list[FaultWindow]
     drain: Drain
+    liveness: Liveness
     end_ns: int
 
 

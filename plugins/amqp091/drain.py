@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
-from harness.spec.client import DrainUnfinished, drain_rounds, reason
+from harness.spec.client import DrainUnfinished, add_round, drain_rounds, reason
 from plugins.amqp091.consumer import RECONNECT_DELAY, Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
@@ -78,6 +78,7 @@ class Drain:
         # Leave a node that stays non-empty with nothing acked for this long; come back next round.
         self.patience = max(10.0, 4 * idle)
         self.views = {n: NodeView() for n in nodes}
+        self.rounds: list[dict[str, Any]] = []
         self.total = 0
         self.loop = asyncio.get_running_loop()
         self.deadline = self.loop.time() + timeout
@@ -86,12 +87,22 @@ class Drain:
         return self.deadline - self.loop.time()
 
     def value(self) -> dict[str, Any]:
-        return {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}}
+        return {
+            "consumed": self.total,
+            "nodes": {n: asdict(v) for n, v in self.views.items()},
+            "rounds": self.rounds,
+        }
+
+    def _round(self, empty: list[str]) -> None:
+        errors = {n: v.error for n, v in self.views.items()}
+        add_round(self.rounds, self.recorder.now_ns(), self.total, empty, errors)
 
     async def run(self) -> int:
         inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            end = await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY)
+            end = await drain_rounds(
+                self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY, on_round=self._round
+            )
             if end.empty:
                 inv.ok(self.value())
                 return self.total

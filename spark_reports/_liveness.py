@@ -1,0 +1,289 @@
+"""Liveness from the few figures each engine computes: did every queue come back after each
+fault, how long it took, and when nothing worked.
+
+An engine reduces the history to ``LiveFacts`` (per queue, kind and node: how many ok ops,
+the first and last, and the first at or after each heal; the gaps between consecutive ok ops
+longer than the threshold; per queue the publish span). Everything else (recovery per fault
+step, unavailable windows and the fault windows they overlap, shares, the queues that never
+came back) is built here once, so the two engines cannot drift on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.spec.results import (
+    Budgets,
+    DrainOp,
+    FaultWindow,
+    LiveKind,
+    Liveness,
+    NodeRecovery,
+    QueueLiveness,
+    Recovery,
+    UnavailableQueue,
+    UnavailableWindow,
+)
+
+KINDS: tuple[LiveKind, ...] = ("publish", "consume")
+NS_PER_S = 1_000_000_000
+
+NodeKey = tuple[str, str, str | None]
+"""(queue, kind, node) of ok ops."""
+
+
+@dataclass
+class NodeOks:
+    """The ok ops of one kind on one queue through one node."""
+
+    count: int
+    first_ns: int
+    last_ns: int
+    after_heal: list[int | None]  # per fault window (``Context.windows``): first ok at or after its heal
+
+
+@dataclass
+class LiveFacts:
+    """What an engine computes for liveness (exactly; both engines agree on every field)."""
+
+    oks: dict[NodeKey, NodeOks] = field(default_factory=dict)
+    gaps: list[tuple[str, str, int, int]] = field(default_factory=list)  # queue, kind, ok, next ok
+    # queue -> (first publish invoke, last publish record of any type, last publish invoke)
+    publish: dict[str, tuple[int | None, int, int | None]] = field(default_factory=dict)
+
+
+def heal_times(windows: list[FaultWindow]) -> list[int | None]:
+    """Per fault window, the time its heal completed (None: never healed)."""
+    return [w["end_ns"] if w["healed"] else None for w in windows]
+
+
+def recovery_budget(budgets: Budgets, kind: str) -> float | None:
+    raw = budgets.get("recovery_s")
+    if isinstance(raw, dict):
+        return raw.get(kind)
+    return raw
+
+
+def _min(values: list[int | None]) -> int | None:
+    got = [v for v in values if v is not None]
+    return min(got) if got else None
+
+
+def _since(t: int | None, h: int) -> int | None:
+    return None if t is None else t - h
+
+
+def _overlapping(windows: list[FaultWindow], a: int, b: int) -> list[str]:
+    return [w["fault_id"] for w in windows if w["start_ns"] <= b and w["end_ns"] >= a]
+
+
+def liveness(
+    facts: LiveFacts,
+    *,
+    windows: list[FaultWindow],
+    drain_ops: list[DrainOp],
+    end_ns: int,
+    budgets: Budgets,
+    threshold_ns: int,
+) -> Liveness:
+    heals = heal_times(windows)
+    queues = sorted({q for q, _k, _n in facts.oks} | set(facts.publish))
+    drains: dict[str, list[DrainOp]] = {}
+    for op in drain_ops:
+        if op["queue"] is not None:
+            drains.setdefault(op["queue"], []).append(op)
+
+    def agg(q: str, k: str) -> tuple[int, int | None, int | None, list[int | None]]:
+        rows = [v for (qq, kk, _n), v in facts.oks.items() if qq == q and kk == k]
+        after = [_min([r.after_heal[i] for r in rows]) for i in range(len(windows))]
+        if not rows:
+            return 0, None, None, after
+        return sum(r.count for r in rows), min(r.first_ns for r in rows), max(r.last_ns for r in rows), after
+
+    queue_rows: list[QueueLiveness] = []
+    out_windows: list[UnavailableWindow] = []
+    recovery: list[Recovery] = []
+    unavailable: list[UnavailableQueue] = []
+    per_queue: dict[str, dict[str, tuple[int, int | None, int | None, list[int | None]]]] = {}
+    for q in queues:
+        per = per_queue[q] = {k: agg(q, k) for k in KINDS}
+        first_inv, last_pub, _last_inv = facts.publish.get(q, (None, 0, None))
+        firsts = [f for _n, f, _l, _a in per.values() if f is not None]
+        start = first_inv if first_inv is not None else min(firsts) if firsts else end_ns
+        drain_ends = [op["end_ns"] for op in drains.get(q, []) if op["end_ns"] is not None]
+        ends: dict[str, int | None] = {
+            "publish": last_pub if q in facts.publish else per["publish"][2],
+            "consume": max(drain_ends) if drain_ends else end_ns,
+        }
+        for k in KINDS:
+            count, first, last, _after = per[k]
+            stop = ends[k]
+            span_end = max(stop if stop is not None else start, start)
+            found: list[tuple[int, int, bool]] = [
+                (a, b, True) for qq, kk, a, b in facts.gaps if qq == q and kk == k
+            ]
+            if first is None or last is None:
+                found.append((start, span_end, False))
+            else:
+                found.append((start, first, True))
+                found.append((last, span_end, False))
+            ws = sorted({(a, b, by_ok) for a, b, by_ok in found if b - a > threshold_ns})
+            for a, b, by_ok in ws:
+                out_windows.append(
+                    UnavailableWindow(
+                        queue=q,
+                        kind=k,
+                        start_ns=a,
+                        end_ns=b,
+                        duration_ns=b - a,
+                        ended_by_ok=by_ok,
+                        fault_ids=_overlapping(windows, a, b),
+                    )
+                )
+            down = sum(b - a for a, b, _ in ws)
+            span = span_end - start
+            queue_rows.append(
+                QueueLiveness(
+                    queue=q,
+                    kind=k,
+                    span_start_ns=start,
+                    span_end_ns=span_end,
+                    ok=count,
+                    first_ok_ns=first,
+                    last_ok_ns=last,
+                    unavailable_ns=down,
+                    available_share=(1 - down / span) if span > 0 else None,
+                    longest_ns=max((b - a for a, b, _ in ws), default=0),
+                )
+            )
+    for i, w in enumerate(windows):
+        h = heals[i]
+        budget = recovery_budget(budgets, w["kind"])
+        for q in queues:
+            recovery.append(_recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget))
+    healed = [(h, i) for i, h in enumerate(heals) if h is not None]
+    if healed:
+        last_heal, li = max(healed, key=lambda x: (x[0], -x[1]))
+        w = windows[li]
+        for r in recovery:
+            if (
+                r["fault_id"] != w["fault_id"]
+                or r["publish_ok_ns"] is not None
+                or r["consume_ok_ns"] is not None
+            ):
+                continue
+            q = r["queue"]
+            lasts = [x[2] for x in per_queue[q].values() if x[2] is not None]
+            ops = drains.get(q, [])
+            last_op = ops[-1] if ops else None
+            unavailable.append(
+                UnavailableQueue(
+                    queue=q,
+                    since_ns=max(lasts)
+                    if lasts
+                    else next(x for x in queue_rows if x["queue"] == q)["span_start_ns"],
+                    fault_id=w["fault_id"],
+                    fault_kind=w["kind"],
+                    heal_ns=last_heal,
+                    nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
+                    drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
+                    log=[],
+                )
+            )
+    longest = max((x["duration_ns"] for x in out_windows), default=0)
+    spans = sum(x["span_end_ns"] - x["span_start_ns"] for x in queue_rows)
+    down_all = sum(x["unavailable_ns"] for x in queue_rows)
+    return Liveness(
+        threshold_ns=threshold_ns,
+        recovery=recovery,
+        windows=sorted(out_windows, key=lambda x: (x["start_ns"], x["queue"], x["kind"], x["end_ns"])),
+        queues=queue_rows,
+        longest_outage_ns=longest,
+        available_share=(1 - down_all / spans) if spans > 0 else None,
+        unavailable=unavailable,
+        over_budget=[f"{r['fault_id']} {r['queue']}" for r in recovery if r["over_budget"]],
+    )
+
+
+def _recovery(
+    facts: LiveFacts,
+    w: FaultWindow,
+    i: int,
+    h: int | None,
+    q: str,
+    per: dict[str, tuple[int, int | None, int | None, list[int | None]]],
+    drains: list[DrainOp],
+    budget: float | None,
+) -> Recovery:
+    node_names = sorted({n for (qq, _k, n) in facts.oks if qq == q and n is not None})
+    if h is None:
+        return Recovery(
+            fault_id=w["fault_id"],
+            kind=w["kind"],
+            node=w["node"],
+            queue=q,
+            healed=False,
+            heal_ns=None,
+            publish_demand=False,
+            publish_ok_ns=None,
+            consume_ok_ns=None,
+            recovery_ns=None,
+            recovered=False,
+            budget_s=budget,
+            over_budget=False,
+            nodes=[NodeRecovery(node=n, publish_ok_ns=None, consume_ok_ns=None) for n in node_names],
+        )
+    last_inv = facts.publish.get(q, (None, 0, None))[2]
+    demand = last_inv is not None and last_inv >= h
+    pub = _since(per["publish"][3][i], h)
+    drain_ok = _min([op["end_ns"] for op in drains if op["outcome"] == "ok" and (op["end_ns"] or -1) >= h])
+    cons = _since(_min([per["consume"][3][i], drain_ok]), h)
+    recovered = cons is not None and (pub is not None or not demand)
+    took = max(cons or 0, pub or 0 if demand else 0) if recovered else None
+    over = budget is not None and (took is None or took > budget * NS_PER_S)
+
+    def node_first(kind: str, n: str) -> int | None:
+        got = facts.oks.get((q, kind, n))
+        return _since(got.after_heal[i], h) if got is not None else None
+
+    return Recovery(
+        fault_id=w["fault_id"],
+        kind=w["kind"],
+        node=w["node"],
+        queue=q,
+        healed=True,
+        heal_ns=h,
+        publish_demand=demand,
+        publish_ok_ns=pub,
+        consume_ok_ns=cons,
+        recovery_ns=took,
+        recovered=recovered,
+        budget_s=budget,
+        over_budget=over,
+        nodes=[
+            NodeRecovery(
+                node=n, publish_ok_ns=node_first("publish", n), consume_ok_ns=node_first("consume", n)
+            )
+            for n in node_names
+        ],
+    )
+
+
+def describe_unavailable(u: UnavailableQueue, unreachable: int) -> str:
+    """The one line an UNAVAILABLE verdict gives for a queue that never came back."""
+    said = "; ".join(f"{n}: {e}" for n, e in u["nodes"].items() if e)
+    rounds = f" in {u['drain_rounds']} drain rounds" if u["drain_rounds"] else ""
+    behind = f"; {unreachable:,} confirmed messages unreachable behind it" if unreachable else ""
+    return (
+        f"queue {u['queue']} never recovered: no publish or consume ok since "
+        f"{u['since_ns'] / NS_PER_S:.1f}s, after the heal of {u['fault_id']} ({u['fault_kind']}) at "
+        f"{u['heal_ns'] / NS_PER_S:.1f}s" + (f"; the nodes said{rounds}: {said}" if said else "") + behind
+    )
+
+
+def describe_overrun(r: Recovery) -> str:
+    took = "never" if r["recovery_ns"] is None else f"{r['recovery_ns'] / NS_PER_S:.1f}s after the heal"
+    return (
+        f"queue {r['queue']} recovered {took} of {r['fault_id']} ({r['kind']}), over the recovery budget "
+        f"of {r['budget_s']:g}s"
+    )
