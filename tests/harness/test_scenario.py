@@ -271,7 +271,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("budgets", [1], "budgets: expected a mapping, got list"),
         ("budgets", {"duplicated": -1}, "budgets.duplicated: -1 is out of range; allowed >= 0"),
         ("budgets", {"resurrected": 1.5}, "budgets.resurrected: expected an integer"),
-        ("budgets", {"lost": 0}, "budgets.lost: unknown field; allowed: duplicated, resurrected"),
+        ("budgets", {"lost": 0}, "budgets.lost: unknown field; allowed: duplicated, recovery_s, resurrected"),
+        ("budgets", {"recovery_s": 0}, "budgets.recovery_s: 0 is out of range; allowed: seconds > 0"),
+        ("budgets", {"recovery_s": "30s"}, "budgets.recovery_s: expected a number"),
+        ("budgets", {"recovery_s": {"partition": -1}}, "budgets.recovery_s.partition: -1 is out of range"),
+        ("budgets", {"recovery_s": {}}, "budgets.recovery_s: an empty mapping"),
     ],
 )
 def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> None:
@@ -424,13 +428,13 @@ def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
                 "slow_ack_ms": 0,
             },
         },
-        "budgets": {"duplicated": 0, "resurrected": None},
+        "budgets": {"duplicated": 0, "resurrected": None, "recovery_s": {"partition": 30}},
     }
     sc = S.from_dict(data)
     assert sc.workload.consumer == S.ConsumerSection(0.25, 10.0, 15.5, 0.1, 3, 0)
-    assert sc.budgets == S.Budgets(duplicated=0, resurrected=None)
+    assert sc.budgets == S.Budgets(duplicated=0, resurrected=None, recovery_s={"partition": 30.0})
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
-    assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None}
+    assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None, "recovery_s": {"partition": 30.0}}
 
 
 @pytest.mark.parametrize(
