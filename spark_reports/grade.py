@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.spec.results import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
+from harness.spec.results import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict, compose_verdicts
 
 from ._common import HistoryError
 
@@ -38,8 +38,9 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 FEW_RUNS = 10
 """Below this many graded runs percentile bootstrap intervals tend to be too narrow; the text says so."""
-VERDICT_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
-"""How verdict counts are listed; a verdict not named here (a checker may add one) follows them."""
+LISTING_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
+"""How verdict counts are listed (not their rank, which is ``harness.spec.results.VERDICT_ORDER``);
+a verdict not named here follows them."""
 
 
 # -- exact binomial intervals ---------------------------------------------------------------
@@ -193,16 +194,6 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     )
 
 
-def _worst(verdicts: Sequence[Verdict]) -> Verdict:
-    """LOST first, then any other failure, then unknown; durable only when every run was."""
-    if "LOST" in verdicts:
-        return "LOST"
-    failures = [v for v in verdicts if v not in ("durable", "unknown")]
-    if failures:
-        return failures[0]
-    return "unknown" if "unknown" in verdicts or not verdicts else "durable"
-
-
 def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     rows = (res.get("attribution") or {}).get("exposure") or []
     return {r["fault_kind"]: (int(r["lost"]), int(r["confirmed"])) for r in rows}
@@ -225,10 +216,10 @@ def grade_results(
         exposures.append(_exposure(res))
     seen = sorted(
         {r["verdict"] for r in runs},
-        key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v),
+        key=lambda v: (LISTING_ORDER.index(v) if v in LISTING_ORDER else len(LISTING_ORDER), v),
     )
     verdicts: dict[str, int] = {v: sum(1 for r in runs if r["verdict"] == v) for v in seen}
-    worst = _worst(seen)
+    worst = compose_verdicts(seen)
     graded = [r for r in runs if r["graded"]]
     runs_lost = sum(1 for r in graded if r["lost"] > 0)
     confirmed = sum(r["confirmed"] for r in graded)
