@@ -372,6 +372,24 @@ class Results(TypedDict):
     end_ns: int
 
 
+class CheckerSummary(TypedDict, total=False):
+    """One checker's own outcome, kept under ``checkers.<name>`` of a run's ``results.json``.
+
+    The run's ``verdict`` is ``compose_verdicts`` of these; its ``reason`` names the checker(s)
+    that gave it. The checker whose result is the run's body (the queue results above) keeps
+    its summary only; any other keeps its findings too.
+    """
+
+    valid: Valid
+    verdict: Verdict | None  # None: the checker returned none (counts as unknown)
+    reason: str | None
+    engine: str | None
+    counts: dict[str, int | None] | None
+    notes: list[str]
+    error: str | None  # the checker raised: "Type: message" (its verdict is unknown)
+    anomalies: dict[str, list[dict]]  # examples per kind of finding (capped by the checker)
+
+
 class KindGrade(TypedDict):
     """One fault kind over the graded runs that had it.
 
@@ -394,6 +412,7 @@ class RunGrade(TypedDict):
     seed: int | None
     verdict: Verdict
     valid: Valid
+    checkers: dict[str, Verdict | None]  # each checker's own verdict (the run's is the worst of them)
     graded: bool  # its loss outcome is known (nothing missing, or missing after a completed drain)
     confirmed: int
     lost: int
