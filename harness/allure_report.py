@@ -25,6 +25,7 @@ from allure_commons.utils import uuid4
 
 from harness import hookimpl
 from harness.errors import BrokerChaosError
+from harness.verdicts import checker_lines
 
 PHASE_TITLES = {
     "images": "build images",
@@ -192,6 +193,7 @@ class AllureReporter:
 
     @hookimpl
     def brokerchaos_run_finished(self, run: Any, results: dict[str, Any]) -> None:
+        self._checker_steps(results)
         self._attach_run(run, results)
         error = None
         if results.get("valid") is not True:
@@ -208,6 +210,17 @@ class AllureReporter:
             self._close_all(
                 exc if isinstance(exc, Exception) else BrokerChaosError(str(exc) or type(exc).__name__)
             )
+
+    def _checker_steps(self, results: dict[str, Any]) -> None:
+        """One step per checker with its own verdict (failed unless durable), reason and counts;
+        the run's verdict is the worst of them."""
+        for name, p in (results.get("checkers") or {}).items():
+            verdict = p.get("verdict") or "no verdict"
+            why = p.get("error") or p.get("reason") or "; ".join(p.get("notes") or [])
+            params = {"verdict": verdict, "reason": why or "-", "engine": p.get("engine") or "-"}
+            params |= {k: v for k, v in (p.get("counts") or {}).items() if v}
+            error = AssertionError(f"{name}: {verdict}: {why}") if verdict != "durable" else None
+            self._past_step(f"checker {name}: {verdict}", params, None, None, error)
 
     # -- drain and attachments -------------------------------------------------------------
 
@@ -263,6 +276,10 @@ class AllureReporter:
             allure.attach(
                 attribution_text(results), name="loss attribution", attachment_type=AttachmentType.TEXT
             )
+            if results.get("checkers"):
+                allure.attach(
+                    verdicts_text(results), name="verdicts and findings", attachment_type=AttachmentType.TEXT
+                )
         if results is None or results.get("valid") is not True:
             self._attach_logs(path)
 
@@ -299,3 +316,9 @@ def attribution_text(results: dict[str, Any]) -> str:
     lines += ["", f"{'fault kind':<18}{'exposed confirmed':<20}lost"]
     lines += [f"{r['fault_kind']:<18}{r['confirmed']:<20}{r['lost']}" for r in att.get("exposure") or []]
     return "\n".join(lines) + "\n"
+
+
+def verdicts_text(results: dict[str, Any]) -> str:
+    """The run's verdict, each checker's under it, and examples of each checker's findings."""
+    head = f"verdict: {results.get('verdict')}  ({results.get('reason') or results.get('error') or '-'})"
+    return "\n".join([head, *checker_lines(results, 0, always=True)]) + "\n"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario import Scenario
+from harness.verdicts import summary_table
 
 
 @dataclass
@@ -64,8 +65,6 @@ class ChaosSeries(list[ChaosResult]):
 
 def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, limit: int = 20) -> str:
     """The text a failing chaos test shows: verdict, counts, attribution, lost ids, how to rerun."""
-    from harness.runner import summary_table
-
     broker = scenario.broker.plugin
     lines = [
         f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) is not durable: "

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._rows import history_path, verdict_of
+from ._rows import history_path, reason_of, verdict_of
 from .stream import iter_rows
 
 COUNT_KEYS = (
@@ -49,6 +49,12 @@ COUNT_KEYS = (
     "history_ops",
 )
 ANOMALIES = ("incomplete_commits", "rolled_back_delivered", "partial_transactions", "acks_undone")
+LABELS = {
+    "incomplete_commits": "committed publish transaction(s) with messages never delivered",
+    "rolled_back_delivered": "rolled-back publish transaction(s) with messages delivered",
+    "partial_transactions": "transaction(s) of unknown outcome applied in part",
+    "acks_undone": "committed ack transaction(s) whose messages came again",
+}
 EXAMPLES = 20
 TX_OPS = ("commit", "rollback")
 
@@ -173,9 +179,14 @@ def _results(
         )
     if not counts["transactions"]:
         notes.append("no transactions in the history (workload.transactions not set?)")
+    if verdict == "unknown":
+        otherwise = f"{counts['unfinished_drains']} drain(s) unfinished"
+    else:
+        otherwise = f"every one of {counts['transactions']:,} transaction(s) applied whole or not at all"
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": reason_of(counts, bad, LABELS, otherwise),
         "engine": engine,
         "counts": counts,
         "anomalies": {k: sorted(v, key=lambda e: e["index"])[:EXAMPLES] for k, v in examples.items()},

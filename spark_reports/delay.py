@@ -179,6 +179,9 @@ def results(
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": notes[0]
+        if notes
+        else f"none of {counts['delayed_delivered']:,} delayed message(s) delivered before its due time",
         "engine": engine,
         "counts": counts,
         "late_after_ms": late_after_ms,

@@ -27,19 +27,30 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.spec.results import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
+from harness.spec.results import (
+    SCHEMA_VERSION,
+    VERDICT_ORDER,
+    Grade,
+    KindGrade,
+    RunGrade,
+    Verdict,
+    compose_verdicts,
+    valid_of,
+)
 
 from ._common import HistoryError
 
 CONFIDENCE = 0.95
 MIN_RUNS = 2
 """Fewer graded runs than this give counts and no bound."""
+VERDICT_RANK: dict[str, int] = {v: i for i, v in enumerate(VERDICT_ORDER)}
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 FEW_RUNS = 10
 """Below this many graded runs percentile bootstrap intervals tend to be too narrow; the text says so."""
-VERDICT_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
-"""How verdict counts are listed; a verdict not named here (a checker may add one) follows them."""
+LISTING_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
+"""How verdict counts are listed (not their rank, which is ``harness.spec.results.VERDICT_ORDER``);
+a verdict not named here follows them."""
 
 
 # -- exact binomial intervals ---------------------------------------------------------------
@@ -174,17 +185,21 @@ def bootstrap_ratio(
 def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGrade:
     counts = res.get("counts") or {}
     verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
+    checkers = {n: p.get("verdict") for n, p in (res.get("checkers") or {}).items()}
     lost = int(counts.get("lost") or 0)
     drain = res.get("drain") or {}
     # The loss outcome is known when nothing confirmed is missing, or when it is missing
-    # after a completed drain. A checker that failed left no counts; a run the checkers
-    # called unknown stays unknown here too, whatever its counts say.
-    known = verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
+    # after a completed drain. A checker that failed left no counts; a run the queue checker
+    # called unknown stays unknown here too, whatever its counts say. Another checker's
+    # verdict (a stream's replicas, a delay) decides the run's verdict, not its loss outcome.
+    loss_verdict = checkers.get(res.get("body_checker") or "", verdict)
+    known = loss_verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
     return RunGrade(
         run_dir=run_dir,
         seed=seed,
         verdict=verdict,
         valid=res.get("valid", "unknown"),
+        checkers=checkers,  # type: ignore[typeddict-item]
         graded=known,
         confirmed=int(counts.get("confirmed") or 0),
         lost=lost,
@@ -193,14 +208,26 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     )
 
 
-def _worst(verdicts: Sequence[Verdict]) -> Verdict:
-    """LOST first, then any other failure, then unknown; durable only when every run was."""
-    if "LOST" in verdicts:
-        return "LOST"
-    failures = [v for v in verdicts if v not in ("durable", "unknown")]
-    if failures:
-        return failures[0]
-    return "unknown" if "unknown" in verdicts or not verdicts else "durable"
+QUEUE_CHECKERS = ("spark", "python")
+"""The checkers ``engine="spark"`` and ``"python"`` re-run; a run's other checkers keep their stored verdicts."""
+
+
+def with_stored_checkers(res: Mapping[str, Any], stored: Mapping[str, Any], engine: str) -> dict[str, Any]:
+    """A re-checked run's results, its verdict composed again with the stored verdicts of the
+    checkers the grade did not re-run (stream, delay, atomicity, ...): a grade must not call a
+    run durable that one of its checkers failed."""
+    others = {n: p for n, p in (stored.get("checkers") or {}).items() if n not in QUEUE_CHECKERS}
+    out = dict(res)
+    if not others:
+        return out
+    out["checkers"] = {engine: {"verdict": res.get("verdict"), "reason": res.get("reason")}} | {
+        n: {"verdict": p.get("verdict"), "reason": p.get("reason") or p.get("error")}
+        for n, p in others.items()
+    }
+    out["body_checker"] = engine
+    out["verdict"] = compose_verdicts(p["verdict"] for p in out["checkers"].values())
+    out["valid"] = valid_of(out["verdict"])
+    return out
 
 
 def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
@@ -225,10 +252,10 @@ def grade_results(
         exposures.append(_exposure(res))
     seen = sorted(
         {r["verdict"] for r in runs},
-        key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v),
+        key=lambda v: (LISTING_ORDER.index(v) if v in LISTING_ORDER else len(LISTING_ORDER), v),
     )
     verdicts: dict[str, int] = {v: sum(1 for r in runs if r["verdict"] == v) for v in seen}
-    worst = _worst(seen)
+    worst = compose_verdicts(seen)
     graded = [r for r in runs if r["graded"]]
     runs_lost = sum(1 for r in graded if r["lost"] > 0)
     confirmed = sum(r["confirmed"] for r in graded)
@@ -306,6 +333,19 @@ def _runs(n: int) -> str:
     return f"{n} run{'' if n == 1 else 's'}"
 
 
+def checker_verdicts(grade: Grade) -> dict[str, str]:
+    """Per checker, how many runs got each verdict from it ("2 durable, 1 INTEGRITY")."""
+    tally: dict[str, dict[str, int]] = {}
+    for r in grade["runs"]:
+        for name, v in (r.get("checkers") or {}).items():
+            t = tally.setdefault(name, {})
+            t[str(v)] = t.get(str(v), 0) + 1
+    return {
+        n: ", ".join(f"{k} {v}" for v, k in sorted(t.items(), key=lambda kv: VERDICT_RANK.get(kv[0], 99)))
+        for n, t in tally.items()
+    }
+
+
 def describe_grade(grade: Grade) -> list[str]:
     """The grade in sentences, one per line: every number says what it is a number of."""
     pct = f"{grade['confidence']:.0%}"
@@ -333,6 +373,11 @@ def describe_grade(grade: Grade) -> list[str]:
         )
     counts = ", ".join(f"{v} {k}" for k, v in grade["verdicts"].items() if v)
     lines.append(f"verdicts: {counts or 'none'}")
+    if any(len(r.get("checkers") or {}) > 1 for r in grade["runs"]):
+        lines.append(
+            "checkers (each one's verdicts over the runs; a run's verdict is the worst of its checkers'): "
+            + "; ".join(f"{n} {v}" for n, v in checker_verdicts(grade).items())
+        )
     if grade["excluded_runs"]:
         lines.append(
             f"{_runs(grade['excluded_runs'])} left out of every rate: whether {'it' if grade['excluded_runs'] == 1 else 'they'} "
@@ -418,6 +463,11 @@ def grade_runs(
         results = stored
     else:
         raise ValueError(f"unknown engine {engine!r}: use 'spark', 'python' or 'stored'")
+    if engine in QUEUE_CHECKERS:
+        results = [
+            with_stored_checkers(res, json.loads(f.read_text()) if f.is_file() else {}, engine)
+            for res, f in zip(results, (Path(d) / "results.json" for d in run_dirs), strict=True)
+        ]
     seeds = [s.get("seed") if isinstance(s, dict) else None for s in scenarios]
     return grade_results(
         [

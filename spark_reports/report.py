@@ -6,34 +6,23 @@ embedded in it as data URIs so the page still reads when mailed or archived alon
 
 from __future__ import annotations
 
-import base64
-import html
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from harness.spec.results import Grade, Results
 
+from ._html import Raw as _Raw
+from ._html import esc as _e
+from ._html import img as _img
+from ._html import page as _page
+from ._html import shade_faults as _shade_faults
+from ._html import table as _table
+from .checkers_report import findings_parts, verdict_table
 from .delay_report import delay_parts
 from .grade import describe_grade
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
-_FAULT_COLOURS = ["#ef9a9a", "#90caf9", "#ce93d8", "#ffcc80", "#a5d6a7", "#b0bec5"]
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}
-.verdict{font-size:1.3em;padding:.6em 1em;border-radius:6px;display:inline-block;color:#fff}
-.durable{background:#2e7d32}.LOST,.INTEGRITY,.RESURRECTED,.DUPLICATED{background:#c62828}
-.unknown{background:#757575}
-img{max-width:100%;border:1px solid #eee}code{font-size:.9em}
-.note{background:#fff8e1;border-left:4px solid #f9a825;padding:.4em .8em;margin:.6em 0}
-.body{font-family:ui-monospace,monospace;font-size:.82em;white-space:pre-wrap;word-break:break-all;
-max-width:520px;text-align:left}
-.diff{background:#ffcdd2}.muted{color:#757575}
-"""
-
 _COUNT_LABELS = {
     "attempted": "ids published at least once",
     "confirmed": "confirmed (publish ok)",
@@ -67,61 +56,8 @@ _DUPLICATES = 50
 """Duplicates are often many and rarely the story: fewer rows."""
 
 
-class _Raw(str):
-    """A table cell that is already HTML."""
-
-
-def _e(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
-
-
-def _table(headers: list[str], rows: Iterable[Iterable[Any]], left: int = 1) -> str:
-    head = "".join(
-        f"<th class='l'>{_e(h)}</th>" if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
-    )
-    body = []
-    for row in rows:
-        cells = "".join(
-            (f"<td class='l'>{c}</td>" if isinstance(c, _Raw) else f"<td class='l'>{_e(c)}</td>")
-            if i < left
-            else f"<td>{_e(c)}</td>"
-            for i, c in enumerate(row)
-        )
-        body.append(f"<tr>{cells}</tr>")
-    if not body:
-        body.append(f"<tr><td class='l' colspan='{len(headers)}'>none</td></tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
 def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}g}" if abs(x) < 1e-3 and x else f"{x:,.{digits}f}"
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-        f"<style>{_CSS}</style></head><body>{body}</body></html>"
-    )
-
-
-def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f"<img alt='{_e(path.stem)}' src='data:image/png;base64,{data}'>"
-
-
-def _shade_faults(ax: Any, results: Results) -> None:
-    colours: dict[str, str] = {}
-    for w in results["faults"]:
-        first = w["kind"] not in colours
-        colour = colours.setdefault(w["kind"], _FAULT_COLOURS[len(colours) % len(_FAULT_COLOURS)])
-        ax.axvspan(
-            w["start_ns"] / 1e9,
-            w["end_ns"] / 1e9,
-            color=colour,
-            alpha=0.35,
-            lw=0,
-            label=w["kind"] if first else None,
-        )
 
 
 def _grid(times: list[int], width: int) -> list[int]:
@@ -250,14 +186,16 @@ def render_report(run_dir: Path, results: Results) -> Path:
     """Write run_dir/report.html and run_dir/plots/*.png; return the page's path."""
     run_dir = Path(run_dir)
     html_path = run_dir / "report.html"
-    if "counts" not in results or "timeline" not in results:  # every checker failed: say why, nothing else
+    if "counts" not in results or "timeline" not in results:
+        # No queue checker result (every checker failed, or only checkers of another kind ran):
+        # the verdict, each checker's, and their findings.
+        why = results.get("reason") or results.get("error") or "no checker result"
         html_path.write_text(
             _page(
                 f"brokerchaos {run_dir.name}",
-                (
-                    f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict unknown'>"
-                    f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(results.get('error', 'no checker result'))}</div>"
-                ),
+                f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict {_e(results.get('verdict', 'unknown'))}'>"
+                f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(why)}</div>"
+                + "".join(verdict_table(results) + findings_parts(results)),
             )
         )
         return html_path
@@ -274,6 +212,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
         f"{c['history_ops']:,} operations" + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
         *[f"<div class='note'>{_e(n)}</div>" for n in results.get("notes", [])],
+        *verdict_table(results),
         "<h2>Counts</h2>",
         _table(["", "what", "messages"], [[k, labels.get(k, k), f"{v:,}"] for k, v in c.items()], left=2),
         "<h2>Timeline</h2>",
@@ -319,6 +258,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         ]
         + _drain_parts(results)
     )
+    parts += findings_parts(results)
     parts += delay_parts(run_dir, results)
     if results["order_violations"]:
         v = results["order_violations"]
@@ -656,12 +596,13 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
         ),
         "<h2>Runs</h2>",
         _table(
-            ["run", "seed", "verdict", "graded", "confirmed", "lost", "unexpected"],
+            ["run", "seed", "verdict", "checkers", "graded", "confirmed", "lost", "unexpected"],
             [
                 [
                     r["run_dir"],
                     "-" if r["seed"] is None else r["seed"],
                     r["verdict"],
+                    ", ".join(f"{n} {v}" for n, v in (r.get("checkers") or {}).items()) or "-",
                     "yes" if r["graded"] else "no",
                     f"{r['confirmed']:,}",
                     r["lost"],
@@ -669,7 +610,7 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
                 ]
                 for r in grade["runs"]
             ],
-            left=2,
+            left=4,
         ),
     ]
     path = out_dir / "grade.html"

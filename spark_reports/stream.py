@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _rows
-from ._rows import history_path, verdict_of
+from ._rows import history_path, reason_of, verdict_of
 
 COUNT_KEYS = (
     "streams",
@@ -58,6 +58,14 @@ ANOMALIES = (
     "reordered",
     "diverged_streams",
 )
+LABELS = {
+    "seq_conflicts": "stream sequence(s) confirmed to two different messages",
+    "seq_mismatches": "deliveries with a stream sequence other than the one confirmed",
+    "delivered_conflicts": "stream sequence(s) delivered as two different messages",
+    "gaps": "stream sequence(s) below the highest delivered that nothing delivered",
+    "reordered": "first deliveries out of stream order",
+    "diverged_streams": "stream(s) whose replicas disagree after the final drain (messages, first or last sequence)",
+}
 EXAMPLES = 20  # examples kept per anomaly
 _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 
@@ -215,9 +223,14 @@ def _results(
         )
     if not counts["streams"]:
         notes.append("no stream sequences in the history (not a stream broker's client?)")
+    if verdict == "unknown":
+        otherwise = f"{counts['unfinished_drains']} stream(s) not fully drained"
+    else:
+        otherwise = f"no stream anomaly over {counts['streams']} stream(s)"
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": reason_of(counts, bad, LABELS, otherwise),
         "engine": engine,
         "counts": counts,
         "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()},

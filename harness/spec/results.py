@@ -17,6 +17,7 @@ consumed and ``notes`` says so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, TypedDict
 
 SCHEMA_VERSION = 2
@@ -28,6 +29,67 @@ unavailable window (``UnavailableWindow``)."""
 
 Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"]
 Valid = bool | Literal["unknown"]
+
+VERDICT_ORDER: tuple[Verdict, ...] = (
+    "LOST",
+    "INTEGRITY",
+    "RESURRECTED",
+    "DUPLICATED",
+    "UNAVAILABLE",
+    "unknown",
+    "durable",
+)
+"""Every verdict, worst first; a run's verdict is the worst of its checkers' verdicts.
+
+- ``LOST``: confirmed messages the application can never get back (a finished drain did not
+  find them, or a node holds them unacked for consumers that no longer exist);
+- ``INTEGRITY``: something was delivered that should not have been (never published, a body
+  other than the one sent, a stream's replicas or sequences that disagree, a delayed message
+  early, half a transaction);
+- ``RESURRECTED``, ``DUPLICATED``: deliveries again after a completed ack, or consumptions
+  twice, over the scenario's budget;
+- ``UNAVAILABLE``: the broker never recovered (a queue that never answered again);
+- ``unknown``: what the harness could not establish (a drain it could not complete, a checker
+  that raised, a checker with nothing to judge);
+- ``durable``: every checker that ran found nothing wrong.
+
+A definite failure outranks ``unknown`` (a run that certainly lost messages lost them, whatever
+another checker could not establish), and ``unknown`` outranks ``durable`` (a run is durable only
+when every checker says so).
+"""
+
+EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN = 0, 1, 3
+"""Exit statuses of a checked run (``exit_status``); 2 is the harness's own for an error before a verdict."""
+
+
+def compose_verdicts(verdicts: Iterable[str | None]) -> Verdict:
+    """The run's one verdict: the worst (``VERDICT_ORDER``) of every checker's.
+
+    A verdict this schema does not name (a checker's own, or None from a checker that
+    returned none) counts as ``unknown``; no verdict at all is ``unknown`` too.
+    """
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    known = [v if v in rank else "unknown" for v in verdicts]
+    if not known:
+        return "unknown"
+    return VERDICT_ORDER[min(rank[v] for v in known)]
+
+
+def exit_status(verdict: str | None) -> int:
+    """0 for ``durable``, 3 for ``unknown`` (or a verdict this schema does not name), 1 for any failure."""
+    if verdict == "durable":
+        return EXIT_DURABLE
+    if verdict in VERDICT_ORDER and verdict != "unknown":
+        return EXIT_FAILED
+    return EXIT_UNKNOWN
+
+
+def valid_of(verdict: str | None) -> Valid:
+    """The ``valid`` field that goes with a verdict: True durable, False a failure, else "unknown"."""
+    status = exit_status(verdict)
+    return True if status == EXIT_DURABLE else False if status == EXIT_FAILED else "unknown"
+
+
 LostCause = Literal["never delivered", "abandoned delivery never redelivered", "delivered, never acked"]
 
 
@@ -427,6 +489,24 @@ class Results(TypedDict):
     end_ns: int
 
 
+class CheckerSummary(TypedDict, total=False):
+    """One checker's own outcome, kept under ``checkers.<name>`` of a run's ``results.json``.
+
+    The run's ``verdict`` is ``compose_verdicts`` of these; its ``reason`` names the checker(s)
+    that gave it. The checker whose result is the run's body (the queue results above) keeps
+    its summary only; any other keeps its findings too.
+    """
+
+    valid: Valid
+    verdict: Verdict | None  # None: the checker returned none (counts as unknown)
+    reason: str | None
+    engine: str | None
+    counts: dict[str, int | None] | None
+    notes: list[str]
+    error: str | None  # the checker raised: "Type: message" (its verdict is unknown)
+    anomalies: dict[str, list[dict]]  # examples per kind of finding (capped by the checker)
+
+
 class KindGrade(TypedDict):
     """One fault kind over the graded runs that had it.
 
@@ -449,6 +529,7 @@ class RunGrade(TypedDict):
     seed: int | None
     verdict: Verdict
     valid: Valid
+    checkers: dict[str, Verdict | None]  # each checker's own verdict (the run's is the worst of them)
     graded: bool  # its loss outcome is known (nothing missing, or missing after a completed drain)
     confirmed: int
     lost: int
@@ -465,7 +546,7 @@ class Grade(TypedDict):
 
     schema: int
     runs: list[RunGrade]
-    verdict: Verdict  # the worst over runs: LOST, then INTEGRITY, then unknown, else durable
+    verdict: Verdict  # the worst over runs (VERDICT_ORDER)
     verdicts: dict[str, int]  # runs per verdict
     confidence: float  # of every interval below
     graded_runs: int
