@@ -23,6 +23,7 @@ from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
+from harness.liveness import scrape_logs
 from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
@@ -155,6 +156,7 @@ class Run:
             log_handler.close()
         assert checking is not None  # the workload returned: the check was started beside the teardown
         results = self._checked(checking)
+        scrape_logs(self.dir.path, results)
         results["workload"] = workload
         results["timings"] = self.timings
         self.dir.write_json("results.json", results)

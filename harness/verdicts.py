@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from harness.liveness import liveness_lines
 from harness.spec.results import CheckerSummary, compose_verdicts, exit_status, valid_of
 
 EXAMPLES_SHOWN = 3
@@ -153,6 +154,7 @@ def summary_table(results: dict[str, Any]) -> str:
         ("delivered (unique)", c.get("delivered_unique")),
         ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
         ("lost", c.get("lost")),
+        ("unreachable", c.get("unreachable")),
         ("ack unknown", c.get("ack_unknown")),
         ("unexpected", c.get("unexpected")),
         ("corrupted", c.get("corrupted")),
@@ -168,6 +170,7 @@ def summary_table(results: dict[str, Any]) -> str:
     if results.get("reason"):
         lines.insert(1, f"  {'reason':<{width}}  {results['reason']}")
     lines += checker_lines(results, width)
+    lines += liveness_lines(results, width)
     budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
     if budgets:
         lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))

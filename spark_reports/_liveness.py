@@ -160,27 +160,32 @@ def liveness(
         h = heals[i]
         budget = recovery_budget(budgets, w["kind"])
         for q in queues:
-            recovery.append(_recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget))
+            recovery.append(
+                _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
+            )
     healed = [(h, i) for i, h in enumerate(heals) if h is not None]
     if healed:
         last_heal, li = max(healed, key=lambda x: (x[0], -x[1]))
         w = windows[li]
         for r in recovery:
-            if (
-                r["fault_id"] != w["fault_id"]
-                or r["publish_ok_ns"] is not None
-                or r["consume_ok_ns"] is not None
-            ):
+            if r["fault_id"] != w["fault_id"] or r["recovered"]:
                 continue
             q = r["queue"]
-            lasts = [x[2] for x in per_queue[q].values() if x[2] is not None]
+            missing: list[LiveKind] = []
+            if r["publish_demand"] and r["publish_ok_ns"] is None:
+                missing.append("publish")
+            if r["consume_ok_ns"] is None:
+                missing.append("consume")
+            lasts = [per_queue[q][k][2] for k in missing]
+            since = [x for x in lasts if x is not None]
             ops = drains.get(q, [])
             last_op = ops[-1] if ops else None
             unavailable.append(
                 UnavailableQueue(
                     queue=q,
-                    since_ns=max(lasts)
-                    if lasts
+                    kinds=missing,
+                    since_ns=max(since)
+                    if since
                     else next(x for x in queue_rows if x["queue"] == q)["span_start_ns"],
                     fault_id=w["fault_id"],
                     fault_kind=w["kind"],
@@ -214,6 +219,7 @@ def _recovery(
     per: dict[str, tuple[int, int | None, int | None, list[int | None]]],
     drains: list[DrainOp],
     budget: float | None,
+    threshold_ns: int,
 ) -> Recovery:
     node_names = sorted({n for (qq, _k, n) in facts.oks if qq == q and n is not None})
     if h is None:
@@ -234,7 +240,7 @@ def _recovery(
             nodes=[NodeRecovery(node=n, publish_ok_ns=None, consume_ok_ns=None) for n in node_names],
         )
     last_inv = facts.publish.get(q, (None, 0, None))[2]
-    demand = last_inv is not None and last_inv >= h
+    demand = last_inv is not None and last_inv - h > threshold_ns
     pub = _since(per["publish"][3][i], h)
     drain_ok = _min([op["end_ns"] for op in drains if op["outcome"] == "ok" and (op["end_ns"] or -1) >= h])
     cons = _since(_min([per["consume"][3][i], drain_ok]), h)
@@ -275,15 +281,19 @@ def describe_unavailable(u: UnavailableQueue, unreachable: int) -> str:
     rounds = f" in {u['drain_rounds']} drain rounds" if u["drain_rounds"] else ""
     behind = f"; {unreachable:,} confirmed messages unreachable behind it" if unreachable else ""
     return (
-        f"queue {u['queue']} never recovered: no publish or consume ok since "
+        f"queue {u['queue']} never recovered: no {' or '.join(u['kinds'])} ok since "
         f"{u['since_ns'] / NS_PER_S:.1f}s, after the heal of {u['fault_id']} ({u['fault_kind']}) at "
         f"{u['heal_ns'] / NS_PER_S:.1f}s" + (f"; the nodes said{rounds}: {said}" if said else "") + behind
     )
 
 
 def describe_overrun(r: Recovery) -> str:
-    took = "never" if r["recovery_ns"] is None else f"{r['recovery_ns'] / NS_PER_S:.1f}s after the heal"
+    took = (
+        "did not recover"
+        if r["recovery_ns"] is None
+        else f"recovered {r['recovery_ns'] / NS_PER_S:.1f}s after the heal"
+    )
     return (
-        f"queue {r['queue']} recovered {took} of {r['fault_id']} ({r['kind']}), over the recovery budget "
+        f"queue {r['queue']} {took} of {r['fault_id']} ({r['kind']}), over the recovery budget "
         f"of {r['budget_s']:g}s"
     )

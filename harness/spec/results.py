@@ -376,9 +376,10 @@ class NodeRecovery(TypedDict):
 class Recovery(TypedDict):
     """One fault step and one queue: how long after the step's heal the queue worked again.
 
-    A kind counts once it was asked for after the heal: ``publish`` when a publish was invoked
-    on the queue at or after the heal, ``consume`` always (consumers or the final drain read
-    every queue). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
+    A kind counts once it was asked for after the heal: ``publish`` when producers kept invoking
+    publishes on the queue for longer than ``Liveness.threshold_ns`` after the heal (a heal just
+    before the producers stop asks nothing of them), ``consume`` always (consumers or the final
+    drain read every queue). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
     completing ok (every node answered that it is empty), whichever is first.
     """
 
@@ -388,7 +389,7 @@ class Recovery(TypedDict):
     queue: str
     healed: bool  # a heal naming the step completed ok (otherwise nothing is measured)
     heal_ns: int | None
-    publish_demand: bool
+    publish_demand: bool  # publishes were invoked on the queue more than the threshold after the heal
     publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node
     consume_ok_ns: int | None  # heal -> first consume ok (or drain ok) on the queue, any node
     recovery_ns: int | None  # heal -> the later of the two (publish only when asked for); None: not recovered
@@ -429,10 +430,13 @@ class QueueLiveness(TypedDict):
 
 
 class UnavailableQueue(TypedDict):
-    """A queue with no ok op of any kind (and no completed drain) after the last heal."""
+    """A queue that did not recover after the last heal (its ``Recovery`` row there is not
+    ``recovered``): no consume ok (nor a completed drain) after it, or producers kept publishing
+    and nothing was confirmed."""
 
     queue: str
-    since_ns: int  # its last ok op of any kind, else the start of its span
+    kinds: list[LiveKind]  # what never came back
+    since_ns: int  # the last ok op of those kinds, else the start of the queue's span
     fault_id: str  # the step whose heal was the last
     fault_kind: str
     heal_ns: int
@@ -450,7 +454,7 @@ class Liveness(TypedDict):
     queues: list[QueueLiveness]
     longest_outage_ns: int  # the longest unavailable window of any queue and kind
     available_share: float | None  # over every queue and kind: 1 - unavailable / span, summed
-    unavailable: list[UnavailableQueue]  # never recovered after the last heal: verdict UNAVAILABLE
+    unavailable: list[UnavailableQueue]  # not recovered after the last heal: verdict UNAVAILABLE
     over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
 
 

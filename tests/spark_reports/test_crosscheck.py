@@ -323,7 +323,10 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             pub = [t - h for t in oks(q, "publish") if t >= h]
             cons = [t - h for t in oks(q, "consume") + drain_ok[q] if t >= h]
             demand = any(
-                r["f"] == "publish" and r["type"] == "invoke" and r["queue"] == q and r["time_ns"] >= h
+                r["f"] == "publish"
+                and r["type"] == "invoke"
+                and r["queue"] == q
+                and r["time_ns"] - h > THRESHOLD_NS
                 for r in client
             )
             recovered = bool(cons) and (bool(pub) or not demand)
@@ -335,11 +338,8 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
     down = []
     if heals:
         last = max(h for _f, _k, h in heals)
-        down = [
-            q
-            for q in queues
-            if not [t for t in oks(q, "publish") + oks(q, "consume") + drain_ok[q] if t >= last]
-        ]
+        fid = next(f for f, _k, h in heals if h == last)
+        down = [q for q in queues if not recovery[(fid, q)][0]]
     gaps = set()
     end = max(r["time_ns"] for r in rows)
     for q in queues:
@@ -360,7 +360,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 if ts
                 else [(start, True), (stop, False)]
             )
-            for (a, _), (b, by_ok) in zip(points, points[1:]):
+            for (a, _), (b, by_ok) in zip(points, points[1:], strict=False):
                 if b - a > THRESHOLD_NS:
                     gaps.add((q, kind, a, b, by_ok))
     return {"recovery": recovery, "over": over, "down": down, "gaps": sorted(gaps)}
