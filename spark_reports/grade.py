@@ -32,6 +32,7 @@ from harness.spec.results import (
     VERDICT_ORDER,
     Grade,
     KindGrade,
+    RecoveryGrade,
     RunGrade,
     Verdict,
     compose_verdicts,
@@ -193,7 +194,12 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     # called unknown stays unknown here too, whatever its counts say. Another checker's
     # verdict (a stream's replicas, a delay) decides the run's verdict, not its loss outcome.
     loss_verdict = checkers.get(res.get("body_checker") or "", verdict)
-    known = loss_verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
+    unreachable = int(counts.get("unreachable") or 0)
+    known = (
+        loss_verdict not in ("unknown", "UNAVAILABLE")
+        and bool(counts)
+        and ((lost == 0 and unreachable == 0) or bool(drain.get("completed")))
+    )
     return RunGrade(
         run_dir=run_dir,
         seed=seed,
@@ -312,10 +318,120 @@ def grade_results(
         bootstrap_resamples=resamples,
         bootstrap_seed=seed,
         per_kind=per_kind,
+        recovery=grade_recovery(
+            [(res.get("liveness") or {}).get("recovery") or [] for _d, res, _s in results],
+            resamples=resamples,
+            seed=seed,
+        ),
         statement="",
     )
     grade["statement"] = " ".join(describe_grade(grade)[1:2])
     return grade
+
+
+# -- recovery -------------------------------------------------------------------------------
+
+
+def _nearest_rank(sorted_values: Sequence[float], p: int) -> float:
+    n = len(sorted_values)
+    return sorted_values[max(1, (p * n + 99) // 100) - 1]
+
+
+RECOVERY_STATS = (("median", 50), ("p90", 90), ("max", 100))
+
+
+def grade_recovery(
+    per_run: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int | str = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> list[RecoveryGrade]:
+    """Per fault kind: the recovery times (seconds) of every healed step and queue of every run
+    (``liveness.recovery``), their median, p90 and max with bootstrap intervals over runs, and
+    the share of runs where one never recovered."""
+    kinds: dict[str, list[tuple[list[float], int]]] = {}
+    for rows in per_run:
+        mine: dict[str, tuple[list[float], int]] = {}
+        for r in rows:
+            if not r.get("healed"):
+                continue
+            times, never = mine.get(r["kind"], ([], 0))
+            if r.get("recovered") and r.get("recovery_ns") is not None:
+                times.append(r["recovery_ns"] / 1e9)
+            else:
+                never += 1
+            mine[r["kind"]] = (times, never)
+        for kind, v in mine.items():
+            kinds.setdefault(kind, []).append(v)
+    out = []
+    for kind, runs in sorted(kinds.items()):
+        pooled = sorted(t for times, _ in runs for t in times)
+        stats = {name: _nearest_rank(pooled, p) if pooled else None for name, p in RECOVERY_STATS}
+        bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(stats)
+        if len(runs) >= MIN_RUNS and pooled:
+            rng = random.Random(f"{seed}:recovery:{kind}")
+            drawn_stats: dict[str, list[float]] = {name: [] for name, _ in RECOVERY_STATS}
+            for _ in range(resamples):
+                drawn = sorted(t for times, _ in rng.choices(runs, k=len(runs)) for t in times)
+                if drawn:
+                    for name, p in RECOVERY_STATS:
+                        drawn_stats[name].append(_nearest_rank(drawn, p))
+            tail = (1 - confidence) / 2 * 100
+            for name, vals in drawn_stats.items():
+                vals.sort()
+                if vals:
+                    bounds[name] = (
+                        _nearest_rank(vals, max(1, round(tail))),
+                        _nearest_rank(vals, round(100 - tail)),
+                    )
+        never = sum(1 for _, n in runs if n)
+        share = clopper_pearson_interval(never, len(runs), confidence) if len(runs) >= MIN_RUNS else None
+        out.append(
+            RecoveryGrade(
+                fault_kind=kind,
+                runs=len(runs),
+                samples=len(pooled) + sum(n for _, n in runs),
+                recovered=len(pooled),
+                median_s=stats["median"],
+                p90_s=stats["p90"],
+                max_s=stats["max"],
+                median_low=(bounds["median"] or (None, None))[0],
+                median_high=(bounds["median"] or (None, None))[1],
+                p90_low=(bounds["p90"] or (None, None))[0],
+                p90_high=(bounds["p90"] or (None, None))[1],
+                max_low=(bounds["max"] or (None, None))[0],
+                max_high=(bounds["max"] or (None, None))[1],
+                runs_never=never,
+                never_low=share[0] if share else None,
+                never_high=share[1] if share else None,
+            )
+        )
+    return out
+
+
+def describe_recovery(rows: Sequence[Mapping[str, Any]], confidence: float = CONFIDENCE) -> list[str]:
+    """The lines ``grade`` prints for recovery, one per fault kind."""
+    if not rows:
+        return []
+    pct = f"{confidence:.0%}"
+    lines = [f"recovery after each heal, per fault kind (seconds; {pct} bootstrap intervals over runs):"]
+    for k in rows:
+
+        def stat(name: str, k: Mapping[str, Any] = k) -> str:
+            v, lo, hi = k[f"{name}_s"], k[f"{name}_low"], k[f"{name}_high"]
+            if v is None:
+                return f"{name} -"
+            return f"{name} {v:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None else "")
+
+        never = f"{k['runs_never']} of {_runs(k['runs'])} never recovered"
+        if k["never_low"] is not None:
+            never += f" (share {_pct(k['never_low'])} to {_pct(k['never_high'])}, exact {pct})"
+        lines.append(
+            f"  {k['fault_kind']}: {k['recovered']} of {k['samples']} step-queues recovered; "
+            f"{stat('median')}, {stat('p90')}, {stat('max')}; {never}"
+        )
+    return lines
 
 
 # -- words ----------------------------------------------------------------------------------
@@ -419,6 +535,7 @@ def describe_grade(grade: Grade) -> list[str]:
                     else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
                 )
                 lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+    lines += describe_recovery(grade.get("recovery") or [], grade["confidence"])
     return lines
 
 

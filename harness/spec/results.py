@@ -528,6 +528,33 @@ class KindGrade(TypedDict):
     high: float | None
 
 
+class RecoveryGrade(TypedDict):
+    """Recovery after the heals of one fault kind over the graded runs that had one.
+
+    A sample is one healed step and queue of a run (``Recovery``); the statistics are over the
+    samples that recovered, pooled, by nearest rank; their intervals come from a seeded bootstrap
+    that resamples whole runs. ``runs_never`` counts runs with a sample that never recovered,
+    bounded by an exact (Clopper-Pearson) interval over runs.
+    """
+
+    fault_kind: str
+    runs: int
+    samples: int
+    recovered: int  # samples that recovered
+    median_s: float | None
+    p90_s: float | None
+    max_s: float | None
+    median_low: float | None  # bootstrap percentile intervals; None from one run or no recovery
+    median_high: float | None
+    p90_low: float | None
+    p90_high: float | None
+    max_low: float | None
+    max_high: float | None
+    runs_never: int
+    never_low: float | None  # exact interval of the share of runs that never recovered; None below 2 runs
+    never_high: float | None
+
+
 class RunGrade(TypedDict):
     run_dir: str
     seed: int | None
@@ -568,3 +595,4 @@ class Grade(TypedDict):
     bootstrap_seed: int
     statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
+    recovery: list[RecoveryGrade]  # per fault kind, over every run with liveness results
