@@ -634,7 +634,12 @@ def _verdict(counts: Counts, drain: Drain, budgets: Budgets, live: Liveness) -> 
     lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
     unreachable = counts["unreachable"]
     down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
-    down += [describe_overrun(r) for r in live["recovery"] if r["over_budget"]]
+    named = {(u["fault_id"], u["queue"]) for u in live["unavailable"]}
+    down += [
+        describe_overrun(r)
+        for r in live["recovery"]
+        if r["over_budget"] and (r["fault_id"], r["queue"]) not in named
+    ]
     also = (
         f"; also unavailable: {down[0]}" + (f" (and {len(down) - 1} more)" if len(down) > 1 else "")
         if down

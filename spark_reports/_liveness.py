@@ -110,11 +110,16 @@ def liveness(
         first_inv, last_pub, _last_inv = facts.publish.get(q, (None, 0, None))
         firsts = [f for _n, f, _l, _a in per.values() if f is not None]
         start = first_inv if first_inv is not None else min(firsts) if firsts else end_ns
-        drain_ends = [op["end_ns"] for op in drains.get(q, []) if op["end_ns"] is not None]
-        ends: dict[str, int | None] = {
-            "publish": last_pub if q in facts.publish else per["publish"][2],
-            "consume": max(drain_ends) if drain_ends else end_ns,
-        }
+        ops = drains.get(q, [])
+        drain_ends = [op["end_ns"] for op in ops if op["end_ns"] is not None]
+        last_publish = last_pub if q in facts.publish else per["publish"][2]
+        if ops and ops[-1]["outcome"] == "ok":
+            # The drain emptied the queue: past the last publish and the last consume nothing was
+            # left to consume, and an idle queue is not an unavailable one.
+            consume_end = max([x for x in (last_publish, per["consume"][2]) if x is not None], default=start)
+        else:
+            consume_end = max(drain_ends) if drain_ends else end_ns
+        ends: dict[str, int | None] = {"publish": last_publish, "consume": consume_end}
         for k in KINDS:
             count, first, last, _after = per[k]
             stop = ends[k]

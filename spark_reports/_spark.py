@@ -893,8 +893,9 @@ class _Metrics:
 
     @classmethod
     def empty(cls) -> _Metrics:
-        """A run without a client record has no row in any aggregate: every count is zero."""
-        return cls(counts=dict.fromkeys(_COUNT_NAMES, 0))
+        """A run without a client record has no row in any aggregate: every count is zero (an empty
+        history has no timeline row either, so the order count is set here too)."""
+        return cls(counts=dict.fromkeys((*_COUNT_NAMES, "order_violations"), 0))
 
 
 def _order_violation_rows(ids: Any) -> Any:

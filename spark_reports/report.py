@@ -34,7 +34,8 @@ _COUNT_LABELS = {
     "consumed_unique": "ids consumed (an ack completed ok)",
     "consumed_total": "acks completed ok",
     "abandoned": "deliveries given back (abandon ops)",
-    "lost": "lost: confirmed, never consumed",
+    "lost": "lost: confirmed, never consumed after a completed drain",
+    "unreachable": "confirmed, never consumed, the final drain unfinished: not known lost",
     "ack_unknown": "confirmed, ack outcome unknown",
     "unexpected": "consumed, never published",
     "corrupted": "body differs from the one sent",
@@ -90,8 +91,9 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
             continue
         series.setdefault(name, {})[row["t_s"]] = row["count"] / width
     paths = []
-    fig, ax = plt.subplots(figsize=(11, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 4.0))
     _shade_faults(ax, results)
+    _unavailable_bars(ax, results)
     # Every bucket of the run is drawn: a second with no operations of a kind is a zero,
     # not a line drawn across the gap (a broker down for 4 s must look down for 4 s).
     grid = _grid([t for pts in series.values() for t in pts], width)
@@ -108,8 +110,13 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
         )
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("ops/s")
-    ax.set_title("Operations by outcome (fault windows shaded)")
-    ax.legend(loc="upper right", fontsize=8, ncol=3)
+    ax.set_title(
+        "Operations by outcome (fault windows shaded; bars on top: no publish / consume ok for longer than "
+        "the threshold, hatched where it never came back)",
+        fontsize=10,
+    )
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # headroom for the bars of unavailable windows
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, ncol=8, frameon=False)
     fig.tight_layout()
     paths.append(out / "timeline.png")
     fig.savefig(paths[-1], dpi=100)
@@ -149,6 +156,124 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     return paths
+
+
+_UNAVAILABLE = {"publish": ("#b71c1c", 0.93), "consume": ("#4a148c", 0.86)}
+"""Colour and height (axes fraction) of the bars of unavailable windows on the timeline."""
+
+
+def _unavailable_bars(ax: Any, results: Results) -> None:
+    """Each unavailable window (``liveness.windows``) as a bar across the top of the timeline:
+    publish above, consume below; a window that never ended in an ok is hatched."""
+    seen: set[str] = set()
+    for w in (results.get("liveness") or {}).get("windows") or []:
+        colour, y = _UNAVAILABLE[w["kind"]]
+        ax.broken_barh(
+            [(w["start_ns"] / 1e9, w["duration_ns"] / 1e9)],
+            (y, 0.05),
+            transform=ax.get_xaxis_transform(),
+            facecolors=colour,
+            alpha=0.85,
+            hatch=None if w["ended_by_ok"] else "//",
+            edgecolor="white",
+            label=None if w["kind"] in seen else f"{w['kind']} unavailable",
+        )
+        seen.add(w["kind"])
+
+
+def _liveness_parts(results: Results) -> list[str]:
+    """The recovery of each fault step and queue, the unavailable windows and the queues that
+    never came back."""
+    lv = results.get("liveness")
+    if not lv:
+        return []
+    share = lv["available_share"]
+    parts = [
+        "<h2>Liveness: did it come back?</h2>",
+        "<p>Per fault step and queue, seconds from the heal to the first publish confirmed and the first "
+        "message consumed (acked ok, or the queue's drain completing) through any node, and per node the "
+        "clients went through. A publish counts once producers kept publishing for longer than the "
+        f"threshold ({lv['threshold_ns'] / 1e9:g} s) after the heal. Longest outage "
+        f"{lv['longest_outage_ns'] / 1e9:.1f} s"
+        + (f"; available {share:.1%} of the time." if share is not None else ".")
+        + "</p>",
+    ]
+    for u in lv["unavailable"]:
+        said = "; ".join(f"{n}: {e}" for n, e in u["nodes"].items() if e) or "nothing recorded"
+        parts.append(
+            f"<div class='verdict UNAVAILABLE'>queue {_e(u['queue'])}: no {_e(' or '.join(u['kinds']))} ok since "
+            f"{u['since_ns'] / 1e9:.1f} s, after the heal of {_e(u['fault_id'])} ({_e(u['fault_kind'])}) at "
+            f"{u['heal_ns'] / 1e9:.1f} s; the nodes said: {_e(said)}</div>"
+        )
+        if u["log"]:
+            parts.append("<pre>" + _e("\n".join(u["log"])) + "</pre>")
+
+    def after(ns: int | None, asked: bool = True) -> str:
+        return "-" if not asked else "never" if ns is None else f"{ns / 1e9:.3f}"
+
+    rows = []
+    for r in lv["recovery"]:
+        per_node = "; ".join(
+            f"{n['node']}: {after(n['publish_ok_ns'])} / {after(n['consume_ok_ns'])}" for n in r["nodes"]
+        )
+        state = "not healed" if not r["healed"] else "yes" if r["recovered"] else "NO"
+        budget = (
+            "-" if r["budget_s"] is None else f"{r['budget_s']:g}" + (" (over)" if r["over_budget"] else "")
+        )
+        rows.append(
+            [
+                r["fault_id"],
+                r["kind"],
+                r["node"],
+                r["queue"],
+                _s(r["heal_ns"]),
+                after(r["publish_ok_ns"], r["publish_demand"] or r["publish_ok_ns"] is not None),
+                after(r["consume_ok_ns"]),
+                state,
+                after(r["recovery_ns"], r["healed"]),
+                budget,
+                per_node,
+            ]
+        )
+    parts.append(
+        _table(
+            [
+                "fault step",
+                "kind",
+                "node",
+                "queue",
+                "heal s",
+                "publish ok after s",
+                "consume ok after s",
+                "recovered",
+                "recovery s",
+                "budget s",
+                "per node (publish / consume after s)",
+            ],
+            rows,
+            left=4,
+        )
+    )
+    if lv["windows"]:
+        parts.append(
+            _table(
+                ["queue", "kind", "from s", "to s", "seconds", "ended by an ok", "fault windows"],
+                [
+                    [
+                        w["queue"],
+                        w["kind"],
+                        _s(w["start_ns"]),
+                        _s(w["end_ns"]),
+                        f"{w['duration_ns'] / 1e9:.1f}",
+                        "yes" if w["ended_by_ok"] else "no (never came back)",
+                        ", ".join(w["fault_ids"]) or "-",
+                    ]
+                    for w in lv["windows"]
+                ],
+                left=2,
+            )
+        )
+    return parts
 
 
 def _s(ns: int | None) -> str:
@@ -204,7 +329,11 @@ def render_report(run_dir: Path, results: Results) -> Path:
     lat = results["latency"]
     labels = _COUNT_LABELS | (_SCHEMA1_LABELS if results.get("history_schema", 2) < 2 else {})
     budgets = results.get("budgets") or {}
-    set_budgets = ", ".join(f"{k} &le; {v:,}" for k, v in budgets.items() if v is not None)
+    set_budgets = ", ".join(
+        f"{k} &le; {_e(str(v)) if isinstance(v, dict) else f'{v:,}'}"
+        for k, v in budgets.items()
+        if v is not None
+    )
     parts = [
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
@@ -217,6 +346,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         _table(["", "what", "messages"], [[k, labels.get(k, k), f"{v:,}"] for k, v in c.items()], left=2),
         "<h2>Timeline</h2>",
         _img(plots[0]),
+        *_liveness_parts(results),
         "<h2>Latency</h2>",
         _img(plots[1]),
         _table(

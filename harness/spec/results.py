@@ -414,8 +414,10 @@ class UnavailableWindow(TypedDict):
 
 class QueueLiveness(TypedDict):
     """One queue and kind over the run. The span starts at the first publish invoke on the queue
-    and ends at the last publish record (``publish``) or at the end of the queue's last drain op,
-    else the history's end (``consume``)."""
+    and ends at the last publish record (``publish``); for ``consume`` at the later of the last
+    publish record and the last consume ok when the queue's last drain op completed ok (nothing
+    was left to consume after them), else at the end of its last drain op, else at the history's
+    end."""
 
     queue: str
     kind: LiveKind

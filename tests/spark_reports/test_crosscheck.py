@@ -352,8 +352,11 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             if kind == "publish":
                 stop = max(r["time_ns"] for r in pubs) if pubs else start
             else:
-                mine = [r["time_ns"] for r in drains if r["queue"] == q]
-                stop = max(mine) if mine else end
+                mine = [r for r in drains if r["queue"] == q]
+                if mine and mine[-1]["type"] == "ok":
+                    stop = max([r["time_ns"] for r in pubs] + oks(q, "consume"), default=start)
+                else:
+                    stop = max(r["time_ns"] for r in mine) if mine else end
             stop = max(stop, start)
             points = (
                 [(start, False), *[(t, True) for t in ts], (stop, False)]
