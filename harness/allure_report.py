@@ -25,6 +25,7 @@ from allure_commons.utils import uuid4
 
 from harness import hookimpl
 from harness.errors import BrokerChaosError
+from harness.liveness import recovery_row
 from harness.verdicts import checker_lines
 
 PHASE_TITLES = {
@@ -194,6 +195,7 @@ class AllureReporter:
     @hookimpl
     def brokerchaos_run_finished(self, run: Any, results: dict[str, Any]) -> None:
         self._checker_steps(results)
+        self._liveness_steps(results)
         self._attach_run(run, results)
         error = None
         if results.get("valid") is not True:
@@ -221,6 +223,20 @@ class AllureReporter:
             params |= {k: v for k, v in (p.get("counts") or {}).items() if v}
             error = AssertionError(f"{name}: {verdict}: {why}") if verdict != "durable" else None
             self._past_step(f"checker {name}: {verdict}", params, None, None, error)
+
+    def _liveness_steps(self, results: dict[str, Any]) -> None:
+        """One step per fault step: did every queue come back after its heal, and how fast (failed
+        when a queue did not recover or recovered over its budget)."""
+        by_fault: dict[str, list[dict[str, Any]]] = {}
+        for r in (results.get("liveness") or {}).get("recovery") or []:
+            by_fault.setdefault(r["fault_id"], []).append(r)
+        for fault_id, rows in by_fault.items():
+            bad = [r for r in rows if r.get("healed") and (not r.get("recovered") or r.get("over_budget"))]
+            healed = any(r.get("healed") for r in rows)
+            state = "not healed" if not healed else "did not recover" if bad else "recovered"
+            params = {r["queue"]: recovery_row(r) for r in rows}
+            error = AssertionError("; ".join(recovery_row(r) for r in bad)) if bad else None
+            self._past_step(f"liveness {fault_id} ({rows[0]['kind']}): {state}", params, None, None, error)
 
     # -- drain and attachments -------------------------------------------------------------
 
