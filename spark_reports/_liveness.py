@@ -69,8 +69,8 @@ def _min(values: list[int | None]) -> int | None:
     return min(got) if got else None
 
 
-def _since(t: int | None, h: int) -> int | None:
-    return None if t is None else t - h
+def _since(t: int | None, h: int | None) -> int | None:
+    return None if t is None or h is None else t - h
 
 
 def _overlapping(windows: list[FaultWindow], a: int, b: int) -> list[str]:
@@ -226,32 +226,22 @@ def _recovery(
     budget: float | None,
     threshold_ns: int,
 ) -> Recovery:
+    """One step and queue; a step never healed has nothing measured (every time None)."""
     node_names = sorted({n for (qq, _k, n) in facts.oks if qq == q and n is not None})
-    if h is None:
-        return Recovery(
-            fault_id=w["fault_id"],
-            kind=w["kind"],
-            node=w["node"],
-            queue=q,
-            healed=False,
-            heal_ns=None,
-            publish_demand=False,
-            publish_ok_ns=None,
-            consume_ok_ns=None,
-            recovery_ns=None,
-            recovered=False,
-            budget_s=budget,
-            over_budget=False,
-            nodes=[NodeRecovery(node=n, publish_ok_ns=None, consume_ok_ns=None) for n in node_names],
-        )
     last_inv = facts.publish.get(q, (None, 0, None))[2]
-    demand = last_inv is not None and last_inv - h > threshold_ns
+    demand = h is not None and last_inv is not None and last_inv - h > threshold_ns
     pub = _since(per["publish"][3][i], h)
-    drain_ok = _min([op["end_ns"] for op in drains if op["outcome"] == "ok" and (op["end_ns"] or -1) >= h])
+    drain_ok = _min(
+        [
+            op["end_ns"]
+            for op in drains
+            if op["outcome"] == "ok" and h is not None and (op["end_ns"] or -1) >= h
+        ]
+    )
     cons = _since(_min([per["consume"][3][i], drain_ok]), h)
     recovered = cons is not None and (pub is not None or not demand)
     took = max(cons or 0, pub or 0 if demand else 0) if recovered else None
-    over = budget is not None and (took is None or took > budget * NS_PER_S)
+    over = h is not None and budget is not None and (took is None or took > budget * NS_PER_S)
 
     def node_first(kind: str, n: str) -> int | None:
         got = facts.oks.get((q, kind, n))
@@ -262,7 +252,7 @@ def _recovery(
         kind=w["kind"],
         node=w["node"],
         queue=q,
-        healed=True,
+        healed=h is not None,
         heal_ns=h,
         publish_demand=demand,
         publish_ok_ns=pub,

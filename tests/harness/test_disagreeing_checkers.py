@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from spark_reports.synth import HistoryBuilder, write_history
+from tests.harness.allure_user import allure_result
 
 REPO = Path(__file__).resolve().parents[2]
 Q = "chaos-1"
@@ -116,52 +117,10 @@ def test_a_grade_keeps_the_stored_verdict_of_a_checker_it_does_not_rerun(tmp_pat
     assert "python durable, stream INTEGRITY" in (tmp_path / "g" / "grade.html").read_text()
 
 
-ALLURE_TEST = """
-import json
-from pathlib import Path
-
-from harness.allure_report import AllureReporter
-
-
-class Dir:
-    path = Path({run!r})
-
-
-class Run:
-    dir = Dir()
-
-
-def test_disagreeing_checkers():
-    results = json.loads((Dir.path / "results.json").read_text())
-    AllureReporter().brokerchaos_run_finished(Run(), results)
-"""
-
-
 def test_allure_lists_each_checker_and_fails_on_the_worst(tmp_path: Path) -> None:
     run = diverged_run(tmp_path)
     assert cli("analyze", str(run), cwd=tmp_path).returncode == 1
-    (tmp_path / "test_user.py").write_text(ALLURE_TEST.format(run=str(run)))
-    out = tmp_path / "allure-results"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--alluredir={out}",
-            "test_user.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    [result] = [json.loads(f.read_text()) for f in out.glob("*-result.json")]
+    result, out = allure_result(tmp_path, run)
     steps: dict[str, Any] = {s["name"]: s for s in result["steps"]}
     assert steps["checker python: durable"]["status"] == "passed"
     assert steps["checker stream: INTEGRITY"]["status"] == "failed"

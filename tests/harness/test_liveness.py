@@ -4,9 +4,6 @@ that name a queue that never came back, and an Allure step per fault step."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +11,7 @@ from harness.liveness import scrape_logs
 from harness.verdicts import summary_table
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness.allure_user import allure_result
 
 
 def never_back(tmp_path: Path) -> Path:
@@ -66,51 +62,8 @@ def test_the_terminal_names_the_queue_the_step_and_what_the_nodes_said(tmp_path:
     assert "unreachable" in text and results["counts"]["lost"] == 0 and results["counts"]["unreachable"] > 0
 
 
-ALLURE_TEST = """
-import json
-from pathlib import Path
-
-from harness.allure_report import AllureReporter
-
-
-class Dir:
-    path = Path({run!r})
-
-
-class Run:
-    dir = Dir()
-
-
-def test_liveness():
-    results = json.loads((Dir.path / "results.json").read_text())
-    AllureReporter().brokerchaos_run_finished(Run(), results)
-"""
-
-
 def test_allure_has_a_liveness_step_per_fault_failed_where_a_queue_did_not_come_back(tmp_path: Path) -> None:
-    run = never_back(tmp_path)
-    (tmp_path / "test_user.py").write_text(ALLURE_TEST.format(run=str(run)))
-    out = tmp_path / "allure-results"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--alluredir={out}",
-            "test_user.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    [result] = [json.loads(f.read_text()) for f in out.glob("*-result.json")]
+    result, _ = allure_result(tmp_path, never_back(tmp_path))
     steps: dict[str, Any] = {s["name"]: s for s in result["steps"]}
     assert steps["liveness f1 (partition): recovered"]["status"] == "passed"
     assert steps["liveness f2 (kill): did not recover"]["status"] == "failed"
