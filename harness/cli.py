@@ -347,6 +347,7 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
 
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
+    from harness.liveness import scrape_logs
     from harness.runner import check_run, render_report
     from harness.store import RunDir
     from harness.verdicts import exit_code, summary_table
@@ -359,6 +360,7 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
         else tuple(stored["scenario"].get("checkers") or ()) or host.registry.default_checkers()
     )
     results = check_run(host, rd, stored["scenario"], checkers)
+    scrape_logs(rd.path, results)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:
