@@ -169,11 +169,12 @@ def liveness(
                 _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
             )
     healed = [(h, i) for i, h in enumerate(heals) if h is not None]
+    gone: dict[str, tuple[list[LiveKind], int, FaultWindow | None]] = {}
     if healed:
+        # Not recovered after the last heal.
         last_heal, li = max(healed, key=lambda x: (x[0], -x[1]))
-        w = windows[li]
         for r in recovery:
-            if r["fault_id"] != w["fault_id"] or r["recovered"]:
+            if r["fault_id"] != windows[li]["fault_id"] or r["recovered"]:
                 continue
             q = r["queue"]
             missing: list[LiveKind] = []
@@ -181,25 +182,37 @@ def liveness(
                 missing.append("publish")
             if r["consume_ok_ns"] is None:
                 missing.append("consume")
-            lasts = [per_queue[q][k][2] for k in missing]
-            since = [x for x in lasts if x is not None]
-            ops = drains.get(q, [])
-            last_op = ops[-1] if ops else None
-            unavailable.append(
-                UnavailableQueue(
-                    queue=q,
-                    kinds=missing,
-                    since_ns=max(since)
-                    if since
-                    else next(x for x in queue_rows if x["queue"] == q)["span_start_ns"],
-                    fault_id=w["fault_id"],
-                    fault_kind=w["kind"],
-                    heal_ns=last_heal,
-                    nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
-                    drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
-                    log=[],
-                )
+            lasts = [x for x in (per_queue[q][k][2] for k in missing) if x is not None]
+            start = next(x for x in queue_rows if x["queue"] == q)["span_start_ns"]
+            gone[q] = (missing, max(lasts) if lasts else start, windows[li])
+    for x in out_windows:
+        # Down at the end of its span: it recovered from the last heal, if any, and went down again.
+        if x["ended_by_ok"] or x["queue"] in gone:
+            continue
+        opened = [y for y in out_windows if y["queue"] == x["queue"] and not y["ended_by_ok"]]
+        since = min(y["start_ns"] for y in opened)
+        before = [w for w in windows if w["start_ns"] <= since]
+        gone[x["queue"]] = (
+            [k for k in KINDS if any(y["kind"] == k for y in opened)],
+            since,
+            max(before, key=lambda w: w["start_ns"]) if before else None,
+        )
+    for q, (kinds, since_ns, step) in sorted(gone.items()):
+        ops = drains.get(q, [])
+        last_op = ops[-1] if ops else None
+        unavailable.append(
+            UnavailableQueue(
+                queue=q,
+                kinds=kinds,
+                since_ns=since_ns,
+                fault_id=step["fault_id"] if step else None,
+                fault_kind=step["kind"] if step else None,
+                heal_ns=step["end_ns"] if step and step["healed"] else None,
+                nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
+                drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
+                log=[],
             )
+        )
     longest = max((x["duration_ns"] for x in out_windows), default=0)
     spans = sum(x["span_end_ns"] - x["span_start_ns"] for x in queue_rows)
     down_all = sum(x["unavailable_ns"] for x in queue_rows)
@@ -275,10 +288,17 @@ def describe_unavailable(u: UnavailableQueue, unreachable: int) -> str:
     said = "; ".join(f"{n}: {e}" for n, e in u["nodes"].items() if e)
     rounds = f" in {u['drain_rounds']} drain rounds" if u["drain_rounds"] else ""
     behind = f"; {unreachable:,} confirmed messages unreachable behind it" if unreachable else ""
+    if u["fault_id"] is None:
+        step = ", with no fault before it"
+    elif u["heal_ns"] is None:
+        step = f", after {u['fault_id']} ({u['fault_kind']}), never healed"
+    else:
+        step = f", after the heal of {u['fault_id']} ({u['fault_kind']}) at {u['heal_ns'] / NS_PER_S:.1f}s"
     return (
         f"queue {u['queue']} never recovered: no {' or '.join(u['kinds'])} ok since "
-        f"{u['since_ns'] / NS_PER_S:.1f}s, after the heal of {u['fault_id']} ({u['fault_kind']}) at "
-        f"{u['heal_ns'] / NS_PER_S:.1f}s" + (f"; the nodes said{rounds}: {said}" if said else "") + behind
+        f"{u['since_ns'] / NS_PER_S:.1f}s{step}"
+        + (f"; the nodes said{rounds}: {said}" if said else "")
+        + behind
     )
 
 

@@ -18,6 +18,7 @@ from ._html import img as _img
 from ._html import page as _page
 from ._html import shade_faults as _shade_faults
 from ._html import table as _table
+from ._liveness import describe_unavailable
 from .checkers_report import findings_parts, verdict_table
 from .delay_report import delay_parts
 from .grade import describe_grade
@@ -199,12 +200,7 @@ def _liveness_parts(results: Results) -> list[str]:
         + "</p>",
     ]
     for u in lv["unavailable"]:
-        said = "; ".join(f"{n}: {e}" for n, e in u["nodes"].items() if e) or "nothing recorded"
-        parts.append(
-            f"<div class='verdict UNAVAILABLE'>queue {_e(u['queue'])}: no {_e(' or '.join(u['kinds']))} ok since "
-            f"{u['since_ns'] / 1e9:.1f} s, after the heal of {_e(u['fault_id'])} ({_e(u['fault_kind'])}) at "
-            f"{u['heal_ns'] / 1e9:.1f} s; the nodes said: {_e(said)}</div>"
-        )
+        parts.append(f"<div class='verdict UNAVAILABLE'>{_e(describe_unavailable(u, 0))}</div>")
         if u["log"]:
             parts.append("<pre>" + _e("\n".join(u["log"])) + "</pre>")
 

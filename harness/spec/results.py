@@ -432,16 +432,19 @@ class QueueLiveness(TypedDict):
 
 
 class UnavailableQueue(TypedDict):
-    """A queue that did not recover after the last heal (its ``Recovery`` row there is not
-    ``recovered``): no consume ok (nor a completed drain) after it, or producers kept publishing
-    and nothing was confirmed."""
+    """A queue that did not come back: its recovery after the last heal is incomplete (its
+    ``Recovery`` row there is not ``recovered``), or it recovered and went down again and an
+    unavailable window of it runs to the end of its span (``ended_by_ok`` false), as when a
+    broker restarts nodes on its own after a heal."""
 
     queue: str
     kinds: list[LiveKind]  # what never came back
-    since_ns: int  # the last ok op of those kinds, else the start of the queue's span
-    fault_id: str  # the step whose heal was the last
-    fault_kind: str
-    heal_ns: int
+    since_ns: int  # the last ok op of those kinds (or the start of the open window)
+    fault_id: (
+        str | None
+    )  # the fault step it follows: the last heal's, or the latest to start before `since_ns`
+    fault_kind: str | None
+    heal_ns: int | None  # that step's heal (None: never healed, or no step)
     nodes: dict[str, str | None]  # what each node said to the last drain op of the queue (its error)
     drain_rounds: int | None  # rounds that drain op went through, where it recorded them
     log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
@@ -456,7 +459,7 @@ class Liveness(TypedDict):
     queues: list[QueueLiveness]
     longest_outage_ns: int  # the longest unavailable window of any queue and kind
     available_share: float | None  # over every queue and kind: 1 - unavailable / span, summed
-    unavailable: list[UnavailableQueue]  # not recovered after the last heal: verdict UNAVAILABLE
+    unavailable: list[UnavailableQueue]  # did not come back: verdict UNAVAILABLE
     over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
 
 

@@ -434,7 +434,11 @@ def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
     assert sc.workload.consumer == S.ConsumerSection(0.25, 10.0, 15.5, 0.1, 3, 0)
     assert sc.budgets == S.Budgets(duplicated=0, resurrected=None, recovery_s={"partition": 30.0})
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
-    assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None, "recovery_s": {"partition": 30.0}}
+    assert sc.to_dict()["budgets"] == {
+        "duplicated": 0,
+        "resurrected": None,
+        "recovery_s": {"partition": 30.0},
+    }
 
 
 @pytest.mark.parametrize(

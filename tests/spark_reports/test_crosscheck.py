@@ -366,7 +366,8 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             for (a, _), (b, by_ok) in zip(points, points[1:], strict=False):
                 if b - a > THRESHOLD_NS:
                     gaps.add((q, kind, a, b, by_ok))
-    return {"recovery": recovery, "over": over, "down": down, "gaps": sorted(gaps)}
+    down += sorted({g[0] for g in gaps if not g[4] and g[0] not in down})
+    return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
 
 
 def expected_verdict(plan: dict, t: dict, live: dict) -> tuple:

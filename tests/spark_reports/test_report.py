@@ -175,7 +175,10 @@ def test_a_queue_that_never_came_back_has_its_recovery_table_and_windows_in_the_
     assert "(and" not in r["reason"]  # the step over its budget is the queue that never came back: said once
     page = html.unescape(render_report(run, r).read_text())
     assert "Liveness: did it come back?" in page
-    assert "queue q: no publish or consume ok since" in page and "n1: queue depth: timed out" in page
+    assert (
+        "queue q never recovered: no publish or consume ok since" in page
+        and "n1: queue depth: timed out" in page
+    )
     row = re.search(r"<tr><td class='l'>f1</td>.*?</tr>", page)
     assert row is not None and ">NO<" in row.group(0) and "30 (over)" in row.group(0)
     assert "no (never came back)" in page
