@@ -40,6 +40,7 @@ class NodeOks:
     first_ns: int
     last_ns: int
     after_heal: list[int | None]  # per fault window (``Context.windows``): first ok at or after its heal
+    before_heal: list[int | None]  # and the last ok before it
 
 
 @dataclass
@@ -69,6 +70,22 @@ def _min(values: list[int | None]) -> int | None:
     return min(got) if got else None
 
 
+def _max(values: list[int | None]) -> int | None:
+    got = [v for v in values if v is not None]
+    return max(got) if got else None
+
+
+@dataclass(frozen=True)
+class _Agg:
+    """One queue and kind over every node."""
+
+    count: int
+    first: int | None
+    last: int | None
+    after: list[int | None]  # per fault window: the first ok at or after its heal
+    before: list[int | None]  # and the last ok before it
+
+
 def _since(t: int | None, h: int | None) -> int | None:
     return None if t is None or h is None else t - h
 
@@ -93,35 +110,44 @@ def liveness(
         if op["queue"] is not None:
             drains.setdefault(op["queue"], []).append(op)
 
-    def agg(q: str, k: str) -> tuple[int, int | None, int | None, list[int | None]]:
+    def agg(q: str, k: str) -> _Agg:
         rows = [v for (qq, kk, _n), v in facts.oks.items() if qq == q and kk == k]
         after = [_min([r.after_heal[i] for r in rows]) for i in range(len(windows))]
+        before = [_max([r.before_heal[i] for r in rows]) for i in range(len(windows))]
         if not rows:
-            return 0, None, None, after
-        return sum(r.count for r in rows), min(r.first_ns for r in rows), max(r.last_ns for r in rows), after
+            return _Agg(0, None, None, after, before)
+        return _Agg(
+            sum(r.count for r in rows),
+            min(r.first_ns for r in rows),
+            max(r.last_ns for r in rows),
+            after,
+            before,
+        )
 
     queue_rows: list[QueueLiveness] = []
     out_windows: list[UnavailableWindow] = []
     recovery: list[Recovery] = []
     unavailable: list[UnavailableQueue] = []
-    per_queue: dict[str, dict[str, tuple[int, int | None, int | None, list[int | None]]]] = {}
+    per_queue: dict[str, dict[str, _Agg]] = {}
     for q in queues:
         per = per_queue[q] = {k: agg(q, k) for k in KINDS}
         first_inv, last_pub, _last_inv = facts.publish.get(q, (None, 0, None))
-        firsts = [f for _n, f, _l, _a in per.values() if f is not None]
+        firsts = [a.first for a in per.values() if a.first is not None]
         start = first_inv if first_inv is not None else min(firsts) if firsts else end_ns
         ops = drains.get(q, [])
         drain_ends = [op["end_ns"] for op in ops if op["end_ns"] is not None]
-        last_publish = last_pub if q in facts.publish else per["publish"][2]
+        last_publish = last_pub if q in facts.publish else per["publish"].last
         if ops and ops[-1]["outcome"] == "ok":
             # The drain emptied the queue: past the last publish and the last consume nothing was
             # left to consume, and an idle queue is not an unavailable one.
-            consume_end = max([x for x in (last_publish, per["consume"][2]) if x is not None], default=start)
+            consume_end = max(
+                [x for x in (last_publish, per["consume"].last) if x is not None], default=start
+            )
         else:
             consume_end = max(drain_ends) if drain_ends else end_ns
         ends: dict[str, int | None] = {"publish": last_publish, "consume": consume_end}
         for k in KINDS:
-            count, first, last, _after = per[k]
+            count, first, last = per[k].count, per[k].first, per[k].last
             stop = ends[k]
             span_end = max(stop if stop is not None else start, start)
             found: list[tuple[int, int, bool]] = [
@@ -180,9 +206,9 @@ def liveness(
             missing: list[LiveKind] = []
             if r["publish_demand"] and r["publish_ok_ns"] is None:
                 missing.append("publish")
-            if r["consume_ok_ns"] is None:
+            if r["consume_demand"] and r["consume_ok_ns"] is None:
                 missing.append("consume")
-            lasts = [x for x in (per_queue[q][k][2] for k in missing) if x is not None]
+            lasts = [x for x in (per_queue[q][k].last for k in missing) if x is not None]
             start = next(x for x in queue_rows if x["queue"] == q)["span_start_ns"]
             gone[q] = (missing, max(lasts) if lasts else start, windows[li])
     for x in out_windows:
@@ -234,7 +260,7 @@ def _recovery(
     i: int,
     h: int | None,
     q: str,
-    per: dict[str, tuple[int, int | None, int | None, list[int | None]]],
+    per: dict[str, _Agg],
     drains: list[DrainOp],
     budget: float | None,
     threshold_ns: int,
@@ -243,7 +269,7 @@ def _recovery(
     node_names = sorted({n for (qq, _k, n) in facts.oks if qq == q and n is not None})
     last_inv = facts.publish.get(q, (None, 0, None))[2]
     demand = h is not None and last_inv is not None and last_inv - h > threshold_ns
-    pub = _since(per["publish"][3][i], h)
+    pub = _since(per["publish"].after[i], h)
     drain_ok = _min(
         [
             op["end_ns"]
@@ -251,9 +277,16 @@ def _recovery(
             if op["outcome"] == "ok" and h is not None and (op["end_ns"] or -1) >= h
         ]
     )
-    cons = _since(_min([per["consume"][3][i], drain_ok]), h)
-    recovered = cons is not None and (pub is not None or not demand)
-    took = max(cons or 0, pub or 0 if demand else 0) if recovered else None
+    cons = _since(_min([per["consume"].after[i], drain_ok]), h)
+    # Something to consume at or after the heal: a publish confirmed after it, or one confirmed
+    # before it later than the last consume before it (an idle queue asks nothing of consumers).
+    pub_before, cons_before = per["publish"].before[i], per["consume"].before[i]
+    asked = h is not None and (
+        per["publish"].after[i] is not None
+        or (pub_before is not None and (cons_before is None or pub_before > cons_before))
+    )
+    recovered = (cons is not None or not asked) and (pub is not None or not demand)
+    took = max(cons or 0 if asked else 0, pub or 0 if demand else 0) if recovered else None
     over = h is not None and budget is not None and (took is None or took > budget * NS_PER_S)
 
     def node_first(kind: str, n: str) -> int | None:
@@ -268,6 +301,7 @@ def _recovery(
         healed=h is not None,
         heal_ns=h,
         publish_demand=demand,
+        consume_demand=asked,
         publish_ok_ns=pub,
         consume_ok_ns=cons,
         recovery_ns=took,

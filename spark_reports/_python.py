@@ -501,10 +501,14 @@ class _Live:
             ts.sort()
             merged.setdefault(key[:2], []).extend(ts)
             after: list[int | None] = []
+            before: list[int | None] = []
             for h in heals:
                 i = bisect_left(ts, h) if h is not None else len(ts)
                 after.append(ts[i] if i < len(ts) else None)
-            out.oks[key] = NodeOks(count=len(ts), first_ns=ts[0], last_ns=ts[-1], after_heal=after)
+                before.append(ts[i - 1] if h is not None and i > 0 else None)
+            out.oks[key] = NodeOks(
+                count=len(ts), first_ns=ts[0], last_ns=ts[-1], after_heal=after, before_heal=before
+            )
         for (q, kind), ts in merged.items():
             ts.sort()
             out.gaps += [(q, kind, a, b) for a, b in pairwise(ts) if b - a > threshold_ns]

@@ -40,15 +40,18 @@ def live_parts(h: Any, scope: Scope) -> list[Any]:
     )
     ctxs = dict(sorted(scope.ctxs.items()))
     heals = [heal_times(c.windows) for c in ctxs.values()]
-    after = [
-        F.min(F.when(t >= scope.per_run([x[i] if i < len(x) else None for x in heals], "bigint"), t))
+    at = [
+        scope.per_run([x[i] if i < len(x) else None for x in heals], "bigint")
         for i in range(max((len(x) for x in heals), default=0))
     ]
+    after = [F.min(F.when(t >= h, t)) for h in at]
+    before = [F.max(F.when(t < h, t)) for h in at]
     nodes = ok.groupBy("run", "queue", "kind", "node").agg(
         F.count(F.lit(1)).alias("count"),
         F.min(t).alias("first"),
         F.max(t).alias("last"),
         (F.array(*after) if after else F.array().cast("array<bigint>")).alias("after"),
+        (F.array(*before) if before else F.array().cast("array<bigint>")).alias("before"),
     )
     w = Window.partitionBy("run", "queue", "kind").orderBy("time_ns")
     gaps = (
@@ -74,6 +77,7 @@ def parse_live(parts: dict[str, list[dict]], runs: int) -> dict[int, LiveFacts]:
             first_ns=int(r["first"]),
             last_ns=int(r["last"]),
             after_heal=list(r["after"]),
+            before_heal=list(r["before"]),
         )
     for r in parts.get("live_gap", []):
         out[r["run"]].gaps.append((r["queue"], r["kind"], int(r["a"]), int(r["b"])))

@@ -378,8 +378,9 @@ class Recovery(TypedDict):
 
     A kind counts once it was asked for after the heal: ``publish`` when producers kept invoking
     publishes on the queue for longer than ``Liveness.threshold_ns`` after the heal (a heal just
-    before the producers stop asks nothing of them), ``consume`` always (consumers or the final
-    drain read every queue). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
+    before the producers stop asks nothing of them); ``consume`` when there was something to
+    consume: a publish confirmed at or after the heal, or one confirmed before it later than the
+    last consume ok before it (an idle queue asks nothing of its consumers). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
     completing ok (every node answered that it is empty), whichever is first.
     """
 
@@ -390,9 +391,12 @@ class Recovery(TypedDict):
     healed: bool  # a heal naming the step completed ok (otherwise nothing is measured)
     heal_ns: int | None
     publish_demand: bool  # publishes were invoked on the queue more than the threshold after the heal
+    consume_demand: bool  # something to consume: a publish confirmed after the heal, or one before it later than the last consume
     publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node
     consume_ok_ns: int | None  # heal -> first consume ok (or drain ok) on the queue, any node
-    recovery_ns: int | None  # heal -> the later of the two (publish only when asked for); None: not recovered
+    recovery_ns: (
+        int | None
+    )  # heal -> the later of the two kinds asked for (0 when none was); None: not recovered
     recovered: bool
     budget_s: float | None  # budgets.recovery_s for this fault kind
     over_budget: bool  # not recovered, or recovered later than the budget

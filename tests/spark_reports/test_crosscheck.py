@@ -329,8 +329,13 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 and r["time_ns"] - h > THRESHOLD_NS
                 for r in client
             )
-            recovered = bool(cons) and (bool(pub) or not demand)
-            took = max(min(cons), min(pub) if demand else 0) if recovered else None
+            before_pub = [t for t in oks(q, "publish") if t < h]
+            before_cons = [t for t in oks(q, "consume") if t < h]
+            asked = bool(pub) or (
+                bool(before_pub) and (not before_cons or max(before_pub) > max(before_cons))
+            )
+            recovered = (bool(cons) or not asked) and (bool(pub) or not demand)
+            took = max(min(cons) if asked else 0, min(pub) if demand else 0) if recovered else None
             b = budget.get(kind) if isinstance(budget, dict) else budget
             if b is not None and (took is None or took > b * 1e9):
                 over.append(f"{fid} {q}")
