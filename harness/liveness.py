@@ -27,6 +27,8 @@ def recovery_row(r: Mapping[str, Any]) -> str:
         else "-"
     )
     state = "recovered" if r.get("recovered") else "NOT recovered"
+    if r.get("recovered") and r.get("recovery_ns") is None:
+        state = "nothing asked of it after the heal"
     took = f" in {seconds(r['recovery_ns'])}" if r.get("recovery_ns") is not None else ""
     budget = ""
     if r.get("budget_s") is not None:

@@ -286,8 +286,13 @@ def _recovery(
         or (pub_before is not None and (cons_before is None or pub_before > cons_before))
     )
     recovered = (cons is not None or not asked) and (pub is not None or not demand)
-    took = max(cons or 0 if asked else 0, pub or 0 if demand else 0) if recovered else None
-    over = h is not None and budget is not None and (took is None or took > budget * NS_PER_S)
+    times = [t for t, wanted in ((cons, asked), (pub, demand)) if wanted and t is not None]
+    took = max(times) if recovered and times else None  # None and recovered: nothing was asked of it
+    over = (
+        h is not None
+        and budget is not None
+        and (not recovered or (took is not None and took > budget * NS_PER_S))
+    )
 
     def node_first(kind: str, n: str) -> int | None:
         got = facts.oks.get((q, kind, n))

@@ -354,8 +354,8 @@ def grade_recovery(
     for rows in per_run:
         mine: dict[str, tuple[list[float], int]] = {}
         for r in rows:
-            if not r.get("healed"):
-                continue
+            if not r.get("healed") or (r.get("recovered") and r.get("recovery_ns") is None):
+                continue  # never healed, or nothing was asked of the queue after the heal
             times, never = mine.get(r["kind"], ([], 0))
             if r.get("recovered") and r.get("recovery_ns") is not None:
                 times.append(r["recovery_ns"] / 1e9)

@@ -226,7 +226,7 @@ def _liveness_parts(results: Results) -> list[str]:
                 after(r["publish_ok_ns"], r["publish_demand"] or r["publish_ok_ns"] is not None),
                 after(r["consume_ok_ns"]),
                 state,
-                after(r["recovery_ns"], r["healed"]),
+                after(r["recovery_ns"], r["healed"] and not (r["recovered"] and r["recovery_ns"] is None)),
                 budget,
                 per_node,
             ]

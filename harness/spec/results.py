@@ -394,9 +394,8 @@ class Recovery(TypedDict):
     consume_demand: bool  # something to consume: a publish confirmed after the heal, or one before it later than the last consume
     publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node
     consume_ok_ns: int | None  # heal -> first consume ok (or drain ok) on the queue, any node
-    recovery_ns: (
-        int | None
-    )  # heal -> the later of the two kinds asked for (0 when none was); None: not recovered
+    # heal -> the later of the kinds asked for; None: not recovered, or nothing was asked of it
+    recovery_ns: int | None
     recovered: bool
     budget_s: float | None  # budgets.recovery_s for this fault kind
     over_budget: bool  # not recovered, or recovered later than the budget

@@ -335,9 +335,10 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 bool(before_pub) and (not before_cons or max(before_pub) > max(before_cons))
             )
             recovered = (bool(cons) or not asked) and (bool(pub) or not demand)
-            took = max(min(cons) if asked else 0, min(pub) if demand else 0) if recovered else None
+            times = ([min(cons)] if asked and cons else []) + ([min(pub)] if demand and pub else [])
+            took = max(times) if recovered and times else None
             b = budget.get(kind) if isinstance(budget, dict) else budget
-            if b is not None and (took is None or took > b * 1e9):
+            if b is not None and (not recovered or (took is not None and took > b * 1e9)):
                 over.append(f"{fid} {q}")
             recovery[(fid, q)] = (recovered, min(pub) if pub else None, min(cons) if cons else None, took)
     down = []
