@@ -186,14 +186,19 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     counts = res.get("counts") or {}
     verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
     checkers = {n: p.get("verdict") for n, p in (res.get("checkers") or {}).items()}
-    lost = int(counts.get("lost") or 0)
+    stuck = int(counts.get("stuck") or 0)  # held unacked by no consumer: lost to the application
+    lost = int(counts.get("lost") or 0) + stuck
     drain = res.get("drain") or {}
     # The loss outcome is known when nothing confirmed is missing, or when it is missing
     # after a completed drain. A checker that failed left no counts; a run the queue checker
     # called unknown stays unknown here too, whatever its counts say. Another checker's
     # verdict (a stream's replicas, a delay) decides the run's verdict, not its loss outcome.
     loss_verdict = checkers.get(res.get("body_checker") or "", verdict)
-    known = loss_verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
+    known = (
+        loss_verdict != "unknown"
+        and bool(counts)
+        and (lost == 0 or stuck > 0 or bool(drain.get("completed")))
+    )
     return RunGrade(
         run_dir=run_dir,
         seed=seed,

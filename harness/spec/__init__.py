@@ -34,7 +34,15 @@ from harness.spec.broker import (
     run_or_fail,
     wait_until_running,
 )
-from harness.spec.client import DELAYED_EXCHANGE, Delays, Driver, Endpoint, QueueDepth, RateLimiter
+from harness.spec.client import (
+    DELAYED_EXCHANGE,
+    Delays,
+    Driver,
+    Endpoint,
+    QueueDepth,
+    QueueHolders,
+    RateLimiter,
+)
 from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
 from harness.spec.history import (
     ABANDON_CAUSES,
@@ -73,6 +81,7 @@ __all__ = [
     "NodeInfo",
     "NodeSpec",
     "QueueDepth",
+    "QueueHolders",
     "RateLimiter",
     "Recorder",
     "Registry",

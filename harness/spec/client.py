@@ -18,12 +18,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from harness.scenario import ConsumerSection, DelaySection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
+QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
+"""(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
 
 
 @dataclass
