@@ -81,7 +81,7 @@ read them as before. Each transaction adds one op:
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
 SCHEMA_VERSION = 2
 FIELDS = (
@@ -113,6 +113,48 @@ ABANDON_CAUSES = (
     "close",  # channel or connection closed with the delivery unacked
     "crash",  # the consumer's connection cut without a close, as when its process is killed
 )
+
+
+class Invocation(Protocol):
+    """An open operation in the history; complete it once with ``ok``, ``fail`` or ``info``.
+    Each completion returns the record it wrote."""
+
+    f: str  # the operation
+    index: int  # of the invoke record
+    time_ns: int
+    done: bool  # a completion was written (a second one would break the contract)
+
+    def ok(
+        self,
+        value: Any = None,
+        *,
+        redelivered: bool | None = None,
+        node: str | None = None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]: ...
+
+    def fail(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]: ...
+
+    def info(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]: ...
+
+
+class Recorder(Protocol):
+    """What a driver writes the history through (the harness's writer is one): an invoke
+    returns the ``Invocation`` to complete; ``now_ns`` is the history's clock (since run start)."""
+
+    def invoke(
+        self,
+        process: str,
+        f: str,
+        *,
+        node: str | None = None,
+        queue: str | None = None,
+        value: Any = None,
+        detail: Any = None,
+    ) -> Invocation: ...
+
+    def now_ns(self) -> int: ...
 
 
 _ARROW_TYPES = {
