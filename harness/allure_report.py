@@ -323,7 +323,7 @@ def attribution_text(results: dict[str, Any]) -> str:
     att = results.get("attribution") or {}
     lines = [
         f"verdict: {results.get('verdict', results.get('valid'))}  lost: {c.get('lost')}  "
-        f"confirmed: {c.get('confirmed')}",
+        f"stuck: {c.get('stuck', 0)}  confirmed: {c.get('confirmed')}",
         "",
         f"{'fault kind':<18}{'node':<8}lost",
     ]
@@ -331,6 +331,16 @@ def attribution_text(results: dict[str, Any]) -> str:
     lines += [f"{r['fault_kind']:<18}{str(r['node']):<8}{r['count']}" for r in rows] or ["(no lost messages)"]
     lines += ["", f"{'fault kind':<18}{'exposed confirmed':<20}lost"]
     lines += [f"{r['fault_kind']:<18}{r['confirmed']:<20}{r['lost']}" for r in att.get("exposure") or []]
+    stuck = results.get("stuck") or []
+    if stuck:
+        lines += [
+            "",
+            "held unacked by no consumer (stuck):",
+            f"{'node':<8}{'queue':<16}{'unacked':<10}since s",
+        ]
+        lines += [
+            f"{q['node']:<8}{str(q['queue']):<16}{q['unacked']:<10}{q['since_ns'] / 1e9:.1f}" for q in stuck
+        ]
     return "\n".join(lines) + "\n"
 
 

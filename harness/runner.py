@@ -32,7 +32,13 @@ from harness.spec.client import Endpoint
 from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.store import RunDir
 from harness.verdicts import combine
-from harness.workload import assignments, driver_options, queue_depth_reader, run_workload
+from harness.workload import (
+    assignments,
+    driver_options,
+    queue_depth_reader,
+    queue_holders_reader,
+    run_workload,
+)
 
 EXIT_ERROR = 2
 """A harness or usage error before any verdict; a checked run exits with ``exit_code`` (0, 1 or 3)."""
@@ -188,11 +194,19 @@ class Run:
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)
+        holders = queue_holders_reader(self.plugin, cluster.nodes)
         driver = factory(
             endpoints,
             recorder,
             first_node=first,
-            **driver_options(w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth),
+            **driver_options(
+                w,
+                self.plugin,
+                self.settings,
+                seed=self.scenario.seed,
+                queue_depth=depth,
+                queue_holders=holders,
+            ),
         )
 
         ctx = FaultContext(cluster)

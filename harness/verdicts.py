@@ -154,6 +154,7 @@ def summary_table(results: dict[str, Any]) -> str:
         ("delivered (unique)", c.get("delivered_unique")),
         ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
         ("lost", c.get("lost")),
+        ("stuck", c.get("stuck")),
         ("unreachable", c.get("unreachable")),
         ("ack unknown", c.get("ack_unknown")),
         ("unexpected", c.get("unexpected")),

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import FIELDS, OPTIONAL_FIELDS, body_digest, message_body
+from harness.spec.history import DEPTH, FIELDS, OPTIONAL_FIELDS, body_digest, message_body
 from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
+    STUCK_CAUSE,
     UNAVAILABLE_S,
     AttributionRow,
     Budgets,
@@ -43,6 +44,7 @@ from harness.spec.results import (
     Results,
     Resurrection,
     SplitBrainCopy,
+    StuckQueue,
     UnflaggedRedelivery,
 )
 
@@ -53,6 +55,8 @@ HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
 OPTIONAL_COLUMNS = tuple(name for name in HISTORY_COLUMNS if name in OPTIONAL_FIELDS)
 """Absent from histories written before schema 2 (or by hand): read as nulls."""
 NEMESIS = "nemesis"
+SMALL_OPS = ("drain", DEPTH)
+"""Client ops both engines read on the side, with the nemesis's, before the big pass."""
 DELIVERY_CAP = 10
 """Deliveries listed per message in detail lists; the count is always complete."""
 MAX_TIMELINE_BUCKETS = 3600
@@ -437,6 +441,106 @@ def split_brain_nodes(
     return [EmptyNode(node=n, empty_at_ns=t) for t, n in sorted(hits)]
 
 
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _held_for_no_one(look: dict) -> bool:
+    """A look that found unacked deliveries nobody of the harness's could hold: no other client
+    connection open on the queue, none held by the drain, nothing ready."""
+    return (
+        look["ready"] == 0
+        and (look["unacked"] or 0) > 0
+        and look["clients"] == 0
+        and look["own_unacked"] == 0
+    )
+
+
+def stuck_queues(drain_rows: list[dict], depth_rows: list[dict]) -> tuple[list[StuckQueue], bool]:
+    """Nodes whose last look (``depth`` op) within a drain that did not finish found deliveries held
+    for no consumer, and whether that explains every drain that did not finish.
+
+    A drain op (drainer, queue) whose last completion is not ok is explained when its completion
+    names its nodes and each node's last look in it was ok and found the queue either empty
+    (nothing ready or unacked) or held for no one (``_held_for_no_one``), at least one so. A
+    node never looked at, a look that failed, or ready messages leave it unexplained: what the
+    harness could not establish stays unknown.
+    """
+    looks: dict[tuple[str, str | None], list[dict]] = {}
+    pending: dict[tuple[str, str | None, str | None], int] = {}
+    for r in sorted(depth_rows, key=lambda r: r["index"]):
+        key = (r["process"], r.get("queue"), r.get("node"))
+        if r.get("type") == "invoke":
+            pending[key] = r["index"]
+            continue
+        if pending.pop(key, None) is None:
+            continue
+        v = _load_json(r.get("value")) if r.get("type") == "ok" else {}
+        looks.setdefault((r["process"], r.get("queue")), []).append(
+            {
+                "index": r["index"],
+                "time_ns": r["time_ns"],
+                "node": r.get("node"),
+                "ok": r.get("type") == "ok",
+                "ready": _count(v.get("ready")),
+                "unacked": _count(v.get("unacked")),
+                "own_unacked": _count(v.get("own_unacked")),
+                "clients": _count(v.get("clients")),
+                "holders": v.get("holders") if isinstance(v.get("holders"), list) else None,
+            }
+        )
+    last_op: dict[tuple[str, str | None], tuple[int, int, str, list[str]]] = {}
+    invoked: dict[tuple[str, str | None], int] = {}
+    for r in sorted(drain_rows, key=lambda r: r["index"]):
+        op = (r["process"], r.get("queue"))
+        if r.get("type") == "invoke":
+            invoked[op] = r["index"]
+            last_op[op] = (r["index"], NO_LIMIT_INDEX, "open", [])
+        elif op in invoked:
+            nodes = _load_json(r.get("value")).get("nodes")
+            names = sorted(str(n) for n in nodes) if isinstance(nodes, dict) else []
+            last_op[op] = (invoked.pop(op), r["index"], outcome_of(r.get("type")), names)
+    out: list[StuckQueue] = []
+    unfinished = explained = 0
+    for (process, queue), (lo, hi, outcome, names) in sorted(last_op.items(), key=lambda kv: kv[1][0]):
+        if outcome == "ok":
+            continue
+        unfinished += 1
+        mine = [x for x in looks.get((process, queue), []) if lo < x["index"] < hi]
+        found: list[StuckQueue] = []
+        whole = bool(names)
+        for node in names:
+            at = [x for x in mine if x["node"] == node]
+            last = at[-1] if at else None
+            if last is None or not last["ok"]:
+                whole = False
+                continue
+            if _held_for_no_one(last):
+                run = []
+                for x in reversed(at):
+                    if not (x["ok"] and _held_for_no_one(x)):
+                        break
+                    run.append(x)
+                found.append(
+                    StuckQueue(
+                        queue=queue,
+                        node=node,
+                        drainer=process,
+                        unacked=last["unacked"] or 0,
+                        ready=0,
+                        since_ns=run[-1]["time_ns"],
+                        last_ns=last["time_ns"],
+                        looks=len(run),
+                        holders=last["holders"],
+                    )
+                )
+            elif not (last["ready"] == 0 and last["unacked"] == 0):
+                whole = False
+        out += found
+        explained += whole and bool(found)
+    return out, bool(out) and unfinished > 0 and explained == unfinished
+
+
 @dataclass
 class Context:
     """What an engine needs to know before its big pass: windows, drain, buckets, the model."""
@@ -450,6 +554,8 @@ class Context:
     params: Params
     spans: list[DrainSpan]
     notes: list[str]
+    stuck: list[StuckQueue] = field(default_factory=list)
+    stuck_drain: bool = False  # every unfinished drain was held up only by nodes in ``stuck``
 
     @property
     def drain_end_ns(self) -> int:
@@ -480,7 +586,9 @@ def make_context(
     params = scenario_params(scenario)
     nem = [r for r in small_rows if r.get("process") == NEMESIS]
     drains = [r for r in small_rows if r.get("f") == "drain" and r.get("process") != NEMESIS]
+    depths = [r for r in small_rows if r.get("f") == DEPTH and r.get("process") != NEMESIS]
     _, spans = drain_ops(drains)
+    stuck, stuck_drain = stuck_queues(drains, depths)
     notes = []
     if version < 2:
         notes.append(
@@ -501,6 +609,8 @@ def make_context(
         params=params,
         spans=spans,
         notes=notes,
+        stuck=stuck,
+        stuck_drain=stuck_drain,
     )
 
 
@@ -627,10 +737,21 @@ def _over(count: int, budget: int | None) -> bool:
     return budget is not None and count > budget
 
 
-def _verdict(counts: Counts, drain: Drain, budgets: Budgets, live: Liveness) -> tuple[Any, Any, str]:
-    """LOST and INTEGRITY first, then the budgets (certain even when the drain is not), then a queue
-    that never came back or came back over its recovery budget, then unknown. A safety verdict
-    says the liveness finding beside it."""
+def held_text(stuck: list[StuckQueue]) -> str:
+    """Where the stuck deliveries are, for a reason line: node, queue, count reported, since when."""
+    return "; ".join(
+        f"{q['node']} reported {q['unacked']:,} unacked on {q['queue']} from {q['since_ns'] / NS_PER_S:.1f} s "
+        f"to {q['last_ns'] / NS_PER_S:.1f} s with no client connection of the harness open"
+        for q in stuck
+    )
+
+
+def _verdict(
+    counts: Counts, drain: Drain, budgets: Budgets, live: Liveness, stuck: list[StuckQueue] | None = None
+) -> tuple[Any, Any, str]:
+    """LOST (lost after a finished drain, or stuck) and INTEGRITY first, then the budgets (certain
+    even when the drain is not), then a queue that never came back or came back over its recovery
+    budget, then unknown. A safety verdict says the liveness finding beside it."""
     lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
     unreachable = counts["unreachable"]
     down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
@@ -647,9 +768,15 @@ def _verdict(counts: Counts, drain: Drain, budgets: Budgets, live: Liveness) -> 
     )
     bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
     bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
+    extra = f" (and {'; '.join(bad)})" if bad else ""
     if lost and drain["completed"]:
-        extra = f" (and {'; '.join(bad)})" if bad else ""
         return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}{also}"
+    if counts["stuck"]:
+        return (
+            False,
+            "LOST",
+            f"{counts['stuck']:,} confirmed messages {STUCK_CAUSE}: {held_text(stuck or [])}{extra}{also}",
+        )
     if bad:
         return False, "INTEGRITY", "messages: " + "; ".join(bad) + also
     for name, verdict, what in (
@@ -695,6 +822,7 @@ COUNT_KEYS = (
     "consumed_total",
     "abandoned",
     "lost",
+    "stuck",
     "ack_unknown",
     "unexpected",
     "corrupted",
@@ -708,12 +836,21 @@ COUNT_KEYS = (
 
 
 def _counts(ctx: Context, c: dict[str, int]) -> Counts:
-    """The engine's ``lost`` (confirmed, never consumed) is lost only after a completed drain;
-    otherwise those messages are unreachable."""
-    out = {k: int(c[k]) for k in COUNT_KEYS}
-    out["unreachable"] = 0 if ctx.drain["completed"] else out["lost"]
-    out["lost"] = out["lost"] if ctx.drain["completed"] else 0
-    return Counts(**out, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+    """The engine's counts. What the engines found missing (confirmed, never consumed) is lost
+    after a completed drain; stuck when the drain was held up only by stuck deliveries; otherwise
+    unreachable (behind a queue that did not answer)."""
+    missing = int(c["lost"])
+    out = {k: int(c[k]) for k in COUNT_KEYS if k != "stuck"}
+    out["lost"] = out["stuck"] = out["unreachable"] = 0
+    if ctx.stuck_drain:
+        out["stuck"] = missing
+    elif ctx.drain["completed"]:
+        out["lost"] = missing
+    else:
+        out["unreachable"] = missing
+    return Counts(  # type: ignore[typeddict-item]
+        **{k: out[k] for k in COUNT_KEYS}, unreachable=out["unreachable"], history_ops=ctx.ops
+    )
 
 
 def live_of(ctx: Context, live: LiveFacts) -> Liveness:
@@ -742,7 +879,7 @@ def summarize(
     fault kind, liveness), computed as ``assemble`` computes them: for a job that checks many runs at once."""
     c = _counts(ctx, counts)
     lv = live_of(ctx, live)
-    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets, lv)
+    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets, lv, ctx.stuck)
     return {
         "engine": engine,
         "valid": valid,
@@ -761,7 +898,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     counts = _counts(ctx, facts.counts)
     budgets = ctx.params.budgets
     live = live_of(ctx, facts.live)
-    valid, verdict, reason = _verdict(counts, ctx.drain, budgets, live)
+    valid, verdict, reason = _verdict(counts, ctx.drain, budgets, live, ctx.stuck)
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:
         notes.append(
@@ -769,6 +906,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
             "and were not verified"
         )
     lost_detail = [_detail(d) for d in facts.lost]
+    stuck = ctx.stuck_drain  # what the engines found missing is stuck, not lost (``_counts``)
     drain_end = ctx.drain_end_ns
     messages: list[LostAttribution] = []
     for d in lost_detail:
@@ -806,13 +944,19 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         notes=notes,
         budgets=budgets,
         counts=counts,
-        lost=[d["id"] for d in lost_detail],
+        lost=[] if stuck else [d["id"] for d in lost_detail],
         lost_truncated=counts["lost"] + counts["unreachable"] > len(lost_detail),
-        lost_detail=lost_detail,
-        lost_by_cause=[
+        lost_detail=[] if stuck else lost_detail,
+        lost_by_cause=[]
+        if stuck
+        else [
             LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
             for k, a, n in sorted(facts.lost_by_cause, key=lambda r: (r[0], r[1] or ""))
         ],
+        stuck=ctx.stuck,
+        stuck_detail=[{**d, "cause": STUCK_CAUSE, "abandon_cause": None} for d in lost_detail]
+        if stuck
+        else [],
         ack_unknown=[_detail(d) for d in facts.ack_unknown],
         unexpected=[d["id"] for d in facts.unexpected],
         unexpected_truncated=counts["unexpected"] > len(facts.unexpected),

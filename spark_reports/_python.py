@@ -22,6 +22,7 @@ from ._common import (
     NEMESIS,
     NEVER_DELIVERED,
     OPTIONAL_COLUMNS,
+    SMALL_OPS,
     UNACKED,
     Context,
     Facts,
@@ -164,7 +165,7 @@ def check_python(run_dir: Path, scenario: dict) -> Results:
         end_ns = r["time_ns"] if end_ns is None else max(end_ns, r["time_ns"])
         version = r["schema"] if r["schema"] is not None else 1
         schema = version if schema is None else min(schema, version)
-        if r["process"] == NEMESIS or r["f"] == "drain":
+        if r["process"] == NEMESIS or r["f"] in SMALL_OPS:
             small.append(r)
     ctx = make_context(ops, end_ns, small, scenario, schema)
     progress("python", "prelude", ops=ops, faults=len(ctx.windows), schema=ctx.history_schema)

@@ -32,6 +32,7 @@ from ._common import (
     DELIVERY_CAP,
     HISTORY_COLUMNS,
     NEMESIS,
+    SMALL_OPS,
     Context,
     Facts,
     assemble,
@@ -936,12 +937,13 @@ _SMALL = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", 
 
 
 def _small_rows(path: Path) -> list[dict]:
-    """The nemesis and drain records (a handful), read on the driver.
+    """The nemesis, drain and depth records (a handful), read on the driver.
 
     The driver reads the file's footer anyway; this saves a Spark job before the real one.
     Only the two short columns that pick them are read whole; the rest only in the row
     groups that hold one (decoding every message id of a big history took seconds).
     """
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -951,7 +953,7 @@ def _small_rows(path: Path) -> list[dict]:
     rows: list[dict] = []
     for i in range(f.num_row_groups):
         keys = f.read_row_group(i, columns=["process", "f"])
-        mask = pc.or_kleene(pc.equal(keys["process"], NEMESIS), pc.equal(keys["f"], "drain"))
+        mask = pc.or_kleene(pc.equal(keys["process"], NEMESIS), pc.is_in(keys["f"], pa.array(SMALL_OPS)))
         if pc.any(mask).as_py():
             rows += f.read_row_group(i, columns=columns).filter(mask).to_pylist()
     for r in rows:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ._rows import history_path, reason_of, verdict_of
+from ._spark_session import spark_session
 from .stream import iter_rows
 
 COUNT_KEYS = (
@@ -248,17 +249,9 @@ def check_atomicity_spark(
 ) -> dict[str, Any]:
     """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
     with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
-    from pyspark.sql import SparkSession
-
     path = history_path(Path(run_dir))
-    if spark is None:
-        spark = (
-            SparkSession.builder.master(spark_master or "local[2]")
-            .appName("brokerchaos-atomicity")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
+    if spark is None:  # the one session every checker of this process shares
+        spark = spark_session(spark_master)
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")

@@ -187,7 +187,8 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     counts = res.get("counts") or {}
     verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
     checkers = {n: p.get("verdict") for n, p in (res.get("checkers") or {}).items()}
-    lost = int(counts.get("lost") or 0)
+    stuck = int(counts.get("stuck") or 0)  # held unacked by no consumer: lost to the application
+    lost = int(counts.get("lost") or 0) + stuck
     drain = res.get("drain") or {}
     # The loss outcome is known when nothing confirmed is missing, or when it is missing
     # after a completed drain. A checker that failed left no counts; a run the queue checker
@@ -196,9 +197,9 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     loss_verdict = checkers.get(res.get("body_checker") or "", verdict)
     unreachable = int(counts.get("unreachable") or 0)
     known = (
-        loss_verdict not in ("unknown", "UNAVAILABLE")
+        loss_verdict != "unknown"
         and bool(counts)
-        and ((lost == 0 and unreachable == 0) or bool(drain.get("completed")))
+        and ((lost == 0 and unreachable == 0) or stuck > 0 or bool(drain.get("completed")))
     )
     return RunGrade(
         run_dir=run_dir,

@@ -36,6 +36,7 @@ _COUNT_LABELS = {
     "consumed_total": "acks completed ok",
     "abandoned": "deliveries given back (abandon ops)",
     "lost": "lost: confirmed, never consumed after a completed drain",
+    "stuck": "stuck: confirmed, held unacked by no consumer",
     "unreachable": "confirmed, never consumed, the final drain unfinished: not known lost",
     "ack_unknown": "confirmed, ack outcome unknown",
     "unexpected": "consumed, never published",
@@ -437,6 +438,58 @@ def _lost_parts(results: Results) -> list[str]:
             f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
             _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2),
         ]
+    if results.get("stuck"):
+        parts += [
+            f"<h2>Stuck deliveries ({c.get('stuck', 0):,} confirmed messages)</h2>",
+            "<p>After the harness had closed every client connection it opened on the queue, these "
+            "nodes still reported deliveries unacked: held for consumers that no longer exist, never to "
+            "be delivered again. A loss to the application (verdict LOST, cause "
+            "&ldquo;held unacked by no consumer&rdquo;), counted apart from lost (a finished drain that "
+            "did not find them) and from unreachable (a queue that never answers). The confirmed messages "
+            "counted stuck are those the drain could not obtain when it was held up by these nodes alone.</p>",
+            _table(
+                [
+                    "node",
+                    "queue",
+                    "drainer",
+                    "unacked reported",
+                    "since s",
+                    "last seen s",
+                    "looks",
+                    "holders",
+                ],
+                [
+                    [
+                        q["node"],
+                        q["queue"],
+                        q["drainer"],
+                        f"{q['unacked']:,}",
+                        _s(q["since_ns"]),
+                        _s(q["last_ns"]),
+                        q["looks"],
+                        "-" if q["holders"] is None else "; ".join(map(str, q["holders"])),
+                    ]
+                    for q in results["stuck"]
+                ],
+                left=3,
+            ),
+        ]
+        stuck = results.get("stuck_detail") or []
+        if stuck:
+            parts += _section(
+                "Stuck messages",
+                min(len(stuck), _ROWS),
+                c.get("stuck", 0),
+                "",
+                _table(
+                    ["id", "confirmed by", "confirm s", "deliveries"],
+                    [
+                        [d["id"], d["confirm_node"], _s(d["confirm_ns"]), d["delivered"]]
+                        for d in stuck[:_ROWS]
+                    ],
+                    left=2,
+                ),
+            )
     if results.get("ack_unknown"):
         parts += _section(
             "Acked with an unknown outcome",

@@ -36,6 +36,7 @@ from typing import Any
 
 from . import _rows
 from ._rows import history_path, reason_of, verdict_of
+from ._spark_session import spark_session
 
 COUNT_KEYS = (
     "streams",
@@ -280,18 +281,10 @@ def check_stream_spark(
     spark_master: str | None = None,
 ) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
-    from pyspark.sql import SparkSession
-
     run_dir = Path(run_dir)
     path = history_path(run_dir)
-    if spark is None:
-        spark = (
-            SparkSession.builder.master(spark_master or "local[2]")
-            .appName("brokerchaos-stream")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
+    if spark is None:  # the one session every checker of this process shares
+        spark = spark_session(spark_master)
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["base"]).createOrReplaceTempView("b")

@@ -24,6 +24,8 @@ from harness.scenario import ConsumerSection, DelaySection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
+QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
+"""(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
 
 
 @dataclass

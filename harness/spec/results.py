@@ -90,7 +90,14 @@ def valid_of(verdict: str | None) -> Valid:
     return True if status == EXIT_DURABLE else False if status == EXIT_FAILED else "unknown"
 
 
-LostCause = Literal["never delivered", "abandoned delivery never redelivered", "delivered, never acked"]
+LostCause = Literal[
+    "never delivered",
+    "abandoned delivery never redelivered",
+    "delivered, never acked",
+    "held unacked by no consumer",
+]
+STUCK_CAUSE: LostCause = "held unacked by no consumer"
+"""The cause of a stuck message (``StuckQueue``): a loss to the application, counted apart from lost."""
 
 
 class Counts(TypedDict):
@@ -106,8 +113,11 @@ class Counts(TypedDict):
     consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
     consumed_total: int  # ack ok records (schema 1: consume ok records)
     abandoned: int  # abandon ops: deliveries a consumer gave back unacked
-    lost: int  # confirmed, never consumed, not ack_unknown, and the final drain completed
+    lost: int  # confirmed, never consumed, not ack_unknown (nor stuck), and the final drain completed
     unreachable: int  # the same, but the final drain did not complete: behind a queue that did not answer, not known lost
+    stuck: (
+        int  # confirmed, never consumed, while the drain ended on nodes holding them unacked for no consumer
+    )
     ack_unknown: int  # confirmed, never acked ok, but an ack of it ended info and no delivery followed it
     unexpected: int  # consumed, never attempted
     corrupted: int  # attempted ids with a delivery whose body digest is not the one sent
@@ -346,6 +356,24 @@ class Drain(TypedDict):
     ops: list[DrainOp]
 
 
+class StuckQueue(TypedDict):
+    """A node that still reported unacked deliveries of a queue after the harness had closed every
+    client connection it opened on it (``depth`` ops with ``clients`` 0): held for consumers that
+    no longer exist. When every drain that did not finish was held up only by such nodes (every
+    other node reported the queue empty), the confirmed messages it could not obtain are
+    ``stuck``: verdict LOST, cause "held unacked by no consumer"."""
+
+    queue: str | None
+    node: str
+    drainer: str
+    unacked: int  # the count the broker last reported
+    ready: int
+    since_ns: int  # the first of the consecutive looks, up to the last, that found it so
+    last_ns: int
+    looks: int  # how many consecutive looks found it so
+    holders: list | None  # what the plugin listed as holding them, when it can tell
+
+
 class Budgets(TypedDict):
     """From the scenario's ``budgets`` section; None means no limit.
 
@@ -480,6 +508,8 @@ class Results(TypedDict):
     lost_truncated: bool
     lost_detail: list[MessageDetail]
     lost_by_cause: list[LostCauseRow]
+    stuck: list[StuckQueue]  # nodes holding a queue's deliveries for no consumer (empty: none seen)
+    stuck_detail: list[MessageDetail]  # the stuck messages (cause "held unacked by no consumer"), capped
     ack_unknown: list[MessageDetail]  # by confirm index, capped
     unexpected: list[str]
     unexpected_truncated: bool

@@ -138,6 +138,7 @@ class NatsDriver:
         first_node: Mapping[str, str] | None = None,
         seed: int = 0,
         queue_depth: QueueDepth | None = None,
+        queue_holders: Any = None,  # a JetStream stream has no deliveries held by a channel
     ) -> None:
         del vhost  # the account is the user's
         if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test

@@ -67,7 +67,11 @@ def plans(draw: st.DrawFn) -> dict:
         }
         for i in range(draw(st.integers(0, 3)))
     ]
-    drain = draw(st.sampled_from(["complete", "complete", "info", "incomplete", "none"]))
+    # stuck: the drain ends info with n1 still holding unacked deliveries for no consumer and the
+    # other nodes empty (depth ops); stuck-open: the same, but a consumer connection still open.
+    drain = draw(
+        st.sampled_from(["complete", "complete", "info", "incomplete", "none", "stuck", "stuck-open"])
+    )
     # One event stream: publishes in seq order per producer; a delivery's own steps (ack written,
     # ack completed, abandon) after it; everything else placed anywhere by drawing each position.
     events: list[tuple] = [("publish", m) for m in messages]
@@ -156,7 +160,13 @@ def build(plan: dict) -> HistoryBuilder:
                 b.op(d["consumer"], d["ack"], "ack", mid, **where)
             else:
                 b.abandon(mid, d["abandon"], consumer=d["consumer"], **where)
-    if plan["drain"] in ("complete", "info"):
+    if plan["drain"].startswith("stuck"):
+        clients = 1 if plan["drain"] == "stuck-open" else 0
+        b.depth("n1", 0, 4, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n2", 0, 0, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n3", 0, 0, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n1", 0, 4, clients=clients, queue=DRAIN_QUEUE)
+    if plan["drain"] in ("complete", "info", "stuck", "stuck-open"):
         end = b.t
         nodes = {
             f"n{i + 1}": {
@@ -377,8 +387,8 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
 
 
 def expected_verdict(plan: dict, t: dict, live: dict) -> tuple:
-    if t["lost"] and plan["drain"] == "complete":
-        return False, "LOST"
+    if t["lost"] and plan["drain"] in ("complete", "stuck"):
+        return False, "LOST"  # after a finished drain, or held unacked by no consumer (stuck)
     if t["unexpected"] or t["corrupted"]:
         return False, "INTEGRITY"
     budgets = plan["budgets"]
@@ -399,8 +409,17 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     t = truth(plan, b.rows)
     with tempfile.TemporaryDirectory() as d:
         r = check_python(b.write(Path(d), jsonl=False), scenario(plan))
-    assert sorted(r["lost"]) == t["lost"]
-    assert {d["id"]: d["cause"] for d in r["lost_detail"]} == t["causes"]
+    if plan["drain"] == "stuck":  # what the drain could not obtain is stuck, not lost
+        assert (r["lost"], r["lost_detail"], r["counts"]["lost"]) == ([], [], 0)
+        assert sorted(d["id"] for d in r["stuck_detail"]) == t["lost"]
+        assert r["counts"]["stuck"] == len(t["lost"])
+        assert {d["cause"] for d in r["stuck_detail"]} <= {"held unacked by no consumer"}
+        assert [(q["node"], q["unacked"], q["looks"]) for q in r["stuck"]] == [("n1", 4, 2)]
+    else:
+        assert sorted(r["lost"]) == t["lost"]
+        assert {d["id"]: d["cause"] for d in r["lost_detail"]} == t["causes"]
+        assert r["counts"]["stuck"] == 0 and r["stuck_detail"] == []
+        assert r["stuck"] == []  # with a consumer connection open nothing is held for no one
     assert sorted(d["id"] for d in r["ack_unknown"]) == t["ack_unknown"]
     assert sorted(r["unexpected"]) == t["unexpected"]
     assert sorted(d["id"] for d in r["recovered"]) == t["recovered"]
