@@ -848,9 +848,8 @@ def _counts(ctx: Context, c: dict[str, int]) -> Counts:
         out["lost"] = missing
     else:
         out["unreachable"] = missing
-    return Counts(  # type: ignore[typeddict-item]
-        **{k: out[k] for k in COUNT_KEYS}, unreachable=out["unreachable"], history_ops=ctx.ops
-    )
+    counts = {k: out[k] for k in COUNT_KEYS} | {"unreachable": out["unreachable"], "history_ops": ctx.ops}
+    return Counts(**counts)  # type: ignore[typeddict-item]
 
 
 def live_of(ctx: Context, live: LiveFacts) -> Liveness:
