@@ -320,7 +320,7 @@ def grade_results(
         bootstrap_seed=seed,
         per_kind=per_kind,
         recovery=grade_recovery(
-            [(res.get("liveness") or {}).get("recovery") or [] for _d, res, _s in results],
+            [res.get("liveness") or {} for _d, res, _s in results],
             resamples=resamples,
             seed=seed,
         ),
@@ -342,39 +342,45 @@ RECOVERY_STATS = (("median", 50), ("p90", 90), ("max", 100))
 
 
 def grade_recovery(
-    per_run: Sequence[Sequence[Mapping[str, Any]]],
+    per_run: Sequence[Mapping[str, Any]],
     *,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int | str = BOOTSTRAP_SEED,
     confidence: float = CONFIDENCE,
 ) -> list[RecoveryGrade]:
     """Per fault kind: the recovery times (seconds) of every healed step and queue of every run
-    (``liveness.recovery``), their median, p90 and max with bootstrap intervals over runs, and
-    the share of runs where one never recovered."""
-    kinds: dict[str, list[tuple[list[float], int]]] = {}
-    for rows in per_run:
-        mine: dict[str, tuple[list[float], int]] = {}
-        for r in rows:
+    (each run's ``liveness``: its ``recovery`` rows), their median, p90 and max with bootstrap
+    intervals over runs, and the share of runs where a queue did not come back after a step of
+    that kind (a step not recovered, or a queue of ``liveness.unavailable`` that follows one)."""
+    kinds: dict[str, list[tuple[list[float], int, bool]]] = {}
+    for live in per_run:
+        # per kind: recovery times, samples not recovered, and whether a queue did not come back
+        mine: dict[str, tuple[list[float], int, bool]] = {}
+        for u in live.get("unavailable") or []:
+            if u.get("fault_kind") is not None:
+                times, never, _ = mine.get(u["fault_kind"], ([], 0, False))
+                mine[u["fault_kind"]] = (times, never, True)
+        for r in live.get("recovery") or []:
             if not r.get("healed") or (r.get("recovered") and r.get("recovery_ns") is None):
                 continue  # never healed, or nothing was asked of the queue after the heal
-            times, never = mine.get(r["kind"], ([], 0))
+            times, never, gone = mine.get(r["kind"], ([], 0, False))
             if r.get("recovered") and r.get("recovery_ns") is not None:
                 times.append(r["recovery_ns"] / 1e9)
             else:
                 never += 1
-            mine[r["kind"]] = (times, never)
+            mine[r["kind"]] = (times, never, gone or not r.get("recovered"))
         for kind, v in mine.items():
             kinds.setdefault(kind, []).append(v)
     out = []
     for kind, runs in sorted(kinds.items()):
-        pooled = sorted(t for times, _ in runs for t in times)
+        pooled = sorted(t for times, _, _ in runs for t in times)
         stats = {name: _nearest_rank(pooled, p) if pooled else None for name, p in RECOVERY_STATS}
         bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(stats)
         if len(runs) >= MIN_RUNS and pooled:
             rng = random.Random(f"{seed}:recovery:{kind}")
             drawn_stats: dict[str, list[float]] = {name: [] for name, _ in RECOVERY_STATS}
             for _ in range(resamples):
-                drawn = sorted(t for times, _ in rng.choices(runs, k=len(runs)) for t in times)
+                drawn = sorted(t for times, _, _ in rng.choices(runs, k=len(runs)) for t in times)
                 if drawn:
                     for name, p in RECOVERY_STATS:
                         drawn_stats[name].append(_nearest_rank(drawn, p))
@@ -386,13 +392,13 @@ def grade_recovery(
                         _nearest_rank(vals, max(1, round(tail))),
                         _nearest_rank(vals, round(100 - tail)),
                     )
-        never = sum(1 for _, n in runs if n)
+        never = sum(1 for _, _, gone in runs if gone)
         share = clopper_pearson_interval(never, len(runs), confidence) if len(runs) >= MIN_RUNS else None
         out.append(
             RecoveryGrade(
                 fault_kind=kind,
                 runs=len(runs),
-                samples=len(pooled) + sum(n for _, n in runs),
+                samples=len(pooled) + sum(n for _, n, _ in runs),
                 recovered=len(pooled),
                 median_s=stats["median"],
                 p90_s=stats["p90"],
@@ -425,7 +431,7 @@ def describe_recovery(rows: Sequence[Mapping[str, Any]], confidence: float = CON
                 return f"{name} -"
             return f"{name} {v:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None else "")
 
-        never = f"{k['runs_never']} of {_runs(k['runs'])} never recovered"
+        never = f"{k['runs_never']} of {_runs(k['runs'])} had a queue that did not come back"
         if k["never_low"] is not None:
             never += f" (share {_pct(k['never_low'])} to {_pct(k['never_high'])}, exact {pct})"
         lines.append(

@@ -571,8 +571,9 @@ class RecoveryGrade(TypedDict):
 
     A sample is one healed step and queue of a run (``Recovery``); the statistics are over the
     samples that recovered, pooled, by nearest rank; their intervals come from a seeded bootstrap
-    that resamples whole runs. ``runs_never`` counts runs with a sample that never recovered,
-    bounded by an exact (Clopper-Pearson) interval over runs.
+    that resamples whole runs. ``runs_never`` counts runs where a queue did not come back after a
+    step of this kind (a sample not recovered, or a queue of ``Liveness.unavailable`` following
+    such a step), bounded by an exact (Clopper-Pearson) interval over runs.
     """
 
     fault_kind: str

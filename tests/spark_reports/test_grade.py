@@ -348,9 +348,13 @@ def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() 
     from spark_reports.grade import describe_recovery, grade_recovery
 
     runs = [
-        [_rec("partition", 1.0), _rec("partition", 3.0), _rec("kill", 10.0)],
-        [_rec("partition", 2.0), _rec("partition", None)],  # a queue that never came back
-        [_rec("partition", 4.0), {"healed": False, "kind": "partition"}],  # never healed: not a sample
+        {"recovery": [_rec("partition", 1.0), _rec("partition", 3.0), _rec("kill", 10.0)]},
+        {"recovery": [_rec("partition", 2.0), _rec("partition", None)]},  # a queue that never came back
+        {
+            "recovery": [_rec("partition", 4.0), {"healed": False, "kind": "partition"}]
+        },  # never healed: no sample
+        # recovered at once, then down for good after the heal of a kill: that run counts as not back
+        {"recovery": [_rec("kill", 0.5)], "unavailable": [{"queue": "q", "fault_kind": "kill"}]},
     ]
     [kill, part] = grade_recovery(runs, resamples=500, seed=1)
     assert (part["fault_kind"], part["runs"], part["samples"], part["recovered"]) == ("partition", 3, 5, 4)
@@ -359,7 +363,8 @@ def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() 
     assert part["max_high"] == 4.0 and part["max_low"] is not None and part["max_low"] <= 4.0
     assert part["runs_never"] == 1
     assert part["never_low"] is not None and 0 < part["never_low"] < 1 / 3 < part["never_high"] < 1
-    assert (kill["runs"], kill["median_s"], kill["median_low"], kill["never_low"]) == (1, 10.0, None, None)
+    assert (kill["runs"], kill["samples"], kill["recovered"], kill["runs_never"]) == (2, 2, 2, 1)
+    assert (kill["median_s"], kill["max_s"]) == (0.5, 10.0)
     text = describe_recovery([kill, part])
     assert text[2].startswith("  partition: 4 of 5 step-queues recovered; median 2.0 [")
-    assert "1 of 3 runs never recovered (share" in text[2]
+    assert "1 of 3 runs had a queue that did not come back (share" in text[2]
