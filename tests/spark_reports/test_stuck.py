@@ -92,7 +92,8 @@ def test_what_the_harness_could_not_establish_stays_unknown(
     tmp_path: Path, why: str, looks: dict[str, list[dict[str, Any]]]
 ) -> None:
     r = check(tmp_path, history(looks=looks))
-    assert (r["verdict"], r["counts"]["stuck"], r["counts"]["lost"]) == ("unknown", 0, 3), why
+    counts = r["counts"]
+    assert (r["verdict"], counts["stuck"], counts["lost"], counts["unreachable"]) == ("unknown", 0, 0, 3), why
     assert r["stuck_detail"] == []
 
 
