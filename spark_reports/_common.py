@@ -281,19 +281,24 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     """Fault windows from the nemesis ops, which are few enough to handle anywhere.
 
     A window opens at the fault's invoke and closes at the ok of the first heal that
-    names it; a fault nobody healed stays open to the end of the history.
+    names it; a fault nobody healed stays open to the end of the history. ``heal_start_ns`` is
+    that heal's invoke (where recovery is measured from).
     """
     rows = sorted(nemesis_rows, key=lambda r: r["index"])
     windows: dict[str, dict] = {}
     order: list[str] = []
     heals: list[tuple[int, list[str]]] = []
+    heal_invokes: list[tuple[int, list[str]]] = []
     for r in rows:
         value = _load_json(r.get("value"))
         f = r.get("f") or "?"
         if f == "heal":
+            ids = value.get("fault_ids") or []
+            named = [str(i) for i in ids] if isinstance(ids, list) else []
             if r.get("type") == "ok":
-                ids = value.get("fault_ids") or []
-                heals.append((r["time_ns"], [str(i) for i in ids] if isinstance(ids, list) else []))
+                heals.append((r["time_ns"], named))
+            elif r.get("type") == "invoke":
+                heal_invokes.append((r["time_ns"], named))
             continue
         fid = str(value.get("fault_id") or f"{f}@{r['index']}")
         if r.get("type") == "invoke":
@@ -315,13 +320,16 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     for fid in order:
         w = windows[fid]
         ends = [t for t, ids in heals if fid in ids and t >= w["start_ns"]]
+        end = min(ends) if ends else None
+        began = [t for t, ids in heal_invokes if fid in ids and end is not None and w["start_ns"] <= t <= end]
         out.append(
             FaultWindow(
                 fault_id=fid,
                 kind=w["kind"],
                 node=w["node"],
                 start_ns=w["start_ns"],
-                end_ns=min(ends) if ends else max(end_ns, w["start_ns"]),
+                end_ns=end if end is not None else max(end_ns, w["start_ns"]),
+                heal_start_ns=max(began) if began else end,
                 applied=w["applied"],
                 healed=bool(ends),
                 params=w["params"],

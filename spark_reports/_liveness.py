@@ -54,8 +54,8 @@ class LiveFacts:
 
 
 def heal_times(windows: list[FaultWindow]) -> list[int | None]:
-    """Per fault window, the time its heal completed (None: never healed)."""
-    return [w["end_ns"] if w["healed"] else None for w in windows]
+    """Per fault window, the time its heal began (None: never healed)."""
+    return [w["heal_start_ns"] if w["healed"] else None for w in windows]
 
 
 def recovery_budget(budgets: Budgets, kind: str) -> float | None:
@@ -233,7 +233,7 @@ def liveness(
                 since_ns=since_ns,
                 fault_id=step["fault_id"] if step else None,
                 fault_kind=step["kind"] if step else None,
-                heal_ns=step["end_ns"] if step and step["healed"] else None,
+                heal_ns=step["heal_start_ns"] if step and step["healed"] else None,
                 nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
                 drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
                 log=[],

@@ -231,6 +231,7 @@ class FaultWindow(TypedDict):
     node: str | None
     start_ns: int
     end_ns: int
+    heal_start_ns: int | None  # the invoke of that heal (a restart begins there); None: never healed
     applied: bool  # the fault's own op completed ok
     healed: bool  # a heal naming it completed ok
     params: dict
@@ -404,6 +405,9 @@ class NodeRecovery(TypedDict):
 class Recovery(TypedDict):
     """One fault step and one queue: how long after the step's heal the queue worked again.
 
+    Times are measured from the heal's invoke (``FaultWindow.heal_start_ns``: where the harness
+    began to undo the fault, so a restart's boot counts), not from its completion.
+
     A kind counts once it was asked for after the heal: ``publish`` when producers kept invoking
     publishes on the queue for longer than ``Liveness.threshold_ns`` after the heal (a heal just
     before the producers stop asks nothing of them); ``consume`` when there was something to
@@ -417,7 +421,7 @@ class Recovery(TypedDict):
     node: str | None  # the fault's target
     queue: str
     healed: bool  # a heal naming the step completed ok (otherwise nothing is measured)
-    heal_ns: int | None
+    heal_ns: int | None  # the heal's invoke
     publish_demand: bool  # publishes were invoked on the queue more than the threshold after the heal
     consume_demand: bool  # something to consume: a publish confirmed after the heal, or one before it later than the last consume
     publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node

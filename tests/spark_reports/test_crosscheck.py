@@ -324,8 +324,16 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             and f["id"] in _json(r["value"])["fault_ids"]
             and r["time_ns"] >= start
         ]
-        if ends:
-            heals.append((f["id"], f["kind"], min(ends)))
+        if ends:  # recovery is measured from the invoke of that heal
+            began = [
+                r["time_ns"]
+                for r in nemesis
+                if r["f"] == "heal"
+                and r["type"] == "invoke"
+                and f["id"] in _json(r["value"])["fault_ids"]
+                and start <= r["time_ns"] <= min(ends)
+            ]
+            heals.append((f["id"], f["kind"], max(began)))
     budget = plan["budgets"]["recovery_s"]
     recovery, over = {}, []
     for fid, kind, h in heals:
