@@ -429,7 +429,7 @@ def describe_recovery(rows: Sequence[Mapping[str, Any]], confidence: float = CON
             v, lo, hi = k[f"{name}_s"], k[f"{name}_low"], k[f"{name}_high"]
             if v is None:
                 return f"{name} -"
-            return f"{name} {v:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None else "")
+            return f"{name} {v:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
 
         never = f"{k['runs_never']} of {_runs(k['runs'])} had a queue that did not come back"
         if k["never_low"] is not None:

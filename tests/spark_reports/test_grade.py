@@ -366,5 +366,5 @@ def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() 
     assert (kill["runs"], kill["samples"], kill["recovered"], kill["runs_never"]) == (2, 2, 2, 1)
     assert (kill["median_s"], kill["max_s"]) == (0.5, 10.0)
     text = describe_recovery([kill, part])
-    assert text[2].startswith("  partition: 4 of 5 step-queues recovered; median 2.0 [")
+    assert text[2].startswith("  partition: 4 of 5 step-queues recovered; median 2.00 [")
     assert "1 of 3 runs had a queue that did not come back (share" in text[2]
