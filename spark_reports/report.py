@@ -203,7 +203,7 @@ def _liveness_parts(results: Results) -> list[str]:
     for u in lv["unavailable"]:
         parts.append(f"<div class='verdict UNAVAILABLE'>{_e(describe_unavailable(u, 0))}</div>")
         if u["log"]:
-            parts.append("<pre>" + _e("\n".join(u["log"])) + "</pre>")
+            parts.append("<pre style='white-space:pre-wrap'>" + _e("\n".join(u["log"])) + "</pre>")
 
     def after(ns: int | None, asked: bool = True) -> str:
         return "-" if not asked else "never" if ns is None else f"{ns / 1e9:.3f}"
