@@ -474,3 +474,12 @@ def test_transactions_load_and_round_trip_and_are_absent_by_default() -> None:
     sc = S.from_dict({**MINIMAL, "workload": {"transactions": {"publish_batch": 5, "rollback": 0.2}}})
     assert sc.workload.transactions == S.TransactionsSection(publish_batch=5, ack_batch=0, rollback=0.2)
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
+
+
+def test_a_recovery_budget_for_a_fault_kind_nobody_provides_is_refused_in_one_line(host: Host) -> None:
+    sc = S.from_dict({**MINIMAL, "budgets": {"recovery_s": {"partiton": 30}}})
+    plugin = host.broker(sc.broker.plugin)
+    with pytest.raises(ScenarioError) as e:
+        check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
+    assert str(e.value).startswith("budgets.recovery_s: 'partiton' is not a fault kind; use one of ")
+    assert "partition" in str(e.value) and "\n" not in str(e.value)
