@@ -446,7 +446,8 @@ def _lost_parts(results: Results) -> list[str]:
             "be delivered again. A loss to the application (verdict LOST, cause "
             "&ldquo;held unacked by no consumer&rdquo;), counted apart from lost (a finished drain that "
             "did not find them) and from unreachable (a queue that never answers). The confirmed messages "
-            "counted stuck are those the drain could not obtain when it was held up by these nodes alone.</p>",
+            "counted stuck are those the drain could not obtain when it was held up by these nodes alone. "
+            "Holders: what the broker listed when asked (the drain's own connection among them).</p>",
             _table(
                 [
                     "node",
@@ -467,7 +468,7 @@ def _lost_parts(results: Results) -> list[str]:
                         _s(q["since_ns"]),
                         _s(q["last_ns"]),
                         q["looks"],
-                        "-" if q["holders"] is None else "; ".join(map(str, q["holders"])),
+                        _holders(q["holders"]),
                     ]
                     for q in results["stuck"]
                 ],
@@ -681,6 +682,15 @@ def _drain_parts(results: Results) -> list[str]:
             left=3,
         ),
     ]
+
+
+def _holders(holders: list | None) -> str:
+    """What the broker listed as holding the deliveries (the drain's own connection among them)."""
+    if holders is None:
+        return "-"
+    return "; ".join(
+        ", ".join(f"{k} {v}" for k, v in h.items()) if isinstance(h, Mapping) else str(h) for h in holders
+    )
 
 
 def _v(x: Any) -> str:

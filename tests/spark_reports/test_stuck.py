@@ -130,3 +130,31 @@ def test_spark_agrees(tmp_path: Path, spark_engine: Any) -> None:
         got = dict(spark_engine(d, {}))
         assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
         assert got == expected, name
+
+
+def test_the_report_and_the_terminal_show_the_stuck_class(tmp_path: Path) -> None:
+    from harness.verdicts import summary_table
+    from spark_reports import render_report
+
+    h = HistoryBuilder()
+    for i in range(1, 4):
+        h.publish(f"p1:{i}", "ok")
+    h.drain_invoke()
+    h.op("d1", "invoke", "depth", None, node="n1", queue="q")
+    held = {
+        "ready": 0,
+        "unacked": 3,
+        "own_unacked": 0,
+        "clients": 0,
+        "holders": [{"queue": "q", "consumers": 0}],
+    }
+    h.op("d1", "ok", "depth", held, node="n1", queue="q")
+    h.drain_done(outcome="info", nodes={"n1": {"consumed": 0, "ready": 0, "unacked": 3}})
+    r = check(tmp_path, h)
+    assert r["stuck"][0]["holders"] == [{"queue": "q", "consumers": 0}]
+    page = render_report(tmp_path, r).read_text()  # type: ignore[arg-type]
+    assert "Stuck deliveries (3 confirmed messages)" in page
+    assert "<td>queue q, consumers 0</td>" in page
+    assert "Stuck messages" in page
+    table = summary_table(r)
+    assert "  stuck                   3" in table and "held unacked by no consumer" in table
