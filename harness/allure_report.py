@@ -25,6 +25,8 @@ from allure_commons.utils import uuid4
 
 from harness import hookimpl
 from harness.errors import BrokerChaosError
+from harness.liveness import recovery_row
+from harness.verdicts import checker_lines
 
 PHASE_TITLES = {
     "images": "build images",
@@ -192,6 +194,8 @@ class AllureReporter:
 
     @hookimpl
     def brokerchaos_run_finished(self, run: Any, results: dict[str, Any]) -> None:
+        self._checker_steps(results)
+        self._liveness_steps(results)
         self._attach_run(run, results)
         error = None
         if results.get("valid") is not True:
@@ -208,6 +212,31 @@ class AllureReporter:
             self._close_all(
                 exc if isinstance(exc, Exception) else BrokerChaosError(str(exc) or type(exc).__name__)
             )
+
+    def _checker_steps(self, results: dict[str, Any]) -> None:
+        """One step per checker with its own verdict (failed unless durable), reason and counts;
+        the run's verdict is the worst of them."""
+        for name, p in (results.get("checkers") or {}).items():
+            verdict = p.get("verdict") or "no verdict"
+            why = p.get("error") or p.get("reason") or "; ".join(p.get("notes") or [])
+            params = {"verdict": verdict, "reason": why or "-", "engine": p.get("engine") or "-"}
+            params |= {k: v for k, v in (p.get("counts") or {}).items() if v}
+            error = AssertionError(f"{name}: {verdict}: {why}") if verdict != "durable" else None
+            self._past_step(f"checker {name}: {verdict}", params, None, None, error)
+
+    def _liveness_steps(self, results: dict[str, Any]) -> None:
+        """One step per fault step: did every queue come back after its heal, and how fast (failed
+        when a queue did not recover or recovered over its budget)."""
+        by_fault: dict[str, list[dict[str, Any]]] = {}
+        for r in (results.get("liveness") or {}).get("recovery") or []:
+            by_fault.setdefault(r["fault_id"], []).append(r)
+        for fault_id, rows in by_fault.items():
+            bad = [r for r in rows if r.get("healed") and (not r.get("recovered") or r.get("over_budget"))]
+            healed = any(r.get("healed") for r in rows)
+            state = "not healed" if not healed else "did not recover" if bad else "recovered"
+            params = {r["queue"]: recovery_row(r) for r in rows}
+            error = AssertionError("; ".join(recovery_row(r) for r in bad)) if bad else None
+            self._past_step(f"liveness {fault_id} ({rows[0]['kind']}): {state}", params, None, None, error)
 
     # -- drain and attachments -------------------------------------------------------------
 
@@ -263,6 +292,10 @@ class AllureReporter:
             allure.attach(
                 attribution_text(results), name="loss attribution", attachment_type=AttachmentType.TEXT
             )
+            if results.get("checkers"):
+                allure.attach(
+                    verdicts_text(results), name="verdicts and findings", attachment_type=AttachmentType.TEXT
+                )
         if results is None or results.get("valid") is not True:
             self._attach_logs(path)
 
@@ -290,7 +323,7 @@ def attribution_text(results: dict[str, Any]) -> str:
     att = results.get("attribution") or {}
     lines = [
         f"verdict: {results.get('verdict', results.get('valid'))}  lost: {c.get('lost')}  "
-        f"confirmed: {c.get('confirmed')}",
+        f"stuck: {c.get('stuck', 0)}  confirmed: {c.get('confirmed')}",
         "",
         f"{'fault kind':<18}{'node':<8}lost",
     ]
@@ -298,4 +331,20 @@ def attribution_text(results: dict[str, Any]) -> str:
     lines += [f"{r['fault_kind']:<18}{str(r['node']):<8}{r['count']}" for r in rows] or ["(no lost messages)"]
     lines += ["", f"{'fault kind':<18}{'exposed confirmed':<20}lost"]
     lines += [f"{r['fault_kind']:<18}{r['confirmed']:<20}{r['lost']}" for r in att.get("exposure") or []]
+    stuck = results.get("stuck") or []
+    if stuck:
+        lines += [
+            "",
+            "held unacked by no consumer (stuck):",
+            f"{'node':<8}{'queue':<16}{'unacked':<10}since s",
+        ]
+        lines += [
+            f"{q['node']:<8}{str(q['queue']):<16}{q['unacked']:<10}{q['since_ns'] / 1e9:.1f}" for q in stuck
+        ]
     return "\n".join(lines) + "\n"
+
+
+def verdicts_text(results: dict[str, Any]) -> str:
+    """The run's verdict, each checker's under it, and examples of each checker's findings."""
+    head = f"verdict: {results.get('verdict')}  ({results.get('reason') or results.get('error') or '-'})"
+    return "\n".join([head, *checker_lines(results, 0, always=True)]) + "\n"

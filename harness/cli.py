@@ -1,7 +1,9 @@
 """The ``brokerchaos`` command.
 
-Exit status: 0 durable, 1 durability or integrity failure, 2 harness or usage
-error (one line on stderr), 3 verdict unknown (e.g. the final drain never finished).
+Exit status: 0 durable, 1 a failure verdict (LOST, INTEGRITY, RESURRECTED, DUPLICATED,
+UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
+drain never finished). A run's verdict is the worst of every checker's
+(``harness.spec.results.VERDICT_ORDER``), so the status follows what the first line says.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError
-from harness.runner import EXIT_ERROR, EXIT_FAILED
+from harness.runner import EXIT_ERROR
+from harness.spec.results import EXIT_FAILED, compose_verdicts, exit_status
 
 USAGE_EXAMPLES = """\
 examples:
@@ -235,8 +238,9 @@ def _plugins(host: Any) -> int:
 def _run(host: Any, args: argparse.Namespace) -> int:
     from harness import scenario as scenario_mod
     from harness.nemesis import plan_from_history
-    from harness.runner import Run, exit_code, summary_table
+    from harness.runner import Run
     from harness.store import RunDir, default_root
+    from harness.verdicts import exit_code, summary_table
 
     sc = scenario_mod.load(args.scenario).with_overrides(seed=args.seed, duration=args.duration)
     replay = None
@@ -249,6 +253,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         raise BrokerChaosError("--runs must be at least 1")
     store = Path(args.store) if args.store else default_root()
     codes = []
+    verdicts = []
     run_dirs = []
     started = time.monotonic()
     for k in range(args.runs):
@@ -266,6 +271,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         assert run.dir is not None
         run_dirs.append(run.dir.path)
         codes.append(exit_code(results))
+        verdicts.append(results.get("verdict"))
         if args.json:
             print(json.dumps(results, indent=2, sort_keys=True, default=str))
         else:
@@ -281,7 +287,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         _until_fail_summary(codes, run_dirs, sc.seed, time.monotonic() - started)
     elif args.runs > 1:
         _grade_dirs(host, run_dirs, None, engine="stored")
-    return max(codes, key=lambda c: (c != 0, c))
+    return exit_status(compose_verdicts(verdicts))  # over runs as over checkers: the worst
 
 
 def _until_fail_summary(codes: list[int], run_dirs: list[Path], seed: int, wall: float) -> None:
@@ -341,8 +347,10 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
 
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
-    from harness.runner import check_run, exit_code, render_report, summary_table
+    from harness.liveness import scrape_logs
+    from harness.runner import check_run, render_report
     from harness.store import RunDir
+    from harness.verdicts import exit_code, summary_table
 
     rd = RunDir.open(args.run_dir)
     stored = rd.read_json("scenario.json")
@@ -352,6 +360,7 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
         else tuple(stored["scenario"].get("checkers") or ()) or host.registry.default_checkers()
     )
     results = check_run(host, rd, stored["scenario"], checkers)
+    scrape_logs(rd.path, results)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:
@@ -386,8 +395,7 @@ def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = 
     for line in details:
         print(f"  {line}")
     print(f"  grade report: {graded['report']}")
-    verdict = graded.get("verdict")
-    return 0 if verdict == "durable" else (3 if verdict == "unknown" else 1)
+    return exit_status(graded.get("verdict"))
 
 
 def _images(host: Any, args: argparse.Namespace) -> int:

@@ -57,6 +57,14 @@ def _fault_class(faults: Mapping[str, type[Fault]], name: str) -> type[Fault]:
 def check_capabilities(
     scenario: Scenario, faults: Mapping[str, type[Fault]], capabilities: frozenset[str], broker: str
 ) -> None:
+    budget = scenario.budgets.recovery_s
+    if isinstance(budget, Mapping):
+        unknown = sorted(set(budget) - set(faults))
+        if unknown:
+            raise ScenarioError(
+                f"budgets.recovery_s: {', '.join(map(repr, unknown))} is not a fault kind; "
+                f"use one of {', '.join(sorted(faults))}"
+            )
     for name in sorted(scenario.nemesis.fault_names):
         missing = _fault_class(faults, name).requires - capabilities
         if missing:

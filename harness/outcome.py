@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario import Scenario
+from harness.verdicts import summary_table
 
 
 @dataclass
@@ -64,8 +65,6 @@ class ChaosSeries(list[ChaosResult]):
 
 def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, limit: int = 20) -> str:
     """The text a failing chaos test shows: verdict, counts, attribution, lost ids, how to rerun."""
-    from harness.runner import summary_table
-
     broker = scenario.broker.plugin
     lines = [
         f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) is not durable: "
@@ -84,7 +83,10 @@ def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, li
         lines += [f"    {r['fault_kind']:<16} {r['confirmed']:<8} {r['lost']}" for r in exposure]
     messages = attribution.get("messages") or []
     if messages:
-        lines.append(f"  lost messages (first {min(limit, len(messages))} of {results['counts']['lost']}):")
+        c = results["counts"]
+        missing = c["lost"] + c.get("stuck", 0)
+        what = "stuck messages" if c.get("stuck") else "lost messages"
+        lines.append(f"  {what} (first {min(limit, len(messages))} of {missing}):")
         for m in messages[:limit]:
             lines.append(
                 f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "

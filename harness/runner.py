@@ -23,6 +23,7 @@ from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
+from harness.liveness import scrape_logs
 from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
@@ -30,18 +31,17 @@ from harness.scenario import Scenario
 from harness.spec.client import Endpoint
 from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.store import RunDir
-from harness.workload import assignments, driver_options, queue_depth_reader, run_workload
+from harness.verdicts import combine
+from harness.workload import (
+    assignments,
+    driver_options,
+    queue_depth_reader,
+    queue_holders_reader,
+    run_workload,
+)
 
-EXIT_DURABLE, EXIT_FAILED, EXIT_ERROR, EXIT_UNKNOWN = 0, 1, 2, 3
-
-
-def exit_code(results: dict[str, Any]) -> int:
-    valid = results.get("valid")
-    if valid is True:
-        return EXIT_DURABLE
-    if valid is False:
-        return EXIT_FAILED
-    return EXIT_UNKNOWN
+EXIT_ERROR = 2
+"""A harness or usage error before any verdict; a checked run exits with ``exit_code`` (0, 1 or 3)."""
 
 
 class Run:
@@ -162,6 +162,7 @@ class Run:
             log_handler.close()
         assert checking is not None  # the workload returned: the check was started beside the teardown
         results = self._checked(checking)
+        scrape_logs(self.dir.path, results)
         results["workload"] = workload
         results["timings"] = self.timings
         self.dir.write_json("results.json", results)
@@ -193,11 +194,19 @@ class Run:
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)
+        holders = queue_holders_reader(self.plugin, cluster.nodes)
         driver = factory(
             endpoints,
             recorder,
             first_node=first,
-            **driver_options(w, self.plugin, self.settings, seed=self.scenario.seed, queue_depth=depth),
+            **driver_options(
+                w,
+                self.plugin,
+                self.settings,
+                seed=self.scenario.seed,
+                queue_depth=depth,
+                queue_holders=holders,
+            ),
         )
 
         ctx = FaultContext(cluster)
@@ -330,7 +339,8 @@ def check_run(
     phase: Any = None,
     drained_at: float | None = None,
 ) -> dict[str, Any]:
-    """Run the checkers on a stored run and combine their verdicts (pure: no Docker).
+    """Run the checkers on a stored run and compose their verdicts, worst first (pure: no Docker;
+    ``harness.verdicts.combine``).
 
     drained_at: when the run's final drain returned (monotonic); each checker's line then also
     says how long after the drain it finished (a run checks while its cluster is torn down).
@@ -341,8 +351,7 @@ def check_run(
         # close (killed) or an older stored run needs converting.
         n = phase("history", lambda: to_parquet(run_dir.history_jsonl, run_dir.history_parquet))
         say("check", f"history: {n} operations -> {run_dir.history_parquet.name}")
-    combined: dict[str, Any] | None = None
-    per: dict[str, Any] = {}
+    per: dict[str, dict[str, Any]] = {}
     for name in checkers:
         fn = host.checker(name)
         say("check", f"checker {name}")
@@ -354,17 +363,8 @@ def check_run(
         done = time.monotonic()
         after = f" ({done - drained_at:.1f}s after the drain)" if drained_at is not None else ""
         say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
-        per[name] = {k: res.get(k) for k in ("valid", "verdict", "counts", "error", "engine")}
-        if combined is None and "error" not in res:
-            combined = dict(res)
-    if combined is None:  # every checker failed: report the first one's error
-        combined = {"verdict": "unknown", "error": per[checkers[0]]["error"]}
-    valids = [p["valid"] for p in per.values()]
-    combined["valid"] = (
-        False if False in valids else ("unknown" if any(v is not True for v in valids) else True)
-    )
-    combined["checkers"] = per
-    return combined
+        per[name] = res
+    return combine(per)
 
 
 def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Fault]]) -> frozenset[str]:
@@ -452,40 +452,6 @@ def _log_to(path: Path) -> logging.Handler:
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def summary_table(results: dict[str, Any]) -> str:
-    c = results.get("counts", {}) or {}
-    old_history = (results.get("history_schema") or 2) < 2
-    rows = [
-        ("verdict", str(results.get("verdict", results.get("valid")))),
-        ("attempted", c.get("attempted")),
-        ("confirmed", c.get("confirmed")),
-        ("nacked", c.get("failed")),
-        ("unknown", c.get("unknown")),
-        ("delivered (unique)", c.get("delivered_unique")),
-        ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
-        ("lost", c.get("lost")),
-        ("ack unknown", c.get("ack_unknown")),
-        ("unexpected", c.get("unexpected")),
-        ("corrupted", c.get("corrupted")),
-        ("duplicated", c.get("duplicated")),
-        ("resurrected", c.get("resurrected")),
-        ("recovered", c.get("recovered")),
-        ("split-brain copies", c.get("split_brain")),
-        ("unflagged redeliveries", c.get("unflagged_redeliveries")),
-        ("order violations", c.get("order_violations")),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"  {k:<{width}}  {'-' if v is None else v}" for k, v in rows]
-    budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
-    if budgets:
-        lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))
-    for note in results.get("notes") or []:
-        lines.append(f"  {'note':<{width}}  {note}")
-    if results.get("error"):
-        lines.append(f"  {'error':<{width}}  {results['error']}")
-    return "\n".join(lines)
 
 
 def dumps(results: dict[str, Any]) -> str:

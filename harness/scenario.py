@@ -15,7 +15,8 @@
       random: {every: [10, 20], hold: [5, 15], faults: [partition, kill], overlap: 2}   # ... and/or drawn
                                       # from the seed; overlap: up to 2 held at once
     checkers: [python]
-    budgets: {duplicated: 100, resurrected: null}   # null: no limit
+    budgets: {duplicated: 100, resurrected: null, recovery_s: 30}   # null: no limit; recovery_s
+                                      # also per fault kind: {partition: 30, kill: 60}
 
 Every error names the field (``workload.rate``) and what is allowed; the file is
 never half-loaded.
@@ -135,12 +136,15 @@ class WorkloadSection:
 
 @dataclass(frozen=True)
 class Budgets:
-    """How many duplicated or resurrected messages a run may show and still be valid (None: any)."""
+    """How many duplicated or resurrected messages a run may show and still be valid (None: any),
+    and how many seconds after a fault's heal every queue must work again (``recovery_s``: one
+    number for every fault kind, or a mapping from fault kind to seconds)."""
 
     #: Duplicated messages a valid run may show (null: any).
     duplicated: int | None = None
     #: Resurrected messages a valid run may show (null: any).
     resurrected: int | None = None
+    recovery_s: float | Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -344,12 +348,13 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     if not isinstance(checkers, list) or not all(isinstance(c, str) for c in checkers):  # empty: the defaults
         raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
     bud = _mapping(top.get("budgets", {}), "budgets")
-    _only(bud, "budgets", {"duplicated", "resurrected"})
+    _only(bud, "budgets", {"duplicated", "resurrected", "recovery_s"})
     budgets = Budgets(
         **{
             k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
             for k in ("duplicated", "resurrected")
-        }
+        },
+        recovery_s=_recovery_budget(bud.get("recovery_s")),
     )
     return Scenario(
         name=name,
@@ -361,6 +366,26 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         budgets=budgets,
         source=source,
     )
+
+
+def _recovery_budget(v: Any) -> float | dict[str, float] | None:
+    """Seconds, or {fault kind: seconds}; each above 0."""
+    if v is None:
+        return None
+    if isinstance(v, Mapping):
+        if not v:
+            raise ScenarioError(
+                "budgets.recovery_s: an empty mapping; give seconds, or {fault kind: seconds}"
+            )
+        return {str(k): _seconds_above_0(x, f"budgets.recovery_s.{k}") for k, x in v.items()}
+    return _seconds_above_0(v, "budgets.recovery_s")
+
+
+def _seconds_above_0(v: Any, where: str) -> float:
+    x = _num(v, where, lo=0)
+    if x == 0:
+        raise ScenarioError(f"{where}: 0 is out of range; allowed: seconds > 0 (or null: no limit)")
+    return x
 
 
 def _consumer(data: Any, consumers: int) -> ConsumerSection:

@@ -19,7 +19,7 @@ from typing import Any
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, NodeHandle
-from harness.spec.client import Driver, QueueDepth, RateLimiter  # noqa: F401 - RateLimiter: tests
+from harness.spec.client import Driver, QueueDepth, QueueHolders, RateLimiter  # noqa: F401 - RateLimiter: tests
 
 log = logging.getLogger("brokerchaos.workload")
 
@@ -199,6 +199,7 @@ def driver_options(
     *,
     seed: int = 0,
     queue_depth: QueueDepth | None = None,
+    queue_holders: QueueHolders | None = None,
 ) -> dict[str, Any]:
     return {
         "username": plugin.username,
@@ -208,6 +209,7 @@ def driver_options(
         "workload": w,
         "seed": seed,
         "queue_depth": queue_depth,
+        "queue_holders": queue_holders,
     }
 
 
@@ -219,3 +221,12 @@ def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) ->
         return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
 
     return depth
+
+
+def queue_holders_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueHolders:
+    """The plugin's ``queue_holders`` as the drain calls it (awaitable, by node name, off the loop)."""
+
+    async def holders(node: str, queue: str) -> list[dict[str, Any]] | None:
+        return await asyncio.to_thread(plugin.queue_holders, nodes[node], queue)
+
+    return holders

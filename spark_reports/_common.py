@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import FIELDS, OPTIONAL_FIELDS, body_digest, message_body
+from harness.spec.history import DEPTH, FIELDS, OPTIONAL_FIELDS, body_digest, message_body
 from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
+    STUCK_CAUSE,
+    UNAVAILABLE_S,
     AttributionRow,
     Budgets,
     Corruption,
@@ -30,9 +32,11 @@ from harness.spec.results import (
     Delivery,
     Drain,
     DrainOp,
+    DrainRound,
     EmptyNode,
     ExposureRow,
     FaultWindow,
+    Liveness,
     LostAttribution,
     LostCauseRow,
     MessageDetail,
@@ -40,21 +44,25 @@ from harness.spec.results import (
     Results,
     Resurrection,
     SplitBrainCopy,
+    StuckQueue,
     UnflaggedRedelivery,
 )
+
+from ._liveness import NS_PER_S, LiveFacts, describe_overrun, describe_unavailable, liveness
 
 HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
 """What the checkers read of the contract's fields (``wall_time`` is for people)."""
 OPTIONAL_COLUMNS = tuple(name for name in HISTORY_COLUMNS if name in OPTIONAL_FIELDS)
 """Absent from histories written before schema 2 (or by hand): read as nulls."""
 NEMESIS = "nemesis"
+SMALL_OPS = ("drain", DEPTH)
+"""Client ops both engines read on the side, with the nemesis's, before the big pass."""
 DELIVERY_CAP = 10
 """Deliveries listed per message in detail lists; the count is always complete."""
 MAX_TIMELINE_BUCKETS = 3600
 """Timeline buckets are one second wide until a run is longer than this many seconds."""
 ID_RE = re.compile(r"(.*):([0-9]{1,18})", re.S)
 """producer:seq; the Spark job splits ids by the same rule in string functions (_spark_sql.producer_and_seq)."""
-NS_PER_S = 1_000_000_000
 
 
 NEVER_DELIVERED = "never delivered"
@@ -202,6 +210,23 @@ def _whole(value: Any, where: str, *, null_ok: bool) -> int | None:
     return value
 
 
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ScenarioError(
+            f"scenario {where} must be a number of seconds > 0, not {value!r}: fix the scenario file"
+        )
+    return float(value)
+
+
+def recovery_budget_of(value: Any) -> float | dict[str, float] | None:
+    """``budgets.recovery_s``: seconds for every fault kind, or a mapping from fault kind to seconds."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _seconds(v, f"budgets.recovery_s.{k}") for k, v in sorted(value.items())}
+    return _seconds(value, "budgets.recovery_s")
+
+
 def scenario_params(scenario: dict | None) -> Params:
     """Read seed, workload.message_size and budgets from a scenario dict.
 
@@ -225,14 +250,16 @@ def scenario_params(scenario: dict | None) -> Params:
         raw = {}
     if not isinstance(raw, dict):
         raise ScenarioError(f"scenario budgets must be a mapping, not {raw!r}: fix the scenario file")
-    unknown = sorted(set(raw) - {"duplicated", "resurrected"})
+    unknown = sorted(set(raw) - {"duplicated", "resurrected", "recovery_s"})
     if unknown:
         raise ScenarioError(
-            f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; use duplicated and resurrected"
+            f"scenario budgets: unknown key(s) {', '.join(map(str, unknown))}; "
+            "use duplicated, resurrected and recovery_s"
         )
     budgets = Budgets(
         duplicated=_whole(raw.get("duplicated"), "budgets.duplicated", null_ok=True),
         resurrected=_whole(raw.get("resurrected"), "budgets.resurrected", null_ok=True),
+        recovery_s=recovery_budget_of(raw.get("recovery_s")),
     )
     return Params(
         seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict)
@@ -254,19 +281,24 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     """Fault windows from the nemesis ops, which are few enough to handle anywhere.
 
     A window opens at the fault's invoke and closes at the ok of the first heal that
-    names it; a fault nobody healed stays open to the end of the history.
+    names it; a fault nobody healed stays open to the end of the history. ``heal_start_ns`` is
+    that heal's invoke (where recovery is measured from).
     """
     rows = sorted(nemesis_rows, key=lambda r: r["index"])
     windows: dict[str, dict] = {}
     order: list[str] = []
     heals: list[tuple[int, list[str]]] = []
+    heal_invokes: list[tuple[int, list[str]]] = []
     for r in rows:
         value = _load_json(r.get("value"))
         f = r.get("f") or "?"
         if f == "heal":
+            ids = value.get("fault_ids") or []
+            named = [str(i) for i in ids] if isinstance(ids, list) else []
             if r.get("type") == "ok":
-                ids = value.get("fault_ids") or []
-                heals.append((r["time_ns"], [str(i) for i in ids] if isinstance(ids, list) else []))
+                heals.append((r["time_ns"], named))
+            elif r.get("type") == "invoke":
+                heal_invokes.append((r["time_ns"], named))
             continue
         fid = str(value.get("fault_id") or f"{f}@{r['index']}")
         if r.get("type") == "invoke":
@@ -288,13 +320,16 @@ def fault_windows(nemesis_rows: list[dict], end_ns: int) -> list[FaultWindow]:
     for fid in order:
         w = windows[fid]
         ends = [t for t, ids in heals if fid in ids and t >= w["start_ns"]]
+        end = min(ends) if ends else None
+        began = [t for t, ids in heal_invokes if fid in ids and end is not None and w["start_ns"] <= t <= end]
         out.append(
             FaultWindow(
                 fault_id=fid,
                 kind=w["kind"],
                 node=w["node"],
                 start_ns=w["start_ns"],
-                end_ns=min(ends) if ends else max(end_ns, w["start_ns"]),
+                end_ns=end if end is not None else max(end_ns, w["start_ns"]),
+                heal_start_ns=max(began) if began else end,
                 applied=w["applied"],
                 healed=bool(ends),
                 params=w["params"],
@@ -320,6 +355,21 @@ def _node_view(v: Any) -> dict:
     return {k: view.get(k) for k in ("consumed", "ready", "unacked", "empty_at_ns", "error")}
 
 
+def _round(x: dict) -> DrainRound:
+    errors = x.get("errors")
+    empty = x.get("empty")
+    return DrainRound(
+        end_ns=_int_or(x.get("end_ns"), 0),
+        consumed=_int_or(x.get("consumed"), 0),
+        empty=[str(n) for n in empty] if isinstance(empty, list) else [],
+        errors={str(n): str(e) for n, e in errors.items()} if isinstance(errors, dict) else {},
+    )
+
+
+def _int_or(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
     """Pair each drain invoke with the next completion of the same drainer and queue."""
     ops: list[DrainOp] = []
@@ -335,6 +385,8 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
                 error=None,
                 consumed=None,
                 nodes={},
+                rounds=[],
+                end_ns=None,
             )
             ops.append(op)
             open_ops.setdefault(key, []).append((r["index"], op))
@@ -351,6 +403,9 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
         op["error"] = r.get("error")
         op["consumed"] = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
         op["nodes"] = {str(n): _node_view(v) for n, v in sorted(nodes.items())}
+        op["end_ns"] = r["time_ns"]
+        rounds = value.get("rounds")
+        op["rounds"] = [_round(x) for x in rounds if isinstance(x, dict)] if isinstance(rounds, list) else []
         for n, v in op["nodes"].items():
             t = v["empty_at_ns"]
             if isinstance(t, int) and not isinstance(t, bool):
@@ -394,6 +449,106 @@ def split_brain_nodes(
     return [EmptyNode(node=n, empty_at_ns=t) for t, n in sorted(hits)]
 
 
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _held_for_no_one(look: dict) -> bool:
+    """A look that found unacked deliveries nobody of the harness's could hold: no other client
+    connection open on the queue, none held by the drain, nothing ready."""
+    return (
+        look["ready"] == 0
+        and (look["unacked"] or 0) > 0
+        and look["clients"] == 0
+        and look["own_unacked"] == 0
+    )
+
+
+def stuck_queues(drain_rows: list[dict], depth_rows: list[dict]) -> tuple[list[StuckQueue], bool]:
+    """Nodes whose last look (``depth`` op) within a drain that did not finish found deliveries held
+    for no consumer, and whether that explains every drain that did not finish.
+
+    A drain op (drainer, queue) whose last completion is not ok is explained when its completion
+    names its nodes and each node's last look in it was ok and found the queue either empty
+    (nothing ready or unacked) or held for no one (``_held_for_no_one``), at least one so. A
+    node never looked at, a look that failed, or ready messages leave it unexplained: what the
+    harness could not establish stays unknown.
+    """
+    looks: dict[tuple[str, str | None], list[dict]] = {}
+    pending: dict[tuple[str, str | None, str | None], int] = {}
+    for r in sorted(depth_rows, key=lambda r: r["index"]):
+        key = (r["process"], r.get("queue"), r.get("node"))
+        if r.get("type") == "invoke":
+            pending[key] = r["index"]
+            continue
+        if pending.pop(key, None) is None:
+            continue
+        v = _load_json(r.get("value")) if r.get("type") == "ok" else {}
+        looks.setdefault((r["process"], r.get("queue")), []).append(
+            {
+                "index": r["index"],
+                "time_ns": r["time_ns"],
+                "node": r.get("node"),
+                "ok": r.get("type") == "ok",
+                "ready": _count(v.get("ready")),
+                "unacked": _count(v.get("unacked")),
+                "own_unacked": _count(v.get("own_unacked")),
+                "clients": _count(v.get("clients")),
+                "holders": v.get("holders") if isinstance(v.get("holders"), list) else None,
+            }
+        )
+    last_op: dict[tuple[str, str | None], tuple[int, int, str, list[str]]] = {}
+    invoked: dict[tuple[str, str | None], int] = {}
+    for r in sorted(drain_rows, key=lambda r: r["index"]):
+        op = (r["process"], r.get("queue"))
+        if r.get("type") == "invoke":
+            invoked[op] = r["index"]
+            last_op[op] = (r["index"], NO_LIMIT_INDEX, "open", [])
+        elif op in invoked:
+            nodes = _load_json(r.get("value")).get("nodes")
+            names = sorted(str(n) for n in nodes) if isinstance(nodes, dict) else []
+            last_op[op] = (invoked.pop(op), r["index"], outcome_of(r.get("type")), names)
+    out: list[StuckQueue] = []
+    unfinished = explained = 0
+    for (process, queue), (lo, hi, outcome, names) in sorted(last_op.items(), key=lambda kv: kv[1][0]):
+        if outcome == "ok":
+            continue
+        unfinished += 1
+        mine = [x for x in looks.get((process, queue), []) if lo < x["index"] < hi]
+        found: list[StuckQueue] = []
+        whole = bool(names)
+        for node in names:
+            at = [x for x in mine if x["node"] == node]
+            last = at[-1] if at else None
+            if last is None or not last["ok"]:
+                whole = False
+                continue
+            if _held_for_no_one(last):
+                run = []
+                for x in reversed(at):
+                    if not (x["ok"] and _held_for_no_one(x)):
+                        break
+                    run.append(x)
+                found.append(
+                    StuckQueue(
+                        queue=queue,
+                        node=node,
+                        drainer=process,
+                        unacked=last["unacked"] or 0,
+                        ready=0,
+                        since_ns=run[-1]["time_ns"],
+                        last_ns=last["time_ns"],
+                        looks=len(run),
+                        holders=last["holders"],
+                    )
+                )
+            elif not (last["ready"] == 0 and last["unacked"] == 0):
+                whole = False
+        out += found
+        explained += whole and bool(found)
+    return out, bool(out) and unfinished > 0 and explained == unfinished
+
+
 @dataclass
 class Context:
     """What an engine needs to know before its big pass: windows, drain, buckets, the model."""
@@ -407,6 +562,8 @@ class Context:
     params: Params
     spans: list[DrainSpan]
     notes: list[str]
+    stuck: list[StuckQueue] = field(default_factory=list)
+    stuck_drain: bool = False  # every unfinished drain was held up only by nodes in ``stuck``
 
     @property
     def drain_end_ns(self) -> int:
@@ -437,7 +594,9 @@ def make_context(
     params = scenario_params(scenario)
     nem = [r for r in small_rows if r.get("process") == NEMESIS]
     drains = [r for r in small_rows if r.get("f") == "drain" and r.get("process") != NEMESIS]
+    depths = [r for r in small_rows if r.get("f") == DEPTH and r.get("process") != NEMESIS]
     _, spans = drain_ops(drains)
+    stuck, stuck_drain = stuck_queues(drains, depths)
     notes = []
     if version < 2:
         notes.append(
@@ -458,6 +617,8 @@ def make_context(
         params=params,
         spans=spans,
         notes=notes,
+        stuck=stuck,
+        stuck_drain=stuck_drain,
     )
 
 
@@ -499,6 +660,7 @@ class Facts:
     availability: dict[str, tuple[int, int]]  # window id or "outside" -> (attempts, confirmed)
     timeline: list[tuple[int, str | None, str | None, int]]
     latency_timeline: list[tuple[int, int, int, int]]  # bucket, n, sum_us, max_us
+    live: LiveFacts = field(default_factory=LiveFacts)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -583,26 +745,66 @@ def _over(count: int, budget: int | None) -> bool:
     return budget is not None and count > budget
 
 
-def _verdict(counts: Counts, drain: Drain, budgets: Budgets) -> tuple[Any, Any, str]:
-    """LOST and INTEGRITY first, then the budgets (certain even when the drain is not), then unknown."""
+def held_text(stuck: list[StuckQueue]) -> str:
+    """Where the stuck deliveries are, for a reason line: node, queue, count reported, since when."""
+    return "; ".join(
+        f"{q['node']} reported {q['unacked']:,} unacked on {q['queue']} from {q['since_ns'] / NS_PER_S:.1f} s "
+        f"to {q['last_ns'] / NS_PER_S:.1f} s with no client connection of the harness open"
+        for q in stuck
+    )
+
+
+def _verdict(
+    counts: Counts, drain: Drain, budgets: Budgets, live: Liveness, stuck: list[StuckQueue] | None = None
+) -> tuple[Any, Any, str]:
+    """LOST (lost after a finished drain, or stuck) and INTEGRITY first, then the budgets (certain
+    even when the drain is not), then a queue that never came back or came back over its recovery
+    budget, then unknown. A safety verdict says the liveness finding beside it."""
     lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
+    unreachable = counts["unreachable"]
+    down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
+    named = {(u["fault_id"], u["queue"]) for u in live["unavailable"]}
+    down += [
+        describe_overrun(r)
+        for r in live["recovery"]
+        if r["over_budget"] and (r["fault_id"], r["queue"]) not in named
+    ]
+    also = (
+        f"; also unavailable: {down[0]}" + (f" (and {len(down) - 1} more)" if len(down) > 1 else "")
+        if down
+        else ""
+    )
     bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
     bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
+    extra = f" (and {'; '.join(bad)})" if bad else ""
     if lost and drain["completed"]:
-        extra = f" (and {'; '.join(bad)})" if bad else ""
-        return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}"
+        return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}{also}"
+    if counts["stuck"]:
+        return (
+            False,
+            "LOST",
+            f"{counts['stuck']:,} confirmed messages {STUCK_CAUSE}: {held_text(stuck or [])}{extra}{also}",
+        )
     if bad:
-        return False, "INTEGRITY", "messages: " + "; ".join(bad)
+        return False, "INTEGRITY", "messages: " + "; ".join(bad) + also
     for name, verdict, what in (
         ("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
         ("duplicated", "DUPLICATED", "consumed (acked ok) more than once"),
     ):
         budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
         if _over(count, budget):
-            return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}"
-    if lost:
+            return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}{also}"
+    if down:
+        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+        return False, "UNAVAILABLE", down[0] + more
+    if unreachable:
         why = "no drain was recorded" if drain["invoked"] == 0 else "the final drain did not complete"
-        return "unknown", "unknown", f"{lost:,} confirmed messages unconsumed, but {why}"
+        return (
+            "unknown",
+            "unknown",
+            f"{unreachable:,} confirmed messages unconsumed (unreachable, not known lost), but {why} "
+            "although every queue answered after the last heal",
+        )
     confirmed, unknown_acks = counts["confirmed"], counts["ack_unknown"]
     if unknown_acks:
         return (
@@ -628,6 +830,7 @@ COUNT_KEYS = (
     "consumed_total",
     "abandoned",
     "lost",
+    "stuck",
     "ack_unknown",
     "unexpected",
     "corrupted",
@@ -641,7 +844,31 @@ COUNT_KEYS = (
 
 
 def _counts(ctx: Context, c: dict[str, int]) -> Counts:
-    return Counts(**{k: int(c[k]) for k in COUNT_KEYS}, history_ops=ctx.ops)  # type: ignore[typeddict-item]
+    """The engine's counts. What the engines found missing (confirmed, never consumed) is lost
+    after a completed drain; stuck when the drain was held up only by stuck deliveries; otherwise
+    unreachable (behind a queue that did not answer)."""
+    missing = int(c["lost"])
+    out = {k: int(c[k]) for k in COUNT_KEYS if k != "stuck"}
+    out["lost"] = out["stuck"] = out["unreachable"] = 0
+    if ctx.stuck_drain:
+        out["stuck"] = missing
+    elif ctx.drain["completed"]:
+        out["lost"] = missing
+    else:
+        out["unreachable"] = missing
+    counts = {k: out[k] for k in COUNT_KEYS} | {"unreachable": out["unreachable"], "history_ops": ctx.ops}
+    return Counts(**counts)  # type: ignore[typeddict-item]
+
+
+def live_of(ctx: Context, live: LiveFacts) -> Liveness:
+    return liveness(
+        live,
+        windows=ctx.windows,
+        drain_ops=ctx.drain["ops"],
+        end_ns=ctx.end_ns,
+        budgets=ctx.params.budgets,
+        threshold_ns=UNAVAILABLE_S * NS_PER_S,
+    )
 
 
 def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
@@ -649,12 +876,17 @@ def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
 
 
 def summarize(
-    engine: str, ctx: Context, counts: dict[str, int], exposure_rows: list[tuple[str, int, int]]
+    engine: str,
+    ctx: Context,
+    counts: dict[str, int],
+    exposure_rows: list[tuple[str, int, int]],
+    live: LiveFacts,
 ) -> dict[str, Any]:
     """What grading reads of a run's results (verdict, validity, reason, counts, drain, exposure per
-    fault kind), computed as ``assemble`` computes them: for a job that checks many runs at once."""
+    fault kind, liveness), computed as ``assemble`` computes them: for a job that checks many runs at once."""
     c = _counts(ctx, counts)
-    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets)
+    lv = live_of(ctx, live)
+    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets, lv, ctx.stuck)
     return {
         "engine": engine,
         "valid": valid,
@@ -663,6 +895,8 @@ def summarize(
         "counts": c,
         "drain": ctx.drain,
         "attribution": {"exposure": _exposure(exposure_rows)},
+        "faults": ctx.windows,
+        "liveness": lv,
     }
 
 
@@ -670,7 +904,8 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     """Build the results dict identically for both engines."""
     counts = _counts(ctx, facts.counts)
     budgets = ctx.params.budgets
-    valid, verdict, reason = _verdict(counts, ctx.drain, budgets)
+    live = live_of(ctx, facts.live)
+    valid, verdict, reason = _verdict(counts, ctx.drain, budgets, live, ctx.stuck)
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:
         notes.append(
@@ -678,6 +913,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
             "and were not verified"
         )
     lost_detail = [_detail(d) for d in facts.lost]
+    stuck = ctx.stuck_drain  # what the engines found missing is stuck, not lost (``_counts``)
     drain_end = ctx.drain_end_ns
     messages: list[LostAttribution] = []
     for d in lost_detail:
@@ -715,13 +951,19 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         notes=notes,
         budgets=budgets,
         counts=counts,
-        lost=[d["id"] for d in lost_detail],
-        lost_truncated=counts["lost"] > len(lost_detail),
-        lost_detail=lost_detail,
-        lost_by_cause=[
+        lost=[] if stuck else [d["id"] for d in lost_detail],
+        lost_truncated=counts["lost"] + counts["unreachable"] > len(lost_detail),
+        lost_detail=[] if stuck else lost_detail,
+        lost_by_cause=[]
+        if stuck
+        else [
             LostCauseRow(cause=k, abandon_cause=a, count=n)  # type: ignore[typeddict-item]
             for k, a, n in sorted(facts.lost_by_cause, key=lambda r: (r[0], r[1] or ""))
         ],
+        stuck=ctx.stuck,
+        stuck_detail=[{**d, "cause": STUCK_CAUSE, "abandon_cause": None} for d in lost_detail]
+        if stuck
+        else [],
         ack_unknown=[_detail(d) for d in facts.ack_unknown],
         unexpected=[d["id"] for d in facts.unexpected],
         unexpected_truncated=counts["unexpected"] > len(facts.unexpected),
@@ -757,6 +999,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         },
         faults=ctx.windows,
         drain=ctx.drain,
+        liveness=live,
         end_ns=ctx.end_ns,
     )
 

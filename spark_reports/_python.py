@@ -7,11 +7,13 @@ up to a few million operations; the Spark job is the one that scales.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
-from harness.spec.results import LIST_CAP, Results
+from harness.spec.results import LIST_CAP, UNAVAILABLE_S, Results
 
 from ._common import (
     ABANDONED,
@@ -20,6 +22,7 @@ from ._common import (
     NEMESIS,
     NEVER_DELIVERED,
     OPTIONAL_COLUMNS,
+    SMALL_OPS,
     UNACKED,
     Context,
     Facts,
@@ -38,6 +41,7 @@ from ._common import (
     split_brain_nodes,
     window_ids_at,
 )
+from ._liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
 
 _DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _ACK_KEYS = ("index", "time_ns", "node", "process", "queue")
@@ -161,7 +165,7 @@ def check_python(run_dir: Path, scenario: dict) -> Results:
         end_ns = r["time_ns"] if end_ns is None else max(end_ns, r["time_ns"])
         version = r["schema"] if r["schema"] is not None else 1
         schema = version if schema is None else min(schema, version)
-        if r["process"] == NEMESIS or r["f"] == "drain":
+        if r["process"] == NEMESIS or r["f"] in SMALL_OPS:
             small.append(r)
     ctx = make_context(ops, end_ns, small, scenario, schema)
     progress("python", "prelude", ops=ops, faults=len(ctx.windows), schema=ctx.history_schema)
@@ -195,12 +199,14 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             m = msgs[mid] = _Msg()
         return m
 
+    live = _Live(with_acks)
     for r in source:
         key = (bucket_of(r["time_ns"], bw), r["f"], r["type"])
         timeline[key] = timeline.get(key, 0) + 1
         f, ty, value = r["f"], r["type"], r["value"]
         if r["process"] == NEMESIS or value is None:
             continue
+        live.add(r)
         if f == "publish":
             m = msgs.get(value)
             if ty == "invoke":
@@ -460,7 +466,54 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
         availability={k: (v[0], v[1]) for k, v in availability.items()},
         timeline=[(t, f, ty, n) for (t, f, ty), n in timeline.items()],
         latency_timeline=[(t, v[0], v[1], v[2]) for t, v in lat_tl.items()],
+        live=live.facts(heal_times(windows), UNAVAILABLE_S * NS_PER_S),
     )
+
+
+class _Live:
+    """The liveness figures (``LiveFacts``): every ok op's time per queue, kind and node, sorted
+    at the end; the publish span per queue."""
+
+    def __init__(self, with_acks: bool) -> None:
+        self.consume_f = "ack" if with_acks else "consume"
+        self.times: dict[tuple[str, str, str | None], list[int]] = {}
+        self.publish: dict[str, list[int | None]] = {}
+
+    def add(self, r: dict) -> None:
+        q, f, ty, t = r["queue"], r["f"], r["type"], r["time_ns"]
+        if q is None:
+            return
+        if f == "publish":
+            span = self.publish.setdefault(q, [None, t, None])
+            span[1] = max(span[1], t)  # type: ignore[type-var]
+            if ty == "invoke":
+                span[0] = t if span[0] is None else min(span[0], t)
+                span[2] = t if span[2] is None else max(span[2], t)
+        if ty != "ok":
+            return
+        kind = "publish" if f == "publish" else "consume" if f == self.consume_f else None
+        if kind is not None:
+            self.times.setdefault((q, kind, r["node"]), []).append(t)
+
+    def facts(self, heals: list[int | None], threshold_ns: int) -> LiveFacts:
+        out = LiveFacts(publish={q: (a, b, c) for q, (a, b, c) in self.publish.items()})  # type: ignore[misc]
+        merged: dict[tuple[str, str], list[int]] = {}
+        for key, ts in self.times.items():
+            ts.sort()
+            merged.setdefault(key[:2], []).extend(ts)
+            after: list[int | None] = []
+            before: list[int | None] = []
+            for h in heals:
+                i = bisect_left(ts, h) if h is not None else len(ts)
+                after.append(ts[i] if i < len(ts) else None)
+                before.append(ts[i - 1] if h is not None and i > 0 else None)
+            out.oks[key] = NodeOks(
+                count=len(ts), first_ns=ts[0], last_ns=ts[-1], after_heal=after, before_heal=before
+            )
+        for (q, kind), ts in merged.items():
+            ts.sort()
+            out.gaps += [(q, kind, a, b) for a, b in pairwise(ts) if b - a > threshold_ns]
+        return out
 
 
 def _lost_cause(m: _Msg) -> tuple[str, str | None]:

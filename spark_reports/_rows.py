@@ -36,3 +36,10 @@ def verdict_of(counts: dict[str, int], anomalies: Sequence[str]) -> tuple[bool |
     if counts["unfinished_drains"]:
         return "unknown", "unknown", bad
     return True, "durable", bad
+
+
+def reason_of(counts: dict[str, int], bad: Sequence[str], labels: dict[str, str], otherwise: str) -> str:
+    """The reason line of a small checker: each anomaly found with its count, else ``otherwise``."""
+    if bad:
+        return "; ".join(f"{counts[k]:,} {labels[k]}" for k in bad)
+    return otherwise

@@ -32,6 +32,7 @@ from ._common import (
     DELIVERY_CAP,
     HISTORY_COLUMNS,
     NEMESIS,
+    SMALL_OPS,
     Context,
     Facts,
     assemble,
@@ -42,6 +43,7 @@ from ._common import (
     summarize,
 )
 from ._spark_ids import DELIVERY, Unit, classify, events
+from ._spark_live import live_parts, parse_live
 from ._spark_ranks import Ranks
 from ._spark_scope import Scope
 from ._spark_session import spark_session
@@ -177,12 +179,13 @@ def aggregate_runs(
     job = _Job(spark, h, Scope(spark, ctxs), sum(c.ops for c in ctxs.values()), names)
     try:
         metrics = job.aggregates()
+        live = parse_live(collect_parts(live_parts(h, job.scope)), len(ctxs))
     finally:
         job.release()
     out = []
     for i, ctx in ctxs.items():
         m = metrics.get(i) or _Metrics.empty()
-        out.append(summarize("spark", ctx, m.counts, m.exposure_rows))
+        out.append(summarize("spark", ctx, m.counts, m.exposure_rows, live[i]))
     return out
 
 
@@ -340,7 +343,14 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
-        first = collect_parts([tagged(self.metric_rows(j, units), "metrics"), self.list_part(j)])
+        first = collect_parts(
+            [
+                tagged(self.metric_rows(j, units), "metrics"),
+                self.list_part(j),
+                *live_parts(self.h, self.scope),
+            ]
+        )
+        live = parse_live(first, 1)[0]
         metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
@@ -393,6 +403,7 @@ class _Job:
             availability=metrics.availability,
             timeline=metrics.timeline,
             latency_timeline=metrics.latency_timeline,
+            live=live,
         )
 
     def per_id(self, ev: Any) -> tuple[Any, Any, list[Unit]]:
@@ -883,8 +894,9 @@ class _Metrics:
 
     @classmethod
     def empty(cls) -> _Metrics:
-        """A run without a client record has no row in any aggregate: every count is zero."""
-        return cls(counts=dict.fromkeys(_COUNT_NAMES, 0))
+        """A run without a client record has no row in any aggregate: every count is zero (an empty
+        history has no timeline row either, so the order count is set here too)."""
+        return cls(counts=dict.fromkeys((*_COUNT_NAMES, "order_violations"), 0))
 
 
 def _order_violation_rows(ids: Any) -> Any:
@@ -925,12 +937,13 @@ _SMALL = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", 
 
 
 def _small_rows(path: Path) -> list[dict]:
-    """The nemesis and drain records (a handful), read on the driver.
+    """The nemesis, drain and depth records (a handful), read on the driver.
 
     The driver reads the file's footer anyway; this saves a Spark job before the real one.
     Only the two short columns that pick them are read whole; the rest only in the row
     groups that hold one (decoding every message id of a big history took seconds).
     """
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -940,7 +953,7 @@ def _small_rows(path: Path) -> list[dict]:
     rows: list[dict] = []
     for i in range(f.num_row_groups):
         keys = f.read_row_group(i, columns=["process", "f"])
-        mask = pc.or_kleene(pc.equal(keys["process"], NEMESIS), pc.equal(keys["f"], "drain"))
+        mask = pc.or_kleene(pc.equal(keys["process"], NEMESIS), pc.is_in(keys["f"], pa.array(SMALL_OPS)))
         if pc.any(mask).as_py():
             rows += f.read_row_group(i, columns=columns).filter(mask).to_pylist()
     for r in rows:

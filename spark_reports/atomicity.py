@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._rows import history_path, verdict_of
+from ._rows import history_path, reason_of, verdict_of
+from ._spark_session import spark_session
 from .stream import iter_rows
 
 COUNT_KEYS = (
@@ -49,6 +50,12 @@ COUNT_KEYS = (
     "history_ops",
 )
 ANOMALIES = ("incomplete_commits", "rolled_back_delivered", "partial_transactions", "acks_undone")
+LABELS = {
+    "incomplete_commits": "committed publish transaction(s) with messages never delivered",
+    "rolled_back_delivered": "rolled-back publish transaction(s) with messages delivered",
+    "partial_transactions": "transaction(s) of unknown outcome applied in part",
+    "acks_undone": "committed ack transaction(s) whose messages came again",
+}
 EXAMPLES = 20
 TX_OPS = ("commit", "rollback")
 
@@ -173,9 +180,14 @@ def _results(
         )
     if not counts["transactions"]:
         notes.append("no transactions in the history (workload.transactions not set?)")
+    if verdict == "unknown":
+        otherwise = f"{counts['unfinished_drains']} drain(s) unfinished"
+    else:
+        otherwise = f"every one of {counts['transactions']:,} transaction(s) applied whole or not at all"
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": reason_of(counts, bad, LABELS, otherwise),
         "engine": engine,
         "counts": counts,
         "anomalies": {k: sorted(v, key=lambda e: e["index"])[:EXAMPLES] for k, v in examples.items()},
@@ -237,17 +249,9 @@ def check_atomicity_spark(
 ) -> dict[str, Any]:
     """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
     with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
-    from pyspark.sql import SparkSession
-
     path = history_path(Path(run_dir))
-    if spark is None:
-        spark = (
-            SparkSession.builder.master(spark_master or "local[2]")
-            .appName("brokerchaos-atomicity")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
+    if spark is None:  # the one session every checker of this process shares
+        spark = spark_session(spark_master)
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")

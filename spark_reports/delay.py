@@ -32,6 +32,7 @@ from typing import Any
 
 from . import _rows
 from ._rows import history_path
+from ._spark_session import spark_session
 
 COUNT_KEYS = (
     "delayed_publishes",
@@ -179,6 +180,9 @@ def results(
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": notes[0]
+        if notes
+        else f"none of {counts['delayed_delivered']:,} delayed message(s) delivered before its due time",
         "engine": engine,
         "counts": counts,
         "late_after_ms": late_after_ms,
@@ -221,19 +225,11 @@ def check_delay_spark(
     spark_master: str | None = None,
 ) -> dict[str, Any]:
     """The delay checks as Spark SQL over the Parquet history; only examples and percentiles come back."""
-    from pyspark.sql import SparkSession
-
     run_dir = Path(run_dir)
     path = history_path(run_dir)
     after = late_ms(scenario)
-    if spark is None:
-        spark = (
-            SparkSession.builder.master(spark_master or "local[2]")
-            .appName("brokerchaos-delay")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
+    if spark is None:  # the one session every checker of this process shares
+        spark = spark_session(spark_master)
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["due"]).createOrReplaceTempView("due")

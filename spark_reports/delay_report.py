@@ -10,6 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ._html import esc as _e
+from ._html import img as _img
+from ._html import shade_faults as _shade_faults
+from ._html import table as _table
 from ._rows import history_path
 from .delay import iter_rows, lateness, lateness_ms_of_first_deliveries
 
@@ -28,8 +32,6 @@ _LABELS = {
 
 
 def delay_parts(run_dir: Path, results: Any) -> list[str]:
-    from .report import _e, _img, _shade_faults, _table
-
     checkers = results.get("checkers") or {}
     name = next((n for n in ("delay", "delay-spark") if n in checkers), None)
     if name is None:

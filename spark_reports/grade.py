@@ -27,19 +27,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.spec.results import SCHEMA_VERSION, Grade, KindGrade, RunGrade, Verdict
+from harness.spec.results import (
+    SCHEMA_VERSION,
+    VERDICT_ORDER,
+    Grade,
+    KindGrade,
+    RecoveryGrade,
+    RunGrade,
+    Verdict,
+    compose_verdicts,
+    valid_of,
+)
 
 from ._common import HistoryError
 
 CONFIDENCE = 0.95
 MIN_RUNS = 2
 """Fewer graded runs than this give counts and no bound."""
+VERDICT_RANK: dict[str, int] = {v: i for i, v in enumerate(VERDICT_ORDER)}
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 FEW_RUNS = 10
 """Below this many graded runs percentile bootstrap intervals tend to be too narrow; the text says so."""
-VERDICT_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
-"""How verdict counts are listed; a verdict not named here (a checker may add one) follows them."""
+LISTING_ORDER: tuple[str, ...] = ("durable", "LOST", "INTEGRITY", "unknown")
+"""How verdict counts are listed (not their rank, which is ``harness.spec.results.VERDICT_ORDER``);
+a verdict not named here follows them."""
 
 
 # -- exact binomial intervals ---------------------------------------------------------------
@@ -174,17 +186,27 @@ def bootstrap_ratio(
 def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGrade:
     counts = res.get("counts") or {}
     verdict: Verdict = res["verdict"] if isinstance(res.get("verdict"), str) else "unknown"
-    lost = int(counts.get("lost") or 0)
+    checkers = {n: p.get("verdict") for n, p in (res.get("checkers") or {}).items()}
+    stuck = int(counts.get("stuck") or 0)  # held unacked by no consumer: lost to the application
+    lost = int(counts.get("lost") or 0) + stuck
     drain = res.get("drain") or {}
     # The loss outcome is known when nothing confirmed is missing, or when it is missing
-    # after a completed drain. A checker that failed left no counts; a run the checkers
-    # called unknown stays unknown here too, whatever its counts say.
-    known = verdict != "unknown" and bool(counts) and (lost == 0 or bool(drain.get("completed")))
+    # after a completed drain. A checker that failed left no counts; a run the queue checker
+    # called unknown stays unknown here too, whatever its counts say. Another checker's
+    # verdict (a stream's replicas, a delay) decides the run's verdict, not its loss outcome.
+    loss_verdict = checkers.get(res.get("body_checker") or "", verdict)
+    unreachable = int(counts.get("unreachable") or 0)
+    known = (
+        loss_verdict != "unknown"
+        and bool(counts)
+        and ((lost == 0 and unreachable == 0) or stuck > 0 or bool(drain.get("completed")))
+    )
     return RunGrade(
         run_dir=run_dir,
         seed=seed,
         verdict=verdict,
         valid=res.get("valid", "unknown"),
+        checkers=checkers,  # type: ignore[typeddict-item]
         graded=known,
         confirmed=int(counts.get("confirmed") or 0),
         lost=lost,
@@ -193,14 +215,26 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
     )
 
 
-def _worst(verdicts: Sequence[Verdict]) -> Verdict:
-    """LOST first, then any other failure, then unknown; durable only when every run was."""
-    if "LOST" in verdicts:
-        return "LOST"
-    failures = [v for v in verdicts if v not in ("durable", "unknown")]
-    if failures:
-        return failures[0]
-    return "unknown" if "unknown" in verdicts or not verdicts else "durable"
+QUEUE_CHECKERS = ("spark", "python")
+"""The checkers ``engine="spark"`` and ``"python"`` re-run; a run's other checkers keep their stored verdicts."""
+
+
+def with_stored_checkers(res: Mapping[str, Any], stored: Mapping[str, Any], engine: str) -> dict[str, Any]:
+    """A re-checked run's results, its verdict composed again with the stored verdicts of the
+    checkers the grade did not re-run (stream, delay, atomicity, ...): a grade must not call a
+    run durable that one of its checkers failed."""
+    others = {n: p for n, p in (stored.get("checkers") or {}).items() if n not in QUEUE_CHECKERS}
+    out = dict(res)
+    if not others:
+        return out
+    out["checkers"] = {engine: {"verdict": res.get("verdict"), "reason": res.get("reason")}} | {
+        n: {"verdict": p.get("verdict"), "reason": p.get("reason") or p.get("error")}
+        for n, p in others.items()
+    }
+    out["body_checker"] = engine
+    out["verdict"] = compose_verdicts(p["verdict"] for p in out["checkers"].values())
+    out["valid"] = valid_of(out["verdict"])
+    return out
 
 
 def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
@@ -225,10 +259,10 @@ def grade_results(
         exposures.append(_exposure(res))
     seen = sorted(
         {r["verdict"] for r in runs},
-        key=lambda v: (VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER), v),
+        key=lambda v: (LISTING_ORDER.index(v) if v in LISTING_ORDER else len(LISTING_ORDER), v),
     )
     verdicts: dict[str, int] = {v: sum(1 for r in runs if r["verdict"] == v) for v in seen}
-    worst = _worst(seen)
+    worst = compose_verdicts(seen)
     graded = [r for r in runs if r["graded"]]
     runs_lost = sum(1 for r in graded if r["lost"] > 0)
     confirmed = sum(r["confirmed"] for r in graded)
@@ -285,10 +319,126 @@ def grade_results(
         bootstrap_resamples=resamples,
         bootstrap_seed=seed,
         per_kind=per_kind,
+        recovery=grade_recovery(
+            [res.get("liveness") or {} for _d, res, _s in results],
+            resamples=resamples,
+            seed=seed,
+        ),
         statement="",
     )
     grade["statement"] = " ".join(describe_grade(grade)[1:2])
     return grade
+
+
+# -- recovery -------------------------------------------------------------------------------
+
+
+def _nearest_rank(sorted_values: Sequence[float], p: int) -> float:
+    n = len(sorted_values)
+    return sorted_values[max(1, (p * n + 99) // 100) - 1]
+
+
+RECOVERY_STATS = (("median", 50), ("p90", 90), ("max", 100))
+
+
+def grade_recovery(
+    per_run: Sequence[Mapping[str, Any]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int | str = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> list[RecoveryGrade]:
+    """Per fault kind: the recovery times (seconds) of every healed step and queue of every run
+    (each run's ``liveness``: its ``recovery`` rows), their median, p90 and max with bootstrap
+    intervals over runs, and the share of runs where a queue did not come back after a step of
+    that kind (a step not recovered, or a queue of ``liveness.unavailable`` that follows one)."""
+    kinds: dict[str, list[tuple[list[float], int, bool]]] = {}
+    for live in per_run:
+        # per kind: recovery times, samples not recovered, and whether a queue did not come back
+        mine: dict[str, tuple[list[float], int, bool]] = {}
+        for u in live.get("unavailable") or []:
+            if u.get("fault_kind") is not None:
+                times, never, _ = mine.get(u["fault_kind"], ([], 0, False))
+                mine[u["fault_kind"]] = (times, never, True)
+        for r in live.get("recovery") or []:
+            if not r.get("healed") or (r.get("recovered") and r.get("recovery_ns") is None):
+                continue  # never healed, or nothing was asked of the queue after the heal
+            times, never, gone = mine.get(r["kind"], ([], 0, False))
+            if r.get("recovered") and r.get("recovery_ns") is not None:
+                times.append(r["recovery_ns"] / 1e9)
+            else:
+                never += 1
+            mine[r["kind"]] = (times, never, gone or not r.get("recovered"))
+        for kind, v in mine.items():
+            kinds.setdefault(kind, []).append(v)
+    out = []
+    for kind, runs in sorted(kinds.items()):
+        pooled = sorted(t for times, _, _ in runs for t in times)
+        stats = {name: _nearest_rank(pooled, p) if pooled else None for name, p in RECOVERY_STATS}
+        bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(stats)
+        if len(runs) >= MIN_RUNS and pooled:
+            rng = random.Random(f"{seed}:recovery:{kind}")
+            drawn_stats: dict[str, list[float]] = {name: [] for name, _ in RECOVERY_STATS}
+            for _ in range(resamples):
+                drawn = sorted(t for times, _, _ in rng.choices(runs, k=len(runs)) for t in times)
+                if drawn:
+                    for name, p in RECOVERY_STATS:
+                        drawn_stats[name].append(_nearest_rank(drawn, p))
+            tail = (1 - confidence) / 2 * 100
+            for name, vals in drawn_stats.items():
+                vals.sort()
+                if vals:
+                    bounds[name] = (
+                        _nearest_rank(vals, max(1, round(tail))),
+                        _nearest_rank(vals, round(100 - tail)),
+                    )
+        never = sum(1 for _, _, gone in runs if gone)
+        share = clopper_pearson_interval(never, len(runs), confidence) if len(runs) >= MIN_RUNS else None
+        out.append(
+            RecoveryGrade(
+                fault_kind=kind,
+                runs=len(runs),
+                samples=len(pooled) + sum(n for _, n, _ in runs),
+                recovered=len(pooled),
+                median_s=stats["median"],
+                p90_s=stats["p90"],
+                max_s=stats["max"],
+                median_low=(bounds["median"] or (None, None))[0],
+                median_high=(bounds["median"] or (None, None))[1],
+                p90_low=(bounds["p90"] or (None, None))[0],
+                p90_high=(bounds["p90"] or (None, None))[1],
+                max_low=(bounds["max"] or (None, None))[0],
+                max_high=(bounds["max"] or (None, None))[1],
+                runs_never=never,
+                never_low=share[0] if share else None,
+                never_high=share[1] if share else None,
+            )
+        )
+    return out
+
+
+def describe_recovery(rows: Sequence[Mapping[str, Any]], confidence: float = CONFIDENCE) -> list[str]:
+    """The lines ``grade`` prints for recovery, one per fault kind."""
+    if not rows:
+        return []
+    pct = f"{confidence:.0%}"
+    lines = [f"recovery after each heal, per fault kind (seconds; {pct} bootstrap intervals over runs):"]
+    for k in rows:
+
+        def stat(name: str, k: Mapping[str, Any] = k) -> str:
+            v, lo, hi = k[f"{name}_s"], k[f"{name}_low"], k[f"{name}_high"]
+            if v is None:
+                return f"{name} -"
+            return f"{name} {v:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
+
+        never = f"{k['runs_never']} of {_runs(k['runs'])} had a queue that did not come back"
+        if k["never_low"] is not None:
+            never += f" (share {_pct(k['never_low'])} to {_pct(k['never_high'])}, exact {pct})"
+        lines.append(
+            f"  {k['fault_kind']}: {k['recovered']} of {k['samples']} step-queues recovered; "
+            f"{stat('median')}, {stat('p90')}, {stat('max')}; {never}"
+        )
+    return lines
 
 
 # -- words ----------------------------------------------------------------------------------
@@ -304,6 +454,19 @@ def _rate(x: float | None) -> str:
 
 def _runs(n: int) -> str:
     return f"{n} run{'' if n == 1 else 's'}"
+
+
+def checker_verdicts(grade: Grade) -> dict[str, str]:
+    """Per checker, how many runs got each verdict from it ("2 durable, 1 INTEGRITY")."""
+    tally: dict[str, dict[str, int]] = {}
+    for r in grade["runs"]:
+        for name, v in (r.get("checkers") or {}).items():
+            t = tally.setdefault(name, {})
+            t[str(v)] = t.get(str(v), 0) + 1
+    return {
+        n: ", ".join(f"{k} {v}" for v, k in sorted(t.items(), key=lambda kv: VERDICT_RANK.get(kv[0], 99)))
+        for n, t in tally.items()
+    }
 
 
 def describe_grade(grade: Grade) -> list[str]:
@@ -333,6 +496,11 @@ def describe_grade(grade: Grade) -> list[str]:
         )
     counts = ", ".join(f"{v} {k}" for k, v in grade["verdicts"].items() if v)
     lines.append(f"verdicts: {counts or 'none'}")
+    if any(len(r.get("checkers") or {}) > 1 for r in grade["runs"]):
+        lines.append(
+            "checkers (each one's verdicts over the runs; a run's verdict is the worst of its checkers'): "
+            + "; ".join(f"{n} {v}" for n, v in checker_verdicts(grade).items())
+        )
     if grade["excluded_runs"]:
         lines.append(
             f"{_runs(grade['excluded_runs'])} left out of every rate: whether {'it' if grade['excluded_runs'] == 1 else 'they'} "
@@ -374,6 +542,7 @@ def describe_grade(grade: Grade) -> list[str]:
                     else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
                 )
                 lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+    lines += describe_recovery(grade.get("recovery") or [], grade["confidence"])
     return lines
 
 
@@ -418,6 +587,11 @@ def grade_runs(
         results = stored
     else:
         raise ValueError(f"unknown engine {engine!r}: use 'spark', 'python' or 'stored'")
+    if engine in QUEUE_CHECKERS:
+        results = [
+            with_stored_checkers(res, json.loads(f.read_text()) if f.is_file() else {}, engine)
+            for res, f in zip(results, (Path(d) / "results.json" for d in run_dirs), strict=True)
+        ]
     seeds = [s.get("seed") if isinstance(s, dict) else None for s in scenarios]
     return grade_results(
         [

@@ -6,34 +6,24 @@ embedded in it as data URIs so the page still reads when mailed or archived alon
 
 from __future__ import annotations
 
-import base64
-import html
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from harness.spec.results import Grade, Results
 
+from ._html import Raw as _Raw
+from ._html import esc as _e
+from ._html import img as _img
+from ._html import page as _page
+from ._html import shade_faults as _shade_faults
+from ._html import table as _table
+from ._liveness import describe_unavailable
+from .checkers_report import findings_parts, verdict_table
 from .delay_report import delay_parts
 from .grade import describe_grade
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
-_FAULT_COLOURS = ["#ef9a9a", "#90caf9", "#ce93d8", "#ffcc80", "#a5d6a7", "#b0bec5"]
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}
-.verdict{font-size:1.3em;padding:.6em 1em;border-radius:6px;display:inline-block;color:#fff}
-.durable{background:#2e7d32}.LOST,.INTEGRITY,.RESURRECTED,.DUPLICATED{background:#c62828}
-.unknown{background:#757575}
-img{max-width:100%;border:1px solid #eee}code{font-size:.9em}
-.note{background:#fff8e1;border-left:4px solid #f9a825;padding:.4em .8em;margin:.6em 0}
-.body{font-family:ui-monospace,monospace;font-size:.82em;white-space:pre-wrap;word-break:break-all;
-max-width:520px;text-align:left}
-.diff{background:#ffcdd2}.muted{color:#757575}
-"""
-
 _COUNT_LABELS = {
     "attempted": "ids published at least once",
     "confirmed": "confirmed (publish ok)",
@@ -45,7 +35,9 @@ _COUNT_LABELS = {
     "consumed_unique": "ids consumed (an ack completed ok)",
     "consumed_total": "acks completed ok",
     "abandoned": "deliveries given back (abandon ops)",
-    "lost": "lost: confirmed, never consumed",
+    "lost": "lost: confirmed, never consumed after a completed drain",
+    "stuck": "stuck: confirmed, held unacked by no consumer",
+    "unreachable": "confirmed, never consumed, the final drain unfinished: not known lost",
     "ack_unknown": "confirmed, ack outcome unknown",
     "unexpected": "consumed, never published",
     "corrupted": "body differs from the one sent",
@@ -67,61 +59,8 @@ _DUPLICATES = 50
 """Duplicates are often many and rarely the story: fewer rows."""
 
 
-class _Raw(str):
-    """A table cell that is already HTML."""
-
-
-def _e(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
-
-
-def _table(headers: list[str], rows: Iterable[Iterable[Any]], left: int = 1) -> str:
-    head = "".join(
-        f"<th class='l'>{_e(h)}</th>" if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
-    )
-    body = []
-    for row in rows:
-        cells = "".join(
-            (f"<td class='l'>{c}</td>" if isinstance(c, _Raw) else f"<td class='l'>{_e(c)}</td>")
-            if i < left
-            else f"<td>{_e(c)}</td>"
-            for i, c in enumerate(row)
-        )
-        body.append(f"<tr>{cells}</tr>")
-    if not body:
-        body.append(f"<tr><td class='l' colspan='{len(headers)}'>none</td></tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
 def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}g}" if abs(x) < 1e-3 and x else f"{x:,.{digits}f}"
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-        f"<style>{_CSS}</style></head><body>{body}</body></html>"
-    )
-
-
-def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f"<img alt='{_e(path.stem)}' src='data:image/png;base64,{data}'>"
-
-
-def _shade_faults(ax: Any, results: Results) -> None:
-    colours: dict[str, str] = {}
-    for w in results["faults"]:
-        first = w["kind"] not in colours
-        colour = colours.setdefault(w["kind"], _FAULT_COLOURS[len(colours) % len(_FAULT_COLOURS)])
-        ax.axvspan(
-            w["start_ns"] / 1e9,
-            w["end_ns"] / 1e9,
-            color=colour,
-            alpha=0.35,
-            lw=0,
-            label=w["kind"] if first else None,
-        )
 
 
 def _grid(times: list[int], width: int) -> list[int]:
@@ -154,8 +93,9 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
             continue
         series.setdefault(name, {})[row["t_s"]] = row["count"] / width
     paths = []
-    fig, ax = plt.subplots(figsize=(11, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 4.0))
     _shade_faults(ax, results)
+    _unavailable_bars(ax, results)
     # Every bucket of the run is drawn: a second with no operations of a kind is a zero,
     # not a line drawn across the gap (a broker down for 4 s must look down for 4 s).
     grid = _grid([t for pts in series.values() for t in pts], width)
@@ -172,8 +112,13 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
         )
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("ops/s")
-    ax.set_title("Operations by outcome (fault windows shaded)")
-    ax.legend(loc="upper right", fontsize=8, ncol=3)
+    ax.set_title(
+        "Operations by outcome (fault windows shaded; bars on top: no publish / consume ok for longer than "
+        "the threshold, hatched where it never came back)",
+        fontsize=10,
+    )
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # headroom for the bars of unavailable windows
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, ncol=8, frameon=False)
     fig.tight_layout()
     paths.append(out / "timeline.png")
     fig.savefig(paths[-1], dpi=100)
@@ -215,6 +160,119 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     return paths
 
 
+_UNAVAILABLE = {"publish": ("#b71c1c", 0.93), "consume": ("#4a148c", 0.86)}
+"""Colour and height (axes fraction) of the bars of unavailable windows on the timeline."""
+
+
+def _unavailable_bars(ax: Any, results: Results) -> None:
+    """Each unavailable window (``liveness.windows``) as a bar across the top of the timeline:
+    publish above, consume below; a window that never ended in an ok is hatched."""
+    seen: set[str] = set()
+    for w in (results.get("liveness") or {}).get("windows") or []:
+        colour, y = _UNAVAILABLE[w["kind"]]
+        ax.broken_barh(
+            [(w["start_ns"] / 1e9, w["duration_ns"] / 1e9)],
+            (y, 0.05),
+            transform=ax.get_xaxis_transform(),
+            facecolors=colour,
+            alpha=0.85,
+            hatch=None if w["ended_by_ok"] else "//",
+            edgecolor="white",
+            label=None if w["kind"] in seen else f"{w['kind']} unavailable",
+        )
+        seen.add(w["kind"])
+
+
+def _liveness_parts(results: Results) -> list[str]:
+    """The recovery of each fault step and queue, the unavailable windows and the queues that
+    never came back."""
+    lv = results.get("liveness")
+    if not lv:
+        return []
+    share = lv["available_share"]
+    parts = [
+        "<h2>Liveness: did it come back?</h2>",
+        "<p>Per fault step and queue, seconds from the heal to the first publish confirmed and the first "
+        "message consumed (acked ok, or the queue's drain completing) through any node, and per node the "
+        "clients went through. A publish counts once producers kept publishing for longer than the "
+        f"threshold ({lv['threshold_ns'] / 1e9:g} s) after the heal. Longest outage "
+        f"{lv['longest_outage_ns'] / 1e9:.1f} s"
+        + (f"; available {share:.1%} of the time." if share is not None else ".")
+        + "</p>",
+    ]
+    for u in lv["unavailable"]:
+        parts.append(f"<div class='verdict UNAVAILABLE'>{_e(describe_unavailable(u, 0))}</div>")
+        if u["log"]:
+            parts.append("<pre style='white-space:pre-wrap'>" + _e("\n".join(u["log"])) + "</pre>")
+
+    def after(ns: int | None, asked: bool = True) -> str:
+        return "-" if not asked else "never" if ns is None else f"{ns / 1e9:.3f}"
+
+    rows = []
+    for r in lv["recovery"]:
+        per_node = "; ".join(
+            f"{n['node']}: {after(n['publish_ok_ns'])} / {after(n['consume_ok_ns'])}" for n in r["nodes"]
+        )
+        state = "not healed" if not r["healed"] else "yes" if r["recovered"] else "NO"
+        budget = (
+            "-" if r["budget_s"] is None else f"{r['budget_s']:g}" + (" (over)" if r["over_budget"] else "")
+        )
+        rows.append(
+            [
+                r["fault_id"],
+                r["kind"],
+                r["node"],
+                r["queue"],
+                _s(r["heal_ns"]),
+                after(r["publish_ok_ns"], r["publish_demand"] or r["publish_ok_ns"] is not None),
+                after(r["consume_ok_ns"]),
+                state,
+                after(r["recovery_ns"], r["healed"] and not (r["recovered"] and r["recovery_ns"] is None)),
+                budget,
+                per_node,
+            ]
+        )
+    parts.append(
+        _table(
+            [
+                "fault step",
+                "kind",
+                "node",
+                "queue",
+                "heal s",
+                "publish ok after s",
+                "consume ok after s",
+                "recovered",
+                "recovery s",
+                "budget s",
+                "per node (publish / consume after s)",
+            ],
+            rows,
+            left=4,
+        )
+    )
+    if lv["windows"]:
+        parts.append(
+            _table(
+                ["queue", "kind", "from s", "to s", "seconds", "ended by an ok", "fault windows"],
+                [
+                    [
+                        w["queue"],
+                        w["kind"],
+                        _s(w["start_ns"]),
+                        _s(w["end_ns"]),
+                        f"{w['duration_ns'] / 1e9:.1f}",
+                        "yes" if w["ended_by_ok"] else "no (never came back)",
+                        ", ".join(w["fault_ids"]) or "-",
+                    ]
+                    for w in lv["windows"]
+                ],
+                left=2,
+            )
+        )
+    return parts
+
+
 def _s(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e9:.3f}"
 
@@ -250,14 +308,16 @@ def render_report(run_dir: Path, results: Results) -> Path:
     """Write run_dir/report.html and run_dir/plots/*.png; return the page's path."""
     run_dir = Path(run_dir)
     html_path = run_dir / "report.html"
-    if "counts" not in results or "timeline" not in results:  # every checker failed: say why, nothing else
+    if "counts" not in results or "timeline" not in results:
+        # No queue checker result (every checker failed, or only checkers of another kind ran):
+        # the verdict, each checker's, and their findings.
+        why = results.get("reason") or results.get("error") or "no checker result"
         html_path.write_text(
             _page(
                 f"brokerchaos {run_dir.name}",
-                (
-                    f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict unknown'>"
-                    f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(results.get('error', 'no checker result'))}</div>"
-                ),
+                f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict {_e(results.get('verdict', 'unknown'))}'>"
+                f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(why)}</div>"
+                + "".join(verdict_table(results) + findings_parts(results)),
             )
         )
         return html_path
@@ -266,7 +326,11 @@ def render_report(run_dir: Path, results: Results) -> Path:
     lat = results["latency"]
     labels = _COUNT_LABELS | (_SCHEMA1_LABELS if results.get("history_schema", 2) < 2 else {})
     budgets = results.get("budgets") or {}
-    set_budgets = ", ".join(f"{k} &le; {v:,}" for k, v in budgets.items() if v is not None)
+    set_budgets = ", ".join(
+        f"{k} &le; {_e(str(v)) if isinstance(v, dict) else f'{v:,}'}"
+        for k, v in budgets.items()
+        if v is not None
+    )
     parts = [
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
@@ -274,10 +338,12 @@ def render_report(run_dir: Path, results: Results) -> Path:
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
         f"{c['history_ops']:,} operations" + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
         *[f"<div class='note'>{_e(n)}</div>" for n in results.get("notes", [])],
+        *verdict_table(results),
         "<h2>Counts</h2>",
         _table(["", "what", "messages"], [[k, labels.get(k, k), f"{v:,}"] for k, v in c.items()], left=2),
         "<h2>Timeline</h2>",
         _img(plots[0]),
+        *_liveness_parts(results),
         "<h2>Latency</h2>",
         _img(plots[1]),
         _table(
@@ -319,6 +385,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         ]
         + _drain_parts(results)
     )
+    parts += findings_parts(results)
     parts += delay_parts(run_dir, results)
     if results["order_violations"]:
         v = results["order_violations"]
@@ -371,6 +438,59 @@ def _lost_parts(results: Results) -> list[str]:
             f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
             _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2),
         ]
+    if results.get("stuck"):
+        parts += [
+            f"<h2>Stuck deliveries ({c.get('stuck', 0):,} confirmed messages)</h2>",
+            "<p>After the harness had closed every client connection it opened on the queue, these "
+            "nodes still reported deliveries unacked: held for consumers that no longer exist, never to "
+            "be delivered again. A loss to the application (verdict LOST, cause "
+            "&ldquo;held unacked by no consumer&rdquo;), counted apart from lost (a finished drain that "
+            "did not find them) and from unreachable (a queue that never answers). The confirmed messages "
+            "counted stuck are those the drain could not obtain when it was held up by these nodes alone. "
+            "Holders: what the broker listed when asked (the drain's own connection among them).</p>",
+            _table(
+                [
+                    "node",
+                    "queue",
+                    "drainer",
+                    "unacked reported",
+                    "since s",
+                    "last seen s",
+                    "looks",
+                    "holders",
+                ],
+                [
+                    [
+                        q["node"],
+                        q["queue"],
+                        q["drainer"],
+                        f"{q['unacked']:,}",
+                        _s(q["since_ns"]),
+                        _s(q["last_ns"]),
+                        q["looks"],
+                        _holders(q["holders"]),
+                    ]
+                    for q in results["stuck"]
+                ],
+                left=3,
+            ),
+        ]
+        stuck = results.get("stuck_detail") or []
+        if stuck:
+            parts += _section(
+                "Stuck messages",
+                min(len(stuck), _ROWS),
+                c.get("stuck", 0),
+                "",
+                _table(
+                    ["id", "confirmed by", "confirm s", "deliveries"],
+                    [
+                        [d["id"], d["confirm_node"], _s(d["confirm_ns"]), d["delivered"]]
+                        for d in stuck[:_ROWS]
+                    ],
+                    left=2,
+                ),
+            )
     if results.get("ack_unknown"):
         parts += _section(
             "Acked with an unknown outcome",
@@ -564,6 +684,15 @@ def _drain_parts(results: Results) -> list[str]:
     ]
 
 
+def _holders(holders: list | None) -> str:
+    """What the broker listed as holding the deliveries (the drain's own connection among them)."""
+    if holders is None:
+        return "-"
+    return "; ".join(
+        ", ".join(f"{k} {v}" for k, v in h.items()) if isinstance(h, Mapping) else str(h) for h in holders
+    )
+
+
 def _v(x: Any) -> str:
     return "-" if x is None else f"{x:,}" if isinstance(x, int) else str(x)
 
@@ -656,12 +785,13 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
         ),
         "<h2>Runs</h2>",
         _table(
-            ["run", "seed", "verdict", "graded", "confirmed", "lost", "unexpected"],
+            ["run", "seed", "verdict", "checkers", "graded", "confirmed", "lost", "unexpected"],
             [
                 [
                     r["run_dir"],
                     "-" if r["seed"] is None else r["seed"],
                     r["verdict"],
+                    ", ".join(f"{n} {v}" for n, v in (r.get("checkers") or {}).items()) or "-",
                     "yes" if r["graded"] else "no",
                     f"{r['confirmed']:,}",
                     r["lost"],
@@ -669,7 +799,7 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
                 ]
                 for r in grade["runs"]
             ],
-            left=2,
+            left=4,
         ),
     ]
     path = out_dir / "grade.html"

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _rows
-from ._rows import history_path, verdict_of
+from ._rows import history_path, reason_of, verdict_of
+from ._spark_session import spark_session
 
 COUNT_KEYS = (
     "streams",
@@ -58,6 +59,14 @@ ANOMALIES = (
     "reordered",
     "diverged_streams",
 )
+LABELS = {
+    "seq_conflicts": "stream sequence(s) confirmed to two different messages",
+    "seq_mismatches": "deliveries with a stream sequence other than the one confirmed",
+    "delivered_conflicts": "stream sequence(s) delivered as two different messages",
+    "gaps": "stream sequence(s) below the highest delivered that nothing delivered",
+    "reordered": "first deliveries out of stream order",
+    "diverged_streams": "stream(s) whose replicas disagree after the final drain (messages, first or last sequence)",
+}
 EXAMPLES = 20  # examples kept per anomaly
 _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 
@@ -215,9 +224,14 @@ def _results(
         )
     if not counts["streams"]:
         notes.append("no stream sequences in the history (not a stream broker's client?)")
+    if verdict == "unknown":
+        otherwise = f"{counts['unfinished_drains']} stream(s) not fully drained"
+    else:
+        otherwise = f"no stream anomaly over {counts['streams']} stream(s)"
     return {
         "valid": valid,
         "verdict": verdict,
+        "reason": reason_of(counts, bad, LABELS, otherwise),
         "engine": engine,
         "counts": counts,
         "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()},
@@ -267,18 +281,10 @@ def check_stream_spark(
     spark_master: str | None = None,
 ) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
-    from pyspark.sql import SparkSession
-
     run_dir = Path(run_dir)
     path = history_path(run_dir)
-    if spark is None:
-        spark = (
-            SparkSession.builder.master(spark_master or "local[2]")
-            .appName("brokerchaos-stream")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .getOrCreate()
-        )
+    if spark is None:  # the one session every checker of this process shares
+        spark = spark_session(spark_master)
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     spark.sql(_SQL["base"]).createOrReplaceTempView("b")

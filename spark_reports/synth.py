@@ -233,6 +233,33 @@ class HistoryBuilder:
             error=error if error is not None or outcome == "ok" else "drain did not finish",
         )
 
+    def depth(
+        self,
+        node: str,
+        ready: int = 0,
+        unacked: int = 0,
+        *,
+        clients: int | None = 0,
+        own_unacked: int = 0,
+        drainer: str = "d1",
+        queue: str | None = "q",
+        outcome: str = "ok",
+    ) -> None:
+        """One look of the drain at a node's queue depth (``depth`` op), as the AMQP drain records it."""
+        self.op(drainer, "invoke", "depth", None, node=node, queue=queue)
+        value: dict[str, Any] = {"ready": ready, "unacked": unacked, "own_unacked": own_unacked}
+        if clients is not None:
+            value["clients"] = clients
+        self.op(
+            drainer,
+            outcome,
+            "depth",
+            value if outcome == "ok" else None,
+            node=node,
+            queue=queue,
+            error=None if outcome == "ok" else "queue depth: exec failed",
+        )
+
     def drain(
         self,
         *,

@@ -8,14 +8,13 @@
 - ``broker``: the broker plugin (image, node spec, readiness, cluster formation, capabilities);
 - ``client``: the workload driver a client plugin provides for one protocol;
 - ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
-- ``history``: the history schema every driver writes and every checker reads, and its writer;
+- ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
 - ``scenario``: the scenario sections a driver and a fault read.
 """
 
 from __future__ import annotations
 
-from harness.history import Invocation, Recorder
 from harness.scenario import (
     BrokerSection,
     ConsumerSection,
@@ -34,7 +33,15 @@ from harness.spec.broker import (
     run_or_fail,
     wait_until_running,
 )
-from harness.spec.client import DELAYED_EXCHANGE, Delays, Driver, Endpoint, QueueDepth, RateLimiter
+from harness.spec.client import (
+    DELAYED_EXCHANGE,
+    Delays,
+    Driver,
+    Endpoint,
+    QueueDepth,
+    QueueHolders,
+    RateLimiter,
+)
 from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
 from harness.spec.history import (
     ABANDON_CAUSES,
@@ -42,6 +49,8 @@ from harness.spec.history import (
     SCHEMA_VERSION,
     TX_OPS,
     TYPES,
+    Invocation,
+    Recorder,
     arrow_schema,
     body_digest,
     message_body,
@@ -73,6 +82,7 @@ __all__ = [
     "NodeInfo",
     "NodeSpec",
     "QueueDepth",
+    "QueueHolders",
     "RateLimiter",
     "Recorder",
     "Registry",

@@ -174,6 +174,17 @@ class BrokerPlugin:
         """
         return None
 
+    def queue_holders(self, node: NodeHandle, queue: str) -> list[dict[str, Any]] | None:
+        """What ``node`` lists as holding ``queue``'s deliveries: its consumers, channels or
+        connections, as the broker's admin CLI names them (``node.exec``).
+
+        The drain asks when a depth found deliveries unacked with no client connection of the
+        harness open on the queue (held for consumers that no longer exist), and records the
+        answer in the history beside that depth, for a reader to see what the broker thinks
+        holds them. None: this plugin cannot tell.
+        """
+        return None
+
     # -- membership (capability ``membership``) ------------------------------------------
 
     def members(self, node: NodeHandle) -> set[str]:

@@ -18,12 +18,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from harness.scenario import ConsumerSection, DelaySection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
+QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
+"""(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
 
 
 @dataclass
@@ -175,23 +177,59 @@ class DrainEnd:
         )
 
 
+MAX_ROUNDS = 100
+"""A drain op's value records at most this many rounds: the first ones and the last."""
+
+
+def add_round(
+    rounds: list[dict[str, Any]],
+    now_ns: int,
+    consumed: int,
+    empty: list[str],
+    errors: Mapping[str, str | None],
+) -> None:
+    """Append one round as a drain op's value records it (``harness.spec.results.DrainRound``),
+    keeping the first MAX_ROUNDS - 1 rounds and the last."""
+    rounds[MAX_ROUNDS - 1 :] = []
+    rounds.append(
+        {
+            "end_ns": now_ns,
+            "consumed": consumed,
+            "empty": list(empty),
+            "errors": {n: e for n, e in errors.items() if e and n not in empty},
+        }
+    )
+
+
 async def drain_rounds(
     nodes: Sequence[str],
     visit: Callable[[str], Awaitable[bool]],
     consumed: Callable[[], int],
     left: Callable[[], float],
     pause: float,
+    on_round: Callable[[list[str]], None] | None = None,
 ) -> DrainEnd:
     """A drain's rounds: visit every node in turn until one full round finds every node empty
     and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
-    and says whether that node reported the queue empty."""
+    and says whether that node reported the queue empty; ``on_round`` hears after each round
+    (also one the time cut short) which nodes did, so the drain can record every round: a queue
+    that does not answer is tried again round after round, and one that comes back late within
+    the time is drained then."""
     while True:
         before = consumed()
         every_empty = True
+        empty: list[str] = []
         for i, node in enumerate(nodes):
             if left() <= 0:
+                if on_round is not None:
+                    on_round(empty)
                 return DrainEnd(False, tuple(nodes[i:]))
-            every_empty = await visit(node) and every_empty
+            if await visit(node):
+                empty.append(node)
+            else:
+                every_empty = False
+        if on_round is not None:
+            on_round(empty)
         if every_empty and consumed() == before:
             return DrainEnd(True)
         if left() <= 0:

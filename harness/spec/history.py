@@ -44,6 +44,18 @@ Every invoke has exactly one completion by the same process. Client operations:
 - ``drain``: one per queue and drainer, ``value`` = JSON of what the drain saw per node;
   ``ok`` only if every node reported the queue empty (ready and unacked) and stayed
   idle, ``info`` if the drain could not finish.
+- ``depth``: one per look the drain takes at a node's queue depth (added in schema 2, so
+  older histories lack it): invoke by the drainer when it asks the broker plugin
+  (``node``, ``queue``); ``ok`` with ``value`` = ``{"ready": n, "unacked": n or null,
+  "own_unacked": n, "clients": n}``: the broker's counts, the deliveries the drain itself
+  still held (none once its consumer is cancelled and every ack confirmed, which is when it
+  asks), and how many client connections the harness still had open on that queue besides
+  the drain's own (0 once the workload's consumers are closed). A plugin that can say what
+  holds the deliveries adds ``"holders"`` (a list of what its broker lists: channels or
+  consumers). ``info`` with the error when the plugin's command failed or could not tell.
+  Unacked deliveries with ``clients`` 0 and ``own_unacked`` 0 are held for consumers that
+  no longer exist: the checkers call the confirmed messages the drain could not obtain
+  there ``stuck``.
 
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and
@@ -69,7 +81,7 @@ read them as before. Each transaction adds one op:
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
 SCHEMA_VERSION = 2
 FIELDS = (
@@ -90,6 +102,8 @@ FIELDS = (
 )
 TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
+DEPTH = "depth"
+"""The ``f`` of the drain's look at a node's queue depth (see above)."""
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
@@ -99,6 +113,49 @@ ABANDON_CAUSES = (
     "close",  # channel or connection closed with the delivery unacked
     "crash",  # the consumer's connection cut without a close, as when its process is killed
 )
+
+
+class Invocation(Protocol):
+    """An open operation in the history; complete it once with ``ok``, ``fail`` or ``info``.
+    Each completion returns the record it wrote."""
+
+    f: str  # the operation
+    index: int  # of the invoke record
+    time_ns: int
+    done: bool  # a completion was written (a second one would break the contract)
+
+    def ok(
+        self,
+        value: Any = None,
+        *,
+        redelivered: bool | None = None,
+        node: str | None = None,
+        digest: str | None = None,
+        detail: Any = None,
+    ) -> dict[str, Any]: ...
+
+    def fail(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]: ...
+
+    def info(self, error: str, value: Any = None, *, detail: Any = None) -> dict[str, Any]: ...
+
+
+class Recorder(Protocol):
+    """What a driver writes the history through (the harness's writer is one): an invoke
+    returns the ``Invocation`` to complete; ``now_ns`` is the history's clock (since run start)."""
+
+    def invoke(
+        self,
+        process: str,
+        f: str,
+        *,
+        node: str | None = None,
+        queue: str | None = None,
+        value: Any = None,
+        detail: Any = None,
+    ) -> Invocation: ...
+
+    def now_ns(self) -> int: ...
+
 
 _ARROW_TYPES = {
     "index": "int64",

@@ -7,17 +7,30 @@ checkers, so built-ins and third-party plugins go through the same door.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.runner import Run
+    from harness.spec.broker import BrokerPlugin
     from harness.spec.registry import Registry
 
 hookspec = pluggy.HookspecMarker("brokerchaos")
+
+
+class Run(Protocol):
+    """What the run hooks receive: the run in progress (the harness's runner is one). The
+    contract names what a plugin may read of it, not the class that carries it."""
+
+    id: str  # the run's id, which labels its containers
+    scenario: Any  # the scenario (``name``, ``seed``, ``source``, ``broker``, ``workload``, ...)
+    dir: Any  # the run directory (``.path``); None before it is created
+    plugin: BrokerPlugin  # the broker plugin under test
+    nodes: list[str]  # node names, ``n1``...
+    checkers: tuple[str, ...]  # the checkers that will judge it
+    plan: Any  # the planned faults (``.steps``, each with ``kind``)
 
 
 # -- registration (called once when the host starts) ------------------------------

@@ -17,15 +17,87 @@ consumed and ``notes`` says so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, TypedDict
 
 SCHEMA_VERSION = 2
 LIST_CAP = 1000
 """Lists of message ids (lost, unexpected, ...) are capped so results stay small."""
+UNAVAILABLE_S = 5
+"""Liveness: a gap longer than this (seconds) with no ``ok`` operation of a kind on a queue is an
+unavailable window (``UnavailableWindow``)."""
 
-Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "unknown"]
+Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"]
 Valid = bool | Literal["unknown"]
-LostCause = Literal["never delivered", "abandoned delivery never redelivered", "delivered, never acked"]
+
+VERDICT_ORDER: tuple[Verdict, ...] = (
+    "LOST",
+    "INTEGRITY",
+    "RESURRECTED",
+    "DUPLICATED",
+    "UNAVAILABLE",
+    "unknown",
+    "durable",
+)
+"""Every verdict, worst first; a run's verdict is the worst of its checkers' verdicts.
+
+- ``LOST``: confirmed messages the application can never get back (a finished drain did not
+  find them, or a node holds them unacked for consumers that no longer exist);
+- ``INTEGRITY``: something was delivered that should not have been (never published, a body
+  other than the one sent, a stream's replicas or sequences that disagree, a delayed message
+  early, half a transaction);
+- ``RESURRECTED``, ``DUPLICATED``: deliveries again after a completed ack, or consumptions
+  twice, over the scenario's budget;
+- ``UNAVAILABLE``: the broker never recovered (a queue that never answered again);
+- ``unknown``: what the harness could not establish (a drain it could not complete, a checker
+  that raised, a checker with nothing to judge);
+- ``durable``: every checker that ran found nothing wrong.
+
+A definite failure outranks ``unknown`` (a run that certainly lost messages lost them, whatever
+another checker could not establish), and ``unknown`` outranks ``durable`` (a run is durable only
+when every checker says so).
+"""
+
+EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN = 0, 1, 3
+"""Exit statuses of a checked run (``exit_status``); 2 is the harness's own for an error before a verdict."""
+
+
+def compose_verdicts(verdicts: Iterable[str | None]) -> Verdict:
+    """The run's one verdict: the worst (``VERDICT_ORDER``) of every checker's.
+
+    A verdict this schema does not name (a checker's own, or None from a checker that
+    returned none) counts as ``unknown``; no verdict at all is ``unknown`` too.
+    """
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    known = [v if v in rank else "unknown" for v in verdicts]
+    if not known:
+        return "unknown"
+    return VERDICT_ORDER[min(rank[v] for v in known)]
+
+
+def exit_status(verdict: str | None) -> int:
+    """0 for ``durable``, 3 for ``unknown`` (or a verdict this schema does not name), 1 for any failure."""
+    if verdict == "durable":
+        return EXIT_DURABLE
+    if verdict in VERDICT_ORDER and verdict != "unknown":
+        return EXIT_FAILED
+    return EXIT_UNKNOWN
+
+
+def valid_of(verdict: str | None) -> Valid:
+    """The ``valid`` field that goes with a verdict: True durable, False a failure, else "unknown"."""
+    status = exit_status(verdict)
+    return True if status == EXIT_DURABLE else False if status == EXIT_FAILED else "unknown"
+
+
+LostCause = Literal[
+    "never delivered",
+    "abandoned delivery never redelivered",
+    "delivered, never acked",
+    "held unacked by no consumer",
+]
+STUCK_CAUSE: LostCause = "held unacked by no consumer"
+"""The cause of a stuck message (``StuckQueue``): a loss to the application, counted apart from lost."""
 
 
 class Counts(TypedDict):
@@ -41,7 +113,11 @@ class Counts(TypedDict):
     consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
     consumed_total: int  # ack ok records (schema 1: consume ok records)
     abandoned: int  # abandon ops: deliveries a consumer gave back unacked
-    lost: int  # confirmed, never consumed, and not ack_unknown
+    lost: int  # confirmed, never consumed, not ack_unknown (nor stuck), and the final drain completed
+    unreachable: int  # the same, but the final drain did not complete: behind a queue that did not answer, not known lost
+    stuck: (
+        int  # confirmed, never consumed, while the drain ended on nodes holding them unacked for no consumer
+    )
     ack_unknown: int  # confirmed, never acked ok, but an ack of it ended info and no delivery followed it
     unexpected: int  # consumed, never attempted
     corrupted: int  # attempted ids with a delivery whose body digest is not the one sent
@@ -155,6 +231,7 @@ class FaultWindow(TypedDict):
     node: str | None
     start_ns: int
     end_ns: int
+    heal_start_ns: int | None  # the invoke of that heal (a restart begins there); None: never healed
     applied: bool  # the fault's own op completed ok
     healed: bool  # a heal naming it completed ok
     params: dict
@@ -251,6 +328,15 @@ class OrderViolation(TypedDict):
     index: int
 
 
+class DrainRound(TypedDict):
+    """One round of a drain op through every node (recorded by the drainer in its value)."""
+
+    end_ns: int  # history time the round ended
+    consumed: int  # acked ok by the drain so far
+    empty: list[str]  # nodes that reported the queue empty in this round
+    errors: dict[str, str]  # nodes that did not, with what they said
+
+
 class DrainOp(TypedDict):
     """One drain op (per drainer and queue) as its completion reported it."""
 
@@ -260,6 +346,8 @@ class DrainOp(TypedDict):
     error: str | None
     consumed: int | None
     nodes: dict[str, dict]  # node -> {consumed, ready, unacked, empty_at_ns, error} as the drainer saw it
+    rounds: list[DrainRound]  # every round it went through, where the drainer recorded them
+    end_ns: int | None  # time of its completion
 
 
 class Drain(TypedDict):
@@ -269,11 +357,145 @@ class Drain(TypedDict):
     ops: list[DrainOp]
 
 
+class StuckQueue(TypedDict):
+    """A node that still reported unacked deliveries of a queue after the harness had closed every
+    client connection it opened on it (``depth`` ops with ``clients`` 0): held for consumers that
+    no longer exist. When every drain that did not finish was held up only by such nodes (every
+    other node reported the queue empty), the confirmed messages it could not obtain are
+    ``stuck``: verdict LOST, cause "held unacked by no consumer"."""
+
+    queue: str | None
+    node: str
+    drainer: str
+    unacked: int  # the count the broker last reported
+    ready: int
+    since_ns: int  # the first of the consecutive looks, up to the last, that found it so
+    last_ns: int
+    looks: int  # how many consecutive looks found it so
+    holders: list | None  # what the plugin listed as holding them, when it can tell
+
+
 class Budgets(TypedDict):
-    """From the scenario's ``budgets`` section; None means no limit."""
+    """From the scenario's ``budgets`` section; None means no limit.
+
+    ``recovery_s``: seconds from a fault's heal to the queue's recovery (``Recovery.recovery_ns``),
+    one number for every fault kind or a mapping from fault kind to seconds (kinds it does not
+    name have no limit).
+    """
 
     duplicated: int | None
     resurrected: int | None
+    recovery_s: float | dict[str, float] | None
+
+
+LiveKind = Literal["publish", "consume"]
+"""What liveness measures per queue: ``publish`` ok (confirmed) and ``consume`` (an ack that
+completed ok; in a schema-1 history, a delivery)."""
+
+
+class NodeRecovery(TypedDict):
+    """After one heal, through one node (where clients are pinned to nodes, this is that node's
+    recovery): nanoseconds from the heal to the first ok op of each kind there, None if none."""
+
+    node: str | None
+    publish_ok_ns: int | None
+    consume_ok_ns: int | None
+
+
+class Recovery(TypedDict):
+    """One fault step and one queue: how long after the step's heal the queue worked again.
+
+    Times are measured from the heal's invoke (``FaultWindow.heal_start_ns``: where the harness
+    began to undo the fault, so a restart's boot counts), not from its completion.
+
+    A kind counts once it was asked for after the heal: ``publish`` when producers kept invoking
+    publishes on the queue for longer than ``Liveness.threshold_ns`` after the heal (a heal just
+    before the producers stop asks nothing of them); ``consume`` when there was something to
+    consume: a publish confirmed at or after the heal, or one confirmed before it later than the
+    last consume ok before it (an idle queue asks nothing of its consumers). ``consume_ok_ns`` is the first ack ok through any node, or the queue's drain
+    completing ok (every node answered that it is empty), whichever is first.
+    """
+
+    fault_id: str
+    kind: str  # the fault's kind
+    node: str | None  # the fault's target
+    queue: str
+    healed: bool  # a heal naming the step completed ok (otherwise nothing is measured)
+    heal_ns: int | None  # the heal's invoke
+    publish_demand: bool  # publishes were invoked on the queue more than the threshold after the heal
+    consume_demand: bool  # something to consume: a publish confirmed after the heal, or one before it later than the last consume
+    publish_ok_ns: int | None  # heal -> first publish ok on the queue, any node
+    consume_ok_ns: int | None  # heal -> first consume ok (or drain ok) on the queue, any node
+    # heal -> the later of the kinds asked for; None: not recovered, or nothing was asked of it
+    recovery_ns: int | None
+    recovered: bool
+    budget_s: float | None  # budgets.recovery_s for this fault kind
+    over_budget: bool  # not recovered, or recovered later than the budget
+    nodes: list[NodeRecovery]  # every node a client op of the queue went through, by name
+
+
+class UnavailableWindow(TypedDict):
+    """A stretch longer than ``Liveness.threshold_ns`` in which no op of ``kind`` on ``queue``
+    completed ok, between two oks or an end of the queue's span (``QueueLiveness``)."""
+
+    queue: str
+    kind: LiveKind
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    ended_by_ok: bool  # False: it ran to the end of the span (the kind never came back)
+    fault_ids: list[str]  # fault windows it overlaps
+
+
+class QueueLiveness(TypedDict):
+    """One queue and kind over the run. The span starts at the first publish invoke on the queue
+    and ends at the last publish record (``publish``); for ``consume`` at the later of the last
+    publish record and the last consume ok when the queue's last drain op completed ok (nothing
+    was left to consume after them), else at the end of its last drain op, else at the history's
+    end."""
+
+    queue: str
+    kind: LiveKind
+    span_start_ns: int
+    span_end_ns: int
+    ok: int  # ok ops of the kind on the queue
+    first_ok_ns: int | None
+    last_ok_ns: int | None
+    unavailable_ns: int  # summed over its unavailable windows
+    available_share: float | None  # 1 - unavailable / span; None for an empty span
+    longest_ns: int  # its longest unavailable window, 0 if none
+
+
+class UnavailableQueue(TypedDict):
+    """A queue that did not come back: its recovery after the last heal is incomplete (its
+    ``Recovery`` row there is not ``recovered``), or it recovered and went down again and an
+    unavailable window of it runs to the end of its span (``ended_by_ok`` false), as when a
+    broker restarts nodes on its own after a heal."""
+
+    queue: str
+    kinds: list[LiveKind]  # what never came back
+    since_ns: int  # the last ok op of those kinds (or the start of the open window)
+    fault_id: (
+        str | None
+    )  # the fault step it follows: the last heal's, or the latest to start before `since_ns`
+    fault_kind: str | None
+    heal_ns: int | None  # that step's heal (None: never healed, or no step)
+    nodes: dict[str, str | None]  # what each node said to the last drain op of the queue (its error)
+    drain_rounds: int | None  # rounds that drain op went through, where it recorded them
+    log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
+
+
+class Liveness(TypedDict):
+    """Did the broker come back after each fault, and how long did it take."""
+
+    threshold_ns: int  # UNAVAILABLE_S in nanoseconds
+    recovery: list[Recovery]  # by fault window, then queue
+    windows: list[UnavailableWindow]  # by start, queue, kind
+    queues: list[QueueLiveness]
+    longest_outage_ns: int  # the longest unavailable window of any queue and kind
+    available_share: float | None  # over every queue and kind: 1 - unavailable / span, summed
+    unavailable: list[UnavailableQueue]  # did not come back: verdict UNAVAILABLE
+    over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
 
 
 class Results(TypedDict):
@@ -290,6 +512,8 @@ class Results(TypedDict):
     lost_truncated: bool
     lost_detail: list[MessageDetail]
     lost_by_cause: list[LostCauseRow]
+    stuck: list[StuckQueue]  # nodes holding a queue's deliveries for no consumer (empty: none seen)
+    stuck_detail: list[MessageDetail]  # the stuck messages (cause "held unacked by no consumer"), capped
     ack_unknown: list[MessageDetail]  # by confirm index, capped
     unexpected: list[str]
     unexpected_truncated: bool
@@ -307,7 +531,26 @@ class Results(TypedDict):
     timeline: Timeline
     faults: list[FaultWindow]
     drain: Drain
+    liveness: Liveness
     end_ns: int
+
+
+class CheckerSummary(TypedDict, total=False):
+    """One checker's own outcome, kept under ``checkers.<name>`` of a run's ``results.json``.
+
+    The run's ``verdict`` is ``compose_verdicts`` of these; its ``reason`` names the checker(s)
+    that gave it. The checker whose result is the run's body (the queue results above) keeps
+    its summary only; any other keeps its findings too.
+    """
+
+    valid: Valid
+    verdict: Verdict | None  # None: the checker returned none (counts as unknown)
+    reason: str | None
+    engine: str | None
+    counts: dict[str, int | None] | None
+    notes: list[str]
+    error: str | None  # the checker raised: "Type: message" (its verdict is unknown)
+    anomalies: dict[str, list[dict]]  # examples per kind of finding (capped by the checker)
 
 
 class KindGrade(TypedDict):
@@ -327,11 +570,40 @@ class KindGrade(TypedDict):
     high: float | None
 
 
+class RecoveryGrade(TypedDict):
+    """Recovery after the heals of one fault kind over the graded runs that had one.
+
+    A sample is one healed step and queue of a run (``Recovery``); the statistics are over the
+    samples that recovered, pooled, by nearest rank; their intervals come from a seeded bootstrap
+    that resamples whole runs. ``runs_never`` counts runs where a queue did not come back after a
+    step of this kind (a sample not recovered, or a queue of ``Liveness.unavailable`` following
+    such a step), bounded by an exact (Clopper-Pearson) interval over runs.
+    """
+
+    fault_kind: str
+    runs: int
+    samples: int
+    recovered: int  # samples that recovered
+    median_s: float | None
+    p90_s: float | None
+    max_s: float | None
+    median_low: float | None  # bootstrap percentile intervals; None from one run or no recovery
+    median_high: float | None
+    p90_low: float | None
+    p90_high: float | None
+    max_low: float | None
+    max_high: float | None
+    runs_never: int
+    never_low: float | None  # exact interval of the share of runs that never recovered; None below 2 runs
+    never_high: float | None
+
+
 class RunGrade(TypedDict):
     run_dir: str
     seed: int | None
     verdict: Verdict
     valid: Valid
+    checkers: dict[str, Verdict | None]  # each checker's own verdict (the run's is the worst of them)
     graded: bool  # its loss outcome is known (nothing missing, or missing after a completed drain)
     confirmed: int
     lost: int
@@ -348,7 +620,7 @@ class Grade(TypedDict):
 
     schema: int
     runs: list[RunGrade]
-    verdict: Verdict  # the worst over runs: LOST, then INTEGRITY, then unknown, else durable
+    verdict: Verdict  # the worst over runs (VERDICT_ORDER)
     verdicts: dict[str, int]  # runs per verdict
     confidence: float  # of every interval below
     graded_runs: int
@@ -366,3 +638,4 @@ class Grade(TypedDict):
     bootstrap_seed: int
     statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
+    recovery: list[RecoveryGrade]  # per fault kind, over every run with liveness results

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiormq
@@ -29,7 +29,15 @@ from harness.spec import (
     WorkloadSection,
     message_body,
 )
-from harness.spec.client import Behaviour, drain_order, node_rotation, reason, slow_consumers, wait_or_stop
+from harness.spec.client import (
+    Behaviour,
+    QueueHolders,
+    drain_order,
+    node_rotation,
+    reason,
+    slow_consumers,
+    wait_or_stop,
+)
 from plugins.amqp091.consumer import RECONNECT_DELAY, run_consumer
 from plugins.amqp091.drain import Drain
 from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
@@ -88,6 +96,7 @@ class AmqpDriver:
         heartbeat: int = 5,
         seed: int = 0,
         queue_depth: QueueDepth | None = None,
+        queue_holders: QueueHolders | None = None,
     ) -> None:
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)
@@ -101,7 +110,9 @@ class AmqpDriver:
         self.heartbeat = heartbeat
         self.seed = seed  # bodies are message_body(id, seed, size): a consumer can check what it got
         self.queue_depth = queue_depth
+        self.queue_holders = queue_holders
         self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
+        self._consumer_links: dict[str, set[Link]] = {}
 
     # -- connections ----------------------------------------------------------------------
 
@@ -118,6 +129,22 @@ class AmqpDriver:
 
     async def _connect(self, node: str) -> Link:
         return await Link.open(node, self.url(node))
+
+    def _consumer_connect(self, queue: str) -> Callable[[str], Awaitable[Link]]:
+        """``_connect`` for a consumer of ``queue``: its links are counted by ``_clients``."""
+
+        async def connect(node: str) -> Link:
+            link = await self._connect(node)
+            self._consumer_links.setdefault(queue, set()).add(link)
+            return link
+
+        return connect
+
+    def _clients(self, queue: str) -> int:
+        """The workload's consumer connections still open on ``queue`` (which may hold deliveries)."""
+        links = self._consumer_links.get(queue, set())
+        links.difference_update([link for link in links if link.closed])
+        return len(links)
 
     async def setup(self, queues: Sequence[str]) -> None:
         """Declare the durable queues on the first node that answers."""
@@ -289,7 +316,7 @@ class AmqpDriver:
         tx = self.w.transactions
         if tx is not None and tx.ack_batch:
             await TxConsumer(
-                self._connect,
+                self._consumer_connect(queue),
                 self._rotation(process),
                 self.recorder,
                 process,
@@ -309,7 +336,7 @@ class AmqpDriver:
             now=asyncio.get_running_loop().time(),
         )
         await run_consumer(
-            self._connect,
+            self._consumer_connect(queue),
             self._rotation(process),
             self.recorder,
             process,
@@ -341,6 +368,8 @@ class AmqpDriver:
             prefetch=self.w.prefetch,
             idle=self.w.drain_idle,
             timeout=self.w.drain_timeout,
+            clients=lambda: self._clients(queue),
+            holders=self.queue_holders,
         )
         return await drain.run()
 

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
-from harness.spec.client import DrainUnfinished, drain_rounds, reason
+from harness.spec.client import DrainUnfinished, QueueHolders, add_round, drain_rounds, reason
+from harness.spec.history import DEPTH
 from plugins.amqp091.consumer import RECONNECT_DELAY, Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
@@ -63,8 +64,12 @@ class Drain:
         prefetch: int,
         idle: float,
         timeout: float,
+        clients: Callable[[], int] | None = None,
+        holders: QueueHolders | None = None,
     ) -> None:
         self.nodes = nodes
+        self.clients = clients  # the workload's client connections still open on this queue
+        self.holders = holders
         self.open_link = open_link
         self.recorder = recorder
         self.process = process
@@ -78,6 +83,7 @@ class Drain:
         # Leave a node that stays non-empty with nothing acked for this long; come back next round.
         self.patience = max(10.0, 4 * idle)
         self.views = {n: NodeView() for n in nodes}
+        self.rounds: list[dict[str, Any]] = []
         self.total = 0
         self.loop = asyncio.get_running_loop()
         self.deadline = self.loop.time() + timeout
@@ -86,12 +92,22 @@ class Drain:
         return self.deadline - self.loop.time()
 
     def value(self) -> dict[str, Any]:
-        return {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}}
+        return {
+            "consumed": self.total,
+            "nodes": {n: asdict(v) for n, v in self.views.items()},
+            "rounds": self.rounds,
+        }
+
+    def _round(self, empty: list[str]) -> None:
+        errors = {n: v.error for n, v in self.views.items()}
+        add_round(self.rounds, self.recorder.now_ns(), self.total, empty, errors)
 
     async def run(self) -> int:
         inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            end = await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY)
+            end = await drain_rounds(
+                self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY, on_round=self._round
+            )
             if end.empty:
                 inv.ok(self.value())
                 return self.total
@@ -182,13 +198,34 @@ class Drain:
             else:
                 await asyncio.sleep(POLL)
 
+    async def _holders(self, node: str) -> dict[str, Any]:
+        """What the broker lists as holding deliveries nobody of the harness's holds (if it can tell)."""
+        if self.holders is None:
+            return {}
+        try:
+            got = await self.holders(node, self.queue)
+        except Exception as exc:  # noqa: BLE001 - evidence only: its failure is recorded, not raised
+            return {"holders_error": reason(exc)}
+        return {} if got is None else {"holders": got}
+
     async def _depth(self, node: str, session: Session) -> tuple[int, int | None]:
         if self.depth is not None:
+            # Each look is a ``depth`` op: with no client connection of the harness left on the
+            # queue and none held by the drain, unacked deliveries are held for no consumer.
+            look = self.recorder.invoke(self.process, DEPTH, node=node, queue=self.queue)
             try:
                 got = await self.depth(node, self.queue)
             except Exception as exc:  # noqa: BLE001 - a plugin's exec failing is this node's error
+                look.info(f"queue depth: {reason(exc)}")
                 raise _VisitEnded(f"queue depth: {reason(exc)}") from None
             if got is not None:
+                seen: dict[str, Any] = {"ready": got[0], "unacked": got[1], "own_unacked": len(session.held)}
+                if self.clients is not None:
+                    seen["clients"] = self.clients()
+                    if got[1] and not seen["clients"] and not seen["own_unacked"]:
+                        seen |= await self._holders(node)
+                look.ok(seen)
                 return got
+            look.info("the broker plugin cannot tell this node's depth")
         declared = await asyncio.wait_for(session.ch.queue_declare(self.queue, passive=True), OP_TIMEOUT)
         return int(declared.message_count or 0), None

@@ -61,6 +61,7 @@ from harness.spec import (
 from harness.spec.client import (
     Behaviour,
     DrainUnfinished,
+    add_round,
     drain_order,
     drain_rounds,
     node_rotation,
@@ -137,6 +138,7 @@ class NatsDriver:
         first_node: Mapping[str, str] | None = None,
         seed: int = 0,
         queue_depth: QueueDepth | None = None,
+        queue_holders: Any = None,  # a JetStream stream has no deliveries held by a channel
     ) -> None:
         del vhost  # the account is the user's
         if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test
@@ -519,6 +521,7 @@ class _Drain:
         self.queue = queue
         self.nodes = drain_order(driver.nodes, driver._rotation(process))
         self.views = {n: NodeView() for n in self.nodes}
+        self.rounds: list[dict[str, Any]] = []
         self.total = 0
         self.loop = asyncio.get_running_loop()
         self.deadline = self.loop.time() + driver.w.drain_timeout
@@ -537,12 +540,19 @@ class _Drain:
             "consumed": self.total,
             "nodes": {n: asdict(v) for n, v in self.views.items()},
             "replicas": replicas,
+            "rounds": self.rounds,
         }
+
+    def _round(self, empty: list[str]) -> None:
+        errors = {n: v.error for n, v in self.views.items()}
+        add_round(self.rounds, self.d.recorder.now_ns(), self.total, empty, errors)
 
     async def run(self) -> int:
         inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
         try:
-            end = await drain_rounds(self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY)
+            end = await drain_rounds(
+                self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY, on_round=self._round
+            )
             if end.empty:
                 inv.ok(await self.value())
                 return self.total

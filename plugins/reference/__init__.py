@@ -235,6 +235,25 @@ class ReferenceBroker(BrokerPlugin):
                 return ready, unacked
         raise ClusterError(f"{node.name}: queue {queue!r} is not in list_queues")
 
+    def queue_holders(self, node: NodeHandle, queue: str) -> list[dict[str, Any]] | None:
+        """The queue's consumer count and the node's client connections with their open channels,
+        from ``ctl list_queues`` and ``ctl list_connections``: deliveries unacked with no consumer
+        and no connection left are held by nobody."""
+        rows = self._ctl_json(node, "list_queues", "-p", self.vhost)
+        consumers = next((r.get("consumers") for r in rows if r.get("name") == queue), None)
+        out: list[dict[str, Any]] = [{"queue": queue, "consumers": consumers}]
+        for c in self._ctl_json(node, "list_connections"):
+            out.append({"connection": c.get("peer"), "user": c.get("user"), "channels": c.get("channels")})
+        return out
+
+    def _ctl_json(self, node: NodeHandle, *args: str) -> list[dict[str, Any]]:
+        out = run_or_fail(node, self.ctl("--json", *args), timeout=15)
+        try:
+            rows = json.loads(out)
+        except json.JSONDecodeError:
+            raise ClusterError(f"{node.name}: {args[0]} printed no JSON: {out.strip()[-200:]}") from None
+        return rows if isinstance(rows, list) else []
+
     @staticmethod
     def ctl(*args: str) -> list[str]:
         return ["python3", "-m", "broker_impl.ctl", "--config", CONFIG_PATH, *args]

@@ -212,7 +212,7 @@ def ops(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 
 def _same(inv: dict[str, Any], done: dict[str, Any]) -> bool:
-    return inv["f"] in ("consume", "drain") or inv["value"] == done["value"]
+    return inv["f"] in ("consume", "drain", "depth") or inv["value"] == done["value"]  # value on completion
 
 
 # -- bodies ---------------------------------------------------------------------------------
@@ -550,3 +550,35 @@ def test_without_a_depth_the_drain_counts_ready_messages(tmp_path: Path, nodes: 
     assert sorted(acked_ok(records)) == sorted(ids)
     view = json.loads([r for r in records if r["f"] == "drain"][1]["value"])
     assert view["nodes"]["n1"]["ready"] == 0 and view["nodes"]["n1"]["unacked"] is None
+
+
+def test_each_look_at_a_depth_is_a_depth_op_with_the_open_consumer_connections(
+    tmp_path: Path, nodes: Any
+) -> None:
+    """The evidence for stuck deliveries: every look the drain takes records the broker's counts,
+    what the drain held (nothing) and how many consumer connections of the workload were still
+    open on the queue: one while a consumer runs, none once it has stopped."""
+    n1 = nodes("n1")
+    w = workload(drain_timeout=5)
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], w)
+        await d.setup([QUEUE])
+        await publish(n1, ["p1:1", "p1:2"])
+        stop = asyncio.Event()
+        consumer = asyncio.create_task(d.consume("c1", QUEUE, stop))
+        await until_async(lambda: d._clients(QUEUE) == 1, "the consumer's connection is open")
+        await until_async(lambda: rec.counts.get(("ack", "ok"), 0) >= 2, "both consumed")
+        await d.drain("d1", QUEUE)  # while the consumer still runs
+        stop.set()
+        await consumer
+        await d.drain("d2", QUEUE)
+        rec.close()
+
+    asyncio.run(go())
+    looks = [r for r in history(tmp_path) if r["f"] == "depth" and r["type"] == "ok"]
+    by = {p: [json.loads(r["value"]) for r in looks if r["process"] == p] for p in ("d1", "d2")}
+    assert by["d1"] and by["d2"], looks
+    assert {x["clients"] for x in by["d1"]} == {1}
+    assert by["d2"][-1] == {"ready": 0, "unacked": 0, "own_unacked": 0, "clients": 0}
+    assert all(r["node"] == "n1" and r["queue"] == QUEUE for r in looks)

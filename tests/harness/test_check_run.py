@@ -1,4 +1,4 @@
-"""Combining checker verdicts on a stored run (no Docker), and the exit status they map to."""
+"""Composing checker verdicts on a stored run (no Docker), and the exit status they map to."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 from harness import hookimpl
 from harness.history import Recorder
 from harness.host import Host
-from harness.runner import EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN, check_run, exit_code
+from harness.runner import check_run
+from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN
 from harness.store import RunDir
+from harness.verdicts import exit_code
 
 Checker = Callable[..., dict[str, Any]]
 
@@ -30,10 +32,13 @@ class CheckerPlugin:
             register.add_checker(name, fn)
 
 
-def verdict(valid: Any, **extra: Any) -> Checker:
+VALID = {"durable": True, "unknown": "unknown"}
+
+
+def verdict(v: Any, **extra: Any) -> Checker:
     def check(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         assert (run_dir / "history.parquet").exists(), "checkers read the Parquet history"
-        return {"valid": valid, "verdict": str(valid), "counts": {"attempted": 1}, **extra}
+        return {"valid": VALID.get(v, False), "verdict": v, "counts": {"attempted": 1}, **extra}
 
     return check
 
@@ -58,42 +63,79 @@ def host_with(table: dict[str, Checker]) -> Host:
 
 
 @pytest.mark.parametrize(
-    ("valids", "want"),
+    ("verdicts", "want"),
     [
-        ([True], True),
-        ([False], False),
+        (["durable"], "durable"),
+        (["LOST"], "LOST"),
         (["unknown"], "unknown"),
-        ([True, True], True),
-        ([True, False], False),
-        ([False, "unknown"], False),
-        (["unknown", False], False),
-        ([True, "unknown"], "unknown"),
-        ([True, None], "unknown"),
-        ([True, "true"], "unknown"),  # only the boolean True counts as valid
+        (["durable", "durable"], "durable"),
+        (["durable", "INTEGRITY"], "INTEGRITY"),
+        (["LOST", "unknown"], "LOST"),
+        (["unknown", "DUPLICATED"], "DUPLICATED"),
+        (["durable", "unknown"], "unknown"),
+        (["durable", None], "unknown"),  # a checker that returned no verdict
+        (["durable", "True"], "unknown"),  # nor one this schema names
+        (["INTEGRITY", "LOST"], "LOST"),
     ],
 )
-def test_combination_rules(run_dir: RunDir, valids: list[Any], want: Any) -> None:
-    table = {f"c{i}": verdict(v) for i, v in enumerate(valids)}
+def test_composition_rules(run_dir: RunDir, verdicts: list[Any], want: Any) -> None:
+    table = {f"c{i}": verdict(v) for i, v in enumerate(verdicts)}
     res = check_run(host_with(table), run_dir, {"name": "s"}, list(table))
-    assert res["valid"] == want
+    assert res["verdict"] == want
+    assert res["valid"] == (True if want == "durable" else "unknown" if want == "unknown" else False)
+    assert exit_code(res) == {"durable": 0, "unknown": 3}.get(want, 1)
     assert list(res["checkers"]) == list(table)
-    for name, v in zip(table, valids, strict=True):
-        assert res["checkers"][name]["valid"] == v
+    for name, v in zip(table, verdicts, strict=True):
+        assert res["checkers"][name]["verdict"] == v
+
+
+def test_a_failing_second_checker_decides_the_run(run_dir: RunDir) -> None:
+    """Issue 32: the queue checker says durable, a second one INTEGRITY; the run is INTEGRITY,
+    its reason names the second checker, and that checker's findings are kept."""
+    example = {"queue": "q", "replicas": {"n1": {"messages": 3}, "n2": {"messages": 2}}}
+    table = {
+        "queue": verdict("durable", reason="every one of 1 confirmed messages was consumed", timeline={}),
+        "stream": verdict(
+            "INTEGRITY",
+            counts={"diverged_streams": 1},
+            anomalies={"diverged_streams": [example], "gaps": []},
+            reason="1 stream whose replicas disagree",
+        ),
+    }
+    res = check_run(host_with(table), run_dir, {}, list(table))
+    assert (res["verdict"], res["valid"], exit_code(res)) == ("INTEGRITY", False, 1)
+    assert res["reason"] == "stream: 1 stream whose replicas disagree (also checked: queue durable)"
+    assert res["counts"] == {"attempted": 1}  # the body is the queue checker's
+    assert res["checkers"]["queue"]["reason"] == "every one of 1 confirmed messages was consumed"
+    assert res["checkers"]["stream"]["anomalies"]["diverged_streams"] == [example]
+    assert "anomalies" not in res["checkers"]["queue"]
+
+
+def test_the_body_is_the_queue_results_whatever_the_order(run_dir: RunDir) -> None:
+    table = {"small": verdict("durable", counts={"streams": 1}), "queue": verdict("durable", timeline={})}
+    res = check_run(host_with(table), run_dir, {}, list(table))
+    assert res["counts"] == {"attempted": 1} and "timeline" in res
+    assert res["checkers"]["small"]["counts"] == {"streams": 1}
 
 
 def test_a_checker_that_raises_is_unknown_with_the_error(run_dir: RunDir) -> None:
-    res = check_run(host_with({"ok": verdict(True), "boom": boom}), run_dir, {}, ["ok", "boom"])
-    assert res["valid"] == "unknown"
+    res = check_run(host_with({"ok": verdict("durable"), "boom": boom}), run_dir, {}, ["ok", "boom"])
+    assert (res["valid"], res["verdict"]) == ("unknown", "unknown")
     assert res["checkers"]["boom"] == {
         "valid": "unknown",
         "verdict": "unknown",
+        "reason": None,
         "counts": None,
         "error": "ValueError: column missing",
         "engine": None,
+        "notes": [],
     }
+    assert res["reason"] == "boom: checker boom failed: ValueError: column missing (also checked: ok durable)"
     assert res["counts"] == {"attempted": 1}  # the first checker's detail is the combined result's
-    res = check_run(host_with({"boom": boom, "bad": verdict(False)}), run_dir, {}, ["boom", "bad"])
-    assert res["valid"] is False
+    res = check_run(host_with({"boom": boom, "bad": verdict("LOST")}), run_dir, {}, ["boom", "bad"])
+    assert (res["valid"], res["verdict"]) == (False, "LOST")
+    res = check_run(host_with({"boom": boom}), run_dir, {}, ["boom"])
+    assert (res["verdict"], res["error"]) == ("unknown", "ValueError: column missing")
 
 
 def test_the_history_is_converted_and_phases_reported(run_dir: RunDir) -> None:
@@ -103,7 +145,9 @@ def test_the_history_is_converted_and_phases_reported(run_dir: RunDir) -> None:
         phases.append(name)
         return fn()
 
-    check_run(host_with({"a": verdict(True), "b": verdict(True)}), run_dir, {}, ["a", "b"], phase=phase)
+    check_run(
+        host_with({"a": verdict("durable"), "b": verdict("durable")}), run_dir, {}, ["a", "b"], phase=phase
+    )
     assert phases == ["history", "check", "check"]
     assert pq.read_table(run_dir.history_parquet).num_rows == 2
 
@@ -122,7 +166,7 @@ def test_a_checker_is_configured_through_the_hook_not_by_name(run_dir: RunDir) -
 
     def spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
         seen.append(plugin.master)
-        return {"valid": True, "engine": "spark"}
+        return {"valid": True, "verdict": "durable", "engine": "spark"}
 
     plugin = Configured({"spark": spark})
     host = Host()
@@ -158,22 +202,21 @@ def test_python_checker_on_a_stored_run(tmp_path: Path, host: Host) -> None:
         rec.close()
         res = check_run(host, rd, {"name": "s", "checkers": ["python"]}, ["python"])
         assert res["valid"] is want, res
+        assert res["verdict"] == ("durable" if want else "LOST")
 
 
 @pytest.mark.parametrize(
     ("results", "code"),
     [
-        ({"valid": True}, EXIT_DURABLE),
-        ({"valid": False}, EXIT_FAILED),
-        ({"valid": "unknown"}, EXIT_UNKNOWN),
-        ({"valid": None}, EXIT_UNKNOWN),
+        ({"verdict": "durable", "valid": True}, EXIT_DURABLE),
+        ({"verdict": "INTEGRITY", "valid": False}, EXIT_FAILED),
+        ({"verdict": "unknown"}, EXIT_UNKNOWN),
+        ({"valid": True}, EXIT_UNKNOWN),  # the verdict decides, never valid alone
         ({}, EXIT_UNKNOWN),
-        ({"valid": 1}, EXIT_UNKNOWN),
     ],
 )
 def test_exit_code(results: dict[str, Any], code: int) -> None:
     assert exit_code(results) == code
-    assert (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN) == (0, 1, 3)
 
 
 def test_each_checker_line_says_how_long_after_the_drain_it_finished(
@@ -183,11 +226,11 @@ def test_each_checker_line_says_how_long_after_the_drain_it_finished(
     import time
 
     drained_at = time.monotonic() - 5.0  # the drain returned five seconds before the check began
-    check_run(host_with({"a": verdict(True)}), run_dir, {}, ["a"], drained_at=drained_at)
+    check_run(host_with({"a": verdict("durable")}), run_dir, {}, ["a"], drained_at=drained_at)
     out = capsys.readouterr()
-    [line] = [x for x in (out.out + out.err).splitlines() if "checker a: True" in x]
+    [line] = [x for x in (out.out + out.err).splitlines() if "checker a: durable" in x]
     m = re.search(r"in ([0-9.]+)s \(([0-9.]+)s after the drain\)", line)
     assert m is not None, line
     assert float(m.group(2)) >= 5.0 and float(m.group(2)) >= float(m.group(1))
-    check_run(host_with({"a": verdict(True)}), run_dir, {}, ["a"])  # analyze: no drain in this process
+    check_run(host_with({"a": verdict("durable")}), run_dir, {}, ["a"])  # analyze: no drain in this process
     assert "after the drain" not in "".join(capsys.readouterr())

@@ -271,7 +271,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("budgets", [1], "budgets: expected a mapping, got list"),
         ("budgets", {"duplicated": -1}, "budgets.duplicated: -1 is out of range; allowed >= 0"),
         ("budgets", {"resurrected": 1.5}, "budgets.resurrected: expected an integer"),
-        ("budgets", {"lost": 0}, "budgets.lost: unknown field; allowed: duplicated, resurrected"),
+        ("budgets", {"lost": 0}, "budgets.lost: unknown field; allowed: duplicated, recovery_s, resurrected"),
+        ("budgets", {"recovery_s": 0}, "budgets.recovery_s: 0 is out of range; allowed: seconds > 0"),
+        ("budgets", {"recovery_s": "30s"}, "budgets.recovery_s: expected a number"),
+        ("budgets", {"recovery_s": {"partition": -1}}, "budgets.recovery_s.partition: -1 is out of range"),
+        ("budgets", {"recovery_s": {}}, "budgets.recovery_s: an empty mapping"),
     ],
 )
 def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> None:
@@ -424,13 +428,17 @@ def test_consumer_behaviours_and_budgets_load_and_round_trip() -> None:
                 "slow_ack_ms": 0,
             },
         },
-        "budgets": {"duplicated": 0, "resurrected": None},
+        "budgets": {"duplicated": 0, "resurrected": None, "recovery_s": {"partition": 30}},
     }
     sc = S.from_dict(data)
     assert sc.workload.consumer == S.ConsumerSection(0.25, 10.0, 15.5, 0.1, 3, 0)
-    assert sc.budgets == S.Budgets(duplicated=0, resurrected=None)
+    assert sc.budgets == S.Budgets(duplicated=0, resurrected=None, recovery_s={"partition": 30.0})
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
-    assert sc.to_dict()["budgets"] == {"duplicated": 0, "resurrected": None}
+    assert sc.to_dict()["budgets"] == {
+        "duplicated": 0,
+        "resurrected": None,
+        "recovery_s": {"partition": 30.0},
+    }
 
 
 @pytest.mark.parametrize(
@@ -466,3 +474,12 @@ def test_transactions_load_and_round_trip_and_are_absent_by_default() -> None:
     sc = S.from_dict({**MINIMAL, "workload": {"transactions": {"publish_batch": 5, "rollback": 0.2}}})
     assert sc.workload.transactions == S.TransactionsSection(publish_batch=5, ack_batch=0, rollback=0.2)
     assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
+
+
+def test_a_recovery_budget_for_a_fault_kind_nobody_provides_is_refused_in_one_line(host: Host) -> None:
+    sc = S.from_dict({**MINIMAL, "budgets": {"recovery_s": {"partiton": 30}}})
+    plugin = host.broker(sc.broker.plugin)
+    with pytest.raises(ScenarioError) as e:
+        check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
+    assert str(e.value).startswith("budgets.recovery_s: 'partiton' is not a fault kind; use one of ")
+    assert "partition" in str(e.value) and "\n" not in str(e.value)

@@ -312,6 +312,48 @@ def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
     )
 
 
+def test_a_drain_keeps_trying_a_queue_that_does_not_answer_and_counts_a_late_recovery() -> None:
+    """Every node answers but the queue does not (its visits fail) for three rounds; then it comes
+    back, yields its messages, and the next round finds every node empty. Each round is recorded."""
+    rounds: list[dict] = []
+    visits = [0]
+    consumed = [0]
+
+    async def visit(node: str) -> bool:
+        visits[0] += 1
+        if visits[0] <= 6:  # three rounds of two nodes: the queue is down
+            return False
+        if visits[0] == 7:  # it is back: this visit drains what it held
+            consumed[0] += 5
+        return True
+
+    def on_round(empty: list[str]) -> None:
+        errors = {
+            "n1": None if "n1" in empty else "queue depth: timed out",
+            "n2": None if "n2" in empty else "x",
+        }
+        client_spec.add_round(rounds, visits[0], consumed[0], empty, errors)
+
+    end = asyncio.run(
+        client_spec.drain_rounds(
+            ["n1", "n2"], visit, lambda: consumed[0], lambda: 1.0, 0.0, on_round=on_round
+        )
+    )
+    assert end == client_spec.DrainEnd(True)
+    assert [r["empty"] for r in rounds] == [[], [], [], ["n1", "n2"], ["n1", "n2"]]
+    assert rounds[0]["errors"] == {"n1": "queue depth: timed out", "n2": "x"}
+    assert [r["consumed"] for r in rounds] == [0, 0, 0, 5, 5]
+
+
+def test_a_drain_records_at_most_max_rounds_keeping_the_last() -> None:
+    rounds: list[dict] = []
+    for i in range(client_spec.MAX_ROUNDS + 7):
+        client_spec.add_round(rounds, i, 0, [], {"n1": "down"})
+    assert len(rounds) == client_spec.MAX_ROUNDS
+    assert rounds[-1]["end_ns"] == client_spec.MAX_ROUNDS + 6
+    assert rounds[-2]["end_ns"] == client_spec.MAX_ROUNDS - 2
+
+
 def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

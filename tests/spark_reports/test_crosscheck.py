@@ -67,7 +67,11 @@ def plans(draw: st.DrawFn) -> dict:
         }
         for i in range(draw(st.integers(0, 3)))
     ]
-    drain = draw(st.sampled_from(["complete", "complete", "info", "incomplete", "none"]))
+    # stuck: the drain ends info with n1 still holding unacked deliveries for no consumer and the
+    # other nodes empty (depth ops); stuck-open: the same, but a consumer connection still open.
+    drain = draw(
+        st.sampled_from(["complete", "complete", "info", "incomplete", "none", "stuck", "stuck-open"])
+    )
     # One event stream: publishes in seq order per producer; a delivery's own steps (ack written,
     # ack completed, abandon) after it; everything else placed anywhere by drawing each position.
     events: list[tuple] = [("publish", m) for m in messages]
@@ -79,6 +83,7 @@ def plans(draw: st.DrawFn) -> dict:
             if d["abandon"] is not None:
                 events.append(("abandon", m["id"], k, d))
     events += [("fault", f) for f in faults]
+    events += [("heal", f) for f in faults if f["healed"]]
     if drain != "none":
         events.append(("drain_invoke",))
     order = draw(st.permutations(range(len(events))))
@@ -88,6 +93,9 @@ def plans(draw: st.DrawFn) -> dict:
         lambda e: e[0] == "publish",
         lambda e: e[1]["id"].split(":")[0],
         lambda e: int(e[1]["id"].split(":")[1]),
+    )
+    _keep_in_order(
+        stream, lambda e: e[0] in ("fault", "heal"), lambda e: e[1]["id"], lambda e: e[0] == "heal"
     )
     rank = {"deliver": 0, "ack_invoke": 1, "abandon": 1, "ack_done": 2}
     _keep_in_order(stream, lambda e: e[0] in rank, lambda e: (e[1], e[2]), lambda e: rank[e[0]])
@@ -102,6 +110,7 @@ def plans(draw: st.DrawFn) -> dict:
         "budgets": {
             "duplicated": draw(st.sampled_from([None, 0, 1, 3])),
             "resurrected": draw(st.sampled_from([None, 0, 1])),
+            "recovery_s": draw(st.sampled_from([None, None, 0.001, 2, {"partition": 0.5, "kill": 30}])),
         },
         "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001])),
     }
@@ -135,6 +144,8 @@ def build(plan: dict) -> HistoryBuilder:
         elif e[0] == "fault":
             f = e[1]
             b.fault(f["id"], f["kind"], node=f["node"], applied=f["applied"])
+        elif e[0] == "heal":
+            b.heal(e[1]["id"])
         elif e[0] == "drain_invoke":
             b.drain_invoke(queue=DRAIN_QUEUE)
         else:
@@ -149,10 +160,13 @@ def build(plan: dict) -> HistoryBuilder:
                 b.op(d["consumer"], d["ack"], "ack", mid, **where)
             else:
                 b.abandon(mid, d["abandon"], consumer=d["consumer"], **where)
-    for f in plan["faults"]:
-        if f["healed"]:
-            b.heal(f["id"])
-    if plan["drain"] in ("complete", "info"):
+    if plan["drain"].startswith("stuck"):
+        clients = 1 if plan["drain"] == "stuck-open" else 0
+        b.depth("n1", 0, 4, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n2", 0, 0, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n3", 0, 0, clients=clients, queue=DRAIN_QUEUE)
+        b.depth("n1", 0, 4, clients=clients, queue=DRAIN_QUEUE)
+    if plan["drain"] in ("complete", "info", "stuck", "stuck-open"):
         end = b.t
         nodes = {
             f"n{i + 1}": {
@@ -272,15 +286,125 @@ def brute_force_order_violations(rows: list[dict]) -> int:
     return n
 
 
-def expected_verdict(plan: dict, t: dict) -> tuple:
-    if t["lost"] and plan["drain"] == "complete":
-        return False, "LOST"
+THRESHOLD_NS = 5_000_000_000
+
+
+def live_truth(plan: dict, rows: list[dict]) -> dict:
+    """Liveness by its definitions read literally: per healed fault and queue, the first publish ok
+    and the first consume (ack ok, or the queue's drain ok) at or after the heal; the queues with no
+    ok of any kind after the last heal; the gaps of more than the threshold between oks."""
+    client = [r for r in rows if r["process"] != "nemesis" and r["value"] is not None and r["queue"]]
+    queues = sorted(
+        {
+            r["queue"]
+            for r in client
+            if r["f"] in ("publish", "ack") and (r["f"] == "publish" or r["type"] == "ok")
+        }
+    )
+
+    def oks(q: str, kind: str) -> list[int]:
+        f = "publish" if kind == "publish" else "ack"
+        return sorted(r["time_ns"] for r in client if r["queue"] == q and r["f"] == f and r["type"] == "ok")
+
+    drains = [r for r in rows if r["f"] == "drain" and r["type"] != "invoke"]
+    drain_ok = {q: [r["time_ns"] for r in drains if r["type"] == "ok" and r["queue"] == q] for q in queues}
+    nemesis = [r for r in rows if r["process"] == "nemesis"]
+    heals: list[tuple[str, str, int]] = []
+    for f in plan["faults"]:
+        start = min(
+            r["time_ns"]
+            for r in nemesis
+            if r["f"] == f["kind"] and _json(r["value"]).get("fault_id") == f["id"]
+        )
+        ends = [
+            r["time_ns"]
+            for r in nemesis
+            if r["f"] == "heal"
+            and r["type"] == "ok"
+            and f["id"] in _json(r["value"])["fault_ids"]
+            and r["time_ns"] >= start
+        ]
+        if ends:  # recovery is measured from the invoke of that heal
+            began = [
+                r["time_ns"]
+                for r in nemesis
+                if r["f"] == "heal"
+                and r["type"] == "invoke"
+                and f["id"] in _json(r["value"])["fault_ids"]
+                and start <= r["time_ns"] <= min(ends)
+            ]
+            heals.append((f["id"], f["kind"], max(began)))
+    budget = plan["budgets"]["recovery_s"]
+    recovery, over = {}, []
+    for fid, kind, h in heals:
+        for q in queues:
+            pub = [t - h for t in oks(q, "publish") if t >= h]
+            cons = [t - h for t in oks(q, "consume") + drain_ok[q] if t >= h]
+            demand = any(
+                r["f"] == "publish"
+                and r["type"] == "invoke"
+                and r["queue"] == q
+                and r["time_ns"] - h > THRESHOLD_NS
+                for r in client
+            )
+            before_pub = [t for t in oks(q, "publish") if t < h]
+            before_cons = [t for t in oks(q, "consume") if t < h]
+            asked = bool(pub) or (
+                bool(before_pub) and (not before_cons or max(before_pub) > max(before_cons))
+            )
+            recovered = (bool(cons) or not asked) and (bool(pub) or not demand)
+            times = ([min(cons)] if asked and cons else []) + ([min(pub)] if demand and pub else [])
+            took = max(times) if recovered and times else None
+            b = budget.get(kind) if isinstance(budget, dict) else budget
+            if b is not None and (not recovered or (took is not None and took > b * 1e9)):
+                over.append(f"{fid} {q}")
+            recovery[(fid, q)] = (recovered, min(pub) if pub else None, min(cons) if cons else None, took)
+    down = []
+    if heals:
+        last = max(h for _f, _k, h in heals)
+        fid = next(f for f, _k, h in heals if h == last)
+        down = [q for q in queues if not recovery[(fid, q)][0]]
+    gaps = set()
+    end = max(r["time_ns"] for r in rows)
+    for q in queues:
+        pubs = [r for r in client if r["queue"] == q and r["f"] == "publish"]
+        invokes = [r["time_ns"] for r in pubs if r["type"] == "invoke"]
+        for kind in ("publish", "consume"):
+            ts = oks(q, kind)
+            everything = oks(q, "publish") + oks(q, "consume")
+            start = min(invokes) if invokes else min(everything)
+            if kind == "publish":
+                stop = max(r["time_ns"] for r in pubs) if pubs else start
+            else:
+                mine = [r for r in drains if r["queue"] == q]
+                if mine and mine[-1]["type"] == "ok":
+                    stop = max([r["time_ns"] for r in pubs] + oks(q, "consume"), default=start)
+                else:
+                    stop = max(r["time_ns"] for r in mine) if mine else end
+            stop = max(stop, start)
+            points = (
+                [(start, False), *[(t, True) for t in ts], (stop, False)]
+                if ts
+                else [(start, True), (stop, False)]
+            )
+            for (a, _), (b, by_ok) in zip(points, points[1:], strict=False):
+                if b - a > THRESHOLD_NS:
+                    gaps.add((q, kind, a, b, by_ok))
+    down += sorted({g[0] for g in gaps if not g[4] and g[0] not in down})
+    return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
+
+
+def expected_verdict(plan: dict, t: dict, live: dict) -> tuple:
+    if t["lost"] and plan["drain"] in ("complete", "stuck"):
+        return False, "LOST"  # after a finished drain, or held unacked by no consumer (stuck)
     if t["unexpected"] or t["corrupted"]:
         return False, "INTEGRITY"
     budgets = plan["budgets"]
     for name, verdict in (("resurrected", "RESURRECTED"), ("duplicated", "DUPLICATED")):
         if budgets[name] is not None and len(t[name]) > budgets[name]:
             return False, verdict
+    if live["down"] or live["over"]:
+        return False, "UNAVAILABLE"
     if t["lost"]:
         return "unknown", "unknown"
     return True, "durable"
@@ -293,8 +417,17 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     t = truth(plan, b.rows)
     with tempfile.TemporaryDirectory() as d:
         r = check_python(b.write(Path(d), jsonl=False), scenario(plan))
-    assert sorted(r["lost"]) == t["lost"]
-    assert {d["id"]: d["cause"] for d in r["lost_detail"]} == t["causes"]
+    if plan["drain"] == "stuck":  # what the drain could not obtain is stuck, not lost
+        assert (r["lost"], r["lost_detail"], r["counts"]["lost"]) == ([], [], 0)
+        assert sorted(d["id"] for d in r["stuck_detail"]) == t["lost"]
+        assert r["counts"]["stuck"] == len(t["lost"])
+        assert {d["cause"] for d in r["stuck_detail"]} <= {"held unacked by no consumer"}
+        assert [(q["node"], q["unacked"], q["looks"]) for q in r["stuck"]] == [("n1", 4, 2)]
+    else:
+        assert sorted(r["lost"]) == t["lost"]
+        assert {d["id"]: d["cause"] for d in r["lost_detail"]} == t["causes"]
+        assert r["counts"]["stuck"] == 0 and r["stuck_detail"] == []
+        assert r["stuck"] == []  # with a consumer connection open nothing is held for no one
     assert sorted(d["id"] for d in r["ack_unknown"]) == t["ack_unknown"]
     assert sorted(r["unexpected"]) == t["unexpected"]
     assert sorted(d["id"] for d in r["recovered"]) == t["recovered"]
@@ -305,7 +438,26 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     assert r["counts"]["unflagged_redeliveries"] == t["unflagged"] == len(r["unflagged_redeliveries"])
     assert r["counts"]["confirmed"] == len([m for m in plan["messages"] if "ok" in m["outcomes"]])
     assert r["counts"]["order_violations"] == brute_force_order_violations(b.rows)
-    assert (r["valid"], r["verdict"]) == expected_verdict(plan, t)
+    live = live_truth(plan, b.rows)
+    assert (r["valid"], r["verdict"]) == expected_verdict(plan, t, live)
+    lv = r["liveness"]
+    got = {
+        (x["fault_id"], x["queue"]): (
+            x["recovered"],
+            x["publish_ok_ns"],
+            x["consume_ok_ns"],
+            x["recovery_ns"],
+        )
+        for x in lv["recovery"]
+        if x["healed"]
+    }
+    assert got == live["recovery"]
+    assert sorted(lv["over_budget"]) == sorted(live["over"])
+    assert [u["queue"] for u in lv["unavailable"]] == live["down"]
+    windows = sorted(
+        (w["queue"], w["kind"], w["start_ns"], w["end_ns"], w["ended_by_ok"]) for w in lv["windows"]
+    )
+    assert windows == live["gaps"]
     exposure = {e["fault_kind"]: e for e in r["attribution"]["exposure"]}
     assert sum(row["count"] for row in r["attribution"]["rows"]) == sum(e["lost"] for e in exposure.values())
     assert all(e["confirmed"] <= r["counts"]["confirmed"] for e in exposure.values())

@@ -333,3 +333,38 @@ def _grade_together_and_alone(dirs: list[Path], spark_engine: Any) -> None:
         [(str(d), r, x) for d, r, x in zip(dirs, alone, seeds, strict=True)], resamples=500
     )
     assert graded == grade_runs(dirs, engine="python", resamples=500)
+
+
+def _rec(kind: str, s: float | None) -> dict:
+    return {
+        "healed": True,
+        "kind": kind,
+        "recovered": s is not None,
+        "recovery_ns": None if s is None else int(s * 1e9),
+    }
+
+
+def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() -> None:
+    from spark_reports.grade import describe_recovery, grade_recovery
+
+    runs = [
+        {"recovery": [_rec("partition", 1.0), _rec("partition", 3.0), _rec("kill", 10.0)]},
+        {"recovery": [_rec("partition", 2.0), _rec("partition", None)]},  # a queue that never came back
+        {
+            "recovery": [_rec("partition", 4.0), {"healed": False, "kind": "partition"}]
+        },  # never healed: no sample
+        # recovered at once, then down for good after the heal of a kill: that run counts as not back
+        {"recovery": [_rec("kill", 0.5)], "unavailable": [{"queue": "q", "fault_kind": "kill"}]},
+    ]
+    [kill, part] = grade_recovery(runs, resamples=500, seed=1)
+    assert (part["fault_kind"], part["runs"], part["samples"], part["recovered"]) == ("partition", 3, 5, 4)
+    assert (part["median_s"], part["p90_s"], part["max_s"]) == (2.0, 4.0, 4.0)
+    assert part["median_low"] is not None and part["median_low"] <= 2.0 <= part["median_high"]
+    assert part["max_high"] == 4.0 and part["max_low"] is not None and part["max_low"] <= 4.0
+    assert part["runs_never"] == 1
+    assert part["never_low"] is not None and 0 < part["never_low"] < 1 / 3 < part["never_high"] < 1
+    assert (kill["runs"], kill["samples"], kill["recovered"], kill["runs_never"]) == (2, 2, 2, 1)
+    assert (kill["median_s"], kill["max_s"]) == (0.5, 10.0)
+    text = describe_recovery([kill, part])
+    assert text[2].startswith("  partition: 4 of 5 step-queues recovered; median 2.00 [")
+    assert "1 of 3 runs had a queue that did not come back (share" in text[2]

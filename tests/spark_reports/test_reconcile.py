@@ -286,7 +286,7 @@ def test_lost(tmp_path: Path) -> None:
 def test_lost_without_completed_drain_is_unknown(tmp_path: Path) -> None:
     r = run(tmp_path, "lost_undrained")
     assert (r["valid"], r["verdict"]) == ("unknown", "unknown")
-    assert r["counts"]["lost"] == 1 and r["drain"]["completed"] is False
+    assert r["counts"]["lost"] == 0 and r["counts"]["unreachable"] == 1 and r["drain"]["completed"] is False
     assert "did not complete" in r["reason"]
 
 
@@ -547,7 +547,12 @@ def test_drain_that_could_not_finish_makes_loss_unknown(tmp_path: Path) -> None:
     )
     b.write(tmp_path)
     r = check_python(tmp_path, {})
-    assert (r["valid"], r["verdict"], r["counts"]["lost"]) == ("unknown", "unknown", 1)
+    assert (r["valid"], r["verdict"], r["counts"]["lost"], r["counts"]["unreachable"]) == (
+        "unknown",
+        "unknown",
+        0,
+        1,
+    )
     assert r["drain"]["ops"][0]["outcome"] == "info" and r["drain"]["completed"] is False
 
 

@@ -154,3 +154,31 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, make: str) -> None:
     # The verdict banner is red for LOST: some pixels near (198, 40, 40).
     red = (abs(pixels[..., 0] - 198 / 255) < 0.05) & (pixels[..., 1] < 0.25) & (pixels[..., 2] < 0.25)
     assert red.sum() > 1000
+
+
+def test_a_queue_that_never_came_back_has_its_recovery_table_and_windows_in_the_report(
+    tmp_path: Path,
+) -> None:
+    b = HistoryBuilder(step_ns=50_000_000)
+    for i in range(1, 300):
+        b.publish(f"p1:{i}", "ok" if i < 110 else "info")
+        if i < 90:
+            b.consume(f"p1:{i}", node="n2")
+        if i == 90:
+            b.fault("f1", "partition", node="n1")
+        if i == 120:
+            b.heal("f1")
+    b.drain(outcome="info", nodes={"n1": {"error": "queue depth: timed out"}})
+    run = b.write(tmp_path / "run", jsonl=False)
+    r = check_python(run, {"budgets": {"recovery_s": 30}})
+    assert r["verdict"] == "UNAVAILABLE" and r["counts"]["unreachable"] > 0 and r["counts"]["lost"] == 0
+    assert "(and" not in r["reason"]  # the step over its budget is the queue that never came back: said once
+    page = html.unescape(render_report(run, r).read_text())
+    assert "Liveness: did it come back?" in page
+    assert (
+        "queue q never recovered: no publish or consume ok since" in page
+        and "n1: queue depth: timed out" in page
+    )
+    row = re.search(r"<tr><td class='l'>f1</td>.*?</tr>", page)
+    assert row is not None and ">NO<" in row.group(0) and "30 (over)" in row.group(0)
+    assert "no (never came back)" in page

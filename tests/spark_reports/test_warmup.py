@@ -17,7 +17,9 @@ def test_the_warm_up_history_has_every_kind_of_finding() -> None:
     with tempfile.TemporaryDirectory() as d:
         r = check_python(warm_up_history(Path(d)), SCENARIO)
     assert r["verdict"] == "LOST" and r["drain"]["completed"]
-    assert [k for k in COUNT_KEYS if not r["counts"][k]] == []  # type: ignore[literal-required]
+    # stuck is the drain's split of what the engines find missing, decided outside the Spark job
+    # (``_common``): a history has lost (a finished drain) or stuck (an unfinished one), not both.
+    assert [k for k in COUNT_KEYS if k != "stuck" and not r["counts"][k]] == []  # type: ignore[literal-required]
     assert r["faults"] and r["faults"][0]["healed"]
 
 

@@ -1,0 +1,80 @@
+"""The one verdict order (harness.spec.results): composition, exit status and validity."""
+
+from __future__ import annotations
+
+import itertools
+import typing
+
+import pytest
+
+from harness.spec.results import (
+    EXIT_DURABLE,
+    EXIT_FAILED,
+    EXIT_UNKNOWN,
+    VERDICT_ORDER,
+    Verdict,
+    compose_verdicts,
+    exit_status,
+    valid_of,
+)
+
+
+def test_the_order_names_every_verdict_once() -> None:
+    assert sorted(VERDICT_ORDER) == sorted(typing.get_args(Verdict))
+    assert VERDICT_ORDER == (
+        "LOST",
+        "INTEGRITY",
+        "RESURRECTED",
+        "DUPLICATED",
+        "UNAVAILABLE",
+        "unknown",
+        "durable",
+    )
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "composed"),
+    [
+        (["durable"], "durable"),
+        (["durable", "durable"], "durable"),
+        (["durable", "INTEGRITY"], "INTEGRITY"),  # the case of issue 32: a failing second checker
+        (["INTEGRITY", "durable"], "INTEGRITY"),
+        (["unknown", "durable"], "unknown"),
+        (["unknown", "DUPLICATED"], "DUPLICATED"),  # a definite failure outranks unknown
+        (["UNAVAILABLE", "unknown"], "UNAVAILABLE"),
+        (["INTEGRITY", "LOST", "unknown"], "LOST"),
+        (["RESURRECTED", "DUPLICATED"], "RESURRECTED"),
+        ([], "unknown"),  # nothing judged the run
+        (["durable", None], "unknown"),  # a checker that returned no verdict
+        (["durable", "SOMETHING-NEW"], "unknown"),  # one this schema does not name
+    ],
+)
+def test_compose(verdicts: list[str | None], composed: str) -> None:
+    assert compose_verdicts(verdicts) == composed
+
+
+def test_compose_is_the_worst_whatever_the_order() -> None:
+    for a, b, c in itertools.product(VERDICT_ORDER, repeat=3):
+        worst = min((a, b, c), key=VERDICT_ORDER.index)
+        for perm in itertools.permutations((a, b, c)):
+            assert compose_verdicts(perm) == worst
+
+
+@pytest.mark.parametrize(
+    ("verdict", "status", "valid"),
+    [
+        ("durable", EXIT_DURABLE, True),
+        ("LOST", EXIT_FAILED, False),
+        ("INTEGRITY", EXIT_FAILED, False),
+        ("RESURRECTED", EXIT_FAILED, False),
+        ("DUPLICATED", EXIT_FAILED, False),
+        ("UNAVAILABLE", EXIT_FAILED, False),
+        ("unknown", EXIT_UNKNOWN, "unknown"),
+        (None, EXIT_UNKNOWN, "unknown"),
+        ("SOMETHING-NEW", EXIT_UNKNOWN, "unknown"),
+    ],
+)
+def test_exit_status_and_validity(verdict: str | None, status: int, valid: object) -> None:
+    assert exit_status(verdict) == status
+    assert valid_of(verdict) == valid
+    assert (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN) == (0, 1, 3)

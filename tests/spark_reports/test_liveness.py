@@ -1,0 +1,132 @@
+"""Liveness from hand-written histories: a queue that recovers late (in the final drain), one that
+never recovers, one that recovers and goes down again, a budget overrun, and what is not an
+outage (a heal just before the producers stop, an idle queue after a completed drain)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spark_reports import check_python
+from spark_reports.synth import HistoryBuilder
+
+S = 1_000_000_000
+STEP = 100_000_000  # 0.1 s per record
+
+
+def _workload(b: HistoryBuilder, n: int, *, ok: bool = True, consume: bool = True, start: int = 0) -> None:
+    for i in range(start, start + n):
+        b.publish(f"p1:{i}", "ok" if ok else "info", node="n1")
+        if consume and ok:
+            b.consume(f"p1:{i}", node="n2", consumer="c1")
+
+
+def _after_heal(r: dict) -> dict:
+    [rec] = r["liveness"]["recovery"]
+    return rec
+
+
+def test_a_queue_that_comes_back_in_the_final_drain_recovered_late_with_its_time(tmp_path: Path) -> None:
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20)
+    b.fault("f1", "partition", node="n1")
+    _workload(b, 30, ok=False)  # nothing confirmed during the fault ...
+    b.heal("f1")
+    heal = b.t - STEP  # recovery counts from the heal's invoke, the record before its ok
+    _workload(b, 60, ok=False, start=100)  # ... nor for 12 s after it
+    _workload(b, 10, consume=False, start=200)  # then publishes are confirmed again, nobody consumes
+    b.drain_invoke()
+    for i in range(200, 210):  # the drain gets them: the queue came back late
+        b.consume(f"p1:{i}", consumer="d1", node="n3")
+    b.drain_done(consumed=10, nodes={"n3": {"consumed": 10, "ready": 0, "unacked": 0}})
+    r = check_python(b.write(tmp_path), {})
+    rec = _after_heal(r)
+    assert rec["recovered"] and rec["publish_demand"]
+    first_publish_ok = next(
+        x["time_ns"] for x in b.rows if x["f"] == "publish" and x["type"] == "ok" and x["time_ns"] > heal
+    )
+    first_drain_ack = next(
+        x["time_ns"] for x in b.rows if x["f"] == "ack" and x["type"] == "ok" and x["process"] == "d1"
+    )
+    assert rec["publish_ok_ns"] == first_publish_ok - heal
+    assert rec["consume_ok_ns"] == rec["recovery_ns"] == first_drain_ack - heal
+    assert rec["recovery_ns"] > 12 * S
+    assert {n["node"]: n["consume_ok_ns"] for n in rec["nodes"]} == {
+        "n1": None,
+        "n2": None,
+        "n3": first_drain_ack - heal,
+    }
+    assert r["verdict"] == "durable" and r["liveness"]["unavailable"] == []
+    assert any(w["kind"] == "consume" and w["ended_by_ok"] for w in r["liveness"]["windows"])
+
+
+def test_a_queue_that_never_recovers_is_unavailable_and_its_messages_unreachable(tmp_path: Path) -> None:
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20)
+    _workload(b, 5, consume=False, start=50)  # confirmed, not yet consumed
+    b.fault("f1", "partition", node="n1")
+    b.heal("f1")
+    _workload(b, 100, ok=False, start=100)
+    down = {"consumed": 0, "ready": None, "unacked": None, "error": "queue depth: timed out"}
+    b.drain(outcome="info", nodes={"n1": down, "n2": down, "n3": down})
+    r = check_python(b.write(tmp_path), {})
+    assert (r["verdict"], r["valid"]) == ("UNAVAILABLE", False)
+    assert (r["counts"]["lost"], r["counts"]["unreachable"]) == (0, 5)
+    [u] = r["liveness"]["unavailable"]
+    assert (u["queue"], u["kinds"], u["fault_id"]) == ("q", ["publish", "consume"], "f1")
+    assert u["nodes"] == dict.fromkeys(("n1", "n2", "n3"), "queue depth: timed out")
+    assert r["reason"].startswith("queue q never recovered: no publish or consume ok since")
+    assert r["reason"].endswith("; 5 confirmed messages unreachable behind it")
+    assert not _after_heal(r)["recovered"]
+
+
+def test_a_queue_that_recovers_then_goes_down_for_good_is_unavailable(tmp_path: Path) -> None:
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 10)
+    b.fault("f1", "partition", node="n1")
+    b.heal("f1")
+    _workload(b, 10)  # back at once ...
+    _workload(b, 100, ok=False, start=100)  # ... then down, with no fault, to the end
+    b.drain(outcome="info", nodes={"n1": {"error": "connect: refused"}})
+    r = check_python(b.write(tmp_path), {})
+    assert _after_heal(r)["recovered"]
+    assert r["verdict"] == "UNAVAILABLE"
+    [u] = r["liveness"]["unavailable"]
+    assert u["fault_id"] == "f1" and set(u["kinds"]) == {"publish", "consume"}
+
+
+def test_a_recovery_over_its_budget_is_unavailable_and_safety_verdicts_win(tmp_path: Path) -> None:
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 10)
+    b.fault("f1", "kill", node="n1")
+    b.heal("f1")
+    _workload(b, 20, ok=False, start=100)  # 4 s without a confirm after the heal
+    _workload(b, 10, start=200)
+    b.drain()
+    run = b.write(tmp_path)
+    r = check_python(run, {"budgets": {"recovery_s": {"kill": 3, "partition": 60}}})
+    rec = _after_heal(r)
+    assert rec["recovered"] and rec["budget_s"] == 3 and rec["over_budget"]
+    assert r["verdict"] == "UNAVAILABLE" and r["liveness"]["over_budget"] == ["f1 q"]
+    assert "over the recovery budget of 3s" in r["reason"]
+    assert check_python(run, {"budgets": {"recovery_s": 5}})["verdict"] == "durable"
+    assert check_python(run, {"budgets": {"recovery_s": {"partition": 1}}})["verdict"] == "durable"
+
+    b.publish("p9:1")  # confirmed, never consumed, after a completed drain: lost
+    b.drain()
+    r = check_python(b.write(tmp_path / "lost"), {"budgets": {"recovery_s": 3}})
+    assert r["verdict"] == "LOST" and "; also unavailable: queue q recovered" in r["reason"]
+
+
+def test_a_heal_as_producers_stop_and_an_idle_drained_queue_are_not_outages(tmp_path: Path) -> None:
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 30)
+    b.fault("f1", "partition", node="n1")
+    _workload(b, 10)
+    b.heal("f1")
+    b.publish("p1:999", "info")  # the last publish, in flight as the producers stop
+    b.t += 20 * S  # 20 s of settling with nothing to do
+    b.drain()
+    r = check_python(b.write(tmp_path), {"budgets": {"recovery_s": 1}})
+    rec = _after_heal(r)
+    assert not rec["publish_demand"] and rec["recovered"]
+    assert r["verdict"] == "durable" and r["liveness"]["windows"] == []
