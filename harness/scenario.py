@@ -120,7 +120,7 @@ class WorkloadSection:
     in_flight: int = 64  # unconfirmed publishes per producer
     #: Seconds a publish waits for its confirm before it is recorded unknown.
     confirm_timeout: float = 10.0
-    #: Seconds the final drain may take; past it the run's verdict is unknown, never lost.
+    #: Seconds the final drain may take; what it could not read by then is unreachable, never lost.
     drain_timeout: float = 120.0
     #: Seconds without a delivery after which a drain round counts a queue empty.
     drain_idle: float = 3.0
@@ -144,6 +144,7 @@ class Budgets:
     duplicated: int | None = None
     #: Resurrected messages a valid run may show (null: any).
     resurrected: int | None = None
+    #: Seconds after a fault's heal by which every queue must confirm and consume again (one number, or per fault kind; null: no limit).
     recovery_s: float | Mapping[str, float] | None = None
 
 
