@@ -127,6 +127,8 @@ class _ClockFault(Fault):
 
 
 class ClockSkew(_ClockFault):
+    """The broker's wall clock runs ``offset`` seconds off (default: seeded, 1 to 60 s either way) until heal."""
+
     name = "clock-skew"
     params_schema = {"node": str, "offset": float}
     conformance = ConformanceProbe(params={"node": "n1", "offset": 30.0})
@@ -144,6 +146,8 @@ class ClockSkew(_ClockFault):
 
 
 class ClockBump(_ClockFault):
+    """The broker's wall clock jumps by ``delta`` seconds (default: seeded, 1 to 30 s either way); it stays there until ``clock-reset`` or the final heal."""
+
     name = "clock-bump"
     params_schema = {"node": str, "delta": float}
 
@@ -165,6 +169,8 @@ class ClockBump(_ClockFault):
 
 
 class ClockStrobe(_ClockFault):
+    """The broker's wall clock flips between offsets ``a`` and ``b`` every ``period`` seconds (at least 1) for ``duration`` seconds."""
+
     name = "clock-strobe"
     params_schema = {"node": str, "a": float, "b": float, "period": float, "duration": float}
 
@@ -220,6 +226,8 @@ class ClockStrobe(_ClockFault):
 
 
 class ClockReset(_ClockFault):
+    """Set the broker's wall clock right again on ``node``, ``nodes`` or every node (stops a strobe)."""
+
     name = "clock-reset"
     params_schema = {"node": str, "nodes": list}
     touches = frozenset()

@@ -125,6 +125,13 @@ class _ProxyFault(Fault):
 
 
 class Partition(_ProxyFault):
+    """Cut links between nodes through the Toxiproxy sidecars.
+
+    ``shape``: the cut (``random`` draws one by the seed; default ``halves``); ``mode``:
+    ``drop`` (connections stay open and go silent) or ``refuse`` (proxies disabled: open
+    connections close, new ones are refused; symmetric cuts only).
+    """
+
     name = "partition"
     requires = frozenset({"partition"})
     conformance = ConformanceProbe(params={"shape": "isolate", "node": "n1"}, nodes=2)

@@ -91,6 +91,12 @@ def _percent(kind: str, key: str, value: Any) -> float:
 
 
 class Netem(Fault):
+    """``tc qdisc ... netem`` on the node's egress in its sidecar: ``loss``, ``duplicate``, ``corrupt``, ``reorder``, ``correlation`` (%), ``delay``, ``jitter`` (ms).
+
+    Needs ``sch_netem`` in the Docker host's kernel; a kernel without it is refused with one
+    line (``packet-loss`` covers loss there). A bare ``netem`` is a seeded lossy link.
+    """
+
     name = "netem"
     requires = frozenset({"partition"})
     touches = frozenset({"qdisc"})
@@ -164,6 +170,8 @@ class Netem(Fault):
 
 
 class PacketLoss(Fault):
+    """nftables drops ``loss`` % (default: seeded, 5 to 40) of the node's packets at the receiver's ingress; the kernel's counters are recorded."""
+
     name = "packet-loss"
     requires = frozenset({"partition"})
     params_schema = {

@@ -94,19 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     _remote(s)
 
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
-    a.add_argument("run_dir")
+    a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
     a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
-    a.add_argument("--spark-master")
+    a.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     _remote(a)
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
     g = sub.add_parser(
         "grade",
         help="grade stored runs together: share of runs that lost messages (exact "
         "binomial over runs) and a per-message rate (bootstrap over runs)",
     )
-    g.add_argument("run_dirs", nargs="+")
-    g.add_argument("--spark-master")
+    g.add_argument("run_dirs", nargs="+", help="stored run directories, each one trial")
+    g.add_argument("--spark-master", help="Spark master URL for the spark engine (default local[*])")
     _remote(g)
     g.add_argument("--out", help="directory for the grade report")
     g.add_argument(
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="only these broker plugins (default: all); a run builds what it lacks on first use",
     )
-    ib.add_argument("--force", action="store_true")
+    ib.add_argument("--force", action="store_true", help="build even what is up to date")
 
     d = sub.add_parser(
         "down",
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--store", help="where the runs are stored (default: a temporary directory)")
 
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
-    c.add_argument("--output", default="docker-compose.yml")
+    c.add_argument("--output", default="docker-compose.yml", help="the file to write")
     c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
     return p
 
