@@ -90,7 +90,7 @@ def one_run(
         "run_dir": str(run_dir),
         "wall_s": wall,
         "verdict": results.get("verdict"),
-        "ops": results.get("ops") or results.get("history_ops"),
+        "ops": (results.get("counts") or {}).get("history_ops"),
         "timings": results.get("timings"),
         "check_s": float(after_drain[0][0]) if after_drain else None,
         "check_done_after_drain_s": float(after_drain[0][1]) if after_drain else None,
