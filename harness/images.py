@@ -24,6 +24,7 @@ Images are built when a run first needs them (``harness.runner.build_images``):
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -32,7 +33,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from harness.errors import ImageError
@@ -127,18 +128,19 @@ class ImageBuilder:
         if not extras:
             return base
         tag = f"{self.namespace}/rootfs:{_digest(base, *extras)}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-            return tag
-        say("images", f"building {tag}: {', '.join(extras)} on the common base {base}")
         dockerfile = (
             f"FROM {base}\n"
             "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
             f"--no-install-recommends {' '.join(extras)} >/dev/null "
             "&& rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb\n"
         )
-        # The host's network: the mirror is reached the way debootstrap reached it.
-        self._build(tag, dockerfile, {}, network="host")
+
+        def build() -> None:
+            say("images", f"{', '.join(extras)}: a layer on the common base {base}")
+            # The host's network: the mirror is reached the way debootstrap reached it.
+            self._build(tag, dockerfile, {}, network="host")
+
+        self._once(tag, build)
         return tag
 
     def base(self) -> str:
@@ -147,13 +149,12 @@ class ImageBuilder:
             return self._base
         packages = tuple(sorted(BASE_PACKAGES))
         tag = f"{self.namespace}/rootfs:{_digest(SUITE, *packages)}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-            self._base = tag
-            return tag
-        if self._registry_base(tag, packages):
-            self._base = tag
-            return tag
+        self._once(tag, lambda: self._registry_base(tag, packages) or self._bootstrap(tag, packages))
+        self._base = tag
+        return tag
+
+    def _bootstrap(self, tag: str, packages: tuple[str, ...]) -> bool:
+        """``debootstrap`` on the host, the tree loaded with ``docker import`` as ``tag``."""
         if shutil.which("debootstrap") is None:
             raise ImageError(
                 "debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)"
@@ -192,8 +193,23 @@ class ImageBuilder:
                 tag=version,
                 changes=[f"LABEL {LABEL}={version}", "ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'],
             )
-        self._base = tag
-        return tag
+        return True
+
+    def _once(self, tag: str, build: Callable[[], object]) -> None:
+        """``build()`` makes ``tag`` unless it exists. A file lock per tag makes commands that need
+        the same missing image at once (parallel test workers, two runs) build it once: the others
+        wait, then find it."""
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+            return
+        locks = self.cache / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / (tag.replace("/", "_").replace(":", "_") + ".lock")).open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.force and _exists(self.client, tag):
+                say("images", f"{tag} up to date (built meanwhile by another command)")
+                return
+            build()
 
     def _registry_base(self, tag: str, packages: tuple[str, ...]) -> bool:
         """Where a registry serves debian:bookworm-slim, install the packages on top of it."""
@@ -276,11 +292,7 @@ class ImageBuilder:
         if self.namespace != "brokerchaos" and repo.startswith("brokerchaos/"):
             repo = f"{self.namespace}/{repo.removeprefix('brokerchaos/')}"
         tag = f"{repo}:{digest}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, {f"root/{c}": h for c, h in files.items()})
+        self._once(tag, lambda: self._build(tag, dockerfile, {f"root/{c}": h for c, h in files.items()}))
         return self._latest(tag)
 
     def _latest(self, tag: str) -> str:
@@ -308,11 +320,7 @@ class ImageBuilder:
         )
         repo = node_tag.rsplit(":", 1)[0]
         tag = f"{repo}-faketime:{_digest(dockerfile, _tree_digest([wheel_dir]))}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, {"wheels": wheel_dir})
+        self._once(tag, lambda: self._build(tag, dockerfile, {"wheels": wheel_dir}))
         return tag
 
     def toxiproxy_image(self) -> str:
@@ -325,12 +333,7 @@ class ImageBuilder:
         )
         sources = [TOXIPROXY_CRATE / "src", TOXIPROXY_CRATE / "Cargo.toml", TOXIPROXY_CRATE / "Cargo.lock"]
         tag = f"{self.namespace}/toxiproxy:{_digest(dockerfile, _tree_digest(sources))}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            binary = self.toxiproxy_binary()
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, {TOXIPROXY_BIN: binary})
+        self._once(tag, lambda: self._build(tag, dockerfile, {TOXIPROXY_BIN: self.toxiproxy_binary()}))
         return self._latest(tag)
 
     def toxiproxy_binary(self) -> Path:
@@ -369,6 +372,7 @@ class ImageBuilder:
         """``network``: the build's network mode (``host`` for a layer that fetches packages)."""
         import docker.errors
 
+        say("images", f"building {tag}")
         context = io.BytesIO()
         with tarfile.open(fileobj=context, mode="w") as tar:
             data = dockerfile.encode()

@@ -34,3 +34,34 @@ def test_every_image_is_built_on_the_one_base() -> None:
         tags.append(builder.node_image(recipe))
     for tag in tags:
         assert base_id in _layers(client, tag), tag
+
+
+def test_an_image_two_commands_need_at_once_is_built_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The second command waits for the first's build (a file lock per tag), then finds the image."""
+    import os
+    import threading
+
+    client = docker_client()
+    base = ImageBuilder(client).base()
+    tag = f"brokerchaos-test-{os.getpid()}/once:1"
+    builds: list[str] = []
+    started = threading.Barrier(2)
+
+    def build() -> None:
+        builds.append(threading.current_thread().name)
+        client.images.get(base).tag(*tag.split(":"))
+
+    def command() -> None:
+        started.wait()
+        ImageBuilder(client, cache=tmp_path)._once(tag, build)
+
+    threads = [threading.Thread(target=command, name=f"c{i}") for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(builds) == 1, builds
+        assert client.images.get(tag).id == client.images.get(base).id
+    finally:
+        client.images.remove(tag)
