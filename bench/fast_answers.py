@@ -129,6 +129,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fast_answers")
+    ap.add_argument(
+        "--analyze-only",
+        metavar="RUN_DIR",
+        help="skip the two runs: start the server, then analyze this stored run (a copy: analyze rewrites it)",
+    )
     args = ap.parse_args()
     from spark_reports import _spark, _spark_service, stop_session
 
@@ -139,10 +144,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="brokerchaos-fast-") as tmp:
         home = Path(tmp) / "spark-home"
         # 1. In process, as without a service (an explicit master: no server is looked for).
-        out["run_in_process"] = one_run(
-            Path(tmp) / "store1", args.duration, Path(tmp) / "probe1.json", ["--spark-master", "local[*]"], {}
-        )
-        print(json.dumps(out["run_in_process"], indent=1), flush=True)
+        if args.analyze_only:
+            out["run_in_process"] = {"run_dir": args.analyze_only}
+        else:
+            out["run_in_process"] = one_run(
+                Path(tmp) / "store1",
+                args.duration,
+                Path(tmp) / "probe1.json",
+                ["--spark-master", "local[*]"],
+                {},
+            )
+            print(json.dumps(out["run_in_process"], indent=1), flush=True)
         # 2. The service, started and warmed, then a run that checks through it.
         before = load()
         t0 = time.monotonic()
@@ -159,14 +171,15 @@ def main() -> int:
         print(json.dumps(out["service_start"]), flush=True)
         try:
             url = str(state["url"])
-            out["run_connect"] = one_run(
-                Path(tmp) / "store2",
-                args.duration,
-                Path(tmp) / "probe2.json",
-                ["--spark-remote", url],
-                {"BROKERCHAOS_CPU_PROBE_PIDS": str(state["pid"])},
-            )
-            print(json.dumps(out["run_connect"], indent=1), flush=True)
+            if not args.analyze_only:
+                out["run_connect"] = one_run(
+                    Path(tmp) / "store2",
+                    args.duration,
+                    Path(tmp) / "probe2.json",
+                    ["--spark-remote", url],
+                    {"BROKERCHAOS_CPU_PROBE_PIDS": str(state["pid"])},
+                )
+                print(json.dumps(out["run_connect"], indent=1), flush=True)
             # 3. analyze of run 1, interleaved.
             run_dir = out["run_in_process"]["run_dir"]
             order = [
