@@ -28,7 +28,8 @@ examples:
   brokerchaos shrink store/latest --budget 30      the smallest schedule that still fails
   brokerchaos analyze store/latest                 re-check a stored run (no Docker)
   brokerchaos plugins                              what is loaded
-  brokerchaos images build                         build every image (offline)
+  brokerchaos images build                         build every image ahead of first use (offline)
+  brokerchaos spark start                          keep a warm Spark Connect server for the checks
   brokerchaos down                                 remove what runs whose harness exited left behind
   brokerchaos validate --plugin reference          check a broker plugin's contract
 """
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
     r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
     r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
+    _remote(r)
     r.add_argument("--keep", action="store_true", help="leave the cluster running after the run")
     r.add_argument(
         "--ports",
@@ -91,11 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--out", help="shrink directory (default <store>/shrink/<scenario>-<time>)")
     s.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
+    s.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
+    _remote(s)
 
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
     a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
     a.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
+    _remote(a)
     a.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
     g = sub.add_parser(
@@ -105,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("run_dirs", nargs="+", help="stored run directories, each one trial")
     g.add_argument("--spark-master", help="Spark master URL for the spark engine (default local[*])")
+    _remote(g)
     g.add_argument("--out", help="directory for the grade report")
     g.add_argument(
         "--engine",
@@ -115,12 +121,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
 
+    sp = sub.add_parser(
+        "spark",
+        help="a Spark Connect server that run, analyze, grade and shrink check through while it is up",
+    )
+    spsub = sp.add_subparsers(dest="spark_command", metavar="ACTION")
+    sps = spsub.add_parser("start", help="start it on loopback and warm it (until `brokerchaos spark stop`)")
+    sps.add_argument("--port", type=int, help="its port (default 15002)")
+    sps.add_argument("--driver-memory", help="its heap (default 1g or $BROKERCHAOS_SPARK_DRIVER_MEMORY)")
+    sps.add_argument("--no-warm-up", action="store_true", help="skip the warm-up checks after it starts")
+    spsub.add_parser("status", help="whether it is up, where, and its log (exit 1 when it is not up)")
+    spsub.add_parser("stop", help="stop it")
+
     i = sub.add_parser("images", help="image management")
     isub = i.add_subparsers(dest="images_command", metavar="ACTION")
     ib = isub.add_parser(
         "build", help="build the base, Toxiproxy and plugin images (skips what is up to date)"
     )
-    ib.add_argument("--broker", action="append", help="only these broker plugins (default: all)")
+    ib.add_argument(
+        "--broker",
+        action="append",
+        help="only these broker plugins (default: all); a run builds what it lacks on first use",
+    )
     ib.add_argument("--force", action="store_true", help="build even what is up to date")
 
     d = sub.add_parser(
@@ -187,6 +209,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         {
             "store": Path(args.store) if getattr(args, "store", None) else default_root(),
             "spark_master": getattr(args, "spark_master", None),
+            "spark_remote": getattr(args, "spark_remote", None),
         }
     )
     if args.command == "plugins":
@@ -201,6 +224,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _grade(host, args)
     if args.command == "images":
         return _images(host, args)
+    if args.command == "spark":
+        return _spark(host, args)
     if args.command == "down":
         return _down(args)
     if args.command == "compose":
@@ -398,6 +423,34 @@ def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = 
     return exit_status(graded.get("verdict"))
 
 
+def _remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spark-remote",
+        metavar="sc://HOST:PORT",
+        help="check through this Spark Connect server (default $BROKERCHAOS_SPARK_REMOTE, "
+        "else the local one while `brokerchaos spark start` has it up)",
+    )
+
+
+def _spark(host: Any, args: argparse.Namespace) -> int:
+    if args.spark_command is None:
+        raise BrokerChaosError("usage: brokerchaos spark start|status|stop")
+    options = {
+        "port": getattr(args, "port", None),
+        "driver_memory": getattr(args, "driver_memory", None),
+        "no_warm_up": getattr(args, "no_warm_up", False),
+    }
+    try:
+        out = host.service("spark", args.spark_command, options)
+    except ValueError as exc:
+        raise BrokerChaosError(str(exc)) from exc
+    if out is None:
+        raise BrokerChaosError("no loaded plugin runs a Spark service: install spark_reports")
+    for line in out["lines"]:
+        print(line)
+    return 1 if args.spark_command == "status" and not out["up"] else 0
+
+
 def _images(host: Any, args: argparse.Namespace) -> int:
     from harness.cluster import docker_client
     from harness.images import ImageBuilder
@@ -407,7 +460,7 @@ def _images(host: Any, args: argparse.Namespace) -> int:
     client = docker_client()
     builder = ImageBuilder(client, force=args.force)
     names = args.broker or sorted(host.registry.brokers)
-    builder.rootfs()
+    builder.base()
     print(f"toxiproxy  {builder.toxiproxy_image()}")
     for name in names:
         plugin = host.broker(name)

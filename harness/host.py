@@ -174,6 +174,12 @@ class Host:
         )
         return result
 
+    def service(self, name: str, action: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.pm.hook.brokerchaos_service(
+            name=name, action=action, options=options
+        )
+        return result
+
     def run_finished(self, run: Any, results: dict[str, Any]) -> None:
         self.pm.hook.brokerchaos_run_finished(run=run, results=results)
 

@@ -1,31 +1,39 @@
 """Building every image locally: no container registry is needed.
 
 Layers, each tagged by a hash of everything that goes into it so an unchanged
-image is skipped:
+image is skipped (and reused by every checkout and CI run whose inputs hash the same):
 
-1. ``brokerchaos/rootfs:<hash>`` -- a Debian bookworm root filesystem with the
-   base packages plus a plugin's ``debian_packages``, made with ``debootstrap``
-   on the host and loaded with ``docker import`` (or, when a registry serves
-   ``debian:bookworm-slim``, the same packages installed on top of it).
+1. ``brokerchaos/rootfs:<hash>`` -- the common base: a Debian bookworm root filesystem
+   with ``BASE_PACKAGES``, made once with ``debootstrap`` on the host and loaded with
+   ``docker import`` (or, when a registry serves ``debian:bookworm-slim``, the same
+   packages installed on top of it). A plugin's ``debian_packages`` are a layer of their
+   own on this base (``apt-get install`` from the same mirror), never a second bootstrap.
 2. ``brokerchaos/<plugin>:<hash>`` -- Python wheels fetched on the host with
    ``pip download`` and installed offline, the node tooling (``faults.nodeinit``,
    ``faults.lazyfs``) and the plugin's files.
 3. ``brokerchaos/toxiproxy:<hash>`` -- the Toxiproxy-API server binary built with cargo,
-   on a root filesystem that also has ``nftables`` (packet faults in the sidecar).
+   on the common base (which has ``nftables`` for packet faults in the sidecar). Its tag is
+   a hash of the server's sources, so an image built from the same sources is reused
+   without building the binary.
 4. ``<plugin image>-faketime:<hash>`` -- only for runs that need the ``faketime`` host
    feature: the plugin's image plus libfaketime, so no other image changes for it.
+
+Images are built when a run first needs them (``harness.runner.build_images``):
+``brokerchaos images build`` builds them ahead of time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from harness.errors import ImageError
@@ -45,6 +53,8 @@ BASE_PACKAGES = (
     "netcat-openbsd",
     "ca-certificates",
     "tini",
+    # The Toxiproxy sidecar's packet faults: small, and in the base so the sidecar needs no layer.
+    "nftables",
 )
 NODE_WHEELS = ("mfusepy",)
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +62,8 @@ CACHE = Path(os.environ.get("BROKERCHAOS_CACHE", Path.home() / ".cache" / "broke
 LABEL = "brokerchaos.recipe"
 TOXIPROXY_CRATE = REPO / "tools" / "toxiproxy-server"
 TOXIPROXY_BIN = "brokerchaos-toxiproxy"
-#: Packages of the sidecar's root filesystem beyond the base ones (``tc`` is in iproute2).
-SIDECAR_PACKAGES = ("nftables",)
+#: Variables passed to an ``apt-get`` layer's build when set (a mirror behind a proxy).
+PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 #: libfaketime comes from the PyPI package ``libfaketime``, which vendors libfaketime 0.9.12:
 #: Debian bookworm's 0.9.10 fails every CLOCK_MONOTONIC ``clock_nanosleep`` (Python's
 #: ``time.sleep``) with EINVAL when ``FAKETIME_DONT_FAKE_MONOTONIC=1``, and a fake clock must
@@ -93,28 +103,64 @@ def _exists(client, tag: str) -> bool:  # type: ignore[no-untyped-def]
 
 
 class ImageBuilder:
-    """Builds the images a run needs; ``force`` rebuilds even when the hash matches."""
+    """Builds the images a run needs; ``force`` rebuilds even when the hash matches.
 
-    def __init__(self, client, *, force: bool = False) -> None:  # type: ignore[no-untyped-def]
+    ``namespace`` replaces the ``brokerchaos`` of every repository name and ``cache`` the host's
+    cache of packages and wheels: a benchmark builds everything from nothing that way, beside the
+    images in use and without touching them.
+    """
+
+    def __init__(  # type: ignore[no-untyped-def]
+        self, client, *, force: bool = False, namespace: str = "brokerchaos", cache: Path = CACHE
+    ) -> None:
         self.client = client
         self.force = force
+        self.namespace = namespace
+        self.cache = cache
+        self._base: str | None = None  # the common base's tag once made or found
 
     # -- layer 1: root filesystems -------------------------------------------------------
 
     def rootfs(self, extra_packages: Iterable[str] = ()) -> str:
-        packages = tuple(sorted(set(BASE_PACKAGES) | set(extra_packages)))
-        tag = f"brokerchaos/rootfs:{_digest(SUITE, *packages)}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-            return tag
-        if self._registry_base(tag, packages):
-            return tag
+        """The common base, or the base plus a layer of ``extra_packages`` installed on it."""
+        base = self.base()
+        extras = tuple(sorted(set(extra_packages) - set(BASE_PACKAGES)))
+        if not extras:
+            return base
+        tag = f"{self.namespace}/rootfs:{_digest(base, *extras)}"
+        dockerfile = (
+            f"FROM {base}\n"
+            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            f"--no-install-recommends {' '.join(extras)} >/dev/null "
+            "&& rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb\n"
+        )
+
+        def build() -> None:
+            say("images", f"{', '.join(extras)}: a layer on the common base {base}")
+            # The host's network: the mirror is reached the way debootstrap reached it.
+            self._build(tag, dockerfile, {}, network="host")
+
+        self._once(tag, build)
+        return tag
+
+    def base(self) -> str:
+        """The common base: one bootstrap of ``BASE_PACKAGES`` that every image starts from."""
+        if self._base is not None:
+            return self._base
+        packages = tuple(sorted(BASE_PACKAGES))
+        tag = f"{self.namespace}/rootfs:{_digest(SUITE, *packages)}"
+        self._once(tag, lambda: self._registry_base(tag, packages) or self._bootstrap(tag, packages))
+        self._base = tag
+        return tag
+
+    def _bootstrap(self, tag: str, packages: tuple[str, ...]) -> bool:
+        """``debootstrap`` on the host, the tree loaded with ``docker import`` as ``tag``."""
         if shutil.which("debootstrap") is None:
             raise ImageError(
                 "debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)"
             )
         say("images", f"bootstrapping Debian {SUITE} with {len(packages)} packages -> {tag} (about a minute)")
-        cache = CACHE / "debootstrap-debs"
+        cache = self.cache / "debootstrap-debs"
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="brokerchaos-rootfs-") as tmp:
             root = Path(tmp) / "root"
@@ -147,7 +193,23 @@ class ImageBuilder:
                 tag=version,
                 changes=[f"LABEL {LABEL}={version}", "ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'],
             )
-        return tag
+        return True
+
+    def _once(self, tag: str, build: Callable[[], object]) -> None:
+        """``build()`` makes ``tag`` unless it exists. A file lock per tag makes commands that need
+        the same missing image at once (parallel test workers, two runs) build it once: the others
+        wait, then find it."""
+        if not self.force and _exists(self.client, tag):
+            say("images", f"{tag} up to date")
+            return
+        locks = self.cache / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / (tag.replace("/", "_").replace(":", "_") + ".lock")).open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.force and _exists(self.client, tag):
+                say("images", f"{tag} up to date (built meanwhile by another command)")
+                return
+            build()
 
     def _registry_base(self, tag: str, packages: tuple[str, ...]) -> bool:
         """Where a registry serves debian:bookworm-slim, install the packages on top of it."""
@@ -171,7 +233,7 @@ class ImageBuilder:
 
     def wheels(self, packages: Iterable[str]) -> Path:
         packages = tuple(sorted(set(packages)))
-        out = CACHE / "wheels" / _digest(*packages)
+        out = self.cache / "wheels" / _digest(*packages)
         if (out / ".complete").exists():
             return out
         out.mkdir(parents=True, exist_ok=True)
@@ -209,30 +271,28 @@ class ImageBuilder:
         """A plugin's image: rootfs + wheels + node tooling + the plugin's files."""
         base = self.rootfs(recipe.debian_packages)
         wheel_dir = self.wheels(NODE_WHEELS + tuple(recipe.python_packages))
-        files: dict[str, Path] = {"opt/brokerchaos/faults": REPO / "faults"}
+        # Every file goes in with one COPY (the context holds them at their container paths under
+        # ``root/``) and every variable with one ENV: each instruction is a container committed.
+        files: dict[str, Path] = {"tmp/wheels": wheel_dir, "opt/brokerchaos/faults": REPO / "faults"}
         for host, container in recipe.copy.items():
             files[container.lstrip("/")] = Path(host)
+        env = {"PYTHONPATH": "/opt/brokerchaos", "PYTHONUNBUFFERED": "1", **recipe.env}
         lines = [
             f"FROM {base}",
-            "COPY wheels /tmp/wheels",
+            "COPY root/ /",
             "RUN python3 -m pip install --no-index --no-cache-dir --break-system-packages "
             "--find-links /tmp/wheels /tmp/wheels/*.whl && rm -rf /tmp/wheels",
+            "ENV " + " ".join(f"{k}={json.dumps(str(v))}" for k, v in env.items()),
+            *[f"RUN {cmd}" for cmd in recipe.run],
+            'ENTRYPOINT ["/usr/bin/tini", "-g", "--", "python3", "-m", "faults.nodeinit"]',
         ]
-        for container in files:
-            lines.append(f"COPY {container} /{container}")
-        env = {"PYTHONPATH": "/opt/brokerchaos", "PYTHONUNBUFFERED": "1", **recipe.env}
-        lines += [f"ENV {k}={v}" for k, v in env.items()]
-        lines += [f"RUN {cmd}" for cmd in recipe.run]
-        lines.append('ENTRYPOINT ["/usr/bin/tini", "-g", "--", "python3", "-m", "faults.nodeinit"]')
         dockerfile = "\n".join(lines) + "\n"
-        files["wheels"] = wheel_dir
         digest = _digest(dockerfile, _tree_digest(files.values()))
-        tag = f"{recipe.name}:{digest}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, files)
+        repo = recipe.name
+        if self.namespace != "brokerchaos" and repo.startswith("brokerchaos/"):
+            repo = f"{self.namespace}/{repo.removeprefix('brokerchaos/')}"
+        tag = f"{repo}:{digest}"
+        self._once(tag, lambda: self._build(tag, dockerfile, {f"root/{c}": h for c, h in files.items()}))
         return self._latest(tag)
 
     def _latest(self, tag: str) -> str:
@@ -260,26 +320,20 @@ class ImageBuilder:
         )
         repo = node_tag.rsplit(":", 1)[0]
         tag = f"{repo}-faketime:{_digest(dockerfile, _tree_digest([wheel_dir]))}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, {"wheels": wheel_dir})
+        self._once(tag, lambda: self._build(tag, dockerfile, {"wheels": wheel_dir}))
         return tag
 
     def toxiproxy_image(self) -> str:
-        binary = self.toxiproxy_binary()
-        base = self.rootfs(SIDECAR_PACKAGES)
+        """The sidecar, tagged by the server's sources (not its binary, whose bytes depend on the
+        build's paths): a checkout with the same sources reuses the image without running cargo."""
+        base = self.base()
         dockerfile = (
             f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
             f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n'
         )
-        tag = f"brokerchaos/toxiproxy:{_digest(dockerfile, _tree_digest([binary]))}"
-        if not self.force and _exists(self.client, tag):
-            say("images", f"{tag} up to date")
-        else:
-            say("images", f"building {tag}")
-            self._build(tag, dockerfile, {TOXIPROXY_BIN: binary})
+        sources = [TOXIPROXY_CRATE / "src", TOXIPROXY_CRATE / "Cargo.toml", TOXIPROXY_CRATE / "Cargo.lock"]
+        tag = f"{self.namespace}/toxiproxy:{_digest(dockerfile, _tree_digest(sources))}"
+        self._once(tag, lambda: self._build(tag, dockerfile, {TOXIPROXY_BIN: self.toxiproxy_binary()}))
         return self._latest(tag)
 
     def toxiproxy_binary(self) -> Path:
@@ -312,9 +366,13 @@ class ImageBuilder:
             raise ImageError(f"cargo build of the Toxiproxy-API server failed: {' | '.join(tail)}")
         return target
 
-    def _build(self, tag: str, dockerfile: str, files: Mapping[str, Path]) -> None:
+    def _build(
+        self, tag: str, dockerfile: str, files: Mapping[str, Path], *, network: str | None = None
+    ) -> None:
+        """``network``: the build's network mode (``host`` for a layer that fetches packages)."""
         import docker.errors
 
+        say("images", f"building {tag}")
         context = io.BytesIO()
         with tarfile.open(fileobj=context, mode="w") as tar:
             data = dockerfile.encode()
@@ -338,6 +396,8 @@ class ImageBuilder:
                 forcerm=True,
                 decode=True,
                 labels={LABEL: version},
+                network_mode=network,
+                buildargs={k: os.environ[k] for k in PROXY_VARS if k in os.environ} if network else None,
             ):
                 if "error" in chunk:
                     raise ImageError(f"building {tag}: {chunk['error'].strip()}")

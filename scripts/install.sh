@@ -3,7 +3,9 @@
 # the system packages it lacks (Java 17 for Spark, a Rust toolchain when cargo is missing
 # or too old, Python's pip, debootstrap, FUSE, Chromium, nats-server for the NATS client
 # tests on loopback), the Python package, the
-# Toxiproxy-API server, and every image (built locally; no container registry is needed).
+# Toxiproxy-API server, and the images the default run uses (built locally; no container
+# registry is needed). Other brokers' images are built on their first run, with progress
+# (or ahead of time: `brokerchaos images build`, every broker; `--broker NAME`, one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,5 +59,5 @@ python3 -m pip install -q --disable-pip-version-check $pip_flags -e '.[dev,fast]
 step "Toxiproxy-API server (cargo build --release --locked)"
 cargo build -q --release --locked --manifest-path tools/toxiproxy-server/Cargo.toml
 
-step "images (base, Toxiproxy, every broker plugin)"
-brokerchaos images build
+step "images the default run uses (common base, Toxiproxy, reference broker)"
+brokerchaos images build --broker reference

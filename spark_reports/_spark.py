@@ -19,6 +19,7 @@ their histories.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
@@ -46,7 +47,7 @@ from ._spark_ids import DELIVERY, Unit, classify, events
 from ._spark_live import live_parts, parse_live
 from ._spark_ranks import Ranks
 from ._spark_scope import Scope
-from ._spark_session import spark_session
+from ._spark_session import default_parallelism, is_remote, spark_session, where
 from ._spark_sql import bucket, collect_parts, producer_and_seq, tagged
 from ._warmup import CHECKS as WARM_UP_CHECKS
 from ._warmup import warm_up
@@ -78,7 +79,9 @@ def start_session_in_background(
         try:
             session = spark_session(master, driver_memory)
             done = _warmed[1] if _warmed[0] is session else 0
-            if done < WARM_UP_CHECKS:
+            # A Spark Connect server is warm already (``brokerchaos spark start`` warms it) and the
+            # checks would take its CPU from the brokers under test when it is on this machine.
+            if done < WARM_UP_CHECKS and not is_remote(where(master)):
                 with quiet():
                     done += warm_up(
                         lambda d, s, big: _check(
@@ -97,6 +100,18 @@ def start_session_in_background(
     thread.start()
     _warming = thread
     return thread
+
+
+def warm_up_server(url: str) -> float:
+    """The warm-up checks (``_warmup``) run through a Spark Connect server, so that its JIT and code
+    generation are paid when it starts, not by the first real check; seconds taken."""
+    t0 = time.monotonic()
+    with quiet():
+        warm_up(
+            lambda d, s, big: _check(d, s, url, None, planned_rows=WARM_BIG_ROWS if big else None),
+            times=WARM_UP_CHECKS,
+        )
+    return round(time.monotonic() - t0, 1)
 
 
 def _column_types() -> dict[str, str]:
@@ -282,7 +297,7 @@ class _Job:
         self.cached: list[Any] = []
         spark.conf.set(
             "spark.sql.shuffle.partitions",
-            str(shuffle_partitions(rows, spark.sparkContext.defaultParallelism)),
+            str(shuffle_partitions(rows, default_parallelism(spark))),
         )
         # Adaptive execution runs each shuffle stage as a job of its own and re-plans after it: on a
         # history of one shuffle partition there is nothing to adapt, only that overhead.
@@ -312,10 +327,15 @@ class _Job:
         return df
 
     def release(self) -> None:
-        """Drop what ``persist`` kept (the blocks of a local checkpoint outlive the job otherwise)."""
+        """Drop what ``persist`` kept (the blocks of a local checkpoint outlive the job otherwise).
+        In process, through the JVM; over Spark Connect, the server releases a kept table when its
+        last DataFrame here is gone (``CachedRemoteRelation``), which clearing the list does."""
         for df in self.cached:
+            jdf = getattr(df, "_jdf", None)  # a Spark Connect DataFrame has none
+            if jdf is None:
+                continue
             try:
-                df._jdf.queryExecution().logical().rdd().unpersist(False)
+                jdf.queryExecution().logical().rdd().unpersist(False)
             except Exception:  # noqa: BLE001 - a plan that is not a kept scan: nothing of ours to free
                 pass
         self.cached.clear()

@@ -1,32 +1,29 @@
 """One Spark session per process, started while a run's workload goes on.
 
 The JVM's start (and its heap size) is paid once per process; every check of the
-process, the warm-up included, uses the same session.
+process, the warm-up included, uses the same session. Where a Spark Connect server is
+given (``sc://HOST:PORT``) or the local one is up (``brokerchaos spark start``), the
+session is a thin client of it instead and no JVM starts here.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import warnings
-from pathlib import Path
 from typing import Any
 
 from ._common import progress
+from ._spark_conf import DEFAULT_DRIVER_MEMORY, RUNTIME_CONF, SESSION_CONF, jvm_options
+from ._spark_service import local_url
 
-DEFAULT_DRIVER_MEMORY = "1g"
-JVM_OPTIONS = "-XX:-DontCompileHugeMethods -XX:+UseParallelGC"
-"""HotSpot leaves a method of more than 8,000 bytes of bytecode to its interpreter (Spark's
-PR #14370 says so of generated code), and the stage that ends the per-id aggregate and
-derives each id's flags compiles to one such method: interpreted, it cost twice the
-aggregate itself (a 10M-record history: 26.5 s of CPU against 14.8 s with the first flag).
-The check is a batch job: the throughput collector, not the default low-pause G1, took a
-10M-record history's check from 29.5 s to 25.3-25.8 s here (1M: 8.0 s to 7.5-7.9 s)."""
+REMOTE_ENV = "BROKERCHAOS_SPARK_REMOTE"
+MASTER_ENV = "BROKERCHAOS_SPARK_MASTER"
 
 _session: Any = None
 _session_key: tuple[str, str] | None = None
 _session_lock = threading.Lock()
+_parallelism: dict[int, int] = {}
 
 
 def check_master(master: str | None) -> None:
@@ -34,10 +31,36 @@ def check_master(master: str | None) -> None:
     it takes: a malformed one would otherwise end in the Java stack trace of spark-submit."""
     if master is None or master in ("local", "yarn") or master.startswith(("local[", "spark://", "k8s://")):
         return
+    if master.startswith("sc://"):
+        check_remote(master)
+        return
     raise ValueError(
         f"Spark master {master!r}: give local[*], local[N], spark://HOST:PORT (a standalone "
         "cluster), yarn or k8s://HOST:PORT (--spark-master or BROKERCHAOS_SPARK_MASTER)"
     )
+
+
+def check_remote(remote: str | None) -> None:
+    """A Spark Connect address (None: none given), or a ValueError that says which it takes."""
+    if remote is None:
+        return
+    host = remote.removeprefix("sc://").split("/", 1)[0].split(":", 1)[0]
+    if not remote.startswith("sc://") or not host:
+        raise ValueError(
+            f"Spark Connect address {remote!r}: give sc://HOST:PORT (--spark-remote or {REMOTE_ENV})"
+        )
+
+
+def where(master: str | None = None) -> str:
+    """Where checks run: ``master`` when given (an ``sc://`` address is a Spark Connect server),
+    else ``$BROKERCHAOS_SPARK_REMOTE``, else ``$BROKERCHAOS_SPARK_MASTER``, else the local
+    Spark Connect server while it is up (``brokerchaos spark start``), else ``local[*]`` in
+    this process."""
+    return master or os.environ.get(REMOTE_ENV) or os.environ.get(MASTER_ENV) or local_url() or "local[*]"
+
+
+def is_remote(master: str) -> bool:
+    return master.startswith("sc://")
 
 
 def spark_session(master: str | None = None, driver_memory: str | None = None) -> Any:
@@ -45,7 +68,8 @@ def spark_session(master: str | None = None, driver_memory: str | None = None) -
 
     The driver's heap is fixed when the JVM starts; asking for another size later in
     the same process keeps the first one (Spark cannot resize a running JVM). A caller
-    that asks while a background start is under way waits for it.
+    that asks while a background start is under way waits for it. A Spark Connect
+    server's heap is the server's (``brokerchaos spark start --driver-memory``).
     """
     with _session_lock:
         return _spark_session(master, driver_memory)
@@ -53,15 +77,44 @@ def spark_session(master: str | None = None, driver_memory: str | None = None) -
 
 def _spark_session(master: str | None, driver_memory: str | None) -> Any:
     global _session, _session_key
-    from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("BROKERCHAOS_SPARK_MASTER") or "local[*]"
+    master = where(master)
     check_master(master)
     memory = driver_memory or os.environ.get("BROKERCHAOS_SPARK_DRIVER_MEMORY") or DEFAULT_DRIVER_MEMORY
     if _session is not None and _session_key is not None and _session_key[0] == master:
         return _session
     if _session is not None:
         _session.stop()
+        _session, _session_key = None, None
+        _parallelism.clear()
+    if is_remote(master):
+        _session = _remote_session(master)
+    else:
+        _session = _local_session(master, memory)
+    _session_key = (master, memory)
+    return _session
+
+
+def _remote_session(url: str) -> Any:
+    """A Spark Connect client session. PySpark picks the implementation of its column functions
+    by ``SPARK_CONNECT_MODE_ENABLED`` (what its own builder sets for a remote session)."""
+    progress("spark", "connecting", remote=url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas-version notice
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        session = RemoteSession.builder.remote(url).create()
+    for key in RUNTIME_CONF:
+        session.conf.set(key, SESSION_CONF[key])
+    return session
+
+
+def _local_session(master: str, memory: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    # A Spark Connect session earlier in this process left PySpark in its remote mode.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     progress("spark", "starting session", master=master, driver_memory=memory)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -69,66 +122,38 @@ def _spark_session(master: str | None, driver_memory: str | None) -> Any:
         SparkSession.builder.master(master)
         .appName("brokerchaos-reconcile")
         .config("spark.driver.memory", memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "true")
-        .config("spark.sql.ansi.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        # PySpark records the Python call site of every column function it is given, four calls to
-        # the JVM each: building one check's plans made 13,700 such calls, 1.5 s of a 1M history's 9 s.
-        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
-        # What the job keeps on disk (a big history's per-id rows) is written with Kryo: Java
-        # serialisation of millions of rows cost more than computing them.
-        .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
-        .config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log_config()} {JVM_OPTIONS}"
-        )
-        .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.driver.extraJavaOptions", jvm_options(driver=True))
+        .config("spark.executor.extraJavaOptions", jvm_options(driver=False))
     )
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas-version notice
-        _session = builder.getOrCreate()
-    _session.sparkContext.setLogLevel("WARN")
-    _session_key = (master, memory)
-    return _session
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
 
 
-_LOG4J2 = """
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = spark %p %c{1}: %m%n%ex
-logger.native.name = org.apache.hadoop.util.NativeCodeLoader
-logger.native.level = error
-# Caching a big history spills to disk by design when the heap is small; not worth a warning per block.
-logger.memstore.name = org.apache.spark.storage.memory.MemoryStore
-logger.memstore.level = error
-logger.blockmgr.name = org.apache.spark.storage.BlockManager
-logger.blockmgr.level = error
-# Spark says once per session that it shortened a plan's text (the per-id plans have many columns).
-logger.strings.name = org.apache.spark.util.SparkStringUtils
-logger.strings.level = error
-# Releasing a kept (locally checkpointed) table at the end of a check is meant: no warning for it.
-logger.rdd.name = org.apache.spark.rdd.MapPartitionsRDD
-logger.rdd.level = error
-"""
+def default_parallelism(spark: Any) -> int:
+    """How many tasks the session runs at once by default (``SparkContext.defaultParallelism``),
+    read with a DataFrame so that it works over Spark Connect too (which has no SparkContext):
+    a range given no partition count is split into that many partitions, each non-empty here."""
+    key = id(spark)
+    if key not in _parallelism:
+        from pyspark.sql import functions as F
 
-
-def _log_config() -> Path:
-    """Spark's own chatter down to warnings, written where the JVM can read it."""
-    path = Path(tempfile.gettempdir()) / "brokerchaos-spark-log4j2.properties"
-    if not path.is_file() or path.read_text() != _LOG4J2:
-        path.write_text(_LOG4J2)
-    return path
+        ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+        last = ids.agg(F.max("p")).first()[0]
+        _parallelism[key] = int(last) + 1
+    return _parallelism[key]
 
 
 def stop_session() -> None:
-    """Stop the shared session (tests and benchmarks that want a clean JVM)."""
+    """Stop the shared session (tests and benchmarks that want a clean JVM). A Spark Connect
+    session is closed; the server stays up."""
     global _session, _session_key
     with _session_lock:
         if _session is not None:
             _session.stop()
         _session, _session_key = None, None
+        _parallelism.clear()

@@ -3,43 +3,49 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pluggy
 
+from . import _spark_service
 from ._python import check_python
-from ._spark import check_spark, start_session_in_background
+from ._spark import check_spark, start_session_in_background, warm_up_server
+from ._spark_session import check_master, check_remote, spark_session
 from .atomicity import check_atomicity_python, check_atomicity_spark
 from .delay import check_delay_python, check_delay_spark
 from .stream import check_stream_python
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
 
-#: What ``brokerchaos_configure`` said (``spark_master`` is the one setting read here).
+#: What ``brokerchaos_configure`` said (``spark_master`` and ``spark_remote`` are the settings read here).
 settings: dict[str, Any] = {}
 
 
 @hookimpl
 def brokerchaos_configure(config: dict[str, Any]) -> None:
-    from ._spark_session import check_master
-
     check_master(config.get("spark_master"))
+    check_remote(config.get("spark_remote"))
     settings.update(config)
 
 
+def _target() -> str | None:
+    """Where the command line said to check: a Spark Connect server (``--spark-remote``) before a
+    master (``--spark-master``); None: ``_spark_session.where`` decides."""
+    return settings.get("spark_remote") or settings.get("spark_master")
+
+
 def _spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
-    return dict(check_spark(run_dir, scenario, spark_master=settings.get("spark_master")))
+    return dict(check_spark(run_dir, scenario, spark_master=_target()))
 
 
 def _delay_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
-    from ._spark_session import spark_session
-
-    return check_delay_spark(run_dir, scenario, spark=spark_session(settings.get("spark_master")))
+    return check_delay_spark(run_dir, scenario, spark=spark_session(_target()))
 
 
 def _atomicity_spark(run_dir: Path, scenario: dict[str, Any]) -> dict[str, Any]:
-    return check_atomicity_spark(run_dir, scenario, spark_master=settings.get("spark_master"))
+    return check_atomicity_spark(run_dir, scenario, spark=spark_session(_target()))
 
 
 @hookimpl
@@ -57,7 +63,7 @@ def brokerchaos_register_checkers(register: Any) -> None:
 def brokerchaos_run_started(run: Any) -> None:
     """The JVM starts while the cluster comes up and the workload runs, not after the drain."""
     if {"spark", "delay-spark", "atomicity-spark"} & set(getattr(run, "checkers", ())):
-        start_session_in_background(settings.get("spark_master"))
+        start_session_in_background(_target())
 
 
 @hookimpl
@@ -71,7 +77,7 @@ def brokerchaos_render_report(run_dir: Path, results: dict[str, Any]) -> str | N
 def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any]:
     from . import describe_grade, grade_runs, render_grade_report
 
-    grade = grade_runs(run_dirs, spark_master=settings.get("spark_master"), engine=engine)
+    grade = grade_runs(run_dirs, spark_master=_target(), engine=engine)
     (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
     return {
         "verdict": grade.get("verdict"),
@@ -79,3 +85,55 @@ def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str,
         "report": str(render_grade_report(out, grade)),
         "grade": grade,
     }
+
+
+@hookimpl
+def brokerchaos_service(name: str, action: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """``brokerchaos spark start|status|stop``: the local Spark Connect server (``_spark_service``)."""
+    if name != "spark":
+        return None
+    if action == "start":
+        s = _spark_service.start(options.get("port"), options.get("driver_memory"))
+        if s["already"]:
+            lines = [f"Spark Connect server already up at {s['url']} (pid {s['pid']})"]
+        else:
+            lines = [
+                f"Spark Connect server up at {s['url']} (pid {s['pid']}, JVM started in {s['start_seconds']}s)"
+            ]
+            if not options.get("no_warm_up"):
+                try:
+                    seconds = warm_up_server(str(s["url"]))
+                except Exception as exc:  # noqa: BLE001 - one line, the server's log has the rest
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise ValueError(
+                        f"the server started but its warm-up failed: {first} (log: {s['log']})"
+                    ) from exc
+                lines.append(f"warmed up in {seconds}s (the warm-up checks)")
+        lines += [
+            "run, analyze, grade and shrink check through it while it is up",
+            f"log: {s['log']}",
+            "stop it with: brokerchaos spark stop",
+        ]
+        return {"up": True, "lines": lines}
+    if action == "status":
+        state = _spark_service.status()
+        if state is None:
+            return {"up": False, "lines": ["no Spark Connect server is up: checks start Spark in process"]}
+        minutes = (time.time() - float(state["started"])) / 60
+        return {
+            "up": True,
+            "lines": [
+                f"Spark Connect server up at {state['url']} (pid {state['pid']}, driver memory "
+                f"{state['driver_memory']}, up {minutes:.0f} min)",
+                f"log: {state['log']}",
+            ],
+        }
+    if action == "stop":
+        state = _spark_service.stop()
+        if state is None:
+            return {"up": False, "lines": ["no Spark Connect server was up"]}
+        return {
+            "up": False,
+            "lines": [f"stopped the Spark Connect server at {state['url']} (pid {state['pid']})"],
+        }
+    raise ValueError(f"spark {action!r}: give start, status or stop")

@@ -85,11 +85,25 @@ def brokerchaos_configure(config: dict[str, Any]) -> None:
     """See the harness configuration once the command line is read, before any run.
 
     ``config`` holds ``store`` (the run store's root), ``spark_master`` (None: the
-    checker's default) and ``checker_options`` (``{checker: {option: value}}`` from
+    checker's default), ``spark_remote`` (a Spark Connect server's ``sc://HOST:PORT``, given
+    with ``--spark-remote``; None: none given) and ``checker_options`` (``{checker: {option: value}}`` from
     ``--checker-option``). Checkers take their settings from here, never from the
     harness by name. Historic: a plugin registered later (``-p``) still receives it.
     A plugin that cannot accept a setting raises ``ValueError`` with a message that says
     what to give instead: the command ends with that message as one line.
+    """
+
+
+@hookspec(firstresult=True)
+def brokerchaos_service(name: str, action: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """Start, show or stop a plugin's long-lived service: ``brokerchaos NAME start|status|stop``.
+
+    ``name`` is the command's (``spark``: the checkers' Spark Connect server, which later
+    commands check through while it is up); ``action`` is ``start``, ``status`` or ``stop``;
+    ``options`` holds the command line's (``port``, ``driver_memory``, ``no_warm_up``). Returns
+    ``{"up": bool, "lines": [str, ...]}``, the lines to print; None: no plugin serves ``name``
+    (first result). A plugin that cannot do it raises ``ValueError`` with one line that says
+    what to do instead.
     """
 
 
