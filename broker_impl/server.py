@@ -19,14 +19,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from broker_impl.broker import Broker, BrokerError
+from broker_impl.broker import Broker
 from broker_impl.config import Config
+from broker_impl.control import CONTROL_SOCKET, NODE_FILE, dispatch
+from broker_impl.errors import BrokerError
 from broker_impl.protocol import AMQPProtocol
 
 log = logging.getLogger("broker_impl.server")
-
-NODE_FILE = "node.json"
-CONTROL_SOCKET = "ctl.sock"
 
 
 def total_memory() -> int:
@@ -150,8 +149,6 @@ class Server:
             self.control_address = str(path)
 
     async def _control_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from broker_impl.ctl import dispatch
-
         try:
             line = await reader.readline()
             try:

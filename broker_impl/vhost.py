@@ -22,7 +22,8 @@ from broker_impl.codec import (
     ChannelError,
     ConnectionError_,
 )
-from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination, make_exchange
+from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination
+from broker_impl.exchange_types import make_exchange
 from broker_impl.message import Message, copy_properties
 from broker_impl.queue import Queue
 

@@ -31,12 +31,14 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.broker import BrokerError, write_atomic
 from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
 from broker_impl.cluster.mirror import MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
 from broker_impl.config import Permission
-from broker_impl.exchange import Binding, destination_exchange, make_exchange
+from broker_impl.errors import BrokerError
+from broker_impl.exchange import Binding, destination_exchange
+from broker_impl.exchange_types import make_exchange
+from broker_impl.store.durable import write_file
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ class Catalog:
             ) from None
 
     def _save(self) -> None:
-        write_atomic(self._path, self.table.dump())
+        write_file(self._path, self.table.dump())
 
     async def recover(self) -> None:
         """Before the first claim after a start: follow the masters the persisted records name."""

@@ -100,13 +100,8 @@ class Forwarder:
                 self.transport.send(peer, {"t": "requeue", "seqs": [int(h["seq"])], **back})
                 self.transport.send(peer, {"t": "cancel", **back})
                 return
-            c.queue.delivered(
-                c,
-                peer,
-                cid,
-                int(h["seq"]),
-                bool(h.get("red")),  # type: ignore[attr-defined]
-                Message.from_bytes(blob),
+            c.queue.delivered(  # type: ignore[attr-defined]  # a proxy consumer's queue is a RemoteQueue
+                c, peer, cid, int(h["seq"]), bool(h.get("red")), Message.from_bytes(blob)
             )
         elif t == "cancelled":
             c = self._proxy_consumers.get(h["cid"])

@@ -22,6 +22,7 @@ from broker_impl.cluster.gm_link import Endpoint, node_of
 from broker_impl.cluster.metadata import key
 from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
+from broker_impl.errors import BrokerError
 from broker_impl.exchange import Binding
 from broker_impl.message import Message
 from broker_impl.queue import Queue
@@ -157,8 +158,6 @@ class Mirroring:
             rq.master, {"t": "sync_req", "vh": vhost, "q": name}
         ):
             return f"asked master {rq.master} to synchronise {name}"
-        from broker_impl.broker import BrokerError
-
         raise BrokerError(f"no queue '{name}' in vhost '{vhost}' with a reachable master")
 
     # -- messages between a master and its mirrors -------------------------------------------

@@ -54,7 +54,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.backing import MemoryBackingQueue, make_backing_queue
+from broker_impl.backing import MemoryBackingQueue, make_backing_queue, store_queue_key
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
 from broker_impl.cluster.gm_link import node_of
 from broker_impl.message import Message
@@ -616,8 +616,6 @@ class Mirror:
 
     async def _fresh(self) -> MemoryBackingQueue:
         """A mirror always starts empty: whatever a previous life left in the store is dropped."""
-        from broker_impl.broker import store_queue_key
-
         b = self.node.broker
         if self._predecessor is not None:
             await self._predecessor.discard()

@@ -61,6 +61,7 @@ from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.partitions import Partitions
 from broker_impl.cluster.remote import MasterSide
 from broker_impl.cluster.transport import Transport
+from broker_impl.errors import BrokerError
 
 if TYPE_CHECKING:
     from broker_impl.broker import Broker
@@ -86,8 +87,6 @@ class ClusterNode:
         try:
             self.membership = Membership.load(broker.data_dir, self.me, cfg.peers)
         except MembershipError as exc:
-            from broker_impl.broker import BrokerError
-
             raise BrokerError(str(exc)) from None
         members = {n: addr for n, addr in cfg.peers.items() if self.membership.is_member(n)}
         self.transport = Transport(
@@ -202,8 +201,6 @@ class ClusterNode:
     # -- membership -----------------------------------------------------------------------
     def forget(self, node: str) -> str:
         """The operator removes ``node`` from the cluster (``ctl forget_cluster_node``); every member hears of it."""
-        from broker_impl.broker import BrokerError
-
         if node == self.me:
             raise BrokerError(f"{node} cannot forget itself: run forget_cluster_node on another member")
         if self.transport.is_up(node):
