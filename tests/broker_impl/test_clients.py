@@ -11,7 +11,7 @@ from tests.broker_impl.conftest import InProcessNode
 
 
 def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
-    async def scenario() -> tuple[list[bytes], list[bool], int]:
+    async def scenario() -> tuple[list[bytes], list[bool | None], int]:
         conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{node.port}/")
         async with conn:
             ch = await conn.channel()  # publisher confirms on by default
@@ -23,7 +23,7 @@ def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
                 )
                 assert confirm is not None
             bodies: list[bytes] = []
-            redelivered: list[bool] = []
+            redelivered: list[bool | None] = []
             rejected_once = False
             async with q.iterator() as it:
                 async for msg in it:
@@ -37,7 +37,9 @@ def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
                     if len(bodies) == 20:
                         break
             dq = await ch.declare_queue("aio", durable=True, passive=True)
-            return bodies, redelivered, dq.declaration_result.message_count
+            left = dq.declaration_result.message_count
+            assert left is not None
+            return bodies, redelivered, left
 
     bodies, redelivered, left = asyncio.run(scenario())
     assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(20))
@@ -53,7 +55,9 @@ def test_aio_pika_reject_without_requeue_drops(node: InProcessNode) -> None:
             await ch.default_exchange.publish(aio_pika.Message(b"x"), "aio-rej")
             msg = await q.get(timeout=30)
             await msg.reject(requeue=False)
-            return (await ch.declare_queue("aio-rej", passive=True)).declaration_result.message_count
+            left = (await ch.declare_queue("aio-rej", passive=True)).declaration_result.message_count
+            assert left is not None
+            return left
 
     assert asyncio.run(scenario()) == 0
 
