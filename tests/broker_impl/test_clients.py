@@ -8,6 +8,7 @@ import aio_pika
 import kombu
 
 from tests.broker_impl.conftest import InProcessNode
+from tests.polling import until_async
 
 
 def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
@@ -105,16 +106,18 @@ def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
         await asyncio.to_thread(first.stop)
         second = InProcessNode(make_config(tmp_path, node__port=port)).start()
         try:
-            for _ in range(
-                300
-            ):  # the robust connection reconnects and restores its channel (about 30 s of retries)
+
+            async def published_after() -> bool:
                 try:
                     await ch.default_exchange.publish(
                         aio_pika.Message(b"after", delivery_mode=persistent), "robust"
                     )
-                    break
                 except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            # the robust connection reconnects and restores its channel
+            await until_async(published_after, "a publish through the restored channel", every=0.1)
             bodies = []
             for _ in range(2):
                 msg = await q.get(timeout=30)

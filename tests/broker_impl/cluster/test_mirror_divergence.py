@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from functools import partial
 from typing import Any
 
 from pamqp import commands
@@ -20,6 +21,7 @@ from broker_impl.backing import make_backing_queue
 from broker_impl.cluster.config import ClusterConfig
 from broker_impl.cluster.mirror import Mirror, Site, digest
 from broker_impl.message import Message
+from tests.polling import until_async
 
 
 class _Endpoint:
@@ -61,6 +63,10 @@ def _site(transport: _Transport) -> Site:
     )
 
 
+def _acked(transport: _Transport, n: int) -> bool:
+    return any(m.get("n") == n for m in transport.sent)
+
+
 def fingerprint(m: Message) -> int:
     """A message's share of the content fingerprint the master broadcasts (summed mod 2**64): an 8-byte
     BLAKE2b of its stored form without the node-local id."""
@@ -92,8 +98,7 @@ async def _replay() -> list[dict[str, Any]]:
     for batch, last in ((ops[:2], 1), (ops[2:], 4)):  # A alone first (in sync on both sides), then the rest
         for h, blob in batch:
             mirror.feed({"vh": "/", "q": "q", **h}, blob)
-        while not any(m.get("n") == last for m in transport.sent):
-            await asyncio.sleep(0.005)
+        await until_async(partial(_acked, transport, last), f"the mirror's ack of op {last}", every=0.005)
     await mirror.discard()
     return [m for m in transport.sent if m.get("t") == "mq_ack"]
 
