@@ -41,8 +41,13 @@ def test_staggered_waiters_each_time_out_and_a_later_flush_serves_again(tmp_path
 
 
 def test_a_wait_that_is_flushed_in_time_does_not_time_out_later(tmp_path: Path) -> None:
-    async def go() -> None:
-        store = await open_store(tmp_path, CFG)
+    # A real fsync must come in under the timeout here: a second, not 50 ms (a loaded disk takes that).
+    cfg = {**CFG, "flush_timeout_ms": 1000}
+
+    async def go() -> list[dict[str, object]]:
+        failed: list[dict[str, object]] = []  # what the expiry timer's callback raised, if anything
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: failed.append(context))
+        store = await open_store(tmp_path, cfg)
         off, size, _ = store.append("q", b"m")
         await store.wait_durable(off + size)
         # the expiry timer runs past this wait's deadline and finds nothing left to fail
@@ -50,5 +55,6 @@ def test_a_wait_that_is_flushed_in_time_does_not_time_out_later(tmp_path: Path) 
         off, size, _ = store.append("q", b"n")
         await store.wait_durable(off + size)
         await store.close()
+        return failed
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == []
