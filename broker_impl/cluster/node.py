@@ -38,8 +38,12 @@ masters start mirrors on it by their policy, synced by ha-sync-mode.
 
 The broker sees only this module's public methods: ``start``/``stop``,
 ``wrap_backing``, ``local_changed``, ``client_refusal``, and the operator's
-``status``, ``queue_info``, ``queue_counts``, ``sync_queue``. The queue copies
-(``mirror``) use ``local_changed``, ``mirrors`` and ``reconcile_mirrors``.
+``status``, ``queue_info``, ``queue_counts``, ``sync_queue``.
+
+No part holds this object: each is handed the narrow things it uses (the config,
+the transport, ``spawn``, the parts below it), lower parts first, and a queue's
+master and copies get a ``mirror.Site``. A part that must ask a higher one
+something gets a function (the GM hub's ``paused``), so no part imports this module.
 """
 
 from __future__ import annotations
