@@ -18,7 +18,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_impl.backing import Store, make_backing_queue, open_store, store_queue_key
 from broker_impl.backing_queue import BackingQueue
@@ -34,7 +34,6 @@ from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
     from broker_impl.cluster.node import ClusterNode
-    from broker_impl.connection import Connection
     from broker_impl.replication import Replication
 
 log = logging.getLogger("broker_impl.broker")
@@ -57,6 +56,18 @@ def check_password(stored: str, password: str) -> bool:
     return secrets.compare_digest(hash_password(password, salt), stored)
 
 
+class Client(Protocol):
+    """What the node asks of a client connection (``broker_impl.connection.Connection``)."""
+
+    def alarms_changed(self) -> None: ...
+
+    def force_close(self, reason: str = ...) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
 class Broker:
     """Everything one node knows; connections and the control socket act through it."""
 
@@ -67,7 +78,7 @@ class Broker:
         self.users: dict[str, dict[str, Any]] = {}  # name -> {password_hash, tags}
         self.permissions: dict[tuple[str, str], Permission] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}  # (vhost, name) -> policy
-        self.connections: set[Connection] = set()
+        self.connections: set[Client] = set()
         self.alarms: set[str] = set()  # "memory", "disk"
         self.store: Store | None = None
         self._tasks: set[asyncio.Task[Any]] = set()

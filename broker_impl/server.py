@@ -119,7 +119,7 @@ class Server:
             conn.force_close(reason)
         await asyncio.sleep(0.05)
         for conn in list(self.broker.connections):
-            conn._terminate()
+            conn.terminate()
         if self._monitor:
             self._monitor.cancel()
         await self.broker.stop()
