@@ -18,10 +18,11 @@ import secrets
 import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing import Store, make_backing_queue, open_store, store_queue_key
 from broker_impl.backing_queue import BackingQueue
+from broker_impl.client import Client
 from broker_impl.codec import ACCESS_REFUSED, ChannelError
 from broker_impl.config import Config, Permission, User
 from broker_impl.errors import BrokerError
@@ -54,18 +55,6 @@ def check_password(stored: str, password: str) -> bool:
     except ValueError:
         return False
     return secrets.compare_digest(hash_password(password, salt), stored)
-
-
-class Client(Protocol):
-    """What the node asks of a client connection (``broker_impl.connection.Connection``)."""
-
-    def alarms_changed(self) -> None: ...
-
-    def force_close(self, reason: str = ...) -> None: ...
-
-    def terminate(self) -> None: ...
-
-    def info(self) -> dict[str, Any]: ...
 
 
 class Broker:

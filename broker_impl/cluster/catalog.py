@@ -44,7 +44,7 @@ from broker_impl.store.durable import write_file
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -60,7 +60,7 @@ class Catalog:
         self,
         me: str,
         transport: Transport,
-        broker: Broker,
+        broker: ClusterHost,
         handoff: Handoff,
         mirrors: dict[tuple[str, str], Mirror],
     ) -> None:

@@ -32,7 +32,7 @@ from broker_impl.queue import Queue
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -64,7 +64,7 @@ class Mirroring:
     """The mirrors of the queues mastered here, the copies held here, and promotion."""
 
     def __init__(
-        self, site: Site, broker: Broker, catalog: Catalog, partitions: Partitions, handoff: Handoff
+        self, site: Site, broker: ClusterHost, catalog: Catalog, partitions: Partitions, handoff: Handoff
     ) -> None:
         self.site = site
         self.broker = broker

@@ -69,7 +69,7 @@ from broker_impl.cluster.transport import Transport
 from broker_impl.errors import BrokerError
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -82,7 +82,7 @@ _MIRRORING = frozenset({"mq", "mq_joined", "mq_ack", "mq_gone", "sync_req"})
 class ClusterNode:
     """This node as a cluster member; the broker calls ``local_changed`` after every topology change."""
 
-    def __init__(self, broker: Broker, cfg: ClusterConfig) -> None:
+    def __init__(self, broker: ClusterHost, cfg: ClusterConfig) -> None:
         self.broker = broker
         self.cfg = cfg
         self.me = cfg.node

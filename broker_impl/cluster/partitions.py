@@ -24,7 +24,7 @@ from broker_impl.cluster.gm_link import GmHub
 from broker_impl.cluster.transport import Transport
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -33,7 +33,7 @@ class Partitions:
     """Whether this node is paused, and what it does when a link to a peer comes back."""
 
     def __init__(
-        self, cfg: ClusterConfig, transport: Transport, broker: Broker, catalog: Catalog, gm: GmHub
+        self, cfg: ClusterConfig, transport: Transport, broker: ClusterHost, catalog: Catalog, gm: GmHub
     ) -> None:
         self.broker = broker
         self.me = cfg.node
