@@ -107,7 +107,7 @@ def measure(broker: str, args: argparse.Namespace) -> dict[str, Any]:
     from harness.runner import running_cluster
 
     host = Host.load()
-    runs = []
+    runs: list[dict[str, Any]] = []
     with running_cluster(host, _scenario(broker)) as cluster:
         ends = cluster.client_endpoints()
         user, password = cluster.plugin.username, cluster.plugin.password
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the operator
         print(f"bench.cluster_mirrored: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    data = {
+    data: dict[str, Any] = {
         "command": command_line(),
         "machine": machine,
         "args": vars(args),

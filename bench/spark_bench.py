@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -203,7 +204,7 @@ def main() -> None:
             ]
             print(f"spark_bench: {label} {engine} ...", file=sys.stderr, flush=True)
             wall, peak, rc, out = measure(cmd, args.results / f"spark_{label}_{engine}.log")
-            entry = {"wall_s": round(wall, 1), "peak_rss_mb": round(peak / 2**20), "exit": rc}
+            entry: dict[str, Any] = {"wall_s": round(wall, 1), "peak_rss_mb": round(peak / 2**20), "exit": rc}
             if rc == 0:
                 entry |= json.loads(out.strip().splitlines()[-1])
             entry["loadavg_after"] = loadavg()

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    from broker_impl.broker import BrokerError
+    from broker_impl.errors import BrokerError
 
     try:
         failure = asyncio.run(_run(cfg))

@@ -13,38 +13,34 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.backing import Store, make_backing_queue, open_store
+from broker_impl.backing import Store, make_backing_queue, open_store, store_queue_key
 from broker_impl.backing_queue import BackingQueue
+from broker_impl.client import Client
 from broker_impl.codec import ACCESS_REFUSED, ChannelError
 from broker_impl.config import Config, Permission, User
+from broker_impl.errors import BrokerError
 from broker_impl.exchange import destination_exchange
 from broker_impl.flow import CreditSpec
 from broker_impl.queue import Queue
 from broker_impl.schedule import Scheduler
+from broker_impl.store.durable import write_file
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
     from broker_impl.cluster.node import ClusterNode
-    from broker_impl.connection import Connection
     from broker_impl.replication import Replication
 
 log = logging.getLogger("broker_impl.broker")
 
 METADATA_FILE = "metadata.json"
 METADATA_VERSION = 1
-
-
-class BrokerError(Exception):
-    """An operator request that cannot be done (unknown user, bad regex); one line for the CLI."""
 
 
 def hash_password(password: str, salt: str | None = None) -> str:
@@ -61,28 +57,6 @@ def check_password(stored: str, password: str) -> bool:
     return secrets.compare_digest(hash_password(password, salt), stored)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def store_queue_key(vhost: str, queue: str) -> str:
-    """The store's name for a queue: plain for the default vhost, length-prefixed otherwise."""
-    return queue if vhost == "/" else f"{len(vhost)}:{vhost}:{queue}"
-
-
 class Broker:
     """Everything one node knows; connections and the control socket act through it."""
 
@@ -93,7 +67,7 @@ class Broker:
         self.users: dict[str, dict[str, Any]] = {}  # name -> {password_hash, tags}
         self.permissions: dict[tuple[str, str], Permission] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}  # (vhost, name) -> policy
-        self.connections: set[Connection] = set()
+        self.connections: set[Client] = set()
         self.alarms: set[str] = set()  # "memory", "disk"
         self.store: Store | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -423,8 +397,10 @@ class Broker:
         if self._loading:
             return
         if persist:
-            write_atomic(
-                self.data_dir / METADATA_FILE, json.dumps(self.metadata(), indent=1, default=str).encode()
+            write_file(
+                self.data_dir / METADATA_FILE,
+                json.dumps(self.metadata(), indent=1, default=str).encode(),
+                mode=0o600,  # password hashes
             )
         if self.cluster is not None:
             self.cluster.local_changed()
@@ -474,4 +450,4 @@ def _durable_exchange(vh: VHost, name: str | None) -> bool:
     return ex is not None and ex.durable
 
 
-__all__ = ["Broker", "BrokerError", "User", "store_queue_key", "write_atomic"]
+__all__ = ["Broker", "BrokerError", "User"]

@@ -127,7 +127,7 @@ class Connection(Actor):
             if channel == 0 and isinstance(frame, commands.Connection.CloseOk | commands.Connection.Close):
                 if isinstance(frame, commands.Connection.Close):
                     self.send_method(0, commands.Connection.CloseOk())
-                self._terminate()
+                self.terminate()
             return
         if channel == 0:
             self._channel0(frame)
@@ -159,7 +159,7 @@ class Connection(Actor):
         elif isinstance(frame, commands.Connection.Open):
             self._open(frame)
         elif isinstance(frame, commands.Connection.CloseOk):
-            self._terminate()
+            self.terminate()
         elif isinstance(frame, commands.Connection.Blocked | commands.Connection.Unblocked):
             pass  # clients may tell us they are blocked; nothing to do
         else:
@@ -325,7 +325,7 @@ class Connection(Actor):
         """Handle what the channels already received (publishes included), then close-ok."""
         self.close_reason = f"client closed: {f.reply_code} {f.reply_text}"
         self.state = "closing"
-        self._close_timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT * 10, self._terminate)
+        self._close_timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT * 10, self.terminate)
         self._drain_task = asyncio.get_running_loop().create_task(self._close_after_drain())
 
     async def _close_after_drain(self) -> None:
@@ -334,7 +334,7 @@ class Connection(Actor):
         if self.state == "closing":
             self._shutdown_channels()
             self.send_method(0, commands.Connection.CloseOk())
-            self._terminate()
+            self.terminate()
 
     def close_with(self, exc: AMQPError, immediately: bool = False) -> None:
         """Hard error: send connection.close and wait (briefly) for close-ok."""
@@ -349,9 +349,9 @@ class Connection(Actor):
         self.state = "closing"
         self._shutdown_channels()
         if immediately:
-            self._terminate()
+            self.terminate()
         else:
-            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT, self._terminate)
+            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT, self.terminate)
 
     def force_close(self, reason: str = "broker shutdown") -> None:
         self.close_with(ConnectionError_(CONNECTION_FORCED, reason))
@@ -370,7 +370,7 @@ class Connection(Actor):
         for q in self.vhost.owned_by(self) if self.vhost is not None else []:
             self.vhost.delete_queue_soon(q)
 
-    def _terminate(self) -> None:
+    def terminate(self) -> None:
         if self.state == "closed":
             return
         if self.channels or self.vhost is not None:
@@ -387,7 +387,7 @@ class Connection(Actor):
         if self.state != "closed":
             if not self.close_reason:
                 self.close_reason = "client unexpectedly closed TCP connection"
-            self._terminate()
+            self.terminate()
         log.info("connection %s closed: %s", self.peer, self.close_reason or "normal")
 
     # -- blocking ---------------------------------------------------------------------------
@@ -443,7 +443,7 @@ class Connection(Actor):
             if now - self._last_recv > self.heartbeat * 2:
                 log.warning("%s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat)
                 self.close_reason = f"missed heartbeats from client, timeout: {self.heartbeat}s"
-                self._terminate()
+                self.terminate()
                 return
 
     def info(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pamqp import commands
 
-from broker_impl.exchange import Exchange, make_exchange
+from broker_impl.exchange import Exchange, make_routing_exchange
 from broker_impl.message import copy_properties
 
 DELAYED_TYPE = "x-delayed-message"
@@ -51,7 +51,7 @@ class DelayedExchange(Exchange):
                 f"(got {inner!r}) for exchange '{name}'"
             )
         try:
-            self._inner = make_exchange(inner, name)
+            self._inner = make_routing_exchange(inner, name)
         except KeyError:
             raise ValueError(
                 f"Invalid argument, 'x-delayed-type' {inner!r} is not an existing exchange type "

@@ -15,17 +15,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
 from broker_impl.codec import PRECONDITION_FAILED, ChannelError
 from broker_impl.flow import DEFAULT_LINK, DEFAULT_STORE_LINK, Actor, CreditSpec
 from broker_impl.message import Message
 
-if TYPE_CHECKING:
-    from broker_impl.vhost import VHost
-
 log = logging.getLogger("broker_impl.queue")
+
+
+class QueueHome(Protocol):
+    """What a queue needs from the vhost it lives in (``broker_impl.vhost.VHost``)."""
+
+    name: str
+
+    def delete_queue_soon(self, q: Queue) -> None: ...
+
+    def dead_letter(self, message: Message, queue: str, reason: str, dlx: str, dlrk: str | None) -> None: ...
 
 
 class ConsumerChannel(Protocol):
@@ -65,7 +72,7 @@ class Queue(Actor):
 
     def __init__(
         self,
-        vhost: VHost,
+        vhost: QueueHome,
         name: str,
         bq: BackingQueue,
         *,

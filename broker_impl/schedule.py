@@ -53,17 +53,17 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_impl.backing_queue import StoreError
 from broker_impl.delayed import delay_ms, swapped_headers
 from broker_impl.message import Message
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
     from broker_impl.queue import Queue
+    from broker_impl.store import Store
     from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.schedule")
@@ -85,6 +85,19 @@ def schedule_key(vhost: str) -> str:
     return SCHEDULE_TOPIC + vhost
 
 
+class ScheduleOwner(Protocol):
+    """What the scheduler needs from the node it runs on (``broker_impl.broker.Broker``)."""
+
+    store: Store | None
+    vhosts: dict[str, VHost]
+
+    def peer_losses(self) -> int: ...
+
+    def client_refusal(self) -> str | None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+
 @dataclass(order=True, slots=True)
 class _Entry:
     due_ms: int
@@ -99,7 +112,7 @@ class _Entry:
 class Scheduler:
     """One node's schedule: holds delayed messages in its store, routes them when due."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ScheduleOwner) -> None:
         self.broker = broker
         self._heap: list[_Entry] = []
         self._taken: dict[tuple[str, int], set[str]] = {}  # queues that already confirmed a due message

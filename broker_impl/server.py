@@ -19,14 +19,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from broker_impl.broker import Broker, BrokerError
+from broker_impl.broker import Broker
 from broker_impl.config import Config
+from broker_impl.control import CONTROL_SOCKET, NODE_FILE, dispatch
+from broker_impl.errors import BrokerError
 from broker_impl.protocol import AMQPProtocol
 
 log = logging.getLogger("broker_impl.server")
-
-NODE_FILE = "node.json"
-CONTROL_SOCKET = "ctl.sock"
 
 
 def total_memory() -> int:
@@ -120,7 +119,7 @@ class Server:
             conn.force_close(reason)
         await asyncio.sleep(0.05)
         for conn in list(self.broker.connections):
-            conn._terminate()
+            conn.terminate()
         if self._monitor:
             self._monitor.cancel()
         await self.broker.stop()
@@ -150,8 +149,6 @@ class Server:
             self.control_address = str(path)
 
     async def _control_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from broker_impl.ctl import dispatch
-
         try:
             line = await reader.readline()
             try:

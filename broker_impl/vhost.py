@@ -6,13 +6,16 @@ metadata store is rewritten before the client sees ``declare-ok``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from pamqp import commands
 
+from broker_impl.backing_queue import BackingQueue
 from broker_impl.codec import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -22,14 +25,29 @@ from broker_impl.codec import (
     ChannelError,
     ConnectionError_,
 )
-from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination, make_exchange
+from broker_impl.exchange import Binding, Exchange, destination_exchange, exchange_destination
+from broker_impl.exchange_types import make_exchange
 from broker_impl.message import Message, copy_properties
 from broker_impl.queue import Queue
 
-if TYPE_CHECKING:
-    from broker_impl.broker import Broker
-
 log = logging.getLogger("broker_impl.vhost")
+
+
+class VHostOwner(Protocol):
+    """What a vhost needs from the node it lives on (``broker_impl.broker.Broker``)."""
+
+    def metadata_changed(self, persist: bool = True) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    async def open_backing(self, vhost: str, name: str, durable: bool) -> BackingQueue: ...
+
+    def make_queue(self, vhost: VHost, name: str, bq: BackingQueue, **kwargs: Any) -> Queue: ...
+
+    def effective_policy(self, vhost: str, queue: str, apply_to: str = "queues") -> dict[str, Any] | None: ...
+
+    def apply_policies(self, q: Queue) -> None: ...
+
 
 _BUILTIN_EXCHANGES = (
     ("", "direct"),
@@ -51,7 +69,7 @@ _QUEUE_ARGS_COMPARED = (
 
 
 class VHost:
-    def __init__(self, broker: Broker, name: str) -> None:
+    def __init__(self, broker: VHostOwner, name: str) -> None:
         self.broker = broker
         self.name = name
         self.exchanges: dict[str, Exchange] = {}

@@ -15,6 +15,7 @@ import pluggy
 
 from harness.errors import BrokerChaosError, ConfigError, PluginError
 from harness.spec import hooks as hookspec
+from harness.spec.fault import Fault
 from harness.spec.registry import Registry
 
 PROJECT = "brokerchaos"
@@ -133,7 +134,7 @@ class Host:
                 f"no workload driver for protocol {protocol!r}; load a client plugin"
             ) from None
 
-    def fault(self, name: str) -> type:
+    def fault(self, name: str) -> type[Fault]:
         try:
             return self.registry.faults[name]
         except KeyError:

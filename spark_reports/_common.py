@@ -943,9 +943,9 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         )
     return Results(
         schema=SCHEMA_VERSION,
-        engine=engine,
+        engine=engine,  # type: ignore[typeddict-item]
         history_schema=ctx.history_schema,
-        valid=valid,  # type: ignore[typeddict-item]
+        valid=valid,
         verdict=verdict,
         reason=reason,
         notes=notes,

@@ -412,9 +412,9 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
                     "ack": m.first_ack,
                     "deliveries_after": m.res_n,
                     "delivery": m.res_first,
-                    "first_index": m.res_first["index"],
+                    "first_index": m.res_first["index"],  # type: ignore[index]
                 }
-            )  # type: ignore[index]
+            )
         if ctx.check_bodies and m.attempts and m.digests:
             want = expected_digest(mid, ctx.params)
             bad = [v for dg, v in m.digests.items() if dg != want]

@@ -29,7 +29,13 @@ __all__ = [
     "StoreConfigError",
     "make_backing_queue",
     "open_store",
+    "store_queue_key",
 ]
+
+
+def store_queue_key(vhost: str, queue: str) -> str:
+    """The store's name for a queue: plain for the default vhost, length-prefixed otherwise."""
+    return queue if vhost == "/" else f"{len(vhost)}:{vhost}:{queue}"
 
 
 def make_backing_queue(

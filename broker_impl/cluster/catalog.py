@@ -31,16 +31,20 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from broker_impl.broker import BrokerError, write_atomic
+from broker_impl.cluster.handoff import Handoff
 from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
-from broker_impl.cluster.mirror import MirrorMasterBQ
+from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
+from broker_impl.cluster.transport import Transport
 from broker_impl.config import Permission
-from broker_impl.exchange import Binding, destination_exchange, make_exchange
+from broker_impl.errors import BrokerError
+from broker_impl.exchange import Binding, destination_exchange
+from broker_impl.exchange_types import make_exchange
+from broker_impl.store.durable import write_file
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -52,10 +56,21 @@ _APPLY_ORDER = {"vhost": 0, "user": 1, "perm": 2, "policy": 3, "exchange": 4, "q
 class Catalog:
     """The metadata table on this node, its sending and its applying."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
-        self.broker = node.broker
-        self.me = node.me
+    def __init__(
+        self,
+        me: str,
+        transport: Transport,
+        broker: ClusterHost,
+        handoff: Handoff,
+        mirrors: dict[tuple[str, str], Mirror],
+    ) -> None:
+        self.broker = broker
+        self.me = me
+        self.transport = transport
+        self.handoff = handoff
+        self.mirrors = (
+            mirrors  # the copies held here (``ha.Mirroring``'s): a stale one goes when a record moves on
+        )
         self._path = self.broker.data_dir / TABLE_FILE
         self.table = self._restore()
         self._inbox: asyncio.Queue[tuple[str, dict[str, Entry]]] = asyncio.Queue()
@@ -81,7 +96,7 @@ class Catalog:
             ) from None
 
     def _save(self) -> None:
-        write_atomic(self._path, self.table.dump())
+        write_file(self._path, self.table.dump())
 
     async def recover(self) -> None:
         """Before the first claim after a start: follow the masters the persisted records name."""
@@ -119,14 +134,14 @@ class Catalog:
             self._broadcast(changed)
 
     def _broadcast(self, entries: dict[str, Entry]) -> None:
-        transport = self.node.transport
+        transport = self.transport
         body = {"t": "meta", "entries": self.table.encode(entries)}
         for peer in transport.up_peers():
             transport.send(peer, body)
 
     def send_table(self, peer: str) -> None:
         """The whole table to a peer whose link just came up: how a returning node catches up."""
-        self.node.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
+        self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
 
     def restart(self, source: str) -> None:
         """Forget the table; no local stamping until ``source`` ("*": any peer) has sent its own."""
@@ -139,7 +154,7 @@ class Catalog:
         """``node`` was forgotten: delete the records of the queues it mastered that have no mirror on a member
         to fail over to (``rabbitmqctl forget_cluster_node`` deletes them too: the node comes back empty, if at
         all). Sent to every member and applied here as a master's delete would be. Returns the queue names."""
-        members = {self.me, *self.node.transport.peers}
+        members = {self.me, *self.transport.peers}
         gone: dict[str, Entry] = {}
         for k, data in self.table.live().items():
             parts = split_key(k)
@@ -276,9 +291,9 @@ class Catalog:
             if local is not None:
                 await vh.delete_queue(local)
             return
-        handoff = self.node.handoff
+        handoff = self.handoff
         master = data.get("master", self.me)
-        stale = self.node.ha.mirrors.get((vh.name, name))
+        stale = self.mirrors.get((vh.name, name))
         if stale is not None and stale.master != master and not stale.will_follow(master):
             await stale.discard()
         if master == self.me:

@@ -14,12 +14,17 @@ Keys::
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker_impl.config import ConfigError
 
 PARTITION_MODES = ("ignore", "pause_minority", "autoheal")
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+"""How a cluster part runs a background task: the broker's ``spawn`` (failures logged, cancelled at stop)."""
 
 
 @dataclass(slots=True)

@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from broker_impl.cluster.remote import RPC_TIMEOUT, RemoteQueue
+from broker_impl.cluster.transport import Transport
 from broker_impl.message import Message
 from broker_impl.queue import ConfirmCallback, Consumer
 
-if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
+RPC_TIMEOUT = 10.0
 
 
 class Forwarder:
     """Publishes, requests and consumer registrations this node has outstanding with masters elsewhere."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.broker = node.broker
-        self.me = node.me
-        self.transport = node.transport
+    def __init__(self, me: str, transport: Transport) -> None:
+        self.me = me
+        self.transport = transport
         self._pending_pubs: dict[int, tuple[str, ConfirmCallback]] = {}
         self._requests: dict[int, tuple[str, asyncio.Future[tuple[dict[str, Any], bytes]]]] = {}
         self._ids = itertools.count(1)
@@ -100,24 +98,13 @@ class Forwarder:
                 self.transport.send(peer, {"t": "requeue", "seqs": [int(h["seq"])], **back})
                 self.transport.send(peer, {"t": "cancel", **back})
                 return
-            c.queue.delivered(
-                c,
-                peer,
-                cid,
-                int(h["seq"]),
-                bool(h.get("red")),  # type: ignore[attr-defined]
-                Message.from_bytes(blob),
+            c.queue.delivered(  # type: ignore[attr-defined]  # a proxy consumer's queue is a RemoteQueue
+                c, peer, cid, int(h["seq"]), bool(h.get("red")), Message.from_bytes(blob)
             )
         elif t == "cancelled":
             c = self._proxy_consumers.get(h["cid"])
             if c is not None:
                 c.queue.cancel_consumer(c)  # type: ignore[attr-defined]
-
-    def peer_up(self, peer: str) -> None:
-        for vh in self.broker.vhosts.values():
-            for q in list(vh.queues.values()):
-                if isinstance(q, RemoteQueue) and q.master == peer:
-                    q.resubscribe()
 
     def peer_down(self, peer: str) -> None:
         for pid, (p, cb) in list(self._pending_pubs.items()):
@@ -129,7 +116,3 @@ class Forwarder:
                 del self._requests[rid]
                 if not fut.done():
                     fut.set_exception(ConnectionError(f"node {peer} is down"))
-        for vh in self.broker.vhosts.values():
-            for q in list(vh.queues.values()):
-                if isinstance(q, RemoteQueue) and q.master == peer:
-                    q.master_down()

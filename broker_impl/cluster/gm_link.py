@@ -52,8 +52,9 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from broker_impl.cluster.config import ClusterConfig, Spawn
 from broker_impl.cluster.gm import (
     Action,
     Activity,
@@ -80,9 +81,7 @@ from broker_impl.cluster.gm import (
     UpdateGroup,
     apply_op,
 )
-
-if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
+from broker_impl.cluster.transport import Transport
 
 log = logging.getLogger("broker_impl.cluster.gm")
 
@@ -225,8 +224,13 @@ def newer(a: GroupRecord, b: GroupRecord | None) -> bool:
 class GroupStore:
     """Group records on every node; updates serialised by the coordinator (see the module doc)."""
 
-    def __init__(self, node: ClusterNode, on_record: Callable[[GroupRecord], None]) -> None:
-        self.node = node
+    def __init__(
+        self, cfg: ClusterConfig, transport: Transport, spawn: Spawn, on_record: Callable[[GroupRecord], None]
+    ) -> None:
+        self.cfg = cfg
+        self.me = cfg.node
+        self.transport = transport
+        self.spawn = spawn
         self.records: dict[str, GroupRecord] = {}
         self._on_record = on_record
         self._lock = asyncio.Lock()
@@ -236,11 +240,11 @@ class GroupStore:
 
     @property
     def timeout(self) -> float:
-        cfg = self.node.cfg
+        cfg = self.cfg
         return 2 * cfg.tick * cfg.down_after
 
     def coordinator(self) -> str:
-        return min([self.node.me, *self.node.transport.up_peers()])
+        return min([self.me, *self.transport.up_peers()])
 
     async def read(self, name: str) -> GroupRecord | None:
         return await self._call(name, None)
@@ -252,14 +256,14 @@ class GroupStore:
         delay = 0.02
         while True:
             coord = self.coordinator()
-            if coord == self.node.me:
+            if coord == self.me:
                 return await self._serve(name, op)
             rid = next(self._ids)
             fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             self._calls[rid] = (coord, fut)
             req = {"t": "gm_req", "id": rid, "g": name, "op": encode_op(op) if op is not None else None}
             reply: dict[str, Any] | None = None
-            if self.node.transport.send(coord, req):
+            if self.transport.send(coord, req):
                 try:
                     reply = await asyncio.wait_for(fut, self.timeout)
                 except (TimeoutError, ConnectionError):
@@ -271,7 +275,7 @@ class GroupStore:
                     self._keep(rec)
                 return rec
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.node.cfg.tick)
+            delay = min(delay * 2, self.cfg.tick)
 
     async def _serve(self, name: str, op: GroupOp | None) -> GroupRecord | None:
         async with self._lock:
@@ -286,14 +290,14 @@ class GroupStore:
             return rec
 
     async def _replicate(self, rec: GroupRecord) -> None:
-        peers = set(self.node.transport.up_peers())
+        peers = set(self.transport.up_peers())
         if not peers:
             return
         rid = next(self._ids)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._replicas[rid] = (peers, fut)
         for p in list(peers):
-            if not self.node.transport.send(p, {"t": "gm_rec", "id": rid, "rec": encode_record(rec)}):
+            if not self.transport.send(p, {"t": "gm_rec", "id": rid, "rec": encode_record(rec)}):
                 peers.discard(p)
         if peers:
             try:
@@ -313,7 +317,7 @@ class GroupStore:
     def handle(self, peer: str, h: dict[str, Any]) -> None:
         t = h["t"]
         if t == "gm_req":
-            self.node.spawn(self._answer(peer, h))
+            self.spawn(self._answer(peer, h))
         elif t == "gm_rep":
             call = self._calls.get(int(h["id"]))
             if call is not None and call[0] == peer and not call[1].done():
@@ -322,7 +326,7 @@ class GroupStore:
             rec = decode_record(h.get("rec"))
             if rec is not None:
                 self._keep(rec)
-            self.node.transport.send(peer, {"t": "gm_rec_ok", "id": h["id"]})
+            self.transport.send(peer, {"t": "gm_rec_ok", "id": h["id"]})
         elif t == "gm_rec_ok":
             self._acked(int(h["id"]), peer)
         elif t == "gm_recs":
@@ -333,12 +337,12 @@ class GroupStore:
 
     async def _answer(self, peer: str, h: dict[str, Any]) -> None:
         rid = h["id"]
-        if self.coordinator() != self.node.me:
-            self.node.transport.send(peer, {"t": "gm_rep", "id": rid, "redirect": True})
+        if self.coordinator() != self.me:
+            self.transport.send(peer, {"t": "gm_rep", "id": rid, "redirect": True})
             return
         op = decode_op(h["op"]) if h.get("op") else None
         rec = await self._serve(str(h["g"]), op)
-        self.node.transport.send(peer, {"t": "gm_rep", "id": rid, "rec": encode_record(rec)})
+        self.transport.send(peer, {"t": "gm_rep", "id": rid, "rec": encode_record(rec)})
 
     def _acked(self, rid: int, peer: str) -> None:
         entry = self._replicas.get(rid)
@@ -349,7 +353,7 @@ class GroupStore:
 
     def peer_up(self, peer: str) -> None:
         if self.records:
-            self.node.transport.send(
+            self.transport.send(
                 peer, {"t": "gm_recs", "recs": [encode_record(r) for r in self.records.values()]}
             )
 
@@ -380,7 +384,7 @@ class Endpoint:
         self.hub = hub
         self.group = group
         self.id = member
-        tick = hub.node.cfg.tick
+        tick = hub.cfg.tick
         self.member = GmMember(
             group,
             member,
@@ -438,7 +442,7 @@ class Endpoint:
             elif isinstance(a, Deliver):
                 self.on_deliver(a.sender, a.msg)
             elif isinstance(a, ReadGroup | UpdateGroup):
-                self.hub.node.spawn(self._store(a))
+                self.hub.spawn(self._store(a))
             elif isinstance(a, Joined):
                 log.debug("gm %s: %s joined at v%d", self.group, self.id, a.version)
                 if self.on_joined is not None:
@@ -467,10 +471,16 @@ class Endpoint:
 class GmHub:
     """This node's GM members, their links and timers, and the group store."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
+    def __init__(
+        self, cfg: ClusterConfig, transport: Transport, spawn: Spawn, paused: Callable[[], bool]
+    ) -> None:
+        self.cfg = cfg
+        self.me = cfg.node
+        self.transport = transport
+        self.spawn = spawn
+        self.paused = paused  # pause_minority's state (``partitions``): a paused node records no deaths
         self.members: dict[MemberId, Endpoint] = {}
-        self.store = GroupStore(node, self._record_changed)
+        self.store = GroupStore(cfg, transport, spawn, self._record_changed)
         self._seq = itertools.count(1)
         self._ticker: asyncio.Task[Any] | None = None
         # peer -> (since when, ring frames waiting for its link to come up, in order)
@@ -478,13 +488,13 @@ class GmHub:
 
     def send(self, peer: str, header: dict[str, Any], body: bytes) -> None:
         """A ring frame to ``peer``, in order after any still waiting for its link."""
-        if peer not in self._waiting and self.node.transport.send(peer, header, body):
+        if peer not in self._waiting and self.transport.send(peer, header, body):
             return
         self._waiting.setdefault(peer, (time.monotonic(), []))[1].append((header, body))
 
     def _expire_waiting(self) -> None:
         """Frames for a link that did not come up in the failure detector's time: its members count as down."""
-        cfg = self.node.cfg
+        cfg = self.cfg
         limit = time.monotonic() - 2 * cfg.tick * cfg.down_after
         for peer in [p for p, (since, _frames) in self._waiting.items() if since < limit]:
             _since, frames = self._waiting.pop(peer)
@@ -494,22 +504,22 @@ class GmHub:
                 peer,
                 len(frames),
             )
-            if not self.node.partitions.paused:  # a paused node records no deaths (see ``pause``)
+            if not self.paused():  # a paused node records no deaths (see ``pause``)
                 self._members_down_on(peer)
 
     def start(self) -> None:
-        self._ticker = self.node.spawn(self._tick_loop())
+        self._ticker = self.spawn(self._tick_loop())
 
     def endpoint(self, group: str, **callbacks: Any) -> Endpoint:
-        member = f"{self.node.me}/{self.node.transport.incarnation}/{next(self._seq)}"
+        member = f"{self.me}/{self.transport.incarnation}/{next(self._seq)}"
         ep = Endpoint(self, group, member, **callbacks)
         self.members[member] = ep
         return ep
 
     def gone(self, ep: Endpoint) -> None:
         self.members.pop(ep.id, None)
-        for peer in self.node.transport.up_peers():
-            self.node.transport.send(peer, {"t": "gm_down", "member": ep.id, "g": ep.group})
+        for peer in self.transport.up_peers():
+            self.transport.send(peer, {"t": "gm_down", "member": ep.id, "g": ep.group})
         self._member_down(ep.id, ep.group)
 
     async def _tick_loop(self) -> None:
@@ -539,7 +549,7 @@ class GmHub:
             ep = self.members.get(str(h.get("to")))
             if ep is None or ep.closed:
                 # the member it is for is gone: the sender's member records it dead
-                self.node.transport.send(peer, {"t": "gm_down", "member": h.get("to"), "g": h.get("g")})
+                self.transport.send(peer, {"t": "gm_down", "member": h.get("to"), "g": h.get("g")})
                 return
             try:
                 msg = decode_message(h, body)
@@ -556,7 +566,7 @@ class GmHub:
         self.store.peer_up(peer)
         _since, frames = self._waiting.pop(peer, (0.0, []))
         for header, body in frames:
-            self.node.transport.send(peer, header, body)
+            self.transport.send(peer, header, body)
 
     def peer_down(self, peer: str, verdict: bool = True) -> None:
         """The failure detector's verdict (unless ``verdict`` is false): every member on ``peer`` is dead."""

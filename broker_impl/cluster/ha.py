@@ -18,17 +18,21 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import BackingQueue
+from broker_impl.cluster.catalog import Catalog
 from broker_impl.cluster.gm_link import Endpoint, node_of
+from broker_impl.cluster.handoff import Handoff
 from broker_impl.cluster.metadata import key
-from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
+from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ, Site
+from broker_impl.cluster.partitions import Partitions
 from broker_impl.cluster.remote import RemoteQueue
+from broker_impl.errors import BrokerError
 from broker_impl.exchange import Binding
 from broker_impl.message import Message
 from broker_impl.queue import Queue
 from broker_impl.vhost import VHost
 
 if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -59,13 +63,18 @@ def promotion_candidate(alive: list[str], synced: set[str], rule: str) -> str | 
 class Mirroring:
     """The mirrors of the queues mastered here, the copies held here, and promotion."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
-        self.broker = node.broker
-        self.me = node.me
-        self.cfg = node.cfg
-        self.transport = node.transport
-        self.mirrors: dict[tuple[str, str], Mirror] = {}  # the copies held here, of queues mastered elsewhere
+    def __init__(
+        self, site: Site, broker: ClusterHost, catalog: Catalog, partitions: Partitions, handoff: Handoff
+    ) -> None:
+        self.site = site
+        self.broker = broker
+        self.me = site.me
+        self.cfg = site.cfg
+        self.transport = site.transport
+        self.catalog = catalog
+        self.partitions = partitions
+        self.handoff = handoff
+        self.mirrors = site.mirrors  # the copies held here, of queues mastered elsewhere
         self._leaving: set[str] = set()  # peers that said goodbye: a controlled stop, not a failure
 
     # -- queues mastered here ------------------------------------------------------------
@@ -110,7 +119,7 @@ class Mirroring:
         return []
 
     def reconcile(self) -> None:
-        if self.node.partitions.paused or self.node.catalog.await_winner is not None:
+        if self.partitions.paused or self.catalog.await_winner is not None:
             return  # not until this node's view of who masters what is current again
         for q in self._local_masters():
             bq = q.bq
@@ -134,7 +143,7 @@ class Mirroring:
                     log.info("queue %r: starting a mirror on %s", q.name, peer)
                     bq.add_mirror(peer, sync=auto)
             if list(bq.mirrors) != before:
-                self.node.catalog.local_changed()
+                self.catalog.local_changed()
 
     def stopping(self) -> None:
         """The links are closed: no mirror will ack again, so the masters here drop them and publishes waiting
@@ -157,8 +166,6 @@ class Mirroring:
             rq.master, {"t": "sync_req", "vh": vhost, "q": name}
         ):
             return f"asked master {rq.master} to synchronise {name}"
-        from broker_impl.broker import BrokerError
-
         raise BrokerError(f"no queue '{name}' in vhost '{vhost}' with a reachable master")
 
     # -- messages between a master and its mirrors -------------------------------------------
@@ -187,12 +194,12 @@ class Mirroring:
         k = (str(h.get("vh", "")), str(h.get("q", "")))
         m = self.mirrors.get(k)
         if h.get("op") == "start":
-            record = self.node.catalog.table.live().get(key("queue", *k))
+            record = self.catalog.table.live().get(key("queue", *k))
             if record is not None and record.get("master") != peer:
                 # a stale master (e.g. a node resuming after a partition): not ours to follow
                 self.transport.send(peer, {"t": "mq_gone", "vh": k[0], "q": k[1]})
                 return
-            handoff = self.node.handoff
+            handoff = self.handoff
             vh = self.broker.vhosts.get(k[0])
             local = vh.queues.get(k[1]) if vh is not None else None
             if vh is not None and isinstance(local, Queue) and record is not None:
@@ -204,7 +211,7 @@ class Mirroring:
                 )
                 handoff.demote(vh, local, peer, record)
             self.mirrors[k] = Mirror(
-                self.node,
+                self.site,
                 k[0],
                 k[1],
                 peer,
@@ -215,7 +222,7 @@ class Mirroring:
                 after=handoff.dropping.get(k),
             )
         elif h.get("op") == "stop" and m is not None and m.master == peer:
-            self.node.spawn(m.discard())
+            self.site.spawn(m.discard())
 
     # -- failover ---------------------------------------------------------------------------
     def leaving(self, peer: str) -> None:
@@ -252,11 +259,7 @@ class Mirroring:
     def _maybe_promote(
         self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, waited: int = 0
     ) -> None:
-        if (
-            self.node.partitions.paused
-            or self.transport.is_up(dead)
-            or self.mirrors.get((vname, qname)) is not m
-        ):
+        if self.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
             return  # paused: the majority side decides; or the master is back, or this mirror was replaced
         if m.gm is not None and m.master_member in m.gm.ring and waited < 10:
             # GM has not repaired the ring yet: what the dead master sent to any survivor is still on its way here
@@ -264,7 +267,7 @@ class Mirroring:
                 self.cfg.tick / 2, self._maybe_promote, vname, qname, m, dead, shutdown, waited + 1
             )
             return
-        data = self.node.catalog.table.live().get(key("queue", vname, qname))
+        data = self.catalog.table.live().get(key("queue", vname, qname))
         if data is None or data.get("master") != dead or m.bq is None:
             log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
             return
@@ -318,7 +321,7 @@ class Mirroring:
             "in sync" if m.synced else "NOT in sync",
         )
         bq, msgs, gm = m.take_over()
-        self.node.spawn(self._promote(vh, qname, data, bq, msgs, gm))
+        self.site.spawn(self._promote(vh, qname, data, bq, msgs, gm))
 
     async def _promote(
         self,
@@ -329,14 +332,14 @@ class Mirroring:
         msgs: dict[int, Message],
         gm: Endpoint | None,
     ) -> None:
-        handoff = self.node.handoff
+        handoff = self.handoff
         old = vh.queues.get(name)
         movers = handoff.take_consumers(old)
         # the other mirrors stay: those whose member is alive in the group follow the new master
         ring = {node_of(m) for m in gm.ring} if gm is not None else set()
         keep = [n for n in data.get("mirrors", []) if n in ring and n != self.me and self.transport.is_up(n)]
         log.info("queue %r: promoted here; mirrors %s follow", name, keep)
-        wrapper = MirrorMasterBQ(bq, self.node, vh.name, name, live=msgs, gm=gm, mirrors=keep)
+        wrapper = MirrorMasterBQ(bq, self.site, vh.name, name, live=msgs, gm=gm, mirrors=keep)
         q = self.broker.make_queue(
             vh,
             name,
@@ -359,7 +362,7 @@ class Mirroring:
 
     # -- the operator's view -------------------------------------------------------------------
     def queue_info(self, vhost: str, name: str) -> dict[str, Any]:
-        data = self.node.catalog.table.live().get(key("queue", vhost, name)) or {}
+        data = self.catalog.table.live().get(key("queue", vhost, name)) or {}
         q = self._local_master(vhost, name)
         if q is not None:
             data = q.bq.cluster_fields()  # type: ignore[attr-defined]

@@ -13,22 +13,34 @@ because a mirror of the same queue opens the same store queue and must wait.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker_impl.cluster.config import Spawn
+from broker_impl.cluster.forwarding import Forwarder
 from broker_impl.cluster.remote import RemoteQueue
+from broker_impl.cluster.transport import Transport
 from broker_impl.exchange import Binding
 from broker_impl.queue import Consumer, Queue
 
 if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
     from broker_impl.vhost import VHost
 
 
 class Handoff:
     """Moves consumers between queue objects and deletes replaced ones."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        transport: Transport,
+        spawn: Spawn,
+        apply_policies: Callable[[Queue], None],
+    ) -> None:
+        self.forwarder = forwarder  # a proxy's way to its master
+        self.transport = transport
+        self.spawn = spawn
+        self.apply_policies = apply_policies  # the broker's
         self.dropping: dict[tuple[str, str], asyncio.Task[Any]] = {}  # local queue copies being deleted
 
     @staticmethod
@@ -60,7 +72,7 @@ class Handoff:
         name = q.name
         if vh.queues.get(name) is q:
             del vh.queues[name]
-        return self._track(vh.name, name, self.node.spawn(q.delete()))
+        return self._track(vh.name, name, self.spawn(q.delete()))
 
     def _track(self, vhost: str, name: str, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
         k = (vhost, name)
@@ -70,7 +82,8 @@ class Handoff:
 
     def install_proxy(self, vh: VHost, name: str, master: str, data: dict[str, Any]) -> RemoteQueue:
         rq = RemoteQueue(
-            self.node,
+            self.forwarder,
+            self.transport,
             vh,
             name,
             master,
@@ -80,7 +93,7 @@ class Handoff:
         )
         vh.queues[name] = rq  # type: ignore[assignment]
         vh.exchanges[""].bind(Binding("", name, name))
-        self.node.broker.apply_policies(rq)  # type: ignore[arg-type]
+        self.apply_policies(rq)  # type: ignore[arg-type]
         return rq
 
     def demote(self, vh: VHost, q: Queue, master: str, data: dict[str, Any]) -> asyncio.Task[Any]:
@@ -91,4 +104,4 @@ class Handoff:
         is refused, not confirmed (``Queue.discard``).
         """
         self.install_proxy(vh, q.name, master, data)
-        return self._track(vh.name, q.name, self.node.spawn(q.discard()))
+        return self._track(vh.name, q.name, self.spawn(q.discard()))

@@ -29,6 +29,8 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from broker_impl.store.durable import write_file
+
 FILE = "cluster_members.json"
 
 
@@ -73,11 +75,7 @@ class Membership:
     def save(self) -> None:
         """Fsynced, file and directory: a power cut must not bring a forgotten node back, nor leave a
         torn file that stops the node from starting."""
-        from broker_impl.broker import write_atomic
-
-        write_atomic(
-            self.path, json.dumps({"epochs": self.epochs, "join": self.join}, sort_keys=True).encode()
-        )
+        write_file(self.path, json.dumps({"epochs": self.epochs, "join": self.join}, sort_keys=True).encode())
 
     def members(self) -> list[str]:
         return sorted(n for n, e in self.epochs.items() if e % 2 == 1)

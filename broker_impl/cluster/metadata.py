@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from broker_impl.exchange import destination_exchange
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 Stamp = tuple[int, str]
 
@@ -131,7 +131,9 @@ class Table:
         return t
 
 
-def collect(broker: Broker, master_of: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def collect(
+    broker: ClusterHost, master_of: dict[tuple[str, str], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """This node's topology in table form; ``master_of`` supplies each queue's cluster fields."""
     out: dict[str, dict[str, Any]] = {}
     for name in broker.vhosts:

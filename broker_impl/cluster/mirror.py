@@ -52,17 +52,18 @@ import logging
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from broker_impl.backing import MemoryBackingQueue, make_backing_queue
+from broker_impl.backing import MemoryBackingQueue, store_queue_key
 from broker_impl.backing_queue import BackingQueue, Fetched, StoreError
-from broker_impl.cluster.gm_link import node_of
+from broker_impl.cluster.config import ClusterConfig, Spawn
+from broker_impl.cluster.gm_link import Endpoint, GmHub, node_of
+from broker_impl.cluster.remote import pack_messages
+from broker_impl.cluster.transport import Transport
 from broker_impl.message import Message
 from broker_impl.store.record import pack_batch, unpack_batch
-
-if TYPE_CHECKING:
-    from broker_impl.cluster.gm_link import Endpoint
-    from broker_impl.cluster.node import ClusterNode
 
 log = logging.getLogger("broker_impl.cluster.mirror")
 
@@ -206,13 +207,35 @@ class _Link:
         self.missing_since: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Site:
+    """What a queue's master and its copies use of the node they run on (``ClusterNode`` makes one)."""
+
+    cfg: ClusterConfig
+    transport: Transport
+    gm: GmHub
+    spawn: Spawn
+    #: The copies held here, by (vhost, queue); a copy unlists itself when it ends.
+    mirrors: dict[tuple[str, str], Mirror]
+    #: A master's mirror set may have changed (one left the group): start or stop mirrors now.
+    reconcile_mirrors: Callable[[], None]
+    #: The queue's record changed (it lists the in-sync mirrors, which promotion reads).
+    local_changed: Callable[[], None]
+    #: A backing queue of this node's store for a store queue key, durable or not.
+    backing: Callable[[str, bool], MemoryBackingQueue]
+
+    @property
+    def me(self) -> str:
+        return self.cfg.node
+
+
 class MirrorMasterBQ(BackingQueue):
     """The master's backing queue: the real one plus the broadcast of every operation to the group."""
 
     def __init__(
         self,
         inner: BackingQueue,
-        node: ClusterNode,
+        site: Site,
         vhost: str,
         queue: str,
         live: dict[int, Message] | None = None,
@@ -222,7 +245,7 @@ class MirrorMasterBQ(BackingQueue):
         self.inner = inner
         self.name = inner.name
         self.durable = inner.durable
-        self.node = node
+        self.site = site
         self.vhost = vhost
         self.queue = queue
         # a promoted mirror's own: publishes it was still writing become known to the master as they finish
@@ -238,7 +261,7 @@ class MirrorMasterBQ(BackingQueue):
             self.gm = gm
             self.group = gm.group
             gm.on_deliver, gm.on_joined, gm.on_stopped = self._delivered, None, self._stopped
-            cfg = node.cfg
+            cfg = site.cfg
             deadline = time.monotonic() + 2 * cfg.tick * cfg.down_after
             for peer in mirrors or []:
                 self.mirrors[peer] = _Link(0, deadline, in_ring=True)
@@ -246,7 +269,7 @@ class MirrorMasterBQ(BackingQueue):
 
     def _new_group(self) -> None:
         self.group = f"{self.vhost}/{self.queue}/{secrets.token_hex(4)}"
-        self.gm = self.node.gm.endpoint(self.group, on_deliver=self._delivered, on_stopped=self._stopped)
+        self.gm = self.site.gm.endpoint(self.group, on_deliver=self._delivered, on_stopped=self._stopped)
         self.gm.join()
 
     def _delivered(self, sender: str, payload: Any) -> None:
@@ -262,7 +285,7 @@ class MirrorMasterBQ(BackingQueue):
         for peer in list(self.mirrors):
             self.remove_mirror(peer)
         self._new_group()
-        self.node.reconcile_mirrors()
+        self.site.reconcile_mirrors()
 
     # -- the stream ---------------------------------------------------------------------
     def _bcast(self, op: dict[str, Any], blob: bytes = b"") -> int:
@@ -284,7 +307,7 @@ class MirrorMasterBQ(BackingQueue):
         return self._n
 
     def _control(self, peer: str, op: str) -> None:
-        self.node.transport.send(
+        self.site.transport.send(
             peer,
             {
                 "t": "mq",
@@ -308,7 +331,7 @@ class MirrorMasterBQ(BackingQueue):
         return [
             p
             for p, link in self.mirrors.items()
-            if link.synced and link.acked < n and self.node.transport.is_up(p)
+            if link.synced and link.acked < n and self.site.transport.is_up(p)
         ]
 
     def _release(self) -> None:
@@ -328,13 +351,13 @@ class MirrorMasterBQ(BackingQueue):
         link.synced = synced
         self._release()
         if changed:
-            self.node.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
+            self.site.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
 
     def silent_mirrors(self) -> list[str]:
         """Mirrors to restart: kept at a promotion they never answered, or joined and since gone from the ring."""
         now = time.monotonic()
         ring = {node_of(m) for m in self.gm.ring}
-        grace = 2 * self.node.cfg.tick
+        grace = 2 * self.site.cfg.tick
         out = []
         for p, link in self.mirrors.items():
             if link.in_ring and p not in ring:
@@ -372,8 +395,6 @@ class MirrorMasterBQ(BackingQueue):
 
     def sync(self, peer: str | None = None) -> int:
         """Send every held message to one mirror (or all unsynced ones); returns how many."""
-        from broker_impl.cluster.remote import pack_messages
-
         targets = [peer] if peer else [p for p, link in self.mirrors.items() if not link.synced]
         unacked = set(self.inner.unacked())
         items = self.held.snapshot()  # the order the master hands them out
@@ -407,7 +428,7 @@ class MirrorMasterBQ(BackingQueue):
 
     def cluster_fields(self) -> dict[str, Any]:
         return {
-            "master": self.node.me,
+            "master": self.site.me,
             "mirrors": list(self.mirrors),
             "synced": [p for p, link in self.mirrors.items() if link.synced],
         }
@@ -538,7 +559,7 @@ class Mirror:
 
     def __init__(
         self,
-        node: ClusterNode,
+        site: Site,
         vhost: str,
         queue: str,
         master: str,
@@ -548,7 +569,7 @@ class Mirror:
         predecessor: Mirror | None = None,
         after: asyncio.Future[Any] | None = None,
     ) -> None:
-        self.node = node
+        self.site = site
         self.vhost = vhost
         self.queue = queue
         self.master = master  # the node acks go to; switches when a ``promoted`` is applied
@@ -571,9 +592,9 @@ class Mirror:
             if predecessor.gm is not None:
                 predecessor.gm.close()
                 predecessor.gm = None
-        self._task = node.spawn(self._run())
+        self._task = site.spawn(self._run())
         self.group = group
-        self.gm: Endpoint | None = node.gm.endpoint(
+        self.gm: Endpoint | None = site.gm.endpoint(
             group, on_deliver=self._delivered, on_joined=self._joined, on_stopped=self._stopped
         )
         self.gm.join()
@@ -590,7 +611,7 @@ class Mirror:
     def _joined(self) -> None:
         """In the group: start empty, then tell the master (it may sync us now)."""
         self.feed({"op": "start", "n": -1, "depth": -1}, b"")
-        self.node.transport.send(self.master, {"t": "mq_joined", "vh": self.vhost, "q": self.queue})
+        self.site.transport.send(self.master, {"t": "mq_joined", "vh": self.vhost, "q": self.queue})
 
     def _stopped(self, reason: str) -> None:
         """Our member was recorded dead: this copy cannot follow the stream any more; the master restarts it."""
@@ -603,7 +624,7 @@ class Mirror:
                 self.master,
             )
             self.synced = False
-            self.node.transport.send(self.master, {"t": "mq_gone", "vh": self.vhost, "q": self.queue})
+            self.site.transport.send(self.master, {"t": "mq_gone", "vh": self.vhost, "q": self.queue})
 
     def will_follow(self, master: str) -> bool:
         """Whether a promoted master on ``master`` is (or is about to be) followed: its member is in our ring."""
@@ -616,9 +637,6 @@ class Mirror:
 
     async def _fresh(self) -> MemoryBackingQueue:
         """A mirror always starts empty: whatever a previous life left in the store is dropped."""
-        from broker_impl.broker import store_queue_key
-
-        b = self.node.broker
         if self._predecessor is not None:
             await self._predecessor.discard()
             self._predecessor = None
@@ -628,10 +646,10 @@ class Mirror:
         if self.bq is not None:
             await self.bq.delete()
         key = store_queue_key(self.vhost, self.queue)
-        bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
+        bq = self.site.backing(key, self.durable)
         if bq.depth():
             await bq.delete()
-            bq = make_backing_queue(key, self.durable, b.store, ram_budget_bytes=b.ram_budget())
+            bq = self.site.backing(key, self.durable)
         self.seqmap.clear()
         self.held = Held()  # a write of the old copy finishing later must not land in the new one's
         return bq
@@ -650,7 +668,7 @@ class Mirror:
                 return
             if self.bq is not None:
                 was, self.synced = self.synced, self.in_sync_with(h)
-                if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.node.me):
+                if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.site.me):
                     log.info(
                         "mirror of %r (master %s): %s after %s, depth %d here, %s on the master",
                         self.queue,
@@ -697,7 +715,7 @@ class Mirror:
 
     def _send_ack(self, n: int, synced: bool, master: str) -> None:
         if not self.closed and n >= 0:
-            self.node.transport.send(
+            self.site.transport.send(
                 master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue, "n": n, "synced": synced}
             )
 
@@ -798,7 +816,7 @@ class Mirror:
         elif op == "sync":
             from broker_impl.cluster.remote import unpack_messages
 
-            if h.get("to") != self.node.me:
+            if h.get("to") != self.site.me:
                 return None  # a snapshot for another mirror
             if h.get("first"):
                 self.bq = bq = await self._fresh()
@@ -831,8 +849,8 @@ class Mirror:
         if self.bq is not None:
             bq, self.bq = self.bq, None
             await bq.delete()
-        if self.node.mirrors.get((self.vhost, self.queue)) is self:
-            del self.node.mirrors[(self.vhost, self.queue)]
+        if self.site.mirrors.get((self.vhost, self.queue)) is self:
+            del self.site.mirrors[(self.vhost, self.queue)]
 
     def take_over(self) -> tuple[BackingQueue, Held, Endpoint | None]:
         """Promotion: hand the backing queue and the GM member over, unacked messages back to ready."""
@@ -844,6 +862,6 @@ class Mirror:
         unacked = bq.unacked()
         if unacked:
             bq.requeue(unacked)
-        if self.node.mirrors.get((self.vhost, self.queue)) is self:
-            del self.node.mirrors[(self.vhost, self.queue)]
+        if self.site.mirrors.get((self.vhost, self.queue)) is self:
+            del self.site.mirrors[(self.vhost, self.queue)]
         return bq, self.held, gm  # the same Held: replayed publishes still writing finish into it

@@ -38,8 +38,12 @@ masters start mirrors on it by their policy, synced by ha-sync-mode.
 
 The broker sees only this module's public methods: ``start``/``stop``,
 ``wrap_backing``, ``local_changed``, ``client_refusal``, and the operator's
-``status``, ``queue_info``, ``queue_counts``, ``sync_queue``. The queue copies
-(``mirror``) use ``local_changed``, ``mirrors`` and ``reconcile_mirrors``.
+``status``, ``queue_info``, ``queue_counts``, ``sync_queue``.
+
+No part holds this object: each is handed the narrow things it uses (the config,
+the transport, ``spawn``, the parts below it), lower parts first, and a queue's
+master and copies get a ``mirror.Site``. A part that must ask a higher one
+something gets a function (the GM hub's ``paused``), so no part imports this module.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from broker_impl.backing import MemoryBackingQueue, make_backing_queue
 from broker_impl.backing_queue import BackingQueue
 from broker_impl.cluster.catalog import Catalog
 from broker_impl.cluster.config import ClusterConfig
@@ -57,13 +62,14 @@ from broker_impl.cluster.gm_link import GmHub
 from broker_impl.cluster.ha import Mirroring
 from broker_impl.cluster.handoff import Handoff
 from broker_impl.cluster.membership import Membership, MembershipError
-from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
+from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ, Site
 from broker_impl.cluster.partitions import Partitions
-from broker_impl.cluster.remote import MasterSide
+from broker_impl.cluster.remote import MasterSide, proxies_of
 from broker_impl.cluster.transport import Transport
+from broker_impl.errors import BrokerError
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -76,7 +82,7 @@ _MIRRORING = frozenset({"mq", "mq_joined", "mq_ack", "mq_gone", "sync_req"})
 class ClusterNode:
     """This node as a cluster member; the broker calls ``local_changed`` after every topology change."""
 
-    def __init__(self, broker: Broker, cfg: ClusterConfig) -> None:
+    def __init__(self, broker: ClusterHost, cfg: ClusterConfig) -> None:
         self.broker = broker
         self.cfg = cfg
         self.me = cfg.node
@@ -86,8 +92,6 @@ class ClusterNode:
         try:
             self.membership = Membership.load(broker.data_dir, self.me, cfg.peers)
         except MembershipError as exc:
-            from broker_impl.broker import BrokerError
-
             raise BrokerError(str(exc)) from None
         members = {n: addr for n, addr in cfg.peers.items() if self.membership.is_member(n)}
         self.transport = Transport(
@@ -104,13 +108,26 @@ class ClusterNode:
         seed = self.membership.join
         if seed is not None and seed in cfg.peers:
             self.transport.add_peer(seed, *cfg.peers[seed], join=True)
-        self.handoff = Handoff(self)
-        self.catalog = Catalog(self)
-        self.partitions = Partitions(self)
-        self.forwarder = Forwarder(self)
-        self.master_side = MasterSide(self)
-        self.ha = Mirroring(self)
-        self.gm = GmHub(self)
+        # Each part is handed what it uses, lower parts first; what a part learns of a later one
+        # (the GM hub asks whether this node is paused) it asks through a function.
+        spawn = broker.spawn
+        self.gm = GmHub(cfg, self.transport, spawn, paused=lambda: self.partitions.paused)
+        self.forwarder = Forwarder(self.me, self.transport)
+        self.master_side = MasterSide(broker.vhosts, self.transport, spawn)
+        self.handoff = Handoff(self.forwarder, self.transport, spawn, broker.apply_policies)
+        self.site = Site(
+            cfg,
+            self.transport,
+            self.gm,
+            spawn,
+            mirrors={},
+            reconcile_mirrors=self.reconcile_mirrors,
+            local_changed=self.local_changed,
+            backing=self._backing,
+        )
+        self.catalog = Catalog(self.me, self.transport, broker, self.handoff, self.site.mirrors)
+        self.partitions = Partitions(cfg, self.transport, broker, self.catalog, self.gm)
+        self.ha = Mirroring(self.site, broker, self.catalog, self.partitions, self.handoff)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -147,7 +164,12 @@ class ClusterNode:
 
     def wrap_backing(self, vhost: str, name: str, bq: BackingQueue) -> BackingQueue:
         """Every queue mastered here streams to its mirrors (none until a policy asks for some)."""
-        return MirrorMasterBQ(bq, self, vhost, name)
+        return MirrorMasterBQ(bq, self.site, vhost, name)
+
+    def _backing(self, key: str, durable: bool) -> MemoryBackingQueue:
+        """A mirror's own copy: a backing queue of this node's store."""
+        b = self.broker
+        return make_backing_queue(key, durable, b.store, ram_budget_bytes=b.ram_budget())
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """The broker's tasks: cancelled and their failures logged in one place."""
@@ -160,7 +182,7 @@ class ClusterNode:
     @property
     def mirrors(self) -> dict[tuple[str, str], Mirror]:
         """The copies held here of queues mastered elsewhere; a copy unregisters itself when it ends."""
-        return self.ha.mirrors
+        return self.site.mirrors
 
     def reconcile_mirrors(self) -> None:
         """A master's mirror set may have changed (one left the group): start or stop mirrors now."""
@@ -202,8 +224,6 @@ class ClusterNode:
     # -- membership -----------------------------------------------------------------------
     def forget(self, node: str) -> str:
         """The operator removes ``node`` from the cluster (``ctl forget_cluster_node``); every member hears of it."""
-        from broker_impl.broker import BrokerError
-
         if node == self.me:
             raise BrokerError(f"{node} cannot forget itself: run forget_cluster_node on another member")
         if self.transport.is_up(node):
@@ -279,13 +299,16 @@ class ClusterNode:
         self.partitions.peer_up(peer)
         self.catalog.send_table(peer)
         self.gm.peer_up(peer)
-        self.forwarder.peer_up(peer)
+        for proxy in proxies_of(self.broker.vhosts, peer):
+            proxy.resubscribe()
         self.ha.reconcile()
 
     def _peer_down(self, peer: str) -> None:
         self.peer_losses += 1
         self.partitions.peer_down(peer)
         self.forwarder.peer_down(peer)
+        for proxy in proxies_of(self.broker.vhosts, peer):
+            proxy.master_down()
         self.master_side.peer_down(peer)
         # A paused node acts as a stopped RabbitMQ node: its ring members record no deaths (the
         # majority's records, where they are the dead ones, replace them when it resumes).

@@ -18,8 +18,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from broker_impl.cluster.catalog import Catalog
+from broker_impl.cluster.config import ClusterConfig
+from broker_impl.cluster.gm_link import GmHub
+from broker_impl.cluster.transport import Transport
+
 if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
+    from broker_impl.cluster.host import ClusterHost
 
 log = logging.getLogger("broker_impl.cluster")
 
@@ -27,12 +32,15 @@ log = logging.getLogger("broker_impl.cluster")
 class Partitions:
     """Whether this node is paused, and what it does when a link to a peer comes back."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
-        self.broker = node.broker
-        self.me = node.me
-        self.cfg = node.cfg
-        self.transport = node.transport
+    def __init__(
+        self, cfg: ClusterConfig, transport: Transport, broker: ClusterHost, catalog: Catalog, gm: GmHub
+    ) -> None:
+        self.broker = broker
+        self.me = cfg.node
+        self.cfg = cfg
+        self.transport = transport
+        self.catalog = catalog
+        self.gm = gm
         self.paused = False
         self._was_down: set[str] = set()
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
@@ -65,8 +73,8 @@ class Partitions:
             # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
             # majority promotes mirrors of the queues mastered here meanwhile.
             self.paused = True
-            self.node.catalog.await_winner = "*"
-            self.node.gm.pause()
+            self.catalog.await_winner = "*"
+            self.gm.pause()
             log.warning(
                 "cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
                 seen,
@@ -80,7 +88,7 @@ class Partitions:
             # Rejoin as a restarted node would: the majority's records replace ours, so a queue
             # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
             self.paused = False
-            self.node.catalog.restart("*")
+            self.catalog.restart("*")
             if self.broker.listener_hook is not None:
                 self.broker.listener_hook(True)
             log.warning(
@@ -118,7 +126,7 @@ class Partitions:
                 their_side,
                 their_clients,
             )
-            self.node.catalog.skip_next_from(peer)
+            self.catalog.skip_next_from(peer)
             return
         log.warning(
             "autoheal: this side %s (%d clients) loses to %s (%d clients); restarting queues from the winner",
@@ -129,4 +137,4 @@ class Partitions:
         )
         for conn in list(self.broker.connections):
             conn.force_close("autoheal: node restarting after a partition")
-        self.node.catalog.restart(peer)
+        self.catalog.restart(peer)

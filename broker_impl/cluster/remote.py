@@ -48,17 +48,17 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import Fetched
+from broker_impl.cluster.config import Spawn
+from broker_impl.cluster.forwarding import Forwarder
+from broker_impl.cluster.transport import Transport
 from broker_impl.codec import NOT_FOUND, PRECONDITION_FAILED, ChannelError
 from broker_impl.message import Message
 from broker_impl.queue import ConfirmCallback, Consumer, Queue
 
 if TYPE_CHECKING:
-    from broker_impl.cluster.node import ClusterNode
     from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.cluster.remote")
-
-RPC_TIMEOUT = 10.0
 
 
 class RemoteQueue:
@@ -68,7 +68,8 @@ class RemoteQueue:
 
     def __init__(
         self,
-        node: ClusterNode,
+        forwarder: Forwarder,
+        transport: Transport,
         vhost: VHost,
         name: str,
         master: str,
@@ -77,7 +78,8 @@ class RemoteQueue:
         auto_delete: bool,
         arguments: dict[str, Any],
     ) -> None:
-        self.node = node
+        self.forwarder = forwarder
+        self.transport = transport
         self.vhost = vhost
         self.name = name
         self.master = master
@@ -110,7 +112,7 @@ class RemoteQueue:
             if on_done:
                 on_done(True)
             return
-        self.node.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
+        self.forwarder.publish(self.master, self._hdr("pub"), message, on_done)
 
     def enqueue_batch(
         self, messages: list[Message], sender: object | None, on_done: ConfirmCallback | None
@@ -120,7 +122,7 @@ class RemoteQueue:
             if on_done:
                 on_done(True)
             return
-        self.node.forwarder.publish_blob(self.master, self._hdr("pubtx"), pack_messages(messages), on_done)
+        self.forwarder.publish_blob(self.master, self._hdr("pubtx"), pack_messages(messages), on_done)
 
     async def ack_batch(self, seqs: list[int], consumer: Consumer | None) -> None:
         """A committed transaction's acks: a request the master answers once it applied them as one unit.
@@ -146,7 +148,7 @@ class RemoteQueue:
     async def _ask(self, t: str, **kw: Any) -> tuple[dict[str, Any], bytes]:
         """One request to the master; unreachable, it is RabbitMQ's 404 for a queue whose home node is down."""
         try:
-            return await self.node.forwarder.request(self.master, self._hdr(t, **kw))
+            return await self.forwarder.request(self.master, self._hdr(t, **kw))
         except ConnectionError:
             raise ChannelError(
                 NOT_FOUND,
@@ -183,8 +185,8 @@ class RemoteQueue:
 
     def _subscribe(self, consumer: Consumer) -> None:
         """Register with the master; while it is unreachable the consumer waits (the queue is unavailable)."""
-        cid = self.node.forwarder.register_consumer(consumer)
-        self.node.transport.send(
+        cid = self.forwarder.register_consumer(consumer)
+        self.transport.send(
             self.master,
             self._hdr(
                 "consume",
@@ -199,9 +201,9 @@ class RemoteQueue:
     def resubscribe(self, previous: str | None = None) -> None:
         """Register every consumer again; the old registrations are cancelled where they were (if still there)."""
         for c in list(self.consumers):
-            old = self.node.forwarder.unregister_consumer(c)
+            old = self.forwarder.unregister_consumer(c)
             if old is not None:
-                self.node.transport.send(previous or self.master, self._hdr("cancel", cid=old))
+                self.transport.send(previous or self.master, self._hdr("cancel", cid=old))
             self._subscribe(c)
 
     def master_changed(self, master: str) -> None:
@@ -215,7 +217,7 @@ class RemoteQueue:
         out = list(self.consumers)
         self.consumers.clear()
         for c in out:
-            self.node.forwarder.unregister_consumer(c)
+            self.forwarder.unregister_consumer(c)
         return out
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -223,9 +225,9 @@ class RemoteQueue:
             self.consumers.remove(consumer)
         except ValueError:
             return
-        cid = self.node.forwarder.unregister_consumer(consumer)
+        cid = self.forwarder.unregister_consumer(consumer)
         if cid is not None:
-            self.node.transport.send(self.master, self._hdr("cancel", cid=cid))
+            self.transport.send(self.master, self._hdr("cancel", cid=cid))
 
     def cancel_consumer(self, consumer: Consumer) -> None:
         """The master cancelled it (queue deleted, master gone): tell the channel."""
@@ -233,14 +235,14 @@ class RemoteQueue:
             self.consumers.remove(consumer)
         except ValueError:
             pass
-        self.node.forwarder.unregister_consumer(consumer)
+        self.forwarder.unregister_consumer(consumer)
         consumer.channel.consumer_cancelled(consumer)
 
     def delivered(
         self, consumer: Consumer, peer: str, cid: str, seq: int, redelivered: bool, message: Message
     ) -> None:
         if peer != self.master or consumer.channel.state != "open" or consumer not in self.consumers:
-            self.node.transport.send(peer, self._hdr("requeue", seqs=[seq], cid=cid))
+            self.transport.send(peer, self._hdr("requeue", seqs=[seq], cid=cid))
             return
         consumer.channel.deliver(
             consumer, self, Fetched(self._track(seq, cid, consumer.no_ack), message, redelivered)
@@ -273,17 +275,17 @@ class RemoteQueue:
 
     async def ack(self, seqs: list[int], consumer: Consumer | None) -> None:
         for cid, pairs in self._take(seqs).items():
-            self.node.transport.send(self.master, self._hdr("ack", seqs=[s for _, s in pairs], cid=cid))
+            self.transport.send(self.master, self._hdr("ack", seqs=[s for _, s in pairs], cid=cid))
 
     def requeue(self, seqs: list[int], consumer: Consumer | None) -> None:
         for cid, pairs in self._take(seqs).items():
-            self.node.transport.send(self.master, self._hdr("requeue", seqs=[s for _, s in pairs], cid=cid))
+            self.transport.send(self.master, self._hdr("requeue", seqs=[s for _, s in pairs], cid=cid))
 
     async def reject_messages(self, items: list[tuple[int, Message]], consumer: Consumer | None) -> None:
         bodies = dict(items)
         for cid, pairs in self._take([did for did, _ in items]).items():
             # the bodies travel back so the master can dead-letter them
-            self.node.transport.send(
+            self.transport.send(
                 self.master,
                 self._hdr("reject", seqs=[s for _, s in pairs], cid=cid),
                 pack_messages([bodies[did] for did, _ in pairs]),
@@ -302,7 +304,7 @@ class RemoteQueue:
             if c.arguments.get("x-cancel-on-ha-failover"):
                 self.cancel_consumer(c)
             else:
-                self.node.forwarder.unregister_consumer(c)
+                self.forwarder.unregister_consumer(c)
 
     async def delete(self) -> int:
         """Only the local proxy goes; the metadata delete tells the master to drop the queue."""
@@ -335,22 +337,33 @@ class RemoteQueue:
         }
 
 
+def proxies_of(vhosts: dict[str, VHost], master: str) -> list[RemoteQueue]:
+    """The proxies here of the queues mastered on ``master``."""
+    out: list[RemoteQueue] = []
+    for vh in vhosts.values():
+        for q in list(vh.queues.values()):
+            if isinstance(q, RemoteQueue) and q.master == master:
+                out.append(q)
+    return out
+
+
 class RemoteConsumerChannel:
     """The master's stand-in for a channel on another node: deliveries go out on the link."""
 
-    def __init__(self, node: ClusterNode, peer: str, cid: str) -> None:
-        self.node = node
+    def __init__(self, transport: Transport, master_side: MasterSide, peer: str, cid: str) -> None:
+        self.transport = transport
+        self.master_side = master_side
         self.peer = peer
         self.cid = cid
         self.state = "open"
 
     def can_deliver(self, consumer: Consumer) -> bool:
-        return self.state == "open" and self.node.transport.is_up(self.peer)
+        return self.state == "open" and self.transport.is_up(self.peer)
 
     def deliver(self, consumer: Consumer, queue: Queue, fetched: Fetched) -> None:
         if not consumer.no_ack:
-            self.node.master_side.hold(self.peer, queue, fetched.seq, self.cid)
-        self.node.transport.send(
+            self.master_side.hold(self.peer, queue, fetched.seq, self.cid)
+        self.transport.send(
             self.peer,
             {
                 "t": "deliver",
@@ -366,21 +379,23 @@ class RemoteConsumerChannel:
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue went away (deleted, or its copy here dropped): what the consumer held goes with it."""
         self.state = "closed"
-        self.node.master_side.forget(self.peer, self.cid, consumer.queue)
-        self.node.transport.send(self.peer, {"t": "cancelled", "cid": self.cid})
+        self.master_side.forget(self.peer, self.cid, consumer.queue)
+        self.transport.send(self.peer, {"t": "cancelled", "cid": self.cid})
 
 
 class MasterSide:
     """Serves operations forwarded by other nodes to queues mastered here."""
 
-    def __init__(self, node: ClusterNode) -> None:
-        self.node = node
+    def __init__(self, vhosts: dict[str, VHost], transport: Transport, spawn: Spawn) -> None:
+        self.vhosts = vhosts  # the broker's
+        self.transport = transport
+        self.spawn = spawn
         self.consumers: dict[tuple[str, str], tuple[Consumer, RemoteConsumerChannel]] = {}
         # peer -> queue -> seq -> the consumer id it was delivered to ("" for basic.get): what each peer holds
         self.held: dict[str, dict[Queue, dict[int, str]]] = {}
 
     def _queue(self, h: dict[str, Any]) -> Queue | None:
-        vh = self.node.broker.vhosts.get(h.get("vh", ""))
+        vh = self.vhosts.get(h.get("vh", ""))
         q = vh.queues.get(h.get("q", "")) if vh is not None else None
         return q if isinstance(q, Queue) and not q.deleted else None
 
@@ -408,18 +423,18 @@ class MasterSide:
         t = h["t"]
         q = self._queue(h)
         if t in ("pub", "pubtx"):
-            vh = self.node.broker.vhosts.get(h.get("vh", ""))
+            vh = self.vhosts.get(h.get("vh", ""))
             exists = vh is not None and h.get("q") in vh.queues
             if q is None:
                 if "id" in h:  # gone: acked as RabbitMQ acks an unroutable publish; not master: refused
-                    self.node.transport.send(peer, {"t": "pub_ok", "id": h["id"], "ok": not exists})
+                    self.transport.send(peer, {"t": "pub_ok", "id": h["id"], "ok": not exists})
                 return
             cb = None
             if "id" in h:
                 pid = h["id"]
 
                 def cb(ok: bool, pid: int = pid) -> None:
-                    self.node.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
+                    self.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
 
             if t == "pubtx":
                 q.enqueue_batch(unpack_messages(blob), None, cb)
@@ -427,9 +442,9 @@ class MasterSide:
                 q.enqueue(Message.from_bytes(blob), None, cb)
         elif t == "consume":
             cid = h["cid"]
-            rc = RemoteConsumerChannel(self.node, peer, cid)
+            rc = RemoteConsumerChannel(self.transport, self, peer, cid)
             if q is None:
-                self.node.transport.send(peer, {"t": "cancelled", "cid": cid})
+                self.transport.send(peer, {"t": "cancelled", "cid": cid})
                 return
             c = Consumer(
                 cid,
@@ -455,7 +470,7 @@ class MasterSide:
         elif t in ("ack", "requeue", "reject"):
             self._settle(peer, t, h, q, blob)
         elif t in ("stat", "get", "purge", "acktx"):
-            self.node.spawn(self._answer(peer, t, h, q))
+            self.spawn(self._answer(peer, t, h, q))
 
     def _settle(self, peer: str, t: str, h: dict[str, Any], q: Queue | None, blob: bytes) -> None:
         """Apply an ack, requeue or reject to what the peer holds for that consumer; anything else is stale."""
@@ -469,12 +484,12 @@ class MasterSide:
         entry = self.consumers.get((peer, cid)) if cid else None
         consumer = entry[0] if entry is not None and entry[0].queue is q else None
         if t == "ack":
-            self.node.spawn(q.ack(seqs, consumer))
+            self.spawn(q.ack(seqs, consumer))
         elif t == "requeue":
             q.requeue(seqs, consumer)
         else:
             bodies = dict(zip(given, unpack_messages(blob), strict=True))
-            self.node.spawn(q.reject_messages([(s, bodies[s]) for s in seqs], consumer))
+            self.spawn(q.reject_messages([(s, bodies[s]) for s in seqs], consumer))
 
     async def _answer(self, peer: str, t: str, h: dict[str, Any], q: Queue | None) -> None:
         rid = h.get("id")
@@ -510,7 +525,7 @@ class MasterSide:
                 blob = f.message.to_bytes()
                 if not h.get("no_ack"):
                     self.hold(peer, q, f.seq, "")
-        self.node.transport.send(peer, {"t": "reply", "re": rid, **reply}, blob)
+        self.transport.send(peer, {"t": "reply", "re": rid, **reply}, blob)
 
     def peer_down(self, peer: str) -> None:
         """Everything delivered to that node and not acked goes back, redelivered."""

@@ -55,15 +55,17 @@ Changed:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from broker_impl.config import Config
 from broker_impl.replication.config import ReplicationConfig
 from broker_impl.store import Store, open_store
 
 if TYPE_CHECKING:
-    from broker_impl.broker import Broker
     from broker_impl.replication.master import Master
     from broker_impl.replication.slave import Slave
+    from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.replication")
 
@@ -72,10 +74,22 @@ REPLICA_DIR = "replica"
 __all__ = ["REPLICA_DIR", "Replication", "ReplicationConfig"]
 
 
+class ReplicationOwner(Protocol):
+    """What replication needs from the node it runs on (``broker_impl.broker.Broker``)."""
+
+    config: Config
+    data_dir: Path
+    vhosts: dict[str, VHost]
+
+    def metadata(self) -> dict[str, Any]: ...
+
+    def add_vhost(self, name: str) -> None: ...
+
+
 class Replication:
     """What the broker sees of this mode: attach to the store, refuse writes on a slave, status, stop."""
 
-    def __init__(self, broker: Broker, cfg: ReplicationConfig) -> None:
+    def __init__(self, broker: ReplicationOwner, cfg: ReplicationConfig) -> None:
         self.broker = broker
         self.cfg = cfg
         self.master: Master | None = None

@@ -53,10 +53,11 @@ def replace(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Write, fsync, rename into place, fsync the directory."""
+def write_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so that a crash, even a power cut, leaves the old or the new
+    file: write, fsync, rename into place, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -8,10 +8,11 @@ import aio_pika
 import kombu
 
 from tests.broker_impl.conftest import InProcessNode
+from tests.polling import until_async
 
 
 def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
-    async def scenario() -> tuple[list[bytes], list[bool], int]:
+    async def scenario() -> tuple[list[bytes], list[bool | None], int]:
         conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{node.port}/")
         async with conn:
             ch = await conn.channel()  # publisher confirms on by default
@@ -23,7 +24,7 @@ def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
                 )
                 assert confirm is not None
             bodies: list[bytes] = []
-            redelivered: list[bool] = []
+            redelivered: list[bool | None] = []
             rejected_once = False
             async with q.iterator() as it:
                 async for msg in it:
@@ -37,7 +38,9 @@ def test_aio_pika_confirms_consume_reject(node: InProcessNode) -> None:
                     if len(bodies) == 20:
                         break
             dq = await ch.declare_queue("aio", durable=True, passive=True)
-            return bodies, redelivered, dq.declaration_result.message_count
+            left = dq.declaration_result.message_count
+            assert left is not None
+            return bodies, redelivered, left
 
     bodies, redelivered, left = asyncio.run(scenario())
     assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(20))
@@ -53,7 +56,9 @@ def test_aio_pika_reject_without_requeue_drops(node: InProcessNode) -> None:
             await ch.default_exchange.publish(aio_pika.Message(b"x"), "aio-rej")
             msg = await q.get(timeout=30)
             await msg.reject(requeue=False)
-            return (await ch.declare_queue("aio-rej", passive=True)).declaration_result.message_count
+            left = (await ch.declare_queue("aio-rej", passive=True)).declaration_result.message_count
+            assert left is not None
+            return left
 
     assert asyncio.run(scenario()) == 0
 
@@ -101,16 +106,18 @@ def test_aio_pika_robust_connection_survives_restart(tmp_path) -> None:
         await asyncio.to_thread(first.stop)
         second = InProcessNode(make_config(tmp_path, node__port=port)).start()
         try:
-            for _ in range(
-                300
-            ):  # the robust connection reconnects and restores its channel (about 30 s of retries)
+
+            async def published_after() -> bool:
                 try:
                     await ch.default_exchange.publish(
                         aio_pika.Message(b"after", delivery_mode=persistent), "robust"
                     )
-                    break
                 except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            # the robust connection reconnects and restores its channel
+            await until_async(published_after, "a publish through the restored channel", every=0.1)
             bodies = []
             for _ in range(2):
                 msg = await q.get(timeout=30)

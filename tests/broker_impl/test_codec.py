@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pamqp import body, commands, frame, header
 
@@ -21,7 +23,8 @@ from broker_impl.codec import (
 def started() -> FrameDecoder:
     d = FrameDecoder(4096)
     d.feed(PROTOCOL_HEADER)
-    assert isinstance(d.next_frame().frame, header.ProtocolHeader)
+    first = d.next_frame()
+    assert first is not None and isinstance(first.frame, header.ProtocolHeader)
     return d
 
 
@@ -48,7 +51,7 @@ def test_wrong_protocol_header_is_refused() -> None:
 def test_frame_split_byte_by_byte_and_many_per_read() -> None:
     data = frame.marshal(commands.Basic.Qos(prefetch_count=7), 3) * 3
     d = started()
-    out = []
+    out: list[Any] = []
     for i in range(len(data)):
         d.feed(data[i : i + 1])
         out.extend(d.frames())
@@ -104,7 +107,7 @@ def test_content_split_at_frame_max() -> None:
     bodies = [f for f in frames if isinstance(f, body.ContentBody)]
     assert [len(b.value) for b in bodies] == [4088, 4088, 2064]
     assert b"".join(b.value for b in bodies) == payload
-    assert frames[1].body_size == len(payload)
+    assert isinstance(frames[1], header.ContentHeader) and frames[1].body_size == len(payload)
 
 
 def test_empty_body_has_no_body_frame() -> None:
@@ -114,4 +117,4 @@ def test_empty_body_has_no_body_frame() -> None:
     d = started()
     d.feed(raw)
     frames = [f.frame for f in d.frames()]
-    assert len(frames) == 2 and frames[1].body_size == 0
+    assert len(frames) == 2 and isinstance(frames[1], header.ContentHeader) and frames[1].body_size == 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 import aio_pika
 import kombu
@@ -19,6 +21,17 @@ import pytest
 from tests.broker_impl.conftest import InProcessNode
 from tests.broker_impl.test_pika import connect, pump_until
 from tests.polling import until
+
+
+def acking(got: list[bytes]) -> Callable[..., None]:
+    """A pika consumer callback that keeps each body and acks it."""
+
+    def on_message(c: Any, m: Any, _p: Any, b: bytes) -> None:
+        got.append(b)
+        c.basic_ack(m.delivery_tag)
+
+    return on_message
+
 
 DELAYED = {"x-delayed-type": "direct"}
 
@@ -40,23 +53,27 @@ def test_pika_delayed_messages_come_due_in_order_never_early(node: InProcessNode
         sent[body] = time.monotonic()
         ch.basic_publish("dx", "rk", body, pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay}))
     # No header, or one the plugin does not take as a delay: routed at once.
-    for body, header in ((b"plain", None), (b"negative", {"x-delay": -5}), (b"word", {"x-delay": "soon"})):
+    at_once: list[tuple[bytes, dict[str, object] | None]] = [
+        (b"plain", None),
+        (b"negative", {"x-delay": -5}),
+        (b"word", {"x-delay": "soon"}),
+    ]
+    for body, header in at_once:
         ch.basic_publish("dx", "rk", body, pika.BasicProperties(delivery_mode=2, headers=header))
     got: list[tuple[bytes, float, object]] = []
-    ch.basic_consume(
-        "dq",
-        lambda c, m, p, b: (
-            got.append((b, time.monotonic(), (p.headers or {}).get("x-delay"))),
-            c.basic_ack(m.delivery_tag),
-        ),
-    )
+
+    def on_message(c: Any, m: Any, p: Any, b: bytes) -> None:
+        got.append((b, time.monotonic(), (p.headers or {}).get("x-delay")))
+        c.basic_ack(m.delivery_tag)
+
+    ch.basic_consume("dq", on_message)
     pump_until(conn, lambda: len(got) == 6)
     order = [b for b, _t, _h in got]
     assert sorted(order[:3]) == [b"negative", b"plain", b"word"]
     assert order[3:] == [b"soon", b"middle", b"late"]
-    for body, at, header in got[3:]:
+    for body, at, swapped in got[3:]:
         assert at - sent[body] >= delays[body] / 1000, f"{body!r} delivered before its delay"
-        assert header == -delays[body]  # the plugin's swap_delay_header
+        assert swapped == -delays[body]  # the plugin's swap_delay_header
     conn.close()
 
 
@@ -96,7 +113,7 @@ def test_binding_added_while_held_back_counts(node: InProcessNode) -> None:
     ch.basic_publish("dx2", "rk", b"m", pika.BasicProperties(headers={"x-delay": 1000}))
     ch.queue_bind("late-bound", "dx2", "rk")
     got: list[bytes] = []
-    ch.basic_consume("late-bound", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    ch.basic_consume("late-bound", acking(got))
     pump_until(conn, lambda: got == [b"m"])
     conn.close()
 
@@ -177,7 +194,7 @@ def test_nothing_is_routed_while_the_node_turns_clients_away(node: InProcessNode
     assert node.run(lambda: node.broker.vhosts["/"].queues["held"].message_count()) == 0
     refusal.clear()
     got: list[bytes] = []
-    ch.basic_consume("held", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    ch.basic_consume("held", acking(got))
     pump_until(conn, lambda: got == [b"m"])
     conn.close()
 
@@ -195,7 +212,7 @@ def test_a_due_message_that_finds_no_queue_is_tried_again_before_it_is_dropped(n
     pump_until(conn, lambda: node.run(lambda: sched.stats["retried"]) >= 1)
     ch.queue_bind("gap", "dx4", "rk")
     got: list[bytes] = []
-    ch.basic_consume("gap", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    ch.basic_consume("gap", acking(got))
     pump_until(conn, lambda: got == [b"m"])
     assert node.run(lambda: sched.stats["dropped"]) == 0
     conn.close()
@@ -241,6 +258,6 @@ def test_a_routing_whose_queue_copy_is_replaced_is_routed_again(node: InProcessN
     ch.queue_delete("swap")
     _delayed_setup(ch, "dx6", "swap")  # the cluster's queue takes its place
     got: list[bytes] = []
-    ch.basic_consume("swap", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    ch.basic_consume("swap", acking(got))
     pump_until(conn, lambda: got == [b"m"])
     conn.close()

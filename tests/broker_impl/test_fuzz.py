@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any, TypeVar
 
 import pika
 import pytest
@@ -21,6 +22,7 @@ from broker_impl.codec import (
     UNEXPECTED_FRAME,
     AMQPError,
     BadProtocolHeader,
+    Decoded,
     FrameDecoder,
 )
 from tests.broker_impl.conftest import InProcessNode
@@ -56,12 +58,12 @@ _methods = st.sampled_from(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), _methods), max_size=8), st.integers(1, 50))
-def test_codec_roundtrips_valid_frames_under_any_split(frames_: list, chunk: int) -> None:
+def test_codec_roundtrips_valid_frames_under_any_split(frames_: list[tuple[int, Any]], chunk: int) -> None:
     raw = b"".join(frame.marshal(m, ch) for ch, m in frames_)
     d = FrameDecoder()
     d.feed(PROTOCOL_HEADER)
     d.next_frame()
-    out = []
+    out: list[Any] = []
     for i in range(0, len(raw), chunk):
         d.feed(raw[i : i + chunk])
         out.extend(d.frames())
@@ -69,6 +71,9 @@ def test_codec_roundtrips_valid_frames_under_any_split(frames_: list, chunk: int
 
 
 # -- connections ---------------------------------------------------------------------------
+F = TypeVar("F")
+
+
 class Raw:
     """A bare socket speaking just enough AMQP to reach a given state."""
 
@@ -76,10 +81,10 @@ class Raw:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.dec = FrameDecoder(1 << 20, expect_header=False)
 
-    def send(self, *frames_: tuple[int, object]) -> None:
+    def send(self, *frames_: tuple[int, Any]) -> None:
         self.sock.sendall(b"".join(frame.marshal(f, ch) for ch, f in frames_))
 
-    def recv_frame(self):  # type: ignore[no-untyped-def]
+    def recv_frame(self) -> Decoded | None:
         while True:
             d = self.dec.next_frame()
             if d is not None:
@@ -89,7 +94,7 @@ class Raw:
                 return None
             self.dec.feed(data)
 
-    def expect(self, cls: type) -> object:
+    def expect(self, cls: type[F]) -> F:
         while True:
             d = self.recv_frame()
             assert d is not None, f"connection closed while waiting for {cls.__name__}"

@@ -17,6 +17,7 @@ from pamqp import commands
 
 from broker_impl.message import Message
 from tests.broker_impl.conftest import InProcessNode
+from tests.polling import until_async
 
 
 @pytest.mark.parametrize(("how", "confirmed"), [("discard", False), ("delete", True)])
@@ -37,10 +38,11 @@ def test_a_publish_waiting_for_its_confirm_when_the_queue_goes(
         q.bq.publish = held  # type: ignore[method-assign]
         got: list[bool] = []
         q.enqueue(Message("", "pending", commands.Basic.Properties(delivery_mode=2), b"m"), None, got.append)
-        while not q.writes_in_flight:
-            await asyncio.sleep(0.01)
+        await until_async(lambda: q.writes_in_flight, "the publish's write under way")
         going = asyncio.ensure_future(getattr(q, how)())
-        await asyncio.sleep(0.05)
+        # Deleting runs without a pause up to its wait for the writes in flight: once the queue reads
+        # as deleted, whatever it answers before that write finishes has been answered.
+        await until_async(lambda: q.deleted, f"{how} waiting for the write")
         assert got == [], "answered before the write finished"
         gate.set()
         await going

@@ -41,9 +41,11 @@ class LocalCluster:
         self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None, lazyfs=lazyfs)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
-        for n in nodes:
-            init = self.nodes[n].init
-            wait_for(lambda init=init: init.log().rsplit(b"boot", 1)[1].count(b"tick") >= 1, f"{n} ticking")
+        inits = [self.nodes[n].init for n in nodes]
+        wait_for(
+            lambda: all(i.log().rsplit(b"boot", 1)[1].count(b"tick") >= 1 for i in inits),
+            f"{', '.join(nodes)} ticking",
+        )
 
 
 @contextmanager

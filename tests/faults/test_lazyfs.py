@@ -98,7 +98,7 @@ def test_torn_keeps_a_seeded_prefix_the_same_for_the_same_seed(lazy: LazyMount) 
         for n in ("a.log", "b.log"):
             if os.path.exists(f"{m}/{n}"):
                 os.unlink(f"{m}/{n}")
-        _fsync_dir(m)
+        _fsync_dir(Path(m))
         seen = _run_writer(m, 2)
         synced = _synced_part(2)
         report = lazy.command("torn 1234")
@@ -118,7 +118,7 @@ def test_file_fsync_without_directory_fsync_loses_a_new_file(lazy: LazyMount) ->
     m = lazy.mountpoint
     _write(f"{m}/data-only", b"synced data", sync=True)  # fsync(file) only
     _write(f"{m}/name-only", b"unsynced data", sync=False)
-    _fsync_dir(m)  # both names durable; only data-only's bytes
+    _fsync_dir(Path(m))  # both names durable; only data-only's bytes
     _write(f"{m}/orphan", b"fsynced but never named", sync=True)
     lazy.command("crash")
     assert sorted(os.listdir(m)) == ["data-only", "name-only"]
@@ -129,7 +129,7 @@ def test_file_fsync_without_directory_fsync_loses_a_new_file(lazy: LazyMount) ->
 def test_atomic_replace_pattern_survives_and_is_all_or_nothing(lazy: LazyMount) -> None:
     m = lazy.mountpoint
     _write(f"{m}/config", b"version 1", sync=True)
-    _fsync_dir(m)
+    _fsync_dir(Path(m))
     _write(f"{m}/config.tmp", b"version 2", sync=True)
     os.rename(f"{m}/config.tmp", f"{m}/config")
     lazy.command("crash")  # rename never made durable: the old version, whole
@@ -138,7 +138,7 @@ def test_atomic_replace_pattern_survives_and_is_all_or_nothing(lazy: LazyMount) 
 
     _write(f"{m}/config.tmp", b"version 2", sync=True)
     os.rename(f"{m}/config.tmp", f"{m}/config")
-    _fsync_dir(m)
+    _fsync_dir(Path(m))
     lazy.command("crash")
     assert os.listdir(m) == ["config"]
     assert Path(m, "config").read_bytes() == b"version 2"

@@ -79,6 +79,20 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
     until(cond, what, ignore=(OSError, ValueError, IndexError))
 
 
+def _proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (R running, S sleeping, T stopped, Z zombie)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it runs no code)."""
+    try:
+        return _proc_state(pid) != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def settled(read: Callable[[], bytes], what: str) -> bytes:
     """The value once two reads 0.2 s apart agree: writes already in flight (through FUSE) land
     first. No deadline (tests/polling.py): ``what`` names the wait in a hang guard's stack."""
@@ -128,8 +142,9 @@ def test_crash_keeps_unsynced_data_power_loss_drops_it(lazy_init: Init) -> None:
     assert crash["signal"] == "SIGKILL" and pid in crash["pids"] and crash["gone"]
     after = settled(n.log, "the log after the crash")
     assert after.startswith(before) and after.count(b"tick") >= before.count(b"tick")  # page cache survived
-    time.sleep(0.3)
-    assert n.log() == after and n.ctl("status")["state"] == "stopped"
+    # Nothing writes any more: the broker is gone and the init, its node stopped, does not restart it.
+    assert not _alive(pid) and n.ctl("status")["state"] == "stopped"
+    assert n.log() == after
 
     assert n.ctl("start")["pid"] != pid
     wait_for(
@@ -153,11 +168,13 @@ def test_crash_keeps_unsynced_data_power_loss_drops_it(lazy_init: Init) -> None:
 def test_pause_resume_torn_restart_and_sigterm(lazy_init: Init) -> None:
     n = lazy_init
     wait_for(lambda: n.log().count(b"tick") >= 3, "ticks")
+    pid = n.ctl("status")["pid"]
     assert n.ctl("pause")["signal"] == "SIGSTOP"
     assert n.ctl("status")["state"] == "paused"
+    # Stopped by the kernel (state T), the broker can issue no write; the ones it issued have landed.
+    wait_for(lambda: _proc_state(pid) == "T", "the broker stopped by SIGSTOP")
     frozen = settled(n.log, "the paused broker's log")
-    time.sleep(0.4)
-    assert n.log() == frozen
+    assert _proc_state(pid) == "T" and n.log() == frozen
     assert n.ctl("resume")["signal"] == "SIGCONT"
     wait_for(lambda: len(n.log()) > len(frozen), "progress after resume")
 

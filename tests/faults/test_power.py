@@ -102,8 +102,7 @@ def _stamp(iso: str) -> float:
 
 
 def test_cut_on_two_of_three_nodes_at_one_instant(three_inits: dict[str, Init]) -> None:
-    for init in three_inits.values():
-        wait_for(lambda init=init: init.log().count(b"tick") >= 3, "ticks")
+    wait_for(lambda: all(i.log().count(b"tick") >= 3 for i in three_inits.values()), "ticks")
     fault = PowerLossCoordinated(
         FaultContext(LocalCluster(three_inits)), {"nodes": ["n1", "n3"], "torn": False, "lead": 1.0}, "f1"
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
 from harness.cluster import TOXIPROXY_API_PORT, build_topology
@@ -18,8 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_committed_compose_file_matches_the_topology() -> None:
     committed = REPO / "docker-compose.yml"
-    if not committed.exists():
-        pytest.skip("docker-compose.yml is not committed yet (write it with `brokerchaos compose`)")
+    assert committed.exists(), "docker-compose.yml is missing: write it with `brokerchaos compose`"
     assert committed.read_text() == default_compose(), "run `brokerchaos compose` to regenerate it"
 
 

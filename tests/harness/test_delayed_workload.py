@@ -16,7 +16,7 @@ from harness import scenario as S
 from harness.errors import ScenarioError
 from harness.spec import Delays, DelaySection
 from spark_reports.delay import check_rows
-from tests.harness.test_amqp_driver import QUEUE, Node, count, driver, history, workload
+from tests.plugins.test_amqp091_driver import QUEUE, Node, count, driver, history, workload
 from tests.polling import until_async
 
 MINIMAL = {"broker": {"plugin": "reference"}}

@@ -126,8 +126,7 @@ def test_defaults_and_name_from_file(tmp_path: Path) -> None:
 def test_to_dict_reloads_to_the_same_scenario(fixture: str) -> None:
     """``--replay`` rebuilds the scenario from ``scenario.json``; it must come back identical."""
     path = REPO / "scenarios" / fixture
-    if not path.exists():
-        pytest.skip(f"{fixture} is not in scenarios/")
+    assert path.exists(), f"{fixture} is gone from scenarios/ (this test reloads it)"
     sc = S.load(path)
     stored = json.loads(json.dumps(sc.to_dict()))
     assert S.from_dict(stored, source="scenario.json") == dataclasses.replace(sc, source="scenario.json")

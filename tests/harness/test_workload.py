@@ -17,6 +17,7 @@ from harness.scenario import WorkloadSection
 from harness.spec import client as client_spec
 from harness.spec.client import RateLimiter
 from harness.workload import WorkloadStats, assignments, queue_names, run_workload
+from tests.polling import until_async
 
 
 class FakeClock:
@@ -273,8 +274,7 @@ def test_the_live_progress_counts_acked_messages_not_deliveries(tmp_path: Path) 
 
     async def go() -> None:
         task = asyncio.create_task(workload._tick(seen.append, rec, WorkloadStats()))
-        while not seen:
-            await asyncio.sleep(0.05)
+        await until_async(lambda: seen, "the first tick")
         task.cancel()
 
     asyncio.run(go())

@@ -82,11 +82,10 @@ def test_policy_for_classic_mirrored_queues() -> None:
         "ha-promote-on-failure": "always",
         "ha-promote-on-shutdown": "when-synced",
     }
-    assert RMQ.policy(settings(ha_mode="exactly", ha_params=2))["ha-params"] == 2
-    assert RMQ.policy(settings(ha_mode="nodes", ha_params=["rabbit@n1", "rabbit@n2"]))["ha-params"] == [
-        "rabbit@n1",
-        "rabbit@n2",
-    ]
+    exactly = RMQ.policy(settings(ha_mode="exactly", ha_params=2))
+    assert exactly is not None and exactly["ha-params"] == 2
+    nodes = RMQ.policy(settings(ha_mode="nodes", ha_params=["rabbit@n1", "rabbit@n2"]))
+    assert nodes is not None and nodes["ha-params"] == ["rabbit@n1", "rabbit@n2"]
     p = RMQ.policy(
         settings(ha_mode="all", ha_promote_on_failure="when-synced", ha_promote_on_shutdown="always")
     )

@@ -103,6 +103,7 @@ def test_late_threshold_comes_from_the_scenario(tmp_path: Path) -> None:
 def test_nearest_rank_is_the_smallest_value_with_p_percent_at_or_below(values: list[int], p: int) -> None:
     xs = sorted(values)
     v = nearest_rank(xs, p)
+    assert v is not None
     assert sum(x <= v for x in xs) * 100 >= p * len(xs)
     assert sum(x < v for x in xs) * 100 < p * len(xs)
 

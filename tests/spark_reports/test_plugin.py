@@ -17,11 +17,12 @@ def test_registers_both_checkers_through_the_hooks() -> None:
 
 def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     seen = []
-    monkeypatch.setattr(
-        plugin,
-        "check_spark",
-        lambda run_dir, scenario, spark_master=None: seen.append(spark_master) or {"valid": True},
-    )
+
+    def check_spark(run_dir: Path, scenario: object, spark_master: str | None = None) -> dict[str, bool]:
+        seen.append(spark_master)
+        return {"valid": True}
+
+    monkeypatch.setattr(plugin, "check_spark", check_spark)
     monkeypatch.setattr(plugin, "settings", {})
     host = Host()
     host.register(plugin, "checkers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,12 +112,13 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
         scope = Scope(spark, {0: history.ctx})
         job = _spark._Job(spark, history.h, scope, history.ctx.ops, history.names)
         kept: list = []
-        _spark_ids.classify(
-            job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="both"
-        )
-        _spark_ids.classify(
-            job.events(), scope, history.names, lambda df: kept.append(df) or df, passes="ordered"
-        )
+
+        def keep(df: Any) -> Any:
+            kept.append(df)
+            return df
+
+        _spark_ids.classify(job.events(), scope, history.names, keep, passes="both")
+        _spark_ids.classify(job.events(), scope, history.names, keep, passes="ordered")
         # The hash-aggregate pass's, its tangled ids, the ordered pass's for those, the ordered pass's for all.
         assert len(kept) == 4
         for df in kept:

@@ -114,13 +114,18 @@ def start_server(binary: Path, *args: str) -> Server:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    until(
-        lambda: socket.create_connection(("127.0.0.1", port), timeout=0.2).close() or True,
-        "the server to listen",
-        every=0.02,
-        ignore=(OSError,),
-        gone=lambda: None if process.poll() is None else f"server exited: {process.stderr.read().decode()}",
-    )  # type: ignore[union-attr]
+
+    def listening() -> bool:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+
+    def gone() -> str | None:
+        if process.poll() is None:
+            return None
+        assert process.stderr is not None
+        return f"server exited: {process.stderr.read().decode()}"
+
+    until(listening, "the server to listen", every=0.02, ignore=(OSError,), gone=gone)
     return Server(process, port)
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from pamqp import commands
 
@@ -35,7 +36,7 @@ def test_restart_yields_unacked_persistent_once_with_redelivered_flags(tmp_path:
             seqs.append(await q.publish(msg(b"p%02d" % i + b"." * 40)))
             seqs.append(await q.publish(msg(b"t%02d" % i, persistent=False)))
         assert seqs == sorted(seqs)
-        fetched = []
+        fetched: list[Any] = []
         while len(fetched) < 30:
             f = q.fetch()
             assert f is not None

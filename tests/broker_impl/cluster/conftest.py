@@ -72,6 +72,9 @@ class LinkProxy:
             except OSError:
                 client.close()
                 continue
+            # The 2 s were for connecting only: a dialled cluster link carries nothing back, and a read
+            # timeout on it would close a healthy link every 2 s (a proxy with no cut is a cable).
+            upstream.settimeout(None)
             with self._lock:
                 self._socks.update((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):

@@ -249,7 +249,8 @@ def test_a_forgiven_suspicion_records_no_death() -> None:
     assert a.neighbour_down("b") == []
     assert a.forgive() == []
     assert not any(isinstance(x, UpdateGroup) for x in a.tick(0.5))
-    assert store.read("q").alive() == ("a", "b")
+    rec = store.read("q")
+    assert rec is not None and rec.alive() == ("a", "b")
 
 
 def test_join_twice_is_an_error() -> None:

@@ -15,6 +15,7 @@ from broker_impl.cluster.gm import (
     Catchup,
     CreateGroup,
     Erase,
+    GroupOp,
     GroupRecord,
     JoinRequest,
     MarkDead,
@@ -97,7 +98,7 @@ def test_member_ids_name_their_node() -> None:
 def _records() -> list[GroupRecord]:
     """Every record a short history of operations reaches, on one copy and on diverged copies."""
     out = set()
-    ops = [
+    ops: list[GroupOp] = [
         CreateGroup("n1/a/1"),
         AddOnRight("n1/a/1", "n2/b/1"),
         AddOnRight("n2/b/1", "n3/c/2"),

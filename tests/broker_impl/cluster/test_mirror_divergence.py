@@ -5,19 +5,23 @@ the master had C). Both hold two messages. The master fetches A then C; the
 mirror's second fetch takes B, the digests differ, it requeues B. "Equal depth"
 calls that mirror in sync, and promotion and confirms would trust a copy that
 lacks C. The mirror here is a real ``Mirror`` replaying the master's operations
-on a real backing queue; only the node around it (GM, links) is a recorder.
+on a real backing queue; only what it is handed of the node (GM, links) is a recorder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from functools import partial
 from typing import Any
 
 from pamqp import commands
 
-from broker_impl.cluster.mirror import Mirror, digest
+from broker_impl.backing import make_backing_queue
+from broker_impl.cluster.config import ClusterConfig
+from broker_impl.cluster.mirror import Mirror, Site, digest
 from broker_impl.message import Message
+from tests.polling import until_async
 
 
 class _Endpoint:
@@ -39,27 +43,28 @@ class _Transport:
         return True
 
 
-class _Node:
-    """What a Mirror asks of its node: tasks, a GM endpoint, a link to the master, a broker with no store."""
-
-    me = "n2"
-
-    def __init__(self) -> None:
-        self.transport = _Transport()
-        self.mirrors: dict[tuple[str, str], Mirror] = {}
-        self.gm = self
-        self.broker = self
-
-    store = None
-
-    def ram_budget(self) -> int:
-        return 1 << 20
-
+class _Gm:
     def endpoint(self, group: str, **_callbacks: Any) -> _Endpoint:
         return _Endpoint()
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        return asyncio.get_running_loop().create_task(coro)
+
+def _site(transport: _Transport) -> Site:
+    """What a Mirror is handed of its node: tasks, a GM endpoint, a link to the master, backing queues
+    with no store."""
+    return Site(
+        ClusterConfig("n2"),
+        transport,  # type: ignore[arg-type]
+        _Gm(),  # type: ignore[arg-type]
+        lambda coro: asyncio.get_running_loop().create_task(coro),
+        mirrors={},
+        reconcile_mirrors=lambda: None,
+        local_changed=lambda: None,
+        backing=lambda key, durable: make_backing_queue(key, durable, None, ram_budget_bytes=1 << 20),
+    )
+
+
+def _acked(transport: _Transport, n: int) -> bool:
+    return any(m.get("n") == n for m in transport.sent)
 
 
 def fingerprint(m: Message) -> int:
@@ -73,8 +78,8 @@ def _msg(body: bytes) -> Message:
 
 
 async def _replay() -> list[dict[str, Any]]:
-    node = _Node()
-    mirror = Mirror(node, "/", "q", "n1", False, "g", "n1/m")  # type: ignore[arg-type]
+    transport = _Transport()
+    mirror = Mirror(_site(transport), "/", "q", "n1", False, "g", "n1/m")
     a, b, c = _msg(b"A"), _msg(b"B"), _msg(b"C")
     master_fp = (fingerprint(a) + fingerprint(c)) & ((1 << 64) - 1)  # the master holds A and C
     ops: list[tuple[dict[str, Any], bytes]] = [
@@ -93,10 +98,9 @@ async def _replay() -> list[dict[str, Any]]:
     for batch, last in ((ops[:2], 1), (ops[2:], 4)):  # A alone first (in sync on both sides), then the rest
         for h, blob in batch:
             mirror.feed({"vh": "/", "q": "q", **h}, blob)
-        while not any(m.get("n") == last for m in node.transport.sent):
-            await asyncio.sleep(0.005)
+        await until_async(partial(_acked, transport, last), f"the mirror's ack of op {last}", every=0.005)
     await mirror.discard()
-    return [m for m in node.transport.sent if m.get("t") == "mq_ack"]
+    return [m for m in transport.sent if m.get("t") == "mq_ack"]
 
 
 def test_a_diverged_mirror_with_the_masters_depth_is_not_in_sync() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_merge_converges_whatever_the_order_and_repetition() -> None:
             t.merge(shuffled)
         results.append({k: (e.stamp, e.data) for k, e in t.entries.items()})
     assert all(r == results[0] for r in results)
-    newest = {}
+    newest: dict[str, Any] = {}
     for k, e in writes:
         if k not in newest or e.stamp > newest[k].stamp:
             newest[k] = e

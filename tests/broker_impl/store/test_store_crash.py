@@ -13,6 +13,7 @@ import pytest
 
 from broker_impl.store import open_store
 from broker_impl.store.commitlog import seg_name
+from broker_impl.store.store import RecoveryReport
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,8 +65,8 @@ def _fill(tmp_path: Path, n: int = 40) -> list[tuple[int, int]]:
     return asyncio.run(go())
 
 
-def _reopen(tmp_path: Path) -> tuple[list[bytes], object]:
-    async def go() -> tuple[list[bytes], object]:
+def _reopen(tmp_path: Path) -> tuple[list[bytes], RecoveryReport]:
+    async def go() -> tuple[list[bytes], RecoveryReport]:
         store = await open_store(tmp_path, CFG)
         q = store.queues["q"]
         bodies = []

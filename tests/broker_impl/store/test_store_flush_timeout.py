@@ -7,6 +7,7 @@ from pathlib import Path
 
 from broker_impl.backing_queue import StoreError
 from broker_impl.store import open_store
+from tests.polling import until_async
 
 CFG = {
     "segment_bytes": 4096,
@@ -24,7 +25,9 @@ def test_staggered_waiters_each_time_out_and_a_later_flush_serves_again(tmp_path
         for i in range(3):
             off, size, _ = store.append("q", b"m%d" % i)
             waits.append(asyncio.ensure_future(store.wait_durable(off + size)))
-            await asyncio.sleep(0.03)  # each one starts its own 50 ms later than the one before
+            # A schedule, not a wait for a condition: each waiter starts 30 ms after the one before, while
+            # the timer is armed for an earlier deadline (the one timer must serve every waiter).
+            await asyncio.sleep(0.03)
         done = await asyncio.gather(*waits, return_exceptions=True)
         store._flush_lock.release()
         off, size, _ = store.append("q", b"after")
@@ -38,13 +41,20 @@ def test_staggered_waiters_each_time_out_and_a_later_flush_serves_again(tmp_path
 
 
 def test_a_wait_that_is_flushed_in_time_does_not_time_out_later(tmp_path: Path) -> None:
-    async def go() -> None:
-        store = await open_store(tmp_path, CFG)
+    # A real fsync must come in under the timeout here: a second, not 50 ms (a loaded disk takes that).
+    cfg = {**CFG, "flush_timeout_ms": 1000}
+
+    async def go() -> list[dict[str, object]]:
+        failed: list[dict[str, object]] = []  # what the expiry timer's callback raised, if anything
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: failed.append(context))
+        store = await open_store(tmp_path, cfg)
         off, size, _ = store.append("q", b"m")
         await store.wait_durable(off + size)
-        await asyncio.sleep(0.1)  # past its deadline: nothing may fail now
+        # the expiry timer runs past this wait's deadline and finds nothing left to fail
+        await until_async(lambda: store._timeout_timer is None, "the flush timer to run out")
         off, size, _ = store.append("q", b"n")
         await store.wait_durable(off + size)
         await store.close()
+        return failed
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == []

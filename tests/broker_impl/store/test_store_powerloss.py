@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def _run_until_compaction(lazy: LazyMount, monkeypatch: pytest.MonkeyPatch, cras
     """Ack every message one by one, checkpoint (which compacts), and cut the power at ``crash_at``."""
     monkeypatch.setattr(progress, "COMPACT_BYTES", 1024)
     data = Path(lazy.mountpoint) / "store"
-    crashed = []
+    crashed: list[dict[str, Any]] = []
 
     def crash(where: str) -> None:
         if where == crash_at and not crashed:

@@ -14,6 +14,7 @@ import asyncio
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from faults.lazyfs import LazyMount, fuse_available, is_mounted
 REASON = fuse_available()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
 
-CFG = {"flush": "sync", "checkpoint_interval_ms": 600_000, "segment_bytes": 64 * 1024}
+CFG: dict[str, Any] = {"flush": "sync", "checkpoint_interval_ms": 600_000, "segment_bytes": 64 * 1024}
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from harness.scenario import TransactionsSection
 from harness.workload import run_workload
 from spark_reports.atomicity import check_rows
-from tests.harness.test_amqp_driver import QUEUE, SEED, Node, count, driver, history, publish, workload
+from tests.plugins.test_amqp091_driver import QUEUE, SEED, Node, count, driver, history, publish, workload
 from tests.polling import until_async
 
 TX = TransactionsSection(publish_batch=4, ack_batch=3, rollback=0.3)

@@ -88,11 +88,8 @@ class Node:
 
     def _consuming(self) -> list[Any]:
         assert self.server is not None
-        return [
-            c
-            for c in self.server.broker.connections
-            if any(getattr(ch, "consumers", None) for ch in list(c.channels.values()))
-        ]
+        conns: list[Any] = list(self.server.broker.connections)  # broker_impl.connection.Connection
+        return [c for c in conns if any(getattr(ch, "consumers", None) for ch in list(c.channels.values()))]
 
     def consumer_connections(self) -> int:
         return int(self.run(lambda: len(self._consuming())))
