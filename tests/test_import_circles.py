@@ -17,9 +17,7 @@ function, class or ``try``. What counts as an edge:
   resolves circular annotations itself. (A lower module that only annotates with a higher
   one's class is still a design smell; docs/explanation/code-layout.md lists what is left.)
 
-A circle found here fails with the imports that close it. ``KNOWN`` lists the circles that
-are being removed elsewhere; an entry that is no longer a circle fails too, so the list only
-shrinks.
+A circle found here fails with the imports that close it.
 """
 
 from __future__ import annotations
@@ -28,23 +26,10 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("harness", "plugins", "faults", "spark_reports", "broker_impl")
 
 #: Circles known today, each to be removed (then its entry deleted here):
-KNOWN: frozenset[frozenset[str]] = frozenset(
-    {
-        # harness.outcome and harness.runner import each other (outcome needs the Run, runner the outcome).
-        frozenset({"harness.outcome", "harness.runner"}),
-        # The contract is not at the bottom yet: harness/spec/__init__.py re-exports the recorder from
-        # harness.history, which imports harness.spec back.
-        frozenset({"harness.spec", "harness.history"}),
-        # spark_reports.delay_report borrows report's private helpers, and report imports delay_report.
-        frozenset({"spark_reports.delay_report", "spark_reports.report"}),
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -167,19 +152,9 @@ GRAPH = graph(REPO, PACKAGES)
 FOUND = circles(GRAPH)
 
 
-def test_no_import_circle_beyond_the_known_ones() -> None:
-    new = [c for c in FOUND if c not in KNOWN]
-    assert not new, "import circles (break each; see docs/explanation/code-layout.md):\n" + "\n".join(
-        describe(c, GRAPH) for c in new
-    )
-
-
-@pytest.mark.parametrize("names", sorted("+".join(sorted(c)) for c in KNOWN))
-def test_each_known_circle_is_still_there(names: str) -> None:
-    circle = frozenset(names.split("+"))
-    assert circle in FOUND, (
-        f"{sorted(circle)} is no longer an import circle (as listed): remove or correct its KNOWN entry; "
-        f"circles now: {[sorted(c) for c in FOUND]}"
+def test_no_import_circle() -> None:
+    assert not FOUND, "import circles (break each; see docs/explanation/code-layout.md):\n" + "\n".join(
+        describe(c, GRAPH) for c in FOUND
     )
 
 

@@ -359,10 +359,12 @@ def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() 
     [kill, part] = grade_recovery(runs, resamples=500, seed=1)
     assert (part["fault_kind"], part["runs"], part["samples"], part["recovered"]) == ("partition", 3, 5, 4)
     assert (part["median_s"], part["p90_s"], part["max_s"]) == (2.0, 4.0, 4.0)
-    assert part["median_low"] is not None and part["median_low"] <= 2.0 <= part["median_high"]
+    median_low, median_high = part["median_low"], part["median_high"]
+    assert median_low is not None and median_high is not None and median_low <= 2.0 <= median_high
     assert part["max_high"] == 4.0 and part["max_low"] is not None and part["max_low"] <= 4.0
     assert part["runs_never"] == 1
-    assert part["never_low"] is not None and 0 < part["never_low"] < 1 / 3 < part["never_high"] < 1
+    never_low, never_high = part["never_low"], part["never_high"]
+    assert never_low is not None and never_high is not None and 0 < never_low < 1 / 3 < never_high < 1
     assert (kill["runs"], kill["samples"], kill["recovered"], kill["runs_never"]) == (2, 2, 2, 1)
     assert (kill["median_s"], kill["max_s"]) == (0.5, 10.0)
     text = describe_recovery([kill, part])

@@ -4,7 +4,9 @@ outage (a heal just before the producers stop, an idle queue after a completed d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
@@ -20,7 +22,7 @@ def _workload(b: HistoryBuilder, n: int, *, ok: bool = True, consume: bool = Tru
             b.consume(f"p1:{i}", node="n2", consumer="c1")
 
 
-def _after_heal(r: dict) -> dict:
+def _after_heal(r: Mapping[str, Any]) -> dict[str, Any]:
     [rec] = r["liveness"]["recovery"]
     return rec
 

@@ -712,7 +712,7 @@ def test_a_reply_in_two_writes_crosses_the_proxy_as_it_would_a_cable(toxiproxy: 
     assert proxied < 5 * direct, f"proxied p50 {proxied * 1000:.1f} ms, direct p50 {direct * 1000:.1f} ms"
 
 
-DISCARDING_FAULTS = {
+DISCARDING_FAULTS: dict[str, tuple[str, dict[str, Any]]] = {
     "partition both ways": ("partition", {"shape": "custom", "cuts": [["n1", "n2"], ["n2", "n1"]]}),
     "partition n1->n2": ("partition", {"shape": "one-way", "from": "n1", "to": "n2"}),
     "partition n2->n1": ("partition", {"shape": "one-way", "from": "n2", "to": "n1"}),
