@@ -1,4 +1,4 @@
-"""`python -m faults.lazyfs --backing DIR --mount DIR --control SOCKET [--foreground]`."""
+"""`python -m faults.lazyfs --backing DIR --mount DIR --control SOCKET [--foreground] [--single-thread]`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mount", required=True, help="mount point programs write through")
     p.add_argument("--control", help="unix socket for status/flush/crash/torn commands")
     p.add_argument("--foreground", action="store_true", help="do not daemonize")
-    p.add_argument("--threads", action="store_true", help="multithreaded FUSE loop (default: one thread)")
+    p.add_argument(
+        "--single-thread",
+        action="store_true",
+        help="serve one request at a time (default: a thread pool, so a held fsync stops nothing else)",
+    )
     p.add_argument("--sync-backing", action="store_true", help="also fsync the backing files on persist")
     p.add_argument(
         "--names",
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             a.mount,
             a.control,
             foreground=a.foreground,
-            threads=a.threads,
+            threads=not a.single_thread,
             sync_backing=a.sync_backing,
             names=a.names,
             flush_on_unmount=not a.no_flush_on_unmount,

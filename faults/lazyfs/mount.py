@@ -65,7 +65,7 @@ class LazyMount:
         mountpoint: str,
         control: str,
         *,
-        threads: bool = False,
+        threads: bool = True,
         sync_backing: bool = False,
         names: str = "strict",
         flush_on_unmount: bool = True,
@@ -79,8 +79,8 @@ class LazyMount:
             sys.executable, "-m", "faults.lazyfs",
             "--backing", backing, "--mount", mountpoint, "--control", control, "--foreground",
         ]  # fmt: skip
-        if threads:
-            self.args.append("--threads")
+        if not threads:
+            self.args.append("--single-thread")
         if sync_backing:
             self.args.append("--sync-backing")
         if names != "strict":
