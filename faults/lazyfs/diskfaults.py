@@ -11,10 +11,11 @@ operations:
   that watches its free space (a disk alarm) sees the disk fill up before any write fails.
 - ``slow-fsync``: every fsync of a matching file or directory takes ``delay_ms`` longer: a slow
   flush, not a hung disk. The fsync covers what was written before it started; while it waits,
-  the node's other reads, writes and name operations go on (through FUSE, the kernel still makes
-  writes to the very file being fsynced wait for it, as it holds that file's inode lock), stay
-  unsynced, and need the next fsync. It persists at the end of the delay; a power cut before
-  then persists nothing of it, and clearing the rule ends the delay of fsyncs still waiting.
+  the node's other reads, writes and name operations go on, stay unsynced, and need the next
+  fsync (through FUSE, the kernel still makes writes to the very file being fsynced, or listing
+  and naming in the directory being fsynced, wait for it: it holds that inode's lock). It
+  persists at the end of the delay; a power cut before then persists nothing of it, and
+  clearing the rule ends the delay of fsyncs still waiting.
 - ``fsync-lie``: fsync of a matching file or directory reports success and persists nothing
   (a drive that acknowledges a cache flush it never did); the data stays unsynced until a later
   honest fsync, and a power cut meanwhile drops it.
