@@ -62,13 +62,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _through(tmp: str, name: str, threads: bool, writes: int, writers: int) -> tuple[float, float]:
+def _through(
+    tmp: str, name: str, threads: bool, writes: int, writers: int, max_threads: int | None = None
+) -> tuple[float, float]:
     """(appends per second, lazyfs CPU microseconds per append) through a fresh mount."""
     with LazyMount(
         os.path.join(tmp, f"{name}-b"),
         os.path.join(tmp, f"{name}-m"),
         os.path.join(tmp, f"{name}.sock"),
         threads=threads,
+        max_threads=max_threads if threads else None,
     ) as lz:
         assert lz.pid is not None
         cpu = _cpu_seconds(lz.pid)
@@ -76,7 +79,9 @@ def _through(tmp: str, name: str, threads: bool, writes: int, writers: int) -> t
         return rate, (_cpu_seconds(lz.pid) - cpu) * 1e6 / writes
 
 
-def compare(writes: int = 20000, writers: int = 1, rounds: int = 3) -> dict[str, Any]:
+def compare(
+    writes: int = 20000, writers: int = 1, rounds: int = 3, max_threads: int | None = None
+) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="lzb") as tmp:
         plain = os.path.join(tmp, "plain")
@@ -87,7 +92,7 @@ def compare(writes: int = 20000, writers: int = 1, rounds: int = 3) -> dict[str,
                 order.reverse()
             row: dict[str, float] = {}
             for name, threads in order:
-                row[name], row[f"{name}_cpu_us"] = _through(tmp, name, threads, writes, writers)
+                row[name], row[f"{name}_cpu_us"] = _through(tmp, name, threads, writes, writers, max_threads)
             row["plain"] = append_rate(plain, writes, writers=writers)
             rows.append(row)
     ratios = [row["pool"] / row["single"] for row in rows]
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "--writers", default="1,4", help="comma-separated thread counts, each appending to its own file"
     )
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per thread count")
+    p.add_argument("--max-threads", type=int, help="cap of the thread pool (default: libfuse's, 10)")
     p.add_argument("--out", help="also write the results here (.json and .md)")
     a = p.parse_args(argv)
     reason = fuse_available()
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lazyfs.bench: --writers {a.writers!r}: give thread counts such as 1,4", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
-    results = [compare(a.writes, w, a.rounds) for w in writers]
+    results = [compare(a.writes, w, a.rounds, a.max_threads) for w in writers]
     out = {
         "command": "python -m faults.lazyfs.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cores": os.cpu_count(),

@@ -66,6 +66,7 @@ class LazyMount:
         control: str,
         *,
         threads: bool = True,
+        max_threads: int | None = None,
         sync_backing: bool = False,
         names: str = "strict",
         flush_on_unmount: bool = True,
@@ -81,6 +82,8 @@ class LazyMount:
         ]  # fmt: skip
         if not threads:
             self.args.append("--single-thread")
+        if max_threads is not None:
+            self.args += ["--max-threads", str(max_threads)]
         if sync_backing:
             self.args.append("--sync-backing")
         if names != "strict":

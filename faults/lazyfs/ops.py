@@ -252,6 +252,7 @@ def serve(
     *,
     foreground: bool = True,
     threads: bool = True,
+    max_threads: int | None = None,
     sync_backing: bool = False,
     names: str = "strict",
     flush_on_unmount: bool = True,
@@ -261,7 +262,9 @@ def serve(
 
     With ``threads`` (the default) libfuse serves requests from a pool of threads, as a kernel
     serves system calls: a held fsync does not stop the requests behind it. The model's lock
-    keeps its state whole; ``threads=False`` is the old one-request-at-a-time loop.
+    keeps its state whole; ``threads=False`` is the old one-request-at-a-time loop. ``max_threads``
+    caps the pool (libfuse's default is 10): each held fsync occupies one thread, so the cap must
+    exceed the fsyncs a program holds at once, or its other requests wait again.
     """
     state = LazyState(backing, sync_backing=sync_backing, names=names)
     ops = LazyOps(state, control, flush_on_unmount)
@@ -277,6 +280,8 @@ def serve(
         "use_ino": True,  # hard links share an inode number, as programs expect
         "nopath": True,
     }
+    if threads and max_threads:
+        opts["max_threads"] = max_threads
     if os.geteuid() == 0:
         opts["allow_other"] = True  # brokers often run as their own user inside the container
     with warnings.catch_warnings():
