@@ -135,7 +135,16 @@ class DiskFull(_DiskRuleFault):
 
 
 class SlowFsync(_DiskRuleFault):
-    """Every fsync of a matching file or directory waits ``delay_ms`` (default 100) first."""
+    """Every fsync of a matching file or directory takes ``delay_ms`` (default 100, at most 60000) longer.
+
+    A slow flush, not a hung disk: the fsync covers what was written before it started, and the
+    node's other reads, writes and name operations go on while it waits (the kernel's FUSE module
+    still makes writes to the very file being fsynced, and listing or naming in a directory being
+    fsynced, wait for it). It persists when its delay
+    ends; a power cut before then persists nothing of it, and writes made meanwhile need the next
+    fsync. The heal ends the delay of fsyncs still waiting and records ``hits`` and
+    ``delayed_ms_total``. ``files`` is a glob over paths in the data directory (default ``*``).
+    """
 
     name = "slow-fsync"
     rule_kind = "slow-fsync"

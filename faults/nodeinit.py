@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from faults.lazyfs.mount import LazyMount, MountError
@@ -230,11 +231,14 @@ class Node:
             time.sleep(0.01)
         return False
 
-    def _kill(self) -> dict[str, Any]:
+    def _kill(self, then: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """SIGKILL the broker and wait until it is gone; ``then`` runs between the two (its reply is kept)."""
         if self.state == "stopped":
             return {"signal": None, "note": "broker was not running"}
         done = self._signal_group(signal.SIGKILL)
         self.state = "stopped"
+        if then is not None:
+            done.update(then())
         gone = self._wait_gone(10.0)
         done.update(gone=gone, gone_at=now_iso())
         return done
@@ -259,7 +263,12 @@ class Node:
                     "without it this would only be a crash, since the page cache keeps unsynced writes"
                 )
             self._cancel_timer()
-            done: dict[str, Any] = {"action": "power-loss", **self._kill()}
+            # The disk loses power with the CPU: a thread killed inside an fsync stays in the kernel
+            # until lazyfs answers it, and an fsync that completed after the kill would persist data
+            # a power cut must drop. `halt` fails the fsyncs in flight (the killed threads never see
+            # it) before the wait for the broker's exit; `crash` then drops what was not persisted.
+            halt = self._halt_disk
+            done: dict[str, Any] = {"action": "power-loss", **self._kill(then=halt)}
             if cue is not None:
                 done["cue"] = cue
             try:
@@ -271,6 +280,16 @@ class Node:
             done["lazyfs"] = fs
             done.update(self._restart_later(restart_after))
             return done
+
+    def _halt_disk(self) -> dict[str, Any]:
+        assert self.lazy is not None
+        try:
+            reply = self.lazy.command("halt")
+        except ControlError as e:
+            raise CommandError(f"broker killed but lazyfs did not answer: {e}") from None
+        if not reply.get("ok"):
+            raise CommandError(f"broker killed but lazyfs refused to halt: {reply.get('error')}")
+        return {"fsyncs_cut": reply["fsyncs_failed"]}
 
     def sync(self) -> dict[str, Any]:
         """Write everything back to the lazy filesystem's disk, like sync(1) (nothing to do without it)."""

@@ -1,4 +1,4 @@
-"""`python -m faults.lazyfs --backing DIR --mount DIR --control SOCKET [--foreground]`."""
+"""`python -m faults.lazyfs --backing DIR --mount DIR --control SOCKET [--foreground] [--single-thread]`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mount", required=True, help="mount point programs write through")
     p.add_argument("--control", help="unix socket for status/flush/crash/torn commands")
     p.add_argument("--foreground", action="store_true", help="do not daemonize")
-    p.add_argument("--threads", action="store_true", help="multithreaded FUSE loop (default: one thread)")
+    p.add_argument(
+        "--single-thread",
+        action="store_true",
+        help="serve one request at a time (default: a thread pool, so a held fsync stops nothing else)",
+    )
+    p.add_argument(
+        "--max-threads",
+        type=int,
+        help="at most this many requests served at once (libfuse's default: 10); each held fsync takes one",
+    )
     p.add_argument("--sync-backing", action="store_true", help="also fsync the backing files on persist")
     p.add_argument(
         "--names",
@@ -37,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isdir(path):
             print(f"lazyfs: {what} directory {path} does not exist; create it first", file=sys.stderr)
             return 2
+    if a.max_threads is not None and a.max_threads < 1:
+        print("lazyfs: --max-threads must be at least 1", file=sys.stderr)
+        return 2
     if os.path.samefile(a.backing, a.mount):
         print("lazyfs: --backing and --mount must be different directories", file=sys.stderr)
         return 2
@@ -53,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             a.mount,
             a.control,
             foreground=a.foreground,
-            threads=a.threads,
+            threads=not a.single_thread,
+            max_threads=a.max_threads,
             sync_backing=a.sync_backing,
             names=a.names,
             flush_on_unmount=not a.no_flush_on_unmount,

@@ -9,9 +9,13 @@ operations:
 - ``enospc``: writes to matching files succeed for ``after_bytes`` more bytes, then fail with
   ENOSPC (disk full); unless ``df`` is false, ``statfs`` reports only what is left, so a broker
   that watches its free space (a disk alarm) sees the disk fill up before any write fails.
-- ``slow-fsync``: every fsync of a matching file or directory first waits ``delay_ms``. The
-  filesystem serves one request at a time, so meanwhile the node's other file operations wait
-  too, like a disk whose queue is stuck behind a flush.
+- ``slow-fsync``: every fsync of a matching file or directory takes ``delay_ms`` longer: a slow
+  flush, not a hung disk. The fsync covers what was written before it started; while it waits,
+  the node's other reads, writes and name operations go on, stay unsynced, and need the next
+  fsync (through FUSE, the kernel still makes writes to the very file being fsynced, or listing
+  and naming in the directory being fsynced, wait for it: it holds that inode's lock). It
+  persists at the end of the delay; a power cut before then persists nothing of it, and
+  clearing the rule ends the delay of fsyncs still waiting.
 - ``fsync-lie``: fsync of a matching file or directory reports success and persists nothing
   (a drive that acknowledges a cache flush it never did); the data stays unsynced until a later
   honest fsync, and a power cut meanwhile drops it.
@@ -155,10 +159,11 @@ class DiskFaults:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 r.bytes += size
 
-    def on_fsync(self, path: str, unsynced: int) -> tuple[float, bool]:
-        """Raise EIO, or return (seconds to wait first, whether to skip persisting: a lie)."""
+    def on_fsync(self, path: str, unsynced: int) -> tuple[float, bool, tuple[str, ...]]:
+        """Raise EIO, or return (seconds to wait, whether to skip persisting: a lie, the slow rules' ids)."""
         delay = 0.0
         lie = False
+        slow: list[str] = []
         for r in self.rules.values():
             if not r.matches("fsync", path):
                 continue
@@ -168,11 +173,12 @@ class DiskFaults:
             if r.kind == "slow-fsync":
                 r.hit(path)
                 delay += r.delay_ms / 1000
+                slow.append(r.id)
             elif r.kind == "fsync-lie":
                 r.hit(path)
                 r.lied[path] = unsynced
                 lie = True
-        return delay, lie
+        return delay, lie, tuple(slow)
 
     def free_bytes(self) -> int | None:
         """What an ENOSPC rule leaves of the disk (None: no such rule)."""

@@ -23,9 +23,11 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from faults.lazyfs.diskfaults import DiskFaults
+from faults.node.wire import now_iso
 
 STATE_DIR = ".lazyfs-state"
 NAMES = ("strict", "journal")
@@ -69,7 +71,7 @@ class Node:
 
 
 class Dir(Node):
-    __slots__ = ("entries", "dfd", "dparent", "dname", "ns_dirty")
+    __slots__ = ("entries", "dfd", "dparent", "dname", "ns_version", "ns_synced")
 
     def __init__(self, ino: int, mode: int, uid: int, gid: int) -> None:
         super().__init__(ino, mode, uid, gid)
@@ -77,7 +79,14 @@ class Dir(Node):
         self.dfd: int | None = None
         self.dparent: Dir | None = None  # None with a dname: parked in the state dir
         self.dname: str | None = None
-        self.ns_dirty = False
+        #: Counts the changes of ``entries``; ``ns_synced`` is the newest count made durable, so an
+        #: fsync that took its snapshot earlier never writes an older list of names over a newer one.
+        self.ns_version = 0
+        self.ns_synced = 0
+
+    @property
+    def ns_dirty(self) -> bool:
+        return self.ns_version != self.ns_synced
 
 
 class Symlink(Node):
@@ -92,10 +101,14 @@ class File(Node):
     """File data = durable bytes below `floor`, overlaid by dirty extents, zero elsewhere, cut at `size`.
 
     `log` keeps the unsynced operations in the order they happened, so that a torn write can
-    persist an exact prefix of them.
+    persist an exact prefix of them, and an fsync exactly the operations that came before it began.
+    `log_base` counts the operations persisted before ``log[0]``: ``log_base + len(log)`` numbers
+    every operation the file has had, which is what an fsync remembers when it starts.
     """
 
-    __slots__ = ("fd", "size", "dsize", "floor", "starts", "bufs", "log", "dirty_bytes", "parked", "opens")
+    __slots__ = (
+        "fd", "size", "dsize", "floor", "starts", "bufs", "log", "log_base", "dirty_bytes", "parked", "opens",
+    )  # fmt: skip
 
     def __init__(self, ino: int, mode: int, uid: int, gid: int) -> None:
         super().__init__(ino, mode, uid, gid)
@@ -106,6 +119,7 @@ class File(Node):
         self.starts: list[int] = []
         self.bufs: list[bytearray] = []
         self.log: list[tuple[str, int, bytes | None]] = []
+        self.log_base = 0
         self.dirty_bytes = 0
         self.parked = False
         self.opens = 0
@@ -189,6 +203,26 @@ class File(Node):
             os.ftruncate(fd, self.size)
         self.clean()
 
+    def persist_ops(self, n: int) -> None:
+        """Persist the first ``n`` unsynced operations only (what an fsync covered; later ones stay dirty).
+
+        The overlay is left as it is: it still gives the view, and the bytes it holds for the
+        persisted operations are the same ones now on the disk, so `read` and a later `persist`
+        stay right. Only the log, the count of unsynced bytes and the durable size move on.
+        """
+        fd = self.fd
+        assert fd is not None and 0 < n < len(self.log)
+        for kind, off, data in self.log[:n]:
+            if kind == "t":
+                os.ftruncate(fd, off)
+            else:
+                assert data is not None
+                os.pwrite(fd, data, off)
+                self.dirty_bytes -= len(data)
+        del self.log[:n]
+        self.log_base += n
+        self.dsize = os.fstat(fd).st_size
+
     def persist_prefix(self, keep: int) -> dict[str, Any]:
         """Apply the first `keep` unsynced bytes, in write order, to the durable object (a torn write)."""
         fd = self.fd
@@ -227,6 +261,7 @@ class File(Node):
         }
 
     def clean(self) -> None:
+        self.log_base += len(self.log)
         self.dsize = self.floor = self.size
         self.starts = []
         self.bufs = []
@@ -240,6 +275,17 @@ class File(Node):
             "writes": _ranges(writes),
             "truncates": [off for kind, off, _ in self.log if kind == "t"],
         }
+
+
+@dataclass
+class Cover:
+    """What one fsync persists when it completes, taken when it starts."""
+
+    power: int  # the power generation it started in: after a cut it persists nothing
+    file: File | None = None
+    upto: int = 0  # the file's operations numbered below this (``File.log_base``)
+    dirs: list[tuple[Dir, int, dict[str, Node]]] = field(default_factory=list)  # (dir, ns_version, names)
+    names: int | None = None  # journal mode: the name-change count this commit covers
 
 
 class LazyState:
@@ -256,6 +302,12 @@ class LazyState:
         self.names = names
         self._names_committed = 0
         self.lock = threading.RLock()
+        #: Held fsyncs (slow-fsync) wait on this with the lock released; a cleared rule or a power
+        #: cut wakes them.
+        self._wake = threading.Condition(self.lock)
+        self._in_flight: dict[object, dict[str, Any]] = {}
+        self._halted = False
+        self._power = 0  # bumped by every load: an fsync from before a power cut persists nothing
         self.next_ino = 1
         self.next_fh = 1
         self.files: dict[int, File] = {}  # open file handles
@@ -278,6 +330,9 @@ class LazyState:
 
     def _load(self) -> None:
         self._names_changed += 1
+        self._power += 1
+        self._halted = False
+        self._wake.notify_all()
         self.root_fd = os.open(self.backing, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.root_fd)
@@ -510,7 +565,7 @@ class LazyState:
         self._names_changed += 1
         d.entries[name] = node
         node.links += 1
-        d.ns_dirty = True
+        d.ns_version += 1
         d.touch()
 
     def _new_name(self, path: str) -> tuple[Dir, str]:
@@ -565,7 +620,7 @@ class LazyState:
         node = d.entries.pop(name)
         node.links -= 1
         node.ctime = time.time_ns()
-        d.ns_dirty = True
+        d.ns_version += 1
         d.touch()
         return node
 
@@ -698,37 +753,93 @@ class LazyState:
             out["f_bfree"] = out["f_bavail"] = min(out["f_bavail"], free // max(1, out["f_bsize"]))
         return out
 
-    def _commit_names(self) -> None:
-        """Every name change so far becomes durable (a journal commit); cheap when there was none."""
-        if self._names_committed != self._names_changed:
-            self._persist_names()
-            self._names_committed = self._names_changed
-
     def _persist_names(self) -> None:
         for _, node in list(self.walk()):
             if isinstance(node, Dir):
                 self._persist_dir(node)
 
+    def _cover(self, node: Node) -> Cover:
+        """What an fsync of ``node`` starting now must persist: the state at its start, not later."""
+        cover = Cover(self._power)
+        if isinstance(node, File):
+            cover.file, cover.upto = node, node.log_base + len(node.log)
+        dirs = [node] if isinstance(node, Dir) else []
+        if self.names == "journal" and self._names_committed != self._names_changed:
+            # A journal commit: every directory's names as they are now.
+            cover.names = self._names_changed
+            dirs = [d for _, d in self.walk() if isinstance(d, Dir) and d is not node] + dirs
+        cover.dirs = [(d, d.ns_version, dict(d.entries)) for d in dirs]
+        return cover
+
+    def _complete(self, cover: Cover) -> None:
+        """Persist what an fsync covered; operations that came while it waited stay unsynced."""
+        if cover.file is not None:
+            self._persist_file(cover.file, upto=cover.upto)
+        for d, version, entries in cover.dirs:
+            self._persist_dir(d, entries, version)
+        if cover.names is not None:
+            self._names_committed = max(self._names_committed, cover.names)
+
     def fsync(self, path: str | None, fh: int | None) -> None:
-        delay = 0.0
-        if self.disk:
-            with self.lock:
-                node = self._node(path, fh)
-                delay, lie = self.disk.on_fsync(
-                    self.path_of(node), node.dirty_bytes if isinstance(node, File) else 0
+        """fsync/fdatasync of a file or a directory, as a kernel serves it: concurrently with everything else.
+
+        The fsync covers what was done to the object before it started (its snapshot is taken
+        at entry, under the lock). A slow-fsync rule then holds it, with the lock released, so
+        that writes, reads and name operations of other requests go on; at the end it persists
+        exactly its snapshot. A power cut while it waits (``halt``, ``crash``, ``torn``) ends it
+        with EIO and it persists nothing.
+        """
+        with self.lock:
+            node = self._node(path, fh)
+            if self._halted:
+                raise _err(errno.EIO, "the power is off")
+            delay, lie, where = 0.0, False, ""
+            rules: tuple[str, ...] = ()
+            if self.disk:
+                where = self.path_of(node)
+                delay, lie, rules = self.disk.on_fsync(
+                    where, node.dirty_bytes if isinstance(node, File) else 0
                 )
             if lie:
                 return  # reported done, nothing persisted: the writes stay unsynced
+            cover = self._cover(node)
             if delay:
-                time.sleep(delay)  # outside the lock: the control socket still answers
+                self._hold(cover, where, delay, rules)
+            self._complete(cover)
+
+    def _hold(self, cover: Cover, where: str, delay: float, rules: tuple[str, ...]) -> None:
+        """Wait with the lock released until the delay is over; a power cut meanwhile fails the fsync."""
+        key = object()
+        self._in_flight[key] = {"path": where, "since": now_iso(), "delay_ms": round(delay * 1000, 3)}
+        deadline = time.monotonic() + delay
+        try:
+            while not self._halted and cover.power == self._power and self._held(rules, deadline):
+                self._wake.wait(max(deadline - time.monotonic(), 0.001))
+        finally:
+            del self._in_flight[key]
+        if self._halted or cover.power != self._power:
+            raise _err(errno.EIO, "the power was cut while the fsync was in flight")
+
+    def _held(self, rules: tuple[str, ...], deadline: float) -> bool:
+        """Whether a held fsync still waits: until its delay is over or every rule that slowed it is cleared."""
+        return time.monotonic() < deadline and any(r in self.disk.rules for r in rules)
+
+    def wake(self) -> None:
+        """Re-check every held fsync (a rule was cleared: the disk is no longer slow)."""
         with self.lock:
-            node = self._node(path, fh)
-            if isinstance(node, File):
-                self._persist_file(node)
-            elif isinstance(node, Dir):
-                self._persist_dir(node)
-            if self.names == "journal":
-                self._commit_names()
+            self._wake.notify_all()
+
+    def halt(self) -> dict[str, Any]:
+        """The power goes off: no fsync persists any more, and the ones in flight end with EIO.
+
+        Reads and writes still reach the volatile view (they are lost at the ``crash`` or
+        ``torn`` that must follow, which also turns the power back on).
+        """
+        with self.lock:
+            self._halted = True
+            failed = [dict(v) for v in self._in_flight.values()]
+            self._wake.notify_all()
+            return {"fsyncs_failed": failed}
 
     # ---------------------------------------------------------------- persistence
     def _sync(self, fd: int) -> None:
@@ -738,7 +849,8 @@ class LazyState:
     def _park_name(self, node: Node) -> str:
         return f"o{node.ino}"
 
-    def _persist_file(self, f: File) -> None:
+    def _persist_file(self, f: File, upto: int | None = None) -> None:
+        """Persist ``f`` (only its operations numbered below ``upto``, if given) and its metadata."""
         if f.fd is None:
             # No durable name yet: the data goes to a parked object; only a directory fsync names it.
             f.fd = os.open(
@@ -750,7 +862,11 @@ class LazyState:
             f.meta_dirty = True
         assert f.fd is not None
         if f.log:
-            f.persist()
+            n = len(f.log) if upto is None else upto - f.log_base
+            if n >= len(f.log):
+                f.persist()
+            elif n > 0:
+                f.persist_ops(n)
         self._persist_meta(f, f.fd)
         os.utime(f.fd, ns=(f.atime, f.mtime))
         self._sync(f.fd)
@@ -761,7 +877,14 @@ class LazyState:
             os.fchown(fd, node.uid, node.gid)
             node.meta_dirty = False
 
-    def _persist_dir(self, d: Dir) -> None:
+    def _persist_dir(
+        self, d: Dir, entries: dict[str, Node] | None = None, version: int | None = None
+    ) -> None:
+        """Make the directory's names durable: its current ones, or ``entries`` as they were at ``version``."""
+        if entries is None or version is None:
+            entries, version = d.entries, d.ns_version
+        elif version < d.ns_synced:
+            return  # a later fsync already made newer names durable
         if d.dfd is None:
             os.mkdir(self._park_name(d), d.mode & 0o7777, dir_fd=self.state_fd)
             self._adopt_dir(d, None, self._park_name(d))
@@ -772,14 +895,14 @@ class LazyState:
                 continue
             durable[name] = os.stat(name, dir_fd=d.dfd, follow_symlinks=False).st_ino
         for name, bino in durable.items():
-            node = d.entries.get(name)
+            node = entries.get(name)
             if node is None or node.bino != bino:
                 self._detach(d, name, bino)
-        for name, node in d.entries.items():
+        for name, node in entries.items():
             if node.bino is None or durable.get(name) != node.bino:
                 self._place(d, name, node)
         self._persist_meta(d, d.dfd)
-        d.ns_dirty = False
+        d.ns_synced = version
         self._sync(d.dfd)
 
     def _adopt_dir(self, d: Dir, parent: Dir | None, name: str) -> None:
@@ -887,6 +1010,8 @@ class LazyState:
                 "dirs_with_unsynced_entries": sorted(dirs),
                 "unsynced_bytes": sum(f["unsynced_bytes"] for f in files),
                 "unsynced_files": len(files),
+                "fsyncs_in_flight": [dict(v) for v in self._in_flight.values()],
+                "halted": self._halted,
             }
 
     def _dirty_files(self) -> list[File]:
@@ -899,6 +1024,8 @@ class LazyState:
     def flush(self) -> dict[str, Any]:
         """Persist everything, like sync(1): file data first, then names from the root down."""
         with self.lock:
+            if self._halted:
+                raise _err(errno.EIO, "the power is off (halt): crash or torn turns it back on")
             before = self.status()
             for f in self._dirty_files():
                 if f.links > 0:

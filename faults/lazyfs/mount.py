@@ -65,7 +65,8 @@ class LazyMount:
         mountpoint: str,
         control: str,
         *,
-        threads: bool = False,
+        threads: bool = True,
+        max_threads: int | None = None,
         sync_backing: bool = False,
         names: str = "strict",
         flush_on_unmount: bool = True,
@@ -79,8 +80,10 @@ class LazyMount:
             sys.executable, "-m", "faults.lazyfs",
             "--backing", backing, "--mount", mountpoint, "--control", control, "--foreground",
         ]  # fmt: skip
-        if threads:
-            self.args.append("--threads")
+        if not threads:
+            self.args.append("--single-thread")
+        if max_threads is not None:
+            self.args += ["--max-threads", str(max_threads)]
         if sync_backing:
             self.args.append("--sync-backing")
         if names != "strict":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -39,7 +41,7 @@ class LazyOps(mfusepy.Operations):
     def destroy(self, path: str) -> None:
         if self.server is not None:
             self.server.close()
-        if self.flush_on_unmount:
+        if self.flush_on_unmount and not self.state.status()["halted"]:
             self.state.flush()  # a clean unmount writes everything back, as umount(8) does
         self.state.close()
 
@@ -138,8 +140,8 @@ class LazyOps(mfusepy.Operations):
 
 
 def run_command(state: LazyState, line: str) -> dict[str, Any]:
-    """The control protocol: `status`, `flush` (alias `checkpoint`), `crash`, `torn SEED`, `ping`, and
-    `fault add JSON` / `fault clear [ID]` / `fault list` for disk fault rules (``diskfaults``)."""
+    """The control protocol: `status`, `flush` (alias `checkpoint`), `halt`, `crash`, `torn SEED`, `ping`,
+    and `fault add JSON` / `fault clear [ID]` / `fault list` for disk fault rules (``diskfaults``)."""
     from faults.node.wire import now_iso
 
     parts = line.split()
@@ -150,7 +152,12 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
     elif cmd == "status":
         body = state.status()
     elif cmd in ("flush", "checkpoint", "sync"):
-        body = state.flush()
+        try:
+            body = state.flush()
+        except OSError as e:
+            return {"ok": False, "error": f"flush: {e.strerror}"}
+    elif cmd == "halt":
+        body = state.halt()
     elif cmd == "crash":
         body = state.crash()
     elif cmd == "fault":
@@ -163,7 +170,7 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
     else:
         return {
             "ok": False,
-            "error": f"unknown command {cmd!r} (status, flush, crash, torn SEED, fault, ping)",
+            "error": f"unknown command {cmd!r} (status, flush, halt, crash, torn SEED, fault, ping)",
         }
     return {"ok": True, "command": cmd, "started": started, "finished": now_iso(), **body}
 
@@ -179,6 +186,7 @@ def _fault_command(state: LazyState, line: str, started: str) -> dict[str, Any]:
                 body: dict[str, Any] = {"rule": state.disk.add(json.loads(parts[2]))}
             elif sub == "clear":
                 body = {"cleared": state.disk.clear(parts[2].strip() if len(parts) == 3 else None)}
+                state.wake()  # fsyncs held by a cleared slow-fsync rule complete now
             elif sub == "list":
                 body = {"rules": state.disk.list()}
             else:
@@ -186,6 +194,9 @@ def _fault_command(state: LazyState, line: str, started: str) -> dict[str, Any]:
     except (ValueError, TypeError) as e:
         return {"ok": False, "error": f"fault {sub}: {e}"}
     return {"ok": True, "command": f"fault {sub}", "started": started, "finished": now_iso(), **body}
+
+
+_pinned = threading.local()
 
 
 def _ts(ts: Any) -> int:
@@ -198,6 +209,15 @@ def _ts(ts: Any) -> int:
 
 class _Fuse(mfusepy.FUSE):
     """mfusepy drops the file handle on truncate/chmod/chown/utimens; with `nopath` we need it."""
+
+    def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        # libfuse's pool threads are not Python's: a callback on one gets a Python thread state
+        # made for the call and freed after it, which made every request several times slower.
+        # One extra, never-released PyGILState_Ensure keeps the thread's state for its lifetime.
+        if not getattr(_pinned, "done", False):
+            ctypes.pythonapi.PyGILState_Ensure()
+            _pinned.done = True
+        return super()._wrapper(func, *args, **kwargs)
 
     def _fh(self, fip: Any) -> int | None:
         return fip.contents.fh if fip else None
@@ -231,13 +251,21 @@ def serve(
     control: str | None,
     *,
     foreground: bool = True,
-    threads: bool = False,
+    threads: bool = True,
+    max_threads: int | None = None,
     sync_backing: bool = False,
     names: str = "strict",
     flush_on_unmount: bool = True,
     debug: bool = False,
 ) -> None:
-    """Mount and block until unmounted (SIGTERM/SIGINT or `fusermount3 -u` end it cleanly)."""
+    """Mount and block until unmounted (SIGTERM/SIGINT or `fusermount3 -u` end it cleanly).
+
+    With ``threads`` (the default) libfuse serves requests from a pool of threads, as a kernel
+    serves system calls: a held fsync does not stop the requests behind it. The model's lock
+    keeps its state whole; ``threads=False`` is the old one-request-at-a-time loop. ``max_threads``
+    caps the pool (libfuse's default is 10): each held fsync occupies one thread, so the cap must
+    exceed the fsyncs a program holds at once, or its other requests wait again.
+    """
     state = LazyState(backing, sync_backing=sync_backing, names=names)
     ops = LazyOps(state, control, flush_on_unmount)
     opts: dict[str, Any] = {
@@ -252,6 +280,8 @@ def serve(
         "use_ino": True,  # hard links share an inode number, as programs expect
         "nopath": True,
     }
+    if threads and max_threads:
+        opts["max_threads"] = max_threads
     if os.geteuid() == 0:
         opts["allow_other"] = True  # brokers often run as their own user inside the container
     with warnings.catch_warnings():

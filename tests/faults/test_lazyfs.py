@@ -179,6 +179,14 @@ def test_bad_arguments_end_in_one_line(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
+    (tmp_path / "b").mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "faults.lazyfs", "--backing", str(tmp_path / "b"), "--mount", str(tmp_path)]
+        + ["--max-threads", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr == "lazyfs: --max-threads must be at least 1\n"
     r = subprocess.run(
         [sys.executable, "-m", "faults.lazyfs.ctl", str(tmp_path / "none.sock"), "status"],
         capture_output=True,

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from faults.lazyfs import LazyMount, fuse_available
+from tests.polling import until
 
 REASON = fuse_available()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
@@ -139,3 +141,45 @@ def test_bad_rules_are_refused(lazy: LazyMount) -> None:
         assert not reply["ok"] and why in reply["error"], reply
     rule(lazy, id="x", kind="eio")
     assert "already active" in lazy.command('fault add {"id": "x", "kind": "eio"}')["error"]
+
+
+def test_other_requests_go_on_while_a_slow_fsync_is_held_and_a_power_cut_fails_it(lazy: LazyMount) -> None:
+    m = lazy.mountpoint
+    fd, other = open_write(f"{m}/log"), open_write(f"{m}/other")
+    dfd = os.open(m, os.O_RDONLY | os.O_DIRECTORY)
+    os.write(fd, b"synced\n")
+    os.fsync(fd)
+    os.fsync(dfd)
+    os.write(fd, b"covered\n")
+    rule(lazy, id="slow", kind="slow-fsync", glob="log", delay_ms=60_000)
+    result: list[BaseException | None] = []
+
+    def fsync() -> None:
+        try:
+            os.fsync(fd)
+            result.append(None)
+        except OSError as e:
+            result.append(e)
+
+    t = threading.Thread(target=fsync)
+    t.start()
+    until(lambda: lazy.command("status")["fsyncs_in_flight"], "the fsync to be held")
+    # Held for a minute unless cleared: everything below returns while it still waits.
+    os.write(other, b"meanwhile\n")
+    assert os.pread(fd, 7, 0) == b"synced\n"
+    assert os.stat(f"{m}/log").st_size == len(b"synced\ncovered\n")
+    os.mkdir(f"{m}/d")
+    os.rename(f"{m}/d", f"{m}/e")
+    assert not result and t.is_alive()
+    # The power is cut while it is held: it fails, and persists nothing of what it covered.
+    assert [f["path"] for f in lazy.command("halt")["fsyncs_failed"]] == ["/log"]
+    t.join()
+    assert isinstance(result[0], OSError) and result[0].errno == errno.EIO
+    report = lazy.command("crash")
+    assert {f["path"] for f in report["dropped_data"]} == {"/log", "/other"}
+    clear(lazy, "slow")
+    for x in (fd, other, dfd):
+        os.close(x)
+    with open(f"{m}/log", "rb") as f:
+        assert f.read() == b"synced\n"
+    assert sorted(os.listdir(m)) == ["log", "other"]
