@@ -228,12 +228,8 @@ class RabbitMQ(BrokerPlugin):
         proxies (seen hanging until the exec timed out); with ``--local`` a node lists only
         the queues it masters. ``eval`` runs on the node itself and asks the queue process.
         """
-
-        def binary(text: str) -> str:
-            return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"/utf8>>'
-
         expr = (
-            f"case rabbit_amqqueue:lookup(rabbit_misc:r({binary(self.vhost)}, queue, {binary(queue)})) of "
+            f"case rabbit_amqqueue:lookup(rabbit_misc:r({erlang_binary(self.vhost)}, queue, {erlang_binary(queue)})) of "
             "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); "
             "Other -> Other end."
         )
@@ -243,8 +239,76 @@ class RabbitMQ(BrokerPlugin):
             raise ClusterError(f"{node.name}: no depth for queue {queue!r}: {out.strip()[-200:]}")
         return int(counts["messages_ready"]), int(counts["messages_unacknowledged"])
 
+    def queue_holders(self, node: NodeHandle, queue: str) -> list[dict[str, Any]] | None:
+        """The queue's consumers and the node's channels in the plugin's vhost, with the columns
+        of ``rabbitmqctl list_consumers`` and ``rabbitmqctl list_channels``.
+
+        Not those commands themselves: like ``list_queues`` they gather their rows from every
+        cluster member straight to the CLI's own Erlang node, which the peers cannot reach
+        through the proxies (on a three-node cluster both hang until the exec times out).
+        ``eval`` runs on the node and asks what they ask: the queue process for its consumers
+        (``rabbit_amqqueue:consumers``, wherever the queue's master or leader runs) and the
+        node for its own channels (``rabbit_channel:info_local``). A channel lives on the node
+        its client connected to, so each node lists its own share.
+        """
+        out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", holders_expr(self.vhost, queue)], timeout=30)
+        return parse_holders(out, queue, self.vhost, node.name)
+
     def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         return {"x-queue-type": "quorum"} if settings.get("queue_type") == "quorum" else {}
+
+
+def erlang_binary(text: str) -> str:
+    """``text`` as an Erlang UTF-8 binary literal."""
+    return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"/utf8>>'
+
+
+CONSUMER_COLUMNS = ("channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active")
+CHANNEL_COLUMNS = (
+    "pid",
+    "name",
+    "user",
+    "vhost",
+    "consumer_count",
+    "messages_unacknowledged",
+    "prefetch_count",
+)
+
+
+def holders_expr(vhost: str, queue: str) -> str:
+    """An ``eval`` expression printing one JSON line: ``consumers`` (the queue's, ``null`` when the
+    node finds no such queue) and ``channels`` (the node's own), pids as ``<rabbit@n1.x.y.z>``."""
+    consumer = ", ".join(f'<<"{k}">> => P(element({i}, C))' for i, k in enumerate(CONSUMER_COLUMNS, 1))
+    return (
+        "P = fun(X) when is_pid(X) -> list_to_binary(rabbit_misc:pid_to_string(X)); (X) -> X end, "
+        f"Cs = case rabbit_amqqueue:lookup(rabbit_misc:r({erlang_binary(vhost)}, queue, {erlang_binary(queue)})) of "
+        f"{{ok, Q}} -> [#{{{consumer}}} || C <- rabbit_amqqueue:consumers(Q)]; _ -> null end, "
+        "Chs = [maps:from_list([{atom_to_binary(K, utf8), P(V)} || {K, V} <- I]) "
+        f"|| I <- rabbit_channel:info_local([{', '.join(CHANNEL_COLUMNS)}])], "
+        'io:format("~ts~n", [rabbit_json:encode(#{<<"consumers">> => Cs, <<"channels">> => Chs})]).'
+    )
+
+
+def parse_holders(out: str, queue: str, vhost: str, node: str) -> list[dict[str, Any]]:
+    """``holders_expr``'s output as the drain records it: first the queue and its consumer count
+    (None when the node finds no such queue), then each consumer (``list_consumers``' columns),
+    then each of the node's channels in ``vhost`` (``list_channels``' columns)."""
+    got = None
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                got = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    if not isinstance(got, dict) or not isinstance(got.get("channels"), list):
+        raise ClusterError(f"{node}: no consumers and channels for queue {queue!r}: {out.strip()[-200:]}")
+    consumers = got.get("consumers")
+    rows: list[dict[str, Any]] = [
+        {"queue": queue, "consumers": len(consumers) if isinstance(consumers, list) else None}
+    ]
+    rows += [{"queue_name": queue, **c} for c in consumers or []]
+    rows += [{"channel": ch.get("name"), **ch} for ch in got["channels"] if ch.get("vhost") == vhost]
+    return rows
 
 
 @hookimpl

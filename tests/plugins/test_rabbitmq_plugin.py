@@ -1,4 +1,5 @@
-"""The RabbitMQ plugin's pure parts: settings, the mirroring policy, queue arguments, node specs."""
+"""The RabbitMQ plugin's pure parts: settings, the mirroring policy, queue arguments, node specs,
+the queue holders' ``eval`` expression and the parsing of its output."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from harness.errors import ScenarioError
+from harness.errors import ClusterError, ScenarioError
 from harness.spec.broker import BASE_CAPABILITIES, NodeInfo
-from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
+from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ, erlang_binary, holders_expr, parse_holders
 
 RMQ = RabbitMQ()
 
@@ -129,3 +130,74 @@ def test_node_spec() -> None:
     assert conf["cluster_partition_handling"] == "autoheal"
     assert conf["listeners.tcp.default"] == str(RMQ.client_port)
     assert spec.files[START_SCRIPT].startswith("#!/bin/sh")
+
+
+# ``rabbitmqctl -q eval holders_expr("/", "chaos-1")`` on a RabbitMQ 3.10.8 node, one consumer holding
+# four deliveries unacked (prefetch 4) on a channel of that node; then after its connection closed.
+HELD = (
+    '{"channels":[{"consumer_count":1,"messages_unacknowledged":4,'
+    '"name":"127.0.0.1:45546 -> 127.0.0.1:5672 (1)","pid":"<rabbit@n1.1795785091.730.0>",'
+    '"prefetch_count":4,"user":"guest","vhost":"/"}],"consumers":[{"ack_required":true,"active":true,'
+    '"channel_pid":"<rabbit@n1.1795785091.730.0>","consumer_tag":"ctag1.6dd24e5c2efc4640b22681d78b71e2db",'
+    '"prefetch_count":4}]}\nok\n'
+)
+RELEASED = '{"channels":[],"consumers":[]}\nok\n'
+
+
+def test_holders_list_the_consumer_and_its_channel() -> None:
+    rows = parse_holders(HELD, "chaos-1", "/", "n1")
+    pid = "<rabbit@n1.1795785091.730.0>"
+    assert rows == [
+        {"queue": "chaos-1", "consumers": 1},
+        {
+            "queue_name": "chaos-1",
+            "channel_pid": pid,
+            "consumer_tag": "ctag1.6dd24e5c2efc4640b22681d78b71e2db",
+            "ack_required": True,
+            "prefetch_count": 4,
+            "active": True,
+        },
+        {
+            "channel": "127.0.0.1:45546 -> 127.0.0.1:5672 (1)",
+            "pid": pid,
+            "name": "127.0.0.1:45546 -> 127.0.0.1:5672 (1)",
+            "user": "guest",
+            "vhost": "/",
+            "consumer_count": 1,
+            "messages_unacknowledged": 4,
+            "prefetch_count": 4,
+        },
+    ]
+
+
+def test_holders_after_the_connection_closed() -> None:
+    assert parse_holders(RELEASED, "chaos-1", "/", "n1") == [{"queue": "chaos-1", "consumers": 0}]
+
+
+def test_holders_of_a_queue_the_node_does_not_find_and_other_vhosts() -> None:
+    out = '{"channels":[{"name":"c","vhost":"other","messages_unacknowledged":3}],"consumers":null}\nok\n'
+    assert parse_holders(out, "chaos-1", "/", "n2") == [{"queue": "chaos-1", "consumers": None}]
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        "",
+        "Error: unable to perform an operation on node 'rabbit@n1'\n",
+        '{"consumers":[]}\nok\n',  # no channels list
+        '{"channels":[\nok\n',  # cut short
+    ],
+)
+def test_holders_without_an_answer_are_a_cluster_error(out: str) -> None:
+    with pytest.raises(ClusterError, match="n1: no consumers and channels for queue 'chaos-1'"):
+        parse_holders(out, "chaos-1", "/", "n1")
+
+
+def test_holders_expr_names_the_queue_and_vhost_as_binaries() -> None:
+    expr = holders_expr("/", 'q"1')
+    assert 'rabbit_misc:r(<<"/"/utf8>>, queue, <<"q\\"1"/utf8>>)' in expr
+    assert "rabbit_amqqueue:consumers(Q)" in expr
+    assert (
+        "rabbit_channel:info_local([pid, name, user, vhost, consumer_count, messages_unacknowledged" in expr
+    )
+    assert erlang_binary("a\\b") == '<<"a\\\\b"/utf8>>'
