@@ -267,7 +267,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     from harness.store import RunDir, default_root
     from harness.verdicts import exit_code, summary_table
 
-    sc = scenario_mod.load(args.scenario).with_overrides(seed=args.seed, duration=args.duration)
+    sc = scenario_mod.with_overrides(scenario_mod.load(args.scenario), seed=args.seed, duration=args.duration)
     replay = None
     if args.replay:
         rd = RunDir.open(args.replay)
@@ -282,7 +282,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     run_dirs = []
     started = time.monotonic()
     for k in range(args.runs):
-        s = sc.with_overrides(seed=sc.seed + k) if args.runs > 1 else sc
+        s = scenario_mod.with_overrides(sc, seed=sc.seed + k) if args.runs > 1 else sc
         run = Run(
             host,
             s,

@@ -31,7 +31,7 @@ from harness.errors import BrokerChaosError
 from harness.host import Host
 from harness.outcome import ChaosResult, ChaosSeries
 from harness.runner import execute, running_cluster
-from harness.scenario import Scenario
+from harness.scenario import Scenario, with_overrides
 from harness.scenario import build as build_scenario
 
 OPTION_GROUP = "brokerchaos"
@@ -170,7 +170,7 @@ def chaos_run(chaos_host: Host, pytestconfig: pytest.Config) -> Any:
         return ChaosSeries(
             execute(
                 chaos_host,
-                sc.with_overrides(seed=sc.seed + k),
+                with_overrides(sc, seed=sc.seed + k),
                 store,
                 checkers=chosen,
                 keep=keep,

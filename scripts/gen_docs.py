@@ -4,9 +4,9 @@
     python3 scripts/gen_docs.py           # (re)write docs/reference/{cli,scenario,faults,broker-settings,hooks,history,results}.md
     python3 scripts/gen_docs.py --check   # exit 1, naming each stale page, if a page differs from the code
 
-Sources: ``harness/cli.py``'s argparse parser (commands and options), ``harness/scenario.py``
-(the scenario model; each field's allowed values are what its validator answers to a wrong
-value), the fault kinds and broker plugins the installed plugins register (``params_schema``,
+Sources: ``harness/cli.py``'s argparse parser (commands and options), the scenario model
+(``harness/spec/scenario.py``: the fields and their ``#:`` comments; each field's allowed values
+are what ``harness/scenario.py``'s loader answers to a wrong value), the fault kinds and broker plugins the installed plugins register (``params_schema``,
 ``settings_schema``, capabilities, host features), ``harness/spec/hooks.py``, and the history
 and results schemas in ``harness/spec/``. A fault kind without a docstring, a hook without
 one, a command-line option without help or a scenario field without a comment is an error:
@@ -400,7 +400,7 @@ def scenario_page() -> str:
                 rows.append([f"`{path}`", f"a section: see [below](#{anchor})", _cell(doc), _default(f)])
                 continue
             if not comment:
-                raise DocsError(f"scenario field {path} has no comment in harness/scenario.py")
+                raise DocsError(f"scenario field {path} has no #: comment in harness/spec/scenario.py")
             default = _default(f)
             if default == "required" and _loads_without(path):
                 default = "see meaning"  # the loader fills it in (a scenario's name: its file's)
@@ -411,7 +411,7 @@ def scenario_page() -> str:
         if intro:
             parts.append(_md(intro))
         parts.append(_table(["field", "allowed", "meaning", "default"], rows))
-    return _page("Scenario format", "harness/scenario.py", *parts)
+    return _page("Scenario format", "harness/spec/scenario.py and harness/scenario.py", *parts)
 
 
 # -- faults, capabilities, broker settings --------------------------------------------------

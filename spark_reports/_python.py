@@ -175,226 +175,298 @@ def check_python(run_dir: Path, scenario: dict) -> Results:
 
 
 def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
-    msgs: dict[str, _Msg] = {}
-    timeline: dict[tuple[int, str | None, str | None], int] = {}
-    lat_tl: dict[int, list[int]] = {}
-    availability: dict[str, list[int]] = {}
-    confirm_lat: list[int] = []
-    max_seq: dict[tuple[str, str | None, str], int] = {}
-    violations: list[dict] = []
-    unflagged: list[dict] = []
-    acks = _AckPairs()
-    n = dict.fromkeys(
-        ("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0
-    )
-    publish_attempts = 0
-    bw = ctx.bucket_s
-    windows = ctx.windows
-    with_acks = ctx.acks
-    delays = ctx.params.delays
+    """The reconciliation, in four steps:
 
-    def msg(mid: str) -> _Msg:
-        m = msgs.get(mid)
+    1. one pass over the history (``_Pass``) counts every operation into the timeline and
+       groups the clients' operations by message id: publishes with their outcomes and
+       confirm latency, deliveries (with the redelivery, body and order checks), acks paired
+       with their invokes, abandons; it also gathers the liveness figures;
+    2. invokes that never completed become indeterminate attempts (``_Pass.settle``);
+    3. every id is classified (``_Classes``): its outcome, the fault windows it was exposed
+       to and what a loss is attributed to, and the classes it falls in (lost, ack_unknown,
+       unexpected, duplicated, recovered, resurrected, corrupted, split_brain);
+    4. ``_facts`` gathers both into the ``Facts`` that ``assemble`` (shared with the Spark job)
+       turns into results; the stuck queues come from the prelude (``make_context``).
+    """
+    grouped = _Pass(ctx)
+    for r in source:
+        grouped.row(r)
+    progress("python", "grouped", messages=len(grouped.msgs))
+    grouped.settle()
+    classes = _Classes(ctx)
+    for mid, m in grouped.msgs.items():
+        classes.add(mid, m)
+    return _facts(grouped, classes, ctx)
+
+
+class _Pass:
+    """Step 1: what one pass over the history (in index order) gathers, per message id and overall."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.bw = ctx.bucket_s
+        self.windows = ctx.windows
+        self.with_acks = ctx.acks
+        self.delays = ctx.params.delays
+        self.msgs: dict[str, _Msg] = {}
+        self.timeline: dict[tuple[int, str | None, str | None], int] = {}
+        self.lat_tl: dict[int, list[int]] = {}  # bucket -> [confirms, sum_us, max_us]
+        self.availability: dict[str, list[int]] = {}  # window id -> [attempts, confirmed]
+        self.confirm_lat: list[int] = []
+        self.max_seq: dict[tuple[str, str | None, str], int] = {}  # (consumer, queue, producer) -> seq
+        self.violations: list[dict] = []
+        self.unflagged: list[dict] = []
+        self.acks = _AckPairs()
+        self.live = _Live(self.with_acks)
+        self.publish_attempts = 0
+        self.n = dict.fromkeys(
+            ("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0
+        )
+
+    def msg(self, mid: str) -> _Msg:
+        m = self.msgs.get(mid)
         if m is None:
-            m = msgs[mid] = _Msg()
+            m = self.msgs[mid] = _Msg()
         return m
 
-    live = _Live(with_acks)
-    for r in source:
-        key = (bucket_of(r["time_ns"], bw), r["f"], r["type"])
-        timeline[key] = timeline.get(key, 0) + 1
+    def row(self, r: dict) -> None:
         f, ty, value = r["f"], r["type"], r["value"]
+        key = (bucket_of(r["time_ns"], self.bw), f, ty)
+        self.timeline[key] = self.timeline.get(key, 0) + 1
         if r["process"] == NEMESIS or value is None:
-            continue
-        live.add(r)
+            return
+        self.live.add(r)
         if f == "publish":
-            m = msgs.get(value)
             if ty == "invoke":
-                if m is None:
-                    m = msgs[value] = _Msg()
-                m.attempts += 1
-                publish_attempts += 1
-                if delays and r["detail"] is not None and "delay_ms" in r["detail"]:
-                    m.delayed = True
-                if m.first_inv is None:
-                    m.first_inv = (r["index"], r["time_ns"])
-                m.pending.append((r["index"], r["time_ns"]))
-            elif m is not None and m.pending:
-                _inv_index, inv_time = m.pending.popleft()
-                outcome = outcome_of(ty)
-                m.outcomes.add(outcome)
-                _count_attempt(availability, windows, inv_time, outcome == "ok")
-                if outcome == "ok":
-                    if m.confirm is None:
-                        m.confirm = (r["index"], r["time_ns"], r["node"])
-                    lat = latency_us(r["time_ns"], inv_time)
-                    confirm_lat.append(lat)
-                    b = lat_tl.setdefault(bucket_of(r["time_ns"], bw), [0, 0, 0])
-                    b[0] += 1
-                    b[1] += lat
-                    b[2] = max(b[2], lat)
+                self.publish_invoke(r, value)
+            else:
+                self.publish_completion(r, value, ty)
         elif f == "consume" and ty == "ok":
-            n["delivered_total"] += 1
-            m = msg(value)
-            m.delivered += 1
-            m.last_d = r["index"]
-            d = {k: r[k] for k in _DELIVERY_KEYS}
-            if len(m.deliveries) < DELIVERY_CAP:
-                m.deliveries.append(d)
-            if with_acks:
-                if m.first_ack is not None:
-                    m.res_n += 1
-                    if m.res_first is None:
-                        m.res_first = d
-                if m.last_ab is not None and r["redelivered"] is not True:
-                    n["unflagged"] += 1
-                    if len(unflagged) < LIST_CAP:
-                        unflagged.append(
-                            {"id": value, **d, "abandon_index": m.last_ab[0], "abandon_cause": m.last_ab[1]}
-                        )
-                digest = r["digest"]
-                if digest is None:
-                    n["undigested"] += 1
-                else:
-                    seen = m.digests.get(digest)
-                    if seen is None:
-                        m.digests[digest] = [1, {**d, "digest": digest, "detail": r["detail"]}]
-                    else:
-                        seen[0] += 1
-            parsed = parse_id(value) if not m.delayed else None
-            if parsed is not None and r["redelivered"] is not True:
-                producer, seq = parsed
-                okey = (r["process"], r["queue"], producer)
-                prev = max_seq.get(okey)
-                if prev is not None and seq < prev:
-                    n["violations"] += 1
-                    if len(violations) < LIST_CAP:
-                        violations.append(
-                            {
-                                "consumer": r["process"],
-                                "queue": r["queue"],
-                                "producer": producer,
-                                "id": value,
-                                "seq": seq,
-                                "after_seq": prev,
-                                "index": r["index"],
-                            }
-                        )
-                max_seq[okey] = seq if prev is None else max(prev, seq)
-        elif with_acks and f == "ack":
-            if ty == "invoke":
-                acks.invoke(r["process"], value, r["index"])
-                continue
-            paired = acks.complete(r["process"], value)
-            m = msg(value)
-            if ty == "ok":
-                n["acked_total"] += 1
-                m.acked += 1
-                if m.first_ack is None:
-                    m.first_ack = {k: r[k] for k in _ACK_KEYS}
-            elif ty != "fail" and paired is not None:
-                m.ack_info_inv = paired if m.ack_info_inv is None else max(m.ack_info_inv, paired)
-        elif with_acks and f == "abandon" and ty == "invoke":
-            n["abandoned"] += 1
-            m = msg(value)
-            m.abandons += 1
-            m.last_ab = (r["index"], json_field(r["detail"], "cause"))
+            self.delivery(r, value)
+        elif self.with_acks and f == "ack":
+            self.ack(r, value, ty)
+        elif self.with_acks and f == "abandon" and ty == "invoke":
+            self.abandon(r, value)
 
-    progress("python", "grouped", messages=len(msgs))
-    # Invokes that never completed are indeterminate attempts.
-    for m in msgs.values():
-        while m.pending:
-            _, inv_time = m.pending.popleft()
-            m.outcomes.add("info")
-            _count_attempt(availability, windows, inv_time, False)
+    # -- publishes: attempts, outcomes, confirms ------------------------------------------
 
-    counts = dict.fromkeys(
-        (
-            "attempted",
-            "confirmed",
-            "failed",
-            "unknown",
-            "delivered_unique",
-            "consumed_unique",
-            "lost",
-            "ack_unknown",
-            "unexpected",
-            "corrupted",
-            "duplicated",
-            "resurrected",
-            "recovered",
-            "split_brain",
-        ),
-        0,
-    )
-    lists: dict[str, list[dict]] = {
-        k: []
-        for k in (
-            "lost",
-            "ack_unknown",
-            "unexpected",
-            "duplicated",
-            "recovered",
-            "resurrected",
-            "corrupted",
-            "split_brain",
-        )
-    }
-    by_cause: dict[tuple[str, str | None], int] = {}
-    e2e: list[int] = []
-    attribution: dict[tuple[str, str | None], int] = {}
-    exposure: dict[str, list[int]] = {}
-    drain_end = ctx.drain_end_ns
-    for mid, m in msgs.items():
+    def publish_invoke(self, r: dict, value: str) -> None:
+        m = self.msg(value)
+        m.attempts += 1
+        self.publish_attempts += 1
+        if self.delays and r["detail"] is not None and "delay_ms" in r["detail"]:
+            m.delayed = True
+        if m.first_inv is None:
+            m.first_inv = (r["index"], r["time_ns"])
+        m.pending.append((r["index"], r["time_ns"]))
+
+    def publish_completion(self, r: dict, value: str, ty: str) -> None:
+        """A completion closes its id's oldest open invoke (one without an invoke closes nothing)."""
+        m = self.msgs.get(value)
+        if m is None or not m.pending:
+            return
+        _inv_index, inv_time = m.pending.popleft()
+        outcome = outcome_of(ty)
+        m.outcomes.add(outcome)
+        _count_attempt(self.availability, self.windows, inv_time, outcome == "ok")
+        if outcome == "ok":
+            self.confirmed(m, r, inv_time)
+
+    def confirmed(self, m: _Msg, r: dict, inv_time: int) -> None:
+        """The first confirm is the id's; every confirm's latency goes into the latency figures."""
+        if m.confirm is None:
+            m.confirm = (r["index"], r["time_ns"], r["node"])
+        lat = latency_us(r["time_ns"], inv_time)
+        self.confirm_lat.append(lat)
+        b = self.lat_tl.setdefault(bucket_of(r["time_ns"], self.bw), [0, 0, 0])
+        b[0] += 1
+        b[1] += lat
+        b[2] = max(b[2], lat)
+
+    def settle(self) -> None:
+        """Step 2: invokes that never completed are indeterminate attempts."""
+        for m in self.msgs.values():
+            while m.pending:
+                _, inv_time = m.pending.popleft()
+                m.outcomes.add("info")
+                _count_attempt(self.availability, self.windows, inv_time, False)
+
+    # -- deliveries, acks and abandons -----------------------------------------------------
+
+    def delivery(self, r: dict, value: str) -> None:
+        self.n["delivered_total"] += 1
+        m = self.msg(value)
+        m.delivered += 1
+        m.last_d = r["index"]
+        d = {k: r[k] for k in _DELIVERY_KEYS}
+        if len(m.deliveries) < DELIVERY_CAP:
+            m.deliveries.append(d)
+        if self.with_acks:
+            self.redelivery_checks(m, r, value, d)
+            self.body_check(m, r, d)
+        self.order_check(m, r, value)
+
+    def redelivery_checks(self, m: _Msg, r: dict, value: str, d: dict) -> None:
+        """A delivery after the id's first ok ack resurrects it; one after an abandon must be flagged redelivered."""
+        if m.first_ack is not None:
+            m.res_n += 1
+            if m.res_first is None:
+                m.res_first = d
+        if m.last_ab is not None and r["redelivered"] is not True:
+            self.n["unflagged"] += 1
+            if len(self.unflagged) < LIST_CAP:
+                self.unflagged.append(
+                    {"id": value, **d, "abandon_index": m.last_ab[0], "abandon_cause": m.last_ab[1]}
+                )
+
+    def body_check(self, m: _Msg, r: dict, d: dict) -> None:
+        """Each distinct digest an id was delivered with, how often and its first delivery."""
+        digest = r["digest"]
+        if digest is None:
+            self.n["undigested"] += 1
+            return
+        seen = m.digests.get(digest)
+        if seen is None:
+            m.digests[digest] = [1, {**d, "digest": digest, "detail": r["detail"]}]
+        else:
+            seen[0] += 1
+
+    def order_check(self, m: _Msg, r: dict, value: str) -> None:
+        """A first delivery (not flagged redelivered) of an undelayed ``producer:seq`` id must not
+        come after a higher seq of the same producer to the same consumer from the same queue."""
+        parsed = parse_id(value) if not m.delayed else None
+        if parsed is None or r["redelivered"] is True:
+            return
+        producer, seq = parsed
+        okey = (r["process"], r["queue"], producer)
+        prev = self.max_seq.get(okey)
+        if prev is not None and seq < prev:
+            self.n["violations"] += 1
+            if len(self.violations) < LIST_CAP:
+                self.violations.append(
+                    {
+                        "consumer": r["process"],
+                        "queue": r["queue"],
+                        "producer": producer,
+                        "id": value,
+                        "seq": seq,
+                        "after_seq": prev,
+                        "index": r["index"],
+                    }
+                )
+        self.max_seq[okey] = seq if prev is None else max(prev, seq)
+
+    def ack(self, r: dict, value: str, ty: str) -> None:
+        """Acks pair with their invokes (``_AckPairs``); an ack that completed info remembers its invoke."""
+        if ty == "invoke":
+            self.acks.invoke(r["process"], value, r["index"])
+            return
+        paired = self.acks.complete(r["process"], value)
+        m = self.msg(value)
+        if ty == "ok":
+            self.n["acked_total"] += 1
+            m.acked += 1
+            if m.first_ack is None:
+                m.first_ack = {k: r[k] for k in _ACK_KEYS}
+        elif ty != "fail" and paired is not None:
+            m.ack_info_inv = paired if m.ack_info_inv is None else max(m.ack_info_inv, paired)
+
+    def abandon(self, r: dict, value: str) -> None:
+        self.n["abandoned"] += 1
+        m = self.msg(value)
+        m.abandons += 1
+        m.last_ab = (r["index"], json_field(r["detail"], "cause"))
+
+
+#: The classes an id can fall in, each counted and listed (in the order of the results' counts).
+_LISTED = (
+    "lost",
+    "ack_unknown",
+    "unexpected",
+    "corrupted",
+    "duplicated",
+    "resurrected",
+    "recovered",
+    "split_brain",
+)
+#: What ``_Classes`` counts per id: its outcome, whether it was delivered and consumed, its classes.
+_COUNTED = ("attempted", "confirmed", "failed", "unknown", "delivered_unique", "consumed_unique", *_LISTED)
+
+
+class _Classes:
+    """Step 3: each message id's outcome, exposure to faults and classes, counted and listed."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.with_acks = ctx.acks
+        self.counts = dict.fromkeys(_COUNTED, 0)
+        self.lists: dict[str, list[dict]] = {k: [] for k in _LISTED}
+        self.by_cause: dict[tuple[str, str | None], int] = {}
+        self.e2e: list[int] = []
+        self.attribution: dict[tuple[str, str | None], int] = {}  # (fault kind, confirming node) -> lost
+        self.exposure: dict[str, list[int]] = {}  # fault kind -> [confirmed, lost]
+
+    def add(self, mid: str, m: _Msg) -> None:
         outcome = m.outcome
-        consumed = m.acked if with_acks else m.delivered
-        counts["attempted"] += m.attempts > 0
-        counts["confirmed"] += outcome == "ok"
-        counts["failed"] += outcome == "fail"
-        counts["unknown"] += outcome == "info"
-        counts["delivered_unique"] += m.delivered > 0
-        counts["consumed_unique"] += consumed > 0
+        consumed = m.acked if self.with_acks else m.delivered
+        self.outcome_counts(m, outcome, consumed)
         if m.attempts and m.delivered:
             assert m.first_inv is not None
-            e2e.append(latency_us(m.deliveries[0]["time_ns"], m.first_inv[1]))
+            self.e2e.append(latency_us(m.deliveries[0]["time_ns"], m.first_inv[1]))
         unacked = outcome == "ok" and consumed == 0
         ack_unknown = (
             unacked and m.ack_info_inv is not None and (m.last_d is None or m.ack_info_inv > m.last_d)
         )
         is_lost = unacked and not ack_unknown
         if outcome == "ok":
-            assert m.confirm is not None
-            for kind in kinds_for(windows, m.confirm[1], drain_end):
-                ex = exposure.setdefault(kind, [0, 0])
-                ex[0] += 1
-                ex[1] += is_lost
-                if is_lost:
-                    akey = (kind, m.confirm[2])
-                    attribution[akey] = attribution.get(akey, 0) + 1
-        first_consumed = (
-            m.first_ack["index"]
-            if with_acks and m.first_ack
-            else m.deliveries[0]["index"]
-            if m.deliveries
-            else None
-        )
+            self.exposed(m, is_lost)
+        self.delivery_classes(mid, m, outcome, consumed, is_lost, ack_unknown)
+        if m.res_n:
+            self.resurrected(mid, m)
+        if self.ctx.check_bodies and m.attempts and m.digests:
+            self.corrupted(mid, m)
+        if self.ctx.spans and m.first_ack is not None:
+            self.split_brain(mid, m.first_ack)
 
-        def add(
-            name: str,
-            extra: dict | None = None,
-            mid: str = mid,
-            m: _Msg = m,
-            consumed: int = consumed,
-            first_consumed: int | None = first_consumed,
-        ) -> None:
-            counts[name] += 1
-            lists[name].append(
+    def outcome_counts(self, m: _Msg, outcome: str, consumed: int) -> None:
+        c = self.counts
+        c["attempted"] += m.attempts > 0
+        c["confirmed"] += outcome == "ok"
+        c["failed"] += outcome == "fail"
+        c["unknown"] += outcome == "info"
+        c["delivered_unique"] += m.delivered > 0
+        c["consumed_unique"] += consumed > 0
+
+    def exposed(self, m: _Msg, is_lost: bool) -> None:
+        """A confirmed id counts towards every fault kind whose window overlaps its confirm to the
+        drain's end ("none" when it met no fault); a lost one is attributed to those kinds and the
+        node that confirmed it."""
+        assert m.confirm is not None
+        for kind in kinds_for(self.ctx.windows, m.confirm[1], self.ctx.drain_end_ns):
+            ex = self.exposure.setdefault(kind, [0, 0])
+            ex[0] += 1
+            ex[1] += is_lost
+            if is_lost:
+                akey = (kind, m.confirm[2])
+                self.attribution[akey] = self.attribution.get(akey, 0) + 1
+
+    def delivery_classes(
+        self, mid: str, m: _Msg, outcome: str, consumed: int, is_lost: bool, ack_unknown: bool
+    ) -> None:
+        """lost (with its cause), ack_unknown, unexpected, duplicated and recovered."""
+        if m.first_ack is not None and self.with_acks:
+            first_consumed: int | None = m.first_ack["index"]
+        else:
+            first_consumed = m.deliveries[0]["index"] if m.deliveries else None
+
+        def add(name: str, extra: dict | None = None) -> None:
+            self.counts[name] += 1
+            self.lists[name].append(
                 {**_detail(mid, m, consumed), "first_consumed_index": first_consumed, **(extra or {})}
             )
 
         if is_lost:
             cause, abandon_cause = _lost_cause(m)
-            by_cause[(cause, abandon_cause)] = by_cause.get((cause, abandon_cause), 0) + 1
+            self.by_cause[(cause, abandon_cause)] = self.by_cause.get((cause, abandon_cause), 0) + 1
             add("lost", {"cause": cause, "abandon_cause": abandon_cause})
         if ack_unknown:
             add("ack_unknown")
@@ -404,51 +476,62 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
             add("duplicated")
         if outcome in ("fail", "info") and consumed:
             add("recovered")
-        if m.res_n:
-            counts["resurrected"] += 1
-            lists["resurrected"].append(
-                {
-                    "id": mid,
-                    "ack": m.first_ack,
-                    "deliveries_after": m.res_n,
-                    "delivery": m.res_first,
-                    "first_index": m.res_first["index"],  # type: ignore[index]
-                }
-            )
-        if ctx.check_bodies and m.attempts and m.digests:
-            want = expected_digest(mid, ctx.params)
-            bad = [v for dg, v in m.digests.items() if dg != want]
-            if bad:
-                first = min((v[1] for v in bad), key=lambda x: x["index"])
-                counts["corrupted"] += 1
-                lists["corrupted"].append(
-                    {
-                        "id": mid,
-                        "deliveries": sum(v[0] for v in bad),
-                        "delivery": first,
-                        "first_index": first["index"],
-                    }
-                )
-        if ctx.spans and m.first_ack is not None:
-            a = m.first_ack
-            if split_brain_nodes(ctx.spans, a["process"], a["queue"], a["index"], a["time_ns"], a["node"]):
-                counts["split_brain"] += 1
-                lists["split_brain"].append({"id": mid, "ack": a, "first_index": a["index"]})
 
-    counts["publish_attempts"] = publish_attempts
+    def resurrected(self, mid: str, m: _Msg) -> None:
+        assert m.res_first is not None
+        self.counts["resurrected"] += 1
+        self.lists["resurrected"].append(
+            {
+                "id": mid,
+                "ack": m.first_ack,
+                "deliveries_after": m.res_n,
+                "delivery": m.res_first,
+                "first_index": m.res_first["index"],
+            }
+        )
+
+    def corrupted(self, mid: str, m: _Msg) -> None:
+        """Deliveries whose digest is not the body the id's publish carried."""
+        want = expected_digest(mid, self.ctx.params)
+        bad = [v for dg, v in m.digests.items() if dg != want]
+        if not bad:
+            return
+        first = min((v[1] for v in bad), key=lambda x: x["index"])
+        self.counts["corrupted"] += 1
+        self.lists["corrupted"].append(
+            {
+                "id": mid,
+                "deliveries": sum(v[0] for v in bad),
+                "delivery": first,
+                "first_index": first["index"],
+            }
+        )
+
+    def split_brain(self, mid: str, a: dict) -> None:
+        """The id's first ok ack came, inside a drain, from a node while another node of that drain
+        had already reported the queue empty (``split_brain_nodes``)."""
+        if split_brain_nodes(self.ctx.spans, a["process"], a["queue"], a["index"], a["time_ns"], a["node"]):
+            self.counts["split_brain"] += 1
+            self.lists["split_brain"].append({"id": mid, "ack": a, "first_index": a["index"]})
+
+
+def _facts(grouped: _Pass, classes: _Classes, ctx: Context) -> Facts:
+    """Step 4: the totals, the capped lists in their order, the latency and liveness figures."""
+    n, counts, lists = grouped.n, classes.counts, classes.lists
+    counts["publish_attempts"] = grouped.publish_attempts
     counts["delivered_total"] = n["delivered_total"]
-    counts["consumed_total"] = n["acked_total"] if with_acks else n["delivered_total"]
+    counts["consumed_total"] = n["acked_total"] if ctx.acks else n["delivered_total"]
     counts["abandoned"] = n["abandoned"]
     counts["unflagged_redeliveries"] = n["unflagged"]
     counts["order_violations"] = n["violations"]
-    confirm_lat.sort()
-    e2e.sort()
+    grouped.confirm_lat.sort()
+    classes.e2e.sort()
     for d in lists["duplicated"]:
         d["first_delivery_index"] = d["deliveries"][0]["index"]
     return Facts(
         counts=counts,
         lost=cap(lists["lost"], "confirm_index"),
-        lost_by_cause=[(c, a, k) for (c, a), k in by_cause.items()],
+        lost_by_cause=[(c, a, k) for (c, a), k in classes.by_cause.items()],
         ack_unknown=cap(lists["ack_unknown"], "confirm_index"),
         unexpected=cap(lists["unexpected"], "first_consumed_index"),
         duplicated=cap(lists["duplicated"], "first_delivery_index"),
@@ -456,17 +539,17 @@ def _reconcile(source: Iterable[dict], ctx: Context) -> Facts:
         resurrected=cap(lists["resurrected"], "first_index"),
         corrupted=cap(lists["corrupted"], "first_index"),
         split_brain=cap(lists["split_brain"], "first_index"),
-        unflagged=unflagged,
+        unflagged=grouped.unflagged,
         undigested=n["undigested"],
-        order_violations=violations,
-        attribution_rows=[(k, n, c) for (k, n), c in attribution.items()],
-        exposure_rows=[(k, v[0], v[1]) for k, v in exposure.items()],
-        confirm_us=order_stats(confirm_lat),
-        e2e_us=order_stats(e2e),
-        availability={k: (v[0], v[1]) for k, v in availability.items()},
-        timeline=[(t, f, ty, n) for (t, f, ty), n in timeline.items()],
-        latency_timeline=[(t, v[0], v[1], v[2]) for t, v in lat_tl.items()],
-        live=live.facts(heal_times(windows), UNAVAILABLE_S * NS_PER_S),
+        order_violations=grouped.violations,
+        attribution_rows=[(k, node, c) for (k, node), c in classes.attribution.items()],
+        exposure_rows=[(k, v[0], v[1]) for k, v in classes.exposure.items()],
+        confirm_us=order_stats(grouped.confirm_lat),
+        e2e_us=order_stats(classes.e2e),
+        availability={k: (v[0], v[1]) for k, v in grouped.availability.items()},
+        timeline=[(t, f, ty, k) for (t, f, ty), k in grouped.timeline.items()],
+        latency_timeline=[(t, v[0], v[1], v[2]) for t, v in grouped.lat_tl.items()],
+        live=grouped.live.facts(heal_times(ctx.windows), UNAVAILABLE_S * NS_PER_S),
     )
 
 

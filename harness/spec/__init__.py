@@ -10,19 +10,14 @@
 - ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
 - ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
-- ``scenario``: the scenario sections a driver and a fault read.
+- ``scenario``: the scenario model (every section a run, a driver, a fault and a checker read);
+- ``errors``: the errors a user can cause, which plugins raise (``ScenarioError``, ``FaultError``, ...).
+
+The package imports nothing of the harness: the harness builds on it.
 """
 
 from __future__ import annotations
 
-from harness.scenario import (
-    BrokerSection,
-    ConsumerSection,
-    DelaySection,
-    Scenario,
-    TransactionsSection,
-    WorkloadSection,
-)
 from harness.spec.broker import (
     BASE_CAPABILITIES,
     BrokerPlugin,
@@ -56,6 +51,14 @@ from harness.spec.history import (
     message_body,
 )
 from harness.spec.registry import Registry
+from harness.spec.scenario import (
+    BrokerSection,
+    ConsumerSection,
+    DelaySection,
+    Scenario,
+    TransactionsSection,
+    WorkloadSection,
+)
 
 __all__ = [
     "ABANDON_CAUSES",

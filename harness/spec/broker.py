@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from harness.errors import ClusterError
+from harness.spec.errors import ClusterError, ScenarioError
 
 #: Capabilities the host itself knows, with what declaring one promises. The set is open:
 #: a fault package that needs something else registers it (``register.add_capability``)
@@ -207,8 +207,6 @@ class BrokerPlugin:
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check allowed values; raise ``ScenarioError`` naming the field."""
-        from harness.errors import ScenarioError
-
         out: dict[str, Any] = {}
         for key in settings:
             if key not in self.settings_schema:

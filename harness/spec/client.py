@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harness.scenario import ConsumerSection, DelaySection
+from harness.spec.scenario import ConsumerSection, DelaySection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]

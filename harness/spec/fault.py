@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from harness.errors import ScenarioError
+from harness.spec.errors import ScenarioError
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.errors import PluginError
 from harness.spec.broker import BASE_CAPABILITIES, BrokerPlugin
+from harness.spec.errors import PluginError
 from harness.spec.fault import Fault
 
 

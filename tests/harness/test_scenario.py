@@ -356,12 +356,12 @@ def test_missing_file() -> None:
 
 def test_with_overrides() -> None:
     sc = S.from_dict({**MINIMAL, "seed": 3, "workload": {"duration": 9, "rate": 10}})
-    assert sc.with_overrides() == sc
-    o = sc.with_overrides(seed=11, duration=2.5)
+    assert S.with_overrides(sc) == sc
+    o = S.with_overrides(sc, seed=11, duration=2.5)
     assert (o.seed, o.workload.duration, o.workload.rate) == (11, 2.5, 10.0)
     assert (sc.seed, sc.workload.duration) == (3, 9.0)  # the original is unchanged
-    assert sc.with_overrides(seed=0).seed == 0  # 0 is an override, not "no override"
-    assert sc.with_overrides(duration=1).workload.duration == 1.0
+    assert S.with_overrides(sc, seed=0).seed == 0  # 0 is an override, not "no override"
+    assert S.with_overrides(sc, duration=1).workload.duration == 1.0
 
 
 @pytest.mark.parametrize(
@@ -374,7 +374,7 @@ def test_with_overrides() -> None:
 )
 def test_overrides_obey_the_file_rules(kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(ScenarioError, match=needle):
-        S.from_dict(MINIMAL).with_overrides(**kwargs)
+        S.with_overrides(S.from_dict(MINIMAL), **kwargs)
 
 
 SCENARIO_FILES = sorted((REPO / "scenarios").glob("*.y*ml")) + sorted((REPO / "scenarios").glob("*.toml"))
