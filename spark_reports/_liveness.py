@@ -194,6 +194,25 @@ def liveness(
             recovery.append(
                 _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
             )
+    span_end = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
+
+    def served(q: str, k: str, a: int, b: int) -> bool:
+        """Whether kind ``k`` of queue ``q`` had an ok op between ``a`` and ``b``."""
+        agg = per_queue[q][k]
+        if agg.first is None or agg.last is None or agg.first > b or agg.last < a:
+            return False
+        return not any(qq == q and kk == k and ga < a and gb > b for qq, kk, ga, gb in facts.gaps)
+
+    def answered_later(q: str, k: str, a: int, b: int) -> bool:
+        """Whether kind ``k``'s failures from ``a`` to ``b`` are explained by the whole queue being
+        down then, and the queue answered another kind after ``b``: producers that stopped with the
+        workload while a restarted node was still booting were never seen failing on a queue that
+        was back, so publish cannot be said never to have come back. A kind failing while another
+        kind is served is a partial outage of its own and stays."""
+        others = [j for j in KINDS if j != k]
+        quiet = not any(served(q, j, a, b) for j in others)
+        return quiet and any((per_queue[q][j].last or -1) > b for j in others)
+
     healed = [(h, i) for i, h in enumerate(heals) if h is not None]
     gone: dict[str, tuple[list[LiveKind], int, FaultWindow | None]] = {}
     if healed:
@@ -208,12 +227,19 @@ def liveness(
                 missing.append("publish")
             if r["consume_demand"] and r["consume_ok_ns"] is None:
                 missing.append("consume")
+            missing = [k for k in missing if not answered_later(q, k, last_heal, span_end[(q, k)])]
+            if not missing:
+                continue
             lasts = [x for x in (per_queue[q][k].last for k in missing) if x is not None]
             start = next(x for x in queue_rows if x["queue"] == q)["span_start_ns"]
             gone[q] = (missing, max(lasts) if lasts else start, windows[li])
     for x in out_windows:
         # Down at the end of its span: it recovered from the last heal, if any, and went down again.
-        if x["ended_by_ok"] or x["queue"] in gone:
+        if (
+            x["ended_by_ok"]
+            or x["queue"] in gone
+            or answered_later(x["queue"], x["kind"], x["start_ns"], x["end_ns"])
+        ):
             continue
         opened = [y for y in out_windows if y["queue"] == x["queue"] and not y["ended_by_ok"]]
         since = min(y["start_ns"] for y in opened)

@@ -132,3 +132,43 @@ def test_a_heal_as_producers_stop_and_an_idle_drained_queue_are_not_outages(tmp_
     rec = _after_heal(r)
     assert not rec["publish_demand"] and rec["recovered"]
     assert r["verdict"] == "durable" and r["liveness"]["windows"] == []
+
+
+def test_producers_that_stop_before_the_queue_answers_again_are_no_outage(tmp_path: Path) -> None:
+    """A restarted master still booting when the workload ends: every publish after the heal
+    refused, then the drain consumes everything. The queue came back; nobody published once it
+    had, so publish is not seen failing on a live queue (the windows still show the refusals)."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20, consume=False)
+    b.fault("f1", "kill", node="n1")
+    _workload(b, 30, ok=False, start=100)
+    b.heal("f1")
+    _workload(b, 60, ok=False, start=200)  # 6 s of refused publishes after the heal began
+    b.t += 20 * S  # the workload is over; the node finishes booting
+    b.drain_invoke()
+    for i in range(20):
+        b.consume(f"p1:{i}", consumer="d1", node="n2")
+    b.drain_done(consumed=20, nodes={"n2": {"consumed": 20, "ready": 0, "unacked": 0}})
+    r = check_python(b.write(tmp_path), {})
+    rec = _after_heal(r)
+    assert rec["publish_demand"] and rec["publish_ok_ns"] is None and rec["consume_ok_ns"] is not None
+    assert (r["verdict"], r["liveness"]["unavailable"]) == ("durable", [])
+    assert any(w["kind"] == "publish" and not w["ended_by_ok"] for w in r["liveness"]["windows"])
+    assert r["counts"]["confirmed"] == r["counts"]["consumed_unique"] == 20
+
+
+def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(tmp_path: Path) -> None:
+    """The converse: consumers served after the heal while every publish is refused until the
+    producers stop, and nothing answers the queue after that: publish never came back."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 60, consume=False)
+    b.fault("f1", "partition", node="n1")
+    b.heal("f1")
+    for i in range(60):  # each refused publish beside a delivery of the backlog
+        b.publish(f"p1:{100 + i}", "info", node="n1")
+        b.consume(f"p1:{i}", node="n2", consumer="c1")
+    b.drain()
+    r = check_python(b.write(tmp_path), {})
+    assert r["verdict"] == "UNAVAILABLE"
+    [u] = r["liveness"]["unavailable"]
+    assert u["kinds"] == ["publish"]

@@ -173,4 +173,6 @@ def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net
     )
     n1.kill()
     wait_for(lambda: queue_info(n2, "ha.paused").get("node") == "n2", what="n2 promoted")
+    # n3 learns of the promotion from n2, after n2 itself: drain through n3 once it has
+    wait_for(lambda: queue_info(n3, "ha.paused").get("node") == "n2", what="n3 sees n2 as the master")
     assert drain(n3, "ha.paused") == list(range(20))
