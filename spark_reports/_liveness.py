@@ -194,7 +194,7 @@ def liveness(
             recovery.append(
                 _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
             )
-    span_end = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
+    span_ends = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
 
     def served(q: str, k: str, a: int, b: int) -> bool:
         """Whether kind ``k`` of queue ``q`` had an ok op between ``a`` and ``b``."""
@@ -227,7 +227,7 @@ def liveness(
                 missing.append("publish")
             if r["consume_demand"] and r["consume_ok_ns"] is None:
                 missing.append("consume")
-            missing = [k for k in missing if not answered_later(q, k, last_heal, span_end[(q, k)])]
+            missing = [k for k in missing if not answered_later(q, k, last_heal, span_ends[(q, k)])]
             if not missing:
                 continue
             lasts = [x for x in (per_queue[q][k].last for k in missing) if x is not None]
