@@ -336,6 +336,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             heals.append((f["id"], f["kind"], max(began)))
     budget = plan["budgets"]["recovery_s"]
     recovery, over = {}, []
+    demands: dict[tuple[str, str], tuple[bool, bool]] = {}
     for fid, kind, h in heals:
         for q in queues:
             pub = [t - h for t in oks(q, "publish") if t >= h]
@@ -359,13 +360,10 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             if b is not None and (not recovered or (took is not None and took > b * 1e9)):
                 over.append(f"{fid} {q}")
             recovery[(fid, q)] = (recovered, min(pub) if pub else None, min(cons) if cons else None, took)
-    down = []
-    if heals:
-        last = max(h for _f, _k, h in heals)
-        fid = next(f for f, _k, h in heals if h == last)
-        down = [q for q in queues if not recovery[(fid, q)][0]]
+            demands[(fid, q)] = (demand, asked)
     gaps = set()
-    end = max(r["time_ns"] for r in rows)
+    stops: dict[tuple[str, str], int] = {}
+    end = max((r["time_ns"] for r in rows), default=0)
     for q in queues:
         pubs = [r for r in client if r["queue"] == q and r["f"] == "publish"]
         invokes = [r["time_ns"] for r in pubs if r["type"] == "invoke"]
@@ -381,7 +379,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                     stop = max([r["time_ns"] for r in pubs] + oks(q, "consume"), default=start)
                 else:
                     stop = max(r["time_ns"] for r in mine) if mine else end
-            stop = max(stop, start)
+            stop = stops[(q, kind)] = max(stop, start)
             points = (
                 [(start, False), *[(t, True) for t in ts], (stop, False)]
                 if ts
@@ -390,7 +388,29 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             for (a, _), (b, by_ok) in zip(points, points[1:], strict=False):
                 if b - a > THRESHOLD_NS:
                     gaps.add((q, kind, a, b, by_ok))
-    down += sorted({g[0] for g in gaps if not g[4] and g[0] not in down})
+
+    def answered_later(q: str, kind: str, a: int, b: int) -> bool:
+        # failing only while the whole queue was quiet, and the queue answered another kind after
+        other = oks(q, "consume" if kind == "publish" else "publish")
+        return not any(a <= x <= b for x in other) and any(x > b for x in other)
+
+    down = []
+    if heals:
+        last = max(h for _f, _k, h in heals)
+        fid = next(f for f, _k, h in heals if h == last)
+        for q in queues:
+            recovered, pub0, cons0, _took = recovery[(fid, q)]
+            if recovered:
+                continue
+            demand, asked = demands[(fid, q)]
+            missing = (["publish"] if demand and pub0 is None else []) + (
+                ["consume"] if asked and cons0 is None else []
+            )
+            if [k for k in missing if not answered_later(q, k, last, stops[(q, k)])]:
+                down.append(q)
+    down += sorted(
+        {g[0] for g in gaps if not g[4] and g[0] not in down and not answered_later(g[0], g[1], g[2], g[3])}
+    )
     return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
 
 
