@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError, DockerUnavailable
+from harness.history import read_jsonl
 from harness.host import Host
-from harness.proxies import peer_address
-from harness.spec.broker import BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
+from harness.proxies import client_proxy_port, peer_address
+from harness.spec.broker import CORRUPTION_RESPONSES, BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
 from harness.spec.fault import ConformanceProbe
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -142,12 +143,12 @@ class Battery:
             problems.append("name must be a non-empty string")
         if not isinstance(getattr(p, "client_port", None), int) or not 0 < p.client_port < 65536:
             problems.append(f"client_port must be a TCP port, got {getattr(p, 'client_port', None)!r}")
-        for i in range(1, 4):
-            for port in p.peer_ports_for(i):
-                if not isinstance(port, int) or not 0 < port < 65536 or port == p.client_port:
-                    problems.append(
-                        f"peer port {port!r} of node {i} is not a TCP port distinct from client_port"
-                    )
+        problems += _peer_port_problems(p)
+        if getattr(p, "corruption_response", None) not in CORRUPTION_RESPONSES:
+            problems.append(
+                f"corruption_response {getattr(p, 'corruption_response', None)!r} is not one of "
+                + ", ".join(map(repr, CORRUPTION_RESPONSES))
+            )
         for path in p.log_paths:
             if not path.startswith("/"):
                 problems.append(f"log path {path!r} is not absolute")
@@ -464,9 +465,10 @@ class Battery:
     def fault(self, kind: str) -> list[Check]:
         probe = self.probes[kind][1]
         at = round(self.duration * 0.3, 1)
-        r = self._run(
-            kind, probe.nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}]
-        )
+        schedule = [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}]
+        if probe.corrupts and self.plugin.corruption_response == "refuse":
+            return [self._refusal(kind, probe.nodes, schedule)]
+        r = self._run(kind, probe.nodes, schedule)
         ops = [op for op in r.history() if op["process"] == "nemesis" and op["type"] != "invoke"]
         name = f"{kind}: applied, healed, broker recovers"
         applied = [op for op in ops if op["f"] == kind]
@@ -480,7 +482,13 @@ class Battery:
                     FAIL,
                     why,
                     f"the broker must survive {kind} and become ready again after the heal "
-                    "(is_ready() within ready_timeout)",
+                    "(is_ready() within ready_timeout)"
+                    + (
+                        "; a broker that refuses to start on a damaged file by design declares "
+                        "corruption_response = 'refuse'"
+                        if probe.corrupts
+                        else ""
+                    ),
                 )
             ]
         scheduled = [op["time_ns"] for op in heals if json.loads(op["value"] or "{}").get("fault_ids")]
@@ -531,6 +539,29 @@ class Battery:
             rows.append(self._lazyfs_held_data(kind, applied[0]))
         return rows
 
+    def _refusal(self, kind: str, nodes: int, schedule: Sequence[dict[str, Any]]) -> Check:
+        """A broker that declares ``corruption_response = "refuse"``: the run is expected to end
+        without a drain (the node never comes back, so the heal and the final heal fail); what
+        counts is its history and the node's logs, read from the run directory."""
+        from harness.runner import Run
+
+        run = Run(self.host, self._scenario(kind, nodes, schedule), self.store)
+        ended: BaseException | None = None
+        try:
+            run.execute()
+        except Exception as exc:  # noqa: BLE001 - expected: the final heal cannot bring the node back
+            ended = exc
+        if run.dir is None:
+            raise ended or BrokerChaosError("the run made no directory")
+        path = run.dir.path
+        ops = list(read_jsonl(path / "history.jsonl")) if (path / "history.jsonl").exists() else []
+        logs = {}
+        for d in sorted((path / "nodes").glob("*")) if (path / "nodes").exists() else []:
+            logs[d.name] = "\n".join(
+                f.read_text(errors="replace") for f in sorted(d.rglob("*")) if f.is_file() and "log" in f.name
+            )
+        return refusal_check(kind, ops, logs, path)
+
     def _lazyfs_held_data(self, kind: str, op: dict[str, Any]) -> Check:
         value = json.loads(op["value"]) if isinstance(op["value"], str) else op["value"]
         done = value.get("done") or {}
@@ -558,6 +589,79 @@ class Battery:
             f"dropped {dropped} unsynced bytes in {len(paths)} path(s) "
             f"({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})",
         )
+
+
+def _peer_port_problems(p: BrokerPlugin) -> list[str]:
+    """Peer ports must be TCP ports; the client port may be among them (a broker whose nodes
+    replicate over it), but the client proxy's own port may not: each node's sidecar listens on
+    that one for the workload, on every address (``harness.spec.broker.BrokerPlugin.peer_ports``)."""
+    problems = []
+    cproxy = client_proxy_port(p.client_port) if isinstance(p.client_port, int) else None
+    for i in range(1, 4):
+        for port in p.peer_ports_for(i):
+            if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+                problems.append(f"peer port {port!r} of node {i} is not a TCP port")
+            elif port == cproxy:
+                problems.append(
+                    f"peer port {port} of node {i} is the port each node's client proxy listens on "
+                    f"(40000 + client_port % 10000)"
+                )
+    return problems
+
+
+def refusal_check(kind: str, ops: Sequence[dict[str, Any]], logs: dict[str, str], run_dir: Path) -> Check:
+    """The corrupt-file probe of a plugin that declares ``corruption_response = "refuse"``: the
+    file was corrupted, the node then stayed down (every heal that started it failed: it never
+    became ready again) and the node's logs name the damaged file (its base name)."""
+    name = f"{kind}: the node refuses to start on the corrupted file"
+    nemesis = [op for op in ops if op.get("process") == "nemesis" and op.get("type") != "invoke"]
+    applied = [op for op in nemesis if op.get("f") == kind]
+    if not applied or applied[0].get("type") != "ok":
+        why = applied[0].get("error") if applied else "the fault was never applied"
+        return Check(name, FAIL, f"{why} ({run_dir})", "the data directory must hold a file to corrupt")
+    value = json.loads(applied[0]["value"]) if isinstance(applied[0]["value"], str) else applied[0]["value"]
+    files = {
+        node: str((reply.get("corrupted") or {}).get("file", ""))
+        for node, reply in ((value.get("done") or {}).get("nodes") or {}).items()
+    }
+    # Back: the fault's own heal found it ready, or a later start did and the drain completed.
+    came_back = [
+        op
+        for op in ops
+        if op.get("type") == "ok"
+        and (
+            op.get("f") == "drain"
+            or (op.get("process") == "nemesis" and op.get("f") == "heal" and _heals_a_fault(op))
+        )
+    ]
+    if came_back:
+        return Check(
+            name,
+            FAIL,
+            f"the node became ready again after its file {', '.join(files.values())} was corrupted ({run_dir})",
+            "the plugin declares corruption_response = 'refuse' but the broker recovered: declare 'recover'",
+        )
+    unnamed = {n: f for n, f in files.items() if not f or Path(f).name not in logs.get(n, "")}
+    if unnamed:
+        return Check(
+            name,
+            FAIL,
+            "the node stayed down, but its log does not name the corrupted file "
+            + ", ".join(f"{n}: {Path(f).name or '?'}" for n, f in sorted(unnamed.items()))
+            + f" ({run_dir})",
+            "a broker that refuses to start must say why: log the damaged file's name (log_paths or stdout)",
+        )
+    return Check(
+        name,
+        PASS,
+        "stayed down after the heal, its log names "
+        + ", ".join(f"{n}: {Path(f).name}" for n, f in sorted(files.items())),
+    )
+
+
+def _heals_a_fault(op: dict[str, Any]) -> bool:
+    value = json.loads(op["value"]) if isinstance(op.get("value"), str) else op.get("value") or {}
+    return bool(value.get("fault_ids"))
 
 
 def _established(proc_net_tcp: str) -> list[tuple[tuple[str, int], tuple[str, int]]]:

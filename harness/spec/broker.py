@@ -117,6 +117,13 @@ def wait_until_running(
         time.sleep(interval)
 
 
+#: What a broker may declare as its ``corruption_response``, with what the conformance kit checks.
+CORRUPTION_RESPONSES: dict[str, str] = {
+    "recover": "after a corrupted data file the node becomes ready again and the drain completes",
+    "refuse": "after a corrupted data file the node stays down (never ready again) and its log names the file",
+}
+
+
 class BrokerPlugin:
     """Base class for broker plugins. Subclasses set the class attributes and override methods."""
 
@@ -126,9 +133,21 @@ class BrokerPlugin:
     protocol: ClassVar[str] = "amqp091"
     capabilities: ClassVar[frozenset[str]] = frozenset()
     client_port: ClassVar[int]
-    #: Ports other nodes connect to. The broker must bind them to its own host
-    #: name's address, not the wildcard, so the proxies can listen on the same
-    #: port at the peers' loopback addresses inside the node's network namespace.
+    #: Ports other nodes connect to. How they are proxied: inside node A's network namespace
+    #: every peer's host name B resolves to a loopback address of A's own (127.0.0.10 + B's
+    #: index), where A's sidecar listens on each of B's peer ports and forwards to B; so each
+    #: directed link is a proxy of its own and a partition cuts it alone. The broker must
+    #: therefore bind these ports to its own host name's address (and 127.0.0.1 where it
+    #: needs loopback), not the wildcard: a wildcard listener would take the port on the
+    #: peers' loopback addresses too, and the sidecar could not listen there.
+    #:
+    #: The client port may be listed here, for a broker whose nodes talk over it (replicas
+    #: that follow a primary on its client port, a sentinel that watches it): the peer proxies
+    #: sit at the peers' loopback addresses, while the workload's client proxy listens on
+    #: another port (40000 + client_port % 10000, on every address of the namespace) and
+    #: forwards to 127.0.0.1:client_port; the two never share a socket. Bind the client port
+    #: to the node's own address and 127.0.0.1, not the wildcard. Any peer port but that
+    #: client proxy port is allowed (``validate`` checks).
     peer_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
     log_paths: ClassVar[tuple[str, ...]] = ()
@@ -137,6 +156,11 @@ class BrokerPlugin:
     password: ClassVar[str] = "guest"
     vhost: ClassVar[str] = "/"
     ready_timeout: ClassVar[float] = 60.0
+    #: How the broker answers a damaged data file when it starts (``CORRUPTION_RESPONSES``):
+    #: ``recover``, it comes back serving (its checksums drop or repair the damage, or it never
+    #: notices); ``refuse``, it refuses to start and its log names the file. ``validate``'s probe
+    #: of a fault kind that corrupts data (``ConformanceProbe.corrupts``) checks the declared one.
+    corruption_response: ClassVar[str] = "recover"
     #: Settings the plugin accepts, with defaults and allowed values (for validation messages).
     settings_schema: ClassVar[Mapping[str, tuple[Any, Sequence[Any] | type | None]]] = {}
 

@@ -53,11 +53,15 @@ class ConformanceProbe:
     ``params`` are one application's scenario parameters (the kit targets node ``n1``),
     ``nodes`` the cluster size it needs, ``may_lose`` whether a correct broker may lose
     confirmed messages under it (power loss: the broker's durability setting decides).
+    ``corrupts``: the kind damages a data file, so what the kit expects after the heal
+    follows the plugin's ``corruption_response`` (``refuse``: the node stays down and its
+    log names the file) rather than requiring the broker back.
     """
 
     params: Mapping[str, Any] = field(default_factory=lambda: {"node": "n1"})
     nodes: int = 1
     may_lose: bool = False
+    corrupts: bool = False
 
 
 class FaultContext:
