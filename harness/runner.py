@@ -35,6 +35,7 @@ from harness.verdicts import combine
 from harness.workload import (
     assignments,
     driver_options,
+    node_holdings_reader,
     queue_depth_reader,
     queue_holders_reader,
     run_workload,
@@ -236,7 +237,16 @@ class Run:
             f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned",
         )
         stats = asyncio.run(
-            run_workload(driver, w, self.nodes, self.scenario.seed, recorder, on_tick=tick, nemesis=nemesis)
+            run_workload(
+                driver,
+                w,
+                self.nodes,
+                self.scenario.seed,
+                recorder,
+                on_tick=tick,
+                nemesis=nemesis,
+                holdings=node_holdings_reader(self.plugin, cluster.nodes),
+            )
         )
         self.drained_at = time.monotonic()
         say("drain", "drained " + ", ".join(f"{q}: {n}" for q, n in stats.drained.items()))

@@ -19,7 +19,15 @@ from typing import Any
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, NodeHandle
-from harness.spec.client import Driver, QueueDepth, QueueHolders, RateLimiter  # noqa: F401 - RateLimiter: tests
+from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
+    Driver,
+    NodeHoldings,
+    QueueDepth,
+    QueueHolders,
+    RateLimiter,
+)
+from harness.spec.client import reason as _reason
+from harness.spec.history import HOLDINGS
 
 log = logging.getLogger("brokerchaos.workload")
 
@@ -100,9 +108,11 @@ async def run_workload(
     *,
     on_tick: Any = None,
     nemesis: Any = None,
+    holdings: NodeHoldings | None = None,
 ) -> WorkloadStats:
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
-    then stop producers, let the nemesis heal, and drain every queue."""
+    then stop producers, let the nemesis heal, drain every queue, and record what each
+    node's copy of each queue holds (``holdings``, when the broker plugin can tell)."""
     stats = WorkloadStats()
     asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
     queues = queue_names(w)
@@ -140,6 +150,8 @@ async def run_workload(
         )
         for q, res in zip(queues, results, strict=True):
             stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+        if holdings is not None:
+            await record_holdings(holdings, nodes, queues, recorder)
     finally:
         stop_producers.set()
         stop_consumers.set()
@@ -221,6 +233,38 @@ def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) ->
         return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
 
     return depth
+
+
+async def record_holdings(
+    holdings: NodeHoldings, nodes: Sequence[str], queues: Sequence[str], recorder: Recorder
+) -> None:
+    """One ``holdings`` op per node and queue (``harness.spec.history``), every node asked at once."""
+
+    async def one(node: str, queue: str) -> None:
+        inv = recorder.invoke(HOLDINGS, HOLDINGS, node=node, queue=queue)
+        try:
+            got = await holdings(node, queue)
+        except Exception as exc:  # noqa: BLE001 - evidence only: a node that cannot answer is recorded
+            inv.info(_reason(exc))
+            return
+        if got is None:
+            inv.info("the broker plugin cannot tell this node's holdings")
+        else:
+            inv.ok({"entries": [[offset, msg_id] for offset, msg_id in got]})
+
+    await asyncio.gather(*(one(n, q) for q in queues for n in nodes))
+
+
+def node_holdings_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> NodeHoldings | None:
+    """The plugin's ``node_holdings`` as the harness calls it after the drain (awaitable, by node
+    name, off the event loop like ``queue_depth``); None when the plugin does not implement it."""
+    if getattr(type(plugin), "node_holdings", None) is BrokerPlugin.node_holdings:
+        return None
+
+    async def held(node: str, queue: str) -> list[tuple[int | None, str]] | None:
+        return await asyncio.to_thread(plugin.node_holdings, nodes[node], queue)
+
+    return held
 
 
 def queue_holders_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueHolders:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from harness.spec.broker import (
     BASE_CAPABILITIES,
+    CORRUPTION_RESPONSES,
     BrokerPlugin,
     ImageRecipe,
     NodeHandle,
@@ -33,6 +34,7 @@ from harness.spec.client import (
     Delays,
     Driver,
     Endpoint,
+    NodeHoldings,
     QueueDepth,
     QueueHolders,
     RateLimiter,
@@ -41,6 +43,7 @@ from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultCont
 from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
+    HOLDINGS,
     SCHEMA_VERSION,
     TX_OPS,
     TYPES,
@@ -63,7 +66,9 @@ from harness.spec.scenario import (
 __all__ = [
     "ABANDON_CAUSES",
     "BASE_CAPABILITIES",
+    "CORRUPTION_RESPONSES",
     "FIELDS",
+    "HOLDINGS",
     "HOST_FEATURES",
     "SCHEMA_VERSION",
     "TX_OPS",
@@ -82,6 +87,7 @@ __all__ = [
     "ImageRecipe",
     "Invocation",
     "NodeHandle",
+    "NodeHoldings",
     "NodeInfo",
     "NodeSpec",
     "QueueDepth",

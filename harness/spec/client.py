@@ -26,6 +26,8 @@ from harness.spec.scenario import ConsumerSection, DelaySection
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
 QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
 """(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
+NodeHoldings = Callable[[str, str], Awaitable[list[tuple[int | None, str]] | None]]
+"""(node, queue) -> what the node's own copy holds (``BrokerPlugin.node_holdings``), off the event loop."""
 
 
 @dataclass

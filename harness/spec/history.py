@@ -57,6 +57,20 @@ Every invoke has exactly one completion by the same process. Client operations:
   no longer exist: the checkers call the confirmed messages the drain could not obtain
   there ``stuck``.
 
+Per-node holdings, recorded by the harness after the drain (added without changing the
+schema version; a history without them is one whose broker plugin cannot tell):
+
+- ``holdings``: what one node's own copy of a queue holds once the drain has ended, from
+  the broker plugin's ``node_holdings`` (``harness.spec.broker``), asked of every node for
+  every queue: process ``holdings``, ``f`` ``holdings``, ``node``, ``queue``; invoke when
+  asked, then ``ok`` with ``value`` = ``{"entries": [[offset, id], ...]}`` (the copy's
+  order; ``offset`` the entry's stream position, or null for a queue without offsets), or
+  ``info`` with the error (the plugin's command failed, or it could not tell this node). A
+  plugin that does not implement the hook (queue brokers: a consumed message is gone from
+  every copy) adds no ``holdings`` ops. Meaningful for streams, whose entries stay after
+  consumption: an id one node holds and another lacks, or two nodes holding one id at
+  different offsets, is what the checkers read here.
+
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and
 a transactional consumer's acks still ``ack`` ops, each completed with the outcome
@@ -104,6 +118,8 @@ TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
 DEPTH = "depth"
 """The ``f`` of the drain's look at a node's queue depth (see above)."""
+HOLDINGS = "holdings"
+"""The ``process`` and ``f`` of the harness's look at what each node's copy holds after the drain."""
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
