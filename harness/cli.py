@@ -237,17 +237,22 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _plugins(host: Any) -> int:
     rows = host.describe()
-    print(f"{'plugin':<12} {'version':<10} {'provides':<44} capabilities")
+    # Columns as wide as their longest entry: a plugin's module name can be long (``-p a.b.c``).
+    pw = max([12, *(len(r["plugin"]) + 1 for r in rows)])
+    vw = max([10, *(len(r["version"]) + 1 for r in rows)])
+    print(f"{'plugin':<{pw}} {'version':<{vw}} {'provides':<44} capabilities")
     for r in rows:
         print(
-            f"{r['plugin']:<12} {r['version']:<10} {', '.join(r['provides']):<44} {', '.join(r['capabilities'])}"
+            f"{r['plugin']:<{pw}} {r['version']:<{vw}} {', '.join(r['provides']):<44} "
+            f"{', '.join(r['capabilities'])}".rstrip()
         )
-        print(f"{'':<12} {'':<10} ({r['source']})")
+        print(f"{'':<{pw}} {'':<{vw}} ({r['source']})")
     reg = host.registry
     print("\nbrokers (client they need, capabilities)")
+    bw = max([16, *map(len, reg.brokers)])
     for name, b in sorted(reg.brokers.items()):
         client = b.protocol if b.protocol in reg.clients else f"{b.protocol} (no client loaded)"
-        print(f"  {name:<16} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
+        print(f"  {name:<{bw}} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
     print("\nfaults (broker capabilities they require; host features they need)")
     width = max([16, *map(len, reg.faults)])
     for name, f in sorted(reg.faults.items()):

@@ -199,12 +199,12 @@ class Run:
         driver = factory(
             endpoints,
             recorder,
-            first_node=first,
             **driver_options(
                 w,
                 self.plugin,
                 self.settings,
                 seed=self.scenario.seed,
+                first_node=first,
                 queue_depth=depth,
                 queue_holders=holders,
             ),

@@ -21,6 +21,7 @@ from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, NodeHandle
 from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
     Driver,
+    DriverOptions,
     NodeHoldings,
     QueueDepth,
     QueueHolders,
@@ -206,20 +207,24 @@ async def _tick(on_tick: Any, recorder: Recorder, stats: WorkloadStats) -> None:
 
 def driver_options(
     w: WorkloadSection,
-    plugin: Any,
+    plugin: BrokerPlugin,
     settings: Mapping[str, Any],
     *,
     seed: int = 0,
+    first_node: Mapping[str, str] | None = None,
     queue_depth: QueueDepth | None = None,
     queue_holders: QueueHolders | None = None,
-) -> dict[str, Any]:
+) -> DriverOptions:
+    """Every keyword option of a client factory (``harness.spec.client.DriverOptions``)."""
     return {
+        "workload": w,
+        "seed": seed,
+        "first_node": dict(first_node or {}),
         "username": plugin.username,
         "password": plugin.password,
         "vhost": plugin.vhost,
         "queue_arguments": plugin.queue_arguments(settings),
-        "workload": w,
-        "seed": seed,
+        "client_settings": plugin.client_settings(settings),
         "queue_depth": queue_depth,
         "queue_holders": queue_holders,
     }

@@ -151,7 +151,10 @@ class BrokerPlugin:
     peer_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
     log_paths: ClassVar[tuple[str, ...]] = ()
-    #: Credentials and virtual host the workload uses.
+    #: Credentials and virtual host the workload uses (``DriverOptions`` in ``harness.spec.client``).
+    #: The defaults are AMQP's (RabbitMQ's stock ``guest`` user and the ``/`` virtual host);
+    #: a broker whose clients log in otherwise sets them, and a protocol without virtual
+    #: hosts (or without users) leaves them as they are: its client ignores them.
     username: ClassVar[str] = "guest"
     password: ClassVar[str] = "guest"
     vhost: ClassVar[str] = "/"
@@ -162,6 +165,8 @@ class BrokerPlugin:
     #: of a fault kind that corrupts data (``ConformanceProbe.corrupts``) checks the declared one.
     corruption_response: ClassVar[str] = "recover"
     #: Settings the plugin accepts, with defaults and allowed values (for validation messages).
+    #: The defaults must give a working broker on a single node: ``brokerchaos validate`` starts
+    #: its clusters and runs its probes with default settings, most of them on one node.
     settings_schema: ClassVar[Mapping[str, tuple[Any, Sequence[Any] | type | None]]] = {}
 
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
@@ -183,7 +188,16 @@ class BrokerPlugin:
         """Join the ready nodes into one cluster and apply settings such as policies."""
 
     def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Arguments the workload passes when it declares its queues (e.g. a queue type)."""
+        """AMQP: the arguments the workload passes when it declares its queues (e.g. a queue
+        type); the client receives them as ``queue_arguments``."""
+        return {}
+
+    def client_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """What else of the broker's (validated) settings the workload's client must act on,
+        in the client's terms: a stream's replica count, how many replicas a write waits for,
+        where a client asks for the current primary. The client receives it as
+        ``client_settings`` (``harness.spec.client.DriverOptions``). The broker and client
+        plugins of one protocol agree on its keys; the harness only hands it over."""
         return {}
 
     def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:

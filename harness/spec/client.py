@@ -2,11 +2,25 @@
 
 A client plugin registers a factory per protocol (``register.add_client``); a broker
 plugin names the protocol it speaks (``BrokerPlugin.protocol``) and so the driver it
-needs. The factory is called as ``factory(endpoints, recorder, first_node=...,
-**options)`` with ``endpoints`` a ``{node: Endpoint}`` of the client ports through the
-proxies, ``recorder`` the run's history writer (``harness.spec.history`` says what
-each operation records) and ``options`` from ``driver_options`` (credentials, the
-scenario's workload section, the seed, ``queue_depth``). It returns a ``Driver``.
+needs. The harness calls the factory as ``factory(endpoints, recorder, **options)``:
+
+- ``endpoints``: ``{node: Endpoint}``, each node's client port as the harness reaches it,
+  through that node's client proxy (a partition that cuts a client link cuts this one);
+- ``recorder``: the run's history writer (``harness.spec.history.Recorder``; that module
+  says what each operation records);
+- ``options``: the keyword options of ``DriverOptions`` below, every one always given. A
+  factory that also accepts unknown ones (``**_``) keeps working when an option is added.
+
+It returns a ``Driver``. Three things the harness cannot check for a client plugin:
+
+- Its Python dependencies (the protocol's client library) are imported in the harness's own
+  process, so they must be installed where brokerchaos runs (the plugin distribution's
+  dependencies); an ``ImageRecipe``'s ``python_packages`` go into the broker's image only.
+- A scenario asking for a workload feature the protocol lacks (a delayed publish where
+  there is no delayed exchange, transactions where there are none) is refused by the
+  factory with ``ScenarioError`` naming the field and what to do, never silently ignored.
+- Operations the protocol has no way to confirm are ``info``, not ``ok``: the checkers
+  believe what the history says.
 """
 
 from __future__ import annotations
@@ -18,9 +32,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
-from harness.spec.scenario import ConsumerSection, DelaySection
+from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
 QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
@@ -35,6 +49,35 @@ class Endpoint:
     node: str
     host: str
     port: int
+
+
+class DriverOptions(TypedDict):
+    """The keyword options every client factory is called with (``factory(endpoints, recorder,
+    **options)``). Broker-side values come from the broker plugin's attributes and hooks
+    (``harness.spec.broker.BrokerPlugin``), so a client never needs to know which broker it
+    talks to; the rest from the scenario and the run."""
+
+    #: The scenario's workload section: rates, sizes, consumer behaviour, drain timing.
+    workload: WorkloadSection
+    #: The scenario's seed (message bodies, consumer behaviour, delays are drawn from it).
+    seed: int
+    #: Which node each producer (``p1``..) and consumer (``c1``..) connects to first.
+    first_node: Mapping[str, str]
+    #: ``BrokerPlugin.username`` / ``password``: the credentials the workload logs in with.
+    username: str
+    password: str
+    #: ``BrokerPlugin.vhost``: AMQP's virtual host; a protocol without one ignores it.
+    vhost: str
+    #: ``BrokerPlugin.queue_arguments(settings)``: AMQP's ``queue.declare`` arguments (a queue type).
+    queue_arguments: dict[str, Any]
+    #: ``BrokerPlugin.client_settings(settings)``: whatever else of the broker's settings the
+    #: client must act on, in the client's own terms (a stream's replica count, how many
+    #: replicas a write waits for, where to ask for the current primary).
+    client_settings: dict[str, Any]
+    #: The broker plugin's ``queue_depth``, awaitable and off the event loop (None: not given).
+    queue_depth: QueueDepth | None
+    #: The broker plugin's ``queue_holders``, likewise.
+    queue_holders: QueueHolders | None
 
 
 class Driver(Protocol):

@@ -50,7 +50,11 @@ def brokerchaos_register_clients(register: Registry) -> None:
     """Contribute workload drivers with ``register.add_client(protocol, factory)``.
 
     One driver serves every broker plugin that speaks ``protocol`` (e.g. ``amqp091``);
-    ``factory(endpoint, recorder, **options)`` returns a ``harness.workload.Driver``.
+    ``factory(endpoints, recorder, **options)`` returns a ``harness.spec.client.Driver``:
+    ``endpoints`` maps every node to its client endpoint (``harness.spec.client.Endpoint``),
+    ``recorder`` is the history's writer (``harness.spec.history.Recorder``) and ``options``
+    are ``harness.spec.client.DriverOptions``. The factory runs in the harness's process, so
+    the client library it imports must be installed there.
     """
 
 

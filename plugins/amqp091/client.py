@@ -97,6 +97,7 @@ class AmqpDriver:
         seed: int = 0,
         queue_depth: QueueDepth | None = None,
         queue_holders: QueueHolders | None = None,
+        client_settings: Mapping[str, Any] | None = None,  # AMQP's settings come as queue_arguments
     ) -> None:
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)

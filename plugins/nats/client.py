@@ -139,6 +139,7 @@ class NatsDriver:
         seed: int = 0,
         queue_depth: QueueDepth | None = None,
         queue_holders: Any = None,  # a JetStream stream has no deliveries held by a channel
+        client_settings: Mapping[str, Any] | None = None,  # this plugin's come as queue_arguments
     ) -> None:
         del vhost  # the account is the user's
         if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test

@@ -130,6 +130,26 @@ def test_plugins_with_an_extra_module(tmp_path: Path) -> None:
     assert "broker:fixture" in line and "kill, partition" in line
 
 
+def test_a_long_plugin_module_name_keeps_the_table_in_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main  # in this process: this tree's table, whatever is installed
+
+    monkeypatch.syspath_prepend(str(HERE))
+    assert main(["-p", "fixture_plugins.good", "plugins"]) == 0
+    out = capsys.readouterr().out
+    lines = out.split("\n\n")[0].splitlines()
+    version, provides = lines[0].index("version"), lines[0].index("provides")
+    rows = [x for x in lines[1:] if x and not x.startswith(" ")]
+    assert any(len(x.split()[0]) >= 12 for x in rows)
+    for row in rows:
+        assert row[:version].rstrip() == row.split()[0], row  # the name ends before the version column
+        assert row[version - 1] == " " and row[version] != " ", row
+        assert row[provides - 1] == " " and row[provides] != " ", row
+    brokers = out.split("brokers (client they need, capabilities)\n")[1].split("\n\n")[0].splitlines()
+    assert len({line.index(" client ") for line in brokers}) == 1, brokers
+
+
 def test_no_command_prints_help(tmp_path: Path) -> None:
     r = brokerchaos(cwd=tmp_path)
     assert r.returncode == 2 and "usage: brokerchaos" in r.stdout
