@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.drain import run_drain
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, NodeHandle
@@ -147,7 +148,8 @@ async def run_workload(
             await asyncio.wait(consumers, timeout=10)
         stats.drained = {}
         results = await asyncio.gather(
-            *(driver.drain(f"d{i}", q) for i, q in enumerate(queues, start=1)), return_exceptions=True
+            *(_drain(driver, f"d{i}", q, nodes, w, recorder) for i, q in enumerate(queues, start=1)),
+            return_exceptions=True,
         )
         for q, res in zip(queues, results, strict=True):
             stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
@@ -175,6 +177,19 @@ async def run_workload(
         stats.delivered = c.get(("consume", "ok"), 0)
         stats.abandoned = c.get(("abandon", "invoke"), 0)
     return stats
+
+
+async def _drain(
+    driver: Driver, process: str, queue: str, nodes: Sequence[str], w: WorkloadSection, recorder: Recorder
+) -> int:
+    """The final drain of one queue: the harness's rounds over the driver's reads when it offers
+    them (``drain_reader``), else the driver's own ``drain``."""
+    reader_of = getattr(driver, "drain_reader", None)
+    if reader_of is None:
+        return await driver.drain(process, queue)
+    return await run_drain(
+        reader_of(process, queue), recorder, process, queue, nodes, timeout=w.drain_timeout
+    )
 
 
 #: After the last delayed publish is due, how long consumers keep running before the drain: a node

@@ -81,12 +81,55 @@ class DriverOptions(TypedDict):
 
 
 class Driver(Protocol):
-    """What a protocol driver offers the scheduler."""
+    """What a protocol driver offers the scheduler.
+
+    The final drain: a driver offers ``drain_reader(process, queue) -> DrainReader`` (its
+    protocol's read of one node per visit; the harness runs the rounds, the stop rule and the
+    ``drain`` op), or, as the drivers written before it do, ``drain(process, queue) -> int``
+    doing all of it itself with ``drain_rounds``. The harness prefers ``drain_reader``.
+    """
 
     async def setup(self, queues: Sequence[str]) -> None: ...
     async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def drain(self, process: str, queue: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class NoCopy:
+    """A drain visit's answer for a node that cannot serve reads of the queue (a replica that
+    refuses consumes, a node that only forwards): it holds no copy the drain could empty, so
+    the stop rule leaves it out. ``why`` says what the node answered. What such a node holds is
+    still evidence: ``BrokerPlugin.node_holdings`` reports it after the drain."""
+
+    why: str
+
+
+class DrainReader(Protocol):
+    """One queue's final drain as a driver reads it: one node per visit. The harness visits every
+    node in turn, round after round, until one full round finds every node that serves reads
+    empty with nothing new consumed (``drain_rounds``), or ``workload.drain_timeout`` runs out,
+    and records the ``drain`` op (``harness.spec.history``)."""
+
+    #: Acks the drain completed ``ok`` so far, over every visit.
+    consumed: int
+
+    async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
+        """Drain through ``node``: read and ack until it is idle, then ask it (the broker's own
+        depth, ``queue_depth``) whether the queue is empty. True: empty; False: not (or the
+        visit failed: keep the node's error for ``errors``); ``NoCopy``: the node cannot serve
+        reads of it. ``left()`` is the drain's time left in seconds: stop before it runs out."""
+        ...
+
+    def errors(self) -> Mapping[str, str | None]:
+        """Each node's last error (None once it reported empty)."""
+        ...
+
+    async def value(self) -> dict[str, Any]:
+        """The drain op's value but for ``consumed`` and ``rounds`` (the harness adds those):
+        ``nodes`` = ``{node: {consumed, ready, unacked, empty_at_ns, error, ...}}`` and whatever
+        else the protocol can show (e.g. each server's own view of a stream)."""
+        ...
 
 
 class RateLimiter:
@@ -248,7 +291,7 @@ def add_round(
 
 async def drain_rounds(
     nodes: Sequence[str],
-    visit: Callable[[str], Awaitable[bool]],
+    visit: Callable[[str], Awaitable[bool | NoCopy]],
     consumed: Callable[[], int],
     left: Callable[[], float],
     pause: float,
@@ -256,10 +299,11 @@ async def drain_rounds(
 ) -> DrainEnd:
     """A drain's rounds: visit every node in turn until one full round finds every node empty
     and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
-    and says whether that node reported the queue empty; ``on_round`` hears after each round
-    (also one the time cut short) which nodes did, so the drain can record every round: a queue
-    that does not answer is tried again round after round, and one that comes back late within
-    the time is drained then."""
+    and says whether that node reported the queue empty, or that it holds no copy to drain
+    (``NoCopy``: left out of the rule, but a round in which no node at all served reads is not
+    an empty one); ``on_round`` hears after each round (also one the time cut short) which
+    nodes reported empty, so the drain can record every round: a queue that does not answer is
+    tried again round after round, and one that comes back late within the time is drained then."""
     while True:
         before = consumed()
         every_empty = True
@@ -269,15 +313,18 @@ async def drain_rounds(
                 if on_round is not None:
                     on_round(empty)
                 return DrainEnd(False, tuple(nodes[i:]))
-            if await visit(node):
+            got = await visit(node)
+            if isinstance(got, NoCopy):
+                continue
+            if got:
                 empty.append(node)
             else:
                 every_empty = False
         if on_round is not None:
             on_round(empty)
-        if every_empty and consumed() == before:
+        if every_empty and empty and consumed() == before:
             return DrainEnd(True)
         if left() <= 0:
             return DrainEnd(False)
-        if not every_empty:
+        if not every_empty or not empty:
             await asyncio.sleep(min(pause, max(0.0, left())))
