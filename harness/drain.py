@@ -14,11 +14,99 @@ empty: a round in which no node served reads is not an empty one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from harness.spec.client import DrainEnd, DrainReader, DrainUnfinished, NoCopy, add_round, drain_rounds
+from harness.spec.client import DrainReader, DrainUnfinished, NoCopy
 from harness.spec.history import Recorder
+
+
+@dataclass(frozen=True)
+class DrainEnd:
+    """How a drain's rounds ended: ``empty`` when one full round found every node empty and
+    consumed nothing new; otherwise ``unreached`` holds the nodes the last round did not get
+    to before the time ran out."""
+
+    empty: bool
+    unreached: tuple[str, ...] = ()
+
+    def why(self, queue: str, timeout: float, errors: Mapping[str, str | None]) -> str:
+        """The one line an unfinished drain records: every node's error, and every node the
+        time ran out before (so a node that was never reached is named, not left out)."""
+        parts = [f"{n}: {e}" for n, e in errors.items() if e]
+        parts += [
+            f"{n}: the time ran out before the drain reached it" for n in self.unreached if not errors.get(n)
+        ]
+        return f"not every node reported {queue} empty within {timeout:g}s" + (
+            ": " + "; ".join(parts) if parts else ""
+        )
+
+
+MAX_ROUNDS = 100
+"""A drain op's value records at most this many rounds: the first ones and the last."""
+
+
+def add_round(
+    rounds: list[dict[str, Any]],
+    now_ns: int,
+    consumed: int,
+    empty: list[str],
+    errors: Mapping[str, str | None],
+) -> None:
+    """Append one round as a drain op's value records it (``harness.spec.results.DrainRound``),
+    keeping the first MAX_ROUNDS - 1 rounds and the last."""
+    rounds[MAX_ROUNDS - 1 :] = []
+    rounds.append(
+        {
+            "end_ns": now_ns,
+            "consumed": consumed,
+            "empty": list(empty),
+            "errors": {n: e for n, e in errors.items() if e and n not in empty},
+        }
+    )
+
+
+async def drain_rounds(
+    nodes: Sequence[str],
+    visit: Callable[[str], Awaitable[bool | NoCopy]],
+    consumed: Callable[[], int],
+    left: Callable[[], float],
+    pause: float,
+    on_round: Callable[[list[str]], None] | None = None,
+) -> DrainEnd:
+    """A drain's rounds: visit every node in turn until one full round finds every node empty
+    and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
+    and says whether that node reported the queue empty, or that it holds no copy to drain
+    (``NoCopy``: left out of the rule, but a round in which no node at all served reads is not
+    an empty one); ``on_round`` hears after each round (also one the time cut short) which
+    nodes reported empty, so the drain can record every round: a queue that does not answer is
+    tried again round after round, and one that comes back late within the time is drained then."""
+    while True:
+        before = consumed()
+        every_empty = True
+        empty: list[str] = []
+        for i, node in enumerate(nodes):
+            if left() <= 0:
+                if on_round is not None:
+                    on_round(empty)
+                return DrainEnd(False, tuple(nodes[i:]))
+            got = await visit(node)
+            if isinstance(got, NoCopy):
+                continue
+            if got:
+                empty.append(node)
+            else:
+                every_empty = False
+        if on_round is not None:
+            on_round(empty)
+        if every_empty and empty and consumed() == before:
+            return DrainEnd(True)
+        if left() <= 0:
+            return DrainEnd(False)
+        if not every_empty or not empty:
+            await asyncio.sleep(min(pause, max(0.0, left())))
+
 
 #: Seconds between two rounds that did not find every node empty (a node that is still coming back).
 ROUND_PAUSE = 0.5
@@ -53,12 +141,15 @@ async def run_drain(
         return got
 
     def on_round(empty: list[str]) -> None:
-        add_round(rounds, recorder.now_ns(), reader.consumed, empty, reader.errors())
+        add_round(rounds, recorder.now_ns(), reader.consumed, empty, errors())
         if no_copy:
             rounds[-1]["no_copy"] = sorted(no_copy)
 
-    async def value() -> dict[str, Any]:
-        out = {**(await reader.value()), "consumed": reader.consumed, "rounds": rounds}
+    def errors() -> dict[str, str | None]:
+        return {n: v.get("error") for n, v in reader.views().items()}
+
+    def value() -> dict[str, Any]:
+        out = {"consumed": reader.consumed, "nodes": reader.views(), "rounds": rounds}
         if no_copy:
             out["no_copy"] = dict(no_copy)
         return out
@@ -69,16 +160,16 @@ async def run_drain(
             list(nodes), visit, lambda: reader.consumed, left, pause, on_round=on_round
         )
         if end.empty:
-            inv.ok(await value())
+            inv.ok({**(await reader.extra()), **value()})
             return reader.consumed
     except asyncio.CancelledError:
-        inv.info("drain cancelled", {"consumed": reader.consumed, "rounds": rounds})
+        inv.info("drain cancelled", value())
         raise
-    errors = dict(reader.errors())
+    seen = errors()
     for node, why in no_copy.items():
-        errors[node] = errors.get(node) or f"holds no copy to drain ({why})"
-    why = end.why(queue, timeout, errors)
+        seen[node] = seen.get(node) or f"holds no copy to drain ({why})"
+    why = end.why(queue, timeout, seen)
     if no_copy and len(no_copy) == len(nodes):
         why += "; no node served reads of it"
-    inv.info(why, await value())
+    inv.info(why, {**(await reader.extra()), **value()})
     raise DrainUnfinished(reader.consumed, why)

@@ -30,6 +30,7 @@ from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
 )
 from harness.spec.client import reason as _reason
 from harness.spec.history import HOLDINGS
+from harness.spec.history import Recorder as SpecRecorder
 
 log = logging.getLogger("brokerchaos.workload")
 
@@ -148,7 +149,7 @@ async def run_workload(
             await asyncio.wait(consumers, timeout=10)
         stats.drained = {}
         results = await asyncio.gather(
-            *(_drain(driver, f"d{i}", q, nodes, w, recorder) for i, q in enumerate(queues, start=1)),
+            *(drain_queue(driver, f"d{i}", q, nodes, w, recorder) for i, q in enumerate(queues, start=1)),
             return_exceptions=True,
         )
         for q, res in zip(queues, results, strict=True):
@@ -179,17 +180,13 @@ async def run_workload(
     return stats
 
 
-async def _drain(
-    driver: Driver, process: str, queue: str, nodes: Sequence[str], w: WorkloadSection, recorder: Recorder
+async def drain_queue(
+    driver: Driver, process: str, queue: str, nodes: Sequence[str], w: WorkloadSection, recorder: SpecRecorder
 ) -> int:
-    """The final drain of one queue: the harness's rounds over the driver's reads when it offers
-    them (``drain_reader``), else the driver's own ``drain``."""
-    reader_of = getattr(driver, "drain_reader", None)
-    if reader_of is None:
-        return await driver.drain(process, queue)
-    return await run_drain(
-        reader_of(process, queue), recorder, process, queue, nodes, timeout=w.drain_timeout
-    )
+    """The final drain of one queue: the harness's rounds (``harness.drain``) over the driver's
+    reads of one node per visit (``drain_reader``)."""
+    reader = driver.drain_reader(process, queue)
+    return await run_drain(reader, recorder, process, queue, nodes, timeout=w.drain_timeout)
 
 
 #: After the last delayed publish is due, how long consumers keep running before the drain: a node

@@ -30,7 +30,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
@@ -83,16 +83,15 @@ class DriverOptions(TypedDict):
 class Driver(Protocol):
     """What a protocol driver offers the scheduler.
 
-    The final drain: a driver offers ``drain_reader(process, queue) -> DrainReader`` (its
-    protocol's read of one node per visit; the harness runs the rounds, the stop rule and the
-    ``drain`` op), or, as the drivers written before it do, ``drain(process, queue) -> int``
-    doing all of it itself with ``drain_rounds``. The harness prefers ``drain_reader``.
+    The final drain: ``drain_reader(process, queue)`` returns the protocol's read of one node
+    per visit (``DrainReader``); the harness runs the rounds, the stop rule and the ``drain``
+    op (``harness.drain``).
     """
 
     async def setup(self, queues: Sequence[str]) -> None: ...
     async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
-    async def drain(self, process: str, queue: str) -> int: ...
+    def drain_reader(self, process: str, queue: str) -> DrainReader: ...
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,9 @@ class NoCopy:
 class DrainReader(Protocol):
     """One queue's final drain as a driver reads it: one node per visit. The harness visits every
     node in turn, round after round, until one full round finds every node that serves reads
-    empty with nothing new consumed (``drain_rounds``), or ``workload.drain_timeout`` runs out,
-    and records the ``drain`` op (``harness.spec.history``)."""
+    empty with nothing new consumed, or ``workload.drain_timeout`` runs out (``harness.drain``),
+    and records the ``drain`` op (``harness.spec.history``) with value ``{"consumed": n,
+    "nodes": views(), "rounds": [...], **await extra()}``."""
 
     #: Acks the drain completed ``ok`` so far, over every visit.
     consumed: int
@@ -117,18 +117,18 @@ class DrainReader(Protocol):
     async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
         """Drain through ``node``: read and ack until it is idle, then ask it (the broker's own
         depth, ``queue_depth``) whether the queue is empty. True: empty; False: not (or the
-        visit failed: keep the node's error for ``errors``); ``NoCopy``: the node cannot serve
+        visit failed: the node's view keeps the error); ``NoCopy``: the node cannot serve
         reads of it. ``left()`` is the drain's time left in seconds: stop before it runs out."""
         ...
 
-    def errors(self) -> Mapping[str, str | None]:
-        """Each node's last error (None once it reported empty)."""
+    def views(self) -> dict[str, dict[str, Any]]:
+        """What the drain saw per node: ``{node: {consumed, ready, unacked, empty_at_ns, error,
+        ...}}`` (``error`` None once the node reported empty). Cheap: also read on cancellation."""
         ...
 
-    async def value(self) -> dict[str, Any]:
-        """The drain op's value but for ``consumed`` and ``rounds`` (the harness adds those):
-        ``nodes`` = ``{node: {consumed, ready, unacked, empty_at_ns, error, ...}}`` and whatever
-        else the protocol can show (e.g. each server's own view of a stream)."""
+    async def extra(self) -> dict[str, Any]:
+        """Whatever else the drain op's value shows that the protocol can tell (e.g. each
+        server's own view of a stream, under ``replicas``); ``{}`` for nothing."""
         ...
 
 
@@ -231,100 +231,9 @@ def node_rotation(nodes: Sequence[str], first: str | None) -> itertools.cycle[st
     return itertools.cycle(nodes[i:] + nodes[:i])
 
 
-def drain_order(nodes: list[str], rotation: Iterator[str]) -> list[str]:
-    """Every node once, starting where the drainer's rotation starts."""
-    return [next(rotation) for _ in nodes]
-
-
 class DrainUnfinished(Exception):
     """The drain could not see every node empty in time (recorded as an ``info`` drain)."""
 
     def __init__(self, consumed: int, why: str) -> None:
         super().__init__(f"unfinished after consuming {consumed}: {why}")
         self.consumed = consumed
-
-
-@dataclass(frozen=True)
-class DrainEnd:
-    """How a drain's rounds ended: ``empty`` when one full round found every node empty and
-    consumed nothing new; otherwise ``unreached`` holds the nodes the last round did not get
-    to before the time ran out."""
-
-    empty: bool
-    unreached: tuple[str, ...] = ()
-
-    def why(self, queue: str, timeout: float, errors: Mapping[str, str | None]) -> str:
-        """The one line an unfinished drain records: every node's error, and every node the
-        time ran out before (so a node that was never reached is named, not left out)."""
-        parts = [f"{n}: {e}" for n, e in errors.items() if e]
-        parts += [
-            f"{n}: the time ran out before the drain reached it" for n in self.unreached if not errors.get(n)
-        ]
-        return f"not every node reported {queue} empty within {timeout:g}s" + (
-            ": " + "; ".join(parts) if parts else ""
-        )
-
-
-MAX_ROUNDS = 100
-"""A drain op's value records at most this many rounds: the first ones and the last."""
-
-
-def add_round(
-    rounds: list[dict[str, Any]],
-    now_ns: int,
-    consumed: int,
-    empty: list[str],
-    errors: Mapping[str, str | None],
-) -> None:
-    """Append one round as a drain op's value records it (``harness.spec.results.DrainRound``),
-    keeping the first MAX_ROUNDS - 1 rounds and the last."""
-    rounds[MAX_ROUNDS - 1 :] = []
-    rounds.append(
-        {
-            "end_ns": now_ns,
-            "consumed": consumed,
-            "empty": list(empty),
-            "errors": {n: e for n, e in errors.items() if e and n not in empty},
-        }
-    )
-
-
-async def drain_rounds(
-    nodes: Sequence[str],
-    visit: Callable[[str], Awaitable[bool | NoCopy]],
-    consumed: Callable[[], int],
-    left: Callable[[], float],
-    pause: float,
-    on_round: Callable[[list[str]], None] | None = None,
-) -> DrainEnd:
-    """A drain's rounds: visit every node in turn until one full round finds every node empty
-    and consumes nothing new, or the time ``left`` runs out. ``visit`` drains through one node
-    and says whether that node reported the queue empty, or that it holds no copy to drain
-    (``NoCopy``: left out of the rule, but a round in which no node at all served reads is not
-    an empty one); ``on_round`` hears after each round (also one the time cut short) which
-    nodes reported empty, so the drain can record every round: a queue that does not answer is
-    tried again round after round, and one that comes back late within the time is drained then."""
-    while True:
-        before = consumed()
-        every_empty = True
-        empty: list[str] = []
-        for i, node in enumerate(nodes):
-            if left() <= 0:
-                if on_round is not None:
-                    on_round(empty)
-                return DrainEnd(False, tuple(nodes[i:]))
-            got = await visit(node)
-            if isinstance(got, NoCopy):
-                continue
-            if got:
-                empty.append(node)
-            else:
-                every_empty = False
-        if on_round is not None:
-            on_round(empty)
-        if every_empty and empty and consumed() == before:
-            return DrainEnd(True)
-        if left() <= 0:
-            return DrainEnd(False)
-        if not every_empty or not empty:
-            await asyncio.sleep(min(pause, max(0.0, left())))

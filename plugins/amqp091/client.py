@@ -32,7 +32,6 @@ from harness.spec import (
 from harness.spec.client import (
     Behaviour,
     QueueHolders,
-    drain_order,
     node_rotation,
     reason,
     slow_consumers,
@@ -351,14 +350,11 @@ class AmqpDriver:
 
     # -- drain ----------------------------------------------------------------------------
 
-    async def drain(self, process: str, queue: str) -> int:
-        """Consume everything left in ``queue`` through every node (after every fault healed).
-
-        Raises ``DrainUnfinished`` (the drain is then ``info`` in the history) if not every
-        node reported the queue empty within ``drain_timeout``.
-        """
-        drain = Drain(
-            nodes=drain_order(self.nodes, self._rotation(process)),
+    def drain_reader(self, process: str, queue: str) -> Drain:
+        """``queue``'s final drain, one node per visit (after every fault healed); the harness
+        runs the rounds (``harness.spec.client.DrainReader``)."""
+        return Drain(
+            nodes=list(self.nodes),
             open_link=self._connect,
             recorder=self.recorder,
             process=process,
@@ -372,7 +368,6 @@ class AmqpDriver:
             clients=lambda: self._clients(queue),
             holders=self.queue_holders,
         )
-        return await drain.run()
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -1,23 +1,24 @@
-"""The final drain of one queue: through every node, until every node says the queue is empty.
+"""The final drain of one queue, read through one node per visit (``harness.spec.client.DrainReader``).
 
 Reading a queue through one node and stopping at the first passive declare that
 says 0 ready misses what that count leaves out: deliveries still held unacked by
 a connection nobody closed, and copies of the queue that only another node
 serves (a split brain, an unmirrored queue, a node that came back with its own
-data). So the drain goes round all nodes, each through its healed proxy: on each
-it consumes until ``drain_idle`` seconds pass with nothing delivered and every
-ack confirmed, cancels its consumer and asks the node for the queue's depth
-(ready and unacked, from the broker plugin's ``queue_depth``; a passive declare
-when the plugin cannot tell). It ends ``ok`` only after a full round in which
-every node reported the queue empty and nothing new was acked; a connection lost
-on the way moves it to the next node, and if ``drain_timeout`` runs out first it
-ends ``info``: the checkers can then say "unknown", never "lost".
+data). So the harness goes round all nodes, each through its healed proxy, and
+on each visit this reader consumes until ``drain_idle`` seconds pass with nothing
+delivered and every ack confirmed, cancels its consumer and asks the node for the
+queue's depth (ready and unacked, from the broker plugin's ``queue_depth``; a
+passive declare when the plugin cannot tell). The harness ends the drain ``ok``
+only after a full round in which every node reported the queue empty and nothing
+new was acked; a connection lost on the way moves it to the next node, and if
+``drain_timeout`` runs out first it ends ``info``: the checkers can then say
+"unknown", never "lost".
 
-The completion's value (the contract with the checkers) per node: what the drain
-acked there, the last depth seen, when the node first reported the queue empty
-after the drain had been idle on it (``empty_at_ns``, history time) and the last
-error. A message found through node B after node A reported empty is a copy only
-B had.
+What the reader shows per node (the drain op's value, the contract with the
+checkers): what the drain acked there, the last depth seen, when the node first
+reported the queue empty after the drain had been idle on it (``empty_at_ns``,
+history time) and the last error. A message found through node B after node A
+reported empty is a copy only B had.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.spec import QueueDepth, Recorder
-from harness.spec.client import DrainUnfinished, QueueHolders, add_round, drain_rounds, reason
+from harness.spec.client import QueueHolders, reason
 from harness.spec.history import DEPTH
-from plugins.amqp091.consumer import RECONNECT_DELAY, Session
+from plugins.amqp091.consumer import Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
 
 POLL = 0.05  # seconds between looks at a session while waiting for it to go quiet
@@ -50,6 +51,8 @@ class _VisitEnded(Exception):
 
 
 class Drain:
+    """One queue's drain through AMQP 0-9-1, one node per visit (``DrainReader``)."""
+
     def __init__(
         self,
         *,
@@ -67,7 +70,6 @@ class Drain:
         clients: Callable[[], int] | None = None,
         holders: QueueHolders | None = None,
     ) -> None:
-        self.nodes = nodes
         self.clients = clients  # the workload's client connections still open on this queue
         self.holders = holders
         self.open_link = open_link
@@ -79,48 +81,27 @@ class Drain:
         self.message_size = message_size
         self.prefetch = prefetch
         self.idle = idle
-        self.timeout = timeout
+        self.timeout = timeout  # for the error a visit the time cut short records
         # Leave a node that stays non-empty with nothing acked for this long; come back next round.
         self.patience = max(10.0, 4 * idle)
-        self.views = {n: NodeView() for n in nodes}
-        self.rounds: list[dict[str, Any]] = []
-        self.total = 0
+        self.node_views: dict[str, NodeView] = {n: NodeView() for n in nodes}
+        self.consumed = 0
         self.loop = asyncio.get_running_loop()
-        self.deadline = self.loop.time() + timeout
+        self._left: Callable[[], float] = lambda: timeout
 
-    def _left(self) -> float:
-        return self.deadline - self.loop.time()
+    def views(self) -> dict[str, dict[str, Any]]:
+        return {n: asdict(v) for n, v in self.node_views.items()}
 
-    def value(self) -> dict[str, Any]:
-        return {
-            "consumed": self.total,
-            "nodes": {n: asdict(v) for n, v in self.views.items()},
-            "rounds": self.rounds,
-        }
+    async def extra(self) -> dict[str, Any]:
+        return {}
 
-    def _round(self, empty: list[str]) -> None:
-        errors = {n: v.error for n, v in self.views.items()}
-        add_round(self.rounds, self.recorder.now_ns(), self.total, empty, errors)
-
-    async def run(self) -> int:
-        inv = self.recorder.invoke(self.process, "drain", queue=self.queue)
-        try:
-            end = await drain_rounds(
-                self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY, on_round=self._round
-            )
-            if end.empty:
-                inv.ok(self.value())
-                return self.total
-        except asyncio.CancelledError:
-            inv.info("drain cancelled", self.value())
-            raise
-        why = end.why(self.queue, self.timeout, {n: v.error for n, v in self.views.items()})
-        inv.info(why, self.value())
-        raise DrainUnfinished(self.total, why)
+    async def visit(self, node: str, left: Callable[[], float]) -> bool:
+        self._left = left
+        return await self._visit(node)
 
     async def _visit(self, node: str) -> bool:
         """Drain through ``node`` until it reports the queue empty; False if it did not."""
-        view = self.views[node]
+        view = self.node_views[node]
         try:
             link = await self.open_link(node)
         except BROKER_ERRORS as exc:
@@ -153,7 +134,7 @@ class Drain:
                 await session.close("close", min(CONNECT_TIMEOUT, max(1.0, self._left())))
             await link.close()
             view.consumed += session.acked
-            self.total += session.acked
+            self.consumed += session.acked
         if empty:
             view.error = None
         return empty

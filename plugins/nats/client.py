@@ -35,7 +35,7 @@ import contextlib
 import functools
 import itertools
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,10 +60,6 @@ from harness.spec import (
 )
 from harness.spec.client import (
     Behaviour,
-    DrainUnfinished,
-    add_round,
-    drain_order,
-    drain_rounds,
     node_rotation,
     reason,
     slow_consumers,
@@ -327,13 +323,10 @@ class NatsDriver:
 
     # -- drain ----------------------------------------------------------------------------
 
-    async def drain(self, process: str, queue: str) -> int:
-        """Consume everything left in ``queue``'s stream through every node (after every fault healed).
-
-        Raises ``DrainUnfinished`` (the drain is then ``info`` in the history) if not every
-        node reported the consumer empty within ``drain_timeout``.
-        """
-        return await _Drain(self, process, queue).run()
+    def drain_reader(self, process: str, queue: str) -> _Drain:
+        """What is left in ``queue``'s stream, read through one node per visit (after every fault
+        healed); the harness runs the rounds (``harness.spec.client.DrainReader``)."""
+        return _Drain(self, process, queue)
 
     async def replica_views(self, queue: str) -> dict[str, Any]:
         """Each server's own state of ``queue``'s stream (None: the server holds no replica), from
@@ -516,60 +509,37 @@ class NodeView:
 
 
 class _Drain:
+    """One stream's drain through JetStream, one node per visit (``DrainReader``)."""
+
     def __init__(self, driver: NatsDriver, process: str, queue: str) -> None:
         self.d = driver
         self.process = process
         self.queue = queue
-        self.nodes = drain_order(driver.nodes, driver._rotation(process))
-        self.views = {n: NodeView() for n in self.nodes}
-        self.rounds: list[dict[str, Any]] = []
-        self.total = 0
+        self.node_views = {n: NodeView() for n in driver.nodes}
+        self.consumed = 0
         self.loop = asyncio.get_running_loop()
-        self.deadline = self.loop.time() + driver.w.drain_timeout
+        self._left: Callable[[], float] = lambda: driver.w.drain_timeout
 
-    def _left(self) -> float:
-        return self.deadline - self.loop.time()
+    def views(self) -> dict[str, dict[str, Any]]:
+        return {n: asdict(v) for n, v in self.node_views.items()}
 
-    async def value(self) -> dict[str, Any]:
+    async def extra(self) -> dict[str, Any]:
+        """Each server's own view of the stream (``replicas``), for the replica comparison."""
         try:
             replicas = await asyncio.wait_for(
                 self.d.replica_views(self.queue), REPLICA_WAIT + CONNECT_TIMEOUT + 2
             )
         except TimeoutError:
             replicas = {}
-        return {
-            "consumed": self.total,
-            "nodes": {n: asdict(v) for n, v in self.views.items()},
-            "replicas": replicas,
-            "rounds": self.rounds,
-        }
+        return {"replicas": replicas}
 
-    def _round(self, empty: list[str]) -> None:
-        errors = {n: v.error for n, v in self.views.items()}
-        add_round(self.rounds, self.d.recorder.now_ns(), self.total, empty, errors)
-
-    async def run(self) -> int:
-        inv = self.d.recorder.invoke(self.process, "drain", queue=self.queue)
-        try:
-            end = await drain_rounds(
-                self.nodes, self._visit, lambda: self.total, self._left, RECONNECT_DELAY, on_round=self._round
-            )
-            if end.empty:
-                inv.ok(await self.value())
-                return self.total
-        except asyncio.CancelledError:
-            inv.info(
-                "drain cancelled",
-                {"consumed": self.total, "nodes": {n: asdict(v) for n, v in self.views.items()}},
-            )
-            raise
-        why = end.why(self.queue, self.d.w.drain_timeout, {n: v.error for n, v in self.views.items()})
-        inv.info(why, await self.value())
-        raise DrainUnfinished(self.total, why)
+    async def visit(self, node: str, left: Callable[[], float]) -> bool:
+        self._left = left
+        return await self._visit(node)
 
     async def _visit(self, node: str) -> bool:
         """Fetch through ``node`` until it has been idle for ``drain_idle`` and the consumer is empty."""
-        view = self.views[node]
+        view = self.node_views[node]
         try:
             conn = await self.d._connect(node)
         except BROKER_ERRORS as exc:
@@ -586,7 +556,7 @@ class _Drain:
             return False
         finally:
             view.consumed += session.acked
-            self.total += session.acked
+            self.consumed += session.acked
             await conn.close()
 
     async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool:

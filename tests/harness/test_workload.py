@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import types
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness import workload
+from harness import drain, workload
 from harness.history import Recorder, read_jsonl
 from harness.scenario import WorkloadSection
 from harness.spec import client as client_spec
-from harness.spec.client import RateLimiter
+from harness.spec.client import DrainReader, RateLimiter
 from harness.workload import WorkloadStats, assignments, queue_names, run_workload
 from tests.polling import until_async
 
@@ -205,13 +205,29 @@ class MemoryDriver:
                 self._take(process, queue)
         self.events.append(f"{process} stopped")
 
-    async def drain(self, process: str, queue: str) -> int:
+    def drain_reader(self, process: str, queue: str) -> DrainReader:
         self.events.append(f"drain {queue}")
-        n = 0
-        while self.queues[queue]:
-            self._take(process, queue)
-            n += 1
-        return n
+        return MemoryReader(self, process, queue)
+
+
+class MemoryReader:
+    """A visit takes whatever the in-process queue holds; every node shares the one queue."""
+
+    def __init__(self, driver: MemoryDriver, process: str, queue: str) -> None:
+        self.d, self.process, self.queue = driver, process, queue
+        self.consumed = 0
+
+    async def visit(self, node: str, left: Callable[[], float]) -> bool:
+        while self.d.queues[self.queue]:
+            self.d._take(self.process, self.queue)
+            self.consumed += 1
+        return True
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    async def extra(self) -> dict[str, Any]:
+        return {}
 
 
 def test_run_workload_runs_stops_heals_and_drains(tmp_path: Path) -> None:
@@ -255,7 +271,7 @@ def test_a_failing_drain_is_reported_not_raised(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "h.jsonl")
 
     class BrokenDrain(MemoryDriver):
-        async def drain(self, process: str, queue: str) -> int:
+        def drain_reader(self, process: str, queue: str) -> DrainReader:
             raise ConnectionError("node gone")
 
     w = WorkloadSection(producers=1, consumers=0, duration=0.1)
@@ -282,7 +298,7 @@ def test_the_live_progress_counts_acked_messages_not_deliveries(tmp_path: Path) 
     assert seen[0]["consumed"] == 1
 
 
-def _rounds(times: dict[str, float], empty: set[str], budget: float) -> client_spec.DrainEnd:
+def _rounds(times: dict[str, float], empty: set[str], budget: float) -> drain.DrainEnd:
     """drain_rounds over nodes whose visits take ``times`` seconds of a logical clock."""
     now = [0.0]
 
@@ -290,12 +306,12 @@ def _rounds(times: dict[str, float], empty: set[str], budget: float) -> client_s
         now[0] += times[node]
         return node in empty
 
-    return asyncio.run(client_spec.drain_rounds(list(times), visit, lambda: 0, lambda: budget - now[0], 0.0))
+    return asyncio.run(drain.drain_rounds(list(times), visit, lambda: 0, lambda: budget - now[0], 0.0))
 
 
 def test_a_drain_that_runs_out_names_the_nodes_it_never_reached() -> None:
     end = _rounds({"n1": 8.0, "n2": 1.0, "n3": 0.0}, set(), budget=8.0)
-    assert end == client_spec.DrainEnd(False, ("n2", "n3"))
+    assert end == drain.DrainEnd(False, ("n2", "n3"))
     why = end.why("chaos-1", 8, {"n1": "drain_timeout (8s) ran out on this node", "n2": None, "n3": None})
     assert why == (
         "not every node reported chaos-1 empty within 8s: n1: drain_timeout (8s) ran out on this node; "
@@ -304,9 +320,9 @@ def test_a_drain_that_runs_out_names_the_nodes_it_never_reached() -> None:
 
 
 def test_a_drain_ends_empty_after_a_round_that_finds_every_node_empty() -> None:
-    assert _rounds({"n1": 1.0, "n2": 1.0}, {"n1", "n2"}, budget=10.0) == client_spec.DrainEnd(True)
+    assert _rounds({"n1": 1.0, "n2": 1.0}, {"n1", "n2"}, budget=10.0) == drain.DrainEnd(True)
     end = _rounds({"n1": 1.0, "n2": 1.0}, {"n1"}, budget=3.0)
-    assert end == client_spec.DrainEnd(False, ("n2",))
+    assert end == drain.DrainEnd(False, ("n2",))
     assert end.why("q", 3, {"n1": None, "n2": "connect: refused"}) == (
         "not every node reported q empty within 3s: n2: connect: refused"
     )
@@ -332,14 +348,12 @@ def test_a_drain_keeps_trying_a_queue_that_does_not_answer_and_counts_a_late_rec
             "n1": None if "n1" in empty else "queue depth: timed out",
             "n2": None if "n2" in empty else "x",
         }
-        client_spec.add_round(rounds, visits[0], consumed[0], empty, errors)
+        drain.add_round(rounds, visits[0], consumed[0], empty, errors)
 
     end = asyncio.run(
-        client_spec.drain_rounds(
-            ["n1", "n2"], visit, lambda: consumed[0], lambda: 1.0, 0.0, on_round=on_round
-        )
+        drain.drain_rounds(["n1", "n2"], visit, lambda: consumed[0], lambda: 1.0, 0.0, on_round=on_round)
     )
-    assert end == client_spec.DrainEnd(True)
+    assert end == drain.DrainEnd(True)
     assert [r["empty"] for r in rounds] == [[], [], [], ["n1", "n2"], ["n1", "n2"]]
     assert rounds[0]["errors"] == {"n1": "queue depth: timed out", "n2": "x"}
     assert [r["consumed"] for r in rounds] == [0, 0, 0, 5, 5]
@@ -347,11 +361,11 @@ def test_a_drain_keeps_trying_a_queue_that_does_not_answer_and_counts_a_late_rec
 
 def test_a_drain_records_at_most_max_rounds_keeping_the_last() -> None:
     rounds: list[dict] = []
-    for i in range(client_spec.MAX_ROUNDS + 7):
-        client_spec.add_round(rounds, i, 0, [], {"n1": "down"})
-    assert len(rounds) == client_spec.MAX_ROUNDS
-    assert rounds[-1]["end_ns"] == client_spec.MAX_ROUNDS + 6
-    assert rounds[-2]["end_ns"] == client_spec.MAX_ROUNDS - 2
+    for i in range(drain.MAX_ROUNDS + 7):
+        drain.add_round(rounds, i, 0, [], {"n1": "down"})
+    assert len(rounds) == drain.MAX_ROUNDS
+    assert rounds[-1]["end_ns"] == drain.MAX_ROUNDS + 6
+    assert rounds[-2]["end_ns"] == drain.MAX_ROUNDS - 2
 
 
 def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed(

@@ -27,6 +27,7 @@ from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import Endpoint
 from harness.spec.client import DrainUnfinished
 from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
+from harness.workload import drain_queue
 from plugins.amqp091.client import AmqpDriver, confirm_outcome
 from tests.polling import until_async
 
@@ -223,7 +224,7 @@ def test_deliveries_carry_the_digest_of_the_body_and_a_bad_body_is_shown(tmp_pat
         await publish(n1, good)
         await publish(n1, ["p1:21"], body=lambda i: f"{i}|0000000000000000|tampered".encode())
         d, rec = driver(tmp_path, [n1], workload())
-        await d.drain("d1", QUEUE)
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())
@@ -249,7 +250,7 @@ def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
         await until_async(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
         stop.set()
         await task
-        await d.drain("d1", QUEUE)
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())
@@ -362,7 +363,7 @@ def test_a_behaviour_gives_deliveries_back_and_they_come_back(
         await tasks[0]
         stop_c.set()
         await tasks[1]
-        await d.drain("d1", QUEUE)
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())
@@ -428,7 +429,7 @@ def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveri
         n1.silence_consumers()
         stop.set()
         await task
-        await d.drain("d1", QUEUE)
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())
@@ -459,7 +460,7 @@ def test_the_drain_reads_every_node_and_dates_each_nodes_emptiness(tmp_path: Pat
         await publish(n1, on1)
         await publish(n2, on2)
         d, rec = driver(tmp_path, [n1, n2], workload())
-        n = await d.drain("d1", QUEUE)
+        n = await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
         return n
 
@@ -486,7 +487,7 @@ def test_a_drain_cut_off_for_good_ends_info_not_ok(tmp_path: Path, nodes: Any) -
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(prefetch=1, drain_timeout=5))
-        task = asyncio.create_task(d.drain("d1", QUEUE))
+        task = asyncio.create_task(drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder))
         await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
         n1.stop()  # its connections drop and nothing answers any more
         left.append(400 - count(rec, "ack", "ok"))
@@ -513,7 +514,7 @@ def test_a_drain_cut_mid_way_reconnects_and_finishes(tmp_path: Path, nodes: Any)
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(prefetch=1))
-        task = asyncio.create_task(d.drain("d1", QUEUE))
+        task = asyncio.create_task(drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder))
         await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
         remaining.append(400 - count(rec, "ack", "ok"))
         n1.cut_consumers()
@@ -539,7 +540,7 @@ def test_without_a_depth_the_drain_counts_ready_messages(tmp_path: Path, nodes: 
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(), depth=False)
-        await d.drain("d1", QUEUE)
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())
@@ -566,10 +567,10 @@ def test_each_look_at_a_depth_is_a_depth_op_with_the_open_consumer_connections(
         consumer = asyncio.create_task(d.consume("c1", QUEUE, stop))
         await until_async(lambda: d._clients(QUEUE) == 1, "the consumer's connection is open")
         await until_async(lambda: rec.counts.get(("ack", "ok"), 0) >= 2, "both consumed")
-        await d.drain("d1", QUEUE)  # while the consumer still runs
+        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)  # while the consumer still runs
         stop.set()
         await consumer
-        await d.drain("d2", QUEUE)
+        await drain_queue(d, "d2", QUEUE, d.nodes, d.w, d.recorder)
         rec.close()
 
     asyncio.run(go())

@@ -24,6 +24,7 @@ from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import Endpoint
 from harness.spec.client import DrainUnfinished
 from harness.spec.history import body_digest, message_body
+from harness.workload import drain_queue
 from plugins.nats import SYSTEM_USER
 from plugins.nats.client import NatsDriver
 from tests.polling import until, until_async
@@ -151,7 +152,7 @@ async def _run(driver: NatsDriver, seconds: float, consumers: int = 1) -> int:
     await asyncio.sleep(0.5)
     stop_c.set()
     await asyncio.gather(*tasks)
-    return await driver.drain("d1", QUEUE)
+    return await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
 
 
 def test_ops_carry_sequences_and_the_drain_sees_every_replica(cluster: list[Server], tmp_path: Path) -> None:
@@ -235,7 +236,7 @@ def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path)
         await driver.setup([QUEUE])
         cluster[2].stop()
         with pytest.raises(DrainUnfinished):
-            await driver.drain("d1", QUEUE)
+            await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
 
     driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=8)
     asyncio.run(scenario())

@@ -23,7 +23,7 @@ from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
 from harness.spec import Endpoint
 from harness.spec.history import message_body
-from harness.workload import queue_depth_reader
+from harness.workload import drain_queue, queue_depth_reader
 from plugins.amqp091.client import AmqpDriver
 from tests.polling import until_async
 
@@ -106,7 +106,9 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
                 assert await depth(node, QUEUE) in (None, (len(IDS) - HELD, HELD))
             assert await depth("n1", QUEUE) == (len(IDS) - HELD, HELD)
 
-            task = asyncio.create_task(driver.drain("d1", QUEUE))
+            task = asyncio.create_task(
+                drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
+            )
 
             async def waiting() -> bool:
                 return sum(1 for _n, d in seen if d is not None and d[1] > 0) >= 2
