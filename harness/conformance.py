@@ -555,10 +555,12 @@ class Battery:
             raise ended or BrokerChaosError("the run made no directory")
         path = run.dir.path
         ops = list(read_jsonl(path / "history.jsonl")) if (path / "history.jsonl").exists() else []
-        logs = {}
+        logs = {}  # the container's output and the plugin's log files (log_paths), per node
         for d in sorted((path / "nodes").glob("*")) if (path / "nodes").exists() else []:
             logs[d.name] = "\n".join(
-                f.read_text(errors="replace") for f in sorted(d.rglob("*")) if f.is_file() and "log" in f.name
+                f.read_text(errors="replace")
+                for f in sorted(d.rglob("*"))
+                if f.is_file() and (f.name == "broker.log" or "logs" in f.relative_to(d).parts)
             )
         return refusal_check(kind, ops, logs, path)
 

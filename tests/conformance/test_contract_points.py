@@ -141,3 +141,14 @@ def test_peers_reach_each_other_on_the_client_port_through_their_own_proxies() -
                 assert s.makefile().readline().strip() == node  # the workload's way in, unchanged
         n1_proxy.set_enabled(f"n1_to_n2_{ECHO_PORT}", True)
         until(lambda: ask(cluster, "n1", "n2") == "n2", "n1 reaches n2 again")
+
+
+@pytest.mark.docker
+def test_a_refusal_declared_by_a_broker_that_recovers_is_named(tmp_path: Path) -> None:
+    """The reference broker comes back after a corrupted file: declared ``refuse``, the kit's
+    corrupt-file probe runs the refusal check on the stored run and says to declare ``recover``."""
+    battery = Battery(Host.load(PLUGINS), "refuses-corruption", store=tmp_path, only=["corrupt-file"])
+    rows = battery.run()
+    row = next(r for r in rows if r.group == "corrupt-file")
+    assert row.name == "corrupt-file: the node refuses to start on the corrupted file", render(rows, "x")
+    assert row.status == FAIL and "declare 'recover'" in row.hint, render(rows, "x")
