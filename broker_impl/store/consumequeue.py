@@ -129,7 +129,7 @@ class ConsumeQueue:
             os.close(fd)
         self._dirty.discard(start)
         self.starts.remove(start)
-        (self.dir / f"{start:020d}").unlink(missing_ok=True)
+        durable.remove(self.dir / f"{start:020d}")
 
     def take_dirty(self) -> list[int]:
         fds = [self._fds[s] for s in self._dirty if s in self._fds]

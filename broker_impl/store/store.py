@@ -671,7 +671,7 @@ class Store:
             q.cq.close()
         self.log.close()
         self._pool.shutdown(wait=True)
-        (self.data_dir / ABORT).unlink(missing_ok=True)
+        durable.remove(self.data_dir / ABORT)
 
     def abandon(self) -> None:
         """Drop file handles without flushing or checkpointing (tests: an in-process 'crash')."""
