@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -478,6 +479,7 @@ class Bench:
                 "runs": self.args.runs,
                 "clean_runs": self.args.clean_runs,
                 "seed_base": self.args.seed_base,
+                "scenario": self.args.scenario,
                 "store": _rel(self.store),
             },
             "interrupted": self.interrupted,
@@ -616,6 +618,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--clean-runs", type=int, default=20, help="runs of the unmodified broker (default 20; 0: none)"
     )
     p.add_argument("--seed-base", type=int, default=100, help="seed of each bug's first run (default 100)")
+    p.add_argument(
+        "--scenario",
+        help="run the bugs (and the clean control) on this scenario instead of each bug's own, "
+        "e.g. the same faults under another filesystem model",
+    )
     p.add_argument("--store", help="run store root (default store/detection/<time>)")
     p.add_argument(
         "--out",
@@ -647,6 +654,11 @@ def select(bugs: list[Bug], wanted: str | None) -> list[Bug]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     bugs = select(load_catalogue(), args.bugs)
+    if args.scenario:
+        path = Path(args.scenario).resolve()
+        if not path.is_file():
+            raise BrokerChaosError(f"--scenario: {args.scenario} does not exist")
+        bugs = [dataclasses.replace(b, scenario=path) for b in bugs]
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
     bench = Bench(bugs, args, store.resolve())
