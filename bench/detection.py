@@ -651,14 +651,19 @@ def select(bugs: list[Bug], wanted: str | None) -> list[Bug]:
     return out
 
 
+def on_scenario(bugs: list[Bug], scenario: str | None) -> list[Bug]:
+    """The bugs, each run on ``scenario`` instead of its own (None: unchanged)."""
+    if not scenario:
+        return bugs
+    path = Path(scenario).resolve()
+    if not path.is_file():
+        raise BrokerChaosError(f"--scenario: {scenario} does not exist")
+    return [dataclasses.replace(b, scenario=path) for b in bugs]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    bugs = select(load_catalogue(), args.bugs)
-    if args.scenario:
-        path = Path(args.scenario).resolve()
-        if not path.is_file():
-            raise BrokerChaosError(f"--scenario: {args.scenario} does not exist")
-        bugs = [dataclasses.replace(b, scenario=path) for b in bugs]
+    bugs = on_scenario(select(load_catalogue(), args.bugs), args.scenario)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
     bench = Bench(bugs, args, store.resolve())

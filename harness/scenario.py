@@ -349,7 +349,7 @@ def _filesystem(v: Any) -> str | None:
     if v is None:
         return None
     if v not in FILESYSTEM_MODELS:
-        raise ScenarioError(f"broker.filesystem: {v!r}; use one of {', '.join(FILESYSTEM_MODELS)}")
+        raise ScenarioError(f"broker.filesystem: expected one of {', '.join(FILESYSTEM_MODELS)}, got {v!r}")
     return str(v)
 
 
