@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from pathlib import Path
 
@@ -143,4 +142,4 @@ class ConsumeQueue:
 
     def destroy(self) -> None:
         self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        durable.remove_tree(self.dir)

@@ -12,6 +12,7 @@ directory fsync stays off the hot path.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -54,6 +55,12 @@ def remove(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         return
+    fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -r`` whose result survives a power cut: a deleted queue's files must not come back."""
+    shutil.rmtree(path, ignore_errors=True)
     fsync_dir(path.parent)
 
 

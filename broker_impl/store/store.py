@@ -137,7 +137,7 @@ class Store:
             meta = ConsumeQueue.read_meta(d)
             if meta is None:
                 log.warning("removing consume queue %s: no readable meta", d.name)
-                shutil.rmtree(d, ignore_errors=True)
+                durable.remove_tree(d)
                 continue
             name, since = meta
             self.queues[name] = self._queue_log(d, name, since)
