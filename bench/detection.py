@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -478,6 +479,7 @@ class Bench:
                 "runs": self.args.runs,
                 "clean_runs": self.args.clean_runs,
                 "seed_base": self.args.seed_base,
+                "scenario": self.args.scenario,
                 "store": _rel(self.store),
             },
             "interrupted": self.interrupted,
@@ -616,6 +618,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--clean-runs", type=int, default=20, help="runs of the unmodified broker (default 20; 0: none)"
     )
     p.add_argument("--seed-base", type=int, default=100, help="seed of each bug's first run (default 100)")
+    p.add_argument(
+        "--scenario",
+        help="run the bugs (and the clean control) on this scenario instead of each bug's own, "
+        "e.g. the same faults under another filesystem model",
+    )
     p.add_argument("--store", help="run store root (default store/detection/<time>)")
     p.add_argument(
         "--out",
@@ -644,9 +651,19 @@ def select(bugs: list[Bug], wanted: str | None) -> list[Bug]:
     return out
 
 
+def on_scenario(bugs: list[Bug], scenario: str | None) -> list[Bug]:
+    """The bugs, each run on ``scenario`` instead of its own (None: unchanged)."""
+    if not scenario:
+        return bugs
+    path = Path(scenario).resolve()
+    if not path.is_file():
+        raise BrokerChaosError(f"--scenario: {scenario} does not exist")
+    return [dataclasses.replace(b, scenario=path) for b in bugs]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    bugs = select(load_catalogue(), args.bugs)
+    bugs = on_scenario(select(load_catalogue(), args.bugs), args.scenario)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
     bench = Bench(bugs, args, store.resolve())

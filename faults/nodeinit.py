@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from faults.lazyfs.model import NAMES
 from faults.lazyfs.mount import LazyMount, MountError
 from faults.node.wire import ControlError, LineServer, now_iso
 
@@ -481,10 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backing", help="lazyfs backing directory (default: DATA_DIR.backing)")
     p.add_argument(
         "--lazyfs-names",
-        choices=("strict", "journal"),
-        default="journal",
-        help="when a file's name is durable: journal (default, as on ext4/xfs: with any fsync) or "
-        "strict (only with an fsync of its directory)",
+        choices=NAMES,
+        default="ext4-ordered",
+        help="the lazy filesystem's model, when a file's name is durable: ext4-ordered (default: "
+        "with any fsync), xfs (with an fsync of an object the log has not committed) or strict "
+        "(only with an fsync of its directory)",
     )
     p.add_argument("--control", default=os.environ.get("BROKERCHAOS_NODE_SOCKET", NODE_SOCKET))
     p.add_argument("--lazyfs-control", default=LAZYFS_SOCKET)

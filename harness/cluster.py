@@ -36,7 +36,7 @@ from harness.images import FAKETIME_LIB
 from harness.progress import say
 from harness.proxies import ProxySpec, ToxiproxyServer, client_proxy_port, peer_address
 from harness.spec.broker import BrokerPlugin, NodeInfo
-from harness.spec.fault import FAKETIME_FILE
+from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
 
 PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
@@ -218,12 +218,28 @@ class Topology:
     data_dir: str
     lazyfs: bool
     faketime: bool = False
+    #: The lazy filesystem's model the nodes mount (None: the data is on plain volumes).
+    filesystem: str | None = None
 
     def container(self, node: str, role: str) -> ContainerSpec:
         for c in self.containers:
             if c.node == node and c.role == role:
                 return c
         raise KeyError((node, role))
+
+
+def filesystem_model(plugin: BrokerPlugin, requested: str | None, lazyfs: bool) -> str | None:
+    """The lazy filesystem's model a run uses: the scenario's ``broker.filesystem``, else the
+    plugin's own; None when the data directories are not on the lazy filesystem."""
+    if not lazyfs:
+        return None
+    model = requested or plugin.filesystem
+    if model not in FILESYSTEM_MODELS:
+        raise ClusterError(
+            f"broker plugin {plugin.name!r} declares filesystem {model!r}; "
+            f"the lazy filesystem models are {', '.join(FILESYSTEM_MODELS)}"
+        )
+    return model
 
 
 def build_topology(
@@ -236,10 +252,12 @@ def build_topology(
     proxy_image: str,
     lazyfs: bool = False,
     faketime: bool = False,
+    filesystem: str | None = None,
     host_ports: Mapping[str, int] | None = None,
     api_host_ports: Mapping[str, int] | None = None,
 ) -> Topology:
-    """The containers, volumes and proxies of one cluster."""
+    """The containers, volumes and proxies of one cluster (``filesystem``: the scenario's model)."""
+    model = filesystem_model(plugin, filesystem, lazyfs)
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id}
     cport = client_proxy_port(plugin.client_port)
@@ -300,7 +318,7 @@ def build_topology(
         caps: tuple[str, ...] = ()
         sec: tuple[str, ...] = ()
         if lazyfs:
-            init += ["--lazyfs", "--backing", LAZYFS_BACKING]
+            init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(model)]
             volume_mount = LAZYFS_BACKING
             devices = ("/dev/fuse:/dev/fuse:rwm",)
             caps = ("SYS_ADMIN",)
@@ -335,6 +353,7 @@ def build_topology(
         data_dir=plugin.data_dir,
         lazyfs=lazyfs,
         faketime=faketime,
+        filesystem=model,
     )
 
 
@@ -408,7 +427,8 @@ class Cluster:
         t = self.topology
         say(
             "cluster",
-            f"network {t.network}, {len(t.nodes)} nodes, data on {'lazyfs' if t.lazyfs else 'volumes'}",
+            f"network {t.network}, {len(t.nodes)} nodes, data on "
+            + (f"lazyfs (model {t.filesystem})" if t.lazyfs else "volumes"),
         )
         try:
             self._refuse_taken_names()

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Cluster, build_topology, docker_client
+from harness.cluster import Cluster, build_topology, docker_client, filesystem_model
 from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
@@ -79,6 +79,8 @@ class Run:
                     f"{feature} needs: {HOST_FEATURES[feature].description}"
                 )
         self.lazyfs = "lazyfs" in self.features
+        #: The lazy filesystem's model (None: no lazy filesystem), recorded in scenario.json and results.json.
+        self.filesystem = filesystem_model(self.plugin, scenario.broker.filesystem, self.lazyfs)
         self.faketime = "faketime" in self.features
         self.checkers = checkers or scenario.checkers or host.registry.default_checkers()
         for name in self.checkers:
@@ -120,6 +122,7 @@ class Run:
                 },
                 "plan": self.plan.to_list(),
                 "lazyfs": self.lazyfs,
+                "filesystem": self.filesystem,
                 "faketime": self.faketime,
                 "plugins": self.host.describe(),
             },
@@ -141,6 +144,7 @@ class Run:
                 proxy_image=images["toxiproxy"],
                 lazyfs=self.lazyfs,
                 faketime=self.faketime,
+                filesystem=self.filesystem,
                 host_ports=self.client_ports,
             )
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
@@ -165,6 +169,7 @@ class Run:
         results = self._checked(checking)
         scrape_logs(self.dir.path, results)
         results["workload"] = workload
+        results["filesystem"] = self.filesystem
         results["timings"] = self.timings
         self.dir.write_json("results.json", results)
         self._phase("report", lambda: self.report(results))
@@ -512,6 +517,7 @@ def running_cluster(
         proxy_image=images["toxiproxy"],
         lazyfs=scenario.broker.lazyfs,
         faketime=faketime,
+        filesystem=scenario.broker.filesystem,
     )
     with Cluster(client, topology, plugin, settings, keep=keep) as cluster:
         try:

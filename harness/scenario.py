@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from harness.spec.errors import ScenarioError
+from harness.spec.fault import FILESYSTEM_MODELS
 from harness.spec.scenario import (
     BrokerSection,
     Budgets,
@@ -101,12 +102,13 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     seed = _int(top.get("seed", 0), "seed", lo=0)
 
     b = _mapping(top.get("broker"), "broker", required=True)
-    _only(b, "broker", {"plugin", "nodes", "settings", "lazyfs"})
+    _only(b, "broker", {"plugin", "nodes", "settings", "lazyfs", "filesystem"})
     broker = BrokerSection(
         plugin=_str(b.get("plugin"), "broker.plugin", required=True),
         nodes=_int(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
         settings=dict(_mapping(b.get("settings", {}), "broker.settings")),
         lazyfs=_bool(b.get("lazyfs", False), "broker.lazyfs"),
+        filesystem=_filesystem(b.get("filesystem")),
     )
 
     w = _mapping(top.get("workload", {}), "workload")
@@ -341,6 +343,14 @@ def _str(v: Any, where: str, *, required: bool = False) -> str:
     if not isinstance(v, str) or not v:
         raise ScenarioError(f"{where}: expected a non-empty string, got {v!r}")
     return v
+
+
+def _filesystem(v: Any) -> str | None:
+    if v is None:
+        return None
+    if v not in FILESYSTEM_MODELS:
+        raise ScenarioError(f"broker.filesystem: expected one of {', '.join(FILESYSTEM_MODELS)}, got {v!r}")
+    return str(v)
 
 
 def _bool(v: Any, where: str) -> bool:

@@ -175,6 +175,8 @@ def summary_table(results: dict[str, Any]) -> str:
     budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
     if budgets:
         lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))
+    if results.get("filesystem"):
+        lines.append(f"  {'filesystem':<{width}}  lazyfs, model {results['filesystem']}")
     for note in results.get("notes") or []:
         lines.append(f"  {'note':<{width}}  {note}")
     if results.get("error"):

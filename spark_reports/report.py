@@ -331,12 +331,16 @@ def render_report(run_dir: Path, results: Results) -> Path:
         for k, v in budgets.items()
         if v is not None
     )
+    fs = dict(results).get("filesystem")  # the runner's, beside the checker's results
     parts = [
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
         f"<p>checked by the {_e(results['engine'])} engine on a schema-{results.get('history_schema', 1)} history; "
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
-        f"{c['history_ops']:,} operations" + (f"; budgets: {set_budgets}" if set_budgets else "") + ".</p>",
+        f"{c['history_ops']:,} operations"
+        + (f"; budgets: {set_budgets}" if set_budgets else "")
+        + (f"; data directories on the lazy filesystem, model {_e(str(fs))}" if fs else "")
+        + ".</p>",
         *[f"<div class='note'>{_e(n)}</div>" for n in results.get("notes", [])],
         *verdict_table(results),
         "<h2>Counts</h2>",

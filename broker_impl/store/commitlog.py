@@ -176,7 +176,7 @@ class CommitLog:
         if fd is not None:
             os.close(fd)
         self.starts.remove(start)
-        (self.dir / seg_name(start)).unlink(missing_ok=True)
+        durable.remove(self.dir / seg_name(start))
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from pathlib import Path
 
@@ -129,7 +128,7 @@ class ConsumeQueue:
             os.close(fd)
         self._dirty.discard(start)
         self.starts.remove(start)
-        (self.dir / f"{start:020d}").unlink(missing_ok=True)
+        durable.remove(self.dir / f"{start:020d}")
 
     def take_dirty(self) -> list[int]:
         fds = [self._fds[s] for s in self._dirty if s in self._fds]
@@ -143,4 +142,4 @@ class ConsumeQueue:
 
     def destroy(self) -> None:
         self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        durable.remove_tree(self.dir)

@@ -2,16 +2,17 @@
 
 An fsync of a file persists its bytes but not its directory entry: a file
 created (or renamed) and fsync'ed can still vanish on power loss until its
-parent directory is fsync'ed too (POSIX leaves it to the filesystem; ext4
-without ``dirsync`` and the lazy filesystem under power-loss tests both lose
-it). Every file and directory the store creates goes through here. Creation is
-rare (a segment roll, a new queue), so the extra directory fsync stays off the
-hot path.
+parent directory is fsync'ed too (POSIX leaves it to the filesystem; the lazy
+filesystem's ``strict`` model, which the reference broker's power-loss runs use,
+loses it). Every file and directory the store creates or removes goes through
+here. Both are rare (a segment roll, a new queue, retention), so the extra
+directory fsync stays off the hot path.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -45,6 +46,22 @@ def open_created(path: Path, flags: int, mode: int = 0o644) -> int:
     if not existed:
         fsync_dir(path.parent)
     return fd
+
+
+def remove(path: Path) -> None:
+    """Unlink ``path`` so that it stays gone after a power cut: a removal is a name change too, and
+    an old segment that came back would be scanned and indexed again."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -r`` whose result survives a power cut: a deleted queue's files must not come back."""
+    shutil.rmtree(path, ignore_errors=True)
+    fsync_dir(path.parent)
 
 
 def replace(src: Path, dst: Path) -> None:

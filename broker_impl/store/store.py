@@ -137,7 +137,7 @@ class Store:
             meta = ConsumeQueue.read_meta(d)
             if meta is None:
                 log.warning("removing consume queue %s: no readable meta", d.name)
-                shutil.rmtree(d, ignore_errors=True)
+                durable.remove_tree(d)
                 continue
             name, since = meta
             self.queues[name] = self._queue_log(d, name, since)
@@ -671,7 +671,7 @@ class Store:
             q.cq.close()
         self.log.close()
         self._pool.shutdown(wait=True)
-        (self.data_dir / ABORT).unlink(missing_ok=True)
+        durable.remove(self.data_dir / ABORT)
 
     def abandon(self) -> None:
         """Drop file handles without flushing or checkpointing (tests: an in-process 'crash')."""

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from faults.lazyfs.model import NAMES
 from faults.lazyfs.ops import serve
 
 
@@ -32,10 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync-backing", action="store_true", help="also fsync the backing files on persist")
     p.add_argument(
         "--names",
-        choices=("strict", "journal"),
+        choices=NAMES,
         default="strict",
-        help="strict: a name is durable only after its directory's fsync; journal: any fsync "
-        "also commits every name change so far, as ext4 and xfs do",
+        help="the filesystem model: strict (a name is durable only after its directory's fsync), "
+        "ext4-ordered (any fsync also commits every name change so far; journal is its old name) "
+        "or xfs (an fsync of an object with an uncommitted change commits them; no data written "
+        "ahead of a rename over a file)",
     )
     p.add_argument(
         "--no-flush-on-unmount", action="store_true", help="a clean unmount drops unsynced data too"

@@ -30,9 +30,23 @@ from faults.lazyfs.diskfaults import DiskFaults
 from faults.node.wire import now_iso
 
 STATE_DIR = ".lazyfs-state"
-NAMES = ("strict", "journal")
+#: The filesystem models: when a name change becomes durable, and what a journal commit carries
+#: (``docs/explanation/filesystem-models.md``). ``strict`` is POSIX's letter; ``ext4-ordered`` and
+#: ``xfs`` commit name changes with a journal (log) commit that a file's fsync also forces.
+MODELS = ("strict", "ext4-ordered", "xfs")
+#: Older spellings: ``journal`` was the ext4-ordered model before xfs was told apart from it.
+ALIASES = {"journal": "ext4-ordered"}
+NAMES = (*MODELS, *ALIASES)
 UTIME_NOW = -1  # utimensat's special values, once the FUSE glue has decoded them
 UTIME_OMIT = -2
+
+
+def model_name(name: str) -> str:
+    """The model ``name`` stands for (an alias resolved); ValueError for an unknown one."""
+    model = ALIASES.get(name, name)
+    if model not in MODELS:
+        raise ValueError(f"filesystem model {name!r}: use one of {', '.join(MODELS)}")
+    return model
 
 
 def _err(code: int, what: str = "") -> OSError:
@@ -53,7 +67,9 @@ def _ranges(ops: list[tuple[int, int]]) -> list[list[int]]:
 
 
 class Node:
-    __slots__ = ("ino", "mode", "uid", "gid", "atime", "mtime", "ctime", "links", "bino", "meta_dirty")
+    __slots__ = (
+        "ino", "mode", "uid", "gid", "atime", "mtime", "ctime", "links", "bino", "meta_dirty", "logged",
+    )  # fmt: skip
 
     def __init__(self, ino: int, mode: int, uid: int, gid: int) -> None:
         now = time.time_ns()
@@ -65,6 +81,9 @@ class Node:
         self.links = 0  # names in the volatile view
         self.bino: int | None = None  # inode number of the durable object in the backing dir
         self.meta_dirty = False
+        #: The journal sequence of this object's latest change (``LazyState._log``); the xfs model's
+        #: fsync forces the log only while this is above what the log has committed (a pinned inode).
+        self.logged = 0
 
     def touch(self) -> None:
         self.mtime = self.ctime = time.time_ns()
@@ -285,22 +304,28 @@ class Cover:
     file: File | None = None
     upto: int = 0  # the file's operations numbered below this (``File.log_base``)
     dirs: list[tuple[Dir, int, dict[str, Node]]] = field(default_factory=list)  # (dir, ns_version, names)
-    names: int | None = None  # journal mode: the name-change count this commit covers
+    names: int | None = None  # journal models: the name-change count this commit covers
+    log: int | None = None  # journal models: the journal sequence this commit covers
 
 
 class LazyState:
     """The whole filesystem; every public method takes the lock, so FUSE threads and the control thread mix safely."""
 
     def __init__(self, backing: str, sync_backing: bool = False, names: str = "strict") -> None:
-        if names not in NAMES:
-            raise ValueError(f"names {names!r}: use one of {', '.join(NAMES)}")
         self.backing = os.path.abspath(backing)
         self.sync_backing = sync_backing
-        #: ``strict``: a name is durable only when its directory is fsynced (POSIX's letter);
-        #: ``journal``: any fsync also commits every name change made so far (ext4/xfs journal),
-        #: and a file renamed over another is written first (ext4's ``auto_da_alloc``).
-        self.names = names
+        #: The filesystem model (``MODELS``). ``strict``: a name is durable only when its directory
+        #: is fsynced (POSIX's letter). ``ext4-ordered``: any fsync also commits every name change
+        #: made so far (a jbd2 commit), and a file renamed over another is written first (ext4's
+        #: ``auto_da_alloc``). ``xfs``: an fsync forces the log, committing every name change so
+        #: far, only when the object has a change the log has not committed (a pinned inode); a
+        #: rename over another file writes nothing first.
+        self.names = model_name(names)
         self._names_committed = 0
+        #: The journal sequence: bumped by every change a journal would log (names, sizes, data,
+        #: metadata); ``_log_committed`` is the newest sequence a journal commit made durable.
+        self._log_seq = 0
+        self._log_committed = 0
         self.lock = threading.RLock()
         #: Held fsyncs (slow-fsync) wait on this with the lock released; a cleared rule or a power
         #: cut wakes them.
@@ -551,6 +576,7 @@ class LazyState:
             if truncate and node.size:
                 node.truncate(0)
                 node.touch()
+                self._log(node)
             node.opens += 1
             return self._handle(self.files, node)
 
@@ -561,8 +587,15 @@ class LazyState:
                 node.opens -= 1
                 self._maybe_close(node)
 
+    def _log(self, *nodes: Node) -> None:
+        """A change a journal would log (a name, a size, data, metadata): the objects are pinned."""
+        self._log_seq += 1
+        for node in nodes:
+            node.logged = self._log_seq
+
     def _add(self, d: Dir, name: str, node: Node) -> None:
         self._names_changed += 1
+        self._log(d, node)
         d.entries[name] = node
         node.links += 1
         d.ns_version += 1
@@ -586,6 +619,7 @@ class LazyState:
             elif truncate and node.size:
                 node.truncate(0)
                 node.touch()
+                self._log(node)
             node.opens += 1
             return self._handle(self.files, node)
 
@@ -618,6 +652,7 @@ class LazyState:
     def _remove(self, d: Dir, name: str) -> Node:
         self._names_changed += 1
         node = d.entries.pop(name)
+        self._log(d, node)
         node.links -= 1
         node.ctime = time.time_ns()
         d.ns_version += 1
@@ -666,7 +701,7 @@ class LazyState:
                         raise _err(errno.ENOTEMPTY, new)
                 elif isinstance(node, Dir):
                     raise _err(errno.ENOTDIR, new)
-                if self.names == "journal" and isinstance(node, File) and node.dirty:
+                if self.names == "ext4-ordered" and isinstance(node, File) and node.dirty:
                     # ext4's auto_da_alloc: a file renamed over another has its data written
                     # before the rename commits, so replace-by-rename never leaves an empty file.
                     self._persist_file(node)
@@ -705,6 +740,7 @@ class LazyState:
                 self.disk.on_write(self.path_of(node), len(data))
             node.write(data, off)
             node.mtime = node.ctime = time.time_ns()
+            self._log(node)
             return len(data)
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> None:
@@ -714,6 +750,7 @@ class LazyState:
                 raise _err(errno.EISDIR)
             node.truncate(length)
             node.touch()
+            self._log(node)
 
     def chmod(self, path: str | None, mode: int, fh: int | None = None) -> None:
         with self.lock:
@@ -721,6 +758,7 @@ class LazyState:
             node.mode = (node.mode & ~0o7777) | (mode & 0o7777)
             node.ctime = time.time_ns()
             node.meta_dirty = True
+            self._log(node)
 
     def chown(self, path: str | None, uid: int, gid: int, fh: int | None = None) -> None:
         with self.lock:
@@ -731,6 +769,7 @@ class LazyState:
                 node.gid = gid
             node.ctime = time.time_ns()
             node.meta_dirty = True
+            self._log(node)
 
     def utimens(self, path: str | None, times: tuple[int, int] | None, fh: int | None = None) -> None:
         with self.lock:
@@ -743,6 +782,7 @@ class LazyState:
                 node.mtime = now if mtime == UTIME_NOW else mtime
             node.ctime = now
             node.meta_dirty = True
+            self._log(node)
 
     def statfs(self) -> dict[str, int]:
         sv = os.statvfs(self.backing)
@@ -764,10 +804,12 @@ class LazyState:
         if isinstance(node, File):
             cover.file, cover.upto = node, node.log_base + len(node.log)
         dirs = [node] if isinstance(node, Dir) else []
-        if self.names == "journal" and self._names_committed != self._names_changed:
-            # A journal commit: every directory's names as they are now.
-            cover.names = self._names_changed
-            dirs = [d for _, d in self.walk() if isinstance(d, Dir) and d is not node] + dirs
+        if self._forces_journal(node):
+            cover.log = self._log_seq
+            if self._names_committed != self._names_changed:
+                # A journal commit: every directory's names as they are now.
+                cover.names = self._names_changed
+                dirs = [d for _, d in self.walk() if isinstance(d, Dir) and d is not node] + dirs
         cover.dirs = [(d, d.ns_version, dict(d.entries)) for d in dirs]
         return cover
 
@@ -779,6 +821,20 @@ class LazyState:
             self._persist_dir(d, entries, version)
         if cover.names is not None:
             self._names_committed = max(self._names_committed, cover.names)
+        if cover.log is not None:
+            self._log_committed = max(self._log_committed, cover.log)
+
+    def _forces_journal(self, node: Node) -> bool:
+        """Whether an fsync of ``node`` commits the journal, and with it every name change so far.
+
+        ``strict`` has no journal. ``ext4-ordered``: always (a simplification: jbd2 commits only
+        when the inode has a change in the running transaction, which every written file has).
+        ``xfs``: only when the object has a change the log has not committed yet (``xfs_file_fsync``
+        and ``xfs_dir_fsync`` force the log only for a pinned inode).
+        """
+        if self.names == "strict":
+            return False
+        return self.names == "ext4-ordered" or node.logged > self._log_committed
 
     def fsync(self, path: str | None, fh: int | None) -> None:
         """fsync/fdatasync of a file or a directory, as a kernel serves it: concurrently with everything else.
@@ -1032,6 +1088,7 @@ class LazyState:
                     self._persist_file(f)
             self._persist_names()
             self._names_committed = self._names_changed
+            self._log_committed = self._log_seq
             return {"persisted": before}
 
     def _names(self) -> dict[str, tuple[str, int | None]]:

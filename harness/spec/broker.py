@@ -150,6 +150,11 @@ class BrokerPlugin:
     #: client proxy port is allowed (``validate`` checks).
     peer_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
+    #: The lazy filesystem's model (``FILESYSTEM_MODELS``) for runs whose scenario sets no
+    #: ``broker.filesystem``: the durability contract the broker claims. ``strict`` for a broker
+    #: that fsyncs the directory of every name it makes durable; ``ext4-ordered`` for one that
+    #: relies on a journal committing its names with its files' fsyncs, as most Linux software does.
+    filesystem: ClassVar[str] = "ext4-ordered"
     log_paths: ClassVar[tuple[str, ...]] = ()
     #: Credentials and virtual host the workload uses (``DriverOptions`` in ``harness.spec.client``).
     #: The defaults are AMQP's (RabbitMQ's stock ``guest`` user and the ``/`` virtual host);

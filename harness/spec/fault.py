@@ -46,6 +46,11 @@ HOST_FEATURES: dict[str, HostFeature] = {
 }
 
 
+#: The lazy filesystem's models (``broker.filesystem``; ``docs/explanation/filesystem-models.md``),
+#: strictest first: when a name change and a file's data survive a power cut.
+FILESYSTEM_MODELS = ("strict", "ext4-ordered", "xfs")
+
+
 @dataclass(frozen=True)
 class ConformanceProbe:
     """How ``brokerchaos validate`` exercises a fault kind once on a plugin that can suffer it.

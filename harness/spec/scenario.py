@@ -24,6 +24,8 @@ class BrokerSection:
     #: The broker plugin's settings (checked by the plugin; see Broker settings).
     settings: Mapping[str, Any] = field(default_factory=dict)
     lazyfs: bool = False  # data directories on the lazy filesystem (implied by a power-loss fault)
+    #: The lazy filesystem's model, when the data directories are on it: `strict` (POSIX: a new name, rename or unlink is durable only once its directory is fsynced), `ext4-ordered` (any fsync commits every name change) or `xfs` (an fsync of an object with an uncommitted change commits every name change; no data written ahead of a rename over a file). Absent: the broker plugin's own (the reference broker: `strict`; others: `ext4-ordered`).
+    filesystem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,4 +192,6 @@ class Scenario:
         out = json.loads(json.dumps(asdict(self), default=list))
         if out["workload"].get("transactions") is None:
             del out["workload"]["transactions"]  # a run without transactions reads as before they existed
+        if out["broker"].get("filesystem") is None:
+            del out["broker"]["filesystem"]  # the plugin's model: the scenario reads as before models existed
         return out

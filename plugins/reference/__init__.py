@@ -63,6 +63,9 @@ class ReferenceBroker(BrokerPlugin):
     client_port = 5672
     peer_ports = (25672,)
     data_dir = "/var/lib/brokerchaos/data"
+    # The store fsyncs the directory of every file it creates, renames or removes
+    # (broker_impl/store/durable.py), so its power-loss runs hold it to POSIX's letter.
+    filesystem = "strict"
     log_paths = ("/var/log/brokerchaos",)
     ready_timeout = 60.0
     settings_schema = {

@@ -210,3 +210,15 @@ def test_reference_image_from_a_directory_that_is_not_the_broker(
         BrokerChaosError, match=r"^BROKERCHAOS_REFERENCE_SOURCE=.*not a broker_impl source tree"
     ):
         ReferenceBroker().image()
+
+
+def test_bugs_run_on_another_scenario_when_asked() -> None:
+    from bench.detection import on_scenario, select
+
+    bugs = select(load_catalogue(), "16")
+    assert on_scenario(bugs, None) == bugs
+    moved = on_scenario(bugs, "scenarios/power-loss-ext4-ordered.yaml")
+    assert [b.scenario for b in moved] == [REPO / "scenarios/power-loss-ext4-ordered.yaml"]
+    assert load(moved[0].scenario).broker.filesystem == "ext4-ordered"
+    with pytest.raises(BrokerChaosError, match="--scenario: nowhere.yaml does not exist"):
+        on_scenario(bugs, "nowhere.yaml")

@@ -233,7 +233,7 @@ def test_a_power_cut_while_an_fsync_is_held_persists_nothing_of_it(tmp_path: Pat
         state.close()
 
 
-@pytest.mark.parametrize("names", ["strict", "journal"])
+@pytest.mark.parametrize("names", ["strict", "journal", "xfs"])
 def test_a_directory_fsync_covers_the_names_from_before_it_started(tmp_path: Path, names: str) -> None:
     state = LazyState(str(tmp_path), names=names)
     try:

@@ -292,7 +292,10 @@ def test_every_invalid_field_is_named(path: str, value: Any, needle: str) -> Non
             {**MINIMAL, "sede": 1},
             "sede: unknown field; allowed: broker, budgets, checkers, name, nemesis, seed, source, workload",
         ),
-        (_with("broker.node", 3), "broker.node: unknown field; allowed: lazyfs, nodes, plugin, settings"),
+        (
+            _with("broker.node", 3),
+            "broker.node: unknown field; allowed: filesystem, lazyfs, nodes, plugin, settings",
+        ),
         (_with("workload.rat", 3), "workload.rat: unknown field; allowed: "),
         (_with("nemesis.schedul", []), "nemesis.schedul: unknown field"),
         (

@@ -157,7 +157,11 @@ def test_lazyfs_adds_fuse_and_moves_the_volume_to_the_backing_path(plugin: Broke
         assert "SYS_ADMIN" in b.cap_add
         assert b.volumes == {f"{RUN}-{node}-data": LAZYFS_BACKING}
         init = list(b.command[: list(b.command).index("--")])
-        assert init == ["--data-dir", plugin.data_dir, "--lazyfs", "--backing", LAZYFS_BACKING]
+        assert init == [
+            "--data-dir", plugin.data_dir, "--lazyfs", "--backing", LAZYFS_BACKING,
+            "--lazyfs-names", plugin.filesystem,
+        ]  # fmt: skip
+        assert t.filesystem == plugin.filesystem
         assert not t.container(node, "proxy").devices
 
 

@@ -100,3 +100,27 @@ def test_compaction_keeps_checkpointed_acks_through_a_power_cut(
     lazy: LazyMount, monkeypatch: pytest.MonkeyPatch, crash_at: str
 ) -> None:
     _run_until_compaction(lazy, monkeypatch, crash_at)
+
+
+@pytest.mark.parametrize("how", ["durable", "plain"])
+def test_a_removed_segment_and_queue_stay_removed_after_a_power_cut(lazy: LazyMount, how: str) -> None:
+    """Under the strict model a removal is a name change: only the store's helpers fsync the directory."""
+    m = Path(lazy.mountpoint)
+    (m / "log").mkdir()
+    (m / "log" / "00000000000000000000").write_bytes(b"old segment")
+    (m / "cq" / "chaos-1").mkdir(parents=True)
+    (m / "cq" / "chaos-1" / "meta").write_bytes(b"{}")
+    assert lazy.command("flush")["ok"]
+    if how == "durable":
+        durable.remove(m / "log" / "00000000000000000000")
+        durable.remove_tree(m / "cq" / "chaos-1")
+    else:
+        os.unlink(m / "log" / "00000000000000000000")
+        (m / "cq" / "chaos-1" / "meta").unlink()
+        (m / "cq" / "chaos-1").rmdir()
+    assert lazy.command("crash")["ok"]
+    left = sorted(str(p.relative_to(m)) for p in m.rglob("*"))
+    if how == "durable":
+        assert left == ["cq", "log"]
+    else:
+        assert left == ["cq", "cq/chaos-1", "cq/chaos-1/meta", "log", "log/00000000000000000000"]
