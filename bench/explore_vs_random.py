@@ -189,6 +189,9 @@ def markdown(data: dict[str, Any]) -> str:
         "run to the failing run's verdict (image builds excluded); coverage is the distinct cells "
         "(`harness.explore_cells.run_cells`) over every run of the way, per hour of run time.",
         "",
+    ]
+    lines += [f"{n}\n" for n in data.get("notes", [])]
+    lines += [
         "| bug | way | runs | first failure | verdict of the failing run | cells | cells per hour |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -213,8 +216,15 @@ def markdown(data: dict[str, Any]) -> str:
             for r in ph.get("runs", []):
                 what = f"seed {r['seed']}" if way == "random" else f"run {r['iteration']} ({r['how']})"
                 new = f", {r['new']} new" if "new" in r else ""
+                held = ""
+                if r.get("held_at_loss"):
+                    held = (
+                        " (lost messages by the kinds held at their confirm: "
+                        + ", ".join(f"{k} {n}" for k, n in sorted(r["held_at_loss"].items()))
+                        + ")"
+                    )
                 lines.append(
-                    f"  - {what}: {r['verdict']} in {r['seconds']:.0f} s (at {r['elapsed_s']:.0f} s), "
+                    f"  - {what}: {r['verdict']}{held} in {r['seconds']:.0f} s (at {r['elapsed_s']:.0f} s), "
                     f"{r['cells']} cells{new}, {r['cells_total']} in all; `{r['run_dir']}`"
                 )
             if ph.get("failing_schedule"):
@@ -249,8 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
     data: dict[str, Any] = {
-        "command": command_line() if args.phase == "both" else old.get("command", command_line()),
-        "commands": {**old.get("commands", {}), args.phase: command_line()},
+        "commands": [*old.get("commands", []), command_line()],
+        "notes": old.get("notes", []),
         "facts": machine_facts(),
         "scenario": args.scenario,
         "budget_min": args.budget,
@@ -297,13 +307,33 @@ def _scenario_seed(path: str) -> int:
     return load(path).seed
 
 
+def held_at_loss(run_dir: str | None) -> dict[str, int]:
+    """Lost messages (the listed ones) by the fault kinds held when each was confirmed ("none": no fault)."""
+    if not run_dir:
+        return {}
+    path = REPO / run_dir if not Path(run_dir).is_absolute() else Path(run_dir)
+    if not (path / "results.json").exists():
+        return {}
+    res = json.loads((path / "results.json").read_text())
+    out: dict[str, int] = {}
+    for m in (res.get("attribution") or {}).get("messages") or []:
+        t = m.get("confirm_ns")
+        kinds = sorted({w["kind"] for w in res.get("faults") or [] if w["start_ns"] <= t <= w["end_ns"]})
+        key = "+".join(kinds) or "none"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 def recount(phase: dict[str, Any]) -> None:
-    """Cells of every run again, with the current signal, so both ways are counted alike."""
+    """Cells of every run again, with the current signal, so both ways are counted alike; for a
+    failing run, the fault kinds held when its lost messages were confirmed."""
     seen: set[str] = set()
     for r in phase.get("runs", []):
         cells = cells_of_dir(r.get("run_dir"))
         seen |= set(cells)
         r["cells"], r["cells_total"] = len(cells), len(seen)
+        if r["verdict"] == "LOST":
+            r["held_at_loss"] = held_at_loss(r.get("run_dir"))
     phase["cells_total"] = len(seen)
 
 
@@ -312,8 +342,7 @@ def _write(out: Path, data: dict[str, Any]) -> None:
         for way in ways(b):
             recount(b[way])
     data["facts"]["load_average_at_end"] = os.getloadavg()
-    if len(data["commands"]) > 1:
-        data["command"] = " ; ".join(data["commands"].values())
+    data["command"] = " ; ".join(data["commands"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     out.with_suffix(".md").write_text(markdown(data))

@@ -431,7 +431,12 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
         print(f"brokerchaos: interrupted; the corpus so far is in {corpus}", file=sys.stderr)
         return 130
     c = job.corpus
-    how = {"budget": "time budget spent", "runs": "--runs spent", "exhausted": "no new schedule to try"}
+    how = {
+        "failure": "a run failed",
+        "budget": "time budget spent",
+        "runs": "--runs spent",
+        "exhausted": "no new schedule to try",
+    }
     print(
         f"\nexplore: {how.get(job.search.finished or '', job.search.finished)}; {c.iteration} run(s) in all, "
         f"{len(c.cells)} cells, {len(c.entries)} schedule(s) kept, {c.elapsed_s / 60:.1f} min searched"

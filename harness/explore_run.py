@@ -129,17 +129,15 @@ class Explore:
             self.write_kept()
         if out is not None:
             fail = self.corpus.failure or {}
-            sc = self.scenario_for(self.search_schedule(fail), name=f"{self.base.name}-explore-failure")
+            sc = self.scenario_for(
+                Schedule.from_dict(fail["schedule"]), name=f"{self.base.name}-explore-failure"
+            )
             text = (
                 f"# The first failing schedule `brokerchaos explore` found ({out.verdict}), run {fail.get('iteration')}\n"
                 f"# Exact replay: brokerchaos run {self.dir / 'failure.yaml'} --replay {out.run_dir}\n"
             )
             (self.dir / "failure.yaml").write_text(text + _yaml(compact_scenario(sc, sc.name)))
         return out
-
-    @staticmethod
-    def search_schedule(record: Mapping[str, Any]) -> Schedule:
-        return Schedule.from_dict(record["schedule"])
 
     def shrink(self, out: Outcome, budget_s: float, trials: int) -> Any:
         """Hand the failing run to ``brokerchaos shrink`` (which takes LOST and INTEGRITY runs)."""
