@@ -269,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scenario_seed": _scenario_seed(args.scenario),
         "bugs": old.get("bugs", []),
     }
-    store = Path(args.store or REPO / "store" / "explore_vs_random").resolve()
+    # Per scenario: an explore corpus belongs to one scenario, and a second scenario's runs must not continue it.
+    store = Path(args.store or REPO / "store" / "explore_vs_random").resolve() / Path(args.scenario).stem
     for bug in bugs:
         entry = next((b for b in data["bugs"] if b["label"] == bug.label), None)
         if entry is None:

@@ -15,7 +15,7 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
 ``hold``     one action held longer or shorter;
 ``node``     one action's target node replaced by another node of the cluster;
 ``shape``    one of the action's own parameters changed (an enumerated value, a flag, a number
-             halved or doubled), the kind re-resolving the rest;
+             halved or doubled), the kind re-resolving the rest; values no run has shown first;
 ``overlap``  an action of a kind from the pool added so that its window overlaps an existing
              action's, preferring pairs of kinds the corpus has never held together;
 ``add``      an action of a kind from the pool at a random time;
@@ -190,7 +190,8 @@ class Mutator:
 
     ``pool``: the fault kinds a mutation may add, each with the scenario-level parameters to
     resolve it from. ``seen_pairs``: (kind held, kind started under it) pairs the corpus has
-    reached, so ``overlap`` aims at the others first.
+    reached, so ``overlap`` aims at the others first; ``seen_values``: (kind, ``key=value``) of
+    parameters the corpus's runs showed, so ``shape`` sets a value no run has shown first.
     """
 
     def __init__(
@@ -199,11 +200,13 @@ class Mutator:
         pool: Mapping[str, Mapping[str, Any]],
         rng: random.Random,
         seen_pairs: set[tuple[str, str]] | None = None,
+        seen_values: set[tuple[str, str]] | None = None,
     ) -> None:
         self.faults = faults
         self.pool = dict(pool)
         self.rng = rng
         self.seen_pairs = seen_pairs or set()
+        self.seen_values = seen_values  # None: nothing known, no value is preferred
 
     # each operator returns (schedule, what) or None when it does not apply
     def shift(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
@@ -247,20 +250,25 @@ class Mutator:
         i = self.rng.randrange(len(s.steps))
         p = s.steps[i]
         cls = self.faults[p.kind]
-        choices = []
-        for key, allowed in cls.params_schema.items():
-            if key.endswith("seed") or key in ("node", "nodes"):
-                continue
-            if isinstance(allowed, tuple) and len(allowed) > 1:
-                choices.append((key, [v for v in allowed if v != p.params.get(key)]))
-            elif allowed is bool:
-                choices.append((key, [not p.params.get(key, False)]))
-            elif allowed is float and isinstance(p.params.get(key), int | float):
-                choices.append((key, [p.params[key] * 2, p.params[key] / 2]))
-        if not choices:
-            return None
-        key, values = self.rng.choice(choices)
-        value = self.rng.choice(values)
+        fresh = [
+            (j, k, v) for j, q in enumerate(s.steps) for k, v in self._values(q) if self._unseen(q.kind, k, v)
+        ]
+        if fresh:  # a value of a parameter no run has shown yet, on any action
+            i, key, value = self.rng.choice(fresh)
+            p = s.steps[i]
+            cls = self.faults[p.kind]
+        else:
+            choices = self._values(p)
+            for key, allowed in cls.params_schema.items():
+                if (
+                    allowed is float
+                    and isinstance(p.params.get(key), int | float)
+                    and not key.endswith("seed")
+                ):
+                    choices += [(key, p.params[key] * 2), (key, p.params[key] / 2)]
+            if not choices:
+                return None
+            key, value = self.rng.choice(choices)
         base = dict(self.pool.get(p.kind, {}))
         for k in ("node", "nodes"):
             if k in p.params and k in cls.params_schema:
@@ -271,6 +279,21 @@ class Mutator:
         except ScenarioError:
             return None
         return s.with_step(i, params=params), f"shape {p.fault_id} {key}={value}"
+
+    def _values(self, p: PlannedFault) -> list[tuple[str, Any]]:
+        """The other values of the action's enumerated and boolean parameters."""
+        out: list[tuple[str, Any]] = []
+        for key, allowed in self.faults[p.kind].params_schema.items():
+            if key.endswith("seed") or key in ("node", "nodes"):
+                continue
+            if isinstance(allowed, tuple) and len(allowed) > 1:
+                out += [(key, v) for v in allowed if v != p.params.get(key)]
+            elif allowed is bool:
+                out.append((key, not p.params.get(key, False)))
+        return out
+
+    def _unseen(self, kind: str, key: str, value: Any) -> bool:
+        return self.seen_values is not None and (kind, f"{key}={str(value).lower()}") not in self.seen_values
 
     def _new_step(self, kind: str, at: float, hold: float, nodes: int) -> PlannedFault | None:
         try:
@@ -347,8 +370,10 @@ class Mutator:
         stack = self.rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
         names = list(OPERATORS)
         unseen = any((a, b) not in self.seen_pairs for a in self.pool for b in self.pool)
-        # While the pool has pairs of kinds never held together, overlapping is worth more draws.
-        weights = [OPERATORS[n] * (2 if n == "overlap" and unseen else 1) for n in names]
+        values = any(self._unseen(p.kind, k, v) for p in s.steps for k, v in self._values(p))
+        # While kinds were never held together, or parameter values never shown, those are worth more draws.
+        boost = {"overlap": 2 if unseen else 1, "shape": 2 if values else 1}
+        weights = [OPERATORS[n] * boost.get(n, 1) for n in names]
         done: list[str] = []
         cur = s
         for _ in range(stack * 4):  # room for operators that do not apply
@@ -396,6 +421,18 @@ def valid(s: Schedule, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) 
     except ScenarioError:
         return False
     return True
+
+
+def values_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
+    """(kind, ``key=value``) of every parameter the cells' fault shapes show."""
+    out: set[tuple[str, str]] = set()
+    for cell in cells:
+        parts = cell.split(" | ")
+        if len(parts) != 3 or "[" not in parts[1]:
+            continue
+        kind, rest = parts[1].split("[", 1)
+        out |= {(kind, kv) for kv in rest.split("]", 1)[0].split(",") if kv}
+    return out
 
 
 def pairs_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
@@ -454,7 +491,9 @@ class Search:
             return self.start, "the scenario's schedule", None
         rng = random.Random(f"{self.corpus.seed}:explore:{iteration}")
         parents = self.corpus.entries or [Entry("start", self.start, [], [], None, "start", None, "durable")]
-        mutator = Mutator(self.faults, self.pool, rng, pairs_in(self.corpus.cells))
+        mutator = Mutator(
+            self.faults, self.pool, rng, pairs_in(self.corpus.cells), values_in(self.corpus.cells)
+        )
         for _ in range(50):
             parent = rng.choices(parents, weights=[e.weight() for e in parents])[0]
             other = rng.choice(parents).schedule if len(parents) > 1 else None

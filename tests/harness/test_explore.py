@@ -24,6 +24,7 @@ from harness.explore import (
     pairs_in,
     pool_of,
     valid,
+    values_in,
 )
 from harness.explore_cells import bucket, fault_shapes, run_cells, window_events, workload_features
 from harness.host import Host
@@ -156,6 +157,19 @@ def test_shape_changes_a_parameter_of_the_kind_and_resolves_it_again(faults) -> 
     assert got is not None
     params = got[0].steps[0].params
     assert params["torn"] is True and isinstance(params["torn_seed"], int) and params["node"] == "n1"
+
+
+def test_shape_sets_a_value_no_run_has_shown_first(faults) -> None:  # type: ignore[no-untyped-def]
+    partition = PlannedFault("f1", 2.0, 3.0, "partition", {"shape": "isolate", "mode": "drop", "node": "n1"})
+    s = Schedule((partition,), 20.0, 100.0, 3)
+    shown = {("partition", f"shape={v}") for v in ("isolate", "halves", "fixed-halves", "majorities-ring")}
+    shown |= {("partition", f"shape={v}") for v in ("bridge", "one-way", "clients", "random")}
+    made = []
+    for seed in range(10):
+        got = Mutator(faults, {"partition": {}}, random.Random(seed), seen_values=shown).shape(s, None)
+        if got is not None:  # mode refuse, or shape custom (which needs cuts: not resolved, None)
+            made.append(got[1])
+    assert made and set(made) == {"shape f1 mode=refuse"}
 
 
 def test_remove_keeps_one_action_and_splice_joins_two_schedules(faults) -> None:  # type: ignore[no-untyped-def]
@@ -330,6 +344,7 @@ def test_events_per_window_and_for_the_run() -> None:
     assert f"backlog | {shape} | lost" in cells and f"cluster | {shape} | verdict=LOST" in cells
     assert f"backlog | {shape} | recovered>0" in cells and f"backlog | {shape} | duplicated>0" not in cells
     assert pairs_in(cells) == {("slow-fsync", "power-loss"), ("slow-fsync", "kill")}
+    assert values_in(cells) == {("slow-fsync", "delay_ms=64"), ("slow-fsync", "files=*")}
 
 
 def test_a_run_without_faults_still_has_cells_and_features_follow_the_workload() -> None:
