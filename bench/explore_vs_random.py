@@ -182,10 +182,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# explore against the seeded random nemesis, on planted bugs",
         "",
-        f"Scenario `{data['scenario']}`, budget {data['budget_min']:g} min per way and bug, "
-        f"random nemesis up to {data['random_runs']} run(s) (seeds from {data['seed_base']}), explore "
-        "once per search seed, its first run the scenario's own schedule (seed "
-        f"{data.get('scenario_seed', '?')}). Time to the first failure runs from the start of the first "
+        f"Scenario `{data['scenario']}`; budgets, runs and seeds as the commands at the end set them: "
+        "the random nemesis with seeds from the seed base, explore once per search seed, its first run "
+        f"the scenario's own schedule (seed {data.get('scenario_seed', '?')}). Time to the first failure runs from the start of the first "
         "run to the failing run's verdict (image builds excluded); coverage is the distinct cells "
         "(`harness.explore_cells.run_cells`) over every run of the way, per hour of run time.",
         "",
