@@ -254,7 +254,9 @@ class Interrupted(Exception):
         self.record = record
 
 
-def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> RunRecord:
+def run_scenario(
+    scenario: Path, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
+) -> RunRecord:
     """One ``brokerchaos run`` as a subprocess in its own session, so Ctrl-C reaches it once, from here."""
     store.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -273,6 +275,8 @@ def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> R
         str(store),
         "--json",
     ]
+    for name in checkers:
+        cmd += ["--checker", name]
     t0 = time.monotonic()
     interrupted = False
     with open(store / "run.log", "w") as log:
@@ -298,7 +302,7 @@ def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> R
 
 
 def explore_scenario(
-    scenario: Path, minutes: float, seed: int, tree: Path | None, store: Path
+    scenario: Path, minutes: float, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
 ) -> dict[str, Any]:
     """One ``brokerchaos explore`` in a fresh corpus, as a subprocess; what its corpus says of it."""
     store.mkdir(parents=True, exist_ok=True)
@@ -309,6 +313,8 @@ def explore_scenario(
     corpus = store / "corpus"
     cmd = [sys.executable, "-m", "harness.cli", "explore", str(scenario), "--budget", str(minutes)]
     cmd += ["--seed", str(seed), "--corpus", str(corpus), "--store", str(store), "--no-shrink"]
+    for name in checkers:
+        cmd += ["--checker", name]
     t0 = time.monotonic()
     with open(store / "explore.log", "w") as log:
         proc = subprocess.Popen(
@@ -461,7 +467,9 @@ class Bench:
             seed = self.args.seed_base + k
             stopped: Interrupted | None = None
             try:
-                rec = run_scenario(bug.scenario, seed, tree, self.store / bug.label / f"seed-{seed}")
+                rec = run_scenario(
+                    bug.scenario, seed, tree, self.store / bug.label / f"seed-{seed}", self.args.checker or ()
+                )
             except Interrupted as stop:
                 rec, stopped = stop.record, stop
             res.runs.append(rec)
@@ -496,6 +504,7 @@ class Bench:
                         seed,
                         tree,
                         self.store / bug.label / "general" / f"{scenario.stem}-seed-{seed}",
+                        self.args.checker or (),
                     )
                 except Interrupted as stop:
                     rec, stopped = stop.record, stop
@@ -523,6 +532,7 @@ class Bench:
                 self.args.seed_base,
                 tree,
                 self.store / bug.label / "explore" / scenario.stem,
+                self.args.checker or (),
             )
             out["searches"].append(search)
             say(
@@ -613,6 +623,7 @@ class Bench:
                 "store": _rel(self.store),
                 "general": [_rel(p) for p in self.general] if self.args.general else None,
                 "explore_minutes": self.args.explore,
+                "checkers": self.args.checker,
             },
             "interrupted": self.interrupted,
             "wall_seconds": round(time.monotonic() - self.started, 1),
@@ -747,7 +758,8 @@ def general_markdown(data: dict[str, Any]) -> list[str]:
         "## Beyond the targeted scenario",
         "",
         f"General suite: {suite} (in this order, seeds from {st['seed_base']}, {st['runs']} each, until a run "
-        f"is not durable): caught **{s['general_caught']} of {s['general_run']}**."
+        f"is not durable{', checked by ' + ', '.join(st['checkers']) if st.get('checkers') else ''}): "
+        f"caught **{s['general_caught']} of {s['general_run']}**."
         + (
             f" Explore: `brokerchaos explore` from each general scenario in turn, {st['explore_minutes']:g} min "
             f"each, a fresh corpus: caught **{s['explore_caught']} of {s['explore_run']}**."
@@ -823,6 +835,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also search for each bug with brokerchaos explore from each general scenario, MINUTES each",
     )
     p.add_argument("--skip-targeted", action="store_true", help="skip the runs of each bug's own scenario")
+    p.add_argument(
+        "--checker",
+        action="append",
+        help="checker(s) every run uses instead of its scenario's (e.g. python, the Spark checker's twin)",
+    )
     p.add_argument("--store", help="run store root (default store/detection/<time>)")
     p.add_argument(
         "--out",
