@@ -766,6 +766,14 @@ def general_markdown(data: dict[str, Any]) -> list[str]:
             if st.get("explore_minutes")
             else ""
         ),
+    ]
+    if any(b["status"] == "not run" for b in bugs):
+        lines += [
+            "",
+            "The targeted runs were skipped here (`--skip-targeted`); each bug's targeted detection is in "
+            "the full self-test's results (`bench/results/detection.md`).",
+        ]
+    lines += [
         "",
         "| bug | targeted scenario | targeted | general suite | explore |",
         "| --- | --- | --- | --- | --- |",
