@@ -2,6 +2,7 @@
 
     python -m bench.explore_vs_random --bugs 15 --scenario scenarios/reference-power-loss-random.yaml
         [--budget 12] [--random-runs 3] [--seed-base 100] [--explore-seeds 100,101] [--phase random|explore|both]
+        [--checker python]
 
 For each planted bug (``bench/planted/catalogue.yaml``, built into its own reference image the
 way ``bench.detection`` does) the scenario runs two ways, one run at a time:
@@ -81,7 +82,7 @@ def random_phase(
         if time.monotonic() - t0 > args.budget * 60:
             break
         seed = args.seed_base + k
-        rec = run_scenario(Path(args.scenario), seed, tree, store / f"seed-{seed}")
+        rec = run_scenario(Path(args.scenario), seed, tree, store / f"seed-{seed}", args.checker or ())
         cells = cells_of_dir(rec.run_dir)
         seen |= set(cells)
         elapsed = round(time.monotonic() - t0, 1)
@@ -131,6 +132,8 @@ def explore_phase(bug: Bug, tree: Path, args: argparse.Namespace, seed: int, sto
         str(store),
         "--no-shrink",
     ]
+    for name in args.checker or ():
+        cmd += ["--checker", name]
     out: dict[str, Any] = {"command": " ".join(cmd[1:]), "load_before": list(os.getloadavg())}
     store.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -245,6 +248,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--explore-seeds", default="100", help="comma-separated search seeds, one search each (default 100)"
     )
     p.add_argument("--phase", choices=("random", "explore", "both"), default="both")
+    p.add_argument("--checker", action="append", help="checker(s) every run uses instead of the scenario's")
     p.add_argument("--store", help="run store root (default store/explore_vs_random)")
     p.add_argument("--out", default=str(RESULTS / "explore_vs_random"), help="results path without suffix")
     args = p.parse_args(argv)
