@@ -1,6 +1,7 @@
 """The harness's own detection score: how many planted broker bugs its checkers catch.
 
     python -m bench.detection [--bugs 01,06] [--runs 3] [--clean-runs 20] [--seed-base 100]
+                              [--general] [--explore MINUTES] [--skip-targeted]
 
 For each bug of ``bench/planted/catalogue.yaml`` the checkout's ``broker_impl/`` is
 copied to a temporary directory, the bug's patch applied there (never to the
@@ -13,6 +14,15 @@ the start of the bug's first run to the verdict of the detecting run (the image
 build is reported apart). Then the clean control: the unmodified broker, the same
 scenarios and seeds, ``--clean-runs`` runs in all; any verdict but ``durable``
 there is a false alarm.
+
+With ``--general`` each bug is also run against the general suite (the catalogue's
+``general`` list: shipped scenarios written for no bug in particular), one scenario after the
+other with the same seeds, until one catches it; with ``--explore MINUTES`` it is also searched
+for by ``brokerchaos explore`` from each general-suite scenario in turn (that budget each, a
+fresh corpus, no shrink) until one search catches it. Planted bugs are written against features
+and windows, not scenarios: the general numbers say whether the harness would find the bug
+without being told where to look, beside the targeted number. ``--skip-targeted`` runs only
+those.
 
 A bug whose scenario does not load (it uses fields this harness does not have
 yet) is reported as waiting, not run. One line per run as it goes; the results
@@ -121,6 +131,18 @@ def load_catalogue(path: Path = CATALOGUE) -> list[Bug]:
     if not bugs:
         raise BrokerChaosError(f"{path}: no bugs listed")
     return bugs
+
+
+def load_general(path: Path = CATALOGUE) -> list[Path]:
+    """The general suite: the catalogue's ``general`` scenarios, each shipped."""
+    data = yaml.safe_load(path.read_text()) or {}
+    out = [REPO / str(x) for x in data.get("general") or []]
+    for f in out:
+        if not f.is_file():
+            raise BrokerChaosError(f"{path.name}: general: {f.relative_to(REPO)} does not exist")
+    if not out:
+        raise BrokerChaosError(f"{path.name}: no general scenarios listed (general: [...])")
+    return out
 
 
 def apply_patch(bug: Bug, dest: Path) -> Path:
@@ -233,7 +255,9 @@ class Interrupted(Exception):
         self.record = record
 
 
-def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> RunRecord:
+def run_scenario(
+    scenario: Path, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
+) -> RunRecord:
     """One ``brokerchaos run`` as a subprocess in its own session, so Ctrl-C reaches it once, from here."""
     store.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -252,6 +276,8 @@ def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> R
         str(store),
         "--json",
     ]
+    for name in checkers:
+        cmd += ["--checker", name]
     t0 = time.monotonic()
     interrupted = False
     with open(store / "run.log", "w") as log:
@@ -274,6 +300,46 @@ def run_scenario(scenario: Path, seed: int, tree: Path | None, store: Path) -> R
     if interrupted:
         raise Interrupted(record)
     return record
+
+
+def explore_scenario(
+    scenario: Path, minutes: float, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One ``brokerchaos explore`` in a fresh corpus, as a subprocess; what its corpus says of it."""
+    store.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop(SOURCE_ENV, None)
+    if tree is not None:
+        env[SOURCE_ENV] = str(tree)
+    corpus = store / "corpus"
+    cmd = [sys.executable, "-m", "harness.cli", "explore", str(scenario), "--budget", str(minutes)]
+    cmd += ["--seed", str(seed), "--corpus", str(corpus), "--store", str(store), "--no-shrink"]
+    for name in checkers:
+        cmd += ["--checker", name]
+    t0 = time.monotonic()
+    with open(store / "explore.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=STOP_GRACE)
+            raise
+    state = json.loads((corpus / "corpus.json").read_text()) if (corpus / "corpus.json").exists() else {}
+    failure = state.get("failure") or {}
+    return {
+        "scenario": _rel(scenario),
+        "exit_code": proc.returncode,
+        "seconds": round(time.monotonic() - t0, 1),
+        "runs": len(state.get("runs") or []),
+        "cells": len(state.get("cells") or {}),
+        "verdict": failure.get("verdict"),
+        "failing_schedule": failure.get("describe"),
+        "run_dir": _rel(Path(failure["run_dir"])) if failure.get("run_dir") else None,
+        "corpus": _rel(corpus),
+    }
 
 
 def _record(scenario: Path, seed: int, store: Path, code: int, out: str, seconds: float) -> RunRecord:
@@ -331,6 +397,8 @@ class BugResult:
     build_seconds: float | None = None
     image: str | None = None
     detail: str | None = None
+    general: dict[str, Any] | None = None  # the general suite: status, runs, seconds, by
+    explore: dict[str, Any] | None = None  # explore from the general suite: status, searches, seconds, by
 
     @property
     def verdict(self) -> str | None:
@@ -349,6 +417,7 @@ class Bench:
         self.clean: list[RunRecord] = []
         self.clean_detail: str | None = None
         self.interrupted = False
+        self.general = load_general() if args.general or args.explore else []
 
     # -- bugs
     def run_bug(self, bug: Bug) -> BugResult:
@@ -381,32 +450,101 @@ class Bench:
                 f"[bug {bug.label}] image {res.image} ({res.build_seconds:.0f} s); {_rel(bug.scenario)}, "
                 f"up to {self.args.runs} run(s), expecting {bug.expect}"
             )
-            t0 = time.monotonic()
-            for k in range(self.args.runs):
-                seed = self.args.seed_base + k
+            if self.args.skip_targeted:
+                res.status = "not run"
+            else:
+                self._targeted(bug, res, tree)
+            if self.args.general:
+                res.general = self._general(bug, tree)
+                self.write()
+            if self.args.explore:
+                res.explore = self._explore(bug, tree)
+                self.write()
+        return res
+
+    def _targeted(self, bug: Bug, res: BugResult, tree: Path) -> None:
+        t0 = time.monotonic()
+        for k in range(self.args.runs):
+            seed = self.args.seed_base + k
+            stopped: Interrupted | None = None
+            try:
+                rec = run_scenario(
+                    bug.scenario, seed, tree, self.store / bug.label / f"seed-{seed}", self.args.checker or ()
+                )
+            except Interrupted as stop:
+                rec, stopped = stop.record, stop
+            res.runs.append(rec)
+            line = (
+                f"[bug {bug.label}] run {k + 1}/{self.args.runs} seed {seed}: {rec.verdict} "
+                f"({rec.counts_text()}) {rec.seconds:.0f} s"
+            )
+            if rec.caught:
+                res.status = "caught"
+                res.runs_to_detection = k + 1
+                res.seconds_to_detection = round(time.monotonic() - t0, 1)
+                say(f"{line} -> caught after {k + 1} run(s), {res.seconds_to_detection:.0f} s")
+            else:
+                say(line + (f" [{rec.detail}]" if rec.detail else ""))
+            if stopped is not None:
+                raise stopped
+            if rec.caught:
+                break
+            self.write()
+
+    def _general(self, bug: Bug, tree: Path) -> dict[str, Any]:
+        """The general suite, scenario after scenario and seed after seed, until a run catches the bug."""
+        out: dict[str, Any] = {"status": "missed", "runs": [], "seconds": None, "by": None}
+        t0 = time.monotonic()
+        for k in range(self.args.runs):
+            seed = self.args.seed_base + k
+            for scenario in self.general:
                 stopped: Interrupted | None = None
                 try:
-                    rec = run_scenario(bug.scenario, seed, tree, self.store / bug.label / f"seed-{seed}")
+                    rec = run_scenario(
+                        scenario,
+                        seed,
+                        tree,
+                        self.store / bug.label / "general" / f"{scenario.stem}-seed-{seed}",
+                        self.args.checker or (),
+                    )
                 except Interrupted as stop:
                     rec, stopped = stop.record, stop
-                res.runs.append(rec)
-                line = (
-                    f"[bug {bug.label}] run {k + 1}/{self.args.runs} seed {seed}: {rec.verdict} "
-                    f"({rec.counts_text()}) {rec.seconds:.0f} s"
+                out["runs"].append(asdict(rec))
+                say(
+                    f"[bug {bug.label}] general {scenario.stem} seed {seed}: {rec.verdict} "
+                    f"({rec.counts_text()}) {rec.seconds:.0f} s" + (" -> caught" if rec.caught else "")
                 )
-                if rec.caught:
-                    res.status = "caught"
-                    res.runs_to_detection = k + 1
-                    res.seconds_to_detection = round(time.monotonic() - t0, 1)
-                    say(f"{line} -> caught after {k + 1} run(s), {res.seconds_to_detection:.0f} s")
-                else:
-                    say(line + (f" [{rec.detail}]" if rec.detail else ""))
                 if stopped is not None:
                     raise stopped
                 if rec.caught:
-                    break
+                    out.update(status="caught", seconds=round(time.monotonic() - t0, 1), by=rec.scenario)
+                    return out
                 self.write()
-        return res
+        return out
+
+    def _explore(self, bug: Bug, tree: Path) -> dict[str, Any]:
+        """``brokerchaos explore`` from each general scenario in turn, ``--explore`` minutes each."""
+        out: dict[str, Any] = {"status": "missed", "searches": [], "seconds": None, "by": None}
+        t0 = time.monotonic()
+        for scenario in self.general:
+            search = explore_scenario(
+                scenario,
+                self.args.explore,
+                self.args.seed_base,
+                tree,
+                self.store / bug.label / "explore" / scenario.stem,
+                self.args.checker or (),
+            )
+            out["searches"].append(search)
+            say(
+                f"[bug {bug.label}] explore {scenario.stem}: {search['runs']} run(s), "
+                f"{search['verdict'] or 'no failure'} in {search['seconds']:.0f} s"
+            )
+            if search["verdict"] is not None:
+                out.update(status="caught", seconds=round(time.monotonic() - t0, 1), by=_rel(scenario))
+                return out
+            self.write()
+        return out
 
     # -- clean control
     def clean_plan(self) -> list[tuple[Path, int]]:
@@ -467,6 +605,10 @@ class Bench:
             "clean_durable": sum(1 for c in self.clean if c.verdict == "durable"),
             "false_alarms": sum(1 for c in self.clean if c.failed),
             "clean_inconclusive": sum(1 for c in self.clean if c.verdict in ("error", "unknown")),
+            "general_run": sum(1 for r in self.results if r.general),
+            "general_caught": sum(1 for r in self.results if r.general and r.general["status"] == "caught"),
+            "explore_run": sum(1 for r in self.results if r.explore),
+            "explore_caught": sum(1 for r in self.results if r.explore and r.explore["status"] == "caught"),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -481,6 +623,9 @@ class Bench:
                 "seed_base": self.args.seed_base,
                 "scenario": self.args.scenario,
                 "store": _rel(self.store),
+                "general": [_rel(p) for p in self.general] if self.args.general else None,
+                "explore_minutes": self.args.explore,
+                "checkers": self.args.checker,
             },
             "interrupted": self.interrupted,
             "wall_seconds": round(time.monotonic() - self.started, 1),
@@ -554,6 +699,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"{b['bug']['expect']} | {b['status']} | {len(runs)} | {f'{t:.0f} s' if t is not None else '-'} "
             f"| {last['verdict'] if last else '-'} | {counts or '-'} |"
         )
+    lines += general_markdown(data)
     if data["clean"]:
         lines += [
             "",
@@ -601,6 +747,75 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def general_markdown(data: dict[str, Any]) -> list[str]:
+    """Targeted, general-suite and explore detection side by side, when either of the last two ran."""
+    bugs = [b for b in data["bugs"] if b.get("general") or b.get("explore")]
+    if not bugs:
+        return []
+    st = data["settings"]
+    suite = ", ".join(f"`{Path(p).name}`" for p in st.get("general") or []) or "-"
+    s = data["summary"]
+    lines = [
+        "",
+        "## Beyond the targeted scenario",
+        "",
+        f"General suite: {suite} (in this order, seeds from {st['seed_base']}, {st['runs']} each, until a run "
+        f"is not durable{', checked by ' + ', '.join(st['checkers']) if st.get('checkers') else ''}): "
+        f"caught **{s['general_caught']} of {s['general_run']}**."
+        + (
+            f" Explore: `brokerchaos explore` from each general scenario in turn, {st['explore_minutes']:g} min "
+            f"each, a fresh corpus: caught **{s['explore_caught']} of {s['explore_run']}**."
+            if st.get("explore_minutes")
+            else ""
+        ),
+    ]
+    if any(b["status"] == "not run" for b in bugs):
+        lines += [
+            "",
+            "The targeted runs were skipped here (`--skip-targeted`); each bug's targeted detection is in "
+            "the full self-test's results (`bench/results/detection.md`).",
+        ]
+    lines += [
+        "",
+        "| bug | targeted scenario | targeted | general suite | explore |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for b in bugs:
+        t = b["seconds_to_detection"]
+        targeted = f"{b['status']}" + (f" in {t:.0f} s" if t is not None else "")
+        cells = []
+        for key, unit in (("general", "runs"), ("explore", "searches")):
+            g = b.get(key)
+            if not g:
+                cells.append("-")
+                continue
+            n = len(g[unit])
+            by = f" by `{Path(g['by']).name}`" if g.get("by") else ""
+            took = f" in {g['seconds']:.0f} s" if g.get("seconds") is not None else ""
+            cells.append(f"{g['status']}{by}{took} ({n} {unit})")
+        lines.append(
+            f"| {b['bug']['label']} | `{Path(b['bug']['scenario']).name}` | {targeted} | {cells[0]} | {cells[1]} |"
+        )
+    lines += ["", "General-suite runs and explore searches:", ""]
+    for b in bugs:
+        for r in (b.get("general") or {}).get("runs", []):
+            lines.append(
+                f"- {b['bug']['label']} general `{Path(r['scenario']).name}` seed {r['seed']}: {r['verdict']} "
+                f"in {r['seconds']:.0f} s (`{r['run_dir']}`)"
+            )
+        for e in (b.get("explore") or {}).get("searches", []):
+            found = (
+                f"{e['verdict']}: {e['failing_schedule']} (`{e['run_dir']}`)"
+                if e["verdict"]
+                else "no failure"
+            )
+            lines.append(
+                f"- {b['bug']['label']} explore from `{Path(e['scenario']).name}`: {e['runs']} run(s), "
+                f"{e['cells']} cells, {e['seconds']:.0f} s, {found}"
+            )
+    return lines
+
+
 def say(line: str) -> None:
     stamp = dt.datetime.now().strftime("%H:%M:%S")
     print(f"{stamp} {line}", flush=True)
@@ -623,6 +838,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run the bugs (and the clean control) on this scenario instead of each bug's own, "
         "e.g. the same faults under another filesystem model",
     )
+    p.add_argument(
+        "--general",
+        action="store_true",
+        help="also run each bug against the general suite (the catalogue's general scenarios)",
+    )
+    p.add_argument(
+        "--explore",
+        type=float,
+        metavar="MINUTES",
+        help="also search for each bug with brokerchaos explore from each general scenario, MINUTES each",
+    )
+    p.add_argument("--skip-targeted", action="store_true", help="skip the runs of each bug's own scenario")
+    p.add_argument(
+        "--checker",
+        action="append",
+        help="checker(s) every run uses instead of its scenario's (e.g. python, the Spark checker's twin)",
+    )
     p.add_argument("--store", help="run store root (default store/detection/<time>)")
     p.add_argument(
         "--out",
@@ -636,6 +868,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--clean-runs must be 0 or more")
     if args.seed_base < 0:
         p.error("--seed-base must be 0 or more")
+    if args.explore is not None and args.explore <= 0:
+        p.error("--explore must be a positive number of minutes")
     return args
 
 

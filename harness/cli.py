@@ -26,6 +26,7 @@ examples:
   brokerchaos run scenarios/crash.yaml --runs 5    five seeded runs, graded together
   brokerchaos run scenarios/crash.yaml --until-fail --runs 20   seeded runs until the first failure
   brokerchaos shrink store/latest --budget 30      the smallest schedule that still fails
+  brokerchaos explore scenarios/crash.yaml --budget 20   search fault schedules for new coverage, then a failure
   brokerchaos analyze store/latest                 re-check a stored run (no Docker)
   brokerchaos plugins                              what is loaded
   brokerchaos images build                         build every image ahead of first use (offline)
@@ -95,6 +96,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
     s.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     _remote(s)
+
+    e = sub.add_parser(
+        "explore",
+        help="search fault schedules, coverage-guided, until a run fails (then shrink it) or the budget is spent",
+    )
+    e.add_argument("scenario", help="scenario file whose schedule and fault kinds the search starts from")
+    e.add_argument("--budget", type=float, default=30.0, help="minutes of search at most (default 30)")
+    e.add_argument("--seed", type=int, help="the search's seed (default the scenario's)")
+    e.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    e.add_argument(
+        "--faults", help="comma-separated fault kinds the search may add besides the scenario's own"
+    )
+    e.add_argument(
+        "--runs", type=int, help="runs at most in this session (default: as many as the budget allows)"
+    )
+    e.add_argument(
+        "--corpus",
+        help="corpus directory; a later search with it continues (default <store>/explore/<scenario>)",
+    )
+    e.add_argument(
+        "--no-shrink", action="store_true", help="stop at the first failing run without shrinking it"
+    )
+    e.add_argument(
+        "--shrink-budget", type=float, default=30.0, help="minutes of shrinking at most (default 30)"
+    )
+    e.add_argument("--trials", type=int, default=2, help="shrink: runs of each candidate at most (default 2)")
+    e.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
+    e.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
+    e.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
+    _remote(e)
 
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
@@ -218,6 +249,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run(host, args)
     if args.command == "shrink":
         return _shrink(host, args)
+    if args.command == "explore":
+        return _explore(host, args)
     if args.command == "analyze":
         return _analyze(host, args)
     if args.command == "grade":
@@ -374,6 +407,57 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     return 0
+
+
+def _explore(host: Any, args: argparse.Namespace) -> int:
+    from harness import scenario as scenario_mod
+    from harness.explore_run import Explore
+    from harness.store import default_root
+
+    if args.runs is not None and args.runs < 1:
+        raise BrokerChaosError("--runs must be at least 1")
+    sc = scenario_mod.with_overrides(scenario_mod.load(args.scenario), duration=args.duration)
+    store = Path(args.store) if args.store else default_root()
+    corpus = Path(args.corpus) if args.corpus else store / "explore" / sc.name
+    extra = [k.strip() for k in args.faults.split(",") if k.strip()] if args.faults else []
+    job = Explore(
+        host,
+        sc,
+        corpus,
+        budget_s=args.budget * 60,
+        seed=args.seed,
+        extra_faults=extra,
+        max_runs=args.runs,
+        checkers=tuple(args.checker) if args.checker else None,
+    )
+    try:
+        out = job.run()
+    except KeyboardInterrupt:
+        print(f"brokerchaos: interrupted; the corpus so far is in {corpus}", file=sys.stderr)
+        return 130
+    c = job.corpus
+    how = {
+        "failure": "a run failed",
+        "budget": "time budget spent",
+        "runs": "--runs spent",
+        "exhausted": "no new schedule to try",
+    }
+    print(
+        f"\nexplore: {how.get(job.search.finished or '', job.search.finished)}; {c.iteration} run(s) in all, "
+        f"{len(c.cells)} cells, {len(c.entries)} schedule(s) kept, {c.elapsed_s / 60:.1f} min searched"
+    )
+    print(f"  corpus     {corpus / 'corpus.json'}")
+    if out is None:
+        return 0
+    print(f"  failure    {out.verdict} at run {c.iteration}: {(c.failure or {}).get('describe')}")
+    print(f"  scenario   {corpus / 'failure.yaml'}")
+    print(f"  run        {out.run_dir}")
+    if not args.no_shrink:
+        shrunk = job.shrink(out, args.shrink_budget * 60, args.trials)
+        if shrunk is not None:
+            print(f"  minimal    {shrunk.best.describe()}")
+            print(f"  shrunk     {shrunk.out / 'shrunk.yaml'}")
+    return exit_status(out.verdict)
 
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:

@@ -114,7 +114,7 @@ def plan(scenario: Scenario, faults: Mapping[str, type[Fault]], nodes: Sequence[
         if not concrete:
             params = cls.resolve(params, nodes, random.Random(f"{scenario.seed}:fault:{i}"))
         out.steps.append(PlannedFault(f"f{i}", at, hold, kind, dict(params)))
-    _check_overlaps(out.steps, faults, scenario.workload.duration, nodes)
+    check_overlaps(out.steps, faults, scenario.workload.duration, nodes)
     return out
 
 
@@ -191,7 +191,7 @@ def _conflict(
     return None
 
 
-def _check_overlaps(
+def check_overlaps(
     steps: Sequence[PlannedFault], faults: Mapping[str, type[Fault]], duration: float, nodes: Sequence[str]
 ) -> None:
     """Refuse two faults held at once when their mechanisms cannot overlap, saying why."""

@@ -72,6 +72,28 @@ class Schedule:
             default=str,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """As ``shrink.json`` and an explore corpus store it (``from_dict`` reads it back)."""
+        return {
+            "steps": [vars(s) for s in self.steps],
+            "duration": self.duration,
+            "rate": self.rate,
+            "nodes": self.nodes,
+            "describe": self.describe(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Schedule:
+        return cls(
+            steps=tuple(
+                PlannedFault(p["fault_id"], p["at"], p["hold"], p["kind"], dict(p["params"]))
+                for p in d["steps"]
+            ),
+            duration=float(d["duration"]),
+            rate=float(d["rate"]),
+            nodes=int(d["nodes"]),
+        )
+
     def replace(self, **changes: Any) -> Schedule:
         return dataclasses.replace(self, **changes)
 

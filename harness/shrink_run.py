@@ -71,14 +71,61 @@ class Candidate:
         }
 
 
-def schedule_dict(s: Schedule) -> dict[str, Any]:
-    return {
-        "steps": [vars(p) for p in s.steps],
-        "duration": s.duration,
-        "rate": s.rate,
-        "nodes": s.nodes,
-        "describe": s.describe(),
+def scenario_params(p: PlannedFault, faults: Mapping[str, type[Fault]]) -> dict[str, Any]:
+    """The action's parameters a scenario may give (its kind's ``params_schema``)."""
+    schema = faults[p.kind].params_schema
+    return {k: v for k, v in p.params.items() if k in schema}
+
+
+def schedule_scenario(base: Scenario, s: Schedule, faults: Mapping[str, type[Fault]]) -> Scenario:
+    """``base`` with ``s``'s actions as its explicit steps (no random draws), its workload and cluster."""
+    steps = tuple(
+        Step(at=p.at, fault=p.kind, hold=p.hold, params=scenario_params(p, faults)) for p in s.steps
+    )
+    return dataclasses.replace(
+        base,
+        broker=dataclasses.replace(base.broker, nodes=s.nodes),
+        workload=dataclasses.replace(base.workload, duration=s.duration, rate=s.rate),
+        nemesis=dataclasses.replace(base.nemesis, schedule=steps, random=None),
+        source=None,
+    )
+
+
+def compact_scenario(sc: Scenario, name: str) -> dict[str, Any]:
+    """``sc`` with explicit steps as a short scenario file's data: what differs from the defaults."""
+    d = sc.to_dict()
+    defaults = scenario_mod.WorkloadSection()
+    workload = {
+        k: v
+        for k, v in d["workload"].items()
+        if k in ("duration", "rate") or v != getattr(defaults, k) and k != "consumer"
     }
+    consumer = {
+        k: v for k, v in d["workload"]["consumer"].items() if v != getattr(scenario_mod.ConsumerSection(), k)
+    }
+    if consumer:
+        workload["consumer"] = consumer
+    schedule = [
+        {"at": s["at"], "fault": s["fault"], "hold": s["hold"], "params": s["params"]}
+        for s in d["nemesis"]["schedule"]
+    ]
+    out: dict[str, Any] = {
+        "name": name,
+        "seed": sc.seed,
+        "broker": {k: v for k, v in d["broker"].items() if k != "lazyfs" or v},
+        "workload": workload,
+        "nemesis": {"schedule": schedule, "settle": d["nemesis"]["settle"]},
+    }
+    if d["checkers"]:
+        out["checkers"] = d["checkers"]
+    budgets = {k: v for k, v in d["budgets"].items() if v is not None}
+    if budgets:
+        out["budgets"] = budgets
+    return out
+
+
+def schedule_dict(s: Schedule) -> dict[str, Any]:
+    return s.to_dict()
 
 
 def open_failing(run_dir: str | Path) -> tuple[RunDir, dict[str, Any], dict[str, Any]]:
@@ -146,22 +193,10 @@ class Shrink:
 
     def scenario_for(self, s: Schedule) -> Scenario:
         """The candidate as a scenario: its actions as explicit steps (the trials replay them exactly)."""
-        b, w = self.base.broker, self.base.workload
-        steps = tuple(
-            Step(at=p.at, fault=p.kind, hold=p.hold, params=self.scenario_params(p)) for p in s.steps
-        )
-        return dataclasses.replace(
-            self.base,
-            broker=dataclasses.replace(b, nodes=s.nodes),
-            workload=dataclasses.replace(w, duration=s.duration, rate=s.rate),
-            nemesis=dataclasses.replace(self.base.nemesis, schedule=steps, random=None),
-            source=None,
-        )
+        return schedule_scenario(self.base, s, self.faults)
 
     def scenario_params(self, p: PlannedFault) -> dict[str, Any]:
-        """The action's parameters a scenario may give (its kind's ``params_schema``)."""
-        schema = self.faults[p.kind].params_schema
-        return {k: v for k, v in p.params.items() if k in schema}
+        return scenario_params(p, self.faults)
 
     def exact(self, s: Schedule) -> list[bool]:
         """Per action: whether planning ``shrunk.yaml`` gives back exactly the recorded parameters."""
@@ -272,38 +307,7 @@ class Shrink:
         return round(time.monotonic() - self.started, 1) if self.started else 0.0
 
     def shrunk_scenario(self) -> dict[str, Any]:
-        sc = self.scenario_for(self.best)
-        d = sc.to_dict()
-        defaults = scenario_mod.WorkloadSection()
-        workload = {
-            k: v
-            for k, v in d["workload"].items()
-            if k in ("duration", "rate") or v != getattr(defaults, k) and k != "consumer"
-        }
-        consumer = {
-            k: v
-            for k, v in d["workload"]["consumer"].items()
-            if v != getattr(scenario_mod.ConsumerSection(), k)
-        }
-        if consumer:
-            workload["consumer"] = consumer
-        schedule = [
-            {"at": s["at"], "fault": s["fault"], "hold": s["hold"], "params": s["params"]}
-            for s in d["nemesis"]["schedule"]
-        ]
-        out: dict[str, Any] = {
-            "name": f"{self.base.name}-shrunk",
-            "seed": sc.seed,
-            "broker": {k: v for k, v in d["broker"].items() if k != "lazyfs" or v},
-            "workload": workload,
-            "nemesis": {"schedule": schedule, "settle": d["nemesis"]["settle"]},
-        }
-        if d["checkers"]:
-            out["checkers"] = d["checkers"]
-        budgets = {k: v for k, v in d["budgets"].items() if v is not None}
-        if budgets:
-            out["budgets"] = budgets
-        return out
+        return compact_scenario(self.scenario_for(self.best), f"{self.base.name}-shrunk")
 
     def write(self) -> None:
         if not self.out.exists():

@@ -1,0 +1,607 @@
+"""``brokerchaos explore``: a coverage-guided search over fault schedules.
+
+The seeded random nemesis draws each fault on its own; the schedules that expose a bug are often
+the ones it never draws, such as a slow disk held while the power is cut. ``explore`` searches
+for them the way a coverage-guided fuzzer searches for inputs: it keeps a corpus of schedules,
+each kept because its run reached a (feature, fault, event) cell no earlier run had reached
+(``harness.explore_cells``), picks one (favouring those that found more and were picked less),
+mutates it, runs the mutant as an ordinary run, and keeps it if it reached something new. It
+stops at the first failing run (a verdict worse than ``durable`` that is not ``unknown``) and
+hands that run to ``brokerchaos shrink``, or when its time budget is spent.
+
+The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
+
+``shift``    one action earlier or later;
+``hold``     one action held longer or shorter;
+``node``     one action's target node replaced by another node of the cluster;
+``shape``    one of the action's own parameters changed (an enumerated value, a flag, a number
+             halved or doubled), the kind re-resolving the rest; values no run has shown first;
+``overlap``  an action of a kind from the pool added so that its window overlaps an existing
+             action's, preferring pairs of kinds the corpus has never held together;
+``add``      an action of a kind from the pool at a random time;
+``remove``   one action taken out;
+``splice``   the early part of this schedule joined to the later part of another corpus entry.
+
+A candidate is a schedule in ``harness.shrink.Schedule``'s terms (concrete actions, each with
+its time, hold, kind and resolved parameters) and runs as a replay of exactly those actions, so
+the corpus can be rerun, and what fails is what ``shrink`` takes. Every draw comes from a
+generator seeded with the search's seed and the candidate's number: the same corpus and seed
+propose the same next candidate; the runs themselves are not deterministic, so what the corpus
+keeps may differ between two searches.
+
+Nothing here knows a fault kind, broker or checker: the pool is the scenario's own kinds (plus
+``--faults``), each with the parameters the scenario gives it, and a run is whatever the
+``execute`` function given to ``Search`` does (a Docker run in ``brokerchaos explore``; a pure
+function in the tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BrokerChaosError, ScenarioError
+from harness.nemesis import PlannedFault, check_overlaps
+from harness.shrink import Schedule, node_names
+from harness.spec.fault import Fault
+from harness.spec.results import EXIT_FAILED, exit_status
+
+MIN_LEAD = 1.0  # seconds of workload before any action
+TAIL = 1.0  # seconds of workload after an action's heal
+MIN_HOLD = 0.5
+#: Mutation operators and their weights when drawn.
+OPERATORS: dict[str, float] = {
+    "shift": 2,
+    "hold": 2,
+    "node": 1,
+    "shape": 1,
+    "overlap": 3,
+    "add": 1,
+    "remove": 1,
+    "splice": 1,
+}
+MAX_ERRORS = 3  # consecutive runs that could not run: the search stops
+
+
+@dataclass
+class Outcome:
+    """What one candidate's run gave: its verdict, its cells, where it is stored."""
+
+    verdict: str
+    cells: set[str]
+    run_dir: str | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is None and exit_status(self.verdict) == EXIT_FAILED
+
+
+@dataclass
+class Entry:
+    """A schedule the corpus keeps, with the cells its run reached."""
+
+    id: str
+    schedule: Schedule
+    cells: list[str]
+    new: list[str]
+    parent: str | None
+    how: str
+    run_dir: str | None
+    verdict: str
+    picked: int = 0
+
+    def weight(self) -> float:
+        return (1.0 + len(self.new)) / (1.0 + self.picked)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in vars(self).items() if k != "schedule"}
+        d["schedule"] = self.schedule.to_dict()
+        return d
+
+
+@dataclass
+class Corpus:
+    """The search's state, in ``DIR/corpus.json``: kept schedules, cells seen, every run so far.
+
+    A later search with the same directory continues from it (its candidate numbers, time and
+    cells go on from where the last one stopped).
+    """
+
+    path: Path
+    scenario: str
+    seed: int
+    entries: list[Entry] = field(default_factory=list)
+    cells: dict[str, str] = field(default_factory=dict)  # cell -> the run that first reached it
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # Schedule.key() of every candidate run
+    elapsed_s: float = 0.0  # search time over every session
+    failure: dict[str, Any] | None = None
+
+    FILE = "corpus.json"
+
+    @classmethod
+    def open(cls, path: Path, scenario: str, seed: int) -> Corpus:
+        f = path / cls.FILE
+        if not f.exists():
+            return cls(path, scenario, seed)
+        data = json.loads(f.read_text())
+        if data.get("scenario") != scenario:
+            raise BrokerChaosError(
+                f"{path} holds the corpus of scenario {data.get('scenario')!r}, not {scenario!r}: "
+                "give another --corpus"
+            )
+        entries = [
+            Entry(**{**e, "schedule": Schedule.from_dict(e["schedule"])}) for e in data.get("entries", [])
+        ]
+        return cls(
+            path,
+            scenario,
+            int(data.get("seed", seed)),
+            entries=entries,
+            cells=dict(data.get("cells", {})),
+            runs=list(data.get("runs", [])),
+            tried=set(data.get("tried", [])),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+            failure=data.get("failure"),
+        )
+
+    @property
+    def iteration(self) -> int:
+        return len(self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "seed": self.seed,
+            "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "entries": [e.to_dict() for e in self.entries],
+            "cells": dict(sorted(self.cells.items())),
+            "runs": self.runs,
+            "tried": sorted(self.tried),
+            "failure": self.failure,
+        }
+
+    def save(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / (self.FILE + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        tmp.replace(self.path / self.FILE)
+
+
+# -- mutations -----------------------------------------------------------------------------------
+
+
+def _window(p: PlannedFault, duration: float) -> tuple[float, float]:
+    return p.at, p.at + (p.hold if p.hold is not None else duration)
+
+
+class Mutator:
+    """Schedules near a given one, drawn from ``rng``; each is valid (it plans) or is not returned.
+
+    ``pool``: the fault kinds a mutation may add, each with the scenario-level parameters to
+    resolve it from. ``seen_pairs``: (kind held, kind started under it) pairs the corpus has
+    reached, so ``overlap`` aims at the others first; ``seen_values``: (kind, ``key=value``) of
+    parameters the corpus's runs showed, so ``shape`` sets a value no run has shown first.
+    """
+
+    def __init__(
+        self,
+        faults: Mapping[str, type[Fault]],
+        pool: Mapping[str, Mapping[str, Any]],
+        rng: random.Random,
+        seen_pairs: set[tuple[str, str]] | None = None,
+        seen_values: set[tuple[str, str]] | None = None,
+    ) -> None:
+        self.faults = faults
+        self.pool = dict(pool)
+        self.rng = rng
+        self.seen_pairs = seen_pairs or set()
+        self.seen_values = seen_values  # None: nothing known, no value is preferred
+
+    # each operator returns (schedule, what) or None when it does not apply
+    def shift(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if not s.steps:
+            return None
+        i = self.rng.randrange(len(s.steps))
+        p = s.steps[i]
+        delta = self.rng.choice([-1, 1]) * self.rng.uniform(0.5, max(1.0, s.duration / 4))
+        at = round(min(max(MIN_LEAD, p.at + delta), s.duration - TAIL - MIN_HOLD), 3)
+        if at == p.at:
+            return None
+        return s.with_step(i, at=at), f"shift {p.fault_id} {p.at:g}s->{at:g}s"
+
+    def hold(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if not s.steps:
+            return None
+        i = self.rng.randrange(len(s.steps))
+        p = s.steps[i]
+        old = p.hold if p.hold is not None else s.duration - p.at
+        hold = round(old * self.rng.choice([0.25, 0.5, 2.0, 4.0]), 3)
+        hold = max(MIN_HOLD, min(hold, s.duration - TAIL - p.at))
+        if hold == p.hold:
+            return None
+        return s.with_step(i, hold=hold), f"hold {p.fault_id} {old:g}s->{hold:g}s"
+
+    def node(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
+        targeted = [i for i, p in enumerate(s.steps) if node_names(p.params)]
+        if len(cluster) < 2 or not targeted:
+            return None
+        i = self.rng.choice(targeted)
+        p = s.steps[i]
+        old = self.rng.choice(sorted(node_names(p.params)))
+        new = self.rng.choice([n for n in cluster if n != old])
+        params = _rename(p.params, old, new)
+        return s.with_step(i, params=params), f"node {p.fault_id} {old}->{new}"
+
+    def shape(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if not s.steps:
+            return None
+        i = self.rng.randrange(len(s.steps))
+        p = s.steps[i]
+        cls = self.faults[p.kind]
+        fresh = [
+            (j, k, v) for j, q in enumerate(s.steps) for k, v in self._values(q) if self._unseen(q.kind, k, v)
+        ]
+        if fresh:  # a value of a parameter no run has shown yet, on any action
+            i, key, value = self.rng.choice(fresh)
+            p = s.steps[i]
+            cls = self.faults[p.kind]
+        else:
+            choices = self._values(p)
+            for key, allowed in cls.params_schema.items():
+                if (
+                    allowed is float
+                    and isinstance(p.params.get(key), int | float)
+                    and not key.endswith("seed")
+                ):
+                    choices += [(key, p.params[key] * 2), (key, p.params[key] / 2)]
+            if not choices:
+                return None
+            key, value = self.rng.choice(choices)
+        base = dict(self.pool.get(p.kind, {}))
+        for k in ("node", "nodes"):
+            if k in p.params and k in cls.params_schema:
+                base[k] = p.params[k]
+        base[key] = value
+        try:
+            params = cls.resolve(base, [f"n{k}" for k in range(1, s.nodes + 1)], self.rng)
+        except ScenarioError:
+            return None
+        return s.with_step(i, params=params), f"shape {p.fault_id} {key}={value}"
+
+    def _values(self, p: PlannedFault) -> list[tuple[str, Any]]:
+        """The other values of the action's enumerated and boolean parameters."""
+        out: list[tuple[str, Any]] = []
+        for key, allowed in self.faults[p.kind].params_schema.items():
+            if key.endswith("seed") or key in ("node", "nodes"):
+                continue
+            if isinstance(allowed, tuple) and len(allowed) > 1:
+                out += [(key, v) for v in allowed if v != p.params.get(key)]
+            elif allowed is bool:
+                out.append((key, not p.params.get(key, False)))
+        return out
+
+    def _unseen(self, kind: str, key: str, value: Any) -> bool:
+        return self.seen_values is not None and (kind, f"{key}={str(value).lower()}") not in self.seen_values
+
+    def _new_step(self, kind: str, at: float, hold: float, nodes: int) -> PlannedFault | None:
+        try:
+            params = self.faults[kind].resolve(
+                dict(self.pool.get(kind, {})), [f"n{k}" for k in range(1, nodes + 1)], self.rng
+            )
+        except ScenarioError:
+            return None
+        return PlannedFault("new", round(at, 3), round(hold, 3), kind, params)
+
+    def overlap(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        """A pool kind added over (or under) an existing action, unseen pairs first."""
+        if not s.steps or not self.pool:
+            return None
+        options = []
+        for i in range(len(s.steps)):
+            for kind in self.pool:
+                options.append((i, kind, "over"))  # the new one held when p begins
+                options.append((i, kind, "under"))  # the new one begins while p is held
+        fresh = [
+            o
+            for o in options
+            if ((o[1], s.steps[o[0]].kind) if o[2] == "over" else (s.steps[o[0]].kind, o[1]))
+            not in self.seen_pairs
+        ]
+        i, kind, way = self.rng.choice(fresh or options)
+        p = s.steps[i]
+        start, end = _window(p, s.duration)
+        end = min(end, s.duration - TAIL)
+        if way == "over":
+            at = max(MIN_LEAD, start - self.rng.uniform(0.3, 3.0))
+            hold = (start - at) + self.rng.uniform(0.5, max(0.6, end - start + 1.0))
+        else:
+            at = start + self.rng.uniform(0.0, max(0.1, 0.8 * (end - start)))
+            hold = self.rng.uniform(MIN_HOLD, max(MIN_HOLD + 0.1, end - at + 1.0))
+        hold = max(MIN_HOLD, min(hold, s.duration - TAIL - at))
+        if at >= s.duration - TAIL - MIN_HOLD:
+            return None
+        step = self._new_step(kind, at, hold, s.nodes)
+        if step is None:
+            return None
+        return s.replace(steps=(*s.steps, step)), f"overlap {kind} {way} {p.fault_id}"
+
+    def add(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if not self.pool:
+            return None
+        kind = self.rng.choice(sorted(self.pool))
+        at = self.rng.uniform(MIN_LEAD, max(MIN_LEAD, s.duration - TAIL - MIN_HOLD))
+        hold = self.rng.uniform(MIN_HOLD, max(MIN_HOLD, min(s.duration / 4, s.duration - TAIL - at)))
+        step = self._new_step(kind, at, hold, s.nodes)
+        if step is None:
+            return None
+        return s.replace(steps=(*s.steps, step)), f"add {kind} @{step.at:g}s/{step.hold:g}s"
+
+    def remove(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if len(s.steps) < 2:
+            return None
+        i = self.rng.randrange(len(s.steps))
+        return s.replace(steps=s.steps[:i] + s.steps[i + 1 :]), f"remove {s.steps[i].fault_id}"
+
+    def splice(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        if other is None or not s.steps or not other.steps:
+            return None
+        cut = self.rng.uniform(MIN_LEAD, s.duration)
+        steps = tuple(p for p in s.steps if p.at < cut) + tuple(p for p in other.steps if p.at >= cut)
+        if not steps:
+            return None
+        return s.replace(steps=steps), f"splice at {cut:.1f}s"
+
+    def mutate(
+        self, s: Schedule, other: Schedule | None, nodes: Sequence[str]
+    ) -> tuple[Schedule, str] | None:
+        """One to three stacked mutations of ``s``; None when none gave a valid schedule."""
+        stack = self.rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
+        names = list(OPERATORS)
+        unseen = any((a, b) not in self.seen_pairs for a in self.pool for b in self.pool)
+        values = any(self._unseen(p.kind, k, v) for p in s.steps for k, v in self._values(p))
+        # While kinds were never held together, or parameter values never shown, those are worth more draws.
+        boost = {"overlap": 2 if unseen else 1, "shape": 2 if values else 1}
+        weights = [OPERATORS[n] * boost.get(n, 1) for n in names]
+        done: list[str] = []
+        cur = s
+        for _ in range(stack * 4):  # room for operators that do not apply
+            if len(done) == stack:
+                break
+            op = self.rng.choices(names, weights=weights)[0]
+            got = getattr(self, op)(cur, other)
+            if got is None:
+                continue
+            cand = normalise(got[0])
+            if cand.key() != cur.key() and valid(cand, self.faults, nodes):
+                cur = cand
+                done.append(got[1])
+        if not done:
+            return None
+        return cur, "; ".join(done)
+
+
+def _rename(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new if value == old else value
+    if isinstance(value, dict):
+        return {_rename(k, old, new): _rename(v, old, new) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        out = []
+        for x in (_rename(v, old, new) for v in value):
+            if x not in out or not isinstance(x, str):
+                out.append(x)
+        return out
+    return value
+
+
+def normalise(s: Schedule) -> Schedule:
+    """Actions by time, renumbered f1, f2, ...; those at or past the workload's end dropped."""
+    steps = sorted((p for p in s.steps if p.at < s.duration), key=lambda p: (p.at, p.kind))
+    return s.replace(steps=tuple(dataclasses.replace(p, fault_id=f"f{i}") for i, p in enumerate(steps, 1)))
+
+
+def valid(s: Schedule, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) -> bool:
+    """Whether the schedule can run: each action's kind known, no two held at once that cannot overlap."""
+    if any(p.kind not in faults for p in s.steps):
+        return False
+    try:
+        check_overlaps(s.steps, faults, s.duration, nodes)
+    except ScenarioError:
+        return False
+    return True
+
+
+def values_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
+    """(kind, ``key=value``) of every parameter the cells' fault shapes show."""
+    out: set[tuple[str, str]] = set()
+    for cell in cells:
+        parts = cell.split(" | ")
+        if len(parts) != 3 or "[" not in parts[1]:
+            continue
+        kind, rest = parts[1].split("[", 1)
+        out |= {(kind, kv) for kv in rest.split("]", 1)[0].split(",") if kv}
+    return out
+
+
+def pairs_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
+    """(held kind, kind started under it) pairs that the cells' fault shapes show."""
+    out: set[tuple[str, str]] = set()
+    for cell in cells:
+        parts = cell.split(" | ")
+        if len(parts) != 3 or " under=" not in parts[1]:
+            continue
+        kind = parts[1].split("[", 1)[0]
+        under = parts[1].split(" under=", 1)[1].split(" ", 1)[0]
+        out |= {(u, kind) for u in under.split("+")}
+    return out
+
+
+# -- the search ------------------------------------------------------------------------------------
+
+Execute = Callable[[Schedule, str, int], Outcome]
+
+
+class Search:
+    """The loop: seed the corpus with the scenario's own schedule, then pick, mutate, run, keep.
+
+    ``execute(schedule, what, iteration)`` runs one candidate. ``clock`` is the time source of the
+    budget (``time.monotonic`` in use; the tests give their own).
+    """
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        start: Schedule,
+        faults: Mapping[str, type[Fault]],
+        pool: Mapping[str, Mapping[str, Any]],
+        execute: Execute,
+        *,
+        budget_s: float,
+        max_runs: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.corpus = corpus
+        self.start = normalise(start)
+        self.faults = faults
+        self.pool = dict(pool)
+        self.execute = execute
+        self.budget_s = budget_s
+        self.max_runs = max_runs
+        self.clock = clock
+        self.say = say
+        self.nodes = [f"n{k}" for k in range(1, start.nodes + 1)]
+        self.finished: str | None = None  # failure | budget | runs | errors | exhausted
+
+    def propose(self, iteration: int) -> tuple[Schedule, str, Entry | None] | None:
+        """The next candidate: the start when the corpus is empty, else a mutant of a picked entry."""
+        if not self.corpus.entries and self.start.key() not in self.corpus.tried:
+            return self.start, "the scenario's schedule", None
+        rng = random.Random(f"{self.corpus.seed}:explore:{iteration}")
+        parents = self.corpus.entries or [Entry("start", self.start, [], [], None, "start", None, "durable")]
+        mutator = Mutator(
+            self.faults, self.pool, rng, pairs_in(self.corpus.cells), values_in(self.corpus.cells)
+        )
+        for _ in range(50):
+            parent = rng.choices(parents, weights=[e.weight() for e in parents])[0]
+            other = rng.choice(parents).schedule if len(parents) > 1 else None
+            got = mutator.mutate(parent.schedule, other, self.nodes)
+            if got is None or got[0].key() in self.corpus.tried:
+                continue
+            return got[0], f"{parent.id}: {got[1]}", parent
+        return None
+
+    def run(self) -> Outcome | None:
+        """Search until the first failure (returned), the budget or ``max_runs`` is spent (None)."""
+        t0 = self.clock()
+        spent0 = self.corpus.elapsed_s
+        errors = 0
+        runs = 0
+        while True:
+            now = self.clock()
+            self.corpus.elapsed_s = spent0 + (now - t0)
+            if now - t0 >= self.budget_s:
+                self.finished = "budget"
+                return None
+            if self.max_runs is not None and runs >= self.max_runs:
+                self.finished = "runs"
+                return None
+            iteration = self.corpus.iteration + 1
+            proposal = self.propose(iteration)
+            if proposal is None:
+                self.finished = "exhausted"
+                self.say("no new schedule found in 50 draws: the mutations are exhausted for this corpus")
+                return None
+            schedule, how, parent = proposal
+            if parent is not None:
+                parent.picked += 1
+            self.say(f"run {iteration} ({how}): {schedule.describe()}")
+            out = self.execute(schedule, how, iteration)
+            runs += 1
+            self.corpus.tried.add(schedule.key())
+            new = sorted(out.cells - set(self.corpus.cells))
+            for c in new:
+                self.corpus.cells[c] = f"run {iteration}"
+            self.corpus.elapsed_s = spent0 + (self.clock() - t0)
+            record = {
+                "iteration": iteration,
+                "how": how,
+                "schedule": schedule.to_dict(),
+                "verdict": out.verdict,
+                "error": out.error,
+                "seconds": round(out.seconds, 1),
+                "elapsed_s": round(self.corpus.elapsed_s, 1),
+                "cells": len(out.cells),
+                "new": len(new),
+                "cells_total": len(self.corpus.cells),
+                "run_dir": out.run_dir,
+            }
+            self.corpus.runs.append(record)
+            kept = bool(new) and out.error is None
+            if kept:
+                self.corpus.entries.append(
+                    Entry(
+                        f"e{len(self.corpus.entries) + 1}",
+                        schedule,
+                        sorted(out.cells),
+                        new,
+                        parent.id if parent else None,
+                        how,
+                        out.run_dir,
+                        out.verdict,
+                    )
+                )
+            self.say(
+                f"run {iteration}: {out.error or out.verdict} ({out.seconds:.0f} s), {len(new)} new cell(s), "
+                f"{len(self.corpus.cells)} in all; corpus {len(self.corpus.entries)} schedule(s)"
+                + (f", kept as {self.corpus.entries[-1].id}" if kept else "")
+                + f"; {self.corpus.elapsed_s / 60:.1f} min searched"
+            )
+            if out.failed:
+                self.corpus.failure = {**record, "describe": schedule.describe()}
+                self.corpus.save()
+                self.finished = "failure"
+                return out
+            self.corpus.save()
+            errors = errors + 1 if out.error else 0
+            if errors >= MAX_ERRORS:
+                self.finished = "errors"
+                raise BrokerChaosError(
+                    f"explore: {errors} runs in a row could not run; the last: {out.error}"
+                )
+
+
+def pool_of(
+    scenario: Any, faults: Mapping[str, type[Fault]], extra: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """The kinds a mutation may add, with the parameters the scenario gives each.
+
+    The scenario's random nemesis's ``params``, else the parameters of its first explicit step of
+    that kind (those a scenario may give), else none; ``extra`` kinds are added with none.
+    """
+    n = scenario.nemesis
+    out: dict[str, dict[str, Any]] = {}
+    kinds = [s.fault for s in n.schedule] + list(n.random.faults if n.random else ()) + list(extra)
+    for kind in kinds:
+        if kind in out:
+            continue
+        if kind not in faults:
+            raise ScenarioError(f"explore: unknown fault {kind!r}; available: {', '.join(sorted(faults))}")
+        if n.random and kind in n.random.params:
+            out[kind] = dict(n.random.params[kind])
+            continue
+        step = next((s for s in n.schedule if s.fault == kind), None)
+        out[kind] = dict(step.params) if step else {}
+    return out

@@ -1,0 +1,236 @@
+"""The coverage signal of ``brokerchaos explore``: the (feature, fault, event) cells one run reached.
+
+A cell is a string ``feature | fault | event``:
+
+feature
+    a workload feature the scenario drives (``publish-confirm``, ``consume``, ``backlog``,
+    ``requeue``, ``recover``, ``close``, ``crash``, ``slow-consumer``, ``delay``, ``tx-publish``,
+    ``tx-ack``, ``queues``, ``cluster``), read from the scenario.
+fault
+    the shape of one fault window: its kind, its parameters that are not node names (strings and
+    booleans as they are, numbers in powers of two), how much of the cluster it targets
+    (``one``/``some``/``all``), the role of its target (``clients``: a node the workload's clients
+    went through; ``no-clients``), the kinds already held when it began (``under=slow-fsync``), and
+    the kinds whose heal it followed before the queues had recovered (``recovering=kill``).
+event
+    what the run recorded in that window: whether the fault applied, the share of publishes
+    confirmed inside it, how long each queue took to recover after its heal (powers of two of
+    seconds), outages that overlapped it, lost messages attributed to it; and for the run as a
+    whole, which kinds of anomaly it counted (recovered, duplicated, unknown, ...) and its verdict.
+
+Everything is read from a stored run (``scenario.json`` and ``results.json``): no Docker, no
+clock. Broker events a plugin reports (``results.json`` ``events``: each ``{"name": ...,
+"fault_ids": [...]}``) join a window's events when a run has them. Numbers are bucketed, as a
+coverage-guided fuzzer buckets hit counts, so that a run is new when it reaches a state, not when
+a figure moves by a little.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+NS = 1_000_000_000
+#: Run-level counts that make an event when they are above zero.
+COUNTED = ("recovered", "unknown", "failed", "duplicated", "resurrected", "ack_unknown", "abandoned")
+
+
+def bucket(x: float) -> str:
+    """A power-of-two bucket: ``0``, ``<1``, ``1``, ``2``, ``4``, ... (the bucket's lower end)."""
+    if x <= 0:
+        return "0"
+    if x < 1:
+        return "<1"
+    return str(2 ** int(math.log2(x)))
+
+
+def workload_features(scenario: Mapping[str, Any]) -> list[str]:
+    """The workload features a scenario (``Scenario.to_dict()``) drives."""
+    w = scenario.get("workload") or {}
+    out = ["publish-confirm"]
+    out.append("consume" if w.get("consumers", 2) else "backlog")
+    c = w.get("consumer") or {}
+    for key, name in (
+        ("requeue", "requeue"),
+        ("recover_every", "recover"),
+        ("close_every", "close"),
+        ("crash_every", "crash"),
+        ("slow", "slow-consumer"),
+    ):
+        if c.get(key):
+            out.append(name)
+    if w.get("delay"):
+        out.append("delay")
+    tx = w.get("transactions") or {}
+    if tx.get("publish_batch"):
+        out.append("tx-publish")
+    if tx.get("ack_batch"):
+        out.append("tx-ack")
+    if (w.get("queues") or 1) > 1:
+        out.append("queues")
+    if ((scenario.get("broker") or {}).get("nodes") or 1) > 1:
+        out.append("cluster")
+    return out
+
+
+def _is_node(v: Any) -> bool:
+    return isinstance(v, str) and len(v) > 1 and v[0] == "n" and v[1:].isdigit()
+
+
+def _targets(params: Mapping[str, Any], all_nodes: list[str]) -> list[str]:
+    if isinstance(params.get("node"), str):
+        return [params["node"]]
+    if isinstance(params.get("nodes"), list | tuple):
+        return [str(n) for n in params["nodes"]]
+    return list(all_nodes)
+
+
+def _params_shape(params: Mapping[str, Any]) -> str:
+    parts = []
+    for key in sorted(params):
+        v = params[key]
+        if key.endswith("seed") or _is_node(v):
+            continue
+        if isinstance(v, bool) or isinstance(v, str):
+            parts.append(f"{key}={str(v).lower()}")
+        elif isinstance(v, int | float):
+            parts.append(f"{key}={bucket(float(v))}")
+    return ",".join(parts)
+
+
+def _fault_params(w: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A window's fault parameters (its ``params`` is the recorded action: parameters, hold, start)."""
+    p = w.get("params") or {}
+    return p["params"] if isinstance(p.get("params"), Mapping) else p
+
+
+def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, str]:
+    """Each fault window's shape, by fault id."""
+    windows = list(results.get("faults") or [])
+    all_nodes = [f"n{i}" for i in range(1, nodes + 1)]
+    lv = results.get("liveness") or {}
+    client_nodes = {
+        n["node"] for r in lv.get("recovery") or [] for n in r.get("nodes") or [] if n.get("node")
+    }
+    recovered_at: dict[str, int] = {}
+    for r in lv.get("recovery") or []:
+        if r.get("heal_ns") is not None:
+            # Publishes back, where there were any: a backlog's consumes come back only at the drain.
+            back = r.get("publish_ok_ns") if r.get("publish_demand") else None
+            end = r["heal_ns"] + (back if back is not None else r.get("recovery_ns") or 0)
+            recovered_at[r["fault_id"]] = max(recovered_at.get(r["fault_id"], 0), end)
+    out: dict[str, str] = {}
+    for w in windows:
+        params = _fault_params(w)
+        targets = _targets(params, all_nodes)
+        share = "all" if len(set(targets)) >= len(all_nodes) else "one" if len(targets) == 1 else "some"
+        role = "clients" if not client_nodes or set(targets) & client_nodes else "no-clients"
+        start = w["start_ns"]
+        under = sorted(
+            {
+                o["kind"]
+                for o in windows
+                if o is not w and o["start_ns"] <= start < (o.get("end_ns") or start + 1)
+            }
+        )
+        recovering = sorted(
+            {
+                o["kind"]
+                for o in windows
+                if o is not w
+                and o.get("heal_start_ns") is not None
+                and o["heal_start_ns"] <= start < recovered_at.get(o["fault_id"], o["heal_start_ns"])
+            }
+        )
+        shape = f"{w['kind']}[{_params_shape(params)}]@{share}/{role}"
+        hold = (w.get("params") or {}).get("hold")
+        if isinstance(hold, int | float):
+            shape += f" hold={bucket(float(hold))}"
+        if under:
+            shape += f" under={'+'.join(under)}"
+        if recovering:
+            shape += f" recovering={'+'.join(recovering)}"
+        out[w["fault_id"]] = shape
+    return out
+
+
+def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
+    """What each fault window saw, by fault id."""
+    out: dict[str, set[str]] = {}
+    for w in results.get("faults") or []:
+        out[w["fault_id"]] = {"applied" if w.get("applied") else "apply-failed"}
+        if w.get("applied") and not w.get("healed"):
+            out[w["fault_id"]].add("never-healed")
+    for row in results.get("availability") or []:
+        if row.get("window") not in out:
+            continue
+        share = row.get("share")
+        label = (
+            "no-publishes"
+            if share is None
+            else "publish-down"
+            if share == 0
+            else "publish-degraded"
+            if share < 0.9
+            else "publish-ok"
+        )
+        out[row["window"]].add(label)
+    lv = results.get("liveness") or {}
+    for r in lv.get("recovery") or []:
+        if r.get("fault_id") not in out or not r.get("healed"):
+            continue
+        if not r.get("recovered"):
+            out[r["fault_id"]].add("not-recovered")
+        for what in ("publish", "consume"):
+            took = r.get(f"{what}_ok_ns")
+            if r.get(f"{what}_demand") and took is not None:
+                out[r["fault_id"]].add(f"{what}-back-s={bucket(took / NS)}")
+    for u in lv.get("windows") or []:
+        for fid in u.get("fault_ids") or []:
+            if fid in out:
+                out[fid].add(f"outage-{u.get('kind')}")
+    for m in (results.get("attribution") or {}).get("messages") or []:
+        for fid in m.get("fault_ids") or []:
+            if fid in out:
+                out[fid].add("lost")
+    for e in results.get("events") or []:
+        if not isinstance(e, Mapping) or not e.get("name"):
+            continue
+        for fid in e.get("fault_ids") or ["run"]:
+            out.setdefault(fid, set()).add(f"event={e['name']}")
+    return out
+
+
+def run_events(results: Mapping[str, Any]) -> set[str]:
+    """Events of the run as a whole: the anomaly counts above zero and the verdict."""
+    counts = results.get("counts") or {}
+    out = {f"{k}>0" for k in COUNTED if counts.get(k)}
+    out.add(f"verdict={results.get('verdict', results.get('valid'))}")
+    return out
+
+
+def run_cells(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[str]:
+    """Every (feature, fault, event) cell a run reached: ``scenario`` is ``Scenario.to_dict()``."""
+    features = workload_features(scenario)
+    nodes = int((scenario.get("broker") or {}).get("nodes") or 1)
+    shapes = fault_shapes(results, nodes)
+    events = window_events(results)
+    whole = run_events(results)
+    out: set[str] = set()
+    for fid, shape in shapes.items():
+        for ev in events.get(fid, set()) | whole:
+            out |= {f"{f} | {shape} | {ev}" for f in features}
+    for ev in whole | events.get("run", set()):
+        if not shapes:
+            out |= {f"{f} | no-fault | {ev}" for f in features}
+    return out
+
+
+def stored_run_cells(run_dir: Path) -> set[str]:
+    """``run_cells`` of a stored run directory."""
+    scenario = json.loads((run_dir / "scenario.json").read_text())["scenario"]
+    results = json.loads((run_dir / "results.json").read_text())
+    return run_cells(scenario, results)
