@@ -185,6 +185,12 @@ class BrokerPlugin:
         """
         return None
 
+    def node_holdings(self, node: NodeHandle, queue: str) -> list[tuple[int | None, str]] | None:
+        """What ``node``'s own copy of ``queue`` holds after the drain: (offset, message id)
+        pairs in the copy's order (offset = the entry's position in a stream, e.g. the
+        JetStream stream sequence; None for a queue without offsets). None: cannot tell."""
+        return None
+
     # -- membership (capability ``membership``) ------------------------------------------
 
     def members(self, node: NodeHandle) -> set[str]:
