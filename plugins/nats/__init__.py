@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness import (
@@ -37,7 +38,8 @@ from harness import (
     hookimpl,
     run_or_fail,
 )
-from plugins.nats.client import CONSUMER, brokerchaos_register_clients
+from plugins.nats import filestore
+from plugins.nats.client import CONSUMER, ID_HEADER, brokerchaos_register_clients
 
 __version__ = "0.1.0"
 __all__ = ["Nats", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
@@ -220,6 +222,28 @@ class Nats(BrokerPlugin):
                     return None  # a follower's num_pending is not kept current (seen: the whole stream)
                 return int(c.get("num_pending") or 0), int(c.get("num_ack_pending") or 0)
         raise ClusterError(f"{node.name}: stream {queue!r} has no consumer {CONSUMER!r} in /jsz")
+
+    def node_holdings(self, node: NodeHandle, queue: str) -> list[tuple[int | None, str]] | None:
+        """What ``node``'s own replica of the queue's stream holds: (stream sequence, message id)
+        for every record of its message blocks whose checksum holds, read from the node's files
+        (``plugins.nats.filestore``, run with the container's python3), never through the
+        JetStream API (which answers from the stream's leader).
+
+        A node with no files of the stream holds nothing ([]) if its ``/jsz`` lists the stream
+        (it is a replica) and None if not (not a replica here, or it dropped the stream: the
+        drain's per-server views say which)."""
+        source = Path(filestore.__file__).read_text()
+        out = run_or_fail(node, ["python3", "-c", source, self.data_dir, queue, ID_HEADER], timeout=300)
+        try:
+            read = json.loads(out.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise ClusterError(
+                f"{node.name}: reading {queue!r}'s message blocks printed {out.strip()[-200:]}"
+            ) from None
+        if not read["found"]:
+            jsz = monitor(node, f"/jsz?acc={self.vhost}&streams=true")
+            return [] if stream_detail(jsz, queue) is not None else None
+        return [(int(seq), str(msg_id)) for seq, msg_id in read["entries"]]
 
 
 @hookimpl
