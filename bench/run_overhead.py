@@ -22,7 +22,8 @@ Phases from the progress lines (seconds):
 - ``settle``: the ``settling`` line to the first line after it (the settle and the drain's start);
 - ``drain``: from the settle's end to the ``drained`` line (read off the ``drain`` line's time
   minus the settle, see ``settle_s``);
-- ``check``: the ``drained`` line to the checker's verdict line;
+- ``check``: the ``drained`` line to the checker's verdict line; of it ``check_until_job`` (to the
+  Spark job's first line: the JVM's start or a warm-up check still under way) and ``check_job``;
 - ``exit``: the last progress line to the process's exit (the table, the report, the JVM's exit).
 """
 
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,12 +100,21 @@ def phases(lines: list[tuple[float, str]], wall: float, settle: float) -> dict[s
     start = parsed[0][0] if parsed else None
     cluster0 = first("cluster")
     started = last("cluster", ": starting ")
-    ready_nodes = last("cluster", ": ready")
     formed = first("cluster", "ready: ")
+    # the last node ready before the cluster formed (a restart's "ready" comes later)
+    ready_nodes = max(
+        (t for t, p, msg in parsed if p == "cluster" and msg.endswith(": ready") and t <= (formed or 0)),
+        default=None,
+    )
     work0 = first("workload", "producers")
     settling = first("heal", "settling")
     drained = first("drain", "drained")
     verdict = first("check", "in ")
+    # the Spark checker's first line of its own job (unprefixed: it is the checker's, not the run's)
+    prelude = next(
+        (t for t, raw in lines if raw.startswith("spark_reports[spark]: prelude") and t > (drained or 0)),
+        None,
+    )
     end = parsed[-1][0] if parsed else None
 
     def span(a: float | None, b: float | None) -> float | None:
@@ -117,6 +128,8 @@ def phases(lines: list[tuple[float, str]], wall: float, settle: float) -> dict[s
         "traffic": span(work0, settling),
         "settle_and_drain": span(settling, drained),
         "check": span(drained, verdict),
+        "check_until_job": span(drained, prelude),
+        "check_job": span(prelude, verdict),
         "verdict_to_last_line": span(verdict, end),
         "exit": span(end, wall),
         "settle_s": settle,
@@ -165,7 +178,89 @@ def one(label: str, tree: Path, duration: float, extra: list[str], keep: Path) -
     }
 
 
+PHASES = (
+    "startup",
+    "containers",
+    "readiness",
+    "forming",
+    "traffic",
+    "settle_and_drain",
+    "check",
+    "check_until_job",
+    "check_job",
+    "verdict_to_last_line",
+    "exit",
+)
+
+
+def summary(path: Path) -> str:
+    """A markdown table of every run in a results file (``--summary``), then each tree's medians."""
+    runs = json.loads(path.read_text())["runs"]
+    head = [
+        "run",
+        "load before",
+        "load after",
+        "wall s",
+        "verdict",
+        "ops",
+        "images",
+        *PHASES,
+        "report s",
+        "harness CPU",
+    ]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        # from the stamped lines kept in the file, so a file written by an earlier version reads alike
+        stamped = [(float(x[:7]), x[8:]) for x in r["progress"]]
+        p = phases(stamped, r["wall_s"], r["phases"]["settle_s"])
+        at = {" ".join(m.split()[1:3]): float(m.split()[0]) for m in r.get("marks", [])}
+        report = at["report done"] - at["report start"] if "report done" in at else None
+        images = at["images done"] - at["images start"] if "images done" in at else None
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{r['tree']}{r['repeat']}",
+                    f"{r['load_before'][0]:.1f}",
+                    f"{r['load_after'][0]:.1f}",
+                    f"{r['wall_s']:.1f}",
+                    str(r["verdict"]),
+                    str(r["ops"]),
+                    "-" if images is None else f"{images:.1f}",
+                    *("-" if p[k] is None else f"{p[k]:.1f}" for k in PHASES),
+                    "-" if report is None else f"{report:.1f}",
+                    f"{r['harness_cpu_workload']['cpu_s']} s / {r['harness_cpu_workload']['wall_s']} s",
+                ]
+            )
+            + " |"
+        )
+    trees = sorted({r["tree"] for r in runs})
+    keys = ["wall_s", "load_before", *PHASES]
+    rows += [
+        "",
+        "| tree | runs | " + " | ".join(f"median {k}" for k in keys) + " |",
+        "|" + "---|" * (len(keys) + 2),
+    ]
+    for tree in trees:
+        mine = [r for r in runs if r["tree"] == tree]
+        med = []
+        for k in keys:
+            if k in ("wall_s", "load_before"):
+                vals = [r[k] if k == "wall_s" else r[k][0] for r in mine]
+            else:
+                vals = [
+                    phases([(float(x[:7]), x[8:]) for x in r["progress"]], r["wall_s"], 0.0)[k] for r in mine
+                ]
+            vals = [v for v in vals if v is not None]
+            med.append(f"{statistics.median(vals):.1f}" if vals else "-")
+        rows.append(f"| {tree} | {len(mine)} | " + " | ".join(med) + " |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--summary"]:
+        print(summary(Path(sys.argv[2])))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a checkout to run")
     ap.add_argument("--repeats", type=int, default=3)
