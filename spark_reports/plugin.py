@@ -62,11 +62,23 @@ def brokerchaos_register_checkers(register: Any) -> None:
 
 @hookimpl
 def brokerchaos_run_started(run: Any) -> None:
-    """The JVM starts while the cluster comes up and the workload runs, not after the drain; so
-    does the import of the report's plotting library (``_import_plotting``)."""
+    """The JVM starts while the cluster comes up and the workload runs, not after the drain."""
     if {"spark", "delay-spark", "atomicity-spark"} & set(getattr(run, "checkers", ())):
         start_session_in_background(_target())
-    threading.Thread(target=_import_plotting, name="report-imports", daemon=True).start()
+
+
+_plotting: threading.Thread | None = None
+
+
+@hookimpl
+def brokerchaos_phase(run: Any, phase: str, status: str, detail: dict[str, Any]) -> None:
+    """Once the workload (and its drain) is done, the report's plotting library is imported beside
+    the check and the teardown (``_import_plotting``): not during the workload, where its CPU would
+    be taken from the brokers under test."""
+    global _plotting
+    if (phase, status) == ("workload", "done"):
+        _plotting = threading.Thread(target=_import_plotting, name="report-imports", daemon=True)
+        _plotting.start()
 
 
 def _import_plotting() -> None:
