@@ -66,7 +66,7 @@ check cancels them instead of waiting for the warm-up check under way (``_stop_w
 _warm_session: Any = None
 """The in-process session the background warm-up checks run in, while they run (else None)."""
 warm_up_cancelled = 0
-"""How many times a real check cancelled a warm-up check under way (for the run's progress and tests)."""
+"""How many times a real check cancelled a warm-up check under way."""
 
 
 def start_session_in_background(
@@ -175,6 +175,7 @@ def _stop_warm_up(warming: threading.Thread) -> None:
         warming.join(0.05)
     if cancelled:
         warm_up_cancelled += 1
+        progress("spark", "cancelled the warm-up check under way")
 
 
 def _check(
