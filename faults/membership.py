@@ -10,6 +10,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from faults.targets import on_each
 from harness import FaultError, ScenarioError
 from harness.spec import Fault, FaultContext
 
@@ -69,12 +70,11 @@ class MemberRemove(Fault):
         nodes = ctx.cluster.nodes
         plugin = ctx.cluster.plugin
         seen: set[str] = set()
-        for handle in nodes.values():
-            try:
-                members = plugin.members(handle)
-            except Exception:  # noqa: BLE001 - a node out of the cluster may not answer: ask another
-                continue
-            if len(members) > len(seen):
+        # Every node asked at once; a node out of the cluster may not answer (an error): the others count.
+        replies, _errors = on_each(list(nodes), lambda name: plugin.members(nodes[name]))
+        for name in nodes:
+            members = replies.get(name)
+            if members is not None and len(members) > len(seen):
                 seen = members
         if len(seen) < 2:
             return (

@@ -28,6 +28,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from faults.targets import on_each
 from harness import FaultError, ScenarioError, short_error
 from harness.spec import Fault, FaultContext
 
@@ -65,15 +66,13 @@ def _run(ctx: FaultContext, node: str, script: str, what: str) -> str:
 
 
 def _on_every_sidecar(ctx: FaultContext, script: str, what: str) -> dict[str, str] | None:
-    """Run a final-heal script on every sidecar; the nodes where it printed something (what it undid)."""
-    done = {}
-    for node in ctx.cluster.nodes:
-        rc, out = sidecar_exec(ctx, node, script)
-        if rc != 0:
-            raise FaultError(f"{node}: could not {what}: {out[-300:]}")
-        if out:
-            done[node] = out
-    return done or None
+    """Run a final-heal script on every sidecar, all at once; the nodes where it printed something
+    (what it undid)."""
+    replies, errors = on_each(list(ctx.cluster.nodes), lambda node: sidecar_exec(ctx, node, script))
+    failed = {**errors, **{n: out[-300:] for n, (rc, out) in replies.items() if rc != 0}}
+    if failed:
+        raise FaultError(f"could not {what}: " + "; ".join(f"{n}: {e}" for n, e in sorted(failed.items())))
+    return {n: out for n, (_rc, out) in sorted(replies.items()) if out} or None
 
 
 def _node(params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random, kind: str) -> str:

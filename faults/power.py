@@ -14,31 +14,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from faults.process import _ProcessFault, nodectl
-from faults.targets import pick_nodes
+from faults.targets import on_each, pick_nodes
 from harness import FaultError, ScenarioError
 from harness.spec import ConformanceProbe
-
-T = TypeVar("T")
-
-
-def on_each(names: Sequence[str], fn: Callable[[str], T]) -> tuple[dict[str, T], dict[str, str]]:
-    """``fn(name)`` for every node at once: (results, errors) by node name."""
-    done: dict[str, T] = {}
-    errors: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        futures = {name: pool.submit(fn, name) for name in names}
-        for name, fut in futures.items():
-            try:
-                done[name] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - every node's outcome is reported, not the first failure
-                errors[name] = f"{type(exc).__name__}: {exc}"
-    return done, errors
 
 
 class NodesFault(_ProcessFault):

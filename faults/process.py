@@ -16,6 +16,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from faults.targets import on_each
 from harness import FaultError, ScenarioError
 from harness.spec import ConformanceProbe, Fault, FaultContext
 
@@ -174,15 +175,24 @@ class RollingRestart(_ProcessFault):
 
 
 def heal_processes(cluster: Any) -> dict[str, Any]:
-    """Every broker running and not paused (final heal). Idempotent."""
-    done = {}
-    for name, node in cluster.nodes.items():
-        status = nodectl(node, "status")
-        state = status.get("state")
+    """Every broker running and not paused (final heal), every node at once. Idempotent."""
+
+    def heal(name: str) -> dict[str, Any] | None:
+        node = cluster.nodes[name]
+        state = nodectl(node, "status").get("state")
         if state == "paused":
-            done[name] = {"resume": nodectl(node, "resume")}
-        elif state != "running":
-            done[name] = {"start": nodectl(node, "start")}
+            return {"resume": nodectl(node, "resume")}
+        if state != "running":
+            return {"start": nodectl(node, "start")}
+        return None
+
+    replies, errors = on_each(list(cluster.nodes), heal)
+    if errors:
+        raise FaultError(
+            "healing the brokers' processes failed: "
+            + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+        )
+    done = {n: r for n, r in replies.items() if r is not None}
     if done:
         cluster.wait_ready([n for n in done])
     return done

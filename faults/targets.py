@@ -4,13 +4,16 @@ concrete with the step's seeded RNG so that the plan (and ``--replay``) names th
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from harness import ScenarioError
 
 #: What ``nodes`` may say besides an explicit list of node names.
 SHARES = ("all", "majority", "minority", "random")
+
+T = TypeVar("T")
 
 
 def share_size(share: str, n: int) -> int:
@@ -41,3 +44,17 @@ def pick_nodes(fault: str, spec: Any, nodes: Sequence[str], rng: random.Random) 
         )
     size = rng.randint(1, len(nodes)) if spec == "random" else share_size(spec, len(nodes))
     return sorted(rng.sample(nodes, size), key=nodes.index)
+
+
+def on_each(names: Sequence[str], fn: Callable[[str], T]) -> tuple[dict[str, T], dict[str, str]]:
+    """``fn(name)`` for every node at once: (results, errors) by node name."""
+    done: dict[str, T] = {}
+    errors: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        futures = {name: pool.submit(fn, name) for name in names}
+        for name, fut in futures.items():
+            try:
+                done[name] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - every node's outcome is reported, not the first failure
+                errors[name] = f"{type(exc).__name__}: {exc}"
+    return done, errors

@@ -27,9 +27,10 @@ import tarfile
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from harness.errors import ClusterError, DockerUnavailable, PortInUse, short_error
 from harness.images import FAKETIME_LIB
@@ -58,6 +59,23 @@ FAKETIME_ENV = {
     "FAKETIME_CACHE_DURATION": "1",
     "FAKETIME_DONT_FAKE_MONOTONIC": "1",
 }
+
+
+#: Pause between two rounds of readiness polls (each round asks every pending node at once).
+READY_POLL_S = 0.2
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``fn`` of every item, each on a thread of its own, the results in the items' order; the
+    first item's exception (in order) is raised once all have finished. One item: no thread."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="cluster") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    return [f.result() for f in futures]
 
 
 def docker_client():  # type: ignore[no-untyped-def]
@@ -436,16 +454,12 @@ class Cluster:
             for c in t.containers:
                 for vol in c.volumes:
                     self.client.volumes.create(vol, labels={**c.labels, **self.owner.labels()})
-            for c in t.containers:
-                if c.role == "proxy":
-                    self._run(c)
-            for node in self.nodes.values():
-                self._attach_proxy(node)
-            for c in t.containers:
-                if c.role == "broker":
-                    self._create(c)
-                    say("cluster", f"{c.node}: starting {self.plugin.name} ({c.name})")
-                    self.client.containers.get(c.name).start()
+            # Each step for every node at once (the Docker API calls and the sidecars' start are
+            # waits, not work of this process), in the same order as before: every proxy is in
+            # place before any broker starts.
+            each(self._run, [c for c in t.containers if c.role == "proxy"])
+            each(self._attach_proxy, list(self.nodes.values()))
+            each(self._start_broker, [c for c in t.containers if c.role == "broker"])
         except docker.errors.APIError as exc:
             text = short_error(exc)
             if "port is already allocated" in text or "address already in use" in text:
@@ -533,6 +547,11 @@ class Cluster:
     def _run(self, c: ContainerSpec) -> None:
         self._create(c).start()
 
+    def _start_broker(self, c: ContainerSpec) -> None:
+        self._create(c)
+        say("cluster", f"{c.node}: starting {self.plugin.name} ({c.name})")
+        self.client.containers.get(c.name).start()
+
     def _attach_proxy(self, node: Node) -> None:
         sidecar = self.client.containers.get(node.sidecar_name)
         sidecar.reload()
@@ -547,17 +566,15 @@ class Cluster:
         node.toxiproxy.populate(list(self.topology.proxies[node.name]))
 
     def wait_ready(self, nodes: Sequence[str] | None = None, timeout: float | None = None) -> None:
+        """Poll every pending node's ``is_ready`` at once (one thread per node: each poll is a
+        command run in the node, so a round takes as long as the slowest, not their sum), every
+        READY_POLL_S, until all are ready or ``timeout`` (the plugin's ``ready_timeout``) passes."""
         timeout = timeout or self.plugin.ready_timeout
         pending = list(nodes or self.topology.nodes)
         deadline = time.monotonic() + timeout
         while pending:
-            for name in list(pending):
-                node = self.nodes[name]
-                if not node.running():
-                    raise ClusterError(
-                        f"{name}: the broker container exited; its log:\n{self.tail_log(name)}"
-                    )
-                if self.plugin.is_ready(node):
+            for name, ready in zip(list(pending), each(self._ready, list(pending)), strict=True):
+                if ready:
                     say("cluster", f"{name}: ready")
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
@@ -566,7 +583,13 @@ class Cluster:
                     + "\n".join(self.tail_log(n) for n in pending)
                 )
             if pending:
-                time.sleep(0.5)
+                time.sleep(READY_POLL_S)
+
+    def _ready(self, name: str) -> bool:
+        node = self.nodes[name]
+        if not node.running():
+            raise ClusterError(f"{name}: the broker container exited; its log:\n{self.tail_log(name)}")
+        return bool(self.plugin.is_ready(node))
 
     def tail_log(self, name: str, lines: int = 15) -> str:
         try:

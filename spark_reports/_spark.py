@@ -60,6 +60,13 @@ WARM_BIG_ROWS = 10_000_000
 _warmed: tuple[Any, int] = (None, 0)
 """The session warmed, and how many warm-up checks it has run: a later run's start in the same
 process (the chaos suite's, ``--runs N``) runs only what is left of WARM_UP_CHECKS."""
+WARM_UP_TAG = "brokerchaos-warm-up"
+"""The job tag of every warm-up job (the warm-up thread's own, in an in-process session): a real
+check cancels them instead of waiting for the warm-up check under way (``_stop_warm_up``)."""
+_warm_session: Any = None
+"""The in-process session the background warm-up checks run in, while they run (else None)."""
+warm_up_cancelled = 0
+"""How many times a real check cancelled a warm-up check under way."""
 
 
 def start_session_in_background(
@@ -75,13 +82,15 @@ def start_session_in_background(
     global _warming
 
     def start() -> None:
-        global _warmed
+        global _warmed, _warm_session
         try:
             session = spark_session(master, driver_memory)
             done = _warmed[1] if _warmed[0] is session else 0
             # A Spark Connect server is warm already (``brokerchaos spark start`` warms it) and the
             # checks would take its CPU from the brokers under test when it is on this machine.
             if done < WARM_UP_CHECKS and not is_remote(where(master)):
+                session.sparkContext.addJobTag(WARM_UP_TAG)  # this thread's jobs only
+                _warm_session = session
                 with quiet():
                     done += warm_up(
                         lambda d, s, big: _check(
@@ -93,6 +102,8 @@ def start_session_in_background(
                 _warmed = (session, done)
         except Exception:  # noqa: BLE001 - the check reports it, with the real context
             pass
+        finally:
+            _warm_session = None
 
     _wanted.clear()
 
@@ -140,8 +151,31 @@ def check_spark(
     warming = _warming
     if warming is not None and warming is not threading.current_thread():
         _wanted.set()
-        warming.join()
+        _stop_warm_up(warming)
     return _check(run_dir, scenario, spark_master, driver_memory, passes)
+
+
+def _stop_warm_up(warming: threading.Thread) -> None:
+    """Wait for the background start to end, cancelling its warm-up jobs meanwhile.
+
+    The JVM's start is waited for (the check needs it), but not a warm-up check under way: on a
+    busy machine one took minutes, and the real check, which compiles what it needs itself,
+    waited for all of it. Its jobs carry ``WARM_UP_TAG``; each one started is cancelled (a
+    warm-up check is several jobs in a row, so this goes on until the thread ends: it stops
+    after the check under way, ``_wanted``)."""
+    global warm_up_cancelled
+    cancelled = False
+    while warming.is_alive():
+        session = _warm_session
+        if session is not None:
+            tracker = session.sparkContext.statusTracker()
+            if tracker.getActiveJobsIds():
+                session.sparkContext.cancelJobsWithTag(WARM_UP_TAG)
+                cancelled = True
+        warming.join(0.05)
+    if cancelled:
+        warm_up_cancelled += 1
+        progress("spark", "cancelled the warm-up check under way")
 
 
 def _check(

@@ -60,6 +60,14 @@ logger.strings.level = error
 # Releasing a kept (locally checkpointed) table at the end of a check is meant: no warning for it.
 logger.rdd.name = org.apache.spark.rdd.MapPartitionsRDD
 logger.rdd.level = error
+# A real check cancels the warm-up's jobs (by their tag, brokerchaos-warm-up): meant, no warning per
+# task killed; nor for the accumulators of those tasks, gone before their last update.
+appender.console.filter.warmup.type = RegexFilter
+appender.console.filter.warmup.regex = .*brokerchaos-warm-up.*
+appender.console.filter.warmup.onMatch = DENY
+appender.console.filter.warmup.onMismatch = NEUTRAL
+logger.accum.name = org.apache.spark.util.AccumulatorContext
+logger.accum.level = error
 """
 
 

@@ -29,3 +29,20 @@ def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:  #
     host.configure({"spark_master": "spark://127.0.0.1:7077", "store": Path("/tmp")})
     host.registry.checkers["spark"](Path("/nowhere"), {})
     assert seen == ["spark://127.0.0.1:7077"]
+
+
+def test_the_reports_plotting_library_is_imported_once_the_workload_is_done(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Not during the workload (its CPU would be the brokers'), but beside the check."""
+    import sys
+
+    from spark_reports import plugin
+
+    monkeypatch.setattr(plugin, "_plotting", None)
+    for phase, status in (("cluster", "done"), ("workload", "start")):
+        plugin.brokerchaos_phase(None, phase, status, {})
+        assert plugin._plotting is None
+    plugin.brokerchaos_phase(None, "workload", "done", {})
+    thread = plugin._plotting
+    assert thread is not None
+    thread.join()
+    assert "matplotlib.pyplot" in sys.modules

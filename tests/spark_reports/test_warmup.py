@@ -127,3 +127,28 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
             assert [planned.apply(i).dataType().json() for i in range(planned.size())] == [
                 optimised.apply(i).dataType().json() for i in range(optimised.size())
             ]
+
+
+@pytest.mark.spark
+def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A real check does not wait for a warm-up check to finish: it cancels the warm-up's jobs (their
+    tag), waits for the thread to end and checks with the same result."""
+    from spark_reports import _spark, check_spark
+
+    monkeypatch.setattr(_spark, "_warmed", (None, 0))  # an earlier test's warm-up counts for nothing
+    before = _spark.warm_up_cancelled
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d) / "run")
+        expected = dict(check_python(run, SCENARIO))
+        thread = _spark.start_session_in_background("local[*]")
+        while not (
+            _spark._warm_session is not None
+            and _spark._warm_session.sparkContext.statusTracker().getActiveJobsIds()
+        ):
+            assert thread.is_alive(), "the warm-up ended before any of its jobs was seen"
+            thread.join(0.01)
+        got = dict(check_spark(run, SCENARIO, spark_master="local[*]"))
+        assert not thread.is_alive()
+    assert _spark.warm_up_cancelled == before + 1
+    got.pop("engine"), expected.pop("engine")
+    assert got == expected

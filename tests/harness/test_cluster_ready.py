@@ -1,0 +1,112 @@
+"""Readiness and start-up steps run for every node at once (``harness.cluster.each``), without Docker:
+the nodes here answer ``running`` and the plugin's ``is_ready`` from this process."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from harness import ClusterError
+from harness.cluster import Cluster, each
+from harness.host import Host
+from tests.harness.test_topology import build
+
+GUARD_S = 120.0
+"""Only how long a test that fails waits before it says so; nothing here is timed."""
+
+
+def test_each_returns_every_result_in_the_items_order() -> None:
+    assert each(lambda x: x * 2, [3, 1, 2]) == [6, 2, 4]
+    assert each(lambda x: x, []) == []
+
+
+def test_each_runs_the_items_at_once() -> None:
+    """The first item can only finish once the last has started: one after the other, it never would."""
+    last_started = threading.Event()
+
+    def fn(i: int) -> bool:
+        if i == 2:
+            last_started.set()
+            return True
+        return last_started.wait(GUARD_S)
+
+    assert each(fn, [0, 1, 2]) == [True, True, True]
+
+
+def test_each_raises_the_first_items_error_after_all_have_finished() -> None:
+    finished: list[int] = []
+
+    def fn(i: int) -> int:
+        if i in (1, 2):
+            raise ValueError(f"item {i}")
+        finished.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="item 1"):
+        each(fn, [0, 1, 2, 3])
+    assert sorted(finished) == [0, 3]
+
+
+class Standin:
+    """A node as ``wait_ready`` sees it: its container runs or not."""
+
+    def __init__(self, name: str, running: bool = True) -> None:
+        self.name = name
+        self.is_running = running
+
+    def running(self) -> bool:
+        return self.is_running
+
+
+class Readiness:
+    """A plugin's ``is_ready``: n1 answers ready only once n3 has been asked in the same round (so a
+    poll of one node after the other would never see n1 ready in its first round), n2 on its second
+    question, n3 at once."""
+
+    ready_timeout = GUARD_S
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.lock = threading.Lock()
+        self.n3_asked = threading.Event()
+
+    def is_ready(self, node: Any) -> bool:
+        with self.lock:
+            self.asked.append(node.name)
+            n = self.asked.count(node.name)
+        if node.name == "n1":
+            return n > 1 or self.n3_asked.wait(GUARD_S)
+        if node.name == "n3":
+            self.n3_asked.set()
+            return True
+        return n >= 2
+
+
+def cluster(host: Host, plugin: Any, down: frozenset[str] = frozenset()) -> Cluster:
+    topo = build(host.broker("reference"))
+    c = Cluster(None, topo, plugin, {})
+    c.nodes = {n: Standin(n, n not in down) for n in topo.nodes}  # type: ignore[misc]
+    return c
+
+
+def test_wait_ready_asks_every_pending_node_in_each_round(host: Host) -> None:
+    plugin = Readiness()
+    cluster(host, plugin).wait_ready()
+    # Round one asks all three (n1 and n3 ready), round two asks only n2, which is then ready.
+    assert sorted(plugin.asked[:3]) == ["n1", "n2", "n3"]
+    assert plugin.asked[3:] == ["n2"]
+
+
+def test_wait_ready_of_some_nodes_asks_only_those(host: Host) -> None:
+    plugin = Readiness()
+    cluster(host, plugin).wait_ready(["n2"])
+    assert plugin.asked == ["n2", "n2"]
+
+
+def test_a_node_whose_container_exited_is_an_error_with_its_name(host: Host) -> None:
+    c = cluster(host, Readiness(), down=frozenset({"n2"}))
+    c.tail_log = lambda name, lines=15: f"(log of {name})"  # type: ignore[method-assign]
+    with pytest.raises(ClusterError, match="n2: the broker container exited"):
+        c.wait_ready()
