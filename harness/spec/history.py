@@ -56,6 +56,16 @@ Every invoke has exactly one completion by the same process. Client operations:
   Unacked deliveries with ``clients`` 0 and ``own_unacked`` 0 are held for consumers that
   no longer exist: the checkers call the confirmed messages the drain could not obtain
   there ``stuck``.
+- ``read``: one entry an ordered stream reader (``workload.readers``: ``r1``.. ``rN``, each
+  reading the whole stream from its start, in order, without acking) got: invoke and ``ok``
+  together, ``value`` the message id, ``digest`` its body's digest, ``detail`` =
+  ``{"stream_seq": n}`` (the entry's offset). A read takes nothing from the stream.
+- ``seek``: a reader restarting on purpose (reconnect, reassignment) from offset n, before
+  its next read: invoke and ``ok`` together, ``detail`` = ``{"stream_seq": n}``.
+- ``holdings``: what one node's own copy of a queue holds after the drain (process
+  ``holdings``, ``node``, ``queue``): ``ok`` with ``value`` = ``{"entries": [[offset, id],
+  ...]}`` in the copy's order (offset null for a queue without offsets), ``info`` with the
+  error when the plugin could not tell.
 
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and
@@ -104,6 +114,8 @@ TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
 DEPTH = "depth"
 """The ``f`` of the drain's look at a node's queue depth (see above)."""
+READ, SEEK, HOLDINGS = "read", "seek", "holdings"
+"""The ``f`` of a reader's read and seek, and of a node's holdings after the drain (see above)."""
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
