@@ -166,14 +166,14 @@ def stream_findings(ops: StreamOps, status: Callable[[str], tuple[bool, bool]]) 
     counts["duplicate"] = len(dups)
     out["duplicate"] = [{"queue": q, "id": mid, "offsets": o} for q, mid, o in dups]
     polls(ops, {key for key in seen_at}, out, counts)
-    unseen = []
-    for (q, mid), nodes in at.items():
+    unseen: list[dict[str, Any]] = []
+    for (q, mid), holders in at.items():
         confirmed, got = status(mid)
         if confirmed and not got and mid not in ops.read_ids:
             unseen.append(
-                {"queue": q, "id": mid, "offset": low.get((q, mid)), "nodes": sorted(str(x) for x in nodes)}
+                {"queue": q, "id": mid, "offset": low.get((q, mid)), "nodes": sorted(str(x) for x in holders)}
             )
-    unseen.sort(key=lambda u: (u["queue"] or "", *_off_key(u["offset"]), u["id"]))
+    unseen.sort(key=lambda u: (u["queue"] or "", u["offset"] is None, u["offset"] or 0, u["id"]))
     counts["unseen"] = len(unseen)
     out["unseen"] = unseen
     counts["holdings"] = len(copies)

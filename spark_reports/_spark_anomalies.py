@@ -240,7 +240,7 @@ _ORDER = {
 
 def parse(got: dict[str, list[dict]], runs: int) -> list[tuple[list[dict], dict[str, Any]]]:
     """Per run: (lost positions, stream findings) as ``_anomalies`` returns them."""
-    out = [([], empty_findings()) for _ in range(runs)]
+    out: list[tuple[list[dict], dict[str, Any]]] = [([], empty_findings()) for _ in range(runs)]
     for r in got.get("a_positions", []):
         run = r.pop("run")
         out[run][0].append(
