@@ -724,6 +724,7 @@ class RunGrade(TypedDict):
     lost: int
     unexpected: int
     reason: str
+    anomalies: dict[str, int]  # the anomaly classes that occurred in it (``Anomalies.counts``)
 
 
 class Grade(TypedDict):
@@ -753,4 +754,5 @@ class Grade(TypedDict):
     bootstrap_seed: int
     statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
+    anomalies: dict[str, list[int]]  # per anomaly class that occurred: [runs with it, count over runs]
     recovery: list[RecoveryGrade]  # per fault kind, over every run with liveness results

@@ -207,3 +207,29 @@ def test_spark_agrees_on_every_planted_class(tmp_path: Path, spark_engine) -> No
     assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
     assert got["anomalies"] == expected["anomalies"]
     assert got == expected
+
+
+def test_report_terminal_and_grade_show_the_classes_only_when_they_occur(tmp_path: Path) -> None:
+    from harness.verdicts import summary_table
+    from spark_reports.grade import describe_grade, grade_results
+    from spark_reports.report import render_report
+
+    b = HistoryBuilder()
+    _stream(b, consumed=range(1, 7))
+    b.drain()
+    b.holdings("n1", [(k, f"p1:{k}") for k in range(1, 11)])
+    lossy = _check(b, tmp_path / "lossy")
+    clean = HistoryBuilder()
+    _stream(clean, consumed=range(1, 11))
+    clean.drain()
+    durable = _check(clean, tmp_path / "durable")
+    page = render_report(tmp_path / "lossy", lossy).read_text()  # type: ignore[arg-type]
+    assert "Anomaly classes" in page and "lost_postfix" in page and "What each node" in page
+    assert "lost_prefix" not in page  # none occurred
+    page = render_report(tmp_path / "durable", durable).read_text()  # type: ignore[arg-type]
+    assert "Anomaly classes" not in page and "What each node" not in page
+    assert "lost postfix" in summary_table(lossy) and "lost postfix" not in summary_table(durable)
+    grade = grade_results([("a", lossy, 1), ("b", durable, 2)])
+    assert grade["anomalies"] == {"lost_postfix": [1, 4], "unseen": [1, 4]}
+    assert grade["runs"][1]["anomalies"] == {}
+    assert any("lost postfix in 1 run (4)" in line for line in describe_grade(grade))
