@@ -43,6 +43,10 @@ class Driver(Protocol):
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None: ...
     async def drain(self, process: str, queue: str) -> int: ...
 
+    # Optional: ``read(process, queue, stop)``, an ordered stream reader (``workload.readers``)
+    # that records ``read`` ops (and ``seek`` before a restart from an offset) until ``stop``
+    # and then until it has read to the stream's end; a driver without it refuses readers.
+
 
 class RateLimiter:
     """Evenly spaced permits at ``rate`` per second (0 = unlimited); no catch-up bursts."""
