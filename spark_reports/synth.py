@@ -7,6 +7,7 @@ planted anomaly goes through exactly the same reading path as a real run.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,7 +279,7 @@ class HistoryBuilder:
     def holdings(
         self,
         node: str,
-        entries: list[tuple[int | None, str]] | None,
+        entries: Sequence[tuple[int | None, str]] | None,
         *,
         queue: str | None = "q",
         error: str = "holdings: cannot tell",

@@ -3,7 +3,9 @@ was planted and nowhere else, by the Python engine and, exactly alike, by the Sp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
 
 
-def _stream(b: HistoryBuilder, n: int = 10, *, consumed: range | list[int] = ()) -> None:
+def _stream(b: HistoryBuilder, n: int = 10, *, consumed: Iterable[int] = ()) -> None:
     """p1:1..n confirmed at offsets 1..n; the ones in ``consumed`` consumed, then a drain."""
     for i in range(1, n + 1):
         b.publish(f"p1:{i}")
@@ -19,7 +21,7 @@ def _stream(b: HistoryBuilder, n: int = 10, *, consumed: range | list[int] = ())
         b.consume(f"p1:{i}")
 
 
-def _check(b: HistoryBuilder, tmp_path: Path) -> dict:
+def _check(b: HistoryBuilder, tmp_path: Path) -> dict[str, Any]:
     return dict(check_python(b.write(tmp_path), {}))
 
 
@@ -199,8 +201,8 @@ def test_spark_agrees_on_every_planted_class(tmp_path: Path, spark_engine) -> No
     b.holdings("n2", [(k, f"p1:{k}") for k in range(1, 8)] + [(3, "p2:9")])
     b.holdings("n3", None)
     b.write(tmp_path, jsonl=False)
-    expected = dict(check_python(tmp_path, {}))
-    got = dict(spark_engine(tmp_path, {}))
+    expected: dict[str, Any] = dict(check_python(tmp_path, {}))
+    got: dict[str, Any] = dict(spark_engine(tmp_path, {}))
     assert any(
         expected["anomalies"]["counts"][k] for k in ("lost_on_node", "poll_skip", "inconsistent_offsets")
     )
