@@ -26,6 +26,7 @@ from allure_commons.utils import uuid4
 from harness import hookimpl
 from harness.errors import BrokerChaosError
 from harness.liveness import recovery_row
+from harness.spec.results import ANOMALY_CLASSES, INTEGRITY_ANOMALIES
 from harness.verdicts import checker_lines
 
 PHASE_TITLES = {
@@ -196,6 +197,7 @@ class AllureReporter:
     def brokerchaos_run_finished(self, run: Any, results: dict[str, Any]) -> None:
         self._checker_steps(results)
         self._liveness_steps(results)
+        self._anomaly_step(results)
         self._attach_run(run, results)
         error = None
         if results.get("valid") is not True:
@@ -237,6 +239,25 @@ class AllureReporter:
             params = {r["queue"]: recovery_row(r) for r in rows}
             error = AssertionError("; ".join(recovery_row(r) for r in bad)) if bad else None
             self._past_step(f"liveness {fault_id} ({rows[0]['kind']}): {state}", params, None, None, error)
+
+    def _anomaly_step(self, results: dict[str, Any]) -> None:
+        """Jepsen's finer classes, one step when any occurred or nodes' holdings were recorded
+        (failed for the classes that make a run INTEGRITY), with each node's holdings."""
+        a = results.get("anomalies") or {}
+        counts = a.get("counts") or {}
+        found = {k: counts[k] for k in ANOMALY_CLASSES if counts.get(k)}
+        if not found and not a.get("holdings"):
+            return
+        params: dict[str, Any] = {k.replace("_", " "): v for k, v in found.items()}
+        for h in a.get("holdings") or []:
+            held = f"{h['entries']} entries" if h["outcome"] == "ok" else f"{h['outcome']}: {h['error']}"
+            params[f"holdings {h['node']} {h['queue']}"] = held
+        bad = {k: v for k, v in found.items() if k in INTEGRITY_ANOMALIES}
+        error = (
+            AssertionError(", ".join(f"{v} {k.replace('_', ' ')}" for k, v in bad.items())) if bad else None
+        )
+        title = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in found.items()) or "none"
+        self._past_step(f"anomaly classes: {title}", params, None, None, error)
 
     # -- drain and attachments -------------------------------------------------------------
 

@@ -117,6 +117,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     workload = WorkloadSection(
         producers=_int(w.get("producers", defaults.producers), "workload.producers", lo=0, hi=256),
         consumers=_int(w.get("consumers", defaults.consumers), "workload.consumers", lo=0, hi=256),
+        readers=_int(w.get("readers", defaults.readers), "workload.readers", lo=0, hi=64),
         queues=_int(w.get("queues", defaults.queues), "workload.queues", lo=1, hi=1000),
         rate=_num(w.get("rate", defaults.rate), "workload.rate", lo=0),
         message_size=_int(

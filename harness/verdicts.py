@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.liveness import liveness_lines
-from harness.spec.results import CheckerSummary, compose_verdicts, exit_status, valid_of
+from harness.spec.results import ANOMALY_CLASSES, CheckerSummary, compose_verdicts, exit_status, valid_of
 
 EXAMPLES_SHOWN = 3
 """Examples of each finding a terminal shows per checker (the report shows more, results.json all kept)."""
@@ -141,6 +141,12 @@ def checker_lines(results: Mapping[str, Any], width: int, *, always: bool = Fals
     return lines
 
 
+def anomaly_rows(results: dict[str, Any]) -> list[tuple[str, int]]:
+    """Jepsen's finer classes that occurred (``results.anomalies``), as (name, count)."""
+    counts = (results.get("anomalies") or {}).get("counts") or {}
+    return [(k.replace("_", " "), int(counts[k])) for k in ANOMALY_CLASSES if counts.get(k)]
+
+
 def summary_table(results: dict[str, Any]) -> str:
     """The table a terminal shows under a run's first line."""
     c = results.get("counts", {}) or {}
@@ -165,6 +171,7 @@ def summary_table(results: dict[str, Any]) -> str:
         ("split-brain copies", c.get("split_brain")),
         ("unflagged redeliveries", c.get("unflagged_redeliveries")),
         ("order violations", c.get("order_violations")),
+        *anomaly_rows(results),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"  {k:<{width}}  {'-' if v is None else v}" for k, v in rows]

@@ -31,6 +31,7 @@ from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
 from harness.spec.client import reason as _reason
 from harness.spec.history import HOLDINGS
 from harness.spec.history import Recorder as SpecRecorder
+from harness.spec.errors import ScenarioError
 
 log = logging.getLogger("brokerchaos.workload")
 
@@ -99,6 +100,8 @@ def assignments(w: WorkloadSection, nodes: Sequence[str], seed: int) -> dict[str
         out[f"p{i + 1}"] = (queues[i % len(queues)], order[i % len(order)])
     for i in range(w.consumers):
         out[f"c{i + 1}"] = (queues[i % len(queues)], order[(i + 1) % len(order)])
+    for i in range(w.readers):
+        out[f"r{i + 1}"] = (queues[i % len(queues)], order[(i + 2) % len(order)])
     return out
 
 
@@ -119,16 +122,24 @@ async def run_workload(
     stats = WorkloadStats()
     asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
     queues = queue_names(w)
+    read = getattr(driver, "read", None)
+    if w.readers and read is None:
+        raise ScenarioError(
+            f"workload.readers: the {type(driver).__name__} client has no ordered stream readers; set it to 0"
+        )
     await driver.setup(queues)
     plan = assignments(w, nodes, seed)
     stop_producers = asyncio.Event()
     stop_consumers = asyncio.Event()
+    stop_readers = asyncio.Event()
     cpu0 = time.process_time()
     stats.started = time.monotonic()
     tasks = []
     for proc, (queue, _node) in plan.items():
         if proc.startswith("p"):
             tasks.append(asyncio.create_task(driver.produce(proc, queue, stop_producers), name=proc))
+        elif proc.startswith("r"):
+            tasks.append(asyncio.create_task(read(proc, queue, stop_readers), name=proc))  # type: ignore[misc]
         else:
             tasks.append(asyncio.create_task(driver.consume(proc, queue, stop_consumers), name=proc))
     nemesis_task = asyncio.create_task(nemesis(w.duration)) if nemesis else None
@@ -154,11 +165,16 @@ async def run_workload(
         )
         for q, res in zip(queues, results, strict=True):
             stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+        stop_readers.set()  # each reads on to the stream's end, within the drain's time
+        readers = [t for t in tasks if t.get_name().startswith("r")]
+        if readers:
+            await asyncio.wait(readers, timeout=w.drain_timeout)
         if holdings is not None:
             await record_holdings(holdings, nodes, queues, recorder)
     finally:
         stop_producers.set()
         stop_consumers.set()
+        stop_readers.set()
         for t in tasks:
             t.cancel()
         if nemesis_task is not None and not nemesis_task.done():

@@ -48,6 +48,7 @@ from harness.spec.results import (
     UnflaggedRedelivery,
 )
 
+from ._anomalies import anomalies_of, empty_findings, integrity_findings
 from ._liveness import NS_PER_S, LiveFacts, describe_overrun, describe_unavailable, liveness
 
 HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
@@ -662,6 +663,8 @@ class Facts:
     latency_timeline: list[tuple[int, int, int, int]]  # bucket, n, sum_us, max_us
     live: LiveFacts = field(default_factory=LiveFacts)
     extra: dict[str, Any] = field(default_factory=dict)
+    positions: list[dict] = field(default_factory=list)  # ``_anomalies.lost_positions``
+    stream: dict[str, Any] = field(default_factory=empty_findings)  # ``_anomalies.stream_findings``
 
 
 def _delivery(x: dict) -> Delivery:
@@ -755,11 +758,17 @@ def held_text(stuck: list[StuckQueue]) -> str:
 
 
 def _verdict(
-    counts: Counts, drain: Drain, budgets: Budgets, live: Liveness, stuck: list[StuckQueue] | None = None
+    counts: Counts,
+    drain: Drain,
+    budgets: Budgets,
+    live: Liveness,
+    stuck: list[StuckQueue] | None = None,
+    integrity: list[str] | None = None,
 ) -> tuple[Any, Any, str]:
     """LOST (lost after a finished drain, or stuck) and INTEGRITY first, then the budgets (certain
     even when the drain is not), then a queue that never came back or came back over its recovery
-    budget, then unknown. A safety verdict says the liveness finding beside it."""
+    budget, then unknown. A safety verdict says the liveness finding beside it. ``integrity``: the
+    stream classes that make a run INTEGRITY (``_anomalies.integrity_findings``)."""
     lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
     unreachable = counts["unreachable"]
     down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
@@ -776,6 +785,7 @@ def _verdict(
     )
     bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
     bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
+    bad += integrity or []
     extra = f" (and {'; '.join(bad)})" if bad else ""
     if lost and drain["completed"]:
         return False, "LOST", f"{lost:,} confirmed messages never consumed after the final drain{extra}{also}"
@@ -786,7 +796,7 @@ def _verdict(
             f"{counts['stuck']:,} confirmed messages {STUCK_CAUSE}: {held_text(stuck or [])}{extra}{also}",
         )
     if bad:
-        return False, "INTEGRITY", "messages: " + "; ".join(bad) + also
+        return False, "INTEGRITY", ("messages: " if unexpected or corrupted else "") + "; ".join(bad) + also
     for name, verdict, what in (
         ("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
         ("duplicated", "DUPLICATED", "consumed (acked ok) more than once"),
@@ -881,12 +891,18 @@ def summarize(
     counts: dict[str, int],
     exposure_rows: list[tuple[str, int, int]],
     live: LiveFacts,
+    positions: list[dict] | None = None,
+    stream: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What grading reads of a run's results (verdict, validity, reason, counts, drain, exposure per
-    fault kind, liveness), computed as ``assemble`` computes them: for a job that checks many runs at once."""
+    fault kind, liveness, anomalies), computed as ``assemble`` computes them: for a job that checks
+    many runs at once."""
     c = _counts(ctx, counts)
     lv = live_of(ctx, live)
-    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params.budgets, lv, ctx.stuck)
+    anomalies = anomalies_of(c["lost"], positions or [], stream or empty_findings())
+    valid, verdict, reason = _verdict(
+        c, ctx.drain, ctx.params.budgets, lv, ctx.stuck, integrity_findings(anomalies)
+    )
     return {
         "engine": engine,
         "valid": valid,
@@ -897,6 +913,7 @@ def summarize(
         "attribution": {"exposure": _exposure(exposure_rows)},
         "faults": ctx.windows,
         "liveness": lv,
+        "anomalies": anomalies,
     }
 
 
@@ -905,7 +922,10 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     counts = _counts(ctx, facts.counts)
     budgets = ctx.params.budgets
     live = live_of(ctx, facts.live)
-    valid, verdict, reason = _verdict(counts, ctx.drain, budgets, live, ctx.stuck)
+    anomalies = anomalies_of(counts["lost"], facts.positions, facts.stream)
+    valid, verdict, reason = _verdict(
+        counts, ctx.drain, budgets, live, ctx.stuck, integrity_findings(anomalies)
+    )
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:
         notes.append(
@@ -1000,6 +1020,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         faults=ctx.windows,
         drain=ctx.drain,
         liveness=live,
+        anomalies=anomalies,
         end_ns=ctx.end_ns,
     )
 

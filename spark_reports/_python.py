@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
 from harness.spec.results import LIST_CAP, UNAVAILABLE_S, Results
 
+from ._anomalies import STREAM_OPS, StreamOps, lost_positions, stream_findings
 from ._common import (
     ABANDONED,
     DELIVERY_CAP,
@@ -217,6 +218,7 @@ class _Pass:
         self.unflagged: list[dict] = []
         self.acks = _AckPairs()
         self.live = _Live(self.with_acks)
+        self.stream = StreamOps()
         self.publish_attempts = 0
         self.n = dict.fromkeys(
             ("violations", "delivered_total", "acked_total", "abandoned", "unflagged", "undigested"), 0
@@ -232,6 +234,9 @@ class _Pass:
         f, ty, value = r["f"], r["type"], r["value"]
         key = (bucket_of(r["time_ns"], self.bw), f, ty)
         self.timeline[key] = self.timeline.get(key, 0) + 1
+        if f in STREAM_OPS and r["process"] != NEMESIS:
+            self.stream.add(r)
+            return
         if r["process"] == NEMESIS or value is None:
             return
         self.live.add(r)
@@ -404,6 +409,8 @@ class _Classes:
         self.e2e: list[int] = []
         self.attribution: dict[tuple[str, str | None], int] = {}  # (fault kind, confirming node) -> lost
         self.exposure: dict[str, list[int]] = {}  # fault kind -> [confirmed, lost]
+        self.lost_at: list[tuple[str, int]] = []  # (producer, seq) of every lost id
+        self.survivors: list[tuple[str, int]] = []  # ... of every id delivered or consumed
 
     def add(self, mid: str, m: _Msg) -> None:
         outcome = m.outcome
@@ -417,6 +424,12 @@ class _Classes:
             unacked and m.ack_info_inv is not None and (m.last_d is None or m.ack_info_inv > m.last_d)
         )
         is_lost = unacked and not ack_unknown
+        parsed = parse_id(mid)
+        if parsed is not None:
+            if is_lost:
+                self.lost_at.append(parsed)
+            if m.delivered or consumed:
+                self.survivors.append(parsed)
         if outcome == "ok":
             self.exposed(m, is_lost)
         self.delivery_classes(mid, m, outcome, consumed, is_lost, ack_unknown)
@@ -550,7 +563,21 @@ def _facts(grouped: _Pass, classes: _Classes, ctx: Context) -> Facts:
         timeline=[(t, f, ty, k) for (t, f, ty), k in grouped.timeline.items()],
         latency_timeline=[(t, v[0], v[1], v[2]) for t, v in grouped.lat_tl.items()],
         live=grouped.live.facts(heal_times(ctx.windows), UNAVAILABLE_S * NS_PER_S),
+        positions=lost_positions(classes.lost_at, classes.survivors),
+        stream=stream_findings(grouped.stream, _status(grouped.msgs, ctx.acks)),
     )
+
+
+def _status(msgs: dict[str, _Msg], acks: bool) -> Callable[[str], tuple[bool, bool]]:
+    """An id's (confirmed, delivered or consumed), for the stream classes."""
+
+    def status(mid: str) -> tuple[bool, bool]:
+        m = msgs.get(mid)
+        if m is None:
+            return False, False
+        return m.outcome == "ok", bool(m.delivered or (m.acked if acks else 0))
+
+    return status
 
 
 class _Live:

@@ -43,6 +43,8 @@ from ._common import (
     quiet,
     summarize,
 )
+from ._spark_anomalies import parse as parse_anomalies
+from ._spark_anomalies import parts as anomaly_parts
 from ._spark_ids import DELIVERY, Unit, classify, events
 from ._spark_live import live_parts, parse_live
 from ._spark_ranks import Ranks
@@ -227,14 +229,14 @@ def aggregate_runs(
     names = sorted(set().union(*[x.names for x in histories]))
     job = _Job(spark, h, Scope(spark, ctxs), sum(c.ops for c in ctxs.values()), names)
     try:
-        metrics = job.aggregates()
+        metrics, anomalies = job.aggregates()
         live = parse_live(collect_parts(live_parts(h, job.scope)), len(ctxs))
     finally:
         job.release()
     out = []
     for i, ctx in ctxs.items():
         m = metrics.get(i) or _Metrics.empty()
-        out.append(summarize("spark", ctx, m.counts, m.exposure_rows, live[i]))
+        out.append(summarize("spark", ctx, m.counts, m.exposure_rows, live[i], *anomalies[i]))
     return out
 
 
@@ -379,11 +381,13 @@ class _Job:
         progress("spark", "done", lost=facts.counts["lost"])
         return assemble("spark", ctx, facts)
 
-    def aggregates(self) -> dict[int, _Metrics]:
-        """Per run: every count, table, timeline and first histogram (one job)."""
+    def aggregates(self) -> tuple[dict[int, _Metrics], list[tuple[list[dict], dict[str, Any]]]]:
+        """Per run: every count, table, timeline and first histogram, and the anomaly classes
+        (one job)."""
         ev = self.events()
         _attempts, j, units = self.per_id(ev)
-        return self.metrics(j, units)
+        got = collect_parts([tagged(self.metric_rows(j, units), "metrics"), *anomaly_parts(self.h, j)])
+        return _parse_metrics(got.get("metrics", []), self.scope), parse_anomalies(got, len(self.scope.ctxs))
 
     def events(self) -> Any:
         return events(self.h, self.scope)
@@ -402,9 +406,11 @@ class _Job:
                 tagged(self.metric_rows(j, units), "metrics"),
                 self.list_part(j),
                 *live_parts(self.h, self.scope),
+                *anomaly_parts(self.h, j),
             ]
         )
         live = parse_live(first, 1)[0]
+        positions, stream = parse_anomalies(first, 1)[0]
         metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
         counts = metrics.counts
         undigested = counts.pop("undigested")
@@ -458,6 +464,8 @@ class _Job:
             timeline=metrics.timeline,
             latency_timeline=metrics.latency_timeline,
             live=live,
+            positions=positions,
+            stream=stream,
         )
 
     def per_id(self, ev: Any) -> tuple[Any, Any, list[Unit]]:
@@ -470,10 +478,6 @@ class _Job:
             **({"ordered_pass_ids": tangled} if tangled >= 0 else {"ordered_pass": "every id"}),
         )
         return attempts, j, units
-
-    def metrics(self, j: Any, units: list[Unit]) -> dict[int, _Metrics]:
-        """Every count, table, timeline and first histogram of every run in one job."""
-        return _parse_metrics(self.metric_rows(j, units).collect(), self.scope)
 
     def metric_rows(self, j: Any, units: list[Unit]) -> Any:
         """Every count, table, timeline and first histogram of every run: rows for ``_parse_metrics``.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.spec.results import (
+    ANOMALY_CLASSES,
     SCHEMA_VERSION,
     VERDICT_ORDER,
     Grade,
@@ -39,6 +40,7 @@ from harness.spec.results import (
     valid_of,
 )
 
+from ._anomalies import occurring
 from ._common import HistoryError
 
 CONFIDENCE = 0.95
@@ -212,6 +214,7 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
         lost=lost,
         unexpected=int(counts.get("unexpected") or 0),
         reason=str(res.get("reason") or res.get("error") or ""),
+        anomalies=occurring(res.get("anomalies")),
     )
 
 
@@ -319,6 +322,11 @@ def grade_results(
         bootstrap_resamples=resamples,
         bootstrap_seed=seed,
         per_kind=per_kind,
+        anomalies={
+            k: [sum(1 for r in runs if r["anomalies"].get(k)), sum(r["anomalies"].get(k, 0) for r in runs)]
+            for k in ANOMALY_CLASSES
+            if any(r["anomalies"].get(k) for r in runs)
+        },
         recovery=grade_recovery(
             [res.get("liveness") or {} for _d, res, _s in results],
             resamples=resamples,
@@ -542,6 +550,12 @@ def describe_grade(grade: Grade) -> list[str]:
                     else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
                 )
                 lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+    found = grade.get("anomalies") or {}
+    if found:
+        lines.append(
+            "anomaly classes (runs with any; messages, offsets or reads over all runs): "
+            + "; ".join(f"{k.replace('_', ' ')} in {_runs(r)} ({n:,})" for k, (r, n) in found.items())
+        )
     lines += describe_recovery(grade.get("recovery") or [], grade["confidence"])
     return lines
 

@@ -19,6 +19,7 @@ from ._html import page as _page
 from ._html import shade_faults as _shade_faults
 from ._html import table as _table
 from ._liveness import describe_unavailable
+from .anomalies_report import jepsen_parts
 from .checkers_report import findings_parts, verdict_table
 from .delay_report import delay_parts
 from .grade import describe_grade
@@ -363,6 +364,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
     ]
     parts += (
         _lost_parts(results)
+        + jepsen_parts(results)
         + _anomaly_parts(results)
         + [
             "<h2>Loss attribution</h2>",

@@ -7,6 +7,7 @@ planted anomaly goes through exactly the same reading path as a real run.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,35 @@ class HistoryBuilder:
         self.drain_invoke(drainer=drainer, queue=queue)
         if complete:
             self.drain_done(drainer=drainer, queue=queue, outcome=outcome, consumed=consumed, nodes=nodes)
+
+    def holdings(
+        self,
+        node: str,
+        entries: Sequence[tuple[int | None, str]] | None,
+        *,
+        queue: str | None = "q",
+        error: str = "holdings: cannot tell",
+    ) -> None:
+        """What ``node``'s own copy of ``queue`` holds after the drain (``holdings`` op): (offset,
+        id) pairs, or None for an ``info`` completion (the plugin could not tell)."""
+        self.op("holdings", "invoke", "holdings", None, node=node, queue=queue)
+        if entries is None:
+            self.op("holdings", "info", "holdings", None, node=node, queue=queue, error=error)
+        else:
+            value = {"entries": [[o, m] for o, m in entries]}
+            self.op("holdings", "ok", "holdings", value, node=node, queue=queue)
+
+    def read(
+        self, mid: str, offset: int, *, reader: str = "r1", node: str | None = "n1", queue: str = "q"
+    ) -> None:
+        """An ordered reader's read of the entry at ``offset`` (invoke and ok together)."""
+        for t in ("invoke", "ok"):
+            self.op(reader, t, "read", mid, node=node, queue=queue, detail={"stream_seq": offset})
+
+    def seek(self, offset: int, *, reader: str = "r1", node: str | None = "n1", queue: str = "q") -> None:
+        """A reader restarting on purpose from ``offset``."""
+        for t in ("invoke", "ok"):
+            self.op(reader, t, "seek", None, node=node, queue=queue, detail={"stream_seq": offset})
 
     def write(self, run_dir: Path, **kw: Any) -> Path:
         return write_history(run_dir, self.rows, **kw)

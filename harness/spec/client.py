@@ -131,6 +131,10 @@ class DrainReader(Protocol):
         server's own view of a stream, under ``replicas``); ``{}`` for nothing."""
         ...
 
+    # Optional: ``read(process, queue, stop)``, an ordered stream reader (``workload.readers``)
+    # that records ``read`` ops (and ``seek`` before a restart from an offset) until ``stop``
+    # and then until it has read to the stream's end; a driver without it refuses readers.
+
 
 class RateLimiter:
     """Evenly spaced permits at ``rate`` per second (0 = unlimited); no catch-up bursts."""

@@ -56,6 +56,12 @@ Every invoke has exactly one completion by the same process. Client operations:
   Unacked deliveries with ``clients`` 0 and ``own_unacked`` 0 are held for consumers that
   no longer exist: the checkers call the confirmed messages the drain could not obtain
   there ``stuck``.
+- ``read``: one entry an ordered stream reader (``workload.readers``: ``r1``.. ``rN``, each
+  reading the whole stream from its start, in order, without acking) got: invoke and ``ok``
+  together, ``value`` the message id, ``digest`` its body's digest, ``detail`` =
+  ``{"stream_seq": n}`` (the entry's offset). A read takes nothing from the stream.
+- ``seek``: a reader restarting on purpose (reconnect, reassignment) from offset n, before
+  its next read: invoke and ``ok`` together, ``detail`` = ``{"stream_seq": n}``.
 
 Per-node holdings, recorded by the harness after the drain (added without changing the
 schema version; a history without them is one whose broker plugin cannot tell):
@@ -116,11 +122,13 @@ FIELDS = (
 )
 TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
+"""The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
 DEPTH = "depth"
 """The ``f`` of the drain's look at a node's queue depth (see above)."""
 HOLDINGS = "holdings"
 """The ``process`` and ``f`` of the harness's look at what each node's copy holds after the drain."""
-"""The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
+READ, SEEK = "read", "seek"
+"""The ``f`` of a reader's read and of its seek (see above)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
 ABANDON_CAUSES = (

@@ -498,6 +498,120 @@ class Liveness(TypedDict):
     over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
 
 
+ANOMALY_EXAMPLES = 100
+"""Each anomaly list (``Anomalies``) keeps this many examples; its count covers all."""
+
+ANOMALY_CLASSES = (
+    "lost_prefix",
+    "lost_middle",
+    "lost_postfix",
+    "lost_on_node",
+    "inconsistent_offsets",
+    "duplicate",
+    "poll_skip",
+    "nonmonotonic_poll",
+    "unseen",
+)
+"""Jepsen's classes (its NATS queue checker and its Kafka workload), in ``Anomalies.counts``."""
+
+INTEGRITY_ANOMALIES = ("lost_on_node", "inconsistent_offsets", "duplicate", "poll_skip", "nonmonotonic_poll")
+"""The classes that make a run INTEGRITY by themselves; the lost-position classes and ``unseen``
+refine LOST (they only say where, or that a node still holds it) and decide nothing."""
+
+
+class LostPosition(TypedDict):
+    """One producer's lost messages by their place among its messages that survived (were
+    delivered or consumed): before its first survivor (prefix), between its first and last
+    (middle), after its last, or all of them when none survived (postfix)."""
+
+    producer: str
+    lost: int
+    prefix: int
+    middle: int
+    postfix: int
+    first_seen: int | None  # the lowest seq of the producer's survivors
+    last_seen: int | None  # the highest
+
+
+class NodeHolding(TypedDict):
+    """What the harness recorded of one node's own copy of a queue after the drain (the last
+    ``holdings`` op of that node and queue)."""
+
+    queue: str | None
+    node: str | None
+    outcome: str  # ok, or the completion's type (info: the plugin could not tell)
+    entries: int | None  # entries in the copy (ok only)
+    first_offset: int | None  # the lowest and highest offset among them (None: no offsets)
+    last_offset: int | None
+    error: str | None
+
+
+class LostOnNode(TypedDict):
+    """Confirmed messages present in some node's copy of a stream and missing from this node's."""
+
+    queue: str | None
+    node: str | None
+    count: int
+    ids: list[str]  # the first ANOMALY_EXAMPLES, by offset (where another copy holds it) then id
+
+
+class InconsistentOffset(TypedDict):
+    """One offset of a stream holding different messages in different nodes' copies or reads."""
+
+    queue: str | None
+    offset: int
+    ids: list[str]
+    sources: list[str]  # the nodes (holdings) and readers (reads) that saw the offset
+
+
+class DuplicateOffsets(TypedDict):
+    """One message at more than one offset of a stream (copies and reads)."""
+
+    queue: str | None
+    id: str
+    offsets: list[int]
+
+
+class PollStep(TypedDict):
+    """Two successive reads of one reader on one stream (or a seek and the read after it):
+    ``poll_skip`` when offsets that exist (in a node's copy or another read) lie strictly between
+    them; ``nonmonotonic_poll`` when the second is not above the first. After a seek to n,
+    ``from_offset`` is n - 1."""
+
+    reader: str
+    queue: str | None
+    index: int  # the second read
+    from_offset: int
+    to_offset: int
+    skipped: int  # existing offsets strictly between (poll_skip; 0 for nonmonotonic_poll)
+    after_seek: bool
+
+
+class Unseen(TypedDict):
+    """A confirmed message a node's copy still holds that no consumer got and no reader read."""
+
+    queue: str | None
+    id: str
+    offset: int | None  # its lowest offset among the copies
+    nodes: list[str]  # the nodes whose copy holds it
+
+
+class Anomalies(TypedDict):
+    """Jepsen's finer classes (see ``ANOMALY_CLASSES``; docs: explanation/anomalies). Lists keep
+    ANOMALY_EXAMPLES examples each; counts cover all. The lost-position classes count the run's
+    lost messages only (none while the drain is unfinished or the messages are stuck)."""
+
+    counts: dict[str, int]  # every ANOMALY_CLASSES key, plus holdings, readers and reads
+    lost_positions: list[LostPosition]  # producers with lost messages, by name
+    holdings: list[NodeHolding]  # by queue, node
+    lost_on_node: list[LostOnNode]  # by queue, node
+    inconsistent_offsets: list[InconsistentOffset]  # by queue, offset
+    duplicate: list[DuplicateOffsets]  # by queue, lowest offset, id
+    poll_skip: list[PollStep]  # by index
+    nonmonotonic_poll: list[PollStep]  # by index
+    unseen: list[Unseen]  # by queue, offset, id
+
+
 class Results(TypedDict):
     schema: int
     engine: Literal["spark", "python"]
@@ -532,6 +646,7 @@ class Results(TypedDict):
     faults: list[FaultWindow]
     drain: Drain
     liveness: Liveness
+    anomalies: Anomalies
     end_ns: int
 
 
@@ -609,6 +724,7 @@ class RunGrade(TypedDict):
     lost: int
     unexpected: int
     reason: str
+    anomalies: dict[str, int]  # the anomaly classes that occurred in it (``Anomalies.counts``)
 
 
 class Grade(TypedDict):
@@ -638,4 +754,5 @@ class Grade(TypedDict):
     bootstrap_seed: int
     statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
+    anomalies: dict[str, list[int]]  # per anomaly class that occurred: [runs with it, count over runs]
     recovery: list[RecoveryGrade]  # per fault kind, over every run with liveness results

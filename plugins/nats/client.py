@@ -321,6 +321,74 @@ class NatsDriver:
             async for conn in conns:
                 await _Session(self, conn, process, queue, behaviour).run(stop)
 
+    # -- ordered readers ------------------------------------------------------------------
+
+    async def read(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        """An ordered stream reader (``workload.readers``): the stream from its first entry, in
+        order, through an ephemeral pull consumer that acks nothing (``AckPolicy.NONE``), so it
+        takes nothing from anyone. Each entry is a ``read`` op (id, digest, stream sequence). A
+        failed connection or consumer is replaced through the next node, from the entry after the
+        last one read, recorded first as a ``seek`` to that sequence. After ``stop`` it reads on
+        until a fetch finds nothing for ``drain_idle`` seconds, so it reaches the stream's end."""
+        nxt, started = 1, False
+        idle_since: float | None = None
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        async with contextlib.aclosing(self._connections(process, done)) as conns:
+            async for conn in conns:
+                if started:
+                    self._record_both(process, "seek", conn.node, queue, None, {"stream_seq": nxt})
+                started = True
+                try:
+                    sub = await conn.js.pull_subscribe(
+                        queue,
+                        stream=queue,
+                        config=ConsumerConfig(
+                            ack_policy=AckPolicy.NONE,
+                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                            opt_start_seq=nxt,
+                            inactive_threshold=30.0,
+                        ),
+                    )
+                except BROKER_ERRORS:
+                    continue
+                while not done.is_set():
+                    try:
+                        msgs = await sub.fetch(100, timeout=FETCH_WAIT)
+                    except TimeoutError:
+                        msgs = []
+                    except BROKER_ERRORS:
+                        break
+                    for msg in msgs:
+                        seq = int(msg.metadata.sequence.stream)
+                        digest = body_digest(bytes(msg.data))
+                        self._record_both(
+                            process, "read", conn.node, queue, message_id(msg), {"stream_seq": seq}, digest
+                        )
+                        nxt = max(nxt, seq + 1)
+                    if msgs:
+                        idle_since = None
+                    elif stop.is_set():
+                        idle_since = idle_since if idle_since is not None else loop.time()
+                        if loop.time() - idle_since >= self.w.drain_idle:
+                            done.set()
+                    if stop.is_set() and conn.nc.is_closed:
+                        break
+
+    def _record_both(
+        self,
+        process: str,
+        f: str,
+        node: str,
+        queue: str,
+        value: str | None,
+        detail: dict[str, Any],
+        digest: str | None = None,
+    ) -> None:
+        """An op whose invoke and ok are one event (a read, a seek)."""
+        inv = self.recorder.invoke(process, f, node=node, queue=queue, value=value)
+        inv.ok(value=value, detail=detail, digest=digest)
+
     # -- drain ----------------------------------------------------------------------------
 
     def drain_reader(self, process: str, queue: str) -> _Drain:

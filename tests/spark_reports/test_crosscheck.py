@@ -82,6 +82,12 @@ def plans(draw: st.DrawFn) -> dict:
                 events += [("ack_invoke", m["id"], k, d), ("ack_done", m["id"], k, d)]
             if d["abandon"] is not None:
                 events.append(("abandon", m["id"], k, d))
+    ids = [m["id"] for m in messages]
+    if ids:  # ordered readers' reads and seeks, placed anywhere like the rest
+        read = st.tuples(
+            st.sampled_from(["r1", "r2"]), st.integers(1, 8), st.sampled_from(ids), st.booleans()
+        )
+        events += [("read", x) for x in draw(st.lists(read, max_size=6))]
     events += [("fault", f) for f in faults]
     events += [("heal", f) for f in faults if f["healed"]]
     if drain != "none":
@@ -113,6 +119,19 @@ def plans(draw: st.DrawFn) -> dict:
             "recovery_s": draw(st.sampled_from([None, None, 0.001, 2, {"partition": 0.5, "kill": 30}])),
         },
         "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001])),
+        # each node's copy after the drain: none recorded, "info", or (offset, id) entries
+        "holdings": {
+            n: draw(
+                st.one_of(
+                    st.none(),
+                    st.just("info"),
+                    st.lists(st.tuples(st.integers(1, 8), st.sampled_from(ids)), max_size=6)
+                    if ids
+                    else st.just([]),
+                )
+            )
+            for n in ("n1", "n2", "n3")
+        },
     }
 
 
@@ -148,6 +167,12 @@ def build(plan: dict) -> HistoryBuilder:
             b.heal(e[1]["id"])
         elif e[0] == "drain_invoke":
             b.drain_invoke(queue=DRAIN_QUEUE)
+        elif e[0] == "read":
+            reader, offset, mid, seek = e[1]
+            if seek:
+                b.seek(offset, reader=reader, queue=DRAIN_QUEUE)
+            else:
+                b.read(mid, offset, reader=reader, queue=DRAIN_QUEUE)
         else:
             mid, d = e[1], e[3]
             where = {"node": d["node"], "queue": d["queue"]}
@@ -179,6 +204,9 @@ def build(plan: dict) -> HistoryBuilder:
             for i, x in enumerate(plan["empty_at"])
         }
         b.drain_done(queue=DRAIN_QUEUE, outcome="ok" if plan["drain"] == "complete" else "info", nodes=nodes)
+    for node, held in plan["holdings"].items():
+        if held is not None:
+            b.holdings(node, None if held == "info" else held, queue=DRAIN_QUEUE)
     return b
 
 
@@ -269,6 +297,53 @@ def _json(text: str) -> dict:
     import json
 
     return json.loads(text)
+
+
+def anomaly_truth(plan: dict, t: dict, rows: list[dict]) -> dict:
+    """Jepsen's classes by their definitions read literally over the records."""
+    confirmed = {m["id"] for m in plan["messages"] if "ok" in m["outcomes"]}
+    got = {r["value"] for r in rows if r["f"] in ("consume", "ack") and r["type"] == "ok"}
+    out = dict.fromkeys(("lost_prefix", "lost_middle", "lost_postfix"), 0)
+    if plan["drain"] == "complete":
+        for mid in t["lost"]:
+            p, seq = mid.split(":")
+            alive = [int(x.split(":")[1]) for x in got if x.split(":")[0] == p]
+            if alive and int(seq) < min(alive):
+                out["lost_prefix"] += 1
+            elif alive and int(seq) < max(alive):
+                out["lost_middle"] += 1
+            else:
+                out["lost_postfix"] += 1
+    copies = {n: h for n, h in plan["holdings"].items() if isinstance(h, list)}
+    held = {mid for h in copies.values() for _o, mid in h}
+    out["lost_on_node"] = sum(
+        1 for h in copies.values() for mid in held & confirmed if mid not in {m for _o, m in h}
+    )
+    reads = [r for r in rows if r["f"] == "read" and r["type"] == "ok"]
+    seen = {(o, m, n) for n, h in copies.items() for o, m in h}
+    seen |= {(_json(r["detail"])["stream_seq"], r["value"], r["process"]) for r in reads}
+    offsets = {o for o, _m, _s in seen}
+    out["inconsistent_offsets"] = sum(1 for o in offsets if len({m for oo, m, _s in seen if oo == o}) > 1)
+    out["duplicate"] = sum(
+        1 for mid in {m for _o, m, _s in seen} if len({o for o, m, _s in seen if m == mid}) > 1
+    )
+    out["poll_skip"] = out["nonmonotonic_poll"] = 0
+    for reader in ("r1", "r2"):
+        steps = [
+            (_json(r["detail"])["stream_seq"] - (r["f"] == "seek"), r["f"] == "seek")
+            for r in rows
+            if r["process"] == reader and r["type"] == "ok"
+        ]
+        for (lo, _), (off, seek) in zip(steps, steps[1:], strict=False):
+            if seek:
+                continue
+            if off <= lo:
+                out["nonmonotonic_poll"] += 1
+            elif any(lo < o < off for o in offsets):
+                out["poll_skip"] += 1
+    read_ids = {r["value"] for r in reads}
+    out["unseen"] = len({mid for mid in held & confirmed if mid not in got and mid not in read_ids})
+    return out
 
 
 def brute_force_order_violations(rows: list[dict]) -> int:
@@ -414,10 +489,11 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
     return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
 
 
-def expected_verdict(plan: dict, t: dict, live: dict) -> tuple:
+def expected_verdict(plan: dict, t: dict, live: dict, anomalies: dict | None = None) -> tuple:
     if t["lost"] and plan["drain"] in ("complete", "stuck"):
         return False, "LOST"  # after a finished drain, or held unacked by no consumer (stuck)
-    if t["unexpected"] or t["corrupted"]:
+    stream = ("lost_on_node", "inconsistent_offsets", "duplicate", "poll_skip", "nonmonotonic_poll")
+    if t["unexpected"] or t["corrupted"] or any((anomalies or {}).get(k) for k in stream):
         return False, "INTEGRITY"
     budgets = plan["budgets"]
     for name, verdict in (("resurrected", "RESURRECTED"), ("duplicated", "DUPLICATED")):
@@ -459,7 +535,9 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     assert r["counts"]["confirmed"] == len([m for m in plan["messages"] if "ok" in m["outcomes"]])
     assert r["counts"]["order_violations"] == brute_force_order_violations(b.rows)
     live = live_truth(plan, b.rows)
-    assert (r["valid"], r["verdict"]) == expected_verdict(plan, t, live)
+    anomalies = anomaly_truth(plan, t, b.rows)
+    assert {k: r["anomalies"]["counts"][k] for k in anomalies} == anomalies
+    assert (r["valid"], r["verdict"]) == expected_verdict(plan, t, live, anomalies)
     lv = r["liveness"]
     got = {
         (x["fault_id"], x["queue"]): (
