@@ -29,9 +29,9 @@ from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
     RateLimiter,
 )
 from harness.spec.client import reason as _reason
+from harness.spec.errors import ScenarioError
 from harness.spec.history import HOLDINGS
 from harness.spec.history import Recorder as SpecRecorder
-from harness.spec.errors import ScenarioError
 
 log = logging.getLogger("brokerchaos.workload")
 
