@@ -373,7 +373,7 @@ def _shrink(host: Any, args: argparse.Namespace) -> int:
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
     from harness.liveness import scrape_logs
-    from harness.runner import check_run, render_report
+    from harness.runner import annotate_coverage, check_run, render_report
     from harness.store import RunDir
     from harness.verdicts import exit_code, summary_table
 
@@ -386,6 +386,7 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     )
     results = check_run(host, rd, stored["scenario"], checkers)
     scrape_logs(rd.path, results)
+    annotate_coverage(host.broker(stored["scenario"]["broker"]["plugin"]), rd.path, results)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:
