@@ -17,7 +17,7 @@ the nemesis wrote while the run went.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,7 @@ def _in(t: int | None, w: Mapping[str, Any]) -> bool:
 
 
 def event_records(
-    events: Iterable[BrokerEvent], zero_ns: int | None, windows: list[Mapping[str, Any]]
+    events: Iterable[BrokerEvent], zero_ns: int | None, windows: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Events on the history's clock, each with the fault windows it fell in (held, or within
     ``RECOVERY_NS`` after the heal), in time order (untimed ones last)."""
@@ -113,7 +113,7 @@ def _in_use(
     feature: Feature,
     w: Mapping[str, Any],
     uses: Mapping[str, list[int]],
-    windows: list[Mapping[str, Any]],
+    windows: Sequence[Mapping[str, Any]],
     events: list[dict[str, Any]],
 ) -> bool:
     if feature.workload and not any(_in(t, w) for u in feature.workload for t in uses.get(u, ())):
@@ -133,7 +133,7 @@ def coverage_record(
     scenario: Mapping[str, Any],
     settings: Mapping[str, Any],
     uses: Mapping[str, list[int]],
-    faults: list[Mapping[str, Any]],
+    faults: Sequence[Mapping[str, Any]],
     events: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """What one run covered: the features in use under each applied fault window, the events
@@ -197,3 +197,23 @@ def _load(text: Any) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+def coverage_lines(results: Mapping[str, Any], width: int) -> list[str]:
+    """The terminal's lines for a run's events and coverage (``results.events``, ``results.coverage``)."""
+    cov = results.get("coverage")
+    if not isinstance(cov, Mapping):
+        return []
+    pad = f"  {'':<{width}}  "
+    if cov.get("error"):
+        return [f"  {'events':<{width}}  not read: {cov['error']}"]
+    counts = cov.get("events") or {}
+    seen = ", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"
+    lines = [f"  {'events':<{width}}  {seen}"]
+    for w in cov.get("windows") or []:
+        ev = f"; events {', '.join(w['events'])}" if w.get("events") else ""
+        feats = ", ".join(w.get("features") or []) or "no declared feature in use"
+        lines.append(pad + f"{w['fault_id']} ({w['kind']}): {feats}{ev}")
+    cells_n = len(cov.get("cells") or [])
+    lines.append(f"  {'coverage cells':<{width}}  {cells_n}")
+    return lines
