@@ -29,7 +29,12 @@ from harness.spec.coverage import RECOVERY_NS, BrokerEvent, Cell, Feature
 NO_EVENT = None
 
 #: Each workload use by how the history shows it (``harness.spec.coverage.WORKLOAD_USES``).
-_ABANDON_USES = ("requeue", "recover", "close", "crash")
+_ABANDON_USES = {
+    "requeue": "requeue",
+    "recover": "recover_every",
+    "close": "close_every",
+    "crash": "crash_every",
+}
 
 
 def history_clock(history: Path) -> int | None:
@@ -44,7 +49,11 @@ def history_clock(history: Path) -> int | None:
 def workload_uses(history: Path, scenario: Mapping[str, Any]) -> dict[str, list[int]]:
     """When the history shows each workload use (``WORKLOAD_USES``), as sorted ``time_ns``."""
     out: dict[str, list[int]] = {}
-    slow = int(((scenario.get("workload") or {}).get("consumer") or {}).get("slow") or 0) > 0
+    consumer = (scenario.get("workload") or {}).get("consumer") or {}
+    slow = int(consumer.get("slow") or 0) > 0
+    # A delivery is also given back when a fault ends its channel (cause close or crash): only
+    # the behaviours the workload asks for count as its use of them.
+    asked = {cause: float(consumer.get(key) or 0) > 0 for cause, key in _ABANDON_USES.items()}
     for rec in read_jsonl(history):
         if rec.get("type") != "invoke" or rec.get("process") == "nemesis":
             continue
@@ -58,7 +67,7 @@ def workload_uses(history: Path, scenario: Mapping[str, Any]) -> dict[str, list[
             use = "transactions"
         elif f == "abandon":
             cause = _load(rec.get("detail")).get("cause")
-            use = cause if cause in _ABANDON_USES else None
+            use = cause if isinstance(cause, str) and asked.get(cause) else None
         elif f == "ack" and slow:
             use = "slow-ack"
         if use is not None and use != "publish":

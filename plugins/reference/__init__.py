@@ -65,7 +65,8 @@ QUEUE = r"queue '(?P<queue>[^']+)'"
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "queue, single copy",
-        "a durable queue held by one node (no mirroring, no replication)",
+        "a durable queue held by one node (no mirroring, no replication); corrupting its only copy "
+        "loses data by construction, so corruption is wanted on mirrored queues only",
         SINGLE_COPY,
         wanted=(
             "kill",
@@ -76,7 +77,6 @@ FEATURES: tuple[Feature, ...] = (
             "fsync-lie",
             "disk-error",
             "disk-full",
-            "corrupt-file",
         ),
     ),
     Feature(
