@@ -201,3 +201,29 @@ def test_annotate_reads_a_stored_run_and_cells_reads_it_back(tmp_path: Path) -> 
     assert Cell("group commit (flush: sync)", "power-loss") in got
     lines = coverage_lines(results, 10)
     assert any("tx-recovery x1" in line for line in lines)
+
+
+def test_a_delivery_given_back_counts_only_when_the_workload_asks_for_that_behaviour(tmp_path: Path) -> None:
+    from harness.coverage import workload_uses
+
+    history = tmp_path / "history.jsonl"
+    recs = [
+        {
+            "time_ns": 1,
+            "process": "c1",
+            "type": "invoke",
+            "f": "abandon",
+            "detail": json.dumps({"cause": "crash"}),
+        },
+        {
+            "time_ns": 2,
+            "process": "c1",
+            "type": "invoke",
+            "f": "abandon",
+            "detail": json.dumps({"cause": "requeue"}),
+        },
+    ]
+    history.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    # a broker kill cuts the consumer's connection: a crash abandon the workload did not ask for
+    assert workload_uses(history, {"workload": {"consumer": {"requeue": 0.1}}}) == {"requeue": [2]}
+    assert workload_uses(history, {"workload": {"consumer": {"crash_every": 5}}}) == {"crash": [1]}
