@@ -386,7 +386,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     )
     results = check_run(host, rd, stored["scenario"], checkers)
     scrape_logs(rd.path, results)
-    annotate_coverage(host.broker(stored["scenario"]["broker"]["plugin"]), rd.path, results)
+    broker = (stored.get("broker") or {}).get("plugin") or (stored["scenario"].get("broker") or {}).get(
+        "plugin"
+    )
+    if broker in host.registry.brokers:  # a stored run names its broker; a hand-made history may not
+        annotate_coverage(host.broker(broker), rd.path, results)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:
