@@ -84,6 +84,33 @@ def plan_records(host: Host) -> dict[str, dict[str, Any]]:
     return out
 
 
+SUMMARY = ROOT / "bench" / "results" / "coverage.md"
+
+
+def summary(records: list[dict[str, Any]]) -> str:
+    """bench/results/coverage.md: every run behind a record, with its command and the load then."""
+    runs = sorted((r for r in records if r.get("source") == "run"), key=lambda r: r["scenario"])
+    out = [
+        "# Coverage runs",
+        "",
+        "Each run below was made with the command in its row, one at a time, then recorded with",
+        "`python3 scripts/gen_coverage.py --record RUN_DIR --command CMD --load UPTIME`; the records are",
+        "in `bench/results/coverage/`, the map they give in `docs/explanation/coverage.md`. Load: the",
+        "load averages of `uptime` just before the run, after the time it was recorded (a shared 2-core machine).",
+        "",
+        "| scenario | seed | verdict | load | events | command |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        run = r["run"]
+        seen = ", ".join(f"{k} ×{v}" for k, v in (r["coverage"].get("events") or {}).items()) or "-"
+        load = (run.get("load") or "").replace("load average: ", "")
+        out.append(
+            f"| `{r['scenario']}` | {run.get('seed')} | {run.get('verdict')} | {load} | {seen} | `{run.get('command')}` |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def page(host: Host) -> str:
     plugins = [host.broker(n) for n in sorted(host.registry.brokers)]
     return render(plugins, host.registry.faults, load_records()) + "\n"
@@ -116,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     PAGE.write_text(want)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+    SUMMARY.write_text(summary(load_records()))
+    print(f"wrote {PAGE.relative_to(ROOT)} and {SUMMARY.relative_to(ROOT)}")
     return 0
 
 

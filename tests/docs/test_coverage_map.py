@@ -21,38 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: Holes of the reference broker's drivable features: scenarios not run yet (their records are
 #: computed from the plan: ``source: plan``), or wanted cells no scenario reaches.
-OPEN_HOLES: set[str] = {
-    "delayed messages × kill",
-    "delayed messages × partition",
-    "delayed messages × power-loss",
-    "flush: async × kill",
-    "flush: async × power-loss",
-    "group commit (flush: sync) × fsync-lie",
-    "master-slave, async × kill",
-    "master-slave, async × partition",
-    "master-slave, async × power-loss",
-    "master-slave, sync × kill",
-    "master-slave, sync × partition",
-    "master-slave, sync × power-loss",
-    "membership change × partition",
-    "mirrored queue × clock-skew",
-    "mirrored queue × corrupt-file",
-    "mirrored queue × partition",
-    "mirrored queue × pause",
-    "mirrored queue × power-loss",
-    "mirrored queue × power-loss-coordinated",
-    "partition handling: autoheal × partition",
-    "partition handling: pause_minority × partition",
-    "promotion when-synced × kill",
-    "queue, single copy × disk-error",
-    "queue, single copy × disk-full",
-    "queue, single copy × fsync-lie",
-    "queue, single copy × pause",
-    "queue, single copy × power-loss-coordinated",
-    "transactions, mirrored × kill",
-    "transactions, mirrored × partition",
-    "transactions, mirrored × power-loss",
-}
+OPEN_HOLES: set[str] = set()
 
 
 @pytest.fixture(scope="module")
