@@ -462,7 +462,7 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
     from harness.liveness import scrape_logs
-    from harness.runner import check_run, render_report
+    from harness.runner import annotate_coverage, check_run, render_report
     from harness.store import RunDir
     from harness.verdicts import exit_code, summary_table
 
@@ -475,6 +475,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     )
     results = check_run(host, rd, stored["scenario"], checkers)
     scrape_logs(rd.path, results)
+    broker = (stored.get("broker") or {}).get("plugin") or (stored["scenario"].get("broker") or {}).get(
+        "plugin"
+    )
+    if broker in host.registry.brokers:  # a stored run names its broker; a hand-made history may not
+        annotate_coverage(host.broker(broker), rd.path, results)
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
     for key in ("workload", "timings"):
         if key in old:

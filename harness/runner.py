@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import Cluster, build_topology, docker_client, filesystem_model
+from harness.coverage import annotate
 from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
@@ -168,6 +169,7 @@ class Run:
         assert checking is not None  # the workload returned: the check was started beside the teardown
         results = self._checked(checking)
         scrape_logs(self.dir.path, results)
+        annotate_coverage(self.plugin, self.dir.path, results)
         results["workload"] = workload
         results["filesystem"] = self.filesystem
         results["timings"] = self.timings
@@ -411,6 +413,16 @@ def heal_all(
             if done:
                 out[name] = done
     return out
+
+
+def annotate_coverage(plugin: Any, run_dir: Path, results: dict[str, Any]) -> None:
+    """The run's events and coverage cells (``harness.coverage``); a plugin whose ``events`` throws
+    leaves the error there instead, not a crash: the verdict stands without them."""
+    try:
+        annotate(plugin, run_dir, results)
+    except Exception as exc:  # noqa: BLE001 - a plugin's log reader must not sink a checked run
+        results["events"] = []
+        results["coverage"] = {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def render_report(host: Host, run_dir: RunDir, results: dict[str, Any]) -> Path | None:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from harness.coverage import coverage_lines
 from harness.liveness import liveness_lines
 from harness.spec.results import ANOMALY_CLASSES, CheckerSummary, compose_verdicts, exit_status, valid_of
 
@@ -179,6 +180,7 @@ def summary_table(results: dict[str, Any]) -> str:
         lines.insert(1, f"  {'reason':<{width}}  {results['reason']}")
     lines += checker_lines(results, width)
     lines += liveness_lines(results, width)
+    lines += coverage_lines(results, width)
     budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
     if budgets:
         lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))

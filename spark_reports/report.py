@@ -300,6 +300,57 @@ def _bodies(expected: str, received: str | None) -> tuple[_Raw, _Raw]:
     return sent, _Raw(f"<div class='body'>{''.join(out)}</div>")
 
 
+def _event_parts(results: Mapping[str, Any]) -> list[str]:
+    """The broker's notable events (``events``: states worth reaching, not failures), each with
+    the fault windows it fell in, and the coverage cells the run reached (``coverage``)."""
+    cov = results.get("coverage")
+    if not isinstance(cov, Mapping):
+        return []
+    if cov.get("error"):
+        return ["<h2>Broker events</h2>", f"<p>Not read: {_e(cov['error'])}</p>"]
+    events = list(results.get("events") or [])
+    parts = _section(
+        "Broker events",
+        min(len(events), _ROWS),
+        len(events),
+        "What the broker's own logs said it did (promotions, flush timeouts, ...): states worth "
+        "reaching, not failures. A fault window counts an event held or up to 5 s after its heal.",
+        _table(
+            ["time s", "node", "event", "fault windows", "detail"],
+            [
+                [
+                    "-" if e.get("time_ns") is None else _s(e["time_ns"]),
+                    e["node"],
+                    e["name"],
+                    ", ".join(e.get("fault_ids") or []) or "none",
+                    ", ".join(f"{k}={v}" for k, v in (e.get("detail") or {}).items()),
+                ]
+                for e in events[:_ROWS]
+            ],
+            left=5,
+        ),
+    )
+    cells = [c for c in cov.get("cells") or [] if c[2] is None]
+    parts += [
+        "<h2>Coverage</h2>",
+        f"<p>Features in use: {_e(', '.join(cov.get('features') or []) or 'none')}; "
+        f"workload used: {_e(', '.join(cov.get('workload_uses') or []) or 'nothing')}.</p>",
+        _table(
+            ["feature", "fault kind", "events seen there"],
+            [
+                [
+                    f,
+                    k,
+                    ", ".join(sorted({str(c[2]) for c in cov["cells"] if c[0] == f and c[1] == k and c[2]})),
+                ]
+                for f, k, _ in cells
+            ],
+            left=3,
+        ),
+    ]
+    return parts
+
+
 def _section(title: str, shown: int, total: int, intro: str, table: str) -> list[str]:
     more = f" (first {shown:,} of {total:,})" if total > shown else ""
     return [f"<h2>{_e(title)}{more}</h2>", f"<p>{intro}</p>" if intro else "", table]
@@ -393,6 +444,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
     )
     parts += findings_parts(results)
     parts += delay_parts(run_dir, results)
+    parts += _event_parts(results)
     if results["order_violations"]:
         v = results["order_violations"]
         parts += _section(

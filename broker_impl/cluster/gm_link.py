@@ -397,6 +397,10 @@ class Endpoint:
         self.on_deliver = on_deliver
         self.on_joined = on_joined
         self.on_stopped = on_stopped
+        # told of each new view this member adopts (its version and alive members), after the
+        # actions that brought it: the queue copy that owns it may log what it was doing then
+        self.on_view: Callable[[int, tuple[MemberId, ...]], None] | None = None
+        self._view_version = -1
         self.closed = False
         self._flush_soon = False
 
@@ -454,6 +458,12 @@ class Endpoint:
                     self.on_stopped(a.reason)
             elif isinstance(a, Confirm):
                 pass  # confirms of mirrored publishes come from the mirrors (on disk), not from the ring
+        view = self.member.view
+        if view is not None and view.version != self._view_version and not self.closed:
+            first = self._view_version < 0
+            self._view_version = view.version
+            if not first and self.on_view is not None:
+                self.on_view(view.version, tuple(view.alive))
 
     async def _store(self, a: ReadGroup | UpdateGroup) -> None:
         store = self.hub.store

@@ -252,6 +252,7 @@ class MirrorMasterBQ(BackingQueue):
         self.held = live if isinstance(live, Held) else Held(live)
         self.mirrors: dict[str, _Link] = {}  # join order
         self._sync_on_join: set[str] = set()
+        self._ring_nodes: set[str] | None = None  # nodes of the ring's last view (``_view_changed``)
         self._n = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         if gm is None:
@@ -261,6 +262,7 @@ class MirrorMasterBQ(BackingQueue):
             self.gm = gm
             self.group = gm.group
             gm.on_deliver, gm.on_joined, gm.on_stopped = self._delivered, None, self._stopped
+            gm.on_view = self._view_changed
             cfg = site.cfg
             deadline = time.monotonic() + 2 * cfg.tick * cfg.down_after
             for peer in mirrors or []:
@@ -270,7 +272,28 @@ class MirrorMasterBQ(BackingQueue):
     def _new_group(self) -> None:
         self.group = f"{self.vhost}/{self.queue}/{secrets.token_hex(4)}"
         self.gm = self.site.gm.endpoint(self.group, on_deliver=self._delivered, on_stopped=self._stopped)
+        self.gm.on_view = self._view_changed
         self.gm.join()
+
+    def _view_changed(self, version: int, alive: tuple[Any, ...]) -> None:
+        """The ring changed while a mirror was being synchronised (a mirror other than the one
+        whose joining made the change): a state worth reaching, since the sync's broadcasts
+        must reach that mirror across the change. Logged for coverage."""
+        nodes = {node_of(m) for m in alive}
+        before, self._ring_nodes = self._ring_nodes, nodes
+        if before is None:
+            return
+        joined, left = nodes - before, before - nodes
+        syncing = sorted(p for p, link in self.mirrors.items() if not link.synced and p not in joined)
+        if syncing:
+            log.info(
+                "queue %r: GM view v%d (joined %s, left %s) while mirror(s) %s not in sync",
+                self.queue,
+                version,
+                sorted(joined),
+                sorted(left),
+                syncing,
+            )
 
     def _delivered(self, sender: str, payload: Any) -> None:
         pass  # the master's own broadcasts, and strays of a master it replaced

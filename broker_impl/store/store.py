@@ -122,6 +122,9 @@ class Store:
         self.recovery_report = RecoveryReport(True, 0, 0)
         # acks of committed transactions wait here until the log holding their record is flushed (``flush``)
         self._parked_acks: list[tuple[int, str, list[int]]] = []
+        # the largest group commit so far, by power of two: each new one is logged (a run's record
+        # of how far one fsync's batch grew, e.g. under a slow disk), not every commit
+        self._batch_log2 = -1
 
     # -- opening and recovery -----------------------------------------------------------
 
@@ -148,8 +151,11 @@ class Store:
         scan_from = ckpt if ckpt is not None else (self.log.starts[0] if self.log.starts else 0)
         records, cuts = self.log.recover(scan_from)
         report = RecoveryReport(clean, scan_from, self.log.wrote, cuts)
+        prepared = committed = 0
         for rec in records:
             report.redispatched += self._dispatch(rec)
+            prepared += bool(rec.sysflag & FLAG_TX_PREPARED)
+            committed += bool(rec.sysflag & (FLAG_TX_COMMIT | FLAG_TX_ACK))
         for q in self.queues.values():
             dropped = q.cq.truncate_from_log_offset(self.log.wrote)
             report.consume_queue_entries_dropped += dropped
@@ -164,6 +170,15 @@ class Store:
                 self.log.wrote,
                 report.redispatched,
                 ", ".join(f"{c.bytes} bytes at {c.offset} ({c.reason})" for c in cuts) or "none",
+            )
+        if not clean and (prepared or committed):
+            # what recovery did with transactions: prepared records are never applied (a
+            # transaction whose commit record is missing is rolled back), commit records are
+            log.warning(
+                "store recovery: transactions in the scanned log: %d prepared record(s) not applied, "
+                "%d commit record(s) applied",
+                prepared,
+                committed,
             )
         durable.write_file(abort, b"")
 
@@ -447,14 +462,23 @@ class Store:
         self._timeout_timer = None
         loop = asyncio.get_running_loop()
         now = loop.time()
+        expired = 0
         while self._deadlines and (self._deadlines[0][2].done() or self._deadlines[0][0] <= now):
             _, end, fut = self._deadlines.popleft()
             if not fut.done():
+                expired += 1
                 fut.set_exception(
                     StoreError(
                         f"flush timeout: offset {end} not on disk after {self.config.flush_timeout_ms} ms"
                     )
                 )
+        if expired:
+            log.warning(
+                "flush timeout: %d wait(s) for the commit log's fsync gave up after %d ms (flushed to %d)",
+                expired,
+                self.config.flush_timeout_ms,
+                self.log.flushed,
+            )
         if self._deadlines:
             self._timeout_timer = loop.call_at(self._deadlines[0][0], self._expire_waiters)
 
@@ -529,13 +553,18 @@ class Store:
                 continue
             flushed = self.log.flushed
             keep = []
+            woken = 0
             for end, fut in self._waiters:
                 if end <= flushed:
                     if not fut.done():
                         fut.set_result(None)
+                        woken += 1
                 else:
                     keep.append((end, fut))
             self._waiters = keep
+            if woken and woken.bit_length() - 1 > self._batch_log2:
+                self._batch_log2 = woken.bit_length() - 1
+                log.info("group commit: one fsync released %d waiter(s), the largest batch so far", woken)
             while self._deadlines and self._deadlines[0][2].done():
                 self._deadlines.popleft()
             if keep:

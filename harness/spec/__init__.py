@@ -8,6 +8,7 @@
 - ``broker``: the broker plugin (image, node spec, readiness, cluster formation, capabilities);
 - ``client``: the workload driver a client plugin provides for one protocol;
 - ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
+- ``coverage``: the features a broker declares, the events it reports, the cells a run reaches;
 - ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
 - ``scenario``: the scenario model (every section a run, a driver, a fault and a checker read);
@@ -41,6 +42,15 @@ from harness.spec.client import (
     QueueDepth,
     QueueHolders,
     RateLimiter,
+)
+from harness.spec.coverage import (
+    RECOVERY_NS,
+    WORKLOAD_USES,
+    BrokerEvent,
+    Cell,
+    Feature,
+    LogEvent,
+    events_from_lines,
 )
 from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
 from harness.spec.history import (
@@ -76,7 +86,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "TX_OPS",
     "TYPES",
+    "RECOVERY_NS",
+    "WORKLOAD_USES",
+    "BrokerEvent",
     "BrokerPlugin",
+    "Cell",
+    "Feature",
+    "LogEvent",
+    "events_from_lines",
     "BrokerSection",
     "ConformanceProbe",
     "ConsumerSection",

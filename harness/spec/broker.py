@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from harness.spec.coverage import BrokerEvent, Feature, LogEvent, events_from_lines
 from harness.spec.errors import ClusterError, ScenarioError
 
 #: Capabilities the host itself knows, with what declaring one promises. The set is open:
@@ -174,6 +176,16 @@ class BrokerPlugin:
     #: its clusters and runs its probes with default settings, most of them on one node.
     settings_schema: ClassVar[Mapping[str, tuple[Any, Sequence[Any] | type | None]]] = {}
 
+    #: The features a run can exercise on this broker, and how a run shows it used each
+    #: (``harness.spec.coverage.Feature``): the rows of the coverage map.
+    features: ClassVar[tuple[Feature, ...]] = ()
+    #: Events read from the logs by the default ``events``: one ``LogEvent`` per notable line.
+    log_events: ClassVar[tuple[LogEvent, ...]] = ()
+    #: Which of a node's collected files the default ``events`` reads (globs relative to the
+    #: node's directory of the run: ``broker.log`` is the container's output, ``logs/`` holds
+    #: the files of ``log_paths``).
+    event_logs: ClassVar[tuple[str, ...]] = ("broker.log",)
+
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         """Inter-node ports of node ``index`` (1-based). Brokers whose start-up checks bind
         the wildcard (RabbitMQ's distribution port) give each node its own port instead."""
@@ -232,6 +244,25 @@ class BrokerPlugin:
         """What ``node``'s own copy of ``queue`` holds after the drain: (offset, message id)
         pairs in the copy's order (offset = the entry's position in a stream, e.g. the
         JetStream stream sequence; None for a queue without offsets). None: cannot tell."""
+        return None
+
+    # -- events (coverage) -----------------------------------------------------------------
+
+    def events(self, node: str, logs: Mapping[str, str]) -> list[BrokerEvent]:
+        """Notable internal events of ``node``, from its collected logs (``logs``: each file of
+        ``event_logs`` by its path relative to the node's directory, with its text).
+
+        Read after the run, from the run directory, so a stored run gives the same events again
+        (no Docker). The default applies ``log_events`` to every line, timed by ``log_time``; a
+        plugin whose broker tells its events through an admin call instead overrides this.
+        """
+        out: list[BrokerEvent] = []
+        for _path, text in sorted(logs.items()):
+            out += events_from_lines(node, text.splitlines(), self.log_events, self.log_time)
+        return out
+
+    def log_time(self, line: str) -> datetime | None:
+        """When a log line says it was written (aware, UTC); None if it carries no time."""
         return None
 
     # -- membership (capability ``membership``) ------------------------------------------

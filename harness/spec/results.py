@@ -650,6 +650,40 @@ class Results(TypedDict):
     end_ns: int
 
 
+class BrokerEventRecord(TypedDict):
+    """One event the broker reported (``results.json``'s ``events``; ``harness.coverage``): not a
+    checker's finding but a state the run reached, read from the broker's logs after the run."""
+
+    node: str
+    name: str  # the plugin's event name (its ``log_events``), e.g. promoted-unsynced
+    time_ns: int | None  # on the history's clock; None: the line carried no time
+    wall_time: str | None
+    fault_ids: list[str]  # the fault windows it fell in: held, or up to 5 s after the heal
+    detail: dict  # what the line said (the pattern's named groups)
+    line: str
+
+
+class WindowCoverage(TypedDict):
+    fault_id: str
+    kind: str
+    features: list[str]  # the plugin's features in use while it was held (or just after)
+    events: list[str]  # the events that fell in it
+
+
+class Coverage(TypedDict, total=False):
+    """What a run covered (``results.json``'s ``coverage``), computed after the run from the
+    broker plugin's declared ``features``, the history and the events."""
+
+    broker: str
+    features: list[str]  # the features whose settings this run had
+    workload_uses: list[str]  # what the history shows the workload used (WORKLOAD_USES)
+    faults: list[str]  # the fault kinds applied
+    windows: list[WindowCoverage]
+    events: dict[str, int]  # events by name, counted
+    cells: list[list[str | None]]  # [feature, fault kind, event or null], sorted
+    error: str  # the plugin's events could not be read: why (the rest is then absent)
+
+
 class CheckerSummary(TypedDict, total=False):
     """One checker's own outcome, kept under ``checkers.<name>`` of a run's ``results.json``.
 

@@ -22,15 +22,19 @@ publish ack does not mean the message is on disk.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from harness import (
     BrokerPlugin,
     ClusterError,
+    Feature,
     ImageRecipe,
+    LogEvent,
     NodeHandle,
     NodeInfo,
     NodeSpec,
@@ -88,6 +92,43 @@ def stream_detail(jsz: Mapping[str, Any], stream: str) -> dict[str, Any] | None:
     return None
 
 
+STREAM = r"'(?P<account>[^']*) > (?P<stream>[^']+)'"
+#: nats-server's own line prefix: ``[pid] 2006/01/02 15:04:05.000000 [INF] ...`` (UTC in the image).
+_TIME = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+)")
+
+#: The rows of the NATS JetStream coverage map.
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "stream, replicated",
+        "a file-backed JetStream stream with replicas (R3, or every node of a smaller cluster)",
+        {"replicas": (None, 3, 5)},
+        nodes=(2, None),
+        wanted=("kill", "pause", "partition", "power-loss"),
+    ),
+    Feature(
+        "stream, one replica",
+        "a file-backed JetStream stream on one server",
+        {"replicas": (1,)},
+        wanted=("kill", "power-loss"),
+    ),
+    Feature(
+        "consumers giving deliveries back",
+        "naks, and deliveries left unacked until ack_wait sends them again",
+        workload=("requeue", "recover", "close", "crash"),
+        wanted=("kill", "partition"),
+    ),
+)
+
+#: nats-server 2.9's log lines for stream leadership and replica catch-up.
+LOG_EVENTS: tuple[LogEvent, ...] = (
+    LogEvent("stream-leader-elected", r"JetStream cluster new stream leader for " + STREAM),
+    LogEvent("consumer-leader-elected", r"JetStream cluster new consumer leader for " + STREAM),
+    LogEvent("catchup-complete", r"Catchup for stream " + STREAM + " complete"),
+    LogEvent("catchup-stalled", r"Catchup for stream " + STREAM + " stalled|Catching up for .* stalled"),
+    LogEvent("no-quorum", r"JetStream cluster stream " + STREAM + " has NO quorum, stalled"),
+)
+
+
 class Nats(BrokerPlugin):
     name = "nats"
     version = __version__
@@ -97,6 +138,8 @@ class Nats(BrokerPlugin):
     peer_ports = (ROUTE_PORT,)
     data_dir = "/var/lib/nats/jetstream"
     log_paths = ()  # nats-server logs to stderr: the container log
+    features = FEATURES
+    log_events = LOG_EVENTS
     username = "guest"
     password = "guest"
     vhost = "APP"  # the account the workload's user belongs to
@@ -107,6 +150,12 @@ class Nats(BrokerPlugin):
         "consumer_replicas": (None, (None, 1, 3, 5)),  # None: as many as the stream
         "ack_wait": (10, int),  # seconds before an unacked delivery goes out again
     }
+
+    def log_time(self, line: str) -> datetime | None:
+        m = _TIME.match(line)
+        if m is None:
+            return None
+        return datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=UTC)
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = super().validate_settings(settings)

@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from harness import (
     BrokerPlugin,
     ClusterError,
+    Feature,
     ImageRecipe,
+    LogEvent,
     NodeHandle,
     NodeInfo,
     NodeSpec,
@@ -54,6 +57,85 @@ exec /usr/sbin/rabbitmq-server
 """
 
 
+MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
+MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
+
+#: The rows of RabbitMQ's coverage map.
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "classic queue, single copy",
+        "a durable classic queue on its home node, not mirrored",
+        {"queue_type": ("classic",), "ha_mode": (None,)},
+        wanted=("kill", "power-loss", "partition"),
+    ),
+    Feature(
+        "classic mirrored queue",
+        "a classic queue mirrored by policy (ha-mode all, exactly or nodes)",
+        MIRRORED,
+        nodes=(2, None),
+        wanted=("kill", "pause", "partition", "power-loss", "member-remove", "clock-skew"),
+    ),
+    Feature(
+        "promotion when-synced",
+        "ha-promote-on-failure: when-synced",
+        {**MIRRORED, "ha_promote_on_failure": ("when-synced",)},
+        nodes=(2, None),
+        wanted=("kill", "partition"),
+    ),
+    Feature(
+        "quorum queue",
+        "a Raft-replicated quorum queue",
+        {"queue_type": ("quorum",)},
+        nodes=(3, None),
+        wanted=("kill", "partition", "power-loss", "power-loss-coordinated"),
+    ),
+    Feature(
+        "partition handling: pause_minority",
+        "cluster_partition_handling = pause_minority",
+        {"partition_handling": ("pause_minority",)},
+        nodes=(3, None),
+        wanted=("partition",),
+    ),
+    Feature(
+        "partition handling: autoheal",
+        "cluster_partition_handling = autoheal",
+        {"partition_handling": ("autoheal",)},
+        nodes=(3, None),
+        wanted=("partition",),
+    ),
+    Feature(
+        "transactions",
+        "AMQP tx",
+        workload=("transactions",),
+        wanted=("kill", "partition"),
+    ),
+    Feature(
+        "consumers giving deliveries back",
+        "basic.nack/reject(requeue), basic.recover, channels closed and connections cut with deliveries unacked",
+        workload=("requeue", "recover", "close", "crash"),
+        wanted=("kill", "partition"),
+    ),
+    Feature(
+        "membership change",
+        "a node leaves (forget_cluster_node) and joins again empty",
+        faults=("member-remove",),
+        nodes=(3, None),
+        wanted=("member-remove",),
+    ),
+)
+
+#: RabbitMQ 3.10's log lines for mirror promotion, autoheal and a master stopping its mirrors.
+#: 3.10 says "Promoting mirror ... to leader"; releases before the rename said "slave ... master".
+LOG_EVENTS: tuple[LogEvent, ...] = (
+    LogEvent("promoted", MIRRORED_QUEUE + r"Promoting (?:slave|mirror) (?P<pid>\S+) to (?:master|leader)"),
+    LogEvent("autoheal-restart", r"Autoheal: we were selected to restart; winner is (?P<winner>\S+)"),
+    LogEvent(
+        "stop-no-synced-mirror",
+        MIRRORED_QUEUE + r"Stopping all nodes on master shutdown since no synchronised mirror",
+    ),
+)
+
+
 class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
@@ -69,7 +151,19 @@ class RabbitMQ(BrokerPlugin):
 
     data_dir = "/var/lib/rabbitmq/mnesia"
     log_paths = ("/var/log/rabbitmq",)
+    features = FEATURES
+    log_events = LOG_EVENTS
+    #: The node's log file (info and above; the console gets warnings only), under ``logs/``.
+    event_logs = ("logs/**/*.log",)
     ready_timeout = 120.0
+
+    def log_time(self, line: str) -> datetime | None:
+        """3.10's ``2026-01-02 10:00:00.123456+00:00 [info] <0.1.0> ...``."""
+        try:
+            return datetime.fromisoformat(line[:32])
+        except ValueError:
+            return None
+
     settings_schema = {
         "queue_type": ("classic", ("classic", "quorum")),
         "ha_mode": (None, (None, "all", "exactly", "nodes")),

@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from harness import (
     BrokerChaosError,
     BrokerPlugin,
     ClusterError,
+    Feature,
     ImageRecipe,
+    LogEvent,
     NodeHandle,
     NodeInfo,
     NodeSpec,
@@ -53,6 +56,197 @@ def _toml_value(v: Any) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+MIRRORED = {"ha_mode": ("all", "exactly", "nodes")}
+SINGLE_COPY = {"ha_mode": (None,), "replication": (None,)}
+NODE_FAULTS = ("kill", "power-loss")
+QUEUE = r"queue '(?P<queue>[^']+)'"
+
+#: The rows of the reference broker's coverage map (``harness.spec.coverage.Feature``).
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "queue, single copy",
+        "a durable queue held by one node (no mirroring, no replication); corrupting its only copy "
+        "loses data by construction, so corruption is wanted on mirrored queues only",
+        SINGLE_COPY,
+        wanted=(
+            "kill",
+            "power-loss",
+            "power-loss-coordinated",
+            "pause",
+            "slow-fsync",
+            "fsync-lie",
+            "disk-error",
+            "disk-full",
+        ),
+    ),
+    Feature(
+        "group commit (flush: sync)",
+        "publishes confirmed after the commit log's fsync, one fsync for every waiter of a batch",
+        {"flush": ("sync",)},
+        wanted=("kill", "power-loss", "slow-fsync", "fsync-lie"),
+    ),
+    Feature(
+        "flush: async",
+        "publishes confirmed before the fsync; the page cache flushed every flush_interval_ms",
+        {"flush": ("async",)},
+        wanted=NODE_FAULTS,
+    ),
+    Feature(
+        "slow disk",
+        "fsyncs that take long (a slow-fsync fault held), so each group commit's window is wide",
+        {"flush": ("sync",)},
+        faults=("slow-fsync",),
+        wanted=("power-loss",),
+    ),
+    Feature(
+        "mirrored queue",
+        "a classic queue mirrored over a GM ring (ha-mode all, exactly or nodes)",
+        MIRRORED,
+        nodes=(2, None),
+        wanted=(
+            "kill",
+            "pause",
+            "partition",
+            "power-loss",
+            "power-loss-coordinated",
+            "member-remove",
+            "clock-skew",
+            "corrupt-file",
+        ),
+    ),
+    Feature(
+        "promotion when-synced",
+        "ha-promote-on-failure: when-synced (an unsynced mirror is never promoted)",
+        {**MIRRORED, "ha_promote_on_failure": ("when-synced",)},
+        nodes=(2, None),
+        wanted=("kill",),
+    ),
+    Feature(
+        "partition handling: pause_minority",
+        "a node that sees itself in a minority pauses",
+        {"partition_handling": ("pause_minority",), "replication": (None,)},
+        nodes=(3, None),
+        wanted=("partition",),
+    ),
+    Feature(
+        "partition handling: autoheal",
+        "after a partition, the losing side restarts and takes the winner's state",
+        {"partition_handling": ("autoheal",), "replication": (None,)},
+        nodes=(3, None),
+        wanted=("partition",),
+    ),
+    Feature(
+        "master-slave, sync",
+        "n1 a SYNC_MASTER: a confirm waits for the slave to have the message",
+        {"replication": ("sync",)},
+        nodes=(2, None),
+        wanted=("kill", "power-loss", "partition"),
+    ),
+    Feature(
+        "master-slave, async",
+        "n1 an ASYNC_MASTER: a confirm does not wait for the slave",
+        {"replication": ("async",)},
+        nodes=(2, None),
+        wanted=("kill", "power-loss", "partition"),
+    ),
+    Feature(
+        "transactions, mirrored",
+        "AMQP tx on a mirrored queue",
+        MIRRORED,
+        workload=("transactions",),
+        nodes=(2, None),
+        wanted=("kill", "partition", "power-loss"),
+    ),
+    Feature(
+        "transactions, single copy",
+        "AMQP tx on a queue held by one node: recovery replays its prepared and commit records",
+        SINGLE_COPY,
+        workload=("transactions",),
+        wanted=("kill", "power-loss"),
+    ),
+    Feature(
+        "delayed messages",
+        "publishes through an x-delayed-message exchange",
+        workload=("delay",),
+        wanted=("kill", "partition", "power-loss"),
+    ),
+    Feature(
+        "consumers giving deliveries back",
+        "basic.nack/reject(requeue), basic.recover, channels closed and connections cut with deliveries unacked",
+        workload=("requeue", "recover", "close", "crash"),
+        wanted=("kill", "power-loss"),
+    ),
+    Feature(
+        "slow consumers",
+        "consumers that hold each delivery before acking it",
+        workload=("slow-ack",),
+        wanted=("kill",),
+    ),
+    Feature(
+        "membership change",
+        "a node leaves the running cluster (forget_cluster_node) and joins again empty",
+        MIRRORED,
+        faults=("member-remove",),
+        nodes=(3, None),
+        wanted=("member-remove", "partition", "kill"),
+    ),
+    Feature(
+        "membership change moving the queue master",
+        "a membership change after which a mirror on another node took the queue over",
+        MIRRORED,
+        faults=("member-remove",),
+        events=("promoted-in-sync", "promoted-unsynced"),
+        nodes=(3, None),
+        wanted=("member-remove",),
+    ),
+    Feature(
+        "message TTL",
+        "x-message-ttl / per-message expiration (the broker has it; no workload field sets one)",
+        workload=("ttl",),
+        wanted=("kill", "partition"),
+        drivable=False,
+    ),
+    Feature(
+        "dead-lettering",
+        "x-dead-letter-exchange (the broker has it; no workload field sets one)",
+        workload=("dead-letter",),
+        wanted=("kill", "partition"),
+        drivable=False,
+    ),
+)
+
+#: Notable lines of ``broker_impl``'s log: promotions, group-commit batches, flush timeouts,
+#: GM view changes while a mirror syncs, what recovery did with transactions.
+LOG_EVENTS: tuple[LogEvent, ...] = (
+    LogEvent(
+        "promoted-in-sync",
+        QUEUE + r": master (?P<old>\S+) (?P<how>died|stopped); promoting the mirror here \(in sync\)",
+    ),
+    LogEvent(
+        "promoted-unsynced",
+        QUEUE + r": master (?P<old>\S+) (?P<how>died|stopped); promoting the mirror here \(NOT in sync\)",
+    ),
+    LogEvent(
+        "promotion-refused",
+        QUEUE
+        + r": master (?P<old>\S+) (?P<how>died|stopped) and (?:no live mirror is|the mirror here is not) in sync; not promoting",
+    ),
+    LogEvent("mirror-synced", QUEUE + r": mirror on (?P<node>\S+) is in sync"),
+    LogEvent(
+        "gm-view-during-sync", QUEUE + r": GM view v(?P<version>\d+) .* while mirror\(s\) .* not in sync"
+    ),
+    LogEvent("group-commit-batch", r"group commit: one fsync released (?P<waiters>\d+) waiter"),
+    LogEvent("flush-timeout", r"flush timeout: (?P<waits>\d+) wait\(s\) for the commit log's fsync gave up"),
+    LogEvent(
+        "tx-recovery",
+        r"store recovery: transactions in the scanned log: (?P<prepared>\d+) prepared record\(s\) not applied, (?P<committed>\d+) commit",
+    ),
+    LogEvent("store-recovery-cut", r"store recovery \(abnormal shutdown\): .* cuts: (?P<cuts>(?!none$).+)$"),
+    LogEvent("peer-down", r"cluster: peer (?P<peer>\S+) is down"),
+    LogEvent("slave-attached", r"attached to master (?P<master>\S+); the replica ended at (?P<end>\d+)"),
+)
+
+
 class ReferenceBroker(BrokerPlugin):
     name = "reference"
     version = __version__
@@ -67,6 +261,10 @@ class ReferenceBroker(BrokerPlugin):
     # (broker_impl/store/durable.py), so its power-loss runs hold it to POSIX's letter.
     filesystem = "strict"
     log_paths = ("/var/log/brokerchaos",)
+    features = FEATURES
+    log_events = LOG_EVENTS
+    #: The node's own log file (``log_file`` below), collected under ``logs/``.
+    event_logs = ("logs/**/*.log",)
     ready_timeout = 60.0
     settings_schema = {
         "flush": ("sync", ("sync", "async")),
@@ -96,6 +294,13 @@ class ReferenceBroker(BrokerPlugin):
         "heartbeat": (0, 65535),
         "missed_ticks": (1, None),
     }
+
+    def log_time(self, line: str) -> datetime | None:
+        """``logging``'s asctime (``2026-01-02 10:00:00,123``), written in the container's zone, UTC."""
+        try:
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
+        except ValueError:
+            return None
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = super().validate_settings(settings)
