@@ -34,7 +34,7 @@ class CorruptFile(NodesFault):
     requires = frozenset({"kill"})
     touches = frozenset({"process", "disk"})
     conformance = ConformanceProbe(
-        params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True
+        params={"nodes": ["n1"], "mode": "bitflip", "bits": 1}, nodes=1, may_lose=True, corrupts=True
     )
     params_schema = {
         "nodes": object,

@@ -144,10 +144,17 @@ class Battery:
             problems.append(f"client_port must be a TCP port, got {getattr(p, 'client_port', None)!r}")
         for i in range(1, 4):
             for port in p.peer_ports_for(i):
-                if not isinstance(port, int) or not 0 < port < 65536 or port == p.client_port:
-                    problems.append(
-                        f"peer port {port!r} of node {i} is not a TCP port distinct from client_port"
-                    )
+                # A peer port may be the client port (Redis replicates over it): the broker binds
+                # its own address and 127.0.0.1, and the peers' proxies hold their loopback addresses.
+                if not isinstance(port, int) or not 0 < port < 65536:
+                    problems.append(f"peer port {port!r} of node {i} is not a TCP port")
+        for port in p.extra_client_ports:
+            if not isinstance(port, int) or not 0 < port < 65536 or port == p.client_port:
+                problems.append(f"extra client port {port!r} is not a TCP port distinct from client_port")
+        if p.corruption_response not in ("recover", "refuse"):
+            problems.append(
+                f"corruption_response must be 'recover' or 'refuse', got {p.corruption_response!r}"
+            )
         for path in p.log_paths:
             if not path.startswith("/"):
                 problems.append(f"log path {path!r} is not absolute")
@@ -464,9 +471,14 @@ class Battery:
     def fault(self, kind: str) -> list[Check]:
         probe = self.probes[kind][1]
         at = round(self.duration * 0.3, 1)
-        r = self._run(
-            kind, probe.nodes, [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}]
-        )
+        schedule = [{"at": at, "fault": kind, "hold": 1.5, "params": dict(probe.params)}]
+        if probe.corrupts and self.plugin.corruption_response == "refuse":
+            try:
+                r = self._run(kind, probe.nodes, schedule)
+            except Exception as exc:  # noqa: BLE001 - the node refusing to start ends the run
+                return [self._refused(kind, exc)]
+        else:
+            r = self._run(kind, probe.nodes, schedule)
         ops = [op for op in r.history() if op["process"] == "nemesis" and op["type"] != "invoke"]
         name = f"{kind}: applied, healed, broker recovers"
         applied = [op for op in ops if op["f"] == kind]
@@ -530,6 +542,31 @@ class Battery:
         if "lazyfs" in self.host.registry.faults[kind].needs:
             rows.append(self._lazyfs_held_data(kind, applied[0]))
         return rows
+
+    def _refused(self, kind: str, exc: Exception) -> Check:
+        """A broker that declares it refuses a corrupted file: the run must have ended with the
+        node not coming back, and the log lines the error carries must name a corrupted file."""
+        name = f"{kind}: the broker refuses the corrupted file"
+        runs = sorted((self.store / self._scenario(kind, 1, ()).name).glob("2*"))
+        files: set[str] = set()
+        if runs:
+            for line in (runs[-1] / "history.jsonl").read_text().splitlines():
+                op = json.loads(line)
+                if op["process"] == "nemesis" and op["f"] == kind and op["type"] == "ok":
+                    done = json.loads(op["value"]).get("done") or {}
+                    files |= {
+                        str((n.get("corrupted") or {}).get("file", "")).rsplit("/", 1)[-1]
+                        for n in (done.get("nodes") or {}).values()
+                    } - {""}
+        text = str(exc)
+        if "not ready" in text and any(f in text for f in files):
+            return Check(name, PASS, f"the node stayed down and its log names {', '.join(sorted(files))}")
+        return Check(
+            name,
+            FAIL,
+            f"{type(exc).__name__}: {text[:300]} (corrupted: {', '.join(sorted(files)) or '?'})",
+            "corruption_response 'refuse' promises the node stays down and its log names the file",
+        )
 
     def _lazyfs_held_data(self, kind: str, op: dict[str, Any]) -> Check:
         value = json.loads(op["value"]) if isinstance(op["value"], str) else op["value"]

@@ -28,13 +28,13 @@ from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
 from harness.scenario import Scenario
-from harness.spec.client import Endpoint
 from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.store import RunDir
 from harness.verdicts import combine
 from harness.workload import (
     assignments,
     driver_options,
+    node_holdings_reader,
     queue_depth_reader,
     queue_holders_reader,
     run_workload,
@@ -190,7 +190,7 @@ class Run:
 
     def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
         w = self.scenario.workload
-        endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
+        endpoints = cluster.endpoints()
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)
@@ -236,7 +236,16 @@ class Run:
             f"rate {w.rate or 'unlimited'}/s, {w.duration:.0f}s, {len(self.plan.steps)} fault(s) planned",
         )
         stats = asyncio.run(
-            run_workload(driver, w, self.nodes, self.scenario.seed, recorder, on_tick=tick, nemesis=nemesis)
+            run_workload(
+                driver,
+                w,
+                self.nodes,
+                self.scenario.seed,
+                recorder,
+                on_tick=tick,
+                nemesis=nemesis,
+                holdings=node_holdings_reader(self.plugin, cluster.nodes),
+            )
         )
         self.drained_at = time.monotonic()
         say("drain", "drained " + ", ".join(f"{q}: {n}" for q, n in stats.drained.items()))

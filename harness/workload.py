@@ -9,10 +9,11 @@ A message counts as consumed when its ack completed ``ok``, not when it arrived.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,7 @@ async def run_workload(
     *,
     on_tick: Any = None,
     nemesis: Any = None,
+    holdings: NodeHoldings | None = None,
 ) -> WorkloadStats:
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
     then stop producers, let the nemesis heal, and drain every queue."""
@@ -140,6 +142,8 @@ async def run_workload(
         )
         for q, res in zip(queues, results, strict=True):
             stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+        if holdings is not None:
+            await record_holdings(recorder, holdings, nodes, queues)
     finally:
         stop_producers.set()
         stop_consumers.set()
@@ -211,6 +215,41 @@ def driver_options(
         "queue_depth": queue_depth,
         "queue_holders": queue_holders,
     }
+
+
+NodeHoldings = Callable[[str, str], Awaitable[list[tuple[int | None, str]] | None]]
+"""(node, queue) -> what the node's own copy holds (``BrokerPlugin.node_holdings``)."""
+
+
+async def record_holdings(
+    recorder: Recorder, holdings: NodeHoldings, nodes: Sequence[str], queues: Sequence[str]
+) -> None:
+    """One ``holdings`` op per node and queue after the drain: ``ok`` with ``{"entries":
+    [[offset, id], ...]}`` (JSON text), ``info`` with the error or when the plugin cannot tell."""
+    for q in queues:
+        for node in nodes:
+            inv = recorder.invoke("holdings", "holdings", node=node, queue=q)
+            try:
+                held = await holdings(node, q)
+            except Exception as exc:  # noqa: BLE001 - a plugin's exec failing is this node's error
+                inv.info(f"{type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            if held is None:
+                inv.info("the broker plugin cannot tell")
+            else:
+                inv.ok(json.dumps({"entries": [[o, i] for o, i in held]}, separators=(",", ":")))
+
+
+def node_holdings_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> NodeHoldings | None:
+    """The plugin's ``node_holdings`` as the workload calls it after the drain (None: the
+    plugin does not implement it, and no holdings are recorded)."""
+    if type(plugin).node_holdings is BrokerPlugin.node_holdings:
+        return None
+
+    async def held(node: str, queue: str) -> list[tuple[int | None, str]] | None:
+        return await asyncio.to_thread(plugin.node_holdings, nodes[node], queue)
+
+    return held
 
 
 def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueDepth:

@@ -130,6 +130,14 @@ class BrokerPlugin:
     #: name's address, not the wildcard, so the proxies can listen on the same
     #: port at the peers' loopback addresses inside the node's network namespace.
     peer_ports: ClassVar[tuple[int, ...]] = ()
+    #: Further ports the workload's clients connect to besides ``client_port``, such as a
+    #: discovery service that names the current primary (Redis Sentinel). Each gets a client
+    #: proxy in every node's sidecar like ``client_port`` (so client partitions cut it too); the
+    #: driver finds them in ``Endpoint.extra`` by container port.
+    extra_client_ports: ClassVar[tuple[int, ...]] = ()
+    #: How the broker answers a data file corrupted while it was down: "recover" (it comes back
+    #: serving) or "refuse" (it refuses to start and its log says why).
+    corruption_response: ClassVar[str] = "recover"
     data_dir: ClassVar[str]
     log_paths: ClassVar[tuple[str, ...]] = ()
     #: Credentials and virtual host the workload uses.
@@ -183,6 +191,12 @@ class BrokerPlugin:
         answer in the history beside that depth, for a reader to see what the broker thinks
         holds them. None: this plugin cannot tell.
         """
+        return None
+
+    def node_holdings(self, node: NodeHandle, queue: str) -> list[tuple[int | None, str]] | None:
+        """What ``node``'s own copy of ``queue`` holds after the drain: (offset, message id)
+        pairs in the copy's order (offset = the entry's position in a stream, e.g. the
+        JetStream stream sequence; None for a queue without offsets). None: cannot tell."""
         return None
 
     # -- membership (capability ``membership``) ------------------------------------------

@@ -17,7 +17,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harness.spec.scenario import ConsumerSection, DelaySection
@@ -33,6 +33,9 @@ class Endpoint:
     node: str
     host: str
     port: int
+    #: The node's further client ports (``BrokerPlugin.extra_client_ports``): container port ->
+    #: (host, port) of its client proxy.
+    extra: dict[int, tuple[str, int]] = field(default_factory=dict)
 
 
 class Driver(Protocol):

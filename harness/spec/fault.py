@@ -53,11 +53,15 @@ class ConformanceProbe:
     ``params`` are one application's scenario parameters (the kit targets node ``n1``),
     ``nodes`` the cluster size it needs, ``may_lose`` whether a correct broker may lose
     confirmed messages under it (power loss: the broker's durability setting decides).
+    ``corrupts``: the fault damages a data file while the broker is down, so a broker that
+    declares ``corruption_response = "refuse"`` passes by staying down with its log naming
+    the file (``BrokerPlugin.corruption_response``).
     """
 
     params: Mapping[str, Any] = field(default_factory=lambda: {"node": "n1"})
     nodes: int = 1
     may_lose: bool = False
+    corrupts: bool = False
 
 
 class FaultContext:
