@@ -196,7 +196,13 @@ class Partition(_ProxyFault):
     def _switched_proxies(self) -> list[tuple[str, str]]:
         """(sidecar, proxy) pairs that the ``clients`` shape and ``refuse`` mode disable."""
         if self.params["shape"] == "clients":
-            return [(node, f"client_to_{node}") for node in self.params["clients_cut_from"]]
+            topology = self.ctx.cluster.topology
+            return [
+                (node, p.name)
+                for node in self.params["clients_cut_from"]
+                for p in topology.proxies[node]
+                if p.src == "client"
+            ]
         return [
             (src, p.name)
             for src, dst in self.params["cuts"]

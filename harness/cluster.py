@@ -35,8 +35,15 @@ from typing import Any, Literal, TypeVar
 from harness.errors import ClusterError, DockerUnavailable, PortInUse, short_error
 from harness.images import FAKETIME_LIB
 from harness.progress import say
-from harness.proxies import ProxySpec, ToxiproxyServer, client_proxy_port, peer_address
+from harness.proxies import (
+    ProxySpec,
+    ToxiproxyServer,
+    client_proxy_port,
+    extra_client_proxy_port,
+    peer_address,
+)
 from harness.spec.broker import BrokerPlugin, NodeInfo
+from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
 
 PROJECT_LABEL = "brokerchaos.project"
@@ -294,6 +301,17 @@ def build_topology(
                 port=plugin.client_port,
             )
         ]
+        links += [
+            ProxySpec(
+                name=f"client_to_{name}_{port}",
+                listen=f"0.0.0.0:{extra_client_proxy_port(port)}",
+                upstream=f"127.0.0.1:{port}",
+                src="client",
+                dst=name,
+                port=port,
+            )
+            for port in plugin.extra_client_ports
+        ]
         for j, peer in enumerate(names, start=1):
             if peer == name:
                 continue
@@ -324,6 +342,7 @@ def build_topology(
                 ports={
                     cport: (host_ports or {}).get(name),
                     TOXIPROXY_API_PORT: (api_host_ports or {}).get(name),
+                    **{extra_client_proxy_port(p): None for p in plugin.extra_client_ports},
                 },
                 cap_add=("NET_ADMIN",),  # packet faults: tc and nft in the node's network namespace
                 labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
@@ -385,6 +404,7 @@ class Node:
         self.sidecar_name = cluster.topology.container(name, "proxy").name
         self.toxiproxy: ToxiproxyServer | None = None
         self.client_endpoint: tuple[str, int] | None = None
+        self.extra_endpoints: dict[int, tuple[str, int]] = {}  # extra_client_ports: port -> (host, port)
 
     @property
     def container(self):  # type: ignore[no-untyped-def]
@@ -562,6 +582,11 @@ class Cluster:
             raise ClusterError(f"{node.name}: the sidecar's ports were not published ({ports})")
         node.toxiproxy = ToxiproxyServer(node.name, self.host, int(api[0]["HostPort"]))
         node.client_endpoint = (self.host, int(cport[0]["HostPort"]))
+        for port in self.plugin.extra_client_ports:
+            published = ports.get(f"{extra_client_proxy_port(port)}/tcp")
+            if not published:
+                raise ClusterError(f"{node.name}: the sidecar's port for {port} was not published ({ports})")
+            node.extra_endpoints[port] = (self.host, int(published[0]["HostPort"]))
         node.toxiproxy.wait()
         node.toxiproxy.populate(list(self.topology.proxies[node.name]))
 
@@ -599,6 +624,14 @@ class Cluster:
 
     def client_endpoints(self) -> dict[str, tuple[str, int]]:
         return {n: node.client_endpoint for n, node in self.nodes.items() if node.client_endpoint}
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        """Every node's client endpoints as drivers get them (``harness.spec.Endpoint``)."""
+        return {
+            n: Endpoint(n, *node.client_endpoint, extra=dict(node.extra_endpoints))
+            for n, node in self.nodes.items()
+            if node.client_endpoint
+        }
 
     # -- logs and teardown ---------------------------------------------------------------
 

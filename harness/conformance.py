@@ -594,7 +594,7 @@ class Battery:
 
 
 def _peer_port_problems(p: BrokerPlugin) -> list[str]:
-    """Peer ports must be TCP ports; the client port may be among them (a broker whose nodes
+    """Peer ports (and further client ports) must be TCP ports; the client port may be among them (a broker whose nodes
     replicate over it), but the client proxy's own port may not: each node's sidecar listens on
     that one for the workload, on every address (``harness.spec.broker.BrokerPlugin.peer_ports``)."""
     problems = []
@@ -608,6 +608,14 @@ def _peer_port_problems(p: BrokerPlugin) -> list[str]:
                     f"peer port {port} of node {i} is the port each node's client proxy listens on "
                     f"(40000 + client_port % 10000)"
                 )
+    for port in getattr(p, "extra_client_ports", ()):
+        if (
+            not isinstance(port, int)
+            or isinstance(port, bool)
+            or not 0 < port < 65536
+            or port == p.client_port
+        ):
+            problems.append(f"extra client port {port!r} is not a TCP port distinct from client_port")
     return problems
 
 

@@ -30,6 +30,12 @@ def client_proxy_port(client_port: int) -> int:
     return CLIENT_PROXY_OFFSET + client_port % 10000
 
 
+def extra_client_proxy_port(port: int) -> int:
+    """Where the client proxy of a further client port listens (``extra_client_ports``): 50000 +
+    port % 10000, apart from the client port's (6379 and 26379 would meet at 46379)."""
+    return CLIENT_PROXY_OFFSET + 10000 + port % 10000
+
+
 def peer_address(index: int) -> str:
     """The loopback address node ``index`` (1-based) has inside every other node's namespace."""
     return f"127.0.0.{10 + index}"

@@ -29,7 +29,6 @@ from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
 from harness.scenario import Scenario
-from harness.spec.client import Endpoint
 from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.store import RunDir
 from harness.verdicts import combine
@@ -198,7 +197,7 @@ class Run:
 
     def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
         w = self.scenario.workload
-        endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
+        endpoints = cluster.endpoints()
         first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)

@@ -151,6 +151,11 @@ class BrokerPlugin:
     #: to the node's own address and 127.0.0.1, not the wildcard. Any peer port but that
     #: client proxy port is allowed (``validate`` checks).
     peer_ports: ClassVar[tuple[int, ...]] = ()
+    #: Further ports the workload's clients connect to besides ``client_port``, such as a
+    #: discovery service that names the current primary (Redis Sentinel). Each gets a client
+    #: proxy in every node's sidecar like ``client_port`` (so client partitions cut it too); the
+    #: driver finds them in ``Endpoint.extra`` by container port.
+    extra_client_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
     #: The lazy filesystem's model (``FILESYSTEM_MODELS``) for runs whose scenario sets no
     #: ``broker.filesystem``: the durability contract the broker claims. ``strict`` for a broker

@@ -31,7 +31,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
@@ -49,6 +49,9 @@ class Endpoint:
     node: str
     host: str
     port: int
+    #: The node's further client ports (``BrokerPlugin.extra_client_ports``): container port ->
+    #: (host, port) of its client proxy.
+    extra: dict[int, tuple[str, int]] = field(default_factory=dict)
 
 
 class DriverOptions(TypedDict):

@@ -176,3 +176,20 @@ def test_node_specs_see_their_own_index_and_peers(host: Host) -> None:
         assert set(host.broker("rabbitmq").peer_ports_for(a)) & set(
             host.broker("rabbitmq").peer_ports_for(b)
         ) == {4369}
+
+
+def test_peers_on_the_client_port_and_further_client_ports() -> None:
+    """A broker whose peers use its client port (Redis replication) gets peer proxies on that port
+    at the peers' loopback addresses; each further client port (Redis Sentinel) its own client
+    proxy, published, apart from the client port's."""
+    from plugins.redis import Redis
+
+    t = build(Redis(), 3)
+    links = {p.name: p for p in t.proxies["n1"]}
+    assert links["n1_to_n2_6379"].listen == f"{peer_address(2)}:6379"
+    assert links["n1_to_n3_26379"].upstream == f"{RUN}-n3:26379"
+    extra = links["client_to_n1_26379"]
+    assert extra.src == "client" and extra.upstream == "127.0.0.1:26379"
+    assert extra.listen == "0.0.0.0:56379" != links["client_to_n1"].listen
+    sidecar = t.container("n1", "proxy")
+    assert {client_proxy_port(6379), 56379, TOXIPROXY_API_PORT} == set(sidecar.ports)
