@@ -22,14 +22,18 @@ back (``node_holdings``): what a demoted primary held and lost is the evidence.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from harness import (
     BrokerPlugin,
     ClusterError,
+    Feature,
     ImageRecipe,
+    LogEvent,
     NodeHandle,
     NodeInfo,
     NodeSpec,
@@ -50,6 +54,56 @@ REDIS_CONF = "/etc/redis/brokerchaos.conf"
 SENTINEL_TEMPLATE = "/etc/redis/brokerchaos-sentinel.conf.in"
 SENTINEL_CONF = "/etc/redis/brokerchaos-sentinel.conf"
 SENTINEL_LOG = "/var/log/redis/sentinel.log"
+
+#: redis-server's and Sentinel's line prefix: ``pid:role 27 Nov 2026 15:22:19.397 # ...`` (UTC).
+_TIME = re.compile(r"^\d+:[MSCX] (\d\d? \w{3} \d{4} \d\d:\d\d:\d\d\.\d+) ")
+
+#: The rows of the Redis Streams coverage map.
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "stream, primary and replicas",
+        "a stream on the primary, copied to replicas over asynchronous replication",
+        {"sentinel": (False,)},
+        nodes=(2, None),
+        wanted=("kill", "pause", "partition", "power-loss"),
+    ),
+    Feature(
+        "Sentinel failover",
+        "Sentinel on every node promotes a replica when the primary is down to a quorum",
+        {"sentinel": (True,)},
+        nodes=(3, None),
+        wanted=("kill", "partition"),
+    ),
+    Feature(
+        "WAIT for replicas",
+        "a publish confirmed only once WAIT reports the replicas asked for",
+        {"wait_replicas": (1, 2, 3, 4)},
+        nodes=(2, None),
+        wanted=("partition",),
+    ),
+    Feature(
+        "fsync on every write",
+        "appendfsync always: the AOF is fsynced before the primary replies",
+        {"appendfsync": ("always",)},
+        wanted=("power-loss",),
+    ),
+    Feature(
+        "consumers giving deliveries back",
+        "pending entries left by a consumer, claimed by another with XAUTOCLAIM",
+        workload=("crash", "close", "requeue"),
+        wanted=("kill",),
+    ),
+)
+
+#: Redis 7.0's log lines for a failover, a replica's (re)sync and a primary's demotion.
+LOG_EVENTS: tuple[LogEvent, ...] = (
+    LogEvent("sentinel-odown", r"# \+odown master "),
+    LogEvent("sentinel-switch-master", r"# \+switch-master "),
+    LogEvent("sentinel-convert-to-replica", r"\+convert-to-slave "),
+    LogEvent("full-resync", r"Full resync from master|Full resync requested by replica"),
+    LogEvent("replica-sync-done", r"MASTER <-> REPLICA sync: Finished with success"),
+    LogEvent("cached-master-discarded", r"Discarding previously cached master state"),
+)
 
 # The node's own address is known only once the container runs in its sidecar's namespace. The
 # configs are written once: after a failover they hold what Sentinel rewrote into them.
@@ -120,6 +174,9 @@ class Redis(BrokerPlugin):
     corruption_response = "refuse"
     data_dir = "/var/lib/redis"
     log_paths = (SENTINEL_LOG,)  # redis-server logs to stdout: the container log
+    features = FEATURES
+    log_events = LOG_EVENTS
+    event_logs = ("broker.log", "logs/*.log")
     username = "default"
     password = ""
     vhost = ""
@@ -134,6 +191,12 @@ class Redis(BrokerPlugin):
         "down_after_ms": (5000, int),  # Sentinel's down-after-milliseconds
         "failover_timeout_ms": (20000, int),
     }
+
+    def log_time(self, line: str) -> datetime | None:
+        m = _TIME.match(line)
+        if m is None:
+            return None
+        return datetime.strptime(m.group(1), "%d %b %Y %H:%M:%S.%f").replace(tzinfo=UTC)
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = super().validate_settings(settings)
