@@ -35,9 +35,18 @@ def test_random_halves_partitions_short(brokerchaos, tmp_path, scenario: str) ->
     short = tmp_path / "short.yaml"
     short.write_text(yaml.safe_dump(data))
     r = brokerchaos("run", str(short))
-    # Whatever RabbitMQ does, the harness must reach a verdict with a completed drain.
+    # Whatever RabbitMQ does, the harness must reach a verdict. With pause_minority a node paused
+    # by the second partition may restart and wait in its "database" boot step for longer than
+    # the drain's 120 s (seen: n2 logging mnesia's inconsistent_database and no AMQP listener
+    # to the end of the run): then the drain cannot finish, and the run must say so as
+    # UNAVAILABLE, naming the node and its error, never as lost.
     assert r.code in (0, 1), r.explain()
     res = r.results
-    assert res["drain"]["completed"] is True
+    if not res["drain"]["completed"]:
+        assert res["verdict"] == "UNAVAILABLE", r.explain()
+        assert res["counts"]["lost"] == 0, r.explain()
+        op = res["drain"]["ops"][0]
+        unfinished = [n for n, v in op["nodes"].items() if v["empty_at_ns"] is None]
+        assert unfinished and all(op["nodes"][n]["error"] for n in unfinished), r.explain()
     assert _faults(r.run_dir) == ["halves", "halves"]
     assert res["counts"]["confirmed"] > 500
