@@ -104,7 +104,8 @@ class WorkloadSection:
     confirm_timeout: float = 10.0
     #: Seconds the final drain may take; what it could not read by then is unreachable, never lost.
     drain_timeout: float = 120.0
-    #: Seconds without a delivery after which a drain round counts a queue empty.
+    #: Seconds without a delivery after which a drain visit asks a node for the queue's depth
+    #: (a plugin that tells the depth is asked the first time after at most half a second).
     drain_idle: float = 3.0
     #: Queue names are this prefix, a dash and a number (chaos-1).
     queue_prefix: str = "chaos"

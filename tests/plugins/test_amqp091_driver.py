@@ -479,6 +479,32 @@ def test_the_drain_reads_every_node_and_dates_each_nodes_emptiness(tmp_path: Pat
     assert view["nodes"]["n1"]["empty_at_ns"] < min(through[i]["time_ns"] for i in on2)
 
 
+def test_nodes_that_hold_nothing_are_done_at_the_first_look_not_after_the_idle(
+    tmp_path: Path, nodes: Any
+) -> None:
+    """With the plugin's depth, emptiness is the depth's to say: an idle far longer than the
+    drain's whole time does not keep a drain of empty nodes from ending ``ok`` (waiting the idle
+    on each node, it would run out of time and end ``info``)."""
+    n1, n2 = nodes("n1"), nodes("n2")
+
+    async def go() -> int:
+        await publish(n1, [])
+        await publish(n2, [])
+        d, rec = driver(tmp_path, [n1, n2], workload(drain_idle=600, drain_timeout=120))
+        n = await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
+        rec.close()
+        return n
+
+    assert asyncio.run(go()) == 0
+    drain = [r for r in history(tmp_path) if r["f"] == "drain"]
+    assert [r["type"] for r in drain] == ["invoke", "ok"]
+    view = json.loads(drain[1]["value"])
+    assert {n: (v["consumed"], v["ready"], v["unacked"], v["error"]) for n, v in view["nodes"].items()} == {
+        "n1": (0, 0, 0, None),
+        "n2": (0, 0, 0, None),
+    }
+
+
 def test_a_drain_cut_off_for_good_ends_info_not_ok(tmp_path: Path, nodes: Any) -> None:
     n1 = nodes("n1")
     ids = [f"p1:{i}" for i in range(1, 401)]
