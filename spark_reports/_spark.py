@@ -18,6 +18,7 @@ their histories.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from ._common import (
     quiet,
     summarize,
 )
+from ._jvm_priority import WARM_UP_NICE, jvm_pid, set_nice
 from ._spark_anomalies import parse as parse_anomalies
 from ._spark_anomalies import parts as anomaly_parts
 from ._spark_ids import DELIVERY, Unit, classify, events
@@ -93,6 +95,7 @@ def start_session_in_background(
             if done < WARM_UP_CHECKS and not is_remote(where(master)):
                 session.sparkContext.addJobTag(WARM_UP_TAG)  # this thread's jobs only
                 _warm_session = session
+                _lower_jvm(session)
                 with quiet():
                     done += warm_up(
                         lambda d, s, big: _check(
@@ -154,7 +157,28 @@ def check_spark(
     if warming is not None and warming is not threading.current_thread():
         _wanted.set()
         _stop_warm_up(warming)
+    _restore_jvm()
     return _check(run_dir, scenario, spark_master, driver_memory, passes)
+
+
+_lowered: int | None = None
+"""The pid of the JVM whose threads run at WARM_UP_NICE for the warm-up (``_jvm_priority``)."""
+
+
+def _lower_jvm(session: Any) -> None:
+    global _lowered
+    pid = jvm_pid(session)
+    if pid is not None and set_nice(pid, WARM_UP_NICE):
+        _lowered = pid
+
+
+def _restore_jvm() -> None:
+    """The JVM back at the harness's own nice for the real check; where the kernel refuses (no
+    CAP_SYS_NICE), it checks at the warm-up's nice and says so."""
+    global _lowered
+    pid, _lowered = _lowered, None
+    if pid is not None and not set_nice(pid, os.getpriority(os.PRIO_PROCESS, 0)):
+        progress("spark", "the JVM stays at the warm-up's low CPU priority", nice=WARM_UP_NICE)
 
 
 def _stop_warm_up(warming: threading.Thread) -> None:

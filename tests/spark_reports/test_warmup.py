@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,26 @@ def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_resu
     assert _spark.warm_up_cancelled == before + 1
     got.pop("engine"), expected.pop("engine")
     assert got == expected
+
+
+@pytest.mark.spark
+def test_the_jvm_warms_up_at_a_low_cpu_priority_and_checks_at_the_harnesss_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The warm-up runs beside the brokers under test: every JVM thread at WARM_UP_NICE while it
+    does; the real check puts them back at the harness's own nice (where the kernel lets it)."""
+    from spark_reports import _spark, check_spark
+    from spark_reports._jvm_priority import WARM_UP_NICE, jvm_pid, thread_nices
+
+    monkeypatch.setattr(_spark, "_warmed", (None, 0))
+    with tempfile.TemporaryDirectory() as d:
+        run = warm_up_history(Path(d) / "run")
+        thread = _spark.start_session_in_background("local[*]")
+        while _spark._lowered is None:
+            assert thread.is_alive(), "the warm-up ended without lowering the JVM's priority"
+            thread.join(0.01)
+        pid = jvm_pid(_spark.spark_session("local[*]"))
+        assert pid == _spark._lowered
+        assert set(thread_nices(pid).values()) == {WARM_UP_NICE}
+        check_spark(run, SCENARIO, spark_master="local[*]")
+    assert _spark._lowered is None
+    if os.geteuid() == 0:  # raising a priority back needs CAP_SYS_NICE
+        assert set(thread_nices(pid).values()) == {os.getpriority(os.PRIO_PROCESS, 0)}
