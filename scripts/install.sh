@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*" >&2; }
+step() { printf '\n== [%4ss] %s\n' "$SECONDS" "$*" >&2; }
 
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 need_apt=""
@@ -48,6 +48,13 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "Docker is not running and could not be started; start it and rerun" >&2; exit 2; }
 fi
 
+# cargo's compile is CPU work, pip's install and the common base's debootstrap are mostly
+# downloads: the compile runs beside them.
+step "Toxiproxy-API server (cargo build --release --locked, beside the next steps)"
+cargo_log=$(mktemp)
+cargo build -q --release --locked --manifest-path tools/toxiproxy-server/Cargo.toml >"$cargo_log" 2>&1 &
+cargo_pid=$!
+
 step "Python package (editable) and test tools"
 pip_flags=""
 # Debian's own python3 refuses system-wide pip installs (PEP 668) unless told.
@@ -56,8 +63,12 @@ if python3 -c 'import sys, sysconfig, pathlib; sys.exit(0 if (pathlib.Path(sysco
 fi
 python3 -m pip install -q --disable-pip-version-check $pip_flags -e '.[dev,fast]'
 
-step "Toxiproxy-API server (cargo build --release --locked)"
-cargo build -q --release --locked --manifest-path tools/toxiproxy-server/Cargo.toml
-
 step "images the default run uses (common base, Toxiproxy, reference broker)"
+# The sidecar's step waits on cargo's lock for the compile above when it is still going.
 brokerchaos images build --broker reference
+if ! wait "$cargo_pid"; then
+  cat "$cargo_log" >&2
+  echo "the Toxiproxy-API server did not build (cargo's output above); fix that and rerun scripts/install.sh" >&2
+  exit 1
+fi
+rm -f "$cargo_log"
