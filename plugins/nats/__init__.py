@@ -358,21 +358,30 @@ class Nats(BrokerPlugin):
         node: NodeHandle,
         remaining: Sequence[NodeHandle],
         settings: Mapping[str, Any],
-        timeout: float = 120.0,
+        timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """Stop the node's server, then ask the meta leader (through each remaining node in turn,
-        as one may be cut off from it) to remove its peer, as ``nats server raft peer-remove``
-        does, until the leader no longer lists it. The leader then reassigns the streams it held."""
+        """Stop the node's server, then ask the meta leader to remove its peer, as ``nats server
+        raft peer-remove`` does, until the leader no longer lists it; the leader then reassigns
+        the streams it held. Without a meta leader (no quorum of the meta group reachable) the
+        removal cannot commit: ``ClusterError`` after ``timeout``, the server left stopped, and
+        ``add_node`` removes the old peer before the node joins again."""
         name = self.server_name(node)
         stopped = control_broker(node, "stop")
+        asked = self.remove_peer(name, remaining, timeout)
+        return {"server": name, "on_node": {"stop": stopped}, "remove": asked}
+
+    def remove_peer(self, name: str, via: Sequence[NodeHandle], timeout: float) -> list[dict[str, Any]]:
+        """``$JS.API.SERVER.REMOVE`` for server ``name`` through each node of ``via`` in turn (one
+        may be cut off from the leader) until the meta leader no longer lists it; what was asked
+        (nothing if it was no peer)."""
         deadline = time.monotonic() + timeout
         asked: list[dict[str, Any]] = []
         last = ""
         while True:
-            for member in remaining:
+            for member in via:
                 try:
                     if name not in self.meta_group(member):
-                        return {"server": name, "on_node": {"stop": stopped}, "remove": asked}
+                        return asked
                     replies = self.system_request(member, REMOVE_SUBJECT, remove_request(name))
                     asked.append({"via": member.name, "replies": replies})
                     last = f"{member.name}: {replies}"
@@ -394,10 +403,13 @@ class Nats(BrokerPlugin):
     ) -> dict[str, Any]:
         """Start the node's server again under a name the meta group never had and with an empty
         store, then wait until the meta leader lists it as a current peer (it joins by its
-        routes; the leader adds it and places it in streams short of replicas)."""
+        routes; the leader adds it and places it in streams short of replicas). A removal that
+        could not commit (``remove_node`` without a meta leader) is made first: a peer that
+        never comes back would count in every quorum of the meta group."""
         stopped = control_broker(node, "stop")
         old = self.server_name(node)
         new = next_server_name(old, node.name)
+        removed = self.remove_peer(old, members, timeout)
         run_or_fail(
             node,
             [
@@ -422,6 +434,7 @@ class Nats(BrokerPlugin):
                     return {
                         "server": new,
                         "was": old,
+                        "removed_first": removed,
                         "on_node": {"stop": stopped, "wiped": self.data_dir, "start": started},
                     }
                 last = f"{member.name}: {new} is {peer or 'not a peer'}"
