@@ -60,6 +60,7 @@ from plugins.nats.membership import (
     next_server_name,
     remove_request,
     server_node,
+    unnamed_peers,
 )
 
 __version__ = "0.1.0"
@@ -348,10 +349,20 @@ class Nats(BrokerPlugin):
         """The name ``node``'s server runs (or will run) under."""
         return run_or_fail(node, ["cat", NAME_FILE]).strip() or node.name
 
-    def members(self, node: NodeHandle) -> set[str]:
+    def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
         """The nodes whose servers are peers of the meta group (running or not), by the meta
-        leader that ``node`` reaches."""
-        return {server_node(name) for name in self.meta_group(node)}
+        leader that ``node`` reaches. A leader lists a peer it has not heard from since it
+        took over as "Server name unknown at this time (peerID: ...)": asked again until every
+        name is known (a few seconds), else ``ClusterError``: an unnamed peer is no node."""
+        deadline = time.monotonic() + timeout
+        while True:
+            peers = self.meta_group(node)
+            unnamed = unnamed_peers(peers)
+            if not unnamed:
+                return {server_node(name) for name in peers}
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{node.name}: the meta leader does not name every peer: {unnamed}")
+            time.sleep(1.0)
 
     def remove_node(
         self,

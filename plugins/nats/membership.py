@@ -41,6 +41,16 @@ def meta_peers(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: How a meta leader lists a peer whose server name it has not learned yet (a server that just
+#: came back from a partition or a restart): the name is unknown, only its peer id.
+UNKNOWN_NAME = "Server name unknown"
+
+
+def unnamed_peers(peers: Mapping[str, Any]) -> list[str]:
+    """The peers of ``meta_peers`` whose server name the leader does not know yet."""
+    return sorted(name for name in peers if name.startswith(UNKNOWN_NAME))
+
+
 def remove_request(server: str) -> bytes:
     """``$JS.API.SERVER.REMOVE``'s body: the server to take out of the meta group, by name (the
     meta leader looks the name up among its peers; nats-server's ``JSApiMetaServerRemoveRequest``)."""

@@ -23,6 +23,7 @@ from plugins.nats.membership import (
     next_server_name,
     remove_request,
     server_node,
+    unnamed_peers,
 )
 from plugins.nats.sysreq import Parser, ProtocolError, handshake, request, request_lines
 from tests.plugins.test_nats_client import QUEUE, Server, _driver, _free_ports
@@ -157,3 +158,14 @@ def test_leader_jsz_and_views_by_node_on_real_servers(renamed: list[Server], tmp
     assert sorted(got) == ["n1", "n2", "n3"]
     assert got["n3"]["server"] == "n3-2"
     assert {v["leader"] for v in got.values()} <= {"n1", "n2", "n3"}
+
+
+def test_a_peer_the_leader_has_not_named_yet_is_told_apart() -> None:
+    peers = meta_peers(
+        {
+            "leader": "n2",
+            "replicas": [{"name": "Server name unknown at this time (peerID: fjFyEjc1)"}, {"name": "n3"}],
+        }
+    )
+    assert unnamed_peers(peers) == ["Server name unknown at this time (peerID: fjFyEjc1)"]
+    assert unnamed_peers(meta_peers(META)) == []
