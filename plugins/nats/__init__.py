@@ -57,8 +57,10 @@ from plugins.nats.membership import (
     LEADER_JSZ,
     REMOVE_SUBJECT,
     meta_peers,
+    name_peers,
     next_server_name,
     remove_request,
+    server_names,
     server_node,
     unnamed_peers,
 )
@@ -73,6 +75,7 @@ NAME_FILE = "/etc/nats/server_name"  # the node's current server name (membershi
 ROUTE_PORT = 6222
 MONITOR_PORT = 8222
 SYSTEM_USER = ("sys", "sys")
+SERVER_NAMES = server_names()  # what an unnamed peer of the meta group can be called
 
 # Runs as the node's broker command (under faults.nodeinit): the route listener gets the
 # node's own address, known only once the container runs in its sidecar's namespace.
@@ -342,7 +345,7 @@ class Nats(BrokerPlugin):
         for reply in self.system_request(node, subject, body):
             meta = ((reply or {}).get("data") or {}).get("meta_cluster") if isinstance(reply, dict) else None
             if meta and meta.get("leader") == ((reply.get("server") or {}).get("name")):
-                return meta_peers(meta)
+                return name_peers(meta_peers(meta), SERVER_NAMES)
         raise ClusterError(f"{node.name}: no meta leader answered")
 
     def server_name(self, node: NodeHandle) -> str:
@@ -352,8 +355,9 @@ class Nats(BrokerPlugin):
     def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
         """The nodes whose servers are peers of the meta group (running or not), by the meta
         leader that ``node`` reaches. A leader lists a peer it has not heard from since it
-        took over as "Server name unknown at this time (peerID: ...)": asked again until every
-        name is known (a few seconds), else ``ClusterError``: an unnamed peer is no node."""
+        took over (one cut off) as "Server name unknown at this time (peerID: ...)":
+        ``meta_group`` names it back by its peer id; one it cannot name is asked about again
+        until ``timeout``, then ``ClusterError``: an unnamed peer is no node."""
         deadline = time.monotonic() + timeout
         while True:
             peers = self.meta_group(node)

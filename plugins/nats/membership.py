@@ -8,8 +8,9 @@ names nodes ``n<index>``; whatever a server reports by name is mapped back with 
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -44,6 +45,36 @@ def meta_peers(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 #: How a meta leader lists a peer whose server name it has not learned yet (a server that just
 #: came back from a partition or a restart): the name is unknown, only its peer id.
 UNKNOWN_NAME = "Server name unknown"
+
+
+BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def peer_id(server: str) -> str:
+    """The meta group's peer id of a server name, as nats-server computes it (``getHash``): the
+    first 8 bytes of the name's SHA-256, each as a base-62 digit (byte mod 62)."""
+    return "".join(BASE62[b % 62] for b in hashlib.sha256(server.encode()).digest()[:8])
+
+
+def name_peers(peers: Mapping[str, Any], candidates: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``peers`` with each peer the leader lists unnamed given its server name back, found among
+    ``candidates`` by its peer id; one no candidate matches keeps its placeholder."""
+    unnamed = {str(p.get("peer")): name for name, p in peers.items() if name.startswith(UNKNOWN_NAME)}
+    if not unnamed:
+        return dict(peers)
+    known = {peer_id(c): c for c in candidates}
+    out = {}
+    for name, p in peers.items():
+        real = known.get(str(p.get("peer"))) if name.startswith(UNKNOWN_NAME) else None
+        out[real or name] = {**p, "name": real, "unnamed": True} if real else dict(p)
+    return out
+
+
+def server_names(nodes: int = 64, generations: int = 32) -> list[str]:
+    """Every server name the harness's nodes can have: ``n<i>`` and ``n<i>-<g>``."""
+    return [f"n{i}" for i in range(1, nodes + 1)] + [
+        f"n{i}-{g}" for i in range(1, nodes + 1) for g in range(2, generations + 1)
+    ]
 
 
 def unnamed_peers(peers: Mapping[str, Any]) -> list[str]:

@@ -20,8 +20,11 @@ from plugins.nats import NAME_FILE, SYSTEM_USER, Nats
 from plugins.nats.membership import (
     LEADER_JSZ,
     meta_peers,
+    name_peers,
     next_server_name,
+    peer_id,
     remove_request,
+    server_names,
     server_node,
     unnamed_peers,
 )
@@ -169,3 +172,21 @@ def test_a_peer_the_leader_has_not_named_yet_is_told_apart() -> None:
     )
     assert unnamed_peers(peers) == ["Server name unknown at this time (peerID: fjFyEjc1)"]
     assert unnamed_peers(meta_peers(META)) == []
+
+
+def test_an_unnamed_peer_is_named_back_by_its_peer_id() -> None:
+    # Peer ids nats-server 2.9.10 gave these names (its meta leader's JSZ, loopback cluster).
+    assert [peer_id(n) for n in ("n1", "n2", "n3", "n3-2")] == [
+        "fjFyEjc1",
+        "44jzkV9D",
+        "BXScrY9i",
+        "QUVmGLOC",
+    ]
+    unknown = "Server name unknown at this time (peerID: fjFyEjc1)"
+    peers = meta_peers(
+        {"leader": "n2", "replicas": [{"name": unknown, "peer": "fjFyEjc1"}, {"name": "n3-2"}]}
+    )
+    named = name_peers(peers, server_names(5, 3))
+    assert sorted(named) == ["n1", "n2", "n3-2"] and named["n1"]["unnamed"]
+    assert unnamed_peers(name_peers(peers, ["n2", "n3"])) == [unknown]  # no candidate: kept
+    assert "n5-3" in server_names(5, 3) and "n5-4" not in server_names(5, 3)
