@@ -42,7 +42,7 @@ from harness.proxies import (
     extra_client_proxy_port,
     peer_address,
 )
-from harness.spec.broker import BrokerPlugin, NodeInfo
+from harness.spec.broker import NODE_CONTROL, BrokerPlugin, NodeInfo
 from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
 
@@ -499,7 +499,7 @@ class Cluster:
         power cut tests the fsyncs the broker makes for its data, not boot files that no real
         machine would still hold only in its page cache seconds after start."""
         for name, node in self.nodes.items():
-            rc, out = node.exec(["python3", "-m", "faults.nodectl", "sync"])
+            rc, out = node.exec([*NODE_CONTROL, "sync"])
             if rc != 0:
                 raise ClusterError(
                     f"{name}: writing back the lazy filesystem after start failed: {out.strip()[-300:]}"

@@ -125,9 +125,10 @@ def _overlapping(
     fixed: Sequence[tuple[float, float | None, str, Mapping[str, Any], bool]],
 ) -> list[tuple[float, float | None, str, Mapping[str, Any], bool]]:
     """Random faults with up to ``overlap`` held at once: a new one starts ``every`` after the
-    previous start, not after its heal. A draw that cannot overlap what is held then (the same
-    resource on the same node, or proxies switched during another network fault) is replaced
-    by another kind or target, else the start waits for the next heal."""
+    previous start, not after its heal. A draw that cannot overlap what is held during its
+    window (the same resource on the same node, or proxies switched during another network
+    fault), scheduled steps that start before it heals included, is replaced by another kind or
+    target, else the start waits for the next heal."""
     rnd = scenario.nemesis.random
     assert rnd is not None
     duration = scenario.workload.duration
@@ -145,6 +146,9 @@ def _overlapping(
             t = round(min(_window(s, duration)[1] for s in active) + 0.001, 3)  # just after the next heal
             continue
         hold = round(rng.uniform(*rnd.hold), 3)
+        # A draw must not conflict with anything held during its own window: what is held now,
+        # and the scheduled steps that start before it heals.
+        during = [s for s in held_steps if s.at < t + hold and _window(s, duration)[1] > t]
         kinds = list(rnd.faults)
         rng.shuffle(kinds)
         chosen = None
@@ -155,13 +159,13 @@ def _overlapping(
                     rnd.params.get(kind, {}), nodes, random.Random(f"{scenario.seed}:draw:{draw}:{attempt}")
                 )
                 candidate = PlannedFault("new", round(t, 3), hold, kind, dict(params))
-                if all(_conflict(candidate, other, faults, nodes) is None for other in active):
+                if all(_conflict(candidate, other, faults, nodes) is None for other in during):
                     chosen = candidate
                     break
             if chosen is not None:
                 break
-        if chosen is None:
-            t = round(min(_window(s, duration)[1] for s in active) + 0.001, 3)  # just after the next heal
+        if chosen is None:  # just after the next heal among what it met
+            t = round(min(_window(s, duration)[1] for s in during) + 0.001, 3)
             continue
         held_steps.append(chosen)
         out.append((chosen.at, chosen.hold, chosen.kind, chosen.params, True))

@@ -27,6 +27,7 @@ from harness.spec.broker import (
     NodeHandle,
     NodeInfo,
     NodeSpec,
+    control_broker,
     run_or_fail,
     wait_until_running,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "arrow_schema",
     "body_digest",
     "message_body",
+    "control_broker",
     "run_or_fail",
     "wait_until_running",
 ]

@@ -8,6 +8,7 @@ in ``capabilities`` and faults check them; nothing in the host names a broker.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,32 @@ def wait_until_running(
                 f"cluster did not form in {timeout:.0f}s (want {sorted(want)}): {out.strip()[-300:]}"
             )
         time.sleep(interval)
+
+
+#: The node init's control command in every broker container: the host runs each node's broker
+#: command under its own init (``faults.nodeinit``), which the process faults drive.
+NODE_CONTROL: tuple[str, ...] = ("python3", "-m", "faults.nodectl")
+BROKER_ACTIONS = ("status", "stop", "start")
+
+
+def control_broker(node: NodeHandle, action: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Stop, start or ask the state of ``node``'s broker process through the node's init; the
+    init's reply. For a plugin whose membership change must take its broker down and bring it
+    back with other settings (a new identity, an empty store) and whose broker has no admin
+    command that stays up outside the cluster (RabbitMQ's ``stop_app``): stopping the process
+    behind the init's back would read as a crash, and only the init can start it again. ``stop``
+    is graceful (SIGTERM, SIGKILL after a grace); both are idempotent. A refusal is a
+    ``ClusterError`` naming the node."""
+    if action not in BROKER_ACTIONS:
+        raise ValueError(f"action {action!r}: use one of {', '.join(BROKER_ACTIONS)}")
+    out = run_or_fail(node, [*NODE_CONTROL, action], timeout=timeout)
+    try:
+        reply = json.loads(out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise ClusterError(f"{node.name}: node init {action} printed {out.strip()[-200:]}") from None
+    if not isinstance(reply, dict) or not reply.get("ok", True):
+        raise ClusterError(f"{node.name}: node init refused {action}: {reply}")
+    return reply
 
 
 #: What a broker may declare as its ``corruption_response``, with what the conformance kit checks.
@@ -273,7 +300,10 @@ class BrokerPlugin:
     # -- membership (capability ``membership``) ------------------------------------------
 
     def members(self, node: NodeHandle) -> set[str]:
-        """Names of the nodes ``node`` sees as running members of its cluster."""
+        """Names of the nodes ``node`` sees as running members of its cluster. A broker whose
+        membership is a replicated peer set (a Raft group) lists its peers, running or not: a
+        peer that is down or cut off stays a member until a removal takes it out, and the final
+        heal must not take a peer that is merely down for one that left."""
         raise NotImplementedError
 
     def remove_node(

@@ -11,7 +11,15 @@ learn a way around the proxies.
 
 Two accounts: ``APP`` (JetStream, the workload's user) and ``SYS``, the system
 account, whose user lets the client read each server's own view of each stream
-(``$SYS.REQ.SERVER.<id>.JSZ``) for the replica comparison after the drain.
+(``$SYS.REQ.SERVER.<id>.JSZ``) for the replica comparison after the drain, and lets
+the plugin change membership (``$JS.API.SERVER.REMOVE``).
+
+Membership (capability ``membership``): JetStream's meta group is a Raft group whose peer
+ids are hashes of the servers' names, so a server removed from it must never come back
+under its name (the nats-server maintainers, issue 7545). A node's server name is kept in a
+file the start script reads: ``n2`` first, ``n2-2`` after its first removal and return, with
+an empty store. Everything the servers report by name is mapped back to the node
+(``server_node``).
 
 JetStream 2.9.10 has no fsync setting: ``sync_interval``/``sync: always`` came
 with 2.10 (the config parser here rejects ``sync_interval`` as an unknown field).
@@ -39,11 +47,23 @@ from harness import (
     NodeInfo,
     NodeSpec,
     ScenarioError,
+    control_broker,
     hookimpl,
     run_or_fail,
 )
-from plugins.nats import filestore
+from plugins.nats import filestore, sysreq
 from plugins.nats.client import CONSUMER, ID_HEADER, brokerchaos_register_clients
+from plugins.nats.membership import (
+    LEADER_JSZ,
+    REMOVE_SUBJECT,
+    meta_peers,
+    name_peers,
+    next_server_name,
+    remove_request,
+    server_names,
+    server_node,
+    unnamed_peers,
+)
 
 __version__ = "0.1.0"
 __all__ = ["Nats", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
@@ -51,16 +71,19 @@ __all__ = ["Nats", "brokerchaos_register_brokers", "brokerchaos_register_clients
 START_SCRIPT = "/usr/local/bin/brokerchaos-nats"
 TEMPLATE = "/etc/nats/nats.conf.in"
 CONF = "/etc/nats/nats.conf"
+NAME_FILE = "/etc/nats/server_name"  # the node's current server name (membership changes rename it)
 ROUTE_PORT = 6222
 MONITOR_PORT = 8222
 SYSTEM_USER = ("sys", "sys")
+SERVER_NAMES = server_names()  # what an unnamed peer of the meta group can be called
 
 # Runs as the node's broker command (under faults.nodeinit): the route listener gets the
 # node's own address, known only once the container runs in its sidecar's namespace.
 START = rf"""#!/bin/sh
 set -eu
 ip=$(getent hosts "$(hostname)" | awk '{{print $1; exit}}')
-sed "s/@ROUTE_IP@/$ip/" {TEMPLATE} > {CONF}
+name=$(cat {NAME_FILE})
+sed -e "s/@ROUTE_IP@/$ip/" -e "s/@SERVER_NAME@/$name/" {TEMPLATE} > {CONF}
 exec /usr/sbin/nats-server -c {CONF}
 """
 
@@ -117,6 +140,13 @@ FEATURES: tuple[Feature, ...] = (
         workload=("requeue", "recover", "close", "crash"),
         wanted=("kill", "partition"),
     ),
+    Feature(
+        "membership change",
+        "a server leaves the meta group ($JS.API.SERVER.REMOVE) and joins again under a new name, empty",
+        faults=("member-remove",),
+        nodes=(3, None),
+        wanted=("member-remove",),
+    ),
 )
 
 #: nats-server 2.9's log lines for stream leadership and replica catch-up.
@@ -133,7 +163,7 @@ class Nats(BrokerPlugin):
     name = "nats"
     version = __version__
     protocol = "nats"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "membership"})
     client_port = 4222
     peer_ports = (ROUTE_PORT,)
     data_dir = "/var/lib/nats/jetstream"
@@ -171,7 +201,7 @@ class Nats(BrokerPlugin):
         routes = ", ".join(f'"nats-route://{p}:{ROUTE_PORT}"' for p in node.peers)
         user, password = SYSTEM_USER
         lines = [
-            f"server_name: {node.name}",
+            "server_name: @SERVER_NAME@",
             f"listen: 0.0.0.0:{self.client_port}",
             f"http: 127.0.0.1:{MONITOR_PORT}",
             "jetstream {",
@@ -205,7 +235,8 @@ class Nats(BrokerPlugin):
                 f"many nodes; the cluster has {len(node.peers) + 1}"
             )
         return NodeSpec(
-            command=["/bin/sh", START_SCRIPT], files={START_SCRIPT: START, TEMPLATE: self.config(node)}
+            command=["/bin/sh", START_SCRIPT],
+            files={START_SCRIPT: START, TEMPLATE: self.config(node), NAME_FILE: node.name},
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
@@ -223,12 +254,10 @@ class Nats(BrokerPlugin):
         while True:
             try:
                 meta = monitor(nodes[0], "/jsz").get("meta_cluster") or {}
-                leader = next((n for n in nodes if n.name == meta.get("leader")), None)
+                leader = next((n for n in nodes if n.name == server_node(meta.get("leader") or "")), None)
                 if leader is not None and leader is not nodes[0]:  # only the leader lists the replicas
                     meta = monitor(leader, "/jsz").get("meta_cluster") or {}
-                peers = {meta.get("leader")} | {
-                    r.get("name") for r in meta.get("replicas") or () if r.get("current")
-                }
+                peers = {server_node(name) for name, p in meta_peers(meta).items() if p.get("current")}
                 if len(nodes) == 1 or (meta.get("leader") and want <= peers):
                     unhealthy = [
                         n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0
@@ -267,7 +296,8 @@ class Nats(BrokerPlugin):
             return None
         for c in stream.get("consumer_detail") or ():
             if c.get("name") == CONSUMER:
-                if (c.get("cluster") or {}).get("leader") not in (None, node.name):
+                leader = (c.get("cluster") or {}).get("leader")
+                if leader is not None and server_node(leader) != node.name:
                     return None  # a follower's num_pending is not kept current (seen: the whole stream)
                 return int(c.get("num_pending") or 0), int(c.get("num_ack_pending") or 0)
         raise ClusterError(f"{node.name}: stream {queue!r} has no consumer {CONSUMER!r} in /jsz")
@@ -293,6 +323,139 @@ class Nats(BrokerPlugin):
             jsz = monitor(node, f"/jsz?acc={self.vhost}&streams=true")
             return [] if stream_detail(jsz, queue) is not None else None
         return [(int(seq), str(msg_id)) for seq, msg_id in read["entries"]]
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def system_request(self, node: NodeHandle, subject: str, body: bytes, wait: float = 5.0) -> list[Any]:
+        """One system-account request through ``node``'s own server (``plugins.nats.sysreq``, run
+        in its container): the replies gathered within ``wait`` (none: nobody answered)."""
+        user, password = SYSTEM_USER
+        source = Path(sysreq.__file__).read_text()
+        args = [str(self.client_port), user, password, subject, body.decode(), f"{wait:g}"]
+        out = run_or_fail(node, ["python3", "-c", source, *args], timeout=wait + 15)
+        try:
+            return list(json.loads(out.strip().splitlines()[-1])["replies"])
+        except (json.JSONDecodeError, IndexError, KeyError, TypeError):
+            raise ClusterError(f"{node.name}: request {subject} printed {out.strip()[-200:]}") from None
+
+    def meta_group(self, node: NodeHandle) -> dict[str, dict[str, Any]]:
+        """The meta group's peers by server name, as its leader lists them, asked through ``node``
+        (``ClusterError`` if no leader answers: none, or ``node`` cut off from it)."""
+        subject, body = LEADER_JSZ
+        for reply in self.system_request(node, subject, body):
+            meta = ((reply or {}).get("data") or {}).get("meta_cluster") if isinstance(reply, dict) else None
+            if meta and meta.get("leader") == ((reply.get("server") or {}).get("name")):
+                return name_peers(meta_peers(meta), SERVER_NAMES)
+        raise ClusterError(f"{node.name}: no meta leader answered")
+
+    def server_name(self, node: NodeHandle) -> str:
+        """The name ``node``'s server runs (or will run) under."""
+        return run_or_fail(node, ["cat", NAME_FILE]).strip() or node.name
+
+    def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
+        """The nodes whose servers are peers of the meta group (running or not), by the meta
+        leader that ``node`` reaches. A leader lists a peer it has not heard from since it
+        took over (one cut off) as "Server name unknown at this time (peerID: ...)":
+        ``meta_group`` names it back by its peer id; one it cannot name is asked about again
+        until ``timeout``, then ``ClusterError``: an unnamed peer is no node."""
+        deadline = time.monotonic() + timeout
+        while True:
+            peers = self.meta_group(node)
+            unnamed = unnamed_peers(peers)
+            if not unnamed:
+                return {server_node(name) for name in peers}
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{node.name}: the meta leader does not name every peer: {unnamed}")
+            time.sleep(1.0)
+
+    def remove_node(
+        self,
+        node: NodeHandle,
+        remaining: Sequence[NodeHandle],
+        settings: Mapping[str, Any],
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Stop the node's server, then ask the meta leader to remove its peer, as ``nats server
+        raft peer-remove`` does, until the leader no longer lists it; the leader then reassigns
+        the streams it held. Without a meta leader (no quorum of the meta group reachable) the
+        removal cannot commit: ``ClusterError`` after ``timeout``, the server left stopped, and
+        ``add_node`` removes the old peer before the node joins again."""
+        name = self.server_name(node)
+        stopped = control_broker(node, "stop")
+        asked = self.remove_peer(name, remaining, timeout)
+        return {"server": name, "on_node": {"stop": stopped}, "remove": asked}
+
+    def remove_peer(self, name: str, via: Sequence[NodeHandle], timeout: float) -> list[dict[str, Any]]:
+        """``$JS.API.SERVER.REMOVE`` for server ``name`` through each node of ``via`` in turn (one
+        may be cut off from the leader) until the meta leader no longer lists it; what was asked
+        (nothing if it was no peer)."""
+        deadline = time.monotonic() + timeout
+        asked: list[dict[str, Any]] = []
+        last = ""
+        while True:
+            for member in via:
+                try:
+                    if name not in self.meta_group(member):
+                        return asked
+                    replies = self.system_request(member, REMOVE_SUBJECT, remove_request(name))
+                    asked.append({"via": member.name, "replies": replies})
+                    last = f"{member.name}: {replies}"
+                except ClusterError as exc:
+                    last = str(exc)
+                    continue
+                if replies:
+                    break  # the leader answered: see it applied before asking again
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name} still a peer of the meta group after {timeout:.0f}s: {last}")
+            time.sleep(1.0)
+
+    def add_node(
+        self,
+        node: NodeHandle,
+        members: Sequence[NodeHandle],
+        settings: Mapping[str, Any],
+        timeout: float = 120.0,
+    ) -> dict[str, Any]:
+        """Start the node's server again under a name the meta group never had and with an empty
+        store, then wait until the meta leader lists it as a current peer (it joins by its
+        routes; the leader adds it and places it in streams short of replicas). A removal that
+        could not commit (``remove_node`` without a meta leader) is made first: a peer that
+        never comes back would count in every quorum of the meta group."""
+        stopped = control_broker(node, "stop")
+        old = self.server_name(node)
+        new = next_server_name(old, node.name)
+        removed = self.remove_peer(old, members, timeout)
+        run_or_fail(
+            node,
+            [
+                "sh",
+                "-c",
+                f'find {self.data_dir} -mindepth 1 -delete && printf %s "$1" > {NAME_FILE}',
+                "-",
+                new,
+            ],
+        )
+        started = control_broker(node, "start")
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            for member in members:
+                try:
+                    peer = self.meta_group(member).get(new)
+                except ClusterError as exc:
+                    last = str(exc)
+                    continue
+                if peer and peer.get("current") and not peer.get("offline"):
+                    return {
+                        "server": new,
+                        "was": old,
+                        "removed_first": removed,
+                        "on_node": {"stop": stopped, "wiped": self.data_dir, "start": started},
+                    }
+                last = f"{member.name}: {new} is {peer or 'not a peer'}"
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{new} ({node.name}) not a current peer after {timeout:.0f}s: {last}")
+            time.sleep(1.0)
 
 
 @hookimpl

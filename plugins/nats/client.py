@@ -65,6 +65,7 @@ from harness.spec.client import (
     slow_consumers,
     wait_or_stop,
 )
+from plugins.nats.membership import server_node
 
 CONSUMER = "brokerchaos"  # the durable pull consumer every consumer process shares
 ID_HEADER = "Brokerchaos-Id"
@@ -425,9 +426,10 @@ async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
             data = json.loads(msg.data)
         except ValueError:
             return
-        name = (data.get("server") or {}).get("name")
-        if not name:
+        server = (data.get("server") or {}).get("name")
+        if not server:
             return
+        name = server_node(server)  # by node: a node's server is renamed when it joins again
         answers[name] = None
         for account in (data.get("data") or {}).get("account_details") or ():
             for s in account.get("stream_detail") or ():
@@ -436,7 +438,10 @@ async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
                     cluster = s.get("cluster") or {}
                     answers[name] = {
                         k: state.get(k) for k in ("messages", "bytes", "first_seq", "last_seq", "num_deleted")
-                    } | {"leader": cluster.get("leader")}
+                    } | {
+                        "leader": server_node(cluster["leader"]) if cluster.get("leader") else None,
+                        "server": server,
+                    }
         if len(answers) >= servers:
             got_all.set()
 
