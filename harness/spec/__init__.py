@@ -31,6 +31,7 @@ from harness.spec.broker import (
     wait_until_running,
 )
 from harness.spec.client import (
+    DEAD_LETTER_EXCHANGE,
     DELAYED_EXCHANGE,
     Delays,
     DrainReader,
@@ -64,6 +65,8 @@ from harness.spec.history import (
     Recorder,
     arrow_schema,
     body_digest,
+    dead_letter_queue,
+    is_dead_letter_queue,
     message_body,
 )
 from harness.spec.registry import Registry
@@ -97,6 +100,7 @@ __all__ = [
     "BrokerSection",
     "ConformanceProbe",
     "ConsumerSection",
+    "DEAD_LETTER_EXCHANGE",
     "DELAYED_EXCHANGE",
     "DelaySection",
     "Delays",
@@ -123,6 +127,8 @@ __all__ = [
     "WorkloadSection",
     "arrow_schema",
     "body_digest",
+    "dead_letter_queue",
+    "is_dead_letter_queue",
     "message_body",
     "run_or_fail",
     "wait_until_running",
