@@ -3,6 +3,8 @@ took over (and dead-letter it), as the old master would have."""
 
 from __future__ import annotations
 
+import functools
+
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, publish, queue_info, wait_for
 
 TTL_MS = 2000
@@ -21,8 +23,12 @@ def _declare(n1: NodeProc) -> None:
     )
     c.close()
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
+
+    def in_sync(q: str) -> bool:
+        return len(queue_info(n1, q).get("synchronised_mirrors", [])) == 2
+
     for q in ("ha.ttl", "ha.dead"):
-        wait_for(lambda q=q: len(queue_info(n1, q).get("synchronised_mirrors", [])) == 2, what=f"{q} in sync")
+        wait_for(functools.partial(in_sync, q), what=f"{q} in sync")
 
 
 def test_a_promoted_mirror_expires_and_dead_letters_what_it_took_over(cluster_factory) -> None:  # type: ignore[no-untyped-def]
