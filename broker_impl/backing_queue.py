@@ -112,6 +112,12 @@ class BackingQueue(abc.ABC):
         """(seq, wall-clock ms it was stored, message) of what came back from disk: the queue restores TTLs."""
         return []
 
+    def held_since(self) -> list[tuple[int, int, Message]]:
+        """(seq, wall-clock ms it was placed here, message) of every ready message: a mirror's copy
+        promoted to master gives its messages their TTLs back from it (a copy knows no other time).
+        Empty for a backing queue that cannot tell."""
+        return []
+
 
 class StoreError(Exception):
     """The store refused or failed a write (disk full, flush timeout, closed)."""

@@ -263,16 +263,21 @@ class Queue(Actor):
             on_done(ok and not self.discarded)
         self.kick()
 
-    def restore_deadlines(self) -> None:
+    def restore_deadlines(self, *, promoted: bool = False) -> None:
         """Messages recovered from disk expire when they would have without the restart.
 
         A deadline lives in memory; without this a recovered message of a TTL
         queue (or with a per-message expiration) would never expire. Its stored
-        wall-clock time plus the TTL gives the deadline back.
+        wall-clock time plus the TTL gives the deadline back. ``promoted``: a
+        mirror's copy just became the master; its messages count from when the
+        copy got them (``BackingQueue.held_since``), which is when the old master
+        published them, give or take the group's latency (or the sync that brought
+        them), as RabbitMQ's mirrors keep each message's expiry from the master's.
         """
         now_ms = time.time() * 1000
         soonest = None
-        for seq, stored_ms, message in self.bq.recovered_messages():
+        held = self.bq.held_since() if promoted else self.bq.recovered_messages()
+        for seq, stored_ms, message in held:
             ttl = self._ttl_for(message)
             if ttl is None or seq in self._deadlines:
                 continue

@@ -24,7 +24,10 @@ from typing import Any
 
 from harness.history import read_jsonl
 from harness.spec.broker import BrokerPlugin
-from harness.spec.coverage import RECOVERY_NS, BrokerEvent, Cell, Feature
+from harness.spec.coverage import RECOVERY_NS, WORKLOAD_FIELDS, BrokerEvent, Cell, Feature
+from harness.spec.errors import ScenarioError
+from harness.spec.history import is_dead_letter_queue
+from harness.spec.scenario import WorkloadSection
 
 NO_EVENT = None
 
@@ -55,6 +58,11 @@ def workload_uses(history: Path, scenario: Mapping[str, Any]) -> dict[str, list[
     # the behaviours the workload asks for count as its use of them.
     asked = {cause: float(consumer.get(key) or 0) > 0 for cause, key in _ABANDON_USES.items()}
     for rec in read_jsonl(history):
+        if rec.get("f") == "consume" and rec.get("type") == "ok" and is_dead_letter_queue(rec.get("queue")):
+            died = _load(rec.get("detail")).get("dead_letter") or {}
+            out.setdefault("dead-letter", []).append(int(rec["time_ns"]))
+            if died.get("reason") == "expired":
+                out.setdefault("ttl", []).append(int(rec["time_ns"]))
         if rec.get("type") != "invoke" or rec.get("process") == "nemesis":
             continue
         f, t = rec.get("f"), int(rec["time_ns"])
@@ -73,6 +81,18 @@ def workload_uses(history: Path, scenario: Mapping[str, Any]) -> dict[str, list[
         if use is not None and use != "publish":
             out.setdefault(use, []).append(t)
     return out
+
+
+def check_workload_features(w: WorkloadSection, plugin: BrokerPlugin) -> None:
+    """A workload field that drives a broker feature (``WORKLOAD_FIELDS``) needs a plugin that
+    declares a feature with that use: otherwise the run could not exercise what it asks for."""
+    declared = {u for f in plugin.features for u in f.workload}
+    for name, use in WORKLOAD_FIELDS.items():
+        if getattr(w, name) not in (None, False) and use not in declared:
+            raise ScenarioError(
+                f"workload.{name}: broker plugin {plugin.name!r} has no feature it drives "
+                f"(none declares the workload use {use!r}); remove it from this scenario"
+            )
 
 
 def read_events(plugin: BrokerPlugin, run_dir: Path) -> list[BrokerEvent]:

@@ -44,6 +44,8 @@ def planned_uses(scenario: Mapping[str, Any]) -> dict[str, list[int]]:
         "close": consumers and float(c.get("close_every") or 0) > 0,
         "crash": consumers and float(c.get("crash_every") or 0) > 0,
         "slow-ack": consumers and int(c.get("slow") or 0) > 0,
+        "ttl": bool(w.get("ttl_ms") or w.get("expiration_ms")),
+        "dead-letter": bool(w.get("dead_letter")),
     }
     return {use: list(times) for use, on in asked.items() if on}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import Cluster, build_topology, docker_client, filesystem_model
-from harness.coverage import annotate
+from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
@@ -66,6 +66,7 @@ class Run:
         self.settings = self.plugin.validate_settings(scenario.broker.settings)
         self.faults = host.registry.faults
         check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
+        check_workload_features(scenario.workload, self.plugin)
         self.nodes = [f"n{i}" for i in range(1, scenario.broker.nodes + 1)]
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)
         if replay is not None:

@@ -139,6 +139,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         consumer=_consumer(w.get("consumer", {}), workload.consumers),
         delay=_delay(w.get("delay")),
         transactions=_transactions(w.get("transactions")),
+        **_dead_lettering(w),
     )
 
     n = _mapping(top.get("nemesis", {}), "nemesis")
@@ -306,6 +307,25 @@ def _transactions(data: Any) -> TransactionsSection | None:
             "and/or ack_batch (acks per consumer transaction) to 1 or more"
         )
     return TransactionsSection(publish_batch=publish, ack_batch=ack, rollback=rollback)
+
+
+#: The longest TTL AMQP carries (RabbitMQ's bound for ``x-message-ttl`` and ``expiration``).
+MAX_TTL_MS = 2**32 - 1
+
+
+def _dead_lettering(w: Mapping[str, Any]) -> dict[str, Any]:
+    """``ttl_ms``, ``expiration_ms`` and ``dead_letter``. A TTL without dead-lettering is refused:
+    an expired message would be dropped by design, and the checkers could not tell it from a loss."""
+    out: dict[str, Any] = {"dead_letter": _bool(w.get("dead_letter", False), "workload.dead_letter")}
+    for key in ("ttl_ms", "expiration_ms"):
+        v = w.get(key)
+        out[key] = None if v is None else _int(v, f"workload.{key}", lo=1, hi=MAX_TTL_MS)
+        if out[key] is not None and not out["dead_letter"]:
+            raise ScenarioError(
+                f"workload.{key}: needs workload.dead_letter: true (an expired message is otherwise "
+                "dropped, and the checkers cannot tell it from a lost one)"
+            )
+    return out
 
 
 def with_overrides(sc: Scenario, *, seed: int | None = None, duration: float | None = None) -> Scenario:

@@ -30,7 +30,7 @@ from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
 )
 from harness.spec.client import reason as _reason
 from harness.spec.errors import ScenarioError
-from harness.spec.history import HOLDINGS
+from harness.spec.history import HOLDINGS, dead_letter_queue
 from harness.spec.history import Recorder as SpecRecorder
 
 log = logging.getLogger("brokerchaos.workload")
@@ -102,7 +102,15 @@ def assignments(w: WorkloadSection, nodes: Sequence[str], seed: int) -> dict[str
         out[f"c{i + 1}"] = (queues[i % len(queues)], order[(i + 1) % len(order)])
     for i in range(w.readers):
         out[f"r{i + 1}"] = (queues[i % len(queues)], order[(i + 2) % len(order)])
+    for i, q in enumerate(dead_letter_queues(w)):  # one consumer more per dead-letter queue
+        n = w.consumers + i + 1
+        out[f"c{n}"] = (q, order[n % len(order)])
     return out
+
+
+def dead_letter_queues(w: WorkloadSection) -> list[str]:
+    """``workload.dead_letter``: each workload queue's dead-letter queue, in the queues' order."""
+    return [dead_letter_queue(q) for q in queue_names(w)] if w.dead_letter else []
 
 
 async def run_workload(
@@ -159,18 +167,22 @@ async def run_workload(
         if consumers:
             await asyncio.wait(consumers, timeout=10)
         stats.drained = {}
-        results = await asyncio.gather(
-            *(drain_queue(driver, f"d{i}", q, nodes, w, recorder) for i, q in enumerate(queues, start=1)),
-            return_exceptions=True,
-        )
-        for q, res in zip(queues, results, strict=True):
-            stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+        # The dead-letter queues after the queues: a message expiring during the queues' drain
+        # reaches its dead-letter queue only then.
+        dead = dead_letter_queues(w)
+        drainers = [(f"d{i}", q) for i, q in enumerate([*queues, *dead], start=1)]
+        for batch in (drainers[: len(queues)], drainers[len(queues) :]):
+            results = await asyncio.gather(
+                *(drain_queue(driver, d, q, nodes, w, recorder) for d, q in batch), return_exceptions=True
+            )
+            for (_d, q), res in zip(batch, results, strict=True):
+                stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
         stop_readers.set()  # each reads on to the stream's end, within the drain's time
         readers = [t for t in tasks if t.get_name().startswith("r")]
         if readers:
             await asyncio.wait(readers, timeout=w.drain_timeout)
         if holdings is not None:
-            await record_holdings(holdings, nodes, queues, recorder)
+            await record_holdings(holdings, nodes, [*queues, *dead], recorder)
     finally:
         stop_producers.set()
         stop_consumers.set()

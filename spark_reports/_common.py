@@ -838,6 +838,7 @@ COUNT_KEYS = (
     "delivered_total",
     "consumed_unique",
     "consumed_total",
+    "dead_lettered",
     "abandoned",
     "lost",
     "stuck",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
+from harness.spec.history import is_dead_letter_queue
 from harness.spec.results import LIST_CAP, UNAVAILABLE_S, Results
 
 from ._anomalies import STREAM_OPS, StreamOps, lost_positions, stream_findings
@@ -94,6 +95,7 @@ class _Msg:
         "res_n",
         "res_first",
         "delayed",
+        "dead",
     )
 
     def __init__(self) -> None:
@@ -114,6 +116,7 @@ class _Msg:
         self.res_n = 0
         self.res_first: dict | None = None
         self.delayed = False  # published with a delay: no place in its producer's order
+        self.dead = False  # consumed from a dead-letter queue (``workload.dead_letter``)
 
     @property
     def outcome(self) -> str:
@@ -308,6 +311,8 @@ class _Pass:
         if self.with_acks:
             self.redelivery_checks(m, r, value, d)
             self.body_check(m, r, d)
+        else:  # schema 1: a delivery is the consumption
+            m.dead = m.dead or is_dead_letter_queue(r["queue"])
         self.order_check(m, r, value)
 
     def redelivery_checks(self, m: _Msg, r: dict, value: str, d: dict) -> None:
@@ -370,6 +375,7 @@ class _Pass:
         if ty == "ok":
             self.n["acked_total"] += 1
             m.acked += 1
+            m.dead = m.dead or is_dead_letter_queue(r["queue"])
             if m.first_ack is None:
                 m.first_ack = {k: r[k] for k in _ACK_KEYS}
         elif ty != "fail" and paired is not None:
@@ -394,7 +400,16 @@ _LISTED = (
     "split_brain",
 )
 #: What ``_Classes`` counts per id: its outcome, whether it was delivered and consumed, its classes.
-_COUNTED = ("attempted", "confirmed", "failed", "unknown", "delivered_unique", "consumed_unique", *_LISTED)
+_COUNTED = (
+    "attempted",
+    "confirmed",
+    "failed",
+    "unknown",
+    "delivered_unique",
+    "consumed_unique",
+    "dead_lettered",
+    *_LISTED,
+)
 
 
 class _Classes:
@@ -448,6 +463,7 @@ class _Classes:
         c["unknown"] += outcome == "info"
         c["delivered_unique"] += m.delivered > 0
         c["consumed_unique"] += consumed > 0
+        c["dead_lettered"] += m.dead and consumed > 0
 
     def exposed(self, m: _Msg, is_lost: bool) -> None:
         """A confirmed id counts towards every fault kind whose window overlaps its confirm to the

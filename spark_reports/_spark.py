@@ -27,7 +27,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import arrow_schema
+from harness.spec.history import DEAD_LETTER_SUFFIX, arrow_schema
 from harness.spec.results import LIST_CAP, Results
 
 from ._common import (
@@ -545,11 +545,26 @@ class _Job:
                 {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")},
             ),
             _branch(_order_violation_rows(j), "order", {}),
+            _branch(self._dead_lettered(), "dead", {}),
         ]
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
         return df
+
+    def _dead_lettered(self) -> Any:
+        """(run, id) of every id consumed from a dead-letter queue: an ack ok there (schema 1: a
+        delivery), as the Python engine counts ``dead_lettered``."""
+        from pyspark.sql import functions as F
+
+        acks, k = self.scope.scalar("x_acks"), F.col("k")
+        consumed = (acks & (k == "ao")) | (~acks & (k == "d"))
+        return (
+            self.events()
+            .filter(consumed & F.col("queue").endswith(DEAD_LETTER_SUFFIX))
+            .select("run", "id")
+            .distinct()
+        )
 
     def _exposure_conds(self) -> list[Any]:
         """Per fault kind (``_kinds``) the condition that a confirmed id was exposed to it: a
@@ -718,6 +733,8 @@ def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
             m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
         elif tag == "order":
             m.order = vals[0]
+        elif tag == "dead":
+            m.counts["dead_lettered"] = vals[0]
     for m in runs.values():
         m.counts["order_violations"] = m.order
         m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
@@ -978,7 +995,7 @@ class _Metrics:
     def empty(cls) -> _Metrics:
         """A run without a client record has no row in any aggregate: every count is zero (an empty
         history has no timeline row either, so the order count is set here too)."""
-        return cls(counts=dict.fromkeys((*_COUNT_NAMES, "order_violations"), 0))
+        return cls(counts=dict.fromkeys((*_COUNT_NAMES, "order_violations", "dead_lettered"), 0))
 
 
 def _order_violation_rows(ids: Any) -> Any:

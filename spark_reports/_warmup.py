@@ -4,7 +4,7 @@ The first check in a JVM pays for class loading, the JIT and Spark's code genera
 every stage the job has; a check of a few dozen records that takes every branch of the
 job (a fault window, a lost message after a completed drain, an ack of unknown outcome, a duplicate, a resurrection,
 a corrupted body, an abandon and an unflagged redelivery, a delivery out of order, a
-split-brain copy) pays for them before the real history is there.
+split-brain copy, a message consumed from a dead-letter queue) pays for them before the real history is there.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def warm_up_history(run_dir: Path) -> Path:
     b.publish("p1:5", "fail")
     b.publish("p1:6", "info")
     b.publish("p1:7")
+    b.publish("p1:8")
     b.consume("p1:2")
     b.consume("p1:1")  # after p1:2 from the same producer: out of order
     b.consume("p1:1", consumer="c2", redelivered=True)  # acked twice: duplicated, resurrected
@@ -35,6 +36,7 @@ def warm_up_history(run_dir: Path) -> Path:
     b.consume("p1:3")  # after the abandon, not flagged redelivered
     b.consume("p1:6")
     b.consume("p1:7", ack="info")  # the ack's outcome unknown
+    b.consume("p1:8", queue="q.dead")  # dead-lettered: consumed from the dead-letter queue
     b.heal("f1")
     b.drain_invoke(drainer="d1")
     b.consume("p9:1", consumer="d1", node="n2")  # never published: unexpected; acked on n2 after n1 was empty

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import shutil
 import tempfile
+import time
 from collections import deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Entry:
     index: int = -1  # consume-queue index when the message is in the commit log
     log_offset: int = -1
     log_size: int = 0
+    placed_ms: int = 0  # wall-clock ms it was placed in this queue (a promoted copy's TTL counts from it)
 
 
 class MemoryBackingQueue(BackingQueue):
@@ -150,6 +152,17 @@ class MemoryBackingQueue(BackingQueue):
     def ram_bytes(self) -> int:
         return self._ram
 
+    def held_since(self) -> list[tuple[int, int, Message]]:
+        """Every ready message with the wall-clock ms it was placed here (``BackingQueue.held_since``)."""
+        out = []
+        for entry in list(self._entries.values()):
+            if entry.seq in self._unacked:
+                continue
+            message = entry.message if entry.message is not None else self._load(entry)
+            if message is not None:
+                out.append((entry.seq, entry.placed_ms, message))
+        return out
+
     async def delete(self) -> None:
         self._drop_all()
 
@@ -239,6 +252,7 @@ class MemoryBackingQueue(BackingQueue):
         return entry
 
     def _register(self, entry: Entry) -> None:
+        entry.placed_ms = entry.placed_ms or int(time.time() * 1000)
         self._entries[entry.seq] = entry
         self._ram += entry.size
         if self._ram > self.ram_budget_bytes:

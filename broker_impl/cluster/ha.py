@@ -354,6 +354,7 @@ class Mirroring:
         vh.queues[name] = q
         vh.exchanges[""].bind(Binding("", name, name))
         self.broker.apply_policies(q)
+        q.restore_deadlines(promoted=True)  # after the policies: a policy's message-ttl counts too
         self.broker.metadata_changed(persist=data["durable"])
         self.reconcile()
         handoff.give_consumers(q, movers)

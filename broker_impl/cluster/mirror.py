@@ -561,6 +561,9 @@ class MirrorMasterBQ(BackingQueue):
     def recovered_messages(self) -> list[tuple[int, int, Message]]:
         return self.inner.recovered_messages()
 
+    def held_since(self) -> list[tuple[int, int, Message]]:
+        return self.inner.held_since()
+
     async def delete(self) -> None:
         await self.inner.delete()
         self.held.clear()

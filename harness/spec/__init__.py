@@ -32,6 +32,7 @@ from harness.spec.broker import (
     wait_until_running,
 )
 from harness.spec.client import (
+    DEAD_LETTER_EXCHANGE,
     DELAYED_EXCHANGE,
     Delays,
     DrainReader,
@@ -65,6 +66,8 @@ from harness.spec.history import (
     Recorder,
     arrow_schema,
     body_digest,
+    dead_letter_queue,
+    is_dead_letter_queue,
     message_body,
 )
 from harness.spec.registry import Registry
@@ -98,6 +101,7 @@ __all__ = [
     "BrokerSection",
     "ConformanceProbe",
     "ConsumerSection",
+    "DEAD_LETTER_EXCHANGE",
     "DELAYED_EXCHANGE",
     "DelaySection",
     "Delays",
@@ -124,6 +128,8 @@ __all__ = [
     "WorkloadSection",
     "arrow_schema",
     "body_digest",
+    "dead_letter_queue",
+    "is_dead_letter_queue",
     "message_body",
     "control_broker",
     "run_or_fail",

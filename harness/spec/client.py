@@ -205,6 +205,11 @@ class Behaviour:
 DELAYED_EXCHANGE = "brokerchaos.delayed"
 
 
+#: The exchange workload queues dead-letter through (``workload.dead_letter``): a direct exchange that
+#: binds each dead-letter queue (``harness.spec.history.dead_letter_queue``) by its workload queue's name.
+DEAD_LETTER_EXCHANGE = "brokerchaos.dead-letter"
+
+
 class Delays:
     """Which of one producer's publishes are delayed, and by how much (``workload.delay``).
 

@@ -32,7 +32,13 @@ WORKLOAD_USES: dict[str, str] = {
     "close": "a channel closed with deliveries unacked",
     "crash": "a consumer's connection cut with deliveries unacked",
     "slow-ack": "a consumer that waits before each ack (``workload.consumer.slow``)",
+    "ttl": "a message that expired: delivered from a dead-letter queue with reason ``expired``",
+    "dead-letter": "a delivery from a dead-letter queue (``detail.dead_letter`` on a ``consume`` ok)",
 }
+
+#: The workload fields that drive a use: a broker plugin that declares no feature with that use
+#: cannot run a scenario that sets the field (``harness.coverage.check_workload_features``).
+WORKLOAD_FIELDS: dict[str, str] = {"ttl_ms": "ttl", "expiration_ms": "ttl", "dead_letter": "dead-letter"}
 
 RECOVERY_NS = 5_000_000_000
 """How long after a fault's heal its cell still counts what happens: a restart's recovery (a

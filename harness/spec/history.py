@@ -37,6 +37,12 @@ Every invoke has exactly one completion by the same process. Client operations:
   processed it (a later synchronous round trip on the same channel completed, or the
   channel closed cleanly: AMQP processes a channel's frames in order); ``info`` if the
   channel or connection failed first (the broker may or may not have it).
+  A delivery from a dead-letter queue (``workload.dead_letter``: a queue named
+  ``dead_letter_queue(q)``, ``q.dead``) carries in its ``ok``'s ``detail``
+  ``{"dead_letter": {"reason": r, "queue": q}}``: the newest ``x-death`` entry's reason
+  (``expired``, ``rejected``, ``maxlen``) and the queue it died in (null each when the message
+  carries no ``x-death``). A message consumed (acked ``ok``) from either queue counts as
+  consumed; the checkers count those consumed from a dead-letter queue as ``dead_lettered``.
 - ``abandon``: a delivery the consumer gives back unacked (``detail`` =
   ``{"cause": one of ABANDON_CAUSES}``): ``ok`` once the broker certainly knows it
   (nack round trip, recover-ok, close-ok, or the connection cut by the client),
@@ -129,6 +135,20 @@ HOLDINGS = "holdings"
 """The ``process`` and ``f`` of the harness's look at what each node's copy holds after the drain."""
 READ, SEEK = "read", "seek"
 """The ``f`` of a reader's read and of its seek (see above)."""
+DEAD_LETTER_SUFFIX = ".dead"
+"""A workload queue's dead-letter queue is its name and this suffix (``chaos-1.dead``)."""
+
+
+def dead_letter_queue(queue: str) -> str:
+    """The dead-letter queue of workload queue ``queue`` (``workload.dead_letter``)."""
+    return queue + DEAD_LETTER_SUFFIX
+
+
+def is_dead_letter_queue(queue: str | None) -> bool:
+    """Whether an operation's ``queue`` is a dead-letter queue (what the checkers count apart)."""
+    return queue is not None and queue.endswith(DEAD_LETTER_SUFFIX)
+
+
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
 ABANDON_CAUSES = (

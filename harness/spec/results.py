@@ -112,6 +112,7 @@ class Counts(TypedDict):
     delivered_total: int  # consume ok records
     consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
     consumed_total: int  # ack ok records (schema 1: consume ok records)
+    dead_lettered: int  # ids consumed from a dead-letter queue (``workload.dead_letter``): consumed, not lost
     abandoned: int  # abandon ops: deliveries a consumer gave back unacked
     lost: int  # confirmed, never consumed, not ack_unknown (nor stuck), and the final drain completed
     unreachable: int  # the same, but the final drain did not complete: behind a queue that did not answer, not known lost

@@ -115,6 +115,12 @@ class WorkloadSection:
     delay: DelaySection | None = None  # None: no delayed publishes
     #: AMQP transactions in the workload (absent: none).
     transactions: TransactionsSection | None = None
+    #: Message TTL of each workload queue in ms (AMQP `x-message-ttl`; absent: none). Needs `dead_letter`: an expired message is then dead-lettered, not dropped.
+    ttl_ms: int | None = None
+    #: Per-message TTL in ms on every publish (AMQP's `expiration` property; absent: none). Needs `dead_letter`.
+    expiration_ms: int | None = None
+    #: Each workload queue dead-letters into its own dead-letter queue (`chaos-1.dead`, through the exchange `brokerchaos.dead-letter`), which consumers and the final drain empty too; a confirmed message must be consumed from one of the two.
+    dead_letter: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,9 @@ class Scenario:
         out = json.loads(json.dumps(asdict(self), default=list))
         if out["workload"].get("transactions") is None:
             del out["workload"]["transactions"]  # a run without transactions reads as before they existed
+        for key, unset in (("ttl_ms", None), ("expiration_ms", None), ("dead_letter", False)):
+            if out["workload"].get(key) == unset:
+                del out["workload"][key]  # a run without TTL or dead-lettering reads as before they existed
         if out["broker"].get("filesystem") is None:
             del out["broker"]["filesystem"]  # the plugin's model: the scenario reads as before models existed
         return out

@@ -20,6 +20,7 @@ from pamqp import commands as spec
 
 from harness import hookimpl
 from harness.spec import (
+    DEAD_LETTER_EXCHANGE,
     DELAYED_EXCHANGE,
     Delays,
     Endpoint,
@@ -27,6 +28,7 @@ from harness.spec import (
     RateLimiter,
     Recorder,
     WorkloadSection,
+    dead_letter_queue,
     message_body,
 )
 from harness.spec.client import (
@@ -157,9 +159,12 @@ class AmqpDriver:
                 continue
             try:
                 ch = await link.channel(confirms=False)
+                if self.w.dead_letter:
+                    await self._declare_dead_letter(ch, queues)
                 for q in queues:
                     await asyncio.wait_for(
-                        ch.queue_declare(q, durable=True, arguments=self.queue_arguments), OP_TIMEOUT
+                        ch.queue_declare(q, durable=True, arguments=self._workload_queue_arguments()),
+                        OP_TIMEOUT,
                     )
                 if self.w.delay is not None:
                     await self._declare_delayed(ch, queues)
@@ -171,6 +176,29 @@ class AmqpDriver:
         raise ConnectionError(
             f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}"
         )
+
+    def _workload_queue_arguments(self) -> dict[str, Any]:
+        """The broker plugin's arguments, and ``workload.ttl_ms`` / ``workload.dead_letter``'s."""
+        args = dict(self.queue_arguments)
+        if self.w.ttl_ms is not None:
+            args["x-message-ttl"] = self.w.ttl_ms
+        if self.w.dead_letter:
+            args["x-dead-letter-exchange"] = DEAD_LETTER_EXCHANGE
+        return args
+
+    async def _declare_dead_letter(self, ch: Any, queues: Sequence[str]) -> None:
+        """``workload.dead_letter``: a direct exchange; each queue's dead-letter queue bound by the
+        queue's name (a message dead-letters with the routing key it was published with, the
+        queue's name). Declared before the queues that name the exchange."""
+        await asyncio.wait_for(
+            ch.exchange_declare(DEAD_LETTER_EXCHANGE, exchange_type="direct", durable=True), OP_TIMEOUT
+        )
+        for q in queues:
+            dlq = dead_letter_queue(q)
+            await asyncio.wait_for(
+                ch.queue_declare(dlq, durable=True, arguments=self.queue_arguments), OP_TIMEOUT
+            )
+            await asyncio.wait_for(ch.queue_bind(dlq, DEAD_LETTER_EXCHANGE, routing_key=q), OP_TIMEOUT)
 
     async def _declare_delayed(self, ch: Any, queues: Sequence[str]) -> None:
         """``workload.delay``: a delayed-message exchange routing like ``direct``, each queue bound by its name."""
@@ -204,6 +232,7 @@ class AmqpDriver:
                 message_size=self.w.message_size,
                 persistent=self.w.persistent,
                 commit_timeout=self.w.confirm_timeout,
+                expiration_ms=self.w.expiration_ms,
             ).run(stop)
             return
         limiter = RateLimiter(rate)
@@ -274,6 +303,8 @@ class AmqpDriver:
     ) -> None:
         body = message_body(msg_id, self.seed, self.w.message_size)
         p = spec.Basic.Properties(delivery_mode=props.delivery_mode, message_id=msg_id)
+        if self.w.expiration_ms is not None:
+            p.expiration = str(self.w.expiration_ms)
         exchange = ""
         if delay is not None:
             p.headers, exchange = {"x-delay": delay}, DELAYED_EXCHANGE

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiormq
 
-from harness.spec import Invocation, Recorder, body_digest, message_body
+from harness.spec import Invocation, Recorder, body_digest, is_dead_letter_queue, message_body
 from harness.spec.client import Behaviour, reason, wait_or_stop
 from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
 
@@ -33,6 +33,18 @@ BARRIER_BATCH = 64  # this many acks waiting start a barrier at once
 HOLD_WAIT = 1.0  # seconds a behaviour waits for deliveries to hold before it acts
 CLOSE_TIMEOUT = 5.0  # a consumer's channel close at the end of the workload; then the connection is cut
 RECONNECT_DELAY = 0.5
+
+
+def death(headers: Any) -> dict[str, Any]:
+    """A dead-lettered delivery's newest ``x-death`` entry as the history records it: why it died and
+    in which queue (``harness.spec.history``); None each when the message carries none."""
+    deaths = (headers or {}).get("x-death") if isinstance(headers, dict) else None
+    first = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
+    out = {}
+    for key in ("reason", "queue"):
+        v = first.get(key)
+        out[key] = v.decode(errors="replace") if isinstance(v, bytes) else v if isinstance(v, str) else None
+    return out
 
 
 @dataclass
@@ -130,9 +142,11 @@ class Session:
         body = bytes(message.body)
         msg_id = message.header.properties.message_id or body.split(b"|", 1)[0].decode(errors="replace")
         digest = body_digest(body)
-        detail = None
+        detail: dict[str, Any] | None = None
         if digest != body_digest(message_body(msg_id, self.seed, self.message_size)):
             detail = {"body": body[:200].decode(errors="backslashreplace"), "length": len(body)}
+        if is_dead_letter_queue(self.queue):
+            detail = {**(detail or {}), "dead_letter": death(message.header.properties.headers)}
         frame: Any = message.delivery  # a basic.deliver on a consumer
         self.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
             msg_id, redelivered=bool(frame.redelivered), digest=digest, detail=detail

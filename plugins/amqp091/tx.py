@@ -55,6 +55,7 @@ class TxProducer:
         message_size: int,
         persistent: bool,
         commit_timeout: float,
+        expiration_ms: int | None = None,
     ) -> None:
         self.open_link = open_link
         self.nodes = nodes
@@ -66,6 +67,7 @@ class TxProducer:
         self.seed = seed
         self.message_size = message_size
         self.delivery_mode = 2 if persistent else 1
+        self.expiration = None if expiration_ms is None else str(expiration_ms)  # workload.expiration_ms
         self.commit_timeout = commit_timeout
         self.rng = random.Random(f"{seed}:{process}:tx")
         self._seq = itertools.count(1)
@@ -105,7 +107,9 @@ class TxProducer:
                 self.recorder.invoke(self.process, "publish", node=node, queue=self.queue, value=msg_id)
             )
             ids.append(msg_id)
-            props = spec.Basic.Properties(delivery_mode=self.delivery_mode, message_id=msg_id)
+            props = spec.Basic.Properties(
+                delivery_mode=self.delivery_mode, message_id=msg_id, expiration=self.expiration
+            )
             try:
                 await asyncio.wait_for(
                     ch.basic_publish(

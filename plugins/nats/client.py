@@ -144,6 +144,12 @@ class NatsDriver:
                 "workload.delay: NATS JetStream has no delayed-message exchange; "
                 "remove workload.delay from this scenario"
             )
+        for field in ("ttl_ms", "expiration_ms", "dead_letter"):
+            if getattr(workload, field) not in (None, False):  # a stream's max_age is not a queue TTL
+                raise ScenarioError(
+                    f"workload.{field}: NATS JetStream has no per-queue TTL with dead-lettering to test; "
+                    f"remove workload.{field} from this scenario"
+                )
         args = dict(queue_arguments or {})
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)

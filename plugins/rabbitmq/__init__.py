@@ -122,6 +122,18 @@ FEATURES: tuple[Feature, ...] = (
         nodes=(3, None),
         wanted=("member-remove",),
     ),
+    # RabbitMQ has both (``workload.ttl_ms``/``expiration_ms``, ``workload.dead_letter``); no shipped
+    # scenario asks for them under faults yet, so they name no wanted cell.
+    Feature(
+        "message TTL",
+        "x-message-ttl (workload.ttl_ms) / per-message expiration (workload.expiration_ms)",
+        workload=("ttl",),
+    ),
+    Feature(
+        "dead-lettering",
+        "x-dead-letter-exchange into a dead-letter queue the workload consumes (workload.dead_letter)",
+        workload=("dead-letter",),
+    ),
 )
 
 #: RabbitMQ 3.10's log lines for mirror promotion, autoheal and a master stopping its mirrors.

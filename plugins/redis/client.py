@@ -114,11 +114,20 @@ class RedisDriver:
         client_settings: Mapping[str, Any] | None = None,
     ) -> None:
         del vhost, username, password, queue_arguments  # the default user, no password; no queue.declare
-        for field, what in (("delay", "delayed publishes"), ("transactions", "AMQP transactions")):
+        for field, what in (
+            ("delay", "delayed publishes"),
+            ("transactions", "AMQP transactions"),
+            ("ttl_ms", "message TTL"),
+            ("expiration_ms", "message TTL"),
+        ):
             if getattr(workload, field, None) is not None:  # no silent ignoring
                 raise ScenarioError(
                     f"workload.{field}: Redis Streams have no {what}; remove it from this scenario"
                 )
+        if workload.dead_letter:
+            raise ScenarioError(
+                "workload.dead_letter: Redis Streams have no dead-letter exchange; remove it from this scenario"
+            )
         args = dict(client_settings or {})  # ``Redis.client_settings``
         self.endpoints = dict(endpoints)
         self.nodes = list(self.endpoints)

@@ -201,17 +201,15 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "message TTL",
-        "x-message-ttl / per-message expiration (the broker has it; no workload field sets one)",
+        "x-message-ttl (workload.ttl_ms) / per-message expiration (workload.expiration_ms): messages expired",
         workload=("ttl",),
         wanted=("kill", "partition"),
-        drivable=False,
     ),
     Feature(
         "dead-lettering",
-        "x-dead-letter-exchange (the broker has it; no workload field sets one)",
+        "x-dead-letter-exchange into a dead-letter queue the workload consumes (workload.dead_letter)",
         workload=("dead-letter",),
         wanted=("kill", "partition"),
-        drivable=False,
     ),
 )
 

@@ -227,3 +227,23 @@ def test_a_delivery_given_back_counts_only_when_the_workload_asks_for_that_behav
     # a broker kill cuts the consumer's connection: a crash abandon the workload did not ask for
     assert workload_uses(history, {"workload": {"consumer": {"requeue": 0.1}}}) == {"requeue": [2]}
     assert workload_uses(history, {"workload": {"consumer": {"crash_every": 5}}}) == {"crash": [1]}
+
+
+def test_a_delivery_from_a_dead_letter_queue_is_dead_lettering_and_an_expired_one_ttl(tmp_path: Path) -> None:
+    from harness.coverage import workload_uses
+
+    history = tmp_path / "history.jsonl"
+
+    def delivery(t: int, queue: str, reason: str | None) -> dict[str, Any]:
+        detail = (
+            None if reason is None else json.dumps({"dead_letter": {"reason": reason, "queue": "chaos-1"}})
+        )
+        return {"time_ns": t, "process": "c3", "type": "ok", "f": "consume", "queue": queue, "detail": detail}
+
+    recs = [
+        delivery(1, "chaos-1", None),  # from the queue itself: neither
+        delivery(2, "chaos-1.dead", "expired"),
+        delivery(3, "chaos-1.dead", "rejected"),
+    ]
+    history.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert workload_uses(history, {}) == {"dead-letter": [2, 3], "ttl": [2]}

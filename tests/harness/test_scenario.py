@@ -485,3 +485,50 @@ def test_a_recovery_budget_for_a_fault_kind_nobody_provides_is_refused_in_one_li
         check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
     assert str(e.value).startswith("budgets.recovery_s: 'partiton' is not a fault kind; use one of ")
     assert "partition" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ttl_and_dead_lettering_load_round_trip_and_are_absent_by_default() -> None:
+    w = S.from_dict(MINIMAL).workload
+    assert (w.ttl_ms, w.expiration_ms, w.dead_letter) == (None, None, False)
+    assert not {"ttl_ms", "expiration_ms", "dead_letter"} & set(S.from_dict(MINIMAL).to_dict()["workload"])
+    sc = S.from_dict({**MINIMAL, "workload": {"ttl_ms": 1500, "expiration_ms": 900, "dead_letter": True}})
+    assert (sc.workload.ttl_ms, sc.workload.expiration_ms, sc.workload.dead_letter) == (1500, 900, True)
+    assert S.from_dict(json.loads(json.dumps(sc.to_dict()))) == sc
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ({"ttl_ms": 1000}, "workload.ttl_ms: needs workload.dead_letter: true (an expired message is"),
+        ({"expiration_ms": 50}, "workload.expiration_ms: needs workload.dead_letter: true"),
+        (
+            {"ttl_ms": 0, "dead_letter": True},
+            "workload.ttl_ms: 0 is out of range; allowed from 1 to 4294967295",
+        ),
+        ({"ttl_ms": 1.5, "dead_letter": True}, "workload.ttl_ms: expected an integer"),
+        ({"expiration_ms": 2**32, "dead_letter": True}, "workload.expiration_ms: 4294967296 is out of range"),
+        ({"dead_letter": "yes"}, "workload.dead_letter: expected true or false, got 'yes'"),
+    ],
+)
+def test_bad_ttl_and_dead_lettering_are_one_line_naming_the_field(value: Any, needle: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        S.from_dict({**MINIMAL, "workload": value}, source="s.yaml")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("plugin", "field", "value"),
+    [("nats", "ttl_ms", 1000), ("redis", "dead_letter", True), ("nats", "expiration_ms", 10)],
+)
+def test_ttl_and_dead_lettering_are_refused_for_a_plugin_without_the_feature(
+    host: Host, plugin: str, field: str, value: Any
+) -> None:
+    from harness.coverage import check_workload_features
+
+    sc = S.from_dict({"broker": {"plugin": plugin}, "workload": {field: value, "dead_letter": True}})
+    with pytest.raises(ScenarioError) as e:
+        check_workload_features(sc.workload, host.broker(plugin))
+    assert str(e.value).startswith(f"workload.{field}: broker plugin {plugin!r} has no feature it drives")
+    assert "\n" not in str(e.value)
+    for ok in ("reference", "rabbitmq"):  # both declare message TTL and dead-lettering
+        check_workload_features(sc.workload, host.broker(ok))

@@ -13,9 +13,9 @@ import pytest
 
 from harness import drain, workload
 from harness.history import Recorder, read_jsonl
-from harness.scenario import WorkloadSection
+from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import client as client_spec
-from harness.spec.client import DrainReader, RateLimiter
+from harness.spec.client import DrainReader, RateLimiter, slow_consumers
 from harness.workload import WorkloadStats, assignments, queue_names, run_workload
 from tests.polling import until_async
 
@@ -175,11 +175,11 @@ class MemoryDriver:
     def __init__(self, recorder: Recorder, rate: float) -> None:
         self.recorder = recorder
         self.rate = rate
-        self.queues: dict[str, collections.deque[str]] = {}
+        self.queues: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
         self.events: list[str] = []
 
     async def setup(self, queues: Sequence[str]) -> None:
-        self.queues = {q: collections.deque() for q in queues}
+        self.queues.update({q: collections.deque() for q in queues})  # a dead-letter queue: on first use
         self.events.append("setup")
 
     async def produce(self, process: str, queue: str, stop: asyncio.Event) -> None:
@@ -218,6 +218,7 @@ class MemoryReader:
         self.consumed = 0
 
     async def visit(self, node: str, left: Callable[[], float]) -> bool:
+        self.d.events.append(f"visit {self.queue}")
         while self.d.queues[self.queue]:
             self.d._take(self.process, self.queue)
             self.consumed += 1
@@ -265,6 +266,38 @@ def test_run_workload_runs_stops_heals_and_drains(tmp_path: Path) -> None:
     assert set(stats.drained) == {"chaos-1", "chaos-2"}
     assert stats.stopped - stats.started >= 0.4
     assert stats.as_dict()["messages_published_ok"] == len(published)
+
+
+def test_dead_letter_queues_have_a_consumer_each_and_are_drained_after_the_queues(tmp_path: Path) -> None:
+    w = WorkloadSection(
+        producers=1, consumers=2, queues=2, duration=0.2, rate=50, confirm_timeout=1, dead_letter=True
+    )
+    plan = assignments(w, ["n1", "n2", "n3"], seed=3)
+    assert {p: q for p, (q, _n) in plan.items() if p.startswith("c")} == {
+        "c1": "chaos-1",
+        "c2": "chaos-2",
+        "c3": "chaos-1.dead",
+        "c4": "chaos-2.dead",
+    }
+    assert "c3" not in slow_consumers(ConsumerSection(slow=2), w.consumers, 3)  # only c1..cN can be slow
+    rec = Recorder(tmp_path / "h.jsonl")
+    driver = MemoryDriver(rec, rate=50)
+    stats = asyncio.run(run_workload(driver, w, ["n1", "n2", "n3"], 3, rec))
+    rec.close()
+    ev = driver.events
+    assert {"c3 stopped", "c4 stopped"} <= set(ev)
+    visits = [e for e in ev if e.startswith("visit ")]
+    assert max(visits.index(f"visit chaos-{i}") for i in (1, 2)) < min(
+        visits.index(f"visit chaos-{i}.dead") for i in (1, 2)
+    )
+    assert set(stats.drained) == {"chaos-1", "chaos-2", "chaos-1.dead", "chaos-2.dead"}
+    drains = [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] == "invoke"]
+    assert [(r["process"], r["queue"]) for r in drains] == [
+        ("d1", "chaos-1"),
+        ("d2", "chaos-2"),
+        ("d3", "chaos-1.dead"),
+        ("d4", "chaos-2.dead"),
+    ]
 
 
 def test_a_failing_drain_is_reported_not_raised(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import Endpoint
 from harness.spec.client import DrainUnfinished
-from harness.spec.history import ABANDON_CAUSES, body_digest, message_body
+from harness.spec.history import ABANDON_CAUSES, body_digest, dead_letter_queue, message_body
 from harness.workload import drain_queue
 from plugins.amqp091.client import AmqpDriver, confirm_outcome
 from tests.polling import until_async
@@ -606,3 +606,44 @@ def test_each_look_at_a_depth_is_a_depth_op_with_the_open_consumer_connections(
     assert {x["clients"] for x in by["d1"]} == {1}
     assert by["d2"][-1] == {"ready": 0, "unacked": 0, "own_unacked": 0, "clients": 0}
     assert all(r["node"] == "n1" and r["queue"] == QUEUE for r in looks)
+
+
+# -- message TTL and dead-lettering ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ttl", [{"ttl_ms": 150}, {"expiration_ms": 150}])
+def test_what_expires_is_dead_lettered_and_consumed_from_the_dead_letter_queue(
+    tmp_path: Path, nodes: Any, ttl: dict[str, int]
+) -> None:
+    """``workload.dead_letter`` with a queue TTL or a per-message expiration: nobody consumes the
+    queue, so every confirmed publish expires and is consumed from its dead-letter queue, each
+    delivery there recording its ``x-death``."""
+    n1 = nodes("n1")
+    w = workload(dead_letter=True, **ttl)
+    dlq = dead_letter_queue(QUEUE)
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], w)
+        await d.setup([QUEUE])
+        stop_p, stop_c = asyncio.Event(), asyncio.Event()
+        consumer = asyncio.create_task(d.consume("c2", dlq, stop_c))
+        producer = asyncio.create_task(d.produce("p1", QUEUE, stop_p))
+        await until_async(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
+        stop_p.set()
+        await producer
+        confirmed = count(rec, "publish", "ok")
+        await until_async(lambda: count(rec, "ack", "ok") >= confirmed, "every confirmed one dead-lettered")
+        stop_c.set()
+        await consumer
+        rec.close()
+
+    asyncio.run(go())
+    records = history(tmp_path)
+    confirmed = {r["value"] for r in records if r["f"] == "publish" and r["type"] == "ok"}
+    assert set(acked_ok(records, "c2")) == confirmed
+    deliveries = [r for r in records if r["f"] == "consume" and r["type"] == "ok"]
+    assert {r["queue"] for r in deliveries} == {dlq}
+    assert all(
+        json.loads(r["detail"]) == {"dead_letter": {"reason": "expired", "queue": QUEUE}} for r in deliveries
+    )
+    assert n1.depth(QUEUE) == (0, 0)

@@ -33,7 +33,7 @@ def plans(draw: st.DrawFn) -> dict:
         {
             "consumer": st.sampled_from(["c1", "c2", "d1"]),
             "node": st.sampled_from(NODES),
-            "queue": st.sampled_from(["q1", "q2"]),
+            "queue": st.sampled_from(["q1", "q2", "q1.dead"]),  # q1.dead: q1's dead-letter queue
             "redelivered": st.booleans(),
             "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
             "abandon": st.sampled_from([None, None, *CAUSES]),
@@ -230,7 +230,7 @@ def truth(plan: dict, rows: list[dict]) -> dict:
             "split_brain",
         )
     }
-    out["causes"], out["unflagged"] = {}, 0
+    out["causes"], out["unflagged"], out["dead_lettered"] = {}, 0, 0
     for mid in ids:
         rs = of[mid]
         deliveries = [r for r in rs if r["f"] == "consume" and r["type"] == "ok"]
@@ -245,6 +245,7 @@ def truth(plan: dict, rows: list[dict]) -> dict:
                 if len(invokes) >= len(nth):
                     unknown_acks.append(invokes[len(nth) - 1])
         consumed = bool(ack_oks)
+        out["dead_lettered"] += any(r["queue"].endswith(".dead") for r in ack_oks)
         if mid in confirmed and not consumed:
             if any(all(d["index"] < a["index"] for d in deliveries) for a in unknown_acks):
                 out["ack_unknown"].append(mid)
@@ -534,6 +535,7 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     assert r["counts"]["unflagged_redeliveries"] == t["unflagged"] == len(r["unflagged_redeliveries"])
     assert r["counts"]["confirmed"] == len([m for m in plan["messages"] if "ok" in m["outcomes"]])
     assert r["counts"]["order_violations"] == brute_force_order_violations(b.rows)
+    assert r["counts"]["dead_lettered"] == t["dead_lettered"]
     live = live_truth(plan, b.rows)
     anomalies = anomaly_truth(plan, t, b.rows)
     assert {k: r["anomalies"]["counts"][k] for k in anomalies} == anomalies
