@@ -86,6 +86,32 @@ def test_after_losing_an_autoheal_only_the_winners_records_end_the_join(node: In
     assert seen[-1] == ("serving", False, True), seen
 
 
+async def _start_with_a_second_peer_adding_nothing(node: InProcessNode) -> tuple[bool, bool]:
+    """At a start: n3's records merged (not applied yet), then n1's, the same ones (nothing new)."""
+    cat = Catalog("n2", _Transport(), node.broker, None, {})  # type: ignore[arg-type]
+    records = _records("n3", "v3")
+    cat.received("n3", records)
+    cat.received("n1", records)
+    serving_before_applied = not cat.joining and "v3" not in node.broker.vhosts
+    applying = asyncio.get_running_loop().create_task(cat.apply_loop())
+    await until_async(lambda: not cat.joining, "n2 serving", every=0.005)
+    applied_when_serving = "v3" in node.broker.vhosts
+    applying.cancel()
+    await asyncio.gather(applying, return_exceptions=True)
+    return serving_before_applied, applied_when_serving
+
+
+def test_a_peers_records_that_add_nothing_do_not_end_the_join_before_earlier_ones_are_applied(
+    node: InProcessNode,
+) -> None:
+    """``scenarios/reference-delayed.yaml`` seed 15: n2 restarted after its kill, n3's records (n3 the
+    queue's master now) were merged, n1's added nothing and n2 served at once; its schedule routed 14
+    recovered delayed messages into its own stale copy in the 28 ms before n3's records dropped it."""
+    serving_before_applied, applied_when_serving = node.call(_start_with_a_second_peer_adding_nothing(node))
+    assert not serving_before_applied
+    assert applied_when_serving
+
+
 async def _reapplied_delayed_exchange(node: InProcessNode) -> list[str]:
     vh = node.broker.vhosts["/"]
     args = {"x-delayed-type": "direct"}
