@@ -18,11 +18,14 @@ per-index ack set of that queue (``store.progress``) rather than one offset per 
   acked only once every queue confirmed it. A crash before that ack routes it again
   after the restart: at least once, never lost, never before its due time.
 - Nothing is routed while the node turns clients away (joining the cluster after a restart,
-  or paused in a minority partition): its view of where queues are mastered may be about to
-  be replaced, and a message enqueued into a copy the cluster then drops would be lost (seen
-  in ``scenarios/reference-delayed.yaml`` before this rule: a restarted node routed its
-  overdue messages into its recovered copy 0.1 s before taking the cluster's records, which
-  dropped that copy). Due messages wait; they come out late, not lost.
+  paused in a minority partition, or joining again after it resumed from that pause or lost
+  an autoheal, until the awaited peer's records are applied: ``Catalog.restart``): its view
+  of where queues are mastered may be about to be replaced, and a message enqueued into a
+  copy the cluster then drops would be lost (seen in ``scenarios/reference-delayed.yaml``
+  before this rule: a restarted node routed its overdue messages into its recovered copy
+  0.1 s before taking the cluster's records, which dropped that copy; and before a resumed
+  node counted as joining, n2 routed 67 into its stale copy in the 50 ms after it resumed).
+  Due messages wait; they come out late, not lost.
 - A routing during which a cluster peer went down is not trusted: a master cut off in a
   minority confirms alone before it pauses, and its copy is dropped when the partition heals
   (21 lost that way in ``reference-delayed.yaml`` before this rule). The entry stays and is

@@ -506,10 +506,22 @@ class MirrorMasterBQ(BackingQueue):
         A plain ack is fire-and-forget, as in RabbitMQ; a committed one is a promise
         that a failover must keep, else the promoted mirror would deliver again
         what the commit said was acked.
+
+        Broadcast in the step in which the inner queue takes the messages out of
+        its depth, before the ack record's fsync: an operation broadcast during
+        that fsync carries the master's depth without them, and a mirror that had
+        not seen the acks yet could not match it. It answered "NOT in sync", the
+        master stopped waiting for it, and a commit in that window got commit-ok
+        with no mirror holding its publishes (every mirror flips together: they
+        replay the same stream). ``scenarios/reference-tx.yaml`` showed it as
+        hundreds of flips a run.
         """
-        await self.inner.ack_batch(seqs)
+        unacked = set(self.inner.unacked())
+        taken = sum(1 for s in dict.fromkeys(seqs) if s in unacked)
         self.held.forget(seqs)
-        await self._confirmed(self._bcast({"op": "ack", "seqs": seqs, "tx": True}))
+        n = self._bcast({"op": "ack", "seqs": seqs, "tx": True, "depth": self.inner.depth() - taken})
+        await self.inner.ack_batch(seqs)  # takes them in this same step, then waits for the fsync
+        await self._confirmed(n)
 
     async def publish_delivered(self, message: Message) -> int:
         ticket = self.held.ticket()

@@ -96,3 +96,29 @@ def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cl
         ch.tx_commit()
     assert e.value.reply_code == 406 and "partial tx completion" in e.value.reply_text
     assert sorted(drain(n3, "ha.txvoid")) == [0, 1, 2, 3]
+
+
+def test_a_transaction_routed_before_its_node_promoted_the_mirror_commits_whole(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    """Publishes routed to n2's proxy of the queue, then n2 promoted: the commit puts them in the new master.
+
+    ``scenarios/reference-tx.yaml`` (seed 24): the first publish of a transaction on n2 was routed
+    to the proxy 14 ms before n2 promoted its mirror, the commit went to the promoted queue for the
+    other four and to the deleted proxy, which confirms and drops, for the first: commit-ok, one lost.
+    """
+    n1, n2, n3 = cluster_factory(3)
+    _mirrored_queue(
+        [n1, n2, n3], "ha.txpromo", {"ha-mode": "nodes", "ha-params": ["rabbit@n1", "rabbit@n2"]}, mirrors=1
+    )
+    wait_for(lambda: queue_info(n1, "ha.txpromo").get("synchronised_mirrors") == ["n2"], what="n2 in sync")
+    c = amqp(n2)
+    ch = c.channel()
+    ch.tx_select()
+    for i in range(3):
+        ch.basic_publish("", "ha.txpromo", str(i).encode(), PERSISTENT)  # routed to the proxy: n1 masters it
+    n1.kill()
+    wait_for(lambda: queue_info(n2, "ha.txpromo").get("node") == "n2", what="n2 promoted")
+    for i in range(3, 5):
+        ch.basic_publish("", "ha.txpromo", str(i).encode(), PERSISTENT)
+    ch.tx_commit()
+    c.close()
+    assert sorted(drain(n3, "ha.txpromo")) == [0, 1, 2, 3, 4]
