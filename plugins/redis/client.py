@@ -73,6 +73,7 @@ from harness.spec.client import (
     NoCopy,
     node_rotation,
     reason,
+    record_event,
     slow_consumers,
     wait_or_stop,
 )
@@ -309,8 +310,14 @@ class RedisDriver:
                 if not await is_primary(conn):
                     continue  # Sentinel named it before it took its new role, or it lost it since
                 if started:
-                    self._record_both(
-                        process, SEEK, node, queue, None, {"stream_seq": entry_offset(last) + 1}
+                    record_event(
+                        self.recorder,
+                        process,
+                        SEEK,
+                        node=node,
+                        queue=queue,
+                        value=None,
+                        detail={"stream_seq": entry_offset(last) + 1},
                     )
                 started = True
                 while not done.is_set():
@@ -324,14 +331,15 @@ class RedisDriver:
                     entries = [(_text(i), f) for _s, es in got or () for i, f in es if f is not None]
                     for eid, fields in entries:
                         msg_id, body = entry_message(fields)
-                        self._record_both(
+                        record_event(
+                            self.recorder,
                             process,
                             READ,
-                            node,
-                            queue,
-                            msg_id,
-                            {"stream_seq": entry_offset(eid), "entry": eid},
-                            body_digest(body),
+                            node=node,
+                            queue=queue,
+                            value=msg_id,
+                            detail={"stream_seq": entry_offset(eid), "entry": eid},
+                            digest=body_digest(body),
                         )
                         last = eid
                     if entries:
@@ -340,20 +348,6 @@ class RedisDriver:
                         idle_since = idle_since if idle_since is not None else loop.time()
                         if loop.time() - idle_since >= self.w.drain_idle:
                             done.set()
-
-    def _record_both(
-        self,
-        process: str,
-        f: str,
-        node: str,
-        queue: str,
-        value: str | None,
-        detail: dict[str, Any],
-        digest: str | None = None,
-    ) -> None:
-        """An op whose invoke and ok are one event (a read, a seek)."""
-        inv = self.recorder.invoke(process, f, node=node, queue=queue, value=value)
-        inv.ok(value=value, detail=detail, digest=digest)
 
     # -- drain ----------------------------------------------------------------------------
 
