@@ -132,7 +132,8 @@ class DrainReader(Protocol):
 
     async def extra(self) -> dict[str, Any]:
         """Whatever else the drain op's value shows that the protocol can tell (e.g. each
-        server's own view of a stream, under ``replicas``); ``{}`` for nothing."""
+        server's own view of a stream, under ``replicas``; ``{OFFSETS: SPARSE}`` for a stream
+        whose offsets are sparse, ``harness.spec.history``); ``{}`` for nothing."""
         ...
 
     # Optional: ``read(process, queue, stop)``, an ordered stream reader (``workload.readers``)
