@@ -176,23 +176,52 @@ def parts(h: Any, ids: Any) -> list[Any]:
         "skipped", F.lit(0).cast("bigint")
     )
     out += _top(back, "nonmonotonic_poll", ["index"])
-    exists = seen.select(
-        F.col("run").alias("x_run"), F.col("queue").alias("x_queue"), F.col("offset").alias("o")
-    ).distinct()
-    jumps = steps.filter(F.col("to_offset") > F.col("from_offset") + 1)
-    skips = (
-        jumps.join(
-            exists,
-            (F.col("run") == F.col("x_run"))
-            & (F.col("queue") == F.col("x_queue"))
-            & (F.col("o") > F.col("from_offset"))
-            & (F.col("o") < F.col("to_offset")),
-        )
-        .groupBy("run", "reader", "queue", "index", "from_offset", "to_offset", "after_seek")
-        .agg(F.count(F.lit(1)).alias("skipped"))
+    out += _top(
+        _skips(steps.filter(F.col("to_offset") > F.col("from_offset") + 1), seen), "poll_skip", ["index"]
     )
-    out += _top(skips, "poll_skip", ["index"])
     return out
+
+
+def _skips(jumps: Any, seen: Any) -> Any:
+    """The steps forward that jump over offsets that exist, with how many: the existing offsets
+    below ``to`` less those at or below ``from``, both counted by one running count over the
+    stream's offsets and the steps' two ends in offset order (never a range join, nor a walk
+    over the integers between: offsets may be sparse, Redis entry ids)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    exists = seen.select("run", "queue", "offset").distinct()
+    # at one offset: a step's end ``to`` counts what is strictly below it (rank 0), an offset that
+    # exists counts itself (1), a step's start ``from`` counts what is at or below it (2)
+    ends = jumps.select(
+        "run", "queue", "index", F.col("from_offset").alias("offset"), F.lit(2).alias("rank")
+    ).unionByName(
+        jumps.select("run", "queue", "index", F.col("to_offset").alias("offset"), F.lit(0).alias("rank"))
+    )
+    marks = ends.withColumn("exists", F.lit(0)).unionByName(
+        exists.select(
+            "run",
+            "queue",
+            F.lit(None).cast("bigint").alias("index"),
+            "offset",
+            F.lit(1).alias("rank"),
+            F.lit(1).alias("exists"),
+        )
+    )
+    upto = (
+        Window.partitionBy("run", "queue").orderBy("offset", "rank").rowsBetween(Window.unboundedPreceding, 0)
+    )
+    counted = (
+        marks.withColumn("below", F.sum("exists").over(upto))
+        .filter(F.col("index").isNotNull())
+        .groupBy("run", "index")
+        .agg(F.sum(F.when(F.col("rank") == 0, F.col("below")).otherwise(-F.col("below"))).alias("skipped"))
+    )
+    return (
+        jumps.join(counted, ["run", "index"])
+        .filter(F.col("skipped") > 0)
+        .select("run", "reader", "queue", "index", "from_offset", "to_offset", "after_seek", "skipped")
+    )
 
 
 def _positions(ids: Any) -> Any:

@@ -15,7 +15,10 @@ in ``value.replicas``):
 - ``delivered_conflicts``: one stream sequence delivered as two different messages;
 - ``gaps``: sequences below the highest one delivered that nothing ever delivered,
   not explained by messages the stream removed (below its first sequence); only
-  counted when the drain finished (else the stream is not fully read);
+  counted when the drain finished (else the stream is not fully read). A dense stream
+  (JetStream: sequences 1, 2, 3..) has every integer up to the highest delivered; a
+  sparse one (the drain says ``"offsets": "sparse"``: Redis entry ids) only the offsets a
+  confirm, a delivery, a read or a node's copy (``holdings``) shows;
 - ``reordered``: first deliveries (``delivered == 1``) in the consumer's delivery
   order whose stream sequence goes backwards;
 - ``diverged_streams``: streams whose replicas disagree after the final drain
@@ -34,7 +37,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.spec.history import HOLDINGS, OFFSETS, READ, SPARSE
+
 from . import _rows
+from ._anomalies import entry_list
 from ._rows import history_path, reason_of, verdict_of
 from ._spark_session import spark_session
 
@@ -90,6 +96,17 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _sparse(drain: dict[str, Any]) -> bool:
+    return drain.get(OFFSETS) == SPARSE
+
+
+def _floor(drain: dict[str, Any]) -> int:
+    """The lowest offset a gap may have: the stream's first sequence as its replicas report it
+    (what is below was removed), else 1."""
+    firsts = [_int(v.get("first_seq")) for v in (drain.get("replicas") or {}).values() if isinstance(v, dict)]
+    return max(1, min([s for s in firsts if s is not None] or [1]))
+
+
 def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Streams whose replicas' views (servers that hold the stream) differ, from the last drain of each."""
     out = []
@@ -122,6 +139,7 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     drains: dict[str, dict[str, Any]] = {}
     drain_done: dict[str, bool] = {}
     queues: set[str] = set()
+    seen: dict[str, set[int]] = defaultdict(set)  # offsets reads and nodes' copies show
     n = 0
     for r in rows:
         n += 1
@@ -130,11 +148,18 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             drain_done[q] = drain_done.get(q, True) and t == "ok"
             drains[q] = _json(r.get("value"))
             continue
-        if t != "ok" or not q or f not in ("publish", "consume"):
+        if f == HOLDINGS and t == "ok" and q:
+            seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
+            continue
+        if t != "ok" or not q or f not in ("publish", "consume", READ):
             continue
         d = _json(r.get("detail"))
         seq = _int(d.get("stream_seq"))
         if seq is None:
+            continue
+        if f == READ:
+            if r.get("value") is not None:
+                seen[q].add(seq)
             continue
         queues.add(q)
         mid = str(r.get("value"))
@@ -170,14 +195,13 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         seqs = {s for (qq, s) in delivered if qq == q}
         if not seqs:
             continue
-        firsts_seen = [
-            _int(v.get("first_seq"))
-            for v in (drains[q].get("replicas") or {}).values()
-            if isinstance(v, dict)
-        ]
-        floor = min([s for s in firsts_seen if s is not None] or [1])
-        missing = [s for s in range(max(1, floor), max(seqs) + 1) if s not in seqs]
-        gaps.extend({"queue": q, "seq": s} for s in missing)
+        floor, top = _floor(drains[q]), max(seqs)
+        if _sparse(drains[q]):
+            known = seen[q] | {s for (qq, s) in confirmed if qq == q}
+            candidates: Iterable[int] = sorted(s for s in known if floor <= s <= top)
+        else:
+            candidates = range(floor, top + 1)
+        gaps.extend({"queue": q, "seq": s} for s in candidates if s not in seqs)
     reorders: list[dict[str, Any]] = []
     for q, items in sorted(firsts.items()):
         items.sort()
@@ -270,6 +294,28 @@ _SQL = {
                  lag(seq) OVER (PARTITION BY queue ORDER BY cseq, index) AS ps
           FROM b WHERE f = 'consume' AND seq IS NOT NULL AND cseq IS NOT NULL AND dcount = 1)
         WHERE ps IS NOT NULL AND seq < ps""",
+    # offsets a sparse stream is known to have: confirms, reads and nodes' copies (deliveries are
+    # never gaps)
+    "known": f"""
+        SELECT queue, seq FROM b WHERE f = 'publish' AND seq IS NOT NULL
+        UNION SELECT queue, CAST(get_json_object(detail, '$.stream_seq') AS BIGINT) AS seq FROM h
+          WHERE f = '{READ}' AND type = 'ok' AND queue IS NOT NULL AND value IS NOT NULL
+        UNION SELECT queue, try_cast(get(e, 0) AS BIGINT) AS seq FROM (
+          SELECT queue, explode(from_json(value, 'struct<entries:array<array<string>>>').entries) AS e
+          FROM h WHERE f = '{HOLDINGS}' AND type = 'ok' AND queue IS NOT NULL)
+          WHERE get(e, 1) IS NOT NULL""",
+    # dense streams: every integer from the floor to the highest delivered; sparse: the known ones
+    "gaps": """
+        SELECT r.queue, r.seq FROM (
+          SELECT fl.queue, explode(sequence(fl.floor, m.top)) AS seq
+          FROM fl JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fl.queue
+          WHERE m.top >= fl.floor
+          UNION
+          SELECT fs.queue, kn.seq
+          FROM fs JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fs.queue
+          JOIN kn ON kn.queue = fs.queue
+          WHERE kn.seq BETWEEN fs.floor AND m.top) r
+        LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""",
 }
 
 
@@ -316,25 +362,20 @@ def check_stream_spark(
     for r in drain_rows:
         drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
         drains[r["queue"]] = _json(r["value"])
-    floors = []
-    for q in sorted(queues):
-        if drain_done.get(q):
-            firsts_seen = [
-                _int(v.get("first_seq"))
-                for v in (drains[q].get("replicas") or {}).values()
-                if isinstance(v, dict)
-            ]
-            floors.append((q, max(1, min([s for s in firsts_seen if s is not None] or [1]))))
+    floors = [(q, _floor(drains[q]), _sparse(drains[q])) for q in sorted(queues) if drain_done.get(q)]
     gaps: list[dict[str, Any]] = []
     if floors:
-        spark.createDataFrame(floors, "queue string, floor bigint").createOrReplaceTempView("fl")
+        # dense and sparse streams in views of their own: a sparse stream's integers are never
+        # generated, not even to be filtered out
+        for view, sparse in (("fl", False), ("fs", True)):
+            kept = [(q, floor) for q, floor, s in floors if s is sparse]
+            spark.createDataFrame(kept, "queue string, floor bigint").createOrReplaceTempView(view)
         delivered_seqs.createOrReplaceTempView("ds")
-        missing = spark.sql("""
-            SELECT r.queue, r.seq FROM (
-              SELECT fl.queue, explode(sequence(fl.floor, m.top)) AS seq
-              FROM fl JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fl.queue
-              WHERE m.top >= fl.floor) r
-            LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""").collect()
+        if any(s for *_q, s in floors):
+            spark.sql(_SQL["known"]).createOrReplaceTempView("kn")
+        else:  # nothing sparse: no need to read the holdings and reads
+            spark.createDataFrame([], "queue string, seq bigint").createOrReplaceTempView("kn")
+        missing = spark.sql(_SQL["gaps"]).collect()
         gaps = sorted(
             ({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
             key=lambda g: (g["queue"], g["seq"]),

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
+from harness.spec.history import Recorder
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
 
 #: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
@@ -131,7 +132,8 @@ class DrainReader(Protocol):
 
     async def extra(self) -> dict[str, Any]:
         """Whatever else the drain op's value shows that the protocol can tell (e.g. each
-        server's own view of a stream, under ``replicas``); ``{}`` for nothing."""
+        server's own view of a stream, under ``replicas``; ``{OFFSETS: SPARSE}`` for a stream
+        whose offsets are sparse, ``harness.spec.history``); ``{}`` for nothing."""
         ...
 
     # Optional: ``read(process, queue, stop)``, an ordered stream reader (``workload.readers``)
@@ -162,6 +164,23 @@ def reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     detail = text[0][:160] if text else ""
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def record_event(
+    recorder: Recorder,
+    process: str,
+    f: str,
+    *,
+    node: str | None,
+    queue: str | None,
+    value: str | None,
+    detail: dict[str, Any],
+    digest: str | None = None,
+) -> None:
+    """An op whose invoke and ``ok`` are one event (an ordered reader's ``read`` or ``seek``)."""
+    recorder.invoke(process, f, node=node, queue=queue, value=value).ok(
+        value=value, detail=detail, digest=digest
+    )
 
 
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:

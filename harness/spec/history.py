@@ -49,7 +49,9 @@ Every invoke has exactly one completion by the same process. Client operations:
   ``info`` otherwise. Every abandoned delivery must be delivered again.
 - ``drain``: one per queue and drainer, ``value`` = JSON of what the drain saw per node;
   ``ok`` only if every node reported the queue empty (ready and unacked) and stayed
-  idle, ``info`` if the drain could not finish.
+  idle, ``info`` if the drain could not finish. A stream's driver adds what it can tell of
+  the stream (``DrainReader.extra``): each server's own view under ``replicas``, and
+  ``"offsets": "sparse"`` when its offsets are sparse (below).
 - ``depth``: one per look the drain takes at a node's queue depth (added in schema 2, so
   older histories lack it): invoke by the drainer when it asks the broker plugin
   (``node``, ``queue``); ``ok`` with ``value`` = ``{"ready": n, "unacked": n or null,
@@ -68,6 +70,23 @@ Every invoke has exactly one completion by the same process. Client operations:
   ``{"stream_seq": n}`` (the entry's offset). A read takes nothing from the stream.
 - ``seek``: a reader restarting on purpose (reconnect, reassignment) from offset n, before
   its next read: invoke and ``ok`` together, ``detail`` = ``{"stream_seq": n}``.
+
+Stream offsets (``detail.stream_seq`` of a stream's ``publish`` ok, ``consume``, ``read`` and
+``seek``, and the ``offset`` of a ``holdings`` entry) are one kind of value for every broker: an
+int64 *ordered key*, the entry's position in its stream, compared as integers (Parquet, JSON and
+Spark SQL read it as a BIGINT, exactly). Two shapes:
+
+- *dense* (the default): the stream numbers its entries 1, 2, 3.. with no holes (JetStream's
+  stream sequence), so every integer between two offsets of a stream was an entry;
+- *sparse*: the offsets are ordered but far apart, and only the entries somebody saw are known
+  to exist (a Redis Streams entry id ``ms-seq`` is the offset ``ms * 1_000_000 + seq``:
+  ``entry_offset``, its inverse ``entry_id``). The drain op of such a stream says so
+  (``"offsets": "sparse"`` in its value), and checkers then never walk the integers between
+  two offsets: an offset exists when a node's copy (``holdings``), a read, a delivery or a
+  confirm shows it.
+
+A reader restarting after the entry at offset n records a ``seek`` to n + 1 in either shape (for
+Redis: ``XREAD`` from the last id read returns the entries after it, the first possibly at n + 1).
 
 Per-node holdings, recorded by the harness after the drain (added without changing the
 schema version; a history without them is one whose broker plugin cannot tell):
@@ -149,6 +168,10 @@ def is_dead_letter_queue(queue: str | None) -> bool:
     return queue is not None and queue.endswith(DEAD_LETTER_SUFFIX)
 
 
+OFFSETS, SPARSE = "offsets", "sparse"
+"""The key in a drain op's value that says a stream's offsets are sparse, and its value."""
+ENTRY_SEQ_LIMIT = 1_000_000
+"""A sparse entry id ``ms-seq`` is the offset ``ms * ENTRY_SEQ_LIMIT + seq`` (``entry_offset``)."""
 OPTIONAL_FIELDS = ("error", "digest", "detail", "schema")
 """Fields a stored history may lack (written before schema 2, or by hand): readers take them as null."""
 ABANDON_CAUSES = (
@@ -245,3 +268,22 @@ def message_body(msg_id: str, seed: int, size: int) -> bytes:
 def body_digest(body: bytes) -> str:
     """What a consumer records of a delivered body: the first 32 hex digits of its sha256."""
     return hashlib.sha256(body).hexdigest()[:32]
+
+
+def entry_offset(entry_id: str) -> int:
+    """A two-part stream entry id ``ms-seq`` (Redis Streams) as its sparse offset
+    ``ms * 1_000_000 + seq``: ordered as the ids are, and an int64 until the year 2262. A ``seq``
+    of a million or more (a million entries in one millisecond) has no offset: ``ValueError``."""
+    ms, _, seq = entry_id.partition("-")
+    m, s = int(ms), int(seq or 0)
+    if m < 0 or not 0 <= s < ENTRY_SEQ_LIMIT:
+        raise ValueError(
+            f"stream entry id {entry_id!r} has no offset (seq must be below {ENTRY_SEQ_LIMIT:,})"
+        )
+    return m * ENTRY_SEQ_LIMIT + s
+
+
+def entry_id(offset: int) -> str:
+    """The entry id ``ms-seq`` of a sparse offset (``entry_offset``'s inverse)."""
+    ms, seq = divmod(offset, ENTRY_SEQ_LIMIT)
+    return f"{ms}-{seq}"

@@ -86,7 +86,7 @@ class WorkloadSection:
     producers: int = 2
     #: Consumer processes (c1, c2, ...); 0 leaves every message to the final drain.
     consumers: int = 2
-    #: Ordered stream readers (r1, r2, ...): each reads its stream whole from the start, in order, without acking, through the run and past the drain (`read`/`seek` ops; for the poll-skip, nonmonotonic-poll and unseen classes); 0: none. Needs a client plugin with readers (NATS).
+    #: Ordered stream readers (r1, r2, ...): each reads its stream whole from the start, in order, without acking, through the run and past the drain (`read`/`seek` ops; for the poll-skip, nonmonotonic-poll and unseen classes); 0: none. Needs a client plugin with readers (NATS, Redis).
     readers: int = 0
     #: Queues (streams) the producers spread their messages over.
     queues: int = 1

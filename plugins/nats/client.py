@@ -62,6 +62,7 @@ from harness.spec.client import (
     Behaviour,
     node_rotation,
     reason,
+    record_event,
     slow_consumers,
     wait_or_stop,
 )
@@ -344,7 +345,15 @@ class NatsDriver:
         async with contextlib.aclosing(self._connections(process, done)) as conns:
             async for conn in conns:
                 if started:
-                    self._record_both(process, "seek", conn.node, queue, None, {"stream_seq": nxt})
+                    record_event(
+                        self.recorder,
+                        process,
+                        "seek",
+                        node=conn.node,
+                        queue=queue,
+                        value=None,
+                        detail={"stream_seq": nxt},
+                    )
                 started = True
                 try:
                     sub = await conn.js.pull_subscribe(
@@ -369,8 +378,15 @@ class NatsDriver:
                     for msg in msgs:
                         seq = int(msg.metadata.sequence.stream)
                         digest = body_digest(bytes(msg.data))
-                        self._record_both(
-                            process, "read", conn.node, queue, message_id(msg), {"stream_seq": seq}, digest
+                        record_event(
+                            self.recorder,
+                            process,
+                            "read",
+                            node=conn.node,
+                            queue=queue,
+                            value=message_id(msg),
+                            detail={"stream_seq": seq},
+                            digest=digest,
                         )
                         nxt = max(nxt, seq + 1)
                     if msgs:
@@ -381,20 +397,6 @@ class NatsDriver:
                             done.set()
                     if stop.is_set() and conn.nc.is_closed:
                         break
-
-    def _record_both(
-        self,
-        process: str,
-        f: str,
-        node: str,
-        queue: str,
-        value: str | None,
-        detail: dict[str, Any],
-        digest: str | None = None,
-    ) -> None:
-        """An op whose invoke and ok are one event (a read, a seek)."""
-        inv = self.recorder.invoke(process, f, node=node, queue=queue, value=value)
-        inv.ok(value=value, detail=detail, digest=digest)
 
     # -- drain ----------------------------------------------------------------------------
 

@@ -38,10 +38,11 @@ from harness import (
     NodeInfo,
     NodeSpec,
     ScenarioError,
+    entry_offset,
     hookimpl,
     run_or_fail,
 )
-from plugins.redis.client import GROUP, MASTER_NAME, brokerchaos_register_clients, stream_seq
+from plugins.redis.client import GROUP, MASTER_NAME, brokerchaos_register_clients
 
 __version__ = "0.1.0"
 __all__ = ["Redis", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
@@ -335,13 +336,14 @@ class Redis(BrokerPlugin):
         return lag, pending
 
     def node_holdings(self, node: NodeHandle, queue: str) -> list[tuple[int | None, str]] | None:
-        """This node's own copy of the stream (``XRANGE``), entry ids as ``stream_seq`` offsets."""
+        """This node's own copy of the stream (``XRANGE``), entry ids as their sparse offsets
+        (``harness.spec.entry_offset``)."""
         out = cli(node, "EVAL_RO", HOLDINGS, "1", queue, timeout=60)
         held: list[tuple[int | None, str]] = []
         for line in out.splitlines():
             entry, _, msg_id = line.strip().partition(" ")
             if entry:
-                held.append((stream_seq(entry), msg_id))
+                held.append((entry_offset(entry), msg_id))
         return held
 
 

@@ -15,8 +15,8 @@ What the history records (``harness.spec.history``), in Redis terms:
 
 - ``publish``: ``XADD``; with ``wait_replicas`` n > 0 followed by ``WAIT n timeout``. ``ok``
   = the reply arrived (and ``WAIT`` counted at least n replicas); ``detail``: the entry's
-  ``stream_seq`` (entry id ``ms-seq`` as ms * 1_000_000 + seq), the entry id, the replica
-  count. ``fail`` = an error reply (``READONLY``, ``NOREPLICAS``: not written). ``info`` = a
+  ``stream_seq`` (the entry id ``ms-seq`` as its sparse offset ms * 1_000_000 + seq:
+  ``harness.spec.entry_offset``), the entry id, the replica count. ``fail`` = an error reply (``READONLY``, ``NOREPLICAS``: not written). ``info`` = a
   timeout, a lost connection, or ``WAIT`` counting fewer replicas (written on the primary,
   its survival unknown).
 - ``consume``: an entry ``XREADGROUP`` or ``XAUTOCLAIM`` returned (``redelivered``: re-read
@@ -27,6 +27,11 @@ What the history records (``harness.spec.history``), in Redis terms:
   dropped; ``close``; ``requeue``; ``recover``: re-read from its own pending list). Redis keeps
   it in the group's pending list, where other consumers claim it (``XAUTOCLAIM`` once it has
   been idle ``CLAIM_IDLE_MS``): ``ok`` at once, the broker holds it whatever the client does.
+- ``read``, ``seek``: an ordered reader (``workload.readers``) reads the stream from its start
+  with ``XREAD`` (``COUNT``, ``BLOCK``) from the last id it read, on the primary; after any
+  failure (a lost connection, Sentinel killing its clients when it changes the node's role, an
+  error reply) it asks Sentinel again and goes on from that id on the primary it names, recorded
+  first as a ``seek`` to the offset after it. It takes nothing from the group.
 - ``drain``: one node per visit (``drain_reader``; the harness runs the rounds): a node that
   refuses ``XREADGROUP`` as a replica (``READONLY``) holds no copy to drain (``NoCopy``); on a
   primary the visit claims every pending entry, reads the rest and reports the node empty when
@@ -49,6 +54,10 @@ from redis.backoff import NoBackoff
 
 from harness import ScenarioError, hookimpl
 from harness.spec import (
+    OFFSETS,
+    READ,
+    SEEK,
+    SPARSE,
     Endpoint,
     Invocation,
     QueueDepth,
@@ -56,6 +65,7 @@ from harness.spec import (
     Recorder,
     WorkloadSection,
     body_digest,
+    entry_offset,
     message_body,
 )
 from harness.spec.client import (
@@ -63,6 +73,7 @@ from harness.spec.client import (
     NoCopy,
     node_rotation,
     reason,
+    record_event,
     slow_consumers,
     wait_or_stop,
 )
@@ -84,12 +95,6 @@ BROKER_ERRORS = (
     TimeoutError,
     ConnectionError,
 )
-
-
-def stream_seq(entry_id: str) -> int:
-    """A stream entry id ``ms-seq`` as one int (CONTRACT: ms * 1_000_000 + seq)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms) * 1_000_000 + int(seq or 0)
 
 
 def _text(v: Any) -> str:
@@ -256,7 +261,7 @@ class RedisDriver:
         timeout = self.w.confirm_timeout
         try:
             entry = _text(await asyncio.wait_for(conn.xadd(queue, {"id": msg_id, "body": body}), timeout))
-            detail: dict[str, Any] = {"stream_seq": stream_seq(entry), "entry": entry}
+            detail: dict[str, Any] = {"stream_seq": entry_offset(entry), "entry": entry}
             if self.wait_replicas:
                 # WAIT's own timeout leaves the rest of the confirm timeout for its reply.
                 got = int(
@@ -294,6 +299,65 @@ class RedisDriver:
             async for node, conn in conns:
                 await _Session(self, conn, node, process, queue, behaviour).run(stop)
 
+    # -- ordered readers ------------------------------------------------------------------
+
+    async def read(self, process: str, queue: str, stop: asyncio.Event) -> None:
+        """An ordered stream reader (``workload.readers``): the stream from its first entry, in
+        order, with ``XREAD COUNT n BLOCK ms`` from the last entry id it read, on the primary
+        (``ROLE`` checked on each connection; ``XREAD`` joins no group: it takes nothing from
+        anyone). Each entry is a ``read`` op (id, digest, offset). Any failure sends it back to Sentinel for the primary, where it goes on
+        from the same id, recorded first as a ``seek`` to the offset after it. After ``stop`` it
+        reads on until an ``XREAD`` finds nothing for ``drain_idle`` seconds: the stream's end."""
+        last = "0-0"
+        started = False
+        idle_since: float | None = None
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        batch = max(1, min(self.w.prefetch or 100, 256))
+        async with contextlib.aclosing(self._primaries(process, done)) as conns:
+            async for node, conn in conns:
+                if not await is_primary(conn):
+                    continue  # Sentinel named it before it took its new role, or it lost it since
+                if started:
+                    record_event(
+                        self.recorder,
+                        process,
+                        SEEK,
+                        node=node,
+                        queue=queue,
+                        value=None,
+                        detail={"stream_seq": entry_offset(last) + 1},
+                    )
+                started = True
+                while not done.is_set():
+                    try:
+                        got: Any = await asyncio.wait_for(
+                            conn.xread({queue: last}, count=batch, block=BLOCK_MS),
+                            BLOCK_MS / 1000 + OP_TIMEOUT,
+                        )
+                    except (*BROKER_ERRORS, redis.exceptions.ResponseError):
+                        break  # UNBLOCKED (the node's role changed), LOADING, a lost connection
+                    entries = [(_text(i), f) for _s, es in got or () for i, f in es if f is not None]
+                    for eid, fields in entries:
+                        msg_id, body = entry_message(fields)
+                        record_event(
+                            self.recorder,
+                            process,
+                            READ,
+                            node=node,
+                            queue=queue,
+                            value=msg_id,
+                            detail={"stream_seq": entry_offset(eid), "entry": eid},
+                            digest=body_digest(body),
+                        )
+                        last = eid
+                    if entries:
+                        idle_since = None
+                    elif stop.is_set():
+                        idle_since = idle_since if idle_since is not None else loop.time()
+                        if loop.time() - idle_since >= self.w.drain_idle:
+                            done.set()
+
     # -- drain ----------------------------------------------------------------------------
 
     def drain_reader(self, process: str, queue: str) -> _Drain:
@@ -305,6 +369,23 @@ class RedisDriver:
 async def close(conn: aioredis.Redis) -> None:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(conn.aclose(), 2.0)
+
+
+def entry_message(fields: Mapping[Any, Any] | None) -> tuple[str, bytes]:
+    """The message id and body an entry's fields carry (the id read from the body if missing)."""
+    f = {_text(k): v for k, v in (fields or {}).items()}
+    body = f.get("body") or b""
+    body = body if isinstance(body, bytes) else str(body).encode()
+    return _text(f.get("id") or body.split(b"|", 1)[0]), body
+
+
+async def is_primary(conn: aioredis.Redis) -> bool:
+    """``ROLE`` says ``master`` (False too when it cannot be asked)."""
+    try:
+        role: Any = await asyncio.wait_for(conn.execute_command("ROLE"), OP_TIMEOUT)
+    except (*BROKER_ERRORS, redis.exceptions.ResponseError):
+        return False
+    return bool(role) and _text(role[0]) == "master"
 
 
 async def create_group(conn: aioredis.Redis, queue: str) -> bool:
@@ -411,12 +492,9 @@ class _Session:
         return "stop"
 
     def deliver(self, entry_id: str, fields: Mapping[Any, Any] | None, redelivered: bool) -> tuple[str, str]:
-        f = {_text(k): v for k, v in (fields or {}).items()}
-        body = f.get("body") or b""
-        body = body if isinstance(body, bytes) else str(body).encode()
-        msg_id = _text(f.get("id") or body.split(b"|", 1)[0])
+        msg_id, body = entry_message(fields)
         digest = body_digest(body)
-        detail: dict[str, Any] = {"stream_seq": stream_seq(entry_id), "entry": entry_id}
+        detail: dict[str, Any] = {"stream_seq": entry_offset(entry_id), "entry": entry_id}
         if digest != body_digest(message_body(msg_id, self.d.seed, self.d.w.message_size)):
             detail.update(body=body[:200].decode(errors="backslashreplace"), length=len(body))
         self.d.recorder.invoke(self.process, "consume", node=self.node, queue=self.queue).ok(
@@ -493,7 +571,7 @@ class _Drain:
         return {n: asdict(v) for n, v in self.node_views.items()}
 
     async def extra(self) -> dict[str, Any]:
-        return {}
+        return {OFFSETS: SPARSE}  # entry ids: ordered, far apart (harness.spec.history)
 
     async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
         """The protocol's read of one node: claim every pending entry and read every unread one

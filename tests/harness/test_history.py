@@ -208,3 +208,16 @@ def test_the_recorder_writes_the_parquet_history_as_the_run_goes(tmp_path: Path,
     assert table.num_rows == 2 * ops + 2
     assert pq.ParquetFile(out).metadata.num_row_groups == max(1, -(-(2 * ops + 2) // 2))
     assert not (tmp_path / "history.parquet.tmp").exists()
+
+
+def test_sparse_offsets_are_ordered_int64_keys_of_entry_ids() -> None:
+    """A Redis entry id ``ms-seq`` and its offset: the same order, one BIGINT, and back again."""
+    from harness.spec import entry_id, entry_offset
+
+    ids = ["0-1", "1700000000000-0", "1700000000000-3", "1700000000000-999999", "1700000000001-0"]
+    offsets = [entry_offset(i) for i in ids]
+    assert offsets == sorted(offsets) and offsets[2] == 1_700_000_000_000_000_003
+    assert [entry_id(o) for o in offsets] == ids
+    assert entry_offset("9223372036853-999999") < 2**63  # an int64 until the year 2262
+    with pytest.raises(ValueError, match="no offset"):
+        entry_offset("1700000000000-1000000")

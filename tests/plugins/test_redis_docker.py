@@ -1,7 +1,7 @@
 """The Redis plugin on a real 3-node cluster with Sentinel (Debian's redis-server 7.0): the driver
 finds the primary by asking Sentinel, publishes and drains through it, every node's own copy of
 the stream holds what was confirmed, and after a failover the driver follows the new primary while
-the drain skips the replicas."""
+the drain skips the replicas, and an ordered reader goes on from its last entry id there."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
 from plugins.redis import SENTINEL_PORT, Redis, cli
 from plugins.redis.client import MASTER_NAME, RedisDriver
-from tests.polling import until
+from tests.polling import until, until_async
 
 pytestmark = pytest.mark.docker
 
@@ -84,24 +84,33 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
         assert offsets == sorted(offsets) and len(set(offsets)) == 20
         assert plugin.queue_depth(nodes["n1"], QUEUE) == (0, 0)
 
-        # A failover Sentinel carries out: the driver asks again and follows the new primary.
-        cli(nodes["n2"], "SENTINEL", "FAILOVER", MASTER_NAME, port=SENTINEL_PORT)
+        # A failover Sentinel carries out: the driver asks again and follows the new primary, and
+        # a reader that read the 20 entries on n1 goes on from the last of them there.
+        def failover() -> None:
+            cli(nodes["n2"], "SENTINEL", "FAILOVER", MASTER_NAME, port=SENTINEL_PORT)
 
-        def moved() -> bool:
-            out = cli(nodes["n2"], "SENTINEL", "get-master-addr-by-name", MASTER_NAME, port=SENTINEL_PORT)
-            return out.split()[0] != "n1"
+            def moved() -> bool:
+                out = cli(nodes["n2"], "SENTINEL", "get-master-addr-by-name", MASTER_NAME, port=SENTINEL_PORT)
+                return out.split()[0] != "n1"
 
-        until(moved, "Sentinel to name a new primary", every=0.2)
-        until(
-            lambda: cli(nodes["n1"], "ROLE").split()[0] == "slave",
-            "the old primary to follow the new one",
-            every=0.2,
-        )
+            until(moved, "Sentinel to name a new primary", every=0.2)
+            until(
+                lambda: cli(nodes["n1"], "ROLE").split()[0] == "slave",
+                "the old primary to follow the new one",
+                every=0.2,
+            )
 
         async def second() -> tuple[str | None, int]:
+            stop = asyncio.Event()
+            reader = asyncio.create_task(driver.read("r1", QUEUE, stop))
+            await until_async(lambda: rec.counts.get(("read", "ok"), 0) >= 20, "r1 to read the 20 entries")
+            await asyncio.to_thread(failover)
             new = await driver.primary("p2")
             await _publish(driver, "p2", range(1, 11))
-            return new, await _drain(driver, "d2")
+            drained = await _drain(driver, "d2")
+            stop.set()
+            await reader
+            return new, drained
 
         new, drained = asyncio.run(second())
         assert new in ("n2", "n3") and drained == 10
@@ -120,3 +129,15 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
         "replica",
     ]
     assert sorted(drain["no_copy"]) == sorted(n for n in roles if n != new)
+    assert drain["offsets"] == "sparse"
+    # the reader: every entry once, in order, the first 20 on n1; Sentinel's failover cut its
+    # connection, and it went on from where it was on the new primary
+    steps = [op for op in ops if op["process"] == "r1" and op["type"] == "ok"]
+    reads = [
+        (op["value"], json.loads(op["detail"])["stream_seq"], op["node"]) for op in steps if op["f"] == "read"
+    ]
+    assert [v for v, _o, _n in reads] == [f"p1:{i}" for i in range(1, 21)] + [f"p2:{i}" for i in range(1, 11)]
+    assert [o for _v, o, _n in reads] == sorted({o for _v, o, _n in reads})
+    assert {n for _v, _o, n in reads[:20]} == {"n1"} and {n for _v, _o, n in reads[20:]} == {new}
+    seeks = [json.loads(op["detail"])["stream_seq"] for op in steps if op["f"] == "seek"]
+    assert seeks and all(s == reads[19][1] + 1 for s in seeks)

@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from harness import NodeInfo, ScenarioError
+from harness import NodeInfo, ScenarioError, entry_offset
 from plugins.redis import Redis
-from plugins.redis.client import stream_seq
 
 
 def _node(index: int, nodes: int = 3, **settings: Any) -> NodeInfo:
@@ -58,9 +57,9 @@ def test_a_setting_needs_as_many_replicas_as_it_counts() -> None:
 
 
 def test_entry_ids_map_to_ordered_offsets() -> None:
-    assert stream_seq("1700000000000-0") == 1_700_000_000_000_000_000
+    assert entry_offset("1700000000000-0") == 1_700_000_000_000_000_000
     ids = ["1700000000000-0", "1700000000000-7", "1700000000001-0"]
-    assert [stream_seq(i) for i in ids] == sorted(stream_seq(i) for i in ids)
+    assert [entry_offset(i) for i in ids] == sorted(entry_offset(i) for i in ids)
 
 
 def test_the_client_gets_its_settings_through_client_settings() -> None:

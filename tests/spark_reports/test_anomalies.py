@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.spec import entry_offset
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
 
@@ -235,3 +236,67 @@ def test_report_terminal_and_grade_show_the_classes_only_when_they_occur(tmp_pat
     assert grade["anomalies"] == {"lost_postfix": [1, 4], "unseen": [1, 4]}
     assert grade["runs"][1]["anomalies"] == {}
     assert any("lost postfix in 1 run (4)" in line for line in describe_grade(grade))
+
+
+# -- sparse offsets (Redis Streams entry ids ``ms-seq`` as ``ms * 1_000_000 + seq``) -------------
+
+_MS = 1_700_000_000_000
+_IDS = ["0-0", "0-1", "5-0", "5-1", "17-0", "42-0", "42-1", "100-0"]  # p1:1..8, ms after _MS
+
+
+def _at(k: int) -> int:
+    """The offset of p1:k's entry id."""
+    ms, seq = _IDS[k - 1].split("-")
+    return entry_offset(f"{_MS + int(ms)}-{seq}")
+
+
+def _redis_history() -> HistoryBuilder:
+    """Readers of a Redis stream: one skip over an entry a node holds, one read back without a
+    seek, a seek after which a read skips two entries, a message at two ids on one node, and one
+    id read as another message than the nodes hold; every other step jumps millions of integers
+    that are no entries."""
+    b = HistoryBuilder()
+    _stream(b, 8, consumed=range(1, 9))
+    for k in (1, 2, 4):  # from 0-1 to 5-1: skips 5-0 (p1:3), which the copies hold
+        b.read(f"p1:{k}", _at(k))
+    b.read("p1:2", _at(2))  # back to 0-1 with no seek: nonmonotonic
+    b.seek(_at(2) + 1)  # XREAD from 0-1 again, on purpose
+    b.read("p1:3", _at(3))  # the first entry after it: no skip, though 5 million integers lie between
+    b.seek(_at(5) + 1)
+    b.read("p1:8", _at(8))  # from after 17-0 to 100-0: skips 42-0 and 42-1
+    b.read("p1:9", _at(5), reader="r2")  # 17-0 holds p1:5 on the nodes
+    b.read("p1:6", _at(6), reader="r2")
+    b.drain()
+    copy = [(_at(k), f"p1:{k}") for k in range(1, 9)]
+    b.holdings("n1", copy)
+    b.holdings("n2", [*copy, (_at(8) + 1, "p1:8")])  # p1:8 again, at 100-1
+    return b
+
+
+def test_sparse_offsets_poll_skip_nonmonotonic_duplicate_inconsistent(tmp_path: Path) -> None:
+    r = _check(_redis_history(), tmp_path)
+    a = r["anomalies"]
+    assert [(s["from_offset"], s["to_offset"], s["skipped"], s["after_seek"]) for s in a["poll_skip"]] == [
+        (_at(2), _at(4), 1, False),
+        (_at(5), _at(8), 2, True),
+    ]
+    assert [(s["reader"], s["from_offset"], s["to_offset"]) for s in a["nonmonotonic_poll"]] == [
+        ("r1", _at(4), _at(2))
+    ]
+    assert a["duplicate"] == [{"queue": "q", "id": "p1:8", "offsets": [_at(8), _at(8) + 1]}]
+    assert a["inconsistent_offsets"] == [
+        {"queue": "q", "offset": _at(5), "ids": ["p1:5", "p1:9"], "sources": ["n1", "n2", "r2"]}
+    ]
+    assert a["counts"]["readers"] == 2 and a["counts"]["lost_on_node"] == 0
+    assert r["verdict"] == "INTEGRITY"
+
+
+@pytest.mark.spark
+def test_spark_agrees_on_sparse_offsets(tmp_path: Path, spark_engine) -> None:
+    b = _redis_history()
+    b.write(tmp_path, jsonl=False)
+    expected: dict[str, Any] = dict(check_python(tmp_path, {}))
+    got: dict[str, Any] = dict(spark_engine(tmp_path, {}))
+    assert expected["anomalies"]["counts"]["poll_skip"] == 2
+    assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
+    assert got == expected

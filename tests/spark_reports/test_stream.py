@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.spec.history import FIELDS, arrow_schema
+from harness.spec.history import FIELDS, arrow_schema, entry_offset
 from spark_reports.stream import ANOMALIES, check_rows, check_stream_python, check_stream_spark
 
 Q = "chaos-1"
@@ -53,11 +53,22 @@ class H:
             self._row("c1", "ok", "ack", mid)
         return self
 
-    def drain(self, replicas: dict[str, Any] | None = None, ok: bool = True) -> H:
+    def drain(self, replicas: dict[str, Any] | None = None, ok: bool = True, sparse: bool = False) -> H:
         self._row("d1", "invoke", "drain")
-        self._row(
-            "d1", "ok" if ok else "info", "drain", {"consumed": 0, "nodes": {}, "replicas": replicas or {}}
-        )
+        value: dict[str, Any] = {"consumed": 0, "nodes": {}, "replicas": replicas or {}}
+        if sparse:
+            value["offsets"] = "sparse"  # as the Redis driver's drain says
+        self._row("d1", "ok" if ok else "info", "drain", value)
+        return self
+
+    def read(self, mid: str, seq: int, reader: str = "r1") -> H:
+        self._row(reader, "invoke", "read", mid)
+        self._row(reader, "ok", "read", mid, {"stream_seq": seq})
+        return self
+
+    def holdings(self, node: str, entries: list[tuple[int, str]]) -> H:
+        self._row("holdings", "invoke", "holdings")
+        self._row("holdings", "ok", "holdings", {"entries": [list(e) for e in entries]})
         return self
 
     def clean(self, n: int = 3) -> H:
@@ -120,6 +131,35 @@ def test_gap_counts_only_after_a_finished_drain_and_above_the_first_sequence() -
     assert gappy(True, 4)["counts"]["gaps"] == 0  # the stream removed what is below its first sequence
 
 
+MS = 1_700_000_000_000
+
+
+def sparse(ms: int, seq: int = 0) -> int:
+    """A Redis entry id's offset (``harness.spec.entry_offset``)."""
+    return entry_offset(f"{MS + ms}-{seq}")
+
+
+def sparse_gaps() -> H:
+    """A Redis-style stream: p1:1..4 confirmed at ids far apart, p1:1 and p1:4 delivered; p1:5's
+    publish unknown but a reader read it and a node holds it; p1:6 held beyond the highest delivery."""
+    h = H()
+    for i, at in enumerate((sparse(0), sparse(0, 1), sparse(7), sparse(90)), start=1):
+        h.publish(f"p1:{i}", at)
+    h.publish("p1:5", None, outcome="info").publish("p1:6", None, outcome="info")
+    h.deliver("p1:1", sparse(0), 1).deliver("p1:4", sparse(90), 2)
+    h.read("p1:5", sparse(40))
+    h.holdings("n1", [(sparse(0), "p1:1"), (sparse(40), "p1:5"), (sparse(90), "p1:4"), (sparse(95), "p1:6")])
+    return h.drain({}, sparse=True)
+
+
+def test_sparse_gaps_are_the_known_offsets_nothing_delivered() -> None:
+    """Entry ids (Redis): a gap is an offset a confirm, a read or a node's copy shows, never one of
+    the integers between (there are 90 million here)."""
+    res = check_rows(sparse_gaps().rows)
+    assert [g["seq"] for g in res["anomalies"]["gaps"]] == [sparse(0, 1), sparse(7), sparse(40)]
+    assert res["counts"]["streams"] == 1 and res["verdict"] == "INTEGRITY"
+
+
 def test_reordered_first_deliveries() -> None:
     h = H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:2", 2, 1).deliver("p1:1", 1, 2).drain()
     res = check_rows(h.rows)
@@ -179,6 +219,7 @@ def _literal_cases() -> list[H]:
         {"n1": {"messages": 4, "first_seq": 1, "last_seq": 4}}
     )
     return [
+        sparse_gaps(),
         H().clean(),
         H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain(),
         H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1).deliver("p1:2", 3, 2).drain(),
