@@ -71,9 +71,9 @@ from harness.spec.history import (
     arrow_schema,
     body_digest,
     dead_letter_queue,
-    is_dead_letter_queue,
     entry_id,
     entry_offset,
+    is_dead_letter_queue,
     message_body,
 )
 from harness.spec.registry import Registry
