@@ -65,7 +65,8 @@ class Actions:
         for i in ids:
             j = self.store.job(i)
             stages = []
-            for s in j.stageIds():
+            seq = j.stageIds()  # a Scala Seq
+            for s in (seq.apply(k) for k in range(seq.size())):
                 info = self.store.lastStageAttempt(s)
                 sub = info.submissionTime()
                 done = info.completionTime()
@@ -190,7 +191,11 @@ def main() -> int:
             (args.results / f"{i + 1}-{run_dir.name}.json").write_text(text + "\n")
         sp.progress = orig_progress  # type: ignore[assignment]
         steps = [(b[0], round(b[1] - a[1], 3)) for a, b in zip(phases, phases[1:], strict=False)]
-        rows = summarize(actions, list(actions.log))
+        try:
+            rows = summarize(actions, list(actions.log))
+        except Exception as e:  # noqa: BLE001 - keep the timings of a check whose job details failed
+            rows = [{"error": repr(e)}]
+            print(f"job details: {e!r}", file=sys.stderr)
         out["checks"].append(
             {
                 "check": i + 1,
@@ -205,6 +210,8 @@ def main() -> int:
         )
         print(f"check {i + 1} {run_dir.name} {conf}: {wall:.2f} s  {steps}  load {load()}", file=sys.stderr)
         for r in rows:
+            if "error" in r:
+                continue
             print(
                 f"  {r['action']:16} wall {r['wall_s']:6.2f}  before jobs {r['before_first_job_s']}  "
                 f"jobs {r['jobs_s']}  after {r['after_last_job_s']}  jobs={r['jobs']} stages={r['stages']} "

@@ -345,6 +345,15 @@ class _Job:
         spark.conf.set("spark.sql.adaptive.enabled", str(rows >= ADAPTIVE_ROWS).lower())
         # Compiling a whole stage into one method costs more than it saves on a small history.
         spark.conf.set("spark.sql.codegen.wholeStage", str(rows >= WHOLE_STAGE_ROWS).lower())
+        # Nor is generating and compiling each operator's expressions: a small history's check is
+        # some fifty stages whose code (fault windows, drain spans and heal times are literals in
+        # it) is new for every history, for a few thousand rows each. Interpreted, the check's
+        # aggregates job took 14 s where it took 27-48 s compiled (one warm session, load 19-26).
+        # Spark's interpreted and generated expressions are the same functions (its
+        # ``spark.sql.codegen.factoryMode``: FALLBACK is its default).
+        spark.conf.set(
+            "spark.sql.codegen.factoryMode", "FALLBACK" if rows >= WHOLE_STAGE_ROWS else "NO_CODEGEN"
+        )
         # Splits of the history small enough that a task's partial per-id aggregate (an id's records
         # are near each other in the file) fits its share of a 1 GB heap instead of spilling.
         spark.conf.set("spark.sql.files.maxPartitionBytes", str(SPLIT_BYTES))
