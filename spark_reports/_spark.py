@@ -354,6 +354,11 @@ class _Job:
         if passes not in (None, "both", "ordered"):
             raise ValueError(f"passes: 'both' or 'ordered', not {passes!r}")
         self.passes = passes or ("ordered" if rows < ORDERED_ROWS else "both")
+        # A small history's check is one job after the per-id pass: its latency histograms exact (no
+        # refinement) and the lists that only some counts call for computed with the rest, used
+        # where the counts call for them.
+        self.one_job = self.passes == "ordered" and rows < ORDERED_ROWS
+        self.hist_bits = EXACT_BITS if self.one_job else HIST_BITS
         self.cached: list[Any] = []
         spark.conf.set(
             "spark.sql.shuffle.partitions",
@@ -364,6 +369,15 @@ class _Job:
         spark.conf.set("spark.sql.adaptive.enabled", str(rows >= ADAPTIVE_ROWS).lower())
         # Compiling a whole stage into one method costs more than it saves on a small history.
         spark.conf.set("spark.sql.codegen.wholeStage", str(rows >= WHOLE_STAGE_ROWS).lower())
+        # Nor is generating and compiling each operator's expressions: a small history's check is
+        # some fifty stages whose code (fault windows, drain spans and heal times are literals in
+        # it) is new for every history, for a few thousand rows each. Interpreted, the check's
+        # aggregates job took 14 s where it took 27-48 s compiled (one warm session, load 19-26).
+        # Spark's interpreted and generated expressions are the same functions (its
+        # ``spark.sql.codegen.factoryMode``: FALLBACK is its default).
+        spark.conf.set(
+            "spark.sql.codegen.factoryMode", "FALLBACK" if rows >= WHOLE_STAGE_ROWS else "NO_CODEGEN"
+        )
         # Splits of the history small enough that a task's partial per-id aggregate (an id's records
         # are near each other in the file) fits its share of a 1 GB heap instead of spilling.
         spark.conf.set("spark.sql.files.maxPartitionBytes", str(SPLIT_BYTES))
@@ -425,12 +439,14 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
+        everything = dict.fromkeys(_COUNTED.values(), 1)
         first = collect_parts(
             [
                 tagged(self.metric_rows(j, units), "metrics"),
                 self.list_part(j),
                 *live_parts(self.h, self.scope),
                 *anomaly_parts(self.h, j),
+                *(self.counted_parts(ev, j, everything) if self.one_job else []),
             ]
         )
         live = parse_live(first, 1)[0]
@@ -453,10 +469,13 @@ class _Job:
             F.expr(E2E_US_SQL).alias("v")
         )
         ranks = Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
-        parts = self.counted_parts(ev, j, counts)
+        if self.one_job:  # the lists came with the first job: those the counts call for
+            parts, got = [], {part: first.get(part, []) for part, count in _COUNTED.items() if counts[count]}
+        else:
+            parts, got = self.counted_parts(ev, j, counts), {}
         refine = ranks.query()
         parts += [refine] if refine is not None else []
-        got = collect_parts(parts) if parts else {}
+        got |= collect_parts(parts) if parts else {}
         ranks.feed(got.get("rank", []))
         while (refine := ranks.query()) is not None:
             ranks.feed(collect_parts([refine]).get("rank", []))
@@ -522,13 +541,14 @@ class _Job:
             df = self.scope.add(u.df, "x_bucket")
             structs: list[Any] = []
             if u.ids:
-                structs += _id_metrics(exposure)
+                structs += _id_metrics(exposure, self.hist_bits)
                 counted.append(_branch(df, "count", {}, [F.sum(c) for c in _id_counts()]))
             if u.attempt is not None:
                 structs += _attempt_metrics(
                     f"{u.attempt}." if u.attempt else "",
                     in_window,
                     F.col(u.attempt).isNotNull() if u.attempt else None,
+                    self.hist_bits,
                 )
             one = df.select("run", F.explode(F.array(*structs)).alias("m")).filter(F.col("m").isNotNull())
             rows = one if rows is None else rows.unionByName(one)
@@ -689,6 +709,10 @@ class _Job:
         return parts
 
 
+_COUNTED = {"unflagged": "unflagged_redeliveries", "order": "order_violations"}
+"""The parts of ``_Job.counted_parts``, each with the count that calls for it."""
+
+
 def _kinds(scope: Scope) -> list[str]:
     """The fault kinds of every run, in the order of the exposure bits."""
     return sorted({w["kind"] for c in scope.ctxs.values() for w in c.windows})
@@ -822,12 +846,12 @@ def _flag(c: str | Any) -> Any:
     return F.when(col, 1).otherwise(0)
 
 
-def _hist_keys(v: str) -> dict[str, Any]:
+def _hist_keys(v: str, bits: int) -> dict[str, Any]:
     """The first latency histogram's bucket of ``v`` (an SQL expression, >= 0): (shift, v >> shift),
-    2^HIST_BITS buckets per power of two."""
+    2^bits buckets per power of two (EXACT_BITS: one bucket per value)."""
     from pyspark.sql import functions as F
 
-    shift = f"greatest(if(({v}) > 0, length(bin({v})), 0) - {HIST_BITS}, 0)"
+    shift = f"greatest(if(({v}) > 0, length(bin({v})), 0) - {bits}, 0)"
     return {"l1": F.expr(shift), "l2": F.expr(f"shiftright({v}, {shift})")}
 
 
@@ -860,7 +884,7 @@ def _id_counts() -> list[Any]:
     ]
 
 
-def _id_metrics(exposure: list[Any]) -> list[Any]:
+def _id_metrics(exposure: list[Any], hist_bits: int) -> list[Any]:
     """The keyed metric rows an id's row feeds: its lost cause, its exposure bits, its end-to-end
     latency bucket."""
     from pyspark.sql import functions as F
@@ -876,11 +900,17 @@ def _id_metrics(exposure: list[Any]) -> list[Any]:
             )
             for chunk, bits in _bit_chunks(exposure)
         ],
-        _metric("hist:e2e", keys=_hist_keys(E2E_US_SQL), when=(col("attempts") > 0) & (col("delivered") > 0)),
+        _metric(
+            "hist:e2e",
+            keys=_hist_keys(E2E_US_SQL, hist_bits),
+            when=(col("attempts") > 0) & (col("delivered") > 0),
+        ),
     ]
 
 
-def _attempt_metrics(prefix: str, in_window: Callable[[Any], list[Any]], present: Any) -> list[Any]:
+def _attempt_metrics(
+    prefix: str, in_window: Callable[[Any], list[Any]], present: Any, hist_bits: int
+) -> list[Any]:
     """What a publish attempt feeds (its columns it, o and dt under ``prefix``; ``present``: the
     row has one, None for always): its fault-window bits, and when confirmed its latency bucket
     and first-histogram bucket."""
@@ -905,7 +935,7 @@ def _attempt_metrics(prefix: str, in_window: Callable[[Any], list[Any]], present
             mx=F.expr(latency),
             when=ok,
         ),
-        _metric("hist:confirm", keys=_hist_keys(latency), when=ok),
+        _metric("hist:confirm", keys=_hist_keys(latency, hist_bits), when=ok),
     ]
 
 
@@ -975,6 +1005,9 @@ _COUNT_NAMES = (
 
 HIST_BITS = 8
 """The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
+EXACT_BITS = 63
+"""A histogram of one bucket per value (no long is wider): exact from the first job, for a small
+history, whose distinct latencies are at most its records."""
 
 
 @dataclass

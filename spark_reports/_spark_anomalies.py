@@ -21,13 +21,21 @@ _ENTRIES = "struct<entries:array<array<string>>>"
 
 
 def _top(df: Any, name: str, order: list[Any]) -> list[Any]:
-    """The first ANOMALY_EXAMPLES rows of ``df`` per run by ``order``, and its count per run."""
-    from pyspark.sql import Window
+    """Per run, ``df``'s count and its first ANOMALY_EXAMPLES rows by ``order`` (values, ascending,
+    nulls first; unique per row), from one aggregate per run. (A window partitioned by the run
+    alone has no partition at all in a check of one run, whose number is a constant: Spark moved
+    every row to one partition for it, and read ``df`` twice, once more for the count.)"""
     from pyspark.sql import functions as F
 
-    rank = F.row_number().over(Window.partitionBy("run").orderBy(*order))
-    kept = df.withColumn("_rank", rank).filter(F.col("_rank") <= ANOMALY_EXAMPLES).drop("_rank")
-    return [tagged(kept, name), tagged(df.groupBy("run").agg(F.count(F.lit(1)).alias("n")), f"{name}#")]
+    keyed = F.struct(
+        F.struct(
+            *[(F.col(o) if isinstance(o, str) else o).alias(f"k{i}") for i, o in enumerate(order)]
+        ).alias("k"),
+        F.struct(*[c for c in df.columns if c != "run"]).alias("r"),
+    )
+    first = F.slice(F.sort_array(F.collect_list(keyed)), 1, ANOMALY_EXAMPLES)
+    top = df.groupBy("run").agg(F.count(F.lit(1)).alias("n"), first.alias("top"))
+    return [tagged(top.select("run", "n", F.col("top.r").alias("rows")), name)]
 
 
 def parts(h: Any, ids: Any) -> list[Any]:
@@ -143,7 +151,7 @@ def parts(h: Any, ids: Any) -> list[Any]:
         .join(read_ids, ["run", "id"], "left_anti")
         .select("run", "queue", "id", F.col("low").alias("offset"), "nodes")
     )
-    out += _top(unseen, "unseen", [q0, F.col("offset").asc_nulls_last(), "id"])
+    out += _top(unseen, "unseen", [q0, F.col("offset").isNull(), "offset", "id"])
 
     # polls: a seek to n stands for a read of n - 1
     w = Window.partitionBy("run", "process", "queue").orderBy("index")
@@ -253,6 +261,10 @@ def _positions(ids: Any) -> Any:
     return tagged(rows, "a_positions")
 
 
+_TOPS = ("inconsistent_offsets", "duplicate", "unseen", "nonmonotonic_poll", "poll_skip")
+"""The lists ``_top`` caps."""
+
+
 def _q(x: dict) -> str:
     return x.get("queue") or ""
 
@@ -288,9 +300,12 @@ def parse(got: dict[str, list[dict]], runs: int) -> list[tuple[list[dict], dict[
         c["reads"], c["readers"] = int(r["reads"]), int(r["readers"] or 0)
     for name in LISTS:
         for r in got.get(name, []):
-            out[r.pop("run")][1][name].append(r)
-        for r in got.get(f"{name}#", []):
-            out[r["run"]][1]["counts"][name] = int(r["n"])
+            f = out[r.pop("run")][1]
+            if name in _TOPS:  # a run's count and first rows (``_top``)
+                f["counts"][name] = int(r["n"])
+                f[name] += r["rows"]
+            else:
+                f[name].append(r)
     for run, (_pos, f) in enumerate(out):
         f["holdings"].sort(key=lambda x: (_q(x), x["node"] or ""))
         f["counts"]["holdings"] = sum(1 for x in f["holdings"] if x["outcome"] == "ok")
