@@ -98,7 +98,9 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
 def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every_delivery_back(
     cluster_factory,
 ) -> None:  # type: ignore[no-untyped-def]
-    n1, n2, _n3 = cluster_factory(3)
+    # Nothing fails here: heartbeats a second apart (3 s to "down", not the fixture's 0.6 s), so a
+    # stall of a loaded machine does not make n2 take n1 for down and refuse its queue.
+    n1, n2, _n3 = cluster_factory(3, tick=1.0)
     queue = "handoff.inflight"
     c = amqp(n1)
     c.channel().queue_declare(queue, durable=True)
