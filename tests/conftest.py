@@ -11,6 +11,7 @@ busy machine, not wrong.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -38,3 +39,37 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "the profile's list: suppress_health_check=[*settings().suppress_health_check, ...]",
             pytrace=False,
         )
+
+
+# Markers by what a test file costs: a chaos run or a cluster, then a JVM, then seconds of work.
+_COST_MARKS = ("docker", "spark", "slow")
+
+
+def _file_cost(items: list[pytest.Item]) -> tuple[int, int]:
+    """A sort key, smallest first: the costliest marker any test of the file carries, then more
+    such tests first (under ``docker``, each is a cluster or a run of its own)."""
+    for rank, mark in enumerate(_COST_MARKS):
+        heavy = sum(1 for item in items if item.get_closest_marker(mark) is not None)
+        if heavy:
+            return rank, -heavy
+    return len(_COST_MARKS), 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the costly files first.
+
+    ``--dist loadfile`` gives a worker a whole file at a time, in collection order (with
+    ``--no-loadscope-reorder``, as scripts/test.sh runs it; xdist's own order puts files with
+    the fewest tests last, and those are the single chaos runs, so one worker would end the suite
+    alone on minutes of Docker runs while the other waited). Costly files first, seconds-long
+    unit files last: the two workers end together. A test's own order within its file is kept;
+    without xdist nothing moves (pytest's own grouping of session-scoped parameters stays).
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    by_file: dict[str, list[pytest.Item]] = defaultdict(list)
+    for item in items:
+        by_file[item.nodeid.split("::", 1)[0]].append(item)
+    files = sorted(by_file.values(), key=_file_cost)  # stable: ties keep collection order
+    items[:] = [item for group in files for item in group]

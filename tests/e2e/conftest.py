@@ -38,16 +38,21 @@ class CliRun:
         return f"exit {self.code}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
 
 
+def cli(store: Path, *args: str, timeout: float = 900) -> CliRun:
+    """``brokerchaos ARGS`` as a user types it, its runs kept in ``store``."""
+    env = {**os.environ, "BROKERCHAOS_STORE": str(store)}
+    proc = subprocess.run(
+        ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
+    return CliRun(proc, store)
+
+
 @pytest.fixture
 def brokerchaos(tmp_path: Path):  # type: ignore[no-untyped-def]
     store = tmp_path / "store"
 
     def run(*args: str, timeout: float = 900) -> CliRun:
-        env = {**os.environ, "BROKERCHAOS_STORE": str(store)}
-        proc = subprocess.run(
-            ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
-        )
-        return CliRun(proc, store)
+        return cli(store, *args, timeout=timeout)
 
     return run
 

@@ -1,9 +1,12 @@
-"""End-to-end runs of the CLI against real clusters (Docker), as a user runs them."""
+"""End-to-end runs of the CLI against real clusters (Docker), as a user runs them. The reference
+smoke run is made once for the file: one test reads it, another re-checks it with ``analyze``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -11,13 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, labelled
+from tests.e2e.conftest import REPO, CliRun, cli, labelled
 
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_reference_smoke_is_durable(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/smoke.yaml", "--duration", "8")
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """One reference smoke run with the default checker, read by two tests: the run itself, and
+    ``analyze`` re-checking it (on a copy, so neither test sees what the other did)."""
+    return cli(tmp_path_factory.mktemp("smoke") / "store", "run", "scenarios/smoke.yaml", "--duration", "8")
+
+
+def test_reference_smoke_is_durable(smoke: CliRun) -> None:
+    r = smoke
     assert r.code == 0, r.explain()
     res = r.results
     c = res["counts"]
@@ -36,8 +46,6 @@ def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:  # type: ignore
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 500
     # The clients used all three members of the cluster.
-    import json
-
     nodes = set()
     with (r.run_dir / "history.jsonl").open() as fh:
         for line in fh:
@@ -47,13 +55,14 @@ def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:  # type: ignore
     assert nodes == {"n1", "n2", "n3"}
 
 
-def test_analyze_rechecks_a_stored_run(brokerchaos) -> None:  # type: ignore[no-untyped-def]
-    r = brokerchaos("run", "scenarios/smoke.yaml", "--duration", "4")
-    assert r.code == 0, r.explain()
-    before = r.results["counts"]
-    a = brokerchaos("analyze", str(r.run_dir))
+def test_analyze_rechecks_a_stored_run(smoke: CliRun, tmp_path: Path) -> None:
+    assert smoke.code == 0, smoke.explain()
+    run_dir = tmp_path / "store" / smoke.run_dir.parent.name / smoke.run_dir.name
+    shutil.copytree(smoke.run_dir, run_dir, symlinks=True)
+    before = json.loads((run_dir / "results.json").read_text())["counts"]
+    a = cli(tmp_path / "store", "analyze", str(run_dir))
     assert a.code == 0, a.explain()
-    assert r.results["counts"] == before
+    assert json.loads((run_dir / "results.json").read_text())["counts"] == before
 
 
 def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
