@@ -37,6 +37,7 @@ def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None: 
     ]
     replicas = json.loads(next(op["value"] for op in drain if op["type"] == "ok"))["replicas"]
     assert sorted(replicas) == ["n1", "n2", "n3"]  # every server's own view of the stream, all alike
+    assert {node: v.pop("server") for node, v in replicas.items()} == {n: n for n in replicas}  # its own name
     assert len({json.dumps(v, sort_keys=True) for v in replicas.values()}) == 1
 
 
