@@ -11,54 +11,17 @@ import asyncio
 import functools
 from typing import Any
 
-import nats
 import pytest
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from faults.process import nodectl
-from harness.host import Host
-from harness.runner import running_cluster
-from harness.scenario import from_dict
-from plugins.nats.client import ID_HEADER
+from tests.plugins.nats_docker import STREAM, publish, three_replicas
 from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
-STREAM = "chaos-1"
-
-
-async def publish(host: str, port: int, ids: list[str], replicas: int) -> dict[int, str]:
-    """Publish ``ids`` (creating the stream first); stream sequence -> id from the acks."""
-    nc = await nats.connect(f"nats://{host}:{port}", user="guest", password="guest", allow_reconnect=False)
-    try:
-        js = nc.jetstream(timeout=10)
-        await js.add_stream(
-            StreamConfig(
-                name=STREAM,
-                subjects=[STREAM],
-                storage=StorageType.FILE,
-                num_replicas=replicas,
-                retention=RetentionPolicy.LIMITS,
-            )
-        )
-        acks = {}
-        for msg_id in ids:
-            ack = await js.publish(
-                STREAM, f"{msg_id}|body".encode(), stream=STREAM, headers={ID_HEADER: msg_id}
-            )
-            acks[int(ack.seq)] = msg_id
-        return acks
-    finally:
-        await nc.close()
-
 
 def test_each_node_reports_its_own_copy() -> None:
-    host = Host.load()
-    scenario = from_dict(
-        {"name": "holdings", "broker": {"plugin": "nats", "nodes": 3, "settings": {"replicas": 3}}}
-    )
-    plugin = host.broker("nats")
-    with running_cluster(host, scenario) as cluster:
+    with three_replicas("holdings") as (plugin, cluster):
         nodes: dict[str, Any] = cluster.nodes
         (h, port) = cluster.client_endpoints()["n1"]
         first = asyncio.run(publish(h, port, [f"p1:{i}" for i in range(1, 31)], 3))

@@ -12,23 +12,15 @@ from typing import Any
 import pytest
 
 from faults.membership import MemberRemove
-from harness.host import Host
-from harness.runner import running_cluster
-from harness.scenario import from_dict
 from harness.spec import FaultContext
-from tests.plugins.test_nats_holdings_docker import STREAM, publish
+from tests.plugins.nats_docker import STREAM, publish, three_replicas
 from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
 
 def test_a_removed_node_joins_again_renamed_and_empty_then_holds_the_stream() -> None:
-    host = Host.load()
-    scenario = from_dict(
-        {"name": "membership", "broker": {"plugin": "nats", "nodes": 3, "settings": {"replicas": 3}}}
-    )
-    plugin = host.broker("nats")
-    with running_cluster(host, scenario) as cluster:
+    with three_replicas("membership") as (plugin, cluster):
         nodes: dict[str, Any] = cluster.nodes
         (h, port) = cluster.client_endpoints()["n1"]
         acks = asyncio.run(publish(h, port, [f"p1:{i}" for i in range(1, 21)], 3))
