@@ -38,15 +38,19 @@ def _top(df: Any, name: str, order: list[Any]) -> list[Any]:
     return [tagged(top.select("run", "n", F.col("top.r").alias("rows")), name)]
 
 
-def parts(h: Any, ids: Any) -> list[Any]:
+def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     """Tagged parts (``_spark_sql.collect_parts``) of every class, from the history ``h`` and the
-    per-id rows ``ids`` (``is_lost``, ``outcome``, ``delivered``, ``consumed``)."""
+    per-id rows ``ids`` (``is_lost``, ``outcome``, ``delivered``, ``consumed``). ``streams=False``:
+    the history has no holdings, reads or seeks (``STREAM_OPS``), so every stream class is empty,
+    as ``parse`` gives it when no row came: only the lost positions are asked for."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    out: list[Any] = [_positions(ids)]
+    if not streams:
+        return out
     q0 = F.coalesce(F.col("queue"), F.lit(""))
     client = h.filter(~F.col("process").eqNullSafe(NEMESIS))
-    out: list[Any] = [_positions(ids)]
 
     # holdings: the last completion per (run, queue, node); entries of the ok ones
     last = Window.partitionBy("run", "queue", "node").orderBy(F.col("index").desc())

@@ -154,6 +154,9 @@ HOLDINGS = "holdings"
 """The ``process`` and ``f`` of the harness's look at what each node's copy holds after the drain."""
 READ, SEEK = "read", "seek"
 """The ``f`` of a reader's read and of its seek (see above)."""
+STREAM_OPS = frozenset({HOLDINGS, READ, SEEK})
+"""The ``f`` of the operations the stream anomaly classes are computed from: a history with none
+has every one of them empty."""
 DEAD_LETTER_SUFFIX = ".dead"
 """A workload queue's dead-letter queue is its name and this suffix (``chaos-1.dead``)."""
 

@@ -300,3 +300,24 @@ def test_spark_agrees_on_sparse_offsets(tmp_path: Path, spark_engine) -> None:
     assert expected["anomalies"]["counts"]["poll_skip"] == 2
     assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
     assert got == expected
+
+
+@pytest.mark.spark
+def test_spark_skips_the_stream_classes_of_a_queue_history_and_still_agrees(
+    tmp_path: Path, spark_engine
+) -> None:
+    """A history without holdings, reads or seeks (a queue's) is checked without the stream parts:
+    its lost positions still come from Spark, every stream class is empty, as Python has them."""
+    from harness.spec.history import STREAM_OPS
+    from spark_reports._spark import _distinct
+
+    b = HistoryBuilder()
+    _stream(b, consumed=[1, 2, 3, 8, 9, 10])
+    b.drain()
+    path = b.write(tmp_path, jsonl=False)
+    assert not _distinct(path / "history.parquet", ("f",))["f"] & STREAM_OPS
+    expected: dict[str, Any] = dict(check_python(path, {}))
+    got: dict[str, Any] = dict(spark_engine(path, {}))
+    assert _positions(expected) == (0, 4, 0)
+    assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
+    assert got == expected
