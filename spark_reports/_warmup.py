@@ -4,7 +4,8 @@ The first check in a JVM pays for class loading, the JIT and Spark's code genera
 every stage the job has; a check of a few dozen records that takes every branch of the
 job (a fault window, a lost message after a completed drain, an ack of unknown outcome, a duplicate, a resurrection,
 a corrupted body, an abandon and an unflagged redelivery, a delivery out of order, a
-split-brain copy, a message consumed from a dead-letter queue) pays for them before the real history is there.
+split-brain copy, a message consumed from a dead-letter queue, a stream's reads, a seek and a copy's
+holdings, which turn on the stream anomaly parts) pays for them before the real history is there.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def warm_up_history(run_dir: Path) -> Path:
     b.drain_invoke(drainer="d1")
     b.consume("p9:1", consumer="d1", node="n2")  # never published: unexpected; acked on n2 after n1 was empty
     b.drain_done(drainer="d1", nodes={"n1": {"consumed": 0, "empty_at_ns": 1}, "n2": {"consumed": 1}})
+    b.read("p1:1", 1)
+    b.seek(1)
+    b.read("p1:4", 4)  # jumps over 2 and 3, which the copy holds: a poll skip
+    b.holdings("n1", [(k, f"p1:{k}") for k in range(1, 5)])
     return b.write(run_dir, jsonl=False)
 
 

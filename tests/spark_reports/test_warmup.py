@@ -23,6 +23,8 @@ def test_the_warm_up_history_has_every_kind_of_finding() -> None:
     # (``_common``): a history has lost (a finished drain) or stuck (an unfinished one), not both.
     assert [k for k in COUNT_KEYS if k != "stuck" and not r["counts"][k]] == []  # type: ignore[literal-required]
     assert r["faults"] and r["faults"][0]["healed"]
+    # the stream anomaly parts are only asked of a history with a stream's operations
+    assert r["anomalies"]["counts"]["poll_skip"] and r["anomalies"]["counts"]["holdings"]
 
 
 @pytest.mark.spark
