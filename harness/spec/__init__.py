@@ -27,7 +27,9 @@ from harness.spec.broker import (
     NodeHandle,
     NodeInfo,
     NodeSpec,
+    NotYet,
     control_broker,
+    poll,
     run_or_fail,
     wait_until_running,
 )
@@ -128,6 +130,7 @@ __all__ = [
     "NodeHoldings",
     "NodeInfo",
     "NodeSpec",
+    "NotYet",
     "QueueDepth",
     "QueueHolders",
     "RateLimiter",
@@ -144,6 +147,7 @@ __all__ = [
     "entry_offset",
     "message_body",
     "control_broker",
+    "poll",
     "run_or_fail",
     "wait_until_running",
 ]

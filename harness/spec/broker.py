@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from harness.spec.coverage import BrokerEvent, Feature, LogEvent, events_from_lines
 from harness.spec.errors import ClusterError, ScenarioError
@@ -91,6 +91,30 @@ def run_or_fail(node: NodeHandle, cmd: Sequence[str], timeout: float = 30.0) -> 
     return out
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """What a ``poll`` attempt returns while the condition does not hold: why not, for the error."""
+
+    reason: str
+
+
+def poll(attempt: Callable[[], T | NotYet], *, timeout: float, failure: str, interval: float = 1.0) -> T:
+    """Call ``attempt`` until it returns a result rather than ``NotYet``; once ``timeout`` has passed,
+    ``ClusterError`` with ``failure`` and the last attempt's reason. An error an attempt raises ends
+    the poll: an attempt that should retry on it catches it and says ``NotYet``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = attempt()
+        if not isinstance(got, NotYet):
+            return got
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{failure}: {got.reason}")
+        time.sleep(interval)
+
+
 def wait_until_running(
     node: NodeHandle,
     status_cmd: Sequence[str],
@@ -104,20 +128,23 @@ def wait_until_running(
     For ``form_cluster``: a status command that fails or lists too few nodes is
     retried until ``timeout``, then a ``ClusterError`` shows its last output.
     """
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def attempt() -> None | NotYet:
         rc, out = node.exec(status_cmd, timeout=30)
         if rc == 0:
             try:
                 if want <= running(out):
-                    return
+                    return None
             except ValueError:  # a half-started node may print something else than its status
                 pass
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"cluster did not form in {timeout:.0f}s (want {sorted(want)}): {out.strip()[-300:]}"
-            )
-        time.sleep(interval)
+        return NotYet(out.strip()[-300:])
+
+    poll(
+        attempt,
+        timeout=timeout,
+        failure=f"cluster did not form in {timeout:.0f}s (want {sorted(want)})",
+        interval=interval,
+    )
 
 
 #: The node init's control command in every broker container: the host runs each node's broker

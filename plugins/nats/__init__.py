@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,9 +45,11 @@ from harness import (
     NodeHandle,
     NodeInfo,
     NodeSpec,
+    NotYet,
     ScenarioError,
     control_broker,
     hookimpl,
+    poll,
     run_or_fail,
 )
 from plugins.nats import filestore, sysreq
@@ -249,31 +250,28 @@ class Nats(BrokerPlugin):
         """Wait until the meta group has a leader, knows every server and each is current,
         and every server's ``/healthz`` says JetStream is ready."""
         want = {n.name for n in nodes}
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
+
+        def formed() -> None | NotYet:
             try:
                 meta = monitor(nodes[0], "/jsz").get("meta_cluster") or {}
                 leader = next((n for n in nodes if n.name == server_node(meta.get("leader") or "")), None)
                 if leader is not None and leader is not nodes[0]:  # only the leader lists the replicas
                     meta = monitor(leader, "/jsz").get("meta_cluster") or {}
                 peers = {server_node(name) for name, p in meta_peers(meta).items() if p.get("current")}
-                if len(nodes) == 1 or (meta.get("leader") and want <= peers):
-                    unhealthy = [
-                        n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0
-                    ]
-                    if not unhealthy:
-                        return
-                    last = f"not healthy yet: {', '.join(unhealthy)}"
-                else:
-                    last = f"meta group {json.dumps(meta)[:300]}"
+                if not (len(nodes) == 1 or (meta.get("leader") and want <= peers)):
+                    return NotYet(f"meta group {json.dumps(meta)[:300]}")
+                unhealthy = [
+                    n.name for n in nodes if n.exec(["python3", "-c", FETCH, "/healthz"], 10)[0] != 0
+                ]
             except ClusterError as exc:
-                last = str(exc)
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"JetStream cluster did not form in {timeout:.0f}s (want {sorted(want)}): {last}"
-                )
-            time.sleep(1.0)
+                return NotYet(str(exc))
+            return NotYet(f"not healthy yet: {', '.join(unhealthy)}") if unhealthy else None
+
+        poll(
+            formed,
+            timeout=timeout,
+            failure=f"JetStream cluster did not form in {timeout:.0f}s (want {sorted(want)})",
+        )
 
     def queue_arguments(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """What the client needs to create the streams and read each server's view of them."""
@@ -358,15 +356,13 @@ class Nats(BrokerPlugin):
         took over (one cut off) as "Server name unknown at this time (peerID: ...)":
         ``meta_group`` names it back by its peer id; one it cannot name is asked about again
         until ``timeout``, then ``ClusterError``: an unnamed peer is no node."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def named() -> set[str] | NotYet:
             peers = self.meta_group(node)
             unnamed = unnamed_peers(peers)
-            if not unnamed:
-                return {server_node(name) for name in peers}
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{node.name}: the meta leader does not name every peer: {unnamed}")
-            time.sleep(1.0)
+            return NotYet(str(unnamed)) if unnamed else {server_node(name) for name in peers}
+
+        return poll(named, timeout=timeout, failure=f"{node.name}: the meta leader does not name every peer")
 
     def remove_node(
         self,
@@ -389,10 +385,10 @@ class Nats(BrokerPlugin):
         """``$JS.API.SERVER.REMOVE`` for server ``name`` through each node of ``via`` in turn (one
         may be cut off from the leader) until the meta leader no longer lists it; what was asked
         (nothing if it was no peer)."""
-        deadline = time.monotonic() + timeout
         asked: list[dict[str, Any]] = []
-        last = ""
-        while True:
+
+        def removed() -> list[dict[str, Any]] | NotYet:
+            last = ""
             for member in via:
                 try:
                     if name not in self.meta_group(member):
@@ -405,9 +401,11 @@ class Nats(BrokerPlugin):
                     continue
                 if replies:
                     break  # the leader answered: see it applied before asking again
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{name} still a peer of the meta group after {timeout:.0f}s: {last}")
-            time.sleep(1.0)
+            return NotYet(last)
+
+        return poll(
+            removed, timeout=timeout, failure=f"{name} still a peer of the meta group after {timeout:.0f}s"
+        )
 
     def add_node(
         self,
@@ -436,9 +434,9 @@ class Nats(BrokerPlugin):
             ],
         )
         started = control_broker(node, "start")
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
+
+        def joined() -> dict[str, Any] | NotYet:
+            last = ""
             for member in members:
                 try:
                     peer = self.meta_group(member).get(new)
@@ -453,9 +451,11 @@ class Nats(BrokerPlugin):
                         "on_node": {"stop": stopped, "wiped": self.data_dir, "start": started},
                     }
                 last = f"{member.name}: {new} is {peer or 'not a peer'}"
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{new} ({node.name}) not a current peer after {timeout:.0f}s: {last}")
-            time.sleep(1.0)
+            return NotYet(last)
+
+        return poll(
+            joined, timeout=timeout, failure=f"{new} ({node.name}) not a current peer after {timeout:.0f}s"
+        )
 
 
 @hookimpl

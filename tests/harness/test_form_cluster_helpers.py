@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ClusterError, run_or_fail, wait_until_running
+from harness import ClusterError, NotYet, poll, run_or_fail, wait_until_running
 
 
 class LocalNode:
@@ -66,3 +66,35 @@ def test_run_or_fail_names_the_node_and_command() -> None:
     assert run_or_fail(LocalNode(), [sys.executable, "-c", "print('ok')"]).strip() == "ok"
     with pytest.raises(ClusterError, match=r"^n1: .* failed: boom"):
         run_or_fail(LocalNode(), [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+
+
+def test_poll_returns_the_first_result_and_retries_while_not_yet() -> None:
+    calls: list[int] = []
+
+    def attempt() -> str | NotYet:
+        calls.append(1)
+        return "formed" if len(calls) == 3 else NotYet(f"{len(calls)} of 3")
+
+    assert poll(attempt, timeout=30, failure="never", interval=0.01) == "formed"
+    assert len(calls) == 3
+
+
+def test_poll_gives_up_with_the_failure_and_the_last_reason() -> None:
+    calls: list[int] = []
+
+    def attempt() -> None | NotYet:
+        calls.append(1)
+        return NotYet(f"attempt {len(calls)}")
+
+    with pytest.raises(ClusterError) as info:
+        poll(attempt, timeout=-1, failure="the meta group did not form", interval=0.01)  # already past
+    assert str(info.value) == "the meta group did not form: attempt 1"
+    assert len(calls) == 1
+
+
+def test_poll_lets_an_attempt_s_error_through() -> None:
+    def attempt() -> None | NotYet:
+        raise ClusterError("n2: unreachable")
+
+    with pytest.raises(ClusterError, match="^n2: unreachable$"):
+        poll(attempt, timeout=30, failure="never", interval=0.01)
