@@ -38,9 +38,10 @@ def state_file(home: Path | None = None) -> Path:
     return state_dir(home) / "spark-connect.json"
 
 
-def _answers(port: int, host: str = "127.0.0.1") -> bool:
+def answers(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
+    """Something accepts a TCP connection at ``host:port`` within ``timeout`` seconds."""
     try:
-        with socket.create_connection((host, port), timeout=1.0):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
@@ -63,7 +64,7 @@ def status(home: Path | None = None) -> dict[str, Any] | None:
         state = dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
-    if _ours(int(state["pid"])) and _answers(int(state["port"])):
+    if _ours(int(state["pid"])) and answers(int(state["port"])):
         return state
     if not _ours(int(state["pid"])):
         path.unlink(missing_ok=True)
@@ -102,7 +103,7 @@ def start(
     if state is not None:
         return {**state, "already": True}
     port = port or DEFAULT_PORT
-    if _answers(port):
+    if answers(port):
         raise ValueError(
             f"port {port} is taken by another program: give another with `brokerchaos spark start --port N`"
         )
@@ -122,7 +123,7 @@ def start(
             env=env,
             start_new_session=True,  # not stopped by the terminal's Ctrl-C of a later command
         )
-    while not _answers(port):
+    while not answers(port):
         if proc.poll() is not None:
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
             raise ValueError(f"the Spark Connect server exited ({proc.returncode}): {tail} (log: {log})")

@@ -13,9 +13,11 @@ import threading
 import warnings
 from typing import Any
 
+from harness.spec.errors import ConfigError
+
 from ._common import progress
 from ._spark_conf import DEFAULT_DRIVER_MEMORY, RUNTIME_CONF, SESSION_CONF, jvm_options
-from ._spark_service import local_url
+from ._spark_service import DEFAULT_PORT, answers, local_url
 
 REMOTE_ENV = "BROKERCHAOS_SPARK_REMOTE"
 MASTER_ENV = "BROKERCHAOS_SPARK_MASTER"
@@ -49,6 +51,44 @@ def check_remote(remote: str | None) -> None:
         raise ValueError(
             f"Spark Connect address {remote!r}: give sc://HOST:PORT (--spark-remote or {REMOTE_ENV})"
         )
+
+
+REMOTE_CONNECT_TIMEOUT = 5.0
+"""Seconds a Spark Connect server's port has to accept a connection: without the look, PySpark's
+client retries an address nobody listens on for minutes before it says so."""
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    """The host and port of ``sc://HOST[:PORT][/;params]`` (Spark Connect's default port without one)."""
+    authority = url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    host, _, port = authority.partition(":")
+    return host, int(port) if port.isdigit() else DEFAULT_PORT
+
+
+def check_answers(url: str) -> None:
+    """A Spark Connect server's port accepts a connection, or a ``ConfigError`` that says what to do."""
+    host, port = _host_port(url)
+    if not answers(port, host, REMOTE_CONNECT_TIMEOUT):
+        raise ConfigError(
+            f"no Spark Connect server answers at {url}: start one with `brokerchaos spark start`, "
+            f"or give another address (--spark-remote or {REMOTE_ENV})"
+        )
+
+
+def _remote_session(url: str) -> Any:
+    """A Spark Connect client session. PySpark picks the implementation of its column functions
+    by ``SPARK_CONNECT_MODE_ENABLED`` (what its own builder sets for a remote session)."""
+    check_answers(url)
+    progress("spark", "connecting", remote=url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas-version notice
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        session = RemoteSession.builder.remote(url).create()
+    for key in RUNTIME_CONF:
+        session.conf.set(key, SESSION_CONF[key])
+    return session
 
 
 def where(master: str | None = None) -> str:
@@ -93,21 +133,6 @@ def _spark_session(master: str | None, driver_memory: str | None) -> Any:
         _session = _local_session(master, memory)
     _session_key = (master, memory)
     return _session
-
-
-def _remote_session(url: str) -> Any:
-    """A Spark Connect client session. PySpark picks the implementation of its column functions
-    by ``SPARK_CONNECT_MODE_ENABLED`` (what its own builder sets for a remote session)."""
-    progress("spark", "connecting", remote=url)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas-version notice
-        from pyspark.sql.connect.session import SparkSession as RemoteSession
-
-        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-        session = RemoteSession.builder.remote(url).create()
-    for key in RUNTIME_CONF:
-        session.conf.set(key, SESSION_CONF[key])
-    return session
 
 
 def _local_session(master: str, memory: str) -> Any:

@@ -13,7 +13,7 @@ import pluggy
 from . import _spark_service
 from ._python import check_python
 from ._spark import check_spark, start_session_in_background, warm_up_server
-from ._spark_session import check_master, check_remote, spark_session
+from ._spark_session import check_answers, check_master, check_remote, spark_session
 from .atomicity import check_atomicity_python, check_atomicity_spark
 from .delay import check_delay_python, check_delay_spark
 from .stream import check_stream_python
@@ -28,6 +28,8 @@ settings: dict[str, Any] = {}
 def brokerchaos_configure(config: dict[str, Any]) -> None:
     check_master(config.get("spark_master"))
     check_remote(config.get("spark_remote"))
+    if config.get("spark_remote"):  # before a run's minutes, not at its check
+        check_answers(config["spark_remote"])
     settings.update(config)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,23 @@ def test_a_bad_spark_remote_is_one_line_and_exit_2(
     assert main(["analyze", str(tmp_path), "--spark-remote", "http://h:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sc://HOST:PORT" in err[0], err
+
+
+def test_a_spark_remote_nobody_listens_on_is_one_line_and_exit_2_before_anything_starts(
+    no_service: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PySpark's client would retry such an address for minutes; a run would find out at its check."""
+    with socket.socket() as s:  # a port that was free a moment ago and that nobody listens on now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"sc://127.0.0.1:{port}"
+    for command in (["analyze", str(tmp_path)], ["run", "scenarios/partitions.yaml"]):
+        assert main([*command, "--spark-remote", url]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"brokerchaos: no Spark Connect server answers at {url}: start one with `brokerchaos spark "
+            f"start`, or give another address (--spark-remote or {REMOTE_ENV})"
+        ], err
 
 
 def test_spark_without_an_action_is_a_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
