@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"broker_impl: cannot start: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(
-            f"broker_impl: cannot start: {exc.strerror or exc} (is port {cfg.port} in use?)", file=sys.stderr
-        )
+        print(f"broker_impl: cannot start: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         pass

@@ -22,7 +22,7 @@ from typing import Any
 from broker_impl.broker import Broker
 from broker_impl.config import Config
 from broker_impl.control import CONTROL_SOCKET, NODE_FILE, dispatch
-from broker_impl.errors import BrokerError
+from broker_impl.errors import BrokerError, cannot_listen
 from broker_impl.protocol import AMQPProtocol
 
 log = logging.getLogger("broker_impl.server")
@@ -82,12 +82,16 @@ class Server:
         if self.broker.store is not None:
             self.broker.store.on_failure = self._store_failed
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: AMQPProtocol(self.broker),
-            self.config.host,
-            self.port or self.config.port,
-            reuse_address=True,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: AMQPProtocol(self.broker),
+                self.config.host,
+                self.port or self.config.port,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            port = self.port or self.config.port
+            raise cannot_listen("AMQP clients", "node.port", self.config.host, port, exc) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         self._want_listening = True
         self.broker.listener_hook = self.set_listening
@@ -138,9 +142,13 @@ class Server:
 
     async def _start_control(self) -> None:
         if self.config.control_port:
-            self._control = await asyncio.start_server(
-                self._control_client, "127.0.0.1", self.config.control_port
-            )
+            try:
+                self._control = await asyncio.start_server(
+                    self._control_client, "127.0.0.1", self.config.control_port
+                )
+            except OSError as exc:
+                port = self.config.control_port
+                raise cannot_listen("the control CLI", "node.control_port", "127.0.0.1", port, exc) from exc
             self.control_address = self._control.sockets[0].getsockname()[1]
         else:
             path = self.config.data_dir / CONTROL_SOCKET

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_impl.cluster.wire import DATA, HEARTBEAT, HELLO, Decoder, Frame, WireError, encode
+from broker_impl.errors import cannot_listen
 
 log = logging.getLogger("broker_impl.cluster.transport")
 
@@ -101,9 +102,12 @@ class Transport:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         host, port = self.listen
-        self._server = await asyncio.start_server(
-            self._accepted, resolve_listen(host), port, reuse_address=True
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._accepted, resolve_listen(host), port, reuse_address=True
+            )
+        except OSError as exc:
+            raise cannot_listen("cluster peers", "cluster.port", resolve_listen(host), port, exc) from exc
         self.bound = self._server.sockets[0].getsockname()[:2]
         loop = asyncio.get_running_loop()
         for p in self.peers.values():

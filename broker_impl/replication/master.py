@@ -16,6 +16,7 @@ from typing import Any
 
 from broker_impl.backing_queue import StoreError
 from broker_impl.cluster.transport import resolve_listen
+from broker_impl.errors import cannot_listen
 from broker_impl.replication import wire
 from broker_impl.replication.config import ReplicationConfig
 from broker_impl.replication.link import LINK_ERRORS, Link
@@ -59,7 +60,10 @@ class Master:
         """
         self._catching_up = catch_up
         host = resolve_listen(self.cfg.listen)
-        self._server = await asyncio.start_server(self._accepted, host, self.cfg.port, reuse_address=True)
+        try:
+            self._server = await asyncio.start_server(self._accepted, host, self.cfg.port, reuse_address=True)
+        except OSError as exc:
+            raise cannot_listen("slaves", "replication.port", host, self.cfg.port, exc) from exc
         log.info("replication (%s) listening on %s:%d for slaves", self.cfg.role, host, self.cfg.port)
         if not catch_up:
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tomllib
@@ -11,8 +12,20 @@ from pathlib import Path
 import pytest
 
 from broker_impl.config import ConfigError, load, parse
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _node(cfg: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m broker_impl`` on a config that keeps it from starting: it exits on its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker_impl", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
 
 
 def test_defaults_are_rabbitmq_defaults() -> None:
@@ -74,13 +87,7 @@ def test_store_and_cluster_tables_pass_through() -> None:
 def test_cli_exits_2_with_one_line(tmp_path: Path, toml: str, needle: str) -> None:
     cfg = tmp_path / "b.toml"
     cfg.write_text(toml)
-    proc = subprocess.run(
-        [sys.executable, "-m", "broker_impl", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    proc = _node(cfg)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -111,3 +118,24 @@ def test_every_key_is_documented() -> None:
     }
     missing = [n for n in names if renamed.get(n, f"{n} =") not in doc]
     assert not missing, f"undocumented config keys: {missing}"
+
+
+@pytest.mark.parametrize("held", ["node.port", "node.control_port", "cluster.port"])
+def test_a_port_in_use_names_that_listener_and_its_setting(tmp_path: Path, held: str) -> None:
+    """A node has up to four listeners; the line names the one whose port is taken, not the client
+    port whatever clashed."""
+    ports = {key: free_port() for key in ("node.port", "node.control_port", "cluster.port", "peer")}
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(
+        f'[node]\nname = "n1"\nport = {ports["node.port"]}\ncontrol_port = {ports["node.control_port"]}\n'
+        f'data_dir = "{tmp_path / "data"}"\nlog_file = "{tmp_path / "broker.log"}"\n'
+        f'[cluster]\nnode = "n1"\nlisten = "127.0.0.1"\nport = {ports["cluster.port"]}\n'
+        f'peers = {{ n2 = "127.0.0.1:{ports["peer"]}" }}\n'
+    )
+    with socket.create_server(("127.0.0.1", ports[held])):
+        proc = _node(cfg)
+    assert proc.returncode == 1, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("broker_impl:")]
+    assert len(said) == 1, proc.stderr
+    assert f"127.0.0.1:{ports[held]}: address already in use" in said[0], said
+    assert f"set another {held}" in said[0], said

@@ -8,7 +8,6 @@ the publish was sent: the broker's due time can only be later).
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 from broker_impl.store import durable
 from faults.lazyfs import LazyMount, fuse_available, is_mounted
 from tests.broker_impl.conftest import SubprocessNode
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -105,9 +105,7 @@ def lazy() -> Iterator[LazyMount]:
 def test_confirmed_delayed_messages_survive_power_loss(lazy: LazyMount, tmp_path: Path) -> None:
     data = Path(lazy.mountpoint) / "data"
     durable.make_dirs(data)  # the node's data directory exists (durably) before the node, as in a deployment
-    with socket.socket() as s:  # the lazy filesystem has no Unix sockets: control over TCP
-        s.bind(("127.0.0.1", 0))
-        control_port = s.getsockname()[1]
+    control_port = free_port()  # the lazy filesystem has no Unix sockets: control over TCP
     node = SubprocessNode(tmp_path, _toml(str(data), control_port))
     node.data_dir = data
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,22 +27,13 @@ from harness.workload import drain_queue
 from plugins.nats import SYSTEM_USER
 from plugins.nats.client import NatsDriver
 from tests.polling import until, until_async
+from tests.ports import free_ports
 
 SEED = 23
 SIZE = 128
 QUEUE = "chaos-1"
 
 pytestmark = pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server is not installed")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Server:
@@ -101,7 +91,7 @@ class Server:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[list[Server]]:
-    ports = _free_ports(9)
+    ports = free_ports(9)
     routes = ports[3:6]
     servers = [
         Server(

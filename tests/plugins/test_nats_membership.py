@@ -29,8 +29,9 @@ from plugins.nats.membership import (
     unnamed_peers,
 )
 from plugins.nats.sysreq import Parser, ProtocolError, handshake, request, request_lines
-from tests.plugins.test_nats_client import QUEUE, Server, _driver, _free_ports
+from tests.plugins.test_nats_client import QUEUE, Server, _driver
 from tests.polling import until
+from tests.ports import free_ports
 
 needs_server = pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server is not installed")
 
@@ -114,7 +115,7 @@ def test_node_spec_names_the_server_from_a_file() -> None:
 @pytest.fixture
 def renamed(tmp_path: Path) -> Iterator[list[Server]]:
     """Three servers on loopback, the third named as node n3 is after its first return."""
-    ports = _free_ports(9)
+    ports = free_ports(9)
     routes = ports[3:6]
     names = ["n1", "n2", "n3-2"]
     servers = [

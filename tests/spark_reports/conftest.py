@@ -1,18 +1,13 @@
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +18,7 @@ def connect_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
     from spark_reports import _spark_service
 
     home: Path = tmp_path_factory.mktemp("spark-connect")
-    state = _spark_service.start(_free_port(), home=home)
+    state = _spark_service.start(free_port(), home=home)
     try:
         yield home, state
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from harness.cli import main
 from spark_reports import _spark_service
 from spark_reports._spark_session import REMOTE_ENV, check_master, check_remote, where
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -85,9 +85,7 @@ def test_a_spark_remote_nobody_listens_on_is_one_line_and_exit_2_before_anything
     no_service: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """PySpark's client would retry such an address for minutes; a run would find out at its check."""
-    with socket.socket() as s:  # a port that was free a moment ago and that nobody listens on now
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it
     url = f"sc://127.0.0.1:{port}"
     for command in (["analyze", str(tmp_path)], ["run", "scenarios/partitions.yaml"]):
         assert main([*command, "--spark-remote", url]) == 2

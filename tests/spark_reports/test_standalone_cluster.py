@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,16 +20,11 @@ import pytest
 
 from spark_reports.synth import HistoryBuilder, write_history
 from tests.polling import until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spark_class() -> Path:
@@ -69,7 +63,7 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         "SPARK_WORKER_DIR": str(tmp_path / "work"),
         "SPARK_LOG_DIR": str(tmp_path / "logs"),
     }
-    port, ui, wport, wui = (_free_port() for _ in range(4))
+    port, ui, wport, wui = (free_port() for _ in range(4))
     master_url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -27,6 +27,7 @@ from toxiproxy.exceptions import InvalidToxic, NotFound
 
 from bench.proxy_round_trip import TwoWriteServer, alternate
 from tests.polling import until
+from tests.ports import free_port
 
 CRATE = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy-server"
 BINARY = CRATE / "target" / "release" / "brokerchaos-toxiproxy"
@@ -47,12 +48,6 @@ def binary() -> Path:
         timeout=900,
     )
     return BINARY
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Upstream(socketserver.ThreadingTCPServer):
