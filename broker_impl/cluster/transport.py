@@ -102,12 +102,11 @@ class Transport:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         host, port = self.listen
+        address = resolve_listen(host)  # one name lookup for the bind and for its error
         try:
-            self._server = await asyncio.start_server(
-                self._accepted, resolve_listen(host), port, reuse_address=True
-            )
+            self._server = await asyncio.start_server(self._accepted, address, port, reuse_address=True)
         except OSError as exc:
-            raise cannot_listen("cluster peers", "cluster.port", resolve_listen(host), port, exc) from exc
+            raise cannot_listen("cluster peers", "cluster.port", address, port, exc) from exc
         self.bound = self._server.sockets[0].getsockname()[:2]
         loop = asyncio.get_running_loop()
         for p in self.peers.values():
