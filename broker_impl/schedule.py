@@ -186,7 +186,8 @@ class Scheduler:
                 )
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), max(sleep, 0.001))
+                async with asyncio.timeout(max(sleep, 0.001)):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 

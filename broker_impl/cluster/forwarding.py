@@ -59,7 +59,8 @@ class Forwarder:
             raise ConnectionError(f"node {peer} is down")
         self._requests[rid] = (peer, fut)
         try:
-            return await asyncio.wait_for(fut, RPC_TIMEOUT)
+            async with asyncio.timeout(RPC_TIMEOUT):
+                return await fut
         except TimeoutError:
             raise ConnectionError(f"node {peer} did not answer") from None
         finally:

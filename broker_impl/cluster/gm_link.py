@@ -265,7 +265,8 @@ class GroupStore:
             reply: dict[str, Any] | None = None
             if self.transport.send(coord, req):
                 try:
-                    reply = await asyncio.wait_for(fut, self.timeout)
+                    async with asyncio.timeout(self.timeout):
+                        reply = await fut
                 except (TimeoutError, ConnectionError):
                     reply = None
             self._calls.pop(rid, None)
@@ -301,7 +302,8 @@ class GroupStore:
                 peers.discard(p)
         if peers:
             try:
-                await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await asyncio.shield(fut)
             except TimeoutError:
                 log.warning("group %s v%d: no answer from %s; going on", rec.name, rec.version, sorted(peers))
         self._replicas.pop(rid, None)

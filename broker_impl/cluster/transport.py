@@ -210,9 +210,8 @@ class Transport:
             if p.writer is None or p.writer.is_closing():
                 p.writer = None
                 try:
-                    reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(p.host, p.port), timeout=max(self.tick * self.down_after, 1.0)
-                    )
+                    async with asyncio.timeout(max(self.tick * self.down_after, 1.0)):
+                        reader, writer = await asyncio.open_connection(p.host, p.port)
                 except (TimeoutError, OSError):
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.tick * 3)

@@ -23,7 +23,8 @@ class Link:
         """The next frame; TimeoutError when the peer said nothing for ``timeout`` seconds
         (a partition that drops packets keeps the socket open: only silence shows it)."""
         while not self._frames:
-            data = await asyncio.wait_for(self.reader.read(256 * 1024), timeout)
+            async with asyncio.timeout(timeout):
+                data = await self.reader.read(256 * 1024)
             if not data:
                 raise ConnectionResetError("the peer closed the connection")
             self._frames.extend(self._decoder.feed(data))
@@ -32,7 +33,8 @@ class Link:
     async def send(self, frame: bytes, timeout: float) -> None:
         """Write a frame; TimeoutError when the peer stopped reading for ``timeout`` seconds."""
         self.writer.write(frame)
-        await asyncio.wait_for(self.writer.drain(), timeout)
+        async with asyncio.timeout(timeout):
+            await self.writer.drain()
 
     def close(self) -> None:
         self.writer.close()

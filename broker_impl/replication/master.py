@@ -74,7 +74,8 @@ class Master:
         )
         while True:
             try:
-                await asyncio.wait_for(self._caught_up.wait(), 10)
+                async with asyncio.timeout(10):
+                    await self._caught_up.wait()
                 return
             except TimeoutError:
                 log.warning(
@@ -122,7 +123,8 @@ class Master:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((end, fut))
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.cfg.sync_timeout_ms / 1000)
+            async with asyncio.timeout(self.cfg.sync_timeout_ms / 1000):
+                await asyncio.shield(fut)
         except TimeoutError:
             raise StoreError(
                 f"FLUSH_SLAVE_TIMEOUT: no slave reported offset {end} within {self.cfg.sync_timeout_ms} ms"
@@ -269,7 +271,8 @@ class Master:
                 conn.sent = nxt
                 continue
             try:
-                await asyncio.wait_for(conn.new_data.wait(), beat)
+                async with asyncio.timeout(beat):
+                    await conn.new_data.wait()
             except TimeoutError:
                 await link.send(wire.encode_offset(wire.DATA, conn.sent), dead)
 

@@ -72,9 +72,8 @@ class Slave:
         while True:
             delay = RETRY
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), self.cfg.dead_after_ms / 1000
-                )
+                async with asyncio.timeout(self.cfg.dead_after_ms / 1000):
+                    reader, writer = await asyncio.open_connection(host, port)
             except LINK_ERRORS as exc:
                 if str(exc) != last_error:
                     log.warning("cannot reach master %s:%d: %s", host, port, exc or type(exc).__name__)

@@ -186,7 +186,8 @@ def record_event(
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if ``stop`` is set meanwhile (a client's back-off)."""
     try:
-        await asyncio.wait_for(stop.wait(), seconds)
+        async with asyncio.timeout(seconds):
+            await stop.wait()
     except TimeoutError:
         pass
 

@@ -162,10 +162,8 @@ class AmqpDriver:
                 if self.w.dead_letter:
                     await self._declare_dead_letter(ch, queues)
                 for q in queues:
-                    await asyncio.wait_for(
-                        ch.queue_declare(q, durable=True, arguments=self._workload_queue_arguments()),
-                        OP_TIMEOUT,
-                    )
+                    async with asyncio.timeout(OP_TIMEOUT):
+                        await ch.queue_declare(q, durable=True, arguments=self._workload_queue_arguments())
                 if self.w.delay is not None:
                     await self._declare_delayed(ch, queues)
                 return
@@ -190,29 +188,27 @@ class AmqpDriver:
         """``workload.dead_letter``: a direct exchange; each queue's dead-letter queue bound by the
         queue's name (a message dead-letters with the routing key it was published with, the
         queue's name). Declared before the queues that name the exchange."""
-        await asyncio.wait_for(
-            ch.exchange_declare(DEAD_LETTER_EXCHANGE, exchange_type="direct", durable=True), OP_TIMEOUT
-        )
+        async with asyncio.timeout(OP_TIMEOUT):
+            await ch.exchange_declare(DEAD_LETTER_EXCHANGE, exchange_type="direct", durable=True)
         for q in queues:
             dlq = dead_letter_queue(q)
-            await asyncio.wait_for(
-                ch.queue_declare(dlq, durable=True, arguments=self.queue_arguments), OP_TIMEOUT
-            )
-            await asyncio.wait_for(ch.queue_bind(dlq, DEAD_LETTER_EXCHANGE, routing_key=q), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await ch.queue_declare(dlq, durable=True, arguments=self.queue_arguments)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await ch.queue_bind(dlq, DEAD_LETTER_EXCHANGE, routing_key=q)
 
     async def _declare_delayed(self, ch: Any, queues: Sequence[str]) -> None:
         """``workload.delay``: a delayed-message exchange routing like ``direct``, each queue bound by its name."""
-        await asyncio.wait_for(
-            ch.exchange_declare(
+        async with asyncio.timeout(OP_TIMEOUT):
+            await ch.exchange_declare(
                 DELAYED_EXCHANGE,
                 exchange_type="x-delayed-message",
                 durable=True,
                 arguments={"x-delayed-type": "direct"},
-            ),
-            OP_TIMEOUT,
-        )
+            )
         for q in queues:
-            await asyncio.wait_for(ch.queue_bind(q, DELAYED_EXCHANGE, routing_key=q), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await ch.queue_bind(q, DELAYED_EXCHANGE, routing_key=q)
 
     # -- producers ------------------------------------------------------------------------
 
@@ -259,7 +255,8 @@ class AmqpDriver:
                 while not stop.is_set() and not ch.is_closed and not progress.stalled(self.w.confirm_timeout):
                     await limiter.wait()
                     try:
-                        await asyncio.wait_for(window.acquire(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await window.acquire()
                     except TimeoutError:
                         continue  # every slot waits on a confirm: look at stop and stall again
                     if stop.is_set() or ch.is_closed:
@@ -311,12 +308,10 @@ class AmqpDriver:
         try:
             # aiormq's own timeout does not cover every wait (seen hanging past it while a
             # quorum queue had no leader), so the harness bounds the whole call itself.
-            confirm = await asyncio.wait_for(
-                ch.basic_publish(
+            async with asyncio.timeout(self.w.confirm_timeout):
+                confirm = await ch.basic_publish(
                     body, exchange=exchange, routing_key=queue, properties=p, timeout=self.w.confirm_timeout
-                ),
-                self.w.confirm_timeout,
-            )
+                )
         except asyncio.CancelledError:
             progress.answered(False)
             if not inv.done:

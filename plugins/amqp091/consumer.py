@@ -101,14 +101,14 @@ class Session:
 
     async def open(self) -> None:
         self.ch = await self.link.channel(confirms=False)
-        await asyncio.wait_for(self.ch.basic_qos(prefetch_count=self.prefetch), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            await self.ch.basic_qos(prefetch_count=self.prefetch)
         await self.consume()
         self._barriers = asyncio.create_task(self._barrier_loop())
 
     async def consume(self) -> None:
-        ok = await asyncio.wait_for(
-            self.ch.basic_consume(self.queue, self._on_message, no_ack=False), OP_TIMEOUT
-        )
+        async with asyncio.timeout(OP_TIMEOUT):
+            ok = await self.ch.basic_consume(self.queue, self._on_message, no_ack=False)
         self.consumer_tag = ok.consumer_tag
 
     async def cancel(self) -> None:
@@ -116,7 +116,8 @@ class Session:
         been read (one channel's frames arrive in order) and its callback registered it."""
         tag, self.consumer_tag = self.consumer_tag, None
         if tag is not None:
-            await asyncio.wait_for(self.ch.basic_cancel(tag), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await self.ch.basic_cancel(tag)
 
     def cancelled_by_broker(self) -> bool:
         """The broker sent ``basic.cancel`` (queue deleted, failover): nothing more will come."""
@@ -182,11 +183,14 @@ class Session:
         self._written.clear()
         try:
             if f == "ack":
-                await asyncio.wait_for(self.ch.basic_ack(d.tag), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await self.ch.basic_ack(d.tag)
             elif reject:
-                await asyncio.wait_for(self.ch.basic_reject(d.tag, requeue=True), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await self.ch.basic_reject(d.tag, requeue=True)
             else:
-                await asyncio.wait_for(self.ch.basic_nack(d.tag, requeue=True), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await self.ch.basic_nack(d.tag, requeue=True)
         except asyncio.CancelledError:
             op.info("cancelled while the frame was written")
             raise
@@ -219,7 +223,8 @@ class Session:
                 return True
             batch, self.unconfirmed = self.unconfirmed, []
             try:
-                await asyncio.wait_for(self.ch.basic_qos(prefetch_count=self.prefetch), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await self.ch.basic_qos(prefetch_count=self.prefetch)
             except BaseException as exc:
                 self.unconfirmed[:0] = batch
                 if isinstance(exc, asyncio.CancelledError):
@@ -235,15 +240,18 @@ class Session:
     async def confirm_written(self, timeout: float) -> bool:
         """Wait for acks being written, then confirm them all with one barrier (within ``timeout``)."""
         try:
-            await asyncio.wait_for(self._written.wait(), timeout / 2)
-            return await asyncio.wait_for(self.barrier(), timeout / 2)
+            async with asyncio.timeout(timeout / 2):
+                await self._written.wait()
+            async with asyncio.timeout(timeout / 2):
+                return await self.barrier()
         except TimeoutError:
             return False
 
     async def _barrier_loop(self) -> None:
         while self._ended is None:
             try:
-                await asyncio.wait_for(self._wake.wait(), BARRIER_EVERY)
+                async with asyncio.timeout(BARRIER_EVERY):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -262,7 +270,8 @@ class Session:
                 break
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), min(left, 0.1))
+                async with asyncio.timeout(min(left, 0.1)):
+                    await self._arrived.wait()
             except TimeoutError:
                 pass
         return len(self.held)
@@ -273,7 +282,8 @@ class Session:
         await self.cancel()
         ops = [self._abandon(d, "recover") for d in self._take_held()]
         try:
-            await asyncio.wait_for(self.ch.basic_recover(requeue=True), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await self.ch.basic_recover(requeue=True)
         except BaseException as exc:
             for op in ops:
                 op.info(reason(exc))
@@ -300,7 +310,8 @@ class Session:
             return False
         clean = False
         try:
-            await asyncio.wait_for(self.ch.close(), max(0.1, deadline - self.loop.time()))
+            async with asyncio.timeout(max(0.1, deadline - self.loop.time())):
+                await self.ch.close()
             clean = _closed_cleanly(self.ch)
         except asyncio.CancelledError:
             self.link.abort()

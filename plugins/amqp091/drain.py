@@ -125,8 +125,10 @@ class Drain:
         )
         empty = False
         try:
-            await asyncio.wait_for(session.open(), min(OP_TIMEOUT, max(0.1, self._left())))
-            empty = await asyncio.wait_for(self._until_empty(node, session, view), max(0.1, self._left()))
+            async with asyncio.timeout(min(OP_TIMEOUT, max(0.1, self._left()))):
+                await session.open()
+            async with asyncio.timeout(max(0.1, self._left())):
+                empty = await self._until_empty(node, session, view)
         except _VisitEnded as exc:
             view.error = str(exc)
         except BROKER_ERRORS as exc:
@@ -218,5 +220,6 @@ class Drain:
                 look.ok(seen)
                 return got
             look.info("the broker plugin cannot tell this node's depth")
-        declared = await asyncio.wait_for(session.ch.queue_declare(self.queue, passive=True), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            declared = await session.ch.queue_declare(self.queue, passive=True)
         return int(declared.message_count or 0), None

@@ -45,7 +45,8 @@ class Link:
     @classmethod
     async def open(cls, node: str, url: str, timeout: float = CONNECT_TIMEOUT) -> Link:
         socket = _RememberingTcp()
-        conn = await asyncio.wait_for(aiormq.connect(url, transport_factory=socket), timeout)
+        async with asyncio.timeout(timeout):
+            conn = await aiormq.connect(url, transport_factory=socket)
         return cls(node, conn, socket)
 
     @property
@@ -62,7 +63,8 @@ class Link:
         return "connection closed"
 
     async def channel(self, *, confirms: bool) -> Any:
-        return await asyncio.wait_for(self.conn.channel(publisher_confirms=confirms), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            return await self.conn.channel(publisher_confirms=confirms)
 
     def abort(self) -> None:
         """Reset the TCP connection without a close handshake."""
@@ -79,7 +81,8 @@ class Link:
         if self.conn.is_closed:
             return not self.aborted
         try:
-            await asyncio.wait_for(self.conn.close(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.conn.close()
         except asyncio.CancelledError:
             self.abort()
             raise
@@ -92,6 +95,7 @@ class Link:
     async def _reap(self) -> None:
         """Let aiormq finish its own tasks after an abort (they end on the reset socket)."""
         try:
-            await asyncio.wait_for(self.conn.close(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.conn.close()
         except Exception:  # noqa: BLE001
             pass

@@ -80,7 +80,8 @@ class TxProducer:
             try:
                 link = await self.open_link(node)
                 ch = await link.channel(confirms=False)
-                await asyncio.wait_for(ch.tx_select(), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await ch.tx_select()
             except BROKER_ERRORS:
                 if link is not None:
                     await link.close()
@@ -111,14 +112,12 @@ class TxProducer:
                 delivery_mode=self.delivery_mode, message_id=msg_id, expiration=self.expiration
             )
             try:
-                await asyncio.wait_for(
-                    ch.basic_publish(
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await ch.basic_publish(
                         message_body(msg_id, self.seed, self.message_size),
                         routing_key=self.queue,
                         properties=props,
-                    ),
-                    OP_TIMEOUT,
-                )
+                    )
             except BROKER_ERRORS as exc:
                 broken = reason(exc)
                 break
@@ -168,7 +167,8 @@ async def end_transaction(
     op = recorder.invoke(process, f, node=node, queue=queue, value=tx_id, detail=detail)
     try:
         # the harness bounds the round trip itself (aiormq's timeouts do not cover every wait)
-        await asyncio.wait_for(ch.tx_rollback() if rollback else ch.tx_commit(), timeout)
+        async with asyncio.timeout(timeout):
+            await ch.tx_rollback() if rollback else ch.tx_commit()
     except asyncio.CancelledError:
         op.info("cancelled before the answer")
         _complete(ops, rollback, "cancelled before the answer")
@@ -257,8 +257,10 @@ class TxConsumer:
 
     async def _session(self, link: Link, node: str, held: list[tuple[int, str]], stop: asyncio.Event) -> bool:
         ch = await link.channel(confirms=False)
-        await asyncio.wait_for(ch.basic_qos(prefetch_count=self.prefetch), OP_TIMEOUT)
-        await asyncio.wait_for(ch.tx_select(), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            await ch.basic_qos(prefetch_count=self.prefetch)
+        async with asyncio.timeout(OP_TIMEOUT):
+            await ch.tx_select()
         arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
         last = [loop.time()]
@@ -278,13 +280,15 @@ class TxConsumer:
             last[0] = loop.time()
             arrived.set()
 
-        await asyncio.wait_for(ch.basic_consume(self.queue, on_message, no_ack=False), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            await ch.basic_consume(self.queue, on_message, no_ack=False)
         batch = self.tx.ack_batch
         while not ch.is_closed:
             if stop.is_set():
                 if held and not await self._ack(node, ch, held, len(held), rollback=False):
                     return False
-                await asyncio.wait_for(ch.close(), OP_TIMEOUT)
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await ch.close()
                 return True
             if len(held) >= batch or (held and loop.time() - last[0] >= IDLE_COMMIT):
                 if not await self._ack(
@@ -294,7 +298,8 @@ class TxConsumer:
                 continue
             arrived.clear()
             try:
-                await asyncio.wait_for(arrived.wait(), IDLE_COMMIT)
+                async with asyncio.timeout(IDLE_COMMIT):
+                    await arrived.wait()
             except TimeoutError:
                 pass
         return False
@@ -308,7 +313,8 @@ class TxConsumer:
         ]
         try:
             # every older delivery is acked or in this batch: one multiple ack covers exactly the batch
-            await asyncio.wait_for(ch.basic_ack(batch[-1][0], multiple=True), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await ch.basic_ack(batch[-1][0], multiple=True)
         except BROKER_ERRORS as exc:
             for o in ops:
                 o.fail(f"transaction never committed: {reason(exc)}")

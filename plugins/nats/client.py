@@ -101,7 +101,8 @@ class _Conn:
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self.nc.close(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self.nc.close()
         except Exception:  # noqa: BLE001 - closing a dead connection raises all kinds of things
             pass
 
@@ -172,8 +173,8 @@ class NatsDriver:
     async def _connect(self, node: str, *, system: bool = False) -> _Conn:
         ep = self.endpoints[node]
         user, password = self.system_user if system else (self.username, self.password)
-        nc = await asyncio.wait_for(
-            nats.connect(
+        async with asyncio.timeout(CONNECT_TIMEOUT + 1):
+            nc = await nats.connect(
                 servers=[f"nats://{ep.host}:{ep.port}"],
                 user=user,
                 password=password,
@@ -186,9 +187,7 @@ class NatsDriver:
                 disconnected_cb=_quiet,
                 closed_cb=_quiet,
                 name=f"brokerchaos-{node}",
-            ),
-            CONNECT_TIMEOUT + 1,
-        )
+            )
         return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
 
     async def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
@@ -270,7 +269,8 @@ class NatsDriver:
                 while not stop.is_set() and not trouble.is_set() and not conn.nc.is_closed:
                     await limiter.wait()
                     try:
-                        await asyncio.wait_for(window.acquire(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await window.acquire()
                     except TimeoutError:
                         continue
                     if stop.is_set() or trouble.is_set():
@@ -291,12 +291,10 @@ class NatsDriver:
     async def _publish_one(self, conn: _Conn, inv: Invocation, queue: str, msg_id: str) -> str:
         body = message_body(msg_id, self.seed, self.w.message_size)
         try:
-            ack = await asyncio.wait_for(
-                conn.js.publish(
+            async with asyncio.timeout(self.w.confirm_timeout + 0.5):
+                ack = await conn.js.publish(
                     queue, body, timeout=self.w.confirm_timeout, stream=queue, headers={ID_HEADER: msg_id}
-                ),
-                self.w.confirm_timeout + 0.5,
-            )
+                )
         except asyncio.CancelledError:
             if not inv.done:
                 inv.info("cancelled before the publish ack arrived")
@@ -459,7 +457,8 @@ async def _gather_jsz(nc: Client, stream: str, servers: int) -> dict[str, Any]:
             "$SYS.REQ.SERVER.PING.JSZ", json.dumps({"accounts": True, "streams": True}).encode(), reply=inbox
         )
         try:
-            await asyncio.wait_for(got_all.wait(), REPLICA_WAIT)
+            async with asyncio.timeout(REPLICA_WAIT):
+                await got_all.wait()
         except TimeoutError:
             pass
     finally:
@@ -607,9 +606,8 @@ class _Drain:
     async def extra(self) -> dict[str, Any]:
         """Each server's own view of the stream (``replicas``), for the replica comparison."""
         try:
-            replicas = await asyncio.wait_for(
-                self.d.replica_views(self.queue), REPLICA_WAIT + CONNECT_TIMEOUT + 2
-            )
+            async with asyncio.timeout(REPLICA_WAIT + CONNECT_TIMEOUT + 2):
+                replicas = await self.d.replica_views(self.queue)
         except TimeoutError:
             replicas = {}
         return {"replicas": replicas}
@@ -628,7 +626,8 @@ class _Drain:
             return False
         session = _Session(self.d, conn, self.process, self.queue, Behaviour.none())
         try:
-            return await asyncio.wait_for(self._until_empty(conn, session, view), max(0.1, self._left()))
+            async with asyncio.timeout(max(0.1, self._left())):
+                return await self._until_empty(conn, session, view)
         except TimeoutError:
             view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
             return False

@@ -164,7 +164,8 @@ class RedisDriver:
         ep = self.endpoints[node]
         conn = self._client(ep.host, ep.port, timeout=max(OP_TIMEOUT, self.w.confirm_timeout + 2))
         try:
-            await asyncio.wait_for(conn.ping(), CONNECT_TIMEOUT + 1)
+            async with asyncio.timeout(CONNECT_TIMEOUT + 1):
+                await conn.ping()
         except BaseException:
             await close(conn)
             raise
@@ -185,9 +186,8 @@ class RedisDriver:
                 continue
             s = self._client(*extra)
             try:
-                addr = await asyncio.wait_for(
-                    s.execute_command("SENTINEL", "get-master-addr-by-name", MASTER_NAME), OP_TIMEOUT
-                )
+                async with asyncio.timeout(OP_TIMEOUT):
+                    addr = await s.execute_command("SENTINEL", "get-master-addr-by-name", MASTER_NAME)
             except (*BROKER_ERRORS, redis.exceptions.ResponseError):
                 continue
             finally:
@@ -260,15 +260,13 @@ class RedisDriver:
         body = message_body(msg_id, self.seed, self.w.message_size)
         timeout = self.w.confirm_timeout
         try:
-            entry = _text(await asyncio.wait_for(conn.xadd(queue, {"id": msg_id, "body": body}), timeout))
+            async with asyncio.timeout(timeout):
+                entry = _text(await conn.xadd(queue, {"id": msg_id, "body": body}))
             detail: dict[str, Any] = {"stream_seq": entry_offset(entry), "entry": entry}
             if self.wait_replicas:
                 # WAIT's own timeout leaves the rest of the confirm timeout for its reply.
-                got = int(
-                    await asyncio.wait_for(
-                        conn.wait(self.wait_replicas, max(1, int(timeout * 1000) - 1000)), timeout + 1
-                    )
-                )
+                async with asyncio.timeout(timeout + 1):
+                    got = int(await conn.wait(self.wait_replicas, max(1, int(timeout * 1000) - 1000)))
                 detail["replicas"] = got
                 if got < self.wait_replicas:
                     inv.info(f"WAIT {self.wait_replicas} counted {got} replicas", detail=detail)
@@ -331,10 +329,8 @@ class RedisDriver:
                 started = True
                 while not done.is_set():
                     try:
-                        got: Any = await asyncio.wait_for(
-                            conn.xread({queue: last}, count=batch, block=BLOCK_MS),
-                            BLOCK_MS / 1000 + OP_TIMEOUT,
-                        )
+                        async with asyncio.timeout(BLOCK_MS / 1000 + OP_TIMEOUT):
+                            got: Any = await conn.xread({queue: last}, count=batch, block=BLOCK_MS)
                     except (*BROKER_ERRORS, redis.exceptions.ResponseError):
                         break  # UNBLOCKED (the node's role changed), LOADING, a lost connection
                     entries = [(_text(i), f) for _s, es in got or () for i, f in es if f is not None]
@@ -368,7 +364,8 @@ class RedisDriver:
 
 async def close(conn: aioredis.Redis) -> None:
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(conn.aclose(), 2.0)
+        async with asyncio.timeout(2.0):
+            await conn.aclose()
 
 
 def entry_message(fields: Mapping[Any, Any] | None) -> tuple[str, bytes]:
@@ -382,7 +379,8 @@ def entry_message(fields: Mapping[Any, Any] | None) -> tuple[str, bytes]:
 async def is_primary(conn: aioredis.Redis) -> bool:
     """``ROLE`` says ``master`` (False too when it cannot be asked)."""
     try:
-        role: Any = await asyncio.wait_for(conn.execute_command("ROLE"), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            role: Any = await conn.execute_command("ROLE")
     except (*BROKER_ERRORS, redis.exceptions.ResponseError):
         return False
     return bool(role) and _text(role[0]) == "master"
@@ -391,7 +389,8 @@ async def is_primary(conn: aioredis.Redis) -> bool:
 async def create_group(conn: aioredis.Redis, queue: str) -> bool:
     """The shared consumer group, reading the stream from its start; False if it was there."""
     try:
-        await asyncio.wait_for(conn.xgroup_create(queue, GROUP, id="0", mkstream=True), OP_TIMEOUT)
+        async with asyncio.timeout(OP_TIMEOUT):
+            await conn.xgroup_create(queue, GROUP, id="0", mkstream=True)
     except redis.exceptions.ResponseError as exc:
         if "BUSYGROUP" in str(exc):
             return False
@@ -429,10 +428,10 @@ class _Session:
             got: list[tuple[str, dict[Any, Any] | None, bool]] = []
             cursor = "0-0"
             while True:
-                reply = await asyncio.wait_for(
-                    self.conn.xautoclaim(self.queue, GROUP, self.process, claim_idle_ms, cursor, count=256),
-                    OP_TIMEOUT,
-                )
+                async with asyncio.timeout(OP_TIMEOUT):
+                    reply = await self.conn.xautoclaim(
+                        self.queue, GROUP, self.process, claim_idle_ms, cursor, count=256
+                    )
                 cursor = _text(reply[0])
                 got += [(_text(i), f, True) for i, f in reply[1] if f is not None]
                 if cursor == "0-0" or len(got) >= 1024:
@@ -440,10 +439,10 @@ class _Session:
         start = "0" if self.reread else ">"
         self.reread = False
         batch = max(1, min(self.d.w.prefetch or 64, 256))
-        read: Any = await asyncio.wait_for(
-            self.conn.xreadgroup(GROUP, self.process, {self.queue: start}, count=batch, block=BLOCK_MS),
-            BLOCK_MS / 1000 + OP_TIMEOUT,
-        )
+        async with asyncio.timeout(BLOCK_MS / 1000 + OP_TIMEOUT):
+            read: Any = await self.conn.xreadgroup(
+                GROUP, self.process, {self.queue: start}, count=batch, block=BLOCK_MS
+            )
         return [
             (_text(i), f, start == "0") for _s, entries in read or () for i, f in entries if f is not None
         ]
@@ -518,7 +517,8 @@ class _Session:
         if not acks:
             return True
         try:
-            n = await asyncio.wait_for(self.conn.xack(self.queue, GROUP, *(e for e, _ in acks)), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                n = await self.conn.xack(self.queue, GROUP, *(e for e, _ in acks))
         except asyncio.CancelledError:
             for _e, op in acks:
                 op.info("cancelled before the XACK reply arrived")
@@ -585,7 +585,8 @@ class _Drain:
             return False
         session = _Session(self.d, conn, node, self.process, self.queue, Behaviour.none())
         try:
-            return await asyncio.wait_for(self._until_empty(conn, session, view), max(0.1, left()))
+            async with asyncio.timeout(max(0.1, left())):
+                return await self._until_empty(conn, session, view)
         except TimeoutError:
             view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
             return False
@@ -613,14 +614,17 @@ class _Drain:
                 if session.acked > before:
                     idle_from = self.loop.time()
             view.role = "primary"
-            groups = await asyncio.wait_for(conn.xinfo_groups(self.queue), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                groups = await conn.xinfo_groups(self.queue)
             group = next((g for g in groups if _text(g.get("name")) == GROUP), None)
             if group is None:
                 continue  # the next read creates it
             lag = group.get("lag")
             view.lag, view.pending = (None if lag is None else int(lag)), int(group.get("pending") or 0)
-            view.length = int(await asyncio.wait_for(conn.xlen(self.queue), OP_TIMEOUT))
-            last: Any = await asyncio.wait_for(conn.xrevrange(self.queue, count=1), OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                view.length = int(await conn.xlen(self.queue))
+            async with asyncio.timeout(OP_TIMEOUT):
+                last: Any = await conn.xrevrange(self.queue, count=1)
             view.last_entry = _text(last[0][0]) if last else None
             if view.pending == 0 and view.lag in (0, None):
                 view.error = None
