@@ -63,26 +63,36 @@ class MemberRemove(Fault):
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
-        """Every node that is not a running member joins again. The cluster is the largest set of running
-        members any node reports: a node left alone (reset, its join still pending) reports only itself,
-        and must join the others, not have them join it."""
+        """Every node the others no longer count as a member joins them again (``left_nodes``). A node
+        that is merely down, paused or restarting is still a member and is left alone: joining means
+        ``reset``, which would wipe what it holds."""
         nodes = ctx.cluster.nodes
         plugin = ctx.cluster.plugin
-        seen: set[str] = set()
         # Every node asked at once; a node out of the cluster may not answer (an error): the others count.
         replies, _errors = on_each(list(nodes), lambda name: plugin.members(nodes[name]))
-        for name in nodes:
-            members = replies.get(name)
-            if members is not None and len(members) > len(seen):
-                seen = members
-        if len(seen) < 2:
-            return (
-                None  # no node counts another as a member: no cluster to heal (e.g. master-slave replication)
-            )
         out = {}
-        for name in sorted(set(nodes) - seen):
-            out[name] = _add(ctx, nodes[name], [h for n, h in nodes.items() if n in seen])
+        for name, join in sorted(left_nodes(list(nodes), replies).items()):
+            out[name] = _add(ctx, nodes[name], [nodes[n] for n in join])
         return out or None
+
+
+def left_nodes(nodes: Sequence[str], views: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """The nodes that left the cluster, each with the members it should join, from each node's view
+    of the membership (``views``: the nodes that answered).
+
+    A node has left when no other node that answered counts it as a member. Its own view does not
+    count: a node forgotten while its app was stopped still lists its old peers, and a node reset
+    alone lists only itself. It joins the largest view that another node holds. When no node counts
+    another one as a member there is no cluster to heal (e.g. master-slave replication)."""
+    if all(len(v) < 2 for v in views.values()):
+        return {}
+    out = {}
+    for name in nodes:
+        others = [v for n, v in views.items() if n != name]
+        if others and not any(name in v for v in others):
+            cluster = max(others, key=len)
+            out[name] = sorted(n for n in cluster if n in nodes and n != name)
+    return out
 
 
 def _add(ctx: FaultContext, node: Any, members: list[Any]) -> dict[str, Any]:
@@ -93,7 +103,7 @@ def _add(ctx: FaultContext, node: Any, members: list[Any]) -> dict[str, Any]:
     ctx.cluster.wait_ready([node.name])
     _asked, now = _members(plugin, members)
     if node.name not in now:
-        raise FaultError(f"{node.name} is not a running member after joining: {sorted(now)}")
+        raise FaultError(f"{node.name} is not a member after joining: {sorted(now)}")
     return {"added": node.name, "done": done, "members_after": sorted(now)}
 
 

@@ -327,10 +327,11 @@ class BrokerPlugin:
     # -- membership (capability ``membership``) ------------------------------------------
 
     def members(self, node: NodeHandle) -> set[str]:
-        """Names of the nodes ``node`` sees as running members of its cluster. A broker whose
-        membership is a replicated peer set (a Raft group) lists its peers, running or not: a
-        peer that is down or cut off stays a member until a removal takes it out, and the final
-        heal must not take a peer that is merely down for one that left."""
+        """Names of the nodes ``node`` counts as members of its cluster, running or not: a node
+        that is down, paused, cut off or restarting stays a member until a removal takes it out
+        (RabbitMQ: its disc and RAM nodes; a Raft group: its peers). The final heal joins again
+        only the nodes no other node counts, since a join starts a node empty; it must not take
+        a node that is merely down for one that left."""
         raise NotImplementedError
 
     def remove_node(

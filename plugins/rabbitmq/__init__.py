@@ -263,8 +263,11 @@ class RabbitMQ(BrokerPlugin):
         )
 
     def members(self, node: NodeHandle) -> set[str]:
+        """The cluster's disc and RAM nodes as ``node``'s schema lists them, running or not: a node
+        paused by ``pause_minority`` or restarting is still one of them, a forgotten one is not."""
         out = run_or_fail(node, ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], timeout=60)
-        return {n.split("@", 1)[1] for n in json.loads(out).get("running_nodes", [])}
+        status = json.loads(out)
+        return {n.split("@", 1)[1] for n in [*status.get("disk_nodes", []), *status.get("ram_nodes", [])]}
 
     def remove_node(
         self, node: NodeHandle, remaining: Sequence[NodeHandle], settings: Mapping[str, Any]

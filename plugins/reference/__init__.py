@@ -498,8 +498,15 @@ class ReferenceBroker(BrokerPlugin):
 
     # -- membership ------------------------------------------------------------------------
     def members(self, node: NodeHandle) -> set[str]:
+        """The members ``node`` knows, running or not (``cluster_status``'s ``members``)."""
+        return self._cluster_status(node, "members")
+
+    def _running(self, node: NodeHandle) -> set[str]:
+        return self._cluster_status(node, "running")
+
+    def _cluster_status(self, node: NodeHandle, key: str) -> set[str]:
         out = run_or_fail(node, self.ctl("--json", "cluster_status"), timeout=30)
-        return {str(m).rpartition("@")[2] for m in json.loads(out).get("running", [])}
+        return {str(m).rpartition("@")[2] for m in json.loads(out).get(key, [])}
 
     def remove_node(
         self, node: NodeHandle, remaining: Sequence[NodeHandle], settings: Mapping[str, Any]
@@ -527,7 +534,7 @@ class ReferenceBroker(BrokerPlugin):
         deadline = time.monotonic() + timeout
         seen: set[str] = set()
         while time.monotonic() < deadline:
-            seen = self.members(node)
+            seen = self._running(node)
             if done(seen):
                 return
             time.sleep(0.5)

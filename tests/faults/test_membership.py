@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from faults.membership import MemberRemove
+from faults.membership import MemberRemove, left_nodes
 from harness import ScenarioError
 from harness.host import Host
 from harness.nemesis import plan
@@ -54,3 +54,19 @@ def test_a_kill_of_another_node_during_a_membership_change_is_refused() -> None:
         }
     )
     assert [s.kind for s in plan(partition, faults, NODES).steps] == ["member-remove", "partition"]
+
+
+def test_the_final_heal_joins_only_the_nodes_no_other_node_counts() -> None:
+    everyone = {"n1", "n2", "n3"}
+    # n2 paused by pause_minority, restarting or down: still a member wherever it is asked
+    assert left_nodes(NODES, {"n1": everyone, "n3": everyone}) == {}
+    assert left_nodes(NODES, {"n1": everyone, "n2": everyone, "n3": everyone}) == {}
+    # n3 forgotten while its app was stopped: its own view still lists its old peers
+    assert left_nodes(NODES, {"n1": {"n1", "n2"}, "n2": {"n1", "n2"}, "n3": everyone}) == {"n3": ["n1", "n2"]}
+    # n1 reset and running alone: it joins the others, not they it
+    assert left_nodes(NODES, {"n1": {"n1"}, "n2": {"n2", "n3"}, "n3": {"n2", "n3"}}) == {"n1": ["n2", "n3"]}
+    # one node's answer is enough when the others cannot answer
+    assert left_nodes(NODES, {"n2": {"n2", "n3"}}) == {"n1": ["n2", "n3"]}
+    # nobody counts anybody else (master-slave replication): no cluster to heal
+    assert left_nodes(NODES, {"n1": {"n1"}, "n2": {"n2"}, "n3": {"n3"}}) == {}
+    assert left_nodes(NODES, {}) == {}

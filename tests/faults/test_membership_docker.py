@@ -98,3 +98,25 @@ def test_a_node_is_forgotten_with_its_mirror_then_joins_and_syncs(cluster: Any) 
     assert "n1" in joined["gm_ring"], joined
     local = queue(cluster, "n1")  # n1 started empty: what it holds came by the sync
     assert local["local_messages_ready"] == 50 and local["messages_ready"] == 50, local
+
+
+def test_the_final_heal_leaves_a_stopped_member_alone(cluster: Any) -> None:
+    """A member whose app is stopped (as RabbitMQ's ``pause_minority`` stops it) has not left: the
+    final heal must not join it again, since a join starts with ``reset`` and wipes its data."""
+    ctx = FaultContext(cluster)
+    ctl(cluster, "n2", "stop_app")
+    try:
+        until(
+            lambda: "n2" not in ctl(cluster, "n1", "cluster_status")["running"],
+            "n1 sees n2 stopped",
+            every=0.5,
+        )
+        assert sorted(ctl(cluster, "n1", "cluster_status")["members"]) == ["n1", "n2", "n3"]
+        assert MemberRemove.heal_all(ctx) is None
+    finally:
+        ctl(cluster, "n2", "start_app")
+    until(
+        lambda: sorted(ctl(cluster, "n1", "cluster_status")["running"]) == ["n1", "n2", "n3"],
+        "n2 running again",
+        every=0.5,
+    )
