@@ -168,7 +168,7 @@ async def end_transaction(
     try:
         # the harness bounds the round trip itself (aiormq's timeouts do not cover every wait)
         async with asyncio.timeout(timeout):
-            await ch.tx_rollback() if rollback else ch.tx_commit()
+            await (ch.tx_rollback() if rollback else ch.tx_commit())
     except asyncio.CancelledError:
         op.info("cancelled before the answer")
         _complete(ops, rollback, "cancelled before the answer")
