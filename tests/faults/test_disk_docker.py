@@ -51,12 +51,10 @@ async def _publish(cluster: Any, bodies: list[bytes]) -> list[tuple[bytes, str, 
         for body in bodies:
             t = time.monotonic()
             try:
-                r = await asyncio.wait_for(
-                    ch.basic_publish(
+                async with asyncio.timeout(15):
+                    r = await ch.basic_publish(
                         body, routing_key=QUEUE, properties=aiormq.spec.Basic.Properties(delivery_mode=2)
-                    ),
-                    15,
-                )
+                    )
                 outcome = "ack" if isinstance(r, aiormq.spec.Basic.Ack) else "nack"
             except Exception as exc:  # noqa: BLE001 - a refused publish is an outcome here
                 outcome = f"error: {type(exc).__name__}: {exc}"

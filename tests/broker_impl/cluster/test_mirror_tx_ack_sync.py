@@ -171,7 +171,8 @@ async def _run(data_dir: Path) -> tuple[list[dict[str, Any]], bool]:
         await asyncio.sleep(0)
     waited_for_the_mirror = not committing.done()  # done: commit-ok with no mirror holding the transaction
     endpoint.release()
-    await asyncio.wait_for(asyncio.gather(acking, committing), 10)
+    async with asyncio.timeout(10):
+        await asyncio.gather(acking, committing)
     await mirror.discard()
     await master.close()
     await store.close()
