@@ -78,6 +78,10 @@ class Server:
         if self._spent:
             self.broker = Broker(self.config)  # a stopped app's broker is spent: a new one recovers from disk
             self._spent = False
+        # Set before the broker starts: a cluster node that starts paused (pause_minority, no majority
+        # visible) closes the listener from the start.
+        self._want_listening = True
+        self.broker.listener_hook = self.set_listening
         await self.broker.start()
         if self.broker.store is not None:
             self.broker.store.on_failure = self._store_failed
@@ -93,10 +97,12 @@ class Server:
             port = self.port or self.config.port
             raise cannot_listen("AMQP clients", "node.port", self.config.host, port, exc) from exc
         self.port = self._server.sockets[0].getsockname()[1]
-        self._want_listening = True
-        self.broker.listener_hook = self.set_listening
         self._monitor = loop.create_task(self._alarm_monitor())
         self.app_running = True
+        if (
+            not self._want_listening
+        ):  # paused from its start: bound (the port is kept), closed until it resumes
+            self.set_listening(False)
         log.info(
             "node %s listening on %s:%d (flow control %s)",
             self.config.name,
@@ -196,6 +202,8 @@ class Server:
         when the node resumes. The control socket stays (the operator's CLI works).
         """
         self._want_listening = on
+        if not self.app_running:
+            return  # starting (``start_app`` follows the wish once its listener is bound) or stopped
         if self._listener_task is None or self._listener_task.done():
             self._listener_task = asyncio.get_running_loop().create_task(self._follow_listening())
 

@@ -135,13 +135,20 @@ class ClusterNode:
         self.catalog.local_changed()
         self.spawn(self.catalog.apply_loop())
         self.gm.start()
+        self.partitions.start()
         await self.transport.start()
         # Until the first peer's records are in, a restarted node may hold stale copies of queues
         # mastered elsewhere: clients wait (or 2 x the down detection time if nobody answers).
-        asyncio.get_running_loop().call_later(
-            2 * self.cfg.tick * self.cfg.down_after, self.catalog.joined, "no peer answered"
-        )
+        asyncio.get_running_loop().call_later(2 * self.cfg.tick * self.cfg.down_after, self._join_gave_up)
         self.spawn(self._housekeeping())
+
+    def _join_gave_up(self) -> None:
+        """No peer's records came in time: serve alone, unless the partition handling says a node that
+        cannot see a majority does not serve (pause_minority: it joins once a majority is visible)."""
+        if self.partitions.paused or not self.catalog.joining:
+            return
+        self.partitions.serving_alone()
+        self.catalog.joined("no peer answered")
 
     async def stop(self) -> None:
         """A controlled stop: peers apply ha-promote-on-shutdown instead of -on-failure."""

@@ -7,10 +7,19 @@
   connections are closed, it promotes nothing and writes no metadata, and its
   GM members record no deaths; when a majority is back it takes the majority's
   records as a restarted node would (its own queue copies that were replaced
-  are dropped) and opens its listener again.
+  are dropped) and opens its listener again. The count is of the recorded
+  members (``membership``), not of the peers seen to go down: a node that
+  starts while it cannot see a majority is paused from its start, as a RabbitMQ
+  node is (it waits for its peers at boot), and when a majority shows up it
+  joins as any starting node does (its persisted records merged with theirs,
+  clients refused until a peer's records are in), so a node killed inside its
+  minority and restarted there never serves alone.
 * ``autoheal``: on heal each pair of sides compares client counts; the side
   with fewer clients (ties: the side without the smallest node name) closes its
   connections and takes the winner's records, dropping its conflicting copies.
+  A node whose start-up join gave up waiting and served without some members
+  counts them as on the other side of a partition (``serving_alone``): when one
+  comes back the two sides compare as after any partition.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class Partitions:
         self._was_down: set[str] = set()
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
         self._heal_side: dict[str, list[str]] = {}
+        self._since_start = True  # no majority seen since this node started (see ``start``)
 
     def clients_said(self, peer: str, n: int) -> None:
         self._clients[peer] = n
@@ -63,37 +73,65 @@ class Partitions:
         self.check_majority()
         self._was_down.add(peer)
 
+    def start(self) -> None:
+        """Before any peer is seen: decide from the recorded members, as at any other time.
+
+        Up/down events alone never pause a node that starts without its peers (a
+        peer never seen up is never seen going down), and such a node served alone
+        and lost what it confirmed at the heal (``scenarios/reference-restart-in-minority.yaml``).
+        """
+        self.check_majority()
+
+    def serving_alone(self) -> None:
+        """The start-up join gave up waiting for a peer: the members not seen are on the other side of a
+        partition from now on, so autoheal compares the sides when one comes back."""
+        self._was_down.update(p for p in self.transport.peers if not self.transport.is_up(p))
+
     def check_majority(self) -> None:
         if self.cfg.partition_handling != "pause_minority":
             return
-        total = 1 + len(self.transport.peers)  # the members now (a forgotten node no longer counts)
+        total = 1 + len(self.transport.peers)  # the recorded members (a forgotten node no longer counts)
         seen = 1 + len(self.transport.up_peers())
         minority = seen * 2 <= total
         if minority and not self.paused:
-            # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
-            # majority promotes mirrors of the queues mastered here meanwhile.
-            self.paused = True
-            self.catalog.await_winner = "*"
-            self.gm.pause()
-            log.warning(
-                "cluster: only %d of %d nodes visible; pausing (pause_minority): client connections closed",
-                seen,
-                total,
-            )
-            for conn in list(self.broker.connections):
-                conn.force_close("node paused: minority partition")
-            if self.broker.listener_hook is not None:
-                self.broker.listener_hook(False)
+            self._pause(seen, total)
         elif not minority and self.paused:
+            self._resume(seen, total)
+        if not minority:
+            self._since_start = False
+
+    def _pause(self, seen: int, total: int) -> None:
+        # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
+        # majority promotes mirrors of the queues mastered here meanwhile.
+        self.paused = True
+        self.catalog.await_winner = "*"
+        self.gm.pause()
+        log.warning(
+            "cluster: only %d of %d nodes visible%s; pausing (pause_minority): client connections closed",
+            seen,
+            total,
+            " at start" if self._since_start else "",
+        )
+        for conn in list(self.broker.connections):
+            conn.force_close("node paused: minority partition")
+        if self.broker.listener_hook is not None:
+            self.broker.listener_hook(False)
+
+    def _resume(self, seen: int, total: int) -> None:
+        self.paused = False
+        if self._since_start:
+            # Paused since its start: it joins as a starting node does. Its records are the ones it
+            # persisted (it wrote none while paused); clients wait until a peer's records are merged.
+            log.warning("cluster: %d of %d nodes visible; joining the cluster", seen, total)
+        else:
             # Rejoin as a restarted node would: the majority's records replace ours, so a queue
             # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
-            self.paused = False
             self.catalog.restart("*")
-            if self.broker.listener_hook is not None:
-                self.broker.listener_hook(True)
             log.warning(
                 "cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total
             )
+        if self.broker.listener_hook is not None:
+            self.broker.listener_hook(True)
 
     def _side(self, returning: str) -> list[str]:
         """The nodes on this side of a partition that just healed towards ``returning``."""

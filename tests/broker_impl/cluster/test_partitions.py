@@ -176,3 +176,37 @@ def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net
     # n3 learns of the promotion from n2, after n2 itself: drain through n3 once it has
     wait_for(lambda: queue_info(n3, "ha.paused").get("node") == "n2", what="n3 sees n2 as the master")
     assert drain(n3, "ha.paused") == list(range(20))
+
+
+def test_pause_minority_node_started_inside_its_minority_does_not_serve(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+    """A node killed while cut off and started again there: no peer is ever seen up, so none is seen to go down;
+    it decides from its recorded members (1 of 3 visible) and stays paused until the majority is back, then
+    takes the majority's master (issue: it served alone and its confirms were dropped at the heal)."""
+    n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    _synced_queue(n1, "ha.boot")
+    net.partition(["n1"], ["n2", "n3"])
+    wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
+    wait_for(lambda: queue_info(n2, "ha.boot").get("node") in ("n2", "n3"), what="promoted on the majority")
+    n1.kill()
+    n1.start()
+    decided = wait_for(
+        lambda: (s := n1.ctl("cluster_status"))["paused"] or not s["joining"] and s,
+        what="n1 paused, or serving after its start-up join",
+    )
+    assert decided is True, f"n1 serves alone after its start: {decided}"
+    with pytest.raises(pika.exceptions.AMQPError):
+        publish(n1, "ha.boot", range(100, 110))
+    assert not _listening(n1)
+    publish(n2, "ha.boot", range(10, 20))
+    net.heal()
+    wait_for(lambda: not n1.ctl("cluster_status")["paused"], what="n1 resumed")
+    master = wait_for(lambda: queue_info(n2, "ha.boot").get("node"), what="a master on n2's side")
+    wait_for(lambda: queue_info(n1, "ha.boot").get("node") == master, what=f"n1 follows {master}")
+    wait_for(lambda: _serves(n1), what="a client served by n1 again")
+    # a publish forwarded to the master is refused while n1's link to it is not up yet
+    wait_for(
+        lambda: sorted(n1.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"], what="n1 sees every peer"
+    )
+    publish(n1, "ha.boot", range(20, 30))
+    assert sorted(drain(n3, "ha.boot")) == list(range(30))
+    assert "at start; pausing (pause_minority)" in n1.log()
