@@ -99,9 +99,8 @@ class Server:
         self.port = self._server.sockets[0].getsockname()[1]
         self._monitor = loop.create_task(self._alarm_monitor())
         self.app_running = True
-        if (
-            not self._want_listening
-        ):  # paused from its start: bound (the port is kept), closed until it resumes
+        # Paused from its start: bound (the port is kept), closed until the node resumes.
+        if not self._want_listening:
             self.set_listening(False)
         log.info(
             "node %s listening on %s:%d (flow control %s)",
