@@ -18,6 +18,10 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              halved or doubled), the kind re-resolving the rest; values no run has shown first;
 ``overlap``  an action of a kind from the pool added so that its window overlaps an existing
              action's, preferring pairs of kinds the corpus has never held together;
+``align``    actions of a kind from the pool begun and healed inside an existing action's window,
+             on the nodes it targets (a kill held inside the isolation of the same node) or on
+             each of the others (their client links reset while one node is cut off), with the
+             kind's enumerated parameters drawn afresh, values no run has shown first;
 ``add``      an action of a kind from the pool at a random time;
 ``remove``   one action taken out;
 ``splice``   the early part of this schedule joined to the later part of another corpus entry.
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError, ScenarioError
+from harness.explore_cells import targets
 from harness.nemesis import PlannedFault, check_overlaps
 from harness.shrink import Schedule, node_names
 from harness.spec.fault import Fault
@@ -63,6 +68,7 @@ OPERATORS: dict[str, float] = {
     "node": 1,
     "shape": 1,
     "overlap": 3,
+    "align": 3,
     "add": 1,
     "remove": 1,
     "splice": 1,
@@ -295,14 +301,51 @@ class Mutator:
     def _unseen(self, kind: str, key: str, value: Any) -> bool:
         return self.seen_values is not None and (kind, f"{key}={str(value).lower()}") not in self.seen_values
 
-    def _new_step(self, kind: str, at: float, hold: float, nodes: int) -> PlannedFault | None:
+    def _new_step(
+        self, kind: str, at: float, hold: float, nodes: int, given: Mapping[str, Any] | None = None
+    ) -> PlannedFault | None:
         try:
             params = self.faults[kind].resolve(
-                dict(self.pool.get(kind, {})), [f"n{k}" for k in range(1, nodes + 1)], self.rng
+                {**self.pool.get(kind, {}), **(given or {})}, [f"n{k}" for k in range(1, nodes + 1)], self.rng
             )
         except ScenarioError:
             return None
         return PlannedFault("new", round(at, 3), round(hold, 3), kind, params)
+
+    def _drawn(self, kind: str) -> dict[str, Any]:
+        """The kind's enumerated parameters the pool leaves open, each drawn afresh: a value no run
+        has shown first (what ``shape`` does for one parameter, here for all at once)."""
+        out: dict[str, Any] = {}
+        for key, allowed in self.faults[kind].params_schema.items():
+            if key in self.pool.get(kind, {}) or not isinstance(allowed, tuple) or len(allowed) < 2:
+                continue
+            fresh = [v for v in allowed if self._unseen(kind, key, v)]
+            out[key] = self.rng.choice(fresh or list(allowed))
+        return out
+
+    def align(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        """Actions of one pool kind inside an existing action's window, on its nodes or on each other node."""
+        kinds = [k for k in sorted(self.pool) if "node" in self.faults[k].params_schema]
+        if not s.steps or not kinds:
+            return None
+        cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
+        p = s.steps[self.rng.randrange(len(s.steps))]
+        kind = self.rng.choice(kinds)
+        mine = targets(p.params, cluster)
+        way = self.rng.choice(["same", "others"])
+        aim = mine if way == "same" else [n for n in cluster if n not in mine]
+        start, end = _window(p, s.duration)
+        end = min(end, s.duration - TAIL)
+        at = start + self.rng.uniform(0.1, 0.5) * (end - start)
+        hold = max(MIN_HOLD, self.rng.uniform(0.3, 0.9) * (end - at))
+        if not aim or at + hold > s.duration - TAIL:
+            return None
+        given = self._drawn(kind)
+        added = [self._new_step(kind, at, hold, s.nodes, {**given, "node": n}) for n in aim]
+        if any(a is None for a in added):
+            return None
+        steps = (*s.steps, *(a for a in added if a is not None))
+        return s.replace(steps=steps), f"align {kind} on {way} of {p.fault_id}"
 
     def overlap(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         """A pool kind added over (or under) an existing action, unseen pairs first."""
@@ -387,8 +430,8 @@ class Mutator:
             if cand.key() != cur.key() and valid(cand, self.faults, nodes):
                 cur = cand
                 done.append(got[1])
-        if not done:
-            return None
+        if not done or cur.key() == s.key():
+            return None  # nothing applied, or the stack undid itself (an action added, then removed)
         return cur, "; ".join(done)
 
 
@@ -444,7 +487,7 @@ def pairs_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
             continue
         kind = parts[1].split("[", 1)[0]
         under = parts[1].split(" under=", 1)[1].split(" ", 1)[0]
-        out |= {(u, kind) for u in under.split("+")}
+        out |= {(u.split(":", 1)[0], kind) for u in under.split("+")}
     return out
 
 

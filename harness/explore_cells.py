@@ -7,44 +7,37 @@ feature
     ``requeue``, ``recover``, ``close``, ``crash``, ``slow-consumer``, ``delay``, ``tx-publish``,
     ``tx-ack``, ``queues``, ``cluster``), read from the scenario.
 fault
-    the shape of one fault window: its kind, its parameters that are not node names (strings and
-    booleans as they are, numbers in powers of two), how much of the cluster it targets
-    (``one``/``some``/``all``), the role of its target (``clients``: a node the workload's clients
-    went through; ``no-clients``), the kinds already held when it began (``under=slow-fsync``), and
-    the kinds whose heal it followed before the queues had recovered (``recovering=kill``).
+    the shape of one fault window: its kind, its enumerated, string and boolean parameters (not
+    its numbers, nor how long it was held: a run that moves a figure a little reaches nothing
+    new), how much of the cluster it targets (``one``/``some``/``all``), the role of its target
+    (``clients``: a node the workload's clients went through; ``no-clients``), the kinds already
+    held when it began and whether it hit the same nodes as they did (``under=partition:same``,
+    ``under=partition:other``), and the kinds whose heal it followed before the queues had
+    recovered (``recovering=kill``).
 event
     what the run recorded in that window: whether the fault applied, the share of publishes
-    confirmed inside it, how long each queue took to recover after its heal (powers of two of
-    seconds), outages that overlapped it, lost messages attributed to it; and for the run as a
-    whole, which kinds of anomaly it counted (recovered, duplicated, unknown, ...) and its verdict.
+    confirmed inside it, whether each queue recovered after its heal, outages that overlapped it,
+    lost messages attributed to it. The run as a whole (which kinds of anomaly it counted, its
+    verdict) makes cells of its own (fault ``run``), not one per window: crossed with every
+    window's shape, each verdict or anomaly made a new cell for every shape a run had.
 
 Everything is read from a stored run (``scenario.json`` and ``results.json``): no Docker, no
 clock. Broker events a plugin reports (``results.json`` ``events``: each ``{"name": ...,
-"fault_ids": [...]}``) join a window's events when a run has them. Numbers are bucketed, as a
-coverage-guided fuzzer buckets hit counts, so that a run is new when it reaches a state, not when
-a figure moves by a little.
+"fault_ids": [...]}``) join a window's events when a run has them. The cells are coarse on
+purpose: a map in which every run is new gives the search no direction (each run kept, the corpus
+a random walk over mutations); a run is new when it reaches a state: a kind of fault over another,
+on the same nodes or the others, with an outcome no run had before.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-NS = 1_000_000_000
 #: Run-level counts that make an event when they are above zero.
 COUNTED = ("recovered", "unknown", "failed", "duplicated", "resurrected", "ack_unknown", "abandoned")
-
-
-def bucket(x: float) -> str:
-    """A power-of-two bucket: ``0``, ``<1``, ``1``, ``2``, ``4``, ... (the bucket's lower end)."""
-    if x <= 0:
-        return "0"
-    if x < 1:
-        return "<1"
-    return str(2 ** int(math.log2(x)))
 
 
 def workload_features(scenario: Mapping[str, Any]) -> list[str]:
@@ -80,15 +73,22 @@ def _is_node(v: Any) -> bool:
     return isinstance(v, str) and len(v) > 1 and v[0] == "n" and v[1:].isdigit()
 
 
-def _targets(params: Mapping[str, Any], all_nodes: list[str]) -> list[str]:
+def targets(params: Mapping[str, Any], all_nodes: list[str]) -> list[str]:
+    """The nodes an action is aimed at: its ``node``, its ``nodes``, the smallest of its ``groups``
+    (a partition's minority side), else the whole cluster."""
     if isinstance(params.get("node"), str):
         return [params["node"]]
     if isinstance(params.get("nodes"), list | tuple):
         return [str(n) for n in params["nodes"]]
+    groups = [g for g in params.get("groups") or [] if isinstance(g, list | tuple) and g]
+    if groups:
+        return sorted(str(n) for n in min(groups, key=len))
     return list(all_nodes)
 
 
 def _params_shape(params: Mapping[str, Any]) -> str:
+    """The parameters that say what an action does (enumerated values, strings, flags); numbers
+    (a delay, a share, a seed) and node names are left out."""
     parts = []
     for key in sorted(params):
         v = params[key]
@@ -96,8 +96,6 @@ def _params_shape(params: Mapping[str, Any]) -> str:
             continue
         if isinstance(v, bool) or isinstance(v, str):
             parts.append(f"{key}={str(v).lower()}")
-        elif isinstance(v, int | float):
-            parts.append(f"{key}={bucket(float(v))}")
     return ",".join(parts)
 
 
@@ -122,16 +120,16 @@ def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, str]:
             back = r.get("publish_ok_ns") if r.get("publish_demand") else None
             end = r["heal_ns"] + (back if back is not None else r.get("recovery_ns") or 0)
             recovered_at[r["fault_id"]] = max(recovered_at.get(r["fault_id"], 0), end)
+    aimed = {w["fault_id"]: set(targets(_fault_params(w), all_nodes)) for w in windows}
     out: dict[str, str] = {}
     for w in windows:
-        params = _fault_params(w)
-        targets = _targets(params, all_nodes)
-        share = "all" if len(set(targets)) >= len(all_nodes) else "one" if len(targets) == 1 else "some"
-        role = "clients" if not client_nodes or set(targets) & client_nodes else "no-clients"
+        mine = aimed[w["fault_id"]]
+        share = "all" if len(mine) >= len(all_nodes) else "one" if len(mine) == 1 else "some"
+        role = "clients" if not client_nodes or mine & client_nodes else "no-clients"
         start = w["start_ns"]
         under = sorted(
             {
-                o["kind"]
+                f"{o['kind']}:{'same' if mine & aimed[o['fault_id']] else 'other'}"
                 for o in windows
                 if o is not w and o["start_ns"] <= start < (o.get("end_ns") or start + 1)
             }
@@ -145,10 +143,7 @@ def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, str]:
                 and o["heal_start_ns"] <= start < recovered_at.get(o["fault_id"], o["heal_start_ns"])
             }
         )
-        shape = f"{w['kind']}[{_params_shape(params)}]@{share}/{role}"
-        hold = (w.get("params") or {}).get("hold")
-        if isinstance(hold, int | float):
-            shape += f" hold={bucket(float(hold))}"
+        shape = f"{w['kind']}[{_params_shape(_fault_params(w))}]@{share}/{role}"
         if under:
             shape += f" under={'+'.join(under)}"
         if recovering:
@@ -184,10 +179,6 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
             continue
         if not r.get("recovered"):
             out[r["fault_id"]].add("not-recovered")
-        for what in ("publish", "consume"):
-            took = r.get(f"{what}_ok_ns")
-            if r.get(f"{what}_demand") and took is not None:
-                out[r["fault_id"]].add(f"{what}-back-s={bucket(took / NS)}")
     for u in lv.get("windows") or []:
         for fid in u.get("fault_ids") or []:
             if fid in out:
@@ -221,11 +212,11 @@ def run_cells(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[st
     whole = run_events(results)
     out: set[str] = set()
     for fid, shape in shapes.items():
-        for ev in events.get(fid, set()) | whole:
+        for ev in events.get(fid, set()):
             out |= {f"{f} | {shape} | {ev}" for f in features}
+    where = "run" if shapes else "no-fault"
     for ev in whole | events.get("run", set()):
-        if not shapes:
-            out |= {f"{f} | no-fault | {ev}" for f in features}
+        out |= {f"{f} | {where} | {ev}" for f in features}
     return out
 
 
