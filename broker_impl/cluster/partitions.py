@@ -119,7 +119,13 @@ class Partitions:
 
     def _resume(self, seen: int, total: int) -> None:
         self.paused = False
-        if self._since_start:
+        if not self.transport.peers:
+            # Every other member was forgotten here (``forget_cluster_node``, as RabbitMQ's --offline
+            # recovery of a node whose peers are gone for good): the node is the cluster, with no
+            # majority's records to wait for.
+            self.catalog.joined("the only member left")
+            log.warning("cluster: the only member left; resuming")
+        elif self._since_start:
             # Paused since its start: it joins as a starting node does. Its records are the ones it
             # persisted (it wrote none while paused); clients wait until a peer's records are merged.
             log.warning("cluster: %d of %d nodes visible; joining the cluster", seen, total)

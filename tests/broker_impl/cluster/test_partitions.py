@@ -210,3 +210,55 @@ def test_pause_minority_node_started_inside_its_minority_does_not_serve(cluster_
     publish(n1, "ha.boot", range(20, 30))
     assert sorted(drain(n3, "ha.boot")) == list(range(30))
     assert "at start; pausing (pause_minority)" in n1.log()
+
+
+def test_autoheal_node_started_alone_compares_sides_at_the_heal(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+    """A node restarted while cut off serves once its start-up join gives up; its peers were never seen, so
+    none was seen to go down. It counts them as partitioned all the same: at the heal both sides exchange
+    their sides and client counts (before, only the majority spoke and the majority never decided)."""
+    # tick 0.5 (down after 1.5 s): on a loaded machine a 0.6 s detection flaps the links between n2 and n3,
+    # and each flap is an autoheal of its own
+    n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="autoheal", tick=0.5)
+    _synced_queue(n1, "ha.alone")
+    net.partition(["n1"], ["n2", "n3"])
+    wait_for(lambda: queue_info(n2, "ha.alone").get("node") in ("n2", "n3"), what="promoted on the majority")
+    n1.kill()
+    n1.start()
+    wait_for(lambda: not n1.ctl("cluster_status")["joining"], what="n1 serving alone")
+    keep = [amqp(n2), amqp(n3)]
+    wait_for(
+        lambda: all(n.ctl("status")["connections"] >= 1 for n in (n2, n3)),
+        what="clients counted on n2 and n3",
+    )
+    publish(n2, "ha.alone", range(10, 20))
+    net.heal()
+    wait_for(lambda: "loses to" in n1.log(), what="n1 loses the autoheal")
+    wait_for(
+        lambda: any("autoheal: this side ['n2', 'n3']" in n.log() for n in (n2, n3)),
+        what="the majority compares the sides too",
+    )
+    master = queue_info(n2, "ha.alone")["node"]
+    wait_for(lambda: queue_info(n1, "ha.alone").get("node") == master, what=f"n1 follows {master}")
+    assert sorted(drain(n3, "ha.alone")) == list(range(20))
+    for c in keep:
+        c.close()
+
+
+def test_a_paused_node_stays_paused_until_its_peers_are_forgotten_then_serves_alone(
+    cluster_factory, net
+) -> None:  # type: ignore[no-untyped-def]
+    """A membership change while isolated: forgetting one unreachable peer leaves 1 of 2 visible (still a
+    minority); forgetting the last one makes the node the whole cluster, which serves (it waits for no
+    majority's records: there is none)."""
+    n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    net.partition(["n1"], ["n2", "n3"])
+    wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
+    wait_for(lambda: n1.ctl("cluster_status")["down"] == ["n2", "n3"], what="n1 sees both peers down")
+    n1.ctl("forget_cluster_node", node="n2")
+    assert n1.ctl("cluster_status")["paused"]
+    with pytest.raises(pika.exceptions.AMQPError):
+        amqp(n1)
+    n1.ctl("forget_cluster_node", node="n3")
+    status = n1.ctl("cluster_status")
+    assert not status["paused"] and not status["joining"], status
+    wait_for(lambda: _serves(n1), what="n1 serving as the only member")
