@@ -241,7 +241,8 @@ def test_autoheal_node_started_alone_compares_sides_at_the_heal(cluster_factory,
     wait_for(lambda: queue_info(n1, "ha.alone").get("node") == master, what=f"n1 follows {master}")
     assert sorted(drain(n3, "ha.alone")) == list(range(20))
     for c in keep:
-        c.close()
+        if c.is_open:  # a flap of the n2-n3 link is an autoheal of its own, which may have closed it
+            c.close()
 
 
 def test_a_paused_node_stays_paused_until_its_peers_are_forgotten_then_serves_alone(
