@@ -13,7 +13,7 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
 
 ``shift``    one action earlier or later;
 ``hold``     one action held longer or shorter;
-``node``     one action's target node replaced by another node of the cluster;
+``node``     two nodes exchanged in one action (its target moves; a partition stays one);
 ``shape``    one of the action's own parameters changed (an enumerated value, a flag, a number
              halved or doubled), the kind re-resolving the rest; values no run has shown first;
 ``overlap``  an action of a kind from the pool added so that its window overlaps an existing
@@ -247,8 +247,8 @@ class Mutator:
         p = s.steps[i]
         old = self.rng.choice(sorted(node_names(p.params)))
         new = self.rng.choice([n for n in cluster if n != old])
-        params = _rename(p.params, old, new)
-        return s.with_step(i, params=params), f"node {p.fault_id} {old}->{new}"
+        params = _swap(p.params, old, new)
+        return s.with_step(i, params=params), f"node {p.fault_id} {old}<->{new}"
 
     def shape(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         if not s.steps:
@@ -435,17 +435,16 @@ class Mutator:
         return cur, "; ".join(done)
 
 
-def _rename(value: Any, old: str, new: str) -> Any:
+def _swap(value: Any, a: str, b: str) -> Any:
+    """``value`` with node names ``a`` and ``b`` exchanged: a partition's groups and cuts stay a
+    partition (renaming one into a name it already holds made cuts like ``[n1, n1]`` and groups
+    that share a node), and a one-node action simply moves."""
     if isinstance(value, str):
-        return new if value == old else value
+        return b if value == a else a if value == b else value
     if isinstance(value, dict):
-        return {_rename(k, old, new): _rename(v, old, new) for k, v in value.items()}
+        return {_swap(k, a, b): _swap(v, a, b) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        out = []
-        for x in (_rename(v, old, new) for v in value):
-            if x not in out or not isinstance(x, str):
-                out.append(x)
-        return out
+        return [_swap(v, a, b) for v in value]
     return value
 
 

@@ -155,6 +155,19 @@ def test_node_moves_a_target_within_the_cluster_and_needs_two_nodes(faults) -> N
     assert Mutator(faults, {"kill": {}}, random.Random(0)).node(three.replace(nodes=1), None) is None
 
 
+def test_node_swaps_two_nodes_so_a_partition_stays_a_partition(faults) -> None:  # type: ignore[no-untyped-def]
+    """A partition names every node: renaming n3 to n1 made groups [[n1], [n2, n1]] and a cut [n1, n1]."""
+    s = start(faults, ISOLATE, nodes=3)
+    for seed in range(20):
+        got = Mutator(faults, {}, random.Random(seed)).node(s, None)
+        assert got is not None
+        params = got[0].steps[0].params
+        groups = params["groups"]
+        assert sorted(n for g in groups for n in g) == ["n1", "n2", "n3"], got[1]
+        assert all(len(set(c)) == 2 for c in params["cuts"]), got[1]
+        assert valid(got[0], faults, ["n1", "n2", "n3"])
+
+
 def test_shape_changes_a_parameter_of_the_kind_and_resolves_it_again(faults) -> None:  # type: ignore[no-untyped-def]
     s = Schedule((PlannedFault("f1", 2.0, 3.0, "power-loss", {"node": "n1"}),), 20.0, 300.0, 1)
     got = Mutator(faults, {"power-loss": {}}, random.Random(1)).shape(s, None)
