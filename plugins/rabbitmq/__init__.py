@@ -1,4 +1,10 @@
-"""RabbitMQ 3.10 from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
+"""RabbitMQ from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
+
+Versions (``broker.version``): ``3.10`` (bookworm's 3.10.8, the default: classic mirrored and
+quorum queues on Mnesia) and ``4.3`` (sid's 4.3.6: quorum queues, on Khepri, the default
+metadata store of a new 4.2+ cluster, or on Mnesia with ``metadata_store: mnesia``). Classic
+mirrored queues were removed in 4.0: a mirroring policy on 4.x is refused when the scenario
+is read, never silently ignored by the broker.
 
 Proves the harness on a broker nobody here wrote. Inter-node traffic (epmd on
 4369 and Erlang distribution on 25672) is routed through the node's Toxiproxy
@@ -21,6 +27,7 @@ from typing import Any
 
 from harness import (
     BrokerPlugin,
+    BrokerVersion,
     ClusterError,
     Feature,
     ImageRecipe,
@@ -148,9 +155,24 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
 )
 
 
+#: The RabbitMQ releases Debian serves; 3.10 first (the default: nothing new to build).
+VERSIONS = (
+    BrokerVersion("3.10", "bookworm", ("rabbitmq-server",), "3.10.8", note="classic mirrored queues, Mnesia"),
+    BrokerVersion(
+        "4.3",
+        "sid",
+        ("rabbitmq-server",),
+        "4.3.6",
+        settings={"metadata_store": "khepri"},
+        note="quorum queues; no classic mirroring; Khepri by default",
+    ),
+)
+
+
 class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
+    versions = VERSIONS
     protocol = "amqp091"
     capabilities = frozenset(
         {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
@@ -186,10 +208,26 @@ class RabbitMQ(BrokerPlugin):
         "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
         "net_ticktime": (10, int),
         "policy_pattern": ("^chaos", str),
+        # The metadata store (4.x): Khepri (Raft; 4.2+'s default) or Mnesia. 3.10 has Mnesia only.
+        "metadata_store": ("mnesia", ("mnesia", "khepri")),
     }
 
     def image(self) -> ImageRecipe:
-        return ImageRecipe(name="brokerchaos/rabbitmq", debian_packages=("rabbitmq-server",))
+        return self.release_recipe("brokerchaos/rabbitmq")
+
+    @property
+    def mirroring(self) -> bool:
+        """Whether this version has classic mirrored queues (removed in 4.0)."""
+        return self.release is VERSIONS[0]
+
+    def broker_version(self, node: NodeHandle) -> str | None:
+        """What the running node says (``rabbitmqctl version``), with the Debian package."""
+        package = super().broker_version(node)
+        rc, out = node.exec(["rabbitmqctl", "-q", "version"], timeout=60)
+        running = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else ""
+        if not running or package is None:
+            return package
+        return f"rabbitmq-server {running} (Debian package {package.split()[-1]})"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings
@@ -212,6 +250,8 @@ class RabbitMQ(BrokerPlugin):
                 "BROKERCHAOS_COOKIE": f"bc{node.cluster}".upper(),
                 "BROKERCHAOS_NET_TICKTIME": str(s["net_ticktime"]),
                 "RABBITMQ_DIST_PORT": str(25670 + node.index),
+                # 4.2+ starts a new node on Khepri; "-khepri_db" keeps it on Mnesia.
+                **({"RABBITMQ_FEATURE_FLAGS": "-khepri_db"} if self._mnesia_on_4(s) else {}),
             },
             files={START_SCRIPT: START, CONF: conf},
         )
@@ -287,9 +327,13 @@ class RabbitMQ(BrokerPlugin):
         self._wait_running(members[0], [*members, node])
         return {"on_node": cmds}
 
+    def _mnesia_on_4(self, settings: Mapping[str, Any]) -> bool:
+        return not self.mirroring and settings.get("metadata_store") == "mnesia"
+
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""
         out = super().validate_settings(settings)
+        self._check_version(out)
         mode, params = out["ha_mode"], out["ha_params"]
         if mode == "exactly" and (isinstance(params, bool) or not isinstance(params, int) or params < 1):
             raise ScenarioError(
@@ -314,6 +358,21 @@ class RabbitMQ(BrokerPlugin):
                 f"broker.settings.net_ticktime: {out['net_ticktime']} is out of range; allowed >= 1"
             )
         return out
+
+    def _check_version(self, out: Mapping[str, Any]) -> None:
+        """What this version does not have: mirroring on 4.x, Khepri on 3.10."""
+        rel = self.release
+        assert rel is not None
+        if not self.mirroring and out["ha_mode"] is not None:
+            raise ScenarioError(
+                f"broker.settings.ha_mode: RabbitMQ {rel.name} has no classic mirrored queues (removed in 4.0); "
+                "use queue_type 'quorum', or broker.version \"3.10\""
+            )
+        if self.mirroring and out["metadata_store"] != "mnesia":
+            raise ScenarioError(
+                f"broker.settings.metadata_store: RabbitMQ {rel.name} has Mnesia only; "
+                'remove it, or set broker.version: "4.3"'
+            )
 
     @staticmethod
     def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:

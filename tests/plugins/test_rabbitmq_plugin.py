@@ -30,6 +30,7 @@ def test_defaults() -> None:
         "partition_handling": "pause_minority",
         "net_ticktime": 10,
         "policy_pattern": "^chaos",
+        "metadata_store": "mnesia",
     }
 
 
