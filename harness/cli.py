@@ -522,8 +522,11 @@ def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = 
     graded = host.grade(dirs, engine, out)
     if graded is None:
         raise BrokerChaosError("no loaded plugin grades runs (brokerchaos_grade); install spark_reports")
+    from harness.verdicts import tested_versions
+
     headline, *details = graded["lines"]
     print(f"\n{headline}")
+    print(f"  broker: {'; '.join(tested_versions(dirs))}")
     for line in details:
         print(f"  {line}")
     print(f"  grade report: {graded['report']}")

@@ -58,6 +58,10 @@ BASE_PACKAGES = (
     # The Toxiproxy sidecar's packet faults: small, and in the base so the sidecar needs no layer.
     "nftables",
 )
+#: How a layer on a suite other than the default reads its index: the Release files of testing
+#: and sid expire within days (``Valid-Until``), so a mirror that lags (a snapshot of the
+#: archive) would refuse them; a stable suite's carry no such date.
+UNEXPIRED = " -o Acquire::Check-Valid-Until=false"
 #: Base packages a suite names its own way: libfuse3's library package follows its soname
 #: (``libfuse3-3`` in bookworm, ``libfuse3-4`` from trixie), so later suites take it from ``fuse3``.
 SUITE_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": ("libfuse3-3",)}
@@ -164,7 +168,7 @@ class ImageBuilder:
         )
         dockerfile = (
             f"FROM {base}\n"
-            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            f"RUN apt-get{'' if suite == SUITE else UNEXPIRED} update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
             f"--no-install-recommends {' '.join(extras)} >/dev/null{checks} "
             "&& rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb\n"
         )

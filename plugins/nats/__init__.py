@@ -232,7 +232,7 @@ class Nats(BrokerPlugin):
             return package
         if not running or package is None:
             return package
-        return f"nats-server {running} (Debian package {package.split()[-1]})"
+        return f"nats-server {running} (Debian {package})"
 
     def config(self, node: NodeInfo) -> str:
         s = node.settings

@@ -221,13 +221,17 @@ class RabbitMQ(BrokerPlugin):
         return self.release is VERSIONS[0]
 
     def broker_version(self, node: NodeHandle) -> str | None:
-        """What the running node says (``rabbitmqctl version``), with the Debian package."""
+        """What the running node says (``rabbitmqctl version``; on 4.x also its metadata store),
+        with the Debian package."""
         package = super().broker_version(node)
         rc, out = node.exec(["rabbitmqctl", "-q", "version"], timeout=60)
         running = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else ""
         if not running or package is None:
             return package
-        return f"rabbitmq-server {running} (Debian package {package.split()[-1]})"
+        if not self.mirroring:  # 4.x: which metadata store the node runs on, as it says
+            rc, out = node.exec(["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."], timeout=60)
+            running += {"true": " on Khepri", "false": " on Mnesia"}.get(out.strip() if rc == 0 else "", "")
+        return f"rabbitmq {running} (Debian {package})"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings
