@@ -689,7 +689,8 @@ class _Drain:
     async def _stream_gone(self, conn: _Conn, view: NodeView) -> bool:
         """Whether the cluster says it holds no such stream (then the node is drained)."""
         try:
-            await conn.js.stream_info(self.queue, timeout=OP_TIMEOUT)
+            async with asyncio.timeout(OP_TIMEOUT):
+                await conn.js.stream_info(self.queue)
         except nats.js.errors.NotFoundError as exc:
             return exc.err_code == STREAM_NOT_FOUND and self._no_stream(view)
         except BROKER_ERRORS:
