@@ -66,6 +66,7 @@ exec /usr/sbin/rabbitmq-server
 
 MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
 MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
+QUORUM_QUEUE = r"queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
 
 #: The rows of RabbitMQ's coverage map.
 FEATURES: tuple[Feature, ...] = (
@@ -143,7 +144,8 @@ FEATURES: tuple[Feature, ...] = (
     ),
 )
 
-#: RabbitMQ 3.10's log lines for mirror promotion, autoheal and a master stopping its mirrors.
+#: RabbitMQ's log lines for mirror promotion, autoheal, a master stopping its mirrors (3.10) and a
+#: quorum queue's leader changes (3.10 and 4.x).
 #: 3.10 says "Promoting mirror ... to leader"; releases before the rename said "slave ... master".
 LOG_EVENTS: tuple[LogEvent, ...] = (
     LogEvent("promoted", MIRRORED_QUEUE + r"Promoting (?:slave|mirror) (?P<pid>\S+) to (?:master|leader)"),
@@ -152,6 +154,9 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
         "stop-no-synced-mirror",
         MIRRORED_QUEUE + r"Stopping all nodes on master shutdown since no synchronised mirror",
     ),
+    # A quorum queue's Raft member (3.10 and 4.x): elected, or stepping down for a newer term.
+    LogEvent("quorum-leader-elected", QUORUM_QUEUE + r"candidate -> leader in term: (?P<term>\d+)"),
+    LogEvent("quorum-leader-abdicated", QUORUM_QUEUE + r"leader -> follower in term: (?P<term>\d+)"),
 )
 
 
