@@ -1,8 +1,9 @@
 """RabbitMQ from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
 
 Versions (``broker.version``): ``3.10`` (bookworm's 3.10.8, the default: classic mirrored and
-quorum queues on Mnesia) and ``4.3`` (sid's 4.3.6: quorum queues, on Khepri, the default
-metadata store of a new 4.2+ cluster, or on Mnesia with ``metadata_store: mnesia``). Classic
+quorum queues on Mnesia) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri, the default
+metadata store of a new 4.2+ cluster; ``RABBITMQ_FEATURE_FLAGS=-khepri_db`` did not keep a new
+4.3.6 node on Mnesia here, so Mnesia on 4.3 is refused rather than claimed). Classic
 mirrored queues were removed in 4.0: a mirroring policy on 4.x is refused when the scenario
 is read, never silently ignored by the broker.
 
@@ -213,7 +214,7 @@ class RabbitMQ(BrokerPlugin):
         "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
         "net_ticktime": (10, int),
         "policy_pattern": ("^chaos", str),
-        # The metadata store (4.x): Khepri (Raft; 4.2+'s default) or Mnesia. 3.10 has Mnesia only.
+        # The metadata store: Mnesia on 3.10, Khepri (Raft; 4.2+'s default) on 4.3.
         "metadata_store": ("mnesia", ("mnesia", "khepri")),
     }
 
@@ -259,8 +260,6 @@ class RabbitMQ(BrokerPlugin):
                 "BROKERCHAOS_COOKIE": f"bc{node.cluster}".upper(),
                 "BROKERCHAOS_NET_TICKTIME": str(s["net_ticktime"]),
                 "RABBITMQ_DIST_PORT": str(25670 + node.index),
-                # 4.2+ starts a new node on Khepri; "-khepri_db" keeps it on Mnesia.
-                **({"RABBITMQ_FEATURE_FLAGS": "-khepri_db"} if self._mnesia_on_4(s) else {}),
             },
             files={START_SCRIPT: START, CONF: conf},
         )
@@ -336,9 +335,6 @@ class RabbitMQ(BrokerPlugin):
         self._wait_running(members[0], [*members, node])
         return {"on_node": cmds}
 
-    def _mnesia_on_4(self, settings: Mapping[str, Any]) -> bool:
-        return not self.mirroring and settings.get("metadata_store") == "mnesia"
-
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""
         out = super().validate_settings(settings)
@@ -381,6 +377,13 @@ class RabbitMQ(BrokerPlugin):
             raise ScenarioError(
                 f"broker.settings.metadata_store: RabbitMQ {rel.name} has Mnesia only; "
                 'remove it, or set broker.version: "4.3"'
+            )
+        if not self.mirroring and out["metadata_store"] != "khepri":
+            # Upstream's way, RABBITMQ_FEATURE_FLAGS=-khepri_db on a new node, still started
+            # Debian's 4.3.6 on Khepri here (the node said so): not offered until it works.
+            raise ScenarioError(
+                f"broker.settings.metadata_store: RabbitMQ {rel.name} runs on Khepri here; "
+                'for Mnesia use broker.version "3.10"'
             )
 
     @staticmethod

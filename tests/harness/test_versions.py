@@ -93,6 +93,8 @@ def test_rabbitmq_4_refuses_a_mirroring_policy_and_3_10_refuses_khepri() -> None
     assert r4.validate_settings({"queue_type": "quorum"})["metadata_store"] == "khepri"
     with pytest.raises(ScenarioError, match="RabbitMQ 3.10 has Mnesia only"):
         RabbitMQ().validate_settings({"metadata_store": "khepri"})
+    with pytest.raises(ScenarioError, match="RabbitMQ 4.3 runs on Khepri here"):
+        r4.validate_settings({"metadata_store": "mnesia"})
 
 
 def test_nats_sync_interval_from_2_10_on() -> None:
