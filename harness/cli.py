@@ -492,9 +492,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
         "plugin"
     )
     if broker in host.registry.brokers:  # a stored run names its broker; a hand-made history may not
-        annotate_coverage(host.broker(broker), rd.path, results)
+        annotate_coverage(
+            host.broker(broker, (stored.get("broker") or {}).get("broker_version")), rd.path, results
+        )
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
-    for key in ("workload", "timings"):
+    for key in ("workload", "timings", "broker"):  # what the run measured, not the checkers
         if key in old:
             results[key] = old[key]
     rd.write_json("results.json", results)
