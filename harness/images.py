@@ -41,10 +41,10 @@ from pathlib import Path
 
 from harness.errors import ImageError, ScenarioError
 from harness.progress import say
-from harness.spec.broker import BrokerPlugin, ImageRecipe
+from harness.spec.broker import STABLE_SUITE, BrokerPlugin, ImageRecipe
 from harness.spec.fault import FAKETIME_FILE
 
-SUITE = "bookworm"  # the default suite: the Toxiproxy sidecar's, and every recipe's that names none
+SUITE = STABLE_SUITE  # the default suite: the Toxiproxy sidecar's, and every recipe's that names none
 MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = (
     "python3",

@@ -36,6 +36,10 @@ BASE_CAPABILITIES: dict[str, str] = {
 }
 
 
+#: Debian's stable suite here: the one every image was built from before broker versions existed.
+STABLE_SUITE = "bookworm"
+
+
 @dataclass(frozen=True)
 class ImageRecipe:
     """How to build a plugin's image on a machine that reaches no container registry.
@@ -52,7 +56,7 @@ class ImageRecipe:
     env: Mapping[str, str] = field(default_factory=dict)
     run: tuple[str, ...] = ()  # shell commands run at build time, offline
     #: The Debian suite whose root filesystem the image starts from (one bootstrap per suite).
-    suite: str = "bookworm"
+    suite: str = STABLE_SUITE
     #: Debian package -> the upstream version it must install (a prefix: ``4.3`` takes 4.3.6-1):
     #: the build fails, naming what the suite serves instead, when the archive moved on.
     pins: Mapping[str, str] = field(default_factory=dict)
@@ -309,18 +313,22 @@ class BrokerPlugin:
 
     def release_recipe(self, name: str, **fields: Any) -> ImageRecipe:
         """The image recipe at the bound version: its suite and packages (plus ``debian_packages``
-        of ``fields``), the first package pinned to the version, the repository named by version
-        except for the default (whose images keep the name they had)."""
+        of ``fields``), the first package pinned to the version (but for a default on the stable
+        suite, whose recipe stays as it was), the repository named by version except for the
+        default (whose images keep the name they had)."""
         rel = self.release
         if rel is None:
             return ImageRecipe(name=name, **fields)
         extra = tuple(fields.pop("debian_packages", ()))
         default = rel == self.versions[0]
+        # A default on the stable suite keeps the recipe it had before versions (its image's hash);
+        # the stable suite does not move to another upstream version, testing and sid do.
+        unpinned = default and rel.suite == STABLE_SUITE
         return ImageRecipe(
             name=name if default else f"{name}-{rel.name}",
             debian_packages=(*rel.packages, *extra),
             suite=rel.suite,
-            pins={} if default else {rel.packages[0]: rel.name},
+            pins={} if unpinned else {rel.packages[0]: rel.name},
             **fields,
         )
 

@@ -82,7 +82,9 @@ def test_shipped_plugins_declare_their_debian_versions() -> None:
     assert [(v.name, v.suite) for v in Nats.versions] == [("2.9", "bookworm"), ("2.15", "sid")]
     assert [(v.name, v.suite) for v in Redis.versions] == [("7.0", "bookworm"), ("8.0", "sid")]
     assert [(v.name, v.suite) for v in Valkey.versions] == [("9.1", "sid")]
-    assert Valkey().image().debian_packages[0] == "valkey-server"
+    valkey = Valkey().image()  # its default is on sid, which moves on: pinned all the same
+    assert valkey.debian_packages[0] == "valkey-server" and valkey.pins == {"valkey-server": "9.1"}
+    assert Redis().image().pins == {}  # bookworm's default: the recipe it had before versions
     assert Redis().image().name == "brokerchaos/redis" and Valkey().image().name == "brokerchaos/valkey"
 
 
