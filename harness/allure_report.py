@@ -124,6 +124,7 @@ class AllureReporter:
             for name, value in (
                 ("seed", sc.seed),
                 ("broker", run.plugin.name),
+                ("broker_version", run.plugin.release.name if run.plugin.release else "-"),
                 ("scenario", sc.name),
                 ("nodes", sc.broker.nodes),
                 ("duration_s", sc.workload.duration),
@@ -195,6 +196,9 @@ class AllureReporter:
 
     @hookimpl
     def brokerchaos_run_finished(self, run: Any, results: dict[str, Any]) -> None:
+        running = (results.get("broker") or {}).get("running")
+        if running and _current_test() is not None:
+            allure.dynamic.parameter("broker_running", running, excluded=True)  # what it reported
         self._checker_steps(results)
         self._liveness_steps(results)
         self._anomaly_step(results)

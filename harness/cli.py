@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     ib.add_argument(
         "--broker",
         action="append",
-        help="only these broker plugins (default: all); a run builds what it lacks on first use",
+        help="only these broker plugins, NAME or NAME@VERSION (default: all, each at its default "
+        "version); a run builds what it lacks on first use",
     )
     ib.add_argument("--force", action="store_true", help="build even what is up to date")
 
@@ -286,6 +287,8 @@ def _plugins(host: Any) -> int:
     for name, b in sorted(reg.brokers.items()):
         client = b.protocol if b.protocol in reg.clients else f"{b.protocol} (no client loaded)"
         print(f"  {name:<{bw}} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
+        for line in _versions(b):
+            print(f"  {'':<{bw}}   {line}")
     print("\nfaults (broker capabilities they require; host features they need)")
     width = max([16, *map(len, reg.faults)])
     for name, f in sorted(reg.faults.items()):
@@ -296,6 +299,16 @@ def _plugins(host: Any) -> int:
         print(f"  {name:<16} {what}")
     print(f"\ncheckers: {', '.join(sorted(reg.checkers))}; clients: {', '.join(sorted(reg.clients))}")
     return 0
+
+
+def _versions(broker: Any) -> list[str]:
+    """A broker plugin's versions, the default first: what a scenario's ``broker.version`` names."""
+    out = []
+    for i, v in enumerate(broker.versions):
+        what = f"{', '.join(v.packages)} {v.upstream}".strip()
+        extra = "; ".join(x for x in ("default" if i == 0 else "", v.note) if x)
+        out.append(f"version {v.name:<6} Debian {v.suite:<9} {what}" + (f" ({extra})" if extra else ""))
+    return out
 
 
 def _run(host: Any, args: argparse.Namespace) -> int:
@@ -479,9 +492,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
         "plugin"
     )
     if broker in host.registry.brokers:  # a stored run names its broker; a hand-made history may not
-        annotate_coverage(host.broker(broker), rd.path, results)
+        annotate_coverage(
+            host.broker(broker, (stored.get("broker") or {}).get("broker_version")), rd.path, results
+        )
     old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
-    for key in ("workload", "timings"):
+    for key in ("workload", "timings", "broker"):  # what the run measured, not the checkers
         if key in old:
             results[key] = old[key]
     rd.write_json("results.json", results)
@@ -509,8 +524,11 @@ def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = 
     graded = host.grade(dirs, engine, out)
     if graded is None:
         raise BrokerChaosError("no loaded plugin grades runs (brokerchaos_grade); install spark_reports")
+    from harness.verdicts import tested_versions
+
     headline, *details = graded["lines"]
     print(f"\n{headline}")
+    print(f"  broker: {'; '.join(tested_versions(dirs))}")
     for line in details:
         print(f"  {line}")
     print(f"  grade report: {graded['report']}")
@@ -547,7 +565,7 @@ def _spark(host: Any, args: argparse.Namespace) -> int:
 
 def _images(host: Any, args: argparse.Namespace) -> int:
     from harness.cluster import docker_client
-    from harness.images import ImageBuilder
+    from harness.images import ImageBuilder, broker_image
 
     if args.images_command != "build":
         raise BrokerChaosError("usage: brokerchaos images build [--broker NAME] [--force]")
@@ -557,8 +575,8 @@ def _images(host: Any, args: argparse.Namespace) -> int:
     builder.base()
     print(f"toxiproxy  {builder.toxiproxy_image()}")
     for name in names:
-        plugin = host.broker(name)
-        print(f"{name:<10} {builder.node_image(plugin.image())}")
+        plugin = host.broker(*name.split("@", 1))  # NAME@VERSION: that version's image
+        print(f"{name:<10} {broker_image(builder, plugin)}")
     return 0
 
 

@@ -117,9 +117,10 @@ class Host:
 
     # -- typed facade ----------------------------------------------------------------
 
-    def broker(self, name: str) -> Any:
+    def broker(self, name: str, version: str | None = None) -> Any:
+        """The broker plugin ``name`` bound to ``version`` (None: its default version)."""
         try:
-            return self.registry.brokers[name]
+            return self.registry.brokers[name].at_version(version)
         except KeyError:
             known = ", ".join(sorted(self.registry.brokers)) or "(none loaded)"
             raise BrokerChaosError(

@@ -3,11 +3,14 @@
 Layers, each tagged by a hash of everything that goes into it so an unchanged
 image is skipped (and reused by every checkout and CI run whose inputs hash the same):
 
-1. ``brokerchaos/rootfs:<hash>`` -- the common base: a Debian bookworm root filesystem
-   with ``BASE_PACKAGES``, made once with ``debootstrap`` on the host and loaded with
-   ``docker import`` (or, when a registry serves ``debian:bookworm-slim``, the same
-   packages installed on top of it). A plugin's ``debian_packages`` are a layer of their
-   own on this base (``apt-get install`` from the same mirror), never a second bootstrap.
+1. ``brokerchaos/rootfs:<hash>`` -- the common base: a Debian root filesystem of one suite
+   (bookworm unless a plugin's recipe names another: a broker version Debian serves only in
+   trixie or sid) with ``BASE_PACKAGES``, made once per suite with ``debootstrap`` on the host
+   and loaded with ``docker import`` (or, when a registry serves ``debian:<suite>-slim``, the
+   same packages installed on top of it): a suite nobody asks for is never bootstrapped. A
+   plugin's ``debian_packages`` are a layer of their own on its suite's base (``apt-get
+   install`` from the same mirror), never a second bootstrap; the layer checks the versions
+   the recipe pins, so a suite that moved on fails the build naming what it serves.
 2. ``brokerchaos/<plugin>:<hash>`` -- Python wheels fetched on the host with
    ``pip download`` and installed offline, the node tooling (``faults.nodeinit``,
    ``faults.lazyfs``) and the plugin's files.
@@ -36,18 +39,17 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from harness.errors import ImageError
+from harness.errors import ImageError, ScenarioError
 from harness.progress import say
-from harness.spec.broker import ImageRecipe
+from harness.spec.broker import STABLE_SUITE, BrokerPlugin, ImageRecipe
 from harness.spec.fault import FAKETIME_FILE
 
-SUITE = "bookworm"
+SUITE = STABLE_SUITE  # the default suite: the Toxiproxy sidecar's, and every recipe's that names none
 MIRROR = os.environ.get("BROKERCHAOS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = (
     "python3",
     "python3-pip",
     "fuse3",
-    "libfuse3-3",
     "iproute2",
     "procps",
     "netcat-openbsd",
@@ -56,6 +58,13 @@ BASE_PACKAGES = (
     # The Toxiproxy sidecar's packet faults: small, and in the base so the sidecar needs no layer.
     "nftables",
 )
+#: How a layer on a suite other than the default reads its index: the Release files of testing
+#: and sid expire within days (``Valid-Until``), so a mirror that lags (a snapshot of the
+#: archive) would refuse them; a stable suite's carry no such date.
+UNEXPIRED = " -o Acquire::Check-Valid-Until=false"
+#: Base packages a suite names its own way: libfuse3's library package follows its soname
+#: (``libfuse3-3`` in bookworm, ``libfuse3-4`` from trixie), so later suites take it from ``fuse3``.
+SUITE_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": ("libfuse3-3",)}
 NODE_WHEELS = ("mfusepy",)
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("BROKERCHAOS_CACHE", Path.home() / ".cache" / "brokerchaos"))
@@ -68,6 +77,8 @@ PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROX
 #: Debian bookworm's 0.9.10 fails every CLOCK_MONOTONIC ``clock_nanosleep`` (Python's
 #: ``time.sleep``) with EINVAL when ``FAKETIME_DONT_FAKE_MONOTONIC=1``, and a fake clock must
 #: leave the monotonic clock alone (a real clock error never moves it).
+#: What a pinned layer prints when the suite serves another version than the recipe pins.
+PIN_MISMATCH = "brokerchaos-pin: the suite serves"
 FAKETIME_WHEEL = "libfaketime==3.0.1"
 FAKETIME_LIB = "/usr/local/lib/brokerchaos/libfaketime.so.1"
 
@@ -90,6 +101,27 @@ def _tree_digest(paths: Iterable[Path]) -> str:
             h.update(str(f.relative_to(root.parent)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _pin_check(package: str, want: str) -> str:
+    """A shell step that fails the layer unless ``package`` installed upstream version ``want``
+    (or ``want``.something), naming what the suite served instead."""
+    return (
+        f" && v=$(dpkg-query -W -f='${{Version}}' {package}) && u=${{v#*:}}"
+        f' && case "$u" in {want}|{want}[-.+~]*) ;; *) echo "{PIN_MISMATCH} {package} $v"; exit 3;; esac'
+    )
+
+
+class NotServed(ImageError):
+    """The suite no longer serves a package, or serves another version of it than the recipe pins."""
+
+
+def _check_served(line: str) -> None:
+    """Raise ``NotServed`` for a build's output line that says a pinned package is not served."""
+    if line.startswith(PIN_MISMATCH):
+        raise NotServed(f"Debian serves {line.removeprefix(PIN_MISMATCH).strip()}")
+    if line.startswith("E: Unable to locate package") or line.startswith("E: Package '"):
+        raise NotServed(f"Debian's archive: {line.removeprefix('E: ')}")
 
 
 def _exists(client, tag: str) -> bool:  # type: ignore[no-untyped-def]
@@ -117,49 +149,61 @@ class ImageBuilder:
         self.force = force
         self.namespace = namespace
         self.cache = cache
-        self._base: str | None = None  # the common base's tag once made or found
+        self._bases: dict[str, str] = {}  # each suite's base tag once made or found
 
     # -- layer 1: root filesystems -------------------------------------------------------
 
-    def rootfs(self, extra_packages: Iterable[str] = ()) -> str:
-        """The common base, or the base plus a layer of ``extra_packages`` installed on it."""
-        base = self.base()
+    def rootfs(
+        self, extra_packages: Iterable[str] = (), suite: str = SUITE, pins: Mapping[str, str] | None = None
+    ) -> str:
+        """A suite's base, or the base plus a layer of ``extra_packages`` installed on it.
+        ``pins``: package -> the upstream version it must install (a prefix), checked in the layer."""
+        base = self.base(suite)
         extras = tuple(sorted(set(extra_packages) - set(BASE_PACKAGES)))
         if not extras:
             return base
-        tag = f"{self.namespace}/rootfs:{_digest(base, *extras)}"
+        checks = "".join(_pin_check(pkg, want) for pkg, want in sorted((pins or {}).items()))
+        tag = (
+            f"{self.namespace}/rootfs:{_digest(base, *extras, checks) if checks else _digest(base, *extras)}"
+        )
         dockerfile = (
             f"FROM {base}\n"
-            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            f"--no-install-recommends {' '.join(extras)} >/dev/null "
+            f"RUN apt-get{'' if suite == SUITE else UNEXPIRED} update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            f"--no-install-recommends {' '.join(extras)} >/dev/null{checks} "
             "&& rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb\n"
         )
 
         def build() -> None:
-            say("images", f"{', '.join(extras)}: a layer on the common base {base}")
+            say("images", f"{', '.join(extras)}: a layer on the {suite} base {base}")
             # The host's network: the mirror is reached the way debootstrap reached it.
             self._build(tag, dockerfile, {}, network="host")
 
         self._once(tag, build)
         return tag
 
-    def base(self) -> str:
-        """The common base: one bootstrap of ``BASE_PACKAGES`` that every image starts from."""
-        if self._base is not None:
-            return self._base
-        packages = tuple(sorted(BASE_PACKAGES))
-        tag = f"{self.namespace}/rootfs:{_digest(SUITE, *packages)}"
-        self._once(tag, lambda: self._registry_base(tag, packages) or self._bootstrap(tag, packages))
-        self._base = tag
+    def base(self, suite: str = SUITE) -> str:
+        """A suite's base: one bootstrap of ``BASE_PACKAGES`` that every image of the suite starts from."""
+        if suite in self._bases:
+            return self._bases[suite]
+        packages = tuple(sorted((*BASE_PACKAGES, *SUITE_PACKAGES.get(suite, ()))))
+        tag = f"{self.namespace}/rootfs:{_digest(suite, *packages)}"
+        self._once(
+            tag,
+            lambda: self._registry_base(tag, packages, suite) or self._bootstrap(tag, packages, suite),
+        )
+        self._bases[suite] = tag
         return tag
 
-    def _bootstrap(self, tag: str, packages: tuple[str, ...]) -> bool:
+    def _bootstrap(self, tag: str, packages: tuple[str, ...], suite: str) -> bool:
         """``debootstrap`` on the host, the tree loaded with ``docker import`` as ``tag``."""
         if shutil.which("debootstrap") is None:
             raise ImageError(
                 "debootstrap is not installed: run `apt-get install -y debootstrap` (scripts/install.sh does)"
             )
-        say("images", f"bootstrapping Debian {SUITE} with {len(packages)} packages -> {tag} (about a minute)")
+        say(
+            "images",
+            f"bootstrapping Debian {suite} with {len(packages)} packages -> {tag} (a minute or more)",
+        )
         cache = self.cache / "debootstrap-debs"
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="brokerchaos-rootfs-") as tmp:
@@ -169,14 +213,14 @@ class ImageBuilder:
                 "--variant=minbase",
                 f"--cache-dir={cache}",
                 f"--include={','.join(packages)}",
-                SUITE,
+                suite,
                 str(root),
                 MIRROR,
             ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-                raise ImageError(f"debootstrap failed (exit {proc.returncode}): {' | '.join(tail)}")
+                raise ImageError(f"debootstrap {suite} failed (exit {proc.returncode}): {' | '.join(tail)}")
             # Services must not start at build time; apt lists are not needed offline.
             (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
             (root / "usr/sbin/policy-rc.d").chmod(0o755)
@@ -211,18 +255,18 @@ class ImageBuilder:
                 return
             build()
 
-    def _registry_base(self, tag: str, packages: tuple[str, ...]) -> bool:
-        """Where a registry serves debian:bookworm-slim, install the packages on top of it."""
+    def _registry_base(self, tag: str, packages: tuple[str, ...], suite: str) -> bool:
+        """Where a registry serves debian:<suite>-slim, install the packages on top of it."""
         import docker.errors
 
         if os.environ.get("BROKERCHAOS_NO_REGISTRY") or not os.environ.get("BROKERCHAOS_TRY_REGISTRY"):
             return False
         try:
-            self.client.images.pull("debian", tag="bookworm-slim")
+            self.client.images.pull("debian", tag=f"{suite}-slim")
         except docker.errors.DockerException:
             return False
         dockerfile = (
-            "FROM debian:bookworm-slim\n"
+            f"FROM debian:{suite}-slim\n"
             f"RUN apt-get update && apt-get install -y --no-install-recommends {' '.join(packages)} "
             "&& rm -rf /var/lib/apt/lists/*\n"
         )
@@ -269,7 +313,7 @@ class ImageBuilder:
 
     def node_image(self, recipe: ImageRecipe) -> str:
         """A plugin's image: rootfs + wheels + node tooling + the plugin's files."""
-        base = self.rootfs(recipe.debian_packages)
+        base = self.rootfs(recipe.debian_packages, recipe.suite, recipe.pins)
         wheel_dir = self.wheels(NODE_WHEELS + tuple(recipe.python_packages))
         # Every file goes in with one COPY (the context holds them at their container paths under
         # ``root/``) and every variable with one ENV: each instruction is a container committed.
@@ -309,7 +353,8 @@ class ImageBuilder:
         running as its own user reads it.
         """
         wheel_dir = self.wheels((FAKETIME_WHEEL,))
-        lib_dir = "/usr/local/lib/python3.11/dist-packages/libfaketime/vendor/libfaketime/src"
+        # The suite's python3 names the directory (3.11 in bookworm): a glob finds it.
+        lib_dir = "/usr/local/lib/python3*/dist-packages/libfaketime/vendor/libfaketime/src"
         dockerfile = (
             f"FROM {node_tag}\nCOPY wheels /tmp/wheels\n"
             "RUN python3 -m pip install --no-index --no-cache-dir --no-deps --break-system-packages "
@@ -402,7 +447,25 @@ class ImageBuilder:
                 if "error" in chunk:
                     raise ImageError(f"building {tag}: {chunk['error'].strip()}")
                 line = chunk.get("stream", "").strip()
+                _check_served(line)
                 if line.startswith("Step "):
                     say("images", f"  {line}")
         except docker.errors.APIError as exc:
             raise ImageError(f"building {tag}: {exc.explanation or exc}") from exc
+
+
+def broker_image(builder: ImageBuilder, plugin: BrokerPlugin) -> str:
+    """``plugin``'s node image at its bound version. A version Debian no longer serves (the package
+    is gone from its suite, or the suite moved on to another upstream version) is a
+    ``ScenarioError`` naming the plugin's other versions."""
+    try:
+        return builder.node_image(plugin.image())
+    except NotServed as exc:
+        rel = plugin.release
+        if rel is None:
+            raise
+        others = ", ".join(v.name for v in plugin.versions if v != rel) or "(none)"
+        raise ScenarioError(
+            f"broker.version: Debian {rel.suite} no longer serves {plugin.name} {rel.name} ({exc}); "
+            f"{plugin.name}'s other versions: {others}"
+        ) from None

@@ -45,8 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--broker",
         default=None,
-        metavar="PLUGIN",
-        help="run every chaos scenario against this broker plugin (default: the scenario's)",
+        metavar="PLUGIN[@VERSION]",
+        help="run every chaos scenario against this broker plugin, at VERSION if given "
+        "(rabbitmq@4.3; default: the scenario's)",
     )
     g.addoption(
         "--chaos-seed",
@@ -137,6 +138,8 @@ def _overrides(config: pytest.Config, overrides: dict[str, Any]) -> dict[str, An
     for key, opt in (("broker", "--broker"), ("seed", "--chaos-seed"), ("duration", "--chaos-duration")):
         if out.get(key) is None and config.getoption(opt) is not None:
             out[key] = config.getoption(opt)
+    if isinstance(out.get("broker"), str) and "@" in out["broker"] and out.get("version") is None:
+        out["broker"], out["version"] = out["broker"].split("@", 1)
     return out
 
 

@@ -23,7 +23,7 @@ from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
 from harness.host import Host
-from harness.images import ImageBuilder
+from harness.images import ImageBuilder, broker_image
 from harness.liveness import scrape_logs
 from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
@@ -62,7 +62,7 @@ class Run:
     ) -> None:
         self.host = host
         self.scenario = scenario
-        self.plugin = host.broker(scenario.broker.plugin)
+        self.plugin = host.broker(scenario.broker.plugin, scenario.broker.version)
         self.settings = self.plugin.validate_settings(scenario.broker.settings)
         self.faults = host.registry.faults
         check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
@@ -96,6 +96,8 @@ class Run:
         self.dir: RunDir | None = None
         self.timings: dict[str, float] = {}
         self.drained_at: float | None = None  # monotonic time the workload's final drain returned
+        #: The exact version the running broker reported (``BrokerPlugin.broker_version``).
+        self.running_version: str | None = None
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class Run:
                 "broker": {
                     "plugin": self.plugin.name,
                     "version": self.plugin.version,
+                    "broker_version": self.plugin.release.name if self.plugin.release else None,
                     "settings": self.settings,
                     "capabilities": sorted(self.plugin.capabilities),
                 },
@@ -151,7 +154,7 @@ class Run:
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
                 drained = False
                 try:
-                    self._phase("cluster", cluster.start)
+                    self._phase("cluster", lambda: self._start(cluster))
                     workload = self._phase("workload", lambda: self._workload(cluster, recorder))
                     drained = True
                 finally:
@@ -171,6 +174,7 @@ class Run:
         scrape_logs(self.dir.path, results)
         annotate_coverage(self.plugin, self.dir.path, results)
         results["workload"] = workload
+        results["broker"] = self.broker_block()
         results["filesystem"] = self.filesystem
         results["timings"] = self.timings
         self.dir.write_json("results.json", results)
@@ -190,6 +194,21 @@ class Run:
         self.timings[name] = round(time.monotonic() - t, 3)
         self.host.phase(self, name, "done", seconds=self.timings[name])
         return out
+
+    def _start(self, cluster: Cluster) -> None:
+        cluster.start()
+        # What the running broker reports, not what the scenario asked for.
+        self.running_version = self.plugin.broker_version(next(iter(cluster.nodes.values())))
+
+    def broker_block(self) -> dict[str, Any]:
+        """The broker a run tested: plugin, the version the scenario chose and the one running."""
+        rel = self.plugin.release
+        return {
+            "plugin": self.plugin.name,
+            "version": rel.name if rel else None,
+            "suite": rel.suite if rel else None,
+            "running": self.running_version,
+        }
 
     def _images(self, client: Any) -> dict[str, str]:
         if not self.build_images:
@@ -342,7 +361,7 @@ def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[st
     """The broker's node image (with libfaketime under the ``faketime`` feature) and the
     Toxiproxy sidecar image, built if missing (offline)."""
     builder = ImageBuilder(client)
-    broker = builder.node_image(plugin.image())
+    broker = broker_image(builder, plugin)
     if faketime:
         broker = builder.faketime_image(broker)
     return {"broker": broker, "toxiproxy": builder.toxiproxy_image()}
@@ -516,7 +535,7 @@ def running_cluster(
     faketime: bool = False,
 ) -> Iterator[Any]:
     """A started ``harness.cluster.Cluster`` for a scenario's broker, no workload; always torn down."""
-    plugin = host.broker(scenario.broker.plugin)
+    plugin = host.broker(scenario.broker.plugin, scenario.broker.version)
     settings = plugin.validate_settings(scenario.broker.settings)
     client = docker_client()
     images = build_images(client, plugin, faketime=faketime)

@@ -2,7 +2,7 @@
 
     name: partitions
     seed: 7
-    broker: {plugin: reference, nodes: 3, settings: {flush: sync}}
+    broker: {plugin: reference, nodes: 3, settings: {flush: sync}}   # version: "4.3" for a plugin with versions
     workload:
       producers: 2
       consumers: 2
@@ -102,9 +102,10 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     seed = _int(top.get("seed", 0), "seed", lo=0)
 
     b = _mapping(top.get("broker"), "broker", required=True)
-    _only(b, "broker", {"plugin", "nodes", "settings", "lazyfs", "filesystem"})
+    _only(b, "broker", {"plugin", "version", "nodes", "settings", "lazyfs", "filesystem"})
     broker = BrokerSection(
         plugin=_str(b.get("plugin"), "broker.plugin", required=True),
+        version=_version(b.get("version")),
         nodes=_int(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
         settings=dict(_mapping(b.get("settings", {}), "broker.settings")),
         lazyfs=_bool(b.get("lazyfs", False), "broker.lazyfs"),
@@ -366,6 +367,16 @@ def _str(v: Any, where: str, *, required: bool = False) -> str:
     return v
 
 
+def _version(v: Any) -> str | None:
+    """A broker version as written: ``"4.3"``; a number is taken as its text (YAML reads 4.3 as
+    one, and 3.10 as 3.1, so the plugin's error for an unknown version says to quote it)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or not str(v):
+        raise ScenarioError(f'broker.version: expected a version such as "4.3", got {v!r}')
+    return str(v)
+
+
 def _filesystem(v: Any) -> str | None:
     if v is None:
         return None
@@ -427,6 +438,7 @@ def build(
     scenario: str | Path | Mapping[str, Any] | Scenario,
     *,
     broker: str | None = None,
+    version: str | None = None,
     seed: int | None = None,
     duration: float | None = None,
     nodes: int | None = None,
@@ -441,8 +453,8 @@ def build(
     """A scenario from a file, a dict or a ``Scenario``, with overrides held to the file's rules.
 
     ``workload`` is merged into the scenario's; ``nemesis`` replaces it. Changing the
-    broker drops the scenario's broker settings (they belong to the other plugin)
-    unless ``settings`` are given.
+    broker drops the scenario's broker settings and version (they belong to the other plugin)
+    unless ``settings`` (``version``) are given.
     """
     source: str | None
     if isinstance(scenario, Scenario):
@@ -460,6 +472,9 @@ def build(
     if broker is not None and broker != b.get("plugin"):
         b["plugin"] = broker
         b["settings"] = {}
+        b.pop("version", None)
+    if version is not None:
+        b["version"] = version
     if nodes is not None:
         b["nodes"] = nodes
     if settings is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from harness.coverage import coverage_lines
@@ -184,6 +185,8 @@ def summary_table(results: dict[str, Any]) -> str:
     budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}
     if budgets:
         lines.append(f"  {'budgets':<{width}}  " + ", ".join(f"{k} <= {v}" for k, v in budgets.items()))
+    if (results.get("broker") or {}).get("running"):
+        lines.insert(1, f"  {'broker':<{width}}  {results['broker']['running']}")
     if results.get("filesystem"):
         lines.append(f"  {'filesystem':<{width}}  lazyfs, model {results['filesystem']}")
     for note in results.get("notes") or []:
@@ -191,3 +194,15 @@ def summary_table(results: dict[str, Any]) -> str:
     if results.get("error"):
         lines.append(f"  {'error':<{width}}  {results['error']}")
     return "\n".join(lines)
+
+
+def tested_versions(run_dirs: list[Path]) -> list[str]:
+    """The broker versions the runs tested, as each running broker reported it (``results.json``'s
+    ``broker.running``), with how many runs each: what a grade over them speaks of."""
+    seen: dict[str, int] = {}
+    for d in run_dirs:
+        f = d / "results.json"
+        res = json.loads(f.read_text()) if f.is_file() else {}
+        running = (res.get("broker") or {}).get("running") or "not recorded"
+        seen[running] = seen.get(running, 0) + 1
+    return [f"{v} ({n} run{'s' if n != 1 else ''})" for v, n in seen.items()]

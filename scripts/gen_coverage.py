@@ -42,7 +42,9 @@ def run_record(host: Host, run_dir: Path, command: str | None, load: str | None)
     run_dir = run_dir.resolve()
     stored = json.loads((run_dir / "scenario.json").read_text())
     results = json.loads((run_dir / "results.json").read_text())
-    annotate_coverage(host.broker(stored["broker"]["plugin"]), run_dir, results)
+    annotate_coverage(
+        host.broker(stored["broker"]["plugin"], stored["broker"].get("broker_version")), run_dir, results
+    )
     if "cells" not in results["coverage"]:
         raise SystemExit(f"{run_dir}: coverage not computed: {results['coverage'].get('error')}")
     name = stored["scenario"]["name"]
@@ -69,7 +71,7 @@ def plan_records(host: Host) -> dict[str, dict[str, Any]]:
     out = {}
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         sc = load(path)
-        plugin = host.broker(sc.broker.plugin)
+        plugin = host.broker(sc.broker.plugin, sc.broker.version)
         settings = plugin.validate_settings(sc.broker.settings)
         nodes = [f"n{i}" for i in range(1, sc.broker.nodes + 1)]
         steps = plan(sc, host.registry.faults, nodes).to_list()

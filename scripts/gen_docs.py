@@ -547,7 +547,29 @@ def broker_settings_page() -> str:
             )
             rows.append([f"`{key}`", _schema_text(allowed), shown])
         parts.append(_table(["setting", "allowed", "default"], rows) if rows else "No settings.")
-    return _page("Broker settings", "each broker plugin's settings_schema", *parts)
+        if b.versions:
+            parts.append(
+                "Versions (`broker.version`; the first is the default), each built from its Debian suite:"
+            )
+            parts.append(_versions_table(b.versions))
+    return _page("Broker settings", "each broker plugin's settings_schema and versions", *parts)
+
+
+def _versions_table(versions: Any) -> str:
+    return _table(
+        ["version", "Debian suite", "packages", "upstream", "setting defaults that differ", "what differs"],
+        [
+            [
+                f"`{v.name}`",
+                v.suite,
+                ", ".join(f"`{p}`" for p in v.packages),
+                v.upstream,
+                ", ".join(f"`{k}: {val}`" for k, val in v.settings.items()) or "-",
+                v.note or "-",
+            ]
+            for v in versions
+        ],
+    )
 
 
 def plugins_page() -> str:

@@ -384,8 +384,11 @@ def render_report(run_dir: Path, results: Results) -> Path:
         if v is not None
     )
     fs = dict(results).get("filesystem")  # the runner's, beside the checker's results
+    broker = dict(results).get("broker")  # the runner's: what the running broker reported
+    running = broker.get("running") if isinstance(broker, dict) else None
     parts = [
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
+        *([f"<p>broker: {_e(str(running))}</p>"] if running else []),
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
         f"<p>checked by the {_e(results['engine'])} engine on a schema-{results.get('history_schema', 1)} history; "
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "

@@ -8,6 +8,7 @@ in ``capabilities`` and faults check them; nothing in the host names a broker.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,10 @@ BASE_CAPABILITIES: dict[str, str] = {
 }
 
 
+#: Debian's stable suite here: the one every image was built from before broker versions existed.
+STABLE_SUITE = "bookworm"
+
+
 @dataclass(frozen=True)
 class ImageRecipe:
     """How to build a plugin's image on a machine that reaches no container registry.
@@ -50,6 +55,30 @@ class ImageRecipe:
     copy: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     run: tuple[str, ...] = ()  # shell commands run at build time, offline
+    #: The Debian suite whose root filesystem the image starts from (one bootstrap per suite).
+    suite: str = STABLE_SUITE
+    #: Debian package -> the upstream version it must install (a prefix: ``4.3`` takes 4.3.6-1):
+    #: the build fails, naming what the suite serves instead, when the archive moved on.
+    pins: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BrokerVersion:
+    """One version of a broker that a plugin runs: where Debian's archive serves it and what differs.
+
+    A scenario names it (``broker.version``); the plugin bound to it (``BrokerPlugin.at_version``)
+    builds its image from ``suite`` with ``packages`` and fills ``settings`` as this version's
+    defaults. ``upstream`` is what the suite served when the plugin was written: a run records
+    the version the running broker reports (``BrokerPlugin.broker_version``), never this.
+    """
+
+    name: str  # as a scenario writes it: "4.3"
+    suite: str  # Debian suite: bookworm, trixie, sid
+    packages: tuple[str, ...]  # the Debian packages of the broker at this version
+    upstream: str = ""  # e.g. "4.3.6"
+    #: Setting defaults that differ from the plugin's ``settings_schema`` at this version.
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""  # what differs, in a few words (``brokerchaos plugins`` shows it)
 
 
 @dataclass(frozen=True)
@@ -184,7 +213,10 @@ class BrokerPlugin:
     """Base class for broker plugins. Subclasses set the class attributes and override methods."""
 
     name: ClassVar[str]
-    version: ClassVar[str] = "0"
+    version: ClassVar[str] = "0"  # the plugin's own version; the broker's are ``versions``
+    #: The broker versions this plugin runs, the default first. Empty: the plugin runs one
+    #: broker it builds itself (the reference broker), and a scenario names no version.
+    versions: ClassVar[tuple[BrokerVersion, ...]] = ()
     #: The wire protocol the workload speaks to it: names the client plugin it needs.
     protocol: ClassVar[str] = "amqp091"
     capabilities: ClassVar[frozenset[str]] = frozenset()
@@ -244,6 +276,61 @@ class BrokerPlugin:
     #: node's directory of the run: ``broker.log`` is the container's output, ``logs/`` holds
     #: the files of ``log_paths``).
     event_logs: ClassVar[tuple[str, ...]] = ("broker.log",)
+
+    _release: BrokerVersion | None = None
+
+    @property
+    def release(self) -> BrokerVersion | None:
+        """The version this instance runs: the one ``at_version`` bound, else the default."""
+        return self._release or (self.versions[0] if self.versions else None)
+
+    def at_version(self, name: str | None) -> BrokerPlugin:
+        """This plugin bound to the version a scenario names (None: the default); the registered
+        instance stays as it is. An unknown name is a ``ScenarioError`` naming the versions."""
+        if name is None:
+            return self
+        chosen = next((v for v in self.versions if name in (v.name, v.upstream)), None)
+        if chosen is None:
+            known = ", ".join(v.name for v in self.versions)
+            if not known:
+                raise ScenarioError(f"broker.version: {self.name} runs one version; remove broker.version")
+            raise ScenarioError(
+                f"broker.version: {name!r} is not a version of {self.name}; use one of {known}"
+            )
+        bound = copy.copy(self)
+        bound._release = chosen
+        return bound
+
+    def broker_version(self, node: NodeHandle) -> str | None:
+        """The exact version the running broker reports, as a run records it (``rabbitmq-server
+        4.3.6-1``). The default asks the node's package database for the bound version's first
+        package; a plugin whose broker tells its own version may ask it instead. None: cannot tell."""
+        rel = self.release
+        if rel is None or not rel.packages:
+            return None
+        rc, out = node.exec(["dpkg-query", "-W", "-f", "${Package} ${Version}", rel.packages[0]], timeout=30)
+        return out.strip() if rc == 0 and out.strip() else None
+
+    def release_recipe(self, name: str, **fields: Any) -> ImageRecipe:
+        """The image recipe at the bound version: its suite and packages (plus ``debian_packages``
+        of ``fields``), the first package pinned to the version (but for a default on the stable
+        suite, whose recipe stays as it was), the repository named by version except for the
+        default (whose images keep the name they had)."""
+        rel = self.release
+        if rel is None:
+            return ImageRecipe(name=name, **fields)
+        extra = tuple(fields.pop("debian_packages", ()))
+        default = rel == self.versions[0]
+        # A default on the stable suite keeps the recipe it had before versions (its image's hash);
+        # the stable suite does not move to another upstream version, testing and sid do.
+        unpinned = default and rel.suite == STABLE_SUITE
+        return ImageRecipe(
+            name=name if default else f"{name}-{rel.name}",
+            debian_packages=(*rel.packages, *extra),
+            suite=rel.suite,
+            pins={} if unpinned else {rel.packages[0]: rel.name},
+            **fields,
+        )
 
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         """Inter-node ports of node ``index`` (1-based). Brokers whose start-up checks bind
@@ -349,8 +436,10 @@ class BrokerPlugin:
         raise NotImplementedError
 
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Fill defaults and check allowed values; raise ``ScenarioError`` naming the field."""
+        """Fill defaults (the bound version's where they differ) and check allowed values;
+        raise ``ScenarioError`` naming the field."""
         out: dict[str, Any] = {}
+        defaults = dict(self.release.settings) if self.release else {}
         for key in settings:
             if key not in self.settings_schema:
                 known = ", ".join(sorted(self.settings_schema)) or "(none)"
@@ -358,7 +447,7 @@ class BrokerPlugin:
                     f"broker.settings.{key}: unknown setting for {self.name}; allowed: {known}"
                 )
         for key, (default, allowed) in self.settings_schema.items():
-            value = settings.get(key, default)
+            value = settings.get(key, defaults.get(key, default))
             if isinstance(allowed, type):
                 # bool is an int to Python, never to a scenario author (``heartbeat: true``).
                 if not isinstance(value, allowed) or (allowed is not bool and isinstance(value, bool)):

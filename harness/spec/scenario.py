@@ -26,6 +26,8 @@ class BrokerSection:
     lazyfs: bool = False  # data directories on the lazy filesystem (implied by a power-loss fault)
     #: The lazy filesystem's model, when the data directories are on it: `strict` (POSIX: a new name, rename or unlink is durable only once its directory is fsynced), `ext4-ordered` (any fsync commits every name change) or `xfs` (an fsync of an object with an uncommitted change commits every name change; no data written ahead of a rename over a file). Absent: the broker plugin's own (the reference broker: `strict`; others: `ext4-ordered`).
     filesystem: str | None = None
+    #: The broker's version, as `brokerchaos plugins` lists the plugin's versions (quote it: "3.10"); absent: the plugin's default (its first).
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,8 @@ class Scenario:
         for key, unset in (("ttl_ms", None), ("expiration_ms", None), ("dead_letter", False)):
             if out["workload"].get(key) == unset:
                 del out["workload"][key]  # a run without TTL or dead-lettering reads as before they existed
+        if out["broker"].get("version") is None:
+            del out["broker"]["version"]  # the default version: the scenario reads as before versions existed
         if out["broker"].get("filesystem") is None:
             del out["broker"]["filesystem"]  # the plugin's model: the scenario reads as before models existed
         return out

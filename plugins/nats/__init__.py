@@ -1,4 +1,6 @@
-"""NATS JetStream 2.9.10 from Debian's ``nats-server`` package, as a brokerchaos plugin.
+"""NATS JetStream from Debian's ``nats-server`` package, as a brokerchaos plugin.
+
+Versions (``broker.version``): ``2.9`` (bookworm's 2.9.10, the default) and ``2.15`` (sid's 2.15.1).
 
 Every node is one ``nats-server`` with JetStream (file storage in ``data_dir``, so
 the lazy filesystem and power loss reach it) and explicit routes to every peer by
@@ -24,7 +26,8 @@ an empty store. Everything the servers report by name is mapped back to the node
 JetStream 2.9.10 has no fsync setting: ``sync_interval``/``sync: always`` came
 with 2.10 (the config parser here rejects ``sync_interval`` as an unknown field).
 The file store writes through the page cache and syncs on its own timer, so a
-publish ack does not mean the message is on disk.
+publish ack does not mean the message is on disk. From 2.10 the ``sync_interval``
+setting sets that timer (default two minutes) or, ``always``, syncs every write.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 
 from harness import (
     BrokerPlugin,
+    BrokerVersion,
     ClusterError,
     Feature,
     ImageRecipe,
@@ -160,9 +164,19 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
 )
 
 
+#: The JetStream releases Debian serves; 2.9 first (the default: nothing new to build).
+VERSIONS = (
+    BrokerVersion("2.9", "bookworm", ("nats-server",), "2.9.10", note="no sync_interval setting"),
+    BrokerVersion("2.15", "sid", ("nats-server",), "2.15.1", note="sync_interval: default 2m, or always"),
+)
+#: ``sync_interval``: the server's default (two minutes), ``always``, or a Go duration.
+SYNC = re.compile(r"^(always|\d+(ms|s|m|h))$")
+
+
 class Nats(BrokerPlugin):
     name = "nats"
     version = __version__
+    versions = VERSIONS
     protocol = "nats"
     capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "membership"})
     client_port = 4222
@@ -180,6 +194,8 @@ class Nats(BrokerPlugin):
         "max_file_store": ("1G", str),
         "consumer_replicas": (None, (None, 1, 3, 5)),  # None: as many as the stream
         "ack_wait": (10, int),  # seconds before an unacked delivery goes out again
+        # JetStream's fsync timer (2.10 on): None leaves the server's default (2 minutes).
+        "sync_interval": (None, None),
     }
 
     def log_time(self, line: str) -> datetime | None:
@@ -192,10 +208,31 @@ class Nats(BrokerPlugin):
         out = super().validate_settings(settings)
         if out["ack_wait"] < 1:
             raise ScenarioError(f"broker.settings.ack_wait: {out['ack_wait']} is out of range; allowed >= 1")
+        sync = out["sync_interval"]
+        if sync is not None and (not isinstance(sync, str) or not SYNC.match(sync)):
+            raise ScenarioError(
+                f"broker.settings.sync_interval: {sync!r}; use 'always' or a duration such as '2m' or '10s'"
+            )
+        if sync is not None and self.release is VERSIONS[0]:
+            raise ScenarioError(
+                "broker.settings.sync_interval: nats-server 2.9 has no such setting (it came with 2.10); "
+                'remove it or set broker.version: "2.15"'
+            )
         return out
 
     def image(self) -> ImageRecipe:
-        return ImageRecipe(name="brokerchaos/nats", debian_packages=("nats-server",))
+        return self.release_recipe("brokerchaos/nats")
+
+    def broker_version(self, node: NodeHandle) -> str | None:
+        """What the running server says in ``/varz``, with the Debian package it came from."""
+        package = super().broker_version(node)
+        try:
+            running = monitor(node, "/varz").get("version")
+        except ClusterError:
+            return package
+        if not running or package is None:
+            return package
+        return f"nats-server {running} (Debian {package})"
 
     def config(self, node: NodeInfo) -> str:
         s = node.settings
@@ -209,6 +246,7 @@ class Nats(BrokerPlugin):
             f'  store_dir: "{self.data_dir}"',
             f"  max_file_store: {s['max_file_store']}",
             "  max_memory_store: 64M",
+            *([f"  sync_interval: {s['sync_interval']}"] if s.get("sync_interval") else []),
             "}",
             "accounts {",
             f'  {self.vhost}: {{ jetstream: enabled, users: [{{user: "{self.username}", password: "{self.password}"}}] }}',

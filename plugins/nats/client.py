@@ -647,6 +647,10 @@ class _Drain:
                 before = session.acked
                 outcome = await session.run(None, rotate_after=None)
                 if outcome == "lost":
+                    # nats-server 2.15 refuses to bind a consumer on a stream it no longer holds
+                    # (2.9 let the fetch time out): the cluster may have lost the stream itself.
+                    if await self._stream_gone(conn, view):
+                        return True
                     view.error = "connection lost while draining"
                     return False
                 if session.acked > before:
@@ -655,11 +659,7 @@ class _Drain:
                 info = await conn.js.consumer_info(self.queue, CONSUMER, timeout=OP_TIMEOUT)
             except nats.js.errors.NotFoundError as exc:
                 if exc.err_code == STREAM_NOT_FOUND:  # the cluster holds no such stream: nothing left to read
-                    view.ready, view.unacked, view.missing = 0, 0, "stream"
-                    view.error = None
-                    if view.empty_at_ns is None:
-                        view.empty_at_ns = self.d.recorder.now_ns()
-                    return True
+                    return self._no_stream(view)
                 if exc.err_code != CONSUMER_NOT_FOUND:
                     raise
                 # The stream is there, its consumer is not (its state was lost): read the stream
@@ -685,6 +685,24 @@ class _Drain:
             elif self.loop.time() - patience_from > max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5):
                 view.error = f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})"
                 return False
+
+    async def _stream_gone(self, conn: _Conn, view: NodeView) -> bool:
+        """Whether the cluster says it holds no such stream (then the node is drained)."""
+        try:
+            async with asyncio.timeout(OP_TIMEOUT):
+                await conn.js.stream_info(self.queue)
+        except nats.js.errors.NotFoundError as exc:
+            return exc.err_code == STREAM_NOT_FOUND and self._no_stream(view)
+        except BROKER_ERRORS:
+            return False
+        return False
+
+    def _no_stream(self, view: NodeView) -> bool:
+        view.ready, view.unacked, view.missing = 0, 0, "stream"
+        view.error = None
+        if view.empty_at_ns is None:
+            view.empty_at_ns = self.d.recorder.now_ns()
+        return True
 
 
 def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> NatsDriver:

@@ -1,4 +1,11 @@
-"""RabbitMQ 3.10 from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
+"""RabbitMQ from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
+
+Versions (``broker.version``): ``3.10`` (bookworm's 3.10.8, the default: classic mirrored and
+quorum queues on Mnesia) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri, the default
+metadata store of a new 4.2+ cluster; ``RABBITMQ_FEATURE_FLAGS=-khepri_db`` did not keep a new
+4.3.6 node on Mnesia here, so Mnesia on 4.3 is refused rather than claimed). Classic
+mirrored queues were removed in 4.0: a mirroring policy on 4.x is refused when the scenario
+is read, never silently ignored by the broker.
 
 Proves the harness on a broker nobody here wrote. Inter-node traffic (epmd on
 4369 and Erlang distribution on 25672) is routed through the node's Toxiproxy
@@ -21,6 +28,7 @@ from typing import Any
 
 from harness import (
     BrokerPlugin,
+    BrokerVersion,
     ClusterError,
     Feature,
     ImageRecipe,
@@ -59,6 +67,7 @@ exec /usr/sbin/rabbitmq-server
 
 MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
 MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
+QUORUM_QUEUE = r"queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
 
 #: The rows of RabbitMQ's coverage map.
 FEATURES: tuple[Feature, ...] = (
@@ -136,7 +145,8 @@ FEATURES: tuple[Feature, ...] = (
     ),
 )
 
-#: RabbitMQ 3.10's log lines for mirror promotion, autoheal and a master stopping its mirrors.
+#: RabbitMQ's log lines for mirror promotion, autoheal, a master stopping its mirrors (3.10) and a
+#: quorum queue's leader changes (3.10 and 4.x).
 #: 3.10 says "Promoting mirror ... to leader"; releases before the rename said "slave ... master".
 LOG_EVENTS: tuple[LogEvent, ...] = (
     LogEvent("promoted", MIRRORED_QUEUE + r"Promoting (?:slave|mirror) (?P<pid>\S+) to (?:master|leader)"),
@@ -145,12 +155,30 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
         "stop-no-synced-mirror",
         MIRRORED_QUEUE + r"Stopping all nodes on master shutdown since no synchronised mirror",
     ),
+    # A quorum queue's Raft member (3.10 and 4.x): elected, or stepping down for a newer term.
+    LogEvent("quorum-leader-elected", QUORUM_QUEUE + r"candidate -> leader in term: (?P<term>\d+)"),
+    LogEvent("quorum-leader-abdicated", QUORUM_QUEUE + r"leader -> follower in term: (?P<term>\d+)"),
+)
+
+
+#: The RabbitMQ releases Debian serves; 3.10 first (the default: nothing new to build).
+VERSIONS = (
+    BrokerVersion("3.10", "bookworm", ("rabbitmq-server",), "3.10.8", note="classic mirrored queues, Mnesia"),
+    BrokerVersion(
+        "4.3",
+        "sid",
+        ("rabbitmq-server",),
+        "4.3.6",
+        settings={"metadata_store": "khepri"},
+        note="quorum queues; no classic mirroring; Khepri by default",
+    ),
 )
 
 
 class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
+    versions = VERSIONS
     protocol = "amqp091"
     capabilities = frozenset(
         {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
@@ -186,10 +214,30 @@ class RabbitMQ(BrokerPlugin):
         "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
         "net_ticktime": (10, int),
         "policy_pattern": ("^chaos", str),
+        # The metadata store: Mnesia on 3.10, Khepri (Raft; 4.2+'s default) on 4.3.
+        "metadata_store": ("mnesia", ("mnesia", "khepri")),
     }
 
     def image(self) -> ImageRecipe:
-        return ImageRecipe(name="brokerchaos/rabbitmq", debian_packages=("rabbitmq-server",))
+        return self.release_recipe("brokerchaos/rabbitmq")
+
+    @property
+    def mirroring(self) -> bool:
+        """Whether this version has classic mirrored queues (removed in 4.0)."""
+        return self.release is VERSIONS[0]
+
+    def broker_version(self, node: NodeHandle) -> str | None:
+        """What the running node says (``rabbitmqctl version``; on 4.x also its metadata store),
+        with the Debian package."""
+        package = super().broker_version(node)
+        rc, out = node.exec(["rabbitmqctl", "-q", "version"], timeout=60)
+        running = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else ""
+        if not running or package is None:
+            return package
+        if not self.mirroring:  # 4.x: which metadata store the node runs on, as it says
+            rc, out = node.exec(["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."], timeout=60)
+            running += {"true": " on Khepri", "false": " on Mnesia"}.get(out.strip() if rc == 0 else "", "")
+        return f"rabbitmq {running} (Debian {package})"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings
@@ -290,6 +338,7 @@ class RabbitMQ(BrokerPlugin):
     def validate_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Also the combinations RabbitMQ would refuse only at ``set_policy``, after the cluster started."""
         out = super().validate_settings(settings)
+        self._check_version(out)
         mode, params = out["ha_mode"], out["ha_params"]
         if mode == "exactly" and (isinstance(params, bool) or not isinstance(params, int) or params < 1):
             raise ScenarioError(
@@ -314,6 +363,28 @@ class RabbitMQ(BrokerPlugin):
                 f"broker.settings.net_ticktime: {out['net_ticktime']} is out of range; allowed >= 1"
             )
         return out
+
+    def _check_version(self, out: Mapping[str, Any]) -> None:
+        """What this version does not have: mirroring on 4.x, Khepri on 3.10."""
+        rel = self.release
+        assert rel is not None
+        if not self.mirroring and out["ha_mode"] is not None:
+            raise ScenarioError(
+                f"broker.settings.ha_mode: RabbitMQ {rel.name} has no classic mirrored queues (removed in 4.0); "
+                "use queue_type 'quorum', or broker.version \"3.10\""
+            )
+        if self.mirroring and out["metadata_store"] != "mnesia":
+            raise ScenarioError(
+                f"broker.settings.metadata_store: RabbitMQ {rel.name} has Mnesia only; "
+                'remove it, or set broker.version: "4.3"'
+            )
+        if not self.mirroring and out["metadata_store"] != "khepri":
+            # Upstream's way, RABBITMQ_FEATURE_FLAGS=-khepri_db on a new node, still started
+            # Debian's 4.3.6 on Khepri here (the node said so): not offered until it works.
+            raise ScenarioError(
+                f"broker.settings.metadata_store: RabbitMQ {rel.name} runs on Khepri here; "
+                'for Mnesia use broker.version "3.10"'
+            )
 
     @staticmethod
     def policy(settings: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,4 +1,11 @@
-"""Redis 7.0 Streams from Debian's ``redis-server`` and ``redis-sentinel`` packages, as a brokerchaos plugin.
+"""Redis Streams from Debian's ``redis-server`` and ``redis-sentinel`` packages, as a brokerchaos plugin;
+and Valkey, the fork of Redis 7.2, from ``valkey-server`` and ``valkey-sentinel``, as its sibling.
+
+Versions (``broker.version``): redis ``7.0`` (bookworm's 7.0.15, the default) and ``8.0`` (sid's
+8.0.6); valkey ``9.1`` (sid's 9.1.2). Valkey is a plugin of its own (``valkey``), a subclass of
+this one that differs only in its packages, binaries and version: a scenario names what it runs
+as a team names it, and Valkey's versions (8, 9) are not Redis's. Both speak RESP to the same
+client plugin (``redis``), with the same settings and the same coverage map.
 
 Every node is one ``redis-server`` with its data (AOF and RDB) in ``data_dir``, so the lazy
 filesystem and power loss reach it. ``n1`` starts as the primary, every other node as its
@@ -26,10 +33,11 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from harness import (
     BrokerPlugin,
+    BrokerVersion,
     ClusterError,
     Feature,
     ImageRecipe,
@@ -45,7 +53,7 @@ from harness import (
 from plugins.redis.client import GROUP, MASTER_NAME, brokerchaos_register_clients
 
 __version__ = "0.1.0"
-__all__ = ["Redis", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
+__all__ = ["Redis", "Valkey", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
 
 PORT = 6379
 SENTINEL_PORT = 26379
@@ -55,6 +63,7 @@ REDIS_CONF = "/etc/redis/brokerchaos.conf"
 SENTINEL_TEMPLATE = "/etc/redis/brokerchaos-sentinel.conf.in"
 SENTINEL_CONF = "/etc/redis/brokerchaos-sentinel.conf"
 SENTINEL_LOG = "/var/log/redis/sentinel.log"
+DATA_DIR = "/var/lib/redis"  # also Valkey's here: its package makes /var/lib/valkey, the start script this
 
 #: redis-server's and Sentinel's line prefix: ``pid:role 27 Nov 2026 15:22:19.397 # ...`` (UTC).
 _TIME = re.compile(r"^\d+:[MSCX] (\d\d? \w{3} \d{4} \d\d:\d\d:\d\d\.\d+) ")
@@ -106,19 +115,24 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
     LogEvent("cached-master-discarded", r"Discarding previously cached master state"),
 )
 
+
 # The node's own address is known only once the container runs in its sidecar's namespace. The
 # configs are written once: after a failover they hold what Sentinel rewrote into them.
-START = rf"""#!/bin/sh
+def start_script(server: str = "redis-server", sentinel: str = "redis-sentinel") -> str:
+    """The node's broker command, for a server and a Sentinel binary of that name."""
+    return rf"""#!/bin/sh
 set -eu
 ip=$(getent hosts "$(hostname)" | awk '{{print $1; exit}}')
+mkdir -p {DATA_DIR}
 [ -f {REDIS_CONF} ] || sed "s/@IP@/$ip/" {REDIS_TEMPLATE} > {REDIS_CONF}
 if [ -f {SENTINEL_TEMPLATE} ]; then
   [ -f {SENTINEL_CONF} ] || sed "s/@IP@/$ip/" {SENTINEL_TEMPLATE} > {SENTINEL_CONF}
   mkdir -p /var/log/redis
-  /usr/bin/redis-sentinel {SENTINEL_CONF} &
+  /usr/bin/{sentinel} {SENTINEL_CONF} &
 fi
-exec /usr/bin/redis-server {REDIS_CONF}
+exec /usr/bin/{server} {REDIS_CONF}
 """
+
 
 # Read-only scripts (EVAL_RO runs on a replica too): one node's own copy of a stream.
 HOLDINGS = """
@@ -141,10 +155,12 @@ return {redis.call('XLEN', KEYS[1]), -2}
 """
 
 
-def cli(node: NodeHandle, *args: str, port: int = PORT, timeout: float = 15.0) -> str:
-    """``redis-cli`` on ``node`` (raw output, one reply element a line); a failing command or an
-    error reply is a ``ClusterError``."""
-    out = run_or_fail(node, ["redis-cli", "-h", "127.0.0.1", "-p", str(port), "--raw", *args], timeout)
+def cli(
+    node: NodeHandle, *args: str, port: int = PORT, timeout: float = 15.0, binary: str = "redis-cli"
+) -> str:
+    """``redis-cli`` (or ``binary``) on ``node`` (raw output, one reply element a line); a failing
+    command or an error reply is a ``ClusterError``."""
+    out = run_or_fail(node, [binary, "-h", "127.0.0.1", "-p", str(port), "--raw", *args], timeout)
     first = out.lstrip().split("\n", 1)[0]
     if first.startswith(("ERR", "LOADING", "NOSCRIPT", "WRONGTYPE", "BUSY", "MASTERDOWN", "NOAUTH")):
         raise ClusterError(f"{node.name}: redis-cli {' '.join(args[:3])}: {out.strip()[:300]}")
@@ -164,6 +180,13 @@ def info_fields(text: str) -> dict[str, str]:
 class Redis(BrokerPlugin):
     name = "redis"
     version = __version__
+    versions: ClassVar[tuple[BrokerVersion, ...]] = (
+        BrokerVersion("7.0", "bookworm", ("redis-server", "redis-sentinel"), "7.0.15"),
+        BrokerVersion("8.0", "sid", ("redis-server", "redis-sentinel"), "8.0.6"),
+    )
+    server_binary = "redis-server"
+    sentinel_binary = "redis-sentinel"
+    cli_binary = "redis-cli"
     protocol = "redis"
     capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition"})
     client_port = PORT
@@ -173,7 +196,7 @@ class Redis(BrokerPlugin):
     # A corrupted AOF or RDB file stops redis-server at load ("Bad file format reading the append
     # only file", "Short read or OOM loading DB"); a flipped bit inside an entry's payload loads.
     corruption_response = "refuse"
-    data_dir = "/var/lib/redis"
+    data_dir = DATA_DIR
     log_paths = (SENTINEL_LOG,)  # redis-server logs to stdout: the container log
     features = FEATURES
     log_events = LOG_EVENTS
@@ -213,7 +236,23 @@ class Redis(BrokerPlugin):
         return out
 
     def image(self) -> ImageRecipe:
-        return ImageRecipe(name="brokerchaos/redis", debian_packages=("redis-server", "redis-sentinel"))
+        return self.release_recipe(f"brokerchaos/{self.name}")
+
+    def cli(self, node: NodeHandle, *args: str, port: int = PORT, timeout: float = 15.0) -> str:
+        return cli(node, *args, port=port, timeout=timeout, binary=self.cli_binary)
+
+    def broker_version(self, node: NodeHandle) -> str | None:
+        """What the running server says in ``INFO server`` (Valkey: ``valkey_version``; it keeps
+        ``redis_version`` at 7.2.4 for clients), with the Debian package it came from."""
+        package = super().broker_version(node)
+        try:
+            info = info_fields(self.cli(node, "INFO", "server"))
+        except ClusterError:
+            return package
+        running = info.get(f"{self.name}_version") or info.get("redis_version")
+        if not running or package is None:
+            return package
+        return f"{self.name} {running} (Debian {package})"
 
     def server_config(self, node: NodeInfo) -> str:
         s = node.settings
@@ -266,13 +305,16 @@ class Redis(BrokerPlugin):
                 raise ScenarioError(
                     f"broker.settings.{key}: {s[key]} replicas, but a cluster of {nodes} has {nodes - 1}"
                 )
-        files = {START_SCRIPT: START, REDIS_TEMPLATE: self.server_config(node)}
+        files = {
+            START_SCRIPT: start_script(self.server_binary, self.sentinel_binary),
+            REDIS_TEMPLATE: self.server_config(node),
+        }
         if s["sentinel"]:
             files[SENTINEL_TEMPLATE] = self.sentinel_config(node)
         return NodeSpec(command=["/bin/sh", START_SCRIPT], files=files)
 
     def is_ready(self, node: NodeHandle) -> bool:
-        rc, out = node.exec(["redis-cli", "-h", "127.0.0.1", "-p", str(PORT), "PING"], timeout=10)
+        rc, out = node.exec([self.cli_binary, "-h", "127.0.0.1", "-p", str(PORT), "PING"], timeout=10)
         return rc == 0 and out.strip() == "PONG"
 
     def form_cluster(
@@ -285,7 +327,7 @@ class Redis(BrokerPlugin):
         last = ""
         while True:
             try:
-                info = info_fields(cli(nodes[0], "INFO", "replication"))
+                info = info_fields(self.cli(nodes[0], "INFO", "replication"))
                 online = {
                     dict(kv.split("=", 1) for kv in v.split(",") if "=" in kv).get("ip", "")
                     for k, v in info.items()
@@ -306,7 +348,7 @@ class Redis(BrokerPlugin):
             time.sleep(1.0)
 
     def _sentinel_sees_all(self, node: NodeHandle, nodes: int) -> bool:
-        lines = cli(node, "SENTINEL", "master", MASTER_NAME, port=SENTINEL_PORT).split("\n")
+        lines = self.cli(node, "SENTINEL", "master", MASTER_NAME, port=SENTINEL_PORT).split("\n")
         fields = dict(zip(lines[0::2], lines[1::2], strict=False))
         return (
             int(fields.get("num-slaves", 0)) >= nodes - 1
@@ -325,7 +367,7 @@ class Redis(BrokerPlugin):
         """``(lag, pending)`` of the workload's consumer group in this node's own copy of the
         stream (``XINFO GROUPS``: entries not yet delivered to the group, and delivered but not
         acknowledged); a node without the stream holds nothing: (0, 0)."""
-        out = cli(node, "EVAL_RO", DEPTH, "1", queue, GROUP).split()
+        out = self.cli(node, "EVAL_RO", DEPTH, "1", queue, GROUP).split()
         if len(out) != 2:
             raise ClusterError(f"{node.name}: XINFO GROUPS {queue}: {out}")
         lag, pending = int(out[0]), int(out[1])
@@ -338,7 +380,7 @@ class Redis(BrokerPlugin):
     def node_holdings(self, node: NodeHandle, queue: str) -> list[tuple[int | None, str]] | None:
         """This node's own copy of the stream (``XRANGE``), entry ids as their sparse offsets
         (``harness.spec.entry_offset``)."""
-        out = cli(node, "EVAL_RO", HOLDINGS, "1", queue, timeout=60)
+        out = self.cli(node, "EVAL_RO", HOLDINGS, "1", queue, timeout=60)
         held: list[tuple[int | None, str]] = []
         for line in out.splitlines():
             entry, _, msg_id = line.strip().partition(" ")
@@ -352,6 +394,17 @@ def primary_of(node: NodeInfo) -> str:
     return node.name if node.index == 1 else sorted((node.name, *node.peers), key=lambda n: int(n[1:]))[0]
 
 
+class Valkey(Redis):
+    """Valkey: Redis's plugin with Valkey's packages and binaries (see the module's docstring)."""
+
+    name = "valkey"
+    versions = (BrokerVersion("9.1", "sid", ("valkey-server", "valkey-sentinel", "valkey-tools"), "9.1.2"),)
+    server_binary = "valkey-server"
+    sentinel_binary = "valkey-sentinel"
+    cli_binary = "valkey-cli"
+
+
 @hookimpl
 def brokerchaos_register_brokers(register: Any) -> None:
     register.add_broker(Redis())
+    register.add_broker(Valkey())

@@ -147,7 +147,8 @@ def test_a_long_plugin_module_name_keeps_the_table_in_columns(
         assert row[version - 1] == " " and row[version] != " ", row
         assert row[provides - 1] == " " and row[provides] != " ", row
     brokers = out.split("brokers (client they need, capabilities)\n")[1].split("\n\n")[0].splitlines()
-    assert len({line.index(" client ") for line in brokers}) == 1, brokers
+    rows = [line for line in brokers if not line.lstrip().startswith("version ")]  # a plugin's versions
+    assert len({line.index(" client ") for line in rows}) == 1, brokers
 
 
 def test_no_command_prints_help(tmp_path: Path) -> None:

@@ -148,3 +148,16 @@ def test_a_harness_error_fails_the_test_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "\nbrokerchaos: unknown broker plugin 'no-such-broker'; loaded:" in proc.stdout
     assert "Traceback" not in proc.stdout and "harness/host.py" not in proc.stdout
+
+
+def test_broker_at_a_version_from_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(
+        "def test_smoke(chaos_run):\n    chaos_run('scenarios/smoke.yaml')\n"
+    )
+    proc = _pytest("-q", "--broker", "rabbitmq@5.0", str(tmp_path / "test_user.py"))
+    assert proc.returncode == 1
+    assert (
+        "\nbrokerchaos: broker.version: '5.0' is not a version of rabbitmq; use one of 3.10, 4.3"
+        in proc.stdout
+    )
+    assert "Traceback" not in proc.stdout

@@ -386,7 +386,7 @@ SCENARIO_FILES = sorted((REPO / "scenarios").glob("*.y*ml")) + sorted((REPO / "s
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_every_shipped_scenario_is_valid_for_its_plugin(host: Host, path: Path) -> None:
     sc = S.load(path)
-    plugin = host.broker(sc.broker.plugin)
+    plugin = host.broker(sc.broker.plugin, sc.broker.version)
     settings = plugin.validate_settings(sc.broker.settings)
     assert set(settings) == set(plugin.settings_schema)
     check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)

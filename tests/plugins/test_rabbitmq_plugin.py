@@ -30,6 +30,7 @@ def test_defaults() -> None:
         "partition_handling": "pause_minority",
         "net_ticktime": 10,
         "policy_pattern": "^chaos",
+        "metadata_store": "mnesia",
     }
 
 
@@ -201,3 +202,18 @@ def test_holders_expr_names_the_queue_and_vhost_as_binaries() -> None:
         "rabbit_channel:info_local([pid, name, user, vhost, consumer_count, messages_unacknowledged" in expr
     )
     assert erlang_binary("a\\b") == '<<"a\\\\b"/utf8>>'
+
+
+def test_quorum_leader_changes_are_events() -> None:
+    log = (
+        "2026-11-28 20:37:19.249516+00:00 [notice] <0.903.0> queue 'chaos-1' in vhost '/': "
+        "candidate -> leader in term: 1 machine version: 8, last applied 0\n"
+        "2026-11-28 20:38:11.340616+00:00 [notice] <0.903.0> queue 'chaos-1' in vhost '/': "
+        "leader -> follower in term: 2 machine version: 8, last applied 1343\n"
+    )
+    events = RMQ.events("n1", {"logs/rabbit.log": log})
+    assert [(e.name, e.detail["queue"], e.detail["term"]) for e in events] == [
+        ("quorum-leader-elected", "chaos-1", "1"),
+        ("quorum-leader-abdicated", "chaos-1", "2"),
+    ]
+    assert events[0].wall_time is not None and events[0].wall_time.second == 19
