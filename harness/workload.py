@@ -19,7 +19,7 @@ from typing import Any
 from harness.drain import run_drain
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
-from harness.spec.broker import BrokerPlugin, NodeHandle
+from harness.spec.broker import BrokerPlugin, HeldTotal, NodeHandle
 from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
     Driver,
     DriverOptions,
@@ -274,7 +274,7 @@ def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) ->
     """The plugin's ``queue_depth`` as the drain calls it: awaitable, by node name. It runs a
     command in the node's container and blocks, so it runs in a thread off the event loop."""
 
-    async def depth(node: str, queue: str) -> tuple[int, int] | None:
+    async def depth(node: str, queue: str) -> tuple[int, int] | HeldTotal | None:
         return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
 
     return depth
