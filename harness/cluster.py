@@ -353,10 +353,11 @@ def _node_links(
 def _node_volumes(
     run_id: str, name: str, role: Role, data_mount: str, shared: Sequence[SharedVolume]
 ) -> dict[str, str]:
-    """A node's volumes: its own data volume, and every shared volume its role mounts (one Docker
-    volume, the same for every node that mounts it)."""
-    out = {f"{run_id}-{name}-data": data_mount}
-    out |= {f"{run_id}-shared-{v.name}": v.path for v in shared if role.name in v.roles}
+    """A node's volumes: every shared volume its role mounts (one Docker volume, the same for every
+    node that mounts it), and its own data volume unless a shared one is its data directory."""
+    out = {f"{run_id}-shared-{v.name}": v.path for v in shared if role.name in v.roles}
+    if data_mount not in out.values():
+        out[f"{run_id}-{name}-data"] = data_mount
     return out
 
 

@@ -247,8 +247,9 @@ class ActiveMQ(BrokerPlugin):
         (it serves nothing until it takes over: that is what it is for)."""
         if node.exec(["python3", BROWSE, str(STOMP_PORT), "brokerchaos.ready"], timeout=20)[0] == 0:
             return True
-        rc, out = node.exec(["grep", "-c", "slave mode waiting a lock", LOG_FILE], timeout=10)
-        return rc == 0 and out.strip() not in ("", "0")
+        # Since this start (every start logs its persistence adapter before it tries the lock).
+        script = "/Using Persistence Adapter/{s=0} /slave mode waiting a lock/{s=1} END{exit !s}"
+        return node.exec(["awk", script, LOG_FILE], timeout=10)[0] == 0
 
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
         """Nothing to join: network connectors dial their peers on their own, retrying; a

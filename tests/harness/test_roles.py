@@ -86,7 +86,8 @@ def test_the_lazy_filesystem_refuses_a_data_directory_that_is_a_shared_volume() 
         def shared_volumes(self, settings: Mapping[str, Any]) -> tuple[SharedVolume, ...]:
             return (SharedVolume("store", self.data_dir),)
 
-    topo(OnShared())  # without power loss it runs
+    t = topo(OnShared())  # without power loss it runs, the shared volume as the data directory
+    assert dict(t.container("n1", "broker").volumes) == {"bc-r-shared-store": "/var/lib/pair"}
     with pytest.raises(ClusterError, match="shared volume"):
         topo(OnShared(), lazyfs=True)
 
