@@ -261,6 +261,7 @@ class Run:
                 on_tick=tick,
                 nemesis=nemesis,
                 holdings=node_holdings_reader(self.plugin, cluster.nodes),
+                broker_dead_letter=self.plugin.dead_letter_queues,
             )
         )
         self.drained_at = time.monotonic()
