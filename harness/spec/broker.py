@@ -319,11 +319,6 @@ class BrokerPlugin:
     #: and the checkers count what it finds there ``dead_lettered`` with the broker's reason
     #: (still a failure where the scenario expects no dead-lettering), not ``lost``.
     dead_letter_queues: ClassVar[tuple[str, ...]] = ()
-    #: True for a cluster whose nodes hold disjoint messages (a network of brokers: each message
-    #: lives on exactly one node, forwarded, never copied). A message the drain consumes on one
-    #: node after a consumer acked it elsewhere is then not a split-brain copy: it is a message a
-    #: node held where no consumer reached it until the drain, a liveness finding.
-    disjoint_nodes: ClassVar[bool] = False
 
     def roles(self, nodes: int, settings: Mapping[str, Any]) -> tuple[Role, ...]:
         """The cluster's node roles for a scenario of ``nodes`` nodes with these (validated)

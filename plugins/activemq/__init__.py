@@ -6,7 +6,7 @@ Three topologies (``broker.settings.topology``):
   others (one node is the usual run; with several, the drain still reads every node).
 - ``network``: a network of brokers: every node forwards to every other node over OpenWire
   (``networkConnector static:``, store-and-forward on demand). Messages are never copied: each
-  lives on exactly one node at a time (``disjoint_nodes``), forwarded to where a consumer is.
+  lives on exactly one node at a time, forwarded to where a consumer is.
 - ``shared-storage``: shared-file-system master/slave: every node is a broker on one KahaDB
   directory, a shared volume (``SharedVolume``). The first to take the store's file lock is the
   master and opens its transport connectors; the others wait on the lock (``slave mode``) with
@@ -159,8 +159,6 @@ class ActiveMQ(BrokerPlugin):
     features = FEATURES
     log_events = LOG_EVENTS
     dead_letter_queues = (DLQ,)
-    # A network of brokers forwards a message, never copies it; a shared store is one store.
-    disjoint_nodes = True
     settings_schema = {
         "topology": ("single", TOPOLOGIES),
         "journal_sync": ("always", ("always", "periodic", "never")),
