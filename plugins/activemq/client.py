@@ -70,12 +70,13 @@ class Refused(Exception):
 
 
 class Link:
-    """One STOMP connection through one node's client proxy, its callbacks bridged to the loop."""
+    """One STOMP connection through one node's client proxy, its callbacks bridged to the loop
+    (a bridge of its own: a lost connection fails the replies awaited on it, no other's)."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, bridge: ThreadBridge, endpoint: Endpoint, username: str, password: str) -> None:
-        self.bridge = bridge
+    def __init__(self, endpoint: Endpoint, username: str, password: str) -> None:
+        self.bridge = bridge = ThreadBridge()
         self.node = endpoint.node
         self.username, self.password = username, password
         self.conn = stomp.Connection12(
@@ -172,16 +173,9 @@ class StompDriver:
         self.queue_depth = queue_depth
         self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
         self.open_links: dict[str, int] = {}  # queue -> the workload's connections open on it
-        self._bridge: ThreadBridge | None = None
-
-    @property
-    def bridge(self) -> ThreadBridge:
-        if self._bridge is None:
-            self._bridge = ThreadBridge()
-        return self._bridge
 
     async def link(self, node: str) -> Link:
-        return await Link(self.bridge, self.endpoints[node], self.username, self.password).open()
+        return await Link(self.endpoints[node], self.username, self.password).open()
 
     async def links(self, process: str, queue: str, stop: asyncio.Event) -> Any:
         """One connection at a time, to the process's node first and then the next, until ``stop``."""
