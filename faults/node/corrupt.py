@@ -9,7 +9,9 @@ plan picks the same file and offsets from the same directory contents:
     {"mode": "truncate", "glob": "**/*", "file": 0.41, "bytes": 100}         # drop the last 100 bytes
 
 Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
-file is ``candidates[int(file * len)]``. The change is written and fsynced (through the lazy
+file is ``candidates[int(file * len)]``. Offsets are fractions of the file's written extent (up
+to its last non-zero byte: a preallocated tail of zeros is never read as data), which the record
+names beside the size. The change is written and fsynced (through the lazy
 filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
 file, its size before and after, and every changed byte's offset with its value before and after
 (for a truncation, the digest and first bytes of what was cut).
@@ -45,6 +47,21 @@ def _index(u: float, n: int) -> int:
     return min(int(u * n), n - 1)
 
 
+def written_extent(fd: int, size: int, chunk: int = 1 << 20) -> int:
+    """Where the written part of a file ends: past its last non-zero byte. A broker that
+    preallocates its files (KahaDB's 32 MiB journal, a few hundred KB of it written) leaves the
+    rest zeros or a hole, which it never reads as data: an offset drawn over the whole size would
+    mostly corrupt nothing. A file of zeros only counts whole."""
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        block = os.pread(fd, end - start, start).rstrip(b"\0")
+        if block:
+            return start + len(block)
+        end = start
+    return size
+
+
 def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     files = candidates(root, plan.get("glob") or "**/*")
     if not files:
@@ -54,11 +71,17 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        done: dict[str, Any] = {"file": str(path), "candidates": len(files), "size_before": size}
+        extent = written_extent(fd, size)
+        done: dict[str, Any] = {
+            "file": str(path),
+            "candidates": len(files),
+            "size_before": size,
+            "written_extent": extent,
+        }
         if plan["mode"] == "bitflip":
             changes = []
             for u, bit in plan["flips"]:
-                off = _index(float(u), size)
+                off = _index(float(u), extent)
                 before = os.pread(fd, 1, off)[0]
                 after = before ^ (1 << int(bit))
                 os.pwrite(fd, bytes([after]), off)
@@ -70,7 +93,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
             keep = (
                 max(0, size - int(plan["bytes"]))
                 if plan.get("bytes") is not None
-                else _index(float(plan["cut"]), size)
+                else _index(float(plan["cut"]), extent)
             )
             tail = os.pread(fd, size - keep, keep)
             os.ftruncate(fd, keep)

@@ -111,3 +111,21 @@ def test_the_broker_is_down_while_its_file_is_corrupted_on_disk(one_init: dict[s
     assert final and all(disk[off] == byte for off, byte in final.items())
     healed = fault.heal()
     assert healed["ready"] and init.ctl("status")["state"] == "running"
+
+
+def test_offsets_fall_in_the_written_extent_of_a_preallocated_file(tmp_path: Path) -> None:
+    """KahaDB preallocates a 32 MiB journal and writes a few hundred KB of it: a flip drawn over
+    the whole size lands in zeros the broker never reads, and its recovery proves nothing."""
+    path = tmp_path / "db-1.log"
+    written = random.Random(2).randbytes(3000).rstrip(b"\0") + b"\x01"
+    with path.open("wb") as f:
+        f.write(written)
+        f.truncate(4 << 20)  # the preallocated rest: a hole that reads as zeros
+    done = corrupt(tmp_path, {"mode": "bitflip", "glob": "*.log", "file": 0.0, "flips": [[0.9, 1], [0.1, 0]]})
+    assert done["size_before"] == 4 << 20 and done["written_extent"] == len(written)
+    offsets = [c["offset"] for c in done["changes"]]
+    assert offsets == [int(0.9 * len(written)), int(0.1 * len(written))]
+    after = path.read_bytes()
+    assert [i for i in range(len(written)) if after[i] != written[i]] == sorted(offsets)
+    cut = corrupt(tmp_path, {"mode": "truncate", "glob": "*.log", "file": 0.0, "cut": 0.5})
+    assert cut["cut"]["offset"] == len(written) // 2  # a cut inside the data, not in the zeros
