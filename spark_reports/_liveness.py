@@ -107,7 +107,7 @@ def liveness(
     """``consumers``: the workload had consumers; without them (a backlog left to the drain) no
     consume is asked of a queue while the workload runs: no consume window, no consume demand."""
     heals = heal_times(windows)
-    kinds: tuple[LiveKind, ...] = KINDS if consumers else ("publish",)
+    asked_kinds: tuple[LiveKind, ...] = KINDS if consumers else ("publish",)
     queues = sorted({q for q, _k, _n in facts.oks} | set(facts.publish))
     drains: dict[str, list[DrainOp]] = {}
     for op in drain_ops:
@@ -150,7 +150,7 @@ def liveness(
         else:
             consume_end = max(drain_ends) if drain_ends else end_ns
         ends: dict[str, int | None] = {"publish": last_publish, "consume": consume_end}
-        for k in kinds:
+        for k in asked_kinds:
             count, first, last = per[k].count, per[k].first, per[k].last
             stop = ends[k]
             span_end = max(stop if stop is not None else start, start)
