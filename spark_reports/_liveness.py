@@ -162,6 +162,11 @@ def liveness(
             else:
                 found.append((start, first, True))
                 found.append((last, span_end, False))
+            if k == "consume" and q in facts.publish:
+                # After the workload (settle, then the drain) no consume is asked of the queue: a
+                # wait that the drain's first consume ends counts only up to the workload's end.
+                found = [(a, min(b, last_pub) if by_ok else b, by_ok) for a, b, by_ok in found]
+                found = [(a, b, by_ok) for a, b, by_ok in found if not by_ok or a < last_pub]
             ws = sorted({(a, b, by_ok) for a, b, by_ok in found if b - a > threshold_ns})
             for a, b, by_ok in ws:
                 out_windows.append(

@@ -204,3 +204,24 @@ def test_a_backlog_scenario_without_consumers_asks_no_consume_and_shows_no_windo
     # The same history with consumers that consumed nothing is an outage, as before.
     with_consumers = check_python(b.write(tmp_path / "c"), {"workload": {"consumers": 1}})
     assert any(w["kind"] == "consume" for w in with_consumers["liveness"]["windows"])
+
+
+def test_the_settle_before_the_drain_is_no_consume_outage(tmp_path: Path) -> None:
+    """Consumers served to the workload's end, 10 s of settle, then the drain finds what a
+    restarted node held: the wait from the workload's end to the drain is nobody's outage."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 40)
+    b.fault("f1", "kill", node="n3")
+    _workload(b, 10, consume=False, start=100)  # published to n3, forwarded nowhere
+    b.heal("f1")
+    _workload(b, 40, start=200)
+    end = b.t
+    b.t += 10 * S  # settle: the nemesis healed, consumers idle
+    b.drain_invoke()
+    for i in range(100, 110):
+        b.consume(f"p1:{i}", consumer="d1", node="n3")
+    b.drain_done(consumed=10, nodes={"n3": {"consumed": 10, "ready": 0, "unacked": 0}})
+    r = check_python(b.write(tmp_path), {"workload": {"consumers": 1}})
+    late = [w for w in r["liveness"]["windows"] if w["kind"] == "consume" and w["end_ns"] > end]
+    assert late == [], late
+    assert r["verdict"] == "durable"
