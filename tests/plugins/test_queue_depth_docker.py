@@ -111,7 +111,7 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
             )
 
             async def waiting() -> bool:
-                return sum(1 for _n, d in seen if d is not None and d[1] > 0) >= 2
+                return sum(1 for _n, d in seen if isinstance(d, tuple) and d[1] > 0) >= 2
 
             await until_async(waiting, "the drain saw the held deliveries twice", every=0.2)
             assert not task.done(), "the drain ended while deliveries were still held"
