@@ -61,8 +61,6 @@ TOPOLOGIES = ("single", "network", "shared-storage")
 
 #: log4j2's line prefix in ``activemq.log``: ``2026-11-28 20:31:02,123 | INFO  | ...`` (UTC in the container).
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \| ")
-#: The broker's own version line: ``Apache ActiveMQ 5.17.2 (n1, ID:...) is starting``.
-VERSION_LINE = re.compile(r"Apache ActiveMQ (\S+) \(")
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -264,12 +262,6 @@ class ActiveMQ(BrokerPlugin):
         if m is None:
             return None
         return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
-
-
-def running_version(log_text: str) -> str | None:
-    """The version the running broker reports in its log (``Apache ActiveMQ 5.17.2 (...) is starting``)."""
-    m = VERSION_LINE.search(log_text)
-    return m.group(1) if m else None
 
 
 @hookimpl
