@@ -132,6 +132,12 @@ class Partition(_ProxyFault):
     ``shape``: the cut (``random`` draws one by the seed; default ``halves``); ``mode``:
     ``drop`` (connections stay open and go silent) or ``refuse`` (proxies disabled: open
     connections close, new ones are refused; symmetric cuts only).
+
+    The heal closes every connection the cut held, in either mode: a proxy never lets a stream
+    with a hole through, so clients and peers reconnect after a partition rather than resume the
+    connection they had (a broker's own heartbeats may have closed it sooner). A cut that TCP
+    survives, every connection resuming where it stopped, is ``packet-loss`` at ``loss: 100``.
+    ``role`` (every kind takes it) aims the cut at the nodes of one role only.
     """
 
     name = "partition"

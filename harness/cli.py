@@ -357,6 +357,8 @@ def _run(host: Any, args: argparse.Namespace) -> int:
             print(f"  run directory      {run.dir.path}")
             if report.exists():
                 print(f"  report             {report}")
+        if args.keep:  # the id `down --run` needs, whatever else was printed
+            print(kept_cluster_line(run.id))
         if args.until_fail and codes[-1] == EXIT_FAILED:
             break
     if args.until_fail:
@@ -364,6 +366,11 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     elif args.runs > 1:
         _grade_dirs(host, run_dirs, None, engine="stored")
     return exit_status(compose_verdicts(verdicts))  # over runs as over checkers: the worst
+
+
+def kept_cluster_line(run_id: str) -> str:
+    """What ``run --keep`` prints about the cluster it left running."""
+    return f"  cluster kept       run id {run_id}: remove it with `brokerchaos down --run {run_id}`"
 
 
 def _until_fail_summary(codes: list[int], run_dirs: list[Path], seed: int, wall: float) -> None:

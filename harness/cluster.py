@@ -42,7 +42,15 @@ from harness.proxies import (
     extra_client_proxy_port,
     peer_address,
 )
-from harness.spec.broker import NODE_CONTROL, BrokerPlugin, NodeInfo
+from harness.spec.broker import (
+    BROKER_ROLE,
+    NODE_CONTROL,
+    BrokerPlugin,
+    ImageRecipe,
+    NodeInfo,
+    Role,
+    SharedVolume,
+)
 from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
 
@@ -50,6 +58,7 @@ PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
 ROLE_LABEL = "brokerchaos.role"
 NODE_LABEL = "brokerchaos.node"
+NODE_ROLE_LABEL = "brokerchaos.node-role"  # the node's role (``BrokerPlugin.roles``)
 OWNER_PID_LABEL = "brokerchaos.owner.pid"
 OWNER_START_LABEL = "brokerchaos.owner.start"  # the pid's start time, clock ticks since boot
 OWNER_BOOT_LABEL = "brokerchaos.owner.boot"  # /proc/sys/kernel/random/boot_id
@@ -245,6 +254,17 @@ class Topology:
     faketime: bool = False
     #: The lazy filesystem's model the nodes mount (None: the data is on plain volumes).
     filesystem: str | None = None
+    #: Each node's role (``BrokerPlugin.roles``; every node ``broker`` unless the plugin declares others).
+    roles: Mapping[str, str] = field(default_factory=dict)
+    #: The nodes the workload's clients connect to (those of roles with ``clients``); all when empty.
+    client_nodes: tuple[str, ...] = ()
+
+    def role_of(self, node: str) -> str:
+        return self.roles.get(node, BROKER_ROLE)
+
+    def serving(self) -> tuple[str, ...]:
+        """The nodes the workload connects to."""
+        return self.client_nodes or self.nodes
 
     def container(self, node: str, role: str) -> ContainerSpec:
         for c in self.containers:
@@ -267,6 +287,140 @@ def filesystem_model(plugin: BrokerPlugin, requested: str | None, lazyfs: bool) 
     return model
 
 
+def node_roles(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) -> dict[str, Role]:
+    """Every node's name (``n1``.. over the roles in declared order) and its ``Role``."""
+    roles = plugin.roles(nodes, settings)
+    if not roles or len({r.name for r in roles}) != len(roles):
+        raise ClusterError(f"broker plugin {plugin.name!r}: roles must be distinct and at least one")
+    out: dict[str, Role] = {}
+    for role in roles:
+        for _ in range(nodes if role.nodes is None else role.nodes):
+            out[f"n{len(out) + 1}"] = role
+    if not any(r.clients for r in out.values()):
+        raise ClusterError(f"broker plugin {plugin.name!r}: no node of any role serves clients")
+    return out
+
+
+def role_recipes(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) -> dict[str, ImageRecipe]:
+    """The image recipe of each role that declares its own, by role name."""
+    return {r.name: r.image for r in plugin.roles(nodes, settings) if r.image is not None}
+
+
+def _node_links(
+    plugin: BrokerPlugin, run_id: str, name: str, names: Sequence[str], cport: int
+) -> tuple[ProxySpec, ...]:
+    """One node's proxies: its client port(s) and every directed link to a peer's peer ports."""
+    links = [
+        ProxySpec(
+            f"client_to_{name}",
+            f"0.0.0.0:{cport}",
+            f"127.0.0.1:{plugin.client_port}",
+            "client",
+            name,
+            plugin.client_port,
+        )
+    ]
+    links += [
+        ProxySpec(
+            f"client_to_{name}_{port}",
+            f"0.0.0.0:{extra_client_proxy_port(port)}",
+            f"127.0.0.1:{port}",
+            "client",
+            name,
+            port,
+        )
+        for port in plugin.extra_client_ports
+    ]
+    for j, peer in enumerate(names, start=1):
+        if peer == name:
+            continue
+        # The peer's sidecar by container name: its host name would resolve, through
+        # this namespace's hosts file, back to this very proxy.
+        for port in plugin.peer_ports_for(j):
+            links.append(
+                ProxySpec(
+                    f"{name}_to_{peer}_{port}",
+                    f"{peer_address(j)}:{port}",
+                    f"{run_id}-{peer}:{port}",
+                    name,
+                    peer,
+                    port,
+                )
+            )
+    return tuple(links)
+
+
+def _node_volumes(
+    run_id: str, name: str, role: Role, data_mount: str, shared: Sequence[SharedVolume]
+) -> dict[str, str]:
+    """A node's volumes: every shared volume its role mounts (one Docker volume, the same for every
+    node that mounts it), and its own data volume unless a shared one is its data directory."""
+    out = {f"{run_id}-shared-{v.name}": v.path for v in shared if role.name in v.roles}
+    if data_mount not in out.values():
+        out[f"{run_id}-{name}-data"] = data_mount
+    return out
+
+
+@dataclass(frozen=True)
+class _NodeOptions:
+    """What every node container of one topology shares."""
+
+    run_id: str
+    labels: Mapping[str, str]
+    broker_image: str
+    role_images: Mapping[str, str]
+    lazyfs: bool
+    model: str | None
+    faketime: bool
+    shared: tuple[SharedVolume, ...]
+
+
+def _node_container(plugin: BrokerPlugin, info: NodeInfo, role: Role, o: _NodeOptions) -> ContainerSpec:
+    spec = plugin.node_spec(info)
+    data_dir = role.data_dir or plugin.data_dir
+    init = ["--data-dir", data_dir]
+    data_mount = data_dir
+    devices: tuple[str, ...] = ()
+    caps: tuple[str, ...] = ()
+    sec: tuple[str, ...] = ()
+    if o.lazyfs:
+        if any(v.path == data_dir and role.name in v.roles for v in o.shared):
+            raise ClusterError(
+                f"broker plugin {plugin.name!r}: {data_dir} of role {role.name} is a shared volume; the lazy "
+                "filesystem (power loss) mounts each node's own data directory, not a shared one: "
+                "run this topology without power-loss faults"
+            )
+        init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(o.model)]
+        data_mount = LAZYFS_BACKING
+        devices = ("/dev/fuse:/dev/fuse:rwm",)
+        caps = ("SYS_ADMIN",)
+        sec = ("apparmor:unconfined",)
+    # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
+    clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if o.faketime else []
+    sidecar = f"{o.run_id}-{info.name}"
+    return ContainerSpec(
+        name=f"{sidecar}-broker",
+        service=f"{info.name}-broker",
+        role="broker",
+        node=info.name,
+        image=o.role_images.get(role.name, o.broker_image),
+        command=[*init, "--", *clock, *spec.command],
+        env=dict(spec.env),
+        network_of=sidecar,
+        volumes=_node_volumes(o.run_id, info.name, role, data_mount, o.shared),
+        files=dict(spec.files),
+        devices=devices,
+        cap_add=caps,
+        security_opt=sec,
+        labels={
+            **o.labels,
+            ROLE_LABEL: "broker",
+            NODE_LABEL: info.name,
+            **({NODE_ROLE_LABEL: role.name} if role.name != BROKER_ROLE else {}),
+        },
+    )
+
+
 def build_topology(
     plugin: BrokerPlugin,
     *,
@@ -280,59 +434,32 @@ def build_topology(
     filesystem: str | None = None,
     host_ports: Mapping[str, int] | None = None,
     api_host_ports: Mapping[str, int] | None = None,
+    role_images: Mapping[str, str] | None = None,
 ) -> Topology:
-    """The containers, volumes and proxies of one cluster (``filesystem``: the scenario's model)."""
-    model = filesystem_model(plugin, filesystem, lazyfs)
-    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    """The containers, volumes and proxies of one cluster (``filesystem``: the scenario's model;
+    ``role_images``: the image of each role that declares its own, by role name)."""
+    roles = node_roles(plugin, nodes, settings)
+    names = tuple(roles)
     labels = {PROJECT_LABEL: "brokerchaos", RUN_LABEL: run_id}
     cport = client_proxy_port(plugin.client_port)
+    opts = _NodeOptions(
+        run_id,
+        labels,
+        broker_image,
+        dict(role_images or {}),
+        lazyfs,
+        filesystem_model(plugin, filesystem, lazyfs),
+        faketime,
+        tuple(plugin.shared_volumes(settings)),
+    )
     containers: list[ContainerSpec] = []
     proxies: dict[str, tuple[ProxySpec, ...]] = {}
     for i, name in enumerate(names, start=1):
-        sidecar = f"{run_id}-{name}"
         peers = tuple(n for n in names if n != name)
-        links = [
-            ProxySpec(
-                name=f"client_to_{name}",
-                listen=f"0.0.0.0:{cport}",
-                upstream=f"127.0.0.1:{plugin.client_port}",
-                src="client",
-                dst=name,
-                port=plugin.client_port,
-            )
-        ]
-        links += [
-            ProxySpec(
-                name=f"client_to_{name}_{port}",
-                listen=f"0.0.0.0:{extra_client_proxy_port(port)}",
-                upstream=f"127.0.0.1:{port}",
-                src="client",
-                dst=name,
-                port=port,
-            )
-            for port in plugin.extra_client_ports
-        ]
-        for j, peer in enumerate(names, start=1):
-            if peer == name:
-                continue
-            # The peer's sidecar by container name: its host name would resolve, through
-            # this namespace's hosts file, back to this very proxy.
-            upstream_host = f"{run_id}-{peer}"
-            for port in plugin.peer_ports_for(j):
-                links.append(
-                    ProxySpec(
-                        name=f"{name}_to_{peer}_{port}",
-                        listen=f"{peer_address(j)}:{port}",
-                        upstream=f"{upstream_host}:{port}",
-                        src=name,
-                        dst=peer,
-                        port=port,
-                    )
-                )
-        proxies[name] = tuple(links)
+        proxies[name] = _node_links(plugin, run_id, name, names, cport)
         containers.append(
             ContainerSpec(
-                name=sidecar,
+                name=f"{run_id}-{name}",
                 service=name,
                 role="proxy",
                 node=name,
@@ -348,38 +475,9 @@ def build_topology(
                 labels={**labels, ROLE_LABEL: "proxy", NODE_LABEL: name},
             )
         )
-        spec = plugin.node_spec(NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings))
-        init = ["--data-dir", plugin.data_dir]
-        volume_mount = plugin.data_dir
-        devices: tuple[str, ...] = ()
-        caps: tuple[str, ...] = ()
-        sec: tuple[str, ...] = ()
-        if lazyfs:
-            init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(model)]
-            volume_mount = LAZYFS_BACKING
-            devices = ("/dev/fuse:/dev/fuse:rwm",)
-            caps = ("SYS_ADMIN",)
-            sec = ("apparmor:unconfined",)
-        # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
-        clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if faketime else []
-        containers.append(
-            ContainerSpec(
-                name=f"{sidecar}-broker",
-                service=f"{name}-broker",
-                role="broker",
-                node=name,
-                image=broker_image,
-                command=[*init, "--", *clock, *spec.command],
-                env=dict(spec.env),
-                network_of=sidecar,
-                volumes={f"{run_id}-{name}-data": volume_mount},
-                files=dict(spec.files),
-                devices=devices,
-                cap_add=caps,
-                security_opt=sec,
-                labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
-            )
-        )
+        role = roles[name]
+        info = NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings, role=role.name)
+        containers.append(_node_container(plugin, info, role, opts))
     return Topology(
         run_id=run_id,
         network=run_id,
@@ -390,7 +488,9 @@ def build_topology(
         data_dir=plugin.data_dir,
         lazyfs=lazyfs,
         faketime=faketime,
-        filesystem=model,
+        filesystem=opts.model,
+        roles={n: r.name for n, r in roles.items()},
+        client_nodes=tuple(n for n, r in roles.items() if r.clients),
     )
 
 
@@ -400,6 +500,7 @@ class Node:
     def __init__(self, cluster: Cluster, name: str) -> None:
         self.cluster = cluster
         self.name = name
+        self.role = cluster.topology.role_of(name)  # ``BrokerPlugin.roles``: what this node is
         self.container_name = cluster.topology.container(name, "broker").name
         self.sidecar_name = cluster.topology.container(name, "proxy").name
         self.toxiproxy: ToxiproxyServer | None = None
@@ -471,9 +572,11 @@ class Cluster:
         try:
             self._refuse_taken_names()
             self.client.networks.create(t.network, driver="bridge", labels=self._labels())
+            made: set[str] = set()  # a shared volume is mounted by several nodes, created once
             for c in t.containers:
-                for vol in c.volumes:
+                for vol in set(c.volumes) - made:
                     self.client.volumes.create(vol, labels={**c.labels, **self.owner.labels()})
+                    made.add(vol)
             # Each step for every node at once (the Docker API calls and the sidecars' start are
             # waits, not work of this process), in the same order as before: every proxy is in
             # place before any broker starts.
@@ -516,7 +619,7 @@ class Cluster:
         t = self.topology
         taken = [n.name for n in self.client.networks.list(names=[t.network]) if n.name == t.network]
         for name, get in [
-            *((v, self.client.volumes.get) for c in t.containers for v in c.volumes),
+            *((v, self.client.volumes.get) for v in {v for c in t.containers for v in c.volumes}),
             *((c.name, self.client.containers.get) for c in t.containers),
         ]:
             try:
@@ -626,11 +729,13 @@ class Cluster:
         return {n: node.client_endpoint for n, node in self.nodes.items() if node.client_endpoint}
 
     def endpoints(self) -> dict[str, Endpoint]:
-        """Every node's client endpoints as drivers get them (``harness.spec.Endpoint``)."""
+        """The client endpoints of every node the workload connects to, as drivers get them
+        (``harness.spec.Endpoint``): a node of a role without ``clients`` is left out."""
+        serving = self.topology.serving()
         return {
             n: Endpoint(n, *node.client_endpoint, extra=dict(node.extra_endpoints))
             for n, node in self.nodes.items()
-            if node.client_endpoint
+            if node.client_endpoint and n in serving
         }
 
     # -- logs and teardown ---------------------------------------------------------------

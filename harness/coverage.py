@@ -239,8 +239,14 @@ def coverage_lines(results: Mapping[str, Any], width: int) -> list[str]:
     counts = cov.get("events") or {}
     seen = ", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"
     lines = [f"  {'events':<{width}}  {seen}"]
+    if not cov.get("features"):  # one line, not one per fault: nothing of the map applies here
+        lines.append(pad + "no feature the broker plugin declares applies to this configuration")
     for w in cov.get("windows") or []:
         ev = f"; events {', '.join(w['events'])}" if w.get("events") else ""
+        if not cov.get("features"):
+            if ev:
+                lines.append(pad + f"{w['fault_id']} ({w['kind']}){ev}")
+            continue
         feats = ", ".join(w.get("features") or []) or "no declared feature in use"
         lines.append(pad + f"{w['fault_id']} ({w['kind']}): {feats}{ev}")
     cells_n = len(cov.get("cells") or [])

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Cluster, build_topology, docker_client, filesystem_model
+from harness.cluster import Cluster, build_topology, docker_client, filesystem_model, node_roles, role_recipes
 from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, PortInUse
 from harness.history import Recorder, to_parquet
@@ -29,7 +29,8 @@ from harness.nemesis import Nemesis, Plan, check_capabilities, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
 from harness.scenario import Scenario
-from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
+from harness.spec.broker import ImageRecipe
+from harness.spec.fault import HOST_FEATURES, ClusterNodes, Fault, FaultContext
 from harness.store import RunDir
 from harness.verdicts import combine
 from harness.workload import (
@@ -67,10 +68,14 @@ class Run:
         self.faults = host.registry.faults
         check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
         check_workload_features(scenario.workload, self.plugin)
-        self.nodes = [f"n{i}" for i in range(1, scenario.broker.nodes + 1)]
+        roles = node_roles(self.plugin, scenario.broker.nodes, self.settings)
+        #: Every node, each with its role (what faults aim at); the workload uses ``client_nodes``.
+        self.nodes = ClusterNodes(list(roles), {n: r.name for n, r in roles.items()})
+        self.client_nodes = [n for n, r in roles.items() if r.clients]
+        self.role_recipes = role_recipes(self.plugin, scenario.broker.nodes, self.settings)
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)
         if replay is not None:
-            _check_replay(replay, self.faults, frozenset(self.plugin.capabilities), self.nodes)
+            _check_replay(replay, self.faults, frozenset(self.plugin.capabilities), list(self.nodes))
         self.features = host_features(scenario, self.plan, self.faults)
         for feature in sorted(self.features):
             cap = HOST_FEATURES[feature].capability
@@ -150,6 +155,7 @@ class Run:
                 faketime=self.faketime,
                 filesystem=self.filesystem,
                 host_ports=self.client_ports,
+                role_images={name: images[f"role:{name}"] for name in self.role_recipes},
             )
             with Cluster(client, topology, self.plugin, self.settings, keep=self.keep) as cluster:
                 drained = False
@@ -213,12 +219,14 @@ class Run:
     def _images(self, client: Any) -> dict[str, str]:
         if not self.build_images:
             raise BrokerChaosError("images are not built: run `brokerchaos images build` first")
-        return build_images(client, self.plugin, faketime=self.faketime)
+        return build_images(client, self.plugin, faketime=self.faketime, roles=self.role_recipes)
 
     def _workload(self, cluster: Cluster, recorder: Recorder) -> dict[str, Any]:
         w = self.scenario.workload
         endpoints = cluster.endpoints()
-        first = {proc: node for proc, (_q, node) in assignments(w, self.nodes, self.scenario.seed).items()}
+        first = {
+            proc: node for proc, (_q, node) in assignments(w, self.client_nodes, self.scenario.seed).items()
+        }
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes)
         holders = queue_holders_reader(self.plugin, cluster.nodes)
@@ -266,12 +274,13 @@ class Run:
             run_workload(
                 driver,
                 w,
-                self.nodes,
+                self.client_nodes,
                 self.scenario.seed,
                 recorder,
                 on_tick=tick,
                 nemesis=nemesis,
                 holdings=node_holdings_reader(self.plugin, cluster.nodes),
+                broker_dead_letter=self.plugin.dead_letter_queues,
             )
         )
         self.drained_at = time.monotonic()
@@ -357,14 +366,20 @@ class _Background:
         return self._out
 
 
-def build_images(client: Any, plugin: Any, *, faketime: bool = False) -> dict[str, str]:
-    """The broker's node image (with libfaketime under the ``faketime`` feature) and the
-    Toxiproxy sidecar image, built if missing (offline)."""
+def build_images(
+    client: Any, plugin: Any, *, faketime: bool = False, roles: Mapping[str, ImageRecipe] | None = None
+) -> dict[str, str]:
+    """The broker's node image (with libfaketime under the ``faketime`` feature), the
+    Toxiproxy sidecar image and the image of each role that declares its own (``roles``: by
+    role name; ``role:NAME`` in the answer), built if missing (offline)."""
     builder = ImageBuilder(client)
     broker = broker_image(builder, plugin)
     if faketime:
         broker = builder.faketime_image(broker)
-    return {"broker": broker, "toxiproxy": builder.toxiproxy_image()}
+    out = {"broker": broker, "toxiproxy": builder.toxiproxy_image()}
+    for name, recipe in (roles or {}).items():
+        out[f"role:{name}"] = builder.node_image(recipe)
+    return out
 
 
 def check_run(
@@ -538,9 +553,11 @@ def running_cluster(
     plugin = host.broker(scenario.broker.plugin, scenario.broker.version)
     settings = plugin.validate_settings(scenario.broker.settings)
     client = docker_client()
-    images = build_images(client, plugin, faketime=faketime)
+    recipes = role_recipes(plugin, scenario.broker.nodes, settings)
+    images = build_images(client, plugin, faketime=faketime, roles=recipes)
     topology = build_topology(
         plugin,
+        role_images={name: images[f"role:{name}"] for name in recipes},
         run_id=f"bc-{secrets.token_hex(3)}",
         nodes=scenario.broker.nodes,
         settings=settings,

@@ -19,7 +19,7 @@ from typing import Any
 from harness.drain import run_drain
 from harness.history import Recorder
 from harness.scenario import WorkloadSection
-from harness.spec.broker import BrokerPlugin, NodeHandle
+from harness.spec.broker import BrokerPlugin, HeldTotal, NodeHandle
 from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
     Driver,
     DriverOptions,
@@ -123,9 +123,11 @@ async def run_workload(
     on_tick: Any = None,
     nemesis: Any = None,
     holdings: NodeHoldings | None = None,
+    broker_dead_letter: Sequence[str] = (),
 ) -> WorkloadStats:
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
-    then stop producers, let the nemesis heal, drain every queue, and record what each
+    then stop producers, let the nemesis heal, drain every queue (and after them the dead-letter
+    queues: the workload's own and the broker's, ``broker_dead_letter``), and record what each
     node's copy of each queue holds (``holdings``, when the broker plugin can tell)."""
     stats = WorkloadStats()
     asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
@@ -169,7 +171,7 @@ async def run_workload(
         stats.drained = {}
         # The dead-letter queues after the queues: a message expiring during the queues' drain
         # reaches its dead-letter queue only then.
-        dead = dead_letter_queues(w)
+        dead = [*dead_letter_queues(w), *broker_dead_letter]
         drainers = [(f"d{i}", q) for i, q in enumerate([*queues, *dead], start=1)]
         for batch in (drainers[: len(queues)], drainers[len(queues) :]):
             results = await asyncio.gather(
@@ -274,7 +276,7 @@ def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) ->
     """The plugin's ``queue_depth`` as the drain calls it: awaitable, by node name. It runs a
     command in the node's container and blocks, so it runs in a thread off the event loop."""
 
-    async def depth(node: str, queue: str) -> tuple[int, int] | None:
+    async def depth(node: str, queue: str) -> tuple[int, int] | HeldTotal | None:
         return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
 
     return depth

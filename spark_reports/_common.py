@@ -196,6 +196,9 @@ class Params:
     message_size: int | None
     budgets: Budgets
     delays: bool = False  # workload.delay: delayed publishes are outside the per-producer order check
+    #: workload.consumers > 0: someone was asked to consume while the workload ran (a backlog
+    #: scenario, ``consumers: 0``, leaves everything to the drain: no consume demand, no window)
+    consumers: bool = True
 
     @property
     def bodies_known(self) -> bool:
@@ -263,7 +266,11 @@ def scenario_params(scenario: dict | None) -> Params:
         recovery_s=recovery_budget_of(raw.get("recovery_s")),
     )
     return Params(
-        seed=seed, message_size=size, budgets=budgets, delays=isinstance(workload.get("delay"), dict)
+        seed=seed,
+        message_size=size,
+        budgets=budgets,
+        delays=isinstance(workload.get("delay"), dict),
+        consumers=workload.get("consumers") != 0,
     )
 
 
@@ -879,6 +886,7 @@ def live_of(ctx: Context, live: LiveFacts) -> Liveness:
         end_ns=ctx.end_ns,
         budgets=ctx.params.budgets,
         threshold_ns=UNAVAILABLE_S * NS_PER_S,
+        consumers=ctx.params.consumers,
     )
 
 

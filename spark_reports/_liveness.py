@@ -102,8 +102,12 @@ def liveness(
     end_ns: int,
     budgets: Budgets,
     threshold_ns: int,
+    consumers: bool = True,
 ) -> Liveness:
+    """``consumers``: the workload had consumers; without them (a backlog left to the drain) no
+    consume is asked of a queue while the workload runs: no consume window, no consume demand."""
     heals = heal_times(windows)
+    asked_kinds: tuple[LiveKind, ...] = KINDS if consumers else ("publish",)
     queues = sorted({q for q, _k, _n in facts.oks} | set(facts.publish))
     drains: dict[str, list[DrainOp]] = {}
     for op in drain_ops:
@@ -146,7 +150,7 @@ def liveness(
         else:
             consume_end = max(drain_ends) if drain_ends else end_ns
         ends: dict[str, int | None] = {"publish": last_publish, "consume": consume_end}
-        for k in KINDS:
+        for k in asked_kinds:
             count, first, last = per[k].count, per[k].first, per[k].last
             stop = ends[k]
             span_end = max(stop if stop is not None else start, start)
@@ -158,6 +162,11 @@ def liveness(
             else:
                 found.append((start, first, True))
                 found.append((last, span_end, False))
+            if k == "consume" and q in facts.publish:
+                # After the workload (settle, then the drain) no consume is asked of the queue: a
+                # wait that the drain's first consume ends counts only up to the workload's end.
+                found = [(a, min(b, last_pub) if by_ok else b, by_ok) for a, b, by_ok in found]
+                found = [(a, b, by_ok) for a, b, by_ok in found if not by_ok or a < last_pub]
             ws = sorted({(a, b, by_ok) for a, b, by_ok in found if b - a > threshold_ns})
             for a, b, by_ok in ws:
                 out_windows.append(
@@ -192,7 +201,7 @@ def liveness(
         budget = recovery_budget(budgets, w["kind"])
         for q in queues:
             recovery.append(
-                _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
+                _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns, consumers)
             )
     span_ends = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
 
@@ -290,6 +299,7 @@ def _recovery(
     drains: list[DrainOp],
     budget: float | None,
     threshold_ns: int,
+    consumers: bool = True,
 ) -> Recovery:
     """One step and queue; a step never healed has nothing measured (every time None)."""
     node_names = sorted({n for (qq, _k, n) in facts.oks if qq == q and n is not None})
@@ -307,9 +317,13 @@ def _recovery(
     # Something to consume at or after the heal: a publish confirmed after it, or one confirmed
     # before it later than the last consume before it (an idle queue asks nothing of consumers).
     pub_before, cons_before = per["publish"].before[i], per["consume"].before[i]
-    asked = h is not None and (
-        per["publish"].after[i] is not None
-        or (pub_before is not None and (cons_before is None or pub_before > cons_before))
+    asked = (
+        consumers
+        and h is not None
+        and (
+            per["publish"].after[i] is not None
+            or (pub_before is not None and (cons_before is None or pub_before > cons_before))
+        )
     )
     recovered = (cons is not None or not asked) and (pub is not None or not demand)
     times = [t for t, wanted in ((cons, asked), (pub, demand)) if wanted and t is not None]

@@ -333,6 +333,9 @@ class LazyState:
         self._in_flight: dict[object, dict[str, Any]] = {}
         self._halted = False
         self._power = 0  # bumped by every load: an fsync from before a power cut persists nothing
+        #: Bytes written through this filesystem since it was mounted, every one unsynced until an
+        #: fsync: what says a broker ever held unsynced data here, whatever the instant of a cut.
+        self.written_bytes = 0
         self.next_ino = 1
         self.next_fh = 1
         self.files: dict[int, File] = {}  # open file handles
@@ -739,6 +742,7 @@ class LazyState:
             if self.disk:
                 self.disk.on_write(self.path_of(node), len(data))
             node.write(data, off)
+            self.written_bytes += len(data)
             node.mtime = node.ctime = time.time_ns()
             self._log(node)
             return len(data)
@@ -1115,6 +1119,7 @@ class LazyState:
                 "dropped_bytes": sum(f["unsynced_bytes"] for f in dropped),
                 "names_lost": sorted(p for p, v in before.items() if after.get(p) != v),
                 "names_restored": sorted(p for p, v in after.items() if before.get(p) != v),
+                "written_bytes": self.written_bytes,
             }
 
     def torn(self, seed: int | str) -> dict[str, Any]:

@@ -9,7 +9,9 @@ plan picks the same file and offsets from the same directory contents:
     {"mode": "truncate", "glob": "**/*", "file": 0.41, "bytes": 100}         # drop the last 100 bytes
 
 Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
-file is ``candidates[int(file * len)]``. The change is written and fsynced (through the lazy
+file is ``candidates[int(file * len)]``. Offsets are fractions of the file's written bytes (its
+non-zero spans, holes skipped: a preallocated tail of zeros is never read as data), which the
+record names beside the size. The change is written and fsynced (through the lazy
 filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
 file, its size before and after, and every changed byte's offset with its value before and after
 (for a truncation, the digest and first bytes of what was cut).
@@ -45,6 +47,42 @@ def _index(u: float, n: int) -> int:
     return min(int(u * n), n - 1)
 
 
+def written_ranges(fd: int, size: int, block: int = 1 << 16) -> list[tuple[int, int]]:
+    """The parts of a file that hold data: its non-zero spans, holes skipped (``SEEK_DATA``). A
+    broker that preallocates its files (KahaDB's 32 MiB journal, a few hundred KB of it written,
+    an end-of-file mark at its very end) leaves the rest zeros or a hole it never reads as data:
+    an offset drawn over the whole size would mostly corrupt nothing. A file of zeros only counts
+    whole."""
+    ranges: list[tuple[int, int]] = []
+    pos = 0
+    while pos < size:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # past the last data (ENXIO), or a filesystem without holes
+            break
+        chunk = os.pread(fd, min(block, size - pos), pos)
+        body = chunk.strip(b"\0")
+        if body:
+            lo = pos + chunk.index(body[:1])
+            hi = pos + len(chunk.rstrip(b"\0"))
+            if ranges and lo - ranges[-1][1] < block:  # zeros inside the data: still the data
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
+        pos += len(chunk) or 1
+    return ranges or [(0, size)]
+
+
+def _at(u: float, ranges: list[tuple[int, int]]) -> int:
+    """The file offset a fraction ``u`` of the written bytes falls on."""
+    k = _index(u, sum(b - a for a, b in ranges))
+    for a, b in ranges:
+        if k < b - a:
+            return a + k
+        k -= b - a
+    return ranges[-1][1] - 1
+
+
 def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     files = candidates(root, plan.get("glob") or "**/*")
     if not files:
@@ -54,11 +92,18 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        done: dict[str, Any] = {"file": str(path), "candidates": len(files), "size_before": size}
+        ranges = written_ranges(fd, size)
+        done: dict[str, Any] = {
+            "file": str(path),
+            "candidates": len(files),
+            "size_before": size,
+            "written": [list(r) for r in ranges[:8]],  # the data offsets are drawn over
+            "written_bytes": sum(b - a for a, b in ranges),
+        }
         if plan["mode"] == "bitflip":
             changes = []
             for u, bit in plan["flips"]:
-                off = _index(float(u), size)
+                off = _at(float(u), ranges)
                 before = os.pread(fd, 1, off)[0]
                 after = before ^ (1 << int(bit))
                 os.pwrite(fd, bytes([after]), off)
@@ -70,7 +115,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
             keep = (
                 max(0, size - int(plan["bytes"]))
                 if plan.get("bytes") is not None
-                else _index(float(plan["cut"]), size)
+                else _at(float(plan["cut"]), ranges)
             )
             tail = os.pread(fd, size - keep, keep)
             os.ftruncate(fd, keep)

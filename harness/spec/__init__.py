@@ -21,15 +21,21 @@ from __future__ import annotations
 
 from harness.spec.broker import (
     BASE_CAPABILITIES,
+    BROKER_ROLE,
     CORRUPTION_RESPONSES,
     BrokerPlugin,
     BrokerVersion,
+    HeldTotal,
     ImageRecipe,
     NodeHandle,
     NodeInfo,
     NodeSpec,
     NotYet,
+    Role,
+    SharedVolume,
     control_broker,
+    depth_empty,
+    depth_value,
     poll,
     run_or_fail,
     wait_until_running,
@@ -47,6 +53,8 @@ from harness.spec.client import (
     QueueDepth,
     QueueHolders,
     RateLimiter,
+    ThreadBridge,
+    ThreadQueue,
 )
 from harness.spec.coverage import (
     RECOVERY_NS,
@@ -57,7 +65,7 @@ from harness.spec.coverage import (
     LogEvent,
     events_from_lines,
 )
-from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
+from harness.spec.fault import HOST_FEATURES, ClusterNodes, ConformanceProbe, Fault, FaultContext, role_of
 from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
@@ -112,6 +120,7 @@ __all__ = [
     "LogEvent",
     "events_from_lines",
     "BrokerSection",
+    "ClusterNodes",
     "ConformanceProbe",
     "ConsumerSection",
     "DEAD_LETTER_EXCHANGE",
@@ -128,7 +137,15 @@ __all__ = [
     "BrokerVersion",
     "Invocation",
     "NodeHandle",
+    "BROKER_ROLE",
+    "HeldTotal",
     "NoCopy",
+    "Role",
+    "SharedVolume",
+    "ThreadBridge",
+    "ThreadQueue",
+    "depth_empty",
+    "depth_value",
     "NodeHoldings",
     "NodeInfo",
     "NodeSpec",
@@ -150,6 +167,7 @@ __all__ = [
     "message_body",
     "control_broker",
     "poll",
+    "role_of",
     "run_or_fail",
     "wait_until_running",
 ]

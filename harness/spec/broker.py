@@ -90,6 +90,7 @@ class NodeInfo:
     peers: tuple[str, ...]  # the other nodes' names
     cluster: str  # unique per run; usable as a cookie or cluster id
     settings: Mapping[str, Any]  # the scenario's broker settings, validated by the plugin
+    role: str = "broker"  # the node's role (``BrokerPlugin.roles``)
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,73 @@ def control_broker(node: NodeHandle, action: str, timeout: float = 120.0) -> dic
     if not isinstance(reply, dict) or not reply.get("ok", True):
         raise ClusterError(f"{node.name}: node init refused {action}: {reply}")
     return reply
+
+
+# -- node roles, shared volumes, held totals ---------------------------------------------------
+
+#: The role every node has unless a plugin declares others (``BrokerPlugin.roles``).
+BROKER_ROLE = "broker"
+
+
+@dataclass(frozen=True)
+class Role:
+    """Nodes of one kind in a cluster: brokers, a master/slave pair's standbys, a database or a
+    coordination service beside them (Jepsen's Bufstream analysis aims faults by role: broker,
+    coordination, storage). Nodes are numbered ``n1``.. over the roles in declared order, and
+    every node has its own sidecar, so partitions, kills and pauses reach each one alike; a
+    fault aims at a role with ``params: {role: NAME}``.
+
+    ``nodes``: how many (None: the scenario's ``broker.nodes``). ``image``: another image for
+    these nodes (a database's), None for the plugin's own. ``clients``: the workload connects
+    to these nodes (False for an auxiliary service: no producer, consumer or drain goes there).
+    ``settings``: what the plugin's ``node_spec`` reads for this role beside the broker's
+    settings. ``data_dir``: the directory a node of this role keeps its data in (None: the
+    plugin's ``data_dir``); it sits on the lazy filesystem under power loss like a broker's.
+    """
+
+    name: str
+    nodes: int | None = None
+    image: ImageRecipe | None = None
+    clients: bool = True
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    data_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class SharedVolume:
+    """One directory mounted into several nodes (``roles``: every node of these roles), such as
+    the KahaDB directory of a shared-file-system master/slave pair whose slave waits on the
+    store's file lock. One volume, mounted at ``path`` in each node; its files, and the locks
+    on them, are the same for every node that mounts it."""
+
+    name: str
+    path: str
+    roles: tuple[str, ...] = (BROKER_ROLE,)
+
+
+@dataclass(frozen=True)
+class HeldTotal:
+    """What ``queue_depth`` returns when the broker can only say how many messages it holds for
+    a queue in total, not how many are ready and how many delivered but unacknowledged (a queue
+    browser's count; ActiveMQ without JMX). The drain records the look as ``{"ready": null,
+    "unacked": null, "held": total}``; a queue is empty when the total is 0. What the checkers
+    cannot conclude from it: whether messages a node still holds after the drain are held for
+    consumers that no longer exist (``stuck``) or ready and never delivered: such messages stay
+    ``lost``/``unreachable`` with the held total as their evidence, never ``stuck``."""
+
+    total: int
+
+
+def depth_value(got: tuple[int, int] | HeldTotal) -> dict[str, int | None]:
+    """A ``queue_depth`` answer as the drain's ``depth`` op records it (``harness.spec.history``)."""
+    if isinstance(got, HeldTotal):
+        return {"ready": None, "unacked": None, "held": got.total}
+    return {"ready": got[0], "unacked": got[1]}
+
+
+def depth_empty(got: tuple[int, int] | HeldTotal) -> bool:
+    """Whether a ``queue_depth`` answer says the node holds nothing of the queue."""
+    return got.total == 0 if isinstance(got, HeldTotal) else got[0] == 0 and got[1] == 0
 
 
 #: What a broker may declare as its ``corruption_response``, with what the conformance kit checks.
@@ -332,6 +400,24 @@ class BrokerPlugin:
             **fields,
         )
 
+    #: Dead-letter destinations the broker fills on its own initiative, for every queue (ActiveMQ's
+    #: ``ActiveMQ.DLQ``: poison acks, redelivery limits, duplicates), besides the workload's own
+    #: ``<queue>.dead``. The drain reads each of them on every node after the workload's queues,
+    #: and the checkers count what it finds there ``dead_lettered`` with the broker's reason
+    #: (still a failure where the scenario expects no dead-lettering), not ``lost``.
+    dead_letter_queues: ClassVar[tuple[str, ...]] = ()
+
+    def roles(self, nodes: int, settings: Mapping[str, Any]) -> tuple[Role, ...]:
+        """The cluster's node roles for a scenario of ``nodes`` nodes with these (validated)
+        settings; by default one role, ``broker``, of every node. ``node_spec`` is called for
+        every node of every role with the node's ``role`` in its ``NodeInfo``."""
+        return (Role(BROKER_ROLE, nodes),)
+
+    def shared_volumes(self, settings: Mapping[str, Any]) -> tuple[SharedVolume, ...]:
+        """Directories several nodes mount (``SharedVolume``); none by default: every node keeps
+        its own ``data_dir``."""
+        return ()
+
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         """Inter-node ports of node ``index`` (1-based). Brokers whose start-up checks bind
         the wildcard (RabbitMQ's distribution port) give each node its own port instead."""
@@ -363,8 +449,9 @@ class BrokerPlugin:
         plugins of one protocol agree on its keys; the harness only hands it over."""
         return {}
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
-        """``(ready, unacked)`` of ``queue`` as ``node`` sees it, for the final drain.
+    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | HeldTotal | None:
+        """``(ready, unacked)`` of ``queue`` as ``node`` sees it, for the final drain, or
+        ``HeldTotal(n)`` when the broker can only tell the total it holds.
 
         The drain reads every queue through every node until each one reports it empty; a
         passive declare counts only ready messages, so deliveries still held by a connection

@@ -34,11 +34,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
+from harness.spec.broker import HeldTotal
 from harness.spec.history import Recorder
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
 
-#: ``(node, queue) -> (ready, unacked)``, or None when the broker plugin cannot tell.
-QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | None]]
+#: ``(node, queue) -> (ready, unacked)``, ``HeldTotal(n)`` when the broker plugin can tell only the
+#: total it holds, or None when it cannot tell.
+QueueDepth = Callable[[str, str], Awaitable[tuple[int, int] | HeldTotal | None]]
 QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
 """(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
 NodeHoldings = Callable[[str, str], Awaitable[list[tuple[int | None, str]] | None]]
@@ -269,3 +271,94 @@ class DrainUnfinished(Exception):
     def __init__(self, consumed: int, why: str) -> None:
         super().__init__(f"unfinished after consuming {consumed}: {why}")
         self.consumed = consumed
+
+
+class ThreadBridge:
+    """A thread-based client library inside the asyncio driver (most STOMP, MQTT and JMS clients:
+    blocking calls, and callbacks on the library's own receiver thread).
+
+    ``call`` runs a blocking call (connect, send, subscribe) on a worker thread, bounded by a
+    timeout, so the event loop goes on meanwhile; a call still blocked when its time runs out
+    goes on in its thread, and its outcome is the caller's ``TimeoutError`` (an ``info``). A
+    reply the library reports through a callback (a STOMP receipt, an MQTT PUBACK) is awaited
+    with ``expect(key)`` and delivered from the library's thread with ``resolve(key, value)``
+    or ``fail(key, exc)``; a lost connection fails every awaited reply at once (``fail_all``).
+    Deliveries pushed from the library's thread go through a ``ThreadQueue``. Create it on the
+    event loop's thread (it keeps the running loop).
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on a worker thread; ``TimeoutError`` after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+    def expect(self, key: str) -> asyncio.Future[Any]:
+        """A future the library's callback settles with ``resolve``/``fail`` for ``key``."""
+        fut = self.loop.create_future()
+        self._waiting[key] = fut
+        return fut
+
+    def forget(self, key: str) -> None:
+        """Stop waiting for ``key`` (its awaiter gave up); a late reply is then dropped."""
+        self._waiting.pop(key, None)
+
+    def resolve(self, key: str, value: Any = None) -> None:
+        """From any thread: the reply for ``key`` arrived."""
+        self._threadsafe(self._settle, key, value, None)
+
+    def fail(self, key: str, exc: BaseException) -> None:
+        """From any thread: the request ``key`` was refused (an error frame naming it)."""
+        self._threadsafe(self._settle, key, None, exc)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """From any thread: the connection is gone, so no awaited reply will come."""
+        self._threadsafe(self._fail_all, exc)
+
+    def queue(self) -> ThreadQueue:
+        """A queue the library's thread puts into and the driver awaits."""
+        return ThreadQueue(self)
+
+    def _threadsafe(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the run is over, nobody awaits the reply
+            pass
+
+    def _settle(self, key: str, value: Any, exc: BaseException | None) -> None:
+        fut = self._waiting.pop(key, None)
+        if fut is None or fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+
+class ThreadQueue:
+    """What a library's thread hands the event loop, in order (``ThreadBridge.queue``)."""
+
+    def __init__(self, bridge: ThreadBridge) -> None:
+        self._bridge = bridge
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        """From any thread."""
+        self._bridge._threadsafe(self._queue.put_nowait, item)
+
+    async def get(self, timeout: float) -> Any:
+        """The next item; ``TimeoutError`` if none comes within ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            return await self._queue.get()
+
+    def empty(self) -> bool:
+        return self._queue.empty()

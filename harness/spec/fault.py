@@ -11,11 +11,13 @@ the kind may have left behind, whether or not the nemesis knows it applied one.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from harness.spec.broker import BROKER_ROLE
 from harness.spec.errors import ScenarioError
 
 
@@ -69,6 +71,52 @@ class ConformanceProbe:
     corrupts: bool = False
 
 
+class ClusterNodes(tuple[str, ...]):
+    """The node names a fault kind resolves against, each with its role (``BrokerPlugin.roles``).
+
+    A plain sequence of names everywhere a kind reads it; ``roles`` maps each name to its role
+    (every node ``broker`` when the cluster declares no others)."""
+
+    roles: Mapping[str, str]
+
+    def __new__(cls, names: Sequence[str], roles: Mapping[str, str] | None = None) -> ClusterNodes:
+        out = super().__new__(cls, tuple(names))
+        out.roles = {n: (roles or {}).get(n, BROKER_ROLE) for n in out}
+        return out
+
+    def of_role(self, fault: str, role: Any) -> ClusterNodes:
+        """The nodes of ``role``; a ``ScenarioError`` naming the roles there are if it has none."""
+        picked = [n for n in self if self.roles[n] == role]
+        if not picked:
+            known = ", ".join(sorted(set(self.roles.values())))
+            raise ScenarioError(f"fault {fault}: role {role!r} has no node; this cluster's roles: {known}")
+        return ClusterNodes(picked, self.roles)
+
+
+def role_of(nodes: Sequence[str]) -> Mapping[str, str]:
+    """Each node's role, for names that carry none (a plain list): every node a broker."""
+    return nodes.roles if isinstance(nodes, ClusterNodes) else {n: BROKER_ROLE for n in nodes}
+
+
+def _aimed(resolve: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``resolve`` of a kind, taught ``role``: the kind resolves its other parameters against
+    the nodes of that role only (every kind picks its targets from ``nodes``), and the concrete
+    parameters keep ``role`` so the plan says what was aimed at."""
+
+    @functools.wraps(resolve)
+    def wrapper(
+        cls: type[Fault], params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random
+    ) -> dict[str, Any]:
+        if "role" not in params:
+            return resolve(cls, params, nodes, rng)
+        rest = {k: v for k, v in params.items() if k != "role"}
+        aimed = ClusterNodes(nodes, role_of(nodes)).of_role(cls.name, params["role"])
+        return {**resolve(cls, rest, aimed, rng), "role": params["role"]}
+
+    wrapper.aimed = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class FaultContext:
     """What a fault may touch: the running cluster (nodes, proxies, containers)."""
 
@@ -100,6 +148,13 @@ class Fault:
     #: Parameters a scenario may give, with allowed values (for validation messages).
     params_schema: ClassVar[Mapping[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every kind accepts ``role`` (``params: {role: storage}``) without a line of its own.
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("resolve")
+        if isinstance(own, classmethod) and not getattr(own.__func__, "aimed", False):
+            cls.resolve = classmethod(_aimed(own.__func__))  # type: ignore[assignment]
+
     def __init__(self, ctx: FaultContext, params: Mapping[str, Any], fault_id: str = "") -> None:
         self.ctx = ctx
         self.params = dict(params)
@@ -124,13 +179,18 @@ class Fault:
             targets: Sequence[str] = [params["node"]]
         elif isinstance(params.get("nodes"), list | tuple):
             targets = list(params["nodes"])
+        elif "role" in params:
+            targets = [n for n in nodes if role_of(nodes).get(n) == params["role"]]
         else:
             targets = nodes
         return {(r, n) for r in cls.touches for n in targets}
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
-        """Concrete parameters for one application (deterministic given ``rng``)."""
+        """Concrete parameters for one application (deterministic given ``rng``). Every kind also
+        takes ``role``: its targets are then picked among that role's nodes only."""
+        if "role" in params:
+            return _aimed(Fault.resolve.__func__)(cls, params, nodes, rng)  # type: ignore[attr-defined]
         for key, value in params.items():
             if key not in cls.params_schema:
                 raise ScenarioError(

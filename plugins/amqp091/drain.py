@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.spec import QueueDepth, Recorder
+from harness.spec import HeldTotal, QueueDepth, Recorder, depth_value
 from harness.spec.client import QueueHolders, reason
 from harness.spec.history import DEPTH
 from plugins.amqp091.consumer import Session
@@ -212,13 +212,13 @@ class Drain:
                 look.info(f"queue depth: {reason(exc)}")
                 raise _VisitEnded(f"queue depth: {reason(exc)}") from None
             if got is not None:
-                seen: dict[str, Any] = {"ready": got[0], "unacked": got[1], "own_unacked": len(session.held)}
+                seen: dict[str, Any] = {**depth_value(got), "own_unacked": len(session.held)}
                 if self.clients is not None:
                     seen["clients"] = self.clients()
-                    if got[1] and not seen["clients"] and not seen["own_unacked"]:
+                    if seen["unacked"] and not seen["clients"] and not seen["own_unacked"]:
                         seen |= await self._holders(node)
                 look.ok(seen)
-                return got
+                return (got.total, None) if isinstance(got, HeldTotal) else got
             look.info("the broker plugin cannot tell this node's depth")
         async with asyncio.timeout(OP_TIMEOUT):
             declared = await session.ch.queue_declare(self.queue, passive=True)

@@ -674,7 +674,7 @@ class _Drain:
                 except Exception as exc:  # noqa: BLE001 - a plugin's exec failing is this node's error
                     view.error = f"queue depth: {reason(exc)}"
                     local = None
-                view.local = list(local) if local is not None else None
+                view.local = list(local) if isinstance(local, tuple) else None
             if view.ready == 0 and view.unacked == 0:
                 view.error = None
                 if view.empty_at_ns is None:

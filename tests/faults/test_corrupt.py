@@ -111,3 +111,27 @@ def test_the_broker_is_down_while_its_file_is_corrupted_on_disk(one_init: dict[s
     assert final and all(disk[off] == byte for off, byte in final.items())
     healed = fault.heal()
     assert healed["ready"] and init.ctl("status")["state"] == "running"
+
+
+def test_offsets_fall_in_the_written_part_of_a_preallocated_file(tmp_path: Path) -> None:
+    """KahaDB preallocates a 32 MiB journal, writes a few hundred KB of it and marks its end: a flip
+    drawn over the whole size lands in zeros the broker never reads (offset 27,927,960 of db-1.log
+    in a validate run), and its recovery proves nothing."""
+    path = tmp_path / "db-1.log"
+    size = 4 << 20
+    written = random.Random(2).randbytes(3000).strip(b"\0")
+    with path.open("wb") as f:
+        f.write(written)
+        f.truncate(size)  # the preallocated rest: a hole that reads as zeros
+        f.seek(size - 1)
+        f.write(b"\x05")  # an end-of-file mark at the very end
+    done = corrupt(tmp_path, {"mode": "bitflip", "glob": "*.log", "file": 0.0, "flips": [[0.9, 1], [0.1, 0]]})
+    assert done["size_before"] == size and done["written"] == [[0, len(written)], [size - 1, size]]
+    assert done["written_bytes"] == len(written) + 1
+    offsets = [c["offset"] for c in done["changes"]]
+    assert offsets == [int(0.9 * (len(written) + 1)), int(0.1 * (len(written) + 1))]
+    after = path.read_bytes()
+    assert after[len(written) :] == bytes(size - len(written) - 1) + b"\x05"  # the zeros untouched
+    assert [i for i in range(len(written)) if after[i] != written[i]] == sorted(offsets)
+    cut = corrupt(tmp_path, {"mode": "truncate", "glob": "*.log", "file": 0.0, "cut": 0.5})
+    assert cut["cut"]["offset"] == (len(written) + 1) // 2  # a cut inside the data, not in the zeros

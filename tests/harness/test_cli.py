@@ -185,3 +185,13 @@ def test_a_spark_master_spark_cannot_start_with_is_one_line(tmp_path: Path, comm
     would print a Java stack trace), and the harness prints its message as one line."""
     line = one_line_error(brokerchaos(*command, "--spark-master", "bogus://x", cwd=tmp_path))
     assert "'bogus://x'" in line and "spark://HOST:PORT" in line
+
+
+def test_run_keep_names_the_run_id_that_down_run_takes() -> None:
+    from harness.cli import build_parser, kept_cluster_line
+
+    line = kept_cluster_line("bc-1a2b3c")
+    command = re.search(r"`brokerchaos (down --run \S+)`", line)
+    assert command is not None and "run id bc-1a2b3c" in line
+    args = build_parser().parse_args(command.group(1).split())
+    assert args.run == "bc-1a2b3c"

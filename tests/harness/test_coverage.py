@@ -247,3 +247,24 @@ def test_a_delivery_from_a_dead_letter_queue_is_dead_lettering_and_an_expired_on
     ]
     history.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert workload_uses(history, {}) == {"dead-letter": [2, 3], "ttl": [2]}
+
+
+def test_a_plugin_without_features_gets_one_line_not_one_per_fault() -> None:
+    """A broker plugin that declares no ``features`` (or none that this configuration matches)
+    is told so once, not "no declared feature in use" under every fault."""
+    results = {
+        "coverage": {
+            "features": [],
+            "windows": [
+                {"fault_id": "f1", "kind": "kill", "features": [], "events": []},
+                {"fault_id": "f2", "kind": "pause", "features": [], "events": ["journal-recovery"]},
+            ],
+            "events": {"journal-recovery": 1},
+            "cells": [],
+        }
+    }
+    lines = coverage_lines(results, 10)
+    assert not any("no declared feature in use" in line for line in lines)
+    assert sum("no feature the broker plugin declares applies" in line for line in lines) == 1
+    assert any("f2 (pause); events journal-recovery" in line for line in lines)
+    assert not any("f1 (kill)" in line for line in lines)

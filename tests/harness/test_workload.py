@@ -430,3 +430,22 @@ def test_a_client_task_failing_after_its_operation_gave_up_is_logged_not_printed
     assert any(
         r.name == "brokerchaos.workload" and "minority partition" in r.getMessage() for r in caplog.records
     ), caplog.records
+
+
+def test_a_brokers_own_dead_letter_queues_are_drained_after_the_queues_with_no_consumer(
+    tmp_path: Path,
+) -> None:
+    w = WorkloadSection(producers=1, consumers=1, queues=1, duration=0.2, rate=50, confirm_timeout=1)
+    rec = Recorder(tmp_path / "h.jsonl")
+    driver = MemoryDriver(rec, rate=50)
+    driver.queues["Broker.DLQ"].append("p9:1")  # something the broker dead-lettered on its own
+    stats = asyncio.run(run_workload(driver, w, ["n1"], 3, rec, broker_dead_letter=("Broker.DLQ",)))
+    rec.close()
+    visits = [e for e in driver.events if e.startswith("visit ")]
+    assert visits.index("visit chaos-1") < visits.index("visit Broker.DLQ")
+    assert stats.drained["Broker.DLQ"] == 1
+    assert not any(
+        p.startswith("c") and q == "Broker.DLQ" for p, (q, _n) in assignments(w, ["n1"], 3).items()
+    )
+    drains = [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] == "invoke"]
+    assert [(r["process"], r["queue"]) for r in drains] == [("d1", "chaos-1"), ("d2", "Broker.DLQ")]

@@ -21,7 +21,7 @@ from harness.history import Recorder, read_jsonl
 from harness.host import Host
 from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
-from harness.spec import Endpoint
+from harness.spec import Endpoint, HeldTotal
 from harness.spec.history import message_body
 from harness.workload import drain_queue, queue_depth_reader
 from plugins.amqp091.client import AmqpDriver
@@ -56,9 +56,9 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
     with running_cluster(host, scenario) as cluster:
         endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
         depth = queue_depth_reader(plugin, cluster.nodes)
-        seen: list[tuple[str, tuple[int, int] | None]] = []
+        seen: list[tuple[str, tuple[int, int] | HeldTotal | None]] = []
 
-        async def watched(node: str, queue: str) -> tuple[int, int] | None:
+        async def watched(node: str, queue: str) -> tuple[int, int] | HeldTotal | None:
             got = await depth(node, queue)
             seen.append((node, got))
             return got
@@ -111,7 +111,7 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
             )
 
             async def waiting() -> bool:
-                return sum(1 for _n, d in seen if d is not None and d[1] > 0) >= 2
+                return sum(1 for _n, d in seen if isinstance(d, tuple) and d[1] > 0) >= 2
 
             await until_async(waiting, "the drain saw the held deliveries twice", every=0.2)
             assert not task.done(), "the drain ended while deliveries were still held"

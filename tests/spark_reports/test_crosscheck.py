@@ -462,6 +462,12 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 else [(start, True), (stop, False)]
             )
             for (a, _), (b, by_ok) in zip(points, points[1:], strict=False):
+                if kind == "consume" and pubs and by_ok:
+                    # no consume is asked after the workload's end (its last publish record)
+                    workload_end = max(r["time_ns"] for r in pubs)
+                    if a >= workload_end:
+                        continue
+                    b = min(b, workload_end)
                 if b - a > THRESHOLD_NS:
                     gaps.add((q, kind, a, b, by_ok))
 

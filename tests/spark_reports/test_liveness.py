@@ -172,3 +172,56 @@ def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(t
     assert r["verdict"] == "UNAVAILABLE"
     [u] = r["liveness"]["unavailable"]
     assert u["kinds"] == ["publish"]
+
+
+def _backlog(b: HistoryBuilder) -> None:
+    """Publishes through two faults, nothing consumed until the drain, 10 s of settle before it."""
+    _workload(b, 40, consume=False)
+    b.fault("f1", "power-loss", node="n1")
+    b.heal("f1")
+    _workload(b, 40, consume=False, start=100)
+    b.fault("f2", "power-loss", node="n1")
+    b.heal("f2")
+    _workload(b, 40, consume=False, start=200)
+    b.t += 10 * S  # settle
+    b.drain_invoke()
+    for i in [*range(40), *range(100, 140), *range(200, 240)]:
+        b.consume(f"p1:{i}", consumer="d1", node="n1")
+    b.drain_done(consumed=120, nodes={"n1": {"consumed": 120, "ready": 0, "unacked": 0}})
+
+
+def test_a_backlog_scenario_without_consumers_asks_no_consume_and_shows_no_window(tmp_path: Path) -> None:
+    """``consumers: 0`` (power-loss.yaml): nobody was asked to consume while the workload ran, so no
+    consume outage "during f1, f2" and no availability below 100 %."""
+    b = HistoryBuilder(step_ns=STEP)
+    _backlog(b)
+    r = check_python(b.write(tmp_path), {"workload": {"consumers": 0}})
+    live = r["liveness"]
+    assert [w for w in live["windows"] if w["kind"] == "consume"] == []
+    assert all(not rec["consume_demand"] for rec in live["recovery"])
+    assert {q["kind"] for q in live["queues"]} == {"publish"} and live["available_share"] == 1.0
+    assert r["verdict"] == "durable"
+    # The same history with consumers that consumed nothing is an outage, as before.
+    with_consumers = check_python(b.write(tmp_path / "c"), {"workload": {"consumers": 1}})
+    assert any(w["kind"] == "consume" for w in with_consumers["liveness"]["windows"])
+
+
+def test_the_settle_before_the_drain_is_no_consume_outage(tmp_path: Path) -> None:
+    """Consumers served to the workload's end, 10 s of settle, then the drain finds what a
+    restarted node held: the wait from the workload's end to the drain is nobody's outage."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 40)
+    b.fault("f1", "kill", node="n3")
+    _workload(b, 10, consume=False, start=100)  # published to n3, forwarded nowhere
+    b.heal("f1")
+    _workload(b, 40, start=200)
+    end = b.t
+    b.t += 10 * S  # settle: the nemesis healed, consumers idle
+    b.drain_invoke()
+    for i in range(100, 110):
+        b.consume(f"p1:{i}", consumer="d1", node="n3")
+    b.drain_done(consumed=10, nodes={"n3": {"consumed": 10, "ready": 0, "unacked": 0}})
+    r = check_python(b.write(tmp_path), {"workload": {"consumers": 1}})
+    late = [w for w in r["liveness"]["windows"] if w["kind"] == "consume" and w["end_ns"] > end]
+    assert late == [], late
+    assert r["verdict"] == "durable"

@@ -1,0 +1,77 @@
+"""ActiveMQ's shared-storage master/slave pair (Debian's activemq 5.17, two brokers on one KahaDB
+shared volume) run end to end as a user runs it: ``brokerchaos run --keep`` to a verdict with the
+master killed (aimed by role), the slave taking over, then ``down --run`` with the id it printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.docker, pytest.mark.chaos, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = {
+    "name": "activemq-pair-smoke",
+    "seed": 3,
+    "broker": {"plugin": "activemq", "nodes": 2, "settings": {"topology": "shared-storage"}},
+    "workload": {"producers": 1, "consumers": 1, "rate": 40, "duration": 24, "drain_timeout": 90},
+    # Which node takes the lock first is a race: kill one, then the other, and one kill meets the master.
+    "nemesis": {
+        "schedule": [
+            {"at": 5, "fault": "kill", "params": {"role": "broker", "node": "n1"}, "hold": 2},
+            {"at": 13, "fault": "kill", "params": {"role": "broker", "node": "n2"}, "hold": 2},
+        ],
+        "settle": 3,
+    },
+    "checkers": ["python"],
+}
+
+
+def brokerchaos(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "-p", "plugins.activemq", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1100,
+    )
+
+
+def test_the_shared_storage_pair_fails_over_to_a_durable_verdict_and_down_removes_what_keep_kept(
+    tmp_path: Path,
+) -> None:
+    scenario = tmp_path / "pair.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    run = brokerchaos("run", str(scenario), "--store", str(tmp_path / "store"), "--keep", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"\(seed 3\): durable", run.stdout)
+    kept = re.search(r"run id (bc-[0-9a-f]+): remove it with `brokerchaos down --run \1`", run.stdout)
+    assert kept is not None, run.stdout[-2000:]
+    run_dir = Path(re.findall(r"run directory\s+(\S+)", run.stdout)[-1])
+    logs = {n: (run_dir / "nodes" / n / "logs" / "activemq.log").read_text() for n in ("n1", "n2")}
+    waited = "slave mode waiting a lock to be acquired"
+    # A node that waited on the shared store's lock, and then took over (started after waiting).
+    took_over = [
+        n for n, log in logs.items() if waited in log and re.search(r"\) started", log.split(waited, 1)[1])
+    ]
+    assert took_over, {n: log[-1500:] for n, log in logs.items()}
+    ops = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    kills = [json.loads(op["value"])["params"] for op in ops if op["f"] == "kill" and op["type"] == "invoke"]
+    assert kills == [{"node": "n1", "role": "broker"}, {"node": "n2", "role": "broker"}]
+    down = brokerchaos("down", "--run", kept.group(1), cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    ps = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=brokerchaos.run={kept.group(1)}"],
+        capture_output=True,
+        text=True,
+    )
+    assert ps.stdout.strip() == ""

@@ -1,0 +1,88 @@
+"""The ActiveMQ plugin's topologies as data (no Docker): the config each node gets, its roles and
+shared volume, and what the scenario may not ask of the STOMP client."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from harness.cluster import build_topology
+from harness.scenario import ConsumerSection, WorkloadSection
+from harness.spec import NodeInfo
+from harness.spec.errors import ScenarioError
+from plugins.activemq import DATA_DIR, SHARED_DIR, ActiveMQ
+from plugins.activemq.client import DLQ, refuse_unsupported
+
+
+def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False):  # type: ignore[no-untyped-def]
+    plugin = ActiveMQ()
+    return build_topology(
+        plugin,
+        run_id="bc-amq",
+        nodes=nodes,
+        settings=plugin.validate_settings(settings),
+        broker_image="brokerchaos/activemq:1",
+        proxy_image="brokerchaos/toxiproxy:1",
+        lazyfs=lazyfs,
+    )
+
+
+def xml(settings: dict[str, object], index: int = 1) -> str:
+    plugin = ActiveMQ()
+    s = plugin.validate_settings(settings)
+    return plugin.broker_xml(
+        NodeInfo(
+            name=f"n{index}", index=index, peers=("n2",) if index == 1 else ("n1",), cluster="c", settings=s
+        )
+    )
+
+
+def test_the_shared_storage_pair_mounts_one_kahadb_volume_as_both_nodes_data_directory() -> None:
+    t = topology({"topology": "shared-storage"})
+    for n in ("n1", "n2"):
+        c = t.container(n, "broker")
+        assert dict(c.volumes) == {"bc-amq-shared-kahadb": SHARED_DIR}
+        assert c.command[:2] == ["--data-dir", SHARED_DIR]
+    assert f'<kahaDB directory="{SHARED_DIR}/kahadb"' in xml({"topology": "shared-storage"})
+    with pytest.raises(Exception, match="shared volume"):  # power loss would need one lazyfs for both
+        topology({"topology": "shared-storage"}, lazyfs=True)
+
+
+def test_each_other_topology_keeps_its_own_store_and_only_the_network_dials_its_peers() -> None:
+    t = topology({"topology": "network"})
+    assert dict(t.container("n1", "broker").volumes) == {"bc-amq-n1-data": DATA_DIR}
+    network = xml({"topology": "network"})
+    assert 'uri="static:(tcp://n2:61616)"' in network and 'uri="tcp://@IP@:61616"' in network
+    single = xml({})
+    assert "networkConnector" not in single and "61616" not in single
+    assert 'uri="stomp://127.0.0.1:61613"' in single and 'uri="stomp://@IP@:61613"' in single
+
+
+@pytest.mark.parametrize("sync", ["always", "periodic", "never"])
+def test_the_journal_sync_setting_reaches_kahadb(sync: str) -> None:
+    got = xml({"journal_sync": sync, "journal_sync_interval_ms": 250})
+    assert f'journalDiskSyncStrategy="{sync}"' in got and 'journalDiskSyncInterval="250"' in got
+
+
+def test_bad_settings_are_one_scenario_error_naming_the_field() -> None:
+    with pytest.raises(ScenarioError, match="broker.settings.topology"):
+        ActiveMQ().validate_settings({"topology": "jdbc"})
+    with pytest.raises(ScenarioError, match="broker.settings.heap_mb"):
+        ActiveMQ().validate_settings({"heap_mb": 8})
+
+
+def test_what_stomp_cannot_do_is_refused_by_name() -> None:
+    refuse_unsupported(WorkloadSection(consumer=ConsumerSection(close_every=5, crash_every=7)))
+    with pytest.raises(ScenarioError, match="requeue and recover_every"):
+        refuse_unsupported(WorkloadSection(consumer=ConsumerSection(requeue=0.1)))
+    with pytest.raises(ScenarioError, match="workload.dead_letter"):
+        refuse_unsupported(WorkloadSection(dead_letter=True))
+
+
+def test_the_brokers_own_dead_letter_queue_and_log_times() -> None:
+    plugin = ActiveMQ()
+    assert plugin.dead_letter_queues == (DLQ,) == ("ActiveMQ.DLQ",)
+    line = "2026-11-28 21:29:09,651 | WARN  | Corrupt journal records found in 'db-1.log' | x | main"
+    assert plugin.log_time(line) == datetime(2026, 11, 28, 21, 29, 9, 651000, tzinfo=UTC)
+    assert [e.name for e in plugin.events("n1", {"logs/activemq.log": line})] == ["kahadb-corrupt"]
