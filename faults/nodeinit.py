@@ -355,10 +355,15 @@ class Node:
     def status(self) -> dict[str, Any]:
         with self.lock:
             running = self.proc is not None and self.state != "stopped"
+            # Every live process of the broker whatever the state says, with its /proc state
+            # (``T`` stopped, ``R``/``S``/``D`` running): what a fault's evidence reads.
+            tree = broker_pids(self.proc.pid, self._keep()) if self.proc is not None else []
+            procs = _processes()
             return {
                 "state": self.state,
                 "pid": self.proc.pid if running and self.proc else None,
-                "pids": broker_pids(self.proc.pid, self._keep()) if running and self.proc else [],
+                "pids": tree if running else [],
+                "alive": {str(p): procs[p][2].decode() for p in tree if p in procs},
                 "starts": self.starts,
                 "restarts": max(self.starts - 1, 0),
                 "restart_pending": self.timer is not None,

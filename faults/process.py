@@ -16,9 +16,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from faults import evidence as ev
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe, Fault, FaultContext
+from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext
 
 
 def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -71,8 +72,25 @@ class _NodeFault(_ProcessFault):
         self.ctx.cluster.wait_ready([self.params["node"]])
         return {"nodectl": reply, "ready": True}
 
+    def _status(self) -> dict[str, Any]:
+        return nodectl(self.node, "status")
 
-class Kill(_NodeFault):
+
+class _DownFault(_NodeFault):
+    """A kind that takes the broker down (kill, stop, power cut): its evidence is the process tree
+    gone, with its exit, and after the heal the time it came back."""
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        return ev.gone(done["nodectl"], self._status())
+
+    def heal(self) -> dict[str, Any]:
+        return self._start_and_wait()
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        return ev.back(applied, done.get("nodectl") or {}, self._status())
+
+
+class Kill(_DownFault):
     """SIGKILL the broker; it stays down for the hold, then starts on the same data."""
 
     name = "kill"
@@ -81,9 +99,6 @@ class Kill(_NodeFault):
 
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "crash")}
-
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
 
 
 class Pause(_NodeFault):
@@ -99,8 +114,14 @@ class Pause(_NodeFault):
     def heal(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "resume")}
 
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        return ev.stopped(done["nodectl"], self._status())
 
-class Stop(_NodeFault):
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        return ev.resumed(applied, self._status())
+
+
+class Stop(_DownFault):
     """Graceful stop (SIGTERM, then SIGKILL after a timeout), started again at heal."""
 
     name = "stop"
@@ -110,11 +131,8 @@ class Stop(_NodeFault):
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "stop", timeout=90)}
 
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
 
-
-class PowerLoss(_NodeFault):
+class PowerLoss(_DownFault):
     """The node and its disk cache die together: every write not yet fsync'ed is lost.
 
     ``torn: true`` keeps a random prefix (by the run's seed) of each file's unsynced bytes.
@@ -140,8 +158,13 @@ class PowerLoss(_NodeFault):
             args += ["--torn", str(self.params["torn_seed"])]
         return {"nodectl": nodectl(self.node, *args)}
 
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The cut's own effect is what the disk lost; the kill is evidence that the broker died
+        with it (a cut that dropped nothing had no effect beyond a crash)."""
+        cut = ev.power_cut(done["nodectl"])
+        killed = super().evidence(done)
+        facts = {**cut.facts, "process": killed.as_dict()}
+        return Evidence(cut.effect, cut.summary, facts, cut.no_effect_reason, cut.flags + killed.flags)
 
 
 class RollingRestart(_ProcessFault):

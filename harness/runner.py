@@ -21,6 +21,7 @@ from typing import Any
 from harness.cluster import Cluster, build_topology, docker_client, filesystem_model
 from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, PortInUse
+from harness.evidence import read_fault_evidence
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder
@@ -381,7 +382,9 @@ def check_run(
         after = f" ({done - drained_at:.1f}s after the drain)" if drained_at is not None else ""
         say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
         per[name] = res
-    return combine(per)
+    results = combine(per)
+    results["fault_evidence"] = read_fault_evidence(run_dir.history_jsonl)
+    return results
 
 
 def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Fault]]) -> frozenset[str]:

@@ -9,10 +9,16 @@ plan picks the same file and offsets from the same directory contents:
     {"mode": "truncate", "glob": "**/*", "file": 0.41, "bytes": 100}         # drop the last 100 bytes
 
 Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
-file is ``candidates[int(file * len)]``. The change is written and fsynced (through the lazy
-filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
-file, its size before and after, and every changed byte's offset with its value before and after
-(for a truncation, the digest and first bytes of what was cut).
+file is ``candidates[int(file * len)]``. Bit flips land only on the file's written extent:
+from its start to its last non-zero byte, so a flip never falls in a preallocated tail the broker
+never wrote (a 32 MiB journal holding 4 KiB) where it would prove nothing. The change is written
+and fsynced (through the lazy filesystem too, so it is on its "disk"), and one JSON line says
+exactly what was done: the file, its size before and after, its written extent, its sha256 before
+and after, and every changed byte's offset with its value before and after (for a truncation, the
+digest and first bytes of what was cut).
+
+``--verify JSON`` (a previous reply) says instead whether the file still holds the corruption:
+its current sha256 against the one the corruption left (``gone``, ``changed`` or ``intact``).
 """
 
 from __future__ import annotations
@@ -45,6 +51,46 @@ def _index(u: float, n: int) -> int:
     return min(int(u * n), n - 1)
 
 
+def sha256_of(fd: int) -> str:
+    h = hashlib.sha256()
+    off = 0
+    while chunk := os.pread(fd, 1 << 20, off):
+        h.update(chunk)
+        off += len(chunk)
+    return h.hexdigest()
+
+
+def written_end(fd: int, size: int) -> int:
+    """One past the last non-zero byte: the end of what was written (0 for an all-zero file)."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        chunk = os.pread(fd, end - start, start)
+        stripped = chunk.rstrip(b"\0")
+        if stripped:
+            return start + len(stripped)
+        end = start
+    return 0
+
+
+def verify(record: dict[str, Any]) -> dict[str, Any]:
+    """Whether the corrupted file still holds what the corruption left."""
+    path = record["file"]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return {"file": path, "state": "gone"}
+    try:
+        now = sha256_of(fd)
+    finally:
+        os.close(fd)
+    return {
+        "file": path,
+        "state": "intact" if now == record.get("sha256_after") else "changed",
+        "sha256": now,
+    }
+
+
 def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     files = candidates(root, plan.get("glob") or "**/*")
     if not files:
@@ -54,11 +100,18 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        done: dict[str, Any] = {"file": str(path), "candidates": len(files), "size_before": size}
+        extent = written_end(fd, size)
+        done: dict[str, Any] = {
+            "file": str(path),
+            "candidates": len(files),
+            "size_before": size,
+            "written_extent": [0, extent],
+            "sha256_before": sha256_of(fd),
+        }
         if plan["mode"] == "bitflip":
             changes = []
-            for u, bit in plan["flips"]:
-                off = _index(float(u), size)
+            for u, bit in plan["flips"] if extent else []:  # an all-zero file: nothing was written
+                off = _index(float(u), extent)
                 before = os.pread(fd, 1, off)[0]
                 after = before ^ (1 << int(bit))
                 os.pwrite(fd, bytes([after]), off)
@@ -84,6 +137,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown mode {plan['mode']!r}")
         os.fsync(fd)
         done["size_after"] = os.fstat(fd).st_size
+        done["sha256_after"] = sha256_of(fd)
     finally:
         os.close(fd)
     return done
@@ -91,11 +145,17 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m faults.node.corrupt")
-    p.add_argument("--root", required=True, help="the broker's data directory")
-    p.add_argument("--plan", required=True, help="JSON: mode, glob, file and flips/cut/bytes")
+    p.add_argument("--root", help="the broker's data directory")
+    p.add_argument("--plan", help="JSON: mode, glob, file and flips/cut/bytes")
+    p.add_argument("--verify", help="JSON: a previous reply; say whether its file still holds the corruption")
     a = p.parse_args(argv)
+    if not a.verify and not (a.root and a.plan):
+        p.error("give --root and --plan, or --verify")
     try:
-        reply = {"ok": True, **corrupt(Path(a.root), json.loads(a.plan))}
+        if a.verify:
+            reply = {"ok": True, **verify(json.loads(a.verify))}
+        else:
+            reply = {"ok": True, **corrupt(Path(a.root), json.loads(a.plan))}
     except (OSError, ValueError, KeyError, TypeError) as e:
         reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print(json.dumps(reply, sort_keys=True))

@@ -7,7 +7,8 @@
 - ``registry``: what the registration hooks receive (brokers, clients, faults, checkers, capabilities);
 - ``broker``: the broker plugin (image, node spec, readiness, cluster formation, capabilities);
 - ``client``: the workload driver a client plugin provides for one protocol;
-- ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
+- ``fault``: a fault kind (resolve, apply, heal, heal_all, the evidence it measured; the capabilities
+  and host features it needs);
 - ``coverage``: the features a broker declares, the events it reports, the cells a run reaches;
 - ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
@@ -56,7 +57,14 @@ from harness.spec.coverage import (
     LogEvent,
     events_from_lines,
 )
-from harness.spec.fault import HOST_FEATURES, ConformanceProbe, Fault, FaultContext
+from harness.spec.fault import (
+    HOST_FEATURES,
+    ConformanceProbe,
+    Evidence,
+    Fault,
+    FaultContext,
+    combine_evidence,
+)
 from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
@@ -110,6 +118,7 @@ __all__ = [
     "Feature",
     "LogEvent",
     "events_from_lines",
+    "combine_evidence",
     "BrokerSection",
     "ConformanceProbe",
     "ConsumerSection",
@@ -121,6 +130,7 @@ __all__ = [
     "DrainReader",
     "DriverOptions",
     "Endpoint",
+    "Evidence",
     "Fault",
     "FaultContext",
     "ImageRecipe",

@@ -102,6 +102,16 @@ schema version; a history without them is one whose broker plugin cannot tell):
   consumption: an id one node holds and another lacks, or two nodes holding one id at
   different offsets, is what the checkers read here.
 
+Fault actions (process ``nemesis``): the invoke of a fault op carries ``value`` =
+``{"fault_id", "kind", "params", "hold", "workload_start_s"}``, its ``ok`` the same plus ``done``
+(what was actually done: proxies, toxics, pids, signals, files) and ``evidence`` (added without
+changing the schema version; histories without it are ones whose nemesis measured nothing):
+``harness.spec.fault.Evidence.as_dict()``, what the fault measured of its own effect while it
+was held (``effect`` true, false or null, ``summary``, ``no_effect_reason``, ``flags``, ``facts``).
+A ``heal`` op's ``ok`` (``value.fault_ids`` names the faults it undid) carries ``evidence`` too:
+the healed fault's evidence completed after the heal (``restored``; it supersedes the one on the
+fault's ``ok``). The final heal (``value.final``) carries none.
+
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and
 a transactional consumer's acks still ``ack`` ops, each completed with the outcome
@@ -148,6 +158,8 @@ FIELDS = (
 TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
+EVIDENCE = "evidence"
+"""The key of a nemesis op's ``ok`` value that holds what the fault measured of its effect (above)."""
 DEPTH = "depth"
 """The ``f`` of the drain's look at a node's queue depth (see above)."""
 HOLDINGS = "holdings"

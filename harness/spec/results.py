@@ -60,6 +60,10 @@ when every checker says so).
 
 EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN = 0, 1, 3
 """Exit statuses of a checked run (``exit_status``); 2 is the harness's own for an error before a verdict."""
+EXIT_NO_FAULT_BIT = 4
+"""Exit status of a run whose verdict is ``durable`` but none of whose faults was measured to bite
+(``FaultEvidence.no_fault_bit``): it proved nothing about the faults it planned. Apart from 0 so
+that CI does not pass on a hollow run, apart from 1 so that it is never mistaken for a loss."""
 
 
 def compose_verdicts(verdicts: Iterable[str | None]) -> Verdict:
@@ -649,6 +653,40 @@ class Results(TypedDict):
     liveness: Liveness
     anomalies: Anomalies
     end_ns: int
+
+
+class FaultAction(TypedDict):
+    """What one fault action measured of its own effect (``harness.spec.fault.Evidence``), as the
+    history's nemesis ops record it (the heal's evidence, when there is one, supersedes the apply's)."""
+
+    fault_id: str
+    kind: str
+    node: str | None  # the fault's target as the history records it (None: several nodes or links)
+    applied: bool  # the fault's own op completed ok
+    effect: bool | None  # True: it bit; False: measured, nothing happened; None: not measured
+    summary: str
+    no_effect_reason: str | None
+    flags: list[str]  # further lines an operator must see (a link of a cut that still passed)
+    restored: bool | None  # measured after the heal: undone (None: not measured or never healed)
+    facts: dict  # what was measured (bytes, files, pids, probes, checksums)
+    line: str  # the one line the terminal shows when it had no effect (empty otherwise)
+
+
+class FaultEvidence(TypedDict):
+    """Proof that the faults bit (``results.json``'s ``fault_evidence``), computed by the harness
+    from the nemesis ops of the history (no checker involved): every fault action with its
+    evidence, counted. ``no_fault_bit``: at least one fault was applied, none was measured to
+    bite and at least one was measured to have no effect; the verdict line says so and the exit
+    status is ``EXIT_NO_FAULT_BIT`` when the verdict is ``durable``."""
+
+    faults: int  # fault actions applied (ok)
+    bit: int
+    no_effect: int
+    unmeasured: int
+    not_restored: int  # measured after their heal and still in effect
+    no_fault_bit: bool
+    lines: list[str]  # one per fault with no effect, per flag, per fault not undone by its heal
+    actions: list[FaultAction]
 
 
 class BrokerEventRecord(TypedDict):

@@ -1,0 +1,129 @@
+"""Proof that the faults bit: every fault action's evidence, read back from the history.
+
+The nemesis records what each fault measured of its own effect next to the action
+(``value.evidence`` of the fault's ``ok`` and of its heal's ``ok``; ``harness.spec.history``).
+This module only reads those records: it never names a fault kind, it counts what the
+evidence says. A pure function of the history, so ``brokerchaos analyze`` derives the same.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.spec.fault import Evidence
+from harness.spec.history import EVIDENCE
+from harness.spec.results import FaultAction, FaultEvidence
+
+NEMESIS = "nemesis"
+
+
+def _value(rec: Mapping[str, Any]) -> dict[str, Any]:
+    raw = rec.get("value")
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        out = json.loads(raw) if raw else {}
+    except (TypeError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _target(value: Mapping[str, Any], node: Any) -> str | None:
+    if isinstance(node, str) and node:
+        return node
+    nodes = (value.get("params") or {}).get("nodes")
+    if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
+        return ",".join(nodes)
+    return None
+
+
+def no_effect_line(fault_id: str, kind: str, node: str | None, reason: str) -> str:
+    """``f3 power-loss on n2: nothing unsynced was dropped``."""
+    return f"{fault_id} {kind}{f' on {node}' if node else ''}: {reason}"
+
+
+def _action(fid: str, kind: str, node: str | None, applied: bool, ev: Evidence | None) -> FaultAction:
+    ev = ev or Evidence.unmeasured("no evidence recorded")
+    line = no_effect_line(fid, kind, node, ev.no_effect_reason or ev.summary) if ev.effect is False else ""
+    return {
+        "fault_id": fid,
+        "kind": kind,
+        "node": node,
+        "applied": applied,
+        "effect": ev.effect,
+        "summary": ev.summary,
+        "no_effect_reason": ev.no_effect_reason,
+        "flags": list(ev.flags),
+        "restored": ev.restored,
+        "facts": dict(ev.facts),
+        "line": line,
+    }
+
+
+def fault_evidence(records: Iterable[Mapping[str, Any]]) -> FaultEvidence:
+    """Every fault action of a history with its evidence (the heal's supersedes the apply's), counted."""
+    seen: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("process") != NEMESIS or rec.get("type") != "ok":
+            continue
+        value = _value(rec)
+        raw = value.get(EVIDENCE)
+        ev = Evidence.from_dict(raw) if isinstance(raw, Mapping) else None
+        if rec.get("f") == "heal":
+            for fid in value.get("fault_ids") or []:
+                if ev is not None and str(fid) in seen:
+                    seen[str(fid)]["evidence"] = ev
+            continue
+        fid = str(value.get("fault_id") or f"{rec.get('f')}@{rec.get('index')}")
+        seen[fid] = {
+            "kind": str(value.get("kind") or rec.get("f")),
+            "node": _target(value, rec.get("node")),
+            "evidence": ev,
+        }
+    actions = [_action(fid, a["kind"], a["node"], True, a["evidence"]) for fid, a in seen.items()]
+    return summarize(actions)
+
+
+def summarize(actions: list[FaultAction]) -> FaultEvidence:
+    """The counts and the lines an operator must read, from the actions' evidence."""
+    lines: list[str] = []
+    for a in actions:
+        if a["line"]:
+            lines.append(a["line"])
+        lines += [no_effect_line(a["fault_id"], a["kind"], a["node"], f) for f in a["flags"]]
+        if a["restored"] is False:
+            lines.append(
+                no_effect_line(a["fault_id"], a["kind"], a["node"], "still in effect after its heal")
+            )
+    bit = sum(a["effect"] is True for a in actions)
+    none = sum(a["effect"] is False for a in actions)
+    return {
+        "faults": len(actions),
+        "bit": bit,
+        "no_effect": none,
+        "unmeasured": sum(a["effect"] is None for a in actions),
+        "not_restored": sum(a["restored"] is False for a in actions),
+        "no_fault_bit": bool(actions) and bit == 0 and none > 0,
+        "lines": lines,
+        "actions": actions,
+    }
+
+
+def read_fault_evidence(history_jsonl: Path) -> FaultEvidence:
+    """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed)."""
+    if not history_jsonl.exists():
+        return summarize([])
+
+    def nemesis_records() -> Iterable[dict[str, Any]]:
+        with history_jsonl.open() as f:
+            for line in f:
+                if '"nemesis"' in line:
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        continue
+
+    return fault_evidence(nemesis_records())
