@@ -19,7 +19,7 @@ from typing import Any
 from faults import evidence as ev
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext
+from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
 
 
 def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -195,6 +195,17 @@ class RollingRestart(_ProcessFault):
 
     def heal(self) -> dict[str, Any]:
         return {}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Per node: its processes gone at the stop, and the pid it started again with."""
+        parts = {}
+        for step in done.get("restarted") or []:
+            gone = ev.gone(step["stop"], None)
+            start = step.get("start") or {}
+            facts = {**gone.facts, "back_at": start.get("at"), "pid_after": start.get("pid")}
+            summary = f"{gone.summary}; started again at {start.get('at')} and ready"
+            parts[step["node"]] = Evidence(gone.effect, summary, facts, gone.no_effect_reason, gone.flags)
+        return combine_evidence(parts)
 
 
 def heal_processes(cluster: Any) -> dict[str, Any]:
