@@ -152,7 +152,7 @@ def clock_restored(ctx: FaultContext, node: str, applied: Evidence) -> Evidence:
     ok = abs(off) < TOLERANCE_S
     facts = {**applied.facts, "measured_after_s": off}
     summary = f"{applied.summary}; {'true time' if ok else f'{off:+.3f} s off'} after the heal"
-    return Evidence(applied.effect, summary, facts, applied.no_effect_reason, applied.flags, ok)
+    return applied.with_heal(summary, facts, ok)
 
 
 class _ClockFault(Fault):

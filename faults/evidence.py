@@ -67,7 +67,7 @@ def back(evidence: Evidence, start: Mapping[str, Any], status: Mapping[str, Any]
     summary = evidence.summary + (
         f"; back at {start.get('at')}" if running else "; not running after the heal"
     )
-    return Evidence(evidence.effect, summary, facts, evidence.no_effect_reason, evidence.flags, running)
+    return evidence.with_heal(summary, facts, running)
 
 
 def stopped(reply: Mapping[str, Any], status: Mapping[str, Any] | None) -> Evidence:
@@ -91,7 +91,7 @@ def resumed(evidence: Evidence, status: Mapping[str, Any] | None) -> Evidence:
     still = sorted(p for p, s in states.items() if s in STOPPED)
     facts = {**evidence.facts, "states_after": states}
     summary = evidence.summary + (f"; {', '.join(still)} still stopped" if still else "; running again")
-    return Evidence(evidence.effect, summary, facts, evidence.no_effect_reason, evidence.flags, not still)
+    return evidence.with_heal(summary, facts, not still)
 
 
 def _files(fs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -134,6 +134,7 @@ def power_cut(reply: Mapping[str, Any]) -> Evidence:
         "shorter_or_torn": shortened,
         "names_lost": names,
         "fsyncs_cut": reply.get("fsyncs_cut"),
+        "unsynced_saved": reply.get("unsynced_saved"),
     }
     if dropped == 0 and not names:
         return Evidence.none("nothing unsynced was dropped", facts)

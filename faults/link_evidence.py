@@ -138,4 +138,4 @@ def healed_evidence(applied: Evidence, after: Mapping[str, Any]) -> Evidence:
             flags=applied.flags,
             restored=restored,
         )
-    return Evidence(applied.effect, summary, facts, applied.no_effect_reason, applied.flags, restored)
+    return applied.with_heal(summary, facts, restored)

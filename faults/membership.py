@@ -84,7 +84,7 @@ class MemberRemove(Fault):
         back = self.params["node"] in after
         facts = {**applied.facts, "members_after_heal": after}
         summary = f"{applied.summary}; after the heal {', '.join(after)}"
-        return Evidence(applied.effect, summary, facts, applied.no_effect_reason, applied.flags, back)
+        return applied.with_heal(summary, facts, back)
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:

@@ -27,6 +27,9 @@ from faults.node.wire import ControlError, LineServer, now_iso
 
 NODE_SOCKET = "/run/brokerchaos/node.sock"
 LAZYFS_SOCKET = "/run/brokerchaos/lazyfs.sock"
+#: Where a power cut leaves a copy of the unsynced writes it drops (the latest cut's only), beside
+#: the control socket: ``/run/brokerchaos/unsynced`` in a node container.
+UNSYNCED_DIR = "unsynced"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -112,6 +115,7 @@ class Node:
         log_file: str | None = None,
         stop_timeout: float = 30.0,
         out: IO[bytes] | None = None,
+        unsynced_dir: str = "/run/brokerchaos/" + UNSYNCED_DIR,
     ) -> None:
         self.command = command
         self.lazy = lazy
@@ -126,6 +130,7 @@ class Node:
         self.timer: threading.Timer | None = None
         self.closing = False
         self.out_lock = threading.Lock()
+        self.unsynced_dir = unsynced_dir
 
     # ------------------------------------------------------------ child lifecycle
     def _emit(self, data: bytes) -> None:
@@ -273,6 +278,8 @@ class Node:
             if cue is not None:
                 done["cue"] = cue
             try:
+                saved = self.lazy.command(f"save {self.unsynced_dir}")
+                done["unsynced_saved"] = saved if saved.get("ok") else {"error": saved.get("error")}
                 fs = self.lazy.command(f"torn {torn}" if torn is not None else "crash")
             except ControlError as e:
                 raise CommandError(f"broker killed but lazyfs did not answer: {e}") from None
@@ -516,7 +523,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nodeinit: {e}", file=sys.stderr)
             return 1
     _set_subreaper()
-    node = Node(command, lazy=lazy, log_file=a.log_file, stop_timeout=a.stop_timeout)
+    node = Node(
+        command,
+        lazy=lazy,
+        log_file=a.log_file,
+        stop_timeout=a.stop_timeout,
+        unsynced_dir=os.path.join(os.path.dirname(os.path.abspath(a.control)), UNSYNCED_DIR),
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -15,10 +15,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from faults import evidence as ev
+from faults.exposure import exposed
 from faults.process import _ProcessFault, nodectl
 from faults.targets import on_each, pick_nodes
 from harness import FaultError, ScenarioError
@@ -59,7 +61,7 @@ class NodesFault(_ProcessFault):
             f"; {', '.join(down)} not running after the heal" if down else "; all back"
         )
         restored = None if errors else not down
-        return Evidence(applied.effect, summary, facts, applied.no_effect_reason, applied.flags, restored)
+        return applied.with_heal(summary, facts, restored)
 
 
 class PowerLossCoordinated(NodesFault):
@@ -120,15 +122,9 @@ class PowerLossCoordinated(NodesFault):
         parts = {}
         for n, r in sorted((done.get("nodes") or {}).items()):
             reply = r.get("nodectl") or {}
-            cut = ev.power_cut(reply)
+            cut = exposed(self.ctx.cluster, n, ev.power_cut(reply))
             if reply.get("gone") is False:
-                cut = Evidence(
-                    cut.effect,
-                    cut.summary,
-                    cut.facts,
-                    cut.no_effect_reason,
-                    (*cut.flags, f"{n}: broker processes outlived the cut"),
-                )
+                cut = replace(cut, flags=(*cut.flags, f"{n}: broker processes outlived the cut"))
             parts[n] = cut
         return combine_evidence(parts)
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from faults import evidence as ev
+from faults.exposure import exposed
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
 from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
@@ -161,10 +163,9 @@ class PowerLoss(_DownFault):
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """The cut's own effect is what the disk lost; the kill is evidence that the broker died
         with it (a cut that dropped nothing had no effect beyond a crash)."""
-        cut = ev.power_cut(done["nodectl"])
+        cut = exposed(self.ctx.cluster, self.params["node"], ev.power_cut(done["nodectl"]))
         killed = super().evidence(done)
-        facts = {**cut.facts, "process": killed.as_dict()}
-        return Evidence(cut.effect, cut.summary, facts, cut.no_effect_reason, cut.flags + killed.flags)
+        return replace(cut, facts={**cut.facts, "process": killed.as_dict()}, flags=cut.flags + killed.flags)
 
 
 class RollingRestart(_ProcessFault):

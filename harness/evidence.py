@@ -18,6 +18,8 @@ from harness.spec.history import EVIDENCE
 from harness.spec.results import FaultAction, FaultEvidence
 
 NEMESIS = "nemesis"
+#: Exposed message ids kept per cut in ``results.json`` (the counts are always whole).
+EXPOSED_SHOWN = 100
 
 
 def _value(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,14 +42,16 @@ def _target(value: Mapping[str, Any], node: Any) -> str | None:
     return None
 
 
-def no_effect_line(fault_id: str, kind: str, node: str | None, reason: str) -> str:
+def fault_line(fault_id: str, kind: str, node: str | None, reason: str) -> str:
     """``f3 power-loss on n2: nothing unsynced was dropped``."""
     return f"{fault_id} {kind}{f' on {node}' if node else ''}: {reason}"
 
 
-def _action(fid: str, kind: str, node: str | None, applied: bool, ev: Evidence | None) -> FaultAction:
+def _action(
+    fid: str, kind: str, node: str | None, applied: bool, ev: Evidence | None, at_ns: int | None = None
+) -> FaultAction:
     ev = ev or Evidence.unmeasured("no evidence recorded")
-    line = no_effect_line(fid, kind, node, ev.no_effect_reason or ev.summary) if ev.effect is False else ""
+    line = fault_line(fid, kind, node, ev.no_effect_reason or ev.summary) if ev.effect is False else ""
     return {
         "fault_id": fid,
         "kind": kind,
@@ -60,6 +64,15 @@ def _action(fid: str, kind: str, node: str | None, applied: bool, ev: Evidence |
         "restored": ev.restored,
         "facts": dict(ev.facts),
         "line": line,
+        "at_ns": at_ns,
+        "exposure": None
+        if ev.exposed is None
+        else {
+            "in_dropped_writes": len(ev.exposed),
+            "confirmed_before_cut": None,
+            "lost": None,
+            "ids": list(ev.exposed),
+        },
     }
 
 
@@ -82,8 +95,9 @@ def fault_evidence(records: Iterable[Mapping[str, Any]]) -> FaultEvidence:
             "kind": str(value.get("kind") or rec.get("f")),
             "node": _target(value, rec.get("node")),
             "evidence": ev,
+            "at_ns": rec.get("time_ns"),
         }
-    actions = [_action(fid, a["kind"], a["node"], True, a["evidence"]) for fid, a in seen.items()]
+    actions = [_action(fid, a["kind"], a["node"], True, a["evidence"], a["at_ns"]) for fid, a in seen.items()]
     return summarize(actions)
 
 
@@ -93,11 +107,9 @@ def summarize(actions: list[FaultAction]) -> FaultEvidence:
     for a in actions:
         if a["line"]:
             lines.append(a["line"])
-        lines += [no_effect_line(a["fault_id"], a["kind"], a["node"], f) for f in a["flags"]]
+        lines += [fault_line(a["fault_id"], a["kind"], a["node"], f) for f in a["flags"]]
         if a["restored"] is False:
-            lines.append(
-                no_effect_line(a["fault_id"], a["kind"], a["node"], "still in effect after its heal")
-            )
+            lines.append(fault_line(a["fault_id"], a["kind"], a["node"], "still in effect after its heal"))
     bit = sum(a["effect"] is True for a in actions)
     none = sum(a["effect"] is False for a in actions)
     return {
@@ -108,22 +120,77 @@ def summarize(actions: list[FaultAction]) -> FaultEvidence:
         "not_restored": sum(a["restored"] is False for a in actions),
         "no_fault_bit": bool(actions) and bit == 0 and none > 0,
         "lines": lines,
+        "exposure_lines": [],
         "actions": actions,
     }
 
 
-def read_fault_evidence(history_jsonl: Path) -> FaultEvidence:
-    """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed)."""
+def _records(history_jsonl: Path, marker: str) -> Iterable[dict[str, Any]]:
+    """The records of a stored history whose line holds ``marker`` (the rest is not parsed)."""
+    with history_jsonl.open() as f:
+        for line in f:
+            if marker in line:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
+def publishes(records: Iterable[Mapping[str, Any]], ids: set[str]) -> tuple[set[str], dict[str, int]]:
+    """Which of ``ids`` the history attempted (a publish invoke), and when each was confirmed
+    (its publish's ``ok``), on the history's clock."""
+    attempted: set[str] = set()
+    confirmed: dict[str, int] = {}
+    for r in records:
+        if r.get("f") != "publish" or r.get("value") not in ids:
+            continue
+        if r.get("type") == "invoke":
+            attempted.add(str(r["value"]))
+        elif r.get("type") == "ok":
+            confirmed[str(r["value"])] = int(r["time_ns"])
+    return attempted, confirmed
+
+
+def add_exposure(
+    actions: list[FaultAction], attempted: set[str], confirmed: Mapping[str, int], lost: set[str]
+) -> list[str]:
+    """Per cut whose dropped writes a plugin mapped to messages: how many of them had been
+    confirmed before the cut (acknowledged but unsynced) and how many of those the checkers
+    found lost. One line per such cut."""
+    lines = []
+    for a in actions:
+        exp = a["exposure"]
+        if exp is None:
+            continue
+        exp["ids"] = sorted(i for i in exp["ids"] if i in attempted)
+        exp["in_dropped_writes"] = len(exp["ids"])
+        acked = [
+            i for i in exp["ids"] if i in confirmed and (a["at_ns"] is None or confirmed[i] <= a["at_ns"])
+        ]
+        gone = [i for i in acked if i in lost]
+        exp["confirmed_before_cut"], exp["lost"] = len(acked), len(gone)
+        exp["ids"] = exp["ids"][:EXPOSED_SHOWN]
+        lines.append(
+            fault_line(
+                a["fault_id"],
+                a["kind"],
+                a["node"],
+                f"{len(acked)} acknowledged message(s) were unsynced at the cut "
+                f"({exp['in_dropped_writes']} in the dropped writes); {len(gone)} of them lost",
+            )
+        )
+    return lines
+
+
+def read_fault_evidence(history_jsonl: Path, lost: Iterable[str] | None = None) -> FaultEvidence:
+    """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed,
+    and, when a cut's dropped writes were mapped to messages, the confirms of those messages),
+    with each cut's exposure compared with ``lost`` (the checkers' lost ids)."""
     if not history_jsonl.exists():
         return summarize([])
-
-    def nemesis_records() -> Iterable[dict[str, Any]]:
-        with history_jsonl.open() as f:
-            for line in f:
-                if '"nemesis"' in line:
-                    try:
-                        yield json.loads(line)
-                    except ValueError:
-                        continue
-
-    return fault_evidence(nemesis_records())
+    out = fault_evidence(_records(history_jsonl, '"nemesis"'))
+    ids = {i for a in out["actions"] if a["exposure"] for i in a["exposure"]["ids"]}
+    if ids:
+        attempted, confirmed = publishes(_records(history_jsonl, '"publish"'), ids)
+        out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
+    return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import FaultError, ScenarioError
-from harness.evidence import no_effect_line
+from harness.evidence import fault_line
 from harness.history import Recorder
 from harness.progress import say
 from harness.scenario import Scenario
@@ -259,7 +259,7 @@ async def _measure(fn: Any) -> Evidence:
 
 def _say_evidence(fid: str, kind: str, node: Any, evidence: Evidence) -> None:
     if evidence.effect is False:
-        say("nemesis", no_effect_line(fid, kind, node if isinstance(node, str) else None, evidence.summary))
+        say("nemesis", fault_line(fid, kind, node if isinstance(node, str) else None, evidence.summary))
     else:
         say("nemesis", f"{fid} evidence: {evidence.summary}")
     for flag in evidence.flags:

@@ -383,7 +383,7 @@ def check_run(
         say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
         per[name] = res
     results = combine(per)
-    results["fault_evidence"] = read_fault_evidence(run_dir.history_jsonl)
+    results["fault_evidence"] = read_fault_evidence(run_dir.history_jsonl, lost=results.get("lost"))
     return results
 
 

@@ -151,6 +151,7 @@ def evidence_lines(results: Mapping[str, Any], width: int) -> list[str]:
         parts.append(f"{ev['not_restored']} still on after the heal")
     lines = [f"  {'faults':<{width}}  {ev['faults']} applied: " + ", ".join(parts)]
     lines += [f"  {'':<{width}}    {line}" for line in ev.get("lines") or []]
+    lines += [f"  {'exposure':<{width}}  {line}" for line in ev.get("exposure_lines") or []]
     return lines
 
 

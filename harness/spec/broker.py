@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypedDict, TypeVar
 
 from harness.spec.coverage import BrokerEvent, Feature, LogEvent, events_from_lines
 from harness.spec.errors import ClusterError, ScenarioError
@@ -32,7 +32,19 @@ BASE_CAPABILITIES: dict[str, str] = {
     "libfaketime preloaded into its processes sets the clock it sees",
     "partition": "inter-node traffic crosses the harness's proxies",
     "mirroring": "queues replicated across nodes (policy settings apply)",
+    "unsynced-messages": "the plugin says which messages a power cut's unsynced writes held "
+    "(unsynced_messages), so each cut reports how many acknowledged messages were exposed",
 }
+
+
+class UnsyncedWrite(TypedDict):
+    """One write a power cut dropped (or, torn, the part of it it dropped): the file as the lazy
+    filesystem names it under the data directory (``/commitlog/00000000000000000000``), the
+    offset in that file and the bytes."""
+
+    path: str
+    offset: int
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -323,6 +335,16 @@ class BrokerPlugin:
     def log_time(self, line: str) -> datetime | None:
         """When a log line says it was written (aware, UTC); None if it carries no time."""
         return None
+
+    # -- exposure at a power cut (capability ``unsynced-messages``) -----------------------
+
+    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+        """The ids (``producer:seq``) of the messages whose stored records ``writes`` held: what
+        a power cut threw away on one node, mapped by the plugin that knows its broker's files
+        (a commit log's records, a stream's message blocks, an append-only file). Only files that
+        hold messages count. Candidates are fine (``harness.spec.body_ids``): the harness keeps the
+        ids the history attempted, and compares them with what was confirmed before the cut."""
+        raise NotImplementedError
 
     # -- membership (capability ``membership``) ------------------------------------------
 

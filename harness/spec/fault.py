@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from harness.spec.errors import ScenarioError
@@ -88,6 +88,9 @@ class Evidence:
     and ``results.json``. ``flags`` are further lines an operator must see even though the fault
     bit (one direction of a cut that still carried bytes). ``restored``: on the evidence a heal
     completes, whether the measurement after the heal shows the fault undone (None: not measured).
+    ``exposed``: the ids of the messages whose stored records the fault destroyed (a power cut's
+    unsynced writes, mapped by a broker plugin with the ``unsynced-messages`` capability); None
+    when nothing mapped them. The harness compares them with the confirms and the losses.
     """
 
     effect: bool | None
@@ -96,6 +99,7 @@ class Evidence:
     no_effect_reason: str | None = None
     flags: tuple[str, ...] = ()
     restored: bool | None = None
+    exposed: tuple[str, ...] | None = None
 
     @classmethod
     def bit(cls, summary: str, facts: Mapping[str, Any] | None = None, **kw: Any) -> Evidence:
@@ -118,6 +122,7 @@ class Evidence:
             "no_effect_reason": self.no_effect_reason,
             "flags": list(self.flags),
             "restored": self.restored,
+            "exposed": None if self.exposed is None else list(self.exposed),
             "facts": dict(self.facts),
         }
 
@@ -125,6 +130,7 @@ class Evidence:
     def from_dict(cls, d: Mapping[str, Any]) -> Evidence:
         effect = d.get("effect")
         restored = d.get("restored")
+        exposed = d.get("exposed")
         return cls(
             effect if isinstance(effect, bool) else None,
             str(d.get("summary") or ""),
@@ -132,7 +138,12 @@ class Evidence:
             d.get("no_effect_reason"),
             tuple(str(f) for f in d.get("flags") or ()),
             restored if isinstance(restored, bool) else None,
+            None if exposed is None else tuple(str(i) for i in exposed),
         )
+
+    def with_heal(self, summary: str, facts: Mapping[str, Any], restored: bool | None) -> Evidence:
+        """This evidence completed by a heal: the same finding, what the heal saw added."""
+        return replace(self, summary=summary, facts=dict(facts), restored=restored)
 
 
 def combine_evidence(parts: Mapping[str, Evidence]) -> Evidence:
@@ -146,13 +157,15 @@ def combine_evidence(parts: Mapping[str, Evidence]) -> Evidence:
     restored_parts = [e.restored for e in parts.values()]
     restored = None if None in restored_parts else all(r for r in restored_parts if r is not None)
     summary = "; ".join(f"{name}: {e.summary}" for name, e in parts.items())
+    mapped = [e.exposed for e in parts.values() if e.exposed is not None]
+    exposed = tuple(sorted({i for ids in mapped for i in ids})) if mapped else None
     if True in effects:
         quiet = [f"{n}: {e.no_effect_reason}" for n, e in parts.items() if e.effect is False]
-        return Evidence.bit(summary, facts, flags=flags + tuple(quiet), restored=restored)
+        return Evidence.bit(summary, facts, flags=flags + tuple(quiet), restored=restored, exposed=exposed)
     if None in effects:
-        return Evidence.unmeasured(summary, facts, flags=flags, restored=restored)
+        return Evidence.unmeasured(summary, facts, flags=flags, restored=restored, exposed=exposed)
     reason = "; ".join(f"{n}: {e.no_effect_reason}" for n, e in parts.items())
-    return Evidence.none(reason, facts, flags=flags, restored=restored)
+    return Evidence.none(reason, facts, flags=flags, restored=restored, exposed=exposed)
 
 
 class FaultContext:

@@ -136,6 +136,7 @@ read them as before. Each transaction adds one op:
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Protocol
 
 SCHEMA_VERSION = 2
@@ -278,6 +279,23 @@ def message_body(msg_id: str, seed: int, size: int) -> bytes:
     payload = (pad * (n // 64 + 1))[:n]
     check = hashlib.sha256(payload.encode()).hexdigest()[:16]
     return f"{head}{check}|{payload}".encode()
+
+
+_BODY_HEAD = re.compile(rb"([A-Za-z0-9_.-]+):([0-9]+)\|[0-9a-f]{16}\|")
+
+
+def body_ids(data: bytes) -> set[str]:
+    """Candidate ids of the message bodies (``message_body``) whose head (``id|check|``) lies in
+    ``data``, raw bytes of a broker's file: what a plugin whose broker stores bodies verbatim (a
+    commit log, a stream's blocks, an append-only file) maps a power cut's dropped writes with.
+    The bytes before an id may look like part of it (a length byte that is a letter), so each head
+    gives every suffix of its producer part that starts with a letter; the harness keeps those the
+    history attempted. A body whose head was not in ``data`` is not counted."""
+    out = set()
+    for m in _BODY_HEAD.finditer(data):
+        producer, seq = m.group(1).decode(), m.group(2).decode()
+        out |= {f"{producer[i:]}:{seq}" for i in range(len(producer)) if producer[i].isalpha()}
+    return out
 
 
 def body_digest(body: bytes) -> str:

@@ -670,6 +670,17 @@ class FaultAction(TypedDict):
     restored: bool | None  # measured after the heal: undone (None: not measured or never healed)
     facts: dict  # what was measured (bytes, files, pids, probes, checksums)
     line: str  # the one line the terminal shows when it had no effect (empty otherwise)
+    at_ns: int | None  # when the fault's own op completed (a power cut happened before it)
+    exposure: Exposure | None  # a cut whose dropped writes a broker plugin mapped to messages
+
+
+class Exposure(TypedDict):
+    """The acknowledged-but-unsynced window of one power cut (plugin capability ``unsynced-messages``)."""
+
+    in_dropped_writes: int  # messages whose records the cut's dropped writes held
+    confirmed_before_cut: int | None  # of those, confirmed to the client before the cut
+    lost: int | None  # of those, lost by the checkers' reckoning (a synced replica may have kept them)
+    ids: list[str]  # the first ids in the dropped writes
 
 
 class FaultEvidence(TypedDict):
@@ -686,6 +697,7 @@ class FaultEvidence(TypedDict):
     not_restored: int  # measured after their heal and still in effect
     no_fault_bit: bool
     lines: list[str]  # one per fault with no effect, per flag, per fault not undone by its heal
+    exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, and lost
     actions: list[FaultAction]
 
 

@@ -20,6 +20,7 @@ from harness.spec import Fault, FaultContext
 from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT
 from harness.spec.results import FaultEvidence as FaultEvidenceRecord
 from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
+from plugins.reference import ReferenceBroker
 from tests.faults.local_nodes import LocalCluster, local_inits
 
 # Writes and fsyncs everything once at boot, then writes nothing: a power cut finds nothing unsynced.
@@ -189,3 +190,55 @@ def test_series_exit_is_the_worst_run() -> None:
     assert series_exit([4, 1]) == EXIT_FAILED
     assert series_exit([4, 3]) == 3
     assert series_exit([0, 0]) == EXIT_DURABLE
+
+
+# Writes message bodies into a commit-log segment: the first three fsynced, the next four not,
+# then idles (the reference broker's record layout does not matter: its plugin reads bodies).
+COMMIT_LOG = r"""
+import os, sys, time
+from harness.spec import message_body
+d = sys.argv[1]
+os.makedirs(os.path.join(d, "commitlog"), exist_ok=True)
+fd = os.open(os.path.join(d, "commitlog", "00000000000000000000"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+for seq in range(1, 4):
+    os.write(fd, b"\x00\x00\x00\x61" + message_body(f"p1:{seq}", 7, 120))
+os.fsync(fd)
+dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
+log = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.write(log, b"boot\ntick\n"); os.fsync(log)
+for seq in range(4, 8):
+    os.write(fd, b"\x00\x00\x00\x61" + message_body(f"p1:{seq}", 7, 120))
+print("broker up", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    with local_inits(["n1"], child=COMMIT_LOG) as inits:
+        cluster = LocalCluster(inits)
+        cluster.plugin = ReferenceBroker()  # type: ignore[attr-defined]
+        recorder = Recorder(history)
+        for seq in range(1, 8):  # p1:7 is never confirmed: written, unsynced, not acknowledged
+            inv = recorder.invoke("p1", "publish", node="n1", queue="q", value=f"p1:{seq}")
+            if seq < 7:
+                inv.ok()
+        step = PlannedFault("f1", 0.0, 0.2, "power-loss", {"node": "n1"})
+        nemesis = Nemesis(
+            Plan([step]), KINDS, FaultContext(cluster), recorder, settle=0, final_heal=lambda: {}
+        )
+        asyncio.run(nemesis(0.3))
+        recorder.close()
+    ev = read_fault_evidence(history, lost=["p1:4", "p1:5"])
+    [action] = ev["actions"]
+    exposure = action["exposure"]
+    assert exposure == {
+        "in_dropped_writes": 4,
+        "confirmed_before_cut": 3,
+        "lost": 2,
+        "ids": ["p1:4", "p1:5", "p1:6", "p1:7"],
+    }
+    assert ev["exposure_lines"] == [
+        "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut (4 in the dropped writes); 2 of them lost"
+    ]
