@@ -204,11 +204,16 @@ class ClockSkew(_ClockFault):
         return {"set": write_offset(self.ctx, self.params["node"], 0.0)}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The offset measured inside the node (``faults.node.clockread``): a process started with
+        the broker's own clock environment reads the clock between two true reads, and
+        ``/proc/PID/maps`` says which broker processes load the fake clock. No effect: the clock
+        reads true time, or no broker process loads the fake clock."""
         time.sleep(MIN_PERIOD)  # what a running broker reads is at most this old
         node = self.params["node"]
         return clock_evidence(node, [self.params["offset"]], measure_clock(self.ctx, node))
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The clock measured again: true time."""
         return clock_restored(self.ctx, self.params["node"], applied)
 
 
@@ -235,6 +240,7 @@ class ClockBump(_ClockFault):
         return {"node": self.params["node"], "kept": "a bump stays until clock-reset or the final heal"}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The offset measured inside the node against the one the bump set (as ``clock-skew``)."""
         node = self.params["node"]
         return clock_evidence(node, [float(done["set"]["offset"])], measure_clock(self.ctx, node))
 
@@ -307,6 +313,7 @@ class ClockStrobe(_ClockFault):
         return ev
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The clock measured again once the strobe stopped: true time."""
         return clock_restored(self.ctx, self.params["node"], applied)
 
 

@@ -117,7 +117,9 @@ class CorruptFile(NodesFault):
         return {"nodes": done}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
-        """Per node, the bytes changed (offsets, checksums before and after)."""
+        """Per node: the file, its written extent (bit flips land only there, never in a
+        preallocated zero tail), every changed offset with its byte before and after, and the
+        file's sha256 before and after. No effect: the checksum did not change."""
         return combine_evidence(
             {n: changed(d["corrupted"]) for n, d in sorted((done.get("nodes") or {}).items())}
         )
@@ -140,6 +142,8 @@ class CorruptFile(NodesFault):
         return {**super().heal(), "before_start": before, "verify_errors": errors}
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """Before the broker starts again, each corrupted file is checked to still hold the
+        corruption (its sha256): a file deleted or rewritten meanwhile means the fault had no effect."""
         healed = super().heal_evidence(done, applied)
         lost = {
             n: v["state"] for n, v in (done.get("before_start") or {}).items() if v.get("state") != "intact"

@@ -69,7 +69,8 @@ class MemberRemove(Fault):
         return _add(self.ctx, node, others)
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
-        """The membership the broker itself reports, before and after the removal."""
+        """The membership the broker itself reports (``members``), asked of another node before and
+        after the removal. No effect: the node was not a member to begin with."""
         node = self.params["node"]
         before, after = list(done.get("members_before") or []), list(done.get("members_after") or [])
         facts = {"members_before": before, "members_after": after, "asked": done.get("asked")}
@@ -80,6 +81,7 @@ class MemberRemove(Fault):
         )
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The membership the broker reports once the node joined again: it is a member."""
         after = list(done.get("members_after") or [])
         back = self.params["node"] in after
         facts = {**applied.facts, "members_after_heal": after}

@@ -268,13 +268,15 @@ class PacketLoss(Fault):
         return {"counters_before_heal": done}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """While held only the rules' presence is known (``nft list``)."""
         sidecars = [r["sidecar"] for r in done.get("rules") or []]
         return Evidence.unmeasured(
             f"drop rules in place on {', '.join(sidecars)}; the packets they dropped are counted at the heal"
         )
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
-        """The kernel's counters, read just before the rules went: packets eligible and dropped."""
+        """The kernel's counters, read just before the rules went: packets eligible and dropped.
+        No effect: none dropped."""
         parts = {}
         for sidecar, shown in sorted((done.get("counters_before_heal") or {}).items()):
             counts = [int(n) for n in re.findall(r"counter packets (\d+) bytes \d+", shown or "")]

@@ -83,12 +83,16 @@ class _DownFault(_NodeFault):
     gone, with its exit, and after the heal the time it came back."""
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The node init's reply lists every pid it signalled and whether the broker's whole process
+        tree was gone after (``/proc``); its ``status`` then gives the live processes left and the
+        leader's exit (signal or code). No effect: the broker was not running."""
         return ev.gone(done["nodectl"], self._status())
 
     def heal(self) -> dict[str, Any]:
         return self._start_and_wait()
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """When the broker started again (the start reply), and that ``status`` shows it running."""
         return ev.back(applied, done.get("nodectl") or {}, self._status())
 
 
@@ -117,9 +121,12 @@ class Pause(_NodeFault):
         return {"nodectl": nodectl(self.node, "resume")}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Every process of the broker in the stopped state (``T`` in ``/proc/PID/stat``, as the
+        node init's ``status`` lists them); a process still running is named."""
         return ev.stopped(done["nodectl"], self._status())
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """No process of the broker left in the stopped state."""
         return ev.resumed(applied, self._status())
 
 
@@ -161,8 +168,10 @@ class PowerLoss(_DownFault):
         return {"nodectl": nodectl(self.node, *args)}
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
-        """The cut's own effect is what the disk lost; the kill is evidence that the broker died
-        with it (a cut that dropped nothing had no effect beyond a crash)."""
+        """The lazy filesystem's own account of the cut: per file the unsynced bytes it dropped
+        and the ranges, the files it left shorter, the names it lost; the kill's evidence beside it.
+        No effect: nothing unsynced was dropped (no more than a crash). With a broker plugin that
+        declares ``unsynced-messages``, the ids of the messages the dropped writes held."""
         cut = exposed(self.ctx.cluster, self.params["node"], ev.power_cut(done["nodectl"]))
         killed = super().evidence(done)
         return replace(cut, facts={**cut.facts, "process": killed.as_dict()}, flags=cut.flags + killed.flags)
