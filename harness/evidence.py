@@ -189,8 +189,9 @@ def read_fault_evidence(history_jsonl: Path, lost: Iterable[str] | None = None) 
     if not history_jsonl.exists():
         return summarize([])
     out = fault_evidence(_records(history_jsonl, '"nemesis"'))
-    ids = {i for a in out["actions"] if a["exposure"] for i in a["exposure"]["ids"]}
-    if ids:
-        attempted, confirmed = publishes(_records(history_jsonl, '"publish"'), ids)
+    mapped = [a["exposure"] for a in out["actions"] if a["exposure"] is not None]
+    if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
+        ids = {i for exp in mapped for i in exp["ids"]}
+        attempted, confirmed = publishes(_records(history_jsonl, '"publish"'), ids) if ids else (set(), {})
         out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
     return out
