@@ -5,6 +5,7 @@ does nothing must produce its "no effect" line, and a run none of whose faults b
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from harness.spec.results import FaultEvidence as FaultEvidenceRecord
 from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
 from plugins.reference import ReferenceBroker
 from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.harness.allure_user import allure_result
 
 # Writes and fsyncs everything once at boot, then writes nothing: a power cut finds nothing unsynced.
 SYNCED = r"""
@@ -242,3 +244,26 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
     assert ev["exposure_lines"] == [
         "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut (4 in the dropped writes); 2 of them lost"
     ]
+
+
+def test_allure_shows_the_evidence_and_fails_a_run_none_of_whose_faults_bit(tmp_path: Path) -> None:
+    with local_inits(["n1"], child=SYNCED) as inits:
+        ev = run_nemesis(
+            tmp_path, LocalCluster(inits), [PlannedFault("f1", 0.0, 0.2, "power-loss", {"node": "n1"})]
+        )
+    run = tmp_path / "run"
+    run.mkdir()
+    results = {
+        "verdict": "durable",
+        "valid": True,
+        "reason": "nothing lost",
+        "counts": {},
+        "fault_evidence": ev,
+    }
+    (run / "results.json").write_text(json.dumps(results))
+    result, _ = allure_result(tmp_path, run)
+    steps = {s["name"]: s for s in result["steps"]}
+    step = steps["fault evidence: 0 of 1 bit"]
+    assert step["status"] == "failed"
+    params = {x["name"]: x["value"] for x in step["parameters"]}
+    assert params["line 1"] == "f1 power-loss on n1: nothing unsynced was dropped"
