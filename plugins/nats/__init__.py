@@ -47,6 +47,8 @@ from harness import (
     NodeSpec,
     NotYet,
     ScenarioError,
+    UnsyncedWrite,
+    body_ids,
     control_broker,
     hookimpl,
     poll,
@@ -164,7 +166,9 @@ class Nats(BrokerPlugin):
     name = "nats"
     version = __version__
     protocol = "nats"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "membership"})
+    capabilities = frozenset(
+        {"kill", "pause", "stop", "power-loss", "partition", "membership", "unsynced-messages"}
+    )
     client_port = 4222
     peer_ports = (ROUTE_PORT,)
     data_dir = "/var/lib/nats/jetstream"
@@ -349,6 +353,10 @@ class Nats(BrokerPlugin):
     def server_name(self, node: NodeHandle) -> str:
         """The name ``node``'s server runs (or will run) under."""
         return run_or_fail(node, ["cat", NAME_FILE]).strip() or node.name
+
+    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+        """A stream's message blocks (``<n>.blk``) hold each message's payload verbatim (``filestore``)."""
+        return sorted({i for w in writes if w["path"].endswith(".blk") for i in body_ids(w["data"])})
 
     def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
         """The nodes whose servers are peers of the meta group (running or not), by the meta
