@@ -16,7 +16,9 @@ from faults.membership import MemberRemove
 from faults.node.clockread import measure
 from faults.node.corrupt import corrupt
 from faults.packets import PacketLoss
-from harness.spec import Evidence, FaultContext, combine_evidence
+from harness.spec import Evidence, FaultContext, UnsyncedWrite, combine_evidence, message_body
+from plugins.nats import Nats
+from plugins.reference import ReferenceBroker
 
 NODES = ["n1", "n2", "n3"]
 CTX = FaultContext(SimpleNamespace(nodes={}, topology=SimpleNamespace(nodes=NODES)))
@@ -106,3 +108,21 @@ def test_combined_evidence_bit_where_any_part_did() -> None:
     )
     assert combine_evidence({"n1": Evidence.none("a"), "n2": Evidence.unmeasured("?")}).effect is None
     assert Evidence.from_dict(ev.as_dict()) == ev
+
+
+def test_plugins_map_dropped_writes_to_the_messages_their_files_hold() -> None:
+    record = b"\x00\x00\x00\x61" + message_body("p2:17", 3, 90) + b"\x00" * 8
+    other = message_body("p2:18", 3, 90)
+    writes: list[UnsyncedWrite] = [
+        {"path": "/jetstream/$G/streams/chaos-1/msgs/1.blk", "offset": 4096, "data": record},
+        {"path": "/jetstream/$G/streams/chaos-1/msgs/1.idx", "offset": 0, "data": other},
+    ]
+    assert Nats().unsynced_messages(writes) == [
+        "ap2:17",
+        "p2:17",
+    ]  # the harness keeps what was attempted
+    ref: list[UnsyncedWrite] = [
+        {"path": "/store/commitlog/00000000000000000000", "offset": 0, "data": other},
+        {"path": "/store/consumequeue/q/00000000000000000000", "offset": 0, "data": record},
+    ]
+    assert ReferenceBroker().unsynced_messages(ref) == ["p2:18"]
