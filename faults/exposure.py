@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,10 +21,12 @@ from harness.spec import Evidence, UnsyncedWrite
 
 CAPABILITY = "unsynced-messages"
 READ = (
-    "import base64, json, sys; d = sys.argv[1]; "
+    "import base64, json, sys, zlib; d = sys.argv[1]; "
     "print(json.dumps({'index': json.load(open(d + '/index.json')), "
-    "'data': base64.b64encode(open(d + '/unsynced.bin', 'rb').read()).decode()}))"
+    "'data': base64.b64encode(zlib.compress(open(d + '/unsynced.bin', 'rb').read(), 1)).decode()}))"
 )
+"""Prints the saved index and bytes (compressed: a copy of message bodies compresses well, and
+``docker exec`` carries a large output slowly)."""
 
 
 def read_saved(node: Any, directory: str) -> tuple[list[dict[str, Any]], bytes, bool]:
@@ -36,7 +39,11 @@ def read_saved(node: Any, directory: str) -> tuple[list[dict[str, Any]], bytes, 
             f"{node.name}: reading the cut's unsynced writes failed (exit {rc}): {out.strip()[-300:]}"
         ) from None
     index = reply["index"]
-    return list(index["writes"]), base64.b64decode(reply["data"]), bool(index.get("truncated"))
+    return (
+        list(index["writes"]),
+        zlib.decompress(base64.b64decode(reply["data"])),
+        bool(index.get("truncated")),
+    )
 
 
 def dropped_parts(

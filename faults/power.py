@@ -119,14 +119,18 @@ class PowerLossCoordinated(NodesFault):
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """Per node, what the cut threw away (unsynced bytes dropped, torn writes kept)."""
-        parts = {}
-        for n, r in sorted((done.get("nodes") or {}).items()):
-            reply = r.get("nodectl") or {}
-            cut = exposed(self.ctx.cluster, n, ev.power_cut(reply))
-            if reply.get("gone") is False:
+        replies = {n: r.get("nodectl") or {} for n, r in (done.get("nodes") or {}).items()}
+
+        def one(n: str) -> Evidence:
+            cut = exposed(self.ctx.cluster, n, ev.power_cut(replies[n]))
+            if replies[n].get("gone") is False:
                 cut = replace(cut, flags=(*cut.flags, f"{n}: broker processes outlived the cut"))
-            parts[n] = cut
-        return combine_evidence(parts)
+            return cut
+
+        parts, errors = on_each(sorted(replies), one)  # every node at once: the cluster is down meanwhile
+        if errors:
+            raise FaultError("; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+        return combine_evidence(dict(sorted(parts.items())))
 
 
 def summarize(at: float, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

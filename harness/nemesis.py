@@ -340,10 +340,12 @@ class Nemesis:
             self.on_fault(op)
             return
         self.active[step.fault_id] = fault
+        started = asyncio.get_running_loop().time()
         evidence = await _measure(lambda: fault.evidence(done))
+        took = round(asyncio.get_running_loop().time() - started, 3)
         self.evidence[step.fault_id] = evidence
         _say_evidence(step.fault_id, step.kind, step.params.get("node"), evidence)
-        self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict()}))
+        self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict(), "evidence_s": took}))
 
     async def _heal(self, fid: str, *, scheduled: bool = True) -> None:
         fault = self.active.pop(fid, None)
