@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from faults import evidence as ev
-from faults.exposure import exposed
+from faults.exposure import Pending, with_exposure
 from faults.process import _ProcessFault, nodectl
 from faults.targets import on_each, pick_nodes
 from harness import FaultError, ScenarioError
@@ -119,18 +119,21 @@ class PowerLossCoordinated(NodesFault):
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """Per node, what the cut threw away (unsynced bytes dropped, torn writes kept)."""
-        replies = {n: r.get("nodectl") or {} for n, r in (done.get("nodes") or {}).items()}
-
-        def one(n: str) -> Evidence:
-            cut = exposed(self.ctx.cluster, n, ev.power_cut(replies[n]))
-            if replies[n].get("gone") is False:
+        parts = {}
+        for n, r in sorted((done.get("nodes") or {}).items()):
+            reply = r.get("nodectl") or {}
+            cut = ev.power_cut(reply)
+            if reply.get("gone") is False:
                 cut = replace(cut, flags=(*cut.flags, f"{n}: broker processes outlived the cut"))
-            return cut
+            parts[n] = cut
+        self.pending = Pending(self.ctx.cluster, parts)
+        return combine_evidence(parts)
 
-        parts, errors = on_each(sorted(replies), one)  # every node at once: the cluster is down meanwhile
-        if errors:
-            raise FaultError("; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
-        return combine_evidence(dict(sorted(parts.items())))
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The nodes back; and the messages each node's dropped writes held, mapped while they were down."""
+        healed = super().heal_evidence(done, applied)
+        pending = getattr(self, "pending", None)
+        return with_exposure(healed, pending.result()) if pending is not None else healed
 
 
 def summarize(at: float, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

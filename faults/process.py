@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from faults import evidence as ev
-from faults.exposure import exposed
+from faults.exposure import Pending, with_exposure
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
 from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
@@ -172,9 +172,16 @@ class PowerLoss(_DownFault):
         and the ranges, the files it left shorter, the names it lost; the kill's evidence beside it.
         No effect: nothing unsynced was dropped (no more than a crash). With a broker plugin that
         declares ``unsynced-messages``, the ids of the messages the dropped writes held."""
-        cut = exposed(self.ctx.cluster, self.params["node"], ev.power_cut(done["nodectl"]))
+        cut = ev.power_cut(done["nodectl"])
+        self.pending = Pending(self.ctx.cluster, {self.params["node"]: cut})
         killed = super().evidence(done)
         return replace(cut, facts={**cut.facts, "process": killed.as_dict()}, flags=cut.flags + killed.flags)
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """When the broker came back; and the messages the dropped writes held, mapped while it was down."""
+        healed = super().heal_evidence(done, applied)
+        pending = getattr(self, "pending", None)
+        return with_exposure(healed, pending.result()) if pending is not None else healed
 
 
 class RollingRestart(_ProcessFault):

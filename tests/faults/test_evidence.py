@@ -23,6 +23,7 @@ from harness.spec.results import FaultEvidence as FaultEvidenceRecord
 from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
 from plugins.reference import ReferenceBroker
 from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.faults.test_nodeinit import wait_for
 from tests.harness.allure_user import allure_result
 
 # Writes and fsyncs everything once at boot, then writes nothing: a power cut finds nothing unsynced.
@@ -47,6 +48,7 @@ def run_nemesis(
     tmp: Path, cluster: LocalCluster, steps: list[PlannedFault], during: Any = None
 ) -> FaultEvidenceRecord:
     """The nemesis over real node inits, as a run drives it; ``during(fault_id)`` runs while held."""
+    cluster.wait_ready(list(cluster.nodes))  # every broker has written past its boot
     history = tmp / "history.jsonl"
     recorder = Recorder(history)
     applied: list[str] = []
@@ -219,6 +221,8 @@ while True:
 def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path: Path) -> None:
     history = tmp_path / "history.jsonl"
     with local_inits(["n1"], child=COMMIT_LOG) as inits:
+        # It prints "broker up" once its last (unsynced) record is written.
+        wait_for(lambda: b"broker up" in Path(inits["n1"].log_file).read_bytes(), "the records written")
         cluster = LocalCluster(inits)
         cluster.plugin = ReferenceBroker()  # type: ignore[attr-defined]
         recorder = Recorder(history)
