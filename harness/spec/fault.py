@@ -156,7 +156,9 @@ def combine_evidence(parts: Mapping[str, Evidence]) -> Evidence:
     flags = tuple(f for e in parts.values() for f in e.flags)
     restored_parts = [e.restored for e in parts.values()]
     restored = None if None in restored_parts else all(r for r in restored_parts if r is not None)
-    summary = "; ".join(f"{name}: {e.summary}" for name, e in parts.items())
+    # One part (one node) needs no name: the action's line already names its target.
+    label = (lambda name: "") if len(parts) == 1 else (lambda name: f"{name}: ")
+    summary = "; ".join(f"{label(name)}{e.summary}" for name, e in parts.items())
     mapped = [e.exposed for e in parts.values() if e.exposed is not None]
     exposed = tuple(sorted({i for ids in mapped for i in ids})) if mapped else None
     if True in effects:
@@ -164,7 +166,7 @@ def combine_evidence(parts: Mapping[str, Evidence]) -> Evidence:
         return Evidence.bit(summary, facts, flags=flags + tuple(quiet), restored=restored, exposed=exposed)
     if None in effects:
         return Evidence.unmeasured(summary, facts, flags=flags, restored=restored, exposed=exposed)
-    reason = "; ".join(f"{n}: {e.no_effect_reason}" for n, e in parts.items())
+    reason = "; ".join(f"{label(n)}{e.no_effect_reason}" for n, e in parts.items())
     return Evidence.none(reason, facts, flags=flags, restored=restored, exposed=exposed)
 
 
