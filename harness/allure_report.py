@@ -212,16 +212,21 @@ class AllureReporter:
         self._close_all(error)
 
     def _evidence_step(self, results: dict[str, Any]) -> None:
-        """How many faults bit, with each no-effect line (failed when none bit), and each power cut's exposure."""
+        """How many faults bit, with each no-effect line (failed when none bit), and each power cut's
+        exposure (failed when acknowledged messages were unsynced under a promise to sync first)."""
         ev = results.get("fault_evidence") or {}
         if not ev.get("faults"):
             return
         params = {k: ev.get(k) for k in ("faults", "bit", "no_effect", "unmeasured", "not_restored")}
         params |= {
             f"line {i + 1}": line
-            for i, line in enumerate([*ev.get("lines", []), *ev.get("exposure_lines", [])])
+            for i, line in enumerate(
+                [*ev.get("lines", []), *ev.get("exposure_lines", []), *ev.get("unsynced_lines", [])]
+            )
         }
+        broke = ev.get("unsynced_lines") or []
         error = AssertionError(verdict_line(results)) if ev.get("no_fault_bit") else None
+        error = AssertionError("; ".join(broke)) if broke else error
         self._past_step(f"fault evidence: {ev['bit']} of {ev['faults']} bit", params, None, None, error)
 
     def run_aborted(self, run: Any, exc: BaseException) -> None:

@@ -1,7 +1,7 @@
 """The ``brokerchaos`` command.
 
-Exit status: 0 durable, 1 a failure verdict (LOST, INTEGRITY, RESURRECTED, DUPLICATED,
-UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
+Exit status: 0 durable, 1 a failure verdict (LOST, UNSYNCED, INTEGRITY, RESURRECTED,
+DUPLICATED, UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
 drain never finished). A run's verdict is the worst of every checker's
 (``harness.spec.results.VERDICT_ORDER``), so the status follows what the first line says.
 """

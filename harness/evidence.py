@@ -121,6 +121,8 @@ def summarize(actions: list[FaultAction]) -> FaultEvidence:
         "no_fault_bit": bool(actions) and bit == 0 and none > 0,
         "lines": lines,
         "exposure_lines": [],
+        "confirms_after_sync": None,
+        "unsynced_lines": [],
         "actions": actions,
     }
 
@@ -182,16 +184,38 @@ def add_exposure(
     return lines
 
 
-def read_fault_evidence(history_jsonl: Path, lost: Iterable[str] | None = None) -> FaultEvidence:
+def unsynced_lines(actions: list[FaultAction]) -> list[str]:
+    """One line per cut that found acknowledged messages unsynced: read only where the broker
+    promised a sync before each confirm, where every such message is a broken promise."""
+    return [
+        fault_line(
+            a["fault_id"],
+            a["kind"],
+            a["node"],
+            f"{n} acknowledged message(s) were unsynced at the cut although the broker's settings "
+            "promise a sync before each confirm",
+        )
+        for a in actions
+        if a["exposure"] is not None and (n := a["exposure"]["confirmed_before_cut"] or 0)
+    ]
+
+
+def read_fault_evidence(
+    history_jsonl: Path, lost: Iterable[str] | None = None, confirms_after_sync: bool | None = None
+) -> FaultEvidence:
     """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed,
     and, when a cut's dropped writes were mapped to messages, the confirms of those messages),
-    with each cut's exposure compared with ``lost`` (the checkers' lost ids)."""
+    with each cut's exposure compared with ``lost`` (the checkers' lost ids), and judged when
+    the broker's settings promise a sync before each confirm (``confirms_after_sync``)."""
     if not history_jsonl.exists():
         return summarize([])
     out = fault_evidence(_records(history_jsonl, '"nemesis"'))
+    out["confirms_after_sync"] = confirms_after_sync
     mapped = [a["exposure"] for a in out["actions"] if a["exposure"] is not None]
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
         ids = {i for exp in mapped for i in exp["ids"]}
         attempted, confirmed = publishes(_records(history_jsonl, '"publish"'), ids) if ids else (set(), {})
         out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
+        if confirms_after_sync:
+            out["unsynced_lines"] = unsynced_lines(out["actions"])
     return out

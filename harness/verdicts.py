@@ -103,6 +103,23 @@ def composed_reason(per: Mapping[str, Mapping[str, Any]], verdict: str) -> str:
     return text + (f" (also checked: {', '.join(others)})" if others else "")
 
 
+def judge_unsynced(results: dict[str, Any]) -> None:
+    """A power cut that found acknowledged messages unsynced under a broker's promise to sync
+    before each confirm (``fault_evidence``'s ``unsynced_lines``) is a finding of the harness's
+    own, whatever the checkers say: the run's verdict becomes at least ``UNSYNCED``, and its
+    reason says why."""
+    lines = (results.get("fault_evidence") or {}).get("unsynced_lines") or []
+    if not lines:
+        return
+    verdict = compose_verdicts([results.get("verdict"), "UNSYNCED"])
+    why = f"fault evidence: {len(lines)} power cut(s) found acknowledged messages unsynced under flush-before-confirm settings"
+    if verdict == "UNSYNCED":
+        results["reason"] = why + (f" (checkers: {results['reason']})" if results.get("reason") else "")
+    else:
+        results["reason"] = f"{results.get('reason') or verdict}; {why}"
+    results["verdict"], results["valid"] = verdict, valid_of(verdict)
+
+
 def no_fault_bit(results: Mapping[str, Any]) -> bool:
     """Whether the run applied faults and none of them was measured to bite (``fault_evidence``)."""
     return bool((results.get("fault_evidence") or {}).get("no_fault_bit"))
@@ -152,6 +169,7 @@ def evidence_lines(results: Mapping[str, Any], width: int) -> list[str]:
     lines = [f"  {'faults':<{width}}  {ev['faults']} applied: " + ", ".join(parts)]
     lines += [f"  {'':<{width}}    {line}" for line in ev.get("lines") or []]
     lines += [f"  {'exposure':<{width}}  {line}" for line in ev.get("exposure_lines") or []]
+    lines += [f"  {'UNSYNCED':<{width}}  {line}" for line in ev.get("unsynced_lines") or []]
     return lines
 
 

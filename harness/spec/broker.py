@@ -346,6 +346,14 @@ class BrokerPlugin:
         ids the history attempted, and compares them with what was confirmed before the cut."""
         raise NotImplementedError
 
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """Whether, under ``settings`` (validated), the broker promises that a publish is
+        confirmed only after its write was fsynced: True (a power cut must then find no
+        acknowledged message unsynced, and a non-zero count is a finding on its own, verdict
+        ``UNSYNCED``), False (confirms may precede the sync: the exposure is measured, not
+        judged), None (the plugin does not say; the default)."""
+        return None
+
     # -- membership (capability ``membership``) ------------------------------------------
 
     def members(self, node: NodeHandle) -> set[str]:

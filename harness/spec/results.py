@@ -27,11 +27,14 @@ UNAVAILABLE_S = 5
 """Liveness: a gap longer than this (seconds) with no ``ok`` operation of a kind on a queue is an
 unavailable window (``UnavailableWindow``)."""
 
-Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"]
+Verdict = Literal[
+    "durable", "LOST", "UNSYNCED", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"
+]
 Valid = bool | Literal["unknown"]
 
 VERDICT_ORDER: tuple[Verdict, ...] = (
     "LOST",
+    "UNSYNCED",
     "INTEGRITY",
     "RESURRECTED",
     "DUPLICATED",
@@ -43,6 +46,9 @@ VERDICT_ORDER: tuple[Verdict, ...] = (
 
 - ``LOST``: confirmed messages the application can never get back (a finished drain did not
   find them, or a node holds them unacked for consumers that no longer exist);
+- ``UNSYNCED``: a power cut found acknowledged messages unsynced although the broker's settings
+  promise a sync before each confirm (``BrokerPlugin.confirms_after_sync``): a broken promise
+  whether or not a replica then kept them; the harness's finding (``FaultEvidence``), no checker's;
 - ``INTEGRITY``: something was delivered that should not have been (never published, a body
   other than the one sent, a stream's replicas or sequences that disagree, a delayed message
   early, half a transaction);
@@ -688,7 +694,9 @@ class FaultEvidence(TypedDict):
     from the nemesis ops of the history (no checker involved): every fault action with its
     evidence, counted. ``no_fault_bit``: at least one fault was applied, none was measured to
     bite and at least one was measured to have no effect; the verdict line says so and the exit
-    status is ``EXIT_NO_FAULT_BIT`` when the verdict is ``durable``."""
+    status is ``EXIT_NO_FAULT_BIT`` when the verdict is ``durable``. ``unsynced_lines``: cuts that
+    found acknowledged messages unsynced although the broker promised a sync before each confirm;
+    any makes the run's verdict at least ``UNSYNCED``."""
 
     faults: int  # fault actions applied (ok)
     bit: int
@@ -698,6 +706,8 @@ class FaultEvidence(TypedDict):
     no_fault_bit: bool
     lines: list[str]  # one per fault with no effect, per flag, per fault not undone by its heal
     exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, and lost
+    confirms_after_sync: bool | None  # the broker plugin's word on its settings (None: it does not say)
+    unsynced_lines: list[str]  # one per cut with acknowledged messages unsynced under that promise
     actions: list[FaultAction]
 
 

@@ -508,6 +508,12 @@ class ReferenceBroker(BrokerPlugin):
                 ),
             )
 
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """``flush: sync`` is a group commit: the store confirms a publish only once the commit
+        log was fsynced past its record (``broker_impl/store/store.py``); ``async`` confirms
+        after the write."""
+        return settings.get("flush", self.settings_schema["flush"][0]) == "sync"
+
     # -- membership ------------------------------------------------------------------------
     def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
         """The commit log's segments hold each message's record, body verbatim

@@ -11,20 +11,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import plugins.reference
 from faults.corrupt import CorruptFile
 from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause, PowerLoss
 from harness.evidence import read_fault_evidence
 from harness.history import Recorder, read_jsonl
+from harness.host import Host
 from harness.nemesis import Nemesis, Plan, PlannedFault
+from harness.runner import check_run
 from harness.spec import Fault, FaultContext
 from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT
 from harness.spec.results import FaultEvidence as FaultEvidenceRecord
+from harness.store import RunDir
 from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
 from plugins.reference import ReferenceBroker
 from tests.faults.local_nodes import LocalCluster, local_inits
 from tests.faults.test_nodeinit import wait_for
 from tests.harness.allure_user import allure_result
+from tests.harness.test_check_run import CheckerPlugin, host_with, verdict
 
 # Writes and fsyncs everything once at boot, then writes nothing: a power cut finds nothing unsynced.
 SYNCED = r"""
@@ -218,8 +225,8 @@ while True:
 """
 
 
-def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path: Path) -> None:
-    history = tmp_path / "history.jsonl"
+def cut_over_a_commit_log(history: Path) -> None:
+    """A power cut of a node whose commit log holds p1:4..p1:7 unsynced, p1:1..p1:6 confirmed."""
     with local_inits(["n1"], child=COMMIT_LOG) as inits:
         # It prints "broker up" once its last (unsynced) record is written.
         wait_for(lambda: b"broker up" in Path(inits["n1"].log_file).read_bytes(), "the records written")
@@ -236,6 +243,11 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
         )
         asyncio.run(nemesis(0.3))
         recorder.close()
+
+
+def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    cut_over_a_commit_log(history)
     ev = read_fault_evidence(history, lost=["p1:4", "p1:5"])
     [action] = ev["actions"]
     exposure = action["exposure"]
@@ -248,6 +260,45 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
     assert ev["exposure_lines"] == [
         "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut (4 in the dropped writes); 2 of them lost"
     ]
+
+
+@pytest.mark.parametrize(
+    ("flush", "want_verdict", "want_exit"),
+    [("sync", "UNSYNCED", EXIT_FAILED), ("async", "durable", EXIT_DURABLE)],
+)
+def test_acknowledged_messages_unsynced_under_flush_sync_fail_the_run(
+    tmp_path: Path, flush: str, want_verdict: str, want_exit: int
+) -> None:
+    """Nothing lost, every checker durable: under ``flush: sync`` the three acknowledged
+    messages the cut found unsynced are a broken promise, the run is not durable; under
+    ``flush: async`` they are the exposure that setting accepts."""
+    rd = RunDir.create(tmp_path, "s")
+    cut_over_a_commit_log(rd.history_jsonl)
+    host = Host.load(entry_points=False)
+    host.register(plugins.reference, "reference")
+    host.register(CheckerPlugin({"c": verdict("durable")}), "fake-checkers")
+    scenario = {"name": "s", "broker": {"plugin": "reference", "settings": {"flush": flush}}}
+    res = check_run(host, rd, scenario, ["c"])
+    ev = res["fault_evidence"]
+    assert ev["confirms_after_sync"] is (flush == "sync")
+    assert (res["verdict"], exit_code(res)) == (want_verdict, want_exit)
+    line = (
+        "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut although "
+        "the broker's settings promise a sync before each confirm"
+    )
+    assert ev["unsynced_lines"] == ([line] if flush == "sync" else [])
+    assert (line in summary_table(res)) is (flush == "sync")
+    if flush == "sync":
+        assert res["valid"] is False and res["reason"].startswith("fault evidence: 1 power cut(s)")
+
+
+def test_a_plugin_that_does_not_say_leaves_the_exposure_unjudged(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path, "s")
+    cut_over_a_commit_log(rd.history_jsonl)
+    res = check_run(host_with({"c": verdict("durable")}), rd, {"name": "s"}, ["c"])
+    assert res["fault_evidence"]["confirms_after_sync"] is None
+    assert res["fault_evidence"]["exposure_lines"] and not res["fault_evidence"]["unsynced_lines"]
+    assert res["verdict"] == "durable"
 
 
 def test_allure_shows_the_evidence_and_fails_a_run_none_of_whose_faults_bit(tmp_path: Path) -> None:
