@@ -29,13 +29,15 @@ Kinds (after Jepsen's clock nemesis):
 
 from __future__ import annotations
 
+import json
 import random
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness import FaultError, ScenarioError, short_error
-from harness.spec import ConformanceProbe, Fault, FaultContext
+from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
 from harness.spec.fault import FAKETIME_FILE
 
 STROBE_PID = FAKETIME_FILE + ".strobe.pid"
@@ -96,6 +98,63 @@ def stop_strobe(ctx: FaultContext, node: str) -> str | None:
     return out or None
 
 
+#: Seconds within which a measured offset counts as the configured one (or as none).
+TOLERANCE_S = 0.25
+
+
+def measure_clock(ctx: FaultContext, node: str) -> dict[str, Any]:
+    """The offset a libc reader with the broker's clock environment sees inside ``node``, and which
+    broker processes load the fake clock at all (``faults.node.clockread``)."""
+    rc, out = ctx.cluster.nodes[node].exec(["python3", "-m", "faults.node.clockread"], timeout=60)
+    try:
+        reply = dict(json.loads(out.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        raise FaultError(f"{node}: measuring the clock failed (exit {rc}): {out.strip()[-300:]}") from None
+    if not reply.get("ok"):
+        raise FaultError(f"{node}: measuring the clock failed: {reply.get('error')}")
+    return reply
+
+
+def clock_evidence(node: str, expected: Sequence[float], reading: Mapping[str, Any]) -> Evidence:
+    """Whether the clock inside ``node`` reads one of the ``expected`` non-zero offsets."""
+    off = float(reading["offset_s"])
+    pids = dict(reading.get("pids") or {})
+    facts = {
+        "node": node,
+        "configured_s": list(expected),
+        "measured_s": off,
+        "samples": reading.get("samples"),
+        "fake_clock_loaded": pids,
+    }
+    unloaded = sorted(p for p, loaded in pids.items() if not loaded)
+    flags: list[str] = [
+        f"{node}: broker process(es) {', '.join(unloaded)} do not load the fake clock"
+    ] * bool(unloaded)
+    if not pids or len(unloaded) == len(pids):
+        return Evidence.none(
+            f"no broker process on {node} loads the fake clock: the offset reaches nothing", facts
+        )
+    wanted = ", ".join(f"{e:+.3f}" for e in expected)
+    if abs(off) < TOLERANCE_S:
+        return Evidence.none(
+            f"the clock inside {node} reads true time ({off:+.3f} s; configured {wanted} s)", facts
+        )
+    if all(abs(off - e) > TOLERANCE_S for e in expected):
+        flags.append(f"{node}: measured {off:+.3f} s, configured {wanted} s")
+    return Evidence.bit(
+        f"the clock inside {node} reads {off:+.3f} s off (configured {wanted} s)", facts, flags=tuple(flags)
+    )
+
+
+def clock_restored(ctx: FaultContext, node: str, applied: Evidence) -> Evidence:
+    """After a heal that sets the clock right: does it read true time again?"""
+    off = float(measure_clock(ctx, node)["offset_s"])
+    ok = abs(off) < TOLERANCE_S
+    facts = {**applied.facts, "measured_after_s": off}
+    summary = f"{applied.summary}; {'true time' if ok else f'{off:+.3f} s off'} after the heal"
+    return applied.with_heal(summary, facts, ok)
+
+
 class _ClockFault(Fault):
     """Every clock kind writes the same control files: one final heal sets every clock right."""
 
@@ -144,6 +203,19 @@ class ClockSkew(_ClockFault):
     def heal(self) -> dict[str, Any]:
         return {"set": write_offset(self.ctx, self.params["node"], 0.0)}
 
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The offset measured inside the node (``faults.node.clockread``): a process started with
+        the broker's own clock environment reads the clock between two true reads, and
+        ``/proc/PID/maps`` says which broker processes load the fake clock. No effect: the clock
+        reads true time, or no broker process loads the fake clock."""
+        time.sleep(MIN_PERIOD)  # what a running broker reads is at most this old
+        node = self.params["node"]
+        return clock_evidence(node, [self.params["offset"]], measure_clock(self.ctx, node))
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The clock measured again: true time."""
+        return clock_restored(self.ctx, self.params["node"], applied)
+
 
 class ClockBump(_ClockFault):
     """The broker's wall clock jumps by ``delta`` seconds (default: seeded, 1 to 30 s either way); it stays there until ``clock-reset`` or the final heal."""
@@ -166,6 +238,11 @@ class ClockBump(_ClockFault):
 
     def heal(self) -> dict[str, Any]:
         return {"node": self.params["node"], "kept": "a bump stays until clock-reset or the final heal"}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The offset measured inside the node against the one the bump set (as ``clock-skew``)."""
+        node = self.params["node"]
+        return clock_evidence(node, [float(done["set"]["offset"])], measure_clock(self.ctx, node))
 
 
 class ClockStrobe(_ClockFault):
@@ -224,6 +301,21 @@ class ClockStrobe(_ClockFault):
         node = self.params["node"]
         return {"stopped": stop_strobe(self.ctx, node), "set": write_offset(self.ctx, node, 0.0)}
 
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """One reading per phase of the strobe, until one shows an offset."""
+        node, p = self.params["node"], self.params
+        ev = Evidence.unmeasured("no reading")
+        for _ in range(2):
+            time.sleep(p["period"] / 2 + MIN_PERIOD / 2)
+            ev = clock_evidence(node, [p["a"], p["b"]], measure_clock(self.ctx, node))
+            if ev.effect is not False or not ev.facts.get("fake_clock_loaded"):
+                break
+        return ev
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The clock measured again once the strobe stopped: true time."""
+        return clock_restored(self.ctx, self.params["node"], applied)
+
 
 class ClockReset(_ClockFault):
     """Set the broker's wall clock right again on ``node``, ``nodes`` or every node (stops a strobe)."""
@@ -245,10 +337,35 @@ class ClockReset(_ClockFault):
         done = []
         for node in self.params["nodes"]:
             strobe = stop_strobe(self.ctx, node)
+            before = offset_text(read_offset(self.ctx, node))
             done.append(
-                {**write_offset(self.ctx, node, 0.0), **({"stopped_strobe": strobe} if strobe else {})}
+                {
+                    **write_offset(self.ctx, node, 0.0),
+                    "before": before,
+                    **({"stopped_strobe": strobe} if strobe else {}),
+                }
             )
         return {"set": done}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """A reset bit where a clock was off and now reads true time."""
+        time.sleep(MIN_PERIOD)
+        parts = {}
+        for d in done["set"]:
+            reading = measure_clock(self.ctx, d["node"])
+            off = float(reading["offset_s"])
+            facts = {"before": d["before"], "measured_s": off}
+            if abs(off) >= TOLERANCE_S:
+                parts[d["node"]] = Evidence.bit(
+                    f"still {off:+.3f} s off",
+                    facts,
+                    flags=(f"{d['node']}: reset left the clock {off:+.3f} s off",),
+                )
+            elif d["before"] in ("+0", "0") and not d.get("stopped_strobe"):
+                parts[d["node"]] = Evidence.none("its clock was already right", facts)
+            else:
+                parts[d["node"]] = Evidence.bit(f"set right from {d['before']} s", facts)
+        return combine_evidence(parts)
 
     def heal(self) -> dict[str, Any]:
         return {"nodes": self.params["nodes"], "note": "nothing to undo"}

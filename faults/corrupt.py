@@ -19,7 +19,7 @@ from faults.power import NodesFault, on_each
 from faults.process import nodectl
 from faults.targets import pick_nodes
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe
+from harness.spec import ConformanceProbe, Evidence, combine_evidence
 
 
 class CorruptFile(NodesFault):
@@ -113,4 +113,74 @@ class CorruptFile(NodesFault):
                 "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
                 + (f" (corrupted: {json.dumps(done, sort_keys=True)})" if done else "")
             )
+        self.corrupted = {n: d["corrupted"] for n, d in done.items()}
         return {"nodes": done}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Per node: the file, its written extent (bit flips land only there, never in a
+        preallocated zero tail), every changed offset with its byte before and after, and the
+        file's sha256 before and after. No effect: the checksum did not change."""
+        return combine_evidence(
+            {n: changed(d["corrupted"]) for n, d in sorted((done.get("nodes") or {}).items())}
+        )
+
+    def _verify(self, name: str) -> dict[str, Any]:
+        node = self.ctx.cluster.nodes[name]
+        record = json.dumps({k: self.corrupted[name].get(k) for k in ("file", "sha256_after")})
+        rc, out = node.exec(["python3", "-m", "faults.node.corrupt", "--verify", record], timeout=60)
+        try:
+            return dict(json.loads(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            raise FaultError(
+                f"{name}: verifying the corrupted file failed (exit {rc}): {out.strip()[-300:]}"
+            ) from None
+
+    def heal(self) -> dict[str, Any]:
+        """Before the broker starts again: does each corrupted file still hold the corruption?"""
+        names = sorted(getattr(self, "corrupted", {}))
+        before, errors = on_each(names, self._verify)
+        return {**super().heal(), "before_start": before, "verify_errors": errors}
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """Before the broker starts again, each corrupted file is checked to still hold the
+        corruption (its sha256): a file deleted or rewritten meanwhile means the fault had no effect."""
+        healed = super().heal_evidence(done, applied)
+        lost = {
+            n: v["state"] for n, v in (done.get("before_start") or {}).items() if v.get("state") != "intact"
+        }
+        if not lost or applied.effect is not True:
+            return healed
+        if len(lost) < len(done.get("before_start") or {}):
+            flags = tuple(
+                f"{n}: the corrupted file was {s} before the broker started" for n, s in lost.items()
+            )
+            return Evidence(True, healed.summary, healed.facts, None, healed.flags + flags, healed.restored)
+        reason = "; ".join(
+            f"{n}: the corrupted file was {'deleted' if s == 'gone' else 'rewritten'} before the broker read it"
+            for n, s in sorted(lost.items())
+        )
+        return Evidence.none(reason, healed.facts, flags=healed.flags, restored=healed.restored)
+
+
+def changed(reply: Mapping[str, Any]) -> Evidence:
+    """What one node's corruption changed: offsets and bytes, and the file's sha256 before and after."""
+    before, after = reply.get("sha256_before"), reply.get("sha256_after")
+    facts = {
+        k: reply.get(k)
+        for k in ("file", "size_before", "size_after", "written_extent", "sha256_before", "sha256_after")
+    }
+    changes: list[dict[str, Any]] = list(reply.get("changes") or [])
+    facts["changes"] = changes
+    facts["cut"] = reply.get("cut")
+    if before is None or after is None:
+        return Evidence.unmeasured("no checksum of the file was taken", facts)
+    if before == after:
+        extent = reply.get("written_extent") or [0, 0]
+        why = "it holds no written byte" if extent[1] == 0 else "the flips cancelled out"
+        return Evidence.none(f"{reply.get('file')} is unchanged ({why})", facts)
+    if reply.get("cut"):
+        what = f"cut {reply['cut']['bytes']:,} bytes at offset {reply['cut']['offset']:,}"
+    else:
+        offsets = sorted({c["offset"] for c in changes})
+        what = f"flipped {len(changes)} bit(s) at offset(s) {', '.join(map(str, offsets[:8]))}"
+    return Evidence.bit(f"{what} of {reply.get('file')}; sha256 {before[:12]} -> {after[:12]}", facts)

@@ -23,7 +23,7 @@ from faults.power import on_each
 from faults.process import nodectl
 from faults.targets import pick_nodes
 from harness import FaultError, ScenarioError
-from harness.spec import Fault, FaultContext
+from harness.spec import Evidence, Fault, FaultContext, combine_evidence
 
 OPS = ("read", "write", "fsync")
 
@@ -75,6 +75,34 @@ class _DiskRuleFault(Fault):
         """Remove the rule; its final counts say what it did on each node."""
         done = self._each("clear", self.rule()["id"])
         return {"nodes": {n: (r["cleared"] or [None])[0] for n, r in done.items()}}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """While held only the rule's presence is known; what it did is counted when it is cleared."""
+        nodes = sorted(done.get("nodes") or {})
+        return Evidence.unmeasured(
+            f"rule {self.rule()['id']} in place on {', '.join(nodes)}; what it returned is counted at the heal",
+            {"nodes": dict(done.get("nodes") or {})},
+        )
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The rule's final counts per node: how many calls it refused, delayed or lied to, on which files."""
+        parts = {}
+        for node, report in sorted((done.get("nodes") or {}).items()):
+            if not report:
+                parts[node] = Evidence.unmeasured("the rule was gone before its heal (no counts)")
+                continue
+            hits = int(report.get("hits") or 0)
+            facts = {k: report.get(k) for k in ("hits", "ops", "paths", "first_hit", "last_hit")}
+            what = f"{hits} {'/'.join(report.get('ops') or [])} call(s) met the {report.get('kind')} rule"
+            if hits:
+                shown = ", ".join(report.get("paths") or [])
+                parts[node] = Evidence.bit(f"{what} ({shown})", facts)
+            else:
+                parts[node] = Evidence.none(
+                    f"no {'/'.join(report.get('ops') or [])} call matched while it held", facts
+                )
+        ev = combine_evidence(parts)
+        return Evidence(ev.effect, ev.summary, ev.facts, ev.no_effect_reason, ev.flags, True)
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
-from harness.spec import Fault, FaultContext
+from harness.spec import Evidence, Fault, FaultContext
 
 
 class MemberRemove(Fault):
@@ -49,17 +49,44 @@ class MemberRemove(Fault):
     def apply(self) -> dict[str, Any]:
         node, others = self._split()
         plugin = self.ctx.cluster.plugin
+        _asked, before = _members(plugin, others)
         done = plugin.remove_node(node, others, self.ctx.cluster.settings)
         asked, members = _members(plugin, others)
         if node.name in members:
             raise FaultError(
                 f"{node.name} still counts as a member on {asked} after its removal: {sorted(members)}"
             )
-        return {"removed": node.name, "done": done, "members_after": sorted(members)}
+        return {
+            "removed": node.name,
+            "done": done,
+            "members_before": sorted(before),
+            "members_after": sorted(members),
+            "asked": asked,
+        }
 
     def heal(self) -> dict[str, Any]:
         node, others = self._split()
         return _add(self.ctx, node, others)
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The membership the broker itself reports (``members``), asked of another node before and
+        after the removal. No effect: the node was not a member to begin with."""
+        node = self.params["node"]
+        before, after = list(done.get("members_before") or []), list(done.get("members_after") or [])
+        facts = {"members_before": before, "members_after": after, "asked": done.get("asked")}
+        if node not in before:
+            return Evidence.none(f"{node} was not a member before its removal ({', '.join(before)})", facts)
+        return Evidence.bit(
+            f"members {', '.join(before)} -> {', '.join(after)} (as {done.get('asked')} reports)", facts
+        )
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The membership the broker reports once the node joined again: it is a member."""
+        after = list(done.get("members_after") or [])
+        back = self.params["node"] in after
+        facts = {**applied.facts, "members_after_heal": after}
+        summary = f"{applied.summary}; after the heal {', '.join(after)}"
+        return applied.with_heal(summary, facts, back)
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:

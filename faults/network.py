@@ -26,8 +26,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from faults.link_evidence import healed_evidence, held_evidence, probe_links, readback
 from harness import FaultError, ScenarioError, short_error
-from harness.spec import ConformanceProbe, Fault, FaultContext
+from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext
 
 SHAPES = (
     "isolate",
@@ -265,6 +266,47 @@ class Partition(_ProxyFault):
             )
         return {"actions": done}
 
+    # -- evidence ----------------------------------------------------------------------
+
+    def cut_links(self) -> list[dict[str, Any]]:
+        """Every link the plan says is cut, worked out from the parameters and the topology (not
+        from what ``apply`` did, so that an ``apply`` that forgets a link is caught)."""
+        topology = self.ctx.cluster.topology
+        if self.params["shape"] == "clients":
+            return [
+                {"cut": f"clients->{node}", "sidecar": node, "proxy": p.name, "disabled": True}
+                for node in self.params["clients_cut_from"]
+                for p in topology.proxies[node]
+                if p.src == "client"
+            ]
+        if self.params["mode"] == "refuse":
+            return [
+                {"cut": f"{src}->{dst}", "sidecar": src, "proxy": p.name, "disabled": True}
+                for src, dst in self.params["cuts"]
+                for p in topology.proxies[src]
+                if p.dst == dst
+            ]
+        return [
+            {
+                "cut": f"{src}->{dst}",
+                "sidecar": sidecar,
+                "proxy": proxy,
+                "stream": stream,
+                "toxic": self._toxic(stream),
+            }
+            for src, dst in self.params["cuts"]
+            for sidecar, proxy, stream in self._links(src, dst)
+        ]
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """While held: a probe across each cut link stalls or is refused, and each link's proxy shows the cut."""
+        links = self.cut_links()
+        return held_evidence(links, probe_links(self.ctx.cluster, links), readback(self.ctx.cluster, links))
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """After the heal: every link passes again."""
+        return healed_evidence(applied, probe_links(self.ctx.cluster, self.cut_links()))
+
 
 class LinkToxic(_ProxyFault):
     """Degrade links without cutting them: latency (+jitter), bandwidth, slicer, slow_close, limit_data,
@@ -366,6 +408,33 @@ class LinkToxic(_ProxyFault):
                 self.ctx.cluster.nodes[sidecar].toxiproxy.remove_toxic(proxy, name)
                 done.append({"sidecar": sidecar, "proxy": proxy, "removed": name})
         return {"actions": done}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Each degraded link's proxy carries the toxic (the servers' own account), and a probe's
+        round trip while held (compare a latency toxic's with the probe after the heal)."""
+        links = [
+            {"cut": f"{sidecar}/{proxy}", "sidecar": sidecar, "proxy": proxy, "toxic": self._toxic(stream)}
+            for sidecar, proxy in self._targets()
+            for stream in self._streams()
+        ]
+        api = readback(self.ctx.cluster, links)
+        rows = [{**lk, "api": api[f"{lk['sidecar']}/{lk['proxy']}"]} for lk in links]
+        present = [r for r in rows if r["toxic"] in (r["api"].get("toxics") or [])]
+        facts = {"links": rows}
+        if not rows:
+            return Evidence.unmeasured("no link to degrade", facts)
+        if not present:
+            return Evidence.none(
+                f"none of the {len(rows)} {self.params['type']} toxic(s) is on its proxy", facts
+            )
+        missing = tuple(
+            f"{r['cut']}: toxic {r['toxic']} is not on the proxy" for r in rows if r not in present
+        )
+        return Evidence.bit(
+            f"{self.params['type']} on {len(present)} of {len(rows)} link stream(s) (Toxiproxy's account)",
+            facts,
+            flags=missing,
+        )
 
 
 def heal_network(cluster: Any) -> dict[str, Any]:

@@ -27,6 +27,9 @@ from faults.node.wire import ControlError, LineServer, now_iso
 
 NODE_SOCKET = "/run/brokerchaos/node.sock"
 LAZYFS_SOCKET = "/run/brokerchaos/lazyfs.sock"
+#: Where a power cut leaves a copy of the unsynced writes it drops (the latest cut's only), beside
+#: the control socket: ``/run/brokerchaos/unsynced`` in a node container.
+UNSYNCED_DIR = "unsynced"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -112,6 +115,7 @@ class Node:
         log_file: str | None = None,
         stop_timeout: float = 30.0,
         out: IO[bytes] | None = None,
+        unsynced_dir: str = "/run/brokerchaos/" + UNSYNCED_DIR,
     ) -> None:
         self.command = command
         self.lazy = lazy
@@ -126,6 +130,7 @@ class Node:
         self.timer: threading.Timer | None = None
         self.closing = False
         self.out_lock = threading.Lock()
+        self.unsynced_dir = unsynced_dir
 
     # ------------------------------------------------------------ child lifecycle
     def _emit(self, data: bytes) -> None:
@@ -273,6 +278,8 @@ class Node:
             if cue is not None:
                 done["cue"] = cue
             try:
+                saved = self.lazy.command(f"save {self.unsynced_dir}")
+                done["unsynced_saved"] = saved if saved.get("ok") else {"error": saved.get("error")}
                 fs = self.lazy.command(f"torn {torn}" if torn is not None else "crash")
             except ControlError as e:
                 raise CommandError(f"broker killed but lazyfs did not answer: {e}") from None
@@ -355,10 +362,15 @@ class Node:
     def status(self) -> dict[str, Any]:
         with self.lock:
             running = self.proc is not None and self.state != "stopped"
+            # Every live process of the broker whatever the state says, with its /proc state
+            # (``T`` stopped, ``R``/``S``/``D`` running): what a fault's evidence reads.
+            tree = broker_pids(self.proc.pid, self._keep()) if self.proc is not None else []
+            procs = _processes()
             return {
                 "state": self.state,
                 "pid": self.proc.pid if running and self.proc else None,
-                "pids": broker_pids(self.proc.pid, self._keep()) if running and self.proc else [],
+                "pids": tree if running else [],
+                "alive": {str(p): procs[p][2].decode() for p in tree if p in procs},
                 "starts": self.starts,
                 "restarts": max(self.starts - 1, 0),
                 "restart_pending": self.timer is not None,
@@ -511,7 +523,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nodeinit: {e}", file=sys.stderr)
             return 1
     _set_subreaper()
-    node = Node(command, lazy=lazy, log_file=a.log_file, stop_timeout=a.stop_timeout)
+    node = Node(
+        command,
+        lazy=lazy,
+        log_file=a.log_file,
+        stop_timeout=a.stop_timeout,
+        unsynced_dir=os.path.join(os.path.dirname(os.path.abspath(a.control)), UNSYNCED_DIR),
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

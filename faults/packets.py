@@ -25,12 +25,13 @@ rates, not the packets.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from faults.targets import on_each
 from harness import FaultError, ScenarioError, short_error
-from harness.spec import Fault, FaultContext
+from harness.spec import Evidence, Fault, FaultContext, combine_evidence
 
 NETEM_DEFAULTS = {
     "loss": 0.0,
@@ -265,6 +266,31 @@ class PacketLoss(Fault):
             )
             done[sidecar] = _run(self.ctx, sidecar, script, "nft delete table")
         return {"counters_before_heal": done}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """While held only the rules' presence is known (``nft list``)."""
+        sidecars = [r["sidecar"] for r in done.get("rules") or []]
+        return Evidence.unmeasured(
+            f"drop rules in place on {', '.join(sidecars)}; the packets they dropped are counted at the heal"
+        )
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The kernel's counters, read just before the rules went: packets eligible and dropped.
+        No effect: none dropped."""
+        parts = {}
+        for sidecar, shown in sorted((done.get("counters_before_heal") or {}).items()):
+            counts = [int(n) for n in re.findall(r"counter packets (\d+) bytes \d+", shown or "")]
+            if len(counts) < 2:
+                parts[sidecar] = Evidence.unmeasured(f"no counters in {shown!r}")
+                continue
+            eligible, dropped = counts[0], counts[1]
+            facts = {"eligible_packets": eligible, "dropped_packets": dropped}
+            if dropped:
+                parts[sidecar] = Evidence.bit(f"dropped {dropped} of {eligible} packets", facts)
+            else:
+                parts[sidecar] = Evidence.none(f"dropped none of {eligible} packets", facts)
+        ev = combine_evidence(parts)
+        return Evidence(ev.effect, ev.summary, ev.facts, ev.no_effect_reason, ev.flags, True)
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:

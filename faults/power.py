@@ -15,13 +15,16 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from faults import evidence as ev
+from faults.exposure import Pending, with_exposure
 from faults.process import _ProcessFault, nodectl
 from faults.targets import on_each, pick_nodes
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe
+from harness.spec import ConformanceProbe, Evidence, combine_evidence
 
 
 class NodesFault(_ProcessFault):
@@ -39,6 +42,26 @@ class NodesFault(_ProcessFault):
             )
         self.ctx.cluster.wait_ready(names)
         return {"nodes": {n: {"nodectl": r} for n, r in replies.items()}, "ready": True}
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The nodes' evidence after the restart: when each came back and whether it runs."""
+        names = list(self.params["nodes"])
+        nodes = self.ctx.cluster.nodes
+        statuses, errors = on_each(names, lambda n: nodectl(nodes[n], "status"))
+        started = {n: ((done.get("nodes") or {}).get(n) or {}).get("nodectl") or {} for n in names}
+        running = {n: (statuses.get(n) or {}).get("state") == "running" for n in names}
+        facts = {
+            **applied.facts,
+            "back_at": {n: started[n].get("at") for n in names},
+            "running_after": running,
+            "status_errors": errors,
+        }
+        down = [n for n in names if not running[n]]
+        summary = applied.summary + (
+            f"; {', '.join(down)} not running after the heal" if down else "; all back"
+        )
+        restored = None if errors else not down
+        return applied.with_heal(summary, facts, restored)
 
 
 class PowerLossCoordinated(NodesFault):
@@ -93,6 +116,24 @@ class PowerLossCoordinated(NodesFault):
                 + f" (cut on {', '.join(sorted(replies)) or 'no node'}: {done['cut']})"
             )
         return done
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Per node, what the cut threw away (unsynced bytes dropped, torn writes kept)."""
+        parts = {}
+        for n, r in sorted((done.get("nodes") or {}).items()):
+            reply = r.get("nodectl") or {}
+            cut = ev.power_cut(reply)
+            if reply.get("gone") is False:
+                cut = replace(cut, flags=(*cut.flags, f"{n}: broker processes outlived the cut"))
+            parts[n] = cut
+        self.pending = Pending(self.ctx.cluster, parts)
+        return combine_evidence(parts)
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The nodes back; and the messages each node's dropped writes held, mapped while they were down."""
+        healed = super().heal_evidence(done, applied)
+        pending = getattr(self, "pending", None)
+        return with_exposure(healed, pending.result()) if pending is not None else healed
 
 
 def summarize(at: float, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

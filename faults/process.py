@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from faults import evidence as ev
+from faults.exposure import Pending, with_exposure
 from faults.targets import on_each
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe, Fault, FaultContext
+from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
 
 
 def nodectl(node: Any, *args: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -71,8 +74,29 @@ class _NodeFault(_ProcessFault):
         self.ctx.cluster.wait_ready([self.params["node"]])
         return {"nodectl": reply, "ready": True}
 
+    def _status(self) -> dict[str, Any]:
+        return nodectl(self.node, "status")
 
-class Kill(_NodeFault):
+
+class _DownFault(_NodeFault):
+    """A kind that takes the broker down (kill, stop, power cut): its evidence is the process tree
+    gone, with its exit, and after the heal the time it came back."""
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The node init's reply lists every pid it signalled and whether the broker's whole process
+        tree was gone after (``/proc``); its ``status`` then gives the live processes left and the
+        leader's exit (signal or code). No effect: the broker was not running."""
+        return ev.gone(done["nodectl"], self._status())
+
+    def heal(self) -> dict[str, Any]:
+        return self._start_and_wait()
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """When the broker started again (the start reply), and that ``status`` shows it running."""
+        return ev.back(applied, done.get("nodectl") or {}, self._status())
+
+
+class Kill(_DownFault):
     """SIGKILL the broker; it stays down for the hold, then starts on the same data."""
 
     name = "kill"
@@ -81,9 +105,6 @@ class Kill(_NodeFault):
 
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "crash")}
-
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
 
 
 class Pause(_NodeFault):
@@ -99,8 +120,17 @@ class Pause(_NodeFault):
     def heal(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "resume")}
 
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Every process of the broker in the stopped state (``T`` in ``/proc/PID/stat``, as the
+        node init's ``status`` lists them); a process still running is named."""
+        return ev.stopped(done["nodectl"], self._status())
 
-class Stop(_NodeFault):
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """No process of the broker left in the stopped state."""
+        return ev.resumed(applied, self._status())
+
+
+class Stop(_DownFault):
     """Graceful stop (SIGTERM, then SIGKILL after a timeout), started again at heal."""
 
     name = "stop"
@@ -110,11 +140,8 @@ class Stop(_NodeFault):
     def apply(self) -> dict[str, Any]:
         return {"nodectl": nodectl(self.node, "stop", timeout=90)}
 
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
 
-
-class PowerLoss(_NodeFault):
+class PowerLoss(_DownFault):
     """The node and its disk cache die together: every write not yet fsync'ed is lost.
 
     ``torn: true`` keeps a random prefix (by the run's seed) of each file's unsynced bytes.
@@ -140,8 +167,21 @@ class PowerLoss(_NodeFault):
             args += ["--torn", str(self.params["torn_seed"])]
         return {"nodectl": nodectl(self.node, *args)}
 
-    def heal(self) -> dict[str, Any]:
-        return self._start_and_wait()
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """The lazy filesystem's own account of the cut: per file the unsynced bytes it dropped
+        and the ranges, the files it left shorter, the names it lost; the kill's evidence beside it.
+        No effect: nothing unsynced was dropped (no more than a crash). With a broker plugin that
+        declares ``unsynced-messages``, the ids of the messages the dropped writes held."""
+        cut = ev.power_cut(done["nodectl"])
+        self.pending = Pending(self.ctx.cluster, {self.params["node"]: cut})
+        killed = super().evidence(done)
+        return replace(cut, facts={**cut.facts, "process": killed.as_dict()}, flags=cut.flags + killed.flags)
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """When the broker came back; and the messages the dropped writes held, mapped while it was down."""
+        healed = super().heal_evidence(done, applied)
+        pending = getattr(self, "pending", None)
+        return with_exposure(healed, pending.result()) if pending is not None else healed
 
 
 class RollingRestart(_ProcessFault):
@@ -172,6 +212,17 @@ class RollingRestart(_ProcessFault):
 
     def heal(self) -> dict[str, Any]:
         return {}
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Per node: its processes gone at the stop, and the pid it started again with."""
+        parts = {}
+        for step in done.get("restarted") or []:
+            gone = ev.gone(step["stop"], None)
+            start = step.get("start") or {}
+            facts = {**gone.facts, "back_at": start.get("at"), "pid_after": start.get("pid")}
+            summary = f"{gone.summary}; started again at {start.get('at')} and ready"
+            parts[step["node"]] = Evidence(gone.effect, summary, facts, gone.no_effect_reason, gone.flags)
+        return combine_evidence(parts)
 
 
 def heal_processes(cluster: Any) -> dict[str, Any]:

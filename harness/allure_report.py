@@ -26,8 +26,9 @@ from allure_commons.utils import uuid4
 from harness import hookimpl
 from harness.errors import BrokerChaosError
 from harness.liveness import recovery_row
+from harness.spec.history import EVIDENCE
 from harness.spec.results import ANOMALY_CLASSES, INTEGRITY_ANOMALIES
-from harness.verdicts import checker_lines
+from harness.verdicts import checker_lines, no_fault_bit, verdict_line
 
 PHASE_TITLES = {
     "images": "build images",
@@ -190,6 +191,11 @@ class AllureReporter:
         }
         if value.get("hold") is not None:
             params["hold_s"] = value["hold"]
+        evidence = value.get(EVIDENCE) or {}
+        if evidence:
+            params["evidence"] = str(evidence.get("summary"))
+            params["effect"] = {True: "bit", False: "no effect", None: "not measured"}[evidence.get("effect")]
+            title += " (no effect)" if evidence.get("effect") is False else ""
         error = BrokerChaosError(op["error"]) if op["type"] != "ok" and op.get("error") else None
         at = _epoch_ms(op["wall_time"])  # when it completed; the step is a point on the timeline
         self._past_step(title, params, at, at, error)
@@ -201,14 +207,31 @@ class AllureReporter:
             allure.dynamic.parameter("broker_running", running, excluded=True)  # what it reported
         self._checker_steps(results)
         self._liveness_steps(results)
+        self._evidence_step(results)
         self._anomaly_step(results)
         self._attach_run(run, results)
         error = None
-        if results.get("valid") is not True:
-            error = AssertionError(
-                f"verdict {results.get('verdict', results.get('valid'))}: {results.get('reason', '')}"
-            )
+        if results.get("valid") is not True or no_fault_bit(results):
+            error = AssertionError(f"verdict {verdict_line(results)}: {results.get('reason', '')}")
         self._close_all(error)
+
+    def _evidence_step(self, results: dict[str, Any]) -> None:
+        """How many faults bit, with each no-effect line (failed when none bit), and each power cut's
+        exposure (failed when acknowledged messages were unsynced under a promise to sync first)."""
+        ev = results.get("fault_evidence") or {}
+        if not ev.get("faults"):
+            return
+        params = {k: ev.get(k) for k in ("faults", "bit", "no_effect", "unmeasured", "not_restored")}
+        params |= {
+            f"line {i + 1}": line
+            for i, line in enumerate(
+                [*ev.get("lines", []), *ev.get("exposure_lines", []), *ev.get("unsynced_lines", [])]
+            )
+        }
+        broke = ev.get("unsynced_lines") or []
+        error = AssertionError(verdict_line(results)) if ev.get("no_fault_bit") else None
+        error = AssertionError("; ".join(broke)) if broke else error
+        self._past_step(f"fault evidence: {ev['bit']} of {ev['faults']} bit", params, None, None, error)
 
     def run_aborted(self, run: Any, exc: BaseException) -> None:
         """The run raised before it was checked: attach what exists, close the open steps."""

@@ -1,7 +1,7 @@
 """The ``brokerchaos`` command.
 
-Exit status: 0 durable, 1 a failure verdict (LOST, INTEGRITY, RESURRECTED, DUPLICATED,
-UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
+Exit status: 0 durable, 1 a failure verdict (LOST, UNSYNCED, INTEGRITY, RESURRECTED,
+DUPLICATED, UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
 drain never finished). A run's verdict is the worst of every checker's
 (``harness.spec.results.VERDICT_ORDER``), so the status follows what the first line says.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.errors import BrokerChaosError
 from harness.runner import EXIT_ERROR
-from harness.spec.results import EXIT_FAILED, compose_verdicts, exit_status
+from harness.spec.results import EXIT_FAILED, exit_status
 
 USAGE_EXAMPLES = """\
 examples:
@@ -316,7 +316,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     from harness.nemesis import plan_from_history
     from harness.runner import Run
     from harness.store import RunDir, default_root
-    from harness.verdicts import exit_code, summary_table
+    from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
 
     sc = scenario_mod.with_overrides(scenario_mod.load(args.scenario), seed=args.seed, duration=args.duration)
     replay = None
@@ -329,7 +329,6 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         raise BrokerChaosError("--runs must be at least 1")
     store = Path(args.store) if args.store else default_root()
     codes = []
-    verdicts = []
     run_dirs = []
     started = time.monotonic()
     for k in range(args.runs):
@@ -347,11 +346,10 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         assert run.dir is not None
         run_dirs.append(run.dir.path)
         codes.append(exit_code(results))
-        verdicts.append(results.get("verdict"))
         if args.json:
             print(json.dumps(results, indent=2, sort_keys=True, default=str))
         else:
-            print(f"\n{s.name} (seed {s.seed}): {results.get('verdict', results.get('valid'))}")
+            print(f"\n{s.name} (seed {s.seed}): {verdict_line(results)}")
             print(summary_table(results))
             report = run.dir.path / "report.html"
             print(f"  run directory      {run.dir.path}")
@@ -365,7 +363,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         _until_fail_summary(codes, run_dirs, sc.seed, time.monotonic() - started)
     elif args.runs > 1:
         _grade_dirs(host, run_dirs, None, engine="stored")
-    return exit_status(compose_verdicts(verdicts))  # over runs as over checkers: the worst
+    return series_exit(codes)  # over runs as over checkers: the worst
 
 
 def kept_cluster_line(run_id: str) -> str:
@@ -484,7 +482,7 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     from harness.liveness import scrape_logs
     from harness.runner import annotate_coverage, check_run, render_report
     from harness.store import RunDir
-    from harness.verdicts import exit_code, summary_table
+    from harness.verdicts import exit_code, summary_table, verdict_line
 
     rd = RunDir.open(args.run_dir)
     stored = rd.read_json("scenario.json")
@@ -511,7 +509,7 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=str))
     else:
-        print(f"{rd.path}: {results.get('verdict', results.get('valid'))}")
+        print(f"{rd.path}: {verdict_line(results)}")
         print(summary_table(results))
         if report:
             print(f"  report             {report}")

@@ -20,7 +20,7 @@ import json
 import socket
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -537,7 +537,32 @@ class Battery:
             )
         if "lazyfs" in self.host.registry.faults[kind].needs:
             rows.append(lazyfs_held_data(kind, applied[0], self.plugin.data_dir))
+        rows.append(self._bit(kind, r.results))
         return rows
+
+    def _bit(self, kind: str, results: Mapping[str, Any]) -> Check:
+        """Whether the fault's own evidence shows it bit: a recovery after a fault that had no
+        effect tested nothing (``results.json``'s ``fault_evidence``)."""
+        name = f"{kind}: the fault bit (its evidence)"
+        actions = (results.get("fault_evidence") or {}).get("actions") or []
+        if not actions:
+            return Check(name, SKIP, "no evidence recorded")
+        a = actions[0]
+        if a["effect"] is False and "lazyfs" in self.host.registry.faults[kind].needs:
+            # A broker that syncs every write leaves a cut nothing to drop: the held-data row judges
+            # whether unsynced data was ever held under data_dir, not the instant of the cut.
+            return Check(name, SKIP, f"{a['line']} (the held-data row judges power loss)")
+        if a["effect"] is False:
+            return Check(
+                name,
+                FAIL,
+                a["line"],
+                f"the {kind} had no effect on this broker, so surviving it proves nothing: "
+                "make the broker hold what the fault reaches (e.g. unsynced writes under data_dir)",
+            )
+        if a["effect"] is None:
+            return Check(name, SKIP, f"not measured: {a['summary']}")
+        return Check(name, PASS, a["summary"])
 
     def _refusal(self, kind: str, nodes: int, schedule: Sequence[dict[str, Any]]) -> Check:
         """A broker that declares ``corruption_response = "refuse"``: the run is expected to end

@@ -8,7 +8,9 @@ The concrete parameters are planned before the run starts, so the same seed
 gives the same schedule, and a recorded run can be replayed exactly.
 
 Every action goes to the history (process ``nemesis``) with what was actually
-done: proxies, toxics, containers, signals.
+done: proxies, toxics, containers, signals, and the evidence the fault measured of its own
+effect while held and after its heal (``harness.spec.fault.Evidence``). A fault whose evidence
+shows no effect is said in one line as it happens.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import FaultError, ScenarioError
+from harness.evidence import fault_line
 from harness.history import Recorder
 from harness.progress import say
 from harness.scenario import Scenario
-from harness.spec.fault import Fault, FaultContext
+from harness.spec.fault import Evidence, Fault, FaultContext
+from harness.spec.history import EVIDENCE
 
 
 @dataclass
@@ -244,6 +248,24 @@ def plan_from_history(path: Path) -> Plan:
     return out
 
 
+async def _measure(fn: Any) -> Evidence:
+    """A fault's evidence, measured off the event loop; a measurement that raises is recorded as
+    not measured (with why), never as an effect."""
+    try:
+        return await asyncio.to_thread(fn)
+    except Exception as exc:  # noqa: BLE001 - the fault itself happened: only its proof failed
+        return Evidence.unmeasured(f"measuring its effect failed: {type(exc).__name__}: {exc}")
+
+
+def _say_evidence(fid: str, kind: str, node: Any, evidence: Evidence) -> None:
+    if evidence.effect is False:
+        say("nemesis", fault_line(fid, kind, node if isinstance(node, str) else None, evidence.summary))
+    else:
+        say("nemesis", f"{fid} evidence: {evidence.summary}")
+    for flag in evidence.flags:
+        say("nemesis", f"{fid} {kind}: {flag}")
+
+
 class Nemesis:
     """Runs a plan against a cluster, recording every action, and heals everything at the end."""
 
@@ -266,6 +288,8 @@ class Nemesis:
         self.final_heal = final_heal
         self.on_fault = on_fault or (lambda op: None)
         self.active: dict[str, Fault] = {}
+        #: What each held fault measured when applied, completed by its heal.
+        self.evidence: dict[str, Evidence] = {}
         self.start_ns = 0
 
     async def __call__(self, duration: float) -> None:
@@ -316,7 +340,12 @@ class Nemesis:
             self.on_fault(op)
             return
         self.active[step.fault_id] = fault
-        self.on_fault(inv.ok({**value, "done": done}))
+        started = asyncio.get_running_loop().time()
+        evidence = await _measure(lambda: fault.evidence(done))
+        took = round(asyncio.get_running_loop().time() - started, 3)
+        self.evidence[step.fault_id] = evidence
+        _say_evidence(step.fault_id, step.kind, step.params.get("node"), evidence)
+        self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict(), "evidence_s": took}))
 
     async def _heal(self, fid: str, *, scheduled: bool = True) -> None:
         fault = self.active.pop(fid, None)
@@ -326,11 +355,21 @@ class Nemesis:
         inv = self.recorder.invoke("nemesis", "heal", value=value)
         try:
             done = await asyncio.to_thread(fault.heal)
-            op = inv.ok({**value, "done": done})
         except Exception as exc:  # noqa: BLE001
-            op = inv.info(f"{type(exc).__name__}: {exc}")
+            say("nemesis", f"healed {fid}")
+            self.on_fault(inv.info(f"{type(exc).__name__}: {exc}"))
+            return
         say("nemesis", f"healed {fid}")
-        self.on_fault(op)
+        applied = self.evidence.pop(fid, None)
+        if applied is None:  # its apply failed: nothing was measured to complete
+            self.on_fault(inv.ok({**value, "done": done}))
+            return
+        evidence = await _measure(lambda: fault.heal_evidence(done, applied))
+        if evidence.effect is False and applied.effect is not False:
+            _say_evidence(fid, fault.name, fault.params.get("node"), evidence)
+        if evidence.restored is False:
+            say("nemesis", f"{fid} {fault.name}: still in effect after its heal ({evidence.summary})")
+        self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict()}))
 
     async def _final_heal(self) -> None:
         for fid in list(self.active):

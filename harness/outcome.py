@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario import Scenario
-from harness.verdicts import summary_table
+from harness.verdicts import no_fault_bit, summary_table, verdict_line
 
 
 @dataclass
@@ -34,12 +34,19 @@ class ChaosResult:
 
         yield from read_jsonl(self.run_dir / "history.jsonl")
 
+    @property
+    def no_fault_bit(self) -> bool:
+        """Faults were applied and none was measured to bite (``results.json``'s ``fault_evidence``)."""
+        return no_fault_bit(self.results)
+
     def loss_table(self) -> str:
         return loss_table(self.scenario, self.results, self.run_dir)
 
-    def assert_durable(self) -> ChaosResult:
-        """Raise ``AssertionError`` with the loss table unless every confirmed message came back."""
-        if not self.durable:
+    def assert_durable(self, *, allow_no_fault_bit: bool = False) -> ChaosResult:
+        """Raise ``AssertionError`` with the loss table unless every confirmed message came back,
+        and unless a fault bit (a durable run none of whose faults had an effect proved nothing;
+        ``allow_no_fault_bit`` accepts it)."""
+        if not self.durable or (self.no_fault_bit and not allow_no_fault_bit):
             raise AssertionError(self.loss_table())
         return self
 
@@ -55,10 +62,10 @@ class ChaosSeries(list[ChaosResult]):
     def durable(self) -> bool:
         return all(r.durable for r in self)
 
-    def assert_durable(self) -> ChaosSeries:
-        bad = [r for r in self if not r.durable]
+    def assert_durable(self, *, allow_no_fault_bit: bool = False) -> ChaosSeries:
+        bad = [r for r in self if not r.durable or (r.no_fault_bit and not allow_no_fault_bit)]
         if bad:
-            head = f"{len(bad)} of {len(self)} seeded runs are not durable"
+            head = f"{len(bad)} of {len(self)} seeded runs are not durable or had no fault bite"
             raise AssertionError(head + "\n\n" + "\n\n".join(r.loss_table() for r in bad))
         return self
 
@@ -66,10 +73,10 @@ class ChaosSeries(list[ChaosResult]):
 def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, limit: int = 20) -> str:
     """The text a failing chaos test shows: verdict, counts, attribution, lost ids, how to rerun."""
     broker = scenario.broker.plugin
+    what = "proved nothing" if results.get("valid") is True else "is not durable"
     lines = [
-        f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) is not durable: "
-        f"{results.get('verdict', results.get('valid'))}"
-        + (f" ({results['reason']})" if results.get("reason") else ""),
+        f"chaos run {scenario.name!r} (broker {broker}, seed {scenario.seed}) {what}: "
+        f"{verdict_line(results)}" + (f" ({results['reason']})" if results.get("reason") else ""),
         summary_table(dict(results)),
     ]
     attribution = results.get("attribution") or {}

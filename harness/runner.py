@@ -21,6 +21,7 @@ from typing import Any
 from harness.cluster import Cluster, build_topology, docker_client, filesystem_model, node_roles, role_recipes
 from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, PortInUse
+from harness.evidence import read_fault_evidence
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder, broker_image
@@ -32,7 +33,7 @@ from harness.scenario import Scenario
 from harness.spec.broker import ImageRecipe
 from harness.spec.fault import HOST_FEATURES, ClusterNodes, Fault, FaultContext
 from harness.store import RunDir
-from harness.verdicts import combine
+from harness.verdicts import combine, judge_unsynced
 from harness.workload import (
     assignments,
     driver_options,
@@ -415,7 +416,23 @@ def check_run(
         after = f" ({done - drained_at:.1f}s after the drain)" if drained_at is not None else ""
         say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
         per[name] = res
-    return combine(per)
+    results = combine(per)
+    results["fault_evidence"] = read_fault_evidence(
+        run_dir.history_jsonl, lost=results.get("lost"), confirms_after_sync=sync_promise(host, scenario)
+    )
+    judge_unsynced(results)
+    return results
+
+
+def sync_promise(host: Host, scenario: Mapping[str, Any]) -> bool | None:
+    """What the scenario's broker plugin says of its settings: a confirm follows an fsync
+    (``BrokerPlugin.confirms_after_sync``); None when it does not say or is not loaded (a
+    stored run re-checked where its plugin is not installed)."""
+    broker = scenario.get("broker") or {}
+    if broker.get("plugin") not in host.registry.brokers:
+        return None
+    plugin = host.broker(broker["plugin"])
+    return plugin.confirms_after_sync(plugin.validate_settings(broker.get("settings") or {}))
 
 
 def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Fault]]) -> frozenset[str]:

@@ -18,7 +18,17 @@ from typing import Any
 
 from harness.coverage import coverage_lines
 from harness.liveness import liveness_lines
-from harness.spec.results import ANOMALY_CLASSES, CheckerSummary, compose_verdicts, exit_status, valid_of
+from harness.spec.results import (
+    ANOMALY_CLASSES,
+    EXIT_DURABLE,
+    EXIT_FAILED,
+    EXIT_NO_FAULT_BIT,
+    EXIT_UNKNOWN,
+    CheckerSummary,
+    compose_verdicts,
+    exit_status,
+    valid_of,
+)
 
 EXAMPLES_SHOWN = 3
 """Examples of each finding a terminal shows per checker (the report shows more, results.json all kept)."""
@@ -94,9 +104,74 @@ def composed_reason(per: Mapping[str, Mapping[str, Any]], verdict: str) -> str:
     return text + (f" (also checked: {', '.join(others)})" if others else "")
 
 
+def judge_unsynced(results: dict[str, Any]) -> None:
+    """A power cut that found acknowledged messages unsynced under a broker's promise to sync
+    before each confirm (``fault_evidence``'s ``unsynced_lines``) is a finding of the harness's
+    own, whatever the checkers say: the run's verdict becomes at least ``UNSYNCED``, and its
+    reason says why."""
+    lines = (results.get("fault_evidence") or {}).get("unsynced_lines") or []
+    if not lines:
+        return
+    verdict = compose_verdicts([results.get("verdict"), "UNSYNCED"])
+    why = f"fault evidence: {len(lines)} power cut(s) found acknowledged messages unsynced under flush-before-confirm settings"
+    if verdict == "UNSYNCED":
+        results["reason"] = why + (f" (checkers: {results['reason']})" if results.get("reason") else "")
+    else:
+        results["reason"] = f"{results.get('reason') or verdict}; {why}"
+    results["verdict"], results["valid"] = verdict, valid_of(verdict)
+
+
+def no_fault_bit(results: Mapping[str, Any]) -> bool:
+    """Whether the run applied faults and none of them was measured to bite (``fault_evidence``)."""
+    return bool((results.get("fault_evidence") or {}).get("no_fault_bit"))
+
+
 def exit_code(results: Mapping[str, Any]) -> int:
-    """The exit status of a checked run: from its composed verdict only (0, 1 or 3)."""
-    return exit_status(results.get("verdict"))
+    """The exit status of a checked run: from its composed verdict (0, 1 or 3), except that a
+    ``durable`` run none of whose faults bit exits ``EXIT_NO_FAULT_BIT`` (4): it proved nothing."""
+    status = exit_status(results.get("verdict"))
+    if status == EXIT_DURABLE and no_fault_bit(results):
+        return EXIT_NO_FAULT_BIT
+    return status
+
+
+def series_exit(codes: list[int]) -> int:
+    """The exit status of several runs: the worst of theirs (a failure, then unknown, then a run
+    none of whose faults bit, then durable)."""
+    for code in (EXIT_FAILED, EXIT_UNKNOWN, EXIT_NO_FAULT_BIT):
+        if code in codes:
+            return code
+    return EXIT_DURABLE
+
+
+def verdict_line(results: Mapping[str, Any]) -> str:
+    """The verdict as the run's first line shows it: ``durable (no fault bit: ...)`` when it must
+    not read as plain ``durable``."""
+    verdict = str(results.get("verdict", results.get("valid")))
+    ev = results.get("fault_evidence") or {}
+    if ev.get("no_fault_bit"):
+        n = ev.get("faults", 0)
+        return (
+            f"{verdict} (no fault bit: {ev.get('no_effect', 0)} of {n} fault{'s' * (n != 1)} had no effect)"
+        )
+    return verdict
+
+
+def evidence_lines(results: Mapping[str, Any], width: int) -> list[str]:
+    """How many faults bit, and one line per fault that had no effect (or that a heal left on)."""
+    ev = results.get("fault_evidence") or {}
+    if not ev.get("faults"):
+        return []
+    parts = [f"{ev['bit']} bit", f"{ev['no_effect']} no effect"]
+    if ev.get("unmeasured"):
+        parts.append(f"{ev['unmeasured']} not measured")
+    if ev.get("not_restored"):
+        parts.append(f"{ev['not_restored']} still on after the heal")
+    lines = [f"  {'faults':<{width}}  {ev['faults']} applied: " + ", ".join(parts)]
+    lines += [f"  {'':<{width}}    {line}" for line in ev.get("lines") or []]
+    lines += [f"  {'exposure':<{width}}  {line}" for line in ev.get("exposure_lines") or []]
+    lines += [f"  {'UNSYNCED':<{width}}  {line}" for line in ev.get("unsynced_lines") or []]
+    return lines
 
 
 # -- text -------------------------------------------------------------------------------------
@@ -154,7 +229,7 @@ def summary_table(results: dict[str, Any]) -> str:
     c = results.get("counts", {}) or {}
     old_history = (results.get("history_schema") or 2) < 2
     rows = [
-        ("verdict", str(results.get("verdict", results.get("valid")))),
+        ("verdict", verdict_line(results)),
         ("attempted", c.get("attempted")),
         ("confirmed", c.get("confirmed")),
         ("nacked", c.get("failed")),
@@ -180,6 +255,7 @@ def summary_table(results: dict[str, Any]) -> str:
     if results.get("reason"):
         lines.insert(1, f"  {'reason':<{width}}  {results['reason']}")
     lines += checker_lines(results, width)
+    lines += evidence_lines(results, width)
     lines += liveness_lines(results, width)
     lines += coverage_lines(results, width)
     budgets = {k: v for k, v in (results.get("budgets") or {}).items() if v is not None}

@@ -471,6 +471,7 @@ def faults_page() -> str:
         parts.append(_doc(_fault_doc(name, cls)))
         origin = reg.origin.get(("fault", name), "?")
         parts.append(f"Plugin `{origin}`; class `{cls.__module__}.{cls.__qualname__}`.")
+        parts.append(_evidence_doc(cls))
         if cls.params_schema:
             parts.append(
                 _table(
@@ -505,6 +506,22 @@ def faults_page() -> str:
         )
     )
     return _page("Faults", "the registered fault kinds (params_schema, requires, needs, touches)", *parts)
+
+
+def _evidence_doc(cls: type) -> str:
+    """What a kind measures of its own effect, from its ``evidence`` and ``heal_evidence`` docstrings."""
+    import inspect
+
+    from harness.spec.fault import Fault
+
+    if cls.evidence is Fault.evidence:  # type: ignore[attr-defined]
+        return "**Evidence**: none measured: each application is recorded as *not measured*, never as a fault that bit."
+    held = (inspect.getdoc(cls.evidence) or "").replace("\n", " ")  # type: ignore[attr-defined]
+    text = f"**Evidence** (measured right after it is applied): {held}"
+    if cls.heal_evidence is not Fault.heal_evidence:  # type: ignore[attr-defined]
+        healed = (inspect.getdoc(cls.heal_evidence) or "").replace("\n", " ")  # type: ignore[attr-defined]
+        text += f" **After the heal**: {healed}"
+    return text
 
 
 def _fault_doc(name: str, cls: type) -> str:

@@ -390,6 +390,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
         f"<h1>brokerchaos run {_e(run_dir.name)}</h1>",
         *([f"<p>broker: {_e(str(running))}</p>"] if running else []),
         f"<div class='verdict {_e(results['verdict'])}'>{_e(results['verdict'])} &mdash; {_e(results['reason'])}</div>",
+        *[f"<div class='note'>{_e(line)}</div>" for line in _no_fault_bit(results)],
         f"<p>checked by the {_e(results['engine'])} engine on a schema-{results.get('history_schema', 1)} history; "
         f"drain {'completed' if results['drain']['completed'] else 'did not complete'}; "
         f"{c['history_ops']:,} operations"
@@ -443,6 +444,7 @@ def render_report(run_dir: Path, results: Results) -> Path:
                 left=3,
             ),
         ]
+        + _evidence_parts(results)
         + _drain_parts(results)
     )
     parts += findings_parts(results)
@@ -700,6 +702,43 @@ def _anomaly_parts(results: Results) -> list[str]:
             ),
         )
     return parts
+
+
+def _no_fault_bit(results: Results) -> list[str]:
+    ev: dict[str, Any] = dict(results).get("fault_evidence") or {}  # type: ignore[assignment]
+    if not ev.get("no_fault_bit"):
+        return []
+    return [f"no fault bit: {ev['no_effect']} of {ev['faults']} faults had no effect (exit status 4)"]
+
+
+def _evidence_parts(results: Results) -> list[str]:
+    """Each fault action's evidence (``results.json``'s ``fault_evidence``, the harness's)."""
+    ev: dict[str, Any] = dict(results).get("fault_evidence") or {}  # type: ignore[assignment]
+    if not ev.get("actions"):
+        return []
+    effect = {True: "bit", False: "no effect", None: "not measured"}
+    rows = [
+        [
+            a["fault_id"],
+            a["kind"],
+            a["node"] or "-",
+            effect[a["effect"]],
+            {True: "yes", False: "NO", None: "-"}[a["restored"]],
+            a["summary"],
+        ]
+        for a in ev["actions"]
+    ]
+    intro = (
+        f"{ev['bit']} of {ev['faults']} faults were measured to bite. What each kind measures: the faults reference. "
+        + " ".join(_e(line) for line in [*ev.get("lines", []), *ev.get("exposure_lines", [])])
+    )
+    return _section(
+        "Fault evidence",
+        len(rows),
+        len(rows),
+        intro,
+        _table(["fault", "kind", "node", "effect", "undone", "evidence"], rows, left=6),
+    )
 
 
 def _drain_parts(results: Results) -> list[str]:

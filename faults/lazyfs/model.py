@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import json
 import os
 import random
 import stat
@@ -37,6 +38,8 @@ MODELS = ("strict", "ext4-ordered", "xfs")
 #: Older spellings: ``journal`` was the ext4-ordered model before xfs was told apart from it.
 ALIASES = {"journal": "ext4-ordered"}
 NAMES = (*MODELS, *ALIASES)
+#: Bytes of unsynced writes ``save_unsynced`` copies at most (per cut).
+SAVE_CAP = 64 << 20
 UTIME_NOW = -1  # utimensat's special values, once the FUSE glue has decoded them
 UTIME_OMIT = -2
 
@@ -1101,6 +1104,31 @@ class LazyState:
             kind = "dir" if isinstance(node, Dir) else "file" if isinstance(node, File) else "symlink"
             out[p] = (kind, node.bino)
         return out
+
+    def save_unsynced(self, directory: str) -> dict[str, Any]:
+        """Copy every unsynced write (file, offset, bytes) to ``directory`` before a cut drops it:
+        ``unsynced.bin`` holds the bytes, ``index.json`` where each write sits in it. What a broker
+        plugin reads to say which messages the writes held (``SAVE_CAP`` bytes at most)."""
+        with self.lock:
+            paths = self._paths()
+            os.makedirs(directory, exist_ok=True)
+            index: list[dict[str, Any]] = []
+            pos, truncated = 0, False
+            with open(os.path.join(directory, "unsynced.bin"), "wb") as out:
+                for f in sorted(self._dirty_files(), key=lambda f: paths.get(f.ino, "")):
+                    path = paths.get(f.ino, f"<unlinked ino {f.ino}>")
+                    for kind, off, data in f.log:
+                        if kind != "w" or data is None:
+                            continue
+                        if pos + len(data) > SAVE_CAP:
+                            truncated = True
+                            break
+                        out.write(data)
+                        index.append({"path": path, "offset": off, "length": len(data), "at": pos})
+                        pos += len(data)
+            with open(os.path.join(directory, "index.json"), "w") as f_index:
+                json.dump({"writes": index, "truncated": truncated}, f_index)
+            return {"saved": directory, "saved_bytes": pos, "writes": len(index), "truncated": truncated}
 
     def crash(self) -> dict[str, Any]:
         """Drop every unsynced change; the view becomes what the backing directory holds."""

@@ -160,6 +160,13 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
         body = state.halt()
     elif cmd == "crash":
         body = state.crash()
+    elif cmd == "save":
+        if len(args) != 1:
+            return {"ok": False, "error": "usage: save DIR"}
+        try:
+            body = state.save_unsynced(args[0])
+        except OSError as e:
+            return {"ok": False, "error": f"save: {e.strerror}"}
     elif cmd == "fault":
         return _fault_command(state, line, started)
     elif cmd == "torn":
@@ -170,7 +177,7 @@ def run_command(state: LazyState, line: str) -> dict[str, Any]:
     else:
         return {
             "ok": False,
-            "error": f"unknown command {cmd!r} (status, flush, halt, crash, torn SEED, fault, ping)",
+            "error": f"unknown command {cmd!r} (status, flush, halt, save DIR, crash, torn SEED, fault, ping)",
         }
     return {"ok": True, "command": cmd, "started": started, "finished": now_iso(), **body}
 

@@ -11,10 +11,15 @@ plan picks the same file and offsets from the same directory contents:
 Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
 file is ``candidates[int(file * len)]``. Offsets are fractions of the file's written bytes (its
 non-zero spans, holes skipped: a preallocated tail of zeros is never read as data), which the
-record names beside the size. The change is written and fsynced (through the lazy
-filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
-file, its size before and after, and every changed byte's offset with its value before and after
-(for a truncation, the digest and first bytes of what was cut).
+record names beside the size; a file of zeros only has nothing written, and a flip there is
+left undone (the evidence names it "no effect"). The change is written and fsynced (through the
+lazy filesystem too, so it is on its "disk"), and one JSON line says exactly what was done: the
+file, its size before and after, its written extent, its sha256 before and after, and every
+changed byte's offset with its value before and after (for a truncation, the digest and first
+bytes of what was cut).
+
+``--verify JSON`` (a previous reply) says instead whether the file still holds the corruption:
+its current sha256 against the one the corruption left (``gone``, ``changed`` or ``intact``).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def written_ranges(fd: int, size: int, block: int = 1 << 16) -> list[tuple[int, 
     broker that preallocates its files (KahaDB's 32 MiB journal, a few hundred KB of it written,
     an end-of-file mark at its very end) leaves the rest zeros or a hole it never reads as data:
     an offset drawn over the whole size would mostly corrupt nothing. A file of zeros only counts
-    whole."""
+    as nothing written (no range)."""
     ranges: list[tuple[int, int]] = []
     pos = 0
     while pos < size:
@@ -70,7 +75,34 @@ def written_ranges(fd: int, size: int, block: int = 1 << 16) -> list[tuple[int, 
             else:
                 ranges.append((lo, hi))
         pos += len(chunk) or 1
-    return ranges or [(0, size)]
+    return ranges
+
+
+def sha256_of(fd: int) -> str:
+    h = hashlib.sha256()
+    off = 0
+    while chunk := os.pread(fd, 1 << 20, off):
+        h.update(chunk)
+        off += len(chunk)
+    return h.hexdigest()
+
+
+def verify(record: dict[str, Any]) -> dict[str, Any]:
+    """Whether the corrupted file still holds what the corruption left."""
+    path = record["file"]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return {"file": path, "state": "gone"}
+    try:
+        now = sha256_of(fd)
+    finally:
+        os.close(fd)
+    return {
+        "file": path,
+        "state": "intact" if now == record.get("sha256_after") else "changed",
+        "sha256": now,
+    }
 
 
 def _at(u: float, ranges: list[tuple[int, int]]) -> int:
@@ -99,10 +131,12 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
             "size_before": size,
             "written": [list(r) for r in ranges[:8]],  # the data offsets are drawn over
             "written_bytes": sum(b - a for a, b in ranges),
+            "written_extent": [ranges[0][0], ranges[-1][1]] if ranges else [0, 0],
+            "sha256_before": sha256_of(fd),
         }
         if plan["mode"] == "bitflip":
             changes = []
-            for u, bit in plan["flips"]:
+            for u, bit in plan["flips"] if ranges else []:  # an all-zero file: nothing was written
                 off = _at(float(u), ranges)
                 before = os.pread(fd, 1, off)[0]
                 after = before ^ (1 << int(bit))
@@ -115,7 +149,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
             keep = (
                 max(0, size - int(plan["bytes"]))
                 if plan.get("bytes") is not None
-                else _at(float(plan["cut"]), ranges)
+                else _at(float(plan["cut"]), ranges or [(0, size)])
             )
             tail = os.pread(fd, size - keep, keep)
             os.ftruncate(fd, keep)
@@ -128,6 +162,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
         else:
             raise ValueError(f"unknown mode {plan['mode']!r}")
         os.fsync(fd)
+        done["sha256_after"] = sha256_of(fd)
         done["size_after"] = os.fstat(fd).st_size
     finally:
         os.close(fd)
@@ -136,11 +171,17 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m faults.node.corrupt")
-    p.add_argument("--root", required=True, help="the broker's data directory")
-    p.add_argument("--plan", required=True, help="JSON: mode, glob, file and flips/cut/bytes")
+    p.add_argument("--root", help="the broker's data directory")
+    p.add_argument("--plan", help="JSON: mode, glob, file and flips/cut/bytes")
+    p.add_argument("--verify", help="JSON: a previous reply; say whether its file still holds the corruption")
     a = p.parse_args(argv)
+    if not a.verify and not (a.root and a.plan):
+        p.error("give --root and --plan, or --verify")
     try:
-        reply = {"ok": True, **corrupt(Path(a.root), json.loads(a.plan))}
+        if a.verify:
+            reply = {"ok": True, **verify(json.loads(a.verify))}
+        else:
+            reply = {"ok": True, **corrupt(Path(a.root), json.loads(a.plan))}
     except (OSError, ValueError, KeyError, TypeError) as e:
         reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print(json.dumps(reply, sort_keys=True))

@@ -7,7 +7,8 @@
 - ``registry``: what the registration hooks receive (brokers, clients, faults, checkers, capabilities);
 - ``broker``: the broker plugin (image, node spec, readiness, cluster formation, capabilities);
 - ``client``: the workload driver a client plugin provides for one protocol;
-- ``fault``: a fault kind (resolve, apply, heal, heal_all; the capabilities and host features it needs);
+- ``fault``: a fault kind (resolve, apply, heal, heal_all, the evidence it measured; the capabilities
+  and host features it needs);
 - ``coverage``: the features a broker declares, the events it reports, the cells a run reaches;
 - ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
@@ -33,6 +34,7 @@ from harness.spec.broker import (
     NotYet,
     Role,
     SharedVolume,
+    UnsyncedWrite,
     control_broker,
     depth_empty,
     depth_value,
@@ -65,7 +67,16 @@ from harness.spec.coverage import (
     LogEvent,
     events_from_lines,
 )
-from harness.spec.fault import HOST_FEATURES, ClusterNodes, ConformanceProbe, Fault, FaultContext, role_of
+from harness.spec.fault import (
+    HOST_FEATURES,
+    ClusterNodes,
+    ConformanceProbe,
+    Evidence,
+    Fault,
+    FaultContext,
+    combine_evidence,
+    role_of,
+)
 from harness.spec.history import (
     ABANDON_CAUSES,
     FIELDS,
@@ -81,6 +92,7 @@ from harness.spec.history import (
     Recorder,
     arrow_schema,
     body_digest,
+    body_ids,
     dead_letter_queue,
     entry_id,
     entry_offset,
@@ -119,6 +131,7 @@ __all__ = [
     "Feature",
     "LogEvent",
     "events_from_lines",
+    "combine_evidence",
     "BrokerSection",
     "ClusterNodes",
     "ConformanceProbe",
@@ -131,6 +144,7 @@ __all__ = [
     "DrainReader",
     "DriverOptions",
     "Endpoint",
+    "Evidence",
     "Fault",
     "FaultContext",
     "ImageRecipe",
@@ -157,8 +171,10 @@ __all__ = [
     "Registry",
     "Scenario",
     "TransactionsSection",
+    "UnsyncedWrite",
     "WorkloadSection",
     "arrow_schema",
+    "body_ids",
     "body_digest",
     "dead_letter_queue",
     "is_dead_letter_queue",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypedDict, TypeVar
 
 from harness.spec.coverage import BrokerEvent, Feature, LogEvent, events_from_lines
 from harness.spec.errors import ClusterError, ScenarioError
@@ -33,11 +33,23 @@ BASE_CAPABILITIES: dict[str, str] = {
     "libfaketime preloaded into its processes sets the clock it sees",
     "partition": "inter-node traffic crosses the harness's proxies",
     "mirroring": "queues replicated across nodes (policy settings apply)",
+    "unsynced-messages": "the plugin says which messages a power cut's unsynced writes held "
+    "(unsynced_messages), so each cut reports how many acknowledged messages were exposed",
 }
 
 
 #: Debian's stable suite here: the one every image was built from before broker versions existed.
 STABLE_SUITE = "bookworm"
+
+
+class UnsyncedWrite(TypedDict):
+    """One write a power cut dropped (or, torn, the part of it it dropped): the file as the lazy
+    filesystem names it under the data directory (``/commitlog/00000000000000000000``), the
+    offset in that file and the bytes."""
+
+    path: str
+    offset: int
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -496,6 +508,24 @@ class BrokerPlugin:
 
     def log_time(self, line: str) -> datetime | None:
         """When a log line says it was written (aware, UTC); None if it carries no time."""
+        return None
+
+    # -- exposure at a power cut (capability ``unsynced-messages``) -----------------------
+
+    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+        """The ids (``producer:seq``) of the messages whose stored records ``writes`` held: what
+        a power cut threw away on one node, mapped by the plugin that knows its broker's files
+        (a commit log's records, a stream's message blocks, an append-only file). Only files that
+        hold messages count. Candidates are fine (``harness.spec.body_ids``): the harness keeps the
+        ids the history attempted, and compares them with what was confirmed before the cut."""
+        raise NotImplementedError
+
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """Whether, under ``settings`` (validated), the broker promises that a publish is
+        confirmed only after its write was fsynced: True (a power cut must then find no
+        acknowledged message unsynced, and a non-zero count is a finding on its own, verdict
+        ``UNSYNCED``), False (confirms may precede the sync: the exposure is measured, not
+        judged), None (the plugin does not say; the default)."""
         return None
 
     # -- membership (capability ``membership``) ------------------------------------------

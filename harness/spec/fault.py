@@ -7,6 +7,12 @@ three steps: ``resolve`` turns scenario parameters into concrete ones using the
 step's own seeded RNG, ``apply`` does it and ``heal`` undoes it. ``heal_all`` is
 the kind's last word on every exit path: it undoes whatever any application of
 the kind may have left behind, whether or not the nemesis knows it applied one.
+
+A fault that was asked for is not a fault that happened. Each application measures its own
+``Evidence``: ``evidence`` right after ``apply`` (while the fault is held), ``heal_evidence``
+right after ``heal`` (the final word: the same record completed with what the heal saw). The
+nemesis records it next to the action in the history; the harness only reads what the records
+say (``effect``), never which kind measured them.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from harness.spec.broker import BROKER_ROLE
@@ -117,6 +123,101 @@ def _aimed(resolve: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, An
     return wrapper
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What one fault action measured of its own effect, not what it asked for.
+
+    ``effect``: True when the measurement shows the fault bit (bytes dropped, a link that
+    stopped carrying bytes, a process gone), False when it shows nothing happened (then
+    ``no_effect_reason`` says what was found, in words an operator reads in one line:
+    ``nothing unsynced was dropped``), None when it could not be measured (``summary`` says why).
+    ``summary`` is the one line the terminal shows; ``facts`` is what was measured, as JSON
+    (bytes and files, pids and signals, probes, checksums, offsets), for the history, the report
+    and ``results.json``. ``flags`` are further lines an operator must see even though the fault
+    bit (one direction of a cut that still carried bytes). ``restored``: on the evidence a heal
+    completes, whether the measurement after the heal shows the fault undone (None: not measured).
+    ``exposed``: the ids of the messages whose stored records the fault destroyed (a power cut's
+    unsynced writes, mapped by a broker plugin with the ``unsynced-messages`` capability); None
+    when nothing mapped them. The harness compares them with the confirms and the losses.
+    """
+
+    effect: bool | None
+    summary: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    no_effect_reason: str | None = None
+    flags: tuple[str, ...] = ()
+    restored: bool | None = None
+    exposed: tuple[str, ...] | None = None
+
+    @classmethod
+    def bit(cls, summary: str, facts: Mapping[str, Any] | None = None, **kw: Any) -> Evidence:
+        return cls(True, summary, dict(facts or {}), **kw)
+
+    @classmethod
+    def none(cls, reason: str, facts: Mapping[str, Any] | None = None, **kw: Any) -> Evidence:
+        """Measured, and nothing happened: ``reason`` is the one line that says so."""
+        return cls(False, reason, dict(facts or {}), no_effect_reason=reason, **kw)
+
+    @classmethod
+    def unmeasured(cls, why: str, facts: Mapping[str, Any] | None = None, **kw: Any) -> Evidence:
+        return cls(None, why, dict(facts or {}), **kw)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record the history keeps (``value.evidence`` of the fault's and the heal's ``ok``)."""
+        return {
+            "effect": self.effect,
+            "summary": self.summary,
+            "no_effect_reason": self.no_effect_reason,
+            "flags": list(self.flags),
+            "restored": self.restored,
+            "exposed": None if self.exposed is None else list(self.exposed),
+            "facts": dict(self.facts),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Evidence:
+        effect = d.get("effect")
+        restored = d.get("restored")
+        exposed = d.get("exposed")
+        return cls(
+            effect if isinstance(effect, bool) else None,
+            str(d.get("summary") or ""),
+            dict(d.get("facts") or {}),
+            d.get("no_effect_reason"),
+            tuple(str(f) for f in d.get("flags") or ()),
+            restored if isinstance(restored, bool) else None,
+            None if exposed is None else tuple(str(i) for i in exposed),
+        )
+
+    def with_heal(self, summary: str, facts: Mapping[str, Any], restored: bool | None) -> Evidence:
+        """This evidence completed by a heal: the same finding, what the heal saw added."""
+        return replace(self, summary=summary, facts=dict(facts), restored=restored)
+
+
+def combine_evidence(parts: Mapping[str, Evidence]) -> Evidence:
+    """One action's evidence from its parts (one per node or per link, by name): it bit where any
+    part bit; it had no effect only when every part was measured and none bit."""
+    if not parts:
+        return Evidence.unmeasured("nothing to measure")
+    effects = [e.effect for e in parts.values()]
+    facts = {name: {**e.facts, "summary": e.summary, "effect": e.effect} for name, e in parts.items()}
+    flags = tuple(f for e in parts.values() for f in e.flags)
+    restored_parts = [e.restored for e in parts.values()]
+    restored = None if None in restored_parts else all(r for r in restored_parts if r is not None)
+    # One part (one node) needs no name: the action's line already names its target.
+    label = (lambda name: "") if len(parts) == 1 else (lambda name: f"{name}: ")
+    summary = "; ".join(f"{label(name)}{e.summary}" for name, e in parts.items())
+    mapped = [e.exposed for e in parts.values() if e.exposed is not None]
+    exposed = tuple(sorted({i for ids in mapped for i in ids})) if mapped else None
+    if True in effects:
+        quiet = [f"{n}: {e.no_effect_reason}" for n, e in parts.items() if e.effect is False]
+        return Evidence.bit(summary, facts, flags=flags + tuple(quiet), restored=restored, exposed=exposed)
+    if None in effects:
+        return Evidence.unmeasured(summary, facts, flags=flags, restored=restored, exposed=exposed)
+    reason = "; ".join(f"{label(n)}{e.no_effect_reason}" for n, e in parts.items())
+    return Evidence.none(reason, facts, flags=flags, restored=restored, exposed=exposed)
+
+
 class FaultContext:
     """What a fault may touch: the running cluster (nodes, proxies, containers)."""
 
@@ -205,6 +306,17 @@ class Fault:
 
     def heal(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def evidence(self, done: Mapping[str, Any]) -> Evidence:
+        """Measure, right after ``apply`` returned ``done`` and while the fault is held, whether it
+        bit. A kind that measures nothing says so (``effect`` None), never that it bit."""
+        return Evidence.unmeasured(f"{self.name} measures no evidence of its effect")
+
+    def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
+        """The action's evidence completed after ``heal`` returned ``done``: ``applied`` (what
+        ``evidence`` measured) with what the heal saw (``restored``; a kind may also find only now
+        that the fault came to nothing, e.g. a corrupted file gone before the broker read it)."""
+        return applied
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:

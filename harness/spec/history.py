@@ -102,6 +102,16 @@ schema version; a history without them is one whose broker plugin cannot tell):
   consumption: an id one node holds and another lacks, or two nodes holding one id at
   different offsets, is what the checkers read here.
 
+Fault actions (process ``nemesis``): the invoke of a fault op carries ``value`` =
+``{"fault_id", "kind", "params", "hold", "workload_start_s"}``, its ``ok`` the same plus ``done``
+(what was actually done: proxies, toxics, pids, signals, files) and ``evidence`` (added without
+changing the schema version; histories without it are ones whose nemesis measured nothing):
+``harness.spec.fault.Evidence.as_dict()``, what the fault measured of its own effect while it
+was held (``effect`` true, false or null, ``summary``, ``no_effect_reason``, ``flags``, ``facts``).
+A ``heal`` op's ``ok`` (``value.fault_ids`` names the faults it undid) carries ``evidence`` too:
+the healed fault's evidence completed after the heal (``restored``; it supersedes the one on the
+fault's ``ok``). The final heal (``value.final``) carries none.
+
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and
 a transactional consumer's acks still ``ack`` ops, each completed with the outcome
@@ -126,6 +136,7 @@ read them as before. Each transaction adds one op:
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Protocol
 
 SCHEMA_VERSION = 2
@@ -148,6 +159,8 @@ FIELDS = (
 TYPES = ("invoke", "ok", "fail", "info")
 TX_OPS = ("commit", "rollback")
 """The ``f`` of a transaction's own op (the ids it covers are in ``detail``)."""
+EVIDENCE = "evidence"
+"""The key of a nemesis op's ``ok`` value that holds what the fault measured of its effect (above)."""
 DEPTH = "depth"
 """The ``f`` of the drain's look at a node's queue depth (see above)."""
 HOLDINGS = "holdings"
@@ -266,6 +279,23 @@ def message_body(msg_id: str, seed: int, size: int) -> bytes:
     payload = (pad * (n // 64 + 1))[:n]
     check = hashlib.sha256(payload.encode()).hexdigest()[:16]
     return f"{head}{check}|{payload}".encode()
+
+
+_BODY_HEAD = re.compile(rb"([A-Za-z0-9_.-]+):([0-9]+)\|[0-9a-f]{16}\|")
+
+
+def body_ids(data: bytes) -> set[str]:
+    """Candidate ids of the message bodies (``message_body``) whose head (``id|check|``) lies in
+    ``data``, raw bytes of a broker's file: what a plugin whose broker stores bodies verbatim (a
+    commit log, a stream's blocks, an append-only file) maps a power cut's dropped writes with.
+    The bytes before an id may look like part of it (a length byte that is a letter), so each head
+    gives every suffix of its producer part that starts with a letter; the harness keeps those the
+    history attempted. A body whose head was not in ``data`` is not counted."""
+    out = set()
+    for m in _BODY_HEAD.finditer(data):
+        producer, seq = m.group(1).decode(), m.group(2).decode()
+        out |= {f"{producer[i:]}:{seq}" for i in range(len(producer)) if producer[i].isalpha()}
+    return out
 
 
 def body_digest(body: bytes) -> str:

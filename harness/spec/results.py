@@ -27,11 +27,14 @@ UNAVAILABLE_S = 5
 """Liveness: a gap longer than this (seconds) with no ``ok`` operation of a kind on a queue is an
 unavailable window (``UnavailableWindow``)."""
 
-Verdict = Literal["durable", "LOST", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"]
+Verdict = Literal[
+    "durable", "LOST", "UNSYNCED", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"
+]
 Valid = bool | Literal["unknown"]
 
 VERDICT_ORDER: tuple[Verdict, ...] = (
     "LOST",
+    "UNSYNCED",
     "INTEGRITY",
     "RESURRECTED",
     "DUPLICATED",
@@ -43,6 +46,9 @@ VERDICT_ORDER: tuple[Verdict, ...] = (
 
 - ``LOST``: confirmed messages the application can never get back (a finished drain did not
   find them, or a node holds them unacked for consumers that no longer exist);
+- ``UNSYNCED``: a power cut found acknowledged messages unsynced although the broker's settings
+  promise a sync before each confirm (``BrokerPlugin.confirms_after_sync``): a broken promise
+  whether or not a replica then kept them; the harness's finding (``FaultEvidence``), no checker's;
 - ``INTEGRITY``: something was delivered that should not have been (never published, a body
   other than the one sent, a stream's replicas or sequences that disagree, a delayed message
   early, half a transaction);
@@ -60,6 +66,10 @@ when every checker says so).
 
 EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN = 0, 1, 3
 """Exit statuses of a checked run (``exit_status``); 2 is the harness's own for an error before a verdict."""
+EXIT_NO_FAULT_BIT = 4
+"""Exit status of a run whose verdict is ``durable`` but none of whose faults was measured to bite
+(``FaultEvidence.no_fault_bit``): it proved nothing about the faults it planned. Apart from 0 so
+that CI does not pass on a hollow run, apart from 1 so that it is never mistaken for a loss."""
 
 
 def compose_verdicts(verdicts: Iterable[str | None]) -> Verdict:
@@ -649,6 +659,56 @@ class Results(TypedDict):
     liveness: Liveness
     anomalies: Anomalies
     end_ns: int
+
+
+class FaultAction(TypedDict):
+    """What one fault action measured of its own effect (``harness.spec.fault.Evidence``), as the
+    history's nemesis ops record it (the heal's evidence, when there is one, supersedes the apply's)."""
+
+    fault_id: str
+    kind: str
+    node: str | None  # the fault's target as the history records it (None: several nodes or links)
+    applied: bool  # the fault's own op completed ok
+    effect: bool | None  # True: it bit; False: measured, nothing happened; None: not measured
+    summary: str
+    no_effect_reason: str | None
+    flags: list[str]  # further lines an operator must see (a link of a cut that still passed)
+    restored: bool | None  # measured after the heal: undone (None: not measured or never healed)
+    facts: dict  # what was measured (bytes, files, pids, probes, checksums)
+    line: str  # the one line the terminal shows when it had no effect (empty otherwise)
+    at_ns: int | None  # when the fault's own op completed (a power cut happened before it)
+    exposure: Exposure | None  # a cut whose dropped writes a broker plugin mapped to messages
+
+
+class Exposure(TypedDict):
+    """The acknowledged-but-unsynced window of one power cut (plugin capability ``unsynced-messages``)."""
+
+    in_dropped_writes: int  # messages whose records the cut's dropped writes held
+    confirmed_before_cut: int | None  # of those, confirmed to the client before the cut
+    lost: int | None  # of those, lost by the checkers' reckoning (a synced replica may have kept them)
+    ids: list[str]  # the first ids in the dropped writes
+
+
+class FaultEvidence(TypedDict):
+    """Proof that the faults bit (``results.json``'s ``fault_evidence``), computed by the harness
+    from the nemesis ops of the history (no checker involved): every fault action with its
+    evidence, counted. ``no_fault_bit``: at least one fault was applied, none was measured to
+    bite and at least one was measured to have no effect; the verdict line says so and the exit
+    status is ``EXIT_NO_FAULT_BIT`` when the verdict is ``durable``. ``unsynced_lines``: cuts that
+    found acknowledged messages unsynced although the broker promised a sync before each confirm;
+    any makes the run's verdict at least ``UNSYNCED``."""
+
+    faults: int  # fault actions applied (ok)
+    bit: int
+    no_effect: int
+    unmeasured: int
+    not_restored: int  # measured after their heal and still in effect
+    no_fault_bit: bool
+    lines: list[str]  # one per fault with no effect, per flag, per fault not undone by its heal
+    exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, and lost
+    confirms_after_sync: bool | None  # the broker plugin's word on its settings (None: it does not say)
+    unsynced_lines: list[str]  # one per cut with acknowledged messages unsynced under that promise
+    actions: list[FaultAction]
 
 
 class BrokerEventRecord(TypedDict):

@@ -51,6 +51,8 @@ from harness import (
     NodeSpec,
     NotYet,
     ScenarioError,
+    UnsyncedWrite,
+    body_ids,
     control_broker,
     hookimpl,
     poll,
@@ -178,7 +180,9 @@ class Nats(BrokerPlugin):
     version = __version__
     versions = VERSIONS
     protocol = "nats"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "membership"})
+    capabilities = frozenset(
+        {"kill", "pause", "stop", "power-loss", "partition", "membership", "unsynced-messages"}
+    )
     client_port = 4222
     peer_ports = (ROUTE_PORT,)
     data_dir = "/var/lib/nats/jetstream"
@@ -387,6 +391,16 @@ class Nats(BrokerPlugin):
     def server_name(self, node: NodeHandle) -> str:
         """The name ``node``'s server runs (or will run) under."""
         return run_or_fail(node, ["cat", NAME_FILE]).strip() or node.name
+
+    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+        """A stream's message blocks (``<n>.blk``) hold each message's payload verbatim (``filestore``)."""
+        return sorted({i for w in writes if w["path"].endswith(".blk") for i in body_ids(w["data"])})
+
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """Never, on the JetStream this plugin runs (2.9.10): its file store syncs on a timer
+        and has no setting that syncs before the ack (``sync_interval: always`` came with 2.10,
+        and this server's config parser rejects it), so a cut's exposure is measured, not judged."""
+        return False
 
     def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
         """The nodes whose servers are peers of the meta group (running or not), by the meta

@@ -35,6 +35,8 @@ from harness import (
     NodeInfo,
     NodeSpec,
     ScenarioError,
+    UnsyncedWrite,
+    body_ids,
     hookimpl,
     run_or_fail,
     wait_until_running,
@@ -250,7 +252,17 @@ class ReferenceBroker(BrokerPlugin):
     version = __version__
     protocol = "amqp091"
     capabilities = frozenset(
-        {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
+        {
+            "kill",
+            "pause",
+            "stop",
+            "power-loss",
+            "partition",
+            "mirroring",
+            "clock",
+            "membership",
+            "unsynced-messages",
+        }
     )
     client_port = 5672
     peer_ports = (25672,)
@@ -496,7 +508,20 @@ class ReferenceBroker(BrokerPlugin):
                 ),
             )
 
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """``flush: sync`` is a group commit: the store confirms a publish only once the commit
+        log was fsynced past its record (``broker_impl/store/store.py``); ``async`` confirms
+        after the write."""
+        return settings.get("flush", self.settings_schema["flush"][0]) == "sync"
+
     # -- membership ------------------------------------------------------------------------
+    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+        """The commit log's segments hold each message's record, body verbatim
+        (``broker_impl/store/record.py``); consume queues and progress files hold no message."""
+        return sorted(
+            {i for w in writes if "/commitlog/" in "/" + w["path"].lstrip("/") for i in body_ids(w["data"])}
+        )
+
     def members(self, node: NodeHandle) -> set[str]:
         """The members ``node`` knows, running or not (``cluster_status``'s ``members``)."""
         return self._cluster_status(node, "members")

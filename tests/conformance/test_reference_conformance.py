@@ -30,12 +30,18 @@ REFERENCE_CHECKS = (
     "data-dir: the broker writes there",
     "correctness: no faults, durable",
     "kill: applied, healed, broker recovers",
+    "kill: the fault bit (its evidence)",
     "pause: applied, healed, broker recovers",
+    "pause: the fault bit (its evidence)",
     "stop: applied, healed, broker recovers",
+    "stop: the fault bit (its evidence)",
     "power-loss: applied, healed, broker recovers",
     "power-loss: lazyfs held unsynced broker data",
+    "power-loss: the fault bit (its evidence)",
     "partition: applied, healed, broker recovers",
+    "partition: the fault bit (its evidence)",
     "clock-skew: applied, healed, broker recovers",
+    "clock-skew: the fault bit (its evidence)",
 )
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from faults.lazyfs import fuse_available
-from tests.faults.test_nodeinit import ENV, Init, wait_for
+from tests.faults.test_nodeinit import CHILD, ENV, Init, wait_for
 
 
 class LocalNode:
@@ -49,7 +49,7 @@ class LocalCluster:
 
 
 @contextmanager
-def local_inits(names: Sequence[str], lazyfs: bool = True) -> Iterator[dict[str, Init]]:
+def local_inits(names: Sequence[str], lazyfs: bool = True, child: str = CHILD) -> Iterator[dict[str, Init]]:
     """One node init per name, each in its own directory, terminated on exit (skips without FUSE)."""
     reason = fuse_available() if lazyfs else None
     if reason:
@@ -59,7 +59,7 @@ def local_inits(names: Sequence[str], lazyfs: bool = True) -> Iterator[dict[str,
         try:
             for n in names:
                 os.makedirs(f"{tmp}/{n}")
-                inits[n] = Init(f"{tmp}/{n}", lazyfs)
+                inits[n] = Init(f"{tmp}/{n}", lazyfs, child)
             yield inits
         finally:
             for init in inits.values():

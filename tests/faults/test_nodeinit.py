@@ -39,7 +39,7 @@ while True:
 
 
 class Init:
-    def __init__(self, tmp: str, lazyfs: bool) -> None:
+    def __init__(self, tmp: str, lazyfs: bool, child: str = CHILD) -> None:
         self.tmp = tmp
         self.data = f"{tmp}/data"
         self.sock = f"{tmp}/node.sock"
@@ -48,7 +48,7 @@ class Init:
         args += ["--log-file", self.log_file, "--stop-timeout", "2"]
         if lazyfs:
             args += ["--lazyfs", "--backing", f"{tmp}/backing", "--lazyfs-control", f"{tmp}/lazy.sock"]
-        args += ["--", sys.executable, "-c", CHILD, self.data]
+        args += ["--", sys.executable, "-c", child, self.data]
         self.proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: os.path.exists(self.sock) and self.ctl("status")["state"] == "running", "init ready")
 

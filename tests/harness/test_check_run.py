@@ -13,9 +13,11 @@ from harness import hookimpl
 from harness.history import Recorder
 from harness.host import Host
 from harness.runner import check_run
-from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN
+from harness.spec import Evidence
+from harness.spec.history import EVIDENCE
+from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT, EXIT_UNKNOWN
 from harness.store import RunDir
-from harness.verdicts import exit_code
+from harness.verdicts import exit_code, verdict_line
 
 Checker = Callable[..., dict[str, Any]]
 
@@ -234,3 +236,38 @@ def test_each_checker_line_says_how_long_after_the_drain_it_finished(
     assert float(m.group(2)) >= 5.0 and float(m.group(2)) >= float(m.group(1))
     check_run(host_with({"a": verdict("durable")}), run_dir, {}, ["a"])  # analyze: no drain in this process
     assert "after the drain" not in "".join(capsys.readouterr())
+
+
+@pytest.mark.parametrize(
+    ("effects", "checker_verdict", "want"),
+    [
+        ([False], "durable", EXIT_NO_FAULT_BIT),
+        ([False, False], "durable", EXIT_NO_FAULT_BIT),
+        ([False, True], "durable", EXIT_DURABLE),  # one fault bit: the run tested something
+        ([False, None], "durable", EXIT_NO_FAULT_BIT),
+        ([None], "durable", EXIT_DURABLE),  # nothing says it missed
+        ([], "durable", EXIT_DURABLE),  # no fault planned
+        ([False], "LOST", EXIT_FAILED),
+        ([False], "unknown", EXIT_UNKNOWN),
+    ],
+)
+def test_a_durable_run_none_of_whose_faults_bit_exits_4(
+    tmp_path: Path, effects: list[bool | None], checker_verdict: str, want: int
+) -> None:
+    rd = RunDir.create(tmp_path, "s")
+    rec = Recorder(rd.history_jsonl)
+    rec.invoke("p1", "publish", queue="q", value="p1:1").ok()
+    for i, effect in enumerate(effects, start=1):
+        ev = Evidence(effect, "measured", no_effect_reason="nothing happened" if effect is False else None)
+        value = {"fault_id": f"f{i}", "kind": "some-kind", "params": {}}
+        rec.invoke("nemesis", "some-kind", node="n1", value=value).ok({**value, EVIDENCE: ev.as_dict()})
+    rec.close()
+    res = check_run(host_with({"c": verdict(checker_verdict)}), rd, {"name": "s"}, ["c"])
+    assert exit_code(res) == want
+    fe = res["fault_evidence"]
+    assert fe["faults"] == len(effects) and fe["no_effect"] == effects.count(False)
+    if fe["no_fault_bit"]:  # said beside any verdict; only a durable one changes the exit status
+        assert verdict_line(res).startswith(f"{checker_verdict} (no fault bit: ")
+        assert "f1 some-kind on n1: nothing happened" in fe["lines"]
+    else:
+        assert verdict_line(res) == checker_verdict

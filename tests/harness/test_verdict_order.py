@@ -23,6 +23,7 @@ def test_the_order_names_every_verdict_once() -> None:
     assert sorted(VERDICT_ORDER) == sorted(typing.get_args(Verdict))
     assert VERDICT_ORDER == (
         "LOST",
+        "UNSYNCED",
         "INTEGRITY",
         "RESURRECTED",
         "DUPLICATED",
@@ -43,6 +44,8 @@ def test_the_order_names_every_verdict_once() -> None:
         (["unknown", "DUPLICATED"], "DUPLICATED"),  # a definite failure outranks unknown
         (["UNAVAILABLE", "unknown"], "UNAVAILABLE"),
         (["INTEGRITY", "LOST", "unknown"], "LOST"),
+        (["durable", "UNSYNCED"], "UNSYNCED"),  # a sync promise broken (the fault evidence)
+        (["UNSYNCED", "LOST"], "LOST"),
         (["RESURRECTED", "DUPLICATED"], "RESURRECTED"),
         ([], "unknown"),  # nothing judged the run
         (["durable", None], "unknown"),  # a checker that returned no verdict
