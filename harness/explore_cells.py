@@ -159,6 +159,9 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
         out[w["fault_id"]] = {"applied" if w.get("applied") else "apply-failed"}
         if w.get("applied") and not w.get("healed"):
             out[w["fault_id"]].add("never-healed")
+    for fid, label in evidence_events(results):
+        if fid in out:
+            out[fid].add(label)
     for row in results.get("availability") or []:
         if row.get("window") not in out:
             continue
@@ -192,6 +195,23 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
             continue
         for fid in e.get("fault_ids") or ["run"]:
             out.setdefault(fid, set()).add(f"event={e['name']}")
+    return out
+
+
+def evidence_events(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Whether each fault action bit, by fault id (``results.json``'s ``fault_evidence``): a fault that
+    bit is a different cell from one that had no effect, and a power cut that found acknowledged
+    messages unsynced from one that found none."""
+    out: list[tuple[str, str]] = []
+    for a in (results.get("fault_evidence") or {}).get("actions") or []:
+        effect = a.get("effect")
+        fid = str(a.get("fault_id"))
+        out.append((fid, "bit" if effect is True else "no-effect" if effect is False else "unmeasured"))
+        if a.get("flags"):
+            out.append((fid, "partial"))
+        exposure = a.get("exposure") or {}
+        if exposure.get("confirmed_before_cut") is not None:
+            out.append((fid, "exposed>0" if exposure["confirmed_before_cut"] else "exposed=0"))
     return out
 
 

@@ -452,3 +452,28 @@ def test_align_holds_a_kind_inside_an_action_on_its_node_or_on_each_other_node(f
         ("degrade", ("n1",)),
         ("degrade", ("n2", "n3")),
     }
+
+
+def test_a_fault_that_bit_is_another_cell_than_one_that_had_no_effect() -> None:
+    """The fault's own evidence splits its cells: a power cut that dropped acknowledged messages, one
+    that found nothing unsynced, and a cut whose one direction still carried bytes are not one state."""
+    bit = json.loads(json.dumps(RESULTS))
+    bit["fault_evidence"] = {
+        "actions": [
+            {"fault_id": "f2", "effect": True, "flags": [], "exposure": {"confirmed_before_cut": 12}},
+            {"fault_id": "f3", "effect": True, "flags": ["n2->n1 still carried bytes"]},
+        ]
+    }
+    quiet = json.loads(json.dumps(RESULTS))
+    quiet["fault_evidence"] = {
+        "actions": [
+            {"fault_id": "f2", "effect": False, "flags": [], "exposure": {"confirmed_before_cut": 0}},
+            {"fault_id": "f3", "effect": None, "flags": []},
+        ]
+    }
+    assert {"bit", "exposed>0"} <= window_events(bit)["f2"]
+    assert {"bit", "partial"} <= window_events(bit)["f3"]
+    assert {"no-effect", "exposed=0"} <= window_events(quiet)["f2"]
+    assert "unmeasured" in window_events(quiet)["f3"]
+    scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
+    assert run_cells(scenario, bit) != run_cells(scenario, quiet)
