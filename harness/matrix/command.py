@@ -1,0 +1,112 @@
+"""``brokerchaos matrix MATRIX.yaml``: run what is missing, grade every cell, write the page and outputs."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BrokerChaosError
+from harness.host import Host
+from harness.matrix import execute, grading, model, page
+from harness.matrix.cells import Cell, docker_images, expand
+from harness.progress import say
+from harness.runner import EXIT_ERROR
+
+
+def add_parser(sub: Any) -> None:
+    m = sub.add_parser(
+        "matrix",
+        help="run a durability matrix (configurations x fault classes), only the cells whose records "
+        "are missing or stale, then grade it and write its page",
+    )
+    m.add_argument("matrix", help="matrix file; the shipped one is matrices/brokers.yaml")
+    m.add_argument(
+        "--jobs",
+        type=int,
+        default=execute.default_jobs(),
+        help=f"cells run side by side (default {execute.default_jobs()}: one per two cores)",
+    )
+    m.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        help="run these seeds (repeatable) instead of the file's; records of other seeds stay",
+    )
+    m.add_argument("--cell", action="append", help="only cells whose id matches this glob (repeatable)")
+    m.add_argument("--force", action="store_true", help="run the chosen cells again even where recorded")
+    m.add_argument("--plan", action="store_true", help="say what would run, run nothing")
+    m.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
+    m.add_argument(
+        "--out",
+        help="directory for matrix.json, matrix.html and grade reports (default <store>/matrix/<name>)",
+    )
+
+
+def run(host: Host, args: argparse.Namespace, store: Path) -> int:
+    if args.jobs < 1:
+        raise BrokerChaosError("--jobs must be at least 1")
+    if args.seed and any(s < 0 for s in args.seed):
+        raise BrokerChaosError("--seed must be an integer >= 0")
+    mx = model.load(args.matrix)
+    cells = expand(mx, host)
+    chosen = [c for c in cells if _chosen(c, args.cell)]
+    if args.cell and not chosen:
+        raise BrokerChaosError(
+            f"--cell {' '.join(args.cell)} matches no cell; ids are CONFIGURATION--FAULT_CLASS"
+        )
+    unsupported = [c for c in chosen if c.unsupported is not None]
+    seeds = tuple(args.seed or mx.seeds)
+    todo = execute.plan(chosen, seeds, mx.results, docker_images(host), force=args.force)
+    say(
+        "matrix",
+        f"{mx.name}: {len(cells)} cells ({len(unsupported)} chosen not supported), seeds {list(seeds)}: "
+        f"{len(todo.jobs)} cell-seed(s) to run, {todo.up_to_date} up to date, "
+        f"{len(todo.stale)} stale record(s), {args.jobs} at a time",
+    )
+    for job in todo.jobs:
+        say("matrix", f"to run: {job.cell.id} seed {job.seed} (key {job.key})")
+    if args.plan:
+        return 0
+    for p in todo.stale:
+        say("matrix", f"removing stale record {p} (made under another scenario, image or harness)")
+        p.unlink()
+    out = Path(args.out) if args.out else store / "matrix" / mx.name
+    runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins)
+    outcomes = runner.run(todo.jobs)
+    data = grading.grade_matrix(host, mx, cells, reports=out / "cells")
+    j, h = page.write_outputs(data, out)
+    print(
+        f"\nmatrix {mx.name}: {sum(1 for o in outcomes if o.record)} cell-seed(s) run, {todo.up_to_date} up to date"
+    )
+    print(f"  json   {j}\n  html   {h}")
+    if mx.page is not None:
+        write_page(mx, data)
+        print(f"  page   {_rel(mx.page)}")
+    failed = [o for o in outcomes if o.record is None]
+    for o in failed:
+        print(f"brokerchaos: matrix: {o.job.cell.id} seed {o.job.seed} did not finish: {o.error}")
+    return EXIT_ERROR if failed else 0
+
+
+def write_page(mx: model.Matrix, data: Any) -> None:
+    assert mx.page is not None
+    mx.page.parent.mkdir(parents=True, exist_ok=True)
+    mx.page.write_text(render_page(mx, data))
+
+
+def render_page(mx: model.Matrix, data: Any) -> str:
+    return page.markdown(data, source=_rel(mx.source), results=_rel(mx.results))
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _chosen(cell: Cell, globs: Sequence[str] | None) -> bool:
+    return not globs or any(fnmatch.fnmatchcase(cell.id, g) for g in globs)
