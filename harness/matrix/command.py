@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,20 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         p.unlink()
     out = Path(args.out) if args.out else store / "matrix" / mx.name
     runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins)
-    outcomes = runner.run(todo.jobs)
+    finished: list[execute.Outcome] = []
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        outcomes = runner.run(todo.jobs, on_done=finished.append)
+    except KeyboardInterrupt:
+        recorded = sum(1 for o in finished if o.record is not None)
+        print(
+            f"brokerchaos: matrix interrupted; {recorded} cell-seed(s) recorded, the runs in progress "
+            "tore their clusters down; the same command resumes with the rest",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     data = grading.grade_matrix(host, mx, cells, reports=out / "cells")
     j, h = page.write_outputs(data, out)
     print(
@@ -91,19 +106,24 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
     return EXIT_ERROR if failed else 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def write_page(mx: model.Matrix, data: Any) -> None:
     assert mx.page is not None
     mx.page.parent.mkdir(parents=True, exist_ok=True)
-    mx.page.write_text(render_page(mx, data))
+    mx.page.write_text(render_page(mx, data, Path.cwd()))
 
 
-def render_page(mx: model.Matrix, data: Any) -> str:
-    return page.markdown(data, source=_rel(mx.source), results=_rel(mx.results))
+def render_page(mx: model.Matrix, data: Any, root: Path) -> str:
+    """The docs page; paths on it are relative to ``root`` (the checkout's top)."""
+    return page.markdown(data, source=_rel(mx.source, root), results=_rel(mx.results, root))
 
 
-def _rel(p: Path) -> str:
+def _rel(p: Path, root: Path | None = None) -> str:
     try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
+        return str(p.resolve().relative_to((root or Path.cwd()).resolve()))
     except ValueError:
         return str(p)
 
