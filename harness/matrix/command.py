@@ -40,6 +40,12 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--cell", action="append", help="only cells whose id matches this glob (repeatable)")
     m.add_argument("--force", action="store_true", help="run the chosen cells again even where recorded")
     m.add_argument("--plan", action="store_true", help="say what would run, run nothing")
+    m.add_argument(
+        "--recheck",
+        choices=("spark", "python"),
+        help="check every recorded run still on this machine again from its history, in one grade "
+        "job, and name the runs whose verdict differs from their record (exit 1)",
+    )
     m.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
     m.add_argument(
         "--out",
@@ -91,19 +97,45 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return _publish(host, args, mx, cells, out, outcomes, todo.up_to_date)
+
+
+def _publish(
+    host: Host,
+    args: argparse.Namespace,
+    mx: model.Matrix,
+    cells: Sequence[Cell],
+    out: Path,
+    outcomes: Sequence[execute.Outcome],
+    up_to_date: int,
+) -> int:
+    """Grade every cell, write the outputs and the page, say what did not finish."""
     data = grading.grade_matrix(host, mx, cells, reports=out / "cells")
+    if args.recheck:
+        data["recheck"] = grading.recheck(host, mx, cells, args.recheck, out / "recheck")
     j, h = page.write_outputs(data, out)
     print(
-        f"\nmatrix {mx.name}: {sum(1 for o in outcomes if o.record)} cell-seed(s) run, {todo.up_to_date} up to date"
+        f"\nmatrix {mx.name}: {sum(1 for o in outcomes if o.record)} cell-seed(s) run, {up_to_date} up to date"
     )
     print(f"  json   {j}\n  html   {h}")
     if mx.page is not None:
         write_page(mx, data)
         print(f"  page   {_rel(mx.page)}")
+    if args.recheck:
+        r = data["recheck"]
+        print(
+            f"  recheck ({r['engine']}): {r['runs']} run(s) checked again, {r['absent']} not on this machine"
+        )
+        for d in r["disagree"]:
+            print(
+                f"brokerchaos: matrix: {d['cell']} seed {d['seed']}: the record says {d['record']}, {r['engine']} says {d[r['engine']]}"
+            )
     failed = [o for o in outcomes if o.record is None]
     for o in failed:
         print(f"brokerchaos: matrix: {o.job.cell.id} seed {o.job.seed} did not finish: {o.error}")
-    return EXIT_ERROR if failed else 0
+    if failed:
+        return EXIT_ERROR
+    return 1 if args.recheck and data["recheck"]["disagree"] else 0
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -128,3 +128,30 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
             for rec in recs
         ],
     }
+
+
+def recheck(host: Host, matrix: Matrix, cells: Sequence[Cell], engine: str, out: Path) -> dict[str, Any]:
+    """Every recorded run whose directory is on this machine, checked again from its history by
+    ``engine`` (``spark``: one Spark job for the whole matrix; ``python``), and the runs whose
+    verdict differs from their record's (a record is then not what its history says)."""
+    recs = [rec for cell in cells for rec in records.of_cell(matrix.results, cell.id)]
+    present = [r for r in recs if (Path(r["run_dir"]) / "scenario.json").is_file()]
+    found: dict[str, Any] = {"engine": engine, "runs": len(present), "absent": len(recs) - len(present)}
+    if not present:
+        return found | {"disagree": []}
+    out.mkdir(parents=True, exist_ok=True)
+    graded = host.grade([Path(r["run_dir"]) for r in present], engine, out)
+    if graded is None:
+        raise BrokerChaosError("no loaded plugin grades runs (brokerchaos_grade); install spark_reports")
+    verdicts = {g["run_dir"]: g["verdict"] for g in graded["grade"]["runs"]}
+    disagree = [
+        {
+            "cell": r["cell"],
+            "seed": r["seed"],
+            "record": r["results"].get("verdict"),
+            engine: verdicts[r["run_dir"]],
+        }
+        for r in present
+        if verdicts.get(r["run_dir"]) != r["results"].get("verdict")
+    ]
+    return found | {"report": graded.get("report"), "disagree": disagree}

@@ -252,3 +252,18 @@ def test_a_bad_matrix_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path)
         )
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("brokerchaos: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_recheck_names_a_record_its_history_contradicts(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"], configurations=[{"id": "sync", "broker": "reference"}]))
+    cells = expand(mx, host)
+    for j in execute.plan(cells, [1, 2], mx.results, _images()).jobs:
+        d = _run(tmp_path / "runs", f"seed-{j.seed}", 2 if j.seed == 2 else 0)
+        res = check_run(host, RunDir(d), {"name": "x", "checkers": ["python"]}, ["python"])
+        rec = _record(j.cell, j.seed, j.key, j.cell_key, res) | {"run_dir": str(d)}
+        if j.seed == 2:
+            rec["results"]["verdict"] = "durable"  # a record that says otherwise than its history
+        records.write(records.path(mx.results, j.cell.id, j.seed), rec)
+    found = grading.recheck(host, mx, cells, "python", tmp_path / "recheck")
+    assert found["runs"] == 2 and found["absent"] == 0
+    assert found["disagree"] == [{"cell": "sync--killed", "seed": 2, "record": "durable", "python": "LOST"}]
