@@ -84,7 +84,8 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
     out = Path(args.out) if args.out else store / "matrix" / mx.name
     runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins)
     finished: list[execute.Outcome] = []
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Both, explicitly: a matrix started in the background of a shell inherits SIGINT ignored.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         outcomes = runner.run(todo.jobs, on_done=finished.append)
     except KeyboardInterrupt:
@@ -96,7 +97,8 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         )
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return _publish(host, args, mx, cells, out, outcomes, todo.up_to_date)
 
 

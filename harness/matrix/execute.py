@@ -4,8 +4,9 @@ Each one is ``brokerchaos run`` on the cell's scenario file in a child process (
 a user would type, so a cell is an ordinary run: its run directory, report and history), with its
 own store root ``<store>/matrix/<matrix>/<cell>/seed-<seed>/`` and its output in ``run.log``
 there. A record is written only when the run has finished and been checked, so a matrix killed
-mid-way resumes at the cell-seeds that have none. Interrupted, it passes SIGINT to the runs it
-started, which tear their clusters down, and waits for them.
+mid-way resumes at the cell-seeds that have none. Interrupted, it sends SIGTERM to the runs it
+started (a run handles it itself, even where it was started with SIGINT ignored, as a
+background job of a shell is), which tear their clusters down, and waits for them.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Runner:
         with self._lock:
             if self._stopping:
                 return 130
-            # Its own process group: a Ctrl-C reaches the matrix once, which passes it on, so every
+            # Its own process group: a Ctrl-C reaches the matrix only, which passes it on, so every
             # run gets exactly one interrupt and tears down its cluster.
             child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self._children.add(child)
@@ -191,7 +192,7 @@ class Runner:
             children = list(self._children)
         for child in children:
             say("matrix", f"interrupting run {child.pid}; it tears its cluster down")
-            child.send_signal(signal.SIGINT)
+            child.send_signal(signal.SIGTERM)
         for child in children:
             child.wait()
 
