@@ -255,7 +255,9 @@ def test_a_bad_matrix_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path)
 
 
 def test_a_recheck_names_a_record_its_history_contradicts(tmp_path: Path, host: Host) -> None:
-    mx = model.load(_matrix(tmp_path, faults=["killed"], configurations=[{"id": "sync", "broker": "reference"}]))
+    mx = model.load(
+        _matrix(tmp_path, faults=["killed"], configurations=[{"id": "sync", "broker": "reference"}])
+    )
     cells = expand(mx, host)
     for j in execute.plan(cells, [1, 2], mx.results, _images()).jobs:
         d = _run(tmp_path / "runs", f"seed-{j.seed}", 2 if j.seed == 2 else 0)
