@@ -28,6 +28,9 @@ COLOURS = {
     "not run": "#ffffff",
 }
 
+#: How a cell without a verdict reads.
+LABELS = {"unsupported": "not supported", "not run": "not run yet"}
+
 CAVEATS = """\
 What a cell does not prove:
 
@@ -67,7 +70,7 @@ def _recovery(c: Mapping[str, Any]) -> str:
 def cell_lines(c: Mapping[str, Any]) -> list[str]:
     """A graded cell's lines in the table: verdict, runs lost and bound, loss per million, recovery, anomalies."""
     if c["state"] != "graded":
-        return [c["state"]]
+        return [LABELS.get(c["state"], c["state"])]
     ppm = c.get("lost_per_million")
     lines = [
         c["verdict"],
@@ -81,9 +84,8 @@ def cell_lines(c: Mapping[str, Any]) -> list[str]:
 
 
 def _badge(state: str) -> str:
-    return (
-        f'<span style="background:{COLOURS.get(state, "#e0e0e0")};padding:0 .3em">{html.escape(state)}</span>'
-    )
+    text = html.escape(LABELS.get(state, state))
+    return f'<span style="background:{COLOURS.get(state, "#e0e0e0")};padding:0 .3em">{text}</span>'
 
 
 def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
