@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
     m.add_argument(
         "--recheck",
         choices=("spark", "python"),
-        help="check every recorded run still on this machine again from its history, in one grade "
+        metavar="ENGINE",
+        help="check every recorded run whose directory is still on local disk again from its history, in one grade "
         "job, and name the runs whose verdict differs from their record (exit 1)",
     )
     m.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
@@ -125,9 +126,7 @@ def _publish(
         print(f"  page   {_rel(mx.page)}")
     if args.recheck:
         r = data["recheck"]
-        print(
-            f"  recheck ({r['engine']}): {r['runs']} run(s) checked again, {r['absent']} not on this machine"
-        )
+        print(f"  recheck ({r['engine']}): {r['runs']} run(s) checked again, {r['absent']} not on local disk")
         for d in r["disagree"]:
             print(
                 f"brokerchaos: matrix: {d['cell']} seed {d['seed']}: the record says {d['record']}, {r['engine']} says {d[r['engine']]}"

@@ -131,7 +131,7 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
 
 
 def recheck(host: Host, matrix: Matrix, cells: Sequence[Cell], engine: str, out: Path) -> dict[str, Any]:
-    """Every recorded run whose directory is on this machine, checked again from its history by
+    """Every recorded run whose directory is on local disk, checked again from its history by
     ``engine`` (``spark``: one Spark job for the whole matrix; ``python``), and the runs whose
     verdict differs from their record's (a record is then not what its history says)."""
     recs = [rec for cell in cells for rec in records.of_cell(matrix.results, cell.id)]
