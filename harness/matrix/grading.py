@@ -112,6 +112,7 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
         "loss_high_per_million": ppm(g.get("loss_high")),
         "recovery": recovery,
         "anomalies": sorted(g.get("anomalies") or {}),
+        "longest_outage_s": _longest_outage(recs),
         "statement": g.get("statement", ""),
         "scenario": dict(recs[0]["scenario"]) if recs else {},
         "seeds": [
@@ -128,6 +129,15 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
             for rec in recs
         ],
     }
+
+
+def _longest_outage(recs: Sequence[Mapping[str, Any]]) -> float | None:
+    """The longest stretch, over the cell's seeds, in which a queue completed no publish or no
+    consume (``liveness.longest_outage_ns``): how long the fault was felt, not only how soon
+    after its heal the queue worked again."""
+    seen = [r["results"].get("liveness", {}).get("longest_outage_ns") for r in recs]
+    known = [x for x in seen if isinstance(x, int | float)]
+    return round(max(known) / 1e9, 2) if known else None
 
 
 def recheck(host: Host, matrix: Matrix, cells: Sequence[Cell], engine: str, out: Path) -> dict[str, Any]:

@@ -78,6 +78,8 @@ def cell_lines(c: Mapping[str, Any]) -> list[str]:
         f"{ppm:g} lost per million" if ppm is not None else "nothing confirmed",
         _recovery(c),
     ]
+    if c.get("longest_outage_s") is not None:
+        lines.append(f"longest outage {c['longest_outage_s']:.1f} s")
     if c.get("anomalies"):
         lines.append(", ".join(c["anomalies"]))
     return lines
@@ -113,7 +115,7 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         + ". Each cell: that verdict; runs that lost acknowledged messages of the runs whose "
         "outcome is known, with the exact 95% bound on that share; acknowledged messages lost "
         "per million confirmed; recovery after the heal (median over every healed step and queue, "
-        "and the worst); anomaly classes seen. A cell links to its seeds and scenario below.",
+        "and the worst); the longest outage of any seed (no publish or no consume completed); anomaly classes seen. A cell links to its seeds and scenario below.",
         "",
         "| configuration | "
         + " | ".join(f"[{f['name']}](#fault-{f['name']})" for f in data["faults"])

@@ -3,7 +3,7 @@
 ``<results>/<cell>/seed-<seed>.json`` holds the content key it was run under, the commit and
 date, the run directory it came from (on the machine that ran it), how long it took, and the
 run's results cut down to what grading reads (verdict, counts, checkers' verdicts, the drain,
-anomaly counts, recovery rows, loss exposure per fault kind). A cell's records with another key
+anomaly counts, recovery rows, the longest outage, loss exposure per fault kind). A cell's records with another key
 (the scenario, the images or the harness changed) are stale: they are removed when the cell
 runs again, so a cell never mixes what two recipes did.
 """
@@ -122,6 +122,8 @@ def trim(res: Mapping[str, Any]) -> dict[str, Any]:
         "drain": {"completed": bool((res.get("drain") or {}).get("completed"))},
         "anomalies": {"counts": dict((res.get("anomalies") or {}).get("counts") or {})},
         "liveness": {
+            "longest_outage_ns": live.get("longest_outage_ns"),
+            "available_share": live.get("available_share"),
             "recovery": [
                 {k: r.get(k) for k in ("kind", "fault_id", "queue", "healed", "recovered", "recovery_ns")}
                 for r in live.get("recovery") or []

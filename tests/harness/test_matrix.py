@@ -236,7 +236,7 @@ def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: H
     assert "0/3 runs lost (≤ 63%)" in text
     assert page.COLOURS["LOST"] in text and ">not supported<" in text
     assert "Not supported: partition shape 'isolate'" in text
-    assert "What a cell does not prove" in text
+    assert "What a cell does not prove" in text and "longest outage " in text
     assert "{#cell-async--killed}" in text and "](#cell-async--killed)" in text
     out = page.write_outputs(data, tmp_path / "out")
     written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
