@@ -195,7 +195,7 @@ def _cell_section(c: Mapping[str, Any], source: str) -> list[str]:
     out += [
         "",
         f"Run it again: `brokerchaos matrix {source} --cell {c['cell']} {seeds} --force` (each run's "
-        "scenario file is `scenario.yaml` in its store root, `<store>/matrix/<matrix>/<cell>/seed-N/`).",
+        "scenario file is `scenario.yaml` in its store root, `<store>/matrix/<matrix>/runs/<cell>/seed-N/`).",
         "",
         f'??? note "Scenario of `{c["cell"]}` (seed {c["seeds"][0]["seed"]})"',
         "    ```yaml",
