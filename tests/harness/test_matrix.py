@@ -15,7 +15,7 @@ import yaml
 from harness.errors import ScenarioError
 from harness.host import Host
 from harness.matrix import execute, grading, model, page, records
-from harness.matrix.cells import Cell, cell_key, expand, seed_key
+from harness.matrix.cells import Cell, cell_key, expand, scenario_data, seed_key
 from harness.runner import check_run
 from harness.store import RunDir
 from tests.harness.test_cli_grade import _run
@@ -124,9 +124,13 @@ def test_a_cell_the_configuration_cannot_express_says_why(tmp_path: Path, host: 
 
 def test_a_version_goes_to_broker_version(tmp_path: Path, host: Host) -> None:
     confs = [{"id": "v", "broker": "reference", "version": "9.9"}]
-    (cell,) = expand(model.load(_matrix(tmp_path, configurations=confs, faults=["killed"])), host)
-    # this tree's scenario model judges broker.version; until it has one, the cell says so
-    assert cell.scenario is not None or "broker.version" in (cell.unsupported or "")
+    mx = model.load(_matrix(tmp_path, configurations=confs, faults=["killed"]))
+    assert scenario_data(mx, mx.configurations[0], mx.faults[0], 1)["broker"]["version"] == "9.9"
+    (cell,) = expand(mx, host)
+    if cell.scenario is None:  # a scenario model without broker.version: the cell says so
+        assert (cell.unsupported or "").startswith("broker.version")
+    else:
+        assert cell.scenario.to_dict()["broker"]["version"] == "9.9"
 
 
 def test_the_content_key_follows_scenario_images_and_harness_not_the_seed(tmp_path: Path, host: Host) -> None:
