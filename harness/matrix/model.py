@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from harness.scenario import _int, _mapping, _only  # the scenario file's own field checks
 from harness.spec.errors import ScenarioError
 
 ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -150,7 +151,7 @@ def from_dict(data: Any, source: Path) -> Matrix:
         configurations=configurations,
         faults=tuple(library[c] for c in columns),
         seeds=tuple(seeds),
-        nodes=_int(top.get("nodes", 3), "nodes", 1, 9),
+        nodes=_int(top.get("nodes", 3), "nodes", lo=1, hi=9),
         workload=dict(_mapping(top.get("workload", {}), "workload")),
         checkers=tuple(checkers),
         budgets=dict(_mapping(top.get("budgets", {}), "budgets")),
@@ -188,7 +189,7 @@ def _configurations(data: Any) -> tuple[Configuration, ...]:
                 label=label,
                 version=None if version is None else str(version),
                 settings=dict(_mapping(c.get("settings", {}), f"{where}.settings")),
-                nodes=None if nodes is None else _int(nodes, f"{where}.nodes", 1, 9),
+                nodes=None if nodes is None else _int(nodes, f"{where}.nodes", lo=1, hi=9),
             )
         )
     return tuple(out)
@@ -247,19 +248,6 @@ def _names(v: Any, where: str) -> list[str]:
     return list(v)
 
 
-def _mapping(v: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise ScenarioError(f"{where}: expected a mapping, got {type(v).__name__}")
-    return v
-
-
-def _only(m: Mapping[str, Any], where: str, allowed: set[str]) -> None:
-    for key in m:
-        if key not in allowed:
-            prefix = f"{where}." if where else ""
-            raise ScenarioError(f"{prefix}{key}: unknown field; allowed: {', '.join(sorted(allowed))}")
-
-
 def _id(v: Any, where: str) -> str:
     if not isinstance(v, str) or not ID.match(v):
         raise ScenarioError(f"{where}: expected lower-case letters, digits, dots and dashes, got {v!r}")
@@ -268,9 +256,3 @@ def _id(v: Any, where: str) -> str:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int(v: Any, where: str, lo: int, hi: int) -> int:
-    if not _is_int(v) or not lo <= v <= hi:
-        raise ScenarioError(f"{where}: expected an integer from {lo} to {hi}, got {v!r}")
-    return int(v)

@@ -139,13 +139,14 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _section(title: str, *columns: str) -> list[str]:
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def _faults(data: Mapping[str, Any]) -> list[str]:
-    out = [
-        "## Fault classes",
-        "",
-        "| class | what it stands for | schedule (seconds from the workload's start) |",
-        "|---|---|---|",
-    ]
+    out = _section(
+        "Fault classes", "class", "what it stands for", "schedule (seconds from the workload's start)"
+    )
     for f in data["faults"]:
         steps = "<br>".join(f"`{json.dumps(s, sort_keys=True)}`" for s in f["schedule"])
         out.append(f'| <span id="fault-{f["name"]}"></span>`{f["name"]}` | {f["description"]} | {steps} |')
@@ -159,12 +160,7 @@ def _faults(data: Mapping[str, Any]) -> list[str]:
 
 
 def _configurations(data: Mapping[str, Any]) -> list[str]:
-    out = [
-        "## Configurations",
-        "",
-        "| configuration | broker plugin | version | settings | nodes |",
-        "|---|---|---|---|---|",
-    ]
+    out = _section("Configurations", "configuration", "broker plugin", "version", "settings", "nodes")
     for c in data["configurations"]:
         version = c["version"] or "the plugin's default"
         settings = f"`{json.dumps(c['settings'], sort_keys=True)}`" if c["settings"] else "-"
