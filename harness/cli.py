@@ -33,6 +33,7 @@ examples:
   brokerchaos spark start                          keep a warm Spark Connect server for the checks
   brokerchaos down                                 remove what runs whose harness exited left behind
   brokerchaos validate --plugin reference          check a broker plugin's contract
+  brokerchaos matrix matrices/brokers.yaml         the durability matrix: runs what is missing, writes its page
 """
 
 
@@ -204,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--store", help="where the runs are stored (default: a temporary directory)")
 
+    _matrix_parser(sub)
+
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
     c.add_argument("--output", default="docker-compose.yml", help="the file to write")
     c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
@@ -266,6 +269,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _compose(args)
     if args.command == "validate":
         return _validate(host, args)
+    if args.command == "matrix":
+        return _matrix(host, args)
     raise BrokerChaosError(f"unknown command {args.command!r}")
 
 
@@ -538,6 +543,19 @@ def _grade_dirs(host: Any, dirs: list[Path], out: Path | None, *, engine: str = 
         print(f"  {line}")
     print(f"  grade report: {graded['report']}")
     return exit_status(graded.get("verdict"))
+
+
+def _matrix_parser(sub: Any) -> None:
+    from harness.matrix.command import add_parser
+
+    add_parser(sub)
+
+
+def _matrix(host: Any, args: argparse.Namespace) -> int:
+    from harness.matrix.command import run
+    from harness.store import default_root
+
+    return run(host, args, Path(args.store) if args.store else default_root())
 
 
 def _remote(parser: argparse.ArgumentParser) -> None:

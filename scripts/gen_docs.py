@@ -803,24 +803,36 @@ def render() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write (or --check) the generated reference pages.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a page differs from the code")
+    return command(argv, render, tool="gen_docs", what="the generated reference pages", errors=(DocsError,))
+
+
+def command(
+    argv: list[str] | None,
+    render: Callable[[], Mapping[Path, str]],
+    *,
+    tool: str,
+    what: str,
+    errors: tuple[type[Exception], ...],
+) -> int:
+    """``--check`` names each page ``render`` would change and exits 1; without it, writes them."""
+    parser = argparse.ArgumentParser(description=f"Write (or --check) {what}.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page differs from its sources")
     args = parser.parse_args(argv)
     try:
         pages = render()
-    except DocsError as exc:
-        print(f"gen_docs: {exc}", file=sys.stderr)
+    except errors as exc:
+        print(f"{tool}: {exc}", file=sys.stderr)
         return 1
     stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:
             print(
-                f"gen_docs: {p.relative_to(ROOT)} is out of date: run python3 scripts/gen_docs.py",
+                f"{tool}: {p.relative_to(ROOT)} is out of date: run python3 scripts/{tool}.py",
                 file=sys.stderr,
             )
         return 1 if stale else 0
-    REFERENCE.mkdir(parents=True, exist_ok=True)
     for p in stale:
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(pages[p])
         print(f"wrote {p.relative_to(ROOT)}")
     return 0

@@ -1,0 +1,258 @@
+"""The matrix file: configurations (broker, version, settings) x fault classes, one workload, seeds.
+
+    name: brokers
+    seeds: [1]                        # each cell runs once per seed; records accumulate over reruns
+    nodes: 3
+    workload: {producers: 2, consumers: 2, rate: 100, duration: 30}   # one workload for every cell
+    checkers: [python]
+    fault_classes: fault-classes.yaml # a library (path beside this file) and/or a mapping
+    faults: [leader-isolated, leader-killed]                          # the columns, in order
+    configurations:                                                   # the rows, in order
+      - {id: reference-sync, label: "reference, mirrored, flush sync", broker: reference,
+         settings: {ha_mode: all, flush: sync}}
+      - {id: rabbitmq-4.3-quorum, broker: rabbitmq, version: "4.3", settings: {queue_type: quorum}}
+    page: ../docs/findings/matrix.md  # the docs page `brokerchaos matrix` writes
+
+A fault class is a named schedule template: the steps of ``nemesis.schedule`` (times from the
+workload's start), described in words. The matrix knows no fault kind by name: the scenario
+loader and the planner judge every step when a cell is expanded.
+
+Every error names the field and what is allowed; the file is never half-loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.scenario import _int, _mapping, _only  # the scenario file's own field checks
+from harness.spec.errors import ScenarioError
+
+ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A row: a broker plugin, the broker's version (None: the plugin's default) and its settings."""
+
+    id: str
+    broker: str
+    label: str
+    version: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    nodes: int | None = None  # None: the matrix's
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    """A column: a named schedule template (``nemesis.schedule`` steps) and what it stands for."""
+
+    name: str
+    description: str
+    schedule: tuple[Mapping[str, Any], ...]
+    settle: float | None = None  # None: the nemesis default
+
+
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    source: Path
+    configurations: tuple[Configuration, ...]
+    faults: tuple[FaultClass, ...]
+    seeds: tuple[int, ...]
+    nodes: int = 3
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    checkers: tuple[str, ...] = ()
+    budgets: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+    page: Path | None = None
+    results: Path = Path()
+
+    def configuration(self, cid: str) -> Configuration:
+        return next(c for c in self.configurations if c.id == cid)
+
+    def fault(self, name: str) -> FaultClass:
+        return next(f for f in self.faults if f.name == name)
+
+
+TOP = {
+    "name",
+    "description",
+    "seeds",
+    "nodes",
+    "workload",
+    "checkers",
+    "budgets",
+    "fault_classes",
+    "faults",
+    "configurations",
+    "page",
+    "results",
+}
+
+
+def load(path: str | Path) -> Matrix:
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"matrix file {str(p)!r} does not exist (the shipped ones are in matrices/)")
+    try:
+        return from_dict(_yaml(p), p)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{p}: {exc}") from None
+
+
+def _yaml(p: Path) -> Any:
+    try:
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(f"{p}: not valid YAML: {first}") from None
+
+
+def from_dict(data: Any, source: Path) -> Matrix:
+    top = _mapping(data, "matrix")
+    _only(top, "", TOP)
+    name = _id(top.get("name", source.stem), "name")
+    library = _fault_classes(top.get("fault_classes"), source.parent)
+    columns = _names(top.get("faults"), "faults")
+    for col in columns:
+        if col not in library:
+            raise ScenarioError(
+                f"faults: {col!r} is not a fault class; defined: {', '.join(sorted(library)) or '(none)'}"
+            )
+    configurations = _configurations(top.get("configurations"))
+    seeds = top.get("seeds", [1])
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+        raise ScenarioError("seeds: expected a non-empty list of integers >= 0, e.g. [1, 2, 3]")
+    if len(set(seeds)) != len(seeds):
+        raise ScenarioError("seeds: a seed is listed twice")
+    checkers = top.get("checkers", [])
+    if not isinstance(checkers, list) or not all(isinstance(c, str) for c in checkers):
+        raise ScenarioError("checkers: expected a list of checker names, e.g. [python]")
+    page = top.get("page")
+    if page is not None and not isinstance(page, str):
+        raise ScenarioError("page: expected a path (relative to the matrix file) of the docs page to write")
+    results = top.get("results", f"results/{name}")
+    if not isinstance(results, str) or not results:
+        raise ScenarioError(
+            "results: expected a directory (relative to the matrix file) for the cell records"
+        )
+    description = top.get("description", "")
+    if not isinstance(description, str):
+        raise ScenarioError("description: expected a string")
+    return Matrix(
+        name=name,
+        source=source,
+        configurations=configurations,
+        faults=tuple(library[c] for c in columns),
+        seeds=tuple(seeds),
+        nodes=_int(top.get("nodes", 3), "nodes", lo=1, hi=9),
+        workload=dict(_mapping(top.get("workload", {}), "workload")),
+        checkers=tuple(checkers),
+        budgets=dict(_mapping(top.get("budgets", {}), "budgets")),
+        description=description.strip(),
+        page=(source.parent / page) if page else None,
+        results=source.parent / results,
+    )
+
+
+def _configurations(data: Any) -> tuple[Configuration, ...]:
+    if not isinstance(data, list) or not data:
+        raise ScenarioError("configurations: expected a non-empty list of {id, broker, version, settings}")
+    out: list[Configuration] = []
+    for i, raw in enumerate(data):
+        where = f"configurations[{i}]"
+        c = _mapping(raw, where)
+        _only(c, where, {"id", "label", "broker", "version", "settings", "nodes"})
+        cid = _id(c.get("id"), f"{where}.id")
+        if any(o.id == cid for o in out):
+            raise ScenarioError(f"{where}.id: {cid!r} is used twice")
+        broker = c.get("broker")
+        if not isinstance(broker, str) or not broker:
+            raise ScenarioError(f"{where}.broker: expected a broker plugin's name (`brokerchaos plugins`)")
+        version = c.get("version")
+        if version is not None and not isinstance(version, str | int | float):
+            raise ScenarioError(f'{where}.version: expected a version such as "4.3" (or absent: the default)')
+        label = c.get("label", cid)
+        if not isinstance(label, str) or not label:
+            raise ScenarioError(f"{where}.label: expected a non-empty string")
+        nodes = c.get("nodes")
+        out.append(
+            Configuration(
+                id=cid,
+                broker=broker,
+                label=label,
+                version=None if version is None else str(version),
+                settings=dict(_mapping(c.get("settings", {}), f"{where}.settings")),
+                nodes=None if nodes is None else _int(nodes, f"{where}.nodes", lo=1, hi=9),
+            )
+        )
+    return tuple(out)
+
+
+def _fault_classes(data: Any, base: Path) -> dict[str, FaultClass]:
+    """A library file's classes (a path, or a list of paths, beside the matrix file) and/or classes
+    given inline; an inline class replaces a library one of the same name."""
+    if data is None:
+        raise ScenarioError("fault_classes: required: a library file (e.g. fault-classes.yaml) or a mapping")
+    items = data if isinstance(data, list) else [data]
+    out: dict[str, FaultClass] = {}
+    for item in items:
+        if isinstance(item, str):
+            lib = base / item
+            if not lib.is_file():
+                raise ScenarioError(f"fault_classes: {str(lib)!r} does not exist")
+            where = f"{lib.name}"
+            classes = _mapping(_yaml(lib), where)
+        else:
+            where, classes = "fault_classes", _mapping(item, "fault_classes")
+        for name, spec in classes.items():
+            out[str(name)] = _fault_class(str(name), spec, f"{where}.{name}")
+    return out
+
+
+def _fault_class(name: str, data: Any, where: str) -> FaultClass:
+    _id(name, where)
+    c = _mapping(data, where)
+    _only(c, where, {"description", "schedule", "settle"})
+    description = c.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ScenarioError(f"{where}.description: required: what the class stands for, in words")
+    schedule = c.get("schedule")
+    if not isinstance(schedule, list) or not schedule:
+        raise ScenarioError(
+            f"{where}.schedule: expected a non-empty list of steps like {{at: 8, fault: kill}}"
+        )
+    steps = tuple(dict(_mapping(s, f"{where}.schedule[{i}]")) for i, s in enumerate(schedule))
+    settle = c.get("settle")
+    if settle is not None and (not isinstance(settle, int | float) or isinstance(settle, bool) or settle < 0):
+        raise ScenarioError(f"{where}.settle: expected seconds >= 0")
+    return FaultClass(
+        name=name,
+        description=" ".join(description.split()),
+        schedule=steps,
+        settle=None if settle is None else float(settle),
+    )
+
+
+def _names(v: Any, where: str) -> list[str]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        raise ScenarioError(f"{where}: expected a non-empty list of fault class names")
+    if len(set(v)) != len(v):
+        raise ScenarioError(f"{where}: a fault class is listed twice")
+    return list(v)
+
+
+def _id(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not ID.match(v):
+        raise ScenarioError(f"{where}: expected lower-case letters, digits, dots and dashes, got {v!r}")
+    return v
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,136 @@
+"""Cell records: one small JSON file per cell and seed, the only input of the matrix's page.
+
+``<results>/<cell>/seed-<seed>.json`` holds the content key it was run under, the commit and
+date, the run directory it came from (on the machine that ran it), how long it took, and the
+run's results cut down to what grading reads (verdict, counts, checkers' verdicts, the drain,
+anomaly counts, recovery rows, the longest outage, loss exposure per fault kind). A cell's records with another key
+(the scenario, the images or the harness changed) are stale: they are removed when the cell
+runs again, so a cell never mixes what two recipes did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+
+def path(results: Path, cell: str, seed: int) -> Path:
+    return results / cell / f"seed-{seed}.json"
+
+
+def read(p: Path) -> dict[str, Any] | None:
+    """A record, or None where the file is not one (a half-written file is never one: see ``write``)."""
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None
+
+
+def of_cell(results: Path, cell: str) -> Iterator[dict[str, Any]]:
+    """The cell's records, by seed."""
+    d = results / cell
+    if not d.is_dir():
+        return
+    for p in sorted(d.glob("seed-*.json"), key=lambda p: int(p.stem.split("-", 1)[1])):
+        rec = read(p)
+        if rec is not None:
+            yield rec
+
+
+def done(results: Path, cell: str, seed: int, key: str) -> bool:
+    rec = read(path(results, cell, seed))
+    return rec is not None and rec.get("key") == key
+
+
+def stale(results: Path, cell: str, cell_key: str) -> list[Path]:
+    """Records of the cell made under another content key."""
+    d = results / cell
+    return [p for p in sorted(d.glob("seed-*.json")) if (read(p) or {}).get("cell_key") != cell_key]
+
+
+def write(p: Path, record: Mapping[str, Any]) -> None:
+    """Atomically: an interrupted matrix leaves a record whole or absent."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, p)
+
+
+def make(
+    *,
+    cell: str,
+    seed: int,
+    key: str,
+    cell_key: str,
+    images: Mapping[str, str],
+    scenario: Mapping[str, Any],
+    results: Mapping[str, Any],
+    run_dir: Path,
+    seconds: float,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "cell": cell,
+        "seed": seed,
+        "key": key,
+        "cell_key": cell_key,
+        "images": dict(images),
+        "commit": commit(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_dir": str(run_dir),
+        "seconds": round(seconds, 1),
+        "scenario": dict(scenario),
+        "results": trim(results),
+    }
+
+
+def commit() -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ from it), or ``unknown``."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def trim(res: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``grade`` reads of a run's results, and nothing else (a record stays a few kB)."""
+    live = res.get("liveness") or {}
+    return {
+        "verdict": res.get("verdict"),
+        "valid": res.get("valid"),
+        "reason": res.get("reason") or res.get("error") or "",
+        "counts": dict(res.get("counts") or {}),
+        "body_checker": res.get("body_checker"),
+        "checkers": {
+            n: {"verdict": c.get("verdict"), "reason": c.get("reason") or c.get("error") or ""}
+            for n, c in (res.get("checkers") or {}).items()
+        },
+        "drain": {"completed": bool((res.get("drain") or {}).get("completed"))},
+        "anomalies": {"counts": dict((res.get("anomalies") or {}).get("counts") or {})},
+        "liveness": {
+            "longest_outage_ns": live.get("longest_outage_ns"),
+            "available_share": live.get("available_share"),
+            "recovery": [
+                {k: r.get(k) for k in ("kind", "fault_id", "queue", "healed", "recovered", "recovery_ns")}
+                for r in live.get("recovery") or []
+            ],
+            "unavailable": [
+                {k: u.get(k) for k in ("fault_kind", "queue", "kind")} for u in live.get("unavailable") or []
+            ],
+        },
+        "attribution": {"exposure": list((res.get("attribution") or {}).get("exposure") or [])},
+    }

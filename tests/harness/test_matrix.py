@@ -1,0 +1,276 @@
+"""`brokerchaos matrix` without Docker: the file, the cells and what they can express, content
+keys, what a rerun plans (nothing, one seed, stale records), grading records and the page."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.errors import ScenarioError
+from harness.host import Host
+from harness.matrix import execute, grading, model, page, records
+from harness.matrix.cells import Cell, cell_key, expand, scenario_data, seed_key
+from harness.runner import check_run
+from harness.store import RunDir
+from tests.harness.test_cli_grade import _run
+
+REPO = Path(__file__).resolve().parents[2]
+
+CLASSES = {
+    "killed": {
+        "description": "kill n1",
+        "schedule": [{"at": 2, "fault": "kill", "params": {"node": "n1"}, "hold": 1}],
+    },
+    "isolated": {
+        "description": "isolate n1",
+        "schedule": [
+            {"at": 2, "fault": "partition", "params": {"shape": "isolate", "node": "n1"}, "hold": 1}
+        ],
+    },
+    "clock": {
+        "description": "clock",
+        "schedule": [{"at": 2, "fault": "clock-bump", "params": {"node": "n1"}}],
+    },
+}
+
+
+def _matrix(tmp: Path, **over: Any) -> Path:
+    data: dict[str, Any] = {
+        "name": "tiny",
+        "seeds": [1],
+        "nodes": 1,
+        "workload": {"duration": 5, "rate": 50},
+        "checkers": ["python"],
+        "fault_classes": CLASSES,
+        "faults": ["killed", "isolated"],
+        "configurations": [
+            {"id": "sync", "broker": "reference", "settings": {"flush": "sync"}},
+            {"id": "async", "broker": "reference", "settings": {"flush": "async"}},
+        ],
+        "page": "page.md",
+    }
+    data.update(over)
+    p = tmp / "tiny.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _images(tag: str = "brokerchaos/reference:aaaa") -> execute.ImagesOf:
+    return lambda cell: {"broker": tag, "toxiproxy": "brokerchaos/toxiproxy:bbbb"}
+
+
+# -- the file ---------------------------------------------------------------------------------
+
+
+def test_the_shipped_matrix_loads_and_every_cell_is_run_or_says_why(host: Host) -> None:
+    mx = model.load(REPO / "matrices" / "brokers.yaml")
+    cells = expand(mx, host)
+    assert len(cells) == len(mx.configurations) * len(mx.faults)
+    redis_clock = next(c for c in cells if c.id == "redis-7.0-sentinel--clock-jump")
+    assert redis_clock.scenario is None
+    assert "clock" in (redis_clock.unsupported or "") and "redis" in (redis_clock.unsupported or "")
+    assert next(c for c in cells if c.id == "reference-mirrored-sync--leader-killed").unsupported is None
+
+
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"faults": ["nope"]}, "faults: 'nope' is not a fault class"),
+        ({"seeds": []}, "seeds: expected a non-empty list"),
+        ({"colour": 1}, "colour: unknown field"),
+        (
+            {"configurations": [{"id": "a", "broker": "reference"}, {"id": "a", "broker": "reference"}]},
+            "used twice",
+        ),
+        ({"configurations": [{"id": "Bad Id", "broker": "reference"}]}, "configurations[0].id"),
+        ({"fault_classes": {"x": {"schedule": [{"at": 1, "fault": "kill"}]}}}, "description: required"),
+    ],
+)
+def test_a_bad_matrix_file_is_one_line_naming_the_field(
+    tmp_path: Path, over: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ScenarioError) as err:
+        model.load(_matrix(tmp_path, **over))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mistakes_of_the_file_end_the_command_not_a_cell(tmp_path: Path, host: Host) -> None:
+    bad_kind = {"odd": {"description": "x", "schedule": [{"at": 1, "fault": "no-such-kind"}]}}
+    with pytest.raises(ScenarioError, match="no-such-kind"):
+        expand(model.load(_matrix(tmp_path, fault_classes=bad_kind, faults=["odd"])), host)
+    with pytest.raises(ScenarioError, match="workload.rat"):
+        expand(model.load(_matrix(tmp_path, workload={"rat": 3})), host)
+    with pytest.raises(ScenarioError, match="starts after the workload"):
+        expand(model.load(_matrix(tmp_path, workload={"duration": 1})), host)
+
+
+# -- cells ----------------------------------------------------------------------------------
+
+
+def test_a_cell_the_configuration_cannot_express_says_why(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed", "isolated"]))
+    cells = {c.id: c for c in expand(mx, host)}
+    assert cells["sync--killed"].unsupported is None
+    assert cells["sync--killed"].scenario is not None
+    # one node: the planner cannot isolate it from peers it does not have
+    assert "at least 2 nodes" in (cells["sync--isolated"].unsupported or "")
+
+
+def test_a_version_goes_to_broker_version(tmp_path: Path, host: Host) -> None:
+    confs = [{"id": "v", "broker": "reference", "version": "9.9"}]
+    mx = model.load(_matrix(tmp_path, configurations=confs, faults=["killed"]))
+    assert scenario_data(mx, mx.configurations[0], mx.faults[0], 1)["broker"]["version"] == "9.9"
+    (cell,) = expand(mx, host)
+    if cell.scenario is None:  # a scenario model without broker.version: the cell says so
+        assert (cell.unsupported or "").startswith("broker.version")
+    else:
+        assert cell.scenario.to_dict()["broker"]["version"] == "9.9"
+
+
+def test_the_content_key_follows_scenario_images_and_harness_not_the_seed(tmp_path: Path, host: Host) -> None:
+    a, b = expand(model.load(_matrix(tmp_path, faults=["killed"])), host)
+    assert a.scenario is not None and b.scenario is not None
+    images = {"broker": "x:1", "toxiproxy": "t:1"}
+    k = cell_key(a.scenario, images)
+    assert k == cell_key(a.at_seed(7), images)
+    assert k != cell_key(b.scenario, images)  # another setting
+    assert k != cell_key(a.scenario, {**images, "broker": "x:2"})  # another image recipe
+    assert k != cell_key(a.scenario, images, harness="0.0.0")
+    assert len({seed_key(k, s) for s in range(5)}) == 5
+
+
+# -- planning: resume, rerun, another seed -----------------------------------------------
+
+
+def _record(cell: Cell, seed: int, key: str, ck: str, res: dict[str, Any] | None = None) -> dict[str, Any]:
+    assert cell.scenario is not None
+    return {
+        "schema": records.SCHEMA,
+        "cell": cell.id,
+        "seed": seed,
+        "key": key,
+        "cell_key": ck,
+        "images": {},
+        "commit": "abc",
+        "date": "2026-01-01T00:00:00Z",
+        "run_dir": f"/runs/{cell.id}/{seed}",
+        "seconds": 30.0,
+        "scenario": cell.at_seed(seed).to_dict(),
+        "results": records.trim(res or {}),
+    }
+
+
+def _record_all(mx: model.Matrix, cells: list[Cell], plan: execute.Plan) -> None:
+    for j in plan.jobs:
+        records.write(records.path(mx.results, j.cell.id, j.seed), _record(j.cell, j.seed, j.key, j.cell_key))
+
+
+def test_recorded_cells_are_not_run_again_and_a_new_seed_runs_only_its_cells(
+    tmp_path: Path, host: Host
+) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    first = execute.plan(cells, [1], mx.results, _images())
+    assert [(j.cell.id, j.seed) for j in first.jobs] == [("sync--killed", 1), ("async--killed", 1)]
+    _record_all(mx, cells, first)
+    again = execute.plan(cells, [1], mx.results, _images())
+    assert again.jobs == [] and again.up_to_date == 2
+    more = execute.plan(cells, [1, 2], mx.results, _images())
+    assert [(j.cell.id, j.seed) for j in more.jobs] == [("sync--killed", 2), ("async--killed", 2)]
+    assert len(execute.plan(cells, [1], mx.results, _images(), force=True).jobs) == 2
+
+
+def test_an_interrupted_matrix_resumes_where_records_stop(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    todo = execute.plan(cells, [1, 2], mx.results, _images())
+    done, rest = todo.jobs[:1], todo.jobs[1:]
+    _record_all(mx, cells, execute.Plan(jobs=done))
+    half = records.path(mx.results, rest[0].cell.id, rest[0].seed).with_suffix(".json.tmp")
+    half.parent.mkdir(parents=True, exist_ok=True)
+    half.write_text('{"schema": 1, "ke')  # killed while writing: the record never replaced a file
+    resumed = execute.plan(cells, [1, 2], mx.results, _images())
+    assert [(j.cell.id, j.seed) for j in resumed.jobs] == [(j.cell.id, j.seed) for j in rest]
+
+
+def test_a_changed_recipe_makes_the_records_stale(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    _record_all(mx, cells, execute.plan(cells, [1], mx.results, _images()))
+    changed = execute.plan(cells, [1], mx.results, _images("brokerchaos/reference:cccc"))
+    assert len(changed.jobs) == 2 and len(changed.stale) == 2
+
+
+# -- grading and the page -----------------------------------------------------------------
+
+
+def _checked(tmp: Path, name: str, lost: int, host: Host) -> dict[str, Any]:
+    """A real check (the python checker) of a history that confirms 20 and loses ``lost``."""
+    d = _run(tmp, name, lost)
+    return check_run(host, RunDir(d), json.loads((d / "scenario.json").read_text())["scenario"], ["python"])
+
+
+def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path))
+    cells = expand(mx, host)
+    todo = execute.plan(cells, [1, 2, 3], mx.results, _images())
+    for j in todo.jobs:
+        lost = 2 if (j.cell.configuration.id, j.seed) == ("async", 2) else 0
+        res = _checked(tmp_path / "runs", f"{j.cell.id}-{j.seed}", lost, host)
+        records.write(
+            records.path(mx.results, j.cell.id, j.seed), _record(j.cell, j.seed, j.key, j.cell_key, res)
+        )
+    data = grading.grade_matrix(host, mx, cells)
+    by = {c["cell"]: c for c in data["cells"]}
+    durable, lossy = by["sync--killed"], by["async--killed"]
+    assert durable["verdict"] == "durable" and durable["runs_lost"] == 0 and durable["graded_runs"] == 3
+    assert durable["runs_lost_interval"] == "one-sided"
+    assert durable["runs_lost_high"] == pytest.approx(1 - 0.05 ** (1 / 3))  # exact: 0 of 3
+    assert lossy["verdict"] == "LOST" and lossy["runs_lost"] == 1
+    assert lossy["lost_per_million"] == pytest.approx(2 / 60 * 1e6, rel=1e-4)
+    assert by["sync--isolated"]["state"] == "unsupported"
+    text = page.markdown(data, source="tiny.yaml", results="results/tiny")
+    assert "1/3 runs lost (1%–91%)" in text
+    assert "0/3 runs lost (≤ 63%)" in text
+    assert page.COLOURS["LOST"] in text and ">not supported<" in text
+    assert "Not supported: partition shape 'isolate'" in text
+    assert "What a cell does not prove" in text and "longest outage " in text
+    assert "{#cell-async--killed}" in text and "](#cell-async--killed)" in text
+    out = page.write_outputs(data, tmp_path / "out")
+    written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
+    assert written["async--killed"]["verdict"] == "LOST"
+    assert "<table>" in out[1].read_text()
+
+
+def test_a_bad_matrix_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nfaults: 3\n")
+    for argv in ([str(bad)], [str(tmp_path / "missing.yaml")], [str(bad), "--jobs", "0"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "matrix", *argv], capture_output=True, text=True, cwd=REPO
+        )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("brokerchaos: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_recheck_names_a_record_its_history_contradicts(tmp_path: Path, host: Host) -> None:
+    mx = model.load(
+        _matrix(tmp_path, faults=["killed"], configurations=[{"id": "sync", "broker": "reference"}])
+    )
+    cells = expand(mx, host)
+    for j in execute.plan(cells, [1, 2], mx.results, _images()).jobs:
+        d = _run(tmp_path / "runs", f"seed-{j.seed}", 2 if j.seed == 2 else 0)
+        res = check_run(host, RunDir(d), {"name": "x", "checkers": ["python"]}, ["python"])
+        rec = _record(j.cell, j.seed, j.key, j.cell_key, res) | {"run_dir": str(d)}
+        if j.seed == 2:
+            rec["results"]["verdict"] = "durable"  # a record that says otherwise than its history
+        records.write(records.path(mx.results, j.cell.id, j.seed), rec)
+    found = grading.recheck(host, mx, cells, "python", tmp_path / "recheck")
+    assert found["runs"] == 2 and found["absent"] == 0
+    assert found["disagree"] == [{"cell": "sync--killed", "seed": 2, "record": "durable", "python": "LOST"}]
