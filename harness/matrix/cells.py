@@ -148,19 +148,19 @@ ImagesOf = Callable[[Cell], Mapping[str, str]]
 
 def docker_images(host: Host) -> ImagesOf:
     """The image builder's tags (built where missing: the cell needs them to run anyway), one
-    build per broker plugin and libfaketime choice."""
+    build per broker plugin, version and libfaketime choice."""
     from harness.cluster import docker_client
     from harness.runner import build_images
 
     client: Any = None
-    seen: dict[tuple[str, bool], Mapping[str, str]] = {}
+    seen: dict[tuple[str, str | None, bool], Mapping[str, str]] = {}
 
     def images(cell: Cell) -> Mapping[str, str]:
         nonlocal client
-        k = (cell.configuration.broker, cell.faketime)
+        k = (cell.configuration.broker, cell.configuration.version, cell.faketime)
         if k not in seen:
             client = client or docker_client()
-            seen[k] = build_images(client, host.broker(k[0]), faketime=k[1])
+            seen[k] = build_images(client, host.broker(k[0], k[1]), faketime=k[2])
         return seen[k]
 
     return images
