@@ -19,6 +19,7 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.runner import EXIT_ERROR
 from harness.spec.results import EXIT_FAILED, compose_verdicts, exit_status
+from harness.spec.rundir import REPORT_HTML, RESULTS_JSON, SCENARIO_JSON
 
 USAGE_EXAMPLES = """\
 examples:
@@ -310,8 +311,8 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     if args.replay:
         rd = RunDir.open(args.replay)
         replay = plan_from_history(rd.history_jsonl)
-        stored = rd.read_json("scenario.json")
-        sc = scenario_mod.from_dict(stored["scenario"], source=str(rd.path / "scenario.json"))
+        stored = rd.read_json(SCENARIO_JSON)
+        sc = scenario_mod.from_dict(stored["scenario"], source=str(rd.path / SCENARIO_JSON))
     if args.runs < 1:
         raise BrokerChaosError("--runs must be at least 1")
     store = Path(args.store) if args.store else default_root()
@@ -340,7 +341,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         else:
             print(f"\n{s.name} (seed {s.seed}): {results.get('verdict', results.get('valid'))}")
             print(summary_table(results))
-            report = run.dir.path / "report.html"
+            report = run.dir.path / REPORT_HTML
             print(f"  run directory      {run.dir.path}")
             if report.exists():
                 print(f"  report             {report}")
@@ -467,12 +468,8 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     from harness.verdicts import exit_code, summary_table
 
     rd = RunDir.open(args.run_dir)
-    stored = rd.read_json("scenario.json")
-    checkers = (
-        tuple(args.checker)
-        if args.checker
-        else tuple(stored["scenario"].get("checkers") or ()) or host.registry.default_checkers()
-    )
+    stored = rd.read_json(SCENARIO_JSON)
+    checkers = host.checkers_for(args.checker, stored["scenario"].get("checkers"))
     results = check_run(host, rd, stored["scenario"], checkers)
     scrape_logs(rd.path, results)
     broker = (stored.get("broker") or {}).get("plugin") or (stored["scenario"].get("broker") or {}).get(
@@ -480,11 +477,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     )
     if broker in host.registry.brokers:  # a stored run names its broker; a hand-made history may not
         annotate_coverage(host.broker(broker), rd.path, results)
-    old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
+    old = rd.read_json(RESULTS_JSON) if (rd.path / RESULTS_JSON).exists() else {}
     for key in ("workload", "timings"):
         if key in old:
             results[key] = old[key]
-    rd.write_json("results.json", results)
+    rd.write_json(RESULTS_JSON, results)
     report = render_report(host, rd, results)
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=str))

@@ -31,6 +31,7 @@ from harness.host import Host
 from harness.proxies import client_proxy_port, peer_address
 from harness.spec.broker import CORRUPTION_RESPONSES, BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
 from harness.spec.fault import ConformanceProbe
+from harness.spec.rundir import HISTORY_JSONL, NODES
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -433,7 +434,7 @@ class Battery:
     def data_dir(self) -> list[Check]:
         r = self.baseline()
         d = self.plugin.data_dir.rstrip("/")
-        listing = r.run_dir / "nodes" / "n1" / "data-dir.txt"
+        listing = r.run_dir / NODES / "n1" / "data-dir.txt"
         if not listing.exists():
             return [
                 Check(
@@ -554,9 +555,9 @@ class Battery:
         if run.dir is None:
             raise ended or BrokerChaosError("the run made no directory")
         path = run.dir.path
-        ops = list(read_jsonl(path / "history.jsonl")) if (path / "history.jsonl").exists() else []
+        ops = list(read_jsonl(path / HISTORY_JSONL)) if (path / HISTORY_JSONL).exists() else []
         logs = {}  # the container's output and the plugin's log files (log_paths), per node
-        for d in sorted((path / "nodes").glob("*")) if (path / "nodes").exists() else []:
+        for d in sorted((path / NODES).glob("*")) if (path / NODES).exists() else []:
             logs[d.name] = "\n".join(
                 f.read_text(errors="replace")
                 for f in sorted(d.rglob("*"))

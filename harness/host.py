@@ -148,6 +148,17 @@ class Host:
             known = ", ".join(sorted(self.registry.checkers)) or "(none loaded)"
             raise BrokerChaosError(f"unknown checker {name!r}; available: {known}") from None
 
+    def checkers_for(
+        self, asked: Sequence[str] | None, named: Sequence[str] | None = None
+    ) -> tuple[str, ...]:
+        """The checkers a run or an analysis uses, decided here only: those asked for (the command
+        line), else those the scenario names, else those registered as a default (``add_checker(...,
+        default=True)``); each one loaded, or one line naming the checkers that are."""
+        chosen = tuple(asked or ()) or tuple(named or ()) or self.registry.default_checkers()
+        for name in chosen:
+            self.checker(name)
+        return chosen
+
     def configure(self, config: dict[str, Any]) -> None:
         """Give every plugin the settings; one that refuses one (a ValueError) ends the command with
         its message as one line."""
