@@ -140,10 +140,10 @@ def main() -> int:
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
 
-    from spark_reports import _common
-    from spark_reports._spark import check_spark
-    from spark_reports._spark_session import spark_session
-    from spark_reports._warmup import warm_up
+    from spark_reports.engines import common as _common
+    from spark_reports.engines.spark.check import check_spark
+    from spark_reports.service.session import spark_session
+    from spark_reports.service.warmup import warm_up
 
     out: dict[str, Any] = {
         "run_dirs": [str(d) for d in args.run_dirs],
@@ -169,8 +169,8 @@ def main() -> int:
     actions.wrap()
     out["checks"] = []
     for i in range(args.checks):
-        import spark_reports._spark as sp
-        import spark_reports._spark_ids as si
+        import spark_reports.engines.spark.check as sp
+        import spark_reports.engines.spark.ids as si
 
         run_dir = args.run_dirs[i % len(args.run_dirs)]
         scenario = json.loads((run_dir / "scenario.json").read_text())

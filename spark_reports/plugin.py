@@ -10,13 +10,14 @@ from typing import Any
 
 import pluggy
 
-from . import _spark_service
-from ._python import check_python
-from ._spark import check_spark, start_session_in_background, warm_up_server
-from ._spark_session import check_answers, check_master, check_remote, spark_session
-from .atomicity import check_atomicity_python, check_atomicity_spark
-from .delay import check_delay_python, check_delay_spark
-from .stream import check_stream_python
+from harness.spec.rundir import GRADE_JSON
+from spark_reports.engines.atomicity import check_atomicity_python, check_atomicity_spark
+from spark_reports.engines.delay import check_delay_python, check_delay_spark
+from spark_reports.engines.python import check_python
+from spark_reports.engines.spark.check import check_spark, start_session_in_background, warm_up_server
+from spark_reports.engines.stream import check_stream_python
+from spark_reports.service import connect as _spark_service
+from spark_reports.service.session import check_answers, check_master, check_remote, spark_session
 
 hookimpl = pluggy.HookimplMarker("brokerchaos")
 
@@ -99,17 +100,17 @@ def _import_plotting() -> None:
 
 @hookimpl
 def brokerchaos_render_report(run_dir: Path, results: dict[str, Any]) -> str | None:
-    from .report import render_report
+    from spark_reports.reports.report import render_report
 
     return str(render_report(run_dir, results))  # type: ignore[arg-type]  # a checker's Results, as a dict
 
 
 @hookimpl
 def brokerchaos_grade(run_dirs: list[Path], engine: str, out: Path) -> dict[str, Any]:
-    from . import describe_grade, grade_runs, render_grade_report
+    from spark_reports import describe_grade, grade_runs, render_grade_report
 
     grade = grade_runs(run_dirs, spark_master=_target(), engine=engine)
-    (out / "grade.json").write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
+    (out / GRADE_JSON).write_text(json.dumps(grade, indent=2, sort_keys=True, default=str))
     return {
         "verdict": grade.get("verdict"),
         "lines": describe_grade(grade),

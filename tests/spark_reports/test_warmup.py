@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from spark_reports import check_python
-from spark_reports._common import COUNT_KEYS
-from spark_reports._warmup import SCENARIO, warm_up_history
+from spark_reports.engines.common import COUNT_KEYS
+from spark_reports.service.warmup import SCENARIO, warm_up_history
 
 
 def test_the_warm_up_history_has_every_kind_of_finding() -> None:
@@ -41,7 +41,7 @@ def test_spark_agrees_with_python_on_the_warm_up_history(spark_engine) -> None:
 def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -> None:  # type: ignore[no-untyped-def]
     """The warm-up's big checks take the hash-aggregate pass, adaptive execution and whole-stage
     code on the tiny history: the same findings."""
-    from spark_reports import _spark
+    from spark_reports.engines.spark import check as _spark
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d))
@@ -53,7 +53,7 @@ def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -
 
 @pytest.mark.spark
 def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark_engine) -> None:
-    from spark_reports._spark import start_session_in_background
+    from spark_reports.engines.spark.check import start_session_in_background
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d) / "run")
@@ -66,7 +66,7 @@ def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark
 
 
 def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
-    from spark_reports._warmup import warm_up
+    from spark_reports.service.warmup import warm_up
 
     seen: list[tuple[Path, bool]] = []
     assert warm_up(lambda run, _s, big: seen.append((run, big)), times=4, wanted=lambda: len(seen) >= 2) == 2
@@ -82,7 +82,7 @@ def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
 
 @pytest.mark.spark
 def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from spark_reports import _spark
+    from spark_reports.engines.spark import check as _spark
 
     ran: list[int] = []
     real = _spark.warm_up
@@ -105,8 +105,9 @@ def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_eng
 def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine) -> None:  # type: ignore[no-untyped-def]
     """Spark warns of a kept (locally checkpointed) table whose planned columns differ from its
     optimised ones, on every check: the per-id tables of both passes must not draw it."""
-    from spark_reports import _spark, _spark_ids
-    from spark_reports._spark_scope import Scope
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.engines.spark import ids as _spark_ids
+    from spark_reports.engines.spark.scope import Scope
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d))
@@ -136,7 +137,8 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
 def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real check does not wait for a warm-up check to finish: it cancels the warm-up's jobs (their
     tag), waits for the thread to end and checks with the same result."""
-    from spark_reports import _spark, check_spark
+    from spark_reports import check_spark
+    from spark_reports.engines.spark import check as _spark
 
     monkeypatch.setattr(_spark, "_warmed", (None, 0))  # an earlier test's warm-up counts for nothing
     before = _spark.warm_up_cancelled
@@ -161,8 +163,9 @@ def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_resu
 def test_the_jvm_warms_up_at_a_low_cpu_priority_and_checks_at_the_harnesss_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The warm-up runs beside the brokers under test: every JVM thread at WARM_UP_NICE while it
     does; the real check puts them back at the harness's own nice (where the kernel lets it)."""
-    from spark_reports import _spark, check_spark
-    from spark_reports._jvm_priority import WARM_UP_NICE, jvm_pid, thread_nices
+    from spark_reports import check_spark
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service.jvm_priority import WARM_UP_NICE, jvm_pid, thread_nices
 
     monkeypatch.setattr(_spark, "_warmed", (None, 0))
     with tempfile.TemporaryDirectory() as d:

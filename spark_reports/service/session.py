@@ -14,10 +14,9 @@ import warnings
 from typing import Any
 
 from harness.spec.errors import ConfigError
-
-from ._common import progress
-from ._spark_conf import DEFAULT_DRIVER_MEMORY, RUNTIME_CONF, SESSION_CONF, jvm_options
-from ._spark_service import DEFAULT_PORT, answers, local_url
+from spark_reports.engines.common import progress
+from spark_reports.service.conf import DEFAULT_DRIVER_MEMORY, RUNTIME_CONF, SESSION_CONF, jvm_options
+from spark_reports.service.connect import DEFAULT_PORT, answers, local_url
 
 REMOTE_ENV = "BROKERCHAOS_SPARK_REMOTE"
 MASTER_ENV = "BROKERCHAOS_SPARK_MASTER"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import PERCENTILES, rank_for
-from ._spark_sql import tagged
+from spark_reports.engines.common import PERCENTILES, rank_for
+from spark_reports.engines.spark.sql import tagged
 
 
 class Ranks:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._html import Raw, esc, table
+from spark_reports.reports.html import Raw, esc, table
 
 ROWS = 50
 """Examples shown per kind of finding; results.json keeps what the checker kept."""

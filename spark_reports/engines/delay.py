@@ -30,9 +30,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import _rows
-from ._rows import history_path
-from ._spark_session import spark_session
+from spark_reports.engines import rows as _rows
+from spark_reports.engines.common import history_path
+from spark_reports.service.session import spark_session
 
 COUNT_KEYS = (
     "delayed_publishes",

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .synth import HistoryBuilder
+from spark_reports.synth import HistoryBuilder
 
 SEED, SIZE = 1, 64
 SCENARIO = {"seed": SEED, "workload": {"message_size": SIZE}}

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from ._common import ABANDONED, NEMESIS, NEVER_DELIVERED, UNACKED
-from ._spark_scope import Scope
-from ._spark_sql import expected_digest_sql
+from spark_reports.engines.common import ABANDONED, NEMESIS, NEVER_DELIVERED, UNACKED
+from spark_reports.engines.spark.scope import Scope
+from spark_reports.engines.spark.sql import expected_digest_sql
 
 DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _DELIVERY_FIELDS = "index:bigint,time_ns:bigint,node:string,queue:string,process:string,redelivered:boolean"

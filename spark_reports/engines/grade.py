@@ -39,9 +39,9 @@ from harness.spec.results import (
     compose_verdicts,
     valid_of,
 )
-
-from ._anomalies import occurring
-from ._common import HistoryError
+from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
+from spark_reports.engines.anomalies import occurring
+from spark_reports.engines.common import HistoryError
 
 CONFIDENCE = 0.95
 MIN_RUNS = 2
@@ -578,21 +578,21 @@ def grade_runs(
     """
     scenarios = []
     for d in run_dirs:
-        scenario_file = Path(d) / "scenario.json"
+        scenario_file = Path(d) / SCENARIO_JSON
         scenarios.append(json.loads(scenario_file.read_text()) if scenario_file.is_file() else {})
     results: Sequence[Mapping[str, Any]]
     if engine == "spark":
-        from ._spark import aggregate_runs
+        from spark_reports.engines.spark.check import aggregate_runs
 
         results = aggregate_runs([Path(d) for d in run_dirs], scenarios, spark_master=spark_master)
     elif engine == "python":
-        from ._python import check_python
+        from spark_reports.engines.python import check_python
 
         results = [check_python(Path(d), s) for d, s in zip(run_dirs, scenarios, strict=True)]
     elif engine == "stored":
         stored: list[Mapping[str, Any]] = []
         for d in run_dirs:
-            f = Path(d) / "results.json"
+            f = Path(d) / RESULTS_JSON
             if not f.is_file():
                 raise HistoryError(
                     f"no results.json in {d}: check the run first or grade with engine='spark'"
@@ -604,7 +604,7 @@ def grade_runs(
     if engine in QUEUE_CHECKERS:
         results = [
             with_stored_checkers(res, json.loads(f.read_text()) if f.is_file() else {}, engine)
-            for res, f in zip(results, (Path(d) / "results.json" for d in run_dirs), strict=True)
+            for res, f in zip(results, (Path(d) / RESULTS_JSON for d in run_dirs), strict=True)
         ]
     seeds = [s.get("seed") if isinstance(s, dict) else None for s in scenarios]
     return grade_results(

@@ -11,18 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec.results import Grade, Results
-
-from ._html import Raw as _Raw
-from ._html import esc as _e
-from ._html import img as _img
-from ._html import page as _page
-from ._html import shade_faults as _shade_faults
-from ._html import table as _table
-from ._liveness import describe_unavailable
-from .anomalies_report import jepsen_parts
-from .checkers_report import findings_parts, verdict_table
-from .delay_report import delay_parts
-from .grade import describe_grade
+from harness.spec.rundir import GRADE_HTML, PLOTS, REPORT_HTML
+from spark_reports.engines.grade import describe_grade
+from spark_reports.engines.liveness import describe_unavailable
+from spark_reports.reports.anomalies import jepsen_parts
+from spark_reports.reports.checkers import findings_parts, verdict_table
+from spark_reports.reports.delay import delay_parts
+from spark_reports.reports.html import Raw as _Raw
+from spark_reports.reports.html import esc as _e
+from spark_reports.reports.html import img as _img
+from spark_reports.reports.html import page as _page
+from spark_reports.reports.html import shade_faults as _shade_faults
+from spark_reports.reports.html import table as _table
 
 _COLOURS = {"ok": "#2e7d32", "fail": "#c62828", "info": "#f9a825", "consume": "#1565c0", "ack": "#6a1b9a"}
 _COUNT_LABELS = {
@@ -78,7 +78,7 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = run_dir / "plots"
+    out = run_dir / PLOTS
     out.mkdir(parents=True, exist_ok=True)
     tl = results["timeline"]
     width = tl["bucket_s"]
@@ -359,7 +359,7 @@ def _section(title: str, shown: int, total: int, intro: str, table: str) -> list
 def render_report(run_dir: Path, results: Results) -> Path:
     """Write run_dir/report.html and run_dir/plots/*.png; return the page's path."""
     run_dir = Path(run_dir)
-    html_path = run_dir / "report.html"
+    html_path = run_dir / REPORT_HTML
     if "counts" not in results or "timeline" not in results:
         # No queue checker result (every checker failed, or only checkers of another kind ran):
         # the verdict, each checker's, and their findings.
@@ -784,7 +784,7 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
-    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
     kinds = [k for k in grade["per_kind"] if k["high"] is not None]
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if kinds:
@@ -804,7 +804,7 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     ax.set_ylabel("lost per confirmed message")
     ax.set_title("Loss rate per fault kind")
     fig.tight_layout()
-    png = out_dir / "plots" / "grade.png"
+    png = out_dir / PLOTS / "grade.png"
     fig.savefig(png, dpi=100)
     plt.close(fig)
     body = [
@@ -860,6 +860,6 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
             left=4,
         ),
     ]
-    path = out_dir / "grade.html"
+    path = out_dir / GRADE_HTML
     path.write_text(_page("brokerchaos grade", "".join(body)))
     return path

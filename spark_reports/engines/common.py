@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import DEPTH, FIELDS, OPTIONAL_FIELDS, body_digest, message_body
+from harness.spec.history import DEPTH, body_digest, message_body
 from harness.spec.results import (
     LIST_CAP,
     SCHEMA_VERSION,
@@ -47,14 +47,20 @@ from harness.spec.results import (
     StuckQueue,
     UnflaggedRedelivery,
 )
+from harness.spec.rundir import (
+    HISTORY_JSONL,
+    HISTORY_PARQUET,
+    history_file,
+)
+from spark_reports.engines.anomalies import anomalies_of, empty_findings, integrity_findings
+from spark_reports.engines.liveness import (
+    NS_PER_S,
+    LiveFacts,
+    describe_overrun,
+    describe_unavailable,
+    liveness,
+)
 
-from ._anomalies import anomalies_of, empty_findings, integrity_findings
-from ._liveness import NS_PER_S, LiveFacts, describe_overrun, describe_unavailable, liveness
-
-HISTORY_COLUMNS = tuple(name for name in FIELDS if name != "wall_time")
-"""What the checkers read of the contract's fields (``wall_time`` is for people)."""
-OPTIONAL_COLUMNS = tuple(name for name in HISTORY_COLUMNS if name in OPTIONAL_FIELDS)
-"""Absent from histories written before schema 2 (or by hand): read as nulls."""
 NEMESIS = "nemesis"
 SMALL_OPS = ("drain", DEPTH)
 """Client ops both engines read on the side, with the nemesis's, before the big pass."""
@@ -1040,12 +1046,10 @@ def order_stats(sorted_values: list[int]) -> tuple[int, dict[str, int | None]]:
     return n, out
 
 
-def history_path(run_dir: Path, *, allow_jsonl: bool) -> Path:
+def history_path(run_dir: Path, *, allow_jsonl: bool = True) -> Path:
     """Find the history, or say in one line what is missing."""
-    pq = Path(run_dir) / "history.parquet"
-    if pq.is_file():
-        return pq
-    if allow_jsonl and (Path(run_dir) / "history.jsonl").is_file():
-        return Path(run_dir) / "history.jsonl"
-    want = "history.parquet or history.jsonl" if allow_jsonl else "history.parquet"
+    found = history_file(run_dir, allow_jsonl=allow_jsonl)
+    if found is not None:
+        return found
+    want = f"{HISTORY_PARQUET} or {HISTORY_JSONL}" if allow_jsonl else HISTORY_PARQUET
     raise HistoryError(f"no {want} in {run_dir}: pass a run directory (store/<scenario>/<timestamp>)")

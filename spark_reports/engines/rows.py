@@ -8,11 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-def history_path(run_dir: Path) -> Path:
-    parquet = run_dir / "history.parquet"
-    return parquet if parquet.exists() else run_dir / "history.jsonl"
-
-
 def iter_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
     """``columns`` of every record, in index order (Parquet, or JSONL while a run is written)."""
     if path.suffix == ".jsonl":

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._rows import history_path, reason_of, verdict_of
-from ._spark_session import spark_session
-from .stream import iter_rows
+from spark_reports.engines.common import history_path
+from spark_reports.engines.rows import reason_of, verdict_of
+from spark_reports.engines.stream import iter_rows
+from spark_reports.service.session import spark_session
 
 COUNT_KEYS = (
     "transactions",

@@ -29,10 +29,9 @@ from typing import Any
 
 from harness.spec.history import DEAD_LETTER_SUFFIX, STREAM_OPS, arrow_schema
 from harness.spec.results import LIST_CAP, Results
-
-from ._common import (
+from harness.spec.rundir import HISTORY_COLUMNS
+from spark_reports.engines.common import (
     DELIVERY_CAP,
-    HISTORY_COLUMNS,
     NEMESIS,
     SMALL_OPS,
     Context,
@@ -44,17 +43,17 @@ from ._common import (
     quiet,
     summarize,
 )
-from ._jvm_priority import WARM_UP_NICE, jvm_pid, set_nice
-from ._spark_anomalies import parse as parse_anomalies
-from ._spark_anomalies import parts as anomaly_parts
-from ._spark_ids import DELIVERY, Unit, classify, events
-from ._spark_live import live_parts, parse_live
-from ._spark_ranks import Ranks
-from ._spark_scope import Scope
-from ._spark_session import default_parallelism, is_remote, spark_session, where
-from ._spark_sql import bucket, collect_parts, producer_and_seq, tagged
-from ._warmup import CHECKS as WARM_UP_CHECKS
-from ._warmup import warm_up
+from spark_reports.engines.spark.anomalies import parse as parse_anomalies
+from spark_reports.engines.spark.anomalies import parts as anomaly_parts
+from spark_reports.engines.spark.ids import DELIVERY, Unit, classify, events
+from spark_reports.engines.spark.live import live_parts, parse_live
+from spark_reports.engines.spark.ranks import Ranks
+from spark_reports.engines.spark.scope import Scope
+from spark_reports.engines.spark.sql import bucket, collect_parts, producer_and_seq, tagged
+from spark_reports.service.jvm_priority import WARM_UP_NICE, jvm_pid, set_nice
+from spark_reports.service.session import default_parallelism, is_remote, spark_session, where
+from spark_reports.service.warmup import CHECKS as WARM_UP_CHECKS
+from spark_reports.service.warmup import warm_up
 
 _warming: threading.Thread | None = None
 _wanted = threading.Event()

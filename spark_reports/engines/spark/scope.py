@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from ._common import Context, DrainSpan
+from spark_reports.engines.common import Context, DrainSpan
 
 _SCALARS = {
     "x_acks": "boolean",

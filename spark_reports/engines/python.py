@@ -15,15 +15,13 @@ from pathlib import Path
 
 from harness.spec.history import is_dead_letter_queue
 from harness.spec.results import LIST_CAP, UNAVAILABLE_S, Results
-
-from ._anomalies import STREAM_OPS, StreamOps, lost_positions, stream_findings
-from ._common import (
+from harness.spec.rundir import HISTORY_COLUMNS, OPTIONAL_COLUMNS
+from spark_reports.engines.anomalies import STREAM_OPS, StreamOps, lost_positions, stream_findings
+from spark_reports.engines.common import (
     ABANDONED,
     DELIVERY_CAP,
-    HISTORY_COLUMNS,
     NEMESIS,
     NEVER_DELIVERED,
-    OPTIONAL_COLUMNS,
     SMALL_OPS,
     UNACKED,
     Context,
@@ -43,7 +41,7 @@ from ._common import (
     split_brain_nodes,
     window_ids_at,
 )
-from ._liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
+from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
 
 _DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _ACK_KEYS = ("index", "time_ns", "node", "process", "queue")
@@ -157,7 +155,7 @@ class _AckPairs:
 
 def check_python(run_dir: Path, scenario: dict) -> Results:
     """Reconcile a stored run in plain Python (same results schema as check_spark)."""
-    from ._common import history_path
+    from spark_reports.engines.common import history_path
 
     path = history_path(Path(run_dir), allow_jsonl=True)
     rows = list(iter_history(path)) if path.suffix == ".jsonl" else None

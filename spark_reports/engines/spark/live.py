@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from harness.spec.results import UNAVAILABLE_S
-
-from ._common import NEMESIS
-from ._liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
-from ._spark_scope import Scope
-from ._spark_sql import tagged
+from spark_reports.engines.common import NEMESIS
+from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
+from spark_reports.engines.spark.scope import Scope
+from spark_reports.engines.spark.sql import tagged
 
 
 def live_parts(h: Any, scope: Scope) -> list[Any]:

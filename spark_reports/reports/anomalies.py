@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._anomalies import LABELS, occurring
-from ._html import esc as _e
-from ._html import table as _table
+from spark_reports.engines.anomalies import LABELS, occurring
+from spark_reports.reports.html import esc as _e
+from spark_reports.reports.html import table as _table
 
 ROWS = 50
 

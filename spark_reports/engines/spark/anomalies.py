@@ -12,10 +12,9 @@ from typing import Any
 
 from harness.spec.history import HOLDINGS, READ, SEEK
 from harness.spec.results import ANOMALY_EXAMPLES
-
-from ._anomalies import LISTS, empty_findings
-from ._common import NEMESIS
-from ._spark_sql import producer_and_seq, tagged
+from spark_reports.engines.anomalies import LISTS, empty_findings
+from spark_reports.engines.common import NEMESIS
+from spark_reports.engines.spark.sql import producer_and_seq, tagged
 
 _ENTRIES = "struct<entries:array<array<string>>>"
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._spark_conf import DEFAULT_DRIVER_MEMORY, SESSION_CONF, jvm_options
+from spark_reports.service.conf import DEFAULT_DRIVER_MEMORY, SESSION_CONF, jvm_options
 
 DEFAULT_PORT = 15002
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

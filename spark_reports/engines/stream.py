@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec.history import HOLDINGS, OFFSETS, READ, SPARSE
-
-from . import _rows
-from ._anomalies import entry_list
-from ._rows import history_path, reason_of, verdict_of
-from ._spark_session import spark_session
+from spark_reports.engines import rows as _rows
+from spark_reports.engines.anomalies import entry_list
+from spark_reports.engines.common import history_path
+from spark_reports.engines.rows import reason_of, verdict_of
+from spark_reports.service.session import spark_session
 
 COUNT_KEYS = (
     "streams",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._common import NS_PER_S
+from spark_reports.engines.common import NS_PER_S
 
 
 def producer_and_seq(mid: str) -> tuple[Any, Any]:

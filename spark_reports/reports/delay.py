@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._html import esc as _e
-from ._html import img as _img
-from ._html import shade_faults as _shade_faults
-from ._html import table as _table
-from ._rows import history_path
-from .delay import iter_rows, lateness, lateness_ms_of_first_deliveries
+from harness.spec.rundir import PLOTS
+from spark_reports.engines.common import history_path
+from spark_reports.engines.delay import iter_rows, lateness, lateness_ms_of_first_deliveries
+from spark_reports.reports.html import esc as _e
+from spark_reports.reports.html import img as _img
+from spark_reports.reports.html import shade_faults as _shade_faults
+from spark_reports.reports.html import table as _table
 
 _LABELS = {
     "delayed_publishes": "ids published with a delay",
@@ -90,7 +91,7 @@ def delay_parts(run_dir: Path, results: Any) -> list[str]:
     if results.get("faults"):
         right.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    png = Path(run_dir) / "plots" / "delay-lateness.png"
+    png = Path(run_dir) / PLOTS / "delay-lateness.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)
