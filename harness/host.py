@@ -202,6 +202,8 @@ class Host:
             contributed = sorted(
                 f"{kind}:{name}" for (kind, name), who in self.registry.origin.items() if who == lp.name
             )
+            if not contributed:  # a plugin of hooks only (a report, a service): the hooks it answers
+                contributed = self._hooks_of(lp.name)
             caps: list[str] = []
             for (kind, name), who in self.registry.origin.items():
                 if kind == "broker" and who == lp.name:
@@ -216,6 +218,10 @@ class Host:
                 }
             )
         return rows
+
+    def _hooks_of(self, name: str) -> list[str]:
+        callers = self.pm.get_hookcallers(self.pm.get_plugin(name)) or []
+        return sorted(f"hook:{c.name.removeprefix(PROJECT + '_')}" for c in callers)
 
 
 def _module_version(module: object) -> str:

@@ -37,11 +37,11 @@ from spark_reports.engines.common import (
     order_stats,
     outcome_of,
     parse_id,
-    progress,
     split_brain_nodes,
     window_ids_at,
 )
 from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
+from spark_reports.progress import progress
 
 _DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _ACK_KEYS = ("index", "time_ns", "node", "process", "queue")

@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 from harness.spec.errors import ConfigError
-from spark_reports.engines.common import progress
+from spark_reports.progress import progress
 from spark_reports.service.conf import DEFAULT_DRIVER_MEMORY, RUNTIME_CONF, SESSION_CONF, jvm_options
 from spark_reports.service.connect import DEFAULT_PORT, answers, local_url
 
@@ -25,6 +25,15 @@ _session: Any = None
 _session_key: tuple[str, str] | None = None
 _session_lock = threading.Lock()
 _parallelism: dict[int, int] = {}
+
+settings: dict[str, Any] = {}
+"""What ``brokerchaos_configure`` said (``spark_master`` and ``spark_remote`` are the settings read here)."""
+
+
+def target() -> str | None:
+    """Where the command line said to check: a Spark Connect server (``--spark-remote``) before a
+    master (``--spark-master``); None: ``where`` decides."""
+    return settings.get("spark_remote") or settings.get("spark_master")
 
 
 def check_master(master: str | None) -> None:

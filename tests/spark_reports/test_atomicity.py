@@ -18,7 +18,7 @@ from spark_reports.engines.atomicity import (
     check_atomicity_spark,
     check_rows,
 )
-from spark_reports.plugin import brokerchaos_register_checkers
+from spark_reports.engines.plugin import brokerchaos_register_checkers
 
 Q = "chaos-1"
 

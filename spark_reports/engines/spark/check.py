@@ -18,9 +18,6 @@ their histories.
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
@@ -39,8 +36,6 @@ from spark_reports.engines.common import (
     assemble,
     history_path,
     make_context,
-    progress,
-    quiet,
     summarize,
 )
 from spark_reports.engines.spark.anomalies import parse as parse_anomalies
@@ -50,83 +45,19 @@ from spark_reports.engines.spark.live import live_parts, parse_live
 from spark_reports.engines.spark.ranks import Ranks
 from spark_reports.engines.spark.scope import Scope
 from spark_reports.engines.spark.sql import bucket, collect_parts, producer_and_seq, tagged
-from spark_reports.service.jvm_priority import WARM_UP_NICE, jvm_pid, set_nice
-from spark_reports.service.session import default_parallelism, is_remote, spark_session, where
-from spark_reports.service.warmup import CHECKS as WARM_UP_CHECKS
-from spark_reports.service.warmup import warm_up
-
-_warming: threading.Thread | None = None
-_wanted = threading.Event()
-"""Set when a real check waits for the background warm-up: it stops after the check under way."""
-WARM_BIG_ROWS = 10_000_000
-"""The size a big warm-up check is planned for."""
-_warmed: tuple[Any, int] = (None, 0)
-"""The session warmed, and how many warm-up checks it has run: a later run's start in the same
-process (the chaos suite's, ``--runs N``) runs only what is left of WARM_UP_CHECKS."""
-WARM_UP_TAG = "brokerchaos-warm-up"
-"""The job tag of every warm-up job (the warm-up thread's own, in an in-process session): a real
-check cancels them instead of waiting for the warm-up check under way (``_stop_warm_up``)."""
-_warm_session: Any = None
-"""The in-process session the background warm-up checks run in, while they run (else None)."""
-warm_up_cancelled = 0
-"""How many times a real check cancelled a warm-up check under way."""
+from spark_reports.progress import progress
+from spark_reports.service.session import default_parallelism, spark_session
+from spark_reports.service.warmup import WARM_UP
 
 
-def start_session_in_background(
-    master: str | None = None, driver_memory: str | None = None
-) -> threading.Thread:
-    """Start the JVM while something else (a run's workload) goes on, and check a tiny history with
-    every kind of finding on it (``_warmup``) a few times, so the real check finds the classes loaded,
-    the JIT warm and the job's code generated. A check started meanwhile waits for the warm-up check
-    under way, and no other starts.
-
-    A failure here is not reported: the check starts the session again and says why.
-    """
-    global _warming
-
-    def start() -> None:
-        global _warmed, _warm_session
-        try:
-            session = spark_session(master, driver_memory)
-            done = _warmed[1] if _warmed[0] is session else 0
-            # A Spark Connect server is warm already (``brokerchaos spark start`` warms it) and the
-            # checks would take its CPU from the brokers under test when it is on this machine.
-            if done < WARM_UP_CHECKS and not is_remote(where(master)):
-                session.sparkContext.addJobTag(WARM_UP_TAG)  # this thread's jobs only
-                _warm_session = session
-                _lower_jvm(session)
-                with quiet():
-                    done += warm_up(
-                        lambda d, s, big: _check(
-                            d, s, master, driver_memory, planned_rows=WARM_BIG_ROWS if big else None
-                        ),
-                        times=WARM_UP_CHECKS - done,
-                        wanted=_wanted.is_set,
-                    )
-                _warmed = (session, done)
-        except Exception:  # noqa: BLE001 - the check reports it, with the real context
-            pass
-        finally:
-            _warm_session = None
-
-    _wanted.clear()
-
-    thread = threading.Thread(target=start, name="spark-session", daemon=True)
-    thread.start()
-    _warming = thread
-    return thread
+def start_session_in_background(master: str | None = None, driver_memory: str | None = None) -> Any:
+    """The JVM started and warmed up with this engine's check, in the background (``WarmUp.start``)."""
+    return WARM_UP.start(_check, master, driver_memory)
 
 
 def warm_up_server(url: str) -> float:
-    """The warm-up checks (``_warmup``) run through a Spark Connect server, so that its JIT and code
-    generation are paid when it starts, not by the first real check; seconds taken."""
-    t0 = time.monotonic()
-    with quiet():
-        warm_up(
-            lambda d, s, big: _check(d, s, url, None, planned_rows=WARM_BIG_ROWS if big else None),
-            times=WARM_UP_CHECKS,
-        )
-    return round(time.monotonic() - t0, 1)
+    """The warm-up checks through a Spark Connect server (``WarmUp.warm_server``); seconds taken."""
+    return WARM_UP.warm_server(_check, url)
 
 
 def _column_types() -> dict[str, str]:
@@ -152,55 +83,8 @@ def check_spark(
     aggregate, and the ordered pass where needed) or "ordered" (every id through the ordered
     pass); by default "ordered" below ORDERED_ROWS records, "both" above. Tests compare them.
     """
-    warming = _warming
-    if warming is not None and warming is not threading.current_thread():
-        _wanted.set()
-        _stop_warm_up(warming)
-    _restore_jvm()
+    WARM_UP.before_check()
     return _check(run_dir, scenario, spark_master, driver_memory, passes)
-
-
-_lowered: int | None = None
-"""The pid of the JVM whose threads run at WARM_UP_NICE for the warm-up (``_jvm_priority``)."""
-
-
-def _lower_jvm(session: Any) -> None:
-    global _lowered
-    pid = jvm_pid(session)
-    if pid is not None and set_nice(pid, WARM_UP_NICE):
-        _lowered = pid
-
-
-def _restore_jvm() -> None:
-    """The JVM back at the harness's own nice for the real check; where the kernel refuses (no
-    CAP_SYS_NICE), it checks at the warm-up's nice and says so."""
-    global _lowered
-    pid, _lowered = _lowered, None
-    if pid is not None and not set_nice(pid, os.getpriority(os.PRIO_PROCESS, 0)):
-        progress("spark", "the JVM stays at the warm-up's low CPU priority", nice=WARM_UP_NICE)
-
-
-def _stop_warm_up(warming: threading.Thread) -> None:
-    """Wait for the background start to end, cancelling its warm-up jobs meanwhile.
-
-    The JVM's start is waited for (the check needs it), but not a warm-up check under way: on a
-    busy machine one took minutes, and the real check, which compiles what it needs itself,
-    waited for all of it. Its jobs carry ``WARM_UP_TAG``; each one started is cancelled (a
-    warm-up check is several jobs in a row, so this goes on until the thread ends: it stops
-    after the check under way, ``_wanted``)."""
-    global warm_up_cancelled
-    cancelled = False
-    while warming.is_alive():
-        session = _warm_session
-        if session is not None:
-            tracker = session.sparkContext.statusTracker()
-            if tracker.getActiveJobsIds():
-                session.sparkContext.cancelJobsWithTag(WARM_UP_TAG)
-                cancelled = True
-        warming.join(0.05)
-    if cancelled:
-        warm_up_cancelled += 1
-        progress("spark", "cancelled the warm-up check under way")
 
 
 def _check(
