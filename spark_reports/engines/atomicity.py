@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from spark_reports.engines.common import history_path
-from spark_reports.engines.rows import reason_of, verdict_of
+from spark_reports.engines.rows import EXAMPLES, Wording, small_results, spark_history
 from spark_reports.engines.stream import iter_rows
-from spark_reports.service.session import spark_session
 
 COUNT_KEYS = (
     "transactions",
@@ -57,7 +56,6 @@ LABELS = {
     "partial_transactions": "transaction(s) of unknown outcome applied in part",
     "acks_undone": "committed ack transaction(s) whose messages came again",
 }
-EXAMPLES = 20
 TX_OPS = ("commit", "rollback")
 
 
@@ -166,34 +164,20 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
                 flag("acks_undone", tx, back)
             elif state == "unknown" and 0 < len(back) < len(tx.ids):
                 flag("partial_transactions", tx, back)
-    return _results(counts, examples, engine="python")
+    return small_results(WORDING, counts, examples, engine="python")
 
 
-def _results(
-    counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str
-) -> dict[str, Any]:
-    valid, verdict, bad = verdict_of(counts, ANOMALIES)
-    notes = [f"atomicity {k.replace('_', ' ')}: {counts[k]}" for k in bad]
-    if counts["unfinished_drains"]:
-        notes.append(
-            f"{counts['unfinished_drains']} drain(s) unfinished: whether committed transactions were "
-            "delivered whole is not judged"
-        )
-    if not counts["transactions"]:
-        notes.append("no transactions in the history (workload.transactions not set?)")
-    if verdict == "unknown":
-        otherwise = f"{counts['unfinished_drains']} drain(s) unfinished"
-    else:
-        otherwise = f"every one of {counts['transactions']:,} transaction(s) applied whole or not at all"
-    return {
-        "valid": valid,
-        "verdict": verdict,
-        "reason": reason_of(counts, bad, LABELS, otherwise),
-        "engine": engine,
-        "counts": counts,
-        "anomalies": {k: sorted(v, key=lambda e: e["index"])[:EXAMPLES] for k, v in examples.items()},
-        "notes": notes,
-    }
+WORDING = Wording(
+    name="atomicity",
+    anomalies=ANOMALIES,
+    labels=LABELS,
+    subject="transactions",
+    undrained="{n} drain(s) unfinished",
+    undrained_note="{n} drain(s) unfinished: whether committed transactions were delivered whole is not judged",
+    nothing="no transactions in the history (workload.transactions not set?)",
+    clean="every one of {n:,} transaction(s) applied whole or not at all",
+    order=lambda examples: sorted(examples, key=lambda e: e["index"]),
+)
 
 
 def check_atomicity_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -250,11 +234,7 @@ def check_atomicity_spark(
 ) -> dict[str, Any]:
     """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
     with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
-    path = history_path(Path(run_dir))
-    if spark is None:  # the one session every checker of this process shares
-        spark = spark_session(spark_master)
-    h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
-    h.createOrReplaceTempView("h")
+    spark, h = spark_history(run_dir, spark, spark_master)
     spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")
     spark.sql(_SQL["per"]).createOrReplaceTempView("per")
     drains = spark.sql(
@@ -286,4 +266,4 @@ def check_atomicity_spark(
                     "size": r["size"],
                 }
             )
-    return _results(counts, examples, engine="spark")
+    return small_results(WORDING, counts, examples, engine="spark")

@@ -32,7 +32,7 @@ from typing import Any
 
 from spark_reports.engines import rows as _rows
 from spark_reports.engines.common import history_path
-from spark_reports.service.session import spark_session
+from spark_reports.engines.rows import EXAMPLES, spark_history
 
 COUNT_KEYS = (
     "delayed_publishes",
@@ -47,7 +47,6 @@ COUNT_KEYS = (
     "lateness_max_ms",
     "history_ops",
 )
-EXAMPLES = 20  # examples kept per anomaly
 DEFAULT_LATE_MS = 5000
 PERCENTILES = (50, 90, 99)
 _COLUMNS = ("index", "time_ns", "process", "node", "type", "f", "value", "detail")
@@ -225,13 +224,8 @@ def check_delay_spark(
     spark_master: str | None = None,
 ) -> dict[str, Any]:
     """The delay checks as Spark SQL over the Parquet history; only examples and percentiles come back."""
-    run_dir = Path(run_dir)
-    path = history_path(run_dir)
     after = late_ms(scenario)
-    if spark is None:  # the one session every checker of this process shares
-        spark = spark_session(spark_master)
-    h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
-    h.createOrReplaceTempView("h")
+    spark, h = spark_history(run_dir, spark, spark_master)
     spark.sql(_SQL["due"]).createOrReplaceTempView("due")
     spark.sql(_SQL["deliveries"]).createOrReplaceTempView("dl")
     spark.sql(_SQL["first"]).createOrReplaceTempView("fd")

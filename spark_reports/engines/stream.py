@@ -41,8 +41,7 @@ from harness.spec.history import HOLDINGS, OFFSETS, READ, SPARSE
 from spark_reports.engines import rows as _rows
 from spark_reports.engines.anomalies import entry_list
 from spark_reports.engines.common import history_path
-from spark_reports.engines.rows import reason_of, verdict_of
-from spark_reports.service.session import spark_session
+from spark_reports.engines.rows import Wording, small_results, spark_history
 
 COUNT_KEYS = (
     "streams",
@@ -73,7 +72,6 @@ LABELS = {
     "reordered": "first deliveries out of stream order",
     "diverged_streams": "stream(s) whose replicas disagree after the final drain (messages, first or last sequence)",
 }
-EXAMPLES = 20  # examples kept per anomaly
 _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 
 
@@ -209,7 +207,8 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             if s2 < s1:
                 reorders.append({"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]})
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
-    return _results(
+    return small_results(
+        WORDING,
         {
             "streams": len(queues),
             "confirmed": len(confirmed),
@@ -236,31 +235,16 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
-def _results(
-    counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str
-) -> dict[str, Any]:
-    valid, verdict, bad = verdict_of(counts, ANOMALIES)
-    notes = [f"stream {k.replace('_', ' ')}: {counts[k]}" for k in bad]
-    if counts["unfinished_drains"]:
-        notes.append(
-            f"{counts['unfinished_drains']} stream(s) not fully drained: gaps and replica "
-            "agreement not judged there"
-        )
-    if not counts["streams"]:
-        notes.append("no stream sequences in the history (not a stream broker's client?)")
-    if verdict == "unknown":
-        otherwise = f"{counts['unfinished_drains']} stream(s) not fully drained"
-    else:
-        otherwise = f"no stream anomaly over {counts['streams']} stream(s)"
-    return {
-        "valid": valid,
-        "verdict": verdict,
-        "reason": reason_of(counts, bad, LABELS, otherwise),
-        "engine": engine,
-        "counts": counts,
-        "anomalies": {k: v[:EXAMPLES] for k, v in examples.items()},
-        "notes": notes,
-    }
+WORDING = Wording(
+    name="stream",
+    anomalies=ANOMALIES,
+    labels=LABELS,
+    subject="streams",
+    undrained="{n} stream(s) not fully drained",
+    undrained_note="{n} stream(s) not fully drained: gaps and replica agreement not judged there",
+    nothing="no stream sequences in the history (not a stream broker's client?)",
+    clean="no stream anomaly over {n} stream(s)",
+)
 
 
 def check_stream_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -327,12 +311,7 @@ def check_stream_spark(
     spark_master: str | None = None,
 ) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
-    run_dir = Path(run_dir)
-    path = history_path(run_dir)
-    if spark is None:  # the one session every checker of this process shares
-        spark = spark_session(spark_master)
-    h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
-    h.createOrReplaceTempView("h")
+    spark, h = spark_history(run_dir, spark, spark_master)
     spark.sql(_SQL["base"]).createOrReplaceTempView("b")
 
     def rows(name: str) -> list[dict[str, Any]]:
@@ -382,7 +361,8 @@ def check_stream_spark(
         )
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
     queue_set = set(queues)
-    return _results(
+    return small_results(
+        WORDING,
         {
             "streams": len(queue_set),
             "confirmed": int(confirmed),
