@@ -140,27 +140,27 @@ def main() -> int:
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
 
-    from spark_reports.engines import common as _common
+    import spark_reports.progress as _progress
     from spark_reports.engines.spark.check import check_spark
     from spark_reports.service.session import spark_session
     from spark_reports.service.warmup import warm_up
 
     out: dict[str, Any] = {
         "run_dirs": [str(d) for d in args.run_dirs],
-        "code": _common.__file__,
+        "code": _progress.__file__,
         "load_before": load(),
     }
     t0 = time.monotonic()
     spark = spark_session("local[*]")
     out["session_s"] = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
-    with _common.quiet():
+    with _progress.quiet():
         warm_up(lambda d, s, big: check_spark(d, s, spark_master="local[*]"), times=args.warm_ups)
     out["warm_up_s"] = round(time.monotonic() - t0, 1)
     out["load_after_warm_up"] = load()
 
     phases: list[tuple[str, float]] = []
-    orig_progress = _common.progress
+    orig_progress = _progress.progress
 
     def progress(engine: str, stage: str, **numbers: Any) -> None:
         phases.append((stage, time.monotonic()))

@@ -24,23 +24,20 @@ from spark_reports.engines.common import (
     NEVER_DELIVERED,
     SMALL_OPS,
     UNACKED,
-    Context,
-    Facts,
-    assemble,
     bucket_of,
     cap,
-    expected_digest,
     json_field,
-    kinds_for,
     latency_us,
-    make_context,
     order_stats,
     outcome_of,
     parse_id,
-    split_brain_nodes,
-    window_ids_at,
 )
+from spark_reports.engines.context import Context, make_context
+from spark_reports.engines.drain import split_brain_nodes
 from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
+from spark_reports.engines.params import expected_digest
+from spark_reports.engines.verdict import Facts, assemble
+from spark_reports.engines.windows import kinds_for, window_ids_at
 from spark_reports.progress import progress
 
 _DELIVERY_KEYS = ("index", "time_ns", "node", "queue", "process", "redelivered")

@@ -27,17 +27,8 @@ from typing import Any
 from harness.spec.history import DEAD_LETTER_SUFFIX, STREAM_OPS, arrow_schema
 from harness.spec.results import LIST_CAP, Results
 from harness.spec.rundir import HISTORY_COLUMNS
-from spark_reports.engines.common import (
-    DELIVERY_CAP,
-    NEMESIS,
-    SMALL_OPS,
-    Context,
-    Facts,
-    assemble,
-    history_path,
-    make_context,
-    summarize,
-)
+from spark_reports.engines.common import DELIVERY_CAP, NEMESIS, SMALL_OPS, history_path
+from spark_reports.engines.context import Context, make_context
 from spark_reports.engines.spark.anomalies import parse as parse_anomalies
 from spark_reports.engines.spark.anomalies import parts as anomaly_parts
 from spark_reports.engines.spark.ids import DELIVERY, Unit, classify, events
@@ -45,6 +36,7 @@ from spark_reports.engines.spark.live import live_parts, parse_live
 from spark_reports.engines.spark.ranks import Ranks
 from spark_reports.engines.spark.scope import Scope
 from spark_reports.engines.spark.sql import bucket, collect_parts, producer_and_seq, tagged
+from spark_reports.engines.verdict import Facts, assemble, summarize
 from spark_reports.progress import progress
 from spark_reports.service.session import default_parallelism, spark_session
 from spark_reports.service.warmup import WARM_UP

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from spark_reports.engines.common import Context, DrainSpan
+from spark_reports.engines.context import Context
+from spark_reports.engines.drain import DrainSpan
 
 _SCALARS = {
     "x_acks": "boolean",
