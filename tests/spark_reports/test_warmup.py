@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from spark_reports import check_python
-from spark_reports.engines.common import COUNT_KEYS
+from spark_reports.engines.verdict import COUNT_KEYS
 from spark_reports.service.warmup import SCENARIO, warm_up_history
 
 
