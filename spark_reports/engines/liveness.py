@@ -94,6 +94,10 @@ def _overlapping(windows: list[FaultWindow], a: int, b: int) -> list[str]:
     return [w["fault_id"] for w in windows if w["start_ns"] <= b and w["end_ns"] >= a]
 
 
+Gone = dict[str, tuple[list[LiveKind], int, FaultWindow | None]]
+"""Per queue that never came back: the kinds that did not, since when, and the fault step before."""
+
+
 def liveness(
     facts: LiveFacts,
     *,
@@ -103,168 +107,26 @@ def liveness(
     budgets: Budgets,
     threshold_ns: int,
 ) -> Liveness:
-    heals = heal_times(windows)
-    queues = sorted({q for q, _k, _n in facts.oks} | set(facts.publish))
-    drains: dict[str, list[DrainOp]] = {}
-    for op in drain_ops:
-        if op["queue"] is not None:
-            drains.setdefault(op["queue"], []).append(op)
-
-    def agg(q: str, k: str) -> _Agg:
-        rows = [v for (qq, kk, _n), v in facts.oks.items() if qq == q and kk == k]
-        after = [_min([r.after_heal[i] for r in rows]) for i in range(len(windows))]
-        before = [_max([r.before_heal[i] for r in rows]) for i in range(len(windows))]
-        if not rows:
-            return _Agg(0, None, None, after, before)
-        return _Agg(
-            sum(r.count for r in rows),
-            min(r.first_ns for r in rows),
-            max(r.last_ns for r in rows),
-            after,
-            before,
-        )
-
+    live = _Live(facts, windows, drain_ops, threshold_ns)
     queue_rows: list[QueueLiveness] = []
     out_windows: list[UnavailableWindow] = []
-    recovery: list[Recovery] = []
-    unavailable: list[UnavailableQueue] = []
-    per_queue: dict[str, dict[str, _Agg]] = {}
-    for q in queues:
-        per = per_queue[q] = {k: agg(q, k) for k in KINDS}
-        first_inv, last_pub, _last_inv = facts.publish.get(q, (None, 0, None))
-        firsts = [a.first for a in per.values() if a.first is not None]
-        start = first_inv if first_inv is not None else min(firsts) if firsts else end_ns
-        ops = drains.get(q, [])
-        drain_ends = [op["end_ns"] for op in ops if op["end_ns"] is not None]
-        last_publish = last_pub if q in facts.publish else per["publish"].last
-        if ops and ops[-1]["outcome"] == "ok":
-            # The drain emptied the queue: past the last publish and the last consume nothing was
-            # left to consume, and an idle queue is not an unavailable one.
-            consume_end = max(
-                [x for x in (last_publish, per["consume"].last) if x is not None], default=start
-            )
-        else:
-            consume_end = max(drain_ends) if drain_ends else end_ns
-        ends: dict[str, int | None] = {"publish": last_publish, "consume": consume_end}
+    for q in live.queues:
+        start, ends = live.span(q, end_ns)
         for k in KINDS:
-            count, first, last = per[k].count, per[k].first, per[k].last
-            stop = ends[k]
-            span_end = max(stop if stop is not None else start, start)
-            found: list[tuple[int, int, bool]] = [
-                (a, b, True) for qq, kk, a, b in facts.gaps if qq == q and kk == k
-            ]
-            if first is None or last is None:
-                found.append((start, span_end, False))
-            else:
-                found.append((start, first, True))
-                found.append((last, span_end, False))
-            ws = sorted({(a, b, by_ok) for a, b, by_ok in found if b - a > threshold_ns})
-            for a, b, by_ok in ws:
-                out_windows.append(
-                    UnavailableWindow(
-                        queue=q,
-                        kind=k,
-                        start_ns=a,
-                        end_ns=b,
-                        duration_ns=b - a,
-                        ended_by_ok=by_ok,
-                        fault_ids=_overlapping(windows, a, b),
-                    )
-                )
-            down = sum(b - a for a, b, _ in ws)
-            span = span_end - start
-            queue_rows.append(
-                QueueLiveness(
-                    queue=q,
-                    kind=k,
-                    span_start_ns=start,
-                    span_end_ns=span_end,
-                    ok=count,
-                    first_ok_ns=first,
-                    last_ok_ns=last,
-                    unavailable_ns=down,
-                    available_share=(1 - down / span) if span > 0 else None,
-                    longest_ns=max((b - a for a, b, _ in ws), default=0),
-                )
-            )
-    for i, w in enumerate(windows):
-        h = heals[i]
-        budget = recovery_budget(budgets, w["kind"])
-        for q in queues:
-            recovery.append(
-                _recovery(facts, w, i, h, q, per_queue[q], drains.get(q, []), budget, threshold_ns)
-            )
-    span_ends = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
-
-    def served(q: str, k: str, a: int, b: int) -> bool:
-        """Whether kind ``k`` of queue ``q`` had an ok op between ``a`` and ``b``."""
-        agg = per_queue[q][k]
-        if agg.first is None or agg.last is None or agg.first > b or agg.last < a:
-            return False
-        return not any(qq == q and kk == k and ga < a and gb > b for qq, kk, ga, gb in facts.gaps)
-
-    def answered_later(q: str, k: str, a: int, b: int) -> bool:
-        """Whether kind ``k``'s failures from ``a`` to ``b`` are explained by the whole queue being
-        down then, and the queue answered another kind after ``b``: producers that stopped with the
-        workload while a restarted node was still booting were never seen failing on a queue that
-        was back, so publish cannot be said never to have come back. A kind failing while another
-        kind is served is a partial outage of its own and stays."""
-        others = [j for j in KINDS if j != k]
-        quiet = not any(served(q, j, a, b) for j in others)
-        return quiet and any((per_queue[q][j].last or -1) > b for j in others)
-
-    healed = [(h, i) for i, h in enumerate(heals) if h is not None]
-    gone: dict[str, tuple[list[LiveKind], int, FaultWindow | None]] = {}
-    if healed:
-        # Not recovered after the last heal.
-        last_heal, li = max(healed, key=lambda x: (x[0], -x[1]))
-        for r in recovery:
-            if r["fault_id"] != windows[li]["fault_id"] or r["recovered"]:
-                continue
-            q = r["queue"]
-            missing: list[LiveKind] = []
-            if r["publish_demand"] and r["publish_ok_ns"] is None:
-                missing.append("publish")
-            if r["consume_demand"] and r["consume_ok_ns"] is None:
-                missing.append("consume")
-            missing = [k for k in missing if not answered_later(q, k, last_heal, span_ends[(q, k)])]
-            if not missing:
-                continue
-            lasts = [x for x in (per_queue[q][k].last for k in missing) if x is not None]
-            start = next(x for x in queue_rows if x["queue"] == q)["span_start_ns"]
-            gone[q] = (missing, max(lasts) if lasts else start, windows[li])
-    for x in out_windows:
-        # Down at the end of its span: it recovered from the last heal, if any, and went down again.
-        if (
-            x["ended_by_ok"]
-            or x["queue"] in gone
-            or answered_later(x["queue"], x["kind"], x["start_ns"], x["end_ns"])
-        ):
-            continue
-        opened = [y for y in out_windows if y["queue"] == x["queue"] and not y["ended_by_ok"]]
-        since = min(y["start_ns"] for y in opened)
-        before = [w for w in windows if w["start_ns"] <= since]
-        gone[x["queue"]] = (
-            [k for k in KINDS if any(y["kind"] == k for y in opened)],
-            since,
-            max(before, key=lambda w: w["start_ns"]) if before else None,
+            row, found = live.queue_kind(q, k, start, ends[k])
+            queue_rows.append(row)
+            out_windows += found
+    recovery = [
+        _recovery(
+            facts, w, i, live.heals[i], q, live.per_queue[q], live.drains.get(q, []), budget, threshold_ns
         )
-    for q, (kinds, since_ns, step) in sorted(gone.items()):
-        ops = drains.get(q, [])
-        last_op = ops[-1] if ops else None
-        unavailable.append(
-            UnavailableQueue(
-                queue=q,
-                kinds=kinds,
-                since_ns=since_ns,
-                fault_id=step["fault_id"] if step else None,
-                fault_kind=step["kind"] if step else None,
-                heal_ns=step["heal_start_ns"] if step and step["healed"] else None,
-                nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
-                drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
-                log=[],
-            )
-        )
+        for i, w in enumerate(windows)
+        for budget in (recovery_budget(budgets, w["kind"]),)
+        for q in live.queues
+    ]
+    span_ends: dict[tuple[str, str], int] = {(x["queue"], x["kind"]): x["span_end_ns"] for x in queue_rows}
+    gone = live.gone_after_last_heal(recovery, span_ends, queue_rows)
+    live.gone_at_span_end(out_windows, gone)
     longest = max((x["duration_ns"] for x in out_windows), default=0)
     spans = sum(x["span_end_ns"] - x["span_start_ns"] for x in queue_rows)
     down_all = sum(x["unavailable_ns"] for x in queue_rows)
@@ -275,9 +137,182 @@ def liveness(
         queues=queue_rows,
         longest_outage_ns=longest,
         available_share=(1 - down_all / spans) if spans > 0 else None,
-        unavailable=unavailable,
+        unavailable=[live.unavailable(q, *g) for q, g in sorted(gone.items())],
         over_budget=[f"{r['fault_id']} {r['queue']}" for r in recovery if r["over_budget"]],
     )
+
+
+class _Live:
+    """One liveness computation: the facts by queue and kind, and the questions asked of them."""
+
+    def __init__(
+        self, facts: LiveFacts, windows: list[FaultWindow], drain_ops: list[DrainOp], threshold_ns: int
+    ) -> None:
+        self.facts, self.windows, self.threshold_ns = facts, windows, threshold_ns
+        self.heals = heal_times(windows)
+        self.queues = sorted({q for q, _k, _n in facts.oks} | set(facts.publish))
+        self.drains: dict[str, list[DrainOp]] = {}
+        for op in drain_ops:
+            if op["queue"] is not None:
+                self.drains.setdefault(op["queue"], []).append(op)
+        self.per_queue: dict[str, dict[str, _Agg]] = {
+            q: {k: self._agg(q, k) for k in KINDS} for q in self.queues
+        }
+
+    def _agg(self, q: str, k: str) -> _Agg:
+        rows = [v for (qq, kk, _n), v in self.facts.oks.items() if qq == q and kk == k]
+        after = [_min([r.after_heal[i] for r in rows]) for i in range(len(self.windows))]
+        before = [_max([r.before_heal[i] for r in rows]) for i in range(len(self.windows))]
+        if not rows:
+            return _Agg(0, None, None, after, before)
+        return _Agg(
+            sum(r.count for r in rows),
+            min(r.first_ns for r in rows),
+            max(r.last_ns for r in rows),
+            after,
+            before,
+        )
+
+    def span(self, q: str, end_ns: int) -> tuple[int, dict[str, int | None]]:
+        """When queue ``q``'s life starts, and when each kind's ends."""
+        per = self.per_queue[q]
+        first_inv, last_pub, _last_inv = self.facts.publish.get(q, (None, 0, None))
+        firsts = [a.first for a in per.values() if a.first is not None]
+        start = first_inv if first_inv is not None else min(firsts) if firsts else end_ns
+        ops = self.drains.get(q, [])
+        drain_ends = [op["end_ns"] for op in ops if op["end_ns"] is not None]
+        last_publish = last_pub if q in self.facts.publish else per["publish"].last
+        if ops and ops[-1]["outcome"] == "ok":
+            # The drain emptied the queue: past the last publish and the last consume nothing was
+            # left to consume, and an idle queue is not an unavailable one.
+            consume_end = max(
+                [x for x in (last_publish, per["consume"].last) if x is not None], default=start
+            )
+        else:
+            consume_end = max(drain_ends) if drain_ends else end_ns
+        return start, {"publish": last_publish, "consume": consume_end}
+
+    def queue_kind(
+        self, q: str, k: LiveKind, start: int, stop: int | None
+    ) -> tuple[QueueLiveness, list[UnavailableWindow]]:
+        """One kind of one queue over its span: its row, and the windows it was unavailable."""
+        count, first, last = self.per_queue[q][k].count, self.per_queue[q][k].first, self.per_queue[q][k].last
+        span_end = max(stop if stop is not None else start, start)
+        found: list[tuple[int, int, bool]] = [
+            (a, b, True) for qq, kk, a, b in self.facts.gaps if qq == q and kk == k
+        ]
+        if first is None or last is None:
+            found.append((start, span_end, False))
+        else:
+            found.append((start, first, True))
+            found.append((last, span_end, False))
+        ws = sorted({(a, b, by_ok) for a, b, by_ok in found if b - a > self.threshold_ns})
+        out = [
+            UnavailableWindow(
+                queue=q,
+                kind=k,
+                start_ns=a,
+                end_ns=b,
+                duration_ns=b - a,
+                ended_by_ok=by_ok,
+                fault_ids=_overlapping(self.windows, a, b),
+            )
+            for a, b, by_ok in ws
+        ]
+        down = sum(b - a for a, b, _ in ws)
+        span = span_end - start
+        row = QueueLiveness(
+            queue=q,
+            kind=k,
+            span_start_ns=start,
+            span_end_ns=span_end,
+            ok=count,
+            first_ok_ns=first,
+            last_ok_ns=last,
+            unavailable_ns=down,
+            available_share=(1 - down / span) if span > 0 else None,
+            longest_ns=max((b - a for a, b, _ in ws), default=0),
+        )
+        return row, out
+
+    def served(self, q: str, k: str, a: int, b: int) -> bool:
+        """Whether kind ``k`` of queue ``q`` had an ok op between ``a`` and ``b``."""
+        agg = self.per_queue[q][k]
+        if agg.first is None or agg.last is None or agg.first > b or agg.last < a:
+            return False
+        return not any(qq == q and kk == k and ga < a and gb > b for qq, kk, ga, gb in self.facts.gaps)
+
+    def answered_later(self, q: str, k: str, a: int, b: int) -> bool:
+        """Whether kind ``k``'s failures from ``a`` to ``b`` are explained by the whole queue being
+        down then, and the queue answered another kind after ``b``: producers that stopped with the
+        workload while a restarted node was still booting were never seen failing on a queue that
+        was back, so publish cannot be said never to have come back. A kind failing while another
+        kind is served is a partial outage of its own and stays."""
+        others = [j for j in KINDS if j != k]
+        quiet = not any(self.served(q, j, a, b) for j in others)
+        return quiet and any((self.per_queue[q][j].last or -1) > b for j in others)
+
+    def gone_after_last_heal(
+        self, recovery: list[Recovery], span_ends: dict[tuple[str, str], int], rows: list[QueueLiveness]
+    ) -> Gone:
+        """The queues not recovered after the last heal (a kind another one's answer explains aside)."""
+        healed = [(h, i) for i, h in enumerate(self.heals) if h is not None]
+        gone: Gone = {}
+        if not healed:
+            return gone
+        last_heal, li = max(healed, key=lambda x: (x[0], -x[1]))
+        for r in recovery:
+            if r["fault_id"] != self.windows[li]["fault_id"] or r["recovered"]:
+                continue
+            q = r["queue"]
+            missing: list[LiveKind] = []
+            if r["publish_demand"] and r["publish_ok_ns"] is None:
+                missing.append("publish")
+            if r["consume_demand"] and r["consume_ok_ns"] is None:
+                missing.append("consume")
+            missing = [k for k in missing if not self.answered_later(q, k, last_heal, span_ends[(q, k)])]
+            if not missing:
+                continue
+            lasts = [x for x in (self.per_queue[q][k].last for k in missing) if x is not None]
+            start = next(x for x in rows if x["queue"] == q)["span_start_ns"]
+            gone[q] = (missing, max(lasts) if lasts else start, self.windows[li])
+        return gone
+
+    def gone_at_span_end(self, out_windows: list[UnavailableWindow], gone: Gone) -> None:
+        """Adds the queues down at the end of their span: each recovered from the last heal, if any,
+        and went down again."""
+        for x in out_windows:
+            if (
+                x["ended_by_ok"]
+                or x["queue"] in gone
+                or self.answered_later(x["queue"], x["kind"], x["start_ns"], x["end_ns"])
+            ):
+                continue
+            opened = [y for y in out_windows if y["queue"] == x["queue"] and not y["ended_by_ok"]]
+            since = min(y["start_ns"] for y in opened)
+            before = [w for w in self.windows if w["start_ns"] <= since]
+            gone[x["queue"]] = (
+                [k for k in KINDS if any(y["kind"] == k for y in opened)],
+                since,
+                max(before, key=lambda w: w["start_ns"]) if before else None,
+            )
+
+    def unavailable(
+        self, q: str, kinds: list[LiveKind], since_ns: int, step: FaultWindow | None
+    ) -> UnavailableQueue:
+        ops = self.drains.get(q, [])
+        last_op = ops[-1] if ops else None
+        return UnavailableQueue(
+            queue=q,
+            kinds=kinds,
+            since_ns=since_ns,
+            fault_id=step["fault_id"] if step else None,
+            fault_kind=step["kind"] if step else None,
+            heal_ns=step["heal_start_ns"] if step and step["healed"] else None,
+            nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
+            drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
+            log=[],
+        )
 
 
 def _recovery(
