@@ -154,6 +154,34 @@ def stuck_queues(drain_rows: list[dict], depth_rows: list[dict]) -> tuple[list[S
     node never looked at, a look that failed, or ready messages leave it unexplained: what the
     harness could not establish stays unknown.
     """
+    looks = _looks(depth_rows)
+    out: list[StuckQueue] = []
+    unfinished = explained = 0
+    for (process, queue), (lo, hi, outcome, names) in sorted(
+        _last_ops(drain_rows).items(), key=lambda kv: kv[1][0]
+    ):
+        if outcome == "ok":
+            continue
+        unfinished += 1
+        mine = [x for x in looks.get((process, queue), []) if lo < x["index"] < hi]
+        found: list[StuckQueue] = []
+        whole = bool(names)
+        for node in names:
+            at = [x for x in mine if x["node"] == node]
+            last = at[-1] if at else None
+            if last is None or not last["ok"]:
+                whole = False
+            elif _held_for_no_one(last):
+                found.append(_stuck(queue, node, process, at))
+            elif not (last["ready"] == 0 and last["unacked"] == 0):
+                whole = False
+        out += found
+        explained += whole and bool(found)
+    return out, bool(out) and unfinished > 0 and explained == unfinished
+
+
+def _looks(depth_rows: list[dict]) -> dict[tuple[str, str | None], list[dict]]:
+    """Per drain op (drainer, queue), its completed looks at a node's queue depth, in order."""
     looks: dict[tuple[str, str | None], list[dict]] = {}
     pending: dict[tuple[str, str | None, str | None], int] = {}
     for r in sorted(depth_rows, key=lambda r: r["index"]):
@@ -177,6 +205,11 @@ def stuck_queues(drain_rows: list[dict], depth_rows: list[dict]) -> tuple[list[S
                 "holders": v.get("holders") if isinstance(v.get("holders"), list) else None,
             }
         )
+    return looks
+
+
+def _last_ops(drain_rows: list[dict]) -> dict[tuple[str, str | None], tuple[int, int, str, list[str]]]:
+    """Per drain op (drainer, queue), its last one: invoke index, completion index, outcome, nodes."""
     last_op: dict[tuple[str, str | None], tuple[int, int, str, list[str]]] = {}
     invoked: dict[tuple[str, str | None], int] = {}
     for r in sorted(drain_rows, key=lambda r: r["index"]):
@@ -188,45 +221,28 @@ def stuck_queues(drain_rows: list[dict], depth_rows: list[dict]) -> tuple[list[S
             nodes = load_json(r.get("value")).get("nodes")
             names = sorted(str(n) for n in nodes) if isinstance(nodes, dict) else []
             last_op[op] = (invoked.pop(op), r["index"], outcome_of(r.get("type")), names)
-    out: list[StuckQueue] = []
-    unfinished = explained = 0
-    for (process, queue), (lo, hi, outcome, names) in sorted(last_op.items(), key=lambda kv: kv[1][0]):
-        if outcome == "ok":
-            continue
-        unfinished += 1
-        mine = [x for x in looks.get((process, queue), []) if lo < x["index"] < hi]
-        found: list[StuckQueue] = []
-        whole = bool(names)
-        for node in names:
-            at = [x for x in mine if x["node"] == node]
-            last = at[-1] if at else None
-            if last is None or not last["ok"]:
-                whole = False
-                continue
-            if _held_for_no_one(last):
-                run = []
-                for x in reversed(at):
-                    if not (x["ok"] and _held_for_no_one(x)):
-                        break
-                    run.append(x)
-                found.append(
-                    StuckQueue(
-                        queue=queue,
-                        node=node,
-                        drainer=process,
-                        unacked=last["unacked"] or 0,
-                        ready=0,
-                        since_ns=run[-1]["time_ns"],
-                        last_ns=last["time_ns"],
-                        looks=len(run),
-                        holders=last["holders"],
-                    )
-                )
-            elif not (last["ready"] == 0 and last["unacked"] == 0):
-                whole = False
-        out += found
-        explained += whole and bool(found)
-    return out, bool(out) and unfinished > 0 and explained == unfinished
+    return last_op
+
+
+def _stuck(queue: str | None, node: str, process: str, at: list[dict]) -> StuckQueue:
+    """A node's queue held for no one: since the first of the run of such looks that ends its last."""
+    last = at[-1]
+    run = []
+    for x in reversed(at):
+        if not (x["ok"] and _held_for_no_one(x)):
+            break
+        run.append(x)
+    return StuckQueue(
+        queue=queue,
+        node=node,
+        drainer=process,
+        unacked=last["unacked"] or 0,
+        ready=0,
+        since_ns=run[-1]["time_ns"],
+        last_ns=last["time_ns"],
+        looks=len(run),
+        holders=last["holders"],
+    )
 
 
 def held_text(stuck: list[StuckQueue]) -> str:

@@ -313,6 +313,56 @@ def summarize(
     }
 
 
+def _attributed(ctx: Context, lost_detail: list[MessageDetail]) -> list[LostAttribution]:
+    """Each lost message tied to the fault windows from its confirm to the drain's end."""
+    messages: list[LostAttribution] = []
+    for d in lost_detail:
+        confirm = d["confirm_ns"] if d["confirm_ns"] is not None else 0
+        ws = overlapping(ctx.windows, confirm, ctx.drain_end_ns)
+        messages.append(
+            LostAttribution(
+                id=d["id"],
+                confirm_node=d["confirm_node"],
+                confirm_ns=confirm,
+                fault_ids=[w["fault_id"] for w in ws],
+                fault_kinds=kinds_for(ctx.windows, confirm, ctx.drain_end_ns),
+            )
+        )
+    return messages
+
+
+def _availability(ctx: Context, facts: Facts) -> list[dict[str, Any]]:
+    """The share of publishes confirmed in each fault window, and outside them."""
+    kind_of = {w["fault_id"]: w["kind"] for w in ctx.windows}
+    out = []
+    for wid in [w["fault_id"] for w in ctx.windows] + ["outside"]:
+        attempts, confirmed = facts.availability.get(wid, (0, 0))
+        out.append(
+            {
+                "window": wid,
+                "kind": kind_of.get(wid),
+                "attempts": attempts,
+                "confirmed": confirmed,
+                "share": (confirmed / attempts) if attempts else None,
+            }
+        )
+    return out
+
+
+def _timeline(ctx: Context, facts: Facts) -> Any:
+    return {
+        "bucket_s": ctx.bucket_s,
+        "rows": [
+            {"t_s": t, "f": f, "type": ty, "count": n}
+            for t, f, ty, n in sorted(facts.timeline, key=lambda r: (r[0], r[1] or "", r[2] or ""))
+        ],
+        "latency": [
+            {"t_s": t, "n": n, "mean_ms": round(s / n / 1000, 3), "max_ms": mx / 1000}
+            for t, n, s, mx in sorted(facts.latency_timeline)
+        ],
+    }
+
+
 def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     """Build the results dict identically for both engines."""
     counts = _counts(ctx, facts.counts)
@@ -331,32 +381,6 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     lost_detail = [_detail(d) for d in facts.lost]
     stuck = ctx.stuck_drain  # what the engines found missing is stuck, not lost (``_counts``)
     drain_end = ctx.drain_end_ns
-    messages: list[LostAttribution] = []
-    for d in lost_detail:
-        confirm = d["confirm_ns"] if d["confirm_ns"] is not None else 0
-        ws = overlapping(ctx.windows, confirm, drain_end)
-        messages.append(
-            LostAttribution(
-                id=d["id"],
-                confirm_node=d["confirm_node"],
-                confirm_ns=confirm,
-                fault_ids=[w["fault_id"] for w in ws],
-                fault_kinds=kinds_for(ctx.windows, confirm, drain_end),
-            )
-        )
-    kind_of = {w["fault_id"]: w["kind"] for w in ctx.windows}
-    availability = []
-    for wid in [w["fault_id"] for w in ctx.windows] + ["outside"]:
-        attempts, confirmed = facts.availability.get(wid, (0, 0))
-        availability.append(
-            {
-                "window": wid,
-                "kind": kind_of.get(wid),
-                "attempts": attempts,
-                "confirmed": confirmed,
-                "share": (confirmed / attempts) if attempts else None,
-            }
-        )
     return Results(
         schema=SCHEMA_VERSION,
         engine=engine,  # type: ignore[typeddict-item]
@@ -398,21 +422,11 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
                 for k, n, cnt in sorted(facts.attribution_rows, key=lambda r: (r[0], r[1] or ""))
             ],
             "exposure": _exposure(facts.exposure_rows),
-            "messages": messages,
+            "messages": _attributed(ctx, lost_detail),
         },
         latency={"confirm_ms": percentiles_ms(*facts.confirm_us), "e2e_ms": percentiles_ms(*facts.e2e_us)},
-        availability=availability,  # type: ignore[typeddict-item]
-        timeline={
-            "bucket_s": ctx.bucket_s,
-            "rows": [
-                {"t_s": t, "f": f, "type": ty, "count": n}  # type: ignore[typeddict-item]
-                for t, f, ty, n in sorted(facts.timeline, key=lambda r: (r[0], r[1] or "", r[2] or ""))
-            ],
-            "latency": [
-                {"t_s": t, "n": n, "mean_ms": round(s / n / 1000, 3), "max_ms": mx / 1000}
-                for t, n, s, mx in sorted(facts.latency_timeline)
-            ],
-        },
+        availability=_availability(ctx, facts),  # type: ignore[typeddict-item]
+        timeline=_timeline(ctx, facts),
         faults=ctx.windows,
         drain=ctx.drain,
         liveness=live,
