@@ -245,6 +245,46 @@ def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     return {r["fault_kind"]: (int(r["lost"]), int(r["confirmed"])) for r in rows}
 
 
+def _runs_lost_interval(
+    runs_lost: int, graded: int
+) -> tuple[float | None, float | None, Literal["one-sided", "two-sided", "none"]]:
+    """The exact binomial interval of the share of runs that lost anything (none below MIN_RUNS)."""
+    if graded < MIN_RUNS:
+        return None, None, "none"
+    if runs_lost == 0:
+        return 0.0, clopper_pearson_upper(0, graded), "one-sided"
+    low, high = clopper_pearson_interval(runs_lost, graded)  # type: ignore[misc]
+    return low, high, "two-sided"
+
+
+def _per_kind(
+    runs: list[RunGrade], exposures: list[dict[str, tuple[int, int]]], resamples: int, seed: int
+) -> list[KindGrade]:
+    """Per fault kind, over the graded runs: the confirmed messages exposed to it and those lost."""
+    kinds: dict[str, list[tuple[int, int]]] = {}
+    for r, ex in zip(runs, exposures, strict=True):
+        if r["graded"]:
+            for kind, pair in ex.items():
+                kinds.setdefault(kind, []).append(pair)
+    per_kind = []
+    for kind, kpairs in sorted(kinds.items()):
+        klost, kconf = sum(p[0] for p in kpairs), sum(p[1] for p in kpairs)
+        kint = bootstrap_ratio(kpairs, resamples=resamples, seed=f"{seed}:{kind}") if klost else None
+        per_kind.append(
+            KindGrade(
+                fault_kind=kind,
+                runs=len(kpairs),
+                runs_lost=sum(1 for p in kpairs if p[0]),
+                confirmed=kconf,
+                lost=klost,
+                loss_rate=(klost / kconf) if kconf else None,
+                low=kint[0] if kint else None,
+                high=kint[1] if kint else None,
+            )
+        )
+    return per_kind
+
+
 def grade_results(
     results: Sequence[tuple[str, Mapping[str, Any], int | None]],
     *,
@@ -270,38 +310,11 @@ def grade_results(
     runs_lost = sum(1 for r in graded if r["lost"] > 0)
     confirmed = sum(r["confirmed"] for r in graded)
     lost = sum(r["lost"] for r in graded)
-    share_low = share_high = None
-    share_sided: Literal["one-sided", "two-sided", "none"] = "none"
-    if len(graded) >= MIN_RUNS:
-        if runs_lost == 0:
-            share_low, share_high, share_sided = 0.0, clopper_pearson_upper(0, len(graded)), "one-sided"
-        else:
-            share_low, share_high = clopper_pearson_interval(runs_lost, len(graded))  # type: ignore[misc]
-            share_sided = "two-sided"
+    share_low, share_high, share_sided = _runs_lost_interval(runs_lost, len(graded))
     pairs = [(r["lost"], r["confirmed"]) for r in graded]
     # With no loss in any run every resample is 0/n: a [0, 0] "interval" would read as proof of zero.
     interval = bootstrap_ratio(pairs, resamples=resamples, seed=seed) if lost else None
-    kinds: dict[str, list[tuple[int, int]]] = {}
-    for r, ex in zip(runs, exposures, strict=True):
-        if r["graded"]:
-            for kind, pair in ex.items():
-                kinds.setdefault(kind, []).append(pair)
-    per_kind = []
-    for kind, kpairs in sorted(kinds.items()):
-        klost, kconf = sum(p[0] for p in kpairs), sum(p[1] for p in kpairs)
-        kint = bootstrap_ratio(kpairs, resamples=resamples, seed=f"{seed}:{kind}") if klost else None
-        per_kind.append(
-            KindGrade(
-                fault_kind=kind,
-                runs=len(kpairs),
-                runs_lost=sum(1 for p in kpairs if p[0]),
-                confirmed=kconf,
-                lost=klost,
-                loss_rate=(klost / kconf) if kconf else None,
-                low=kint[0] if kint else None,
-                high=kint[1] if kint else None,
-            )
-        )
+    per_kind = _per_kind(runs, exposures, resamples, seed)
     grade = Grade(
         schema=SCHEMA_VERSION,
         runs=runs,
@@ -477,6 +490,44 @@ def checker_verdicts(grade: Grade) -> dict[str, str]:
     }
 
 
+def _describe_messages(grade: Grade, n: int, pct: str) -> list[str]:
+    """The per-message loss rate over the runs with a known outcome, and per fault kind."""
+    lines: list[str] = []
+    lines.append(
+        f"messages: {grade['lost']:,} lost of {grade['confirmed']:,} confirmed over the {_runs(n)} "
+        f"with a known outcome (pooled rate {_rate(grade['loss_rate'])} per confirmed message)"
+    )
+    boot = f"resampling whole runs, B={grade['bootstrap_resamples']:,}, seed {grade['bootstrap_seed']}"
+    if grade["loss_low"] is not None:
+        few = (
+            f"; with fewer than {FEW_RUNS} runs it likely understates the uncertainty" if n < FEW_RUNS else ""
+        )
+        lines.append(
+            f"per-message loss rate between {_rate(grade['loss_low'])} and {_rate(grade['loss_high'])} "
+            f"({pct} bootstrap percentile interval, {boot}{few})"
+        )
+    elif grade["lost"] == 0:
+        lines.append(
+            "per-message loss rate: no run lost a message, so resampling runs gives no interval above "
+            "zero; the bound on the share of runs is the statement to use"
+        )
+    if grade["per_kind"]:
+        lines.append(
+            "per fault kind (confirmed messages whose confirm-to-drain interval overlapped a window of "
+            "that kind; one message can count under several kinds; 'none' met no fault):"
+        )
+        for k in grade["per_kind"]:
+            where = f"{k['runs_lost']} of {_runs(k['runs'])} lost"
+            rate = f"{k['lost']:,} of {k['confirmed']:,} exposed lost (rate {_rate(k['loss_rate'])})"
+            ival = (
+                f", {pct} bootstrap {_rate(k['low'])} to {_rate(k['high'])}"
+                if k["low"] is not None
+                else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
+            )
+            lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+    return lines
+
+
 def describe_grade(grade: Grade) -> list[str]:
     """The grade in sentences, one per line: every number says what it is a number of."""
     pct = f"{grade['confidence']:.0%}"
@@ -516,40 +567,7 @@ def describe_grade(grade: Grade) -> list[str]:
             "durable nor lossy"
         )
     if n >= MIN_RUNS:
-        lines.append(
-            f"messages: {grade['lost']:,} lost of {grade['confirmed']:,} confirmed over the {_runs(n)} "
-            f"with a known outcome (pooled rate {_rate(grade['loss_rate'])} per confirmed message)"
-        )
-        boot = f"resampling whole runs, B={grade['bootstrap_resamples']:,}, seed {grade['bootstrap_seed']}"
-        if grade["loss_low"] is not None:
-            few = (
-                f"; with fewer than {FEW_RUNS} runs it likely understates the uncertainty"
-                if n < FEW_RUNS
-                else ""
-            )
-            lines.append(
-                f"per-message loss rate between {_rate(grade['loss_low'])} and {_rate(grade['loss_high'])} "
-                f"({pct} bootstrap percentile interval, {boot}{few})"
-            )
-        elif grade["lost"] == 0:
-            lines.append(
-                "per-message loss rate: no run lost a message, so resampling runs gives no interval above "
-                "zero; the bound on the share of runs is the statement to use"
-            )
-        if grade["per_kind"]:
-            lines.append(
-                "per fault kind (confirmed messages whose confirm-to-drain interval overlapped a window of "
-                "that kind; one message can count under several kinds; 'none' met no fault):"
-            )
-            for k in grade["per_kind"]:
-                where = f"{k['runs_lost']} of {_runs(k['runs'])} lost"
-                rate = f"{k['lost']:,} of {k['confirmed']:,} exposed lost (rate {_rate(k['loss_rate'])})"
-                ival = (
-                    f", {pct} bootstrap {_rate(k['low'])} to {_rate(k['high'])}"
-                    if k["low"] is not None
-                    else (", no interval" if k["runs"] >= MIN_RUNS else ", one run: no interval")
-                )
-                lines.append(f"  {k['fault_kind']:<14} {where}; {rate}{ival}")
+        lines += _describe_messages(grade, n, pct)
     found = grade.get("anomalies") or {}
     if found:
         lines.append(

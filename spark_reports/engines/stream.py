@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,115 +125,143 @@ def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, A
     return out
 
 
-def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The stream checks over history rows (dicts with the history's columns)."""
-    confirmed: dict[tuple[str, int], set[str]] = defaultdict(set)
-    seq_of: dict[tuple[str, str], set[int]] = defaultdict(set)
-    delivered: dict[tuple[str, int], set[str]] = defaultdict(set)
-    firsts: dict[str, list[tuple[int, int, int]]] = defaultdict(
-        list
-    )  # queue -> (consumer_seq, index, stream_seq)
-    mismatches: list[dict[str, Any]] = []
-    pending_deliveries: list[tuple[str, str, int, int]] = []
-    drains: dict[str, dict[str, Any]] = {}
-    drain_done: dict[str, bool] = {}
-    queues: set[str] = set()
-    seen: dict[str, set[int]] = defaultdict(set)  # offsets reads and nodes' copies show
-    n = 0
-    for r in rows:
-        n += 1
+@dataclass
+class _Scan:
+    """What one pass over the rows keeps: per stream sequence the ids confirmed and delivered, per
+    queue the first deliveries in consumer order, the drains' views and the offsets seen."""
+
+    confirmed: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    seq_of: dict[tuple[str, str], set[int]] = field(default_factory=lambda: defaultdict(set))
+    delivered: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    firsts: dict[str, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
+    """queue -> (consumer_seq, index, stream_seq) of each first delivery"""
+    deliveries: list[tuple[str, str, int, int]] = field(default_factory=list)
+    drains: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drain_done: dict[str, bool] = field(default_factory=dict)
+    queues: set[str] = field(default_factory=set)
+    seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    """offsets reads and nodes' copies show"""
+    n: int = 0
+
+    def add(self, r: dict[str, Any]) -> None:
+        self.n += 1
         f, t, q = r.get("f"), r.get("type"), r.get("queue")
         if f == "drain" and t in ("ok", "info") and q:
-            drain_done[q] = drain_done.get(q, True) and t == "ok"
-            drains[q] = _json(r.get("value"))
-            continue
-        if f == HOLDINGS and t == "ok" and q:
-            seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
-            continue
-        if t != "ok" or not q or f not in ("publish", "consume", READ):
-            continue
+            self.drain_done[q] = self.drain_done.get(q, True) and t == "ok"
+            self.drains[q] = _json(r.get("value"))
+        elif f == HOLDINGS and t == "ok" and q:
+            self.seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
+        elif t == "ok" and q and f in ("publish", "consume", READ):
+            self._sequenced(r, f, q)
+
+    def _sequenced(self, r: dict[str, Any], f: str, q: str) -> None:
         d = _json(r.get("detail"))
         seq = _int(d.get("stream_seq"))
         if seq is None:
-            continue
+            return
         if f == READ:
             if r.get("value") is not None:
-                seen[q].add(seq)
-            continue
-        queues.add(q)
+                self.seen[q].add(seq)
+            return
+        self.queues.add(q)
         mid = str(r.get("value"))
         if f == "publish":
-            confirmed[(q, seq)].add(mid)
-            seq_of[(q, mid)].add(seq)
-            continue
-        delivered[(q, seq)].add(mid)
-        pending_deliveries.append((q, mid, seq, int(r["index"])))
+            self.confirmed[(q, seq)].add(mid)
+            self.seq_of[(q, mid)].add(seq)
+            return
+        self.delivered[(q, seq)].add(mid)
+        self.deliveries.append((q, mid, seq, int(r["index"])))
         cseq, count = _int(d.get("consumer_seq")), _int(d.get("delivered"))
         if cseq is not None and count == 1:
-            firsts[q].append((cseq, int(r["index"]), seq))
-    for q, mid, seq, index in pending_deliveries:
-        want = seq_of.get((q, mid))
-        if want and seq not in want:
-            mismatches.append(
-                {"queue": q, "id": mid, "index": index, "delivered_seq": seq, "confirmed_seq": sorted(want)}
-            )
-    conflicts = [
-        {"queue": q, "seq": s, "ids": sorted(ids)}
-        for (q, s), ids in sorted(confirmed.items())
-        if len(ids) > 1
+            self.firsts[q].append((cseq, int(r["index"]), seq))
+
+    def mismatches(self) -> list[dict[str, Any]]:
+        out = []
+        for q, mid, seq, index in self.deliveries:
+            want = self.seq_of.get((q, mid))
+            if want and seq not in want:
+                out.append(
+                    {
+                        "queue": q,
+                        "id": mid,
+                        "index": index,
+                        "delivered_seq": seq,
+                        "confirmed_seq": sorted(want),
+                    }
+                )
+        return out
+
+    def gaps(self) -> list[dict[str, Any]]:
+        gaps: list[dict[str, Any]] = []
+        for q in sorted(self.queues):
+            if not self.drain_done.get(q):
+                continue
+            seqs = {s for (qq, s) in self.delivered if qq == q}
+            if not seqs:
+                continue
+            floor, top = _floor(self.drains[q]), max(seqs)
+            if _sparse(self.drains[q]):
+                known = self.seen[q] | {s for (qq, s) in self.confirmed if qq == q}
+                candidates: Iterable[int] = sorted(s for s in known if floor <= s <= top)
+            else:
+                candidates = range(floor, top + 1)
+            gaps.extend({"queue": q, "seq": s} for s in candidates if s not in seqs)
+        return gaps
+
+    def reorders(self) -> list[dict[str, Any]]:
+        reorders: list[dict[str, Any]] = []
+        for q, items in sorted(self.firsts.items()):
+            items.sort()
+            for (c1, _i1, s1), (c2, i2, s2) in zip(items, items[1:], strict=False):
+                if s2 < s1:
+                    reorders.append(
+                        {"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]}
+                    )
+        return reorders
+
+
+def _conflicts(ids_at: dict[tuple[str, int], set[str]]) -> list[dict[str, Any]]:
+    return [
+        {"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(ids_at.items()) if len(ids) > 1
     ]
-    dconflicts = [
-        {"queue": q, "seq": s, "ids": sorted(ids)}
-        for (q, s), ids in sorted(delivered.items())
-        if len(ids) > 1
-    ]
-    gaps: list[dict[str, Any]] = []
-    for q in sorted(queues):
-        if not drain_done.get(q):
-            continue
-        seqs = {s for (qq, s) in delivered if qq == q}
-        if not seqs:
-            continue
-        floor, top = _floor(drains[q]), max(seqs)
-        if _sparse(drains[q]):
-            known = seen[q] | {s for (qq, s) in confirmed if qq == q}
-            candidates: Iterable[int] = sorted(s for s in known if floor <= s <= top)
-        else:
-            candidates = range(floor, top + 1)
-        gaps.extend({"queue": q, "seq": s} for s in candidates if s not in seqs)
-    reorders: list[dict[str, Any]] = []
-    for q, items in sorted(firsts.items()):
-        items.sort()
-        for (c1, _i1, s1), (c2, i2, s2) in zip(items, items[1:], strict=False):
-            if s2 < s1:
-                reorders.append({"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]})
-    diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
-    return small_results(
-        WORDING,
-        {
-            "streams": len(queues),
-            "confirmed": len(confirmed),
-            "delivered": len(delivered),
-            "seq_conflicts": len(conflicts),
-            "seq_mismatches": len(mismatches),
-            "delivered_conflicts": len(dconflicts),
-            "gaps": len(gaps),
-            "reordered": len(reorders),
-            "diverged_streams": len(diverged),
-            "unfinished_drains": sum(1 for q in drain_done if not drain_done[q])
-            + len(queues - set(drain_done)),
-            "history_ops": n,
-        },
-        {
-            "seq_conflicts": conflicts,
-            "seq_mismatches": mismatches,
-            "delivered_conflicts": dconflicts,
-            "gaps": gaps,
-            "reordered": reorders,
-            "diverged_streams": diverged,
-        },
-        engine="python",
+
+
+def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The stream checks over history rows (dicts with the history's columns)."""
+    scan = _Scan()
+    for r in rows:
+        scan.add(r)
+    found = {
+        "seq_conflicts": _conflicts(scan.confirmed),
+        "seq_mismatches": scan.mismatches(),
+        "delivered_conflicts": _conflicts(scan.delivered),
+        "gaps": scan.gaps(),
+        "reordered": scan.reorders(),
+        "diverged_streams": replica_disagreements(
+            {q: v for q, v in scan.drains.items() if scan.drain_done.get(q)}
+        ),
+    }
+    return _stream_results(
+        scan.queues, len(scan.confirmed), len(scan.delivered), scan.drain_done, scan.n, found, engine="python"
     )
+
+
+def _stream_results(
+    queues: set[str],
+    confirmed: int,
+    delivered: int,
+    drain_done: dict[str, bool],
+    n: int,
+    found: dict[str, list[dict[str, Any]]],
+    *,
+    engine: str,
+) -> dict[str, Any]:
+    """The results of either engine: the counts in their order, then the examples."""
+    unfinished = sum(1 for q in drain_done if not drain_done[q]) + len(queues - set(drain_done))
+    counts = {"streams": len(queues), "confirmed": confirmed, "delivered": delivered}
+    counts |= {k: len(found[k]) for k in ANOMALIES}
+    counts |= {"unfinished_drains": unfinished, "history_ops": n}
+    return small_results(WORDING, counts, {k: found[k] for k in ANOMALIES}, engine=engine)
 
 
 WORDING = Wording(
@@ -360,30 +389,14 @@ def check_stream_spark(
             key=lambda g: (g["queue"], g["seq"]),
         )
     diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
-    queue_set = set(queues)
-    return small_results(
-        WORDING,
-        {
-            "streams": len(queue_set),
-            "confirmed": int(confirmed),
-            "delivered": int(delivered),
-            "seq_conflicts": len(conflicts),
-            "seq_mismatches": len(mismatches),
-            "delivered_conflicts": len(dconflicts),
-            "gaps": len(gaps),
-            "reordered": len(reorders),
-            "diverged_streams": len(diverged),
-            "unfinished_drains": sum(1 for q in drain_done if not drain_done[q])
-            + len(queue_set - set(drain_done)),
-            "history_ops": int(n),
-        },
-        {
-            "seq_conflicts": conflicts,
-            "seq_mismatches": mismatches,
-            "delivered_conflicts": dconflicts,
-            "gaps": gaps,
-            "reordered": reorders,
-            "diverged_streams": diverged,
-        },
-        engine="spark",
+    found = {
+        "seq_conflicts": conflicts,
+        "seq_mismatches": mismatches,
+        "delivered_conflicts": dconflicts,
+        "gaps": gaps,
+        "reordered": reorders,
+        "diverged_streams": diverged,
+    }
+    return _stream_results(
+        set(queues), int(confirmed), int(delivered), drain_done, int(n), found, engine="spark"
     )

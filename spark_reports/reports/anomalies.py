@@ -3,7 +3,7 @@ and each node's holdings when the run recorded them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from spark_reports.engines.anomalies import LABELS, occurring
@@ -25,6 +25,50 @@ def _off(x: Any) -> str:
 def anomaly_summary(results: Mapping[str, Any]) -> list[str]:
     """One line per class that occurred: "N label" (the terminal, Allure and grade say the same)."""
     return [f"{n:,} {LABELS[k]}" for k, n in occurring(results.get("anomalies")).items()]
+
+
+_TABLES: dict[str, tuple[list[str], Callable[[Any], list[Any]]]] = {
+    "lost_on_node": (
+        ["queue", "node", "missing", "ids"],
+        lambda x: [x["queue"], x["node"], f"{x['count']:,}", _ids(x["ids"], x["count"])],
+    ),
+    "inconsistent_offsets": (
+        ["queue", "offset", "ids", "seen by"],
+        lambda x: [x["queue"], x["offset"], ", ".join(x["ids"]), ", ".join(x["sources"])],
+    ),
+    "duplicate": (
+        ["queue", "id", "offsets"],
+        lambda x: [x["queue"], x["id"], ", ".join(map(str, x["offsets"]))],
+    ),
+    "poll_skip": (
+        ["reader", "queue", "index", "from", "to", "skipped", "after seek"],
+        lambda x: [
+            x["reader"],
+            x["queue"],
+            x["index"],
+            x["from_offset"],
+            x["to_offset"],
+            x["skipped"],
+            x["after_seek"],
+        ],
+    ),
+    "nonmonotonic_poll": (
+        ["reader", "queue", "index", "from", "to", "after seek"],
+        lambda x: [
+            x["reader"],
+            x["queue"],
+            x["index"],
+            x["from_offset"],
+            x["to_offset"],
+            x["after_seek"],
+        ],
+    ),
+    "unseen": (
+        ["queue", "id", "offset", "held by"],
+        lambda x: [x["queue"], x["id"], _off(x["offset"]), ", ".join(x["nodes"])],
+    ),
+}
+"""How each stream anomaly class is tabled: its columns, and a row of one example."""
 
 
 def jepsen_parts(results: Mapping[str, Any]) -> list[str]:
@@ -78,48 +122,13 @@ def jepsen_parts(results: Mapping[str, Any]) -> list[str]:
                 left=3,
             ),
         ]
-    tables = {
-        "lost_on_node": (
-            ["queue", "node", "missing", "ids"],
-            lambda x: [x["queue"], x["node"], f"{x['count']:,}", _ids(x["ids"], x["count"])],
-        ),
-        "inconsistent_offsets": (
-            ["queue", "offset", "ids", "seen by"],
-            lambda x: [x["queue"], x["offset"], ", ".join(x["ids"]), ", ".join(x["sources"])],
-        ),
-        "duplicate": (
-            ["queue", "id", "offsets"],
-            lambda x: [x["queue"], x["id"], ", ".join(map(str, x["offsets"]))],
-        ),
-        "poll_skip": (
-            ["reader", "queue", "index", "from", "to", "skipped", "after seek"],
-            lambda x: [
-                x["reader"],
-                x["queue"],
-                x["index"],
-                x["from_offset"],
-                x["to_offset"],
-                x["skipped"],
-                x["after_seek"],
-            ],
-        ),
-        "nonmonotonic_poll": (
-            ["reader", "queue", "index", "from", "to", "after seek"],
-            lambda x: [
-                x["reader"],
-                x["queue"],
-                x["index"],
-                x["from_offset"],
-                x["to_offset"],
-                x["after_seek"],
-            ],
-        ),
-        "unseen": (
-            ["queue", "id", "offset", "held by"],
-            lambda x: [x["queue"], x["id"], _off(x["offset"]), ", ".join(x["nodes"])],
-        ),
-    }
-    for name, (head, row) in tables.items():
+    return parts + _class_tables(a, found)
+
+
+def _class_tables(a: Mapping[str, Any], found: Mapping[str, int]) -> list[str]:
+    """One table per stream anomaly class that occurred, its first ROWS examples."""
+    parts: list[str] = []
+    for name, (head, row) in _TABLES.items():
         if not found.get(name):
             continue
         rows = a.get(name) or []

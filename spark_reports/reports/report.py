@@ -80,6 +80,13 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
 
     out = run_dir / PLOTS
     out.mkdir(parents=True, exist_ok=True)
+    return [
+        _timeline_plot(plt, out / "timeline.png", results),
+        _latency_plot(plt, out / "latency.png", results),
+    ]
+
+
+def _timeline_plot(plt: Any, path: Path, results: Results) -> Path:
     tl = results["timeline"]
     width = tl["bucket_s"]
     series: dict[str, dict[int, float]] = {}
@@ -93,7 +100,6 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
         else:
             continue
         series.setdefault(name, {})[row["t_s"]] = row["count"] / width
-    paths = []
     fig, ax = plt.subplots(figsize=(11, 4.0))
     _shade_faults(ax, results)
     _unavailable_bars(ax, results)
@@ -121,13 +127,16 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # headroom for the bars of unavailable windows
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, ncol=8, frameon=False)
     fig.tight_layout()
-    paths.append(out / "timeline.png")
-    fig.savefig(paths[-1], dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
 
+
+def _latency_plot(plt: Any, path: Path, results: Results) -> Path:
+    width = results["timeline"]["bucket_s"]
     fig, ax = plt.subplots(figsize=(11, 3.2))
     _shade_faults(ax, results)
-    lat = tl["latency"]
+    lat = results["timeline"]["latency"]
     if lat:
         # Seconds without a confirm are gaps (NaN), not interpolated.
         by_t = {r["t_s"]: r for r in lat}
@@ -155,10 +164,9 @@ def _plots(run_dir: Path, results: Results) -> list[Path]:
     ax.set_title("Publish confirm latency over time")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    paths.append(out / "latency.png")
-    fig.savefig(paths[-1], dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return paths
+    return path
 
 
 _UNAVAILABLE = {"publish": ("#b71c1c", 0.93), "consume": ("#4a148c", 0.86)}
@@ -206,33 +214,7 @@ def _liveness_parts(results: Results) -> list[str]:
         if u["log"]:
             parts.append("<pre style='white-space:pre-wrap'>" + _e("\n".join(u["log"])) + "</pre>")
 
-    def after(ns: int | None, asked: bool = True) -> str:
-        return "-" if not asked else "never" if ns is None else f"{ns / 1e9:.3f}"
-
-    rows = []
-    for r in lv["recovery"]:
-        per_node = "; ".join(
-            f"{n['node']}: {after(n['publish_ok_ns'])} / {after(n['consume_ok_ns'])}" for n in r["nodes"]
-        )
-        state = "not healed" if not r["healed"] else "yes" if r["recovered"] else "NO"
-        budget = (
-            "-" if r["budget_s"] is None else f"{r['budget_s']:g}" + (" (over)" if r["over_budget"] else "")
-        )
-        rows.append(
-            [
-                r["fault_id"],
-                r["kind"],
-                r["node"],
-                r["queue"],
-                _s(r["heal_ns"]),
-                after(r["publish_ok_ns"], r["publish_demand"] or r["publish_ok_ns"] is not None),
-                after(r["consume_ok_ns"]),
-                state,
-                after(r["recovery_ns"], r["healed"] and not (r["recovered"] and r["recovery_ns"] is None)),
-                budget,
-                per_node,
-            ]
-        )
+    rows = [_recovery_row(r) for r in lv["recovery"]]
     parts.append(
         _table(
             [
@@ -272,6 +254,32 @@ def _liveness_parts(results: Results) -> list[str]:
             )
         )
     return parts
+
+
+def _after(ns: int | None, asked: bool = True) -> str:
+    return "-" if not asked else "never" if ns is None else f"{ns / 1e9:.3f}"
+
+
+def _recovery_row(r: Any) -> list[str]:
+    """One fault step and queue: when it was healed and how long each kind took to come back."""
+    per_node = "; ".join(
+        f"{n['node']}: {_after(n['publish_ok_ns'])} / {_after(n['consume_ok_ns'])}" for n in r["nodes"]
+    )
+    state = "not healed" if not r["healed"] else "yes" if r["recovered"] else "NO"
+    budget = "-" if r["budget_s"] is None else f"{r['budget_s']:g}" + (" (over)" if r["over_budget"] else "")
+    return [
+        r["fault_id"],
+        r["kind"],
+        r["node"],
+        r["queue"],
+        _s(r["heal_ns"]),
+        _after(r["publish_ok_ns"], r["publish_demand"] or r["publish_ok_ns"] is not None),
+        _after(r["consume_ok_ns"]),
+        state,
+        _after(r["recovery_ns"], r["healed"] and not (r["recovered"] and r["recovery_ns"] is None)),
+        budget,
+        per_node,
+    ]
 
 
 def _s(ns: int | None) -> str:
@@ -361,19 +369,33 @@ def render_report(run_dir: Path, results: Results) -> Path:
     run_dir = Path(run_dir)
     html_path = run_dir / REPORT_HTML
     if "counts" not in results or "timeline" not in results:
-        # No queue checker result (every checker failed, or only checkers of another kind ran):
-        # the verdict, each checker's, and their findings.
-        why = results.get("reason") or results.get("error") or "no checker result"
-        html_path.write_text(
-            _page(
-                f"brokerchaos {run_dir.name}",
-                f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict {_e(results.get('verdict', 'unknown'))}'>"
-                f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(why)}</div>"
-                + "".join(verdict_table(results) + findings_parts(results)),
-            )
-        )
+        html_path.write_text(_page(f"brokerchaos {run_dir.name}", _verdict_only(run_dir, results)))
         return html_path
     plots = _plots(run_dir, results)
+    parts = _head_parts(run_dir, results, plots)
+    parts += _lost_parts(results) + jepsen_parts(results) + _anomaly_parts(results)
+    parts += _attribution_parts(results) + _drain_parts(results)
+    parts += findings_parts(results)
+    parts += delay_parts(run_dir, results)
+    parts += _event_parts(results)
+    parts += _order_parts(results)
+    html_path.write_text(_page(f"brokerchaos {run_dir.name}", "".join(parts)))
+    return html_path
+
+
+def _verdict_only(run_dir: Path, results: Results) -> str:
+    """No queue checker result (every checker failed, or only checkers of another kind ran): the
+    verdict, each checker's, and their findings."""
+    why = results.get("reason") or results.get("error") or "no checker result"
+    return (
+        f"<h1>brokerchaos run {_e(run_dir.name)}</h1><div class='verdict {_e(results.get('verdict', 'unknown'))}'>"
+        f"{_e(results.get('verdict', 'unknown'))} &mdash; {_e(why)}</div>"
+        + "".join(verdict_table(results) + findings_parts(results))
+    )
+
+
+def _head_parts(run_dir: Path, results: Results, plots: list[Path]) -> list[str]:
+    """The verdict, the counts, the timeline, liveness and latency."""
     c = results["counts"]
     lat = results["latency"]
     labels = _COUNT_LABELS | (_SCHEMA1_LABELS if results.get("history_schema", 2) < 2 else {})
@@ -413,56 +435,54 @@ def render_report(run_dir: Path, results: Results) -> Path:
             ],
         ),
     ]
-    parts += (
-        _lost_parts(results)
-        + jepsen_parts(results)
-        + _anomaly_parts(results)
-        + [
-            "<h2>Loss attribution</h2>",
-            "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
-            "to the end of the final drain, against the node that confirmed it.</p>",
-            _table(
-                ["fault kind", "node", "lost"],
-                [[r["fault_kind"], r["node"], r["count"]] for r in results["attribution"]["rows"]],
-                left=2,
-            ),
-            _table(
-                ["fault kind", "exposed confirmed", "lost"],
-                [
-                    [r["fault_kind"], f"{r['confirmed']:,}", r["lost"]]
-                    for r in results["attribution"]["exposure"]
-                ],
-            ),
-            "<h2>Fault windows and availability</h2>",
-            _table(
-                ["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
-                _availability_rows(results),
-                left=3,
-            ),
-        ]
-        + _drain_parts(results)
+    return parts
+
+
+def _attribution_parts(results: Results) -> list[str]:
+    return [
+        "<h2>Loss attribution</h2>",
+        "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
+        "to the end of the final drain, against the node that confirmed it.</p>",
+        _table(
+            ["fault kind", "node", "lost"],
+            [[r["fault_kind"], r["node"], r["count"]] for r in results["attribution"]["rows"]],
+            left=2,
+        ),
+        _table(
+            ["fault kind", "exposed confirmed", "lost"],
+            [[r["fault_kind"], f"{r['confirmed']:,}", r["lost"]] for r in results["attribution"]["exposure"]],
+        ),
+        "<h2>Fault windows and availability</h2>",
+        _table(
+            ["window", "kind", "node", "start s", "end s", "healed", "publishes", "confirmed", "share"],
+            _availability_rows(results),
+            left=3,
+        ),
+    ]
+
+
+def _order_parts(results: Results) -> list[str]:
+    v = results["order_violations"]
+    if not v:
+        return []
+    return _section(
+        "Order violations",
+        min(len(v), _ROWS),
+        results["counts"]["order_violations"],
+        "",
+        _table(
+            ["consumer", "queue", "producer", "id", "after seq"],
+            [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]] for x in v[:_ROWS]],
+            left=4,
+        ),
     )
-    parts += findings_parts(results)
-    parts += delay_parts(run_dir, results)
-    parts += _event_parts(results)
-    if results["order_violations"]:
-        v = results["order_violations"]
-        parts += _section(
-            "Order violations",
-            min(len(v), _ROWS),
-            c["order_violations"],
-            "",
-            _table(
-                ["consumer", "queue", "producer", "id", "after seq"],
-                [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]] for x in v[:_ROWS]],
-                left=4,
-            ),
-        )
-    html_path.write_text(_page(f"brokerchaos {run_dir.name}", "".join(parts)))
-    return html_path
 
 
 def _lost_parts(results: Results) -> list[str]:
+    return _lost_table_parts(results) + _stuck_parts(results) + _ack_unknown_parts(results)
+
+
+def _lost_table_parts(results: Results) -> list[str]:
     c = results["counts"]
     parts: list[str] = []
     if results["lost"]:
@@ -496,6 +516,12 @@ def _lost_parts(results: Results) -> list[str]:
             f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
             _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2),
         ]
+    return parts
+
+
+def _stuck_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results.get("stuck"):
         parts += [
             f"<h2>Stuck deliveries ({c.get('stuck', 0):,} confirmed messages)</h2>",
@@ -549,6 +575,12 @@ def _lost_parts(results: Results) -> list[str]:
                     left=2,
                 ),
             )
+    return parts
+
+
+def _ack_unknown_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results.get("ack_unknown"):
         parts += _section(
             "Acked with an unknown outcome",
@@ -569,6 +601,17 @@ def _lost_parts(results: Results) -> list[str]:
 
 
 def _anomaly_parts(results: Results) -> list[str]:
+    return (
+        _corrupted_parts(results)
+        + _unexpected_parts(results)
+        + _resurrected_parts(results)
+        + _split_brain_parts(results)
+        + _unflagged_parts(results)
+        + _duplicated_parts(results)
+    )
+
+
+def _corrupted_parts(results: Results) -> list[str]:
     c = results["counts"]
     parts: list[str] = []
     if results.get("corrupted"):
@@ -597,6 +640,12 @@ def _anomaly_parts(results: Results) -> list[str]:
                 left=4,
             ),
         )
+    return parts
+
+
+def _unexpected_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results["unexpected"]:
         parts += _section(
             "Consumed but never attempted",
@@ -611,6 +660,12 @@ def _anomaly_parts(results: Results) -> list[str]:
                 ],
             ),
         )
+    return parts
+
+
+def _resurrected_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results.get("resurrected"):
         parts += _section(
             "Resurrected",
@@ -633,6 +688,12 @@ def _anomaly_parts(results: Results) -> list[str]:
                 left=4,
             ),
         )
+    return parts
+
+
+def _split_brain_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results.get("split_brain"):
         parts += _section(
             "Split-brain copies",
@@ -655,6 +716,12 @@ def _anomaly_parts(results: Results) -> list[str]:
                 left=5,
             ),
         )
+    return parts
+
+
+def _unflagged_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results.get("unflagged_redeliveries"):
         parts += _section(
             "Redeliveries without the redelivered flag",
@@ -671,6 +738,12 @@ def _anomaly_parts(results: Results) -> list[str]:
                 left=3,
             ),
         )
+    return parts
+
+
+def _duplicated_parts(results: Results) -> list[str]:
+    c = results["counts"]
+    parts: list[str] = []
     if results["duplicated"]:
         shown = min(len(results["duplicated"]), _DUPLICATES)
         parts += _section(
@@ -785,6 +858,24 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
 
     out_dir = Path(out_dir)
     (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
+    png = _grade_plot(plt, out_dir / PLOTS / "grade.png", grade)
+    body = [
+        f"<h1>brokerchaos grade over {len(grade['runs'])} runs</h1>",
+        f"<div class='verdict {_e(grade['verdict'])}'>{_e(grade['verdict'])}</div>",
+        "".join(f"<p>{_e(line)}</p>" for line in describe_grade(grade)[1:]),
+        "<p>A run, not a message, is one trial: losses arrive in clusters. The share of runs that lose messages "
+        "has an exact binomial (Clopper-Pearson) interval over runs; the per-message rate has a percentile "
+        "bootstrap interval that resamples whole runs. Per fault kind the denominator is the confirmed messages "
+        "whose confirm-to-drain interval overlapped a window of that kind.</p>",
+        _img(png),
+        *_grade_tables(grade),
+    ]
+    path = out_dir / GRADE_HTML
+    path.write_text(_page("brokerchaos grade", "".join(body)))
+    return path
+
+
+def _grade_plot(plt: Any, png: Path, grade: Grade) -> Path:
     kinds = [k for k in grade["per_kind"] if k["high"] is not None]
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if kinds:
@@ -804,18 +895,14 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
     ax.set_ylabel("lost per confirmed message")
     ax.set_title("Loss rate per fault kind")
     fig.tight_layout()
-    png = out_dir / PLOTS / "grade.png"
     fig.savefig(png, dpi=100)
     plt.close(fig)
-    body = [
-        f"<h1>brokerchaos grade over {len(grade['runs'])} runs</h1>",
-        f"<div class='verdict {_e(grade['verdict'])}'>{_e(grade['verdict'])}</div>",
-        "".join(f"<p>{_e(line)}</p>" for line in describe_grade(grade)[1:]),
-        "<p>A run, not a message, is one trial: losses arrive in clusters. The share of runs that lose messages "
-        "has an exact binomial (Clopper-Pearson) interval over runs; the per-message rate has a percentile "
-        "bootstrap interval that resamples whole runs. Per fault kind the denominator is the confirmed messages "
-        "whose confirm-to-drain interval overlapped a window of that kind.</p>",
-        _img(png),
+    return png
+
+
+def _grade_tables(grade: Grade) -> list[str]:
+    """Per fault kind, and per run."""
+    return [
         _table(
             [
                 "fault kind",
@@ -860,6 +947,3 @@ def render_grade_report(out_dir: Path, grade: Grade) -> Path:
             left=4,
         ),
     ]
-    path = out_dir / GRADE_HTML
-    path.write_text(_page("brokerchaos grade", "".join(body)))
-    return path
