@@ -99,9 +99,10 @@ def _off_key(off: int | None) -> tuple[bool, int]:
     return (off is None, off or 0)
 
 
-def stream_findings(ops: StreamOps, status: Callable[[str], tuple[bool, bool]]) -> dict[str, Any]:
-    """Counts and capped lists of the holdings and reader classes. ``status(id)``: (confirmed,
-    delivered or consumed)."""
+def _holdings(
+    ops: StreamOps,
+) -> tuple[list[dict[str, Any]], dict[tuple[str | None, str | None], list[tuple[int | None, str]]]]:
+    """Per node's copy of a queue: a summary row, and its entries where the look succeeded."""
     summary = []
     copies: dict[tuple[str | None, str | None], list[tuple[int | None, str]]] = {}
     for (q, n), r in sorted(ops.holdings.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
@@ -120,6 +121,32 @@ def stream_findings(ops: StreamOps, status: Callable[[str], tuple[bool, bool]]) 
         )
         if entries is not None:
             copies[(q, n)] = entries
+    return summary, copies
+
+
+def _lost_on_node(
+    replicas: dict[str | None, list[str | None]],
+    held_by: dict[tuple[str | None, str], set[str | None]],
+    low: dict[tuple[str | None, str], int],
+    out: dict[str, list[dict]],
+    counts: dict[str, int],
+) -> None:
+    """Confirmed ids a node's copy lacks that another copy of the queue holds."""
+    for q, nodes in sorted(replicas.items(), key=lambda kv: kv[0] or ""):
+        for n in sorted(nodes, key=lambda x: x or ""):
+            missing = [mid for (qq, mid), ns in held_by.items() if qq == q and n not in ns]
+            if missing:
+                missing.sort(key=lambda m: (*_off_key(low.get((q, m))), m))
+                counts["lost_on_node"] += len(missing)
+                out["lost_on_node"].append(
+                    {"queue": q, "node": n, "count": len(missing), "ids": missing[:ANOMALY_EXAMPLES]}
+                )
+
+
+def stream_findings(ops: StreamOps, status: Callable[[str], tuple[bool, bool]]) -> dict[str, Any]:
+    """Counts and capped lists of the holdings and reader classes. ``status(id)``: (confirmed,
+    delivered or consumed)."""
+    summary, copies = _holdings(ops)
     # every copy of every queue: where each id sits, at which offsets
     at: dict[tuple[str | None, str], set[str | None]] = {}  # (queue, id) -> nodes
     low: dict[tuple[str | None, str], int] = {}  # (queue, id) -> lowest offset
@@ -138,15 +165,7 @@ def stream_findings(ops: StreamOps, status: Callable[[str], tuple[bool, bool]]) 
     for q, n in copies:
         replicas.setdefault(q, []).append(n)
     held_by = {key: nodes for key, nodes in at.items() if status(key[1])[0]}
-    for q, nodes in sorted(replicas.items(), key=lambda kv: kv[0] or ""):
-        for n in sorted(nodes, key=lambda x: x or ""):
-            missing = [mid for (qq, mid), ns in held_by.items() if qq == q and n not in ns]
-            if missing:
-                missing.sort(key=lambda m: (*_off_key(low.get((q, m))), m))
-                counts["lost_on_node"] += len(missing)
-                out["lost_on_node"].append(
-                    {"queue": q, "node": n, "count": len(missing), "ids": missing[:ANOMALY_EXAMPLES]}
-                )
+    _lost_on_node(replicas, held_by, low, out, counts)
     for (q, off), ids in sorted(seen_at.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         if len(ids) > 1:
             counts["inconsistent_offsets"] += 1

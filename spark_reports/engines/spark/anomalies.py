@@ -42,16 +42,34 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     per-id rows ``ids`` (``is_lost``, ``outcome``, ``delivered``, ``consumed``). ``streams=False``:
     the history has no holdings, reads or seeks (``STREAM_OPS``), so every stream class is empty,
     as ``parse`` gives it when no row came: only the lost positions are asked for."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     out: list[Any] = [_positions(ids)]
     if not streams:
         return out
-    q0 = F.coalesce(F.col("queue"), F.lit(""))
     client = h.filter(~F.col("process").eqNullSafe(NEMESIS))
+    hold, entries = _holdings(client)
+    out.append(tagged(_summary(hold, entries), "a_holdings"))
+    reads, placed, seeks = _reads(client)
+    out.append(_reads_part(reads, placed))
+    seen = _seen(entries, placed)
+    out += _offset_parts(seen)
+    out += _copy_parts(ids, hold, entries, reads)
+    out += _poll_parts(placed, seeks, seen)
+    return out
 
-    # holdings: the last completion per (run, queue, node); entries of the ok ones
+
+def _q0() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.col("queue"), F.lit(""))
+
+
+def _holdings(client: Any) -> tuple[Any, Any]:
+    """The last holdings completion per (run, queue, node), and the entries of the ok ones."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     last = Window.partitionBy("run", "queue", "node").orderBy(F.col("index").desc())
     hold = (
         client.filter((F.col("f") == HOLDINGS) & (F.col("type") != "invoke"))
@@ -72,6 +90,13 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
         )
         .filter(F.col("id").isNotNull())
     )
+    return hold, entries
+
+
+def _summary(hold: Any, entries: Any) -> Any:
+    """Per node's copy: its outcome, how many entries and their first and last offset."""
+    from pyspark.sql import functions as F
+
     per_copy = entries.groupBy("run", "queue", "node").agg(
         F.count(F.lit(1)).alias("n"), F.min("offset").alias("lo"), F.max("offset").alias("hi")
     )
@@ -85,10 +110,13 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
         F.col("hi").alias("last_offset"),
         "error",
     )
-    out.append(tagged(summary, "a_holdings"))
-    replicas = hold.filter(F.col("type") == "ok").select("run", "queue", "node")
+    return summary
 
-    # reads and seeks
+
+def _reads(client: Any) -> tuple[Any, Any, Any]:
+    """The ok reads, those placed at an offset, and the seeks."""
+    from pyspark.sql import functions as F
+
     seq = F.expr("try_cast(get_json_object(detail, '$.stream_seq') AS BIGINT)")
     reads = client.filter((F.col("f") == READ) & (F.col("type") == "ok") & F.col("value").isNotNull())
     placed = reads.select("run", "process", "queue", "index", F.col("value").alias("id"), seq.alias("offset"))
@@ -96,21 +124,37 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     seeks = client.filter((F.col("f") == SEEK) & (F.col("type") == "ok")).select(
         "run", "process", "queue", "index", seq.alias("offset")
     )
-    out.append(
-        tagged(
-            reads.groupBy("run")
-            .agg(F.count(F.lit(1)).alias("reads"))
-            .join(placed.groupBy("run").agg(F.countDistinct("process").alias("readers")), ["run"], "left"),
-            "a_reads",
-        )
+    return reads, placed, seeks
+
+
+def _reads_part(reads: Any, placed: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return tagged(
+        reads.groupBy("run")
+        .agg(F.count(F.lit(1)).alias("reads"))
+        .join(placed.groupBy("run").agg(F.countDistinct("process").alias("readers")), ["run"], "left"),
+        "a_reads",
     )
 
-    # every (offset, id) a copy or a read saw, with where
-    seen = (
+
+def _seen(entries: Any, placed: Any) -> Any:
+    """Every (offset, id) a copy or a read saw, with where."""
+    from pyspark.sql import functions as F
+
+    return (
         entries.filter(F.col("offset").isNotNull())
         .select("run", "queue", "offset", "id", F.col("node").alias("src"))
         .unionByName(placed.select("run", "queue", "offset", "id", F.col("process").alias("src")))
     )
+
+
+def _offset_parts(seen: Any) -> list[Any]:
+    """Offsets seen holding two ids, and ids seen at two offsets."""
+    from pyspark.sql import functions as F
+
+    q0 = _q0()
+    out: list[Any] = []
     inconsistent = (
         seen.groupBy("run", "queue", "offset")
         .agg(
@@ -127,7 +171,16 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     )
     out += _top(dup, "duplicate", [q0, F.col("offsets")[0], "id"])
 
-    # lost on node and unseen: ids' status from the per-id rows
+    return out
+
+
+def _copy_parts(ids: Any, hold: Any, entries: Any, reads: Any) -> list[Any]:
+    """Confirmed ids a node's copy lacks (lost on node), and those held but never read (unseen)."""
+    from pyspark.sql import functions as F
+
+    q0 = _q0()
+    replicas = hold.filter(F.col("type") == "ok").select("run", "queue", "node")
+    out: list[Any] = []
     status = ids.select(
         "run",
         "id",
@@ -156,7 +209,16 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     )
     out += _top(unseen, "unseen", [q0, F.col("offset").isNull(), "offset", "id"])
 
-    # polls: a seek to n stands for a read of n - 1
+    return out
+
+
+def _poll_parts(placed: Any, seeks: Any, seen: Any) -> list[Any]:
+    """Each reader's steps: backwards (nonmonotonic) and over offsets that exist (skips)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    out: list[Any] = []
+    # a seek to n stands for a read of n - 1
     w = Window.partitionBy("run", "process", "queue").orderBy("index")
     steps = (
         placed.select("run", "process", "queue", "index", "offset", F.lit(False).alias("seek"))

@@ -419,19 +419,38 @@ def _ordered(ev: Any, delayed: Any) -> Any:
     completion) and each ack pair, the rest of an id's records in one more group;
     level two reduces them to the id.
     """
-    from pyspark.sql import Window
+    return _level_two(_level_one(_grouped(ev), delayed))
+
+
+def _one(cond: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.when(cond, 1).otherwise(0)
+
+
+def _n(cond: Any) -> Any:
+    """How many rows of a group meet ``cond``."""
+    from pyspark.sql import functions as F
+
+    return F.sum(_one(cond))
+
+
+def _publish_conds() -> tuple[Any, Any, Any, Any]:
+    """The columns every level of the ordered pass reads: the record's kind, index and type, and
+    whether it is a publish invoke or a publish completion."""
     from pyspark.sql import functions as F
 
     k, idx, ty = F.col("k"), F.col("index"), F.col("type")
+    return k, idx, (k == "p") & (ty == "invoke"), (k == "p") & (ty != "invoke")
 
-    def one(cond: Any) -> Any:
-        return F.when(cond, 1).otherwise(0)
 
-    def n(cond: Any) -> Any:
-        return F.sum(one(cond))
+def _grouped(ev: Any) -> Any:
+    """Each record with its group (``grp``): its publish attempt, its ack pair, or the rest."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    p_inv = (k == "p") & (ty == "invoke")
-    p_done = (k == "p") & (ty != "invoke")
+    k, idx, p_inv, p_done = _publish_conds()
+    one = _one
     w = Window.partitionBy("run", "id").orderBy("index")
     upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     before = w.rowsBetween(Window.unboundedPreceding, -1)
@@ -466,9 +485,7 @@ def _ordered(ev: Any, delayed: Any) -> Any:
         ack_no.isNotNull(),
         F.struct(F.lit("a").alias("g"), F.col("process").alias("proc"), ack_no.cast("long").alias("n")),
     )
-    resurrecting = (k == "d") & F.col("ack_before").isNotNull()
-    unflagged = (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
-    ew = ew.withColumn(
+    return ew.withColumn(
         "grp",
         F.coalesce(
             group,
@@ -479,9 +496,20 @@ def _ordered(ev: Any, delayed: Any) -> Any:
             ),
         ),
     )
+
+
+def _level_one(ew: Any, delayed: Any) -> Any:
+    """Level one: each attempt, each ack pair and the rest of an id's records reduced to a row."""
+    from pyspark.sql import functions as F
+
+    k, idx, p_inv, p_done = _publish_conds()
+    n, ty = _n, F.col("type")
+    cause = F.get_json_object("detail", "$.cause")
+    resurrecting = (k == "d") & F.col("ack_before").isNotNull()
+    unflagged = (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
     is_d = k == "d"
     delivery = F.struct(*DELIVERY)
-    l1 = (
+    return (
         ew.groupBy("run", "id", "grp")
         .agg(
             F.max(F.when(p_inv, idx)).alias("ii"),
@@ -525,6 +553,13 @@ def _ordered(ev: Any, delayed: Any) -> Any:
             .otherwise("info"),
         )
     )
+
+
+def _level_two(l1: Any) -> Any:
+    """Level two: an id's groups reduced to the id, with its outcome."""
+    from pyspark.sql import functions as F
+
+    n = _n
     is_att = F.col("grp.g") == "p"
     agg = l1.groupBy("run", "id").agg(
         n(is_att).alias("attempts"),
