@@ -54,7 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _run_parser(sub)
+    _search_parsers(sub)
+    _check_parsers(sub)
+    _service_parsers(sub)
+    _kit_parsers(sub)
+    return p
 
+
+def _run_parser(sub: Any) -> None:
+    """``run``: a scenario against a fresh cluster."""
     r = sub.add_parser("run", help="run a scenario against a fresh cluster")
     r.add_argument("scenario", help="scenario file (.yaml or .toml); ready ones are in scenarios/")
     r.add_argument("--seed", type=int, help="override the scenario's seed")
@@ -79,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
+
+def _search_parsers(sub: Any) -> None:
+    """``shrink`` and ``explore``: searching fault schedules."""
     s = sub.add_parser(
         "shrink", help="search for the smallest schedule that still fails like a stored failing run"
     )
@@ -128,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     _remote(e)
 
+
+def _check_parsers(sub: Any) -> None:
+    """``analyze`` and ``grade``: checking stored runs again."""
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
     a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
@@ -151,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="check each run with Spark (default), the pure-Python checker, or reuse results.json",
     )
 
+
+def _service_parsers(sub: Any) -> None:
+    """``plugins``, ``spark``, ``images`` and ``down``: what is loaded, built and left running."""
     sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
 
     sp = sub.add_parser(
@@ -190,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="everything brokerchaos created on this engine, runs in progress included (no prompt)",
     )
 
+
+def _kit_parsers(sub: Any) -> None:
+    """``validate`` and ``compose``: a plugin's conformance, the default topology."""
     v = sub.add_parser(
         "validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure"
     )
@@ -207,7 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
     c.add_argument("--output", default="docker-compose.yml", help="the file to write")
     c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
