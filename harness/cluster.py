@@ -42,7 +42,7 @@ from harness.proxies import (
     extra_client_proxy_port,
     peer_address,
 )
-from harness.spec.broker import NODE_CONTROL, BrokerPlugin, NodeInfo
+from harness.spec.broker import NODE_CONTROL, BrokerPlugin, NodeInfo, NodeSpec
 from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
 from harness.spec.rundir import NODES
@@ -292,45 +292,7 @@ def build_topology(
     for i, name in enumerate(names, start=1):
         sidecar = f"{run_id}-{name}"
         peers = tuple(n for n in names if n != name)
-        links = [
-            ProxySpec(
-                name=f"client_to_{name}",
-                listen=f"0.0.0.0:{cport}",
-                upstream=f"127.0.0.1:{plugin.client_port}",
-                src="client",
-                dst=name,
-                port=plugin.client_port,
-            )
-        ]
-        links += [
-            ProxySpec(
-                name=f"client_to_{name}_{port}",
-                listen=f"0.0.0.0:{extra_client_proxy_port(port)}",
-                upstream=f"127.0.0.1:{port}",
-                src="client",
-                dst=name,
-                port=port,
-            )
-            for port in plugin.extra_client_ports
-        ]
-        for j, peer in enumerate(names, start=1):
-            if peer == name:
-                continue
-            # The peer's sidecar by container name: its host name would resolve, through
-            # this namespace's hosts file, back to this very proxy.
-            upstream_host = f"{run_id}-{peer}"
-            for port in plugin.peer_ports_for(j):
-                links.append(
-                    ProxySpec(
-                        name=f"{name}_to_{peer}_{port}",
-                        listen=f"{peer_address(j)}:{port}",
-                        upstream=f"{upstream_host}:{port}",
-                        src=name,
-                        dst=peer,
-                        port=port,
-                    )
-                )
-        proxies[name] = tuple(links)
+        proxies[name] = _links(plugin, run_id, name, names)
         containers.append(
             ContainerSpec(
                 name=sidecar,
@@ -350,35 +312,18 @@ def build_topology(
             )
         )
         spec = plugin.node_spec(NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings))
-        init = ["--data-dir", plugin.data_dir]
-        volume_mount = plugin.data_dir
-        devices: tuple[str, ...] = ()
-        caps: tuple[str, ...] = ()
-        sec: tuple[str, ...] = ()
-        if lazyfs:
-            init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(model)]
-            volume_mount = LAZYFS_BACKING
-            devices = ("/dev/fuse:/dev/fuse:rwm",)
-            caps = ("SYS_ADMIN",)
-            sec = ("apparmor:unconfined",)
-        # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
-        clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if faketime else []
         containers.append(
-            ContainerSpec(
-                name=f"{sidecar}-broker",
-                service=f"{name}-broker",
-                role="broker",
-                node=name,
-                image=broker_image,
-                command=[*init, "--", *clock, *spec.command],
-                env=dict(spec.env),
-                network_of=sidecar,
-                volumes={f"{run_id}-{name}-data": volume_mount},
-                files=dict(spec.files),
-                devices=devices,
-                cap_add=caps,
-                security_opt=sec,
-                labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
+            _broker(
+                spec,
+                plugin.data_dir,
+                sidecar,
+                name,
+                f"{run_id}-{name}-data",
+                broker_image,
+                labels,
+                lazyfs,
+                faketime,
+                str(model),
             )
         )
     return Topology(
@@ -392,6 +337,93 @@ def build_topology(
         lazyfs=lazyfs,
         faketime=faketime,
         filesystem=model,
+    )
+
+
+def _links(plugin: BrokerPlugin, run_id: str, name: str, names: tuple[str, ...]) -> tuple[ProxySpec, ...]:
+    """The proxies in node ``name``'s sidecar: the clients' to it, and its own to each peer."""
+    links = [
+        ProxySpec(
+            name=f"client_to_{name}",
+            listen=f"0.0.0.0:{client_proxy_port(plugin.client_port)}",
+            upstream=f"127.0.0.1:{plugin.client_port}",
+            src="client",
+            dst=name,
+            port=plugin.client_port,
+        )
+    ]
+    links += [
+        ProxySpec(
+            name=f"client_to_{name}_{port}",
+            listen=f"0.0.0.0:{extra_client_proxy_port(port)}",
+            upstream=f"127.0.0.1:{port}",
+            src="client",
+            dst=name,
+            port=port,
+        )
+        for port in plugin.extra_client_ports
+    ]
+    for j, peer in enumerate(names, start=1):
+        if peer == name:
+            continue
+        # The peer's sidecar by container name: its host name would resolve, through
+        # this namespace's hosts file, back to this very proxy.
+        upstream_host = f"{run_id}-{peer}"
+        for port in plugin.peer_ports_for(j):
+            links.append(
+                ProxySpec(
+                    name=f"{name}_to_{peer}_{port}",
+                    listen=f"{peer_address(j)}:{port}",
+                    upstream=f"{upstream_host}:{port}",
+                    src=name,
+                    dst=peer,
+                    port=port,
+                )
+            )
+    return tuple(links)
+
+
+def _broker(
+    spec: NodeSpec,
+    data_dir: str,
+    sidecar: str,
+    name: str,
+    volume: str,
+    image: str,
+    labels: dict[str, str],
+    lazyfs: bool,
+    faketime: bool,
+    model: str,
+) -> ContainerSpec:
+    """Node ``name``'s broker container, in its sidecar's network namespace."""
+    init = ["--data-dir", data_dir]
+    volume_mount = data_dir
+    devices: tuple[str, ...] = ()
+    caps: tuple[str, ...] = ()
+    sec: tuple[str, ...] = ()
+    if lazyfs:
+        init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", model]
+        volume_mount = LAZYFS_BACKING
+        devices = ("/dev/fuse:/dev/fuse:rwm",)
+        caps = ("SYS_ADMIN",)
+        sec = ("apparmor:unconfined",)
+    # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
+    clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if faketime else []
+    return ContainerSpec(
+        name=f"{sidecar}-broker",
+        service=f"{name}-broker",
+        role="broker",
+        node=name,
+        image=image,
+        command=[*init, "--", *clock, *spec.command],
+        env=dict(spec.env),
+        network_of=sidecar,
+        volumes={volume: volume_mount},
+        files=dict(spec.files),
+        devices=devices,
+        cap_add=caps,
+        security_opt=sec,
+        labels={**labels, ROLE_LABEL: "broker", NODE_LABEL: name},
     )
 
 
