@@ -342,26 +342,18 @@ def build_topology(
 
 def _links(plugin: BrokerPlugin, run_id: str, name: str, names: tuple[str, ...]) -> tuple[ProxySpec, ...]:
     """The proxies in node ``name``'s sidecar: the clients' to it, and its own to each peer."""
+    clients = [(f"client_to_{name}", client_proxy_port(plugin.client_port), plugin.client_port)]
+    clients += [(f"client_to_{name}_{p}", extra_client_proxy_port(p), p) for p in plugin.extra_client_ports]
     links = [
         ProxySpec(
-            name=f"client_to_{name}",
-            listen=f"0.0.0.0:{client_proxy_port(plugin.client_port)}",
-            upstream=f"127.0.0.1:{plugin.client_port}",
-            src="client",
-            dst=name,
-            port=plugin.client_port,
-        )
-    ]
-    links += [
-        ProxySpec(
-            name=f"client_to_{name}_{port}",
-            listen=f"0.0.0.0:{extra_client_proxy_port(port)}",
+            name=proxy,
+            listen=f"0.0.0.0:{listen}",
             upstream=f"127.0.0.1:{port}",
             src="client",
             dst=name,
             port=port,
         )
-        for port in plugin.extra_client_ports
+        for proxy, listen, port in clients
     ]
     for j, peer in enumerate(names, start=1):
         if peer == name:

@@ -27,6 +27,11 @@ def anomaly_summary(results: Mapping[str, Any]) -> list[str]:
     return [f"{n:,} {LABELS[k]}" for k, n in occurring(results.get("anomalies")).items()]
 
 
+def _step(x: Mapping[str, Any]) -> list[Any]:
+    """A reader's step: who, on which stream, at which record, from which offset to which."""
+    return [x["reader"], x["queue"], x["index"], x["from_offset"], x["to_offset"]]
+
+
 _TABLES: dict[str, tuple[list[str], Callable[[Any], list[Any]]]] = {
     "lost_on_node": (
         ["queue", "node", "missing", "ids"],
@@ -42,26 +47,11 @@ _TABLES: dict[str, tuple[list[str], Callable[[Any], list[Any]]]] = {
     ),
     "poll_skip": (
         ["reader", "queue", "index", "from", "to", "skipped", "after seek"],
-        lambda x: [
-            x["reader"],
-            x["queue"],
-            x["index"],
-            x["from_offset"],
-            x["to_offset"],
-            x["skipped"],
-            x["after_seek"],
-        ],
+        lambda x: [*_step(x), x["skipped"], x["after_seek"]],
     ),
     "nonmonotonic_poll": (
         ["reader", "queue", "index", "from", "to", "after seek"],
-        lambda x: [
-            x["reader"],
-            x["queue"],
-            x["index"],
-            x["from_offset"],
-            x["to_offset"],
-            x["after_seek"],
-        ],
+        lambda x: [*_step(x), x["after_seek"]],
     ),
     "unseen": (
         ["queue", "id", "offset", "held by"],
