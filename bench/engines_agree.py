@@ -21,8 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spark_reports import check_python, check_spark, stop_session  # noqa: E402
-from spark_reports._spark_session import spark_session  # noqa: E402
-from spark_reports.stream import check_stream_python, check_stream_spark  # noqa: E402
+from spark_reports.engines.stream import check_stream_python, check_stream_spark  # noqa: E402
+from spark_reports.service.session import spark_session  # noqa: E402
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -135,7 +135,9 @@ def main() -> int:
         help="skip the two runs: start the server, then analyze this stored run (a copy: analyze rewrites it)",
     )
     args = ap.parse_args()
-    from spark_reports import _spark, _spark_service, stop_session
+    from spark_reports import stop_session
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service import connect as _spark_service
 
     out: dict[str, Any] = {
         "command": " ".join(["python", "bench/fast_answers.py", *sys.argv[1:]]),

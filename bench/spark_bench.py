@@ -108,7 +108,7 @@ def one(engine: str, run_dir: Path, driver_memory: str) -> None:
     t0 = time.monotonic()
     session_s = 0.0
     if engine == "spark":
-        from spark_reports._spark import start_session_in_background
+        from spark_reports.engines.spark.check import start_session_in_background
 
         # As a run does while its workload goes: start the JVM and check the tiny warm-up history.
         start_session_in_background(None, driver_memory).join()

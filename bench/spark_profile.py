@@ -140,27 +140,27 @@ def main() -> int:
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
 
-    from spark_reports import _common
-    from spark_reports._spark import check_spark
-    from spark_reports._spark_session import spark_session
-    from spark_reports._warmup import warm_up
+    import spark_reports.progress as _progress
+    from spark_reports.engines.spark.check import check_spark
+    from spark_reports.service.session import spark_session
+    from spark_reports.service.warmup import warm_up
 
     out: dict[str, Any] = {
         "run_dirs": [str(d) for d in args.run_dirs],
-        "code": _common.__file__,
+        "code": _progress.__file__,
         "load_before": load(),
     }
     t0 = time.monotonic()
     spark = spark_session("local[*]")
     out["session_s"] = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
-    with _common.quiet():
+    with _progress.quiet():
         warm_up(lambda d, s, big: check_spark(d, s, spark_master="local[*]"), times=args.warm_ups)
     out["warm_up_s"] = round(time.monotonic() - t0, 1)
     out["load_after_warm_up"] = load()
 
     phases: list[tuple[str, float]] = []
-    orig_progress = _common.progress
+    orig_progress = _progress.progress
 
     def progress(engine: str, stage: str, **numbers: Any) -> None:
         phases.append((stage, time.monotonic()))
@@ -169,8 +169,8 @@ def main() -> int:
     actions.wrap()
     out["checks"] = []
     for i in range(args.checks):
-        import spark_reports._spark as sp
-        import spark_reports._spark_ids as si
+        import spark_reports.engines.spark.check as sp
+        import spark_reports.engines.spark.ids as si
 
         run_dir = args.run_dirs[i % len(args.run_dirs)]
         scenario = json.loads((run_dir / "scenario.json").read_text())

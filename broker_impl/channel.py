@@ -14,7 +14,7 @@ import logging
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame as MethodFrame
@@ -38,7 +38,9 @@ from broker_impl.queue import Consumer, Queue
 from broker_impl.tx import Transaction
 
 if TYPE_CHECKING:
-    from broker_impl.connection import Connection
+    from broker_impl.backing import Store
+    from broker_impl.broker import Broker
+    from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.channel")
 
@@ -51,8 +53,36 @@ class Delivery:
     message: Message
 
 
+class ChannelHost(Protocol):
+    """What a channel uses of its connection (``broker_impl.connection.Connection``), as
+    ``cluster/`` takes its broker as ``ClusterHost``: the broker and the vhost and user it serves,
+    the frames it writes, the reader its publishes take credit from, and the close it asks for."""
+
+    broker: Broker
+    vhost: VHost
+    user: str
+    peer: str
+    frame_max: int
+    write_paused: bool
+
+    @property
+    def reader(self) -> Actor:
+        """The stage before the channel in credit flow (the connection's reader)."""
+        ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def send_method(self, channel: int, method: MethodFrame) -> None: ...
+
+    def capability(self, name: str) -> bool: ...
+
+    def close_with(self, exc: AMQPError, immediately: bool = False) -> None: ...
+
+    def channel_closed(self, channel: Channel) -> None: ...
+
+
 class Channel(Actor):
-    def __init__(self, conn: Connection, number: int) -> None:
+    def __init__(self, conn: ChannelHost, number: int) -> None:
         super().__init__(conn.broker.flow_enabled, f"channel {number}")
         self.conn = conn
         self.number = number
@@ -84,7 +114,7 @@ class Channel(Actor):
     ) -> None:
         """Called by the reader; publishes cost one credit on the reader -> channel link."""
         if props is not None:
-            self.conn.flow_send(self, self.conn.broker.link_spec)
+            self.conn.reader.flow_send(self, self.conn.broker.link_spec)
         self._inbox.append((method, props, body))
         self._idle.clear()
         self._wake.set()
@@ -123,7 +153,7 @@ class Channel(Actor):
                             break
                     method, props, body = self._inbox.popleft()
                     if props is not None:
-                        self.flow_ack(self.conn, self.conn.broker.link_spec)
+                        self.flow_ack(self.conn.reader, self.conn.broker.link_spec)
                     if self.state == "closing":
                         continue
                     try:
@@ -172,7 +202,7 @@ class Channel(Actor):
         """Requeue every unacked delivery (marked redelivered) and drop consumers; idempotent."""
         if self.tx is not None:  # an open transaction rolls back: what its acks took is unacked again
             self._give_back(self.tx)
-            self.tx.rollback(self)
+            self.tx.rollback(self.store)
             self.tx = Transaction()
         for c in list(self.consumers.values()):
             c.queue.remove_consumer(c)
@@ -214,7 +244,7 @@ class Channel(Actor):
             self.unacked_acking += 1
         m = fetched.message
         method = commands.Basic.Deliver(consumer.tag, tag, fetched.redelivered, m.exchange, m.routing_key)
-        self.conn.write(encode_content(self.number, method, m.properties, m.body, self.conn.frame_max))
+        self.write_content(method, m.properties, m.body)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue went away under the consumer: tell clients that asked (consumer_cancel_notify)."""
@@ -273,8 +303,31 @@ class Channel(Actor):
         await handler(self, m, props, body)
 
     @property
-    def broker(self):  # type: ignore[no-untyped-def]
+    def broker(self) -> Broker:
         return self.conn.broker
+
+    @property
+    def vhost(self) -> VHost:
+        return self.conn.vhost
+
+    @property
+    def store(self) -> Store | None:
+        return self.conn.broker.store
+
+    @property
+    def sender(self) -> Actor:
+        """The channel as the stage that sends to its queues (credit flow)."""
+        return self
+
+    def write_content(self, method: MethodFrame, properties: commands.Basic.Properties, body: bytes) -> None:
+        """A method with content (a delivery, a get-ok, a return) on this channel."""
+        self.conn.write(encode_content(self.number, method, properties, body, self.conn.frame_max))
+
+    def return_unroutable(self, m: Message) -> None:
+        """A mandatory publish no queue took goes back to the publisher (``basic.return``, 312)."""
+        self.write_content(
+            commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), m.properties, m.body
+        )
 
     def _perm(self, kind: str, name: str, what: str = "queue") -> None:
         self.broker.check_permission(self.conn.user, self.conn.vhost.name, kind, name, what)
@@ -463,19 +516,11 @@ class Channel(Actor):
             return
         queues = vh.route(ex, m.routing_key, props)
         if self.tx is not None:
-            self.tx.publish(self, Message(m.exchange, m.routing_key, props, body), queues, m.mandatory)
+            self.tx.publish(self.store, Message(m.exchange, m.routing_key, props, body), queues, m.mandatory)
             return
         if not queues:
             if m.mandatory:
-                self.conn.write(
-                    encode_content(
-                        self.number,
-                        commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
-                        props,
-                        body,
-                        self.conn.frame_max,
-                    )
-                )
+                self.return_unroutable(Message(m.exchange, m.routing_key, props, body))
             if seq:
                 self._done_ack.append(seq)
                 self._schedule_flush()
@@ -527,14 +572,10 @@ class Channel(Actor):
             self.unacked[tag] = Delivery(q, f.seq, None, f.message)
             self.unacked_acking += 1
         msg = f.message
-        self.conn.write(
-            encode_content(
-                self.number,
-                commands.Basic.GetOk(tag, f.redelivered, msg.exchange, msg.routing_key, q.message_count()),
-                msg.properties,
-                msg.body,
-                self.conn.frame_max,
-            )
+        self.write_content(
+            commands.Basic.GetOk(tag, f.redelivered, msg.exchange, msg.routing_key, q.message_count()),
+            msg.properties,
+            msg.body,
         )
 
     def _take(self, tag: int, multiple: bool) -> list[Delivery]:
@@ -625,7 +666,7 @@ class Channel(Actor):
     async def _tx_rollback(self, m: commands.Tx.Rollback, *_: Any) -> None:
         tx = self._open_tx()
         self._give_back(tx)
-        tx.rollback(self)
+        tx.rollback(self.store)
         self._reply(commands.Tx.RollbackOk())
 
 

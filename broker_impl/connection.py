@@ -106,6 +106,11 @@ class Connection(Actor):
         self._last_send = time.monotonic()
         self.transport.write(data)
 
+    @property
+    def reader(self) -> Actor:
+        """The reader as a stage of credit flow: each publish it hands a channel costs a credit."""
+        return self
+
     def send_method(self, channel: int, method: MethodFrame) -> None:
         self.write(encode_method(channel, method))
 

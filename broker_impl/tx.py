@@ -28,20 +28,36 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from pamqp import commands
+from typing import TYPE_CHECKING, Protocol
 
 from broker_impl.backing_queue import StoreError
-from broker_impl.codec import NO_ROUTE, PRECONDITION_FAILED, ChannelError, encode_content
+from broker_impl.codec import PRECONDITION_FAILED, ChannelError
 from broker_impl.message import Message
 
 if TYPE_CHECKING:
-    from broker_impl.channel import Channel, Delivery
+    from broker_impl.backing import Store
+    from broker_impl.channel import Delivery
+    from broker_impl.flow import Actor
     from broker_impl.queue import Consumer, Queue
     from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.tx")
+
+
+class TxChannel(Protocol):
+    """What a commit uses of its channel (``broker_impl.channel.Channel``): the vhost its queues are
+    found in, the return of an unroutable mandatory publish, itself as the sender its queues give
+    credit to, and its count of deliveries that await an ack."""
+
+    unacked_acking: int
+
+    @property
+    def vhost(self) -> VHost: ...
+
+    @property
+    def sender(self) -> Actor: ...
+
+    def return_unroutable(self, m: Message) -> None: ...
 
 
 @dataclass(slots=True)
@@ -68,9 +84,10 @@ class Transaction:
     settles: list[_Settle] = field(default_factory=list)
     prepared: int = 0  # half records written for it
 
-    def publish(self, channel: Channel, message: Message, queues: list[Queue], mandatory: bool) -> None:
+    def publish(self, store: Store | None, message: Message, queues: list[Queue], mandatory: bool) -> None:
+        """Routed now, enqueued at the commit; a persistent message's prepared record written to
+        ``store`` (the broker's, None without one) at once."""
         self.publishes.append(_Publish(message, queues, mandatory))
-        store = channel.broker.store
         if store is None or not message.persistent:
             return
         try:
@@ -90,37 +107,27 @@ class Transaction:
         """The deliveries its acks and rejects took from the channel (they go back on rollback or close)."""
         return [d for s in self.settles for d in s.deliveries]
 
-    def rollback(self, channel: Channel) -> None:
-        store = channel.broker.store
+    def rollback(self, store: Store | None) -> None:
         if self.prepared and store is not None:
             try:
                 store.rollback(self.id)
             except StoreError as exc:  # recovery rolls back what has no commit record anyway
                 log.warning("transaction %d: rollback record not written: %s", self.id, exc)
 
-    async def commit(self, channel: Channel) -> None:
+    async def commit(self, channel: TxChannel) -> None:
         """Apply everything; return once it is as safe as confirms would say. ChannelError if a queue refused."""
         loop = asyncio.get_running_loop()
         per_queue: dict[Queue, list[Message]] = {}
         for p in self.publishes:
             if not p.queues and p.mandatory:
-                m = p.message
-                channel.conn.write(
-                    encode_content(
-                        channel.number,
-                        commands.Basic.Return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key),
-                        m.properties,
-                        m.body,
-                        channel.conn.frame_max,
-                    )
-                )
+                channel.return_unroutable(p.message)
             for q in p.queues:
-                per_queue.setdefault(_current(q, channel.conn.vhost), []).append(p.message)
+                per_queue.setdefault(_current(q, channel.vhost), []).append(p.message)
         waits: list[asyncio.Future[bool]] = []
         for q, messages in per_queue.items():
             fut: asyncio.Future[bool] = loop.create_future()
             waits.append(fut)
-            q.enqueue_batch(messages, channel, _resolver(fut))
+            q.enqueue_batch(messages, channel.sender, _resolver(fut))
         for s in self.settles:
             for (q, consumer), seqs in _by_queue(s.deliveries).items():
                 if s.requeue is None:

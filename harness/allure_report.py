@@ -28,6 +28,7 @@ from harness.errors import BrokerChaosError
 from harness.liveness import recovery_row
 from harness.spec.history import EVIDENCE
 from harness.spec.results import ANOMALY_CLASSES, INTEGRITY_ANOMALIES
+from harness.spec.rundir import NODES, PLOTS, RESULTS_JSON, SCENARIO_JSON
 from harness.verdicts import checker_lines, no_fault_bit, verdict_line
 
 PHASE_TITLES = {
@@ -324,16 +325,14 @@ class AllureReporter:
         if run.dir is None:
             return
         path: Path = run.dir.path
-        if (path / "scenario.json").exists():
+        if (path / SCENARIO_JSON).exists():
             allure.attach.file(
-                str(path / "scenario.json"), name="scenario", attachment_type=AttachmentType.JSON
+                str(path / SCENARIO_JSON), name="scenario", attachment_type=AttachmentType.JSON
             )
-        if (path / "results.json").exists():
-            allure.attach.file(
-                str(path / "results.json"), name="results", attachment_type=AttachmentType.JSON
-            )
+        if (path / RESULTS_JSON).exists():
+            allure.attach.file(str(path / RESULTS_JSON), name="results", attachment_type=AttachmentType.JSON)
         for plot in ("timeline", "latency"):
-            png = path / "plots" / f"{plot}.png"
+            png = path / PLOTS / f"{plot}.png"
             if png.exists():
                 allure.attach.file(str(png), name=f"{plot} plot", attachment_type=AttachmentType.PNG)
         if results is not None:
@@ -352,7 +351,7 @@ class AllureReporter:
             allure.attach.file(
                 str(path / "harness.log"), name="harness.log", attachment_type=AttachmentType.TEXT
             )
-        nodes = path / "nodes"
+        nodes = path / NODES
         for f in sorted(nodes.glob("*/*")) if nodes.exists() else []:
             if f.is_file() and f.stat().st_size:
                 allure.attach.file(

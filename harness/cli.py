@@ -19,6 +19,7 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.runner import EXIT_ERROR
 from harness.spec.results import EXIT_FAILED, exit_status
+from harness.spec.rundir import REPORT_HTML, RESULTS_JSON, SCENARIO_JSON
 
 USAGE_EXAMPLES = """\
 examples:
@@ -54,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _run_parser(sub)
+    _search_parsers(sub)
+    _check_parsers(sub)
+    _service_parsers(sub)
+    _kit_parsers(sub)
+    return p
 
+
+def _run_parser(sub: Any) -> None:
+    """``run``: a scenario against a fresh cluster."""
     r = sub.add_parser("run", help="run a scenario against a fresh cluster")
     r.add_argument("scenario", help="scenario file (.yaml or .toml); ready ones are in scenarios/")
     r.add_argument("--seed", type=int, help="override the scenario's seed")
@@ -79,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
+
+def _search_parsers(sub: Any) -> None:
+    """``shrink`` and ``explore``: searching fault schedules."""
     s = sub.add_parser(
         "shrink", help="search for the smallest schedule that still fails like a stored failing run"
     )
@@ -128,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
     _remote(e)
 
+
+def _check_parsers(sub: Any) -> None:
+    """``analyze`` and ``grade``: checking stored runs again."""
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
     a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
@@ -151,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="check each run with Spark (default), the pure-Python checker, or reuse results.json",
     )
 
+
+def _service_parsers(sub: Any) -> None:
+    """``plugins``, ``spark``, ``images`` and ``down``: what is loaded, built and left running."""
     sub.add_parser("plugins", help="list loaded plugins, versions and capabilities")
 
     sp = sub.add_parser(
@@ -191,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="everything brokerchaos created on this engine, runs in progress included (no prompt)",
     )
 
+
+def _kit_parsers(sub: Any) -> None:
+    """``validate`` and ``compose``: a plugin's conformance, the default topology."""
     v = sub.add_parser(
         "validate", help="check a broker plugin's contract (conformance kit); exit 1 on a failure"
     )
@@ -210,7 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compose", help="write the default topology to docker-compose.yml")
     c.add_argument("--output", default="docker-compose.yml", help="the file to write")
     c.add_argument("--check", action="store_true", help="exit 1 if the file differs from the topology")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,8 +349,8 @@ def _run(host: Any, args: argparse.Namespace) -> int:
     if args.replay:
         rd = RunDir.open(args.replay)
         replay = plan_from_history(rd.history_jsonl)
-        stored = rd.read_json("scenario.json")
-        sc = scenario_mod.from_dict(stored["scenario"], source=str(rd.path / "scenario.json"))
+        stored = rd.read_json(SCENARIO_JSON)
+        sc = scenario_mod.from_dict(stored["scenario"], source=str(rd.path / SCENARIO_JSON))
     if args.runs < 1:
         raise BrokerChaosError("--runs must be at least 1")
     store = Path(args.store) if args.store else default_root()
@@ -356,7 +377,7 @@ def _run(host: Any, args: argparse.Namespace) -> int:
         else:
             print(f"\n{s.name} (seed {s.seed}): {verdict_line(results)}")
             print(summary_table(results))
-            report = run.dir.path / "report.html"
+            report = run.dir.path / REPORT_HTML
             print(f"  run directory      {run.dir.path}")
             if report.exists():
                 print(f"  report             {report}")
@@ -490,12 +511,8 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
     from harness.verdicts import exit_code, summary_table, verdict_line
 
     rd = RunDir.open(args.run_dir)
-    stored = rd.read_json("scenario.json")
-    checkers = (
-        tuple(args.checker)
-        if args.checker
-        else tuple(stored["scenario"].get("checkers") or ()) or host.registry.default_checkers()
-    )
+    stored = rd.read_json(SCENARIO_JSON)
+    checkers = host.checkers_for(args.checker, stored["scenario"].get("checkers"))
     results = check_run(host, rd, stored["scenario"], checkers)
     scrape_logs(rd.path, results)
     broker = (stored.get("broker") or {}).get("plugin") or (stored["scenario"].get("broker") or {}).get(
@@ -505,11 +522,11 @@ def _analyze(host: Any, args: argparse.Namespace) -> int:
         annotate_coverage(
             host.broker(broker, (stored.get("broker") or {}).get("broker_version")), rd.path, results
         )
-    old = rd.read_json("results.json") if (rd.path / "results.json").exists() else {}
+    old = rd.read_json(RESULTS_JSON) if (rd.path / RESULTS_JSON).exists() else {}
     for key in ("workload", "timings", "broker"):  # what the run measured, not the checkers
         if key in old:
             results[key] = old[key]
-    rd.write_json("results.json", results)
+    rd.write_json(RESULTS_JSON, results)
     report = render_report(host, rd, results)
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=str))

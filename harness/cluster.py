@@ -53,6 +53,7 @@ from harness.spec.broker import (
 )
 from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
+from harness.spec.rundir import NODES
 
 PROJECT_LABEL = "brokerchaos.project"
 RUN_LABEL = "brokerchaos.run"
@@ -745,7 +746,7 @@ class Cluster:
         import docker.errors
 
         for name, node in self.nodes.items():
-            d = out / "nodes" / name
+            d = out / NODES / name
             d.mkdir(parents=True, exist_ok=True)
             for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
                 try:

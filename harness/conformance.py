@@ -31,6 +31,7 @@ from harness.host import Host
 from harness.proxies import client_proxy_port, peer_address
 from harness.spec.broker import CORRUPTION_RESPONSES, BrokerPlugin, ImageRecipe, NodeInfo, NodeSpec
 from harness.spec.fault import ConformanceProbe
+from harness.spec.rundir import HISTORY_JSONL, NODES
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -138,20 +139,7 @@ class Battery:
     def contract(self) -> list[Check]:
         p = self.plugin
         rows = []
-        problems = []
-        if not isinstance(getattr(p, "name", None), str) or not p.name:
-            problems.append("name must be a non-empty string")
-        if not isinstance(getattr(p, "client_port", None), int) or not 0 < p.client_port < 65536:
-            problems.append(f"client_port must be a TCP port, got {getattr(p, 'client_port', None)!r}")
-        problems += _peer_port_problems(p)
-        if getattr(p, "corruption_response", None) not in CORRUPTION_RESPONSES:
-            problems.append(
-                f"corruption_response {getattr(p, 'corruption_response', None)!r} is not one of "
-                + ", ".join(map(repr, CORRUPTION_RESPONSES))
-            )
-        for path in p.log_paths:
-            if not path.startswith("/"):
-                problems.append(f"log path {path!r} is not absolute")
+        problems = _attribute_problems(p)
         rows.append(
             Check(
                 "contract: attributes",
@@ -196,36 +184,7 @@ class Battery:
                 "" if ok else "declare data_dir as the absolute directory the broker writes its data to",
             )
         )
-        try:
-            settings = p.validate_settings({})
-            recipe = p.image()
-            spec = p.node_spec(
-                NodeInfo(name="n1", index=1, peers=("n2",), cluster="bc-validate", settings=settings)
-            )
-            bad = []
-            if not isinstance(recipe, ImageRecipe):
-                bad.append(f"image() returned {type(recipe).__name__}, not ImageRecipe")
-            if not isinstance(spec, NodeSpec) or not list(spec.command):
-                bad.append("node_spec() must return a NodeSpec with a command")
-            rows.append(
-                Check(
-                    "contract: recipe and node spec",
-                    FAIL if bad else PASS,
-                    "; ".join(bad) or f"image {recipe.name}, command {' '.join(spec.command)[:60]}",
-                    "return harness.ImageRecipe from image() and harness.NodeSpec from node_spec()"
-                    if bad
-                    else "",
-                )
-            )
-        except Exception as exc:  # noqa: BLE001
-            rows.append(
-                Check(
-                    "contract: recipe and node spec",
-                    FAIL,
-                    f"{type(exc).__name__}: {exc}",
-                    "default settings must validate and node_spec() must work for any node",
-                )
-            )
+        rows.append(_recipe_check(p))
         return rows
 
     # -- docker-backed checks -------------------------------------------------------------------
@@ -433,7 +392,7 @@ class Battery:
     def data_dir(self) -> list[Check]:
         r = self.baseline()
         d = self.plugin.data_dir.rstrip("/")
-        listing = r.run_dir / "nodes" / "n1" / "data-dir.txt"
+        listing = r.run_dir / NODES / "n1" / "data-dir.txt"
         if not listing.exists():
             return [
                 Check(
@@ -579,9 +538,9 @@ class Battery:
         if run.dir is None:
             raise ended or BrokerChaosError("the run made no directory")
         path = run.dir.path
-        ops = list(read_jsonl(path / "history.jsonl")) if (path / "history.jsonl").exists() else []
+        ops = list(read_jsonl(path / HISTORY_JSONL)) if (path / HISTORY_JSONL).exists() else []
         logs = {}  # the container's output and the plugin's log files (log_paths), per node
-        for d in sorted((path / "nodes").glob("*")) if (path / "nodes").exists() else []:
+        for d in sorted((path / NODES).glob("*")) if (path / NODES).exists() else []:
             logs[d.name] = "\n".join(
                 f.read_text(errors="replace")
                 for f in sorted(d.rglob("*"))
@@ -760,3 +719,50 @@ def render(rows: Sequence[Check], plugin: str, width: int = 160) -> str:
         + ("the plugin does not conform" if counts[FAIL] else "the plugin conforms"),
     ]
     return "\n".join(lines)
+
+
+def _attribute_problems(p: Any) -> list[str]:
+    """What is wrong with a broker plugin's class attributes (name, ports, corruption response, logs)."""
+    problems = []
+    if not isinstance(getattr(p, "name", None), str) or not p.name:
+        problems.append("name must be a non-empty string")
+    if not isinstance(getattr(p, "client_port", None), int) or not 0 < p.client_port < 65536:
+        problems.append(f"client_port must be a TCP port, got {getattr(p, 'client_port', None)!r}")
+    problems += _peer_port_problems(p)
+    if getattr(p, "corruption_response", None) not in CORRUPTION_RESPONSES:
+        problems.append(
+            f"corruption_response {getattr(p, 'corruption_response', None)!r} is not one of "
+            + ", ".join(map(repr, CORRUPTION_RESPONSES))
+        )
+    for path in p.log_paths:
+        if not path.startswith("/"):
+            problems.append(f"log path {path!r} is not absolute")
+    return problems
+
+
+def _recipe_check(p: Any) -> Check:
+    """Default settings validate, and the image recipe and a node's spec come back as the contract says."""
+    try:
+        settings = p.validate_settings({})
+        recipe = p.image()
+        spec = p.node_spec(
+            NodeInfo(name="n1", index=1, peers=("n2",), cluster="bc-validate", settings=settings)
+        )
+        bad = []
+        if not isinstance(recipe, ImageRecipe):
+            bad.append(f"image() returned {type(recipe).__name__}, not ImageRecipe")
+        if not isinstance(spec, NodeSpec) or not list(spec.command):
+            bad.append("node_spec() must return a NodeSpec with a command")
+        return Check(
+            "contract: recipe and node spec",
+            FAIL if bad else PASS,
+            "; ".join(bad) or f"image {recipe.name}, command {' '.join(spec.command)[:60]}",
+            "return harness.ImageRecipe from image() and harness.NodeSpec from node_spec()" if bad else "",
+        )
+    except Exception as exc:  # noqa: BLE001
+        return Check(
+            "contract: recipe and node spec",
+            FAIL,
+            f"{type(exc).__name__}: {exc}",
+            "default settings must validate and node_spec() must work for any node",
+        )

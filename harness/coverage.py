@@ -27,6 +27,7 @@ from harness.spec.broker import BrokerPlugin
 from harness.spec.coverage import RECOVERY_NS, WORKLOAD_FIELDS, BrokerEvent, Cell, Feature
 from harness.spec.errors import ScenarioError
 from harness.spec.history import is_dead_letter_queue
+from harness.spec.rundir import HISTORY_JSONL, NODES, RESULTS_JSON, SCENARIO_JSON
 from harness.spec.scenario import WorkloadSection
 
 NO_EVENT = None
@@ -98,7 +99,7 @@ def check_workload_features(w: WorkloadSection, plugin: BrokerPlugin) -> None:
 def read_events(plugin: BrokerPlugin, run_dir: Path) -> list[BrokerEvent]:
     """Every node's events, from the files of the node's directory the plugin reads (``event_logs``)."""
     out: list[BrokerEvent] = []
-    nodes = run_dir / "nodes"
+    nodes = run_dir / NODES
     for node_dir in sorted(p for p in nodes.glob("*") if p.is_dir()):
         logs: dict[str, str] = {}
         for pattern in plugin.event_logs:
@@ -195,10 +196,10 @@ def coverage_record(
 
 def annotate(plugin: BrokerPlugin, run_dir: Path, results: dict[str, Any]) -> None:
     """Add ``events`` and ``coverage`` to a run's results (after teardown: the logs are collected)."""
-    stored = json.loads((run_dir / "scenario.json").read_text())
+    stored = json.loads((run_dir / SCENARIO_JSON).read_text())
     scenario = stored.get("scenario") or {}
     settings = (stored.get("broker") or {}).get("settings") or {}
-    history = run_dir / "history.jsonl"
+    history = run_dir / HISTORY_JSONL
     faults = list(results.get("faults") or [])
     zero = history_clock(history) if history.exists() else None
     events = event_records(read_events(plugin, run_dir), zero, faults)
@@ -213,7 +214,7 @@ def cells(run: Path | str | Mapping[str, Any]) -> set[Cell]:
         results = run
     else:
         path = Path(run)
-        results = json.loads((path / "results.json" if path.is_dir() else path).read_text())
+        results = json.loads((path / RESULTS_JSON if path.is_dir() else path).read_text())
     cov = results.get("coverage") or {}
     return {Cell(c[0], c[1], c[2]) for c in cov.get("cells") or []}
 

@@ -172,53 +172,72 @@ def render(plugins: Sequence[BrokerPlugin], faults: Mapping[str, Any], records: 
         "",
     ]
     for plugin in plugins:
-        if not plugin.features:
-            continue
-        kinds = supported_faults(plugin, faults)
-        cells = reached(records, plugin.name)
-        shown = [k for k in kinds if any(k in f.wanted or (f.name, k) in cells for f in plugin.features)]
-        out += [f"## {plugin.name}", ""]
-        out.append("| feature | " + " | ".join(shown) + " |")
-        out.append("| --- | " + " | ".join("---" for _ in shown) + " |")
-        for f in plugin.features:
-            name = f.name if f.drivable else f"{f.name} (no workload drives it)"
-            row = [_mark(cells.get((f.name, k)), k in f.wanted) for k in shown]
-            out.append(f"| {name} | " + " | ".join(row) + " |")
+        out += _plugin_section(plugin, faults, records)
+    return "\n".join(out + _records_section(records))
+
+
+def _plugin_section(
+    plugin: BrokerPlugin, faults: Mapping[str, Any], records: list[dict[str, Any]]
+) -> list[str]:
+    """One broker's table of features by fault kind, its features and events, what reached each
+    cell and the holes."""
+    if not plugin.features:
+        return []
+    kinds = supported_faults(plugin, faults)
+    cells = reached(records, plugin.name)
+    shown = [k for k in kinds if any(k in f.wanted or (f.name, k) in cells for f in plugin.features)]
+    out = [f"## {plugin.name}", ""]
+    out.append("| feature | " + " | ".join(shown) + " |")
+    out.append("| --- | " + " | ".join("---" for _ in shown) + " |")
+    for f in plugin.features:
+        name = f.name if f.drivable else f"{f.name} (no workload drives it)"
+        row = [_mark(cells.get((f.name, k)), k in f.wanted) for k in shown]
+        out.append(f"| {name} | " + " | ".join(row) + " |")
+    out.append("")
+    out.append("Features:")
+    out.append("")
+    for f in plugin.features:
+        out.append(f"- **{f.name}**: {f.description}.")
+    out.append("")
+    if plugin.log_events:
+        out.append(
+            "Events it reports (read from its logs): "
+            + ", ".join(f"`{e.name}`" for e in plugin.log_events)
+            + "."
+        )
         out.append("")
-        out.append("Features:")
-        out.append("")
-        for f in plugin.features:
-            out.append(f"- **{f.name}**: {f.description}.")
-        out.append("")
-        if plugin.log_events:
-            out.append(
-                "Events it reports (read from its logs): "
-                + ", ".join(f"`{e.name}`" for e in plugin.log_events)
-                + "."
+    lines = []
+    for f in plugin.features:
+        for k in shown:
+            recs = cells.get((f.name, k))
+            if not recs:
+                continue
+            names = ", ".join(
+                f"`{r['scenario']}`" + ("" if r.get("source") == "run" else " (plan)")
+                for r in sorted(recs, key=lambda r: r["scenario"])
             )
-            out.append("")
-        lines = []
-        for f in plugin.features:
-            for k in shown:
-                recs = cells.get((f.name, k))
-                if not recs:
-                    continue
-                names = ", ".join(
-                    f"`{r['scenario']}`" + ("" if r.get("source") == "run" else " (plan)")
-                    for r in sorted(recs, key=lambda r: r["scenario"])
-                )
-                ev = events_in(recs, f.name, k)
-                lines.append(f"- {f.name} × {k}: {names}" + (f"; events: {', '.join(ev)}" if ev else ""))
-        if lines:
-            out += ["Reached by:", "", *lines, ""]
-        found = holes(plugin, faults, records, drivable=False)
-        if found:
-            out += ["Holes (wanted, reached by no run):", ""]
-            drivable = {f.name for f in plugin.features if f.drivable}
-            for h in found:
-                feature = h.split(" × ")[0]
-                out.append(f"- {h}" + ("" if feature in drivable else " (no workload drives the feature)"))
-            out.append("")
+            ev = events_in(recs, f.name, k)
+            lines.append(f"- {f.name} × {k}: {names}" + (f"; events: {', '.join(ev)}" if ev else ""))
+    if lines:
+        out += ["Reached by:", "", *lines, ""]
+    return out + _holes(plugin, faults, records)
+
+
+def _holes(plugin: BrokerPlugin, faults: Mapping[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
+    found = holes(plugin, faults, records, drivable=False)
+    if found:
+        out += ["Holes (wanted, reached by no run):", ""]
+        drivable = {f.name for f in plugin.features if f.drivable}
+        for h in found:
+            feature = h.split(" × ")[0]
+            out.append(f"- {h}" + ("" if feature in drivable else " (no workload drives the feature)"))
+        out.append("")
+    return out
+
+
+def _records_section(records: list[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
     recs = sorted(records, key=lambda r: r["scenario"])
     if recs:
         out += [
@@ -235,4 +254,4 @@ def render(plugins: Sequence[BrokerPlugin], faults: Mapping[str, Any], records: 
                 f"{run.get('verdict', '-')} | {seen or '-'} |"
             )
         out.append("")
-    return "\n".join(out)
+    return out

@@ -149,6 +149,17 @@ class Host:
             known = ", ".join(sorted(self.registry.checkers)) or "(none loaded)"
             raise BrokerChaosError(f"unknown checker {name!r}; available: {known}") from None
 
+    def checkers_for(
+        self, asked: Sequence[str] | None, named: Sequence[str] | None = None
+    ) -> tuple[str, ...]:
+        """The checkers a run or an analysis uses, decided here only: those asked for (the command
+        line), else those the scenario names, else those registered as a default (``add_checker(...,
+        default=True)``); each one loaded, or one line naming the checkers that are."""
+        chosen = tuple(asked or ()) or tuple(named or ()) or self.registry.default_checkers()
+        for name in chosen:
+            self.checker(name)
+        return chosen
+
     def configure(self, config: dict[str, Any]) -> None:
         """Give every plugin the settings; one that refuses one (a ValueError) ends the command with
         its message as one line."""
@@ -192,6 +203,8 @@ class Host:
             contributed = sorted(
                 f"{kind}:{name}" for (kind, name), who in self.registry.origin.items() if who == lp.name
             )
+            if not contributed:  # a plugin of hooks only (a report, a service): the hooks it answers
+                contributed = self._hooks_of(lp.name)
             caps: list[str] = []
             for (kind, name), who in self.registry.origin.items():
                 if kind == "broker" and who == lp.name:
@@ -206,6 +219,10 @@ class Host:
                 }
             )
         return rows
+
+    def _hooks_of(self, name: str) -> list[str]:
+        callers = self.pm.get_hookcallers(self.pm.get_plugin(name)) or []
+        return sorted(f"hook:{c.name.removeprefix(PROJECT + '_')}" for c in callers)
 
 
 def _module_version(module: object) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from harness.spec.rundir import NODES
+
 NS_PER_S = 1_000_000_000
 SHOWN = 12
 """Recovery rows a terminal shows; the report and results.json have every one."""
@@ -89,7 +91,7 @@ def scrape_logs(run_dir: Any, results: dict[str, Any]) -> None:
     lv = results.get("liveness")
     if not isinstance(lv, dict) or not lv.get("unavailable"):
         return
-    nodes = Path(run_dir) / "nodes"
+    nodes = Path(run_dir) / NODES
     for u in lv["unavailable"]:
         found: list[str] = []
         for node_dir in sorted(p for p in nodes.glob("*") if p.is_dir()):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario import Scenario
+from harness.spec.rundir import HISTORY_JSONL
 from harness.verdicts import no_fault_bit, summary_table, verdict_line
 
 
@@ -32,7 +33,7 @@ class ChaosResult:
         """The recorded operations in order (the schema of ``harness.history``)."""
         from harness.history import read_jsonl
 
-        yield from read_jsonl(self.run_dir / "history.jsonl")
+        yield from read_jsonl(self.run_dir / HISTORY_JSONL)
 
     @property
     def no_fault_bit(self) -> bool:

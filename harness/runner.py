@@ -32,6 +32,7 @@ from harness.progress import say
 from harness.scenario import Scenario
 from harness.spec.broker import ImageRecipe
 from harness.spec.fault import HOST_FEATURES, ClusterNodes, Fault, FaultContext
+from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
 from harness.store import RunDir
 from harness.verdicts import combine, judge_unsynced
 from harness.workload import (
@@ -89,9 +90,7 @@ class Run:
         #: The lazy filesystem's model (None: no lazy filesystem), recorded in scenario.json and results.json.
         self.filesystem = filesystem_model(self.plugin, scenario.broker.filesystem, self.lazyfs)
         self.faketime = "faketime" in self.features
-        self.checkers = checkers or scenario.checkers or host.registry.default_checkers()
-        for name in self.checkers:
-            host.checker(name)
+        self.checkers = host.checkers_for(checkers, scenario.checkers)
         self.id = f"bc-{secrets.token_hex(3)}"
         self.store_root = store_root
         self.keep = keep
@@ -118,7 +117,7 @@ class Run:
             f"nodes={len(self.nodes)} -> {self.dir.path}",
         )
         self.dir.write_json(
-            "scenario.json",
+            SCENARIO_JSON,
             {
                 "scenario": self.scenario.to_dict(),
                 "seed": self.scenario.seed,
@@ -184,7 +183,7 @@ class Run:
         results["broker"] = self.broker_block()
         results["filesystem"] = self.filesystem
         results["timings"] = self.timings
-        self.dir.write_json("results.json", results)
+        self.dir.write_json(RESULTS_JSON, results)
         self._phase("report", lambda: self.report(results))
         self.host.run_finished(self, results)
         return results

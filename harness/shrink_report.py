@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.shrink import node_names
+from harness.spec.rundir import REPORT_HTML
 
 PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 WIDTH, LEFT, ROW, GAP = 980, 150, 22, 14
@@ -97,7 +98,7 @@ def _link(out: Path, run_dir: str | None) -> str:
         return "-"
     p = Path(run_dir)
     rel = os.path.relpath(p, out)
-    target = rel + ("/report.html" if (p / "report.html").exists() else "")
+    target = rel + ("/report.html" if (p / REPORT_HTML).exists() else "")
     return f"<a href='{_e(target)}'>{_e(p.name)}</a>"
 
 

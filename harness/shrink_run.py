@@ -36,6 +36,7 @@ from harness.progress import say
 from harness.scenario import Scenario, Step
 from harness.shrink import PASSES, OutOfBudget, Schedule, StopSearch, search
 from harness.spec.fault import Fault
+from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
 from harness.store import RunDir
 
 LOSS_CLASSES = ("LOST", "INTEGRITY")
@@ -131,18 +132,18 @@ def schedule_dict(s: Schedule) -> dict[str, Any]:
 def open_failing(run_dir: str | Path) -> tuple[RunDir, dict[str, Any], dict[str, Any]]:
     """The stored run, its scenario.json and results.json; a run that did not fail is refused in one line."""
     rd = RunDir.open(run_dir)
-    if not (rd.path / "results.json").exists():
+    if not (rd.path / RESULTS_JSON).exists():
         raise BrokerChaosError(
             f"{run_dir} has no results.json: check it first with `brokerchaos analyze {run_dir}`"
         )
-    results = rd.read_json("results.json")
+    results = rd.read_json(RESULTS_JSON)
     verdict = str(results.get("verdict", results.get("valid")))
     if verdict not in LOSS_CLASSES:
         raise BrokerChaosError(
             f"{run_dir} is {verdict}, not a failure: shrink takes a run whose verdict is "
             f"{' or '.join(LOSS_CLASSES)}"
         )
-    return rd, rd.read_json("scenario.json"), results
+    return rd, rd.read_json(SCENARIO_JSON), results
 
 
 class Shrink:
@@ -163,7 +164,7 @@ class Shrink:
         self.host = host
         self.source, stored, self.original_results = open_failing(run_dir)
         self.loss_class = str(self.original_results["verdict"])
-        self.base = scenario_mod.from_dict(stored["scenario"], source=str(self.source.path / "scenario.json"))
+        self.base = scenario_mod.from_dict(stored["scenario"], source=str(self.source.path / SCENARIO_JSON))
         self.faults: Mapping[str, type[Fault]] = host.registry.faults
         recorded = plan_from_history(self.source.history_jsonl)
         missing = sorted({p.kind for p in recorded.steps} - set(self.faults))
@@ -341,8 +342,8 @@ class Shrink:
 
     def to_dict(self) -> dict[str, Any]:
         best_results = None
-        if self.best_run and (Path(self.best_run) / "results.json").exists():
-            best_results = RunDir(Path(self.best_run)).read_json("results.json")
+        if self.best_run and (Path(self.best_run) / RESULTS_JSON).exists():
+            best_results = RunDir(Path(self.best_run)).read_json(RESULTS_JSON)
         return {
             "source": str(self.source.path),
             "loss_class": self.loss_class,

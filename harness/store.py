@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError
+from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET, SCENARIO_JSON
 
 
 def default_root() -> Path:
@@ -57,21 +58,21 @@ class RunDir:
         p = Path(path)
         if p.is_symlink():
             p = p.resolve()
-        if not (p / "scenario.json").exists():
+        if not (p / SCENARIO_JSON).exists():
             raise BrokerChaosError(
                 f"{path} is not a run directory (no scenario.json); runs are under store/<scenario>/"
             )
-        if not (p / "history.jsonl").exists() and not (p / "history.parquet").exists():
+        if not (p / HISTORY_JSONL).exists() and not (p / HISTORY_PARQUET).exists():
             raise BrokerChaosError(f"{path} has no history (history.jsonl or history.parquet)")
         return cls(p)
 
     @property
     def history_jsonl(self) -> Path:
-        return self.path / "history.jsonl"
+        return self.path / HISTORY_JSONL
 
     @property
     def history_parquet(self) -> Path:
-        return self.path / "history.parquet"
+        return self.path / HISTORY_PARQUET
 
     def write_json(self, name: str, data: Any) -> Path:
         target = self.path / name

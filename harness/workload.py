@@ -168,17 +168,9 @@ async def run_workload(
         consumers = [t for t in tasks if t.get_name().startswith("c")]
         if consumers:
             await asyncio.wait(consumers, timeout=10)
-        stats.drained = {}
-        # The dead-letter queues after the queues: a message expiring during the queues' drain
-        # reaches its dead-letter queue only then.
         dead = [*dead_letter_queues(w), *broker_dead_letter]
-        drainers = [(f"d{i}", q) for i, q in enumerate([*queues, *dead], start=1)]
-        for batch in (drainers[: len(queues)], drainers[len(queues) :]):
-            results = await asyncio.gather(
-                *(drain_queue(driver, d, q, nodes, w, recorder) for d, q in batch), return_exceptions=True
-            )
-            for (_d, q), res in zip(batch, results, strict=True):
-                stats.drained[q] = res if isinstance(res, int) else f"error: {res}"
+        stats.drained = {}
+        await _drain_all(driver, queues, dead, nodes, w, recorder, stats.drained)
         stop_readers.set()  # each reads on to the stream's end, within the drain's time
         readers = [t for t in tasks if t.get_name().startswith("r")]
         if readers:
@@ -198,16 +190,42 @@ async def run_workload(
             await asyncio.gather(nemesis_task, return_exceptions=True)
         if ticker is not None:
             ticker.cancel()
-        stats.stopped = time.monotonic()
-        stats.cpu_seconds = time.process_time() - cpu0
-        c = recorder.counts
-        stats.published_ok = c.get(("publish", "ok"), 0)
-        stats.published_fail = c.get(("publish", "fail"), 0)
-        stats.published_info = c.get(("publish", "info"), 0)
-        stats.consumed = c.get(("ack", "ok"), 0)
-        stats.delivered = c.get(("consume", "ok"), 0)
-        stats.abandoned = c.get(("abandon", "invoke"), 0)
+        _count(stats, recorder, cpu0)
     return stats
+
+
+async def _drain_all(
+    driver: Driver,
+    queues: list[str],
+    dead: list[str],
+    nodes: Sequence[str],
+    w: WorkloadSection,
+    recorder: Recorder,
+    drained: dict[str, Any],
+) -> None:
+    """Drain every queue, then the dead-letter queues (a message expiring during the queues' drain
+    reaches its dead-letter queue only then); into ``drained``, per queue what its drain returned,
+    or its error."""
+    drainers = [(f"d{i}", q) for i, q in enumerate([*queues, *dead], start=1)]
+    for batch in (drainers[: len(queues)], drainers[len(queues) :]):
+        results = await asyncio.gather(
+            *(drain_queue(driver, d, q, nodes, w, recorder) for d, q in batch), return_exceptions=True
+        )
+        for (_d, q), res in zip(batch, results, strict=True):
+            drained[q] = res if isinstance(res, int) else f"error: {res}"
+
+
+def _count(stats: WorkloadStats, recorder: Recorder, cpu0: float) -> None:
+    """The workload's end: its time, its CPU, and what the recorder counted."""
+    stats.stopped = time.monotonic()
+    stats.cpu_seconds = time.process_time() - cpu0
+    c = recorder.counts
+    stats.published_ok = c.get(("publish", "ok"), 0)
+    stats.published_fail = c.get(("publish", "fail"), 0)
+    stats.published_info = c.get(("publish", "info"), 0)
+    stats.consumed = c.get(("ack", "ok"), 0)
+    stats.delivered = c.get(("consume", "ok"), 0)
+    stats.abandoned = c.get(("abandon", "invoke"), 0)
 
 
 async def drain_queue(

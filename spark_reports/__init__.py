@@ -8,13 +8,17 @@ reference it is cross-checked against.
 from __future__ import annotations
 
 from harness.spec.results import SCHEMA_VERSION, Grade, Results
-
-from ._common import HistoryError, ScenarioError
-from ._python import check_python
-from ._spark import check_spark
-from ._spark_session import spark_session, stop_session
-from .grade import clopper_pearson_interval, clopper_pearson_upper, describe_grade, grade_runs
-from .report import render_grade_report, render_report
+from spark_reports.engines.common import HistoryError, ScenarioError
+from spark_reports.engines.grade import (
+    clopper_pearson_interval,
+    clopper_pearson_upper,
+    describe_grade,
+    grade_runs,
+)
+from spark_reports.engines.python import check_python
+from spark_reports.engines.spark.check import check_spark
+from spark_reports.reports.report import render_grade_report, render_report
+from spark_reports.service.session import spark_session, stop_session
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from ._common import HistoryError, ScenarioError
+from harness.spec.rundir import GRADE_JSON, RESULTS_JSON, SCENARIO_JSON
+from spark_reports.engines.common import HistoryError, ScenarioError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,18 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default=None, help="spark.driver.memory, default 1g")
     ap.add_argument("--grade", type=Path, metavar="OUT_DIR", help="grade the runs together into OUT_DIR")
     args = ap.parse_args(argv)
-    from . import check_python, check_spark, grade_runs, render_grade_report, render_report
+    from spark_reports import check_python, check_spark, grade_runs, render_grade_report, render_report
 
     try:
         if args.grade:
             grade = grade_runs(args.run_dirs, spark_master=args.spark_master, engine=args.engine)
             args.grade.mkdir(parents=True, exist_ok=True)
-            (args.grade / "grade.json").write_text(json.dumps(grade, indent=1))
+            (args.grade / GRADE_JSON).write_text(json.dumps(grade, indent=1))
             print(f"{grade['verdict']}: {grade['statement']}\n{render_grade_report(args.grade, grade)}")
             return 0 if grade["verdict"] == "durable" else 1
         worst = 0
         for d in args.run_dirs:
-            scenario_file = d / "scenario.json"
+            scenario_file = d / SCENARIO_JSON
             scenario = json.loads(scenario_file.read_text()) if scenario_file.is_file() else {}
             if args.engine == "spark":
                 res = check_spark(
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 res = check_python(d, scenario)
-            (d / "results.json").write_text(json.dumps(res, indent=1))
+            (d / RESULTS_JSON).write_text(json.dumps(res, indent=1))
             print(f"{d}: {res['verdict']}: {res['reason']}\n{render_report(d, res)}")
             worst = max(worst, 0 if res["verdict"] == "durable" else 1)
         return worst

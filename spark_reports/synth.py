@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec.history import FIELDS, SCHEMA_VERSION, arrow_schema, body_digest, message_body
+from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET
 
 __all__ = ["FIELDS", "HistoryBuilder", "arrow_schema", "write_history"]
 
@@ -30,11 +31,11 @@ def write_history(run_dir: Path, rows: list[dict], *, jsonl: bool = True, parque
         if r["wall_time"] is None:
             r["wall_time"] = f"1970-01-01T00:00:{int(r['time_ns'] or 0) / 1e9:09.6f}Z"
     if jsonl:
-        with (run_dir / "history.jsonl").open("w") as fh:
+        with (run_dir / HISTORY_JSONL).open("w") as fh:
             for r in full:
                 fh.write(json.dumps(r) + "\n")
     if parquet:
-        pq.write_table(pa.Table.from_pylist(full, schema=arrow_schema()), run_dir / "history.parquet")
+        pq.write_table(pa.Table.from_pylist(full, schema=arrow_schema()), run_dir / HISTORY_PARQUET)
     return run_dir
 
 

@@ -847,7 +847,7 @@ class Grade(TypedDict):
     loss_high: float | None
     bootstrap_resamples: int
     bootstrap_seed: int
-    statement: str  # the headline sentence (see spark_reports.grade.describe_grade for all of them)
+    statement: str  # the headline sentence (see spark_reports.engines.grade.describe_grade for all of them)
     per_kind: list[KindGrade]
     anomalies: dict[str, list[int]]  # per anomaly class that occurred: [runs with it, count over runs]
     recovery: list[RecoveryGrade]  # per fault kind, over every run with liveness results

@@ -22,7 +22,7 @@ What the history records (``harness.spec.history``), in JetStream terms:
   reports it) has nothing pending and nothing waiting for an ack after an idle
   fetch; the completion's value also holds each server's own view of the stream
   (``$SYS.REQ.SERVER.PING.JSZ``: messages, first and last sequence, leader), for
-  the replica comparison of ``spark_reports.stream``.
+  the replica comparison of ``spark_reports.engines.stream``.
 
 Every client connects through its node's client proxy with reconnection off:
 after a failure it records what was open as ``info`` and moves to the next node.

@@ -15,7 +15,7 @@ import pytest
 from harness import scenario as S
 from harness.errors import ScenarioError
 from harness.spec import Delays, DelaySection
-from spark_reports.delay import check_rows
+from spark_reports.engines.delay import check_rows
 from tests.plugins.test_amqp091_driver import QUEUE, Node, count, driver, history, workload
 from tests.polling import until_async
 

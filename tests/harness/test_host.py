@@ -133,6 +133,17 @@ def test_typed_lookups_fail_with_one_line_listing_what_exists(host: Host) -> Non
         assert "\n" not in str(e.value)
 
 
+def test_the_checkers_a_run_uses_are_asked_then_named_then_the_defaults(fixture_plugins: str) -> None:
+    h = Host.load([f"{fixture_plugins}.good"])
+    defaults = h.registry.default_checkers()
+    assert "always-valid" not in defaults, "the fixture registers it without default=True"
+    assert h.checkers_for(["always-valid"], ["python"]) == ("always-valid",)
+    assert h.checkers_for(None, ["always-valid"]) == ("always-valid",)
+    assert h.checkers_for([], ()) == defaults
+    with pytest.raises(BrokerChaosError, match="unknown checker 'vibes'"):
+        h.checkers_for(None, ["vibes"])
+
+
 def test_describe_rows(host: Host) -> None:
     rows = {r["plugin"]: r for r in host.describe()}
     assert SHIPPED <= set(rows)

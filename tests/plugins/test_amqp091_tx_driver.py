@@ -12,7 +12,7 @@ import pytest
 
 from harness.scenario import TransactionsSection
 from harness.workload import run_workload
-from spark_reports.atomicity import check_rows
+from spark_reports.engines.atomicity import check_rows
 from tests.plugins.test_amqp091_driver import QUEUE, SEED, Node, count, driver, history, publish, workload
 from tests.polling import until_async
 

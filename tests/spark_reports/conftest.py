@@ -15,7 +15,7 @@ def connect_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
     """A real Spark Connect server (``brokerchaos spark start``'s), on a free port, its state kept
     in a temporary directory (so no check that is not given its address finds it): that directory
     and the state. Stopped at the end."""
-    from spark_reports import _spark_service
+    from spark_reports.service import connect as _spark_service
 
     home: Path = tmp_path_factory.mktemp("spark-connect")
     state = _spark_service.start(free_port(), home=home)

@@ -214,8 +214,8 @@ def test_spark_agrees_on_every_planted_class(tmp_path: Path, spark_engine) -> No
 
 def test_report_terminal_and_grade_show_the_classes_only_when_they_occur(tmp_path: Path) -> None:
     from harness.verdicts import summary_table
-    from spark_reports.grade import describe_grade, grade_results
-    from spark_reports.report import render_report
+    from spark_reports.engines.grade import describe_grade, grade_results
+    from spark_reports.reports.report import render_report
 
     b = HistoryBuilder()
     _stream(b, consumed=range(1, 7))
@@ -309,7 +309,7 @@ def test_spark_skips_the_stream_classes_of_a_queue_history_and_still_agrees(
     """A history without holdings, reads or seeks (a queue's) is checked without the stream parts:
     its lost positions still come from Spark, every stream class is empty, as Python has them."""
     from harness.spec.history import STREAM_OPS
-    from spark_reports._spark import _distinct
+    from spark_reports.engines.spark.check import _distinct
 
     b = HistoryBuilder()
     _stream(b, consumed=[1, 2, 3, 8, 9, 10])

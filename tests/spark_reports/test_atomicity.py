@@ -12,8 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.spec.history import FIELDS, arrow_schema
-from spark_reports.atomicity import ANOMALIES, check_atomicity_python, check_atomicity_spark, check_rows
-from spark_reports.plugin import brokerchaos_register_checkers
+from spark_reports.engines.atomicity import (
+    ANOMALIES,
+    check_atomicity_python,
+    check_atomicity_spark,
+    check_rows,
+)
+from spark_reports.engines.plugin import brokerchaos_register_checkers
 
 Q = "chaos-1"
 

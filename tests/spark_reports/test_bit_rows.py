@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_reports._spark import BITS, _bit_chunks, _named
+from spark_reports.engines.spark.check import BITS, _bit_chunks, _named
 
 
 def test_named_reads_each_chunk_and_says_none_once() -> None:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from harness.spec import body_digest, message_body
-from spark_reports._spark_sql import body_from_payload_sql, digest_sql, payload_sql
+from spark_reports.engines.spark.sql import body_from_payload_sql, digest_sql, payload_sql
 
 IDS = st.text(st.characters(codec="utf-8"), max_size=40) | st.from_regex(
     r"p[0-9]{1,3}:[0-9]{1,18}", fullmatch=True

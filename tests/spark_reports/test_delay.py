@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.spec.history import FIELDS, arrow_schema
-from spark_reports.delay import check_delay_python, check_delay_spark, check_rows, nearest_rank
+from spark_reports.engines.delay import check_delay_python, check_delay_spark, check_rows, nearest_rank
 
 MS = 1_000_000
 

@@ -22,7 +22,7 @@ from spark_reports import (
     describe_grade,
     grade_runs,
 )
-from spark_reports.grade import bootstrap_ratio, grade_results
+from spark_reports.engines.grade import bootstrap_ratio, grade_results
 from spark_reports.synth import HistoryBuilder
 
 
@@ -271,8 +271,8 @@ def _mixed_runs(root: Path, drawn: list[dict]) -> list[Path]:
     from test_crosscheck import build, scenario
     from test_schema1 import _run_dir
 
-    from spark_reports._warmup import SCENARIO as WARM_SCENARIO
-    from spark_reports._warmup import warm_up_history
+    from spark_reports.service.warmup import SCENARIO as WARM_SCENARIO
+    from spark_reports.service.warmup import warm_up_history
 
     dirs = [
         _run(root, "a", lose=False, kind="kill", seed=5),
@@ -315,7 +315,7 @@ def _graded_view(r: dict) -> dict:
 
 
 def _grade_together_and_alone(dirs: list[Path], spark_engine: Any) -> None:
-    from spark_reports._spark import aggregate_runs
+    from spark_reports.engines.spark.check import aggregate_runs
 
     scenarios = [
         json.loads((d / "scenario.json").read_text()) if (d / "scenario.json").is_file() else {} for d in dirs
@@ -345,7 +345,7 @@ def _rec(kind: str, s: float | None) -> dict:
 
 
 def test_recovery_is_graded_per_fault_kind_with_the_runs_that_never_recovered() -> None:
-    from spark_reports.grade import describe_recovery, grade_recovery
+    from spark_reports.engines.grade import describe_recovery, grade_recovery
 
     runs = [
         {"recovery": [_rec("partition", 1.0), _rec("partition", 3.0), _rec("kill", 10.0)]},

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_reports._common import ID_RE
+from spark_reports.engines.common import ID_RE
 
 pytestmark = pytest.mark.spark
 
@@ -48,7 +48,7 @@ def _python(mid: str) -> tuple[str, str]:
 @given(st.lists(st.text(alphabet=st.sampled_from(list("ab:0123456789 \n٣+-ü")), max_size=24), max_size=60))
 def test_producer_and_seq_split_ids_as_id_re_does(spark_engine, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
     from spark_reports import spark_session
-    from spark_reports._spark_sql import producer_and_seq
+    from spark_reports.engines.spark.sql import producer_and_seq
 
     rows = [(i, mid) for i, mid in enumerate(EDGES + ids)]
     df = spark_session().createDataFrame(rows, "i int, id string")

@@ -38,7 +38,7 @@ def test_cli_missing_history_is_one_line(tmp_path: Path) -> None:
 def test_spark_masters_spark_can_start_with_pass_and_others_say_what_to_give() -> None:
     import pytest
 
-    from spark_reports._spark_session import check_master
+    from spark_reports.service.session import check_master
 
     for ok in (
         None,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from harness.cli import main
-from spark_reports import _spark_service
-from spark_reports._spark_session import REMOTE_ENV, check_master, check_remote, where
+from spark_reports.service import connect as _spark_service
+from spark_reports.service.session import REMOTE_ENV, check_master, check_remote, where
 from tests.ports import free_port
 
 
@@ -104,7 +104,7 @@ def test_spark_without_an_action_is_a_usage_line(capsys: pytest.CaptureFixture[s
 @pytest.mark.spark
 def test_default_parallelism_read_with_a_dataframe_is_spark_contexts() -> None:
     from spark_reports import spark_session
-    from spark_reports._spark_session import default_parallelism
+    from spark_reports.service.session import default_parallelism
 
     spark = spark_session("local[*]")
     assert default_parallelism(spark) == spark.sparkContext.defaultParallelism
@@ -119,7 +119,7 @@ def test_checks_find_the_local_server_while_it_is_up(
     run, and its default parallelism (read over Connect, where there is no SparkContext) is its
     local[*]'s: one per core."""
     from spark_reports import spark_session
-    from spark_reports._spark_session import default_parallelism
+    from spark_reports.service.session import default_parallelism
 
     home, state = connect_state
     monkeypatch.setenv("BROKERCHAOS_CACHE", str(home))

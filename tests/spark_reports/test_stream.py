@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.spec.history import FIELDS, arrow_schema, entry_offset
-from spark_reports.stream import ANOMALIES, check_rows, check_stream_python, check_stream_spark
+from spark_reports.engines.stream import ANOMALIES, check_rows, check_stream_python, check_stream_spark
 
 Q = "chaos-1"
 

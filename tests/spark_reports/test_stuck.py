@@ -13,7 +13,7 @@ import pytest
 
 from harness.spec.results import STUCK_CAUSE
 from spark_reports import check_python
-from spark_reports.grade import grade_results
+from spark_reports.engines.grade import grade_results
 from spark_reports.synth import HistoryBuilder
 
 NODES = ("n1", "n2")

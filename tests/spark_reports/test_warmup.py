@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from spark_reports import check_python
-from spark_reports._common import COUNT_KEYS
-from spark_reports._warmup import SCENARIO, warm_up_history
+from spark_reports.engines.verdict import COUNT_KEYS
+from spark_reports.service.warmup import SCENARIO, warm_up_history
 
 
 def test_the_warm_up_history_has_every_kind_of_finding() -> None:
@@ -41,19 +41,20 @@ def test_spark_agrees_with_python_on_the_warm_up_history(spark_engine) -> None:
 def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -> None:  # type: ignore[no-untyped-def]
     """The warm-up's big checks take the hash-aggregate pass, adaptive execution and whole-stage
     code on the tiny history: the same findings."""
-    from spark_reports import _spark
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service.warmup import WARM_BIG_ROWS
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d))
         expected = dict(check_python(run, SCENARIO))
-        got = dict(_spark._check(run, SCENARIO, None, None, planned_rows=_spark.WARM_BIG_ROWS))
+        got = dict(_spark._check(run, SCENARIO, None, None, planned_rows=WARM_BIG_ROWS))
     got.pop("engine"), expected.pop("engine")
     assert got == expected
 
 
 @pytest.mark.spark
 def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark_engine) -> None:
-    from spark_reports._spark import start_session_in_background
+    from spark_reports.engines.spark.check import start_session_in_background
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d) / "run")
@@ -66,7 +67,7 @@ def test_a_check_waits_for_the_background_warm_up_and_gets_the_same_result(spark
 
 
 def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
-    from spark_reports._warmup import warm_up
+    from spark_reports.service.warmup import warm_up
 
     seen: list[tuple[Path, bool]] = []
     assert warm_up(lambda run, _s, big: seen.append((run, big)), times=4, wanted=lambda: len(seen) >= 2) == 2
@@ -82,31 +83,33 @@ def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
 
 @pytest.mark.spark
 def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from spark_reports import _spark
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service import warmup
 
     ran: list[int] = []
-    real = _spark.warm_up
+    real = warmup.warm_up
 
     def counted(check, *, times, wanted):  # type: ignore[no-untyped-def]
         n = real(check, times=times, wanted=wanted)
         ran.append(n)
         return n
 
-    monkeypatch.setattr(_spark, "warm_up", counted)
-    monkeypatch.setattr(_spark, "WARM_UP_CHECKS", 2)
-    monkeypatch.setattr(_spark, "_warmed", (None, 0))
+    monkeypatch.setattr(warmup, "warm_up", counted)
+    monkeypatch.setattr(warmup, "CHECKS", 2)
+    monkeypatch.setattr(warmup.WARM_UP, "warmed", (None, 0))
     _spark.start_session_in_background().join()
     _spark.start_session_in_background().join()
     assert ran == [2]
-    assert _spark._warmed[1] == 2
+    assert warmup.WARM_UP.warmed[1] == 2
 
 
 @pytest.mark.spark
 def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine) -> None:  # type: ignore[no-untyped-def]
     """Spark warns of a kept (locally checkpointed) table whose planned columns differ from its
     optimised ones, on every check: the per-id tables of both passes must not draw it."""
-    from spark_reports import _spark, _spark_ids
-    from spark_reports._spark_scope import Scope
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.engines.spark import ids as _spark_ids
+    from spark_reports.engines.spark.scope import Scope
 
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d))
@@ -136,23 +139,24 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
 def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real check does not wait for a warm-up check to finish: it cancels the warm-up's jobs (their
     tag), waits for the thread to end and checks with the same result."""
-    from spark_reports import _spark, check_spark
+    from spark_reports import check_spark
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service.warmup import WARM_UP
 
-    monkeypatch.setattr(_spark, "_warmed", (None, 0))  # an earlier test's warm-up counts for nothing
-    before = _spark.warm_up_cancelled
+    monkeypatch.setattr(WARM_UP, "warmed", (None, 0))  # an earlier test's warm-up counts for nothing
+    before = WARM_UP.cancelled
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d) / "run")
         expected = dict(check_python(run, SCENARIO))
         thread = _spark.start_session_in_background("local[*]")
         while not (
-            _spark._warm_session is not None
-            and _spark._warm_session.sparkContext.statusTracker().getActiveJobsIds()
+            WARM_UP.session is not None and WARM_UP.session.sparkContext.statusTracker().getActiveJobsIds()
         ):
             assert thread.is_alive(), "the warm-up ended before any of its jobs was seen"
             thread.join(0.01)
         got = dict(check_spark(run, SCENARIO, spark_master="local[*]"))
         assert not thread.is_alive()
-    assert _spark.warm_up_cancelled == before + 1
+    assert WARM_UP.cancelled == before + 1
     got.pop("engine"), expected.pop("engine")
     assert got == expected
 
@@ -161,20 +165,22 @@ def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_resu
 def test_the_jvm_warms_up_at_a_low_cpu_priority_and_checks_at_the_harnesss_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The warm-up runs beside the brokers under test: every JVM thread at WARM_UP_NICE while it
     does; the real check puts them back at the harness's own nice (where the kernel lets it)."""
-    from spark_reports import _spark, check_spark
-    from spark_reports._jvm_priority import WARM_UP_NICE, jvm_pid, thread_nices
+    from spark_reports import check_spark
+    from spark_reports.engines.spark import check as _spark
+    from spark_reports.service.jvm_priority import WARM_UP_NICE, jvm_pid, thread_nices
+    from spark_reports.service.warmup import WARM_UP
 
-    monkeypatch.setattr(_spark, "_warmed", (None, 0))
+    monkeypatch.setattr(WARM_UP, "warmed", (None, 0))
     with tempfile.TemporaryDirectory() as d:
         run = warm_up_history(Path(d) / "run")
         thread = _spark.start_session_in_background("local[*]")
-        while _spark._lowered is None:
+        while WARM_UP.lowered is None:
             assert thread.is_alive(), "the warm-up ended without lowering the JVM's priority"
             thread.join(0.01)
         pid = jvm_pid(_spark.spark_session("local[*]"))
-        assert pid == _spark._lowered
+        assert pid == WARM_UP.lowered
         assert set(thread_nices(pid).values()) == {WARM_UP_NICE}
         check_spark(run, SCENARIO, spark_master="local[*]")
-    assert _spark._lowered is None
+    assert WARM_UP.lowered is None
     if os.geteuid() == 0:  # raising a priority back needs CAP_SYS_NICE
         assert set(thread_nices(pid).values()) == {os.getpriority(os.PRIO_PROCESS, 0)}

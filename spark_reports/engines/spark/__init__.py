@@ -1,0 +1,1 @@
+"""The Spark engine: the reconciliation as Spark SQL over the Parquet history."""

@@ -1,0 +1,402 @@
+"""Stream checks: what a log-structured broker (JetStream) promises beyond a queue's.
+
+The queue checks (``python``/``spark``) ask whether every confirmed message was
+consumed. A stream also promises one total order: each confirmed publish got a
+stream sequence, each sequence holds one message, consumers see the stream in
+that order, and every replica holds the same log once the cluster healed. From
+the history (publish ``ok`` and ``consume`` ``ok`` records carry ``stream_seq`` in
+``detail``; the drain's completion carries each server's own view of the stream
+in ``value.replicas``):
+
+- ``seq_conflicts``: one stream sequence confirmed to two different messages (a
+  leader that lost acknowledged writes and handed their sequences out again);
+- ``seq_mismatches``: a delivery whose stream sequence is not the one its publish
+  was confirmed with;
+- ``delivered_conflicts``: one stream sequence delivered as two different messages;
+- ``gaps``: sequences below the highest one delivered that nothing ever delivered,
+  not explained by messages the stream removed (below its first sequence); only
+  counted when the drain finished (else the stream is not fully read). A dense stream
+  (JetStream: sequences 1, 2, 3..) has every integer up to the highest delivered; a
+  sparse one (the drain says ``"offsets": "sparse"``: Redis entry ids) only the offsets a
+  confirm, a delivery, a read or a node's copy (``holdings``) shows;
+- ``reordered``: first deliveries (``delivered == 1``) in the consumer's delivery
+  order whose stream sequence goes backwards;
+- ``diverged_streams``: streams whose replicas disagree after the final drain
+  (messages, first or last sequence).
+
+Two engines, one answer: ``check_stream_python`` and ``check_stream_spark`` (Spark
+SQL on the Parquet history) return the same dictionary; a differential test
+compares them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.spec.history import HOLDINGS, OFFSETS, READ, SPARSE
+from spark_reports.engines import rows as _rows
+from spark_reports.engines.anomalies import entry_list
+from spark_reports.engines.common import history_path
+from spark_reports.engines.rows import Wording, small_results, spark_history
+
+COUNT_KEYS = (
+    "streams",
+    "confirmed",
+    "delivered",
+    "seq_conflicts",
+    "seq_mismatches",
+    "delivered_conflicts",
+    "gaps",
+    "reordered",
+    "diverged_streams",
+    "unfinished_drains",
+    "history_ops",
+)
+ANOMALIES = (
+    "seq_conflicts",
+    "seq_mismatches",
+    "delivered_conflicts",
+    "gaps",
+    "reordered",
+    "diverged_streams",
+)
+LABELS = {
+    "seq_conflicts": "stream sequence(s) confirmed to two different messages",
+    "seq_mismatches": "deliveries with a stream sequence other than the one confirmed",
+    "delivered_conflicts": "stream sequence(s) delivered as two different messages",
+    "gaps": "stream sequence(s) below the highest delivered that nothing delivered",
+    "reordered": "first deliveries out of stream order",
+    "diverged_streams": "stream(s) whose replicas disagree after the final drain (messages, first or last sequence)",
+}
+_COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
+
+
+def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The columns the stream checks read, in index order."""
+    return _rows.iter_rows(path, _COLUMNS)
+
+
+def _json(text: Any) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        out = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _sparse(drain: dict[str, Any]) -> bool:
+    return drain.get(OFFSETS) == SPARSE
+
+
+def _floor(drain: dict[str, Any]) -> int:
+    """The lowest offset a gap may have: the stream's first sequence as its replicas report it
+    (what is below was removed), else 1."""
+    firsts = [_int(v.get("first_seq")) for v in (drain.get("replicas") or {}).values() if isinstance(v, dict)]
+    return max(1, min([s for s in firsts if s is not None] or [1]))
+
+
+def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Streams whose replicas' views (servers that hold the stream) differ, from the last drain of each."""
+    out = []
+    for queue, value in sorted(drains.items()):
+        views = {n: v for n, v in (value.get("replicas") or {}).items() if isinstance(v, dict)}
+        shapes = {(v.get("messages"), v.get("first_seq"), v.get("last_seq")) for v in views.values()}
+        if len(shapes) > 1:
+            out.append(
+                {
+                    "queue": queue,
+                    "replicas": {
+                        n: {k: views[n].get(k) for k in ("messages", "first_seq", "last_seq")}
+                        for n in sorted(views)
+                    },
+                }
+            )
+    return out
+
+
+@dataclass
+class _Scan:
+    """What one pass over the rows keeps: per stream sequence the ids confirmed and delivered, per
+    queue the first deliveries in consumer order, the drains' views and the offsets seen."""
+
+    confirmed: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    seq_of: dict[tuple[str, str], set[int]] = field(default_factory=lambda: defaultdict(set))
+    delivered: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    firsts: dict[str, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
+    """queue -> (consumer_seq, index, stream_seq) of each first delivery"""
+    deliveries: list[tuple[str, str, int, int]] = field(default_factory=list)
+    drains: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drain_done: dict[str, bool] = field(default_factory=dict)
+    queues: set[str] = field(default_factory=set)
+    seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    """offsets reads and nodes' copies show"""
+    n: int = 0
+
+    def add(self, r: dict[str, Any]) -> None:
+        self.n += 1
+        f, t, q = r.get("f"), r.get("type"), r.get("queue")
+        if f == "drain" and t in ("ok", "info") and q:
+            self.drain_done[q] = self.drain_done.get(q, True) and t == "ok"
+            self.drains[q] = _json(r.get("value"))
+        elif f == HOLDINGS and t == "ok" and q:
+            self.seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
+        elif t == "ok" and q and f in ("publish", "consume", READ):
+            self._sequenced(r, f, q)
+
+    def _sequenced(self, r: dict[str, Any], f: str, q: str) -> None:
+        d = _json(r.get("detail"))
+        seq = _int(d.get("stream_seq"))
+        if seq is None:
+            return
+        if f == READ:
+            if r.get("value") is not None:
+                self.seen[q].add(seq)
+            return
+        self.queues.add(q)
+        mid = str(r.get("value"))
+        if f == "publish":
+            self.confirmed[(q, seq)].add(mid)
+            self.seq_of[(q, mid)].add(seq)
+            return
+        self.delivered[(q, seq)].add(mid)
+        self.deliveries.append((q, mid, seq, int(r["index"])))
+        cseq, count = _int(d.get("consumer_seq")), _int(d.get("delivered"))
+        if cseq is not None and count == 1:
+            self.firsts[q].append((cseq, int(r["index"]), seq))
+
+    def mismatches(self) -> list[dict[str, Any]]:
+        out = []
+        for q, mid, seq, index in self.deliveries:
+            want = self.seq_of.get((q, mid))
+            if want and seq not in want:
+                out.append(
+                    {
+                        "queue": q,
+                        "id": mid,
+                        "index": index,
+                        "delivered_seq": seq,
+                        "confirmed_seq": sorted(want),
+                    }
+                )
+        return out
+
+    def gaps(self) -> list[dict[str, Any]]:
+        gaps: list[dict[str, Any]] = []
+        for q in sorted(self.queues):
+            if not self.drain_done.get(q):
+                continue
+            seqs = {s for (qq, s) in self.delivered if qq == q}
+            if not seqs:
+                continue
+            floor, top = _floor(self.drains[q]), max(seqs)
+            if _sparse(self.drains[q]):
+                known = self.seen[q] | {s for (qq, s) in self.confirmed if qq == q}
+                candidates: Iterable[int] = sorted(s for s in known if floor <= s <= top)
+            else:
+                candidates = range(floor, top + 1)
+            gaps.extend({"queue": q, "seq": s} for s in candidates if s not in seqs)
+        return gaps
+
+    def reorders(self) -> list[dict[str, Any]]:
+        reorders: list[dict[str, Any]] = []
+        for q, items in sorted(self.firsts.items()):
+            items.sort()
+            for (c1, _i1, s1), (c2, i2, s2) in zip(items, items[1:], strict=False):
+                if s2 < s1:
+                    reorders.append(
+                        {"queue": q, "index": i2, "consumer_seq": [c1, c2], "stream_seq": [s1, s2]}
+                    )
+        return reorders
+
+
+def _conflicts(ids_at: dict[tuple[str, int], set[str]]) -> list[dict[str, Any]]:
+    return [
+        {"queue": q, "seq": s, "ids": sorted(ids)} for (q, s), ids in sorted(ids_at.items()) if len(ids) > 1
+    ]
+
+
+def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The stream checks over history rows (dicts with the history's columns)."""
+    scan = _Scan()
+    for r in rows:
+        scan.add(r)
+    found = {
+        "seq_conflicts": _conflicts(scan.confirmed),
+        "seq_mismatches": scan.mismatches(),
+        "delivered_conflicts": _conflicts(scan.delivered),
+        "gaps": scan.gaps(),
+        "reordered": scan.reorders(),
+        "diverged_streams": replica_disagreements(
+            {q: v for q, v in scan.drains.items() if scan.drain_done.get(q)}
+        ),
+    }
+    return _stream_results(
+        scan.queues, len(scan.confirmed), len(scan.delivered), scan.drain_done, scan.n, found, engine="python"
+    )
+
+
+def _stream_results(
+    queues: set[str],
+    confirmed: int,
+    delivered: int,
+    drain_done: dict[str, bool],
+    n: int,
+    found: dict[str, list[dict[str, Any]]],
+    *,
+    engine: str,
+) -> dict[str, Any]:
+    """The results of either engine: the counts in their order, then the examples."""
+    unfinished = sum(1 for q in drain_done if not drain_done[q]) + len(queues - set(drain_done))
+    counts = {"streams": len(queues), "confirmed": confirmed, "delivered": delivered}
+    counts |= {k: len(found[k]) for k in ANOMALIES}
+    counts |= {"unfinished_drains": unfinished, "history_ops": n}
+    return small_results(WORDING, counts, {k: found[k] for k in ANOMALIES}, engine=engine)
+
+
+WORDING = Wording(
+    name="stream",
+    anomalies=ANOMALIES,
+    labels=LABELS,
+    subject="streams",
+    undrained="{n} stream(s) not fully drained",
+    undrained_note="{n} stream(s) not fully drained: gaps and replica agreement not judged there",
+    nothing="no stream sequences in the history (not a stream broker's client?)",
+    clean="no stream anomaly over {n} stream(s)",
+)
+
+
+def check_stream_python(run_dir: Path, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
+    return check_rows(iter_rows(history_path(Path(run_dir))))
+
+
+# -- the same checks in Spark SQL ------------------------------------------------------------------
+
+_SQL = {
+    "base": """
+        SELECT index, type, f, queue, value,
+               CAST(get_json_object(detail, '$.stream_seq') AS BIGINT) AS seq,
+               CAST(get_json_object(detail, '$.consumer_seq') AS BIGINT) AS cseq,
+               CAST(get_json_object(detail, '$.delivered') AS BIGINT) AS dcount
+        FROM h WHERE type = 'ok' AND f IN ('publish', 'consume') AND queue IS NOT NULL""",
+    "conflicts": """SELECT queue, seq, sort_array(collect_set(value)) AS ids FROM b
+                    WHERE f = 'publish' AND seq IS NOT NULL GROUP BY queue, seq HAVING size(ids) > 1""",
+    "dconflicts": """SELECT queue, seq, sort_array(collect_set(value)) AS ids FROM b
+                     WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq HAVING size(ids) > 1""",
+    "mismatches": """
+        SELECT c.queue, c.value AS id, c.index, c.seq AS delivered_seq, p.seqs AS confirmed_seq
+        FROM (SELECT * FROM b WHERE f = 'consume' AND seq IS NOT NULL) c
+        JOIN (SELECT queue, value, sort_array(collect_set(seq)) AS seqs FROM b
+              WHERE f = 'publish' AND seq IS NOT NULL GROUP BY queue, value) p
+          ON c.queue = p.queue AND c.value = p.value
+        WHERE NOT array_contains(p.seqs, c.seq)""",
+    "reorders": """
+        SELECT queue, index, array(pc, cseq) AS consumer_seq, array(ps, seq) AS stream_seq FROM (
+          SELECT queue, index, cseq, seq,
+                 lag(cseq) OVER (PARTITION BY queue ORDER BY cseq, index) AS pc,
+                 lag(seq) OVER (PARTITION BY queue ORDER BY cseq, index) AS ps
+          FROM b WHERE f = 'consume' AND seq IS NOT NULL AND cseq IS NOT NULL AND dcount = 1)
+        WHERE ps IS NOT NULL AND seq < ps""",
+    # offsets a sparse stream is known to have: confirms, reads and nodes' copies (deliveries are
+    # never gaps)
+    "known": f"""
+        SELECT queue, seq FROM b WHERE f = 'publish' AND seq IS NOT NULL
+        UNION SELECT queue, CAST(get_json_object(detail, '$.stream_seq') AS BIGINT) AS seq FROM h
+          WHERE f = '{READ}' AND type = 'ok' AND queue IS NOT NULL AND value IS NOT NULL
+        UNION SELECT queue, try_cast(get(e, 0) AS BIGINT) AS seq FROM (
+          SELECT queue, explode(from_json(value, 'struct<entries:array<array<string>>>').entries) AS e
+          FROM h WHERE f = '{HOLDINGS}' AND type = 'ok' AND queue IS NOT NULL)
+          WHERE get(e, 1) IS NOT NULL""",
+    # dense streams: every integer from the floor to the highest delivered; sparse: the known ones
+    "gaps": """
+        SELECT r.queue, r.seq FROM (
+          SELECT fl.queue, explode(sequence(fl.floor, m.top)) AS seq
+          FROM fl JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fl.queue
+          WHERE m.top >= fl.floor
+          UNION
+          SELECT fs.queue, kn.seq
+          FROM fs JOIN (SELECT queue, max(seq) AS top FROM ds GROUP BY queue) m ON m.queue = fs.queue
+          JOIN kn ON kn.queue = fs.queue
+          WHERE kn.seq BETWEEN fs.floor AND m.top) r
+        LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""",
+}
+
+
+def check_stream_spark(
+    run_dir: Path,
+    scenario: dict[str, Any] | None = None,
+    *,
+    spark: Any = None,
+    spark_master: str | None = None,
+) -> dict[str, Any]:
+    """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
+    spark, h = spark_history(run_dir, spark, spark_master)
+    spark.sql(_SQL["base"]).createOrReplaceTempView("b")
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [r.asDict(recursive=True) for r in spark.sql(_SQL[name]).orderBy("queue").collect()]
+
+    conflicts = sorted(rows("conflicts"), key=lambda r: (r["queue"], r["seq"]))
+    dconflicts = sorted(rows("dconflicts"), key=lambda r: (r["queue"], r["seq"]))
+    mismatches = sorted(rows("mismatches"), key=lambda r: r["index"])
+    reorders = sorted(rows("reorders"), key=lambda r: (r["queue"], r["consumer_seq"], r["index"]))
+    n = h.count()
+    queues = [r["queue"] for r in spark.sql("SELECT DISTINCT queue FROM b WHERE seq IS NOT NULL").collect()]
+    confirmed = spark.sql(
+        "SELECT COUNT(DISTINCT queue, seq) AS n FROM b WHERE f = 'publish' AND seq IS NOT NULL"
+    ).collect()[0]["n"]
+    delivered_seqs = spark.sql(
+        "SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq"
+    )
+    delivered = delivered_seqs.count()
+    drain_rows = [
+        r.asDict()
+        for r in spark.sql(
+            "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
+        ).collect()
+    ]
+    drains: dict[str, dict[str, Any]] = {}
+    drain_done: dict[str, bool] = {}
+    for r in drain_rows:
+        drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
+        drains[r["queue"]] = _json(r["value"])
+    floors = [(q, _floor(drains[q]), _sparse(drains[q])) for q in sorted(queues) if drain_done.get(q)]
+    gaps: list[dict[str, Any]] = []
+    if floors:
+        # dense and sparse streams in views of their own: a sparse stream's integers are never
+        # generated, not even to be filtered out
+        for view, sparse in (("fl", False), ("fs", True)):
+            kept = [(q, floor) for q, floor, s in floors if s is sparse]
+            spark.createDataFrame(kept, "queue string, floor bigint").createOrReplaceTempView(view)
+        delivered_seqs.createOrReplaceTempView("ds")
+        if any(s for *_q, s in floors):
+            spark.sql(_SQL["known"]).createOrReplaceTempView("kn")
+        else:  # nothing sparse: no need to read the holdings and reads
+            spark.createDataFrame([], "queue string, seq bigint").createOrReplaceTempView("kn")
+        missing = spark.sql(_SQL["gaps"]).collect()
+        gaps = sorted(
+            ({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
+            key=lambda g: (g["queue"], g["seq"]),
+        )
+    diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
+    found = {
+        "seq_conflicts": conflicts,
+        "seq_mismatches": mismatches,
+        "delivered_conflicts": dconflicts,
+        "gaps": gaps,
+        "reordered": reorders,
+        "diverged_streams": diverged,
+    }
+    return _stream_results(
+        set(queues), int(confirmed), int(delivered), drain_done, int(n), found, engine="spark"
+    )

@@ -1,0 +1,1 @@
+"""The reports: the run's HTML page, its sections, and the grade's page."""
