@@ -180,7 +180,7 @@ def main() -> int:
             spark.conf.set(key, value)
         phases.clear()
         actions.log.clear()
-        sp.progress = progress  # type: ignore[assignment]
+        sp.progress = progress
         t0 = time.monotonic()
         phases.append(("start", t0))
         results = check_spark(run_dir, scenario, spark_master="local[*]")
@@ -189,7 +189,7 @@ def main() -> int:
             args.results.mkdir(parents=True, exist_ok=True)
             text = json.dumps(results, sort_keys=True, indent=1, default=str)
             (args.results / f"{i + 1}-{run_dir.name}.json").write_text(text + "\n")
-        sp.progress = orig_progress  # type: ignore[assignment]
+        sp.progress = orig_progress
         steps = [(b[0], round(b[1] - a[1], 3)) for a, b in zip(phases, phases[1:], strict=False)]
         try:
             rows = summarize(actions, list(actions.log))

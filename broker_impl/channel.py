@@ -254,7 +254,7 @@ class Channel(Actor):
             self.conn.send_method(self.number, commands.Basic.Cancel(consumer.tag, nowait=True))
 
     # -- confirms ----------------------------------------------------------------------------
-    def _confirm_cb(self, seq: int):  # type: ignore[no-untyped-def]
+    def _confirm_cb(self, seq: int):
         def done(ok: bool) -> None:
             if seq not in self._pending:
                 return

@@ -166,7 +166,7 @@ def _current(q: Queue, vhost: VHost) -> Queue:
     return now if now is not None and not now.deleted else q
 
 
-def _resolver(fut: asyncio.Future[bool]):  # type: ignore[no-untyped-def]
+def _resolver(fut: asyncio.Future[bool]):
     def done(ok: bool) -> None:
         if not fut.done():
             fut.set_result(ok)

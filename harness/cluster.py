@@ -95,7 +95,7 @@ def each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     return [f.result() for f in futures]
 
 
-def docker_client():  # type: ignore[no-untyped-def]
+def docker_client():
     """A Docker client from the environment (``DOCKER_HOST`` works), or one clear error."""
     import docker
     import docker.errors
@@ -509,7 +509,7 @@ class Node:
         self.extra_endpoints: dict[int, tuple[str, int]] = {}  # extra_client_ports: port -> (host, port)
 
     @property
-    def container(self):  # type: ignore[no-untyped-def]
+    def container(self):
         return self.cluster.client.containers.get(self.container_name)
 
     def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
@@ -537,7 +537,7 @@ class Cluster:
         client,
         topology: Topology,
         plugin: BrokerPlugin,
-        settings: Mapping[str, Any],  # type: ignore[no-untyped-def]
+        settings: Mapping[str, Any],
         *,
         keep: bool = False,
     ) -> None:
@@ -634,7 +634,7 @@ class Cluster:
                 "start the run again (a new run gets a new id)"
             )
 
-    def _create(self, c: ContainerSpec):  # type: ignore[no-untyped-def]
+    def _create(self, c: ContainerSpec):
         kwargs: dict[str, Any] = dict(
             image=c.image,
             name=c.name,
@@ -782,7 +782,7 @@ class Cleanup:
 def remove_orphans(
     client,
     *,
-    here: Owner | None = None,  # type: ignore[no-untyped-def]
+    here: Owner | None = None,
     start_of: Callable[[int], str | None] = process_start,
 ) -> Cleanup:
     """Remove the runs whose harness process is gone; leave every other run alone.
@@ -809,7 +809,7 @@ def remove_orphans(
                 out.counts[key] += n
             out.removed_runs.append(run_id)
         else:
-            out.left[run_id] = next(s for s in ("alive", "elsewhere", "unowned", "gone") if s in seen)  # type: ignore[assignment]
+            out.left[run_id] = next(s for s in ("alive", "elsewhere", "unowned", "gone") if s in seen)
     return out
 
 
@@ -820,7 +820,7 @@ def _labels_of(resource: Any) -> dict[str, str]:
     return dict(labels or {})
 
 
-def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:
     """Remove containers, networks and volumes brokerchaos labelled (one run, or all, running or not)."""
     import docker.errors
 

@@ -124,7 +124,7 @@ def _check_served(line: str) -> None:
         raise NotServed(f"Debian's archive: {line.removeprefix('E: ')}")
 
 
-def _exists(client, tag: str) -> bool:  # type: ignore[no-untyped-def]
+def _exists(client, tag: str) -> bool:
     import docker.errors
 
     try:
@@ -142,7 +142,7 @@ class ImageBuilder:
     images in use and without touching them.
     """
 
-    def __init__(  # type: ignore[no-untyped-def]
+    def __init__(
         self, client, *, force: bool = False, namespace: str = "brokerchaos", cache: Path = CACHE
     ) -> None:
         self.client = client

@@ -51,7 +51,7 @@ class LazyOps(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         return self.state.getattr(path, fh)
 
-    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:  # type: ignore[override]
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         return self.state.readdir(path, fh)
 
     def opendir(self, path: str) -> int:
@@ -123,15 +123,15 @@ class LazyOps(mfusepy.Operations):
     def readlink(self, path: str) -> str:
         return self.state.readlink(path)
 
-    def chmod(self, path: str, mode: int, fh: int | None = None) -> int:  # type: ignore[override]
+    def chmod(self, path: str, mode: int, fh: int | None = None) -> int:
         self.state.chmod(path, mode, fh)
         return 0
 
-    def chown(self, path: str, uid: int, gid: int, fh: int | None = None) -> int:  # type: ignore[override]
+    def chown(self, path: str, uid: int, gid: int, fh: int | None = None) -> int:
         self.state.chown(path, uid, gid, fh)
         return 0
 
-    def utimens(self, path: str, times: tuple[int, int] | None = None, fh: int | None = None) -> int:  # type: ignore[override]
+    def utimens(self, path: str, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
         self.state.utimens(path, times, fh)
         return 0
 

@@ -116,7 +116,7 @@ class Link:
             await self.bridge.call(self.conn.disconnect, timeout=3)
 
 
-class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
+class _Listener(stomp.ConnectionListener):
     """stomp.py's callbacks, on its receiver thread: each handed to the event loop."""
 
     def __init__(self, link: Link) -> None:

@@ -290,7 +290,7 @@ def anomalies_of(lost: int, positions: list[dict], findings: dict[str, Any]) -> 
     }
     return Anomalies(
         counts={k: int(counts[k]) for k in (*ANOMALY_CLASSES, "holdings", "readers", "reads")},
-        lost_positions=positions[:LIST_CAP],  # type: ignore[typeddict-item]
+        lost_positions=positions[:LIST_CAP],
         **{k: findings[k] for k in ("holdings", *LISTS)},  # type: ignore[typeddict-item]
     )
 

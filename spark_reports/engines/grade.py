@@ -208,7 +208,7 @@ def _run_grade(run_dir: str, res: Mapping[str, Any], seed: int | None) -> RunGra
         seed=seed,
         verdict=verdict,
         valid=res.get("valid", "unknown"),
-        checkers=checkers,  # type: ignore[typeddict-item]
+        checkers=checkers,
         graded=known,
         confirmed=int(counts.get("confirmed") or 0),
         lost=lost,

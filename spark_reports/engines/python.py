@@ -606,7 +606,7 @@ class _Live:
             return
         if f == "publish":
             span = self.publish.setdefault(q, [None, t, None])
-            span[1] = max(span[1], t)  # type: ignore[type-var]
+            span[1] = max(span[1], t)
             if ty == "invoke":
                 span[0] = t if span[0] is None else min(span[0], t)
                 span[2] = t if span[2] is None else max(span[2], t)

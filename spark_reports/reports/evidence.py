@@ -13,7 +13,8 @@ UNDONE = {True: "yes", False: "NO", None: "-"}
 
 
 def _evidence(results: Results) -> dict[str, Any]:
-    return dict(dict(results).get("fault_evidence") or {})
+    ev = dict(results).get("fault_evidence")
+    return dict(ev) if isinstance(ev, dict) else {}
 
 
 def no_fault_bit_notes(results: Results) -> list[str]:

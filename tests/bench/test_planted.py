@@ -151,7 +151,7 @@ def patched(tmp_path: Path) -> Iterator[PatchedBroker]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", BUGS, ids=[b.label for b in BUGS])
-def test_patched_broker_serves_a_confirmed_publish_and_an_ack(bug: Bug, patched, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_patched_broker_serves_a_confirmed_publish_and_an_ack(bug: Bug, patched, tmp_path: Path) -> None:
     broker = patched(bug)
     which = subprocess.run(
         [sys.executable, "-c", "import broker_impl; print(broker_impl.__file__)"],

@@ -18,7 +18,7 @@ from tests.broker_impl.test_pika import connect
 from tests.polling import until
 
 
-def _restart(tmp_path, node: InProcessNode) -> InProcessNode:  # type: ignore[no-untyped-def]
+def _restart(tmp_path, node: InProcessNode) -> InProcessNode:
     """Stop the node cleanly and start it again on the same data directory and port."""
     port = node.port
     node.stop()
@@ -94,7 +94,7 @@ def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:
     conn.close()
 
 
-def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:
     first = InProcessNode(make_config(tmp_path)).start()
     conn = connect(first)
     ch = conn.channel()
@@ -127,7 +127,7 @@ def test_message_ttl_deadlines_survive_a_restart(tmp_path) -> None:  # type: ign
         second.stop()
 
 
-def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_exchange_to_exchange_bindings_route_and_survive_a_restart(tmp_path) -> None:
     first = InProcessNode(make_config(tmp_path)).start()
     conn = connect(first)
     ch = conn.channel()

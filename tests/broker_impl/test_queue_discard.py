@@ -35,7 +35,7 @@ def test_a_publish_waiting_for_its_confirm_when_the_queue_goes(
             )  # the real backing queue, held where a mirror's confirm or an fsync holds a publish
             return await store(message)
 
-        q.bq.publish = held  # type: ignore[method-assign]
+        q.bq.publish = held
         got: list[bool] = []
         q.enqueue(Message("", "pending", commands.Basic.Properties(delivery_mode=2), b"m"), None, got.append)
         await until_async(lambda: q.writes_in_flight, "the publish's write under way")

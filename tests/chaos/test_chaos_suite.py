@@ -11,7 +11,7 @@ import pytest
 pytestmark = [pytest.mark.chaos, pytest.mark.docker, pytest.mark.slow]
 
 
-def test_crash_keeps_confirmed_messages(chaos_run) -> None:  # type: ignore[no-untyped-def]
+def test_crash_keeps_confirmed_messages(chaos_run) -> None:
     result = chaos_run(
         "scenarios/crash.yaml",
         duration=10,
@@ -22,7 +22,7 @@ def test_crash_keeps_confirmed_messages(chaos_run) -> None:  # type: ignore[no-u
     assert kills, "the kill was never applied"
 
 
-def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:  # type: ignore[no-untyped-def]
+def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:
     result = chaos_run(
         "scenarios/power-loss.yaml",
         duration=8,
@@ -33,7 +33,7 @@ def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:
 
 
 @pytest.mark.chaos(nodes=1)
-def test_a_cut_client_link_refuses_clients_until_healed(chaos_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_a_cut_client_link_refuses_clients_until_healed(chaos_cluster) -> None:
     import pika
     import pika.exceptions
 

@@ -7,7 +7,7 @@ import pytest
 pytestmark = [pytest.mark.chaos, pytest.mark.docker, pytest.mark.slow]
 
 
-def test_delayed_messages_survive_a_kill_and_never_arrive_early(chaos_run) -> None:  # type: ignore[no-untyped-def]
+def test_delayed_messages_survive_a_kill_and_never_arrive_early(chaos_run) -> None:
     result = chaos_run(
         "scenarios/reference-delayed.yaml",
         duration=10,

@@ -48,7 +48,7 @@ def cli(store: Path, *args: str, timeout: float = 900) -> CliRun:
 
 
 @pytest.fixture
-def brokerchaos(tmp_path: Path):  # type: ignore[no-untyped-def]
+def brokerchaos(tmp_path: Path):
     store = tmp_path / "store"
 
     def run(*args: str, timeout: float = 900) -> CliRun:

@@ -12,7 +12,7 @@ from tests.e2e.conftest import REPO, labelled
 pytestmark = pytest.mark.docker
 
 
-def test_a_client_port_in_use_is_one_line_and_starts_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_client_port_in_use_is_one_line_and_starts_nothing(tmp_path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

@@ -26,7 +26,7 @@ from .conftest import REPO
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def _client():  # type: ignore[no-untyped-def]
+def _client():
     import docker
 
     return docker.from_env()

@@ -22,7 +22,7 @@ def _short(tmp_path: Path, scenario: str, **workload: Any) -> Path:
     return out
 
 
-def _durable_on(brokerchaos, tmp_path: Path, scenario: str, running: str) -> Any:  # type: ignore[no-untyped-def]
+def _durable_on(brokerchaos, tmp_path: Path, scenario: str, running: str) -> Any:
     r = brokerchaos("run", str(_short(tmp_path, scenario)))
     assert r.code == 0, r.explain()
     res: dict[str, Any] = r.results
@@ -32,16 +32,16 @@ def _durable_on(brokerchaos, tmp_path: Path, scenario: str, running: str) -> Any
     return r
 
 
-def test_nats_2_15(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_nats_2_15(brokerchaos, tmp_path: Path) -> None:
     res = _durable_on(brokerchaos, tmp_path, "scenarios/nats-2.15-smoke.yaml", "nats-server 2.15.").results
     assert res["broker"]["version"] == "2.15" and res["broker"]["suite"] == "sid"
 
 
-def test_valkey_9_1(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_valkey_9_1(brokerchaos, tmp_path: Path) -> None:
     r = _durable_on(brokerchaos, tmp_path, "scenarios/valkey-9.1-smoke.yaml", "valkey 9.1.")
     again = brokerchaos("analyze", str(r.run_dir), "--checker", "python")  # re-checked, it keeps the version
     assert again.code == 0 and "broker                  valkey 9.1." in again.proc.stdout, again.explain()
 
 
-def test_rabbitmq_4_3_quorum_on_khepri(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_rabbitmq_4_3_quorum_on_khepri(brokerchaos, tmp_path: Path) -> None:
     _durable_on(brokerchaos, tmp_path, "scenarios/rabbitmq-4.3-quorum-smoke.yaml", "rabbitmq 4.3.")

@@ -15,7 +15,7 @@ from harness.scenario import load
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_a_search_keeps_its_first_schedule_and_a_later_one_continues(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_search_keeps_its_first_schedule_and_a_later_one_continues(brokerchaos, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     args = (
         "explore",

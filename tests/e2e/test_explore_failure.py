@@ -14,7 +14,7 @@ from harness.scenario import load
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_a_search_stops_at_the_first_failure_and_hands_it_to_shrink(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_search_stops_at_the_first_failure_and_hands_it_to_shrink(brokerchaos, tmp_path: Path) -> None:
     lossy = tmp_path / "lossy"
     found = brokerchaos(
         "explore",

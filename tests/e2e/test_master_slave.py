@@ -10,14 +10,14 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_a_sync_master_loses_nothing_confirmed_under_the_same_faults(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_a_sync_master_loses_nothing_confirmed_under_the_same_faults(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-master-slave-sync.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
 
 
-def test_an_async_master_loses_what_its_slave_had_not_pulled(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_an_async_master_loses_what_its_slave_had_not_pulled(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-master-slave-async.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results

@@ -10,7 +10,7 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_a_node_leaves_and_joins_a_running_quorum_cluster(brokerchaos, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_leaves_and_joins_a_running_quorum_cluster(brokerchaos, tmp_path) -> None:
     import yaml
 
     scenario = {

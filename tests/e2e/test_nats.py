@@ -22,7 +22,7 @@ def _short(tmp_path: Path, scenario: str, **workload: Any) -> Path:
     return out
 
 
-def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None:
     r = brokerchaos("run", str(_short(tmp_path, "scenarios/nats-smoke.yaml", duration=8)))
     assert r.code == 0, r.explain()
     res = r.results
@@ -41,7 +41,7 @@ def test_smoke_is_durable_in_stream_order(brokerchaos, tmp_path: Path) -> None: 
     assert len({json.dumps(v, sort_keys=True) for v in replicas.values()}) == 1
 
 
-def test_coordinated_power_loss_loses_acknowledged_messages(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_coordinated_power_loss_loses_acknowledged_messages(brokerchaos, tmp_path: Path) -> None:
     data = yaml.safe_load(open("scenarios/nats-power-loss-coordinated.yaml"))
     data["workload"].update(duration=20)
     data["nemesis"]["schedule"] = [

@@ -29,7 +29,7 @@ def nemesis_actions(run_dir: Path) -> list[tuple[str, str]]:
     return out
 
 
-def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos) -> None:
     first = brokerchaos("run", "scenarios/crash.yaml", "--duration", "14", "--checker", "python")
     assert first.code == 0, first.explain()
     original = nemesis_actions(first.run_dir)

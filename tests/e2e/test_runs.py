@@ -40,7 +40,7 @@ def test_reference_smoke_is_durable(smoke: CliRun) -> None:
     assert "report" in r.proc.stdout and "durable" in r.proc.stdout
 
 
-def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/rabbitmq-smoke.yaml", "--duration", "10")
     assert r.code == 0, r.explain()
     c = r.results["counts"]

@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/power-loss-async.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results
@@ -23,14 +23,14 @@ def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> N
     assert kinds == {"power-loss"}, res["attribution"]["rows"]
 
 
-def test_sync_flush_loses_nothing_under_power_loss(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_sync_flush_loses_nothing_under_power_loss(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/power-loss.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
 
 
-def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/crash-async.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]

@@ -20,7 +20,7 @@ def _master_kill(results: dict[str, Any]) -> dict[str, Any]:
     return next(f for f in results["faults"] if f["kind"] == "kill" and f["node"] == "n1")
 
 
-def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> None:
     """RabbitMQ classic mirrored queue, ha-promote-on-failure=always (reference/mirrored-queues.md):
     the promoted mirror never had what was confirmed while it was down, long before the master's kill."""
     r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror.yaml", "--checker", "python")
@@ -32,7 +32,7 @@ def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> N
     assert any(d["confirm_ns"] < kill["start_ns"] for d in res["lost_detail"]), r.explain()
 
 
-def test_when_synced_loses_nothing_confirmed_before_the_master_went_down(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_when_synced_loses_nothing_confirmed_before_the_master_went_down(brokerchaos) -> None:
     """With ha-promote-on-failure=when-synced the unsynced mirror is not promoted: the queue waits
     for its master and comes back with what the master had written. RabbitMQ 3.10 may still confirm
     a message the master never wrote, in the moment the master's node goes down: its channel takes

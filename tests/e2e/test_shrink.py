@@ -19,7 +19,7 @@ from harness.scenario import load
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_until_fail_then_shrink_to_the_power_loss_alone(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_until_fail_then_shrink_to_the_power_loss_alone(brokerchaos, tmp_path: Path) -> None:
     found = brokerchaos(
         "run", "scenarios/shrink-mixed-faults.yaml", "--until-fail", "--runs", "3", "--checker", "python"
     )

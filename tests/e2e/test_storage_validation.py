@@ -13,14 +13,14 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_coordinated_power_loss_costs_nothing_with_sync_flush(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_coordinated_power_loss_costs_nothing_with_sync_flush(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-power-loss-coordinated.yaml", "--checker", "python")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     assert c["lost"] == 0 and c["confirmed"] > 1000
 
 
-def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-power-loss-coordinated-async.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results
@@ -28,7 +28,7 @@ def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(broker
     assert {row["fault_kind"] for row in res["attribution"]["rows"]} == {"power-loss-coordinated"}
 
 
-def test_a_lying_fsync_then_a_power_cut_loses_what_was_confirmed(brokerchaos) -> None:  # type: ignore[no-untyped-def]
+def test_a_lying_fsync_then_a_power_cut_loses_what_was_confirmed(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-fsync-lie.yaml", "--checker", "python")
     assert r.code == 1, r.explain()
     res = r.results

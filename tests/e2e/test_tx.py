@@ -11,7 +11,7 @@ import yaml
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_transactions_stay_whole_through_a_master_kill(brokerchaos, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_transactions_stay_whole_through_a_master_kill(brokerchaos, tmp_path: Path) -> None:
     data = yaml.safe_load(open("scenarios/reference-tx.yaml"))
     data["workload"].update(duration=12, drain_timeout=60)
     data["nemesis"] = {

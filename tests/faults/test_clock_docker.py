@@ -24,7 +24,7 @@ OPENED = re.compile(
 
 
 @pytest.fixture(scope="module")
-def cluster():  # type: ignore[no-untyped-def]
+def cluster():
     host = Host.load()
     plugin = host.broker("reference")
     settings = plugin.validate_settings({})
@@ -44,7 +44,7 @@ def cluster():  # type: ignore[no-untyped-def]
         yield c
 
 
-def broker_offset(cluster) -> float:  # type: ignore[no-untyped-def]
+def broker_offset(cluster) -> float:
     """How far the broker's clock is from the real one: it logs each AMQP connection it opens
     with its own time; the real time is taken around the connection."""
     import pika
@@ -66,7 +66,7 @@ def broker_offset(cluster) -> float:  # type: ignore[no-untyped-def]
     raise AssertionError("the broker logged no connection")
 
 
-def settled_offset(cluster, want: float, tolerance: float = 1.0) -> float:  # type: ignore[no-untyped-def]
+def settled_offset(cluster, want: float, tolerance: float = 1.0) -> float:
     """The broker's offset once it re-read the control file (at most a second after a change)."""
     seen = broker_offset(cluster)
     for _ in range(10):
@@ -77,7 +77,7 @@ def settled_offset(cluster, want: float, tolerance: float = 1.0) -> float:  # ty
     return seen
 
 
-def test_skew_bump_strobe_reach_the_broker_and_heal(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_skew_bump_strobe_reach_the_broker_and_heal(cluster) -> None:
     ctx = FaultContext(cluster)
     nodes = list(cluster.topology.nodes)
     assert abs(settled_offset(cluster, 0.0)) <= 1.0, "the fake clock starts true"

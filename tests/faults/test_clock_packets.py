@@ -19,7 +19,7 @@ KINDS = [ClockSkew, ClockBump, ClockStrobe, ClockReset, Netem, PacketLoss]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
-def test_resolve_is_concrete_and_seeded(kind) -> None:  # type: ignore[no-untyped-def]
+def test_resolve_is_concrete_and_seeded(kind) -> None:
     a = kind.resolve({}, NODES, random.Random("s:fault:1"))
     assert a == kind.resolve({}, NODES, random.Random("s:fault:1"))
     # what a replay re-resolves from the recorded params is the same application
@@ -53,7 +53,7 @@ def test_offsets_as_libfaketime_reads_them() -> None:
         (PacketLoss, {"direction": "sideways"}, "not allowed"),
     ],
 )
-def test_refused_before_the_run(kind, params, message) -> None:  # type: ignore[no-untyped-def]
+def test_refused_before_the_run(kind, params, message) -> None:
     with pytest.raises(ScenarioError, match=message):
         kind.resolve(params, NODES, random.Random(0))
 
@@ -109,8 +109,8 @@ def test_the_fake_clock_is_preloaded_into_the_broker_only() -> None:
     plugin = host.broker("reference")
     settings = plugin.validate_settings({})
     kw = dict(run_id="bc-t", nodes=2, settings=settings, broker_image="b", proxy_image="p")
-    plain = build_topology(plugin, **kw)  # type: ignore[arg-type]
-    faked = build_topology(plugin, faketime=True, **kw)  # type: ignore[arg-type]
+    plain = build_topology(plugin, **kw)
+    faked = build_topology(plugin, faketime=True, **kw)
     broker = faked.container("n1", "broker")
     env = list(broker.command[broker.command.index("--") + 1 :])
     assert env[0] == "/usr/bin/env" and f"FAKETIME_TIMESTAMP_FILE={FAKETIME_FILE}" in env

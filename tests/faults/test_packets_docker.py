@@ -44,7 +44,7 @@ for i in range(int(sys.argv[3])):
 
 
 @pytest.fixture(scope="module")
-def cluster():  # type: ignore[no-untyped-def]
+def cluster():
     host = Host.load(["tests.faults.probe_plugin"])
     plugin = host.broker("probe")
     client = docker_client()
@@ -71,7 +71,7 @@ def cluster():  # type: ignore[no-untyped-def]
         yield c
 
 
-def delivered(cluster, src: str, dst: str) -> int:  # type: ignore[no-untyped-def]
+def delivered(cluster, src: str, dst: str) -> int:
     """How many of SENT distinct datagrams from ``src`` reach ``dst`` (by its address on the run network)."""
     port = random.randrange(20000, 30000)
     out = f"/tmp/udp-{port}"
@@ -104,7 +104,7 @@ def counters(shown: str) -> tuple[int, int]:
     return packets[0], packets[1]
 
 
-def test_packet_loss_rate_direction_counters_and_heal(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_packet_loss_rate_direction_counters_and_heal(cluster) -> None:
     ctx = FaultContext(cluster)
     nodes = list(cluster.topology.nodes)
     assert delivered(cluster, "n2", "n1") == SENT, "nothing is lost before the fault"
@@ -135,7 +135,7 @@ def test_packet_loss_rate_direction_counters_and_heal(cluster) -> None:  # type:
     assert delivered(cluster, "n1", "n2") == SENT
 
 
-def test_netem_loss_on_the_node_egress_or_a_clear_refusal(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_netem_loss_on_the_node_egress_or_a_clear_refusal(cluster) -> None:
     ctx = FaultContext(cluster)
     rc, out = sidecar_exec(ctx, "n1", "tc qdisc add dev lo root netem delay 1ms && tc qdisc del dev lo root")
     fault = Netem(

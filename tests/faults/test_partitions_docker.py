@@ -21,7 +21,7 @@ NODES = 5
 
 
 @pytest.fixture(scope="module")
-def cluster():  # type: ignore[no-untyped-def]
+def cluster():
     host = Host.load(["tests.faults.probe_plugin"])
     plugin = host.broker("probe")
     client = docker_client()
@@ -39,7 +39,7 @@ def cluster():  # type: ignore[no-untyped-def]
         yield c
 
 
-def matrix(cluster, tag: str) -> set[tuple[str, str]]:  # type: ignore[no-untyped-def]
+def matrix(cluster, tag: str) -> set[tuple[str, str]]:
     """The directed pairs (src, dst) where dst does NOT hear src."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -62,7 +62,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("shape", "mode"), SHAPES)
-def test_partition_shape_cuts_exactly_its_links_and_heals(cluster, shape: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_partition_shape_cuts_exactly_its_links_and_heals(cluster, shape: str, mode: str) -> None:
     assert matrix(cluster, "before") == set(), "every node hears every other before the fault"
     params = Partition.resolve(
         {"shape": shape, "mode": mode}, list(cluster.topology.nodes), random.Random(shape)
@@ -77,7 +77,7 @@ def test_partition_shape_cuts_exactly_its_links_and_heals(cluster, shape: str, m
     assert matrix(cluster, "after") == set(), "the heal restores every link"
 
 
-def test_clients_cut_and_final_heal_is_idempotent(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_clients_cut_and_final_heal_is_idempotent(cluster) -> None:
     params = Partition.resolve(
         {"shape": "clients", "node": "n2"}, list(cluster.topology.nodes), random.Random(1)
     )

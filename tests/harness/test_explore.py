@@ -49,11 +49,11 @@ SCENARIO = {
 
 
 @pytest.fixture(scope="module")
-def faults():  # type: ignore[no-untyped-def]
+def faults():
     return Host.load([]).registry.faults
 
 
-def start(faults, scenario=SCENARIO, nodes=1) -> Schedule:  # type: ignore[no-untyped-def]
+def start(faults, scenario=SCENARIO, nodes=1) -> Schedule:
     sc = from_dict(scenario)
     names = [f"n{i}" for i in range(1, nodes + 1)]
     return Schedule(tuple(plan(sc, faults, names).steps), sc.workload.duration, sc.workload.rate, nodes)
@@ -93,13 +93,13 @@ class Clock:
 # -- mutations -----------------------------------------------------------------------------------
 
 
-def test_the_random_nemesis_never_holds_the_two_kinds_together(faults) -> None:  # type: ignore[no-untyped-def]
+def test_the_random_nemesis_never_holds_the_two_kinds_together(faults) -> None:
     for seed in range(50):
         s = start(faults, {**SCENARIO, "seed": seed})
         assert not held_under(s, "slow-fsync", "power-loss"), seed
 
 
-def test_mutants_are_valid_renumbered_and_repeat_with_the_seed(faults) -> None:  # type: ignore[no-untyped-def]
+def test_mutants_are_valid_renumbered_and_repeat_with_the_seed(faults) -> None:
     s = start(faults)
     pool = pool_of(from_dict(SCENARIO), faults)
     made = 0
@@ -119,7 +119,7 @@ def test_mutants_are_valid_renumbered_and_repeat_with_the_seed(faults) -> None: 
     assert made >= 35
 
 
-def test_overlap_aims_at_the_pair_of_kinds_never_held_together(faults) -> None:  # type: ignore[no-untyped-def]
+def test_overlap_aims_at_the_pair_of_kinds_never_held_together(faults) -> None:
     s = start(faults)
     pool = pool_of(from_dict(SCENARIO), faults)
     seen = {("power-loss", "slow-fsync"), ("slow-fsync", "slow-fsync"), ("power-loss", "power-loss")}
@@ -131,7 +131,7 @@ def test_overlap_aims_at_the_pair_of_kinds_never_held_together(faults) -> None: 
             assert held_under(m, "slow-fsync", "power-loss"), got[1]
 
 
-def test_two_power_losses_of_one_node_are_never_held_together(faults) -> None:  # type: ignore[no-untyped-def]
+def test_two_power_losses_of_one_node_are_never_held_together(faults) -> None:
     s = Schedule(
         (
             PlannedFault("f1", 2.0, 5.0, "power-loss", {"node": "n1"}),
@@ -145,7 +145,7 @@ def test_two_power_losses_of_one_node_are_never_held_together(faults) -> None:  
     assert valid(s.with_step(1, at=8.0), faults, ["n1"])
 
 
-def test_node_moves_a_target_within_the_cluster_and_needs_two_nodes(faults) -> None:  # type: ignore[no-untyped-def]
+def test_node_moves_a_target_within_the_cluster_and_needs_two_nodes(faults) -> None:
     kill = PlannedFault("f1", 2.0, 3.0, "kill", {"node": "n2"})
     three = Schedule((kill,), 20.0, 100.0, 3)
     for seed in range(10):
@@ -155,7 +155,7 @@ def test_node_moves_a_target_within_the_cluster_and_needs_two_nodes(faults) -> N
     assert Mutator(faults, {"kill": {}}, random.Random(0)).node(three.replace(nodes=1), None) is None
 
 
-def test_node_swaps_two_nodes_so_a_partition_stays_a_partition(faults) -> None:  # type: ignore[no-untyped-def]
+def test_node_swaps_two_nodes_so_a_partition_stays_a_partition(faults) -> None:
     """A partition names every node: renaming n3 to n1 made groups [[n1], [n2, n1]] and a cut [n1, n1]."""
     s = start(faults, ISOLATE, nodes=3)
     for seed in range(20):
@@ -168,7 +168,7 @@ def test_node_swaps_two_nodes_so_a_partition_stays_a_partition(faults) -> None: 
         assert valid(got[0], faults, ["n1", "n2", "n3"])
 
 
-def test_shape_changes_a_parameter_of_the_kind_and_resolves_it_again(faults) -> None:  # type: ignore[no-untyped-def]
+def test_shape_changes_a_parameter_of_the_kind_and_resolves_it_again(faults) -> None:
     s = Schedule((PlannedFault("f1", 2.0, 3.0, "power-loss", {"node": "n1"}),), 20.0, 300.0, 1)
     got = Mutator(faults, {"power-loss": {}}, random.Random(1)).shape(s, None)
     assert got is not None
@@ -176,7 +176,7 @@ def test_shape_changes_a_parameter_of_the_kind_and_resolves_it_again(faults) -> 
     assert params["torn"] is True and isinstance(params["torn_seed"], int) and params["node"] == "n1"
 
 
-def test_shape_sets_a_value_no_run_has_shown_first(faults) -> None:  # type: ignore[no-untyped-def]
+def test_shape_sets_a_value_no_run_has_shown_first(faults) -> None:
     partition = PlannedFault("f1", 2.0, 3.0, "partition", {"shape": "isolate", "mode": "drop", "node": "n1"})
     s = Schedule((partition,), 20.0, 100.0, 3)
     shown = {("partition", f"shape={v}") for v in ("isolate", "halves", "fixed-halves", "majorities-ring")}
@@ -189,7 +189,7 @@ def test_shape_sets_a_value_no_run_has_shown_first(faults) -> None:  # type: ign
     assert made and set(made) == {"shape f1 mode=refuse"}
 
 
-def test_remove_keeps_one_action_and_splice_joins_two_schedules(faults) -> None:  # type: ignore[no-untyped-def]
+def test_remove_keeps_one_action_and_splice_joins_two_schedules(faults) -> None:
     one = Schedule((PlannedFault("f1", 2.0, 3.0, "kill", {"node": "n1"}),), 20.0, 100.0, 1)
     assert Mutator(faults, {}, random.Random(0)).remove(one, None) is None
     a = start(faults)
@@ -201,7 +201,7 @@ def test_remove_keeps_one_action_and_splice_joins_two_schedules(faults) -> None:
     assert all(p in b.steps for p in got[0].steps if p.at >= cut)
 
 
-def test_the_pool_is_the_scenarios_kinds_with_its_parameters_and_extras(faults) -> None:  # type: ignore[no-untyped-def]
+def test_the_pool_is_the_scenarios_kinds_with_its_parameters_and_extras(faults) -> None:
     sc = from_dict(
         {
             **SCENARIO,
@@ -216,7 +216,7 @@ def test_the_pool_is_the_scenarios_kinds_with_its_parameters_and_extras(faults) 
 # -- the search ----------------------------------------------------------------------------------
 
 
-def test_the_search_finds_the_overlap_and_stops_at_the_failure(faults, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_search_finds_the_overlap_and_stops_at_the_failure(faults, tmp_path: Path) -> None:
     corpus = Corpus.open(tmp_path, "pl-random", 100)
     pool = pool_of(from_dict(SCENARIO), faults)
     search = Search(corpus, start(faults), faults, pool, oracle, budget_s=3600, clock=Clock())
@@ -234,7 +234,7 @@ def test_the_search_finds_the_overlap_and_stops_at_the_failure(faults, tmp_path:
     assert set(firsts.values()) <= {f"run {r['iteration']}" for r in data["runs"]}
 
 
-def test_a_later_search_continues_the_corpus_and_repeats_with_the_seed(faults, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_later_search_continues_the_corpus_and_repeats_with_the_seed(faults, tmp_path: Path) -> None:
     pool = pool_of(from_dict(SCENARIO), faults)
 
     def durable(s: Schedule, how: str, i: int) -> Outcome:
@@ -257,7 +257,7 @@ def test_a_later_search_continues_the_corpus_and_repeats_with_the_seed(faults, t
         Corpus.open(tmp_path / "a", "other", 7)
 
 
-def test_the_budget_stops_the_search_between_runs(faults, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_budget_stops_the_search_between_runs(faults, tmp_path: Path) -> None:
     corpus = Corpus.open(tmp_path, "pl-random", 1)
     pool = pool_of(from_dict(SCENARIO), faults)
 
@@ -269,7 +269,7 @@ def test_the_budget_stops_the_search_between_runs(faults, tmp_path: Path) -> Non
     assert 1 <= corpus.iteration < 5 and corpus.entries == []
 
 
-def test_runs_that_cannot_run_are_not_failures_and_three_in_a_row_stop(faults, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_runs_that_cannot_run_are_not_failures_and_three_in_a_row_stop(faults, tmp_path: Path) -> None:
     corpus = Corpus.open(tmp_path, "pl-random", 1)
     pool = pool_of(from_dict(SCENARIO), faults)
 
@@ -284,7 +284,7 @@ def test_runs_that_cannot_run_are_not_failures_and_three_in_a_row_stop(faults, t
     assert [r["verdict"] for r in corpus.runs] == ["error"] * 3 and corpus.failure is None
 
 
-def test_schedules_round_trip_through_the_corpus_file(faults) -> None:  # type: ignore[no-untyped-def]
+def test_schedules_round_trip_through_the_corpus_file(faults) -> None:
     s = start(faults)
     assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))) == s
 
@@ -419,7 +419,7 @@ ISOLATE = {
 }
 
 
-def test_align_holds_a_kind_inside_an_action_on_its_node_or_on_each_other_node(faults) -> None:  # type: ignore[no-untyped-def]
+def test_align_holds_a_kind_inside_an_action_on_its_node_or_on_each_other_node(faults) -> None:
     """The schedule behind a node that restarts inside its own isolation and serves the clients pushed onto it:
     a kill of n1 inside n1's isolation, and n2's and n3's client links reset inside it (``reset_peer``)."""
     s = start(faults, ISOLATE, nodes=3)

@@ -71,13 +71,13 @@ def test_the_nodes_mount_the_model(host: Host, requested: str | None, mounted: s
         "broker_image": "x",
         "proxy_image": "y",
     }
-    t = build_topology(plugin, lazyfs=True, filesystem=requested, **kw)  # type: ignore[arg-type]
+    t = build_topology(plugin, lazyfs=True, filesystem=requested, **kw)
     assert t.filesystem == mounted
     for c in t.containers:
         if c.role == "broker":
             i = c.command.index("--lazyfs-names")
             assert c.command[i + 1] == mounted
-    plain = build_topology(plugin, filesystem=requested, **kw)  # type: ignore[arg-type]
+    plain = build_topology(plugin, filesystem=requested, **kw)
     assert plain.filesystem is None
     assert all("--lazyfs-names" not in c.command for c in plain.containers)
 

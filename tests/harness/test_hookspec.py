@@ -18,7 +18,7 @@ HOOKS = {name: fn for name, fn in vars(hookspec).items() if name.startswith("bro
 
 
 def _opts(fn: Any) -> dict[str, Any]:
-    return fn.brokerchaos_spec  # type: ignore[no-any-return]
+    return fn.brokerchaos_spec
 
 
 def test_there_are_hooks() -> None:

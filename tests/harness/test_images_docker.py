@@ -12,7 +12,7 @@ from harness.images import BASE_PACKAGES, ImageBuilder
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def _layers(client, tag: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _layers(client, tag: str) -> list[str]:
     return [h["Id"] for h in client.api.history(tag) if h["Id"] != "<missing>"]
 
 
@@ -36,7 +36,7 @@ def test_every_image_is_built_on_the_one_base() -> None:
         assert base_id in _layers(client, tag), tag
 
 
-def test_an_image_two_commands_need_at_once_is_built_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_image_two_commands_need_at_once_is_built_once(tmp_path) -> None:
     """The second command waits for the first's build (a file lock per tag), then finds the image."""
     import os
     import threading

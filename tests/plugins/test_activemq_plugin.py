@@ -15,7 +15,7 @@ from plugins.activemq import DATA_DIR, SHARED_DIR, ActiveMQ
 from plugins.activemq.client import DLQ, refuse_unsupported
 
 
-def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False):  # type: ignore[no-untyped-def]
+def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False):
     plugin = ActiveMQ()
     return build_topology(
         plugin,

@@ -112,7 +112,7 @@ class Node:
             info = broker.vhosts["/"].queues[queue].info()
             return info["messages_ready"], info["messages_unacknowledged"]
 
-        return tuple(self.run(read))  # type: ignore[return-value]
+        return tuple(self.run(read))
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def _python(mid: str) -> tuple[str, str]:
 
 @settings(max_examples=25)
 @given(st.lists(st.text(alphabet=st.sampled_from(list("ab:0123456789 \n٣+-ü")), max_size=24), max_size=60))
-def test_producer_and_seq_split_ids_as_id_re_does(spark_engine, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_producer_and_seq_split_ids_as_id_re_does(spark_engine, ids: list[str]) -> None:
     from spark_reports import spark_session
     from spark_reports.engines.spark.sql import producer_and_seq
 

@@ -28,7 +28,7 @@ def test_the_three_parts_load_through_the_entry_points_like_any_plugin() -> None
     assert sources["spark-service"] == "entry point spark_reports.service.plugin"
 
 
-def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:
     seen = []
 
     def check_spark(run_dir: Path, scenario: object, spark_master: str | None = None) -> dict[str, bool]:
@@ -46,7 +46,7 @@ def test_the_spark_master_comes_from_the_configure_hook(monkeypatch) -> None:  #
     assert seen == ["spark://127.0.0.1:7077"]
 
 
-def test_the_reports_plotting_library_is_imported_once_the_workload_is_done(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_reports_plotting_library_is_imported_once_the_workload_is_done(monkeypatch) -> None:
     """Not during the workload (its CPU would be the brokers'), but beside the check."""
     import sys
 

@@ -38,7 +38,7 @@ def test_spark_agrees_with_python_on_the_warm_up_history(spark_engine) -> None:
 
 
 @pytest.mark.spark
-def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -> None:  # type: ignore[no-untyped-def]
+def test_a_check_planned_as_for_a_big_history_agrees_with_python(spark_engine) -> None:
     """The warm-up's big checks take the hash-aggregate pass, adaptive execution and whole-stage
     code on the tiny history: the same findings."""
     from spark_reports.engines.spark import check as _spark
@@ -82,14 +82,14 @@ def test_the_warm_up_repeats_its_check_until_a_real_one_is_wanted() -> None:
 
 
 @pytest.mark.spark
-def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_engine, monkeypatch) -> None:
     from spark_reports.engines.spark import check as _spark
     from spark_reports.service import warmup
 
     ran: list[int] = []
     real = warmup.warm_up
 
-    def counted(check, *, times, wanted):  # type: ignore[no-untyped-def]
+    def counted(check, *, times, wanted):
         n = real(check, times=times, wanted=wanted)
         ran.append(n)
         return n
@@ -104,7 +104,7 @@ def test_a_later_runs_start_in_the_same_process_does_not_warm_up_again(spark_eng
 
 
 @pytest.mark.spark
-def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine) -> None:  # type: ignore[no-untyped-def]
+def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine) -> None:
     """Spark warns of a kept (locally checkpointed) table whose planned columns differ from its
     optimised ones, on every check: the per-id tables of both passes must not draw it."""
     from spark_reports.engines.spark import check as _spark
@@ -136,7 +136,7 @@ def test_the_kept_tables_columns_are_the_same_planned_and_optimised(spark_engine
 
 
 @pytest.mark.spark
-def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_result(monkeypatch) -> None:
     """A real check does not wait for a warm-up check to finish: it cancels the warm-up's jobs (their
     tag), waits for the thread to end and checks with the same result."""
     from spark_reports import check_spark
@@ -162,7 +162,7 @@ def test_a_real_check_cancels_the_warm_up_check_under_way_and_gets_the_same_resu
 
 
 @pytest.mark.spark
-def test_the_jvm_warms_up_at_a_low_cpu_priority_and_checks_at_the_harnesss_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_jvm_warms_up_at_a_low_cpu_priority_and_checks_at_the_harnesss_own(monkeypatch) -> None:
     """The warm-up runs beside the brokers under test: every JVM thread at WARM_UP_NICE while it
     does; the real check puts them back at the harness's own nice (where the kernel lets it)."""
     from spark_reports import check_spark

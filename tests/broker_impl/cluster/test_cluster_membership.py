@@ -26,7 +26,7 @@ def _running(node: NodeProc) -> list[str]:
 
 def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_syncs(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2, n3 = cluster_factory(3)
     c = amqp(n3)
     c.channel().queue_declare("ha.members", durable=True)  # mastered on n3, the node to be forgotten
@@ -73,7 +73,7 @@ def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_
 
 def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_returns(
     cluster_factory, net
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2, n3 = cluster_factory(3, proxied=True)
     net.partition(["n1", "n3"], ["n2"])
     wait_for(lambda: _running(n1) == ["n1", "n3"], what="n2 cut off")
@@ -88,7 +88,7 @@ def test_a_member_cut_off_while_a_node_was_forgotten_learns_it_when_the_link_ret
 
 def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_waiting(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2 = cluster_factory(2)
     c = amqp(n1)
     c.channel().queue_declare("ha.forget", durable=True)
@@ -112,7 +112,7 @@ def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_w
 
 def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_stays_deleted(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2 = cluster_factory(2)
     c = amqp(n2)
     c.channel().queue_declare("plain", durable=True)  # no policy: mastered on n2 alone
@@ -131,7 +131,7 @@ def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_sta
     assert queue_info(n1, "plain") == {} and queue_info(n2, "plain") == {}
 
 
-def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(cluster_factory) -> None:
     """Mirrors frozen (SIGSTOP: links open, nothing answers) and a publish waiting for their acks: stop_app
     must not wait until GM gives up on each link (2 x tick x down_after = 40 s per mirror here)."""
     n1, n2, n3 = cluster_factory(3, down_after=100)

@@ -7,7 +7,7 @@ import pika
 from tests.broker_impl.cluster.conftest import amqp, wait_for
 
 
-def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3, tick=0.2, down_after=3)
     st = n1.ctl("cluster_status")
     assert st["members"] == ["n1", "n2", "n3"] and st["running"] == ["n1", "n2", "n3"]
@@ -19,7 +19,7 @@ def test_cluster_status_sees_a_killed_peer_go_down_and_come_back(cluster_factory
     assert [p["times_down"] for p in n1.ctl("cluster_status")["peers"] if p["name"] == "n3"] == [1]
 
 
-def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_is_cluster_wide(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     c = amqp(n2)
     ch = c.channel()
@@ -56,7 +56,7 @@ def test_metadata_is_cluster_wide(cluster_factory) -> None:  # type: ignore[no-u
     )
 
 
-def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     c1 = amqp(n1)
     c1.channel().queue_declare("work", durable=True)
@@ -105,7 +105,7 @@ def test_publish_and_consume_through_non_master_nodes(cluster_factory) -> None: 
         c.close()
 
 
-def test_unacked_deliveries_return_when_the_consumers_node_dies(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_unacked_deliveries_return_when_the_consumers_node_dies(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     c1 = amqp(n1)
     ch = c1.channel()

@@ -28,7 +28,7 @@ def _cold_start(nodes: list[NodeProc], order: list[int]) -> None:
 
 
 @pytest.mark.parametrize("order", [[2, 1, 0], [0, 1, 2]], ids=["last-named-first", "master-first"])
-def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, order: list[int]) -> None:  # type: ignore[no-untyped-def]
+def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, order: list[int]) -> None:
     nodes = cluster_factory(3)
     n1, n2, n3 = nodes
     c = amqp(n1)
@@ -48,7 +48,7 @@ def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, 
     assert drain(n3, "cold.plain") == list(range(150))
 
 
-def test_a_mirrored_queue_comes_back_whole_on_its_recorded_master(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_mirrored_queue_comes_back_whole_on_its_recorded_master(cluster_factory) -> None:
     nodes = cluster_factory(3)
     n1, n2, n3 = nodes
     c = amqp(n1)

@@ -50,7 +50,7 @@ def _consume(
 
 def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_every_one_back(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.handoff"
     c = amqp(n1)
@@ -97,7 +97,7 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
 
 def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every_delivery_back(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # Nothing fails here: heartbeats a second apart (3 s to "down", not the fixture's 0.6 s), so a
     # stall of a loaded machine does not make n2 take n1 for down and refuse its queue.
     n1, n2, _n3 = cluster_factory(3, tick=1.0)
@@ -117,7 +117,7 @@ def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every
     assert sorted(drain(n2, queue)) == list(range(3000))
 
 
-def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.counts"
     c = amqp(n1)
@@ -152,7 +152,7 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
 
 def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refused_not_answered_zero(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     n1, n2, _n3 = cluster_factory(3)
     queue = "counts.unreachable"
     c = amqp(n1)
@@ -172,7 +172,7 @@ def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refuse
 
 def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_timeout_and_its_deliveries_come_back(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A client whose stream to the broker stops in the middle of a frame (a cut TCP stream) holds nothing for ever."""
     n1, n2, _n3 = cluster_factory(3)
     queue = "handoff.silent"

@@ -69,7 +69,7 @@ messages = st.one_of(
 
 
 @given(messages)
-def test_every_ring_message_survives_a_cluster_frame(msg) -> None:  # type: ignore[no-untyped-def]
+def test_every_ring_message_survives_a_cluster_frame(msg) -> None:
     h, body = encode_message(msg)
     raw = encode(Frame(DATA, {"t": "gm", "g": "/q/1", "from": "n1/a/1", "to": "n2/b/1", **h}, body))
     (frame,) = list(Decoder().feed(raw))
@@ -80,7 +80,7 @@ def test_every_ring_message_survives_a_cluster_frame(msg) -> None:  # type: igno
     "op",
     [CreateGroup("n1/a/1"), AddOnRight("n1/a/1", "n2/b/1"), MarkDead("n2/b/1"), Erase(("n2/b/1", "n3/c/2"))],
 )
-def test_group_operations_round_trip(op) -> None:  # type: ignore[no-untyped-def]
+def test_group_operations_round_trip(op) -> None:
     assert decode_op(encode_op(op)) == op
 
 

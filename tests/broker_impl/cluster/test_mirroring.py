@@ -46,7 +46,7 @@ def _mirrored_queue(
         )
 
 
-def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.synced", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     publish(n2, "ha.synced", range(200))  # through a non-master node
@@ -59,7 +59,7 @@ def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(clus
     assert drain(n3, "ha.synced") == list(range(200))
 
 
-def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.unacked", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     publish(n1, "ha.unacked", range(3))
@@ -78,7 +78,7 @@ def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory)
     assert got == [(0, True), (1, False), (2, False)]
 
 
-def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue(
         [n1, n2, n3], "ha.always", {"ha-mode": "all", "ha-promote-on-failure": "always"}, before=50
@@ -92,7 +92,7 @@ def test_unsynced_mirror_promoted_always_loses_what_only_the_master_had(cluster_
     assert drain(n3, "ha.always") == list(range(50, 60))  # the 50 confirmed before mirroring are gone
 
 
-def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue(
         [n1, n2, n3], "ha.ws", {"ha-mode": "all", "ha-promote-on-failure": "when-synced"}, before=50
@@ -119,7 +119,7 @@ def test_when_synced_keeps_the_queue_unavailable_until_the_master_returns(cluste
     assert drain(n3, "ha.ws") == list(range(60))
 
 
-def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.manual", {"ha-mode": "exactly", "ha-params": 2}, before=40, mirrors=1)
     mirror = queue_info(n1, "ha.manual")["mirrors"][0]
@@ -141,7 +141,7 @@ def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror
     assert drain(other, "ha.manual") == list(range(40))
 
 
-def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.cons", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c3 = amqp(n3)
@@ -178,7 +178,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(
     c3.close()
 
 
-def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None:
     """After the first promotion the new master syncs the remaining mirror, so the second promotion is in sync."""
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.twice", {"ha-mode": "all", "ha-sync-mode": "automatic"})
@@ -205,7 +205,7 @@ def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None
     assert drain(n3, "ha.twice") == list(range(50, 150))
 
 
-def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:
     """The master and every mirror are members of one GM group; the ring drops a killed mirror's node."""
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.ring", {"ha-mode": "all", "ha-sync-mode": "automatic"})
@@ -224,7 +224,7 @@ def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:  # 
     assert drain(n2, "ha.ring") == list(range(60))
 
 
-def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_factory) -> None:
     """With manual sync, a mirror that had to restart would stay out of sync: staying in the group keeps it in sync."""
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue(
@@ -252,7 +252,7 @@ def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_f
 
 
 @pytest.mark.parametrize("synced", [True, False])
-def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_factory, synced: bool) -> None:  # type: ignore[no-untyped-def]
+def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_factory, synced: bool) -> None:
     """A stopped (not killed) master: the default ``when-synced`` promotes an in-sync mirror only."""
     n1, n2 = cluster_factory(2)
     c = amqp(n1)
@@ -276,7 +276,7 @@ def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_f
         assert queue_info(n2, "ha.stop").get("node") == "n1"
 
 
-def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowing(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowing(cluster_factory) -> None:
     """The slow-clients scenario's failovers: n1 then n2 killed and restarted; each returns as a mirror that joins the ring.
 
     A restarted node sees its peers come up one link at a time: its mirror's join
@@ -364,7 +364,7 @@ class _Stream:
 
 def test_an_automatically_synced_mirror_reaches_and_keeps_sync_under_a_steady_publish_stream(
     cluster_factory,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The sync snapshot holds what the master's queue holds, publishes still waiting for their fsync included.
 
     A mirror that got a snapshot without them would lack them for good: with no

@@ -64,7 +64,7 @@ def _serves(node: NodeProc) -> bool:
     return True
 
 
-def test_pause_minority_stops_the_listener_and_clients_until_a_majority_is_back(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_pause_minority_stops_the_listener_and_clients_until_a_majority_is_back(cluster_factory, net) -> None:
     """As a RabbitMQ node paused by pause_minority (its app stopped): connections closed, the port closed too."""
     n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     held = amqp(n3)
@@ -84,7 +84,7 @@ def test_pause_minority_stops_the_listener_and_clients_until_a_majority_is_back(
     assert "pausing (pause_minority)" in n3.log()
 
 
-def test_ignore_keeps_both_sides_writing_and_discards_one_side_on_heal(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_ignore_keeps_both_sides_writing_and_discards_one_side_on_heal(cluster_factory, net) -> None:
     nodes = cluster_factory(3, proxied=True, partition_handling="ignore")
     n1, n2, n3 = nodes
     _split_brain(nodes, net)
@@ -99,7 +99,7 @@ def test_ignore_keeps_both_sides_writing_and_discards_one_side_on_heal(cluster_f
     assert (side1 <= got and not got & side2) or (side2 <= got and not got & side1), sorted(got)
 
 
-def test_autoheal_restarts_the_side_with_fewer_clients(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_autoheal_restarts_the_side_with_fewer_clients(cluster_factory, net) -> None:
     nodes = cluster_factory(3, proxied=True, partition_handling="autoheal")
     n1, n2, n3 = nodes
     master = _split_brain(nodes, net)
@@ -122,7 +122,7 @@ def test_autoheal_restarts_the_side_with_fewer_clients(cluster_factory, net) -> 
         c.close()
 
 
-def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_factory, net) -> None:
     n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     _synced_queue(n3, "ha.minority")
     net.partition(["n1", "n2"], ["n3"])
@@ -152,7 +152,7 @@ def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_
     assert sorted(got) == list(range(20))
 
 
-def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net) -> None:
     """The paused node's ring member is dropped by the majority; on heal a new one joins, is synced, and counts."""
     n1, n2, n3 = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     _synced_queue(n1, "ha.paused")
@@ -178,7 +178,7 @@ def test_a_paused_mirror_rejoins_the_ring_and_loses_nothing(cluster_factory, net
     assert drain(n3, "ha.paused") == list(range(20))
 
 
-def test_pause_minority_node_started_inside_its_minority_does_not_serve(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_pause_minority_node_started_inside_its_minority_does_not_serve(cluster_factory, net) -> None:
     """A node killed while cut off and started again there: no peer is ever seen up, so none is seen to go down;
     it decides from its recorded members (1 of 3 visible) and stays paused until the majority is back, then
     takes the majority's master (issue: it served alone and its confirms were dropped at the heal)."""
@@ -212,7 +212,7 @@ def test_pause_minority_node_started_inside_its_minority_does_not_serve(cluster_
     assert "at start; pausing (pause_minority)" in n1.log()
 
 
-def test_autoheal_node_started_alone_compares_sides_at_the_heal(cluster_factory, net) -> None:  # type: ignore[no-untyped-def]
+def test_autoheal_node_started_alone_compares_sides_at_the_heal(cluster_factory, net) -> None:
     """A node restarted while cut off serves once its start-up join gives up; its peers were never seen, so
     none was seen to go down. It counts them as partitioned all the same: at the heal both sides exchange
     their sides and client counts (before, only the majority spoke and the majority never decided)."""
@@ -247,7 +247,7 @@ def test_autoheal_node_started_alone_compares_sides_at_the_heal(cluster_factory,
 
 def test_a_paused_node_stays_paused_until_its_peers_are_forgotten_then_serves_alone(
     cluster_factory, net
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A membership change while isolated: forgetting one unreachable peer leaves 1 of 2 visible (still a
     minority); forgetting the last one makes the node the whole cluster, which serves (it waits for no
     majority's records: there is none)."""

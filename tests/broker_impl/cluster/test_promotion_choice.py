@@ -48,7 +48,7 @@ def test_the_oldest_live_in_sync_mirror_is_chosen(
 @pytest.mark.parametrize("rule", ["always", "when-synced"])
 def test_an_unsynced_oldest_mirror_neither_blocks_nor_replaces_a_synced_younger_one(
     cluster_factory, rule: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """n2 mirrors first without the 50 old messages (manual sync); n3 joins later and is synced at once."""
     n1, n2, n3 = cluster_factory(3)
     q = "ha.pick"

@@ -31,7 +31,7 @@ def _declare(n1: NodeProc) -> None:
         wait_for(functools.partial(in_sync, q), what=f"{q} in sync")
 
 
-def test_a_promoted_mirror_expires_and_dead_letters_what_it_took_over(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_promoted_mirror_expires_and_dead_letters_what_it_took_over(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _declare(n1)
     publish(n1, "ha.ttl", range(5))  # confirmed: every mirror has them

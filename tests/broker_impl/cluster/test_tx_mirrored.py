@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 BATCH = 5
 
 
-def _tx_publisher(node, committed: list[int], stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
+def _tx_publisher(node, committed: list[int], stop: threading.Event) -> None:
     try:
         c = amqp(node)
         ch = c.channel()
@@ -33,7 +33,7 @@ def _tx_publisher(node, committed: list[int], stop: threading.Event) -> None:  #
         pass  # the master died under the commit in flight: its outcome is unknown
 
 
-def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.tx", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     committed: list[int] = []
@@ -60,7 +60,7 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
     assert not missing, f"committed transactions lost: {sorted(missing)[:5]}"
 
 
-def test_acks_committed_through_another_node_survive_the_master(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_acks_committed_through_another_node_survive_the_master(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.txack", {"ha-mode": "all", "ha-sync-mode": "automatic"})
     c = amqp(n2)
@@ -79,7 +79,7 @@ def test_acks_committed_through_another_node_survive_the_master(cluster_factory)
     assert drain(n3, "ha.txack") == [6, 7, 8, 9]
 
 
-def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cluster_factory) -> None:
     """Found by reference-tx: commit-ok for acks the promoted mirror never saw, and the messages came back."""
     n1, n2, n3 = cluster_factory(3)
     _mirrored_queue([n1, n2, n3], "ha.txvoid", {"ha-mode": "all", "ha-sync-mode": "automatic"})
@@ -98,7 +98,7 @@ def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cl
     assert sorted(drain(n3, "ha.txvoid")) == [0, 1, 2, 3]
 
 
-def test_a_transaction_routed_before_its_node_promoted_the_mirror_commits_whole(cluster_factory) -> None:  # type: ignore[no-untyped-def]
+def test_a_transaction_routed_before_its_node_promoted_the_mirror_commits_whole(cluster_factory) -> None:
     """Publishes routed to n2's proxy of the queue, then n2 promoted: the commit puts them in the new master.
 
     ``scenarios/reference-tx.yaml`` (seed 24): the first publish of a transaction on n2 was routed

@@ -29,7 +29,7 @@ class FailingFsync:
         self.calls = 0
         real_datasync, real_fsync = os.fdatasync, os.fsync
 
-        def wrap(real):  # type: ignore[no-untyped-def]
+        def wrap(real):
             def call(fd: int) -> None:
                 self.calls += 1
                 if self.fail:

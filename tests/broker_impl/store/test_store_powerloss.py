@@ -54,12 +54,12 @@ def _run_until_compaction(lazy: LazyMount, monkeypatch: pytest.MonkeyPatch, cras
 
     real_replace, real_fsync_dir = os.replace, durable.fsync_dir
 
-    def replace(src, dst):  # type: ignore[no-untyped-def]
+    def replace(src, dst):
         crash("before-rename")
         real_replace(src, dst)
         crash("after-rename")
 
-    def fsync_dir(path):  # type: ignore[no-untyped-def]
+    def fsync_dir(path):
         real_fsync_dir(path)
         crash("after-dir-fsync")
 

@@ -38,7 +38,7 @@ def lazy() -> Iterator[LazyMount]:
         assert not is_mounted(lz.mountpoint)
 
 
-def _bodies(store, queue: str) -> list[bytes]:  # type: ignore[no-untyped-def]
+def _bodies(store, queue: str) -> list[bytes]:
     out = []
     for index, offset, size in store.queues[queue].unacked():
         got = store.read_message(offset, size, index)
