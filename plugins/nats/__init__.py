@@ -397,10 +397,10 @@ class Nats(BrokerPlugin):
         return sorted({i for w in writes if w["path"].endswith(".blk") for i in body_ids(w["data"])})
 
     def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
-        """Never, on the JetStream this plugin runs (2.9.10): its file store syncs on a timer
-        and has no setting that syncs before the ack (``sync_interval: always`` came with 2.10,
-        and this server's config parser rejects it), so a cut's exposure is measured, not judged."""
-        return False
+        """Only under ``sync_interval: always`` (2.10 and later): the file store then syncs each
+        write before the ack. By default it syncs on a timer (two minutes), and 2.9.10 has no
+        setting for it, so there a cut's exposure is measured, not judged."""
+        return settings.get("sync_interval") == "always"
 
     def members(self, node: NodeHandle, timeout: float = 15.0) -> set[str]:
         """The nodes whose servers are peers of the meta group (running or not), by the meta

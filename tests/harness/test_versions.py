@@ -108,6 +108,15 @@ def test_nats_sync_interval_from_2_10_on() -> None:
         Nats().validate_settings({"sync_interval": "always"})
 
 
+def test_nats_promises_synced_confirms_only_under_sync_interval_always() -> None:
+    """What a power cut's exposure is judged against: acknowledged-but-unsynced messages are a
+    finding of their own only where the settings promise a sync before the ack."""
+    n = Nats().at_version("2.15")
+    assert n.confirms_after_sync(n.validate_settings({"sync_interval": "always"})) is True
+    assert n.confirms_after_sync(n.validate_settings({})) is False
+    assert Nats().confirms_after_sync(Nats().validate_settings({})) is False
+
+
 def _installed(package: str) -> str | None:
     dpkg = shutil.which("dpkg-query")
     if dpkg is None:
