@@ -21,12 +21,14 @@ SCENARIO = {
     "name": "activemq-pair-smoke",
     "seed": 3,
     "broker": {"plugin": "activemq", "nodes": 2, "settings": {"topology": "shared-storage"}},
-    "workload": {"producers": 1, "consumers": 1, "rate": 40, "duration": 24, "drain_timeout": 90},
+    "workload": {"producers": 1, "consumers": 1, "rate": 40, "duration": 42, "drain_timeout": 90},
     # Which node takes the lock first is a race: kill one, then the other, and one kill meets the master.
+    # Each kill holds the node down longer than the slave's lock poll (10 s), so the waiting node takes
+    # the lock before the killed one is back: a 2 s hold let a quick restart win the lock back.
     "nemesis": {
         "schedule": [
-            {"at": 5, "fault": "kill", "params": {"role": "broker", "node": "n1"}, "hold": 2},
-            {"at": 13, "fault": "kill", "params": {"role": "broker", "node": "n2"}, "hold": 2},
+            {"at": 5, "fault": "kill", "params": {"role": "broker", "node": "n1"}, "hold": 15},
+            {"at": 24, "fault": "kill", "params": {"role": "broker", "node": "n2"}, "hold": 15},
         ],
         "settle": 3,
     },
