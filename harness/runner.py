@@ -116,26 +116,7 @@ class Run:
             f"{self.scenario.name} seed={self.scenario.seed} broker={self.plugin.name} "
             f"nodes={len(self.nodes)} -> {self.dir.path}",
         )
-        self.dir.write_json(
-            SCENARIO_JSON,
-            {
-                "scenario": self.scenario.to_dict(),
-                "seed": self.scenario.seed,
-                "run_id": self.id,
-                "broker": {
-                    "plugin": self.plugin.name,
-                    "version": self.plugin.version,
-                    "broker_version": self.plugin.release.name if self.plugin.release else None,
-                    "settings": self.settings,
-                    "capabilities": sorted(self.plugin.capabilities),
-                },
-                "plan": self.plan.to_list(),
-                "lazyfs": self.lazyfs,
-                "filesystem": self.filesystem,
-                "faketime": self.faketime,
-                "plugins": self.host.describe(),
-            },
-        )
+        self.dir.write_json(SCENARIO_JSON, self._stored_scenario())
         self.host.run_started(self)
         log_handler = _log_to(self.dir.path / "harness.log")
         recorder = Recorder(self.dir.history_jsonl, parquet=self.dir.history_parquet)
@@ -187,6 +168,26 @@ class Run:
         self._phase("report", lambda: self.report(results))
         self.host.run_finished(self, results)
         return results
+
+    def _stored_scenario(self) -> dict[str, Any]:
+        """``scenario.json``: everything needed to run this again, the seed and the plan included."""
+        return {
+            "scenario": self.scenario.to_dict(),
+            "seed": self.scenario.seed,
+            "run_id": self.id,
+            "broker": {
+                "plugin": self.plugin.name,
+                "version": self.plugin.version,
+                "broker_version": self.plugin.release.name if self.plugin.release else None,
+                "settings": self.settings,
+                "capabilities": sorted(self.plugin.capabilities),
+            },
+            "plan": self.plan.to_list(),
+            "lazyfs": self.lazyfs,
+            "filesystem": self.filesystem,
+            "faketime": self.faketime,
+            "plugins": self.host.describe(),
+        }
 
     def _phase(self, name: str, fn: Any) -> Any:
         self.host.phase(self, name, "start")

@@ -98,12 +98,22 @@ def from_dict(data: Any, *, source: str | None = None, default_name: str = "scen
 def _build(data: Any, default_name: str, source: str | None) -> Scenario:
     top = _mapping(data, "scenario")
     _only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "budgets", "source"})
-    name = _str(top.get("name", default_name), "name")
-    seed = _int(top.get("seed", 0), "seed", lo=0)
+    return Scenario(
+        name=_str(top.get("name", default_name), "name"),
+        broker=_broker(top.get("broker")),
+        workload=_workload(top.get("workload", {})),
+        nemesis=_nemesis(top.get("nemesis", {})),
+        seed=_int(top.get("seed", 0), "seed", lo=0),
+        checkers=_checkers(top.get("checkers", [])),
+        budgets=_budgets(top.get("budgets", {})),
+        source=source,
+    )
 
-    b = _mapping(top.get("broker"), "broker", required=True)
+
+def _broker(raw: Any) -> BrokerSection:
+    b = _mapping(raw, "broker", required=True)
     _only(b, "broker", {"plugin", "version", "nodes", "settings", "lazyfs", "filesystem"})
-    broker = BrokerSection(
+    return BrokerSection(
         plugin=_str(b.get("plugin"), "broker.plugin", required=True),
         version=_version(b.get("version")),
         nodes=_int(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
@@ -112,7 +122,9 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         filesystem=_filesystem(b.get("filesystem")),
     )
 
-    w = _mapping(top.get("workload", {}), "workload")
+
+def _workload(raw: Any) -> WorkloadSection:
+    w = _mapping(raw, "workload")
     defaults = WorkloadSection()
     _only(w, "workload", set(asdict(defaults)))
     workload = WorkloadSection(
@@ -135,7 +147,7 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
         queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
-    workload = dataclasses.replace(
+    return dataclasses.replace(
         workload,
         consumer=_consumer(w.get("consumer", {}), workload.consumers),
         delay=_delay(w.get("delay")),
@@ -143,74 +155,71 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
         **_dead_lettering(w),
     )
 
-    n = _mapping(top.get("nemesis", {}), "nemesis")
+
+def _nemesis(raw: Any) -> NemesisSection:
+    n = _mapping(raw, "nemesis")
     _only(n, "nemesis", {"schedule", "random", "settle"})
-    steps = []
     raw_steps = n.get("schedule", [])
     if not isinstance(raw_steps, list):
         raise ScenarioError(
             "nemesis.schedule: expected a list of steps like {at: 10, fault: partition, hold: 10}"
         )
-    for i, raw in enumerate(raw_steps):
-        where = f"nemesis.schedule[{i}]"
-        s = _mapping(raw, where)
-        _only(s, where, {"at", "fault", "hold", "params"})
-        at = _num(s.get("at"), f"{where}.at", lo=0, required=True)
-        hold = s.get("hold")
-        steps.append(
-            Step(
-                at=at,
-                fault=_str(s.get("fault"), f"{where}.fault", required=True),
-                hold=None if hold is None else _num(hold, f"{where}.hold", lo=0),
-                params=dict(_mapping(s.get("params", {}), f"{where}.params")),
-            )
-        )
-    rnd = None
-    if n.get("random") is not None:  # ``to_dict()`` writes ``random: null`` when there is none
-        r = _mapping(n["random"], "nemesis.random")
-        _only(r, "nemesis.random", {"faults", "every", "hold", "params", "overlap"})
-        faults = r.get("faults")
-        if not isinstance(faults, list) or not faults or not all(isinstance(x, str) for x in faults):
-            raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
-        rnd = RandomSchedule(
-            faults=tuple(faults),
-            every=_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
-            hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
-            params={
-                k: dict(_mapping(v, f"nemesis.random.params.{k}"))
-                for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()
-            },
-            overlap=_int(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
-        )
-    nemesis = NemesisSection(
+    steps = [_step(raw_step, f"nemesis.schedule[{i}]") for i, raw_step in enumerate(raw_steps)]
+    return NemesisSection(
         schedule=tuple(sorted(steps, key=lambda s: s.at)),
-        random=rnd,
+        # ``to_dict()`` writes ``random: null`` when there is none
+        random=None if n.get("random") is None else _random(n["random"]),
         settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0),
     )
 
-    checkers = top.get("checkers", [])
+
+def _step(raw: Any, where: str) -> Step:
+    s = _mapping(raw, where)
+    _only(s, where, {"at", "fault", "hold", "params"})
+    hold = s.get("hold")
+    return Step(
+        at=_num(s.get("at"), f"{where}.at", lo=0, required=True),
+        fault=_str(s.get("fault"), f"{where}.fault", required=True),
+        hold=None if hold is None else _num(hold, f"{where}.hold", lo=0),
+        params=dict(_mapping(s.get("params", {}), f"{where}.params")),
+    )
+
+
+def _random(raw: Any) -> RandomSchedule:
+    r = _mapping(raw, "nemesis.random")
+    _only(r, "nemesis.random", {"faults", "every", "hold", "params", "overlap"})
+    faults = r.get("faults")
+    if not isinstance(faults, list) or not faults or not all(isinstance(x, str) for x in faults):
+        raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
+    return RandomSchedule(
+        faults=tuple(faults),
+        every=_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
+        hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
+        params={
+            k: dict(_mapping(v, f"nemesis.random.params.{k}"))
+            for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()
+        },
+        overlap=_int(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
+    )
+
+
+def _checkers(checkers: Any) -> tuple[str, ...]:
     if isinstance(checkers, str):
         checkers = [checkers]
     if not isinstance(checkers, list) or not all(isinstance(c, str) for c in checkers):  # empty: the defaults
         raise ScenarioError("checkers: expected a list of checker names, e.g. [python] or [spark]")
-    bud = _mapping(top.get("budgets", {}), "budgets")
+    return tuple(checkers)
+
+
+def _budgets(raw: Any) -> Budgets:
+    bud = _mapping(raw, "budgets")
     _only(bud, "budgets", {"duplicated", "resurrected", "recovery_s"})
-    budgets = Budgets(
+    return Budgets(
         **{
             k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
             for k in ("duplicated", "resurrected")
         },
         recovery_s=_recovery_budget(bud.get("recovery_s")),
-    )
-    return Scenario(
-        name=name,
-        broker=broker,
-        workload=workload,
-        nemesis=nemesis,
-        seed=seed,
-        checkers=tuple(checkers),
-        budgets=budgets,
-        source=source,
     )
 
 

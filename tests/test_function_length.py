@@ -16,9 +16,7 @@ FOLDERS = ("spark_reports", "harness")
 LIMIT = 80
 
 #: Over the limit today, each to be split (then its entry deleted here): ``path::qualified name`` -> lines.
-LONGER: dict[str, int] = {
-    "harness/scenario.py::_build": 116,
-}
+LONGER: dict[str, int] = {}
 
 
 def lengths(root: Path, folders: tuple[str, ...]) -> dict[str, int]:
