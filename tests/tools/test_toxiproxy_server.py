@@ -478,22 +478,126 @@ def test_one_way_toxic_cuts_only_its_direction(toxiproxy: Toxiproxy, upstream: U
             assert bytes(upstream.received) == b"client bytes"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="noxious 1.0.4's recreate_links swaps an open connection's streams when a toxic change "
-    "rebuilds its links (the client link's halves are taken for the upstream link's): an upstream "
-    "toxic added then holds the server's replies and lets the client's bytes through",
-)
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
 def test_a_one_way_cut_added_on_an_open_connection_cuts_its_own_direction(
-    toxiproxy: Toxiproxy, upstream: Upstream
+    toxiproxy: Toxiproxy, upstream: Upstream, stream: str
 ) -> None:
+    """noxious 1.0.4's rebuild swapped an open connection's two streams (the patched copy in
+    ``vendor/noxious`` keeps them): an upstream cut then held the replies and let the client's
+    bytes through."""
     proxy = toxiproxy.create(upstream=upstream.address, name="live")
     with greeted(proxy.listen) as sock:
         round_trip(sock, b"before")
-        proxy.add_toxic(type="timeout", stream="upstream", attributes={"timeout": 0}, name="cut")
+        proxy.add_toxic(type="timeout", stream=stream, attributes={"timeout": 0}, name="cut")
         sock.sendall(b"while cut")
         assert_stalled(sock)
-        assert bytes(upstream.received) == b"before"
+        if stream == "upstream":
+            assert bytes(upstream.received) == b"before"
+        else:  # the request crossed; its echo is what the cut holds
+            until(lambda: bytes(upstream.received) == b"beforewhile cut", "the request to cross")
+
+
+def extra_field(server: Server, name: str, field: str) -> dict[str, Any]:
+    """A field of ``GET /proxies/{name}`` that Toxiproxy lacks."""
+    reply = requests.get(f"{server.url}/proxies/{name}", timeout=10)
+    reply.raise_for_status()
+    return dict(reply.json()[field])
+
+
+def counted(server: Server, name: str) -> dict[str, dict[str, int]]:
+    """The proxy's byte counters."""
+    return extra_field(server, name, "bytes")
+
+
+def test_byte_counters_count_each_direction_over_closed_connections_too(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    proxy = toxiproxy.create(upstream=upstream.address, name="counted")
+    zero = {"read": 0, "written": 0}
+    assert counted(server, "counted") == {"upstream": zero, "downstream": zero}
+    for _ in range(3):
+        with greeted(proxy.listen) as sock:
+            round_trip(sock, b"12345")
+    want = {"upstream": {"read": 15, "written": 15}, "downstream": {"read": 24, "written": 24}}
+    until(lambda: counted(server, "counted") == want, "the closed connections' bytes to stay counted")
+    assert toxiproxy.get_proxy("counted").listen == proxy.listen  # the client ignores the extra field
+    proxy.disable()
+    proxy.enable()
+    assert counted(server, "counted") == want  # a restart keeps the proxy's totals
+
+
+def connections(server: Server, name: str) -> dict[str, int]:
+    """The proxy's connection counts."""
+    return extra_field(server, name, "connections")
+
+
+def test_connection_counts_tell_an_upstream_with_no_listener(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream
+) -> None:
+    """What the partition evidence reads to tell a probe closed because nothing listens behind the
+    proxy from one the far end answered: ``upstream_failed`` grows only for the former."""
+    served = toxiproxy.create(upstream=upstream.address, name="served")
+    nobody = toxiproxy.create(upstream=f"127.0.0.1:{free_port()}", name="nobody")
+    assert (
+        connections(server, "served")
+        == connections(server, "nobody")
+        == {"accepted": 0, "upstream_failed": 0}
+    )
+    for _ in range(2):
+        with greeted(served.listen) as sock:
+            round_trip(sock, b"12345")
+    host, port = nobody.listen.rsplit(":", 1)
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.settimeout(10)
+            try:
+                assert sock.recv(64) == b""  # closed at once: nothing to connect to upstream
+            except ConnectionResetError:
+                pass
+    until(
+        lambda: connections(server, "nobody") == {"accepted": 3, "upstream_failed": 3},
+        "three failed connects",
+    )
+    assert connections(server, "served") == {"accepted": 2, "upstream_failed": 0}
+    assert counted(server, "nobody")["upstream"] == {"read": 0, "written": 0}
+    assert toxiproxy.get_proxy("nobody").upstream == nobody.upstream  # the client ignores the extra field
+    nobody.disable()
+    nobody.enable()
+    assert connections(server, "nobody") == {"accepted": 3, "upstream_failed": 3}  # kept across a restart
+
+
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
+def test_a_cut_direction_reads_but_writes_nothing_on_open_and_new_connections(
+    server: Server, toxiproxy: Toxiproxy, upstream: Upstream, stream: str
+) -> None:
+    """What the partition evidence reads: while a direction is cut, its ``written`` counter stands
+    still however many bytes arrive (they are ``read`` and discarded); the other direction goes on."""
+    proxy = toxiproxy.create(upstream=upstream.address, name="cutcount")
+    other = "downstream" if stream == "upstream" else "upstream"
+    # Bytes each direction meets while cut: two requests of 9 bytes up; down, a new greeting,
+    # and the two echoes when the requests cross.
+    meets = {"upstream": {"upstream": 18, "downstream": 3}, "downstream": {"upstream": 18, "downstream": 21}}
+    with greeted(proxy.listen) as old:
+        round_trip(old, b"before")
+        until(lambda: counted(server, "cutcount")["downstream"]["written"] == 9, "the echo to be counted")
+        proxy.add_toxic(type="timeout", stream=stream, attributes={"timeout": 0}, name="cut")
+        at_cut = counted(server, "cutcount")
+        with greeted(proxy.listen) if stream == "upstream" else connect(proxy.listen) as new:
+            for sock in (old, new):
+                sock.sendall(b"while cut")
+
+            def arrived() -> dict[str, dict[str, int]] | None:
+                now = counted(server, "cutcount")
+                done = all(now[d]["read"] - at_cut[d]["read"] == n for d, n in meets[stream].items())
+                return (
+                    now
+                    if done and now[other]["written"] - at_cut[other]["written"] == meets[stream][other]
+                    else None
+                )
+
+            held = until(arrived, "the bytes sent while cut to reach the proxy")
+            assert_stalled(old)
+    assert held[stream]["written"] == at_cut[stream]["written"]
 
 
 def test_disable_closes_connections_and_refuses_then_enable_listens_again(
@@ -516,6 +620,62 @@ def test_disable_closes_connections_and_refuses_then_enable_listens_again(
     proxy.enable()
     with greeted(proxy.listen) as sock:
         round_trip(sock)
+
+
+class StderrLines:
+    """The server's stderr lines as they come (read on a thread: a pipe nobody reads fills up)."""
+
+    def __init__(self, server: Server) -> None:
+        assert server.process.stderr is not None
+        self.lines: list[str] = []
+        self._stream = server.process.stderr
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._stream:
+                self.lines.append(line.decode())
+        except (OSError, ValueError):  # the fixture closed the pipe at the end of the test
+            pass
+
+    def seen(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+
+def test_a_connection_accepted_as_the_proxy_stops_closes_with_it(
+    server: Server, toxiproxy: Toxiproxy
+) -> None:
+    """A toxic change that closes the open connections (here the end of a discarding cut) stops
+    the proxy and listens again. A connection accepted just before, whose upstream connect was
+    still pending when the stop came, must close too: left running, it keeps the toxics it was
+    accepted under, so a partition's heal leaves one link cut for good. The upstream's accept
+    queue is kept full so that its connect waits across the stop (Linux drops the SYN of a
+    connection that finds the accept queue full, and the client sends it again a second later)."""
+    stderr = StderrLines(server)
+    with socket.socket() as behind:
+        behind.bind(("127.0.0.1", 0))
+        behind.listen(0)  # room for one connection that is not yet accepted
+        host, port = behind.getsockname()[:2]
+        filler = socket.create_connection((host, port), timeout=10)
+        proxy = toxiproxy.create(upstream=f"{host}:{port}", name="stopping")
+        proxy.add_toxic(name="cut", type="timeout", stream="downstream", attributes={"timeout": 0})
+        with filler, connect(proxy.listen) as client:
+            until(lambda: connections(server, "stopping")["accepted"] == 1, "the proxy to accept the client")
+            change = threading.Thread(target=proxy.destroy_toxic, args=("cut",))
+            change.start()
+            # The server runs on one thread: once it has said this, the stop has gone out
+            # before the pending connect can complete.
+            until(
+                lambda: stderr.seen("stopping: closing open connections"),
+                "the toxic change to stop the proxy",
+            )
+            behind.accept()[0].close()  # room in the accept queue: the proxy's connect completes
+            upstream_side, _ = behind.accept()
+            change.join()
+            with upstream_side:
+                upstream_side.settimeout(10)
+                client.sendall(b"x")  # a connection left running forwards it (no toxic upstream)
+                assert_closed(upstream_side)
 
 
 def test_toxics_added_while_disabled_apply_on_enable(toxiproxy: Toxiproxy, upstream: Upstream) -> None:

@@ -186,7 +186,7 @@ fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Resp
         HeaderValue::from_static(concat!(
             "brokerchaos-toxiproxy/",
             env!("CARGO_PKG_VERSION"),
-            " (noxious 1.0.4)"
+            " (noxious 1.0.4, patched)"
         )),
     );
     resp

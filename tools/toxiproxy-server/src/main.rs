@@ -164,7 +164,7 @@ fn main() -> ExitCode {
         }
         Ok(Parsed::Version) => {
             println!(
-                "brokerchaos-toxiproxy {} (Toxiproxy API {}, noxious 1.0.4)",
+                "brokerchaos-toxiproxy {} (Toxiproxy API {}, noxious 1.0.4, patched)",
                 env!("CARGO_PKG_VERSION"),
                 api::API_VERSION
             );

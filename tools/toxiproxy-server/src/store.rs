@@ -21,15 +21,18 @@ use crate::error::ApiError;
 use crate::fields;
 use crate::reset;
 use crate::toxics::{self, ApiToxic};
+use noxious::bytes::{ByteCounters, DirectionBytes};
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
-use noxious::state::SharedProxyInfo;
+use noxious::socket::SocketListener;
+use noxious::state::{ProxyState, SharedProxyInfo};
 use noxious::toxic::{
     StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult, ToxicKind,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -97,6 +100,9 @@ pub struct Proxy {
     config: ProxyConfig,
     toxics: Vec<ApiToxic>,
     running: Option<Running>,
+    /// What the proxy's connections carried since it was created, across disables and restarts
+    /// (the patched library counts in its copy loops, `vendor/noxious/src/bytes.rs`).
+    bytes: ByteCounters,
 }
 
 /// The fields of a proxy as the API accepts them on create, populate and update.
@@ -183,17 +189,29 @@ impl Proxy {
             },
             toxics: Vec::new(),
             running: None,
+            bytes: ByteCounters::default(),
         }
     }
 
-    /// The proxy as Toxiproxy serves it, with its toxics.
+    /// The proxy as Toxiproxy serves it, with its toxics, and (fields Toxiproxy lacks) the
+    /// bytes each direction read from its sender and wrote to its receiver, and the connections
+    /// it accepted and closed at once because the upstream connect failed.
     pub fn to_json(&self) -> Value {
+        let counted = |d: &DirectionBytes| json!({"read": d.read(), "written": d.written()});
         json!({
             "name": self.config.name,
             "listen": self.config.listen,
             "upstream": self.config.upstream,
             "enabled": self.running.is_some(),
             "toxics": self.toxics_json(),
+            "bytes": {
+                "upstream": counted(&self.bytes.upstream),
+                "downstream": counted(&self.bytes.downstream),
+            },
+            "connections": {
+                "accepted": self.bytes.connections.accepted(),
+                "upstream_failed": self.bytes.connections.upstream_failed(),
+            },
         })
     }
 
@@ -230,12 +248,17 @@ impl Proxy {
         let mut config = self.config.clone();
         config.listen = resolve_listen(&config.listen)?;
         config.enabled = true;
-        let (listener, info) =
-            ProxyRunner::initialize_proxy::<cable::Listener>(config.clone(), self.library_toxics())
-                .await
-                .map_err(|err| {
-                    ApiError::internal(format!("listen tcp {}: {err}", config.listen))
-                })?;
+        // What the library's `initialize_proxy` does, with the proxy's own counters.
+        let listener = cable::Listener::bind(&config.listen)
+            .await
+            .map_err(|err| ApiError::internal(format!("listen tcp {}: {err}", config.listen)))?;
+        let info = SharedProxyInfo {
+            state: Arc::new(ProxyState::with_bytes(
+                self.library_toxics(),
+                self.bytes.clone(),
+            )),
+            config: Arc::new(config.clone()),
+        };
         let (events, receiver) = bmrng::channel(1);
         let (stop, stopper) = Stop::new();
         let (closed, closer) = Close::new();
