@@ -58,7 +58,7 @@ from harness import (
     poll,
     run_or_fail,
 )
-from plugins.nats import filestore, sysreq
+from plugins.nats import filestore, raftlog, sysreq
 from plugins.nats.client import CONSUMER, ID_HEADER, brokerchaos_register_clients
 from plugins.nats.membership import (
     LEADER_JSZ,
@@ -392,9 +392,21 @@ class Nats(BrokerPlugin):
         """The name ``node``'s server runs (or will run) under."""
         return run_or_fail(node, ["cat", NAME_FILE]).strip() or node.name
 
-    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
-        """A stream's message blocks (``<n>.blk``) hold each message's payload verbatim (``filestore``)."""
-        return sorted({i for w in writes if w["path"].endswith(".blk") for i in body_ids(w["data"])})
+    def unsynced_messages(
+        self, writes: Sequence[UnsyncedWrite], settings: Mapping[str, Any], nodes: int
+    ) -> list[str]:
+        """The blocks that hold a stream's messages as the store of record (``raftlog``): a
+        replicated stream's Raft log (the stream's own blocks are derived from it and rebuilt
+        from it), an R1 stream's own blocks (a standalone server's streams are R1). Both hold
+        the payload verbatim, except a Raft log's S2-compressed append (over 8 KiB on 2.15, 4 KiB
+        on 2.9.10): its id cannot be read, so a dropped write holding one is an error (the cut's
+        exposure unmeasured, not undercounted)."""
+        replicated = nodes > 1 and int(settings.get("replicas") or min(3, nodes)) > 1
+        held = [w for w in writes if raftlog.message_blocks(w["path"], replicated)]
+        hidden = sum(raftlog.compressed_appends(w["data"]) for w in held) if replicated else 0
+        if hidden:
+            raise ValueError(f"{hidden} dropped Raft log append(s) S2-compressed: their ids cannot be read")
+        return sorted({i for w in held for i in body_ids(w["data"])})
 
     def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
         """Only under ``sync_interval: always`` (2.10 and later): the file store then syncs each

@@ -36,7 +36,7 @@ import functools
 import itertools
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -51,20 +51,23 @@ from harness import ScenarioError, hookimpl
 from harness.spec import (
     Endpoint,
     Invocation,
-    QueueDepth,
     RateLimiter,
     Recorder,
-    WorkloadSection,
     body_digest,
     message_body,
 )
 from harness.spec.client import (
     Behaviour,
-    node_rotation,
+    DriverBase,
+    DriverDrain,
+    NoCopy,
+    StreamEnd,
+    acquired,
+    close_quietly,
     reason,
+    reconnecting,
     record_event,
-    slow_consumers,
-    wait_or_stop,
+    through_first_answering,
 )
 from plugins.nats.membership import server_node
 
@@ -100,11 +103,7 @@ class _Conn:
     js: JetStreamContext
 
     async def close(self) -> None:
-        try:
-            async with asyncio.timeout(2.0):
-                await self.nc.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection raises all kinds of things
-            pass
+        await close_quietly(self.nc.close(), 2.0)
 
 
 def delivery_detail(msg: Msg) -> dict[str, int]:
@@ -123,24 +122,10 @@ def message_id(msg: Msg) -> str:
     return headers.get(ID_HEADER) or bytes(msg.data).split(b"|", 1)[0].decode(errors="replace")
 
 
-class NatsDriver:
-    def __init__(
-        self,
-        endpoints: Mapping[str, Endpoint],
-        recorder: Recorder,
-        *,
-        workload: WorkloadSection,
-        username: str = "guest",
-        password: str = "guest",
-        vhost: str = "",
-        queue_arguments: Mapping[str, Any] | None = None,
-        first_node: Mapping[str, str] | None = None,
-        seed: int = 0,
-        queue_depth: QueueDepth | None = None,
-        queue_holders: Any = None,  # a JetStream stream has no deliveries held by a channel
-        client_settings: Mapping[str, Any] | None = None,  # this plugin's come as queue_arguments
-    ) -> None:
-        del vhost  # the account is the user's
+class NatsDriver(DriverBase):
+    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> None:
+        super().__init__(endpoints, recorder, **options)  # its settings come as queue_arguments
+        workload = self.w
         if workload.delay is not None:  # no silent ignoring: JetStream has no per-message delay to test
             raise ScenarioError(
                 "workload.delay: NATS JetStream has no delayed-message exchange; "
@@ -152,21 +137,11 @@ class NatsDriver:
                     f"workload.{field}: NATS JetStream has no per-queue TTL with dead-lettering to test; "
                     f"remove workload.{field} from this scenario"
                 )
-        args = dict(queue_arguments or {})
-        self.endpoints = dict(endpoints)
-        self.nodes = list(self.endpoints)
-        self.recorder = recorder
-        self.w = workload
-        self.username = username
-        self.password = password
+        args = self.queue_arguments
         self.replicas = int(args.get("replicas") or min(3, len(self.nodes)))
         self.consumer_replicas = args.get("consumer_replicas")
         self.ack_wait = float(args.get("ack_wait") or 10)
         self.system_user = (args.get("system_user"), args.get("system_password"))
-        self.first_node = dict(first_node or {})
-        self.seed = seed
-        self.queue_depth = queue_depth
-        self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -190,55 +165,43 @@ class NatsDriver:
             )
         return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
 
-    async def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
+    def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
         """One connection at a time until ``stop``, each through the next node of the process's
         rotation; a connection is closed once the loop body is done with it."""
-        nodes = self._rotation(process)
-        while not stop.is_set():
-            try:
-                conn = await self._connect(next(nodes))
-            except BROKER_ERRORS:
-                await wait_or_stop(stop, RECONNECT_DELAY)
-                continue
-            try:
-                yield conn
-            finally:
-                await conn.close()
-            if not stop.is_set():
-                await wait_or_stop(stop, RECONNECT_DELAY)
-
-    def _rotation(self, process: str) -> itertools.cycle[str]:
-        return node_rotation(self.nodes, self.first_node.get(process))
+        return reconnecting(
+            self.rotation(process),
+            self._connect,
+            _Conn.close,
+            stop,
+            errors=BROKER_ERRORS,
+            delay=RECONNECT_DELAY,
+        )
 
     async def setup(self, queues: Sequence[str]) -> None:
         """Create each queue's stream and the shared durable pull consumer (first node that answers)."""
-        last: BaseException | None = None
-        for _attempt in range(3):
-            for node in self.nodes:
-                try:
-                    conn = await self._connect(node)
-                except BROKER_ERRORS as exc:
-                    last = exc
-                    continue
-                try:
-                    for q in queues:
-                        await conn.js.add_stream(
-                            StreamConfig(
-                                name=q,
-                                subjects=[q],
-                                storage=StorageType.FILE,
-                                num_replicas=self.replicas,
-                                retention=RetentionPolicy.LIMITS,
-                            )
-                        )
-                        await self.create_consumer(conn, q)
-                    return
-                except BROKER_ERRORS as exc:
-                    last = exc
-                finally:
-                    await conn.close()
-            await asyncio.sleep(1.0)
-        raise ConnectionError(f"no node created the streams: {reason(last) if last else '?'}")
+
+        async def create(conn: _Conn) -> None:
+            for q in queues:
+                await conn.js.add_stream(
+                    StreamConfig(
+                        name=q,
+                        subjects=[q],
+                        storage=StorageType.FILE,
+                        num_replicas=self.replicas,
+                        retention=RetentionPolicy.LIMITS,
+                    )
+                )
+                await self.create_consumer(conn, q)
+
+        await through_first_answering(
+            self.nodes,
+            self._connect,
+            _Conn.close,
+            create,
+            errors=BROKER_ERRORS,
+            what="no node created the streams",
+            rounds=3,
+        )
 
     async def create_consumer(self, conn: _Conn, queue: str) -> None:
         """The durable pull consumer every consumer process shares (explicit acks, from the start)."""
@@ -268,10 +231,7 @@ class NatsDriver:
                 trouble = asyncio.Event()  # a publish on this connection ended unknown: move on
                 while not stop.is_set() and not trouble.is_set() and not conn.nc.is_closed:
                     await limiter.wait()
-                    try:
-                        async with asyncio.timeout(1.0):
-                            await window.acquire()
-                    except TimeoutError:
+                    if not await acquired(window, 1.0):
                         continue
                     if stop.is_set() or trouble.is_set():
                         window.release()
@@ -319,10 +279,7 @@ class NatsDriver:
     # -- consumers ------------------------------------------------------------------------
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        behaviour = Behaviour(
-            self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time()
-        )
+        behaviour = self.behaviour(process, asyncio.get_running_loop().time())
         async with contextlib.aclosing(self._connections(process, stop)) as conns:
             async for conn in conns:
                 await _Session(self, conn, process, queue, behaviour).run(stop)
@@ -337,10 +294,8 @@ class NatsDriver:
         last one read, recorded first as a ``seek`` to that sequence. After ``stop`` it reads on
         until a fetch finds nothing for ``drain_idle`` seconds, so it reaches the stream's end."""
         nxt, started = 1, False
-        idle_since: float | None = None
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        async with contextlib.aclosing(self._connections(process, done)) as conns:
+        end = StreamEnd(stop, self.w.drain_idle)
+        async with contextlib.aclosing(self._connections(process, end.done)) as conns:
             async for conn in conns:
                 if started:
                     record_event(
@@ -366,7 +321,7 @@ class NatsDriver:
                     )
                 except BROKER_ERRORS:
                     continue
-                while not done.is_set():
+                while not end.done.is_set():
                     try:
                         msgs = await sub.fetch(100, timeout=FETCH_WAIT)
                     except TimeoutError:
@@ -387,12 +342,7 @@ class NatsDriver:
                             digest=digest,
                         )
                         nxt = max(nxt, seq + 1)
-                    if msgs:
-                        idle_since = None
-                    elif stop.is_set():
-                        idle_since = idle_since if idle_since is not None else loop.time()
-                        if loop.time() - idle_since >= self.w.drain_idle:
-                            done.set()
+                    end.read(bool(msgs))
                     if stop.is_set() and conn.nc.is_closed:
                         break
 
@@ -401,7 +351,7 @@ class NatsDriver:
     def drain_reader(self, process: str, queue: str) -> _Drain:
         """What is left in ``queue``'s stream, read through one node per visit (after every fault
         healed); the harness runs the rounds (``harness.spec.client.DrainReader``)."""
-        return _Drain(self, process, queue)
+        return _Drain(self, process, queue, NodeView)
 
     async def replica_views(self, queue: str) -> dict[str, Any]:
         """Each server's own state of ``queue``'s stream (None: the server holds no replica), from
@@ -588,20 +538,8 @@ class NodeView:
     consumers_created: int = 0  # the drain made the durable consumer again (its state had been lost)
 
 
-class _Drain:
+class _Drain(DriverDrain["NatsDriver", NodeView]):
     """One stream's drain through JetStream, one node per visit (``DrainReader``)."""
-
-    def __init__(self, driver: NatsDriver, process: str, queue: str) -> None:
-        self.d = driver
-        self.process = process
-        self.queue = queue
-        self.node_views = {n: NodeView() for n in driver.nodes}
-        self.consumed = 0
-        self.loop = asyncio.get_running_loop()
-        self._left: Callable[[], float] = lambda: driver.w.drain_timeout
-
-    def views(self) -> dict[str, dict[str, Any]]:
-        return {n: asdict(v) for n, v in self.node_views.items()}
 
     async def extra(self) -> dict[str, Any]:
         """Each server's own view of the stream (``replicas``), for the replica comparison."""
@@ -612,32 +550,19 @@ class _Drain:
             replicas = {}
         return {"replicas": replicas}
 
-    async def visit(self, node: str, left: Callable[[], float]) -> bool:
-        self._left = left
-        return await self._visit(node)
-
-    async def _visit(self, node: str) -> bool:
+    async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
         """Fetch through ``node`` until it has been idle for ``drain_idle`` and the consumer is empty."""
         view = self.node_views[node]
-        try:
-            conn = await self.d._connect(node)
-        except BROKER_ERRORS as exc:
-            view.error = f"connect: {reason(exc)}"
-            return False
-        session = _Session(self.d, conn, self.process, self.queue, Behaviour.none())
-        try:
-            async with asyncio.timeout(max(0.1, self._left())):
-                return await self._until_empty(conn, session, view)
-        except TimeoutError:
-            view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
-            return False
-        except BROKER_ERRORS as exc:
-            view.error = reason(exc)
-            return False
-        finally:
-            view.consumed += session.acked
-            self.consumed += session.acked
-            await conn.close()
+        return await self.visit_with(
+            view,
+            left,
+            connect=lambda: self.d._connect(node),
+            session=lambda conn: _Session(self.d, conn, self.process, self.queue, Behaviour.none()),
+            read=lambda conn, session: self._until_empty(conn, session, view),
+            close=lambda conn: conn.close(),
+            errors=BROKER_ERRORS,
+            drain_timeout=self.d.w.drain_timeout,
+        )
 
     async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool:
         patience_from, acked_then = self.loop.time(), session.acked
@@ -676,10 +601,7 @@ class _Drain:
                     local = None
                 view.local = list(local) if isinstance(local, tuple) else None
             if view.ready == 0 and view.unacked == 0:
-                view.error = None
-                if view.empty_at_ns is None:
-                    view.empty_at_ns = self.d.recorder.now_ns()
-                return True
+                return self.emptied(view, self.d.recorder.now_ns())
             if session.acked > acked_then:
                 patience_from, acked_then = self.loop.time(), session.acked
             elif self.loop.time() - patience_from > max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5):
@@ -699,16 +621,9 @@ class _Drain:
 
     def _no_stream(self, view: NodeView) -> bool:
         view.ready, view.unacked, view.missing = 0, 0, "stream"
-        view.error = None
-        if view.empty_at_ns is None:
-            view.empty_at_ns = self.d.recorder.now_ns()
-        return True
-
-
-def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> NatsDriver:
-    return NatsDriver(endpoints, recorder, **options)
+        return self.emptied(view, self.d.recorder.now_ns())
 
 
 @hookimpl
 def brokerchaos_register_clients(register: Any) -> None:
-    register.add_client("nats", make_driver)
+    register.add_client("nats", NatsDriver)
