@@ -146,9 +146,10 @@ ImagesOf = Callable[[Cell], Mapping[str, str]]
 """The images a cell's runs use, by role (``broker``, ``toxiproxy``), as content-hashed tags."""
 
 
-def docker_images(host: Host) -> ImagesOf:
+def docker_images(host: Host, *, build: bool = True) -> ImagesOf:
     """The image builder's tags (built where missing: the cell needs them to run anyway), one
-    build per broker plugin, version and libfaketime choice."""
+    build per broker plugin, version and libfaketime choice; ``build=False`` (a plan): the tags
+    only, nothing built and no Docker asked."""
     from harness.cluster import docker_client
     from harness.runner import build_images
 
@@ -159,8 +160,8 @@ def docker_images(host: Host) -> ImagesOf:
         nonlocal client
         k = (cell.configuration.broker, cell.configuration.version, cell.faketime)
         if k not in seen:
-            client = client or docker_client()
-            seen[k] = build_images(client, host.broker(k[0], k[1]), faketime=k[2])
+            client = client or (docker_client() if build else None)
+            seen[k] = build_images(client, host.broker(k[0], k[1]), faketime=k[2], tags_only=not build)
         return seen[k]
 
     return images

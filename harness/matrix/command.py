@@ -68,7 +68,7 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         )
     unsupported = [c for c in chosen if c.unsupported is not None]
     seeds = tuple(args.seed or mx.seeds)
-    todo = execute.plan(chosen, seeds, mx.results, docker_images(host), force=args.force)
+    todo = execute.plan(chosen, seeds, mx.results, docker_images(host, build=not args.plan), force=args.force)
     say(
         "matrix",
         f"{mx.name}: {len(cells)} cells ({len(unsupported)} chosen not supported), seeds {list(seeds)}: "

@@ -30,9 +30,12 @@ import yaml
 from harness.matrix import records
 from harness.matrix.cells import Cell, ImagesOf, cell_key, seed_key
 from harness.progress import say
+from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT, EXIT_UNKNOWN
+from harness.verdicts import verdict_line
 
-#: Exit statuses of ``brokerchaos run`` that mean a checked run (durable, failed, unknown).
-CHECKED = (0, 1, 3)
+#: Exit statuses of ``brokerchaos run`` that mean a checked run (durable, failed, unknown, and
+#: durable with no fault bitten: its record keeps that, see ``records.trim``).
+CHECKED = (EXIT_DURABLE, EXIT_FAILED, EXIT_UNKNOWN, EXIT_NO_FAULT_BIT)
 #: The first guess of a cell-seed's wall time beyond its workload, until one has finished.
 OVERHEAD_GUESS_S = 90.0
 
@@ -127,7 +130,7 @@ class Runner:
         self, outcomes: list[Outcome], total: int, pending: Sequence[Job], running: Any, started: float
     ) -> None:
         o = outcomes[-1]
-        what = (o.record or {}).get("results", {}).get("verdict") if o.record else f"error: {o.error}"
+        what = verdict_line(o.record["results"]) if o.record else f"error: {o.error}"
         said = [x.seconds for x in outcomes if x.record is not None]
         left = [*pending, *running]
         per = statistics.mean(said) if said else None

@@ -4,7 +4,8 @@ A record holds what grading reads of a run's results, so the grade of a cell nee
 run directories nor a cluster: each record is laid out as the run directory the stored engine
 reads (``scenario.json``, ``results.json``) and the cell's seeds are graded as one set of runs:
 the composed verdict, the share of runs that lost acknowledged messages with its exact
-(Clopper-Pearson) bound, the per-message loss rate, recovery per fault kind, anomaly classes.
+(Clopper-Pearson) bound, the per-message loss rate, recovery per fault kind, anomaly classes,
+and the seeds none of whose faults bit (a durable run that proved nothing: exit status 4).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from harness.host import Host
 from harness.matrix import records
 from harness.matrix.cells import Cell
 from harness.matrix.model import Matrix
+from harness.spec.results import EXIT_NO_FAULT_BIT
+from harness.verdicts import exit_code
 
 PER_MILLION = 1_000_000
 
@@ -112,6 +115,7 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
         "loss_high_per_million": ppm(g.get("loss_high")),
         "recovery": recovery,
         "anomalies": sorted(g.get("anomalies") or {}),
+        "no_fault_bit": sum(_no_bite(rec) for rec in recs),
         "longest_outage_s": _longest_outage(recs),
         "statement": g.get("statement", ""),
         "scenario": dict(recs[0]["scenario"]) if recs else {},
@@ -119,16 +123,24 @@ def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str
             {
                 "seed": rec["seed"],
                 "verdict": rec["results"].get("verdict"),
+                "no_fault_bit": _no_bite(rec),
                 "confirmed": (rec["results"].get("counts") or {}).get("confirmed"),
                 "lost": (rec["results"].get("counts") or {}).get("lost"),
                 "commit": rec.get("commit"),
                 "date": rec.get("date"),
                 "seconds": rec.get("seconds"),
                 "run_dir": rec.get("run_dir"),
+                "timeline": rec["results"].get("timeline") or {},
             }
             for rec in recs
         ],
     }
+
+
+def _no_bite(rec: Mapping[str, Any]) -> bool:
+    """The run was durable and none of its faults bit: what its exit status 4 said (a record made
+    before records kept ``fault_evidence`` has none, and is not one)."""
+    return exit_code(rec["results"]) == EXIT_NO_FAULT_BIT
 
 
 def _longest_outage(recs: Sequence[Mapping[str, Any]]) -> float | None:

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from harness.scenario import _int, _mapping, _only  # the scenario file's own field checks
 from harness.spec.errors import ScenarioError
+from harness.spec.validate import integer, is_int, mapping, only
 
 ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 
@@ -115,8 +115,8 @@ def _yaml(p: Path) -> Any:
 
 
 def from_dict(data: Any, source: Path) -> Matrix:
-    top = _mapping(data, "matrix")
-    _only(top, "", TOP)
+    top = mapping(data, "matrix")
+    only(top, "", TOP)
     name = _id(top.get("name", source.stem), "name")
     library = _fault_classes(top.get("fault_classes"), source.parent)
     columns = _names(top.get("faults"), "faults")
@@ -127,7 +127,7 @@ def from_dict(data: Any, source: Path) -> Matrix:
             )
     configurations = _configurations(top.get("configurations"))
     seeds = top.get("seeds", [1])
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds):
         raise ScenarioError("seeds: expected a non-empty list of integers >= 0, e.g. [1, 2, 3]")
     if len(set(seeds)) != len(seeds):
         raise ScenarioError("seeds: a seed is listed twice")
@@ -151,10 +151,10 @@ def from_dict(data: Any, source: Path) -> Matrix:
         configurations=configurations,
         faults=tuple(library[c] for c in columns),
         seeds=tuple(seeds),
-        nodes=_int(top.get("nodes", 3), "nodes", lo=1, hi=9),
-        workload=dict(_mapping(top.get("workload", {}), "workload")),
+        nodes=integer(top.get("nodes", 3), "nodes", lo=1, hi=9),
+        workload=dict(mapping(top.get("workload", {}), "workload")),
         checkers=tuple(checkers),
-        budgets=dict(_mapping(top.get("budgets", {}), "budgets")),
+        budgets=dict(mapping(top.get("budgets", {}), "budgets")),
         description=description.strip(),
         page=(source.parent / page) if page else None,
         results=source.parent / results,
@@ -167,8 +167,8 @@ def _configurations(data: Any) -> tuple[Configuration, ...]:
     out: list[Configuration] = []
     for i, raw in enumerate(data):
         where = f"configurations[{i}]"
-        c = _mapping(raw, where)
-        _only(c, where, {"id", "label", "broker", "version", "settings", "nodes"})
+        c = mapping(raw, where)
+        only(c, where, {"id", "label", "broker", "version", "settings", "nodes"})
         cid = _id(c.get("id"), f"{where}.id")
         if any(o.id == cid for o in out):
             raise ScenarioError(f"{where}.id: {cid!r} is used twice")
@@ -188,8 +188,8 @@ def _configurations(data: Any) -> tuple[Configuration, ...]:
                 broker=broker,
                 label=label,
                 version=None if version is None else str(version),
-                settings=dict(_mapping(c.get("settings", {}), f"{where}.settings")),
-                nodes=None if nodes is None else _int(nodes, f"{where}.nodes", lo=1, hi=9),
+                settings=dict(mapping(c.get("settings", {}), f"{where}.settings")),
+                nodes=None if nodes is None else integer(nodes, f"{where}.nodes", lo=1, hi=9),
             )
         )
     return tuple(out)
@@ -208,9 +208,9 @@ def _fault_classes(data: Any, base: Path) -> dict[str, FaultClass]:
             if not lib.is_file():
                 raise ScenarioError(f"fault_classes: {str(lib)!r} does not exist")
             where = f"{lib.name}"
-            classes = _mapping(_yaml(lib), where)
+            classes = mapping(_yaml(lib), where)
         else:
-            where, classes = "fault_classes", _mapping(item, "fault_classes")
+            where, classes = "fault_classes", mapping(item, "fault_classes")
         for name, spec in classes.items():
             out[str(name)] = _fault_class(str(name), spec, f"{where}.{name}")
     return out
@@ -218,8 +218,8 @@ def _fault_classes(data: Any, base: Path) -> dict[str, FaultClass]:
 
 def _fault_class(name: str, data: Any, where: str) -> FaultClass:
     _id(name, where)
-    c = _mapping(data, where)
-    _only(c, where, {"description", "schedule", "settle"})
+    c = mapping(data, where)
+    only(c, where, {"description", "schedule", "settle"})
     description = c.get("description")
     if not isinstance(description, str) or not description.strip():
         raise ScenarioError(f"{where}.description: required: what the class stands for, in words")
@@ -228,7 +228,7 @@ def _fault_class(name: str, data: Any, where: str) -> FaultClass:
         raise ScenarioError(
             f"{where}.schedule: expected a non-empty list of steps like {{at: 8, fault: kill}}"
         )
-    steps = tuple(dict(_mapping(s, f"{where}.schedule[{i}]")) for i, s in enumerate(schedule))
+    steps = tuple(dict(mapping(s, f"{where}.schedule[{i}]")) for i, s in enumerate(schedule))
     settle = c.get("settle")
     if settle is not None and (not isinstance(settle, int | float) or isinstance(settle, bool) or settle < 0):
         raise ScenarioError(f"{where}.settle: expected seconds >= 0")
@@ -252,7 +252,3 @@ def _id(v: Any, where: str) -> str:
     if not isinstance(v, str) or not ID.match(v):
         raise ScenarioError(f"{where}: expected lower-case letters, digits, dots and dashes, got {v!r}")
     return v
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)

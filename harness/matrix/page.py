@@ -15,12 +15,17 @@ from typing import Any
 
 import yaml
 
-#: Background colour per verdict (the worst over the cell's seeds), and for cells without one.
+from harness.matrix import figure
+
+#: Background colour per verdict (the worst over the cell's seeds), for a durable cell none of
+#: whose seeds had a fault bite (``shown``), and for cells without a verdict.
 COLOURS = {
     "durable": "#c8e6c9",
+    "no fault bit": "#b3e5fc",
     "DUPLICATED": "#fff9c4",
     "UNAVAILABLE": "#ffe0b2",
     "RESURRECTED": "#ffccbc",
+    "DEAD_LETTERED": "#ffab91",
     "LOST": "#ef9a9a",
     "INTEGRITY": "#ce93d8",
     "unknown": "#e0e0e0",
@@ -28,8 +33,8 @@ COLOURS = {
     "not run": "#ffffff",
 }
 
-#: How a cell without a verdict reads.
-LABELS = {"unsupported": "not supported", "not run": "not run yet"}
+#: How a cell reads where its colour's key is not the text.
+LABELS = {"unsupported": "not supported", "not run": "not run yet", "no fault bit": "durable, no fault bit"}
 
 CAVEATS = """\
 What a cell does not prove:
@@ -44,7 +49,9 @@ What a cell does not prove:
   No seed count turns "no loss seen" into "no loss possible".
 - **The faults as written.** A fault class is the schedule below, aimed at node `n1`, where the
   workload declares its queues (the leader at the start); it is not every way the fault could
-  happen. A fault whose evidence shows it did not bite is named in the run's verdict line."""
+  happen. A seed whose fault evidence shows that no fault bit (a power cut that found nothing
+  unsynced, say) proved nothing about the fault: its cell says in how many seeds, and a cell
+  none of whose seeds had a fault bite is coloured apart from durable."""
 
 
 def _ci(c: Mapping[str, Any]) -> str:
@@ -67,13 +74,26 @@ def _recovery(c: Mapping[str, Any]) -> str:
     return out + (f", not back in {never} run(s)" if never else "")
 
 
+def shown(c: Mapping[str, Any]) -> str:
+    """What a cell's colour and first line stand for: its state, or the verdict of a graded cell,
+    except that a durable cell none of whose seeds had a fault bite is ``no fault bit``."""
+    if c["state"] != "graded":
+        return str(c["state"])
+    if c["verdict"] == "durable" and c.get("no_fault_bit") and c["no_fault_bit"] == c["runs"]:
+        return "no fault bit"
+    return str(c["verdict"])
+
+
 def cell_lines(c: Mapping[str, Any]) -> list[str]:
-    """A graded cell's lines in the table: verdict, runs lost and bound, loss per million, recovery, anomalies."""
+    """A graded cell's lines in the table: verdict, seeds in which no fault bit, runs lost and
+    bound, loss per million, recovery, anomalies."""
     if c["state"] != "graded":
         return [LABELS.get(c["state"], c["state"])]
     ppm = c.get("lost_per_million")
+    hollow = c.get("no_fault_bit") or 0
     lines = [
-        c["verdict"],
+        LABELS.get(shown(c), shown(c)),
+        *([f"fault did not bite in {hollow} of {c['runs']} seeds"] if hollow else []),
         f"{c['runs_lost']}/{c['graded_runs']} runs lost ({_ci(c)})",
         f"{ppm:g} lost per million" if ppm is not None else "nothing confirmed",
         _recovery(c),
@@ -112,7 +132,9 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         "",
         "Colour: the worst verdict over the cell's seeds "
         + ", ".join(_badge(v) for v in COLOURS)
-        + ". Each cell: that verdict; runs that lost acknowledged messages of the runs whose "
+        + "; *durable, no fault bit* is a durable cell none of whose seeds had a fault bite (each "
+        "one's fault evidence shows its faults had no effect, so it proved nothing). Each cell: that verdict; the seeds in which no fault bit, if "
+        "any; runs that lost acknowledged messages of the runs whose "
         "outcome is known, with the exact 95% bound on that share; acknowledged messages lost "
         "per million confirmed; recovery after the heal (median over every healed step and queue, "
         "and the worst); the longest outage of any seed (no publish or no consume completed); anomaly classes seen. A cell links to its seeds and scenario below.",
@@ -127,7 +149,7 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         for f in data["faults"]:
             c = cells[(conf["id"], f["name"])]
             lines = cell_lines(c)
-            head = _badge(c["state"] if c["state"] != "graded" else c["verdict"])
+            head = _badge(shown(c))
             rest = "<br>".join(html.escape(x) for x in lines[1:])
             link = f" [›](#cell-{c['cell']})" if c["state"] in ("graded", "unsupported") else ""
             row.append(head + link + (f"<br>{rest}" if rest else ""))
@@ -182,10 +204,12 @@ def _cell_section(c: Mapping[str, Any], source: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in c["seeds"]:
+        verdict = f"{s['verdict']} (no fault bit)" if s.get("no_fault_bit") else s["verdict"]
         out.append(
-            f"| {s['seed']} | {s['verdict']} | {s['confirmed']} | {s['lost']} | {s['seconds']} | "
+            f"| {s['seed']} | {verdict} | {s['confirmed']} | {s['lost']} | {s['seconds']} | "
             f"`{s['commit']}` | {s['date']} | `{s['run_dir']}` |"
         )
+    out += _figures(c)
     seeds = " ".join(f"--seed {s['seed']}" for s in c["seeds"])
     scenario = yaml.safe_dump(dict(c.get("scenario") or {}), sort_keys=False).rstrip().splitlines()
     out += [
@@ -202,6 +226,16 @@ def _cell_section(c: Mapping[str, Any], source: str) -> list[str]:
     return out
 
 
+def _figures(c: Mapping[str, Any]) -> list[str]:
+    """Each seed's operations over time, fault windows shaded (records made before figures were
+    kept have none, and say so)."""
+    out = [""]
+    for s in c["seeds"]:
+        drawn = figure.svg(s.get("timeline") or {}, f"{c['cell']} seed {s['seed']}")
+        out += [f"Seed {s['seed']}:", "", drawn or "(no figure: recorded before records kept one)", ""]
+    return out
+
+
 def html_page(data: Mapping[str, Any]) -> str:
     """A standalone table for CI artefacts: the same cells, each linking to its grade report."""
     cells = {(c["configuration"], c["fault"]): c for c in data["cells"]}
@@ -211,7 +245,7 @@ def html_page(data: Mapping[str, Any]) -> str:
         tds = []
         for f in data["faults"]:
             c = cells[(conf["id"], f["name"])]
-            state = c["state"] if c["state"] != "graded" else c["verdict"]
+            state = shown(c)
             text = "<br>".join(html.escape(x) for x in cell_lines(c))
             if c["state"] == "unsupported":
                 text += f"<br><small>{html.escape(c['reason'])}</small>"

@@ -3,7 +3,9 @@
 ``<results>/<cell>/seed-<seed>.json`` holds the content key it was run under, the commit and
 date, the run directory it came from (on the machine that ran it), how long it took, and the
 run's results cut down to what grading reads (verdict, counts, checkers' verdicts, the drain,
-anomaly counts, recovery rows, the longest outage, loss exposure per fault kind). A cell's records with another key
+anomaly counts, recovery rows, the longest outage, loss exposure per fault kind, the fault
+evidence's counts and ``no_fault_bit`` (a run none of whose faults bit, exit status 4), and the
+operations per second with the fault windows that the cell's figure draws). A cell's records with another key
 (the scenario, the images or the harness changed) are stale: they are removed when the cell
 runs again, so a cell never mixes what two recipes did.
 """
@@ -17,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness.matrix import figure
 
 SCHEMA = 1
 
@@ -132,5 +136,17 @@ def trim(res: Mapping[str, Any]) -> dict[str, Any]:
                 {k: u.get(k) for k in ("fault_kind", "queue", "kind")} for u in live.get("unavailable") or []
             ],
         },
+        "fault_evidence": _fault_evidence(res.get("fault_evidence") or {}),
         "attribution": {"exposure": list((res.get("attribution") or {}).get("exposure") or [])},
+        "timeline": {
+            **figure.series(res.get("timeline") or {}),
+            "faults": figure.windows(res.get("faults") or []),
+        },
     }
+
+
+def _fault_evidence(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """The counts of the run's ``fault_evidence`` and its ``no_fault_bit``, as the run decided them
+    (``harness.verdicts.exit_code`` reads the same field), with its lines on the faults that did not bite."""
+    kept = {k: ev.get(k) for k in ("faults", "bit", "no_effect", "unmeasured", "not_restored")}
+    return kept | {"no_fault_bit": bool(ev.get("no_fault_bit")), "lines": list(ev.get("lines") or [])}

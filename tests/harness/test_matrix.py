@@ -14,10 +14,12 @@ import yaml
 
 from harness.errors import ScenarioError
 from harness.host import Host
-from harness.matrix import execute, grading, model, page, records
-from harness.matrix.cells import Cell, cell_key, expand, scenario_data, seed_key
+from harness.matrix import execute, figure, grading, model, page, records
+from harness.matrix.cells import Cell, cell_key, docker_images, expand, scenario_data, seed_key
 from harness.runner import check_run
+from harness.spec.results import EXIT_NO_FAULT_BIT
 from harness.store import RunDir
+from harness.verdicts import exit_code
 from tests.harness.test_cli_grade import _run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +78,24 @@ def test_the_shipped_matrix_loads_and_every_cell_is_run_or_says_why(host: Host) 
     assert redis_clock.scenario is None
     assert "clock" in (redis_clock.unsupported or "") and "redis" in (redis_clock.unsupported or "")
     assert next(c for c in cells if c.id == "reference-mirrored-sync--leader-killed").unsupported is None
+    for version_row in ("rabbitmq-4.3-quorum", "nats-2.15.1-r3", "redis-8-sentinel", "valkey-9-sentinel"):
+        cell = next(c for c in cells if c.id == f"{version_row}--leader-killed")
+        assert cell.unsupported is None, (version_row, cell.unsupported)
+    # The stream row runs the rabbitmq-stream plugin; its client's own check refuses the shared
+    # workload's two consumers, and every cell of the row says so.
+    stream = [c for c in cells if c.configuration.id == "rabbitmq-4.3-stream"]
+    assert {c.configuration.broker for c in stream} == {"rabbitmq-stream"}
+    assert all("workload.consumers: 2 stream consumers" in (c.unsupported or "") for c in stream)
+
+
+def test_a_plan_keys_cells_by_image_tags_without_building_or_asking_docker(host: Host) -> None:
+    # No Docker client at all: a plan that tried to build (or look an image up) would fail here.
+    mx = model.load(REPO / "matrices" / "brokers.yaml")
+    cell = next(c for c in expand(mx, host) if c.id == "reference-mirrored-sync--leader-killed")
+    images = docker_images(host, build=False)(cell)
+    assert images["broker"].startswith("brokerchaos/reference:")
+    assert images["toxiproxy"].startswith("brokerchaos/toxiproxy:")
+    assert images == docker_images(host, build=False)(cell)  # content tags: the same answer twice
 
 
 @pytest.mark.parametrize(
@@ -242,10 +262,34 @@ def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: H
     assert "Not supported: partition shape 'isolate'" in text
     assert "What a cell does not prove" in text and "longest outage " in text
     assert "{#cell-async--killed}" in text and "](#cell-async--killed)" in text
+    # Every seed's figure, drawn from its record: the 20 confirmed publishes are all in it.
+    seed = by["async--killed"]["seeds"][1]
+    assert sum(seed["timeline"]["publish_ok"]) == 20 and sum(seed["timeline"]["consume_ok"]) == 18
+    assert text.count("<svg") == 6 and "<title>async--killed seed 2</title>" in text
     out = page.write_outputs(data, tmp_path / "out")
     written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
     assert written["async--killed"]["verdict"] == "LOST"
     assert "<table>" in out[1].read_text()
+
+
+def test_a_figure_shades_each_fault_window_and_draws_empty_seconds_as_zero() -> None:
+    tl = figure.series(
+        {
+            "bucket_s": 1,
+            "rows": [
+                {"t_s": 0, "f": "publish", "type": "ok", "count": 50},
+                {"t_s": 3, "f": "publish", "type": "ok", "count": 40},
+                {"t_s": 3, "f": "consume", "type": "ok", "count": 10},
+                {"t_s": 2, "f": "publish", "type": "fail", "count": 7},
+            ],
+        }
+    )
+    assert tl == {"bucket_s": 1, "publish_ok": [50, 0, 0, 40], "consume_ok": [0, 0, 0, 10]}
+    faults = figure.windows([{"start_ns": 1_040_000_000, "end_ns": 2_960_000_000, "kind": "kill"}])
+    assert faults == [[1.0, 3.0, "kill"]]
+    drawn = figure.svg({**tl, "faults": faults}, "one run")
+    assert drawn.count("fill-opacity") == 1 and "<title>kill 1-3 s</title>" in drawn
+    assert "50/s" in drawn and figure.svg({}, "nothing") == ""
 
 
 def test_a_bad_matrix_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -274,3 +318,89 @@ def test_a_recheck_names_a_record_its_history_contradicts(tmp_path: Path, host: 
     found = grading.recheck(host, mx, cells, "python", tmp_path / "recheck")
     assert found["runs"] == 2 and found["absent"] == 0
     assert found["disagree"] == [{"cell": "sync--killed", "seed": 2, "record": "durable", "python": "LOST"}]
+
+
+def test_a_workload_the_client_refuses_is_not_supported_before_anything_starts(
+    tmp_path: Path, host: Host
+) -> None:
+    # The stream client cannot share one stored offset between two consumers: asked before the
+    # cluster would start (the client's check_workload), so the cell says why and runs nothing.
+    def stream_cells(consumers: int) -> list[Cell]:
+        confs = [{"id": "stream", "broker": "rabbitmq-stream", "version": "4.3"}]
+        workload = {"duration": 5, "rate": 50, "consumers": consumers}
+        return expand(
+            model.load(_matrix(tmp_path, configurations=confs, faults=["killed"], workload=workload)), host
+        )
+
+    (cell,) = stream_cells(2)
+    assert cell.scenario is None
+    assert "workload.consumers: 2 stream consumers" in (cell.unsupported or "")
+    assert [c.unsupported for c in stream_cells(1)] == [None]
+
+
+# -- runs none of whose faults bit ----------------------------------------------------------
+
+_NO_BITE = {"faults": 1, "bit": 0, "no_effect": 1, "unmeasured": 0, "not_restored": 0, "no_fault_bit": True}
+
+
+def test_every_exit_status_of_a_checked_run_gets_a_record(tmp_path: Path, host: Host) -> None:
+    durable = _checked(tmp_path, "durable", 0, host)
+    hollow = {**durable, "fault_evidence": {**_NO_BITE, "lines": ["f1 power-loss on n1: nothing unsynced"]}}
+    statuses = {exit_code(r) for r in (durable, _checked(tmp_path, "lossy", 2, host), hollow)}
+    assert EXIT_NO_FAULT_BIT in statuses and statuses <= set(execute.CHECKED)
+
+
+def test_a_cell_whose_faults_did_not_bite_is_not_plain_durable(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    for j in execute.plan(cells, [1, 2, 3], mx.results, _images()).jobs:
+        res = _checked(tmp_path / "runs", f"{j.cell.id}-{j.seed}", 0, host)
+        if j.cell.configuration.id == "sync" or j.seed == 2:  # sync: no seed bit; async: seed 2 did not
+            res["fault_evidence"] = _NO_BITE | {"lines": ["f1 kill on n1: no effect"]}
+        rec = _record(j.cell, j.seed, j.key, j.cell_key, res)
+        assert rec["results"]["fault_evidence"]["no_fault_bit"] == (
+            j.cell.configuration.id == "sync" or j.seed == 2
+        )
+        records.write(records.path(mx.results, j.cell.id, j.seed), rec)
+    data = grading.grade_matrix(host, mx, cells)
+    by = {c["cell"]: c for c in data["cells"]}
+    hollow, partly = by["sync--killed"], by["async--killed"]
+    assert hollow["verdict"] == partly["verdict"] == "durable"
+    assert (hollow["no_fault_bit"], partly["no_fault_bit"]) == (3, 1)
+    assert [s["no_fault_bit"] for s in partly["seeds"]] == [False, True, False]
+    assert page.shown(hollow) == "no fault bit" and page.shown(partly) == "durable"
+    assert page.cell_lines(hollow)[:2] == ["durable, no fault bit", "fault did not bite in 3 of 3 seeds"]
+    assert page.cell_lines(partly)[:2] == ["durable", "fault did not bite in 1 of 3 seeds"]
+    text = page.markdown(data, source="tiny.yaml", results="results/tiny")
+    row = next(line for line in text.splitlines() if line.startswith("| [sync]"))
+    assert f"background:{page.COLOURS['no fault bit']}" in row and "background:#c8e6c9" not in row
+    assert "| 2 | durable (no fault bit) |" in text
+    out = page.write_outputs(data, tmp_path / "out")
+    written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
+    assert (written["sync--killed"]["no_fault_bit"], written["async--killed"]["no_fault_bit"]) == (3, 1)
+    assert (
+        f'<td style="background:{page.COLOURS["no fault bit"]}">durable, no fault bit' in out[1].read_text()
+    )
+
+
+def test_a_record_made_before_records_kept_fault_evidence_reads_as_before(tmp_path: Path, host: Host) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    for j in execute.plan(cells, [1], mx.results, _images()).jobs:
+        rec = _record(j.cell, j.seed, j.key, j.cell_key, _checked(tmp_path / "runs", j.cell.id, 0, host))
+        del rec["results"]["fault_evidence"]
+        records.write(records.path(mx.results, j.cell.id, j.seed), rec)
+    cell = grading.grade_matrix(host, mx, cells)["cells"][0]
+    assert cell["no_fault_bit"] == 0 and page.shown(cell) == "durable"
+    assert page.cell_lines(cell)[:2] == ["durable", "0/1 runs lost (no bound from one run)"]
+
+
+def test_the_progress_line_names_a_run_none_of_whose_faults_bit(
+    tmp_path: Path, host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    job = execute.plan(expand(mx, host), [1], mx.results, _images()).jobs[0]
+    res = _checked(tmp_path, "hollow", 0, host) | {"fault_evidence": _NO_BITE | {"lines": []}}
+    done = execute.Outcome(job, _record(job.cell, 1, job.key, job.cell_key, res), seconds=30.0)
+    execute.Runner(mx.results, tmp_path, jobs=1)._progress([done], 1, [], [], 0.0)
+    assert "seed 1: durable (no fault bit: 1 of 1 fault had no effect) in 30 s" in capsys.readouterr().err
