@@ -18,10 +18,14 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              halved or doubled), the kind re-resolving the rest; values no run has shown first;
 ``overlap``  an action of a kind from the pool added so that its window overlaps an existing
              action's, preferring pairs of kinds the corpus has never held together;
-``align``    actions of a kind from the pool begun and healed inside an existing action's window,
-             on the nodes it targets (a kill held inside the isolation of the same node) or on
-             each of the others (their client links reset while one node is cut off), with the
-             kind's enumerated parameters drawn afresh, values no run has shown first;
+``align``    actions of a kind from the pool nested inside an existing action's window, on the
+             nodes it targets (a partition's smaller side: a kill held inside the isolation of the
+             same node) or on each of the others (with a kind's ``sheds_clients`` parameters half
+             the time: their client links reset while one node is cut off, the clients pushed
+             onto it), begun early and healed with most of the window to run and with the
+             workload time left that earlier runs' heals ran late (``Search.reserve``), relations
+             no run has reached first, the kind's enumerated parameters drawn afresh; applied last
+             in its stack, so no other mutation moves the window it nested in;
 ``add``      an action of a kind from the pool at a random time;
 ``remove``   one action taken out;
 ``splice``   the early part of this schedule joined to the later part of another corpus entry.
@@ -46,7 +50,7 @@ import datetime as dt
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,7 @@ OPERATORS: dict[str, float] = {
     "splice": 1,
 }
 MAX_ERRORS = 3  # consecutive runs that could not run: the search stops
+LATE_RUNS = 5  # the runs whose heals' lateness ``Search.reserve`` takes the median of
 
 
 @dataclass
@@ -85,6 +90,8 @@ class Outcome:
     run_dir: str | None = None
     seconds: float = 0.0
     error: str | None = None
+    late_s: float | None = None  # how late its latest heal completed (``explore_cells.heal_lateness``)
+    shapes: set[str] = field(default_factory=set)  # what it tried (``explore_cells.run_shapes``)
 
     @property
     def failed(self) -> bool:
@@ -116,7 +123,7 @@ class Entry:
 
 @dataclass
 class Corpus:
-    """The search's state, in ``DIR/corpus.json``: kept schedules, cells seen, every run so far.
+    """The search's state, in ``DIR/corpus.json``: kept schedules, cells seen, shapes tried, every run so far.
 
     A later search with the same directory continues from it (its candidate numbers, time and
     cells go on from where the last one stopped).
@@ -127,6 +134,7 @@ class Corpus:
     seed: int
     entries: list[Entry] = field(default_factory=list)
     cells: dict[str, str] = field(default_factory=dict)  # cell -> the run that first reached it
+    shapes: dict[str, str] = field(default_factory=dict)  # fault shape -> the run that first tried it
     runs: list[dict[str, Any]] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)  # Schedule.key() of every candidate run
     elapsed_s: float = 0.0  # search time over every session
@@ -154,6 +162,7 @@ class Corpus:
             int(data.get("seed", seed)),
             entries=entries,
             cells=dict(data.get("cells", {})),
+            shapes=dict(data.get("shapes", {})),
             runs=list(data.get("runs", [])),
             tried=set(data.get("tried", [])),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
@@ -172,6 +181,7 @@ class Corpus:
             "elapsed_s": round(self.elapsed_s, 1),
             "entries": [e.to_dict() for e in self.entries],
             "cells": dict(sorted(self.cells.items())),
+            "shapes": dict(sorted(self.shapes.items())),
             "runs": self.runs,
             "tried": sorted(self.tried),
             "failure": self.failure,
@@ -196,8 +206,11 @@ class Mutator:
 
     ``pool``: the fault kinds a mutation may add, each with the scenario-level parameters to
     resolve it from. ``seen_pairs``: (kind held, kind started under it) pairs the corpus has
-    reached, so ``overlap`` aims at the others first; ``seen_values``: (kind, ``key=value``) of
-    parameters the corpus's runs showed, so ``shape`` sets a value no run has shown first.
+    tried, so ``overlap`` aims at the others first; ``seen_relations``: the same with ``same`` or
+    ``other`` nodes, so ``align`` aims at a relation no run has tried first; ``seen_values``: (kind, ``key=value``) of
+    parameters the corpus's runs showed, so ``shape`` sets a value no run has shown first;
+    ``reserve``: seconds of workload ``align`` leaves after a nested action's planned heal
+    (``Search.reserve``: how late the runs' heals ended).
     """
 
     def __init__(
@@ -207,12 +220,16 @@ class Mutator:
         rng: random.Random,
         seen_pairs: set[tuple[str, str]] | None = None,
         seen_values: set[tuple[str, str]] | None = None,
+        seen_relations: set[tuple[str, str, str]] | None = None,
+        reserve: float = 0.0,
     ) -> None:
         self.faults = faults
         self.pool = dict(pool)
         self.rng = rng
         self.seen_pairs = seen_pairs or set()
         self.seen_values = seen_values  # None: nothing known, no value is preferred
+        self.seen_relations = seen_relations or set()
+        self.reserve = reserve  # seconds of workload ``align`` leaves after a nested action's heal
 
     # each operator returns (schedule, what) or None when it does not apply
     def shift(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
@@ -323,29 +340,66 @@ class Mutator:
             out[key] = self.rng.choice(fresh or list(allowed))
         return out
 
-    def align(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
-        """Actions of one pool kind inside an existing action's window, on its nodes or on each other node."""
+    def _align_options(self, s: Schedule) -> list[tuple[int, str, str]]:
+        """(action, pool kind, ``same``/``others``) that ``align`` can draw, unseen relations first."""
         kinds = [k for k in sorted(self.pool) if "node" in self.faults[k].params_schema]
-        if not s.steps or not kinds:
+        options = [(i, k, way) for i in range(len(s.steps)) for k in kinds for way in ("same", "others")]
+        fresh = [o for o in options if self._unseen_relation(s.steps[o[0]].kind, o[1], o[2])]
+        return fresh or options
+
+    def _unseen_relation(self, held: str, kind: str, way: str) -> bool:
+        return (held, kind, "same" if way == "same" else "other") not in self.seen_relations
+
+    def align(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        """Actions of one pool kind nested inside an existing action's window, on its nodes (a
+        partition's smaller side) or on each other node: begun early in the window and healed
+        with most of it still to run (a killed node back, with time to act, while its isolation
+        holds); relations no run has reached first. Half the time the window is widened first
+        (begun anywhere back to the workload's start, held to its end): the time after the nested
+        action's heal is where what it started shows, and a short window leaves none.
+
+        The nested action heals ``reserve`` seconds before the workload's end at the latest (the
+        time earlier runs' heals took past their planned time: a node restarted after the
+        producers stopped serves no one). On each other node, half the time a kind that
+        ``sheds_clients`` is held with those parameters to the window's end: the clients pushed onto
+        the window's side while it lasts."""
+        options = self._align_options(s) if s.steps else []
+        if not options:
             return None
         cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
-        p = s.steps[self.rng.randrange(len(s.steps))]
-        kind = self.rng.choice(kinds)
+        i, kind, way = self.rng.choice(options)
+        p = s.steps[i]
         mine = targets(p.params, cluster)
-        way = self.rng.choice(["same", "others"])
         aim = mine if way == "same" else [n for n in cluster if n not in mine]
+        what = f"align {kind} on {way} of {p.fault_id}"
+        heal_by = s.duration - TAIL - self.reserve  # the nested action's heal, with workload left after it
+        if self.rng.random() < 0.5 or p.at + MIN_HOLD >= heal_by:
+            at = round(p.at - self.rng.uniform(0.0, 1.0) * max(0.0, p.at - MIN_LEAD), 3)
+            s = s.with_step(i, at=at, hold=round(s.duration - TAIL - at, 3))
+            p = s.steps[i]
+            what += " (widened)"
         start, end = _window(p, s.duration)
         end = min(end, s.duration - TAIL)
-        at = start + self.rng.uniform(0.1, 0.5) * (end - start)
-        hold = max(MIN_HOLD, self.rng.uniform(0.3, 0.9) * (end - at))
-        if not aim or at + hold > s.duration - TAIL:
-            return None
-        given = self._drawn(kind)
+        span = end - start
+        at = start + self.rng.uniform(0.05, 0.2) * span
+        shed = self.faults[kind].sheds_clients
+        if way == "others" and shed and self.rng.random() < 0.5:
+            given = dict(shed)
+            hold = max(MIN_HOLD, end - at - min(0.5, 0.05 * span))  # to the window's end
+            what += " (clients pushed to its side)"
+        else:
+            given = self._drawn(kind)
+            hold = max(MIN_HOLD, self.rng.uniform(0.05, 0.25) * span)
+            if at + hold > heal_by:
+                hold = max(MIN_HOLD, heal_by - at)
+                at = min(at, heal_by - hold)
+        if not aim or at <= start or at + hold >= end:
+            return None  # strictly inside: healed before the window it nests in
         added = [self._new_step(kind, at, hold, s.nodes, {**given, "node": n}) for n in aim]
         if any(a is None for a in added):
             return None
         steps = (*s.steps, *(a for a in added if a is not None))
-        return s.replace(steps=steps), f"align {kind} on {way} of {p.fault_id}"
+        return s.replace(steps=steps), what
 
     def overlap(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         """A pool kind added over (or under) an existing action, unseen pairs first."""
@@ -409,30 +463,55 @@ class Mutator:
     def mutate(
         self, s: Schedule, other: Schedule | None, nodes: Sequence[str]
     ) -> tuple[Schedule, str] | None:
-        """One to three stacked mutations of ``s``; None when none gave a valid schedule."""
+        """One to three stacked mutations of ``s``; None when none gave a valid schedule.
+
+        ``align`` is applied last in its stack: a ``shift`` or ``hold`` of the outer action after
+        it would move the window it nested in (a kill inside an isolation, the isolation moved off
+        it), so the nesting it made would not be the one that runs.
+        """
         stack = self.rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
         names = list(OPERATORS)
-        unseen = any((a, b) not in self.seen_pairs for a in self.pool for b in self.pool)
-        values = any(self._unseen(p.kind, k, v) for p in s.steps for k, v in self._values(p))
-        # While kinds were never held together, or parameter values never shown, those are worth more draws.
-        boost = {"overlap": 2 if unseen else 1, "shape": 2 if values else 1}
-        weights = [OPERATORS[n] * boost.get(n, 1) for n in names]
+        weights = [OPERATORS[n] * self._boost(s).get(n, 1) for n in names]
         done: list[str] = []
         cur = s
+        nest = False  # align drawn: it takes a place in the stack, applied after the others
         for _ in range(stack * 4):  # room for operators that do not apply
-            if len(done) == stack:
+            if len(done) + nest >= stack:
                 break
             op = self.rng.choices(names, weights=weights)[0]
-            got = getattr(self, op)(cur, other)
-            if got is None:
-                continue
-            cand = normalise(got[0])
-            if cand.key() != cur.key() and valid(cand, self.faults, nodes):
-                cur = cand
-                done.append(got[1])
+            if op == "align":
+                nest = True
+            else:
+                cur = self._apply(op, cur, other, nodes, done)
+        for _ in range(4 if nest else 0):  # a few draws for it to fit
+            before = len(done)
+            cur = self._apply("align", cur, other, nodes, done)
+            if len(done) > before:
+                break
         if not done or cur.key() == s.key():
             return None  # nothing applied, or the stack undid itself (an action added, then removed)
         return cur, "; ".join(done)
+
+    def _apply(
+        self, op: str, cur: Schedule, other: Schedule | None, nodes: Sequence[str], done: list[str]
+    ) -> Schedule:
+        """``cur`` mutated by ``op`` when that gives another valid schedule (its name added to ``done``)."""
+        got = getattr(self, op)(cur, other)
+        if got is None:
+            return cur
+        cand = normalise(got[0])
+        if cand.key() == cur.key() or not valid(cand, self.faults, nodes):
+            return cur
+        done.append(got[1])
+        return cand
+
+    def _boost(self, s: Schedule) -> dict[str, int]:
+        """While kinds were never held together, relations never reached, or parameter values never
+        shown, the operators that make them are worth more draws (the signal counts relations)."""
+        unseen = any((a, b) not in self.seen_pairs for a in self.pool for b in self.pool)
+        relations = any(self._unseen_relation(s.steps[i].kind, k, w) for i, k, w in self._align_options(s))
+        values = any(self._unseen(p.kind, k, v) for p in s.steps for k, v in self._values(p))
+        return {"overlap": 2 if unseen else 1, "align": 2 if relations else 1, "shape": 2 if values else 1}
 
 
 def _swap(value: Any, a: str, b: str) -> Any:
@@ -465,29 +544,32 @@ def valid(s: Schedule, faults: Mapping[str, type[Fault]], nodes: Sequence[str]) 
     return True
 
 
-def values_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
-    """(kind, ``key=value``) of every parameter the cells' fault shapes show."""
+def values_in(shapes: Iterable[str]) -> set[tuple[str, str]]:
+    """(kind, ``key=value``) of every parameter the fault shapes (``explore_cells.run_shapes``) show."""
     out: set[tuple[str, str]] = set()
-    for cell in cells:
-        parts = cell.split(" | ")
-        if len(parts) != 3 or "[" not in parts[1]:
+    for shape in shapes:
+        if "[" not in shape:
             continue
-        kind, rest = parts[1].split("[", 1)
+        kind, rest = shape.split("[", 1)
         out |= {(kind, kv) for kv in rest.split("]", 1)[0].split(",") if kv}
     return out
 
 
-def pairs_in(cells: Mapping[str, Any] | set[str]) -> set[tuple[str, str]]:
-    """(held kind, kind started under it) pairs that the cells' fault shapes show."""
-    out: set[tuple[str, str]] = set()
-    for cell in cells:
-        parts = cell.split(" | ")
-        if len(parts) != 3 or " under=" not in parts[1]:
+def relations_in(shapes: Iterable[str]) -> set[tuple[str, str, str]]:
+    """(held kind, kind started under it, ``same`` or ``other`` nodes) of the relation shapes."""
+    out: set[tuple[str, str, str]] = set()
+    for shape in shapes:
+        if " under=" not in shape:
             continue
-        kind = parts[1].split("[", 1)[0]
-        under = parts[1].split(" under=", 1)[1].split(" ", 1)[0]
-        out |= {(u.split(":", 1)[0], kind) for u in under.split("+")}
+        kind, under = shape.split(" under=", 1)
+        held, _, where = under.partition(":")
+        out.add((held, kind, where))
     return out
+
+
+def pairs_in(shapes: Iterable[str]) -> set[tuple[str, str]]:
+    """(held kind, kind started under it) pairs that the relation shapes show."""
+    return {(held, kind) for held, kind, _ in relations_in(shapes)}
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -498,7 +580,9 @@ Execute = Callable[[Schedule, str, int], Outcome]
 class Search:
     """The loop: seed the corpus with the scenario's own schedule, then pick, mutate, run, keep.
 
-    ``execute(schedule, what, iteration)`` runs one candidate. ``clock`` is the time source of the
+    ``execute(schedule, what, iteration)`` runs one candidate. ``until``: the failing verdicts that
+    stop the search (None: any); a run failing with another is recorded and kept like any run, and
+    the search goes on. ``clock`` is the time source of the
     budget (``time.monotonic`` in use; the tests give their own).
     """
 
@@ -512,10 +596,12 @@ class Search:
         *,
         budget_s: float,
         max_runs: int | None = None,
+        until: frozenset[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         say: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.corpus = corpus
+        self.until = until  # the failing verdicts that stop the search (None: any)
         self.start = normalise(start)
         self.faults = faults
         self.pool = dict(pool)
@@ -534,7 +620,13 @@ class Search:
         rng = random.Random(f"{self.corpus.seed}:explore:{iteration}")
         parents = self.corpus.entries or [Entry("start", self.start, [], [], None, "start", None, "durable")]
         mutator = Mutator(
-            self.faults, self.pool, rng, pairs_in(self.corpus.cells), values_in(self.corpus.cells)
+            self.faults,
+            self.pool,
+            rng,
+            pairs_in(self.corpus.shapes),
+            values_in(self.corpus.shapes),
+            relations_in(self.corpus.shapes),
+            self.reserve(),
         )
         for _ in range(50):
             parent = rng.choices(parents, weights=[e.weight() for e in parents])[0]
@@ -545,8 +637,63 @@ class Search:
             return got[0], f"{parent.id}: {got[1]}", parent
         return None
 
+    def reserve(self) -> float:
+        """Seconds of workload to leave after a nested action's planned heal: the median lateness of
+        the last ``LATE_RUNS`` runs' heals, at most a third of the workload (0 before any)."""
+        late = sorted(r["late_s"] for r in self.corpus.runs[-LATE_RUNS:] if r.get("late_s") is not None)
+        if not late:
+            return 0.0
+        return round(min(late[len(late) // 2], self.start.duration / 3), 3)
+
+    def _keep(
+        self, iteration: int, schedule: Schedule, how: str, parent: Entry | None, out: Outcome
+    ) -> dict[str, Any]:
+        """Add a run's new cells and shapes to the corpus, its record to the runs, and its schedule
+        to the corpus when it found new cells; say so. Returns the run's record."""
+        new = sorted(out.cells - set(self.corpus.cells))
+        for c in new:
+            self.corpus.cells[c] = f"run {iteration}"
+        for shape in out.shapes - set(self.corpus.shapes):
+            self.corpus.shapes[shape] = f"run {iteration}"
+        record = {
+            "iteration": iteration,
+            "how": how,
+            "schedule": schedule.to_dict(),
+            "verdict": out.verdict,
+            "error": out.error,
+            "seconds": round(out.seconds, 1),
+            "elapsed_s": round(self.corpus.elapsed_s, 1),
+            "cells": len(out.cells),
+            "new": len(new),
+            "cells_total": len(self.corpus.cells),
+            "late_s": out.late_s,
+            "run_dir": out.run_dir,
+        }
+        self.corpus.runs.append(record)
+        kept = bool(new) and out.error is None
+        if kept:
+            self.corpus.entries.append(
+                Entry(
+                    f"e{len(self.corpus.entries) + 1}",
+                    schedule,
+                    sorted(out.cells),
+                    new,
+                    parent.id if parent else None,
+                    how,
+                    out.run_dir,
+                    out.verdict,
+                )
+            )
+        self.say(
+            f"run {iteration}: {out.error or out.verdict} ({out.seconds:.0f} s), {len(new)} new cell(s), "
+            f"{len(self.corpus.cells)} in all; corpus {len(self.corpus.entries)} schedule(s)"
+            + (f", kept as {self.corpus.entries[-1].id}" if kept else "")
+            + f"; {self.corpus.elapsed_s / 60:.1f} min searched"
+        )
+        return record
+
     def run(self) -> Outcome | None:
-        """Search until the first failure (returned), the budget or ``max_runs`` is spent (None)."""
+        """Search until the first failure that stops it (returned), the budget or ``max_runs`` is spent (None)."""
         t0 = self.clock()
         spent0 = self.corpus.elapsed_s
         errors = 0
@@ -573,45 +720,9 @@ class Search:
             out = self.execute(schedule, how, iteration)
             runs += 1
             self.corpus.tried.add(schedule.key())
-            new = sorted(out.cells - set(self.corpus.cells))
-            for c in new:
-                self.corpus.cells[c] = f"run {iteration}"
             self.corpus.elapsed_s = spent0 + (self.clock() - t0)
-            record = {
-                "iteration": iteration,
-                "how": how,
-                "schedule": schedule.to_dict(),
-                "verdict": out.verdict,
-                "error": out.error,
-                "seconds": round(out.seconds, 1),
-                "elapsed_s": round(self.corpus.elapsed_s, 1),
-                "cells": len(out.cells),
-                "new": len(new),
-                "cells_total": len(self.corpus.cells),
-                "run_dir": out.run_dir,
-            }
-            self.corpus.runs.append(record)
-            kept = bool(new) and out.error is None
-            if kept:
-                self.corpus.entries.append(
-                    Entry(
-                        f"e{len(self.corpus.entries) + 1}",
-                        schedule,
-                        sorted(out.cells),
-                        new,
-                        parent.id if parent else None,
-                        how,
-                        out.run_dir,
-                        out.verdict,
-                    )
-                )
-            self.say(
-                f"run {iteration}: {out.error or out.verdict} ({out.seconds:.0f} s), {len(new)} new cell(s), "
-                f"{len(self.corpus.cells)} in all; corpus {len(self.corpus.entries)} schedule(s)"
-                + (f", kept as {self.corpus.entries[-1].id}" if kept else "")
-                + f"; {self.corpus.elapsed_s / 60:.1f} min searched"
-            )
-            if out.failed:
+            record = self._keep(iteration, schedule, how, parent, out)
+            if out.failed and (self.until is None or out.verdict in self.until):
                 self.corpus.failure = {**record, "describe": schedule.describe()}
                 self.corpus.save()
                 self.finished = "failure"

@@ -7,26 +7,33 @@ feature
     ``requeue``, ``recover``, ``close``, ``crash``, ``slow-consumer``, ``delay``, ``tx-publish``,
     ``tx-ack``, ``queues``, ``cluster``), read from the scenario.
 fault
-    the shape of one fault window: its kind, its enumerated, string and boolean parameters (not
-    its numbers, nor how long it was held: a run that moves a figure a little reaches nothing
-    new), how much of the cluster it targets (``one``/``some``/``all``), the role of its target
-    (``clients``: a node the workload's clients went through; ``no-clients``), the kinds already
-    held when it began and whether it hit the same nodes as they did (``under=partition:same``,
-    ``under=partition:other``), and the kinds whose heal it followed before the queues had
-    recovered (``recovering=kill``).
+    one fault window, coarse: its kind, how much of the cluster it targets (``one``/``some``/
+    ``all``) and whether a node the workload's clients went through is among them
+    (``kill@one/clients``, ``partition@one/no-clients``); or a relation of the window to another
+    (``kill under=partition:same``: begun while a partition of the same nodes was held;
+    ``kill recovering=power-loss``: begun after its heal, before the queues had recovered); or
+    ``run`` for the run as a whole.
 event
-    what the run recorded in that window: whether the fault applied, the share of publishes
-    confirmed inside it, whether each queue recovered after its heal, outages that overlapped it,
-    lost messages attributed to it. The run as a whole (which kinds of anomaly it counted, its
-    verdict) makes cells of its own (fault ``run``), not one per window: crossed with every
-    window's shape, each verdict or anomaly made a new cell for every shape a run had.
+    what the run showed in that window: whether the fault applied and bit, whether publishes
+    were served inside it (``publish-served``, ``publish-down``, ``no-publishes``), whether each
+    queue recovered after its heal, outages that overlapped it, lost messages attributed to it; for
+    the run, its verdict, the kinds of anomaly it counted, and the broker's own events the plugin
+    reads from its logs (``event=promoted-in-sync``, ``event=served-alone``).
+
+The cells say what the cluster did, not what the schedule was. A fault's parameters, its numbers
+and its relations to other windows are the search's input: cells keyed on them (a kind crossed
+with each parameter value, each relation crossed with each outcome) are reached by the mutation
+that makes them, whatever the broker does, so every run was new and the corpus kept everything: a
+random walk over mutations. A relation makes a cell only with what went wrong for the workload
+(``lost``, ``not-recovered``, a heal that failed); the broker's events are the run's, so a node that
+started alone and served is one cell whichever schedule got it there, and which window a routine
+event fell in (a synced mirror, a group-commit batch) makes none. What
+the search has tried (each window's parameters and relations, ``run_shapes``) is kept apart, for
+the mutations to aim at what is untried first.
 
 Everything is read from a stored run (``scenario.json`` and ``results.json``): no Docker, no
-clock. Broker events a plugin reports (``results.json`` ``events``: each ``{"name": ...,
-"fault_ids": [...]}``) join a window's events when a run has them. The cells are coarse on
-purpose: a map in which every run is new gives the search no direction (each run kept, the corpus
-a random walk over mutations); a run is new when it reaches a state: a kind of fault over another,
-on the same nodes or the others, with an outcome no run had before.
+clock. Broker events a plugin reports (``results.json`` ``events``: each ``{"name": ...}``) make
+the run's cells when a run has them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+#: A window's events a relation is crossed with: what went wrong for the workload. Crossed with
+#: every outcome (applied, publishes served, an outage), a relation was reached by the mutation
+#: that made it, whatever the broker did.
+WENT_WRONG = frozenset({"apply-failed", "never-healed", "not-recovered", "lost"})
 #: Run-level counts that make an event when they are above zero.
 COUNTED = ("recovered", "unknown", "failed", "duplicated", "resurrected", "ack_unknown", "abandoned")
 
@@ -105,23 +116,27 @@ def _fault_params(w: Mapping[str, Any]) -> Mapping[str, Any]:
     return p["params"] if isinstance(p.get("params"), Mapping) else p
 
 
-def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, str]:
-    """Each fault window's shape, by fault id."""
+def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, list[str]]:
+    """Each fault window's shapes, by fault id: the fault itself, then one per relation to another.
+
+    The first is the fault alone (``kill[]@one/clients``); then one per kind it began under,
+    with whether it hit the same nodes (``kill under=partition:same``), and one per kind whose
+    heal it followed before the queues recovered (``kill recovering=power-loss``). Each relation is
+    a shape of its own, not crossed with the fault's parameters, its target or its other relations.
+    The shapes are what a run tried (``run_shapes``); the cells take the first without its
+    parameters and the relations only with what went wrong (``run_cells``).
+    """
     windows = list(results.get("faults") or [])
     all_nodes = [f"n{i}" for i in range(1, nodes + 1)]
-    lv = results.get("liveness") or {}
     client_nodes = {
-        n["node"] for r in lv.get("recovery") or [] for n in r.get("nodes") or [] if n.get("node")
+        n["node"]
+        for r in (results.get("liveness") or {}).get("recovery") or []
+        for n in r.get("nodes") or []
+        if n.get("node")
     }
-    recovered_at: dict[str, int] = {}
-    for r in lv.get("recovery") or []:
-        if r.get("heal_ns") is not None:
-            # Publishes back, where there were any: a backlog's consumes come back only at the drain.
-            back = r.get("publish_ok_ns") if r.get("publish_demand") else None
-            end = r["heal_ns"] + (back if back is not None else r.get("recovery_ns") or 0)
-            recovered_at[r["fault_id"]] = max(recovered_at.get(r["fault_id"], 0), end)
+    recovered_at = _recovered_at(results)
     aimed = {w["fault_id"]: set(targets(_fault_params(w), all_nodes)) for w in windows}
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     for w in windows:
         mine = aimed[w["fault_id"]]
         share = "all" if len(mine) >= len(all_nodes) else "one" if len(mine) == 1 else "some"
@@ -143,17 +158,29 @@ def fault_shapes(results: Mapping[str, Any], nodes: int) -> dict[str, str]:
                 and o["heal_start_ns"] <= start < recovered_at.get(o["fault_id"], o["heal_start_ns"])
             }
         )
-        shape = f"{w['kind']}[{_params_shape(_fault_params(w))}]@{share}/{role}"
-        if under:
-            shape += f" under={'+'.join(under)}"
-        if recovering:
-            shape += f" recovering={'+'.join(recovering)}"
-        out[w["fault_id"]] = shape
+        kind = w["kind"]
+        out[w["fault_id"]] = [
+            f"{kind}[{_params_shape(_fault_params(w))}]@{share}/{role}",
+            *(f"{kind} under={u}" for u in under),
+            *(f"{kind} recovering={r}" for r in recovering),
+        ]
+    return out
+
+
+def _recovered_at(results: Mapping[str, Any]) -> dict[str, int]:
+    """When each fault's queues had their publishes back after its heal (ns), by fault id."""
+    out: dict[str, int] = {}
+    for r in (results.get("liveness") or {}).get("recovery") or []:
+        if r.get("heal_ns") is not None:
+            # Publishes back, where there were any: a backlog's consumes come back only at the drain.
+            back = r.get("publish_ok_ns") if r.get("publish_demand") else None
+            end = r["heal_ns"] + (back if back is not None else r.get("recovery_ns") or 0)
+            out[r["fault_id"]] = max(out.get(r["fault_id"], 0), end)
     return out
 
 
 def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
-    """What each fault window saw, by fault id."""
+    """What each fault window saw, by fault id, and under ``run`` the broker's events."""
     out: dict[str, set[str]] = {}
     for w in results.get("faults") or []:
         out[w["fault_id"]] = {"applied" if w.get("applied") else "apply-failed"}
@@ -166,15 +193,8 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
         if row.get("window") not in out:
             continue
         share = row.get("share")
-        label = (
-            "no-publishes"
-            if share is None
-            else "publish-down"
-            if share == 0
-            else "publish-degraded"
-            if share < 0.9
-            else "publish-ok"
-        )
+        # served or not, not how much: a threshold on the share moved a window across it with the timing
+        label = "no-publishes" if share is None else "publish-down" if share == 0 else "publish-served"
         out[row["window"]].add(label)
     lv = results.get("liveness") or {}
     for r in lv.get("recovery") or []:
@@ -190,11 +210,11 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
         for fid in m.get("fault_ids") or []:
             if fid in out:
                 out[fid].add("lost")
+    # The broker's events are the run's: which window a promotion or a synced mirror fell in moved
+    # with the timing (two runs of one schedule had them in different windows).
     for e in results.get("events") or []:
-        if not isinstance(e, Mapping) or not e.get("name"):
-            continue
-        for fid in e.get("fault_ids") or ["run"]:
-            out.setdefault(fid, set()).add(f"event={e['name']}")
+        if isinstance(e, Mapping) and e.get("name"):
+            out.setdefault("run", set()).add(f"event={e['name']}")
     return out
 
 
@@ -223,21 +243,53 @@ def run_events(results: Mapping[str, Any]) -> set[str]:
     return out
 
 
+def _coarse(shape: str) -> str:
+    """A fault's own shape without its parameters: ``kill[]@one/clients`` -> ``kill@one/clients``."""
+    kind, _, rest = shape.partition("[")
+    return kind + "@" + rest.split("]@", 1)[1] if rest else shape
+
+
 def run_cells(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[str]:
     """Every (feature, fault, event) cell a run reached: ``scenario`` is ``Scenario.to_dict()``."""
     features = workload_features(scenario)
     nodes = int((scenario.get("broker") or {}).get("nodes") or 1)
-    shapes = fault_shapes(results, nodes)
     events = window_events(results)
-    whole = run_events(results)
     out: set[str] = set()
-    for fid, shape in shapes.items():
-        for ev in events.get(fid, set()):
-            out |= {f"{f} | {shape} | {ev}" for f in features}
-    where = "run" if shapes else "no-fault"
-    for ev in whole | events.get("run", set()):
+    for fid, (own, *relations) in fault_shapes(results, nodes).items():
+        seen = events.get(fid, set())
+        out |= {f"{f} | {_coarse(own)} | {ev}" for f in features for ev in seen}
+        wrong = seen & WENT_WRONG
+        out |= {f"{f} | {shape} | {ev}" for f in features for shape in relations for ev in wrong}
+    where = "run" if results.get("faults") else "no-fault"
+    for ev in run_events(results) | events.get("run", set()):
         out |= {f"{f} | {where} | {ev}" for f in features}
     return out
+
+
+def run_shapes(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[str]:
+    """What the run tried: each window's shape with its parameters and each relation it had
+    (``fault_shapes``), for the mutations to aim at what no run has tried."""
+    nodes = int((scenario.get("broker") or {}).get("nodes") or 1)
+    return {shape for shapes in fault_shapes(results, nodes).values() for shape in shapes}
+
+
+def heal_lateness(results: Mapping[str, Any], due: Mapping[str, float]) -> float | None:
+    """How many seconds past its planned time the latest heal of the run completed (``due``: fault id ->
+    its planned heal, seconds from the workload's start); None when no applied action was healed.
+
+    A window ends at its heal's ok: the heal itself (a restart takes its time) and what the nemesis
+    measured after it, during which it applies nothing else. On a loaded machine both run late, and
+    what a nested action leaves behind meets the workload only if that much of it is left.
+    """
+    worst: float | None = None
+    for w in results.get("faults") or []:
+        at = due.get(str(w.get("fault_id")))
+        start = (w.get("params") or {}).get("workload_start_s")
+        if at is None or start is None or not (w.get("applied") and w.get("healed")):
+            continue
+        late = max(0.0, w["end_ns"] / 1e9 - float(start) - at)
+        worst = late if worst is None else max(worst, late)
+    return None if worst is None else round(worst, 3)
 
 
 def stored_run_cells(run_dir: Path) -> set[str]:

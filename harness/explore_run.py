@@ -18,7 +18,7 @@ import yaml
 
 from harness.errors import BrokerChaosError
 from harness.explore import Corpus, Outcome, Search, pool_of
-from harness.explore_cells import run_cells
+from harness.explore_cells import heal_lateness, run_cells, run_shapes
 from harness.host import Host
 from harness.nemesis import Plan, plan
 from harness.progress import say
@@ -40,6 +40,7 @@ class Explore:
         extra_faults: Sequence[str] = (),
         max_runs: int | None = None,
         checkers: tuple[str, ...] | None = None,
+        until: frozenset[str] | None = None,
     ) -> None:
         if budget_s <= 0:
             raise BrokerChaosError("--budget must be a positive number of minutes")
@@ -78,6 +79,7 @@ class Explore:
             self.execute,
             budget_s=budget_s,
             max_runs=max_runs,
+            until=until,
             say=lambda line: say("explore", line),
         )
 
@@ -97,7 +99,15 @@ class Explore:
             return Outcome("error", set(), None, time.monotonic() - t0, str(exc))
         assert run.dir is not None
         verdict = str(results.get("verdict", results.get("valid")))
-        return Outcome(verdict, run_cells(sc.to_dict(), results), str(run.dir.path), time.monotonic() - t0)
+        due = {p.fault_id: p.at + p.hold for p in s.steps if p.hold is not None}
+        return Outcome(
+            verdict,
+            run_cells(sc.to_dict(), results),
+            str(run.dir.path),
+            time.monotonic() - t0,
+            late_s=heal_lateness(results, due),
+            shapes=run_shapes(sc.to_dict(), results),
+        )
 
     def write_kept(self) -> None:
         kept = self.dir / "kept"
