@@ -22,6 +22,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 _marks: list[dict[str, Any]] = []
 
 
+def probed_run(store: Path, duration: float, extra: list[str]) -> list[str]:
+    """The CLI arguments of the run the overhead benchmarks time: the partitions scenario, probed."""
+    args = ["-p", "bench.cpu_probe", "run", "scenarios/partitions.yaml"]
+    return [*args, "--store", str(store), "--duration", str(duration), *extra]
+
+
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent id, CPU seconds of the process and of its children it waited for)."""
     try:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import os
 import shutil
@@ -53,7 +52,17 @@ from typing import Any
 
 import yaml
 
-from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli
+from bench.facts import (
+    Origin,
+    add_store_and_out,
+    facts_markdown,
+    load_line,
+    measure,
+    run_cli,
+    say,
+    stamped_store,
+    write_report,
+)
 from harness.errors import BrokerChaosError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,34 +264,30 @@ class Interrupted(Exception):
         self.record = record
 
 
-def run_scenario(
-    scenario: Path, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
-) -> RunRecord:
-    """One ``brokerchaos run`` as a subprocess in its own session, so Ctrl-C reaches it once, from here."""
-    store.mkdir(parents=True, exist_ok=True)
+def cli_env(tree: Path | None) -> dict[str, str]:
+    """This process's environment, with the reference broker's source set to ``tree`` (or unset)."""
     env = dict(os.environ)
     env.pop(SOURCE_ENV, None)
     if tree is not None:
         env[SOURCE_ENV] = str(tree)
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        str(scenario),
-        "--seed",
-        str(seed),
-        "--store",
-        str(store),
-        "--json",
-    ]
-    for name in checkers:
-        cmd += ["--checker", name]
-    t0 = time.monotonic()
+    return env
+
+
+def cli_session(args: Sequence[str], store: Path, tree: Path | None) -> tuple[int, str, bool]:
+    """``python -m harness.cli ARGS`` in its own session, so Ctrl-C reaches it once, from here:
+    (exit status, what it printed, whether Ctrl-C stopped it). Its stderr goes to ``run.log``."""
+    store.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harness.cli", *args]
     interrupted = False
     with open(store / "run.log", "w") as log:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+            cmd,
+            cwd=REPO,
+            env=cli_env(tree),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
         )
         try:
             out, _ = proc.communicate()
@@ -296,7 +301,19 @@ def run_scenario(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, _ = proc.communicate()
-    record = _record(scenario, seed, store, proc.returncode, out, round(time.monotonic() - t0, 1))
+    return proc.returncode, out, interrupted
+
+
+def run_scenario(
+    scenario: Path, seed: int, tree: Path | None, store: Path, checkers: Sequence[str] = ()
+) -> RunRecord:
+    """One ``brokerchaos run`` as a subprocess in its own session, so Ctrl-C reaches it once, from here."""
+    args = ["run", str(scenario), "--seed", str(seed), "--store", str(store), "--json"]
+    for name in checkers:
+        args += ["--checker", name]
+    t0 = time.monotonic()
+    code, out, interrupted = cli_session(args, store, tree)
+    record = _record(scenario, seed, store, code, out, round(time.monotonic() - t0, 1))
     if interrupted:
         raise Interrupted(record)
     return record
@@ -307,10 +324,7 @@ def explore_scenario(
 ) -> dict[str, Any]:
     """One ``brokerchaos explore`` in a fresh corpus, as a subprocess; what its corpus says of it."""
     store.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.pop(SOURCE_ENV, None)
-    if tree is not None:
-        env[SOURCE_ENV] = str(tree)
+    env = cli_env(tree)
     corpus = store / "corpus"
     cmd = [sys.executable, "-m", "harness.cli", "explore", str(scenario), "--budget", str(minutes)]
     cmd += ["--seed", str(seed), "--corpus", str(corpus), "--store", str(store), "--no-shrink"]
@@ -410,9 +424,7 @@ class Bench:
         self.bugs = list(bugs)
         self.args = args
         self.store = store
-        self.facts = machine_facts()
-        self.command = command_line()
-        self.started = time.monotonic()
+        self.origin = Origin()
         self.results: list[BugResult] = []
         self.clean: list[RunRecord] = []
         self.clean_detail: str | None = None
@@ -612,11 +624,8 @@ class Bench:
         }
 
     def to_json(self) -> dict[str, Any]:
-        facts = dict(self.facts)
-        facts["load_average_at_end"] = os.getloadavg()
         return {
-            "command": self.command,
-            "facts": facts,
+            **self.origin.record(),
             "settings": {
                 "runs": self.args.runs,
                 "clean_runs": self.args.clean_runs,
@@ -628,18 +637,13 @@ class Bench:
                 "checkers": self.args.checker,
             },
             "interrupted": self.interrupted,
-            "wall_seconds": round(time.monotonic() - self.started, 1),
             "summary": self.summary(),
             "bugs": [{**asdict(r), "runs": [asdict(x) for x in r.runs]} for r in self.results],
             "clean": [asdict(c) for c in self.clean],
         }
 
     def write(self) -> None:
-        data = self.to_json()
-        out = Path(self.args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-        out.with_suffix(".md").write_text(markdown(data))
+        write_report(self.args.out, self.to_json(), markdown)
 
 
 def _bug_dict(bug: Bug) -> dict[str, Any]:
@@ -700,27 +704,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {last['verdict'] if last else '-'} | {counts or '-'} |"
         )
     lines += general_markdown(data)
-    if data["clean"]:
-        lines += [
-            "",
-            "Clean control runs:",
-            "",
-            "| scenario | seed | verdict | counts | seconds |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for c in data["clean"]:
-            counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
-            lines.append(
-                f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
-                f"{c['seconds']:.0f} |"
-            )
-        for c in data["clean"]:
-            if c["verdict"] != "durable":
-                lines.append(
-                    f"\nNot durable on the unmodified broker: `{Path(c['scenario']).name}` seed {c['seed']}, "
-                    f"{c['verdict']}, run directory `{c['run_dir']}`"
-                    + (f": {c['detail']}" if c["detail"] else "")
-                )
+    lines += clean_markdown(data["clean"])
     lines += ["", "Every run (run directories under the store named in the JSON):", ""]
     for b in data["bugs"]:
         for r in b["runs"]:
@@ -745,6 +729,33 @@ def markdown(data: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def clean_markdown(clean: list[dict[str, Any]]) -> list[str]:
+    """The clean control runs' table, and a line for each that was not durable."""
+    if not clean:
+        return []
+    lines = [
+        "",
+        "Clean control runs:",
+        "",
+        "| scenario | seed | verdict | counts | seconds |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for c in clean:
+        counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
+        lines.append(
+            f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
+            f"{c['seconds']:.0f} |"
+        )
+    for c in clean:
+        if c["verdict"] != "durable":
+            lines.append(
+                f"\nNot durable on the unmodified broker: `{Path(c['scenario']).name}` seed {c['seed']}, "
+                f"{c['verdict']}, run directory `{c['run_dir']}`"
+                + (f": {c['detail']}" if c["detail"] else "")
+            )
+    return lines
 
 
 def general_markdown(data: dict[str, Any]) -> list[str]:
@@ -816,11 +827,6 @@ def general_markdown(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def say(line: str) -> None:
-    stamp = dt.datetime.now().strftime("%H:%M:%S")
-    print(f"{stamp} {line}", flush=True)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.detection",
@@ -855,12 +861,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         help="checker(s) every run uses instead of its scenario's (e.g. python, the Spark checker's twin)",
     )
-    p.add_argument("--store", help="run store root (default store/detection/<time>)")
-    p.add_argument(
-        "--out",
-        default=str(RESULTS / "detection"),
-        help="results path without suffix (default bench/results/detection)",
-    )
+    add_store_and_out(p, "detection", "detection")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -898,25 +899,20 @@ def on_scenario(bugs: list[Bug], scenario: str | None) -> list[Bug]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     bugs = on_scenario(select(load_catalogue(), args.bugs), args.scenario)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    store = Path(args.store) if args.store else REPO / "store" / "detection" / stamp
-    bench = Bench(bugs, args, store.resolve())
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    store = stamped_store(args.store, "detection")
+    bench = Bench(bugs, args, store)
     say(
         f"{len(bugs)} planted bug(s), up to {args.runs} run(s) each, then {args.clean_runs} clean run(s); "
-        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}"
+        f"{load_line()}; store {store}"
     )
-    try:
+
+    def work() -> None:
         for bug in bugs:
             bench.run_bug(bug)
             bench.write()
         bench.run_clean()
-    except (Interrupted, KeyboardInterrupt):
-        bench.interrupted = True
-        say("interrupted: the current run was stopped and torn down; writing what was measured")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        bench.write()
+
+    bench.interrupted = measure(work, bench.write, (Interrupted, KeyboardInterrupt))
     s = bench.summary()
     say(
         f"caught {s['bugs_caught']} of {s['bugs_run']} bugs run; median time to detection "
@@ -926,10 +922,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bench.interrupted:
         return 130
     return 0 if s["bugs_caught"] == s["bugs_run"] and not s["false_alarms"] else 1
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -45,10 +45,9 @@ from bench.detection import (
     build_image,
     load_catalogue,
     run_scenario,
-    say,
     select,
 )
-from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli
+from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli, say, write_report
 from harness.errors import BrokerChaosError
 
 
@@ -347,9 +346,7 @@ def _write(out: Path, data: dict[str, Any]) -> None:
             recount(b[way])
     data["facts"]["load_average_at_end"] = os.getloadavg()
     data["command"] = " ; ".join(data["commands"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    out.with_suffix(".md").write_text(markdown(data))
+    write_report(out, data, markdown)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ cannot be compared with anything, so every result file carries all three.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -97,6 +100,22 @@ def write_text(name: str, text: str) -> Path:
     return path
 
 
+def add_store_and_out(p: argparse.ArgumentParser, store: str, out: str) -> None:
+    """``--store`` (the run store root, default store/STORE/<time>) and ``--out`` (the report, bench/results/OUT)."""
+    p.add_argument("--store", help=f"run store root (default store/{store}/<time>)")
+    p.add_argument(
+        "--out", default=str(RESULTS / out), help=f"results path without suffix (default bench/results/{out})"
+    )
+
+
+def write_report(out: Path | str, data: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> None:
+    """``out`` with ``.json`` (the data) and ``.md`` (``markdown(data)``), its folder made."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    out.with_suffix(".md").write_text(markdown(data))
+
+
 def facts_markdown(facts: dict[str, Any], command: str) -> str:
     mem_gib = facts["memory_bytes"] / 2**30
     libs = ", ".join(f"{k} {v}" for k, v in facts["client_libraries"].items())
@@ -112,6 +131,40 @@ def facts_markdown(facts: dict[str, Any], command: str) -> str:
     if "load_average_at_end" in facts:
         lines.append("- load average at end: " + " ".join(f"{x:.2f}" for x in facts["load_average_at_end"]))
     return "\n".join(lines) + "\n"
+
+
+def say(line: str) -> None:
+    """A progress line, stamped with the time of day."""
+    stamp = _dt.datetime.now().strftime("%H:%M:%S")
+    print(f"{stamp} {line}", flush=True)
+
+
+def load_line() -> str:
+    """The load on the machine as a long benchmark's opening line states it."""
+    return f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+
+
+def measure(
+    work: Callable[[], None],
+    write: Callable[[], None],
+    interrupts: tuple[type[BaseException], ...] = (KeyboardInterrupt,),
+) -> bool:
+    """Run ``work`` with SIGTERM taken as Ctrl-C (a benchmark started from a background shell
+    ignores SIGINT), then ``write`` what was measured however it ended. True if interrupted."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        work()
+    except interrupts:
+        say("interrupted: the current run was stopped and torn down; writing what was measured")
+        return True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        write()
+    return False
 
 
 def run_cli(main: Callable[[], int]) -> None:
@@ -136,3 +189,27 @@ def run_cli(main: Callable[[], int]) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+class Origin:
+    """Where a long benchmark's report comes from: the machine's facts when it started (the load
+    average it started under), its command line, and the clock its wall time is taken on."""
+
+    def __init__(self) -> None:
+        self.facts = machine_facts()
+        self.command = command_line()
+        self.started = time.monotonic()
+
+    def record(self) -> dict[str, Any]:
+        """The report's ``command``, ``facts`` (with the load average at the end) and ``wall_seconds``."""
+        return {
+            "command": self.command,
+            "facts": {**self.facts, "load_average_at_end": os.getloadavg()},
+            "wall_seconds": round(time.monotonic() - self.started, 1),
+        }
+
+
+def stamped_store(given: str | None, name: str) -> Path:
+    """``--store`` when given, else ``store/<name>/<UTC time stamp>`` in the repository; resolved."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+    return (Path(given) if given else Path(__file__).resolve().parents[1] / "store" / name / stamp).resolve()

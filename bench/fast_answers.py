@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cpu_probe import probed_run, tree_cpu
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -65,18 +67,7 @@ def one_run(
     store: Path, duration: float, probe: Path, extra: list[str], env: dict[str, str]
 ) -> dict[str, Any]:
     before = load()
-    wall, proc = cli(
-        "-p",
-        "bench.cpu_probe",
-        "run",
-        "scenarios/partitions.yaml",
-        "--store",
-        str(store),
-        "--duration",
-        str(duration),
-        *extra,
-        env={"BROKERCHAOS_CPU_PROBE": str(probe), **env},
-    )
+    wall, proc = cli(*probed_run(store, duration, extra), env={"BROKERCHAOS_CPU_PROBE": str(probe), **env})
     if proc.returncode not in (0, 1, 3):
         raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     run_dir = max(
@@ -103,15 +94,39 @@ def one_run(
     }
 
 
-def analyze(run_dir: str, label: str, args: list[str]) -> dict[str, Any]:
+def cli_cpu(*args: str, server: int | None = None) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """``cli`` with the CPU seconds it took: the command's process and its descendants (the
+    in-process JVM), sampled while it runs, and the Connect server's (``server``) over the same
+    time. On a loaded machine the wall time is mostly waiting for a core; the CPU is the work."""
+    before = tree_cpu(server) if server else 0.0
+    t0 = time.monotonic()
+    with subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        cpu = 0.0
+        while child.poll() is None:
+            cpu = max(cpu, tree_cpu(child.pid))
+            time.sleep(0.2)
+        out, err = child.communicate()
+    wall = round(time.monotonic() - t0, 2)
+    cpu += (tree_cpu(server) - before) if server else 0.0
+    return wall, round(cpu, 1), subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+def analyze(run_dir: str, label: str, args: list[str], server: int | None = None) -> dict[str, Any]:
     before = load()
-    wall, proc = cli("analyze", run_dir, "--json", *args)
+    wall, cpu, proc = cli_cpu("analyze", run_dir, "--json", *args, server=server)
     if proc.returncode not in (0, 1, 3):
         raise SystemExit(f"analyze {label} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     out = json.loads(proc.stdout)
     return {
         "engine": label,
         "wall_s": wall,
+        "cpu_s": cpu,
         "verdict": out.get("verdict"),
         "compared": {k: out.get(k) for k in COMPARED},
         "load_before": before,
@@ -123,6 +138,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def analyze_interleaved(run_dir: str, url: str, server: int | None = None) -> list[dict[str, Any]]:
+    """``analyze`` of one stored run by each engine in turn, twice over, so load drifts evenly;
+    ``server``: the Connect server's pid, whose CPU counts for the checks through it."""
+    order = [
+        ("python", ["--checker", "python"]),
+        ("spark-connect", ["--checker", "spark", "--spark-remote", url]),
+        ("spark-in-process", ["--checker", "spark", "--spark-master", "local[*]"]),
+        ("python", ["--checker", "python"]),
+        ("spark-connect", ["--checker", "spark", "--spark-remote", url]),
+    ]
+    out = []
+    for label, a in order:
+        r = analyze(run_dir, label, a, server if label == "spark-connect" else None)
+        print(json.dumps({k: v for k, v in r.items() if k != "compared"}), flush=True)
+        out.append(r)
+    return out
 
 
 def main() -> int:
@@ -183,19 +216,7 @@ def main() -> int:
                 )
                 print(json.dumps(out["run_connect"], indent=1), flush=True)
             # 3. analyze of run 1, interleaved.
-            run_dir = out["run_in_process"]["run_dir"]
-            order = [
-                ("python", ["--checker", "python"]),
-                ("spark-connect", ["--checker", "spark", "--spark-remote", url]),
-                ("spark-in-process", ["--checker", "spark", "--spark-master", "local[*]"]),
-                ("python", ["--checker", "python"]),
-                ("spark-connect", ["--checker", "spark", "--spark-remote", url]),
-            ]
-            out["analyze"] = []
-            for label, a in order:
-                r = analyze(run_dir, label, a)
-                print(json.dumps({k: v for k, v in r.items() if k != "compared"}), flush=True)
-                out["analyze"].append(r)
+            out["analyze"] = analyze_interleaved(out["run_in_process"]["run_dir"], url, int(state["pid"]))
         finally:
             _spark_service.stop(home=home)
     first = out["analyze"][0]["compared"]

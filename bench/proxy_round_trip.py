@@ -11,7 +11,7 @@ second write back until the peer's delayed ACK (about 40 ms on Linux). One persi
 connection goes straight to the server, one through a proxy of the built
 ``tools/toxiproxy-server`` binary with no toxic; their round trips alternate, so both see
 the same load. The figure is the ratio of the two medians (proxied / direct): a cable's is
-about 1. Results: bench/results/proxy_round_trip.{json,md}.
+about 1. Results: bench/results/proxy_round_trip.{json,md} (``--name`` for another stem).
 """
 
 from __future__ import annotations
@@ -214,6 +214,11 @@ def main() -> int:
     ap.add_argument(
         "--gap-ms", type=float, default=GAP * 1000, help="pause between the two writes (default 1)"
     )
+    ap.add_argument(
+        "--name",
+        default="proxy_round_trip",
+        help="results file stem under bench/results/ (default proxy_round_trip)",
+    )
     args = ap.parse_args()
     for path in filter(None, (args.binary, args.compare)):
         if not os.access(path, os.X_OK):
@@ -239,9 +244,9 @@ def main() -> int:
         "binaries": {k: str(v) for k, v in binaries.items()},
         "paths": paths,
     }
-    write_json("proxy_round_trip.json", result)
+    write_json(f"{args.name}.json", result)
     text = markdown(result)
-    write_text("proxy_round_trip.md", text)
+    write_text(f"{args.name}.md", text)
     print(text)
     return 0
 

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cpu_probe import probed_run
+
 REPO = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^\[\s*([\d.]+)s\] (\S+)\s+(.*)$")
 
@@ -56,20 +58,7 @@ def uptime() -> str:
 
 def timed_run(tree: Path, store: Path, probe: Path, duration: float, extra: list[str]) -> dict[str, Any]:
     """Spawn the run, stamp every stderr line as it arrives, return the lines and the wall time."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "-p",
-        "bench.cpu_probe",
-        "run",
-        "scenarios/partitions.yaml",
-        "--store",
-        str(store),
-        "--duration",
-        str(duration),
-        *extra,
-    ]
+    cmd = [sys.executable, "-m", "harness.cli", *probed_run(store, duration, extra)]
     env = {**os.environ, "BROKERCHAOS_CPU_PROBE": str(probe), "PYTHONPATH": str(tree)}
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -127,7 +127,7 @@ def summarize(actions: Actions, entries: list[dict[str, Any]]) -> list[dict[str,
     return rows
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dirs", type=Path, nargs="+")
     ap.add_argument("--checks", type=int, default=3)
@@ -136,7 +136,11 @@ def main() -> int:
     ap.add_argument("--conf", nargs="*", default=[""], help="per check, cycled: KEY=VALUE[,KEY=VALUE]")
     ap.add_argument("--results", type=Path, help="write each check's results here as CHECK.json")
     ap.add_argument("--tree", type=Path, help="check with the code of this checkout (default: this one)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = _args()
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
 
@@ -158,71 +162,80 @@ def main() -> int:
         warm_up(lambda d, s, big: check_spark(d, s, spark_master="local[*]"), times=args.warm_ups)
     out["warm_up_s"] = round(time.monotonic() - t0, 1)
     out["load_after_warm_up"] = load()
+    actions = Actions(spark)
+    actions.wrap()
+    out["checks"] = [one_check(i, args, spark, actions) for i in range(args.checks)]
+    out["load_after"] = load()
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
 
+
+def one_check(i: int, args: argparse.Namespace, spark: Any, actions: Actions) -> dict[str, Any]:
+    """Check i of the profile, timed by phase and by action, with its jobs, stages and tasks."""
+    import spark_reports.engines.spark.check as sp
+    import spark_reports.progress as _progress
+    from spark_reports.engines.spark.check import check_spark
+
+    run_dir = args.run_dirs[i % len(args.run_dirs)]
+    scenario = json.loads((run_dir / "scenario.json").read_text())
+    conf = args.conf[i % len(args.conf)]
+    for kv in filter(None, conf.split(",")):
+        key, value = kv.split("=", 1)
+        spark.conf.set(key, value)
     phases: list[tuple[str, float]] = []
+    actions.log.clear()
     orig_progress = _progress.progress
 
     def progress(engine: str, stage: str, **numbers: Any) -> None:
         phases.append((stage, time.monotonic()))
 
-    actions = Actions(spark)
-    actions.wrap()
-    out["checks"] = []
-    for i in range(args.checks):
-        import spark_reports.engines.spark.check as sp
-        import spark_reports.engines.spark.ids as si
-
-        run_dir = args.run_dirs[i % len(args.run_dirs)]
-        scenario = json.loads((run_dir / "scenario.json").read_text())
-        conf = args.conf[i % len(args.conf)]
-        for kv in filter(None, conf.split(",")):
-            key, value = kv.split("=", 1)
-            spark.conf.set(key, value)
-        phases.clear()
-        actions.log.clear()
-        sp.progress = progress
-        t0 = time.monotonic()
-        phases.append(("start", t0))
+    sp.progress = progress
+    t0 = time.monotonic()
+    phases.append(("start", t0))
+    try:
         results = check_spark(run_dir, scenario, spark_master="local[*]")
-        wall = time.monotonic() - t0
-        if args.results:
-            args.results.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(results, sort_keys=True, indent=1, default=str)
-            (args.results / f"{i + 1}-{run_dir.name}.json").write_text(text + "\n")
+    finally:
         sp.progress = orig_progress
-        steps = [(b[0], round(b[1] - a[1], 3)) for a, b in zip(phases, phases[1:], strict=False)]
-        try:
-            rows = summarize(actions, list(actions.log))
-        except Exception as e:  # noqa: BLE001 - keep the timings of a check whose job details failed
-            rows = [{"error": repr(e)}]
-            print(f"job details: {e!r}", file=sys.stderr)
-        out["checks"].append(
-            {
-                "check": i + 1,
-                "run_dir": str(run_dir),
-                "conf": conf,
-                "wall_s": round(wall, 3),
-                "phases": steps,
-                "actions": rows,
-                "lost": results["counts"]["lost"],
-                "load": load(),
-            }
+    wall = time.monotonic() - t0
+    if args.results:
+        args.results.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(results, sort_keys=True, indent=1, default=str)
+        (args.results / f"{i + 1}-{run_dir.name}.json").write_text(text + "\n")
+    steps = [(b[0], round(b[1] - a[1], 3)) for a, b in zip(phases, phases[1:], strict=False)]
+    try:
+        rows = summarize(actions, list(actions.log))
+    except Exception as e:  # noqa: BLE001 - keep the timings of a check whose job details failed
+        rows = [{"error": repr(e)}]
+        print(f"job details: {e!r}", file=sys.stderr)
+    _print_check(i, run_dir, conf, wall, steps, rows)
+    return {
+        "check": i + 1,
+        "run_dir": str(run_dir),
+        "conf": conf,
+        "wall_s": round(wall, 3),
+        "phases": steps,
+        "actions": rows,
+        "stages": sum(r.get("stages", 0) for r in rows),
+        "tasks": sum(r.get("tasks", 0) for r in rows),
+        "lost": results["counts"]["lost"],
+        "load": load(),
+    }
+
+
+def _print_check(
+    i: int, run_dir: Path, conf: str, wall: float, steps: list[tuple[str, float]], rows: list[dict[str, Any]]
+) -> None:
+    print(f"check {i + 1} {run_dir.name} {conf}: {wall:.2f} s  {steps}  load {load()}", file=sys.stderr)
+    for r in rows:
+        if "error" in r:
+            continue
+        print(
+            f"  {r['action']:16} wall {r['wall_s']:6.2f}  before jobs {r['before_first_job_s']}  "
+            f"jobs {r['jobs_s']}  after {r['after_last_job_s']}  jobs={r['jobs']} stages={r['stages']} "
+            f"(skipped {r['skipped_stages']}) tasks={r['tasks']} task_run={r['task_run_s']}",
+            file=sys.stderr,
         )
-        print(f"check {i + 1} {run_dir.name} {conf}: {wall:.2f} s  {steps}  load {load()}", file=sys.stderr)
-        for r in rows:
-            if "error" in r:
-                continue
-            print(
-                f"  {r['action']:16} wall {r['wall_s']:6.2f}  before jobs {r['before_first_job_s']}  "
-                f"jobs {r['jobs_s']}  after {r['after_last_job_s']}  jobs={r['jobs']} stages={r['stages']} "
-                f"(skipped {r['skipped_stages']}) tasks={r['tasks']} task_run={r['task_run_s']}",
-                file=sys.stderr,
-            )
-        del si
-    out["load_after"] = load()
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,13 +16,9 @@ directory, and the machine's load before and after, in
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -32,16 +28,24 @@ from typing import Any
 
 from bench.detection import (
     REPO,
-    SOURCE_ENV,
-    STOP_GRACE,
     Bug,
     apply_patch,
     build_image,
+    cli_session,
     load_catalogue,
-    say,
     select,
 )
-from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli
+from bench.facts import (
+    Origin,
+    add_store_and_out,
+    facts_markdown,
+    load_line,
+    measure,
+    run_cli,
+    say,
+    stamped_store,
+    write_report,
+)
 from harness.errors import BrokerChaosError
 
 FOUND = re.compile(r"until-fail: first failure at run (\d+) \(seed (\d+)\) after ([0-9.]+) s")
@@ -67,41 +71,14 @@ class Target:
 
 def until_fail(scenario: Path, runs: int, seed: int, store: Path, tree: Path | None, target: Target) -> None:
     """``brokerchaos run --until-fail`` in its own session (Ctrl-C stops it once, cleanly)."""
-    store.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.pop(SOURCE_ENV, None)
-    if tree is not None:
-        env[SOURCE_ENV] = str(tree)
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        str(scenario),
-        "--until-fail",
-        "--runs",
-        str(runs),
-        "--seed",
-        str(seed),
-        "--store",
-        str(store),
-    ]
+    args = ["run", str(scenario), "--until-fail", "--runs", str(runs)]
+    args += ["--seed", str(seed), "--store", str(store)]
     target.load_before = list(os.getloadavg())
     t0 = time.monotonic()
-    with open(store / "run.log", "w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
-        )
-        try:
-            out, _ = proc.communicate()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.communicate(timeout=STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            target.status = "interrupted"
-            raise
+    code, out, interrupted = cli_session(args, store, tree)
+    if interrupted:
+        target.status = "interrupted"
+        raise KeyboardInterrupt
     target.wall_seconds = round(time.monotonic() - t0, 1)
     target.load_after = list(os.getloadavg())
     (store / "run.out").write_text(out)
@@ -113,7 +90,7 @@ def until_fail(scenario: Path, runs: int, seed: int, store: Path, tree: Path | N
         target.status = "not detected"
     else:
         tail = (store / "run.log").read_text(errors="replace").strip().splitlines()
-        target.status, target.error = "error", (tail[-1][:300] if tail else f"exit {proc.returncode}")
+        target.status, target.error = "error", (tail[-1][:300] if tail else f"exit {code}")
 
 
 def _runs(store: Path) -> list[dict[str, Any]]:
@@ -143,9 +120,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, store: Path) -> None:
         self.args = args
         self.store = store
-        self.facts = machine_facts()
-        self.command = command_line()
-        self.started = time.monotonic()
+        self.origin = Origin()
         self.targets: list[Target] = []
         self.interrupted = False
 
@@ -187,23 +162,15 @@ class Bench:
         self.write()
 
     def to_json(self) -> dict[str, Any]:
-        facts = dict(self.facts)
-        facts["load_average_at_end"] = os.getloadavg()
         return {
-            "command": self.command,
-            "facts": facts,
+            **self.origin.record(),
             "interrupted": self.interrupted,
             "settings": {"runs": self.args.runs, "seed_base": self.args.seed_base, "store": _rel(self.store)},
-            "wall_seconds": round(time.monotonic() - self.started, 1),
             "targets": [asdict(t) for t in self.targets],
         }
 
     def write(self) -> None:
-        data = self.to_json()
-        out = Path(self.args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-        out.with_suffix(".md").write_text(markdown(data))
+        write_report(self.args.out, self.to_json(), markdown)
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -267,12 +234,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--runs", type=int, default=5, help="seeded runs per target at most (default 5)")
     p.add_argument("--seed-base", type=int, default=100, help="seed of each target's first run (default 100)")
-    p.add_argument("--store", help="run store root (default store/time-to-detection/<time>)")
-    p.add_argument(
-        "--out",
-        default=str(RESULTS / "time_to_detection"),
-        help="results path without suffix (default bench/results/time_to_detection)",
-    )
+    add_store_and_out(p, "time-to-detection", "time_to_detection")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -286,32 +248,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in scenarios:
         if not s.is_file():
             raise BrokerChaosError(f"--scenarios: {s} does not exist")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    store = (Path(args.store) if args.store else REPO / "store" / "time-to-detection" / stamp).resolve()
+    store = stamped_store(args.store, "time-to-detection")
     bench = Bench(args, store)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     say(
         f"{len(bugs)} planted bug(s), {len(scenarios)} real-broker scenario(s), up to {args.runs} run(s) each; "
-        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; store {store}"
+        f"{load_line()}; store {store}"
     )
-    try:
+
+    def work() -> None:
         for bug in bugs:
             bench.bug(bug)
         for s in scenarios:
             bench.real(s)
-    except KeyboardInterrupt:
-        bench.interrupted = True
-        say("interrupted: the current run was stopped and torn down; writing what was measured")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        bench.write()
+
+    bench.interrupted = measure(work, bench.write)
     found = [t for t in bench.targets if t.status == "detected"]
     say(f"detected {len(found)} of {len(bench.targets)} -> {Path(args.out).with_suffix('.md')}")
     return 130 if bench.interrupted else (0 if len(found) == len(bench.targets) else 1)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

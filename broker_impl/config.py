@@ -168,7 +168,18 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
         )
     base_dir = base_dir or Path.cwd()
     cfg = Config()
-    node = _get(data, "node", "", dict, {})
+    _parse_node(cfg, _get(data, "node", "", dict, {}), base_dir)
+    _parse_limits(cfg, _get(data, "limits", "", dict, {}))
+    _parse_flow(cfg.flow, _get(data, "flow", "", dict, {}))
+    _parse_access(cfg, data)
+    cfg.store = dict(_get(data, "store", "", dict, {}))
+    cfg.cluster = dict(_get(data, "cluster", "", dict, {}))
+    cfg.replication = dict(_get(data, "replication", "", dict, {}))
+    return cfg
+
+
+def _parse_node(cfg: Config, node: dict[str, Any], base_dir: Path) -> None:
+    """The ``[node]`` table: name, addresses, data directory and logging."""
     cfg.name = _get(node, "name", "node", str, cfg.name)
     cfg.host = _get(node, "host", "node", str, cfg.host)
     cfg.port = _int_range(_get(node, "port", "node", int, cfg.port), "node.port", 0, 65535)
@@ -180,7 +191,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
         raise ConfigError(f"node.log_level: {cfg.log_level!r} not allowed; allowed {', '.join(_LOG_LEVELS)}")
     cfg.control_port = _int_range(_get(node, "control_port", "node", int, 0), "node.control_port", 0, 65535)
 
-    limits = _get(data, "limits", "", dict, {})
+
+def _parse_limits(cfg: Config, limits: dict[str, Any]) -> None:
+    """The ``[limits]`` table: frame, channel, message size and heartbeat bounds."""
     cfg.frame_max = _int_range(
         _get(limits, "frame_max", "limits", int, cfg.frame_max), "limits.frame_max", 4096, 2**31 - 1
     )
@@ -197,8 +210,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
         _get(limits, "heartbeat", "limits", int, cfg.heartbeat), "limits.heartbeat", 0, 65535
     )
 
-    flow = _get(data, "flow", "", dict, {})
-    f = cfg.flow
+
+def _parse_flow(f: FlowConfig, flow: dict[str, Any]) -> None:
+    """The ``[flow]`` table: credit flow and the memory and disk alarms."""
     f.enabled = _get(flow, "enabled", "flow", bool, f.enabled)
     f.initial = _get(flow, "initial", "flow", int, f.initial)
     f.more_after = _get(flow, "more_after", "flow", int, f.more_after)
@@ -237,6 +251,9 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
         600_000,
     )
 
+
+def _parse_access(cfg: Config, data: dict[str, Any]) -> None:
+    """The ``[[users]]``, ``vhosts`` and ``[[permissions]]`` entries, where the document has them."""
     if "users" in data:
         users = _get(data, "users", "", list, [])
         cfg.users = []
@@ -271,10 +288,6 @@ def parse(data: dict[str, Any], base_dir: Path | None = None) -> Config:
             )
             _check_regexes(perm, f"permissions[{i}]")
             cfg.permissions.append(perm)
-    cfg.store = dict(_get(data, "store", "", dict, {}))
-    cfg.cluster = dict(_get(data, "cluster", "", dict, {}))
-    cfg.replication = dict(_get(data, "replication", "", dict, {}))
-    return cfg
 
 
 def _check_regexes(perm: Permission, where: str) -> None:

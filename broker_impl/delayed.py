@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
-from typing import Any
 
 from pamqp import commands
 
@@ -33,15 +32,8 @@ class DelayedExchange(Exchange):
 
     type = DELAYED_TYPE
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def _setup(self) -> None:
+        name = self.name
         inner = self.arguments.get("x-delayed-type")
         if isinstance(inner, bytes):
             inner = inner.decode(errors="replace")

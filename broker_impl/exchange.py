@@ -65,6 +65,10 @@ class Exchange:
         self.internal = internal
         self.arguments = dict(arguments or {})
         self.bindings: dict[tuple[Any, ...], Binding] = {}
+        self._setup()
+
+    def _setup(self) -> None:
+        """A kind's own reading of its ``arguments`` (raise ``ValueError`` to refuse them); none here."""
 
     def bind(self, b: Binding) -> None:
         self.bindings[b.key()] = b

@@ -160,21 +160,17 @@ class Queue(Actor):
     # -- publishing -------------------------------------------------------------
     def enqueue(self, message: Message, sender: Actor | None, on_done: ConfirmCallback | None) -> None:
         """Accept a routed message; ``on_done(ok)`` fires once it is as safe as promised."""
-        if self.deleted:
-            if on_done:
-                on_done(True)
-            return
-        if sender is not None:
-            sender.flow_send(self, self.link_spec)
-        self._ticket += 1
-        self._outstanding.add(self._ticket)
-        self._inbox.append((self._ticket, message, sender, on_done))
-        self._wake.set()
+        self._accept(message, sender, on_done)
 
     def enqueue_batch(
         self, messages: list[Message], sender: Actor | None, on_done: ConfirmCallback | None
     ) -> None:
         """A committed transaction's publishes to this queue: one unit (``BackingQueue.publish_batch``)."""
+        self._accept(messages, sender, on_done)
+
+    def _accept(
+        self, unit: Message | list[Message], sender: Actor | None, on_done: ConfirmCallback | None
+    ) -> None:
         if self.deleted:
             if on_done:
                 on_done(True)
@@ -183,7 +179,7 @@ class Queue(Actor):
             sender.flow_send(self, self.link_spec)
         self._ticket += 1
         self._outstanding.add(self._ticket)
-        self._inbox.append((self._ticket, messages, sender, on_done))
+        self._inbox.append((self._ticket, unit, sender, on_done))
         self._wake.set()
 
     async def settled(self) -> None:

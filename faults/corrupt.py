@@ -19,7 +19,7 @@ from faults.power import NodesFault, on_each
 from faults.process import nodectl
 from faults.targets import pick_nodes
 from harness import FaultError, ScenarioError
-from harness.spec import ConformanceProbe, Evidence, combine_evidence
+from harness.spec import BrokerPlugin, ConformanceProbe, Evidence, combine_evidence
 
 
 class CorruptFile(NodesFault):
@@ -27,7 +27,9 @@ class CorruptFile(NodesFault):
 
     ``mode``: ``bitflip`` flips ``bits`` single bits at seeded offsets; ``truncate`` drops the
     last ``bytes`` bytes, or without ``bytes`` cuts at a seeded offset. ``files`` narrows the
-    candidates with a glob relative to ``data_dir`` (default: every file).
+    candidates with a glob relative to ``data_dir`` (default: every file); ``file_role`` instead
+    names one of the broker plugin's ``data_files`` roles (such as ``quorum-segment``), whose
+    globs the plugin declares.
     """
 
     name = "corrupt-file"
@@ -42,6 +44,7 @@ class CorruptFile(NodesFault):
         "bits": int,
         "bytes": int,
         "files": str,
+        "file_role": str,
         "picks": dict,
     }
     DEFAULT_BITS = 8
@@ -53,8 +56,13 @@ class CorruptFile(NodesFault):
         out: dict[str, Any] = {
             "nodes": pick_nodes(cls.name, params.get("nodes", "minority"), nodes, rng),
             "mode": mode,
-            "files": params.get("files", "**/*"),
         }
+        if "file_role" in params:
+            if "files" in params:
+                raise ScenarioError(f"fault {cls.name}: give files (a glob) or file_role, not both")
+            out["file_role"] = str(params["file_role"])
+        else:
+            out["files"] = params.get("files", "**/*")
         if mode == "bitflip":
             if "bytes" in params:
                 raise ScenarioError(f"fault {cls.name}: bytes is for mode truncate; bitflip takes bits")
@@ -81,7 +89,13 @@ class CorruptFile(NodesFault):
         return out
 
     def _plan(self, node: str) -> dict[str, Any]:
-        plan = {"mode": self.params["mode"], "glob": self.params["files"], **self.params["picks"][node]}
+        role = self.params.get("file_role")
+        globs: str | list[str] = (
+            self.params["files"] if role is None else list(file_role_globs(self.ctx.cluster.plugin, role))
+        )
+        plan = {"mode": self.params["mode"], "glob": globs, **self.params["picks"][node]}
+        if role is not None:
+            plan["role"] = role
         if "bytes" in self.params:
             plan["bytes"] = self.params["bytes"]
         return plan
@@ -162,6 +176,18 @@ class CorruptFile(NodesFault):
         return Evidence.none(reason, healed.facts, flags=healed.flags, restored=healed.restored)
 
 
+def file_role_globs(plugin: BrokerPlugin, role: str) -> tuple[str, ...]:
+    """The globs of one of ``plugin``'s data file roles; an unknown role names the known ones."""
+    try:
+        return tuple(plugin.data_files[role])
+    except KeyError:
+        known = ", ".join(sorted(plugin.data_files)) or "none"
+        raise ScenarioError(
+            f"fault corrupt-file: broker plugin {plugin.name!r} declares no data file role {role!r}; "
+            f"its roles: {known}"
+        ) from None
+
+
 def changed(reply: Mapping[str, Any]) -> Evidence:
     """What one node's corruption changed: offsets and bytes, and the file's sha256 before and after."""
     before, after = reply.get("sha256_before"), reply.get("sha256_after")
@@ -169,6 +195,8 @@ def changed(reply: Mapping[str, Any]) -> Evidence:
         k: reply.get(k)
         for k in ("file", "size_before", "size_after", "written_extent", "sha256_before", "sha256_after")
     }
+    if reply.get("role"):
+        facts["role"] = reply["role"]
     changes: list[dict[str, Any]] = list(reply.get("changes") or [])
     facts["changes"] = changes
     facts["cut"] = reply.get("cut")

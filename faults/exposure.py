@@ -112,7 +112,8 @@ def exposed(cluster: Any, node: str, cut: Evidence) -> Evidence:
             cut, flags=(*cut.flags, f"{node}: no copy of the unsynced writes: {saved.get('error')}")
         )
     index, data, truncated = read_saved(cluster.nodes[node], saved["saved"])
-    ids = sorted(set(plugin.unsynced_messages(dropped_parts(index, data, cut.facts.get("files") or []))))
+    writes = dropped_parts(index, data, cut.facts.get("files") or [])
+    ids = sorted(set(plugin.unsynced_messages(writes, cluster.settings, len(cluster.nodes))))
     facts = {**cut.facts, "exposed_candidates": len(ids), "copy_truncated": truncated}
     flags = cut.flags + (
         (f"{node}: the copy of the unsynced writes was capped: exposure undercounted",) if truncated else ()

@@ -26,7 +26,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from faults.link_evidence import healed_evidence, held_evidence, probe_links, readback
+from faults.link_evidence import counted_now, healed_evidence, held_evidence, probe_links, readback
 from harness import FaultError, ScenarioError, short_error
 from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext
 
@@ -143,6 +143,8 @@ class Partition(_ProxyFault):
 
     name = "partition"
     requires = frozenset({"partition"})
+    #: Each cut link's byte counters as ``heal`` found them, before it removed anything.
+    before_heal: dict[str, Any] | None = None
     conformance = ConformanceProbe(params={"shape": "isolate", "node": "n1"}, nodes=2)
     params_schema = {
         "shape": SHAPES,
@@ -250,6 +252,7 @@ class Partition(_ProxyFault):
     def heal(self) -> dict[str, Any]:
         cluster = self.ctx.cluster
         done: list[dict[str, Any]] = []
+        self.before_heal = counted_now(cluster, self.cut_links())
         if self.params["shape"] == "clients" or self.params["mode"] == "refuse":
             return self._switch(True)
         cut: dict[tuple[str, str], list[str]] = {}
@@ -299,13 +302,19 @@ class Partition(_ProxyFault):
         ]
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
-        """While held: a probe across each cut link stalls or is refused, and each link's proxy shows the cut."""
+        """While held: a probe across each cut link stalls or is refused, and each link's proxy shows
+        the cut; its byte counters are read first, to be read again before the heal."""
         links = self.cut_links()
-        return held_evidence(links, probe_links(self.ctx.cluster, links), readback(self.ctx.cluster, links))
+        at_cut = counted_now(self.ctx.cluster, links)
+        probes = probe_links(self.ctx.cluster, links)
+        return held_evidence(links, probes, readback(self.ctx.cluster, links), at_cut)
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
-        """After the heal: every link passes again."""
-        return healed_evidence(applied, probe_links(self.ctx.cluster, self.cut_links()))
+        """After the heal: every link passes again; nothing crossed a cut link while held (the
+        counters read by ``heal`` before it removed anything)."""
+        links = self.cut_links()
+        after = probe_links(self.ctx.cluster, links)
+        return healed_evidence(applied, after, self.before_heal, counted_now(self.ctx.cluster, links))
 
 
 class LinkToxic(_ProxyFault):
@@ -333,6 +342,8 @@ class LinkToxic(_ProxyFault):
         "stream": ("upstream", "downstream", "both"),
         "toxicity": float,
     }
+    #: Every client connection of the node reset as it meets the toxic: its clients go elsewhere.
+    sheds_clients = {"type": "reset_peer", "links": "clients"}
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from faults import evidence as ev
 from faults.exposure import Pending, with_exposure
 from faults.targets import on_each
-from harness import FaultError, ScenarioError
+from harness import FaultError, NodesDown, ScenarioError
 from harness.spec import ConformanceProbe, Evidence, Fault, FaultContext, combine_evidence
 
 
@@ -226,7 +226,11 @@ class RollingRestart(_ProcessFault):
 
 
 def heal_processes(cluster: Any) -> dict[str, Any]:
-    """Every broker running and not paused (final heal), every node at once. Idempotent."""
+    """Every broker running and not paused (final heal), every node at once. Idempotent. A node
+    whose broker does not get ready within the plugin's ``ready_timeout`` (or whose container
+    exited) is named in ``NodesDown`` with why (the wait's reason and the broker's last exit as
+    its node init saw it), once every other node is ready; a node the harness could not command
+    at all is a ``FaultError``."""
 
     def heal(name: str) -> dict[str, Any] | None:
         node = cluster.nodes[name]
@@ -238,12 +242,33 @@ def heal_processes(cluster: Any) -> dict[str, Any]:
         return None
 
     replies, errors = on_each(list(cluster.nodes), heal)
-    if errors:
+    if errors:  # the harness could not command a node: its own failure, not the broker's
         raise FaultError(
             "healing the brokers' processes failed: "
             + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         )
     done = {n: r for n, r in replies.items() if r is not None}
     if done:
-        cluster.wait_ready([n for n in done])
+        try:
+            cluster.wait_ready(list(done))
+        except NodesDown as exc:
+            down = {n: _with_exit(cluster.nodes[n], why) for n, why in exc.nodes.items()}
+            raise NodesDown(down, {n: r for n, r in done.items() if n not in down}) from exc
     return done
+
+
+def _with_exit(node: Any, why: str) -> str:
+    """A node's reason for not coming back (its first line the summary), with its broker's state
+    or last exit as the node init saw it."""
+    try:
+        status = nodectl(node, "status")
+    except FaultError as exc:
+        said = f"its node init did not answer: {exc}"
+    else:
+        last = status.get("last_exit")
+        if status.get("state") == "running" or not last:
+            said = f"its broker is {status.get('state')}"
+        else:
+            said = f"its broker exited with code {last.get('code')} at {last.get('at')}"
+    head, _, rest = why.partition("\n")
+    return f"{head} ({said})" + (f"\n{rest}" if rest else "")

@@ -1,8 +1,10 @@
 """The ``brokerchaos`` command.
 
-Exit status: 0 durable, 1 a failure verdict (LOST, UNSYNCED, INTEGRITY, RESURRECTED,
-DUPLICATED, UNAVAILABLE), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
-drain never finished). A run's verdict is the worst of every checker's
+Exit status: 0 durable, 1 a failure verdict (LOST, UNSYNCED, INTEGRITY, DEAD_LETTERED, RESURRECTED,
+DUPLICATED, UNAVAILABLE; a node the final heal could not bring back is UNAVAILABLE, graded on what the
+other nodes drained), 2 harness or usage error (one line on stderr), 3 verdict unknown (e.g. the final
+drain never finished, or no node that serves clients came back to drain through), 4 durable but no
+fault was measured to bite. A run's verdict is the worst of every checker's
 (``harness.spec.results.VERDICT_ORDER``), so the status follows what the first line says.
 """
 
@@ -12,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,11 @@ def _search_parsers(sub: Any) -> None:
     e.add_argument(
         "--corpus",
         help="corpus directory; a later search with it continues (default <store>/explore/<scenario>)",
+    )
+    e.add_argument(
+        "--until",
+        help="comma-separated failing verdicts that stop the search (default any: LOST, INTEGRITY, "
+        "RESURRECTED, DUPLICATED, UNAVAILABLE); runs failing with others are recorded and the search goes on",
     )
     e.add_argument(
         "--no-shrink", action="store_true", help="stop at the first failing run without shrinking it"
@@ -268,31 +275,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             "spark_remote": getattr(args, "spark_remote", None),
         }
     )
-    if args.command == "plugins":
-        return _plugins(host)
-    if args.command == "run":
-        return _run(host, args)
-    if args.command == "shrink":
-        return _shrink(host, args)
-    if args.command == "explore":
-        return _explore(host, args)
-    if args.command == "analyze":
-        return _analyze(host, args)
-    if args.command == "grade":
-        return _grade(host, args)
-    if args.command == "images":
-        return _images(host, args)
-    if args.command == "spark":
-        return _spark(host, args)
-    if args.command == "down":
-        return _down(args)
-    if args.command == "compose":
-        return _compose(args)
-    if args.command == "validate":
-        return _validate(host, args)
-    if args.command == "matrix":
-        return _matrix(host, args)
-    raise BrokerChaosError(f"unknown command {args.command!r}")
+    command = _COMMANDS.get(args.command)
+    if command is None:
+        raise BrokerChaosError(f"unknown command {args.command!r}")
+    return command(host, args)
 
 
 def _plugins(host: Any) -> int:
@@ -315,6 +301,8 @@ def _plugins(host: Any) -> int:
         print(f"  {name:<{bw}} client {client:<12} {', '.join(sorted(b.capabilities)) or '-'}")
         for line in _versions(b):
             print(f"  {'':<{bw}}   {line}")
+        if b.data_files:
+            print(f"  {'':<{bw}}   data file roles: {', '.join(sorted(b.data_files))}")
     print("\nfaults (broker capabilities they require; host features they need)")
     width = max([16, *map(len, reg.faults)])
     for name, f in sorted(reg.faults.items()):
@@ -464,6 +452,7 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
     store = Path(args.store) if args.store else default_root()
     corpus = Path(args.corpus) if args.corpus else store / "explore" / sc.name
     extra = [k.strip() for k in args.faults.split(",") if k.strip()] if args.faults else []
+    until = _verdicts(args.until) if args.until else None
     job = Explore(
         host,
         sc,
@@ -473,6 +462,7 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
         extra_faults=extra,
         max_runs=args.runs,
         checkers=tuple(args.checker) if args.checker else None,
+        until=until,
     )
     try:
         out = job.run()
@@ -502,6 +492,21 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
             print(f"  minimal    {shrunk.best.describe()}")
             print(f"  shrunk     {shrunk.out / 'shrunk.yaml'}")
     return exit_status(out.verdict)
+
+
+def _verdicts(text: str) -> frozenset[str]:
+    """``--until``'s failing verdicts, checked against the ones the results schema names."""
+    from harness.spec.results import EXIT_FAILED, VERDICT_ORDER, exit_status
+
+    failing = [v for v in VERDICT_ORDER if exit_status(v) == EXIT_FAILED]
+    got = frozenset(v.strip().upper() for v in text.split(",") if v.strip())
+    wrong = sorted(got - set(failing))
+    if wrong or not got:
+        raise BrokerChaosError(
+            f"--until: {', '.join(wrong) or 'no verdict given'}: not a failing verdict; give some of "
+            f"{', '.join(failing)}"
+        )
+    return got
 
 
 def _analyze(host: Any, args: argparse.Namespace) -> int:
@@ -681,6 +686,23 @@ def _compose(args: argparse.Namespace) -> int:
     target.write_text(text)
     print(f"wrote {target}")
     return 0
+
+
+#: Each command's handler, called as ``handler(host, args)``.
+_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "plugins": lambda host, args: _plugins(host),
+    "run": _run,
+    "shrink": _shrink,
+    "explore": _explore,
+    "analyze": _analyze,
+    "grade": _grade,
+    "images": _images,
+    "spark": _spark,
+    "down": lambda host, args: _down(args),
+    "compose": lambda host, args: _compose(args),
+    "validate": _validate,
+    "matrix": _matrix,
+}
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from harness.errors import ClusterError, DockerUnavailable, PortInUse, short_error
+from harness.errors import ClusterError, DockerUnavailable, NodesDown, PortInUse, short_error
 from harness.images import FAKETIME_LIB
 from harness.progress import say
 from harness.proxies import (
@@ -529,24 +529,19 @@ class Node:
             return False
 
 
+@dataclass(eq=False)
 class Cluster:
     """Start, inspect and tear down one topology. Use as a context manager: it always tears down."""
 
-    def __init__(
-        self,
-        client,
-        topology: Topology,
-        plugin: BrokerPlugin,
-        settings: Mapping[str, Any],
-        *,
-        keep: bool = False,
-    ) -> None:
-        self.client = client
-        self.topology = topology
-        self.plugin = plugin
-        self.settings = settings
-        self.keep = keep
-        self.nodes = {name: Node(self, name) for name in topology.nodes}
+    client: Any
+    topology: Topology
+    plugin: BrokerPlugin
+    settings: Mapping[str, Any]
+    _: KW_ONLY
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        self.nodes = {name: Node(self, name) for name in self.topology.nodes}
         self.host = published_host()
         # Added when resources are created, not in the topology: docker-compose.yml renders
         # the topology and must not change with the pid of whoever rendered it.
@@ -697,27 +692,38 @@ class Cluster:
     def wait_ready(self, nodes: Sequence[str] | None = None, timeout: float | None = None) -> None:
         """Poll every pending node's ``is_ready`` at once (one thread per node: each poll is a
         command run in the node, so a round takes as long as the slowest, not their sum), every
-        READY_POLL_S, until all are ready or ``timeout`` (the plugin's ``ready_timeout``) passes."""
+        READY_POLL_S, until each is ready, its container exited, or ``timeout`` (the plugin's
+        ``ready_timeout``) passed; ``NodesDown`` names every node that did not get ready, and why."""
         timeout = timeout or self.plugin.ready_timeout
         pending = list(nodes or self.topology.nodes)
         deadline = time.monotonic() + timeout
+        down: dict[str, str] = {}
         while pending:
             for name, ready in zip(list(pending), each(self._ready, list(pending)), strict=True):
-                if ready:
+                if ready is True:
                     say("cluster", f"{name}: ready")
+                if ready is not False:
                     pending.remove(name)
+                if isinstance(ready, str):
+                    down[name] = ready
             if pending and time.monotonic() > deadline:
-                raise ClusterError(
-                    f"{', '.join(pending)} not ready after {timeout:.0f}s; last log lines:\n"
-                    + "\n".join(self.tail_log(n) for n in pending)
+                down.update(
+                    {
+                        n: f"not ready after {timeout:.0f}s\nlast log lines:\n{self.tail_log(n)}"
+                        for n in pending
+                    }
                 )
+                break
             if pending:
                 time.sleep(READY_POLL_S)
+        if down:
+            raise NodesDown(down)
 
-    def _ready(self, name: str) -> bool:
+    def _ready(self, name: str) -> bool | str:
+        """True once ready, False not yet, or why it never will be (its container exited)."""
         node = self.nodes[name]
         if not node.running():
-            raise ClusterError(f"{name}: the broker container exited; its log:\n{self.tail_log(name)}")
+            return f"the broker container exited\nits log:\n{self.tail_log(name)}"
         return bool(self.plugin.is_ready(node))
 
     def tail_log(self, name: str, lines: int = 15) -> str:

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,31 +40,19 @@ def encode_value(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
+@dataclass(eq=False, slots=True)
 class Invocation:
     """An open operation. Complete it once with ``ok``, ``fail`` or ``info``."""
 
-    __slots__ = ("recorder", "process", "f", "node", "queue", "value", "index", "time_ns", "done")
-
-    def __init__(
-        self,
-        recorder: Recorder,
-        process: str,
-        f: str,
-        node: str | None,
-        queue: str | None,
-        value: Any,
-        index: int,
-        time_ns: int,
-    ) -> None:
-        self.recorder = recorder
-        self.process = process
-        self.f = f
-        self.node = node
-        self.queue = queue
-        self.value = value
-        self.index = index
-        self.time_ns = time_ns
-        self.done = False
+    recorder: Recorder
+    process: str
+    f: str
+    node: str | None
+    queue: str | None
+    value: Any
+    index: int
+    time_ns: int
+    done: bool = field(default=False, init=False)
 
     def _complete(
         self,
@@ -78,19 +67,21 @@ class Invocation:
         if self.done:
             raise RuntimeError(f"operation {self.index} ({self.process} {self.f}) completed twice")
         self.done = True
-        return self.recorder._write(
-            self.process,
-            type_,
-            self.f,
-            node if node is not None else self.node,
-            self.queue,
-            self.value if value is None else value,
-            redelivered,
-            error,
-            invocation=self,
-            digest=digest,
-            detail=detail,
-        )
+        rec = self.recorder  # the recorder's companion: completes under its lock, as invoke opens
+        with rec._lock:
+            rec._open.pop(self.index, None)
+            return rec._write_locked(
+                self.process,
+                type_,
+                self.f,
+                node if node is not None else self.node,
+                self.queue,
+                self.value if value is None else value,
+                redelivered,
+                error,
+                digest=digest,
+                detail=detail,
+            )
 
     def ok(
         self,
@@ -200,27 +191,6 @@ class Recorder:
             inv = Invocation(self, process, f, node, queue, value, rec["index"], rec["time_ns"])
             self._open[inv.index] = inv
             return inv
-
-    def _write(
-        self,
-        process: str,
-        type_: str,
-        f: str,
-        node: str | None,
-        queue: str | None,
-        value: Any,
-        redelivered: bool | None,
-        error: str | None,
-        invocation: Invocation | None = None,
-        digest: str | None = None,
-        detail: Any = None,
-    ) -> dict[str, Any]:
-        with self._lock:
-            if invocation is not None:
-                self._open.pop(invocation.index, None)
-            return self._write_locked(
-                process, type_, f, node, queue, value, redelivered, error, digest=digest, detail=detail
-            )
 
     def _write_locked(
         self,

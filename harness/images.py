@@ -37,7 +37,9 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.errors import ImageError, ScenarioError
 from harness.progress import say
@@ -134,22 +136,23 @@ def _exists(client, tag: str) -> bool:
         return False
 
 
+@dataclass(eq=False)
 class ImageBuilder:
     """Builds the images a run needs; ``force`` rebuilds even when the hash matches.
 
     ``namespace`` replaces the ``brokerchaos`` of every repository name and ``cache`` the host's
     cache of packages and wheels: a benchmark builds everything from nothing that way, beside the
-    images in use and without touching them.
+    images in use and without touching them. ``tags_only`` builds nothing and needs no Docker: each
+    method answers the content tag it would build (what a plan keys its cells by).
     """
 
-    def __init__(
-        self, client, *, force: bool = False, namespace: str = "brokerchaos", cache: Path = CACHE
-    ) -> None:
-        self.client = client
-        self.force = force
-        self.namespace = namespace
-        self.cache = cache
-        self._bases: dict[str, str] = {}  # each suite's base tag once made or found
+    client: Any
+    _: KW_ONLY
+    force: bool = False
+    namespace: str = "brokerchaos"
+    cache: Path = CACHE
+    tags_only: bool = False
+    _bases: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # each suite's base tag
 
     # -- layer 1: root filesystems -------------------------------------------------------
 
@@ -242,7 +245,9 @@ class ImageBuilder:
     def _once(self, tag: str, build: Callable[[], object]) -> None:
         """``build()`` makes ``tag`` unless it exists. A file lock per tag makes commands that need
         the same missing image at once (parallel test workers, two runs) build it once: the others
-        wait, then find it."""
+        wait, then find it. With ``tags_only`` nothing is built: the tag is all the caller wants."""
+        if self.tags_only:
+            return
         if not self.force and _exists(self.client, tag):
             say("images", f"{tag} up to date")
             return
@@ -341,6 +346,8 @@ class ImageBuilder:
 
     def _latest(self, tag: str) -> str:
         """Also tag the image ``:latest`` (what docker-compose.yml names)."""
+        if self.tags_only:
+            return tag
         repo = tag.rsplit(":", 1)[0]
         self.client.images.get(tag).tag(repo, "latest")
         return tag
@@ -376,7 +383,12 @@ class ImageBuilder:
             f"FROM {base}\nCOPY {TOXIPROXY_BIN} /usr/local/bin/{TOXIPROXY_BIN}\n"
             f'ENTRYPOINT ["/usr/local/bin/{TOXIPROXY_BIN}"]\nCMD ["--host", "0.0.0.0", "--port", "8474"]\n'
         )
-        sources = [TOXIPROXY_CRATE / "src", TOXIPROXY_CRATE / "Cargo.toml", TOXIPROXY_CRATE / "Cargo.lock"]
+        sources = [
+            TOXIPROXY_CRATE / "src",
+            TOXIPROXY_CRATE / "vendor",
+            TOXIPROXY_CRATE / "Cargo.toml",
+            TOXIPROXY_CRATE / "Cargo.lock",
+        ]
         tag = f"{self.namespace}/toxiproxy:{_digest(dockerfile, _tree_digest(sources))}"
         self._once(tag, lambda: self._build(tag, dockerfile, {TOXIPROXY_BIN: self.toxiproxy_binary()}))
         return self._latest(tag)
@@ -386,7 +398,12 @@ class ImageBuilder:
         target = TOXIPROXY_CRATE / "target" / "release" / TOXIPROXY_BIN
         if not (TOXIPROXY_CRATE / "Cargo.toml").exists():
             raise ImageError(f"{TOXIPROXY_CRATE} is missing: brokerchaos must run from a source checkout")
-        sources = [p for p in (TOXIPROXY_CRATE / "src").rglob("*.rs")] + [TOXIPROXY_CRATE / "Cargo.lock"]
+        sources = [
+            *(TOXIPROXY_CRATE / "src").rglob("*.rs"),
+            *(TOXIPROXY_CRATE / "vendor").rglob("*"),  # the patched noxious
+            TOXIPROXY_CRATE / "Cargo.toml",
+            TOXIPROXY_CRATE / "Cargo.lock",
+        ]
         if target.exists() and all(p.stat().st_mtime <= target.stat().st_mtime for p in sources):
             return target
         if shutil.which("cargo") is None:

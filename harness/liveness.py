@@ -5,9 +5,10 @@ A leaf module: it reads the results schema only (``harness.spec.results.Liveness
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.spec.results import describe_stranded
 from harness.spec.rundir import NODES
 
 NS_PER_S = 1_000_000_000
@@ -75,6 +76,23 @@ def liveness_lines(results: Mapping[str, Any], width: int) -> list[str]:
     for u in lv.get("unavailable") or []:
         for line in u.get("log") or []:
             lines.append(pad + f"log: {line}")
+    for i, g in enumerate(lv.get("stranded") or []):
+        lines.append((f"  {'stranded':<{width}}  " if i == 0 else pad) + describe_stranded(g))
+    lines += down_lines(lv.get("nodes_down") or [], lv.get("serving"), width)
+    return lines
+
+
+def down_lines(down: Sequence[Mapping[str, Any]], serving: Sequence[str] | None, width: int) -> list[str]:
+    """Each node the final heal could not bring back, why, its last log lines, and what served."""
+    if not down:
+        return []
+    pad = f"  {'':<{width}}  "
+    lines = [f"  {'did not come back':<{width}}  " + ", ".join(d["node"] for d in down)]
+    lines.append(pad + f"drained through: {', '.join(serving or []) or 'no node (nothing drained)'}")
+    for d in down:
+        why = str(d.get("reason") or "").splitlines()
+        lines += [pad + f"{d['node']}: {why[0] if why else 'no reason recorded'}"]
+        lines += [pad + f"{d['node']} log: {line.strip()[:300]}" for line in why[1:][-LOG_LINES:]]
     return lines
 
 

@@ -19,15 +19,16 @@ import asyncio
 import json
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import FaultError, ScenarioError
+from harness.errors import FaultError, NodesDown, ScenarioError
 from harness.evidence import fault_line
 from harness.history import Recorder
 from harness.progress import say
 from harness.scenario import Scenario
+from harness.spec.broker import BrokerPlugin
 from harness.spec.fault import Evidence, Fault, FaultContext
 from harness.spec.history import EVIDENCE
 
@@ -75,6 +76,18 @@ def check_capabilities(
             raise ScenarioError(
                 f"nemesis: fault {name!r} needs broker capabilities {sorted(missing)} "
                 f"that plugin {broker!r} does not declare"
+            )
+
+
+def check_file_roles(scenario: Scenario, plugin: BrokerPlugin) -> None:
+    """A step naming a data file role (``file_role``) names one the broker plugin declares."""
+    for step in scenario.nemesis.schedule:
+        role = step.params.get("file_role")
+        if role is not None and role not in plugin.data_files:
+            known = ", ".join(sorted(plugin.data_files)) or "none"
+            raise ScenarioError(
+                f"nemesis: fault {step.fault!r} at {step.at}s names data file role {role!r}, which "
+                f"broker plugin {plugin.name!r} does not declare; its roles: {known}"
             )
 
 
@@ -266,31 +279,29 @@ def _say_evidence(fid: str, kind: str, node: Any, evidence: Evidence) -> None:
         say("nemesis", f"{fid} {kind}: {flag}")
 
 
+@dataclass(eq=False)
 class Nemesis:
     """Runs a plan against a cluster, recording every action, and heals everything at the end."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        faults: Mapping[str, type[Fault]],
-        ctx: FaultContext,
-        recorder: Recorder,
-        *,
-        settle: float,
-        final_heal: Any,
-        on_fault: Any = None,
-    ) -> None:
-        self.plan = plan
-        self.faults = faults
-        self.ctx = ctx
-        self.recorder = recorder
-        self.settle = settle
-        self.final_heal = final_heal
-        self.on_fault = on_fault or (lambda op: None)
-        self.active: dict[str, Fault] = {}
-        #: What each held fault measured when applied, completed by its heal.
-        self.evidence: dict[str, Evidence] = {}
-        self.start_ns = 0
+    plan: Plan
+    faults: Mapping[str, type[Fault]]
+    ctx: FaultContext
+    recorder: Recorder
+    _: KW_ONLY
+    settle: float
+    final_heal: Any
+    on_fault: Any = None
+    #: The nodes clients work through (``Run.client_nodes``): the final heal records which came back.
+    serving: Sequence[str] = ()
+    active: dict[str, Fault] = field(default_factory=dict, init=False)
+    #: The nodes the final heal could not bring back, each with why (``NodesDown``).
+    down: dict[str, str] = field(default_factory=dict, init=False)
+    #: What each held fault measured when applied, completed by its heal.
+    evidence: dict[str, Evidence] = field(default_factory=dict, init=False)
+    start_ns: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.on_fault = self.on_fault or (lambda op: None)
 
     async def __call__(self, duration: float) -> None:
         loop = asyncio.get_running_loop()
@@ -367,17 +378,31 @@ class Nemesis:
         evidence = await _measure(lambda: fault.heal_evidence(done, applied))
         if evidence.effect is False and applied.effect is not False:
             _say_evidence(fid, fault.name, fault.params.get("node"), evidence)
+        else:  # what only the whole hold shows (bytes that crossed a cut while it was held)
+            for flag in (f for f in evidence.flags if f not in applied.flags):
+                say("nemesis", f"{fid} {fault.name}: {flag}")
         if evidence.restored is False:
             say("nemesis", f"{fid} {fault.name}: still in effect after its heal ({evidence.summary})")
         self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict()}))
 
     async def _final_heal(self) -> None:
+        """Heal everything. Nodes it cannot bring back (``NodesDown``) are the run's outcome for
+        them, recorded under ``down`` with the nodes left to serve clients (``serving``), and the
+        run goes on to its drain; any other failure ends the run."""
         for fid in list(self.active):
             await self._heal(fid, scheduled=False)
         value = {"fault_ids": [], "kind": "heal", "final": True}
         inv = self.recorder.invoke("nemesis", "heal", value=value)
         try:
             done = await asyncio.to_thread(self.final_heal)
+        except NodesDown as exc:
+            self.down.update(exc.nodes)
+            up = [n for n in self.serving if n not in exc.nodes]
+            for node, why in exc.nodes.items():
+                say("heal", f"{node} did not come back: {why.splitlines()[0]}")
+            down = {**value, "done": exc.done, "down": exc.nodes, "serving": up}
+            self.on_fault(inv.info(f"did not come back: {', '.join(exc.nodes)}", down))
+            return
         except Exception as exc:  # noqa: BLE001
             self.on_fault(inv.info(f"final heal failed: {type(exc).__name__}: {exc}"))
             raise FaultError(f"final heal failed: {exc}") from exc

@@ -20,19 +20,20 @@ from typing import Any
 
 from harness.cluster import Cluster, build_topology, docker_client, filesystem_model, node_roles, role_recipes
 from harness.coverage import annotate, check_workload_features
-from harness.errors import BrokerChaosError, PortInUse
+from harness.errors import BrokerChaosError, NodesDown, PortInUse
 from harness.evidence import read_fault_evidence
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder, broker_image
 from harness.liveness import scrape_logs
-from harness.nemesis import Nemesis, Plan, check_capabilities, plan
+from harness.nemesis import Nemesis, Plan, check_capabilities, check_file_roles, plan
 from harness.outcome import ChaosResult
 from harness.progress import say
 from harness.scenario import Scenario
 from harness.spec.broker import ImageRecipe
+from harness.spec.client import workload_check
 from harness.spec.fault import HOST_FEATURES, ClusterNodes, Fault, FaultContext
-from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
+from harness.spec.rundir import DISJOINT_NODES, RESULTS_JSON, SCENARIO_JSON
 from harness.store import RunDir
 from harness.verdicts import combine, judge_unsynced
 from harness.workload import (
@@ -69,7 +70,10 @@ class Run:
         self.settings = self.plugin.validate_settings(scenario.broker.settings)
         self.faults = host.registry.faults
         check_capabilities(scenario, self.faults, frozenset(self.plugin.capabilities), self.plugin.name)
+        check_file_roles(scenario, self.plugin)
         check_workload_features(scenario.workload, self.plugin)
+        # A missing client is the workload phase's error (one line there); here only what it refuses.
+        workload_check(host.registry.clients.get(self.plugin.protocol), scenario.workload)
         roles = node_roles(self.plugin, scenario.broker.nodes, self.settings)
         #: Every node, each with its role (what faults aim at); the workload uses ``client_nodes``.
         self.nodes = ClusterNodes(list(roles), {n: r.name for n, r in roles.items()})
@@ -128,7 +132,9 @@ class Run:
             topology = build_topology(
                 self.plugin,
                 run_id=self.id,
-                nodes=len(self.nodes),
+                # The scenario's count, which ``roles`` reads: the total (``self.nodes``) would
+                # give a role of ``nodes=None`` every node of the other roles as well.
+                nodes=self.scenario.broker.nodes,
                 settings=self.settings,
                 broker_image=images["broker"],
                 proxy_image=images["toxiproxy"],
@@ -181,6 +187,7 @@ class Run:
                 "broker_version": self.plugin.release.name if self.plugin.release else None,
                 "settings": self.settings,
                 "capabilities": sorted(self.plugin.capabilities),
+                DISJOINT_NODES: self.plugin.disjoint_nodes(self.settings),
             },
             "plan": self.plan.to_list(),
             "lazyfs": self.lazyfs,
@@ -254,6 +261,7 @@ class Run:
             settle=self.scenario.nemesis.settle if self.plan.steps else 0.0,
             final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
             on_fault=lambda op: self.host.fault_done(self, op),
+            serving=self.client_nodes,
         )
         start = time.monotonic()
 
@@ -282,6 +290,7 @@ class Run:
                 nemesis=nemesis,
                 holdings=node_holdings_reader(self.plugin, cluster.nodes),
                 broker_dead_letter=self.plugin.dead_letter_queues,
+                down=nemesis.down,
             )
         )
         self.drained_at = time.monotonic()
@@ -368,12 +377,18 @@ class _Background:
 
 
 def build_images(
-    client: Any, plugin: Any, *, faketime: bool = False, roles: Mapping[str, ImageRecipe] | None = None
+    client: Any,
+    plugin: Any,
+    *,
+    faketime: bool = False,
+    roles: Mapping[str, ImageRecipe] | None = None,
+    tags_only: bool = False,
 ) -> dict[str, str]:
     """The broker's node image (with libfaketime under the ``faketime`` feature), the
     Toxiproxy sidecar image and the image of each role that declares its own (``roles``: by
-    role name; ``role:NAME`` in the answer), built if missing (offline)."""
-    builder = ImageBuilder(client)
+    role name; ``role:NAME`` in the answer), built if missing (offline); ``tags_only``: their
+    tags, nothing built (``client`` may be None)."""
+    builder = ImageBuilder(client, tags_only=tags_only)
     broker = broker_image(builder, plugin)
     if faketime:
         broker = builder.faketime_image(broker)
@@ -431,7 +446,7 @@ def sync_promise(host: Host, scenario: Mapping[str, Any]) -> bool | None:
     broker = scenario.get("broker") or {}
     if broker.get("plugin") not in host.registry.brokers:
         return None
-    plugin = host.broker(broker["plugin"])
+    plugin = host.broker(broker["plugin"], broker.get("version"))
     return plugin.confirms_after_sync(plugin.validate_settings(broker.get("settings") or {}))
 
 
@@ -453,16 +468,25 @@ def host_features(scenario: Scenario, plan: Plan, faults: Mapping[str, type[Faul
 def heal_all(
     faults: Mapping[str, type[Fault]], ctx: FaultContext, capabilities: frozenset[str]
 ) -> dict[str, Any]:
-    """Every registered fault kind the broker could have suffered heals whatever it may have left."""
+    """Every registered fault kind the broker could have suffered heals whatever it may have left.
+    A kind that could not bring nodes back (``NodesDown``) does not stop the others: the nodes that
+    stayed down are raised once every kind has healed, with what was done."""
     out: dict[str, Any] = {}
+    down: dict[str, str] = {}
     healed: set[Any] = set()  # kinds that share a mechanism share one heal_all: run it once
     for name, cls in sorted(faults.items()):
         fn = getattr(cls.heal_all, "__func__", cls.heal_all)
         if cls.requires <= capabilities and fn not in healed:
             healed.add(fn)
-            done = cls.heal_all(ctx)
+            try:
+                done = cls.heal_all(ctx)
+            except NodesDown as exc:
+                down.update(exc.nodes)
+                done = exc.done
             if done:
                 out[name] = done
+    if down:
+        raise NodesDown(down, out)
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from harness.spec.scenario import (
     TransactionsSection,
     WorkloadSection,
 )
+from harness.spec.validate import boolean, integer, mapping, nonempty_str, number, only, seconds_range
 
 __all__ = [
     "BrokerSection",
@@ -96,14 +97,14 @@ def from_dict(data: Any, *, source: str | None = None, default_name: str = "scen
 
 
 def _build(data: Any, default_name: str, source: str | None) -> Scenario:
-    top = _mapping(data, "scenario")
-    _only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "budgets", "source"})
+    top = mapping(data, "scenario")
+    only(top, "", {"name", "seed", "broker", "workload", "nemesis", "checkers", "budgets", "source"})
     return Scenario(
-        name=_str(top.get("name", default_name), "name"),
+        name=nonempty_str(top.get("name", default_name), "name"),
         broker=_broker(top.get("broker")),
         workload=_workload(top.get("workload", {})),
         nemesis=_nemesis(top.get("nemesis", {})),
-        seed=_int(top.get("seed", 0), "seed", lo=0),
+        seed=integer(top.get("seed", 0), "seed", lo=0),
         checkers=_checkers(top.get("checkers", [])),
         budgets=_budgets(top.get("budgets", {})),
         source=source,
@@ -111,41 +112,41 @@ def _build(data: Any, default_name: str, source: str | None) -> Scenario:
 
 
 def _broker(raw: Any) -> BrokerSection:
-    b = _mapping(raw, "broker", required=True)
-    _only(b, "broker", {"plugin", "version", "nodes", "settings", "lazyfs", "filesystem"})
+    b = mapping(raw, "broker", required=True)
+    only(b, "broker", {"plugin", "version", "nodes", "settings", "lazyfs", "filesystem"})
     return BrokerSection(
-        plugin=_str(b.get("plugin"), "broker.plugin", required=True),
+        plugin=nonempty_str(b.get("plugin"), "broker.plugin", required=True),
         version=_version(b.get("version")),
-        nodes=_int(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
-        settings=dict(_mapping(b.get("settings", {}), "broker.settings")),
-        lazyfs=_bool(b.get("lazyfs", False), "broker.lazyfs"),
+        nodes=integer(b.get("nodes", 3), "broker.nodes", lo=1, hi=9),
+        settings=dict(mapping(b.get("settings", {}), "broker.settings")),
+        lazyfs=boolean(b.get("lazyfs", False), "broker.lazyfs"),
         filesystem=_filesystem(b.get("filesystem")),
     )
 
 
 def _workload(raw: Any) -> WorkloadSection:
-    w = _mapping(raw, "workload")
+    w = mapping(raw, "workload")
     defaults = WorkloadSection()
-    _only(w, "workload", set(asdict(defaults)))
+    only(w, "workload", set(asdict(defaults)))
     workload = WorkloadSection(
-        producers=_int(w.get("producers", defaults.producers), "workload.producers", lo=0, hi=256),
-        consumers=_int(w.get("consumers", defaults.consumers), "workload.consumers", lo=0, hi=256),
-        readers=_int(w.get("readers", defaults.readers), "workload.readers", lo=0, hi=64),
-        queues=_int(w.get("queues", defaults.queues), "workload.queues", lo=1, hi=1000),
-        rate=_num(w.get("rate", defaults.rate), "workload.rate", lo=0),
-        message_size=_int(
+        producers=integer(w.get("producers", defaults.producers), "workload.producers", lo=0, hi=256),
+        consumers=integer(w.get("consumers", defaults.consumers), "workload.consumers", lo=0, hi=256),
+        readers=integer(w.get("readers", defaults.readers), "workload.readers", lo=0, hi=64),
+        queues=integer(w.get("queues", defaults.queues), "workload.queues", lo=1, hi=1000),
+        rate=number(w.get("rate", defaults.rate), "workload.rate", lo=0),
+        message_size=integer(
             w.get("message_size", defaults.message_size), "workload.message_size", lo=16, hi=64 << 20
         ),
-        duration=_num(w.get("duration", defaults.duration), "workload.duration", lo=0.1),
-        persistent=_bool(w.get("persistent", defaults.persistent), "workload.persistent"),
-        prefetch=_int(w.get("prefetch", defaults.prefetch), "workload.prefetch", lo=0, hi=65535),
-        in_flight=_int(w.get("in_flight", defaults.in_flight), "workload.in_flight", lo=1, hi=100_000),
-        confirm_timeout=_num(
+        duration=number(w.get("duration", defaults.duration), "workload.duration", lo=0.1),
+        persistent=boolean(w.get("persistent", defaults.persistent), "workload.persistent"),
+        prefetch=integer(w.get("prefetch", defaults.prefetch), "workload.prefetch", lo=0, hi=65535),
+        in_flight=integer(w.get("in_flight", defaults.in_flight), "workload.in_flight", lo=1, hi=100_000),
+        confirm_timeout=number(
             w.get("confirm_timeout", defaults.confirm_timeout), "workload.confirm_timeout", lo=0.1
         ),
-        drain_timeout=_num(w.get("drain_timeout", defaults.drain_timeout), "workload.drain_timeout", lo=1),
-        drain_idle=_num(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
-        queue_prefix=_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
+        drain_timeout=number(w.get("drain_timeout", defaults.drain_timeout), "workload.drain_timeout", lo=1),
+        drain_idle=number(w.get("drain_idle", defaults.drain_idle), "workload.drain_idle", lo=0.1),
+        queue_prefix=nonempty_str(w.get("queue_prefix", defaults.queue_prefix), "workload.queue_prefix"),
     )
     return dataclasses.replace(
         workload,
@@ -157,8 +158,8 @@ def _workload(raw: Any) -> WorkloadSection:
 
 
 def _nemesis(raw: Any) -> NemesisSection:
-    n = _mapping(raw, "nemesis")
-    _only(n, "nemesis", {"schedule", "random", "settle"})
+    n = mapping(raw, "nemesis")
+    only(n, "nemesis", {"schedule", "random", "settle"})
     raw_steps = n.get("schedule", [])
     if not isinstance(raw_steps, list):
         raise ScenarioError(
@@ -169,37 +170,37 @@ def _nemesis(raw: Any) -> NemesisSection:
         schedule=tuple(sorted(steps, key=lambda s: s.at)),
         # ``to_dict()`` writes ``random: null`` when there is none
         random=None if n.get("random") is None else _random(n["random"]),
-        settle=_num(n.get("settle", 5.0), "nemesis.settle", lo=0),
+        settle=number(n.get("settle", 5.0), "nemesis.settle", lo=0),
     )
 
 
 def _step(raw: Any, where: str) -> Step:
-    s = _mapping(raw, where)
-    _only(s, where, {"at", "fault", "hold", "params"})
+    s = mapping(raw, where)
+    only(s, where, {"at", "fault", "hold", "params"})
     hold = s.get("hold")
     return Step(
-        at=_num(s.get("at"), f"{where}.at", lo=0, required=True),
-        fault=_str(s.get("fault"), f"{where}.fault", required=True),
-        hold=None if hold is None else _num(hold, f"{where}.hold", lo=0),
-        params=dict(_mapping(s.get("params", {}), f"{where}.params")),
+        at=number(s.get("at"), f"{where}.at", lo=0, required=True),
+        fault=nonempty_str(s.get("fault"), f"{where}.fault", required=True),
+        hold=None if hold is None else number(hold, f"{where}.hold", lo=0),
+        params=dict(mapping(s.get("params", {}), f"{where}.params")),
     )
 
 
 def _random(raw: Any) -> RandomSchedule:
-    r = _mapping(raw, "nemesis.random")
-    _only(r, "nemesis.random", {"faults", "every", "hold", "params", "overlap"})
+    r = mapping(raw, "nemesis.random")
+    only(r, "nemesis.random", {"faults", "every", "hold", "params", "overlap"})
     faults = r.get("faults")
     if not isinstance(faults, list) or not faults or not all(isinstance(x, str) for x in faults):
         raise ScenarioError("nemesis.random.faults: expected a non-empty list of fault names")
     return RandomSchedule(
         faults=tuple(faults),
-        every=_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
-        hold=_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
+        every=seconds_range(r.get("every", [10, 20]), "nemesis.random.every", positive=True),
+        hold=seconds_range(r.get("hold", [5, 15]), "nemesis.random.hold"),
         params={
-            k: dict(_mapping(v, f"nemesis.random.params.{k}"))
-            for k, v in _mapping(r.get("params", {}), "nemesis.random.params").items()
+            k: dict(mapping(v, f"nemesis.random.params.{k}"))
+            for k, v in mapping(r.get("params", {}), "nemesis.random.params").items()
         },
-        overlap=_int(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
+        overlap=integer(r.get("overlap", 1), "nemesis.random.overlap", lo=1, hi=16),
     )
 
 
@@ -212,11 +213,11 @@ def _checkers(checkers: Any) -> tuple[str, ...]:
 
 
 def _budgets(raw: Any) -> Budgets:
-    bud = _mapping(raw, "budgets")
-    _only(bud, "budgets", {"duplicated", "resurrected", "recovery_s"})
+    bud = mapping(raw, "budgets")
+    only(bud, "budgets", {"duplicated", "resurrected", "recovery_s"})
     return Budgets(
         **{
-            k: None if bud.get(k) is None else _int(bud[k], f"budgets.{k}", lo=0)
+            k: None if bud.get(k) is None else integer(bud[k], f"budgets.{k}", lo=0)
             for k in ("duplicated", "resurrected")
         },
         recovery_s=_recovery_budget(bud.get("recovery_s")),
@@ -237,35 +238,35 @@ def _recovery_budget(v: Any) -> float | dict[str, float] | None:
 
 
 def _seconds_above_0(v: Any, where: str) -> float:
-    x = _num(v, where, lo=0)
+    x = number(v, where, lo=0)
     if x == 0:
         raise ScenarioError(f"{where}: 0 is out of range; allowed: seconds > 0 (or null: no limit)")
     return x
 
 
 def _consumer(data: Any, consumers: int) -> ConsumerSection:
-    c = _mapping(data, "workload.consumer")
+    c = mapping(data, "workload.consumer")
     defaults = ConsumerSection()
-    _only(c, "workload.consumer", set(asdict(defaults)))
+    only(c, "workload.consumer", set(asdict(defaults)))
     every = {}
     for key in ("recover_every", "close_every", "crash_every"):
-        v = _num(c.get(key, getattr(defaults, key)), f"workload.consumer.{key}", lo=0)
+        v = number(c.get(key, getattr(defaults, key)), f"workload.consumer.{key}", lo=0)
         if 0 < v < 0.1:  # each action holds deliveries first; shorter gaps would do nothing else
             raise ScenarioError(f"workload.consumer.{key}: {v} is out of range; allowed 0 (never) or >= 0.1")
         every[key] = v
-    requeue = _num(c.get("requeue", defaults.requeue), "workload.consumer.requeue", lo=0)
+    requeue = number(c.get("requeue", defaults.requeue), "workload.consumer.requeue", lo=0)
     if requeue > 1:
         raise ScenarioError(
             f"workload.consumer.requeue: {requeue} is out of range; allowed from 0 to 1 "
             "(a probability per delivery)"
         )
-    slow = _int(c.get("slow", defaults.slow), "workload.consumer.slow", lo=0)
+    slow = integer(c.get("slow", defaults.slow), "workload.consumer.slow", lo=0)
     if slow > consumers:
         raise ScenarioError(f"workload.consumer.slow: {slow} is more than workload.consumers ({consumers})")
     return ConsumerSection(
         requeue=requeue,
         slow=slow,
-        slow_ack_ms=_int(
+        slow_ack_ms=integer(
             c.get("slow_ack_ms", defaults.slow_ack_ms), "workload.consumer.slow_ack_ms", lo=0, hi=60_000
         ),
         **every,
@@ -275,37 +276,37 @@ def _consumer(data: Any, consumers: int) -> ConsumerSection:
 def _delay(data: Any) -> DelaySection | None:
     if data is None:  # absent, or ``to_dict()``'s ``delay: null``
         return None
-    d = _mapping(data, "workload.delay")
+    d = mapping(data, "workload.delay")
     defaults = DelaySection()
-    _only(d, "workload.delay", set(asdict(defaults)))
-    share = _num(d.get("share", defaults.share), "workload.delay.share", lo=0)
+    only(d, "workload.delay", set(asdict(defaults)))
+    share = number(d.get("share", defaults.share), "workload.delay.share", lo=0)
     if share > 1:
         raise ScenarioError(
             f"workload.delay.share: {share} is out of range; allowed from 0 to 1 "
             "(the probability that a publish is delayed)"
         )
     max_delay = 2**32 - 1  # the delayed-message exchange's own bound
-    lo = _int(d.get("min_ms", defaults.min_ms), "workload.delay.min_ms", lo=1, hi=max_delay)
-    hi = _int(d.get("max_ms", defaults.max_ms), "workload.delay.max_ms", lo=1, hi=max_delay)
+    lo = integer(d.get("min_ms", defaults.min_ms), "workload.delay.min_ms", lo=1, hi=max_delay)
+    hi = integer(d.get("max_ms", defaults.max_ms), "workload.delay.max_ms", lo=1, hi=max_delay)
     if lo > hi:
         raise ScenarioError(f"workload.delay.min_ms: {lo} is greater than workload.delay.max_ms ({hi})")
     return DelaySection(
         share=share,
         min_ms=lo,
         max_ms=hi,
-        late_ms=_int(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0),
+        late_ms=integer(d.get("late_ms", defaults.late_ms), "workload.delay.late_ms", lo=0),
     )
 
 
 def _transactions(data: Any) -> TransactionsSection | None:
     if data is None:  # ``to_dict()`` writes ``transactions: null`` when there are none
         return None
-    t = _mapping(data, "workload.transactions")
+    t = mapping(data, "workload.transactions")
     defaults = TransactionsSection()
-    _only(t, "workload.transactions", set(asdict(defaults)))
-    publish = _int(t.get("publish_batch", 0), "workload.transactions.publish_batch", lo=0, hi=10_000)
-    ack = _int(t.get("ack_batch", 0), "workload.transactions.ack_batch", lo=0, hi=10_000)
-    rollback = _num(t.get("rollback", 0.0), "workload.transactions.rollback", lo=0)
+    only(t, "workload.transactions", set(asdict(defaults)))
+    publish = integer(t.get("publish_batch", 0), "workload.transactions.publish_batch", lo=0, hi=10_000)
+    ack = integer(t.get("ack_batch", 0), "workload.transactions.ack_batch", lo=0, hi=10_000)
+    rollback = number(t.get("rollback", 0.0), "workload.transactions.rollback", lo=0)
     if rollback > 1:
         raise ScenarioError(
             f"workload.transactions.rollback: {rollback} is out of range; allowed from 0 to 1 "
@@ -326,10 +327,10 @@ MAX_TTL_MS = 2**32 - 1
 def _dead_lettering(w: Mapping[str, Any]) -> dict[str, Any]:
     """``ttl_ms``, ``expiration_ms`` and ``dead_letter``. A TTL without dead-lettering is refused:
     an expired message would be dropped by design, and the checkers could not tell it from a loss."""
-    out: dict[str, Any] = {"dead_letter": _bool(w.get("dead_letter", False), "workload.dead_letter")}
+    out: dict[str, Any] = {"dead_letter": boolean(w.get("dead_letter", False), "workload.dead_letter")}
     for key in ("ttl_ms", "expiration_ms"):
         v = w.get(key)
-        out[key] = None if v is None else _int(v, f"workload.{key}", lo=1, hi=MAX_TTL_MS)
+        out[key] = None if v is None else integer(v, f"workload.{key}", lo=1, hi=MAX_TTL_MS)
         if out[key] is not None and not out["dead_letter"]:
             raise ScenarioError(
                 f"workload.{key}: needs workload.dead_letter: true (an expired message is otherwise "
@@ -341,39 +342,14 @@ def _dead_lettering(w: Mapping[str, Any]) -> dict[str, Any]:
 def with_overrides(sc: Scenario, *, seed: int | None = None, duration: float | None = None) -> Scenario:
     """Command-line overrides, held to the same rules as the file (a stored run must reload)."""
     if seed is not None:
-        sc = dataclasses.replace(sc, seed=_int(seed, "seed", lo=0))
+        sc = dataclasses.replace(sc, seed=integer(seed, "seed", lo=0))
     if duration is not None:
-        duration = _num(duration, "workload.duration", lo=0.1)
+        duration = number(duration, "workload.duration", lo=0.1)
         sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, duration=duration))
     return sc
 
 
-# -- field helpers: each raises with the field's path and what is allowed -------------------
-
-
-def _mapping(v: Any, where: str, *, required: bool = False) -> Mapping[str, Any]:
-    if v is None:
-        if required:
-            raise ScenarioError(f"{where}: required section is missing")
-        return {}
-    if not isinstance(v, Mapping):
-        raise ScenarioError(f"{where}: expected a mapping, got {type(v).__name__}")
-    return v
-
-
-def _only(m: Mapping[str, Any], where: str, allowed: set[str]) -> None:
-    for key in m:
-        if key not in allowed:
-            prefix = f"{where}." if where else ""
-            raise ScenarioError(f"{prefix}{key}: unknown field; allowed: {', '.join(sorted(allowed))}")
-
-
-def _str(v: Any, where: str, *, required: bool = False) -> str:
-    if v is None and required:
-        raise ScenarioError(f"{where}: required")
-    if not isinstance(v, str) or not v:
-        raise ScenarioError(f"{where}: expected a non-empty string, got {v!r}")
-    return v
+# -- the broker section's own fields (the common checks are in harness.spec.validate) -------
 
 
 def _version(v: Any) -> str | None:
@@ -392,55 +368,6 @@ def _filesystem(v: Any) -> str | None:
     if v not in FILESYSTEM_MODELS:
         raise ScenarioError(f"broker.filesystem: expected one of {', '.join(FILESYSTEM_MODELS)}, got {v!r}")
     return str(v)
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise ScenarioError(f"{where}: expected true or false, got {v!r}")
-    return v
-
-
-def _int(v: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ScenarioError(f"{where}: expected an integer{_bounds(lo, hi)}, got {v!r}")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ScenarioError(f"{where}: {v} is out of range; allowed{_bounds(lo, hi)}")
-    return v
-
-
-def _num(v: Any, where: str, *, lo: float | None = None, required: bool = False) -> float:
-    if v is None and required:
-        raise ScenarioError(f"{where}: required (a number of seconds)")
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ScenarioError(f"{where}: expected a number{_bounds(lo, None)}, got {v!r}")
-    if lo is not None and v < lo:
-        raise ScenarioError(f"{where}: {v} is out of range; allowed{_bounds(lo, None)}")
-    return float(v)
-
-
-def _range(v: Any, where: str, *, positive: bool = False) -> tuple[float, float]:
-    """``[min, max]`` seconds, or one number for both. ``positive``: the gap between random
-    faults, where 0 would let the schedule draw steps forever without time advancing."""
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        v = [v, v]
-    if not isinstance(v, Sequence) or isinstance(v, str) or len(v) != 2:
-        raise ScenarioError(f"{where}: expected [min, max] seconds, got {v!r}")
-    lo, hi = (_num(x, where, lo=0) for x in v)
-    if positive and lo <= 0:
-        raise ScenarioError(f"{where}: min {lo} is out of range; allowed > 0")
-    if lo > hi:
-        raise ScenarioError(f"{where}: min {lo} is greater than max {hi}")
-    return (lo, hi)
-
-
-def _bounds(lo: float | None, hi: float | None) -> str:
-    if lo is not None and hi is not None:
-        return f" from {lo} to {hi}"
-    if lo is not None:
-        return f" >= {lo}"
-    if hi is not None:
-        return f" <= {hi}"
-    return ""
 
 
 def build(

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.drain import run_drain
 from harness.history import Recorder
+from harness.progress import say
 from harness.scenario import WorkloadSection
 from harness.spec.broker import BrokerPlugin, HeldTotal, NodeHandle
 from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
@@ -124,11 +125,14 @@ async def run_workload(
     nemesis: Any = None,
     holdings: NodeHoldings | None = None,
     broker_dead_letter: Sequence[str] = (),
+    down: Mapping[str, str] | None = None,
 ) -> WorkloadStats:
     """Run producers and consumers for ``w.duration`` seconds (with the nemesis alongside),
     then stop producers, let the nemesis heal, drain every queue (and after them the dead-letter
     queues: the workload's own and the broker's, ``broker_dead_letter``), and record what each
-    node's copy of each queue holds (``holdings``, when the broker plugin can tell)."""
+    node's copy of each queue holds (``holdings``, when the broker plugin can tell). ``down``: the
+    nodes the final heal could not bring back (``Nemesis.down``, filled as the nemesis ends): the
+    drain reads around them."""
     stats = WorkloadStats()
     asyncio.get_running_loop().set_exception_handler(_orphaned_task_failed)
     queues = queue_names(w)
@@ -144,39 +148,35 @@ async def run_workload(
     stop_readers = asyncio.Event()
     cpu0 = time.process_time()
     stats.started = time.monotonic()
-    tasks = []
-    for proc, (queue, _node) in plan.items():
-        if proc.startswith("p"):
-            tasks.append(asyncio.create_task(driver.produce(proc, queue, stop_producers), name=proc))
-        elif proc.startswith("r"):
-            tasks.append(asyncio.create_task(read(proc, queue, stop_readers), name=proc))  # type: ignore[misc]
-        else:
-            tasks.append(asyncio.create_task(driver.consume(proc, queue, stop_consumers), name=proc))
+    tasks = [
+        asyncio.create_task(
+            _client(driver, read, proc, queue, stop_producers, stop_consumers, stop_readers), name=proc
+        )
+        for proc, (queue, _node) in plan.items()
+    ]
     nemesis_task = asyncio.create_task(nemesis(w.duration)) if nemesis else None
     ticker = asyncio.create_task(_tick(on_tick, recorder, stats)) if on_tick else None
     try:
         await asyncio.sleep(w.duration)
         stop_producers.set()
-        producers = [t for t in tasks if t.get_name().startswith("p")]
-        if producers:
-            await asyncio.wait(producers, timeout=w.confirm_timeout + 5)
+        await _wait_for(tasks, "p", w.confirm_timeout + 5)
         producers_done = time.monotonic()
         if nemesis_task is not None:
             await nemesis_task  # heals everything and settles before returning
         await until_delayed_due(w, producers_done)
         stop_consumers.set()
-        consumers = [t for t in tasks if t.get_name().startswith("c")]
-        if consumers:
-            await asyncio.wait(consumers, timeout=10)
+        await _wait_for(tasks, "c", 10)
         dead = [*dead_letter_queues(w), *broker_dead_letter]
         stats.drained = {}
-        await _drain_all(driver, queues, dead, nodes, w, recorder, stats.drained)
+        up = [n for n in nodes if n not in (down or {})]
+        if not up:
+            say("drain", "no node that serves clients came back after the final heal: nothing to drain")
+            return stats
+        await _drain_all(driver, queues, dead, up, w, recorder, stats.drained)
         stop_readers.set()  # each reads on to the stream's end, within the drain's time
-        readers = [t for t in tasks if t.get_name().startswith("r")]
-        if readers:
-            await asyncio.wait(readers, timeout=w.drain_timeout)
+        await _wait_for(tasks, "r", w.drain_timeout)
         if holdings is not None:
-            await record_holdings(holdings, nodes, [*queues, *dead], recorder)
+            await record_holdings(holdings, up, [*queues, *dead], recorder)
     finally:
         stop_producers.set()
         stop_consumers.set()
@@ -192,6 +192,30 @@ async def run_workload(
             ticker.cancel()
         _count(stats, recorder, cpu0)
     return stats
+
+
+def _client(
+    driver: Driver,
+    read: Any,
+    proc: str,
+    queue: str,
+    stop_producers: asyncio.Event,
+    stop_consumers: asyncio.Event,
+    stop_readers: asyncio.Event,
+) -> Coroutine[Any, Any, None]:
+    """The client coroutine of one workload process, by its name's first letter."""
+    if proc.startswith("p"):
+        return driver.produce(proc, queue, stop_producers)
+    if proc.startswith("r"):
+        return read(proc, queue, stop_readers)
+    return driver.consume(proc, queue, stop_consumers)
+
+
+async def _wait_for(tasks: Sequence[asyncio.Task[Any]], role: str, timeout: float) -> None:
+    """Wait up to ``timeout`` for the clients of one role (their task names' first letter)."""
+    mine = [t for t in tasks if t.get_name().startswith(role)]
+    if mine:
+        await asyncio.wait(mine, timeout=timeout)
 
 
 async def _drain_all(

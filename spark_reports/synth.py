@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec.history import FIELDS, SCHEMA_VERSION, arrow_schema, body_digest, message_body
-from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET
+from harness.spec.rundir import DISJOINT_NODES, HISTORY_JSONL, HISTORY_PARQUET, SCENARIO_JSON
 
 __all__ = ["FIELDS", "HistoryBuilder", "arrow_schema", "write_history"]
 
@@ -54,6 +54,8 @@ class HistoryBuilder:
     t: int = 0
     seed: int | None = None
     message_size: int | None = None
+    #: written as the run's ``scenario.json`` ``broker.disjoint_nodes`` (``BrokerPlugin.disjoint_nodes``)
+    disjoint: bool = False
 
     def op(
         self,
@@ -147,15 +149,7 @@ class HistoryBuilder:
         """An ack written (invoke) and, unless outcome is None, its completion."""
         self.op(consumer, "invoke", "ack", mid, node=node, queue=queue)
         if outcome is not None:
-            self.op(
-                consumer,
-                outcome,
-                "ack",
-                mid,
-                node=node,
-                queue=queue,
-                error=None if outcome == "ok" else "channel closed",
-            )
+            self._settled(consumer, outcome, "ack", mid, node, queue)
 
     def abandon(
         self,
@@ -169,15 +163,14 @@ class HistoryBuilder:
     ) -> None:
         """A delivery given back unacked; the cause is on the invoke, as the contract has it."""
         self.op(consumer, "invoke", "abandon", mid, node=node, queue=queue, detail={"cause": cause})
-        self.op(
-            consumer,
-            outcome,
-            "abandon",
-            mid,
-            node=node,
-            queue=queue,
-            error=None if outcome == "ok" else "channel closed",
-        )
+        self._settled(consumer, outcome, "abandon", mid, node, queue)
+
+    def _settled(
+        self, consumer: str, outcome: str, f: str, mid: str, node: str | None, queue: str | None
+    ) -> None:
+        """A delivery's ack or give-back completed: ``ok``, or failed as a closed channel fails it."""
+        error = None if outcome == "ok" else "channel closed"
+        self.op(consumer, outcome, f, mid, node=node, queue=queue, error=error)
 
     def consume(
         self,
@@ -307,4 +300,7 @@ class HistoryBuilder:
             self.op(reader, t, "seek", None, node=node, queue=queue, detail={"stream_seq": offset})
 
     def write(self, run_dir: Path, **kw: Any) -> Path:
-        return write_history(run_dir, self.rows, **kw)
+        out = write_history(run_dir, self.rows, **kw)
+        if self.disjoint:
+            (out / SCENARIO_JSON).write_text(json.dumps({"broker": {DISJOINT_NODES: True}}))
+        return out

@@ -32,7 +32,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.cluster.handoff import Handoff
-from broker_impl.cluster.metadata import Entry, Table, collect, key, split_key
+from broker_impl.cluster.metadata import Entry, Table, collect, key, queue_options, split_key
 from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ
 from broker_impl.cluster.remote import RemoteQueue
 from broker_impl.cluster.transport import Transport
@@ -320,9 +320,7 @@ class Catalog:
                 q = await vh.declare_queue(
                     name,
                     owner=None,
-                    durable=data["durable"],
-                    auto_delete=data["auto_delete"],
-                    arguments=data.get("arguments") or {},
+                    **queue_options(data),
                 )
                 handoff.give_consumers(q, movers)
                 if dropped is not None:

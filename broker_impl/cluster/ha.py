@@ -21,7 +21,7 @@ from broker_impl.backing_queue import BackingQueue
 from broker_impl.cluster.catalog import Catalog
 from broker_impl.cluster.gm_link import Endpoint, node_of
 from broker_impl.cluster.handoff import Handoff
-from broker_impl.cluster.metadata import key
+from broker_impl.cluster.metadata import key, queue_options
 from broker_impl.cluster.mirror import Mirror, MirrorMasterBQ, Site
 from broker_impl.cluster.partitions import Partitions
 from broker_impl.cluster.remote import RemoteQueue
@@ -344,9 +344,7 @@ class Mirroring:
             vh,
             name,
             wrapper,
-            durable=data["durable"],
-            auto_delete=data["auto_delete"],
-            arguments=data.get("arguments") or {},
+            **queue_options(data),
         )
         # The proxy leaves the name in the step the new master takes it: a publish that found no queue
         # under the name, here or forwarded from another node, would be confirmed as unroutable, and dropped.

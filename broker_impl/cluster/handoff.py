@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_impl.cluster.config import Spawn
 from broker_impl.cluster.forwarding import Forwarder
+from broker_impl.cluster.metadata import queue_options
 from broker_impl.cluster.remote import RemoteQueue
 from broker_impl.cluster.transport import Transport
 from broker_impl.exchange import Binding
@@ -87,9 +88,7 @@ class Handoff:
             vh,
             name,
             master,
-            durable=data["durable"],
-            auto_delete=data["auto_delete"],
-            arguments=data.get("arguments") or {},
+            **queue_options(data),
         )
         vh.queues[name] = rq  # type: ignore[assignment]
         vh.exchanges[""].bind(Binding("", name, name))

@@ -1,9 +1,23 @@
 """Cluster-wide metadata: a last-writer-wins table of entities, merged by every node.
 
 Every vhost, user, permission, policy, exchange, queue (with its master node)
-and binding is one entry ``key -> (stamp, data)``; ``data is None`` is a
-tombstone. ``stamp`` is ``(lamport, node)``, so two nodes never produce the
-same stamp and every node orders any two writes the same way.
+and binding is one entry ``key -> (generation, stamp, data)``; ``data is None``
+is a tombstone. ``stamp`` is ``(lamport, node)``, so two nodes never produce
+the same stamp and every node orders any two writes the same way.
+
+``generation`` counts the owners an entry has had: a write that changes who
+owns it (a queue's ``master``; for any entry, its creation or deletion) is one
+generation past the entry it replaces, any other write keeps the generation.
+Entries are ordered by ``(generation, stamp)``. A promotion is written by the
+mirror that saw the master's record, so it is a generation past everything
+that master writes without knowing of it: the old master cut off from the
+promoter, or restarted from its own persisted table, goes on stamping its
+record (its mirrors leave, its start-up recovery), and by the Lamport clock
+alone those stamps may be the later ones. Its record then won the merge, the
+promoted master dropped its copy, and everything that copy had confirmed was
+lost (``scenarios/reference-master-restart-after-promotion.yaml``). RabbitMQ
+orders the same way: a node that restarts after its queue's master moved
+joins as a mirror of the current master, its own contents discarded.
 
 How a change travels: the node where it happens diffs its own topology against
 the table (``diff``), stamps what differs and sends the new entries to every
@@ -14,11 +28,12 @@ is how a joining or returning node catches up.
 
 Consistency model, honestly: this is eventual consistency, not consensus.
 During a partition each side accepts declarations on its own; on heal the
-later stamp wins key by key. A queue declared on both sides keeps one master
+later entry wins key by key. A queue declared on both sides keeps one master
 (the later declaration) and the other side's copy, with its messages, is
 discarded: the same outcome as RabbitMQ's ``ignore``/``autoheal`` for the
-losing side. A delete on one side and a redeclare on the other resolve the
-same way.
+losing side; a queue whose mirror was promoted on one side keeps the promoted
+master (a generation later). A delete on one side and a redeclare on the other
+resolve by the generation, then the stamp.
 
 Each node persists its table with the stamps (``catalog``, ``cluster.json``,
 fsynced on every change), so a whole-cluster cold start resumes the same
@@ -47,13 +62,32 @@ Stamp = tuple[int, str]
 class Entry:
     stamp: Stamp
     data: dict[str, Any] | None
+    generation: int = 0
+
+    @property
+    def rank(self) -> tuple[int, Stamp]:
+        """The order of two writes of one key: the later generation, then the later stamp."""
+        return (self.generation, self.stamp)
 
     def to_json(self) -> list[Any]:
-        return [self.stamp[0], self.stamp[1], self.data]
+        return [self.stamp[0], self.stamp[1], self.data, self.generation]
 
     @classmethod
     def from_json(cls, raw: list[Any]) -> Entry:
-        return cls((int(raw[0]), str(raw[1])), raw[2])
+        """A table persisted before generations were recorded reads as generation 0."""
+        return cls((int(raw[0]), str(raw[1])), raw[2], int(raw[3]) if len(raw) > 3 else 0)
+
+
+def _owner(data: dict[str, Any] | None) -> str | None:
+    """Who owns an entry: a queue's master; None for a tombstone ("" for a live entry without an owner)."""
+    return None if data is None else str(data.get("master", ""))
+
+
+def _generation(current: Entry | None, data: dict[str, Any] | None) -> int:
+    """A write's generation: one past the entry it replaces when it changes the owner, else the same."""
+    if current is None:
+        return 0
+    return current.generation + (_owner(current.data) != _owner(data))
 
 
 def key(kind: str, *parts: str) -> str:
@@ -94,17 +128,17 @@ class Table:
 
     def _stamp(self, k: str, data: dict[str, Any] | None) -> Entry:
         self.clock += 1
-        e = Entry((self.clock, self.me), data)
+        e = Entry((self.clock, self.me), data, _generation(self.entries.get(k), data))
         self.entries[k] = e
         return e
 
     def merge(self, incoming: Iterable[tuple[str, Entry]]) -> dict[str, Entry]:
-        """Keep the newer of each pair; returns the entries that changed here."""
+        """Keep the later of each pair (``Entry.rank``); returns the entries that changed here."""
         changed: dict[str, Entry] = {}
         for k, e in incoming:
             self.clock = max(self.clock, e.stamp[0])
             cur = self.entries.get(k)
-            if cur is None or e.stamp > cur.stamp:
+            if cur is None or e.rank > cur.rank:
                 self.entries[k] = e
                 if cur is None or cur.data != e.data:
                     changed[k] = e
@@ -185,3 +219,12 @@ def collect(
 def _plain(value: Any) -> Any:
     """Queue and exchange arguments as JSON gives them back, so a diff after a round trip is empty."""
     return json.loads(json.dumps(value, default=str))
+
+
+def queue_options(data: dict[str, Any]) -> dict[str, Any]:
+    """A queue record's declare options, as ``collect`` writes them: durable, auto_delete, arguments."""
+    return {
+        "durable": data["durable"],
+        "auto_delete": data["auto_delete"],
+        "arguments": data.get("arguments") or {},
+    }

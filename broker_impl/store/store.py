@@ -603,8 +603,16 @@ class Store:
                 fds.append(q.progress.fileno())
                 q.progress.dirty = False
         self._check_open()
+        # Duplicates, taken on the loop: a queue dropped while the pool syncs (a mirror's copy
+        # dropped at a heal) closes its own descriptors, never these (an fsync of a closed or
+        # reused number failed with EBADF and stopped the node).
+        fds = [os.dup(fd) for fd in fds]
         try:
-            await loop.run_in_executor(self._pool, _fsync_all, fds)
+            try:
+                await loop.run_in_executor(self._pool, _fsync_all, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
             if durable != self.checkpoint:
                 await loop.run_in_executor(self._pool, self._write_checkpoint, durable)
                 self.checkpoint = durable

@@ -54,7 +54,7 @@ def measure(pids: list[int]) -> dict[str, Any]:
         clock = {k: v for k, v in own.items() if k == "LD_PRELOAD" or k.startswith("FAKETIME")}
         env = env or clock
         mapped[str(pid)] = _fake_clock_mapped(pid, clock.get("LD_PRELOAD", ""))
-    samples = []
+    samples, spans = [], []
     for _ in range(3):
         before = time.time()
         out = subprocess.run(
@@ -66,10 +66,14 @@ def measure(pids: list[int]) -> dict[str, Any]:
         )
         after = time.time()
         samples.append(round(float(out.stdout.strip()) - (before + after) / 2, 4))
+        spans.append(after - before)
     return {
         "offset_s": statistics.median(samples),
         "samples": samples,
         "uncertainty_s": round(max(samples) - min(samples), 4),
+        # A reader on the true clock prints a time between ``before`` and ``after``: each sample is
+        # then within half its span of zero, however long a loaded machine took to start it.
+        "bound_s": round(max(spans) / 2 + 1e-4, 4),
         "pids": mapped,
         "clock_env": env,
     }

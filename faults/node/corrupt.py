@@ -8,6 +8,7 @@ plan picks the same file and offsets from the same directory contents:
     {"mode": "truncate", "glob": "**/*", "file": 0.41, "cut": 0.62}          # keep 62 % of it
     {"mode": "truncate", "glob": "**/*", "file": 0.41, "bytes": 100}         # drop the last 100 bytes
 
+``glob`` may also be a list (a file role's globs): a file matching any of them is a candidate.
 Candidates are the regular, non-empty files under DIR matching the glob, sorted by path; the
 file is ``candidates[int(file * len)]``. Offsets are fractions of the file's written bytes (its
 non-zero spans, holes skipped: a preallocated tail of zeros is never read as data), which the
@@ -36,15 +37,16 @@ from typing import Any
 SHOWN = 64
 
 
-def candidates(root: Path, pattern: str) -> list[str]:
-    """Non-empty regular files under ``root`` matching ``pattern``, as sorted relative paths."""
-    out = []
-    for p in root.glob(pattern):
-        try:
-            if p.is_file() and not p.is_symlink() and p.stat().st_size > 0:
-                out.append(p.relative_to(root).as_posix())
-        except OSError:
-            continue
+def candidates(root: Path, patterns: str | list[str]) -> list[str]:
+    """Non-empty regular files under ``root`` matching any of ``patterns``, as sorted relative paths."""
+    out = set()
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        for p in root.glob(pattern):
+            try:
+                if p.is_file() and not p.is_symlink() and p.stat().st_size > 0:
+                    out.add(p.relative_to(root).as_posix())
+            except OSError:
+                continue
     return sorted(out)
 
 
@@ -118,7 +120,8 @@ def _at(u: float, ranges: list[tuple[int, int]]) -> int:
 def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     files = candidates(root, plan.get("glob") or "**/*")
     if not files:
-        raise ValueError(f"no non-empty file under {root} matches {plan.get('glob') or '**/*'!r}")
+        role = f" (file role {plan['role']})" if plan.get("role") else ""
+        raise ValueError(f"no non-empty file under {root} matches {plan.get('glob') or '**/*'!r}{role}")
     rel = files[_index(float(plan["file"]), len(files))]
     path = root / rel
     fd = os.open(path, os.O_RDWR)
@@ -127,6 +130,7 @@ def corrupt(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
         ranges = written_ranges(fd, size)
         done: dict[str, Any] = {
             "file": str(path),
+            **({"role": plan["role"]} if plan.get("role") else {}),
             "candidates": len(files),
             "size_before": size,
             "written": [list(r) for r in ranges[:8]],  # the data offsets are drawn over

@@ -13,7 +13,8 @@
 - ``history``: the history schema every driver writes and every checker reads, and the protocol of its writer;
 - ``results``: the results schema every checker returns;
 - ``scenario``: the scenario model (every section a run, a driver, a fault and a checker read);
-- ``errors``: the errors a user can cause, which plugins raise (``ScenarioError``, ``FaultError``, ...).
+- ``errors``: the errors a user can cause, which plugins raise (``ScenarioError``, ``FaultError``, ...);
+- ``validate``: the field checks a file the user writes is held to (each raises ``ScenarioError``).
 
 The package imports nothing of the harness: the harness builds on it.
 """
@@ -38,6 +39,7 @@ from harness.spec.broker import (
     control_broker,
     depth_empty,
     depth_value,
+    node_role,
     poll,
     run_or_fail,
     wait_until_running,
@@ -47,10 +49,12 @@ from harness.spec.client import (
     DELAYED_EXCHANGE,
     Delays,
     DrainReader,
+    DrainView,
     Driver,
     DriverOptions,
     Endpoint,
     NoCopy,
+    NodeDrain,
     NodeHoldings,
     QueueDepth,
     QueueHolders,
@@ -142,6 +146,7 @@ __all__ = [
     "Delays",
     "Driver",
     "DrainReader",
+    "DrainView",
     "DriverOptions",
     "Endpoint",
     "Evidence",
@@ -154,6 +159,7 @@ __all__ = [
     "BROKER_ROLE",
     "HeldTotal",
     "NoCopy",
+    "NodeDrain",
     "Role",
     "SharedVolume",
     "ThreadBridge",
@@ -185,5 +191,6 @@ __all__ = [
     "poll",
     "role_of",
     "run_or_fail",
+    "node_role",
     "wait_until_running",
 ]

@@ -245,6 +245,14 @@ class Role:
     data_dir: str | None = None
 
 
+def node_role(node: NodeHandle) -> str:
+    """The role (``Role.name``) of a running node, for the methods the host calls on every node of
+    every role (``is_ready``, ``broker_version``, ``queue_depth``): a plugin whose roles run
+    different programs (brokers and their database) answers each by its role. The host's node
+    handles carry it as ``role``; a handle without one is a broker."""
+    return str(getattr(node, "role", BROKER_ROLE))
+
+
 @dataclass(frozen=True)
 class SharedVolume:
     """One directory mounted into several nodes (``roles``: every node of these roles), such as
@@ -323,6 +331,10 @@ class BrokerPlugin:
     #: driver finds them in ``Endpoint.extra`` by container port.
     extra_client_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
+    #: The broker's data files by role: a role's name and the globs (relative to ``data_dir``)
+    #: of its files, such as ``{"quorum-wal": ("*/quorum/*/*.wal",)}``. A file fault names a role
+    #: (``corrupt-file``'s ``file_role``) instead of writing out where this broker keeps it.
+    data_files: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: The lazy filesystem's model (``FILESYSTEM_MODELS``) for runs whose scenario sets no
     #: ``broker.filesystem``: the durability contract the broker claims. ``strict`` for a broker
     #: that fsyncs the directory of every name it makes durable; ``ext4-ordered`` for one that
@@ -419,6 +431,18 @@ class BrokerPlugin:
     #: (still a failure where the scenario expects no dead-lettering), not ``lost``.
     dead_letter_queues: ClassVar[tuple[str, ...]] = ()
 
+    def disjoint_nodes(self, settings: Mapping[str, Any]) -> bool:
+        """True when, with these (validated) settings, each message lives on exactly one node at a
+        time and no node copies another's (ActiveMQ's network of brokers: store-and-forward, a
+        message forwarded to where a consumer is). The run records it in ``scenario.json``
+        (``broker.disjoint_nodes``, ``harness.spec.rundir.disjoint_nodes``) and the checkers then
+        read a message the drain found on one node after another node reported the queue empty
+        as what it is, not a split-brain copy: a message *stranded* on a node no consumer reached
+        until the drain, a liveness finding with the node and the wait (``StrandedGroup``).
+        False by default: nodes that replicate (mirrors, quorum queues, replicas) must never
+        show the drain a copy another node had already given up."""
+        return False
+
     def roles(self, nodes: int, settings: Mapping[str, Any]) -> tuple[Role, ...]:
         """The cluster's node roles for a scenario of ``nodes`` nodes with these (validated)
         settings; by default one role, ``broker``, of every node. ``node_spec`` is called for
@@ -512,12 +536,19 @@ class BrokerPlugin:
 
     # -- exposure at a power cut (capability ``unsynced-messages``) -----------------------
 
-    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+    def unsynced_messages(
+        self, writes: Sequence[UnsyncedWrite], settings: Mapping[str, Any], nodes: int
+    ) -> list[str]:
         """The ids (``producer:seq``) of the messages whose stored records ``writes`` held: what
         a power cut threw away on one node, mapped by the plugin that knows its broker's files
         (a commit log's records, a stream's message blocks, an append-only file). Only files that
-        hold messages count. Candidates are fine (``harness.spec.body_ids``): the harness keeps the
-        ids the history attempted, and compares them with what was confirmed before the cut."""
+        hold messages as the store of record count, not state the broker rebuilds from them;
+        which files those are may depend on the run's ``settings`` (validated) and on how many
+        ``nodes`` the cluster runs (a replicated stream's Raft log, an unreplicated stream's own
+        blocks). Candidates are fine (``harness.spec.body_ids``): the harness keeps the ids the
+        history attempted, and compares them with what was confirmed before the cut. A write
+        whose messages cannot be read (compressed) raises: the cut's exposure is then unmeasured
+        (a flag), never undercounted."""
         raise NotImplementedError
 
     def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:

@@ -17,8 +17,11 @@ It returns a ``Driver``. Three things the harness cannot check for a client plug
   process, so they must be installed where brokerchaos runs (the plugin distribution's
   dependencies); an ``ImageRecipe``'s ``python_packages`` go into the broker's image only.
 - A scenario asking for a workload feature the protocol lacks (a delayed publish where
-  there is no delayed exchange, transactions where there are none) is refused by the
-  factory with ``ScenarioError`` naming the field and what to do, never silently ignored.
+  there is no delayed exchange, transactions where there are none) is refused with
+  ``ScenarioError`` naming the field and what to do, never silently ignored. A factory that
+  has a ``check_workload(workload)`` attribute (``workload_check`` below) is asked before the
+  cluster starts, so the refusal comes before minutes of start-up and a matrix can mark the
+  cell "not supported"; the factory refuses again when called, for callers that skip the check.
 - Operations the protocol has no way to confirm are ``info``, not ``ok``: the checkers
   believe what the history says.
 """
@@ -26,13 +29,14 @@ It returns a ``Driver``. Three things the harness cannot check for a client plug
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from harness.spec.broker import HeldTotal
 from harness.spec.history import Recorder
@@ -143,6 +147,128 @@ class DrainReader(Protocol):
     # and then until it has read to the stream's end; a driver without it refuses readers.
 
 
+class DrainView(Protocol):
+    """What a drain reader keeps per node, at the least (a dataclass: ``views()`` is its ``asdict``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    consumed: int
+    empty_at_ns: int | None
+    error: str | None
+
+
+class _Acks(Protocol):
+    acked: int
+
+
+V = TypeVar("V", bound=DrainView)
+C = TypeVar("C")
+S = TypeVar("S", bound=_Acks)
+
+
+class NodeDrain(Generic[V]):
+    """The part of a ``DrainReader`` every protocol does alike: a view per node, the acks counted
+    on the node and over the drain, ``views()``, ``extra()`` with nothing more to tell, a node
+    marked empty, and ``visit_with``: one visit's connect, read within the time left and close."""
+
+    def __init__(self, nodes: Iterable[str], view: Callable[[], V]) -> None:
+        self.node_views: dict[str, V] = {n: view() for n in nodes}
+        self.consumed = 0
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        return {n: asdict(v) for n, v in self.node_views.items()}
+
+    async def extra(self) -> dict[str, Any]:
+        return {}
+
+    def count(self, view: V, acked: int) -> None:
+        """``acked`` more acks completed through the node of ``view``."""
+        view.consumed += acked
+        self.consumed += acked
+
+    @staticmethod
+    def emptied(view: V, now_ns: int) -> bool:
+        """The node reported the queue empty (the first time is kept): True, the visit's answer."""
+        view.error = None
+        if view.empty_at_ns is None:
+            view.empty_at_ns = now_ns
+        return True
+
+    async def visit_with(
+        self,
+        view: V,
+        left: Callable[[], float],
+        *,
+        connect: Callable[[], Awaitable[C]],
+        session: Callable[[C], S],
+        read: Callable[[C, S], Awaitable[bool | NoCopy]],
+        close: Callable[[C], Awaitable[object]],
+        errors: tuple[type[BaseException], ...],
+        read_errors: tuple[type[BaseException], ...] | None = None,
+        drain_timeout: float,
+    ) -> bool | NoCopy:
+        """Connect, ``read`` until the node is empty within the drain's time ``left()``, count the
+        session's acks and close. A failure is the node's ``error`` and the answer False:
+        ``errors`` connecting, ``read_errors`` (default ``errors``) reading, or the time out."""
+        try:
+            conn = await connect()
+        except errors as exc:
+            view.error = f"connect: {reason(exc)}"
+            return False
+        reading, caught = session(conn), errors if read_errors is None else read_errors
+        try:
+            async with asyncio.timeout(max(0.1, left())):
+                return await read(conn, reading)
+        except TimeoutError:
+            view.error = f"drain_timeout ({drain_timeout:g}s) ran out on this node"
+            return False
+        except caught as exc:
+            view.error = reason(exc)
+            return False
+        finally:
+            self.count(view, reading.acked)
+            await close(conn)
+
+
+class _Nodes(Protocol):
+    @property
+    def nodes(self) -> Sequence[str]: ...
+
+
+D = TypeVar("D", bound=_Nodes)
+
+
+class DriverDrain(NodeDrain[V], Generic[D, V]):
+    """A ``NodeDrain`` of one ``queue`` for ``process`` through a driver's own nodes: the driver
+    is ``d``, the running event loop ``loop`` (its clock times the drain's idle spells)."""
+
+    def __init__(self, driver: D, process: str, queue: str, view: Callable[[], V]) -> None:
+        super().__init__(driver.nodes, view)
+        self.d, self.process, self.queue = driver, process, queue
+        self.loop = asyncio.get_running_loop()
+
+
+class StreamEnd:
+    """Where an ordered stream reader (``DrainReader``'s optional ``read``) stops: after ``stop``,
+    once its reads have found nothing for ``idle`` seconds in a row; ``done`` is set then."""
+
+    def __init__(self, stop: asyncio.Event, idle: float) -> None:
+        self.stop, self.idle = stop, idle
+        self.done = asyncio.Event()
+        self.idle_since: float | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def read(self, got: bool) -> bool:
+        """One read's outcome (``got``: it found entries); whether the reader has reached the end."""
+        if got:
+            self.idle_since = None
+        elif self.stop.is_set():
+            now = self.loop.time()
+            self.idle_since = now if self.idle_since is None else self.idle_since
+            if now - self.idle_since >= self.idle:
+                self.done.set()
+        return self.done.is_set()
+
+
 class RateLimiter:
     """Evenly spaced permits at ``rate`` per second (0 = unlimited); no catch-up bursts."""
 
@@ -192,6 +318,51 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
             await stop.wait()
     except TimeoutError:
         pass
+
+
+async def close_quietly(closing: Awaitable[object], seconds: float) -> None:
+    """Await a connection's close for at most ``seconds``, whatever it raises: closing a dead
+    connection raises all kinds of things, and there is nothing left to do about it."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(seconds):
+            await closing
+
+
+async def acquired(window: asyncio.Semaphore, seconds: float) -> bool:
+    """Whether a slot of a publisher's in-flight ``window`` was taken within ``seconds`` (False:
+    every slot still waits on a confirm; the publisher looks at its stop and asks again)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await window.acquire()
+    except TimeoutError:
+        return False
+    return True
+
+
+async def reconnecting(
+    nodes: Iterator[str],
+    connect: Callable[[str], Awaitable[C]],
+    close: Callable[[C], Awaitable[Any]],
+    stop: asyncio.Event,
+    *,
+    errors: tuple[type[BaseException], ...],
+    delay: float,
+) -> AsyncGenerator[C, None]:
+    """One connection at a time until ``stop``, each to the next of ``nodes`` (``node_rotation``):
+    a connect failing with one of ``errors`` is retried after ``delay``; a connection is closed once
+    the loop body is done with it, and the next one waits ``delay`` too."""
+    while not stop.is_set():
+        try:
+            conn = await connect(next(nodes))
+        except errors:
+            await wait_or_stop(stop, delay)
+            continue
+        try:
+            yield conn
+        finally:
+            await close(conn)
+        if not stop.is_set():
+            await wait_or_stop(stop, delay)
 
 
 class Behaviour:
@@ -263,6 +434,95 @@ def node_rotation(nodes: Sequence[str], first: str | None) -> itertools.cycle[st
     nodes = list(nodes)
     i = nodes.index(first) if first in nodes else 0
     return itertools.cycle(nodes[i:] + nodes[:i])
+
+
+def workload_check(factory: Any, workload: WorkloadSection) -> None:
+    """Ask a client factory whether it can drive ``workload``: its ``check_workload(workload)``
+    if it has one (raising ``ScenarioError``), nothing otherwise."""
+    check = getattr(factory, "check_workload", None)
+    if callable(check):
+        check(workload)
+
+
+class DriverBase:
+    """What every driver keeps of the harness's call (``factory(endpoints, recorder, **options)``,
+    the options of ``DriverOptions``) and works out from it the same way: the nodes in order,
+    where each process goes first and next, which consumers are slow. A driver reads what its
+    protocol uses from these attributes; building on it is a convenience, not part of the
+    contract."""
+
+    def __init__(
+        self,
+        endpoints: Mapping[str, Endpoint],
+        recorder: Recorder,
+        *,
+        workload: WorkloadSection,
+        seed: int = 0,
+        first_node: Mapping[str, str] | None = None,
+        username: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        queue_arguments: Mapping[str, Any] | None = None,
+        client_settings: Mapping[str, Any] | None = None,
+        queue_depth: QueueDepth | None = None,
+        queue_holders: QueueHolders | None = None,
+        **_: Any,
+    ) -> None:
+        self.endpoints = dict(endpoints)
+        self.nodes = list(self.endpoints)
+        self.recorder = recorder
+        self.w = workload
+        self.seed = seed  # bodies are message_body(id, seed, size): a consumer can check what it got
+        self.first_node = dict(first_node or {})
+        self.username, self.password, self.vhost = username, password, vhost
+        self.queue_arguments = dict(queue_arguments or {})
+        self.client_settings = dict(client_settings or {})
+        self.queue_depth = queue_depth
+        self.queue_holders = queue_holders
+        self.slow = slow_consumers(workload.consumer, workload.consumers, seed)
+
+    def rotation(self, process: str) -> itertools.cycle[str]:
+        """The nodes ``process`` goes through, from its first (``node_rotation``)."""
+        return node_rotation(self.nodes, self.first_node.get(process))
+
+    def behaviour(self, process: str, now: float) -> Behaviour:
+        """When consumer ``process`` gives deliveries back, slow or not as the seed drew it."""
+        return Behaviour(self.w.consumer, self.seed, process, slow=process in self.slow, now=now)
+
+
+async def through_first_answering(
+    nodes: Sequence[str],
+    connect: Callable[[str], Awaitable[C]],
+    close: Callable[[C], Awaitable[Any]],
+    act: Callable[[C], Awaitable[Any]],
+    *,
+    errors: tuple[type[BaseException], ...],
+    what: str,
+    rounds: int = 1,
+    pause: float = 1.0,
+) -> None:
+    """``act`` on a connection to the first of ``nodes`` that answers (a driver's ``setup``): a
+    connect or an ``act`` failing with one of ``errors`` moves on to the next node; after
+    ``rounds`` passes over them, ``pause`` seconds apart, ``ConnectionError`` says ``what`` was
+    not done and the last reason."""
+    last: BaseException | None = None
+    for attempt in range(rounds):
+        if attempt:
+            await asyncio.sleep(pause)
+        for node in nodes:
+            try:
+                conn = await connect(node)
+            except errors as exc:
+                last = exc
+                continue
+            try:
+                await act(conn)
+                return
+            except errors as exc:
+                last = exc
+            finally:
+                await close(conn)
+    raise ConnectionError(f"{what}: {reason(last) if last else '?'}")
 
 
 class DrainUnfinished(Exception):

@@ -8,6 +8,9 @@ traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class BrokerChaosError(Exception):
     """Base of every error the harness reports as one line."""
@@ -40,6 +43,19 @@ class ImageError(BrokerChaosError):
 
 class ClusterError(BrokerChaosError):
     """A cluster did not start or did not become ready in time."""
+
+
+class NodesDown(ClusterError):
+    """Nodes whose broker did not start, or did not become ready within the broker plugin's
+    ``ready_timeout``: ``nodes`` gives each one's reason (its exit, its last log lines). At the
+    cluster's start it ends the run; at the final heal it is the run's outcome for those nodes
+    (the history's final ``heal``, ``harness.spec.history``), and the run drains through the rest.
+    ``done``: what the heal that raised it did all the same (on the other nodes, of other kinds)."""
+
+    def __init__(self, nodes: Mapping[str, str], done: Mapping[str, Any] | None = None) -> None:
+        self.nodes = dict(sorted(nodes.items()))
+        self.done = dict(done or {})
+        super().__init__("; ".join(f"{n}: {why}" for n, why in self.nodes.items()))
 
 
 class ConfigError(BrokerChaosError):

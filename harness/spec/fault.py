@@ -248,6 +248,11 @@ class Fault:
     conformance: ClassVar[ConformanceProbe | None] = None
     #: Parameters a scenario may give, with allowed values (for validation messages).
     params_schema: ClassVar[Mapping[str, Any]] = {}
+    #: Parameters with which one application, aimed at a ``node``, closes that node's client
+    #: connections while it is held, so the workload's clients reconnect to the other nodes (None:
+    #: the kind cannot). ``brokerchaos explore`` uses them to push the clients onto one side of a
+    #: partition: this kind on every node outside it.
+    sheds_clients: ClassVar[Mapping[str, Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every kind accepts ``role`` (``params: {role: storage}``) without a line of its own.

@@ -110,7 +110,13 @@ changing the schema version; histories without it are ones whose nemesis measure
 was held (``effect`` true, false or null, ``summary``, ``no_effect_reason``, ``flags``, ``facts``).
 A ``heal`` op's ``ok`` (``value.fault_ids`` names the faults it undid) carries ``evidence`` too:
 the healed fault's evidence completed after the heal (``restored``; it supersedes the one on the
-fault's ``ok``). The final heal (``value.final``) carries none.
+fault's ``ok``). The final heal (``value.final``) carries none. When it cannot bring a node back
+(its broker does not start, or is not ready within the broker plugin's ``ready_timeout``:
+``harness.spec.errors.NodesDown``) it completes ``info`` (``error`` names the nodes) with
+``value.down`` = ``{node: why}`` (the first line the summary with the broker's exit code as the
+node's init saw it, then the broker's last log lines) and ``value.serving``, the client nodes that
+did come back: that is those nodes' outcome, and the run goes on to drain through ``serving``
+(with none, no drain op is recorded). Any other failure of the final heal ends the run (exit 2).
 
 Transactions (AMQP ``tx``; ``workload.transactions``), added without changing the
 operations above: a transactional producer's messages are still ``publish`` ops and

@@ -18,7 +18,7 @@ consumed and ``notes`` says so.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, get_args
 
 SCHEMA_VERSION = 2
 LIST_CAP = 1000
@@ -28,20 +28,19 @@ UNAVAILABLE_S = 5
 unavailable window (``UnavailableWindow``)."""
 
 Verdict = Literal[
-    "durable", "LOST", "UNSYNCED", "INTEGRITY", "RESURRECTED", "DUPLICATED", "UNAVAILABLE", "unknown"
-]
-Valid = bool | Literal["unknown"]
-
-VERDICT_ORDER: tuple[Verdict, ...] = (
     "LOST",
     "UNSYNCED",
     "INTEGRITY",
+    "DEAD_LETTERED",
     "RESURRECTED",
     "DUPLICATED",
     "UNAVAILABLE",
     "unknown",
     "durable",
-)
+]
+Valid = bool | Literal["unknown"]
+
+VERDICT_ORDER: tuple[Verdict, ...] = get_args(Verdict)
 """Every verdict, worst first; a run's verdict is the worst of its checkers' verdicts.
 
 - ``LOST``: confirmed messages the application can never get back (a finished drain did not
@@ -52,6 +51,10 @@ VERDICT_ORDER: tuple[Verdict, ...] = (
 - ``INTEGRITY``: something was delivered that should not have been (never published, a body
   other than the one sent, a stream's replicas or sequences that disagree, a delayed message
   early, half a transaction);
+- ``DEAD_LETTERED``: confirmed messages the broker moved to a dead-letter queue (its own, such
+  as ActiveMQ's ``ActiveMQ.DLQ``: ``BrokerPlugin.dead_letter_queues``, or the workload's) where the
+  scenario expects no dead-lettering (``workload.dead_letter`` off): kept, but out of the
+  application's queue;
 - ``RESURRECTED``, ``DUPLICATED``: deliveries again after a completed ack, or consumptions
   twice, over the scenario's budget;
 - ``UNAVAILABLE``: the broker never recovered (a queue that never answered again);
@@ -122,7 +125,7 @@ class Counts(TypedDict):
     delivered_total: int  # consume ok records
     consumed_unique: int  # ids consumed at least once: an ack ok (schema 1: a delivery)
     consumed_total: int  # ack ok records (schema 1: consume ok records)
-    dead_lettered: int  # ids consumed from a dead-letter queue (``workload.dead_letter``): consumed, not lost
+    dead_lettered: int  # ids consumed from a dead-letter queue: consumed, not lost; DEAD_LETTERED unless ``workload.dead_letter``
     abandoned: int  # abandon ops: deliveries a consumer gave back unacked
     lost: int  # confirmed, never consumed, not ack_unknown (nor stuck), and the final drain completed
     unreachable: int  # the same, but the final drain did not complete: behind a queue that did not answer, not known lost
@@ -496,6 +499,44 @@ class UnavailableQueue(TypedDict):
     log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
 
 
+class StrandedGroup(TypedDict):
+    """Messages a broker with disjoint nodes (``BrokerPlugin.disjoint_nodes``) held on one node
+    that no consumer reached until the drain: confirmed at least ``Liveness.threshold_ns`` before
+    their queue's last publish (while the workload's consumers were reading it), first acked by
+    the drain on ``node``. A liveness finding (the verdict stays what safety says): the messages
+    were kept, but no consumer was given them while they sat there."""
+
+    queue: str | None
+    node: str | None  # the node the drain read them from
+    count: int
+    confirmed_from_ns: int  # the first of them confirmed
+    confirmed_to_ns: int  # the last of them confirmed
+    read_to_ns: int  # the drain's last read of them
+    wait_max_ns: int  # the longest any of them sat: from its confirm to the drain's read of it
+
+
+def describe_stranded(g: StrandedGroup) -> str:
+    """How a ``StrandedGroup`` reads wherever it is shown (terminal, report): ``497 messages sat
+    up to 30.2 s on n2 (q0, confirmed ...), read only by the drain (by 61.0 s)``."""
+    n, s = g["count"], 1e9
+    return (
+        f"{n:,} message{'' if n == 1 else 's'} sat up to {g['wait_max_ns'] / s:.1f} s on {g['node']} "
+        f"({g['queue']}, confirmed {g['confirmed_from_ns'] / s:.1f} s to {g['confirmed_to_ns'] / s:.1f} s "
+        f"while consumers read the queue elsewhere), read only by the drain (by {g['read_to_ns'] / s:.1f} s)"
+    )
+
+
+class NodeDown(TypedDict):
+    """A node the final heal could not bring back (the history's final ``heal``, ``value.down``):
+    its broker did not start, or did not get ready within the broker plugin's ``ready_timeout``.
+    The run drained through the other nodes; the node is an availability failure (verdict
+    ``UNAVAILABLE``) that every verdict's reason names."""
+
+    node: str
+    heal_ns: int  # when the final heal gave up on it
+    reason: str  # why, its first line the summary (the broker's exit), then its last log lines
+
+
 class Liveness(TypedDict):
     """Did the broker come back after each fault, and how long did it take."""
 
@@ -507,6 +548,11 @@ class Liveness(TypedDict):
     available_share: float | None  # over every queue and kind: 1 - unavailable / span, summed
     unavailable: list[UnavailableQueue]  # did not come back: verdict UNAVAILABLE
     over_budget: list[str]  # "fault_id queue" of each Recovery over its budget
+    stranded: list[StrandedGroup]  # by queue, node: read only by the drain (disjoint nodes only)
+    nodes_down: list[NodeDown]  # did not come back at the final heal: verdict UNAVAILABLE
+    serving: (
+        list[str] | None
+    )  # with nodes down, the client nodes that came back (none: ``unknown``); else None
 
 
 ANOMALY_EXAMPLES = 100

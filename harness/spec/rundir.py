@@ -8,6 +8,7 @@ here once.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.spec.history import FIELDS, OPTIONAL_FIELDS
@@ -44,3 +45,22 @@ def history_file(run_dir: Path, *, allow_jsonl: bool = True) -> Path | None:
         if (Path(run_dir) / name).is_file():
             return Path(run_dir) / name
     return None
+
+
+DISJOINT_NODES = "disjoint_nodes"
+"""The key of ``scenario.json``'s ``broker`` section that records the plugin's
+``BrokerPlugin.disjoint_nodes`` for the run's settings."""
+
+
+def disjoint_nodes(run_dir: Path) -> bool:
+    """Whether a stored run's broker declared that its nodes hold disjoint messages (False for a
+    run stored before the declaration existed, or a hand-made run directory without a scenario)."""
+    path = Path(run_dir) / SCENARIO_JSON
+    if not path.is_file():
+        return False
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    broker = stored.get("broker") if isinstance(stored, dict) else None
+    return isinstance(broker, dict) and broker.get(DISJOINT_NODES) is True

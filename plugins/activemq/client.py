@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import stomp
@@ -53,7 +53,7 @@ from harness.spec import (
     depth_value,
     message_body,
 )
-from harness.spec.client import Behaviour, node_rotation, reason, slow_consumers, wait_or_stop
+from harness.spec.client import Behaviour, DriverDrain, node_rotation, reason, slow_consumers, wait_or_stop
 from harness.spec.history import DEPTH
 
 DLQ = "ActiveMQ.DLQ"  # ActiveMQ's dead-letter queue for every queue (its default policy)
@@ -149,6 +149,11 @@ def frame_message(frame: Any) -> tuple[str, bytes]:
 
 
 class StompDriver:
+    #: What STOMP on ActiveMQ cannot drive, refused before the cluster starts (``workload_check``).
+    @staticmethod
+    def check_workload(w: WorkloadSection) -> None:
+        refuse_unsupported(w)
+
     def __init__(
         self,
         endpoints: Mapping[str, Endpoint],
@@ -241,7 +246,7 @@ class StompDriver:
                 await wait_or_stop(stop, RECONNECT_DELAY)
 
     def drain_reader(self, process: str, queue: str) -> Drain:
-        return Drain(self, process, queue)
+        return Drain(self, process, queue, NodeView)
 
 
 def refuse_unsupported(w: WorkloadSection) -> None:
@@ -370,22 +375,12 @@ class NodeView:
     error: str | None = None
 
 
-class Drain:
+class Drain(DriverDrain["StompDriver", NodeView]):
     """One queue's drain, one node per visit (``DrainReader``)."""
 
-    def __init__(self, driver: StompDriver, process: str, queue: str) -> None:
-        self.d, self.process, self.queue = driver, process, queue
-        self.node_views = {n: NodeView() for n in driver.nodes}
-        self.consumed = 0
-
-    def views(self) -> dict[str, dict[str, Any]]:
-        return {n: asdict(v) for n, v in self.node_views.items()}
-
-    async def extra(self) -> dict[str, Any]:
-        return {}
-
     async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
-        """Read and ack through ``node`` until idle, close, then ask the node's depth."""
+        """Read and ack through ``node`` until idle, close, then ask the node's depth. A refused
+        connection is a node with no copy: a slave opens no connector."""
         view = self.node_views[node]
         try:
             link = await self.d.link(node)
@@ -394,20 +389,27 @@ class Drain:
                 return NoCopy(f"connection refused: {reason(exc)} (a slave opens no connector)")
             view.error = f"connect: {reason(exc)}"
             return False
-        session = Session(self.d, link, self.process, self.queue, Behaviour.none())
-        try:
-            async with asyncio.timeout(max(0.1, left())):
-                outcome = await session.run(None, idle=min(self.d.w.drain_idle, max(0.1, left())))
-        except TimeoutError:
-            outcome = "timeout"
-        finally:
-            view.consumed += session.acked
-            self.consumed += session.acked
-            await link.close()
-        if outcome != "idle":
-            view.error = f"visit ended: {outcome}"
-            return False
-        return await self.look(node, view)
+
+        async def connected() -> Link:
+            return link
+
+        async def until_idle(link: Link, session: Session) -> bool:
+            outcome = await session.run(None, idle=min(self.d.w.drain_idle, max(0.1, left())))
+            if outcome != "idle":
+                view.error = f"visit ended: {outcome}"
+            return outcome == "idle"
+
+        read = await self.visit_with(
+            view,
+            left,
+            connect=connected,
+            session=lambda link: Session(self.d, link, self.process, self.queue, Behaviour.none()),
+            read=until_idle,
+            close=lambda link: link.close(),
+            errors=BROKER_ERRORS,
+            drain_timeout=self.d.w.drain_timeout,
+        )
+        return await self.look(node, view) if read is True else read
 
     async def look(self, node: str, view: NodeView) -> bool:
         """The ``depth`` op: what the node holds once the drain's own connection is closed."""
@@ -428,17 +430,11 @@ class Drain:
         op.ok({**depth_value(got), "own_unacked": 0, "clients": clients})
         view.held = depth_value(got).get("held", None)
         if depth_empty(got):
-            view.error = None
-            view.empty_at_ns = view.empty_at_ns or self.d.recorder.now_ns()
-            return True
+            return self.emptied(view, self.d.recorder.now_ns())
         view.error = f"holds {view.held if view.held is not None else got} after the visit"
         return False
 
 
-def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> StompDriver:
-    return StompDriver(endpoints, recorder, **options)
-
-
 @hookimpl
 def brokerchaos_register_clients(register: Any) -> None:
-    register.add_client("stomp", make_driver)
+    register.add_client("stomp", StompDriver)

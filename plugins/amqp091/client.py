@@ -24,21 +24,12 @@ from harness.spec import (
     DELAYED_EXCHANGE,
     Delays,
     Endpoint,
-    QueueDepth,
     RateLimiter,
     Recorder,
-    WorkloadSection,
     dead_letter_queue,
     message_body,
 )
-from harness.spec.client import (
-    Behaviour,
-    QueueHolders,
-    node_rotation,
-    reason,
-    slow_consumers,
-    wait_or_stop,
-)
+from harness.spec.client import DriverBase, acquired, reason, through_first_answering, wait_or_stop
 from plugins.amqp091.consumer import RECONNECT_DELAY, run_consumer
 from plugins.amqp091.drain import Drain
 from plugins.amqp091.link import BROKER_ERRORS, OP_TIMEOUT, Link
@@ -82,38 +73,12 @@ def confirm_outcome(confirm: object) -> tuple[str, str | None]:
     return "info", f"unexpected confirm {confirm!r}"
 
 
-class AmqpDriver:
-    def __init__(
-        self,
-        endpoints: Mapping[str, Endpoint],
-        recorder: Recorder,
-        *,
-        workload: WorkloadSection,
-        username: str = "guest",
-        password: str = "guest",
-        vhost: str = "/",
-        queue_arguments: Mapping[str, Any] | None = None,
-        first_node: Mapping[str, str] | None = None,
-        heartbeat: int = 5,
-        seed: int = 0,
-        queue_depth: QueueDepth | None = None,
-        queue_holders: QueueHolders | None = None,
-        client_settings: Mapping[str, Any] | None = None,  # AMQP's settings come as queue_arguments
-    ) -> None:
-        self.endpoints = dict(endpoints)
-        self.nodes = list(self.endpoints)
-        self.recorder = recorder
-        self.w = workload
-        self.username = username
-        self.password = password
-        self.vhost = vhost
-        self.queue_arguments = dict(queue_arguments or {})
-        self.first_node = dict(first_node or {})
-        self.heartbeat = heartbeat
-        self.seed = seed  # bodies are message_body(id, seed, size): a consumer can check what it got
-        self.queue_depth = queue_depth
-        self.queue_holders = queue_holders
-        self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
+class AmqpDriver(DriverBase):
+    #: Seconds between heartbeats the driver asks for: a silent broker is noticed within two.
+    heartbeat = 5
+
+    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> None:
+        super().__init__(endpoints, recorder, **options)  # AMQP's settings are the queue_arguments
         self._consumer_links: dict[str, set[Link]] = {}
 
     # -- connections ----------------------------------------------------------------------
@@ -125,9 +90,6 @@ class AmqpDriver:
             f"amqp://{urllib.parse.quote(self.username)}:{urllib.parse.quote(self.password)}"
             f"@{ep.host}:{ep.port}/{vhost}?heartbeat={self.heartbeat}"
         )
-
-    def _rotation(self, process: str) -> itertools.cycle[str]:
-        return node_rotation(self.nodes, self.first_node.get(process))
 
     async def _connect(self, node: str) -> Link:
         return await Link.open(node, self.url(node))
@@ -150,29 +112,24 @@ class AmqpDriver:
 
     async def setup(self, queues: Sequence[str]) -> None:
         """Declare the durable queues on the first node that answers."""
-        last: BaseException | None = None
-        for node in self.nodes:
-            try:
-                link = await self._connect(node)
-            except BROKER_ERRORS as exc:
-                last = exc
-                continue
-            try:
-                ch = await link.channel(confirms=False)
-                if self.w.dead_letter:
-                    await self._declare_dead_letter(ch, queues)
-                for q in queues:
-                    async with asyncio.timeout(OP_TIMEOUT):
-                        await ch.queue_declare(q, durable=True, arguments=self._workload_queue_arguments())
-                if self.w.delay is not None:
-                    await self._declare_delayed(ch, queues)
-                return
-            except BROKER_ERRORS as exc:
-                last = exc
-            finally:
-                await link.close()
-        raise ConnectionError(
-            f"no node accepted a connection to declare the queues: {reason(last) if last else '?'}"
+
+        async def declare(link: Link) -> None:
+            ch = await link.channel(confirms=False)
+            if self.w.dead_letter:
+                await self._declare_dead_letter(ch, queues)
+            for q in queues:
+                async with asyncio.timeout(OP_TIMEOUT):
+                    await ch.queue_declare(q, durable=True, arguments=self._workload_queue_arguments())
+            if self.w.delay is not None:
+                await self._declare_delayed(ch, queues)
+
+        await through_first_answering(
+            self.nodes,
+            self._connect,
+            Link.close,
+            declare,
+            errors=BROKER_ERRORS,
+            what="no node accepted a connection to declare the queues",
         )
 
     def _workload_queue_arguments(self) -> dict[str, Any]:
@@ -218,7 +175,7 @@ class AmqpDriver:
         if tx is not None and tx.publish_batch:
             await TxProducer(
                 self._connect,
-                self._rotation(process),
+                self.rotation(process),
                 self.recorder,
                 process,
                 queue,
@@ -235,7 +192,7 @@ class AmqpDriver:
         seq = itertools.count(1)
         window = asyncio.Semaphore(self.w.in_flight)
         props = spec.Basic.Properties(delivery_mode=2 if self.w.persistent else 1)
-        nodes = self._rotation(process)
+        nodes = self.rotation(process)
         pending: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         delays = Delays(self.w.delay, self.seed, process)
@@ -254,10 +211,7 @@ class AmqpDriver:
             try:
                 while not stop.is_set() and not ch.is_closed and not progress.stalled(self.w.confirm_timeout):
                     await limiter.wait()
-                    try:
-                        async with asyncio.timeout(1.0):
-                            await window.acquire()
-                    except TimeoutError:
+                    if not await acquired(window, 1.0):
                         continue  # every slot waits on a confirm: look at stop and stall again
                     if stop.is_set() or ch.is_closed:
                         window.release()
@@ -343,7 +297,7 @@ class AmqpDriver:
         if tx is not None and tx.ack_batch:
             await TxConsumer(
                 self._consumer_connect(queue),
-                self._rotation(process),
+                self.rotation(process),
                 self.recorder,
                 process,
                 queue,
@@ -354,16 +308,10 @@ class AmqpDriver:
                 commit_timeout=self.w.confirm_timeout,
             ).run(stop)
             return
-        behaviour = Behaviour(
-            self.w.consumer,
-            self.seed,
-            process,
-            slow=process in self._slow,
-            now=asyncio.get_running_loop().time(),
-        )
+        behaviour = self.behaviour(process, asyncio.get_running_loop().time())
         await run_consumer(
             self._consumer_connect(queue),
-            self._rotation(process),
+            self.rotation(process),
             self.recorder,
             process,
             queue,
@@ -401,10 +349,6 @@ class AmqpDriver:
         await wait_or_stop(stop, RECONNECT_DELAY)
 
 
-def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> AmqpDriver:
-    return AmqpDriver(endpoints, recorder, **options)
-
-
 @hookimpl
 def brokerchaos_register_clients(register: Any) -> None:
-    register.add_client("amqp091", make_driver)
+    register.add_client("amqp091", AmqpDriver)

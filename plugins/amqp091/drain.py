@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from harness.spec import HeldTotal, QueueDepth, Recorder, depth_value
-from harness.spec.client import QueueHolders, reason
+from harness.spec.client import NodeDrain, QueueHolders, reason
 from harness.spec.history import DEPTH
 from plugins.amqp091.consumer import Session
 from plugins.amqp091.link import BROKER_ERRORS, CONNECT_TIMEOUT, OP_TIMEOUT, Link
@@ -57,7 +57,7 @@ class _VisitEnded(Exception):
     """This visit cannot go on (the node's error is the message); the drain tries the next node."""
 
 
-class Drain:
+class Drain(NodeDrain[NodeView]):
     """One queue's drain through AMQP 0-9-1, one node per visit (``DrainReader``)."""
 
     def __init__(
@@ -77,6 +77,7 @@ class Drain:
         clients: Callable[[], int] | None = None,
         holders: QueueHolders | None = None,
     ) -> None:
+        super().__init__(nodes, NodeView)
         self.clients = clients  # the workload's client connections still open on this queue
         self.holders = holders
         self.open_link = open_link
@@ -91,16 +92,8 @@ class Drain:
         self.timeout = timeout  # for the error a visit the time cut short records
         # Leave a node that stays non-empty with nothing acked for this long; come back next round.
         self.patience = max(10.0, 4 * idle)
-        self.node_views: dict[str, NodeView] = {n: NodeView() for n in nodes}
-        self.consumed = 0
         self.loop = asyncio.get_running_loop()
         self._left: Callable[[], float] = lambda: timeout
-
-    def views(self) -> dict[str, dict[str, Any]]:
-        return {n: asdict(v) for n, v in self.node_views.items()}
-
-    async def extra(self) -> dict[str, Any]:
-        return {}
 
     async def visit(self, node: str, left: Callable[[], float]) -> bool:
         self._left = left
@@ -142,8 +135,7 @@ class Drain:
             elif not session.ended:
                 await session.close("close", min(CONNECT_TIMEOUT, max(1.0, self._left())))
             await link.close()
-            view.consumed += session.acked
-            self.consumed += session.acked
+            self.count(view, session.acked)
         if empty:
             view.error = None
         return empty
@@ -160,9 +152,7 @@ class Drain:
             ready, unacked = await self._depth(node, session)
             view.ready, view.unacked = ready, unacked
             if ready == 0 and not unacked:
-                if view.empty_at_ns is None:
-                    view.empty_at_ns = self.recorder.now_ns()
-                return True
+                return self.emptied(view, self.recorder.now_ns())
             now = self.loop.time()
             if session.acked > progress_acked:
                 progress_acked, progress_at = session.acked, now

@@ -25,6 +25,7 @@ import asyncio
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiormq
@@ -38,40 +39,73 @@ IDLE_COMMIT = 0.2  # seconds without a new delivery before a consumer commits a 
 RECONNECT_DELAY = 0.5
 
 
-class TxProducer:
+@dataclass
+class _TxProcess:
+    """What a transactional producer and consumer are both handed: how to reach a node and which
+    one next, where to record, and the transaction settings."""
+
+    open_link: Callable[[str], Awaitable[Link]]
+    nodes: Iterator[str]
+    recorder: Recorder
+    process: str
+    queue: str
+    tx: TransactionsSection
+    seed: int
+    message_size: int
+    commit_timeout: float
+
+    def __post_init__(self) -> None:
+        self._txn = itertools.count(1)
+
+    async def end_transaction(
+        self,
+        node: str,
+        ch: Any,
+        tx_id: str,
+        detail: dict[str, list[str]],
+        ops: list[Invocation],
+        rollback: bool,
+    ) -> bool:
+        """tx.commit or tx.rollback, completing the transaction's own ``ops`` with its outcome.
+
+        Returns whether the channel can go on.
+        """
+        f = "rollback" if rollback else "commit"
+        op = self.recorder.invoke(self.process, f, node=node, queue=self.queue, value=tx_id, detail=detail)
+        try:
+            # the harness bounds the round trip itself (aiormq's timeouts do not cover every wait)
+            async with asyncio.timeout(self.commit_timeout):
+                await (ch.tx_rollback() if rollback else ch.tx_commit())
+        except asyncio.CancelledError:
+            op.info("cancelled before the answer")
+            _complete(ops, rollback, "cancelled before the answer")
+            raise
+        except BROKER_ERRORS as exc:
+            op.info(reason(exc))
+            _complete(ops, rollback, reason(exc))
+            return False
+        op.ok()
+        _complete(ops, rollback, None)
+        return True
+
+
+@dataclass
+class TxProducer(_TxProcess):
     """One producer process publishing in transactions; reconnects to the next node after a failure."""
 
-    def __init__(
-        self,
-        open_link: Callable[[str], Awaitable[Link]],
-        nodes: Iterator[str],
-        recorder: Recorder,
-        process: str,
-        queue: str,
-        tx: TransactionsSection,
-        *,
-        rate: float,
-        seed: int,
-        message_size: int,
-        persistent: bool,
-        commit_timeout: float,
-        expiration_ms: int | None = None,
-    ) -> None:
-        self.open_link = open_link
-        self.nodes = nodes
-        self.recorder = recorder
-        self.process = process
-        self.queue = queue
-        self.tx = tx
-        self.limiter = RateLimiter(rate)
-        self.seed = seed
-        self.message_size = message_size
-        self.delivery_mode = 2 if persistent else 1
-        self.expiration = None if expiration_ms is None else str(expiration_ms)  # workload.expiration_ms
-        self.commit_timeout = commit_timeout
-        self.rng = random.Random(f"{seed}:{process}:tx")
+    rate: float
+    persistent: bool
+    expiration_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.limiter = RateLimiter(self.rate)
+        self.delivery_mode = 2 if self.persistent else 1
+        self.expiration = (
+            None if self.expiration_ms is None else str(self.expiration_ms)
+        )  # workload.expiration_ms
+        self.rng = random.Random(f"{self.seed}:{self.process}:tx")
         self._seq = itertools.count(1)
-        self._txn = itertools.count(1)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -132,54 +166,7 @@ class TxProducer:
             for p in pubs:
                 p.fail(f"transaction never committed: {broken}")
             return False
-        return await end_transaction(
-            self.recorder,
-            self.process,
-            node,
-            self.queue,
-            ch,
-            tx_id,
-            detail,
-            pubs,
-            rollback=self.rng.random() < self.tx.rollback,
-            timeout=self.commit_timeout,
-        )
-
-
-async def end_transaction(
-    recorder: Recorder,
-    process: str,
-    node: str,
-    queue: str,
-    ch: Any,
-    tx_id: str,
-    detail: dict[str, list[str]],
-    ops: list[Invocation],
-    *,
-    rollback: bool,
-    timeout: float,
-) -> bool:
-    """tx.commit or tx.rollback, completing the transaction's own ``ops`` with its outcome.
-
-    Returns whether the channel can go on.
-    """
-    f = "rollback" if rollback else "commit"
-    op = recorder.invoke(process, f, node=node, queue=queue, value=tx_id, detail=detail)
-    try:
-        # the harness bounds the round trip itself (aiormq's timeouts do not cover every wait)
-        async with asyncio.timeout(timeout):
-            await (ch.tx_rollback() if rollback else ch.tx_commit())
-    except asyncio.CancelledError:
-        op.info("cancelled before the answer")
-        _complete(ops, rollback, "cancelled before the answer")
-        raise
-    except BROKER_ERRORS as exc:
-        op.info(reason(exc))
-        _complete(ops, rollback, reason(exc))
-        return False
-    op.ok()
-    _complete(ops, rollback, None)
-    return True
+        return await self.end_transaction(node, ch, tx_id, detail, pubs, self.rng.random() < self.tx.rollback)
 
 
 def _complete(ops: list[Invocation], rollback: bool, failure: str | None) -> None:
@@ -194,36 +181,17 @@ def _complete(ops: list[Invocation], rollback: bool, failure: str | None) -> Non
             o.info(f"commit unknown: {failure}")
 
 
-class TxConsumer:
+@dataclass
+class TxConsumer(_TxProcess):
     """One consumer process acking in transactions of ``ack_batch`` deliveries."""
 
-    def __init__(
-        self,
-        open_link: Callable[[str], Awaitable[Link]],
-        nodes: Iterator[str],
-        recorder: Recorder,
-        process: str,
-        queue: str,
-        tx: TransactionsSection,
-        *,
-        seed: int,
-        message_size: int,
-        prefetch: int,
-        commit_timeout: float,
-    ) -> None:
-        self.open_link = open_link
-        self.nodes = nodes
-        self.recorder = recorder
-        self.process = process
-        self.queue = queue
-        self.tx = tx
-        self.seed = seed
-        self.message_size = message_size
+    prefetch: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         # a batch must fit in what the broker lets us hold (0: no limit)
-        self.prefetch = prefetch and max(prefetch, tx.ack_batch)
-        self.commit_timeout = commit_timeout
-        self.rng = random.Random(f"{seed}:{process}:txack")
-        self._txn = itertools.count(1)
+        self.prefetch = self.prefetch and max(self.prefetch, self.tx.ack_batch)
+        self.rng = random.Random(f"{self.seed}:{self.process}:txack")
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -321,18 +289,7 @@ class TxConsumer:
             return False
         tx_id = f"{self.process}:tx{next(self._txn)}"
         detail = {"ack": [msg_id for _tag, msg_id in batch]}
-        going = await end_transaction(
-            self.recorder,
-            self.process,
-            node,
-            self.queue,
-            ch,
-            tx_id,
-            detail,
-            ops,
-            rollback=rollback,
-            timeout=self.commit_timeout,
-        )
+        going = await self.end_transaction(node, ch, tx_id, detail, ops, rollback)
         if not rollback:
             del held[:n]  # acked, or their ack unknown: not given back either way
         return going

@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from harness import (
     BrokerPlugin,
@@ -41,6 +41,9 @@ from harness import (
     run_or_fail,
     wait_until_running,
 )
+from plugins.rabbitmq.stream_client import brokerchaos_register_clients
+
+__all__ = ["RabbitMQ", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
 
 __version__ = "0.1.0"
 
@@ -59,8 +62,11 @@ chmod 400 /var/lib/rabbitmq/.erlang.cookie
 printf %s "$BROKERCHAOS_COOKIE" > /root/.erlang.cookie
 chmod 400 /root/.erlang.cookie
 chown -R rabbitmq:rabbitmq /var/lib/rabbitmq/mnesia /var/log/rabbitmq 2>/dev/null || true
-export ERL_EPMD_ADDRESS="$ip"
+export ERL_EPMD_ADDRESS="$ip${BROKERCHAOS_EPMD_ALSO:+,$BROKERCHAOS_EPMD_ALSO}"
 export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel net_ticktime $BROKERCHAOS_NET_TICKTIME"
+# The server's own resolver file, if the node has one (the CLI tools resolve as before); epmd then
+# also listens where that file puts the node's own name (BROKERCHAOS_EPMD_ALSO).
+if [ -n "${BROKERCHAOS_INETRC:-}" ]; then export ERL_INETRC="$BROKERCHAOS_INETRC"; fi
 exec /usr/sbin/rabbitmq-server
 """
 
@@ -178,7 +184,7 @@ VERSIONS = (
 class RabbitMQ(BrokerPlugin):
     name = "rabbitmq"
     version = __version__
-    versions = VERSIONS
+    versions: ClassVar[tuple[BrokerVersion, ...]] = VERSIONS
     protocol = "amqp091"
     capabilities = frozenset(
         {"kill", "pause", "stop", "power-loss", "partition", "mirroring", "clock", "membership"}
@@ -190,12 +196,22 @@ class RabbitMQ(BrokerPlugin):
         return (4369, 25670 + index)
 
     data_dir = "/var/lib/rabbitmq/mnesia"
+    #: A quorum queue is a Ra server on each node: the node's quorum Ra system writes every
+    #: queue's entries to one write-ahead log (``quorum/<node>/*.wal``), and the segment writer
+    #: moves them to each queue's own segment files (``quorum/<node>/<queue uid>/*.segment``)
+    #: when the log rolls over and when the node recovers its log at start.
+    data_files: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "quorum-wal": ("*/quorum/*/*.wal",),
+        "quorum-segment": ("*/quorum/*/*/*.segment",),
+    }
     log_paths = ("/var/log/rabbitmq",)
     features = FEATURES
     log_events = LOG_EVENTS
     #: The node's log file (info and above; the console gets warnings only), under ``logs/``.
     event_logs = ("logs/**/*.log",)
-    ready_timeout = 120.0
+    #: A 4.3 node on a loaded 2-core host (load average 30 to 45) took 100 s to answer its first
+    #: check; 120 s ended runs before their first fault.
+    ready_timeout = 300.0
 
     def log_time(self, line: str) -> datetime | None:
         """3.10's ``2026-01-02 10:00:00.123456+00:00 [info] <0.1.0> ...``."""
@@ -265,7 +281,9 @@ class RabbitMQ(BrokerPlugin):
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
-        rc, _ = node.exec(["rabbitmq-diagnostics", "-q", "check_running"], timeout=20)
+        # The CLI boots an Erlang VM of its own: on a loaded host (load average 45 on 2 cores)
+        # that alone took over 20 s, so every check timed out on nodes that were running.
+        rc, _ = node.exec(["rabbitmq-diagnostics", "-q", "check_running"], timeout=60)
         return rc == 0
 
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
@@ -493,4 +511,7 @@ def parse_holders(out: str, queue: str, vhost: str, node: str) -> list[dict[str,
 
 @hookimpl
 def brokerchaos_register_brokers(register: Any) -> None:
+    from plugins.rabbitmq.streams import RabbitMQStream  # it builds on RabbitMQ, defined above
+
     register.add_broker(RabbitMQ())
+    register.add_broker(RabbitMQStream())

@@ -46,6 +46,8 @@ from harness import (
     NodeInfo,
     NodeSpec,
     ScenarioError,
+    UnsyncedWrite,
+    body_ids,
     entry_offset,
     hookimpl,
     run_or_fail,
@@ -188,7 +190,7 @@ class Redis(BrokerPlugin):
     sentinel_binary = "redis-sentinel"
     cli_binary = "redis-cli"
     protocol = "redis"
-    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition"})
+    capabilities = frozenset({"kill", "pause", "stop", "power-loss", "partition", "unsynced-messages"})
     client_port = PORT
     # Replication runs over the client port; Sentinels talk to each other and to every server.
     peer_ports = (PORT, SENTINEL_PORT)
@@ -237,6 +239,23 @@ class Redis(BrokerPlugin):
 
     def image(self) -> ImageRecipe:
         return self.release_recipe(f"brokerchaos/{self.name}")
+
+    def unsynced_messages(
+        self, writes: Sequence[UnsyncedWrite], settings: Mapping[str, Any], nodes: int
+    ) -> list[str]:
+        """The append-only file logs each ``XADD`` as the command itself (RESP), the body verbatim:
+        the ``.aof`` files (``appendonlydir/appendonly.aof.N.incr.aof`` on 7.0 and later; a base
+        rewritten without the RDB preamble, ``.base.aof``). An RDB file, the snapshot or a base in
+        RDB form (``.rdb``), compresses its strings and is not mapped: a cut that dropped only those
+        reports bytes and files."""
+        return sorted({i for w in writes if w["path"].endswith(".aof") for i in body_ids(w["data"])})
+
+    def confirms_after_sync(self, settings: Mapping[str, Any]) -> bool | None:
+        """Under ``appendfsync always`` the primary fsyncs the AOF before it answers a write (its
+        event loop syncs the buffered commands before it writes any reply): a power cut must then
+        find no acknowledged entry unsynced on the node that answered. Otherwise the fsync runs
+        each second or when the kernel likes, after the reply: measured, not judged."""
+        return settings.get("appendfsync") == "always"
 
     def cli(self, node: NodeHandle, *args: str, port: int = PORT, timeout: float = 15.0) -> str:
         return cli(node, *args, port=port, timeout=timeout, binary=self.cli_binary)

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -60,21 +60,21 @@ from harness.spec import (
     SPARSE,
     Endpoint,
     Invocation,
-    QueueDepth,
     RateLimiter,
     Recorder,
-    WorkloadSection,
     body_digest,
     entry_offset,
     message_body,
 )
 from harness.spec.client import (
     Behaviour,
+    DriverBase,
+    DriverDrain,
     NoCopy,
-    node_rotation,
+    StreamEnd,
+    close_quietly,
     reason,
     record_event,
-    slow_consumers,
     wait_or_stop,
 )
 
@@ -101,24 +101,10 @@ def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-class RedisDriver:
-    def __init__(
-        self,
-        endpoints: Mapping[str, Endpoint],
-        recorder: Recorder,
-        *,
-        workload: WorkloadSection,
-        username: str = "default",
-        password: str = "",
-        vhost: str = "",
-        queue_arguments: Mapping[str, Any] | None = None,
-        first_node: Mapping[str, str] | None = None,
-        seed: int = 0,
-        queue_depth: QueueDepth | None = None,
-        queue_holders: Any = None,  # a stream's pending entries are held by the group, listed in XPENDING
-        client_settings: Mapping[str, Any] | None = None,
-    ) -> None:
-        del vhost, username, password, queue_arguments  # the default user, no password; no queue.declare
+class RedisDriver(DriverBase):
+    def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> None:
+        super().__init__(endpoints, recorder, **options)  # the default user, no password
+        workload = self.w
         for field, what in (
             ("delay", "delayed publishes"),
             ("transactions", "AMQP transactions"),
@@ -133,18 +119,10 @@ class RedisDriver:
             raise ScenarioError(
                 "workload.dead_letter: Redis Streams have no dead-letter exchange; remove it from this scenario"
             )
-        args = dict(client_settings or {})  # ``Redis.client_settings``
-        self.endpoints = dict(endpoints)
-        self.nodes = list(self.endpoints)
-        self.recorder = recorder
-        self.w = workload
+        args = self.client_settings  # ``Redis.client_settings``
         self.sentinel = bool(args.get("sentinel"))
         self.sentinel_port = int(args.get("sentinel_port") or 26379)
         self.wait_replicas = int(args.get("wait_replicas") or 0)
-        self.first_node = dict(first_node or {})
-        self.seed = seed
-        self.queue_depth = queue_depth
-        self._slow = slow_consumers(workload.consumer, workload.consumers, seed)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -171,15 +149,12 @@ class RedisDriver:
             raise
         return conn
 
-    def _rotation(self, process: str) -> itertools.cycle[str]:
-        return node_rotation(self.nodes, self.first_node.get(process))
-
     async def primary(self, process: str) -> str | None:
         """The node the client should write to: what the first Sentinel that answers names
         (asked in the process's node order), or the first node without Sentinel."""
         if not self.sentinel:
             return self.nodes[0]
-        rotation = self._rotation(process)
+        rotation = self.rotation(process)
         for node in [next(rotation) for _ in self.nodes]:
             extra = self.endpoints[node].extra.get(self.sentinel_port)
             if extra is None:
@@ -198,7 +173,7 @@ class RedisDriver:
 
     async def _primaries(self, process: str, stop: asyncio.Event) -> Any:
         """One connection at a time to the primary (asked again each time) until ``stop``."""
-        rotation = self._rotation(process)
+        rotation = self.rotation(process)
         while not stop.is_set():
             node = await self.primary(process) or next(rotation)
             try:
@@ -289,10 +264,7 @@ class RedisDriver:
     # -- consumers ------------------------------------------------------------------------
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        behaviour = Behaviour(
-            self.w.consumer, self.seed, process, slow=process in self._slow, now=loop.time()
-        )
+        behaviour = self.behaviour(process, asyncio.get_running_loop().time())
         async with contextlib.aclosing(self._primaries(process, stop)) as conns:
             async for node, conn in conns:
                 await _Session(self, conn, node, process, queue, behaviour).run(stop)
@@ -308,11 +280,9 @@ class RedisDriver:
         reads on until an ``XREAD`` finds nothing for ``drain_idle`` seconds: the stream's end."""
         last = "0-0"
         started = False
-        idle_since: float | None = None
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
+        end = StreamEnd(stop, self.w.drain_idle)
         batch = max(1, min(self.w.prefetch or 100, 256))
-        async with contextlib.aclosing(self._primaries(process, done)) as conns:
+        async with contextlib.aclosing(self._primaries(process, end.done)) as conns:
             async for node, conn in conns:
                 if not await is_primary(conn):
                     continue  # Sentinel named it before it took its new role, or it lost it since
@@ -327,7 +297,7 @@ class RedisDriver:
                         detail={"stream_seq": entry_offset(last) + 1},
                     )
                 started = True
-                while not done.is_set():
+                while not end.done.is_set():
                     try:
                         async with asyncio.timeout(BLOCK_MS / 1000 + OP_TIMEOUT):
                             got: Any = await conn.xread({queue: last}, count=batch, block=BLOCK_MS)
@@ -347,25 +317,18 @@ class RedisDriver:
                             digest=body_digest(body),
                         )
                         last = eid
-                    if entries:
-                        idle_since = None
-                    elif stop.is_set():
-                        idle_since = idle_since if idle_since is not None else loop.time()
-                        if loop.time() - idle_since >= self.w.drain_idle:
-                            done.set()
+                    end.read(bool(entries))
 
     # -- drain ----------------------------------------------------------------------------
 
     def drain_reader(self, process: str, queue: str) -> _Drain:
         """What is left in ``queue``'s stream, read through one node per visit (after every fault
         healed); the harness runs the rounds (``harness.spec.client.DrainReader``)."""
-        return _Drain(self, process, queue)
+        return _Drain(self, process, queue, NodeView)
 
 
 async def close(conn: aioredis.Redis) -> None:
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(2.0):
-            await conn.aclose()
+    await close_quietly(conn.aclose(), 2.0)
 
 
 def entry_message(fields: Mapping[Any, Any] | None) -> tuple[str, bytes]:
@@ -398,24 +361,18 @@ async def create_group(conn: aioredis.Redis, queue: str) -> bool:
     return True
 
 
+@dataclass(eq=False)
 class _Session:
     """One consumer on one connection: read, record, acknowledge, act out the behaviours."""
 
-    def __init__(
-        self,
-        driver: RedisDriver,
-        conn: aioredis.Redis,
-        node: str,
-        process: str,
-        queue: str,
-        behaviour: Behaviour,
-    ) -> None:
-        self.d = driver
-        self.conn = conn
-        self.node = node
-        self.process = process
-        self.queue = queue
-        self.behaviour = behaviour
+    d: RedisDriver
+    conn: aioredis.Redis
+    node: str
+    process: str
+    queue: str
+    behaviour: Behaviour
+
+    def __post_init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.acked = 0
         self.reread = False  # the next read takes this consumer's own pending entries again
@@ -556,19 +513,8 @@ class NodeView:
     error: str | None = None
 
 
-class _Drain:
+class _Drain(DriverDrain[RedisDriver, NodeView]):
     """One stream's drain, one node per visit (``DrainReader``)."""
-
-    def __init__(self, driver: RedisDriver, process: str, queue: str) -> None:
-        self.d = driver
-        self.process = process
-        self.queue = queue
-        self.node_views = {n: NodeView() for n in driver.nodes}
-        self.consumed = 0
-        self.loop = asyncio.get_running_loop()
-
-    def views(self) -> dict[str, dict[str, Any]]:
-        return {n: asdict(v) for n, v in self.node_views.items()}
 
     async def extra(self) -> dict[str, Any]:
         return {OFFSETS: SPARSE}  # entry ids: ordered, far apart (harness.spec.history)
@@ -578,25 +524,17 @@ class _Drain:
         until the group on this node has neither (True), or ``NoCopy`` when the node refuses
         ``XREADGROUP`` as a replica: it holds no copy to drain (``node_holdings`` still reads it)."""
         view = self.node_views[node]
-        try:
-            conn = await self.d.connect(node)
-        except BROKER_ERRORS as exc:
-            view.error = f"connect: {reason(exc)}"
-            return False
-        session = _Session(self.d, conn, node, self.process, self.queue, Behaviour.none())
-        try:
-            async with asyncio.timeout(max(0.1, left())):
-                return await self._until_empty(conn, session, view)
-        except TimeoutError:
-            view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
-            return False
-        except (*BROKER_ERRORS, redis.exceptions.ResponseError) as exc:
-            view.error = reason(exc)
-            return False
-        finally:
-            view.consumed += session.acked
-            self.consumed += session.acked
-            await close(conn)
+        return await self.visit_with(
+            view,
+            left,
+            connect=lambda: self.d.connect(node),
+            session=lambda conn: _Session(self.d, conn, node, self.process, self.queue, Behaviour.none()),
+            read=lambda conn, session: self._until_empty(conn, session, view),
+            close=close,
+            errors=BROKER_ERRORS,
+            read_errors=(*BROKER_ERRORS, redis.exceptions.ResponseError),
+            drain_timeout=self.d.w.drain_timeout,
+        )
 
     async def _until_empty(self, conn: aioredis.Redis, session: _Session, view: NodeView) -> bool | NoCopy:
         while True:
@@ -627,16 +565,9 @@ class _Drain:
                 last: Any = await conn.xrevrange(self.queue, count=1)
             view.last_entry = _text(last[0][0]) if last else None
             if view.pending == 0 and view.lag in (0, None):
-                view.error = None
-                if view.empty_at_ns is None:
-                    view.empty_at_ns = self.d.recorder.now_ns()
-                return True
-
-
-def make_driver(endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> RedisDriver:
-    return RedisDriver(endpoints, recorder, **options)
+                return self.emptied(view, self.d.recorder.now_ns())
 
 
 @hookimpl
 def brokerchaos_register_clients(register: Any) -> None:
-    register.add_client("redis", make_driver)
+    register.add_client("redis", RedisDriver)

@@ -244,6 +244,13 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
     LogEvent("store-recovery-cut", r"store recovery \(abnormal shutdown\): .* cuts: (?P<cuts>(?!none$).+)$"),
     LogEvent("peer-down", r"cluster: peer (?P<peer>\S+) is down"),
     LogEvent("slave-attached", r"attached to master (?P<master>\S+); the replica ended at (?P<end>\d+)"),
+    # a node's partition-handling states: paused in a minority, serving after a start that no peer
+    # answered, and a queue copy dropped for another node's master (what only it held is gone)
+    LogEvent("paused-minority", r"cluster: only \d+ of \d+ nodes visible(?: at start)?; pausing"),
+    LogEvent("served-alone", r"cluster: serving clients \(no peer answered\)"),
+    LogEvent(
+        "copy-dropped", QUEUE + r" in vhost '[^']*': master is now (?P<master>\S+); dropping the copy here"
+    ),
 )
 
 
@@ -515,7 +522,9 @@ class ReferenceBroker(BrokerPlugin):
         return settings.get("flush", self.settings_schema["flush"][0]) == "sync"
 
     # -- membership ------------------------------------------------------------------------
-    def unsynced_messages(self, writes: Sequence[UnsyncedWrite]) -> list[str]:
+    def unsynced_messages(
+        self, writes: Sequence[UnsyncedWrite], settings: Mapping[str, Any], nodes: int
+    ) -> list[str]:
         """The commit log's segments hold each message's record, body verbatim
         (``broker_impl/store/record.py``); consume queues and progress files hold no message."""
         return sorted(

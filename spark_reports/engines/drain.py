@@ -102,6 +102,35 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
     return ops, spans
 
 
+@dataclass(frozen=True)
+class DrainRange:
+    """One drain op's index range: an ack by its drainer on its queue inside it was the drain's read."""
+
+    process: str
+    queue: str | None
+    lo: int  # the drain's invoke index
+    hi: int  # its completion's index (NO_LIMIT_INDEX when it never completed)
+
+
+def drain_ranges(drain_rows: list[dict]) -> list[DrainRange]:
+    """Every drain op's (drainer, queue, invoke index, completion index)."""
+    out: list[DrainRange] = []
+    open_ops: dict[tuple[str, str | None], list[int]] = {}
+    for r in sorted(drain_rows, key=lambda r: r["index"]):
+        key = (r["process"], r.get("queue"))
+        if r.get("type") == "invoke":
+            open_ops.setdefault(key, []).append(r["index"])
+        elif open_ops.get(key):
+            out.append(DrainRange(key[0], key[1], open_ops[key].pop(0), r["index"]))
+    out += [DrainRange(p, q, lo, NO_LIMIT_INDEX) for (p, q), los in open_ops.items() for lo in los]
+    return sorted(out, key=lambda d: d.lo)
+
+
+def drain_read(ranges: list[DrainRange], process: str, queue: str | None, index: int) -> bool:
+    """Whether an ack (its process, queue and index) was a drain's read."""
+    return any(d.process == process and d.queue == queue and d.lo < index < d.hi for d in ranges)
+
+
 def drain_status(drain_rows: list[dict]) -> Drain:
     """A drain counts as complete only if every drain op's last completion, per drainer and queue, is ok."""
     ops, _ = drain_ops(drain_rows)

@@ -18,9 +18,11 @@ from harness.spec.results import (
     FaultWindow,
     LiveKind,
     Liveness,
+    NodeDown,
     NodeRecovery,
     QueueLiveness,
     Recovery,
+    StrandedGroup,
     UnavailableQueue,
     UnavailableWindow,
 )
@@ -51,6 +53,44 @@ class LiveFacts:
     gaps: list[tuple[str, str, int, int]] = field(default_factory=list)  # queue, kind, ok, next ok
     # queue -> (first publish invoke, last publish record of any type, last publish invoke)
     publish: dict[str, tuple[int | None, int, int | None]] = field(default_factory=dict)
+    #: messages first acked by the drain (``Context.drain_reads``), by queue, drain node and the
+    #: second they were confirmed in: (queue, node, second, count, first confirm, last confirm,
+    #: last read, longest confirm-to-read wait); ``stranded_groups`` keeps those that sat while
+    #: the workload ran.
+    stranded: list[StrandedBucket] = field(default_factory=list)
+
+
+StrandedBucket = tuple[str | None, str | None, int, int, int, int, int, int]
+
+
+def stranded_groups(facts: LiveFacts, threshold_ns: int) -> list[StrandedGroup]:
+    """Per queue and drain node, the messages the drain read first that were confirmed (whole
+    seconds, ``LiveFacts.stranded``) at least ``threshold_ns`` before their queue's last publish:
+    consumers were reading the queue elsewhere while these sat. The tail the workload's end left
+    unread (confirmed within the threshold of the last publish) is no finding."""
+    out: dict[tuple[str | None, str | None], StrandedGroup] = {}
+    for q, node, second, n, c_from, c_to, read_to, wait in sorted(facts.stranded, key=lambda b: b[:3]):
+        pub = facts.publish.get(q) if q is not None else None
+        if pub is None or (second + 1) * NS_PER_S + threshold_ns > pub[1]:
+            continue
+        g = out.get((q, node))
+        if g is None:
+            out[(q, node)] = StrandedGroup(
+                queue=q,
+                node=node,
+                count=n,
+                confirmed_from_ns=c_from,
+                confirmed_to_ns=c_to,
+                read_to_ns=read_to,
+                wait_max_ns=wait,
+            )
+            continue
+        g["count"] += n
+        g["confirmed_from_ns"] = min(g["confirmed_from_ns"], c_from)
+        g["confirmed_to_ns"] = max(g["confirmed_to_ns"], c_to)
+        g["read_to_ns"] = max(g["read_to_ns"], read_to)
+        g["wait_max_ns"] = max(g["wait_max_ns"], wait)
+    return [out[k] for k in sorted(out, key=lambda k: (k[0] or "", k[1] or ""))]
 
 
 def heal_times(windows: list[FaultWindow]) -> list[int | None]:
@@ -107,9 +147,12 @@ def liveness(
     budgets: Budgets,
     threshold_ns: int,
     consumers: bool = True,
+    down: list[NodeDown] | None = None,
+    serving: list[str] | None = None,
 ) -> Liveness:
     """``consumers``: the workload had consumers; without them (a backlog left to the drain) no
-    consume is asked of a queue while the workload runs: no consume window, no consume demand."""
+    consume is asked of a queue while the workload runs: no consume window, no consume demand.
+    ``down``, ``serving``: the final heal's outcome (``final_heal.nodes_down``), kept as it is."""
     live = _Live(facts, windows, drain_ops, threshold_ns)
     asked: tuple[LiveKind, ...] = KINDS if consumers else ("publish",)
     queue_rows: list[QueueLiveness] = []
@@ -152,6 +195,9 @@ def liveness(
         available_share=(1 - down_all / spans) if spans > 0 else None,
         unavailable=[live.unavailable(q, *g) for q, g in sorted(gone.items())],
         over_budget=[f"{r['fault_id']} {r['queue']}" for r in recovery if r["over_budget"]],
+        stranded=stranded_groups(facts, threshold_ns) if consumers else [],
+        nodes_down=list(down or []),
+        serving=serving,
     )
 
 

@@ -26,6 +26,9 @@ class Params:
     #: workload.consumers > 0: someone was asked to consume while the workload ran (a backlog
     #: scenario, ``consumers: 0``, leaves everything to the drain: no consume demand, no window)
     consumers: bool = True
+    #: workload.dead_letter: the scenario expects dead-lettering; without it a message the broker
+    #: dead-lettered (into its own dead-letter queue or the workload's) makes the run DEAD_LETTERED
+    dead_letter: bool = False
 
     @property
     def bodies_known(self) -> bool:
@@ -98,6 +101,7 @@ def scenario_params(scenario: dict | None) -> Params:
         budgets=budgets,
         delays=isinstance(workload.get("delay"), dict),
         consumers=workload.get("consumers") != 0,
+        dead_letter=workload.get("dead_letter") is True,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.spec.history import is_dead_letter_queue
 from harness.spec.results import LIST_CAP, UNAVAILABLE_S, Results
-from harness.spec.rundir import HISTORY_COLUMNS, OPTIONAL_COLUMNS
+from harness.spec.rundir import HISTORY_COLUMNS, OPTIONAL_COLUMNS, disjoint_nodes
 from spark_reports.engines.anomalies import STREAM_OPS, StreamOps, lost_positions, stream_findings
 from spark_reports.engines.common import (
     ABANDONED,
@@ -33,10 +33,10 @@ from spark_reports.engines.common import (
     parse_id,
 )
 from spark_reports.engines.context import Context, make_context
-from spark_reports.engines.drain import split_brain_nodes
+from spark_reports.engines.drain import drain_read, split_brain_nodes
 from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
 from spark_reports.engines.params import expected_digest
-from spark_reports.engines.verdict import Facts, assemble
+from spark_reports.engines.verdict import LISTED, Facts, assemble
 from spark_reports.engines.windows import kinds_for, window_ids_at
 from spark_reports.progress import progress
 
@@ -166,7 +166,7 @@ def check_python(run_dir: Path, scenario: dict) -> Results:
         schema = version if schema is None else min(schema, version)
         if r["process"] == NEMESIS or r["f"] in SMALL_OPS:
             small.append(r)
-    ctx = make_context(ops, end_ns, small, scenario, schema)
+    ctx = make_context(ops, end_ns, small, scenario, schema, disjoint=disjoint_nodes(Path(run_dir)))
     progress("python", "prelude", ops=ops, faults=len(ctx.windows), schema=ctx.history_schema)
     facts = _reconcile(rows if rows is not None else iter_history(path), ctx)
     progress("python", "done", lost=facts.counts["lost"])
@@ -383,17 +383,6 @@ class _Pass:
         m.last_ab = (r["index"], json_field(r["detail"], "cause"))
 
 
-#: The classes an id can fall in, each counted and listed (in the order of the results' counts).
-_LISTED = (
-    "lost",
-    "ack_unknown",
-    "unexpected",
-    "corrupted",
-    "duplicated",
-    "resurrected",
-    "recovered",
-    "split_brain",
-)
 #: What ``_Classes`` counts per id: its outcome, whether it was delivered and consumed, its classes.
 _COUNTED = (
     "attempted",
@@ -403,7 +392,7 @@ _COUNTED = (
     "delivered_unique",
     "consumed_unique",
     "dead_lettered",
-    *_LISTED,
+    *LISTED,
 )
 
 
@@ -414,13 +403,15 @@ class _Classes:
         self.ctx = ctx
         self.with_acks = ctx.acks
         self.counts = dict.fromkeys(_COUNTED, 0)
-        self.lists: dict[str, list[dict]] = {k: [] for k in _LISTED}
+        self.lists: dict[str, list[dict]] = {k: [] for k in LISTED}
         self.by_cause: dict[tuple[str, str | None], int] = {}
         self.e2e: list[int] = []
         self.attribution: dict[tuple[str, str | None], int] = {}  # (fault kind, confirming node) -> lost
         self.exposure: dict[str, list[int]] = {}  # fault kind -> [confirmed, lost]
         self.lost_at: list[tuple[str, int]] = []  # (producer, seq) of every lost id
         self.survivors: list[tuple[str, int]] = []  # ... of every id delivered or consumed
+        # (queue, drain node, confirm second) -> [count, first confirm, last confirm, last read, wait]
+        self.stranded: dict[tuple[str | None, str | None, int], list[int]] = {}
 
     def add(self, mid: str, m: _Msg) -> None:
         outcome = m.outcome
@@ -449,6 +440,8 @@ class _Classes:
             self.corrupted(mid, m)
         if self.ctx.spans and m.first_ack is not None:
             self.split_brain(mid, m.first_ack)
+        if self.ctx.drain_reads and m.first_ack is not None and m.confirm is not None:
+            self.drain_first(m.first_ack, m.confirm[1])
 
     def outcome_counts(self, m: _Msg, outcome: str, consumed: int) -> None:
         c = self.counts
@@ -538,6 +531,21 @@ class _Classes:
             self.counts["split_brain"] += 1
             self.lists["split_brain"].append({"id": mid, "ack": a, "first_index": a["index"]})
 
+    def drain_first(self, a: dict, confirm_ns: int) -> None:
+        """A confirmed id first acked by the drain: counted by queue, drain node and confirm second
+        (``LiveFacts.stranded``)."""
+        if not drain_read(self.ctx.drain_reads, a["process"], a["queue"], a["index"]):
+            return
+        wait = a["time_ns"] - confirm_ns
+        key = (a["queue"], a["node"], confirm_ns // NS_PER_S)
+        b = self.stranded.get(key)
+        if b is None:
+            self.stranded[key] = [1, confirm_ns, confirm_ns, a["time_ns"], wait]
+            return
+        b[0] += 1
+        b[1], b[2] = min(b[1], confirm_ns), max(b[2], confirm_ns)
+        b[3], b[4] = max(b[3], a["time_ns"]), max(b[4], wait)
+
 
 def _facts(grouped: _Pass, classes: _Classes, ctx: Context) -> Facts:
     """Step 4: the totals, the capped lists in their order, the latency and liveness figures."""
@@ -550,6 +558,8 @@ def _facts(grouped: _Pass, classes: _Classes, ctx: Context) -> Facts:
     counts["order_violations"] = n["violations"]
     grouped.confirm_lat.sort()
     classes.e2e.sort()
+    live = grouped.live.facts(heal_times(ctx.windows), UNAVAILABLE_S * NS_PER_S)
+    live.stranded = [(q, n, sec, b[0], b[1], b[2], b[3], b[4]) for (q, n, sec), b in classes.stranded.items()]
     for d in lists["duplicated"]:
         d["first_delivery_index"] = d["deliveries"][0]["index"]
     return Facts(
@@ -573,7 +583,7 @@ def _facts(grouped: _Pass, classes: _Classes, ctx: Context) -> Facts:
         availability={k: (v[0], v[1]) for k, v in grouped.availability.items()},
         timeline=[(t, f, ty, k) for (t, f, ty), k in grouped.timeline.items()],
         latency_timeline=[(t, v[0], v[1], v[2]) for t, v in grouped.lat_tl.items()],
-        live=grouped.live.facts(heal_times(ctx.windows), UNAVAILABLE_S * NS_PER_S),
+        live=live,
         positions=lost_positions(classes.lost_at, classes.survivors),
         stream=stream_findings(grouped.stream, _status(grouped.msgs, ctx.acks)),
     )

@@ -31,7 +31,6 @@ compares them.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,22 +40,9 @@ from typing import Any
 from harness.spec.history import HOLDINGS, OFFSETS, READ, SPARSE
 from spark_reports.engines import rows as _rows
 from spark_reports.engines.anomalies import entry_list
-from spark_reports.engines.common import history_path
+from spark_reports.engines.common import history_path, load_json
 from spark_reports.engines.rows import Wording, small_results, spark_history
 
-COUNT_KEYS = (
-    "streams",
-    "confirmed",
-    "delivered",
-    "seq_conflicts",
-    "seq_mismatches",
-    "delivered_conflicts",
-    "gaps",
-    "reordered",
-    "diverged_streams",
-    "unfinished_drains",
-    "history_ops",
-)
 ANOMALIES = (
     "seq_conflicts",
     "seq_mismatches",
@@ -65,6 +51,7 @@ ANOMALIES = (
     "reordered",
     "diverged_streams",
 )
+COUNT_KEYS = ("streams", "confirmed", "delivered", *ANOMALIES, "unfinished_drains", "history_ops")
 LABELS = {
     "seq_conflicts": "stream sequence(s) confirmed to two different messages",
     "seq_mismatches": "deliveries with a stream sequence other than the one confirmed",
@@ -79,16 +66,6 @@ _COLUMNS = ("index", "process", "type", "f", "queue", "value", "detail")
 def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
     """The columns the stream checks read, in index order."""
     return _rows.iter_rows(path, _COLUMNS)
-
-
-def _json(text: Any) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        out = json.loads(text)
-    except (TypeError, ValueError):
-        return {}
-    return out if isinstance(out, dict) else {}
 
 
 def _int(v: Any) -> int | None:
@@ -148,14 +125,14 @@ class _Scan:
         f, t, q = r.get("f"), r.get("type"), r.get("queue")
         if f == "drain" and t in ("ok", "info") and q:
             self.drain_done[q] = self.drain_done.get(q, True) and t == "ok"
-            self.drains[q] = _json(r.get("value"))
+            self.drains[q] = load_json(r.get("value"))
         elif f == HOLDINGS and t == "ok" and q:
             self.seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
         elif t == "ok" and q and f in ("publish", "consume", READ):
             self._sequenced(r, f, q)
 
     def _sequenced(self, r: dict[str, Any], f: str, q: str) -> None:
-        d = _json(r.get("detail"))
+        d = load_json(r.get("detail"))
         seq = _int(d.get("stream_seq"))
         if seq is None:
             return
@@ -369,7 +346,7 @@ def check_stream_spark(
     drain_done: dict[str, bool] = {}
     for r in drain_rows:
         drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
-        drains[r["queue"]] = _json(r["value"])
+        drains[r["queue"]] = load_json(r["value"])
     floors = [(q, _floor(drains[q]), _sparse(drains[q])) for q in sorted(queues) if drain_done.get(q)]
     gaps: list[dict[str, Any]] = []
     if floors:

@@ -10,7 +10,6 @@ from harness.spec.results import (
     STUCK_CAUSE,
     UNAVAILABLE_S,
     AttributionRow,
-    Budgets,
     Corruption,
     Counts,
     Delivery,
@@ -30,6 +29,7 @@ from spark_reports.engines.anomalies import anomalies_of, empty_findings, integr
 from spark_reports.engines.common import DELIVERY_CAP, json_field, json_int, percentiles_ms
 from spark_reports.engines.context import Context
 from spark_reports.engines.drain import DrainSpan, held_text, split_brain_nodes
+from spark_reports.engines.final_heal import describe_down
 from spark_reports.engines.liveness import (
     NS_PER_S,
     LiveFacts,
@@ -152,32 +152,55 @@ def _over(count: int, budget: int | None) -> bool:
     return budget is not None and count > budget
 
 
-def _verdict(
-    counts: Counts,
-    drain: Drain,
-    budgets: Budgets,
-    live: Liveness,
-    stuck: list[StuckQueue] | None = None,
-    integrity: list[str] | None = None,
-) -> tuple[Any, Any, str]:
-    """LOST (lost after a finished drain, or stuck) and INTEGRITY first, then the budgets (certain
-    even when the drain is not), then a queue that never came back or came back over its recovery
-    budget, then unknown. A safety verdict says the liveness finding beside it. ``integrity``: the
-    stream classes that make a run INTEGRITY (``_anomalies.integrity_findings``)."""
-    lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
-    unreachable = counts["unreachable"]
-    down = [describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])]
+def _unavailable(unreachable: int, drain: Drain, live: Liveness) -> tuple[list[str], list[str]]:
+    """The nodes that did not come back at the final heal (``gone``), then every liveness finding
+    (``down``: those nodes, the queues that never came back, the recoveries over their budget)."""
+    gone = [describe_down(live["nodes_down"])] if live["nodes_down"] else []
+    if gone and unreachable and not live["unavailable"]:
+        where = ", ".join(live["serving"] or [])
+        why = (
+            "not on the nodes that came back"
+            if drain["completed"]
+            else f"the drain through {where} did not complete"
+        )
+        gone[0] += f"; {unreachable:,} confirmed messages unreachable ({why})"
+    down = gone + [
+        describe_unavailable(u, unreachable if i == 0 else 0) for i, u in enumerate(live["unavailable"])
+    ]
     named = {(u["fault_id"], u["queue"]) for u in live["unavailable"]}
     down += [
         describe_overrun(r)
         for r in live["recovery"]
         if r["over_budget"] and (r["fault_id"], r["queue"]) not in named
     ]
-    also = (
-        f"; also unavailable: {down[0]}" + (f" (and {len(down) - 1} more)" if len(down) > 1 else "")
-        if down
-        else ""
-    )
+    return gone, down
+
+
+def _also(down: list[str]) -> str:
+    """The first liveness finding, said beside a safety verdict."""
+    if not down:
+        return ""
+    return f"; also unavailable: {down[0]}" + (f" (and {len(down) - 1} more)" if len(down) > 1 else "")
+
+
+def _verdict(
+    counts: Counts,
+    drain: Drain,
+    params: Params,
+    live: Liveness,
+    stuck: list[StuckQueue] | None = None,
+    integrity: list[str] | None = None,
+) -> tuple[Any, Any, str]:
+    """LOST (lost after a finished drain, or stuck) and INTEGRITY first, then the budgets (certain
+    even when the drain is not), then ``unknown`` when no node that serves clients came back at the
+    final heal (nothing was drained), then a node that did not come back at the final heal, a queue
+    that never came back or came back over its recovery budget, then unknown. A safety verdict says
+    the liveness finding beside it. ``integrity``: the stream classes that make a run INTEGRITY
+    (``_anomalies.integrity_findings``)."""
+    lost, unexpected, corrupted = counts["lost"], counts["unexpected"], counts["corrupted"]
+    unreachable = counts["unreachable"]
+    gone, down = _unavailable(unreachable, drain, live)
+    also = _also(down)
     bad = [f"{unexpected:,} consumed but never attempted"] if unexpected else []
     bad += [f"{corrupted:,} delivered with a body other than the one sent"] if corrupted else []
     bad += integrity or []
@@ -192,6 +215,16 @@ def _verdict(
         )
     if bad:
         return False, "INTEGRITY", ("messages: " if unexpected or corrupted else "") + "; ".join(bad) + also
+    if counts["dead_lettered"] and not params.dead_letter:
+        return (
+            False,
+            "DEAD_LETTERED",
+            (
+                f"{counts['dead_lettered']:,} messages consumed from a dead-letter queue the broker moved them to, "
+                f"where the scenario expects no dead-lettering (workload.dead_letter is off){also}"
+            ),
+        )
+    budgets = params.budgets
     for name, verdict, what in (
         ("resurrected", "RESURRECTED", "delivered again after an ack of them completed ok"),
         ("duplicated", "DUPLICATED", "consumed (acked ok) more than once"),
@@ -199,9 +232,17 @@ def _verdict(
         budget, count = budgets[name], counts[name]  # type: ignore[literal-required]
         if _over(count, budget):
             return False, verdict, f"{count:,} {name} messages ({what}), over the budget of {budget:,}{also}"
+    if gone and live["serving"] == []:
+        return (
+            "unknown",
+            "unknown",
+            f"no node that serves clients came back, so nothing was drained and what the broker kept is "
+            f"not known: {gone[0]}",
+        )
     if down:
-        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
-        return False, "UNAVAILABLE", down[0] + more
+        shown = 1 + len(gone)  # the nodes that did not come back, then the first queue
+        more = f" (and {len(down) - shown} more)" if len(down) > shown else ""
+        return False, "UNAVAILABLE", "; ".join(down[:shown]) + more
     if unreachable:
         why = "no drain was recorded" if drain["invoked"] == 0 else "the final drain did not complete"
         return (
@@ -223,6 +264,17 @@ def _verdict(
     return True, "durable", f"every one of {confirmed:,} confirmed messages was consumed"
 
 
+#: The classes a message id can fall in that both engines count and list, in the counts' order.
+LISTED = (
+    "lost",
+    "ack_unknown",
+    "unexpected",
+    "corrupted",
+    "duplicated",
+    "resurrected",
+    "recovered",
+    "split_brain",
+)
 COUNT_KEYS = (
     "attempted",
     "confirmed",
@@ -236,14 +288,8 @@ COUNT_KEYS = (
     "dead_lettered",
     "abandoned",
     "lost",
-    "stuck",
-    "ack_unknown",
-    "unexpected",
-    "corrupted",
-    "duplicated",
-    "resurrected",
-    "recovered",
-    "split_brain",
+    "stuck",  # counted from the holders after the drain, not per id
+    *LISTED[1:],
     "unflagged_redeliveries",
     "order_violations",
 )
@@ -252,13 +298,14 @@ COUNT_KEYS = (
 def _counts(ctx: Context, c: dict[str, int]) -> Counts:
     """The engine's counts. What the engines found missing (confirmed, never consumed) is lost
     after a completed drain; stuck when the drain was held up only by stuck deliveries; otherwise
-    unreachable (behind a queue that did not answer)."""
+    unreachable (behind a queue that did not answer, or on a node that did not come back where
+    nodes hold disjoint messages: ``Context.down_holds``)."""
     missing = int(c["lost"])
     out = {k: int(c[k]) for k in COUNT_KEYS if k != "stuck"}
     out["lost"] = out["stuck"] = out["unreachable"] = 0
     if ctx.stuck_drain:
         out["stuck"] = missing
-    elif ctx.drain["completed"]:
+    elif ctx.drain["completed"] and not ctx.down_holds:
         out["lost"] = missing
     else:
         out["unreachable"] = missing
@@ -275,6 +322,8 @@ def live_of(ctx: Context, live: LiveFacts) -> Liveness:
         budgets=ctx.params.budgets,
         threshold_ns=UNAVAILABLE_S * NS_PER_S,
         consumers=ctx.params.consumers,
+        down=ctx.down,
+        serving=ctx.serving,
     )
 
 
@@ -297,9 +346,7 @@ def summarize(
     c = _counts(ctx, counts)
     lv = live_of(ctx, live)
     anomalies = anomalies_of(c["lost"], positions or [], stream or empty_findings())
-    valid, verdict, reason = _verdict(
-        c, ctx.drain, ctx.params.budgets, lv, ctx.stuck, integrity_findings(anomalies)
-    )
+    valid, verdict, reason = _verdict(c, ctx.drain, ctx.params, lv, ctx.stuck, integrity_findings(anomalies))
     return {
         "engine": engine,
         "valid": valid,
@@ -371,7 +418,7 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
     live = live_of(ctx, facts.live)
     anomalies = anomalies_of(counts["lost"], facts.positions, facts.stream)
     valid, verdict, reason = _verdict(
-        counts, ctx.drain, budgets, live, ctx.stuck, integrity_findings(anomalies)
+        counts, ctx.drain, ctx.params, live, ctx.stuck, integrity_findings(anomalies)
     )
     notes = list(ctx.notes)
     if ctx.check_bodies and facts.undigested:

@@ -61,6 +61,33 @@ _TABLES: dict[str, tuple[list[str], Callable[[Any], list[Any]]]] = {
 """How each stream anomaly class is tabled: its columns, and a row of one example."""
 
 
+_DETAIL_TABLES: dict[str, tuple[str, list[str], Callable[[Any], list[Any]], int, int | None]] = {
+    "lost_positions": (
+        "Lost messages by position in their producer's sequence",
+        ["producer", "lost", "prefix", "middle", "postfix", "first survivor", "last survivor"],
+        lambda p: [
+            *(p[k] for k in ("producer", "lost", "prefix", "middle", "postfix")),
+            *(_off(p[k]) for k in ("first_seen", "last_seen")),
+        ],
+        1,
+        ROWS,
+    ),
+    "holdings": (
+        "What each node's copy holds after the drain",
+        ["queue", "node", "outcome", "entries", "first offset", "last offset", "error"],
+        lambda h: [
+            *(h[k] for k in ("queue", "node", "outcome")),
+            *(_off(h[k]) for k in ("entries", "first_offset", "last_offset")),
+            h["error"] or "",
+        ],
+        3,
+        None,
+    ),
+}
+"""The tables beside the classes, where the results have them: title, columns, a row of one, the
+columns left-aligned, how many rows at most."""
+
+
 def jepsen_parts(results: Mapping[str, Any]) -> list[str]:
     a = results.get("anomalies") or {}
     found = occurring(a)
@@ -72,46 +99,9 @@ def jepsen_parts(results: Mapping[str, Any]) -> list[str]:
             "docs page <em>Anomaly classes</em> for how each is computed.</p>",
             _table(["class", "what", "count"], [[k, LABELS[k], f"{n:,}"] for k, n in found.items()], left=2),
         ]
-    if a.get("lost_positions"):
-        parts += [
-            "<h3>Lost messages by position in their producer's sequence</h3>",
-            _table(
-                ["producer", "lost", "prefix", "middle", "postfix", "first survivor", "last survivor"],
-                [
-                    [
-                        p["producer"],
-                        p["lost"],
-                        p["prefix"],
-                        p["middle"],
-                        p["postfix"],
-                        _off(p["first_seen"]),
-                        _off(p["last_seen"]),
-                    ]
-                    for p in a["lost_positions"][:ROWS]
-                ],
-                left=1,
-            ),
-        ]
-    if a.get("holdings"):
-        parts += [
-            "<h3>What each node's copy holds after the drain</h3>",
-            _table(
-                ["queue", "node", "outcome", "entries", "first offset", "last offset", "error"],
-                [
-                    [
-                        h["queue"],
-                        h["node"],
-                        h["outcome"],
-                        _off(h["entries"]),
-                        _off(h["first_offset"]),
-                        _off(h["last_offset"]),
-                        h["error"] or "",
-                    ]
-                    for h in a["holdings"]
-                ],
-                left=3,
-            ),
-        ]
+    for key, (title, head, row, left, cap) in _DETAIL_TABLES.items():
+        if a.get(key):
+            parts += [f"<h3>{title}</h3>", _table(head, [row(x) for x in a[key][:cap]], left=left)]
     return parts + _class_tables(a, found)
 
 

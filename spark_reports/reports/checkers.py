@@ -42,7 +42,7 @@ def verdict_table(results: Mapping[str, Any]) -> list[str]:
         return []
     return [
         "<h2>Checkers</h2>",
-        "<p>The run's verdict is the worst of these (LOST, INTEGRITY, RESURRECTED, DUPLICATED, "
+        "<p>The run's verdict is the worst of these (LOST, INTEGRITY, DEAD_LETTERED, RESURRECTED, DUPLICATED, "
         "UNAVAILABLE, unknown, durable: a definite failure outranks unknown, unknown outranks durable).</p>",
         table(
             ["checker", "verdict", "engine", "why"],

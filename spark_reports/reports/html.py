@@ -17,7 +17,7 @@ h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid 
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .verdict{font-size:1.3em;padding:.6em 1em;border-radius:6px;display:inline-block;color:#fff}
-.durable{background:#2e7d32}.LOST,.INTEGRITY,.RESURRECTED,.DUPLICATED,.UNAVAILABLE{background:#c62828}
+.durable{background:#2e7d32}.LOST,.INTEGRITY,.DEAD_LETTERED,.RESURRECTED,.DUPLICATED,.UNAVAILABLE{background:#c62828}
 .unknown{background:#757575}
 img{max-width:100%;border:1px solid #eee}code{font-size:.9em}
 .note{background:#fff8e1;border-left:4px solid #f9a825;padding:.4em .8em;margin:.6em 0}

@@ -6,12 +6,13 @@ embedded in it as data URIs so the page still reads when mailed or archived alon
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.spec.results import Grade, Results
+from harness.spec.results import Grade, Results, describe_stranded
 from harness.spec.rundir import GRADE_HTML, PLOTS, REPORT_HTML
+from spark_reports.engines.final_heal import describe_down
 from spark_reports.engines.grade import describe_grade
 from spark_reports.engines.liveness import describe_unavailable
 from spark_reports.reports.anomalies import jepsen_parts
@@ -210,6 +211,19 @@ def _liveness_parts(results: Results) -> list[str]:
         + (f"; available {share:.1%} of the time." if share is not None else ".")
         + "</p>",
     ]
+    stranded = lv.get("stranded") or []
+    if stranded:
+        parts.append(
+            "<p>Stranded (the broker's nodes hold disjoint messages): messages a node held that no "
+            "consumer reached until the drain, kept but not served while they sat there.</p><ul>"
+            + "".join(f"<li>{_e(describe_stranded(g))}</li>" for g in stranded)
+            + "</ul>"
+        )
+    for d in lv.get("nodes_down") or []:  # older results have no such field
+        parts.append(f"<div class='verdict UNAVAILABLE'>{_e(describe_down([d]))}</div>")
+        parts.append("<pre style='white-space:pre-wrap'>" + _e(d["reason"]) + "</pre>")
+    if lv.get("nodes_down"):
+        parts.append(f"<p>Drained through: {_e(', '.join(lv.get('serving') or []) or 'no node')}.</p>")
     for u in lv["unavailable"]:
         parts.append(f"<div class='verdict UNAVAILABLE'>{_e(describe_unavailable(u, 0))}</div>")
         if u["log"]:
@@ -318,26 +332,22 @@ def _event_parts(results: Mapping[str, Any]) -> list[str]:
     if cov.get("error"):
         return ["<h2>Broker events</h2>", f"<p>Not read: {_e(cov['error'])}</p>"]
     events = list(results.get("events") or [])
-    parts = _section(
+    parts = _listed(
         "Broker events",
-        min(len(events), _ROWS),
+        events,
         len(events),
         "What the broker's own logs said it did (promotions, flush timeouts, ...): states worth "
         "reaching, not failures. A fault window counts an event held or up to 5 s after its heal.",
-        _table(
-            ["time s", "node", "event", "fault windows", "detail"],
-            [
-                [
-                    "-" if e.get("time_ns") is None else _s(e["time_ns"]),
-                    e["node"],
-                    e["name"],
-                    ", ".join(e.get("fault_ids") or []) or "none",
-                    ", ".join(f"{k}={v}" for k, v in (e.get("detail") or {}).items()),
-                ]
-                for e in events[:_ROWS]
-            ],
-            left=5,
-        ),
+        ["time s", "node", "event", "fault windows", "detail"],
+        lambda e: [
+            "-" if e.get("time_ns") is None else _s(e["time_ns"]),
+            e["node"],
+            e["name"],
+            ", ".join(e.get("fault_ids") or []) or "none",
+            ", ".join(f"{k}={v}" for k, v in (e.get("detail") or {}).items()),
+        ],
+        left=5,
+        shown_when_empty=True,
     )
     cells = [c for c in cov.get("cells") or [] if c[2] is None]
     parts += [
@@ -363,6 +373,25 @@ def _event_parts(results: Mapping[str, Any]) -> list[str]:
 def _section(title: str, shown: int, total: int, intro: str, table: str) -> list[str]:
     more = f" (first {shown:,} of {total:,})" if total > shown else ""
     return [f"<h2>{_e(title)}{more}</h2>", f"<p>{intro}</p>" if intro else "", table]
+
+
+def _listed(
+    title: str,
+    rows: Sequence[Mapping[str, Any]],
+    total: int,
+    intro: str,
+    headers: list[str],
+    row: Callable[[Any], list[Any]],
+    *,
+    left: int = 1,
+    shown_when_empty: bool = False,
+) -> list[str]:
+    """A section tabling the first ``_ROWS`` of ``rows`` (``total`` in all), ``row`` making the
+    table's row of one; nothing where there are none (``shown_when_empty``: a table saying none)."""
+    if not rows and not shown_when_empty:
+        return []
+    shown = rows[:_ROWS]
+    return _section(title, len(shown), total, intro, _table(headers, [row(x) for x in shown], left=left))
 
 
 def render_report(run_dir: Path, results: Results) -> Path:
@@ -467,19 +496,14 @@ def _attribution_parts(results: Results) -> list[str]:
 
 
 def _order_parts(results: Results) -> list[str]:
-    v = results["order_violations"]
-    if not v:
-        return []
-    return _section(
+    return _listed(
         "Order violations",
-        min(len(v), _ROWS),
+        results["order_violations"],
         results["counts"]["order_violations"],
         "",
-        _table(
-            ["consumer", "queue", "producer", "id", "after seq"],
-            [[x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]] for x in v[:_ROWS]],
-            left=4,
-        ),
+        ["consumer", "queue", "producer", "id", "after seq"],
+        lambda x: [x["consumer"], x["queue"], x["producer"], x["id"], x["after_seq"]],
+        left=4,
     )
 
 
@@ -564,45 +588,29 @@ def _stuck_parts(results: Results) -> list[str]:
                 left=3,
             ),
         ]
-        stuck = results.get("stuck_detail") or []
-        if stuck:
-            parts += _section(
-                "Stuck messages",
-                min(len(stuck), _ROWS),
-                c.get("stuck", 0),
-                "",
-                _table(
-                    ["id", "confirmed by", "confirm s", "deliveries"],
-                    [
-                        [d["id"], d["confirm_node"], _s(d["confirm_ns"]), d["delivered"]]
-                        for d in stuck[:_ROWS]
-                    ],
-                    left=2,
-                ),
-            )
+        parts += _listed(
+            "Stuck messages",
+            results.get("stuck_detail") or [],
+            c.get("stuck", 0),
+            "",
+            ["id", "confirmed by", "confirm s", "deliveries"],
+            lambda d: [d["id"], d["confirm_node"], _s(d["confirm_ns"]), d["delivered"]],
+            left=2,
+        )
     return parts
 
 
 def _ack_unknown_parts(results: Results) -> list[str]:
-    c = results["counts"]
-    parts: list[str] = []
-    if results.get("ack_unknown"):
-        parts += _section(
-            "Acked with an unknown outcome",
-            min(len(results["ack_unknown"]), _ROWS),
-            c["ack_unknown"],
-            "Confirmed messages whose ack ended without an answer (connection lost) and that were not delivered "
-            "again: the broker may have processed the ack. Indeterminate, not counted as lost.",
-            _table(
-                ["id", "last delivery", "deliveries"],
-                [
-                    [d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]]
-                    for d in results["ack_unknown"][:_ROWS]
-                ],
-                left=2,
-            ),
-        )
-    return parts
+    return _listed(
+        "Acked with an unknown outcome",
+        results.get("ack_unknown") or [],
+        results["counts"].get("ack_unknown", 0),
+        "Confirmed messages whose ack ended without an answer (connection lost) and that were not delivered "
+        "again: the broker may have processed the ack. Indeterminate, not counted as lost.",
+        ["id", "last delivery", "deliveries"],
+        lambda d: [d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]],
+        left=2,
+    )
 
 
 def _anomaly_parts(results: Results) -> list[str]:
@@ -649,101 +657,68 @@ def _corrupted_parts(results: Results) -> list[str]:
 
 
 def _unexpected_parts(results: Results) -> list[str]:
-    c = results["counts"]
-    parts: list[str] = []
-    if results["unexpected"]:
-        parts += _section(
-            "Consumed but never attempted",
-            min(len(results["unexpected_detail"]), _ROWS),
-            c["unexpected"],
-            "",
-            _table(
-                ["id", "deliveries", "first delivered"],
-                [
-                    [d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"]
-                    for d in results["unexpected_detail"][:_ROWS]
-                ],
-            ),
-        )
-    return parts
+    if not results["unexpected"]:
+        return []
+    return _listed(
+        "Consumed but never attempted",
+        results["unexpected_detail"],
+        results["counts"]["unexpected"],
+        "",
+        ["id", "deliveries", "first delivered"],
+        lambda d: [d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"],
+        shown_when_empty=True,
+    )
 
 
 def _resurrected_parts(results: Results) -> list[str]:
-    c = results["counts"]
-    parts: list[str] = []
-    if results.get("resurrected"):
-        parts += _section(
-            "Resurrected",
-            min(len(results["resurrected"]), _ROWS),
-            c["resurrected"],
-            "Delivered again after an ack of the message had completed ok (the broker had certainly "
-            "processed it).",
-            _table(
-                ["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
-                [
-                    [
-                        x["id"],
-                        _where({"process": x["ack_process"], "node": x["ack_node"], "time_ns": x["ack_ns"]}),
-                        _where(x["delivery"]),
-                        "yes" if x["delivery"]["redelivered"] else "no",
-                        x["deliveries_after"],
-                    ]
-                    for x in results["resurrected"][:_ROWS]
-                ],
-                left=4,
-            ),
-        )
-    return parts
+    return _listed(
+        "Resurrected",
+        results.get("resurrected") or [],
+        results["counts"].get("resurrected", 0),
+        "Delivered again after an ack of the message had completed ok (the broker had certainly "
+        "processed it).",
+        ["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
+        lambda x: [
+            x["id"],
+            _where({"process": x["ack_process"], "node": x["ack_node"], "time_ns": x["ack_ns"]}),
+            _where(x["delivery"]),
+            "yes" if x["delivery"]["redelivered"] else "no",
+            x["deliveries_after"],
+        ],
+        left=4,
+    )
 
 
 def _split_brain_parts(results: Results) -> list[str]:
-    c = results["counts"]
-    parts: list[str] = []
-    if results.get("split_brain"):
-        parts += _section(
-            "Split-brain copies",
-            min(len(results["split_brain"]), _ROWS),
-            c["split_brain"],
-            "Found by the final drain on one node after another node had reported the queue empty.",
-            _table(
-                ["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
-                [
-                    [
-                        x["id"],
-                        x["node"],
-                        x["drainer"],
-                        x["queue"],
-                        ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
-                        _s(x["ack_ns"]),
-                    ]
-                    for x in results["split_brain"][:_ROWS]
-                ],
-                left=5,
-            ),
-        )
-    return parts
+    return _listed(
+        "Split-brain copies",
+        results.get("split_brain") or [],
+        results["counts"].get("split_brain", 0),
+        "Found by the final drain on one node after another node had reported the queue empty.",
+        ["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
+        lambda x: [
+            x["id"],
+            x["node"],
+            x["drainer"],
+            x["queue"],
+            ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
+            _s(x["ack_ns"]),
+        ],
+        left=5,
+    )
 
 
 def _unflagged_parts(results: Results) -> list[str]:
-    c = results["counts"]
-    parts: list[str] = []
-    if results.get("unflagged_redeliveries"):
-        parts += _section(
-            "Redeliveries without the redelivered flag",
-            min(len(results["unflagged_redeliveries"]), _ROWS),
-            c["unflagged_redeliveries"],
-            "A delivery after the message was given back, not flagged redelivered (reported, "
-            "not a failure: a publish retried under the same id also arrives unflagged).",
-            _table(
-                ["id", "delivered", "after abandon"],
-                [
-                    [x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"]
-                    for x in results["unflagged_redeliveries"][:_ROWS]
-                ],
-                left=3,
-            ),
-        )
-    return parts
+    return _listed(
+        "Redeliveries without the redelivered flag",
+        results.get("unflagged_redeliveries") or [],
+        results["counts"].get("unflagged_redeliveries", 0),
+        "A delivery after the message was given back, not flagged redelivered (reported, "
+        "not a failure: a publish retried under the same id also arrives unflagged).",
+        ["id", "delivered", "after abandon"],
+        lambda x: [x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"],
+        left=3,
+    )
 
 
 def _duplicated_parts(results: Results) -> list[str]:

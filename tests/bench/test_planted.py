@@ -5,7 +5,6 @@ into ``python -m bench.detection``."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from bench.detection import CATALOGUE, PLANTED, REPO, SOURCE_ENV, Bug, PatchError, apply_patch, load_catalogue
 from harness.errors import BrokerChaosError
 from harness.scenario import load
-from tests.polling import until
+from tests.broker_impl.conftest import node_port
 
 BUGS = load_catalogue()
 
@@ -110,21 +109,7 @@ class PatchedBroker:
             stdout=subprocess.DEVNULL,
             stderr=open(root / "stderr.log", "wb"),
         )
-        self.port = self._wait_port()
-
-    def _wait_port(self) -> int:
-        proc = self.proc
-        info = until(
-            lambda: (i := json.loads((self.data / "node.json").read_text())).get("pid") == proc.pid and i,
-            "the patched broker's node.json",
-            ignore=(OSError, json.JSONDecodeError),
-            gone=lambda: (
-                None
-                if proc.poll() is None
-                else f"patched broker exited {proc.returncode}: {(self.root / 'stderr.log').read_text()[-2000:]}"
-            ),
-        )
-        return int(info["port"])
+        self.port = node_port(self.proc, self.data, root / "stderr.log")
 
     def stop(self) -> int:
         if self.proc.poll() is None:

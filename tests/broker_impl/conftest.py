@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import pika.exceptions
 import pytest
 
 from broker_impl.config import Config, parse
 from broker_impl.server import Server
+from faults.lazyfs import LazyMount, fuse_available, is_mounted
+from tests.factories import made_and_ended
 from tests.polling import until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,21 +84,30 @@ def make_config(tmp_path: Path, **overrides: Any) -> Config:
 
 @pytest.fixture
 def node_factory(tmp_path: Path) -> Iterator[Callable[..., InProcessNode]]:
-    nodes: list[InProcessNode] = []
-
-    def make(**overrides: Any) -> InProcessNode:
-        node = InProcessNode(make_config(tmp_path, **overrides)).start()
-        nodes.append(node)
-        return node
-
-    yield make
-    for n in nodes:
-        n.stop()
+    yield from made_and_ended(
+        lambda **overrides: InProcessNode(make_config(tmp_path, **overrides)).start(), InProcessNode.stop
+    )
 
 
 @pytest.fixture
 def node(node_factory: Callable[..., InProcessNode]) -> InProcessNode:
     return node_factory()
+
+
+def node_port(proc: subprocess.Popen[bytes], data_dir: Path, stderr: Path) -> int:
+    """The port of the broker ``proc`` once its ``node.json`` names it (a restart rewrites the file);
+    its stderr's end if it exits first."""
+    info = until(
+        lambda: (i := json.loads((data_dir / "node.json").read_text())).get("pid") == proc.pid and i,
+        "the broker's node.json",
+        ignore=(OSError, json.JSONDecodeError),
+        gone=lambda: (
+            None
+            if proc.poll() is None
+            else f"broker exited with {proc.returncode}: {stderr.read_text()[-2000:]}"
+        ),
+    )
+    return int(info["port"])
 
 
 class SubprocessNode:
@@ -116,18 +130,7 @@ class SubprocessNode:
             stdout=subprocess.DEVNULL,
             stderr=open(self.dir / "stderr.log", "ab"),
         )
-        proc = self.proc
-        info = until(
-            lambda: (i := json.loads((self.data_dir / "node.json").read_text())).get("pid") == proc.pid and i,
-            "the broker's node.json",
-            ignore=(OSError, json.JSONDecodeError),
-            gone=lambda: (
-                None
-                if proc.poll() is None
-                else f"broker exited with {proc.returncode}: {(self.dir / 'stderr.log').read_text()[-2000:]}"
-            ),
-        )
-        self.port = info["port"]
+        self.port = node_port(self.proc, self.data_dir, self.dir / "stderr.log")
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -139,15 +142,70 @@ class SubprocessNode:
         self.kill(signal.SIGTERM)
 
 
+Publisher = Callable[[int], Callable[[int], None]]
+"""``port -> publish``: connects to the node; ``publish(i)`` publishes the ``i``-th unit (a message,
+a transaction) and returns once the node confirmed or committed it."""
+
+
+#: A subprocess node's config whose store syncs before it confirms or commits (the crash tests').
+SYNC_NODE = """
+[node]
+port = 0
+data_dir = "data"
+log_level = "warning"
+
+[store]
+flush = "sync"
+"""
+
+
+def kill_mid_stream(
+    node: SubprocessNode, publisher: Publisher, at_least: int, what: str
+) -> tuple[list[int], list[int]]:
+    """SIGKILL ``node`` while ``publisher`` is still going, once ``at_least`` are done (``what``:
+    "confirms", "commits"); what was done and what was attempted by then. The publisher ends
+    with the connection the kill breaks."""
+    done: list[int] = []
+    attempted: list[int] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        try:
+            one = publisher(node.port)
+            for i in itertools.takewhile(lambda _: not stop.is_set(), itertools.count()):
+                attempted.append(i)
+                one(i)
+                done.append(i)
+        except (pika.exceptions.AMQPError, OSError):
+            pass  # the node died under us: whatever was in flight is unknown
+
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    until(
+        lambda: len(done) >= at_least,
+        f"{at_least} {what} before the kill",
+        gone=lambda: None if t.is_alive() else "the publisher stopped",
+    )
+    node.kill()
+    stop.set()
+    t.join(10)
+    assert len(done) >= at_least, "publisher made too little progress before the kill"
+    return done, attempted
+
+
 @pytest.fixture
-def subprocess_node(tmp_path: Path) -> Iterator[Callable[[str], SubprocessNode]]:
-    nodes: list[SubprocessNode] = []
+def subprocess_node(tmp_path: Path) -> Iterator[Callable[..., SubprocessNode]]:
+    yield from made_and_ended(lambda toml: SubprocessNode(tmp_path, toml), SubprocessNode.kill)
 
-    def make(toml: str) -> SubprocessNode:
-        n = SubprocessNode(tmp_path, toml)
-        nodes.append(n)
-        return n
 
-    yield make
-    for n in nodes:
-        n.kill()
+@pytest.fixture
+def lazy() -> Iterator[LazyMount]:
+    """The project's lazy filesystem (FUSE; unsynced writes dropped on a crash), mounted for one test."""
+    reason = fuse_available()
+    if reason is not None:
+        pytest.skip(f"needs FUSE: {reason}")
+    with tempfile.TemporaryDirectory(prefix="lz") as tmp:  # socket paths are limited to 108 bytes
+        lz = LazyMount(f"{tmp}/backing", f"{tmp}/mnt", f"{tmp}/ctl.sock")
+        with lz:
+            yield lz
+        assert not is_mounted(lz.mountpoint)

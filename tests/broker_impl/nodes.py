@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pika
+
 from broker_impl.ctl import CtlError, call
 from tests.polling import until
 from tests.ports import free_port
@@ -79,6 +81,36 @@ class BrokerProc:
     def log(self) -> str:
         p = self.dir / "broker.log"
         return p.read_text() if p.exists() else ""
+
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def amqp(node: BrokerProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0, connection_attempts=1)
+    )
+
+
+def declare(node: BrokerProc, queue: str) -> None:
+    """A durable queue declared through ``node`` (its master, unless a policy says otherwise)."""
+    c = amqp(node)
+    c.channel().queue_declare(queue, durable=True)
+    c.close()
+
+
+def drain(node: BrokerProc, queue: str) -> list[int]:
+    """basic.get with auto-ack until empty; bodies as ints, in delivery order."""
+    c = amqp(node)
+    ch = c.channel()
+    out = []
+    while True:
+        m, _p, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        out.append(int(body))
+    c.close()
+    return out
 
 
 def wait_for(cond: Callable[[], Any], what: str = "condition") -> Any:

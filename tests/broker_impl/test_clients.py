@@ -63,6 +63,20 @@ def test_aio_pika_reject_without_requeue_drops(node: InProcessNode) -> None:
     assert asyncio.run(scenario()) == 0
 
 
+def consume_kombu(conn: kombu.Connection, queue: kombu.Queue, n: int) -> list[int]:
+    """The ``n`` field of the first ``n`` JSON messages a kombu consumer of ``queue`` gets, each acked."""
+    got: list[int] = []
+
+    def on_message(body, message) -> None:
+        got.append(body["n"])
+        message.ack()
+
+    with kombu.Consumer(conn, queues=[queue], callbacks=[on_message]):
+        while len(got) < n:
+            conn.drain_events(timeout=30)
+    return got
+
+
 def test_kombu_producer_consumer_and_simple_queue(node: InProcessNode) -> None:
     url = f"amqp://guest:guest@127.0.0.1:{node.port}//"
     exchange = kombu.Exchange("kx", type="direct", durable=True)
@@ -71,16 +85,7 @@ def test_kombu_producer_consumer_and_simple_queue(node: InProcessNode) -> None:
         producer = kombu.Producer(conn.channel(), exchange=exchange)
         for i in range(5):
             producer.publish({"n": i}, routing_key="k", declare=[queue], serializer="json")
-        got: list[int] = []
-
-        def on_message(body, message) -> None:
-            got.append(body["n"])
-            message.ack()
-
-        with kombu.Consumer(conn, queues=[queue], callbacks=[on_message]):
-            while len(got) < 5:
-                conn.drain_events(timeout=30)
-        assert got == [0, 1, 2, 3, 4]
+        assert consume_kombu(conn, queue, 5) == [0, 1, 2, 3, 4]
 
         sq = conn.SimpleQueue("simple")
         sq.put({"hello": "world"})

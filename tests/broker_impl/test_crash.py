@@ -2,61 +2,30 @@
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
 import pytest
 
-from tests.polling import until
+from tests.broker_impl.conftest import SYNC_NODE, kill_mid_stream
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[node]
-port = 0
-data_dir = "data"
-log_level = "warning"
 
-[store]
-flush = "sync"
-"""
-
-
-def _publisher(port: int, confirmed: list[int], attempted: list[int], stop: threading.Event) -> None:
-    try:
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.queue_declare("crash", durable=True)
-        ch.exchange_declare("crash-x", "direct", durable=True)
-        ch.queue_bind("crash", "crash-x", "rk")
-        i = 0
-        while not stop.is_set():
-            attempted.append(i)
-            ch.basic_publish("crash-x", "rk", str(i).encode(), pika.BasicProperties(delivery_mode=2))
-            confirmed.append(i)
-            i += 1
-    except (pika.exceptions.AMQPError, OSError):
-        pass  # the node died under us: whatever was in flight is unknown
+def _publisher(port: int) -> Callable[[int], None]:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("crash", durable=True)
+    ch.exchange_declare("crash-x", "direct", durable=True)
+    ch.queue_bind("crash", "crash-x", "rk")
+    return lambda i: ch.basic_publish("crash-x", "rk", str(i).encode(), pika.BasicProperties(delivery_mode=2))
 
 
 def test_confirmed_messages_survive_sigkill(subprocess_node) -> None:
-    node = subprocess_node(TOML).start()
-    confirmed: list[int] = []
-    attempted: list[int] = []
-    stop = threading.Event()
-    t = threading.Thread(target=_publisher, args=(node.port, confirmed, attempted, stop), daemon=True)
-    t.start()
-    until(
-        lambda: len(confirmed) >= 300,
-        "300 confirms before the kill",
-        gone=lambda: None if t.is_alive() else "the publisher stopped",
-    )
-    node.kill()  # SIGKILL while the publisher is still going
-    stop.set()
-    t.join(10)
-    assert len(confirmed) >= 300, "publisher made too little progress before the kill"
+    node = subprocess_node(SYNC_NODE).start()
+    confirmed, attempted = kill_mid_stream(node, _publisher, 300, "confirms")
 
     node.start()
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))

@@ -8,9 +8,7 @@ the publish was sent: the broker's due time can only be later).
 
 from __future__ import annotations
 
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -18,7 +16,7 @@ import pika.exceptions
 import pytest
 
 from broker_impl.store import durable
-from faults.lazyfs import LazyMount, fuse_available, is_mounted
+from faults.lazyfs import LazyMount
 from tests.broker_impl.conftest import SubprocessNode
 from tests.ports import free_port
 
@@ -88,18 +86,6 @@ def test_confirmed_delayed_messages_survive_sigkill(subprocess_node) -> None:
     node.start()
     _check(due, _consume_all(node.port, due))
     node.stop()
-
-
-@pytest.fixture
-def lazy() -> Iterator[LazyMount]:
-    reason = fuse_available()
-    if reason is not None:
-        pytest.skip(f"needs FUSE: {reason}")
-    with tempfile.TemporaryDirectory(prefix="lzd") as tmp:  # socket paths are limited to 108 bytes
-        lz = LazyMount(f"{tmp}/backing", f"{tmp}/mnt", f"{tmp}/ctl.sock")
-        with lz:
-            yield lz
-        assert not is_mounted(lz.mountpoint)
 
 
 def test_confirmed_delayed_messages_survive_power_loss(lazy: LazyMount, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aio_pika
 import kombu
@@ -11,6 +12,7 @@ import pika.exceptions
 import pytest
 
 from tests.broker_impl.conftest import InProcessNode
+from tests.broker_impl.test_clients import consume_kombu
 from tests.broker_impl.test_pika import connect, drain
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -20,11 +22,19 @@ def _count(node: InProcessNode, queue: str) -> int:
     return node.run(lambda: node.broker.vhosts["/"].queues[queue].message_count())
 
 
-def test_pika_commit_publishes_all_rollback_none(node: InProcessNode) -> None:
+def _transacting(node: InProcessNode, queue: str, *bodies: bytes) -> tuple[pika.BlockingConnection, Any]:
+    """A connection and a channel in tx mode, ``bodies`` published persistent to durable ``queue`` first."""
     conn = connect(node)
     ch = conn.channel()
-    ch.queue_declare("txq", durable=True)
+    ch.queue_declare(queue, durable=True)
+    for body in bodies:
+        ch.basic_publish("", queue, body, PERSISTENT)
     ch.tx_select()
+    return conn, ch
+
+
+def test_pika_commit_publishes_all_rollback_none(node: InProcessNode) -> None:
+    conn, ch = _transacting(node, "txq")
     for i in range(5):
         ch.basic_publish("", "txq", f"c{i}".encode(), PERSISTENT)
     assert _count(node, "txq") == 0  # nothing reaches the queue before the commit
@@ -42,12 +52,7 @@ def test_pika_commit_publishes_all_rollback_none(node: InProcessNode) -> None:
 
 
 def test_pika_acks_apply_at_commit_and_come_back_on_rollback(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
-    ch.queue_declare("txa", durable=True)
-    for i in range(4):
-        ch.basic_publish("", "txa", f"m{i}".encode(), PERSISTENT)
-    ch.tx_select()
+    conn, ch = _transacting(node, "txa", *(f"m{i}".encode() for i in range(4)))
     got = [ch.basic_get("txa") for _ in range(4)]
     tags = [m.delivery_tag for m, _p, _b in got]
     ch.basic_ack(tags[0])
@@ -93,11 +98,7 @@ def test_pika_tx_errors_are_rabbitmq_406(node: InProcessNode) -> None:
 
 
 def test_channel_closed_with_open_tx_rolls_back(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
-    ch.queue_declare("txc", durable=True)
-    ch.basic_publish("", "txc", b"kept", PERSISTENT)
-    ch.tx_select()
+    conn, ch = _transacting(node, "txc", b"kept")
     method, _p, _b = ch.basic_get("txc")
     ch.basic_ack(method.delivery_tag)
     ch.basic_publish("", "txc", b"dropped", PERSISTENT)
@@ -146,25 +147,12 @@ def test_kombu_transaction(node: InProcessNode) -> None:
         ch.tx_commit()
         producer.publish({"n": 99}, routing_key="ktx", serializer="json", delivery_mode=2)
         ch.tx_rollback()
-        got: list[int] = []
-
-        def on_message(body, message) -> None:
-            got.append(body["n"])
-            message.ack()
-
-        with kombu.Consumer(conn, queues=[queue], callbacks=[on_message]):
-            while len(got) < 3:
-                conn.drain_events(timeout=30)
-        assert got == [0, 1, 2]
+        assert consume_kombu(conn, queue, 3) == [0, 1, 2]
         assert _count(node, "ktx") == 0
 
 
 def test_basic_recover_is_not_part_of_a_transaction(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
-    ch.queue_declare("txr", durable=True)
-    ch.basic_publish("", "txr", b"m", PERSISTENT)
-    ch.tx_select()
+    conn, ch = _transacting(node, "txr", b"m")
     assert ch.basic_get("txr")[0] is not None
     ch.basic_recover(requeue=True)  # at once, as RabbitMQ: no commit needed
     assert _count(node, "txr") == 1

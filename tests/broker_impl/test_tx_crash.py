@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -11,19 +11,9 @@ import pytest
 from broker_impl.store.commitlog import CommitLog
 from broker_impl.store.config import StoreConfig
 from broker_impl.store.record import FLAG_TX_PREPARED
-from tests.polling import until
+from tests.broker_impl.conftest import SYNC_NODE, kill_mid_stream
 
 pytestmark = pytest.mark.slow
-
-TOML = """
-[node]
-port = 0
-data_dir = "data"
-log_level = "warning"
-
-[store]
-flush = "sync"
-"""
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 BATCH = 5
@@ -52,7 +42,7 @@ def _drain(port: int, queue: str) -> list[bytes]:
 
 
 def test_sigkill_between_prepared_records_and_commit_rolls_back(subprocess_node) -> None:
-    node = subprocess_node(TOML).start()
+    node = subprocess_node(SYNC_NODE).start()
     conn = _connect(node.port)
     ch = conn.channel()
     ch.queue_declare("txk", durable=True)
@@ -77,40 +67,22 @@ def test_sigkill_between_prepared_records_and_commit_rolls_back(subprocess_node)
     assert len(halves) == 2 * BATCH, "the open transaction's publishes were not written as prepared records"
 
 
-def _tx_publisher(port: int, committed: list[int], attempted: list[int], stop: threading.Event) -> None:
-    try:
-        conn = _connect(port)
-        ch = conn.channel()
-        ch.queue_declare("txs", durable=True)
-        ch.tx_select()
-        b = 0
-        while not stop.is_set():
-            attempted.append(b)
-            for i in range(BATCH):
-                ch.basic_publish("", "txs", b"%d:%d" % (b, i), PERSISTENT)
-            ch.tx_commit()
-            committed.append(b)
-            b += 1
-    except (pika.exceptions.AMQPError, OSError):
-        pass  # the node died under us: the commit in flight is unknown
+def _tx_publisher(port: int) -> Callable[[int], None]:
+    ch = _connect(port).channel()
+    ch.queue_declare("txs", durable=True)
+    ch.tx_select()
+
+    def commit_batch(b: int) -> None:
+        for i in range(BATCH):
+            ch.basic_publish("", "txs", b"%d:%d" % (b, i), PERSISTENT)
+        ch.tx_commit()
+
+    return commit_batch
 
 
 def test_sigkill_mid_stream_keeps_every_transaction_whole(subprocess_node) -> None:
-    node = subprocess_node(TOML).start()
-    committed: list[int] = []
-    attempted: list[int] = []
-    stop = threading.Event()
-    t = threading.Thread(target=_tx_publisher, args=(node.port, committed, attempted, stop), daemon=True)
-    t.start()
-    until(
-        lambda: len(committed) >= 100,
-        "100 commits before the kill",
-        gone=lambda: None if t.is_alive() else "the publisher stopped",
-    )
-    node.kill()  # SIGKILL while the publisher is still committing
-    stop.set()
-    t.join(10)
-    assert len(committed) >= 100, "publisher made too little progress before the kill"
+    node = subprocess_node(SYNC_NODE).start()
+    committed, attempted = kill_mid_stream(node, _tx_publisher, 100, "commits")
 
     node.start()
     by_batch: dict[int, list[int]] = {}

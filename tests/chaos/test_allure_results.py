@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness.allure_user import REPO, user_pytest
+
 STATUSES = {"passed", "failed", "broken", "skipped", "unknown"}
 
 USER_TESTS = """
@@ -73,25 +73,12 @@ def allure_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess
     base = tmp_path_factory.mktemp("allure-session")
     (base / "test_user_chaos.py").write_text(USER_TESTS)
     out = base / "allure-results"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            str(base / "test_user_chaos.py"),
-            "--alluredir",
-            str(out),
-            "--chaos-store",
-            str(base / "store"),
-        ],
+    proc = user_pytest(
+        str(base / "test_user_chaos.py"),
+        *("--alluredir", str(out), "--chaos-store", str(base / "store")),
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
         env={**os.environ, "CI": "true"},
+        timeout=600,
     )
     return proc, out
 

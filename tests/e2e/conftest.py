@@ -37,14 +37,30 @@ class CliRun:
     def explain(self) -> str:
         return f"exit {self.code}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
 
+    def assert_lost_nothing(self) -> None:
+        """The run passed, with nothing confirmed lost out of more than a thousand confirmed."""
+        assert self.code == 0, self.explain()
+        c = self.results["counts"]
+        assert c["lost"] == 0 and c["confirmed"] > 1000
+
+
+def _env(store: Path) -> dict[str, str]:
+    return {**os.environ, "BROKERCHAOS_STORE": str(store)}
+
 
 def cli(store: Path, *args: str, timeout: float = 900) -> CliRun:
     """``brokerchaos ARGS`` as a user types it, its runs kept in ``store``."""
-    env = {**os.environ, "BROKERCHAOS_STORE": str(store)}
     proc = subprocess.run(
-        ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+        ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=_env(store), cwd=REPO
     )
     return CliRun(proc, store)
+
+
+def start_cli(store: Path, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``brokerchaos ARGS`` started and left running (to be interrupted), its runs kept in ``store``."""
+    return subprocess.Popen(
+        ["brokerchaos", *args], cwd=REPO, env=_env(store), stdout=stdout, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.fixture

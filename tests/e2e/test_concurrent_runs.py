@@ -8,7 +8,6 @@ both runs' containers in place.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 from harness.cluster import OWNER_PID_LABEL, PROJECT_LABEL, ROLE_LABEL, RUN_LABEL, Owner, process_start
 from tests.polling import until
 
-from .conftest import REPO
+from .conftest import REPO, start_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -73,25 +72,10 @@ def _ended(procs: list[subprocess.Popen[str]]) -> str | None:
 
 def test_two_runs_at_once_and_a_down_between_them(tmp_path: Path) -> None:
     orphan = _plant_orphan()
-    env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
     procs = [
-        subprocess.Popen(
-            [
-                "brokerchaos",
-                "run",
-                "scenarios/smoke.yaml",
-                "--duration",
-                "8",
-                "--seed",
-                str(seed),
-                "--checker",
-                "python",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=REPO,
+        start_cli(
+            tmp_path / "store",
+            *("run", "scenarios/smoke.yaml", "--duration", "8", "--seed", str(seed), "--checker", "python"),
         )
         for seed in (11, 12)
     ]

@@ -4,6 +4,7 @@ broker reported, not the one the scenario asked for."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,25 @@ def test_valkey_9_1(brokerchaos, tmp_path: Path) -> None:
 
 def test_rabbitmq_4_3_quorum_on_khepri(brokerchaos, tmp_path: Path) -> None:
     _durable_on(brokerchaos, tmp_path, "scenarios/rabbitmq-4.3-quorum-smoke.yaml", "rabbitmq 4.3.")
+
+
+def test_rabbitmq_4_3_stream(brokerchaos, tmp_path: Path) -> None:
+    """Streams over the stream protocol: the reader read what the producers had confirmed, the
+    drain read every node's copy, the three alike, and each node's own replica (read on the node)
+    holds every confirmed entry."""
+    r = _durable_on(brokerchaos, tmp_path, "scenarios/rabbitmq-4.3-stream-smoke.yaml", "rabbitmq 4.3.")
+    ops = [json.loads(line) for line in (r.run_dir / "history.jsonl").read_text().splitlines()]
+    confirmed = {o["value"] for o in ops if o["f"] == "publish" and o["type"] == "ok"}
+    read = {o["value"] for o in ops if o["f"] == "read" and o["type"] == "ok"}
+    assert confirmed and confirmed <= read
+    drain = next(json.loads(o["value"]) for o in ops if o["f"] == "drain" and o["type"] == "ok")
+    copies = {(v["messages"], v["first_seq"], v["last_seq"]) for v in drain["replicas"].values()}
+    assert len(drain["replicas"]) == 3 and len(copies) == 1, drain["replicas"]
+    held = {
+        o["node"]: {e[1] for e in json.loads(o["value"])["entries"]}
+        for o in ops
+        if o["f"] == "holdings" and o["type"] == "ok"
+    }
+    assert set(held) == {"n1", "n2", "n3"} and all(
+        confirmed <= ids for ids in held.values()
+    )  # read on each node

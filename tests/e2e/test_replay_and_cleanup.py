@@ -5,7 +5,6 @@ survive their containers)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, labelled
+from tests.e2e.conftest import labelled, start_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
@@ -45,14 +44,8 @@ def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos
 
 
 def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -> None:
-    env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    proc = subprocess.Popen(
-        ["brokerchaos", "run", "scenarios/power-loss.yaml", "--duration", "60"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_cli(
+        tmp_path / "store", "run", "scenarios/power-loss.yaml", "--duration", "60", stdout=subprocess.DEVNULL
     )
     run_id = None
     seen: list[str] = []

@@ -4,17 +4,15 @@ smoke run is made once for the file: one test reads it, another re-checks it wit
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, CliRun, cli, labelled
+from tests.e2e.conftest import CliRun, cli, labelled, start_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
@@ -66,15 +64,7 @@ def test_analyze_rechecks_a_stored_run(smoke: CliRun, tmp_path: Path) -> None:
 
 
 def test_sigint_during_a_run_leaves_nothing_behind(tmp_path: Path) -> None:
-    env = {**os.environ, "BROKERCHAOS_STORE": str(tmp_path / "store")}
-    proc = subprocess.Popen(
-        ["brokerchaos", "run", "scenarios/smoke.yaml", "--duration", "120"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(tmp_path / "store", "run", "scenarios/smoke.yaml", "--duration", "120")
     run_id = None
     reached = False
     assert proc.stderr is not None

@@ -15,9 +15,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 def test_coordinated_power_loss_costs_nothing_with_sync_flush(brokerchaos) -> None:
     r = brokerchaos("run", "scenarios/reference-power-loss-coordinated.yaml", "--checker", "python")
-    assert r.code == 0, r.explain()
-    c = r.results["counts"]
-    assert c["lost"] == 0 and c["confirmed"] > 1000
+    r.assert_lost_nothing()
 
 
 def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(brokerchaos) -> None:

@@ -39,6 +39,7 @@ class LocalCluster:
         # One data directory for all, as in a real cluster (where each container has its own).
         dirs = {i.data for i in inits.values()}
         self.topology = SimpleNamespace(data_dir=dirs.pop() if len(dirs) == 1 else None, lazyfs=lazyfs)
+        self.settings: dict[str, object] = {}  # the broker settings a plugin validated: none here
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
         inits = [self.nodes[n].init for n in nodes]

@@ -11,10 +11,8 @@ import time
 import pytest
 
 from faults.clock import ClockBump, ClockSkew, ClockStrobe, _ClockFault, read_offset
-from harness.cluster import Cluster, build_topology, docker_client
-from harness.host import Host
-from harness.images import ImageBuilder
 from harness.spec import FaultContext
+from tests.faults.docker_cluster import running_cluster
 
 pytestmark = pytest.mark.docker
 
@@ -25,22 +23,7 @@ OPENED = re.compile(
 
 @pytest.fixture(scope="module")
 def cluster():
-    host = Host.load()
-    plugin = host.broker("reference")
-    settings = plugin.validate_settings({})
-    client = docker_client()
-    builder = ImageBuilder(client)
-    topology = build_topology(
-        plugin,
-        run_id=f"bc-clock{random.randrange(16**4):04x}",
-        nodes=1,
-        settings=settings,
-        broker_image=builder.faketime_image(builder.node_image(plugin.image())),
-        proxy_image=builder.toxiproxy_image(),
-        faketime=True,
-    )
-    with Cluster(client, topology, plugin, settings) as c:
-        c.start()
+    with running_cluster("reference", "clock", 1, faketime=True) as c:
         yield c
 
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from faults.corrupt import CorruptFile
+from faults.corrupt import CorruptFile, file_role_globs
 from faults.node.corrupt import candidates, corrupt
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
-from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.faults.local_nodes import LocalCluster
 from tests.faults.test_nodeinit import Init, wait_for
 
 N3 = ["n1", "n2", "n3"]
@@ -89,12 +88,6 @@ def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
             CorruptFile.resolve(bad, N3, random.Random(1))
 
 
-@pytest.fixture
-def one_init() -> Iterator[dict[str, Init]]:
-    with local_inits(["n1"]) as inits:
-        yield inits
-
-
 def test_the_broker_is_down_while_its_file_is_corrupted_on_disk(one_init: dict[str, Init]) -> None:
     init = one_init["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 5, "ticks")
@@ -135,3 +128,65 @@ def test_offsets_fall_in_the_written_part_of_a_preallocated_file(tmp_path: Path)
     assert [i for i in range(len(written)) if after[i] != written[i]] == sorted(offsets)
     cut = corrupt(tmp_path, {"mode": "truncate", "glob": "*.log", "file": 0.0, "cut": 0.5})
     assert cut["cut"]["offset"] == (len(written) + 1) // 2  # a cut inside the data, not in the zeros
+
+
+def test_a_file_role_is_the_union_of_its_globs_and_the_record_names_it(data: Path) -> None:
+    assert candidates(data, ["seg/0002.log", "*.json", "seg/*.log"]) == [
+        "meta.json",
+        "seg/0001.log",
+        "seg/0002.log",
+    ]
+    done = corrupt(
+        data, {"mode": "bitflip", "glob": ["*.json"], "role": "meta", "file": 0.0, "flips": [[0.5, 1]]}
+    )
+    assert done["file"] == str(data / "meta.json") and done["role"] == "meta"
+    with pytest.raises(ValueError, match=r"matches \['none'\] \(file role wal\)"):
+        corrupt(data, {"mode": "bitflip", "glob": ["none"], "role": "wal", "file": 0.0, "flips": [[0.5, 1]]})
+
+
+def test_resolve_keeps_a_file_role_and_refuses_it_beside_a_glob() -> None:
+    p = CorruptFile.resolve({"file_role": "quorum-wal", "nodes": ["n1"]}, N3, random.Random(1))
+    assert p["file_role"] == "quorum-wal" and CorruptFile.resolve(p, N3, random.Random(9)) == p
+    with pytest.raises(ScenarioError, match="files \\(a glob\\) or file_role, not both"):
+        CorruptFile.resolve({"file_role": "quorum-wal", "files": "**/*"}, N3, random.Random(1))
+
+
+# The layout RabbitMQ 4.3.6 wrote under its data directory in a stream run (``find`` on a node).
+RABBITMQ_43_FILES = (
+    "rabbit@n1/quorum/rabbit@n1/0000000000000001.wal",
+    "rabbit@n1/quorum/rabbit@n1/names.dets",
+    "rabbit@n1/quorum/rabbit@n1/meta.dets",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/0000000000000001.segment",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/config",
+    "rabbit@n1/coordination/rabbit@n1/0000000000000004.wal",
+    "rabbit@n1/coordination/rabbit@n1/RABBITQYRFIAERLTLH/0000000000000001.segment",
+    "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.segment",
+    "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.index",
+)
+
+
+@pytest.mark.parametrize(
+    ("role", "files"),
+    [
+        ("quorum-wal", ["rabbit@n1/quorum/rabbit@n1/0000000000000001.wal"]),
+        ("quorum-segment", ["rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/0000000000000001.segment"]),
+        ("stream-segment", ["rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.segment"]),
+        ("stream-index", ["rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.index"]),
+    ],
+)
+def test_rabbitmq_file_roles_name_exactly_their_files(tmp_path: Path, role: str, files: list[str]) -> None:
+    from plugins.rabbitmq.streams import RabbitMQStream
+
+    for rel in RABBITMQ_43_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert candidates(tmp_path, list(file_role_globs(RabbitMQStream(), role))) == files
+
+
+def test_an_unknown_file_role_names_the_plugins_roles() -> None:
+    from plugins.rabbitmq import RabbitMQ
+
+    with pytest.raises(
+        ScenarioError, match="no data file role 'stream-segment'; its roles: quorum-segment, quorum-wal"
+    ):
+        file_role_globs(RabbitMQ(), "stream-segment")

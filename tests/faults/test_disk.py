@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from faults.disk import DiskError, DiskFull, FsyncLie, SlowFsync
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
-from tests.faults.local_nodes import LocalCluster, local_inits
+from tests.faults.local_nodes import LocalCluster
 from tests.faults.test_nodeinit import Init, wait_for
 
 N3 = ["n1", "n2", "n3"]
@@ -44,16 +43,10 @@ def test_resolve_is_concrete_and_checked() -> None:
             cls.resolve(bad, N3, random.Random(1))
 
 
-@pytest.fixture
-def node() -> Iterator[dict[str, Init]]:
-    with local_inits(["n1"]) as inits:
-        yield inits
-
-
-def test_eio_reaches_the_broker_and_the_heal_records_what_it_refused(node: dict[str, Init]) -> None:
-    init = node["n1"]
+def test_eio_reaches_the_broker_and_the_heal_records_what_it_refused(one_init: dict[str, Init]) -> None:
+    init = one_init["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
-    ctx = FaultContext(LocalCluster(node))
+    ctx = FaultContext(LocalCluster(one_init))
     fault = DiskError(ctx, {"nodes": ["n1"], "files": "log", "ops": ["write"]}, "f1")
     done = fault.apply()
     assert done["rule"] == {"id": "f1", "kind": "eio", "glob": "log", "ops": ["write"]}
@@ -65,10 +58,10 @@ def test_eio_reaches_the_broker_and_the_heal_records_what_it_refused(node: dict[
     assert DiskError.heal_all(ctx) is None  # nothing left to clear
 
 
-def test_lie_then_power_loss_drops_what_fsync_acknowledged(node: dict[str, Init]) -> None:
-    init = node["n1"]
+def test_lie_then_power_loss_drops_what_fsync_acknowledged(one_init: dict[str, Init]) -> None:
+    init = one_init["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
-    ctx = FaultContext(LocalCluster(node))
+    ctx = FaultContext(LocalCluster(one_init))
     FsyncLie(ctx, {"nodes": ["n1"], "files": "*"}, "f2").apply()
     init.ctl("power-loss")  # the stand-in never fsyncs its ticks; only its boot record is durable
     init.ctl("start")
@@ -82,8 +75,8 @@ def test_lie_then_power_loss_drops_what_fsync_acknowledged(node: dict[str, Init]
     init.ctl("start")
 
 
-def test_sync_writes_everything_back(node: dict[str, Init]) -> None:
-    init = node["n1"]
+def test_sync_writes_everything_back(one_init: dict[str, Init]) -> None:
+    init = one_init["n1"]
     wait_for(lambda: init.log().count(b"tick") >= 3, "ticks")
     assert init.ctl("sync")["lazyfs"]["persisted_bytes"] > 0
     init.ctl("crash")

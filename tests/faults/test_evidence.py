@@ -29,22 +29,12 @@ from harness.store import RunDir
 from harness.verdicts import exit_code, series_exit, summary_table, verdict_line
 from plugins.reference import ReferenceBroker
 from tests.faults.local_nodes import LocalCluster, local_inits
-from tests.faults.test_nodeinit import wait_for
+from tests.faults.test_nodeinit import child, wait_for
 from tests.harness.allure_user import allure_result
 from tests.harness.test_check_run import CheckerPlugin, host_with, verdict
 
 # Writes and fsyncs everything once at boot, then writes nothing: a power cut finds nothing unsynced.
-SYNCED = r"""
-import os, sys, time
-d = sys.argv[1]
-fd = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-os.write(fd, b"boot\ntick synced\n")
-os.fsync(fd)
-dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
-print("broker up", flush=True)
-while True:
-    time.sleep(1)
-"""
+SYNCED = child(b"boot\ntick synced\n", "while True:\n    time.sleep(1)")
 
 KINDS: dict[str, type[Fault]] = {
     f.name: f for f in (PowerLoss, Kill, Pause, PowerLossCoordinated, CorruptFile)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from faults.membership import MemberRemove, left_nodes
 from harness import ScenarioError
 from harness.host import Host
 from harness.nemesis import plan
-from harness.scenario import from_dict
+from harness.scenario import Scenario, from_dict
 
 NODES = ["n1", "n2", "n3"]
 
@@ -25,33 +26,24 @@ def test_resolves_to_a_seeded_member_and_refuses_a_lone_node() -> None:
         MemberRemove.resolve({"node": "n9"}, NODES, random.Random(1))
 
 
-def test_a_kill_of_another_node_during_a_membership_change_is_refused() -> None:
-    faults = Host.load().registry.faults
-    sc = from_dict(
+def _during_a_membership_change(step: dict[str, Any]) -> Scenario:
+    """n3 removed from the cluster for 10 s from second 5; ``step`` at second 8."""
+    member_remove = {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10}
+    return from_dict(
         {
             "broker": {"plugin": "rabbitmq", "nodes": 3},
             "workload": {"duration": 60},
-            "nemesis": {
-                "schedule": [
-                    {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
-                    {"at": 8, "fault": "kill", "params": {"node": "n1"}, "hold": 2},
-                ]
-            },
+            "nemesis": {"schedule": [member_remove, {"at": 8, **step, "hold": 2}]},
         }
     )
+
+
+def test_a_kill_of_another_node_during_a_membership_change_is_refused() -> None:
+    faults = Host.load().registry.faults
     with pytest.raises(ScenarioError, match=r"both hold process of n1"):
-        plan(sc, faults, NODES)
-    partition = from_dict(
-        {
-            "broker": {"plugin": "rabbitmq", "nodes": 3},
-            "workload": {"duration": 60},
-            "nemesis": {
-                "schedule": [
-                    {"at": 5, "fault": "member-remove", "params": {"node": "n3"}, "hold": 10},
-                    {"at": 8, "fault": "partition", "params": {"shape": "isolate", "node": "n1"}, "hold": 2},
-                ]
-            },
-        }
+        plan(_during_a_membership_change({"fault": "kill", "params": {"node": "n1"}}), faults, NODES)
+    partition = _during_a_membership_change(
+        {"fault": "partition", "params": {"shape": "isolate", "node": "n1"}}
     )
     assert [s.kind for s in plan(partition, faults, NODES).steps] == ["member-remove", "partition"]
 

@@ -7,17 +7,14 @@ alone (it counts only itself as a member), listed first."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from faults.membership import MemberRemove
-from harness.cluster import Cluster, build_topology, docker_client
-from harness.host import Host
-from harness.images import ImageBuilder
 from harness.spec import FaultContext
+from tests.faults.docker_cluster import running_cluster
 from tests.polling import until
 
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
@@ -27,21 +24,7 @@ QUEUE = "chaos.members"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    host = Host.load()
-    plugin = host.broker("reference")
-    settings = plugin.validate_settings({"ha_mode": "all", "ha_sync_mode": "automatic"})
-    client = docker_client()
-    builder = ImageBuilder(client)
-    topology = build_topology(
-        plugin,
-        run_id=f"bc-mbr{random.randrange(16**4):04x}",
-        nodes=3,
-        settings=settings,
-        broker_image=builder.node_image(plugin.image()),
-        proxy_image=builder.toxiproxy_image(),
-    )
-    with Cluster(client, topology, plugin, settings) as c:
-        c.start()
+    with running_cluster("reference", "mbr", 3, {"ha_mode": "all", "ha_sync_mode": "automatic"}) as c:
         yield c
 
 

@@ -21,21 +21,31 @@ from tests.polling import until
 
 ENV = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
 
-# Fsyncs its log once at boot (data and name), then appends ticks that are never fsynced.
-CHILD = r"""
+
+def child(boot: bytes, then: str) -> str:
+    """A broker stand-in: writes ``boot`` to its log and fsyncs it (data and name), says it is
+    up, then runs ``then`` (``fd`` is the log)."""
+    return rf"""
 import os, sys, time
 d = sys.argv[1]
 fd = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-os.write(fd, b"boot\n")
+os.write(fd, {boot!r})
 os.fsync(fd)
 dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
 print("broker up", flush=True)
-i = 0
-while True:
-    os.write(fd, b"tick %d\n" % i)
-    i += 1
-    time.sleep(0.01)
+{then}
 """
+
+
+# Fsyncs its log once at boot, then appends ticks that are never fsynced.
+CHILD = child(
+    b"boot\n",
+    """i = 0
+while True:
+    os.write(fd, b"tick %d\\n" % i)
+    i += 1
+    time.sleep(0.01)""",
+)
 
 
 class Init:

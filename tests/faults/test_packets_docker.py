@@ -11,10 +11,8 @@ import pytest
 
 from faults.packets import Netem, PacketLoss, sidecar_exec
 from harness import FaultError
-from harness.cluster import Cluster, build_topology, docker_client
-from harness.host import Host
-from harness.images import ImageBuilder
 from harness.spec import FaultContext
+from tests.faults.docker_cluster import running_cluster
 
 pytestmark = pytest.mark.docker
 
@@ -45,20 +43,7 @@ for i in range(int(sys.argv[3])):
 
 @pytest.fixture(scope="module")
 def cluster():
-    host = Host.load(["tests.faults.probe_plugin"])
-    plugin = host.broker("probe")
-    client = docker_client()
-    builder = ImageBuilder(client)
-    topology = build_topology(
-        plugin,
-        run_id=f"bc-pkt{random.randrange(16**4):04x}",
-        nodes=2,
-        settings={},
-        broker_image=builder.node_image(plugin.image()),
-        proxy_image=builder.toxiproxy_image(),
-    )
-    with Cluster(client, topology, plugin, {}) as c:
-        c.start()
+    with running_cluster("probe", "pkt", 2, plugins=["tests.faults.probe_plugin"]) as c:
         for node in c.nodes.values():
             node.exec(
                 [

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from faults.link_evidence import healed_evidence, held_evidence
 from faults.network import Partition
 from harness.evidence import read_fault_evidence
 from harness.history import Recorder
@@ -35,16 +36,21 @@ NODES = ["n1", "n2"]
 
 
 class HangUp(socketserver.ThreadingTCPServer):
-    """A peer's port: reads what comes and hangs up, like a broker refusing a bad frame."""
+    """A peer's port: reads what comes and hangs up, like a broker refusing a bad frame; with
+    ``answer``, it writes that first (as an AMQP broker answers a bad header with its own)."""
 
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bytes = b"", *, silent: bool = False) -> None:
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 self.request.recv(64)
+                if answer:
+                    self.request.sendall(answer)
+                while silent and self.request.recv(64):  # a peer that answers garbage with silence
+                    pass
 
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -75,7 +81,16 @@ def toxi(binary: Path) -> Iterator[Server]:
     stop_server(running)
 
 
-def cluster(server: Server, peers: dict[str, HangUp], *, bypass: bool = False) -> SimpleNamespace:
+class NoListener:
+    """A peer's port with nothing listening on it (a peer that listens only at times, between them)."""
+
+    def __init__(self) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+
+
+def cluster(
+    server: Server, peers: Mapping[str, HangUp | NoListener], *, bypass: bool = False
+) -> SimpleNamespace:
     """Two nodes, each with a proxy to the other in its sidecar (one Toxiproxy server serves both).
     ``bypass``: the proxies the topology names are not the ones on the path the probes (and a
     broker) take: those are other proxies, with no toxics, listening where the topology says."""
@@ -142,12 +157,18 @@ def peers() -> Iterator[dict[str, HangUp]]:
         s.server_close()
 
 
-def test_a_partition_is_proved_by_probes_while_held_and_after_the_heal(
-    tmp_path: Path, toxi: Server, peers: dict[str, HangUp]
-) -> None:
+def _isolated_cleanly(tmp_path: Path, toxi: Server, peers: dict[str, HangUp]) -> dict[str, Any]:
+    """n1 isolated and healed, the cut biting and undone with nothing to report: its action."""
     ev = run(tmp_path, Partition, cluster(toxi, peers), {"shape": "isolate", "node": "n1"})
     [action] = ev["actions"]
     assert action["effect"] is True and action["restored"] is True and ev["lines"] == []
+    return dict(action)
+
+
+def test_a_partition_is_proved_by_probes_while_held_and_after_the_heal(
+    tmp_path: Path, toxi: Server, peers: dict[str, HangUp]
+) -> None:
+    action = _isolated_cleanly(tmp_path, toxi, peers)
     links = action["facts"]["links"]
     assert len(links) == 4  # two cuts, each carried by two proxies' streams
     assert {lk["held"]["result"] for lk in links} == {"stalled"}
@@ -164,18 +185,50 @@ def test_refuse_mode_is_proved_by_refused_probes(
     assert {lk["held"]["result"] for lk in action["facts"]["links"]} == {"refused"}
 
 
+@pytest.fixture
+def answering() -> Iterator[dict[str, HangUp]]:
+    servers = {n: HangUp(answer=b"AMQP\x00\x00\x09\x01") for n in NODES}
+    yield servers
+    for s in servers.values():
+        s.shutdown()
+        s.server_close()
+
+
+def by_proxy(action: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(lk["proxy"], lk["stream"]): lk["bytes"] for lk in action["facts"]["links"]}
+
+
 def test_a_cut_that_forgets_one_direction_is_caught_by_the_evidence(
-    tmp_path: Path, toxi: Server, peers: dict[str, HangUp]
+    tmp_path: Path, toxi: Server, answering: dict[str, HangUp]
 ) -> None:
     ev = run(
-        tmp_path, ForgetsOneDirection, cluster(toxi, peers), {"shape": "one-way", "from": "n1", "to": "n2"}
+        tmp_path,
+        ForgetsOneDirection,
+        cluster(toxi, answering),
+        {"shape": "one-way", "from": "n1", "to": "n2"},
     )
     [action] = ev["actions"]
     assert ev["lines"] == [
         "f1 partition: n1->n2 still carried bytes through n2's proxy n2_to_n1 while cut",
         "f1 partition: n1->n2: n2's proxy n2_to_n1 does not show the cut ({'enabled': True, 'toxics': []})",
+        "f1 partition: n1->n2: 8 byte(s) crossed n2's proxy n2_to_n1 (downstream) while cut",
     ]
-    assert action["effect"] is True  # the other link was cut: it bit, and the line says where it did not
+    assert action["effect"] is True  # the other link was cut: it bit, and the lines say where it did not
+    counted = by_proxy(action)
+    assert counted[("n1_to_n2", "upstream")]["while_cut"] == {"read": 8, "written": 0}  # the probe, held back
+    assert counted[("n2_to_n1", "downstream")]["while_cut"] == {"read": 8, "written": 8}  # the answer crossed
+
+
+def test_the_byte_counters_show_a_held_cut_and_the_heal(
+    tmp_path: Path, toxi: Server, answering: dict[str, HangUp]
+) -> None:
+    action = _isolated_cleanly(tmp_path, toxi, answering)
+    counted = by_proxy(action)
+    assert {k: v["while_cut"]["written"] for k, v in counted.items()} == dict.fromkeys(counted, 0)
+    assert counted[("n1_to_n2", "upstream")]["while_cut"]["read"] == 8  # the probe, read and dropped
+    for k, v in counted.items():  # the probes after the heal crossed: 8 bytes each way
+        assert v["after_heal"]["written"] - v["before_heal"]["written"] == 8, k
+    assert "while cut 0 byte(s) crossed the cut links, 16 were held back" in action["summary"]
 
 
 def test_a_partition_of_proxies_that_no_longer_carry_the_link_has_no_effect(
@@ -185,3 +238,88 @@ def test_a_partition_of_proxies_that_no_longer_carry_the_link_has_no_effect(
     [action] = ev["actions"]
     assert action["effect"] is False and ev["no_fault_bit"]
     assert ev["lines"][0] == "f1 partition: no connection across the cut was stopped: all 4 probe(s) passed"
+
+
+def test_the_counters_prove_a_cut_that_probes_cannot_tell_from_a_silent_peer(
+    tmp_path: Path, toxi: Server
+) -> None:
+    """Probes stall while cut and after the heal alike; the counters show the probes' bytes held
+    back at the cut streams while cut and crossing them after the heal."""
+    silent = {n: HangUp(silent=True) for n in NODES}
+    try:
+        ev = run(tmp_path, Partition, cluster(toxi, silent), {"shape": "isolate", "node": "n1"})
+    finally:
+        for server in silent.values():
+            server.shutdown()
+            server.server_close()
+    [action] = ev["actions"]
+    assert {lk["after"]["result"] for lk in action["facts"]["links"]} == {"stalled"}
+    assert action["effect"] is True, action["summary"]
+    assert "2 confirmed by a probe that passes after the heal or by the counters" in action["summary"]
+
+
+def test_a_cut_link_with_nothing_listening_behind_its_proxy_is_unanswered_not_a_leak(
+    tmp_path: Path, toxi: Server
+) -> None:
+    """The proxy accepts each probe, fails to connect upstream and closes it: the probe "passes"
+    though nothing crossed. The connection counts tell it from a leak; no probe can tell whether
+    the cut held, and with no traffic over the hold neither can the counters."""
+    ev = run(
+        tmp_path,
+        Partition,
+        cluster(toxi, {n: NoListener() for n in NODES}),
+        {"shape": "isolate", "node": "n1"},
+    )
+    [action] = ev["actions"]
+    assert ev["lines"] == [], ev["lines"]
+    assert action["effect"] is None, action["summary"]
+    assert action["summary"].startswith("no probe could tell whether the cut held")
+    links = action["facts"]["links"]
+    assert {lk["held"]["result"] for lk in links} == {"passes"}
+    assert all(lk["unanswered"] and lk["connections"]["upstream_failed"] >= 1 for lk in links)
+
+
+def test_unanswered_links_are_proved_cut_by_the_counters_over_the_hold() -> None:
+    """A link unanswered at the cut whose cut stream read bytes over the hold and wrote none (a
+    peer that connected while cut) was cut: the unmeasured apply becomes bit at the heal."""
+    link = {
+        "cut": "n1->n2",
+        "sidecar": "n1",
+        "proxy": "n1_to_n2",
+        "stream": "upstream",
+        "toxic": "cut_upstream",
+    }
+    key = "n1/n1_to_n2"
+
+    def counters(read: int, written: int, failed: int) -> dict[str, Any]:
+        zero = {"read": 0, "written": 0}
+        return {
+            "upstream": {"read": read, "written": written},
+            "downstream": zero,
+            "connections": {"accepted": failed, "upstream_failed": failed},
+        }
+
+    held = counters(0, 0, 1)
+    api = {
+        key: {"enabled": True, "toxics": ["cut_upstream"], "bytes": held, "connections": held["connections"]}
+    }
+    applied = held_evidence(
+        [link], {key: {"result": "passes", "reply": "close"}}, api, {key: counters(0, 0, 0)}
+    )
+    assert applied.effect is None and applied.flags == ()
+    healed = healed_evidence(
+        applied,
+        {key: {"result": "passes", "reply": "close"}},
+        {key: counters(40, 0, 1)},
+        {key: counters(40, 0, 2)},
+    )
+    assert healed.effect is True, healed.summary
+    assert healed.summary.startswith("1 of 1 cut link(s) proved cut by the counters over the hold")
+    assert "1 confirmed by a probe that passes after the heal or by the counters" in healed.summary
+    idle = healed_evidence(
+        applied,
+        {key: {"result": "passes", "reply": "close"}},
+        {key: counters(0, 0, 1)},
+        {key: counters(0, 0, 2)},
+    )
+    assert idle.effect is None  # nothing met the cut stream over the hold: still unmeasured

@@ -9,10 +9,8 @@ import random
 import pytest
 
 from faults.network import Partition, heal_network
-from harness.cluster import Cluster, build_topology, docker_client
-from harness.host import Host
-from harness.images import ImageBuilder
 from harness.spec import FaultContext
+from tests.faults.docker_cluster import running_cluster
 from tests.faults.probe_plugin import client_reaches, hears
 
 pytestmark = pytest.mark.docker
@@ -22,20 +20,7 @@ NODES = 5
 
 @pytest.fixture(scope="module")
 def cluster():
-    host = Host.load(["tests.faults.probe_plugin"])
-    plugin = host.broker("probe")
-    client = docker_client()
-    builder = ImageBuilder(client)
-    topology = build_topology(
-        plugin,
-        run_id=f"bc-probe{random.randrange(16**4):04x}",
-        nodes=NODES,
-        settings={},
-        broker_image=builder.node_image(plugin.image()),
-        proxy_image=builder.toxiproxy_image(),
-    )
-    with Cluster(client, topology, plugin, {}) as c:
-        c.start()
+    with running_cluster("probe", "probe", NODES, plugins=["tests.faults.probe_plugin"]) as c:
         yield c
 
 

@@ -33,26 +33,26 @@ def test_stored_run():
 """
 
 
+def user_pytest(
+    *args: str, cwd: Path, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """pytest run in a process of its own over a user's test files, as a user's CI runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def allure_result(tmp_path: Path, run: Path) -> tuple[dict[str, Any], Path]:
     """The one Allure result of reporting ``run/results.json``, and the results directory."""
     (tmp_path / "test_user.py").write_text(USER_TEST.format(run=str(run)))
     out = tmp_path / "allure-results"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--alluredir={out}",
-            "test_user.py",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    p = user_pytest(
+        f"--alluredir={out}", "test_user.py", cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert p.returncode == 0, p.stdout + p.stderr
     [result] = [json.loads(f.read_text()) for f in out.glob("*-result.json")]

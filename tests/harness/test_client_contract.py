@@ -54,3 +54,37 @@ def test_the_shipped_drivers_accept_every_option(protocol: str) -> None:
     assert takes_any or set(DriverOptions.__annotations__) <= set(params), set(
         DriverOptions.__annotations__
     ) - set(params)
+
+
+def test_reconnecting_retries_a_refused_node_and_closes_each_connection() -> None:
+    import asyncio
+    import itertools
+
+    from harness.spec.client import reconnecting
+
+    opened: list[str] = []
+    closed: list[str] = []
+
+    async def connect(node: str) -> str:
+        if node == "n2":
+            raise ConnectionRefusedError(node)
+        opened.append(node)
+        return node
+
+    async def close(conn: str) -> None:
+        closed.append(conn)
+
+    async def go() -> list[str]:
+        stop = asyncio.Event()
+        got = []
+        conns = reconnecting(
+            itertools.cycle(["n1", "n2", "n3"]), connect, close, stop, errors=(OSError,), delay=0
+        )
+        async for conn in conns:
+            got.append(conn)
+            if len(got) == 3:
+                stop.set()
+        return got
+
+    assert asyncio.run(go()) == ["n1", "n3", "n1"]  # n2 refused: skipped, the next node tried
+    assert opened == closed == ["n1", "n3", "n1"]

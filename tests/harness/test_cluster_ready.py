@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness import ClusterError
+from harness import ClusterError, NodesDown
 from harness.cluster import Cluster, each
 from harness.host import Host
 from tests.harness.test_topology import build
@@ -110,3 +110,24 @@ def test_a_node_whose_container_exited_is_an_error_with_its_name(host: Host) -> 
     c.tail_log = lambda name, lines=15: f"(log of {name})"  # type: ignore[method-assign]
     with pytest.raises(ClusterError, match="n2: the broker container exited"):
         c.wait_ready()
+
+
+class OnlyN3:
+    """A plugin whose n3 is ready and whose other nodes never are."""
+
+    ready_timeout = GUARD_S
+
+    def is_ready(self, node: Any) -> bool:
+        return bool(node.name == "n3")
+
+
+def test_every_node_that_does_not_get_ready_is_named_with_why(host: Host) -> None:
+    """Past the deadline, each node left is named: one whose container exited and one still not
+    ready (the deadline is already over after the first round), while n3 is ready."""
+    c = cluster(host, OnlyN3(), down=frozenset({"n2"}))
+    c.tail_log = lambda name, lines=15: f"(log of {name})"  # type: ignore[method-assign]
+    with pytest.raises(NodesDown) as err:
+        c.wait_ready(timeout=1e-9)
+    assert sorted(err.value.nodes) == ["n1", "n2"]
+    assert err.value.nodes["n1"].startswith("not ready after 0s\nlast log lines:\n(log of n1)")
+    assert err.value.nodes["n2"].startswith("the broker container exited\nits log:\n(log of n2)")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from harness.cluster import TOXIPROXY_API_PORT, build_topology
+from harness.cluster import TOXIPROXY_API_PORT, Topology, build_topology
 from harness.compose import default_compose, render
 from harness.host import Host
 from harness.proxies import client_proxy_port
@@ -25,16 +26,14 @@ def test_default_compose_is_stable() -> None:
     assert default_compose() == default_compose()
 
 
-def test_rendered_services_mirror_the_topology(host: Host) -> None:
+def _reference(host: Host, **kw: Any) -> Topology:
+    """Three reference nodes on their default settings, as ``brokerchaos compose`` lays them out."""
     plugin = host.broker("reference")
-    topo = build_topology(
-        plugin,
-        run_id="brokerchaos",
-        nodes=3,
-        settings=plugin.validate_settings({}),
-        broker_image="brokerchaos/reference:abc",
-        proxy_image="brokerchaos/toxiproxy:abc",
-    )
+    return build_topology(plugin, run_id="brokerchaos", nodes=3, settings=plugin.validate_settings({}), **kw)
+
+
+def test_rendered_services_mirror_the_topology(host: Host) -> None:
+    topo = _reference(host, broker_image="brokerchaos/reference:abc", proxy_image="brokerchaos/toxiproxy:abc")
     doc = yaml.safe_load(render(topo, client_base=7000, api_base=9000))
     services = doc["services"]
     assert (
@@ -42,7 +41,7 @@ def test_rendered_services_mirror_the_topology(host: Host) -> None:
         == {c.service for c in topo.containers}
         == {"n1", "n2", "n3", "n1-broker", "n2-broker", "n3-broker"}
     )
-    cport = client_proxy_port(plugin.client_port)
+    cport = client_proxy_port(host.broker("reference").client_port)
     for i, node in enumerate(topo.nodes):
         sidecar = services[node]
         # Upstreams name the peers' sidecar containers, so compose must give them those names.
@@ -76,16 +75,7 @@ def test_rendered_services_mirror_the_topology(host: Host) -> None:
 
 
 def test_lazyfs_topology_renders_fuse_access(host: Host) -> None:
-    plugin = host.broker("reference")
-    topo = build_topology(
-        plugin,
-        run_id="brokerchaos",
-        nodes=3,
-        settings=plugin.validate_settings({}),
-        broker_image="b:1",
-        proxy_image="p:1",
-        lazyfs=True,
-    )
+    topo = _reference(host, broker_image="b:1", proxy_image="p:1", lazyfs=True)
     broker = yaml.safe_load(render(topo))["services"]["n1-broker"]
     spec = topo.container("n1", "broker")
     assert broker["devices"] == list(spec.devices) == ["/dev/fuse:/dev/fuse:rwm"]

@@ -57,6 +57,26 @@ def test_reference_log_lines_become_events_with_their_time() -> None:
     assert events[5].detail == {"prepared": "4", "committed": "2"}
 
 
+def test_reference_partition_handling_states_are_events() -> None:
+    """Paused in a minority, serving after a start no peer answered, a copy dropped at the heal: the
+    states behind a node that restarts inside its minority and serves (issue 39)."""
+    text = "\n".join(
+        [
+            "2026-01-02 10:00:01,000 WARNING broker_impl.cluster.partitions: cluster: only 1 of 3 nodes "
+            "visible at start; pausing (pause_minority): client connections closed",
+            "2026-01-02 10:00:02,000 INFO broker_impl.cluster.catalog: cluster: serving clients (no peer answered)",
+            "2026-01-02 10:00:03,000 INFO broker_impl.cluster.catalog: cluster: serving clients (records from n2 merged)",
+            "2026-01-02 10:00:04,000 WARNING broker_impl.cluster.catalog: queue 'chaos-1' in vhost '/': master "
+            "is now n2; dropping the copy here",
+        ]
+    )
+    assert names(REF, text) == [
+        ("paused-minority", {}),
+        ("served-alone", {}),
+        ("copy-dropped", {"queue": "chaos-1", "master": "n2"}),
+    ]
+
+
 def test_rabbitmq_and_nats_log_lines() -> None:
     rabbit = "\n".join(
         [

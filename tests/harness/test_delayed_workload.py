@@ -16,8 +16,13 @@ from harness import scenario as S
 from harness.errors import ScenarioError
 from harness.spec import Delays, DelaySection
 from spark_reports.engines.delay import check_rows
-from tests.plugins.test_amqp091_driver import QUEUE, Node, count, driver, history, workload
-from tests.polling import until_async
+from tests.plugins.test_amqp091_driver import (
+    Node,
+    driver,
+    history,
+    publish_and_consume_all,
+    workload,
+)
 
 MINIMAL = {"broker": {"plugin": "reference"}}
 
@@ -83,19 +88,7 @@ def test_the_driver_publishes_delayed_messages_that_arrive_never_early(tmp_path:
 
     async def go() -> None:
         d, rec = driver(tmp_path, [n1], w)
-        await d.setup([QUEUE])
-        stop_p, stop_c = asyncio.Event(), asyncio.Event()
-        producer = asyncio.create_task(d.produce("p1", QUEUE, stop_p))
-        consumer = asyncio.create_task(d.consume("c1", QUEUE, stop_c))
-        await until_async(lambda: count(rec, "publish", "ok") >= 40, "40 confirms")
-        stop_p.set()
-        await producer
-        await until_async(
-            lambda: count(rec, "ack", "ok") >= count(rec, "publish", "ok"), "every confirmed message acked"
-        )
-        stop_c.set()
-        await consumer
-        rec.close()
+        await publish_and_consume_all(d, rec, 40, "every confirmed message acked")
 
     asyncio.run(go())
     records = history(tmp_path)

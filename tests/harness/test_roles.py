@@ -22,6 +22,7 @@ from harness.spec import (
     NodeSpec,
     Role,
     SharedVolume,
+    node_role,
 )
 from harness.spec.errors import ScenarioError
 
@@ -154,3 +155,17 @@ def test_plain_node_lists_are_all_brokers() -> None:
     with pytest.raises(ScenarioError, match="this cluster's roles: broker"):
         Kill.resolve({"role": "storage"}, ["n1", "n2"], random.Random(1))
     assert Kill.resolve({"role": "broker"}, ["n1", "n2"], random.Random(1))["node"] in ("n1", "n2")
+
+
+class _Handle:
+    name = "n3"
+
+    def exec(self, cmd: Any, timeout: float = 30.0) -> tuple[int, str]:
+        return 0, ""
+
+
+def test_node_role_reads_a_handles_role_and_takes_a_handle_without_one_for_a_broker() -> None:
+    database = _Handle()
+    database.role = "storage"  # type: ignore[attr-defined]
+    assert node_role(database) == "storage"
+    assert node_role(_Handle()) == BROKER_ROLE

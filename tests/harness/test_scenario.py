@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from harness import scenario as S
+from harness.cluster import node_roles
 from harness.errors import ScenarioError
 from harness.host import Host
-from harness.nemesis import check_capabilities, plan
+from harness.nemesis import check_capabilities, check_file_roles, plan
+from harness.spec.fault import ClusterNodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -390,10 +392,11 @@ def test_every_shipped_scenario_is_valid_for_its_plugin(host: Host, path: Path) 
     settings = plugin.validate_settings(sc.broker.settings)
     assert set(settings) == set(plugin.settings_schema)
     check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
+    check_file_roles(sc, plugin)
     for name in sc.checkers:
         host.checker(name)
-    nodes = [f"n{i}" for i in range(1, sc.broker.nodes + 1)]
-    p = plan(sc, host.registry.faults, nodes)
+    roles = node_roles(plugin, sc.broker.nodes, settings)  # every node of every role, as a run has them
+    p = plan(sc, host.registry.faults, ClusterNodes(list(roles), {n: r.name for n, r in roles.items()}))
     assert all(0 <= s.at < sc.workload.duration for s in p.steps), p.steps
 
 
@@ -485,6 +488,20 @@ def test_a_recovery_budget_for_a_fault_kind_nobody_provides_is_refused_in_one_li
         check_capabilities(sc, host.registry.faults, frozenset(plugin.capabilities), plugin.name)
     assert str(e.value).startswith("budgets.recovery_s: 'partiton' is not a fault kind; use one of ")
     assert "partition" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_data_file_role_the_plugin_does_not_declare_is_refused_in_one_line(host: Host) -> None:
+    def scenario(role: str) -> S.Scenario:
+        step = {"at": 1, "fault": "corrupt-file", "params": {"file_role": role}, "hold": 1}
+        broker = {"plugin": "rabbitmq", "version": "4.3", "nodes": 3}
+        return S.from_dict({**MINIMAL, "broker": broker, "nemesis": {"schedule": [step]}})
+
+    plugin = host.broker("rabbitmq", "4.3")
+    with pytest.raises(ScenarioError) as e:
+        check_file_roles(scenario("quorum-segmnet"), plugin)
+    assert "'quorum-segmnet'" in str(e.value) and "its roles: quorum-segment, quorum-wal" in str(e.value)
+    assert "\n" not in str(e.value)
+    check_file_roles(scenario("quorum-segment"), plugin)
 
 
 def test_ttl_and_dead_lettering_load_round_trip_and_are_absent_by_default() -> None:

@@ -25,6 +25,7 @@ def test_the_order_names_every_verdict_once() -> None:
         "LOST",
         "UNSYNCED",
         "INTEGRITY",
+        "DEAD_LETTERED",
         "RESURRECTED",
         "DUPLICATED",
         "UNAVAILABLE",
@@ -47,6 +48,8 @@ def test_the_order_names_every_verdict_once() -> None:
         (["durable", "UNSYNCED"], "UNSYNCED"),  # a sync promise broken (the fault evidence)
         (["UNSYNCED", "LOST"], "LOST"),
         (["RESURRECTED", "DUPLICATED"], "RESURRECTED"),
+        (["DUPLICATED", "DEAD_LETTERED"], "DEAD_LETTERED"),
+        (["DEAD_LETTERED", "INTEGRITY"], "INTEGRITY"),
         ([], "unknown"),  # nothing judged the run
         (["durable", None], "unknown"),  # a checker that returned no verdict
         (["durable", "SOMETHING-NEW"], "unknown"),  # one this schema does not name

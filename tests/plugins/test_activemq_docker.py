@@ -1,6 +1,8 @@
-"""ActiveMQ's shared-storage master/slave pair (Debian's activemq 5.17, two brokers on one KahaDB
-shared volume) run end to end as a user runs it: ``brokerchaos run --keep`` to a verdict with the
-master killed (aimed by role), the slave taking over, then ``down --run`` with the id it printed."""
+"""ActiveMQ's master/slave pairs (Debian's activemq 5.17) run end to end as a user runs them: the
+shared-storage pair (two brokers on one KahaDB shared volume) with ``brokerchaos run --keep`` to a
+verdict with the master killed (aimed by role), the slave taking over, then ``down --run`` with the
+id it printed; the JDBC pair (both brokers on PostgreSQL, on a storage node of its own) to a
+verdict with the master killed and the slave taking the lease over."""
 
 from __future__ import annotations
 
@@ -17,23 +19,36 @@ import yaml
 pytestmark = [pytest.mark.docker, pytest.mark.chaos, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIO = {
-    "name": "activemq-pair-smoke",
-    "seed": 3,
-    "broker": {"plugin": "activemq", "nodes": 2, "settings": {"topology": "shared-storage"}},
-    "workload": {"producers": 1, "consumers": 1, "rate": 40, "duration": 42, "drain_timeout": 90},
-    # Which node takes the lock first is a race: kill one, then the other, and one kill meets the master.
-    # Each kill holds the node down longer than the slave's lock poll (10 s), so the waiting node takes
-    # the lock before the killed one is back: a 2 s hold let a quick restart win the lock back.
-    "nemesis": {
-        "schedule": [
-            {"at": 5, "fault": "kill", "params": {"role": "broker", "node": "n1"}, "hold": 15},
-            {"at": 24, "fault": "kill", "params": {"role": "broker", "node": "n2"}, "hold": 15},
-        ],
-        "settle": 3,
-    },
-    "checkers": ["python"],
-}
+
+
+def pair(name: str, topology: str, *, rate: int, duration: int, drain_timeout: int) -> dict[str, object]:
+    """A master/slave pair, each broker killed in turn: which node takes the lock first is a race,
+    so one kill meets the master. Each kill holds the node down longer than the slave's lock poll
+    (10 s), so the waiting node takes the lock before the killed one is back: a 2 s hold let a
+    quick restart win the lock back."""
+    return {
+        "name": name,
+        "seed": 3,
+        "broker": {"plugin": "activemq", "nodes": 2, "settings": {"topology": topology}},
+        "workload": {
+            "producers": 1,
+            "consumers": 1,
+            "rate": rate,
+            "duration": duration,
+            "drain_timeout": drain_timeout,
+        },
+        "nemesis": {
+            "schedule": [
+                {"at": 5, "fault": "kill", "params": {"role": "broker", "node": "n1"}, "hold": 15},
+                {"at": 24, "fault": "kill", "params": {"role": "broker", "node": "n2"}, "hold": 15},
+            ],
+            "settle": 3,
+        },
+        "checkers": ["python"],
+    }
+
+
+SCENARIO = pair("activemq-pair-smoke", "shared-storage", rate=40, duration=42, drain_timeout=90)
 
 
 def brokerchaos(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -77,3 +92,27 @@ def test_the_shared_storage_pair_fails_over_to_a_durable_verdict_and_down_remove
         text=True,
     )
     assert ps.stdout.strip() == ""
+
+
+def test_a_jdbc_pair_fails_over_on_a_master_kill_to_a_durable_verdict(tmp_path: Path) -> None:
+    scenario = tmp_path / "jdbc.yaml"
+    scenario.write_text(
+        yaml.safe_dump(pair("activemq-jdbc-smoke", "jdbc", rate=20, duration=45, drain_timeout=120))
+    )
+    run = brokerchaos("run", str(scenario), "--store", str(tmp_path / "store"), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"\(seed 3\): durable", run.stdout)
+    run_dir = Path(re.findall(r"run directory\s+(\S+)", run.stdout)[-1])
+    logs = {n: (run_dir / "nodes" / n / "logs" / "activemq.log").read_text() for n in ("n1", "n2")}
+    # A broker that waited on the lease another held, and then became the master.
+    waited = "Lease held by"
+    took_over = [
+        n for n, log in logs.items() if waited in log and "becoming master" in log.split(waited, 1)[1]
+    ]
+    assert took_over, {n: log[-1500:] for n, log in logs.items()}
+    ops = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    kills = [json.loads(op["value"])["params"] for op in ops if op["f"] == "kill" and op["type"] == "invoke"]
+    assert kills == [{"node": "n1", "role": "broker"}, {"node": "n2", "role": "broker"}]
+    # The database ran on the storage node (the node after the brokers), from its own image.
+    db = (run_dir / "nodes" / "n3" / "broker.log").read_text()
+    assert "database system is ready to accept connections" in db, db[-1500:]

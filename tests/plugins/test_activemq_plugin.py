@@ -11,11 +11,11 @@ from harness.cluster import build_topology
 from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import NodeInfo
 from harness.spec.errors import ScenarioError
-from plugins.activemq import DATA_DIR, SHARED_DIR, ActiveMQ
+from plugins.activemq import DATA_DIR, PG_DATA, PG_IMAGE, PG_START, SHARED_DIR, START_SCRIPT, ActiveMQ
 from plugins.activemq.client import DLQ, refuse_unsupported
 
 
-def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False):
+def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False, role_images=None):
     plugin = ActiveMQ()
     return build_topology(
         plugin,
@@ -25,6 +25,7 @@ def topology(settings: dict[str, object], nodes: int = 2, lazyfs: bool = False):
         broker_image="brokerchaos/activemq:1",
         proxy_image="brokerchaos/toxiproxy:1",
         lazyfs=lazyfs,
+        role_images=role_images,
     )
 
 
@@ -67,7 +68,9 @@ def test_the_journal_sync_setting_reaches_kahadb(sync: str) -> None:
 
 def test_bad_settings_are_one_scenario_error_naming_the_field() -> None:
     with pytest.raises(ScenarioError, match="broker.settings.topology"):
-        ActiveMQ().validate_settings({"topology": "jdbc"})
+        ActiveMQ().validate_settings({"topology": "replicated"})
+    with pytest.raises(ScenarioError, match="broker.settings.lease_ms"):
+        ActiveMQ().validate_settings({"topology": "jdbc", "lease_ms": 10})
     with pytest.raises(ScenarioError, match="broker.settings.heap_mb"):
         ActiveMQ().validate_settings({"heap_mb": 8})
 
@@ -86,3 +89,56 @@ def test_the_brokers_own_dead_letter_queue_and_log_times() -> None:
     line = "2026-11-28 21:29:09,651 | WARN  | Corrupt journal records found in 'db-1.log' | x | main"
     assert plugin.log_time(line) == datetime(2026, 11, 28, 21, 29, 9, 651000, tzinfo=UTC)
     assert [e.name for e in plugin.events("n1", {"logs/activemq.log": line})] == ["kahadb-corrupt"]
+
+
+def test_the_jdbc_pair_runs_its_database_on_a_storage_node_of_its_own_after_the_brokers() -> None:
+    plugin = ActiveMQ()
+    roles = plugin.roles(2, plugin.validate_settings({"topology": "jdbc"}))
+    assert [(r.name, r.nodes, r.clients, r.data_dir) for r in roles] == [
+        ("broker", 2, True, None),
+        ("storage", 1, False, PG_DATA),
+    ]
+    assert roles[1].image == PG_IMAGE and PG_IMAGE.debian_packages == ("postgresql",)
+    t = topology({"topology": "jdbc"}, lazyfs=True, role_images={"storage": "brokerchaos/pg:1"})
+    assert t.nodes == ("n1", "n2", "n3") and t.client_nodes == ("n1", "n2")
+    db = t.container("n3", "broker")
+    assert db.image == "brokerchaos/pg:1" and db.command[:2] == ["--data-dir", PG_DATA]
+    assert "--lazyfs" in db.command  # power loss cuts the database's data directory, every broker's store
+    assert db.command[-2:] == ["/bin/sh", PG_START]
+    # Each broker reaches the database through its own sidecar (a partition cuts that link alone).
+    assert [p.name for p in t.proxies["n1"] if p.dst == "n3"] == ["n1_to_n3_61616", "n1_to_n3_5432"]
+
+
+@pytest.mark.parametrize(("sync", "fsync"), [("on", True), ("off", False)])
+def test_the_jdbc_brokers_share_one_lease_and_the_database_takes_its_durability_settings(
+    sync: str, fsync: bool
+) -> None:
+    plugin = ActiveMQ()
+    s = plugin.validate_settings(
+        {"topology": "jdbc", "db_synchronous_commit": sync, "db_fsync": fsync, "lease_ms": 6000}
+    )
+    broker = NodeInfo(name="n2", index=2, peers=("n1", "n3"), cluster="c", settings=s)
+    got = plugin.broker_xml(broker)
+    assert '<jdbcPersistenceAdapter dataSource="#postgres-ds"' in got and 'lockKeepAlivePeriod="3000"' in got
+    assert '<lease-database-locker lockAcquireSleepInterval="6000"/>' in got
+    assert 'class="org.postgresql.ds.PGSimpleDataSource"' in got and '"serverNames" value="n3"' in got
+    assert "kahaDB" not in got and 'brokerName="n2"' in got  # the lease holder is the broker's name
+    assert 'pg_isready -q -h "$db"' in plugin.node_spec(broker).files[START_SCRIPT]
+    db = plugin.node_spec(
+        NodeInfo(name="n3", index=3, peers=("n1", "n2"), cluster="c", settings=s, role="storage")
+    )
+    script = db.files[PG_START]
+    assert f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit={sync}" in script
+    assert "listen_addresses=$ip,127.0.0.1" in script  # never the wildcard: the sidecar listens on the peers'
+
+
+def test_the_databases_log_lines_are_timed_and_read_as_events() -> None:
+    plugin = ActiveMQ()
+    line = "2026-11-29 02:50:01.250 UTC [31] LOG:  database system is ready to accept connections"
+    assert plugin.log_time(line) == datetime(2026, 11, 29, 2, 50, 1, 250000, tzinfo=UTC)
+    assert [e.name for e in plugin.events("n3", {"broker.log": line})] == ["db-ready"]
+    lease = "2026-11-29 02:50:03,000 | INFO  | n1, becoming master with lease expiry Sun Nov 29 | x | main"
+    # A broker's output repeats its activemq.log: only the file counts.
+    assert [e.name for e in plugin.events("n1", {"logs/activemq.log": lease, "broker.log": lease})] == [
+        "lease-master"
+    ]

@@ -29,6 +29,7 @@ from harness.spec.client import DrainUnfinished
 from harness.spec.history import ABANDON_CAUSES, body_digest, dead_letter_queue, message_body
 from harness.workload import drain_queue
 from plugins.amqp091.client import AmqpDriver, confirm_outcome
+from tests.factories import made_and_ended
 from tests.polling import until_async
 
 SEED = 17
@@ -116,17 +117,8 @@ class Node:
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Callable[[str], Node]]:
-    started: list[Node] = []
-
-    def make(name: str) -> Node:
-        node = Node(tmp_path, name).start()
-        started.append(node)
-        return node
-
-    yield make
-    for n in started:
-        n.stop()
+def nodes(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    yield from made_and_ended(lambda name: Node(tmp_path, name).start(), Node.stop)
 
 
 def workload(**kw: Any) -> WorkloadSection:
@@ -187,6 +179,42 @@ def count(rec: Recorder, f: str, type_: str) -> int:
     return rec.counts.get((f, type_), 0)
 
 
+async def drain_and_close(d: AmqpDriver, rec: Recorder) -> int:
+    """The final drain of ``QUEUE`` (as ``d1``), then the history closed; what the drain consumed."""
+    n = await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
+    rec.close()
+    return n
+
+
+async def publish_and_consume_all(
+    d: AmqpDriver, rec: Recorder, confirms: int, what: str, *, consumer: str = "c1", source: str = QUEUE
+) -> None:
+    """``p1`` publishes to ``QUEUE`` until ``confirms`` are confirmed while ``consumer`` consumes
+    ``source``; then every confirmed message is acked (``what``), both stopped, the history closed."""
+    await d.setup([QUEUE])
+    stop_p, stop_c = asyncio.Event(), asyncio.Event()
+    consuming = asyncio.create_task(d.consume(consumer, source, stop_c))
+    producer = asyncio.create_task(d.produce("p1", QUEUE, stop_p))
+    await until_async(lambda: count(rec, "publish", "ok") >= confirms, f"{confirms} confirms")
+    stop_p.set()
+    await producer
+    confirmed = count(rec, "publish", "ok")
+    await until_async(lambda: count(rec, "ack", "ok") >= confirmed, what)
+    stop_c.set()
+    await consuming
+    rec.close()
+
+
+async def consume_until(d: AmqpDriver, rec: Recorder, acks: int, what: str) -> None:
+    """Consume ``QUEUE`` as ``c1`` until ``acks`` acks are ``ok``, then stop and close the history."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.consume("c1", QUEUE, stop))
+    await until_async(lambda: count(rec, "ack", "ok") >= acks, what)
+    stop.set()
+    await task
+    rec.close()
+
+
 def acked_ok(records: list[dict[str, Any]], process_prefix: str = "") -> list[str]:
     return [
         r["value"]
@@ -224,8 +252,7 @@ def test_deliveries_carry_the_digest_of_the_body_and_a_bad_body_is_shown(tmp_pat
         await publish(n1, good)
         await publish(n1, ["p1:21"], body=lambda i: f"{i}|0000000000000000|tampered".encode())
         d, rec = driver(tmp_path, [n1], workload())
-        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
+        await drain_and_close(d, rec)
 
     asyncio.run(go())
     consumed = {r["value"]: r for r in history(tmp_path) if r["f"] == "consume" and r["type"] == "ok"}
@@ -250,8 +277,7 @@ def test_producers_send_the_seeded_body(tmp_path: Path, nodes: Any) -> None:
         await until_async(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
         stop.set()
         await task
-        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
+        await drain_and_close(d, rec)
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -317,12 +343,7 @@ def test_every_ack_ok_follows_its_invoke_and_covers_every_message(tmp_path: Path
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(prefetch=7))
-        stop = asyncio.Event()
-        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until_async(lambda: count(rec, "ack", "ok") >= 100, "100 acks ok")
-        stop.set()
-        await task
-        rec.close()
+        await consume_until(d, rec, 100, "100 acks ok")
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -363,8 +384,7 @@ def test_a_behaviour_gives_deliveries_back_and_they_come_back(
         await tasks[0]
         stop_c.set()
         await tasks[1]
-        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
+        await drain_and_close(d, rec)
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -392,12 +412,7 @@ def test_a_slow_consumer_waits_before_each_ack(tmp_path: Path, nodes: Any) -> No
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], w)
-        stop = asyncio.Event()
-        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until_async(lambda: count(rec, "ack", "ok") >= 30, "30 acks")
-        stop.set()
-        await task
-        rec.close()
+        await consume_until(d, rec, 30, "30 acks")
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -429,8 +444,7 @@ def test_a_stuck_consumer_is_cut_at_the_end_and_the_drain_waits_for_its_deliveri
         n1.silence_consumers()
         stop.set()
         await task
-        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
+        await drain_and_close(d, rec)
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -460,9 +474,7 @@ def test_the_drain_reads_every_node_and_dates_each_nodes_emptiness(tmp_path: Pat
         await publish(n1, on1)
         await publish(n2, on2)
         d, rec = driver(tmp_path, [n1, n2], workload())
-        n = await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
-        return n
+        return await drain_and_close(d, rec)
 
     assert asyncio.run(go()) == 30
     records = history(tmp_path)
@@ -491,9 +503,7 @@ def test_nodes_that_hold_nothing_are_done_at_the_first_look_not_after_the_idle(
         await publish(n1, [])
         await publish(n2, [])
         d, rec = driver(tmp_path, [n1, n2], workload(drain_idle=600, drain_timeout=120))
-        n = await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
-        return n
+        return await drain_and_close(d, rec)
 
     assert asyncio.run(go()) == 0
     drain = [r for r in history(tmp_path) if r["f"] == "drain"]
@@ -566,8 +576,7 @@ def test_without_a_depth_the_drain_counts_ready_messages(tmp_path: Path, nodes: 
     async def go() -> None:
         await publish(n1, ids)
         d, rec = driver(tmp_path, [n1], workload(), depth=False)
-        await drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder)
-        rec.close()
+        await drain_and_close(d, rec)
 
     asyncio.run(go())
     records = history(tmp_path)
@@ -624,18 +633,9 @@ def test_what_expires_is_dead_lettered_and_consumed_from_the_dead_letter_queue(
 
     async def go() -> None:
         d, rec = driver(tmp_path, [n1], w)
-        await d.setup([QUEUE])
-        stop_p, stop_c = asyncio.Event(), asyncio.Event()
-        consumer = asyncio.create_task(d.consume("c2", dlq, stop_c))
-        producer = asyncio.create_task(d.produce("p1", QUEUE, stop_p))
-        await until_async(lambda: count(rec, "publish", "ok") >= 20, "20 confirms")
-        stop_p.set()
-        await producer
-        confirmed = count(rec, "publish", "ok")
-        await until_async(lambda: count(rec, "ack", "ok") >= confirmed, "every confirmed one dead-lettered")
-        stop_c.set()
-        await consumer
-        rec.close()
+        await publish_and_consume_all(
+            d, rec, 20, "every confirmed one dead-lettered", consumer="c2", source=dlq
+        )
 
     asyncio.run(go())
     records = history(tmp_path)

@@ -13,8 +13,16 @@ import pytest
 from harness.scenario import TransactionsSection
 from harness.workload import run_workload
 from spark_reports.engines.atomicity import check_rows
-from tests.plugins.test_amqp091_driver import QUEUE, SEED, Node, count, driver, history, publish, workload
-from tests.polling import until_async
+from tests.plugins.test_amqp091_driver import (
+    QUEUE,
+    SEED,
+    Node,
+    consume_until,
+    driver,
+    history,
+    publish,
+    workload,
+)
 
 TX = TransactionsSection(publish_batch=4, ack_batch=3, rollback=0.3)
 
@@ -69,12 +77,7 @@ def test_a_rolled_back_ack_leaves_the_delivery_to_ack_again(tmp_path: Path, n1: 
     async def go() -> None:
         await publish(n1, [f"p1:{i}" for i in range(1, 31)])
         d, rec = driver(tmp_path, [n1], workload(transactions=TransactionsSection(ack_batch=5, rollback=0.5)))
-        stop = asyncio.Event()
-        task = asyncio.create_task(d.consume("c1", QUEUE, stop))
-        await until_async(lambda: count(rec, "ack", "ok") >= 30, "30 acks committed")
-        stop.set()
-        await task
-        rec.close()
+        await consume_until(d, rec, 30, "30 acks committed")
 
     asyncio.run(go())
     records = history(tmp_path)

@@ -22,6 +22,13 @@ def test_defaults() -> None:
     assert s["wait_replicas"] == 0 and s["sentinel"] is False
 
 
+def test_only_appendfsync_always_promises_a_sync_before_the_reply() -> None:
+    r = Redis()
+    assert r.confirms_after_sync(r.validate_settings({"appendfsync": "always"})) is True
+    assert r.confirms_after_sync(r.validate_settings({})) is False  # everysec: measured, not judged
+    assert r.confirms_after_sync(r.validate_settings({"appendfsync": "no"})) is False
+
+
 @pytest.mark.parametrize(
     ("given", "needle"),
     [

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from harness.spec.history import FIELDS, arrow_schema
 from spark_reports.engines.atomicity import (
     ANOMALIES,
     check_atomicity_python,
@@ -19,29 +15,15 @@ from spark_reports.engines.atomicity import (
     check_rows,
 )
 from spark_reports.engines.plugin import brokerchaos_register_checkers
+from tests.spark_reports.rows import Rows
 
-Q = "chaos-1"
 
-
-class H:
+class H(Rows):
     """A history written by hand, as the transactional driver writes it."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        super().__init__()
         self._tx = 0
-
-    def _row(self, process: str, type_: str, f: str, value: Any = None, detail: Any = None) -> None:
-        self.rows.append(
-            {
-                "index": len(self.rows),
-                "process": process,
-                "type": type_,
-                "f": f,
-                "queue": Q,
-                "value": value if value is None or isinstance(value, str) else json.dumps(value),
-                "detail": None if detail is None else json.dumps(detail),
-            }
-        )
 
     def tx(self, process: str, kind: str, ids: list[str], outcome: str | None = "ok", f: str = "commit") -> H:
         """One transaction's end: its commit or rollback op covering ``ids`` (None: never completed)."""
@@ -62,13 +44,6 @@ class H:
         self._row("d1", "invoke", "drain")
         self._row("d1", "ok" if ok else "info", "drain", {"consumed": 0})
         return self
-
-    def write(self, run_dir: Path) -> Path:
-        full = [{k: r.get(k) for k in FIELDS} for r in self.rows]
-        for r in full:
-            r.update(time_ns=r["index"], wall_time="", node="n1", schema=2)
-        pq.write_table(pa.Table.from_pylist(full, schema=arrow_schema()), run_dir / "history.parquet")
-        return run_dir
 
 
 def _anomalies(h: H) -> dict[str, int]:

@@ -26,35 +26,26 @@ SEED, SIZE = 11, 80
 DRAIN_QUEUE = "q1"
 
 
+_DELIVERY = st.fixed_dictionaries(
+    {
+        "consumer": st.sampled_from(["c1", "c2", "d1"]),
+        "node": st.sampled_from(NODES),
+        "queue": st.sampled_from(["q1", "q2", "q1.dead"]),  # q1.dead: q1's dead-letter queue
+        "redelivered": st.booleans(),
+        "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
+        "abandon": st.sampled_from([None, None, *CAUSES]),
+        "corrupt": st.sampled_from([False, False, False, True]),
+    }
+)
+"""One delivery of a plan's message: to whom, from where, and how it ended."""
+
+
 @st.composite
 def plans(draw: st.DrawFn) -> dict:
     """A history plan: what each message went through, in an order hypothesis picks."""
-    delivery = st.fixed_dictionaries(
-        {
-            "consumer": st.sampled_from(["c1", "c2", "d1"]),
-            "node": st.sampled_from(NODES),
-            "queue": st.sampled_from(["q1", "q2", "q1.dead"]),  # q1.dead: q1's dead-letter queue
-            "redelivered": st.booleans(),
-            "ack": st.sampled_from(["ok", "ok", "info", "fail", None]),
-            "abandon": st.sampled_from([None, None, *CAUSES]),
-            "corrupt": st.sampled_from([False, False, False, True]),
-        }
-    )
-    messages: list[dict[str, Any]] = []
-    for p in range(1, draw(st.integers(1, 3)) + 1):
-        for seq in range(1, draw(st.integers(0, 7)) + 1):
-            outcomes = draw(st.lists(st.sampled_from(["ok", "fail", "info", None]), min_size=1, max_size=2))
-            messages.append(
-                {
-                    "id": f"p{p}:{seq}",
-                    "outcomes": outcomes,
-                    "deliveries": draw(st.lists(delivery, max_size=3)),
-                    "node": draw(st.sampled_from(NODES)),
-                    "queue": draw(st.sampled_from(["q1", "q2"])),
-                }
-            )
+    messages = _messages(draw)
     unexpected = [
-        {"id": f"x{i}:{i}", "deliveries": draw(st.lists(delivery, min_size=1, max_size=2))}
+        {"id": f"x{i}:{i}", "deliveries": draw(st.lists(_DELIVERY, min_size=1, max_size=2))}
         for i in range(draw(st.integers(0, 2)))
     ]
     faults = [
@@ -72,8 +63,48 @@ def plans(draw: st.DrawFn) -> dict:
     drain = draw(
         st.sampled_from(["complete", "complete", "info", "incomplete", "none", "stuck", "stuck-open"])
     )
-    # One event stream: publishes in seq order per producer; a delivery's own steps (ack written,
-    # ack completed, abandon) after it; everything else placed anywhere by drawing each position.
+    return {
+        "messages": messages,
+        "unexpected": unexpected,
+        "faults": faults,
+        "stream": _stream(draw, messages, unexpected, faults, drain),
+        "drain": drain,
+        "empty_at": draw(st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=3, max_size=3)),
+        "bodies": draw(st.booleans()),
+        "dead_letter": draw(st.booleans()),  # the scenario asks for dead-lettering (workload.dead_letter)
+        "budgets": {
+            "duplicated": draw(st.sampled_from([None, 0, 1, 3])),
+            "resurrected": draw(st.sampled_from([None, 0, 1])),
+            "recovery_s": draw(st.sampled_from([None, None, 0.001, 2, {"partition": 0.5, "kill": 30}])),
+        },
+        "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001])),
+        "holdings": _holdings(draw, [m["id"] for m in messages]),
+    }
+
+
+def _messages(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Each producer's messages: the outcomes of their publishes and their deliveries."""
+    messages: list[dict[str, Any]] = []
+    for p in range(1, draw(st.integers(1, 3)) + 1):
+        for seq in range(1, draw(st.integers(0, 7)) + 1):
+            outcomes = draw(st.lists(st.sampled_from(["ok", "fail", "info", None]), min_size=1, max_size=2))
+            messages.append(
+                {
+                    "id": f"p{p}:{seq}",
+                    "outcomes": outcomes,
+                    "deliveries": draw(st.lists(_DELIVERY, max_size=3)),
+                    "node": draw(st.sampled_from(NODES)),
+                    "queue": draw(st.sampled_from(["q1", "q2"])),
+                }
+            )
+    return messages
+
+
+def _stream(
+    draw: st.DrawFn, messages: list[dict], unexpected: list[dict], faults: list[dict], drain: str
+) -> list:
+    """One event stream: publishes in seq order per producer; a delivery's own steps (ack written,
+    ack completed, abandon) after it; everything else placed anywhere by drawing each position."""
     events: list[tuple] = [("publish", m) for m in messages]
     for m in messages + unexpected:
         for k, d in enumerate(m["deliveries"]):
@@ -105,33 +136,22 @@ def plans(draw: st.DrawFn) -> dict:
     )
     rank = {"deliver": 0, "ack_invoke": 1, "abandon": 1, "ack_done": 2}
     _keep_in_order(stream, lambda e: e[0] in rank, lambda e: (e[1], e[2]), lambda e: rank[e[0]])
+    return stream
+
+
+def _holdings(draw: st.DrawFn, ids: list[str]) -> dict:
+    """Each node's copy after the drain: none recorded, "info", or (offset, id) entries."""
     return {
-        "messages": messages,
-        "unexpected": unexpected,
-        "faults": faults,
-        "stream": stream,
-        "drain": drain,
-        "empty_at": draw(st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=3, max_size=3)),
-        "bodies": draw(st.booleans()),
-        "budgets": {
-            "duplicated": draw(st.sampled_from([None, 0, 1, 3])),
-            "resurrected": draw(st.sampled_from([None, 0, 1])),
-            "recovery_s": draw(st.sampled_from([None, None, 0.001, 2, {"partition": 0.5, "kill": 30}])),
-        },
-        "step": draw(st.sampled_from([1_000, 1_000_000, 700_000_001])),
-        # each node's copy after the drain: none recorded, "info", or (offset, id) entries
-        "holdings": {
-            n: draw(
-                st.one_of(
-                    st.none(),
-                    st.just("info"),
-                    st.lists(st.tuples(st.integers(1, 8), st.sampled_from(ids)), max_size=6)
-                    if ids
-                    else st.just([]),
-                )
+        n: draw(
+            st.one_of(
+                st.none(),
+                st.just("info"),
+                st.lists(st.tuples(st.integers(1, 8), st.sampled_from(ids)), max_size=6)
+                if ids
+                else st.just([]),
             )
-            for n in ("n1", "n2", "n3")
-        },
+        )
+        for n in ("n1", "n2", "n3")
     }
 
 
@@ -147,9 +167,9 @@ def _keep_in_order(stream: list, member, group, key) -> None:
 
 
 def scenario(plan: dict) -> dict:
-    s: dict = {"budgets": plan["budgets"]}
+    s: dict = {"budgets": plan["budgets"], "workload": {"dead_letter": plan.get("dead_letter", True)}}
     if plan["bodies"]:
-        s |= {"seed": SEED, "workload": {"message_size": SIZE}}
+        s |= {"seed": SEED, "workload": {**s["workload"], "message_size": SIZE}}
     return s
 
 
@@ -377,14 +397,49 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             if r["f"] in ("publish", "ack") and (r["f"] == "publish" or r["type"] == "ok")
         }
     )
-
-    def oks(q: str, kind: str) -> list[int]:
-        f = "publish" if kind == "publish" else "ack"
-        return sorted(r["time_ns"] for r in client if r["queue"] == q and r["f"] == f and r["type"] == "ok")
-
     drains = [r for r in rows if r["f"] == "drain" and r["type"] != "invoke"]
-    drain_ok = {q: [r["time_ns"] for r in drains if r["type"] == "ok" and r["queue"] == q] for q in queues}
-    nemesis = [r for r in rows if r["process"] == "nemesis"]
+    heals = _heals(plan, [r for r in rows if r["process"] == "nemesis"])
+    recovery, over, demands = _recovery(plan, heals, queues, client, drains)
+    end = max((r["time_ns"] for r in rows), default=0)
+    gaps, stops = _gaps(queues, client, drains, end)
+    down = []
+    if heals:
+        last = max(h for _f, _k, h in heals)
+        fid = next(f for f, _k, h in heals if h == last)
+        for q in queues:
+            recovered, pub0, cons0, _took = recovery[(fid, q)]
+            if recovered:
+                continue
+            demand, asked = demands[(fid, q)]
+            missing = (["publish"] if demand and pub0 is None else []) + (
+                ["consume"] if asked and cons0 is None else []
+            )
+            if [k for k in missing if not _answered_later(client, q, k, last, stops[(q, k)])]:
+                down.append(q)
+    down += sorted(
+        {
+            g[0]
+            for g in gaps
+            if not g[4] and g[0] not in down and not _answered_later(client, g[0], g[1], g[2], g[3])
+        }
+    )
+    return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
+
+
+def _oks(client: list[dict], q: str, kind: str) -> list[int]:
+    """The times of queue ``q``'s publishes (``publish``) or acks (``consume``) that ended ok."""
+    f = "publish" if kind == "publish" else "ack"
+    return sorted(r["time_ns"] for r in client if r["queue"] == q and r["f"] == f and r["type"] == "ok")
+
+
+def _answered_later(client: list[dict], q: str, kind: str, a: int, b: int) -> bool:
+    """Failing only while the whole queue was quiet, and the queue answered another kind after."""
+    other = _oks(client, q, "consume" if kind == "publish" else "publish")
+    return not any(a <= x <= b for x in other) and any(x > b for x in other)
+
+
+def _heals(plan: dict, nemesis: list[dict]) -> list[tuple[str, str, int]]:
+    """Each healed fault's id, kind and the invoke of its heal (recovery is measured from it)."""
     heals: list[tuple[str, str, int]] = []
     for f in plan["faults"]:
         start = min(
@@ -400,7 +455,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             and f["id"] in _json(r["value"])["fault_ids"]
             and r["time_ns"] >= start
         ]
-        if ends:  # recovery is measured from the invoke of that heal
+        if ends:
             began = [
                 r["time_ns"]
                 for r in nemesis
@@ -410,13 +465,22 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 and start <= r["time_ns"] <= min(ends)
             ]
             heals.append((f["id"], f["kind"], max(began)))
+    return heals
+
+
+def _recovery(
+    plan: dict, heals: list[tuple[str, str, int]], queues: list[str], client: list[dict], drains: list[dict]
+) -> tuple[dict, list[str], dict[tuple[str, str], tuple[bool, bool]]]:
+    """Per heal and queue: whether it recovered, its first publish and consume after the heal, how
+    long it took; the pairs over the budget; whether a publish (demand) and a consume were asked."""
+    drain_ok = {q: [r["time_ns"] for r in drains if r["type"] == "ok" and r["queue"] == q] for q in queues}
     budget = plan["budgets"]["recovery_s"]
     recovery, over = {}, []
     demands: dict[tuple[str, str], tuple[bool, bool]] = {}
     for fid, kind, h in heals:
         for q in queues:
-            pub = [t - h for t in oks(q, "publish") if t >= h]
-            cons = [t - h for t in oks(q, "consume") + drain_ok[q] if t >= h]
+            pub = [t - h for t in _oks(client, q, "publish") if t >= h]
+            cons = [t - h for t in _oks(client, q, "consume") + drain_ok[q] if t >= h]
             demand = any(
                 r["f"] == "publish"
                 and r["type"] == "invoke"
@@ -424,8 +488,8 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 and r["time_ns"] - h > THRESHOLD_NS
                 for r in client
             )
-            before_pub = [t for t in oks(q, "publish") if t < h]
-            before_cons = [t for t in oks(q, "consume") if t < h]
+            before_pub = [t for t in _oks(client, q, "publish") if t < h]
+            before_cons = [t for t in _oks(client, q, "consume") if t < h]
             asked = bool(pub) or (
                 bool(before_pub) and (not before_cons or max(before_pub) > max(before_cons))
             )
@@ -437,22 +501,29 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                 over.append(f"{fid} {q}")
             recovery[(fid, q)] = (recovered, min(pub) if pub else None, min(cons) if cons else None, took)
             demands[(fid, q)] = (demand, asked)
+    return recovery, over, demands
+
+
+def _gaps(
+    queues: list[str], client: list[dict], drains: list[dict], end: int
+) -> tuple[set[tuple], dict[tuple[str, str], int]]:
+    """The gaps of more than the threshold between a queue's oks of a kind (``by_ok``: ended by
+    one), and each queue and kind's span end."""
     gaps = set()
     stops: dict[tuple[str, str], int] = {}
-    end = max((r["time_ns"] for r in rows), default=0)
     for q in queues:
         pubs = [r for r in client if r["queue"] == q and r["f"] == "publish"]
         invokes = [r["time_ns"] for r in pubs if r["type"] == "invoke"]
         for kind in ("publish", "consume"):
-            ts = oks(q, kind)
-            everything = oks(q, "publish") + oks(q, "consume")
+            ts = _oks(client, q, kind)
+            everything = _oks(client, q, "publish") + _oks(client, q, "consume")
             start = min(invokes) if invokes else min(everything)
             if kind == "publish":
                 stop = max(r["time_ns"] for r in pubs) if pubs else start
             else:
                 mine = [r for r in drains if r["queue"] == q]
                 if mine and mine[-1]["type"] == "ok":
-                    stop = max([r["time_ns"] for r in pubs] + oks(q, "consume"), default=start)
+                    stop = max([r["time_ns"] for r in pubs] + _oks(client, q, "consume"), default=start)
                 else:
                     stop = max(r["time_ns"] for r in mine) if mine else end
             stop = stops[(q, kind)] = max(stop, start)
@@ -470,30 +541,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
                     b = min(b, workload_end)
                 if b - a > THRESHOLD_NS:
                     gaps.add((q, kind, a, b, by_ok))
-
-    def answered_later(q: str, kind: str, a: int, b: int) -> bool:
-        # failing only while the whole queue was quiet, and the queue answered another kind after
-        other = oks(q, "consume" if kind == "publish" else "publish")
-        return not any(a <= x <= b for x in other) and any(x > b for x in other)
-
-    down = []
-    if heals:
-        last = max(h for _f, _k, h in heals)
-        fid = next(f for f, _k, h in heals if h == last)
-        for q in queues:
-            recovered, pub0, cons0, _took = recovery[(fid, q)]
-            if recovered:
-                continue
-            demand, asked = demands[(fid, q)]
-            missing = (["publish"] if demand and pub0 is None else []) + (
-                ["consume"] if asked and cons0 is None else []
-            )
-            if [k for k in missing if not answered_later(q, k, last, stops[(q, k)])]:
-                down.append(q)
-    down += sorted(
-        {g[0] for g in gaps if not g[4] and g[0] not in down and not answered_later(g[0], g[1], g[2], g[3])}
-    )
-    return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
+    return gaps, stops
 
 
 def expected_verdict(plan: dict, t: dict, live: dict, anomalies: dict | None = None) -> tuple:
@@ -502,6 +550,8 @@ def expected_verdict(plan: dict, t: dict, live: dict, anomalies: dict | None = N
     stream = ("lost_on_node", "inconsistent_offsets", "duplicate", "poll_skip", "nonmonotonic_poll")
     if t["unexpected"] or t["corrupted"] or any((anomalies or {}).get(k) for k in stream):
         return False, "INTEGRITY"
+    if t["dead_lettered"] and not plan.get("dead_letter", True):
+        return False, "DEAD_LETTERED"
     budgets = plan["budgets"]
     for name, verdict in (("resurrected", "RESURRECTED"), ("duplicated", "DUPLICATED")):
         if budgets[name] is not None and len(t[name]) > budgets[name]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.spec.results import describe_stranded
 from spark_reports import HistoryError, ScenarioError, check_python
 from spark_reports.synth import HistoryBuilder
 
@@ -228,6 +229,38 @@ def _split_brain() -> HistoryBuilder:
     return b
 
 
+S = 1_000_000_000
+
+
+def _stranded() -> HistoryBuilder:
+    """A network of brokers (disjoint nodes): p1:2 was forwarded to n2 and sat there while the
+    consumers read the queue through n1; the drain found it on n2 after n1 had said empty. p1:4,
+    confirmed just before the workload's end, is the tail the drain reads: no finding."""
+    b = HistoryBuilder(disjoint=True)
+    b.t = 1 * S
+    b.publish("p1:1")
+    b.consume("p1:1")
+    b.t = 2 * S
+    b.publish("p1:2", node="n2")
+    b.t = 20 * S
+    b.publish("p1:3")
+    b.consume("p1:3")
+    b.publish("p1:4")
+    b.t = 30 * S
+    b.drain_invoke()
+    b.consume("p1:4", consumer="d1", node="n1")
+    t_n1_empty = b.t + 1
+    b.consume("p1:2", consumer="d1", node="n2")  # through n2 after n1 said empty: no copy, stranded
+    b.drain_done(
+        consumed=2,
+        nodes={
+            "n1": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": t_n1_empty, "error": None},
+            "n2": {"consumed": 1, "ready": 0, "unacked": 0, "empty_at_ns": b.t + 10, "error": None},
+        },
+    )
+    return b
+
+
 def _budgets() -> HistoryBuilder:
     b = HistoryBuilder()
     b.publish("p1:1")
@@ -262,6 +295,7 @@ LITERALS = {
     "resurrected": _resurrected,
     "corrupted": _corrupted,
     "split_brain": _split_brain,
+    "stranded": _stranded,
     "budgets": _budgets,
 }
 SCENARIOS: dict[str, dict] = {
@@ -536,6 +570,30 @@ def test_split_brain_copy_found_after_another_node_said_empty(tmp_path: Path) ->
     [op] = r["drain"]["ops"]
     assert (op["process"], op["queue"], op["outcome"], op["consumed"]) == ("d1", "q", "ok", 2)
     assert op["nodes"]["n3"]["error"] == "unreachable"
+
+
+def test_stranded_on_a_disjoint_node_is_a_liveness_finding_not_a_split_brain_copy(tmp_path: Path) -> None:
+    r = run(tmp_path, "stranded")
+    assert (r["valid"], r["verdict"]) == (True, "durable")
+    assert r["counts"]["split_brain"] == 0 and r["split_brain"] == []
+    [g] = r["liveness"]["stranded"]
+    assert (g["queue"], g["node"], g["count"]) == ("q", "n2", 1)
+    [ack] = [
+        x
+        for x in LITERALS["stranded"]().rows
+        if x["f"] == "ack" and x["value"] == "p1:2" and x["type"] == "ok"
+    ]
+    assert g["confirmed_from_ns"] == g["confirmed_to_ns"] == 2 * S + 2_000_000
+    assert g["read_to_ns"] == ack["time_ns"] and g["wait_max_ns"] == ack["time_ns"] - g["confirmed_from_ns"]
+    assert describe_stranded(g).startswith("1 message sat up to 28.0 s on n2 (q, confirmed 2.0 s to 2.0 s")
+
+
+def test_the_same_drain_on_nodes_that_copy_is_a_split_brain_copy(tmp_path: Path) -> None:
+    b = _stranded()
+    b.disjoint = False
+    b.write(tmp_path)
+    r = check_python(tmp_path, {})
+    assert r["counts"]["split_brain"] == 1 and r["liveness"]["stranded"] == []
 
 
 def test_drain_that_could_not_finish_makes_loss_unknown(tmp_path: Path) -> None:

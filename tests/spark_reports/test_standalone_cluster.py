@@ -68,50 +68,13 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         mlog = tmp_path / "master.log"
-        with mlog.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(_spark_class()),
-                        "org.apache.spark.deploy.master.Master",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--webui-port",
-                        str(ui),
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
+        procs.append(_daemon(mlog, env, "master.Master", port, ui))
         master_json = f"http://127.0.0.1:{ui}/json/"
         _wait("master", lambda: _json(master_json).get("status") == "ALIVE", procs[0], mlog)
         wlog = tmp_path / "worker.log"
-        with wlog.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(_spark_class()),
-                        "org.apache.spark.deploy.worker.Worker",
-                        master_url,
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(wport),
-                        "--webui-port",
-                        str(wui),
-                        "--cores",
-                        "1",
-                        "--memory",
-                        "2g",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
+        procs.append(
+            _daemon(wlog, env, "worker.Worker", wport, wui, master_url, "--cores", "1", "--memory", "2g")
+        )
         _wait(
             "worker registered",
             lambda: any(w.get("state") == "ALIVE" for w in _json(master_json)["workers"]),
@@ -128,6 +91,21 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _daemon(
+    log: Path, env: dict[str, str], cls: str, port: int, ui: int, *args: str
+) -> subprocess.Popen[bytes]:
+    """A Spark standalone daemon (``org.apache.spark.deploy.`` ``cls``) on 127.0.0.1 at ``port``, its
+    web UI at ``ui``, writing to ``log``."""
+    host = ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(_spark_class()), f"org.apache.spark.deploy.{cls}", *args, *host],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def _stored_run(root: Path) -> Path:

@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from harness.spec.history import FIELDS, arrow_schema, entry_offset
+from harness.spec.history import entry_offset
 from spark_reports.engines.stream import ANOMALIES, check_rows, check_stream_python, check_stream_spark
+from tests.spark_reports.rows import Q, Rows
 
-Q = "chaos-1"
 
-
-class H:
+class H(Rows):
     """A history being written by hand: each helper appends the rows a driver would."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def _row(
-        self, process: str, type_: str, f: str, value: Any = None, detail: Any = None, queue: str | None = Q
-    ) -> None:
-        self.rows.append(
-            {
-                "index": len(self.rows),
-                "process": process,
-                "type": type_,
-                "f": f,
-                "queue": queue,
-                "value": value if value is None or isinstance(value, str) else json.dumps(value),
-                "detail": None if detail is None else json.dumps(detail),
-            }
-        )
 
     def publish(self, mid: str, seq: int | None, outcome: str = "ok") -> H:
         self._row("p1", "invoke", "publish", mid)
@@ -78,13 +56,6 @@ class H:
             self.deliver(f"p1:{i}", i, i)
         view = {"messages": n, "first_seq": 1, "last_seq": n}
         return self.drain({"n1": view, "n2": dict(view), "n3": None})
-
-    def write(self, run_dir: Path) -> Path:
-        full = [{k: r.get(k) for k in FIELDS} for r in self.rows]
-        for r in full:
-            r.update(time_ns=r["index"], wall_time="", node="n1", schema=2)
-        pq.write_table(pa.Table.from_pylist(full, schema=arrow_schema()), run_dir / "history.parquet")
-        return run_dir
 
 
 def test_clean_stream_is_valid() -> None:

@@ -18,25 +18,27 @@ their histories.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from harness.spec.history import DEAD_LETTER_SUFFIX, STREAM_OPS, arrow_schema
+from harness.spec.history import DEAD_LETTER_SUFFIX, STREAM_OPS, arrow_schema, is_dead_letter_queue
 from harness.spec.results import LIST_CAP, Results
-from harness.spec.rundir import HISTORY_COLUMNS
+from harness.spec.rundir import HISTORY_COLUMNS, disjoint_nodes
 from spark_reports.engines.common import DELIVERY_CAP, NEMESIS, SMALL_OPS, history_path
 from spark_reports.engines.context import Context, make_context
+from spark_reports.engines.liveness import LiveFacts
 from spark_reports.engines.spark.anomalies import parse as parse_anomalies
 from spark_reports.engines.spark.anomalies import parts as anomaly_parts
-from spark_reports.engines.spark.ids import DELIVERY, Unit, classify, events
-from spark_reports.engines.spark.live import live_parts, parse_live
+from spark_reports.engines.spark.ids import Unit, classify, events
+from spark_reports.engines.spark.live import live_metrics, live_parts, parse_live
 from spark_reports.engines.spark.ranks import Ranks
 from spark_reports.engines.spark.scope import Scope
 from spark_reports.engines.spark.sql import bucket, collect_parts, producer_and_seq, tagged
-from spark_reports.engines.verdict import Facts, assemble, summarize
+from spark_reports.engines.verdict import COUNT_KEYS, Facts, assemble, summarize
 from spark_reports.progress import progress
 from spark_reports.service.session import default_parallelism, spark_session
 from spark_reports.service.warmup import WARM_UP
@@ -100,6 +102,7 @@ def _check(
         history.names,
         passes=passes,
         streams=history.streams,
+        dead_letters=history.dead_letters,
     )
     try:
         return job.check(history.ctx)
@@ -127,11 +130,17 @@ def aggregate_runs(
         h = h.unionByName(x.h)
     ctxs = {i: x.ctx for i, x in enumerate(histories)}
     names = sorted(set().union(*[x.names for x in histories]))
-    streams = any(x.streams for x in histories)
-    job = _Job(spark, h, Scope(spark, ctxs), sum(c.ops for c in ctxs.values()), names, streams=streams)
+    job = _Job(
+        spark,
+        h,
+        Scope(spark, ctxs),
+        sum(c.ops for c in ctxs.values()),
+        names,
+        streams=any(x.streams for x in histories),
+        dead_letters=any(x.dead_letters for x in histories),
+    )
     try:
-        metrics, anomalies = job.aggregates()
-        live = parse_live(collect_parts(live_parts(h, job.scope)), len(ctxs))
+        metrics, live, anomalies = job.aggregates()
     finally:
         job.release()
     out = []
@@ -147,6 +156,7 @@ class _History:
     ctx: Context
     names: list[str]  # every node, queue and process name in it
     streams: bool  # it has a stream's operations (holdings, reads, seeks)
+    dead_letters: bool  # it names a dead-letter queue
 
 
 def _prepare(spark: Any, run_dir: Path, scenario: dict, run: int) -> _History:
@@ -172,7 +182,7 @@ def _prepare(spark: Any, run_dir: Path, scenario: dict, run: int) -> _History:
     elif schema is None:
         schema = h.agg(F.min(F.coalesce("schema", F.lit(1)))).first()[0]
     small = _small_rows(path)
-    ctx = make_context(int(ops), end_ns, small, scenario, schema)
+    ctx = make_context(int(ops), end_ns, small, scenario, schema, disjoint=disjoint_nodes(run_dir))
     progress(
         "spark",
         "prelude",
@@ -183,7 +193,13 @@ def _prepare(spark: Any, run_dir: Path, scenario: dict, run: int) -> _History:
     )
     values = _distinct(path, ("node", "queue", "process", "f"))
     names = sorted(values["node"] | values["queue"] | values["process"])
-    return _History(h=h, ctx=ctx, names=names, streams=bool(values["f"] & STREAM_OPS))
+    return _History(
+        h=h,
+        ctx=ctx,
+        names=names,
+        streams=bool(values["f"] & STREAM_OPS),
+        dead_letters=any(is_dead_letter_queue(q) for q in values["queue"]),
+    )
 
 
 def _distinct(path: Path, columns: tuple[str, ...]) -> dict[str, set[str]]:
@@ -235,16 +251,20 @@ class _Job:
         *,
         passes: str | None = None,
         streams: bool = True,
+        dead_letters: bool = True,
     ) -> None:
         """``streams``: whether the histories have a stream's operations (holdings, reads, seeks);
         without them every stream anomaly part is empty and is not asked of Spark (a queue's check of
-        a default run: some twenty stages fewer, 5.1 s to 3.0-3.5 s on a warm session)."""
+        a default run: some twenty stages fewer, 5.1 s to 3.0-3.5 s on a warm session).
+        ``dead_letters``: whether they name a dead-letter queue; without one no id is dead-lettered
+        and the history is not read for them."""
         self.spark = spark
         self.h = h
         self.scope = scope
         self.rows = rows
         self.names = names
         self.streams = streams
+        self.dead_letters = dead_letters
         if passes not in (None, "both", "ordered"):
             raise ValueError(f"passes: 'both' or 'ordered', not {passes!r}")
         self.passes = passes or ("ordered" if rows < ORDERED_ROWS else "both")
@@ -313,15 +333,26 @@ class _Job:
         progress("spark", "done", lost=facts.counts["lost"])
         return assemble("spark", ctx, facts)
 
-    def aggregates(self) -> tuple[dict[int, _Metrics], list[tuple[list[dict], dict[str, Any]]]]:
-        """Per run: every count, table, timeline and first histogram, and the anomaly classes
-        (one job)."""
+    def aggregates(
+        self,
+    ) -> tuple[dict[int, _Metrics], dict[int, LiveFacts], list[tuple[list[dict], dict[str, Any]]]]:
+        """Per run: every count, table, timeline and first histogram, the liveness facts and the
+        anomaly classes (one job)."""
         ev = self.events()
         _attempts, j, units = self.per_id(ev)
         got = collect_parts(
-            [tagged(self.metric_rows(j, units), "metrics"), *anomaly_parts(self.h, j, streams=self.streams)]
+            [
+                tagged(self.metric_rows(j, units), "metrics"),
+                *live_parts(self.h, self.scope),
+                *anomaly_parts(self.h, j, streams=self.streams),
+            ]
         )
-        return _parse_metrics(got.get("metrics", []), self.scope), parse_anomalies(got, len(self.scope.ctxs))
+        rows = got.get("metrics", [])
+        return (
+            _parse_metrics(rows, self.scope),
+            parse_live(rows, got, self.scope),
+            parse_anomalies(got, len(self.scope.ctxs)),
+        )
 
     def events(self) -> Any:
         return events(self.h, self.scope)
@@ -335,17 +366,15 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
-        everything = dict.fromkeys(_COUNTED.values(), 1)
         first = collect_parts(
             [
                 tagged(self.metric_rows(j, units), "metrics"),
                 self.list_part(j),
-                *live_parts(self.h, self.scope),
+                *live_parts(self.h, self.scope, j),
                 *anomaly_parts(self.h, j, streams=self.streams),
-                *(self.counted_parts(ev, j, everything) if self.one_job else []),
             ]
         )
-        live = parse_live(first, 1)[0]
+        live = parse_live(first.get("metrics", []), first, self.scope)[0]
         positions, stream = parse_anomalies(first, 1)[0]
         metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
         counts = metrics.counts
@@ -365,21 +394,10 @@ class _Job:
             F.expr(E2E_US_SQL).alias("v")
         )
         ranks = Ranks({"confirm": (ok_att, metrics.hist["confirm"]), "e2e": (e2e, metrics.hist["e2e"])})
-        if self.one_job:  # the lists came with the first job: those the counts call for
-            parts, got = [], {part: first.get(part, []) for part, count in _COUNTED.items() if counts[count]}
-        else:
-            parts, got = self.counted_parts(ev, j, counts), {}
-        refine = ranks.query()
-        parts += [refine] if refine is not None else []
-        got |= collect_parts(parts) if parts else {}
-        ranks.feed(got.get("rank", []))
         while (refine := ranks.query()) is not None:
             ranks.feed(collect_parts([refine]).get("rank", []))
         confirm_us, e2e_us = ranks.result().values()
         progress("spark", "latency", confirmed_attempts=confirm_us[0], delivered=e2e_us[0])
-
-        def by_index(part: str, key: Any) -> list[dict]:
-            return sorted(got.get(part, []), key=key)
 
         return Facts(
             counts=counts,
@@ -392,9 +410,9 @@ class _Job:
             resurrected=lists["resurrected"],
             corrupted=sorted(corrupted, key=lambda d: d["delivery"]["index"]),
             split_brain=lists["split_brain"],
-            unflagged=by_index("unflagged", lambda d: d["index"]),
+            unflagged=lists["unflagged"],
             undigested=undigested,
-            order_violations=by_index("order", lambda d: d["index"]),
+            order_violations=lists["order"],
             attribution_rows=metrics.attribution_rows,
             exposure_rows=metrics.exposure_rows,
             confirm_us=confirm_us,
@@ -419,26 +437,27 @@ class _Job:
         return attempts, j, units
 
     def metric_rows(self, j: Any, units: list[Unit]) -> Any:
-        """Every count, table, timeline and first histogram of every run: rows for ``_parse_metrics``.
+        """Every count, table, timeline and first histogram of every run: rows for ``_parse_metrics``,
+        from one aggregate (one shuffle).
 
-        Each kept table (``units``) of ids feeds the counts, summed per run; and each kept table's
-        rows become the few keyed metric rows they feed (an id's lost cause, exposure bits and
-        end-to-end latency bucket; a publish attempt's fault-window bits, confirm latency and
-        bucket), each a struct under a tag with up to two string and two long keys and two values,
-        summed per (run, tag, keys) in one aggregate. The timeline reads the history; the order
-        check, the ids' deliveries. Only these few thousand rows per run reach the driver.
+        Each kept table's rows (``units``) become the few keyed metric rows they feed (an id's
+        counts, keyed by its flags; its lost cause, exposure bits and end-to-end latency bucket; a
+        publish attempt's fault-window bits, confirm latency and bucket), the history's records
+        their timeline bucket, each order violation and dead-lettered id a row of its own: each a
+        struct under a tag with up to two string and two long keys, VALUES values summed, a minimum
+        and a maximum, all summed per (run, tag, keys) in one aggregate over the union of them. Only
+        these few thousand rows per run reach the driver.
         """
         from pyspark.sql import functions as F
 
         exposure = self._exposure_conds()
         in_window = self._window_conds()
-        rows, counted = None, []
+        rows = []
         for u in units:
             df = self.scope.add(u.df, "x_bucket")
             structs: list[Any] = []
             if u.ids:
-                structs += _id_metrics(exposure, self.hist_bits)
-                counted.append(_branch(df, "count", {}, [F.sum(c) for c in _id_counts()]))
+                structs += [_count_metric(), *_id_metrics(exposure, self.hist_bits)]
             if u.attempt is not None:
                 structs += _attempt_metrics(
                     f"{u.attempt}." if u.attempt else "",
@@ -446,27 +465,32 @@ class _Job:
                     F.col(u.attempt).isNotNull() if u.attempt else None,
                     self.hist_bits,
                 )
-            one = df.select("run", F.explode(F.array(*structs)).alias("m")).filter(F.col("m").isNotNull())
-            rows = one if rows is None else rows.unionByName(one)
-        assert rows is not None
-        summed = rows.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2").agg(
-            F.sum("m.v0").alias("v0"), F.sum("m.v1").alias("v1"), F.max("m.mx").alias("mx")
+            rows.append(df.select("run", F.explode(F.array(*structs)).alias("m")))
+        timeline = _metric(
+            "timeline", keys={"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")}
         )
-        parts = [
-            summed.select("run", "tag", "s1", "s2", "l1", "l2", F.array("v0", "v1").alias("v"), "mx"),
-            *counted,
-            _branch(
-                self.scope.add(self.h, "x_bucket"),
-                "timeline",
-                {"l1": bucket("time_ns", "x_bucket"), "s1": F.col("f"), "s2": F.col("type")},
-            ),
-            _branch(_order_violation_rows(j), "order", {}),
-            _branch(self._dead_lettered(), "dead", {}),
-        ]
-        df = parts[0]
-        for p in parts[1:]:
-            df = df.unionByName(p)
-        return df
+        history = F.array(timeline, *live_metrics(self.h, self.scope, _metric))
+        rows.append(self.scope.add(self.h, "x_bucket").select("run", F.explode(history).alias("m")))
+        rows.append(_order_violation_rows(j).select("run", _metric("order").alias("m")))
+        if self.dead_letters:
+            rows.append(self._dead_lettered().select("run", _metric("dead").alias("m")))
+        one = reduce(lambda a, b: a.unionByName(b), rows).filter(F.col("m").isNotNull())
+        summed = one.groupBy("run", "m.tag", "m.s1", "m.s2", "m.l1", "m.l2").agg(
+            *[F.sum(f"m.v{i}").alias(f"v{i}") for i in range(VALUES)],
+            F.min("m.mn").alias("mn"),
+            F.max("m.mx").alias("mx"),
+        )
+        return summed.select(
+            "run",
+            "tag",
+            "s1",
+            "s2",
+            "l1",
+            "l2",
+            F.array(*[f"v{i}" for i in range(VALUES)]).alias("v"),
+            "mn",
+            "mx",
+        )
 
     def _dead_lettered(self) -> Any:
         """(run, id) of every id consumed from a dead-letter queue: an ack ok there (schema 1: a
@@ -522,9 +546,10 @@ class _Job:
         return conds
 
     def list_part(self, j: Any) -> Any:
-        """The capped detail lists from one read of the per-id rows: each flagged id once per list it
-        is on, the first LIST_CAP of each list by its order (a listed message with its first
-        deliveries; a corrupted one with its first corrupted delivery)."""
+        """Every capped detail list from one read of the per-id rows: each flagged id once per list it
+        is on (a listed message with its first deliveries; a corrupted one with its first corrupted
+        delivery), each unflagged redelivery (``uf``) and each order violation, the first LIST_CAP
+        of each list by its order, in one window."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -561,52 +586,24 @@ class _Job:
             for name, (flag, order) in specs.items()
         ]
         flagged = j.filter(reduce(lambda a, b: a | b, [F.col(flag) for flag, _order in specs.values()]))
-        rows = flagged.select(*common, F.explode(F.array(*on)).alias("e")).filter(F.col("e").isNotNull())
-        rank = F.row_number().over(Window.partitionBy("e.list").orderBy("e.o"))
-        top = rows.withColumn("rank", rank).filter(F.col("rank") <= LIST_CAP)
-        return tagged(
-            top.select(F.col("e.list").alias("list"), F.col("e.o").alias("o"), *rows.columns[:-1]), "lists"
-        )
-
-    def counted_parts(self, ev: Any, j: Any, counts: dict[str, int]) -> list[Any]:
-        """The unflagged and out-of-order lists, when the counts say there is anything to list.
-        Only the unflagged list reads the history again (abandons and the deliveries after them)."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        parts, k = [], F.col("k")
-        if counts["unflagged_redeliveries"]:
-            before = Window.partitionBy("id").orderBy("index").rowsBetween(Window.unboundedPreceding, -1)
-            ab = F.struct(
-                F.col("index").alias("index"), F.get_json_object("detail", "$.cause").alias("cause")
-            )
-            parts.append(
-                tagged(
-                    ev.filter(k.isin("d", "ab"))
-                    .withColumn("ab_before", F.max(F.when(k == "ab", ab)).over(before))
-                    .filter(
-                        (k == "d") & F.col("ab_before").isNotNull() & ~F.col("redelivered").eqNullSafe(True)
-                    )
-                    .orderBy("index")
-                    .limit(LIST_CAP)
-                    .select(
-                        "id",
-                        *DELIVERY,
-                        F.col("ab_before.index").alias("abandon_index"),
-                        F.col("ab_before.cause").alias("abandon_cause"),
-                    ),
-                    "unflagged",
+        rows = flagged.select(_json(*common).alias("js"), F.explode(F.array(*on)).alias("e"))
+        rows = rows.filter(F.col("e").isNotNull()).select("e.list", "e.o", "js")
+        uf = j.filter(F.size("uf") > 0).select("id", F.explode("uf").alias("u")).select("id", "u.*")
+        order = _order_violation_rows(j).drop("run")
+        for name, df in (("unflagged", uf), ("order", order)):
+            rows = rows.unionByName(
+                df.select(
+                    F.lit(name).alias("list"), F.col("index").alias("o"), _json(*df.columns).alias("js")
                 )
             )
-        if counts["order_violations"]:
-            parts.append(
-                tagged(_order_violation_rows(j).drop("run").orderBy("index").limit(LIST_CAP), "order")
-            )
-        return parts
+        rank = F.row_number().over(Window.partitionBy("list").orderBy("o"))
+        return tagged(rows.withColumn("rank", rank).filter(F.col("rank") <= LIST_CAP).drop("rank"), "lists")
 
 
-_COUNTED = {"unflagged": "unflagged_redeliveries", "order": "order_violations"}
-"""The parts of ``_Job.counted_parts``, each with the count that calls for it."""
+def _json(*cols: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.struct(*cols), {"ignoreNullFields": "false"})
 
 
 def _kinds(scope: Scope) -> list[str]:
@@ -626,8 +623,8 @@ def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
     for r in rows:
         m = runs.setdefault(r["run"], _Metrics.empty())
         tag, vals = r["tag"], [int(x) for x in r["v"]]
-        if tag == "count":  # one row per kept table of ids
-            for name, v in zip(_COUNT_NAMES, vals, strict=True):
+        if tag == "count":  # per kept table of ids and set of flags (``_count_metric``)
+            for name, v in _counts(int(r["l1"]), vals).items():
                 m.counts[name] += v
         elif tag == "cause":
             m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
@@ -655,6 +652,7 @@ def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
             m.order = vals[0]
         elif tag == "dead":
             m.counts["dead_lettered"] = vals[0]
+        # live_ok and live_pub rows are parse_live's.
     for m in runs.values():
         m.counts["order_violations"] = m.order
         m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
@@ -691,23 +689,9 @@ def _bit_chunks(conds: list[Any]) -> list[tuple[Any, Any]]:
 
 
 _SLOTS = {"s1": "string", "s2": "string", "l1": "long", "l2": "long"}
-"""The keys a metric row of ``_Job.metrics`` may have, and their types."""
-
-
-def _branch(df: Any, tag: str, keys: dict[str, Any], values: list[Any] | None = None) -> Any:
-    """``df``'s rows summed per run and ``keys`` (``values``: the sums, each an aggregate; the
-    count of rows where none are given), in the shape of ``_Job.metric_rows``'s rows."""
-    from pyspark.sql import functions as F
-
-    sums = values if values is not None else [F.count(F.lit(1))]
-    out = df.groupBy("run", *[v.alias(s) for s, v in keys.items()]).agg(F.array(*sums).alias("v"))
-    return out.select(
-        "run",
-        F.lit(tag).alias("tag"),
-        *[(F.col(s) if s in keys else F.lit(None)).cast(t).alias(s) for s, t in _SLOTS.items()],
-        "v",
-        F.lit(None).cast("long").alias("mx"),
-    )
+"""The keys a metric row of ``_Job.metric_rows`` may have, and their types."""
+VALUES = 7
+"""The values a metric row carries, each summed per key."""
 
 
 def _metric(
@@ -715,21 +699,23 @@ def _metric(
     *,
     keys: dict[str, Any] | None = None,
     v: list[Any] | None = None,
+    mn: Any = None,
     mx: Any = None,
     when: Any = None,
 ) -> Any:
-    """One keyed metric row of ``_Job.metrics``: a tag, its keys (s1, s2: strings; l1, l2: longs), two
-    values summed per key (v0: 1 where none are given; v1: 0) and a maximum."""
+    """One keyed metric row of ``_Job.metric_rows``: a tag, its keys (s1, s2: strings; l1, l2: longs),
+    VALUES values summed per key (v0: 1 where none are given; the rest 0 where not given), a
+    minimum and a maximum."""
     from pyspark.sql import functions as F
 
     keys = keys or {}
     vals = [F.coalesce(x.cast("long"), F.lit(0)) for x in (v if v is not None else [F.lit(1)])]
-    vals += [F.lit(0).cast("long")] * (2 - len(vals))
+    vals += [F.lit(0).cast("long")] * (VALUES - len(vals))
     m = F.struct(
         F.lit(tag).alias("tag"),
         *[(keys[k] if k in keys else F.lit(None)).cast(t).alias(k) for k, t in _SLOTS.items()],
-        vals[0].alias("v0"),
-        vals[1].alias("v1"),
+        *[x.alias(f"v{i}") for i, x in enumerate(vals)],
+        (mn if mn is not None else F.lit(None)).cast("long").alias("mn"),
         (mx if mx is not None else F.lit(None)).cast("long").alias("mx"),
     )
     return F.when(when, m) if when is not None else m
@@ -751,33 +737,50 @@ def _hist_keys(v: str, bits: int) -> dict[str, Any]:
     return {"l1": F.expr(shift), "l2": F.expr(f"shiftright({v}, {shift})")}
 
 
-def _id_counts() -> list[Any]:
-    """What an id's row adds to each of _COUNT_NAMES."""
+_COUNT_FLAGS = (
+    ("attempted", "attempts > 0"),
+    ("confirmed", "outcome = 'ok'"),
+    ("failed", "outcome = 'fail'"),
+    ("unknown", "outcome = 'info'"),
+    ("delivered_unique", "delivered > 0"),
+    ("consumed_unique", "consumed > 0"),
+    ("lost", "is_lost"),
+    ("ack_unknown", "is_ack_unknown"),
+    ("unexpected", "is_unexpected"),
+    ("corrupted", "is_corrupted"),
+    ("duplicated", "is_dup"),
+    ("resurrected", "is_resurrected"),
+    ("recovered", "is_recovered"),
+    ("split_brain", "is_split"),
+)
+"""The counts of ids with a flag: bit i of a count row's key is the i-th condition."""
+_COUNT_SUMS = (
+    ("publish_attempts", "attempts"),
+    ("delivered_total", "delivered"),
+    ("consumed_total", "consumed"),
+    ("abandoned", "abandons"),
+    ("unflagged_redeliveries", "unflagged"),
+    ("undigested", "undigested"),
+)
+"""The counts summed over ids: value i + 1 of a count row (value 0 counts its ids)."""
+
+
+def _count_metric() -> Any:
+    """An id's row's share of the counts (_COUNT_NAMES): keyed by its flags (``_COUNT_FLAGS``), so
+    the ids of a run sum to a few rows, one per set of flags met; its sums (``_COUNT_SUMS``)."""
     from pyspark.sql import functions as F
 
-    col = F.col
-    return [
-        _flag(col("attempts") > 0),
-        _flag(col("outcome") == "ok"),
-        _flag(col("outcome") == "fail"),
-        _flag(col("outcome") == "info"),
-        col("attempts"),
-        _flag(col("delivered") > 0),
-        col("delivered"),
-        _flag(col("consumed") > 0),
-        col("consumed"),
-        col("abandons"),
-        _flag("is_lost"),
-        _flag("is_ack_unknown"),
-        _flag("is_unexpected"),
-        _flag("is_corrupted"),
-        _flag("is_dup"),
-        _flag("is_resurrected"),
-        _flag("is_recovered"),
-        _flag("is_split"),
-        col("unflagged"),
-        col("undigested"),
-    ]
+    bits = reduce(
+        lambda a, b: a + b,
+        [F.when(F.expr(cond), 1 << i).otherwise(0).cast("long") for i, (_n, cond) in enumerate(_COUNT_FLAGS)],
+    )
+    return _metric("count", keys={"l1": bits}, v=[F.lit(1), *[F.col(c) for _n, c in _COUNT_SUMS]])
+
+
+def _counts(bits: int, vals: list[int]) -> dict[str, int]:
+    """What a count row (``_count_metric``) adds to each count."""
+    out = {name: vals[0] if bits >> i & 1 else 0 for i, (name, _c) in enumerate(_COUNT_FLAGS)}
+    return out | {name: vals[i + 1] for i, (name, _c) in enumerate(_COUNT_SUMS)}
 
 
 def _id_metrics(exposure: list[Any], hist_bits: int) -> list[Any]:
@@ -855,16 +858,20 @@ def _named(chunk: int, bits: int, names: list[str], none: str) -> list[str]:
 
 _WITH_DELIVERIES = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered")
 _LISTS = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered", "resurrected", "split_brain")
+_ROWS = ("unflagged", "order")
+"""Lists of ``_Job.list_part`` whose rows are deliveries, not ids."""
 
 
 def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
     """The capped lists in their order from ``_Job.list_part``'s rows, and the corrupted list."""
-    lists: dict[str, list[tuple[int, dict]]] = {name: [] for name in _LISTS}
+    lists: dict[str, list[tuple[int, dict]]] = {name: [] for name in (*_LISTS, *_ROWS)}
     corrupted = []
-    for d in rows:
-        name, o, n_bad, bad_first, deliveries = (
-            d.pop(c) for c in ("list", "o", "n_bad", "bad_first", "deliveries")
-        )
+    for row in rows:
+        name, o, d = row["list"], row["o"], json.loads(row["js"])
+        if name in _ROWS:
+            lists[name].append((o, d))
+            continue
+        n_bad, bad_first, deliveries = (d.pop(c) for c in ("n_bad", "bad_first", "deliveries"))
         if name == "corrupted":
             corrupted.append({"id": d["id"], "deliveries": n_bad, "delivery": bad_first})
             continue
@@ -876,28 +883,8 @@ def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
     return {name: [d for _o, d in sorted(v, key=lambda x: x[0])] for name, v in lists.items()}, corrupted
 
 
-_COUNT_NAMES = (
-    "attempted",
-    "confirmed",
-    "failed",
-    "unknown",
-    "publish_attempts",
-    "delivered_unique",
-    "delivered_total",
-    "consumed_unique",
-    "consumed_total",
-    "abandoned",
-    "lost",
-    "ack_unknown",
-    "unexpected",
-    "corrupted",
-    "duplicated",
-    "resurrected",
-    "recovered",
-    "split_brain",
-    "unflagged_redeliveries",
-    "undigested",
-)
+_COUNT_NAMES = (*(k for k in COUNT_KEYS if k != "stuck"), "undigested")
+"""Every count a run's rows add to (``stuck`` is told from the drain, after them)."""
 
 HIST_BITS = 8
 """The first latency histogram splits each power of two into 2^HIST_BITS buckets."""
@@ -924,7 +911,7 @@ class _Metrics:
     def empty(cls) -> _Metrics:
         """A run without a client record has no row in any aggregate: every count is zero (an empty
         history has no timeline row either, so the order count is set here too)."""
-        return cls(counts=dict.fromkeys((*_COUNT_NAMES, "order_violations", "dead_lettered"), 0))
+        return cls(counts=dict.fromkeys(_COUNT_NAMES, 0))
 
 
 def _order_violation_rows(ids: Any) -> Any:

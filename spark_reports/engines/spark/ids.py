@@ -30,6 +30,8 @@ from spark_reports.engines.spark.sql import expected_digest_sql
 DELIVERY = ("index", "time_ns", "node", "queue", "process", "redelivered")
 _DELIVERY_FIELDS = "index:bigint,time_ns:bigint,node:string,queue:string,process:string,redelivered:boolean"
 _DELIVERY_T = f"struct<{_DELIVERY_FIELDS}>"
+_UNFLAGGED_T = f"array<struct<{_DELIVERY_FIELDS},abandon_index:bigint,abandon_cause:string>>"
+"""An id's deliveries after an abandon of it that are not flagged redelivered, each with that abandon."""
 _SHAPE = {
     "attempts": "bigint",
     "outcome": "string",
@@ -52,6 +54,7 @@ _SHAPE = {
     "ds": f"array<{_DELIVERY_T}>",
     "bad_first": f"struct<{_DELIVERY_FIELDS},digest:string,detail:string>",
     "delayed": "boolean",
+    "uf": _UNFLAGGED_T,
 }
 """What either pass says of an id, before ``derive``."""
 _ATTEMPT = {"it": "bigint", "o": "string", "dt": "bigint"}
@@ -401,6 +404,7 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
         .alias("ds"),
         F.lit(None).alias("bad_first"),
         (F.col("delayed") > 0).alias("delayed"),
+        F.array().cast(_UNFLAGGED_T).alias("uf"),
         *extra,
     )
 
@@ -542,6 +546,16 @@ def _level_one(ew: Any, delayed: Any) -> Any:
             n(resurrecting).alias("res_n"),
             F.min(F.when(resurrecting, delivery)).alias("res_first"),
             n(unflagged).alias("unflagged"),
+            F.collect_list(
+                F.when(
+                    unflagged,
+                    F.struct(
+                        *DELIVERY,
+                        F.col("ab_before.index").alias("abandon_index"),
+                        F.col("ab_before.cause").alias("abandon_cause"),
+                    ),
+                )
+            ).alias("uf"),
             F.collect_list(F.when(is_d, delivery)).alias("ds"),
             F.min(F.when(F.col("bad"), F.struct(*DELIVERY, "digest", "detail"))).alias("bad_first"),
             F.max(delayed).alias("delayed"),
@@ -581,6 +595,7 @@ def _level_two(l1: Any) -> Any:
         F.sum("res_n").alias("res_n"),
         F.min("res_first").alias("res_first"),
         F.sum("unflagged").alias("unflagged"),
+        F.flatten(F.collect_list("uf")).alias("uf"),
         F.sort_array(F.flatten(F.collect_list("ds"))).alias("ds"),
         F.min("bad_first").alias("bad_first"),
         F.coalesce(F.max("delayed"), F.lit(False)).alias("delayed"),
@@ -663,9 +678,31 @@ def derive(ids: Any, scope: Scope, *keep: str) -> Any:
         (F.col("res_n") > 0).alias("is_resurrected"),
         "n_bad",
         "ds",
+        "uf",
         "bad_first",
         "delayed",
         corrupted.alias("is_corrupted"),
         split.alias("is_split"),
+        _drain_first(scope).alias("is_drain_first"),
         *keep,
+    )
+
+
+def _drain_first(scope: Scope) -> Any:
+    """Confirmed and first acked by a drainer within its drain, where the run's drain reads count
+    (disjoint nodes, ``Context.drain_reads``): ``LiveFacts.stranded``."""
+    from pyspark.sql import functions as F
+
+    fa = F.col("first_ack")
+    return (
+        fa.isNotNull()
+        & F.col("c.dt").isNotNull()
+        & scope.any_drain_read(
+            lambda d: (
+                (fa["process"] == d.process)
+                & fa["queue"].eqNullSafe(F.lit(d.queue))
+                & (fa["index"] > d.lo)
+                & (fa["index"] < d.hi)
+            )
+        )
     )

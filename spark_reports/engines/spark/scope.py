@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import reduce
-from typing import Any
+from typing import Any, TypeVar
 
 from spark_reports.engines.context import Context
-from spark_reports.engines.drain import DrainSpan
+from spark_reports.engines.drain import DrainRange, DrainSpan
+
+T = TypeVar("T")
 
 _SCALARS = {
     "x_acks": "boolean",
@@ -58,13 +60,26 @@ class Scope:
         """True on a row where ``term(span)`` holds for some drain span of the row's run: an OR
         of one term per span (and the run's number, with several runs); null where no term is
         true and some is null, as SQL's ``exists`` over an array would say."""
+        return self._any(lambda ctx: ctx.spans, term)
+
+    @property
+    def drain_reads(self) -> bool:
+        """Some run's broker holds disjoint messages: its drain's first reads are counted
+        (``Context.drain_reads``)."""
+        return any(c.drain_reads for c in self.ctxs.values())
+
+    def any_drain_read(self, term: Callable[[DrainRange], Any]) -> Any:
+        """``any_span`` over the runs' drain ops (``Context.drain_reads``)."""
+        return self._any(lambda ctx: ctx.drain_reads, term)
+
+    def _any(self, items: Callable[[Context], list[T]], term: Callable[[T], Any]) -> Any:
         from pyspark.sql import functions as F
 
         several = len(self.ctxs) > 1
         terms = [
-            ((F.col("run") == run) & term(span)) if several else term(span)
+            ((F.col("run") == run) & term(x)) if several else term(x)
             for run, ctx in sorted(self.ctxs.items())
-            for span in ctx.spans
+            for x in items(ctx)
         ]
         return reduce(lambda a, b: a | b, terms) if terms else F.lit(False)
 

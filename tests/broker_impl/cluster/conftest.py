@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pika
 import pytest
 
-from tests.broker_impl.nodes import BrokerProc, free_port, wait_for
+from tests.broker_impl.nodes import PERSISTENT, BrokerProc, amqp, declare, drain, free_port, wait_for
 
 __all__ = [
     "PERSISTENT",
@@ -20,6 +19,7 @@ __all__ = [
     "Net",
     "NodeProc",
     "amqp",
+    "declare",
     "drain",
     "free_port",
     "publish",
@@ -134,15 +134,6 @@ class Net:
             link.close()
 
 
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def amqp(node: NodeProc) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0, connection_attempts=1)
-    )
-
-
 def queue_info(node: NodeProc, queue: str) -> dict[str, Any]:
     return {q["name"]: q for q in node.ctl("list_queues")}.get(queue) or {}
 
@@ -155,20 +146,6 @@ def publish(node: NodeProc, queue: str, bodies: range) -> None:
     for i in bodies:
         ch.basic_publish("", queue, str(i).encode(), PERSISTENT)
     c.close()
-
-
-def drain(node: NodeProc, queue: str) -> list[int]:
-    """basic.get with auto-ack until empty; bodies as ints, in delivery order."""
-    c = amqp(node)
-    ch = c.channel()
-    out = []
-    while True:
-        m, _p, body = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        out.append(int(body))
-    c.close()
-    return out
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker_impl.cluster.membership import Membership, MembershipError, ask_to_join, reset_node
 from broker_impl.ctl import CtlError, call
-from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
+from tests.broker_impl.cluster.conftest import NodeProc, declare, drain, publish, queue_info, wait_for
 
 
 def _members(node: NodeProc) -> list[str]:
@@ -28,9 +28,7 @@ def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_
     cluster_factory,
 ) -> None:
     n1, n2, n3 = cluster_factory(3)
-    c = amqp(n3)
-    c.channel().queue_declare("ha.members", durable=True)  # mastered on n3, the node to be forgotten
-    c.close()
+    declare(n3, "ha.members")  # mastered on n3, the node to be forgotten
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
     wait_for(
         lambda: len(queue_info(n1, "ha.members")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
@@ -90,9 +88,7 @@ def test_forgetting_a_stopped_master_promotes_the_mirror_that_when_synced_left_w
     cluster_factory,
 ) -> None:
     n1, n2 = cluster_factory(2)
-    c = amqp(n1)
-    c.channel().queue_declare("ha.forget", durable=True)
-    c.close()
+    declare(n1, "ha.forget")
     publish(n1, "ha.forget", range(30))  # before the policy: the mirror starts without these
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all"})
     # in the ring, not only listed: a publish broadcast before the mirror joined never reaches it
@@ -114,9 +110,7 @@ def test_a_queue_the_forgotten_node_mastered_without_a_mirror_is_deleted_and_sta
     cluster_factory,
 ) -> None:
     n1, n2 = cluster_factory(2)
-    c = amqp(n2)
-    c.channel().queue_declare("plain", durable=True)  # no policy: mastered on n2 alone
-    c.close()
+    declare(n2, "plain")  # no policy: mastered on n2 alone
     publish(n2, "plain", range(5))
     wait_for(lambda: queue_info(n1, "plain").get("node") == "n2", what="n1 knowing the queue")
     n2.ctl("stop_app")
@@ -135,9 +129,7 @@ def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(clus
     """Mirrors frozen (SIGSTOP: links open, nothing answers) and a publish waiting for their acks: stop_app
     must not wait until GM gives up on each link (2 x tick x down_after = 40 s per mirror here)."""
     n1, n2, n3 = cluster_factory(3, down_after=100)
-    c = amqp(n1)
-    c.channel().queue_declare("ha.frozen", durable=True)
-    c.close()
+    declare(n1, "ha.frozen")
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
     wait_for(
         lambda: len(queue_info(n1, "ha.frozen")["synchronised_mirrors"]) == 2, what="both mirrors in sync"

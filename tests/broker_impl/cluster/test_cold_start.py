@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
+from tests.broker_impl.cluster.conftest import NodeProc, declare, drain, publish, queue_info, wait_for
 
 
 def _cold_start(nodes: list[NodeProc], order: list[int]) -> None:
@@ -31,9 +31,7 @@ def _cold_start(nodes: list[NodeProc], order: list[int]) -> None:
 def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, order: list[int]) -> None:
     nodes = cluster_factory(3)
     n1, n2, n3 = nodes
-    c = amqp(n1)
-    c.channel().queue_declare("cold.plain", durable=True)
-    c.close()
+    declare(n1, "cold.plain")
     publish(n2, "cold.plain", range(150))  # confirmed by the master n1, forwarded from n2
     wait_for(lambda: queue_info(n3, "cold.plain").get("node") == "n1", what="n3 knows the master")
 
@@ -51,9 +49,7 @@ def test_an_unmirrored_queue_keeps_its_master_and_its_messages(cluster_factory, 
 def test_a_mirrored_queue_comes_back_whole_on_its_recorded_master(cluster_factory) -> None:
     nodes = cluster_factory(3)
     n1, n2, n3 = nodes
-    c = amqp(n1)
-    c.channel().queue_declare("ha.cold", durable=True)
-    c.close()
+    declare(n1, "ha.cold")
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
     wait_for(
         lambda: len(queue_info(n1, "ha.cold").get("synchronised_mirrors", [])) == 2, what="mirrors in sync"

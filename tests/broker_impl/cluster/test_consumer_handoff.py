@@ -15,7 +15,7 @@ import pika
 import pytest
 from pamqp import commands, frame
 
-from tests.broker_impl.cluster.conftest import NodeProc, amqp, drain, publish, queue_info, wait_for
+from tests.broker_impl.cluster.conftest import NodeProc, amqp, declare, drain, publish, queue_info, wait_for
 from tests.broker_impl.test_fuzz import Raw
 
 HA = {"ha-mode": "all", "ha-sync-mode": "automatic"}
@@ -102,9 +102,7 @@ def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every
     # stall of a loaded machine does not make n2 take n1 for down and refuse its queue.
     n1, n2, _n3 = cluster_factory(3, tick=1.0)
     queue = "handoff.inflight"
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     publish(n1, queue, range(3000))
     conn = amqp(n2)  # remote: every delivery crosses the n1 -> n2 link
     ch = conn.channel()
@@ -120,9 +118,7 @@ def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every
 def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts(cluster_factory) -> None:
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.counts"
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=HA)
     wait_for(
         lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync"
@@ -155,9 +151,7 @@ def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refuse
 ) -> None:
     n1, n2, _n3 = cluster_factory(3)
     queue = "counts.unreachable"
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     publish(n1, queue, range(5))
     wait_for(lambda: _counts(n2, queue) == (5, 0), what="n2 sees the master's counts")
     n1.kill()  # not mirrored: nobody can answer for the 5 messages until n1 is back
@@ -176,9 +170,7 @@ def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_tim
     """A client whose stream to the broker stops in the middle of a frame (a cut TCP stream) holds nothing for ever."""
     n1, n2, _n3 = cluster_factory(3)
     queue = "handoff.silent"
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     publish(n1, queue, range(20))
     raw = Raw(n2.amqp_port)  # on n2: a remote consumer of n1's queue
     raw.handshake("tune")

@@ -21,6 +21,7 @@ from tests.broker_impl.cluster.conftest import (
     PERSISTENT,
     NodeProc,
     amqp,
+    declare,
     drain,
     publish,
     queue_info,
@@ -33,9 +34,7 @@ def _mirrored_queue(
 ) -> None:
     """Declare on n1 (its master), optionally fill it before the policy exists, then mirror it on n2 and n3."""
     n1 = nodes[0]
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     if before:
         publish(n1, queue, range(before))
     n1.ctl("set_policy", name="ha", pattern="^ha", definition=definition)
@@ -46,9 +45,15 @@ def _mirrored_queue(
         )
 
 
+def _synced_everywhere(cluster_factory: Any, queue: str) -> list[NodeProc]:
+    """Three nodes, ``queue`` mastered on n1 and mirrored in sync on n2 and n3."""
+    nodes = list(cluster_factory(3))
+    _mirrored_queue(nodes, queue, {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    return nodes
+
+
 def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(cluster_factory) -> None:
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.synced", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.synced")
     publish(n2, "ha.synced", range(200))  # through a non-master node
     n1.kill()
     info = wait_for(
@@ -60,8 +65,7 @@ def test_synced_mirrors_lose_no_confirmed_message_when_the_master_is_killed(clus
 
 
 def test_unacked_messages_are_requeued_redelivered_on_promotion(cluster_factory) -> None:
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.unacked", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.unacked")
     publish(n1, "ha.unacked", range(3))
     c = amqp(n1)
     ch = c.channel()
@@ -142,8 +146,7 @@ def test_manual_sync_then_failover_loses_nothing_and_exactly_replaces_the_mirror
 
 
 def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(cluster_factory) -> None:
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.cons", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.cons")
     c3 = amqp(n3)
     stay, leave = c3.channel(), c3.channel()
     got: list[int] = []
@@ -180,8 +183,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_asked_to_be_cancelled(
 
 def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None:
     """After the first promotion the new master syncs the remaining mirror, so the second promotion is in sync."""
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.twice", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.twice")
     publish(n2, "ha.twice", range(100))
     c = amqp(n3)
     ch = c.channel()
@@ -207,8 +209,7 @@ def test_two_failovers_in_a_row_keep_every_message_once(cluster_factory) -> None
 
 def test_mirrors_are_members_of_the_queues_gm_ring(cluster_factory) -> None:
     """The master and every mirror are members of one GM group; the ring drops a killed mirror's node."""
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.ring", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.ring")
     wait_for(
         lambda: sorted(queue_info(n1, "ha.ring")["gm_ring"]) == ["n1", "n2", "n3"], what="a ring of three"
     )
@@ -255,9 +256,7 @@ def test_the_other_mirror_follows_the_promoted_master_without_a_resync(cluster_f
 def test_promotion_on_a_controlled_stop_follows_ha_promote_on_shutdown(cluster_factory, synced: bool) -> None:
     """A stopped (not killed) master: the default ``when-synced`` promotes an in-sync mirror only."""
     n1, n2 = cluster_factory(2)
-    c = amqp(n1)
-    c.channel().queue_declare("ha.stop", durable=True)
-    c.close()
+    declare(n1, "ha.stop")
     publish(n1, "ha.stop", range(30))  # before the policy: a new mirror starts without these
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all"})
     wait_for(lambda: queue_info(n1, "ha.stop").get("mirrors") == ["n2"], what="a mirror on n2")
@@ -374,9 +373,7 @@ def test_an_automatically_synced_mirror_reaches_and_keeps_sync_under_a_steady_pu
     """
     n1, n2, n3 = cluster_factory(3, tick=0.5)  # nine publishers on a small machine: no false suspicions
     queue = "ha.stream"
-    c = amqp(n1)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     stream = _Stream([n1, n2, n3], queue)
     wait_for(lambda: stream.count() >= 300, what="the stream flowing")
     n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})

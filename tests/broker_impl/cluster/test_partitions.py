@@ -11,6 +11,7 @@ from tests.broker_impl.cluster.conftest import (
     Net,
     NodeProc,
     amqp,
+    declare,
     drain,
     publish,
     queue_info,
@@ -23,28 +24,34 @@ def _synced_queue(master: NodeProc, queue: str) -> None:
     master.ctl(
         "set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"}
     )
-    c = amqp(master)
-    c.channel().queue_declare(queue, durable=True)
-    c.close()
+    declare(master, queue)
     wait_for(
         lambda: len(queue_info(master, queue).get("synchronised_mirrors", [])) == 2, what="mirrors in sync"
     )
     publish(master, queue, range(10))
 
 
-def _split_brain(nodes: list[NodeProc], net: Net) -> str:
+def _cut_off_synced_master(nodes: list[NodeProc], net: Net, queue: str) -> str:
     """A queue mastered on n1 and mirrored in sync everywhere, then n1 cut off: a mirror promotes on the
     other side (n2 as a rule; n3 when n2's mirror fell out of sync on a busy machine). Returns that node."""
-    n1, n2, n3 = nodes
-    _synced_queue(n1, "ha.split")
+    n1, n2, _n3 = nodes
+    _synced_queue(n1, queue)
     net.partition(["n1"], ["n2", "n3"])
-    master = wait_for(
-        lambda: (m := queue_info(n2, "ha.split").get("node")) in ("n2", "n3") and m,
-        what="promoted on n2's side",
+    return str(
+        wait_for(
+            lambda: (m := queue_info(n2, queue).get("node")) in ("n2", "n3") and m,
+            what="promoted on n2's side",
+        )
     )
+
+
+def _split_brain(nodes: list[NodeProc], net: Net) -> str:
+    """``_cut_off_synced_master``, then publishes accepted on both sides. Returns the promoted node."""
+    n1, _n2, n3 = nodes
+    master = _cut_off_synced_master(nodes, net, "ha.split")
     publish(n1, "ha.split", range(100, 110))  # accepted by the old master, alone
     publish(n3, "ha.split", range(200, 210))  # accepted by the new master, through n3
-    return str(master)
+    return master
 
 
 def _listening(node: NodeProc) -> bool:
@@ -263,3 +270,32 @@ def test_a_paused_node_stays_paused_until_its_peers_are_forgotten_then_serves_al
     status = n1.ctl("cluster_status")
     assert not status["paused"] and not status["joining"], status
     wait_for(lambda: _serves(n1), what="n1 serving as the only member")
+
+
+def test_a_former_master_restarted_after_a_promotion_follows_the_new_master(cluster_factory, net) -> None:
+    """n1 (the master) is cut off and killed; n2's side promotes a mirror, which confirms publishes; n1 starts
+    again: it must take the promoted master's record, not win the merge with its own (issue: its record,
+    stamped later by its Lamport clock while cut off, beat the promotion's; the new master dropped its copy
+    and every publish it had confirmed was lost). The exchanges declared on n1 while cut off stand for
+    the records a master stamps alone meanwhile (its mirrors leaving): they put its clock ahead."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="ignore")
+    n1, n2, n3 = nodes
+    promoted = _cut_off_synced_master(nodes, net, "ha.back")
+    c = amqp(n1)
+    ch = c.channel()
+    for i in range(40):
+        ch.exchange_declare(f"ahead.{i}", "fanout", durable=True)
+    c.close()
+    publish(n2, "ha.back", range(10, 20))  # confirmed by the promoted master
+    n1.kill()
+    net.heal()
+    n1.start()
+    wait_for(lambda: not n1.ctl("cluster_status")["joining"], what="n1 joined")
+    wait_for(lambda: len({queue_info(n, "ha.back").get("node") for n in nodes}) == 1, what="one master again")
+    master = queue_info(n1, "ha.back")["node"]
+    assert master == promoted, f"the restarted n1 took the queue back from {promoted}"
+    wait_for(
+        lambda: sorted(n3.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"], what="n3 sees every peer"
+    )
+    assert sorted(drain(n3, "ha.back")) == list(range(20))
+    assert "dropping the copy here" not in n2.log() + n3.log()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pika
 import pika.exceptions
 import pytest
 
 from tests.broker_impl.cluster.conftest import PERSISTENT, amqp, drain, queue_info, wait_for
-from tests.broker_impl.cluster.test_mirroring import _mirrored_queue
+from tests.broker_impl.cluster.test_mirroring import _mirrored_queue, _synced_everywhere
 from tests.polling import until
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,22 @@ def _tx_publisher(node, committed: list[int], stop: threading.Event) -> None:
         pass  # the master died under the commit in flight: its outcome is unknown
 
 
+def _transacting(node, queue: str, n: int) -> tuple[pika.BlockingConnection, Any]:
+    """A connection to ``node`` and a channel in tx mode, 0..n-1 published persistent to ``queue`` first."""
+    c = amqp(node)
+    ch = c.channel()
+    for i in range(n):
+        ch.basic_publish("", queue, str(i).encode(), PERSISTENT)
+    ch.tx_select()
+    return c, ch
+
+
+def _mirror_promoted(node, queue: str) -> None:
+    wait_for(lambda: queue_info(node, queue).get("node") in ("n2", "n3"), what="a mirror promoted")
+
+
 def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory) -> None:
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.tx", {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.tx")
     committed: list[int] = []
     stop = threading.Event()
     # through n2: each commit travels to the master on n1 as one request, and from it to n2 and n3 as one broadcast
@@ -50,7 +64,7 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
     stop.set()
     t.join(15)
     assert len(committed) >= 40, "publisher made too little progress before the kill"
-    wait_for(lambda: queue_info(n3, "ha.tx").get("node") in ("n2", "n3"), what="a mirror promoted")
+    _mirror_promoted(n3, "ha.tx")
     by_batch: dict[int, list[int]] = {}
     for body in drain(n3, "ha.tx"):
         by_batch.setdefault(body // 100, []).append(body % 100)
@@ -61,13 +75,8 @@ def test_master_killed_mid_commit_leaves_every_transaction_whole(cluster_factory
 
 
 def test_acks_committed_through_another_node_survive_the_master(cluster_factory) -> None:
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.txack", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c = amqp(n2)
-    ch = c.channel()
-    for i in range(10):
-        ch.basic_publish("", "ha.txack", str(i).encode(), PERSISTENT)
-    ch.tx_select()
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.txack")
+    _c, ch = _transacting(n2, "ha.txack", 10)
     tags = []
     for _ in range(6):
         m, _p, _b = ch.basic_get("ha.txack")
@@ -75,23 +84,18 @@ def test_acks_committed_through_another_node_survive_the_master(cluster_factory)
     ch.basic_ack(tags[-1], multiple=True)
     ch.tx_commit()  # through n2: commit-ok once the master on n1 and its in-sync mirrors applied the acks
     n1.kill()
-    wait_for(lambda: queue_info(n3, "ha.txack").get("node") in ("n2", "n3"), what="a mirror promoted")
+    _mirror_promoted(n3, "ha.txack")
     assert drain(n3, "ha.txack") == [6, 7, 8, 9]
 
 
 def test_a_commit_acking_deliveries_of_a_dead_master_fails_and_they_come_back(cluster_factory) -> None:
     """Found by reference-tx: commit-ok for acks the promoted mirror never saw, and the messages came back."""
-    n1, n2, n3 = cluster_factory(3)
-    _mirrored_queue([n1, n2, n3], "ha.txvoid", {"ha-mode": "all", "ha-sync-mode": "automatic"})
-    c = amqp(n2)
-    ch = c.channel()
-    for i in range(4):
-        ch.basic_publish("", "ha.txvoid", str(i).encode(), PERSISTENT)
-    ch.tx_select()
+    n1, n2, n3 = _synced_everywhere(cluster_factory, "ha.txvoid")
+    _c, ch = _transacting(n2, "ha.txvoid", 4)
     tags = [ch.basic_get("ha.txvoid")[0].delivery_tag for _ in range(2)]
     ch.basic_ack(tags[-1], multiple=True)
     n1.kill()
-    wait_for(lambda: queue_info(n3, "ha.txvoid").get("node") in ("n2", "n3"), what="a mirror promoted")
+    _mirror_promoted(n3, "ha.txvoid")
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
         ch.tx_commit()
     assert e.value.reply_code == 406 and "partial tx completion" in e.value.reply_text

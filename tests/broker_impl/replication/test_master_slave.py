@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, NackError
 
+from tests.broker_impl.nodes import PERSISTENT, drain
+from tests.broker_impl.nodes import amqp as connect
 from tests.broker_impl.replication.conftest import Node, wait_for
-
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def connect(node: Node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0, connection_attempts=1)
-    )
 
 
 def publish(node: Node, queue: str, bodies: range, declare: bool = False) -> None:
@@ -35,17 +30,13 @@ def publish(node: Node, queue: str, bodies: range, declare: bool = False) -> Non
             c.close()
 
 
-def drain(node: Node, queue: str) -> list[int]:
-    c = connect(node)
-    ch = c.channel()
-    out = []
-    while True:
-        m, _p, body = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        out.append(int(body))
-    c.close()
-    return out
+def _slave_cut_off(pair_factory: Any, mode: str) -> Any:
+    """A pair in ``mode`` with 10 messages in ``q``, then its link cut until the master sees its slave gone."""
+    pair = pair_factory(mode)
+    publish(pair.master, "q", range(10), declare=True)
+    pair.link.set_cut(True)
+    wait_for(lambda: not pair.master.status()["slaves"], what="the master to see its slave gone")
+    return pair
 
 
 def test_the_slave_copies_the_log_and_the_queues_and_refuses_publishes(pair_factory):
@@ -71,10 +62,7 @@ def test_the_slave_copies_the_log_and_the_queues_and_refuses_publishes(pair_fact
 
 
 def test_a_sync_master_nacks_without_its_slave_and_confirms_again_when_it_is_back(pair_factory):
-    pair = pair_factory("sync_master")
-    publish(pair.master, "q", range(10), declare=True)
-    pair.link.set_cut(True)
-    wait_for(lambda: not pair.master.status()["slaves"], what="the master to see its slave gone")
+    pair = _slave_cut_off(pair_factory, "sync_master")
     with pytest.raises(NackError):
         publish(pair.master, "q", range(10, 11))
     assert "SLAVE_NOT_AVAILABLE" in pair.master.log()
@@ -86,10 +74,7 @@ def test_a_sync_master_nacks_without_its_slave_and_confirms_again_when_it_is_bac
 
 
 def test_an_async_master_confirms_without_its_slave(pair_factory):
-    pair = pair_factory("async_master")
-    publish(pair.master, "q", range(10), declare=True)
-    pair.link.set_cut(True)
-    wait_for(lambda: not pair.master.status()["slaves"], what="the master to see its slave gone")
+    pair = _slave_cut_off(pair_factory, "async_master")
     publish(pair.master, "q", range(10, 20))  # no NackError
     behind = pair.slave.status()["replica_end"]
     assert behind < pair.master.status()["log_end"]

@@ -129,3 +129,41 @@ def test_the_node_nacks_what_the_failed_fsync_covered_and_stops_itself(
         pytest.fail("a publish was confirmed by a store whose fsync had failed")
     if conn.is_open:
         conn.close()
+
+
+def test_a_queue_dropped_while_a_checkpoint_syncs_does_not_fail_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mirror's copy dropped at a heal closes its queue's files while the checkpoint's fsyncs run
+    in the pool: the checkpoint syncs what it claimed and the store goes on (an fsync of the closed
+    descriptor failed with EBADF, and the node stopped)."""
+    import threading
+
+    syncing, dropped = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        dropped.wait()
+        real(fd)
+
+    async def go() -> None:
+        store = await open_store(tmp_path, {"flush": "sync", "checkpoint_interval_ms": 60_000})
+        off, size, index = store.append("q", b"m")
+        await store.wait_durable(off + size)
+        store.ack("q", [index])
+        monkeypatch.setattr(os, "fdatasync", slow)
+        checkpoint = asyncio.ensure_future(store.write_checkpoint())
+        while not syncing.is_set():
+            await asyncio.sleep(0.01)
+        store.delete_queue("q")  # closes the queue's descriptors on the loop, mid-checkpoint
+        dropped.set()
+        await checkpoint
+        assert store.failed is None
+        monkeypatch.setattr(os, "fdatasync", real)
+        off, size, _ = store.append("other", b"n")
+        await store.wait_durable(off + size)
+        await store.close()
+
+    asyncio.run(go())
+    assert not (tmp_path / "abort").exists()

@@ -11,30 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker_impl.store import durable, open_store, progress
-from faults.lazyfs import LazyMount, fuse_available, is_mounted
+from faults.lazyfs import LazyMount, fuse_available
 
 REASON = fuse_available()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
 
 CFG = {"flush": "sync", "checkpoint_interval_ms": 600_000, "segment_bytes": 64 * 1024}
 N = 200
-
-
-@pytest.fixture
-def lazy() -> Iterator[LazyMount]:
-    with tempfile.TemporaryDirectory(prefix="lzs") as tmp:  # socket paths are limited to 108 bytes
-        lz = LazyMount(f"{tmp}/backing", f"{tmp}/mnt", f"{tmp}/ctl.sock")
-        with lz:
-            yield lz
-        assert not is_mounted(lz.mountpoint)
 
 
 class PowerCut(BaseException):

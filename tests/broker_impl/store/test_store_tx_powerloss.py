@@ -11,8 +11,6 @@ ack log in between.
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +19,12 @@ import pytest
 from broker_impl.store import open_store
 from broker_impl.store.commitlog import CommitLog
 from broker_impl.store.record import FLAG_TX_PREPARED
-from faults.lazyfs import LazyMount, fuse_available, is_mounted
+from faults.lazyfs import LazyMount, fuse_available
 
 REASON = fuse_available()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")]
 
 CFG: dict[str, Any] = {"flush": "sync", "checkpoint_interval_ms": 600_000, "segment_bytes": 64 * 1024}
-
-
-@pytest.fixture
-def lazy() -> Iterator[LazyMount]:
-    with tempfile.TemporaryDirectory(prefix="lzt") as tmp:  # socket paths are limited to 108 bytes
-        lz = LazyMount(f"{tmp}/backing", f"{tmp}/mnt", f"{tmp}/ctl.sock")
-        with lz:
-            yield lz
-        assert not is_mounted(lz.mountpoint)
 
 
 def _bodies(store, queue: str) -> list[bytes]:
