@@ -579,12 +579,16 @@ class LazyState:
                 raise _err(errno.EISDIR, path)
             if not isinstance(node, File):
                 raise _err(errno.ELOOP, path)
-            if truncate and node.size:
-                node.truncate(0)
-                node.touch()
-                self._log(node)
-            node.opens += 1
-            return self._handle(self.files, node)
+            return self._open_file(node, truncate)
+
+    def _open_file(self, node: File, truncate: bool) -> int:
+        """A new handle on ``node``, emptied first for O_TRUNC (a logged change when it had data)."""
+        if truncate and node.size:
+            node.truncate(0)
+            node.touch()
+            self._log(node)
+        node.opens += 1
+        return self._handle(self.files, node)
 
     def release(self, fh: int) -> None:
         with self.lock:
@@ -622,12 +626,7 @@ class LazyState:
                 self._add(d, name, node)
             elif not isinstance(node, File):
                 raise _err(errno.EISDIR, path)
-            elif truncate and node.size:
-                node.truncate(0)
-                node.touch()
-                self._log(node)
-            node.opens += 1
-            return self._handle(self.files, node)
+            return self._open_file(node, truncate)
 
     def mkdir(self, path: str, mode: int, uid: int, gid: int) -> None:
         with self.lock:
