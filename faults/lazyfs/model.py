@@ -617,6 +617,13 @@ class LazyState:
             raise _err(errno.EEXIST, path)
         return d, name
 
+    def _existing(self, path: str) -> tuple[Dir, str, Node]:
+        d, name = self._parent(path)
+        node = d.entries.get(name)
+        if node is None:
+            raise _err(errno.ENOENT, path)
+        return d, name, node
+
     def create(self, path: str, mode: int, uid: int, gid: int, truncate: bool = False) -> int:
         with self.lock:
             d, name = self._parent(path)
@@ -666,20 +673,14 @@ class LazyState:
 
     def unlink(self, path: str) -> None:
         with self.lock:
-            d, name = self._parent(path)
-            node = d.entries.get(name)
-            if node is None:
-                raise _err(errno.ENOENT, path)
+            d, name, node = self._existing(path)
             if isinstance(node, Dir):
                 raise _err(errno.EISDIR, path)
             self._remove(d, name)
 
     def rmdir(self, path: str) -> None:
         with self.lock:
-            d, name = self._parent(path)
-            node = d.entries.get(name)
-            if node is None:
-                raise _err(errno.ENOENT, path)
+            d, name, node = self._existing(path)
             if not isinstance(node, Dir):
                 raise _err(errno.ENOTDIR, path)
             if node.entries:
@@ -688,10 +689,7 @@ class LazyState:
 
     def rename(self, old: str, new: str) -> None:
         with self.lock:
-            sd, sname = self._parent(old)
-            node = sd.entries.get(sname)
-            if node is None:
-                raise _err(errno.ENOENT, old)
+            sd, sname, node = self._existing(old)
             dd, dname = self._parent(new)
             if isinstance(node, Dir) and any(anc is node for anc in self._ancestors(dd)):
                 raise _err(errno.EINVAL, new)
