@@ -516,6 +516,13 @@ class LazyState:
             raise _err(errno.EINVAL)
         return self.resolve(path)
 
+    def _file(self, fh: int) -> File:
+        """The file an open handle names; EIO for a handle from before a crash."""
+        node = self.files.get(fh)
+        if node is None:
+            raise _err(errno.EIO, "handle from before a crash")
+        return node
+
     # ---------------------------------------------------------------- FUSE operations
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         with self.lock:
@@ -727,18 +734,14 @@ class LazyState:
 
     def read(self, fh: int, size: int, off: int) -> bytes:
         with self.lock:
-            node = self.files.get(fh)
-            if node is None:
-                raise _err(errno.EIO, "handle from before a crash")
+            node = self._file(fh)
             if self.disk:
                 self.disk.on_read(self.path_of(node))
             return node.read(size, off)
 
     def write(self, fh: int, data: bytes, off: int) -> int:
         with self.lock:
-            node = self.files.get(fh)
-            if node is None:
-                raise _err(errno.EIO, "handle from before a crash")
+            node = self._file(fh)
             if self.disk:
                 self.disk.on_write(self.path_of(node), len(data))
             node.write(data, off)
