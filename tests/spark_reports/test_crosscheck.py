@@ -7,6 +7,7 @@ literally (quadratic loops, no shared code with either engine).
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -447,25 +448,23 @@ def _heals(plan: dict, nemesis: list[dict]) -> list[tuple[str, str, int]]:
             for r in nemesis
             if r["f"] == f["kind"] and _json(r["value"]).get("fault_id") == f["id"]
         )
-        ends = [
-            r["time_ns"]
-            for r in nemesis
-            if r["f"] == "heal"
-            and r["type"] == "ok"
-            and f["id"] in _json(r["value"])["fault_ids"]
-            and r["time_ns"] >= start
-        ]
+        ends = _heal_times(nemesis, f["id"], "ok", start)
         if ends:
-            began = [
-                r["time_ns"]
-                for r in nemesis
-                if r["f"] == "heal"
-                and r["type"] == "invoke"
-                and f["id"] in _json(r["value"])["fault_ids"]
-                and start <= r["time_ns"] <= min(ends)
-            ]
+            began = _heal_times(nemesis, f["id"], "invoke", start, min(ends))
             heals.append((f["id"], f["kind"], max(began)))
     return heals
+
+
+def _heal_times(nemesis: list[dict], fault_id: str, type_: str, lo: int, hi: float = math.inf) -> list[int]:
+    """When the heals of ``fault_id`` were written as ``type_`` (invoke or ok), from ``lo`` to ``hi``."""
+    return [
+        r["time_ns"]
+        for r in nemesis
+        if r["f"] == "heal"
+        and r["type"] == type_
+        and fault_id in _json(r["value"])["fault_ids"]
+        and lo <= r["time_ns"] <= hi
+    ]
 
 
 def _recovery(
