@@ -106,19 +106,15 @@ FEATURES: tuple[Feature, ...] = (
         nodes=(3, None),
         wanted=("kill", "partition", "power-loss", "power-loss-coordinated"),
     ),
-    Feature(
-        "partition handling: pause_minority",
-        "cluster_partition_handling = pause_minority",
-        {"partition_handling": ("pause_minority",)},
-        nodes=(3, None),
-        wanted=("partition",),
-    ),
-    Feature(
-        "partition handling: autoheal",
-        "cluster_partition_handling = autoheal",
-        {"partition_handling": ("autoheal",)},
-        nodes=(3, None),
-        wanted=("partition",),
+    *(
+        Feature(
+            f"partition handling: {mode}",
+            f"cluster_partition_handling = {mode}",
+            {"partition_handling": (mode,)},
+            nodes=(3, None),
+            wanted=("partition",),
+        )
+        for mode in ("pause_minority", "autoheal")  # the modes that act on a partition (not ignore)
     ),
     Feature(
         "transactions",
