@@ -1,9 +1,12 @@
-"""What tests build alike: a fixture's factory of things it ends afterwards (nodes, servers), scenarios."""
+"""What tests build alike: a fixture's factory of things it ends afterwards (nodes, servers),
+scenarios, and the settings of a property test that takes a fixture."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from harness.scenario import Scenario
@@ -37,4 +40,15 @@ def reference_scenario(
             "workload": {"duration": duration},
             "nemesis": nemesis,
         }
+    )
+
+
+def fixture_settings(max_examples: int, **more: Any) -> settings:
+    """Hypothesis settings for a property test that takes a function-scoped fixture (a Spark
+    engine, a node): the examples share one fixture, which these tests mean (it holds no state
+    between examples), so hypothesis's health check against it is off."""
+    return settings(
+        max_examples=max_examples,
+        suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
+        **more,
     )

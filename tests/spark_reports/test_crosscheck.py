@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.spec import body_digest, message_body
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
+from tests.factories import fixture_settings
 
 NODES = ["n1", "n2", "n3", None]
 KINDS = ["partition", "kill", "pause", "power-loss"]
@@ -620,11 +621,7 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(
-    max_examples=10,
-    deadline=None,
-    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
-)
+@fixture_settings(10, deadline=None)
 @given(plan=plans())
 def test_spark_agrees_with_python_exactly(plan: dict, spark_engine) -> None:
     b = build(plan)
