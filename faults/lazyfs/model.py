@@ -1062,20 +1062,25 @@ class LazyState:
     # ---------------------------------------------------------------- control
     def status(self) -> dict[str, Any]:
         with self.lock:
-            paths = self._paths()
-            files = [
-                {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()}
-                for f in self._dirty_files()
-            ]
+            files = self._unsynced_files()
             dirs = [p for p, n in self.walk() if isinstance(n, Dir) and (n.ns_dirty or n.dfd is None)]
             return {
-                "files": sorted(files, key=lambda f: f["path"]),
+                "files": files,
                 "dirs_with_unsynced_entries": sorted(dirs),
                 "unsynced_bytes": sum(f["unsynced_bytes"] for f in files),
                 "unsynced_files": len(files),
                 "fsyncs_in_flight": [dict(v) for v in self._in_flight.values()],
                 "halted": self._halted,
             }
+
+    def _unsynced_files(self) -> list[dict[str, Any]]:
+        """Each file with unsynced changes, by path (``<unlinked ino N>`` once no name leads to it),
+        with what is unsynced in it."""
+        paths = self._paths()
+        files = [
+            {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()} for f in self._dirty_files()
+        ]
+        return sorted(files, key=lambda f: f["path"])
 
     def _dirty_files(self) -> list[File]:
         seen: dict[int, File] = {}
@@ -1133,17 +1138,13 @@ class LazyState:
     def crash(self) -> dict[str, Any]:
         """Drop every unsynced change; the view becomes what the backing directory holds."""
         with self.lock:
-            paths = self._paths()
-            dropped = [
-                {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()}
-                for f in self._dirty_files()
-            ]
+            dropped = self._unsynced_files()
             before = self._names()
             self._close_all()
             self._load()
             after = self._names()
             return {
-                "dropped_data": sorted(dropped, key=lambda f: f["path"]),
+                "dropped_data": dropped,
                 "dropped_bytes": sum(f["unsynced_bytes"] for f in dropped),
                 "names_lost": sorted(p for p, v in before.items() if after.get(p) != v),
                 "names_restored": sorted(p for p, v in after.items() if before.get(p) != v),
