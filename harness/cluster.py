@@ -286,6 +286,9 @@ class Topology:
     client_nodes: tuple[str, ...] = ()
     #: The shared volumes on the lazy filesystem (power loss), each served by one disk container.
     shared_disks: tuple[SharedDisk, ...] = ()
+    #: Under the lazy filesystem: the nodes with one of their own (their data directory is not a
+    #: shared volume's); their node init takes disk rules and ``power-loss`` itself.
+    lazy_nodes: tuple[str, ...] = ()
 
     def disks_of(self, node: str) -> tuple[SharedDisk, ...]:
         """The shared disks ``node`` mounts (a power cut of the node cuts them too)."""
@@ -574,6 +577,7 @@ def build_topology(
         roles={n: r.name for n, r in roles.items()},
         client_nodes=tuple(n for n, r in roles.items() if r.clients),
         shared_disks=tuple(disks),
+        lazy_nodes=tuple(c.node for c in containers if c.role == "broker" and "--lazyfs" in c.command),
     )
 
 

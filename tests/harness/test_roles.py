@@ -108,6 +108,7 @@ def test_under_power_loss_a_shared_volume_is_one_lazy_filesystem_every_node_of_i
     (disk,) = t.shared_disks
     assert disk.nodes == ("n1", "n2") and disk.path == "/var/lib/pair"
     assert t.disks_of("n1") == t.disks_of("n2") == (disk,) and t.disks_of("n3") == ()
+    assert t.lazy_nodes == ("n3",)  # the brokers' data is the disk's; the database has its own
     (spec,) = [c for c in t.containers if c.role == DISK_ROLE]
     assert spec.name == disk.container == "bc-r-shared-store"
     # The disk mounts the lazy filesystem on a host directory it shares (rshared) ...
@@ -132,6 +133,7 @@ def test_under_power_loss_a_shared_volume_beside_the_data_directory_goes_through
     assert "--lazyfs" in broker.command and broker.volumes == {"bc-r-n1-data": LAZYFS_BACKING}
     assert broker.binds == {"bc-r-shared-store-mount": ("/var/lib/pair/shared", "rslave")}
     assert [d.nodes for d in t.shared_disks] == [("n1", "n2")]
+    assert t.lazy_nodes == ("n1", "n2", "n3")
 
 
 def test_the_default_is_one_broker_role_of_every_node() -> None:

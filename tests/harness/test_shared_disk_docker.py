@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from faults.disk import DiskError
 from faults.process import PowerLoss
 from harness.cluster import Cluster, build_topology, docker_client, remove_labelled
 from harness.host import Host
@@ -115,3 +116,5 @@ def test_a_power_cut_of_a_shared_volume_drops_the_unsynced_writes_both_nodes_saw
     assert evidence.effect is True and set(evidence.facts["process"]) == {"n1", "n2"}
     healed = fault.heal()
     assert healed["ready"] and sorted(healed["shared_nodes"]) == ["n1", "n2"]
+    # The final heal's disk-rule clearing asks the disk, not the nodes (which have no lazyfs).
+    assert DiskError.heal_all(FaultContext(cluster)) is None
