@@ -441,6 +441,16 @@ def _disk_container(
     return spec, SharedDisk(v.name, v.path, name, nodes)
 
 
+def _shared_disks(o: _NodeOptions, roles: Mapping[str, Role]) -> list[tuple[ContainerSpec, SharedDisk]]:
+    """Under power loss, each shared volume some node mounts: its disk container and its nodes."""
+    out = []
+    for v in o.shared:
+        mounting = tuple(n for n, role in roles.items() if role.name in v.roles)
+        if mounting:
+            out.append(_disk_container(v, mounting, o))
+    return out
+
+
 @dataclass(frozen=True)
 class _NodeOptions:
     """What every node container of one topology shares."""
@@ -555,14 +565,8 @@ def build_topology(
         role = roles[name]
         info = NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings, role=role.name)
         containers.append(_node_container(plugin, info, role, opts))
-    disks: list[SharedDisk] = []
-    if lazyfs:
-        for v in opts.shared:
-            mounting = tuple(n for n in names if roles[n].name in v.roles)
-            if mounting:
-                spec, disk = _disk_container(v, mounting, opts)
-                containers.append(spec)
-                disks.append(disk)
+    disks = _shared_disks(opts, roles) if lazyfs else []
+    containers += [spec for spec, _ in disks]
     return Topology(
         run_id=run_id,
         network=run_id,
@@ -576,7 +580,7 @@ def build_topology(
         filesystem=opts.model,
         roles={n: r.name for n, r in roles.items()},
         client_nodes=tuple(n for n, r in roles.items() if r.clients),
-        shared_disks=tuple(disks),
+        shared_disks=tuple(disk for _, disk in disks),
         lazy_nodes=tuple(c.node for c in containers if c.role == "broker" and "--lazyfs" in c.command),
     )
 
