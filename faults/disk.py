@@ -106,11 +106,17 @@ class _DiskRuleFault(Fault):
 
     @classmethod
     def heal_all(cls, ctx: FaultContext) -> dict[str, Any] | None:
-        """Every disk rule on every node goes (shared by all disk kinds: it runs once)."""
-        if not getattr(ctx.cluster.topology, "lazyfs", False):
+        """Every disk rule on every lazy filesystem goes, each node's own and each shared volume's
+        (shared by all disk kinds: it runs once). A node whose data directory is a shared volume's
+        has no lazy filesystem of its own to clear."""
+        topology = ctx.cluster.topology
+        if not getattr(topology, "lazyfs", False):
             return None
-        nodes = ctx.cluster.nodes
-        replies, errors = on_each(list(nodes), lambda n: nodectl(nodes[n], "disk", "clear"))
+        shared = getattr(topology, "shared_disks", ())
+        own = getattr(topology, "lazy_nodes", ()) if shared else tuple(ctx.cluster.nodes)
+        targets = {n: ctx.cluster.nodes[n] for n in own}
+        targets.update({f"shared-{d.name}": ctx.cluster.disks[d.name] for d in shared})
+        replies, errors = on_each(list(targets), lambda n: nodectl(targets[n], "disk", "clear"))
         if errors:
             raise FaultError(
                 "clearing disk fault rules failed: "

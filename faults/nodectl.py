@@ -15,7 +15,7 @@ import sys
 
 from faults.node.wire import ControlError, request
 
-COMMANDS = ("status", "start", "stop", "crash", "power-loss", "pause", "resume", "disk", "sync")
+COMMANDS = ("status", "start", "stop", "crash", "power-loss", "disk-cut", "pause", "resume", "disk", "sync")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         "--socket", default=os.environ.get("BROKERCHAOS_NODE_SOCKET", "/run/brokerchaos/node.sock")
     )
     p.add_argument("--restart-after", type=float, help="crash/power-loss: start again after S seconds")
-    p.add_argument("--torn", help="power-loss: keep a seeded random prefix of each file's unsynced bytes")
+    p.add_argument(
+        "--torn", help="power-loss, disk-cut: keep a seeded random prefix of each file's unsynced bytes"
+    )
     p.add_argument("--timeout", type=float, help="stop: SIGTERM grace before SIGKILL")
-    p.add_argument("--at", type=float, help="power-loss: cut at this wall-clock time (UNIX seconds)")
+    p.add_argument("--at", type=float, help="power-loss, crash: at this wall-clock time (UNIX seconds)")
     p.add_argument("rule", nargs="*", help="disk: add JSON | clear [ID] | list (lazyfs disk fault rules)")
     a = p.parse_args(argv)
     req: dict[str, object] = {"cmd": a.cmd}

@@ -249,10 +249,15 @@ class Node:
         done.update(gone=gone, gone_at=now_iso())
         return done
 
-    def crash(self, restart_after: float | None = None) -> dict[str, Any]:
+    def crash(self, restart_after: float | None = None, at: float | None = None) -> dict[str, Any]:
+        """SIGKILL the broker now, or at the wall-clock time ``at`` (as ``power_loss``: the nodes on
+        a shared disk die together when its power is cut, ``disk_cut`` then drops what it held)."""
+        cue = _wait_until(at) if at is not None else None
         with self.lock:
             self._cancel_timer()
             done = {"action": "crash", **self._kill()}
+            if cue is not None:
+                done["cue"] = cue
             done.update(self._restart_later(restart_after))
             return done
 
@@ -277,17 +282,34 @@ class Node:
             done: dict[str, Any] = {"action": "power-loss", **self._kill(then=halt)}
             if cue is not None:
                 done["cue"] = cue
-            try:
-                saved = self.lazy.command(f"save {self.unsynced_dir}")
-                done["unsynced_saved"] = saved if saved.get("ok") else {"error": saved.get("error")}
-                fs = self.lazy.command(f"torn {torn}" if torn is not None else "crash")
-            except ControlError as e:
-                raise CommandError(f"broker killed but lazyfs did not answer: {e}") from None
-            if not fs.get("ok"):
-                raise CommandError(f"broker killed but lazyfs refused: {fs.get('error')}")
-            done["lazyfs"] = fs
+            done.update(self._drop_unsynced(torn))
             done.update(self._restart_later(restart_after))
             return done
+
+    def disk_cut(self, torn: str | None = None) -> dict[str, Any]:
+        """Cut the power of the lazy filesystem alone: fail the fsyncs in flight, keep a copy of the
+        unsynced writes, drop them (or tear them). The init of a shared volume's disk runs no broker:
+        the nodes that mount the volume are killed first (``crash``), then their one disk is cut."""
+        with self.lock:
+            if self.lazy is None:
+                raise CommandError("disk-cut needs the lazy filesystem (start nodeinit with --lazyfs)")
+            done: dict[str, Any] = {"action": "disk-cut", "at": now_iso(), **self._halt_disk()}
+            done.update(self._drop_unsynced(torn))
+            return done
+
+    def _drop_unsynced(self, torn: str | None) -> dict[str, Any]:
+        assert self.lazy is not None
+        done: dict[str, Any] = {}
+        try:
+            saved = self.lazy.command(f"save {self.unsynced_dir}")
+            done["unsynced_saved"] = saved if saved.get("ok") else {"error": saved.get("error")}
+            fs = self.lazy.command(f"torn {torn}" if torn is not None else "crash")
+        except ControlError as e:
+            raise CommandError(f"broker killed but lazyfs did not answer: {e}") from None
+        if not fs.get("ok"):
+            raise CommandError(f"broker killed but lazyfs refused: {fs.get('error')}")
+        done["lazyfs"] = fs
+        return done
 
     def _halt_disk(self) -> dict[str, Any]:
         assert self.lazy is not None
@@ -394,7 +416,10 @@ class Node:
             elif cmd == "stop":
                 body = self.stop(_opt_float(req, "timeout"))
             elif cmd == "crash":
-                body = self.crash(_opt_float(req, "restart_after"))
+                body = self.crash(_opt_float(req, "restart_after"), _opt_float(req, "at"))
+            elif cmd == "disk-cut":
+                torn = req.get("torn")
+                body = self.disk_cut(None if torn is None else str(torn))
             elif cmd == "power-loss":
                 torn = req.get("torn")
                 body = self.power_loss(
@@ -412,7 +437,7 @@ class Node:
                 body = self.resume()
             else:
                 raise CommandError(
-                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, pause, resume, disk, sync)"
+                    f"unknown command {cmd!r} (status, start, stop, crash, power-loss, disk-cut, pause, resume, disk, sync)"
                 )
         except (CommandError, ValueError) as e:
             return {"ok": False, "error": str(e), "started": started, "finished": now_iso()}

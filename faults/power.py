@@ -21,7 +21,7 @@ from typing import Any
 
 from faults import evidence as ev
 from faults.exposure import Pending, with_exposure
-from faults.process import _ProcessFault, nodectl
+from faults.process import _ProcessFault, cut_shared, nodectl, shared_cut_evidence, shared_disks
 from faults.targets import on_each, pick_nodes
 from harness import FaultError, ScenarioError
 from harness.spec import ConformanceProbe, Evidence, combine_evidence
@@ -31,8 +31,11 @@ class NodesFault(_ProcessFault):
     """A kind that takes several nodes' brokers down at once (``params["nodes"]``) and starts
     them all again together at heal, waiting until each is ready."""
 
+    #: The nodes the apply took down, when more than ``params["nodes"]`` (a shared disk's others).
+    down: list[str] | None = None
+
     def heal(self) -> dict[str, Any]:
-        names = list(self.params["nodes"])
+        names = list(self.down or self.params["nodes"])
         nodes = self.ctx.cluster.nodes
         replies, errors = on_each(names, lambda n: nodectl(nodes[n], "start"))
         if errors:
@@ -45,7 +48,7 @@ class NodesFault(_ProcessFault):
 
     def heal_evidence(self, done: Mapping[str, Any], applied: Evidence) -> Evidence:
         """The nodes' evidence after the restart: when each came back and whether it runs."""
-        names = list(self.params["nodes"])
+        names = list(self.down or self.params["nodes"])
         nodes = self.ctx.cluster.nodes
         statuses, errors = on_each(names, lambda n: nodectl(nodes[n], "status"))
         started = {n: ((done.get("nodes") or {}).get(n) or {}).get("nodectl") or {} for n in names}
@@ -107,8 +110,28 @@ class PowerLossCoordinated(NodesFault):
         lead = float(self.params.get("lead", self.DEFAULT_LEAD))
         at = time.time() + lead
         nodes = self.ctx.cluster.nodes
-        replies, errors = on_each(names, lambda n: nodectl(nodes[n], *self._args(n, at), timeout=60 + lead))
+        # Nodes on a shared disk die at the same instant and their disk is cut once (``cut_shared``);
+        # every node of such a disk goes down with it, named or not.
+        disks = shared_disks(self.ctx.cluster, names)
+        on_disk = {n for d in disks.values() for n in d.nodes}
+        own = [n for n in names if n not in on_disk]
+        torn = self.params.get("torn_seed") if self.params.get("torn") else None
+
+        def one(part: str) -> dict[str, Any]:
+            if part == "shared":
+                return cut_shared(self.ctx.cluster, disks, torn, at)
+            got, failed = on_each(own, lambda n: nodectl(nodes[n], *self._args(n, at), timeout=60 + lead))
+            return {"replies": got, "errors": failed}
+
+        parts, failed = on_each(["own", *(["shared"] if disks else [])], one)
+        if "shared" in failed:
+            raise FaultError(str(failed["shared"]))
+        replies, errors = parts["own"]["replies"], parts["own"]["errors"]
         done = {"cut": summarize(at, replies), "nodes": {n: {"nodectl": r} for n, r in replies.items()}}
+        if disks:
+            done["shared"] = parts["shared"]
+            done["nodes"].update(parts["shared"]["nodes"])
+            self.down = sorted({*names, *on_disk})
         if errors:
             raise FaultError(
                 f"power cut failed on {', '.join(sorted(errors))}: "
@@ -120,7 +143,13 @@ class PowerLossCoordinated(NodesFault):
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """Per node, what the cut threw away (unsynced bytes dropped, torn writes kept)."""
         parts = {}
+        shared = done.get("shared") or {}
+        if shared:
+            nodes = self.ctx.cluster.nodes
+            parts["shared"] = shared_cut_evidence(shared, lambda n: nodectl(nodes[n], "status"))
         for n, r in sorted((done.get("nodes") or {}).items()):
+            if n in (shared.get("nodes") or {}):
+                continue
             reply = r.get("nodectl") or {}
             cut = ev.power_cut(reply)
             if reply.get("gone") is False:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -141,10 +142,71 @@ class Stop(_DownFault):
         return {"nodectl": nodectl(self.node, "stop", timeout=90)}
 
 
+#: Seconds between sending the kills of a shared disk's nodes and the kills themselves (each
+#: node's init sleeps until the same instant, so none sees the others die first).
+SHARED_LEAD = 1.5
+
+
+def shared_disks(cluster: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The shared disks (``harness.cluster.SharedDisk``) the nodes ``names`` mount, by name."""
+    topology = getattr(cluster, "topology", None)
+    disks_of = getattr(topology, "disks_of", None)
+    return {d.name: d for n in names for d in (disks_of(n) if disks_of else ())}
+
+
+def cut_shared(
+    cluster: Any, disks: Mapping[str, Any], torn_seed: int | None = None, at: float | None = None
+) -> dict[str, Any]:
+    """Cut the power of shared disks: every node that mounts one is killed at the same instant
+    (``at``, or SHARED_LEAD seconds from now), then each disk drops what it held unsynced (torn:
+    keeps a seeded prefix). One page cache serves every node of a disk, so none of them outlives
+    the cut: a node still running would have read writes the disk then forgets."""
+    at = time.time() + SHARED_LEAD if at is None else at
+    victims = sorted({n for d in disks.values() for n in d.nodes})
+    nodes = cluster.nodes
+    wait = 60 + max(0.0, at - time.time())
+    kills, errors = on_each(victims, lambda n: nodectl(nodes[n], "crash", "--at", f"{at:.6f}", timeout=wait))
+    if errors:
+        raise FaultError(
+            "power cut of a shared disk failed: " + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+        )
+
+    def cut(name: str) -> dict[str, Any]:
+        torn = ["--torn", f"{torn_seed}-shared-{name}"] if torn_seed is not None else []
+        return nodectl(cluster.disks[name], "disk-cut", *torn)
+
+    cuts, errors = on_each(list(disks), cut)
+    if errors:
+        raise FaultError(
+            "brokers killed but a shared disk's cut failed: "
+            + "; ".join(f"{d}: {e}" for d, e in sorted(errors.items()))
+        )
+    return {
+        "disks": {d: {"nodectl": r, "nodes": list(disks[d].nodes)} for d, r in cuts.items()},
+        "nodes": {n: {"nodectl": r} for n, r in kills.items()},
+    }
+
+
+def shared_cut_evidence(shared: Mapping[str, Any], status: Callable[[str], Any]) -> Evidence:
+    """What each shared disk's cut dropped (``power_cut``: no effect when nothing unsynced was
+    dropped, as on a node of its own), with every node it took down: its broker gone (its facts
+    under ``process``, its flags beside the cut's)."""
+    cut = combine_evidence(
+        {f"shared-{d}": ev.power_cut(r.get("nodectl") or {}) for d, r in (shared.get("disks") or {}).items()}
+    )
+    killed = {n: ev.gone(r.get("nodectl") or {}, status(n)) for n, r in (shared.get("nodes") or {}).items()}
+    flags = tuple(f for k in killed.values() for f in k.flags)
+    facts = {**cut.facts, "process": {n: k.as_dict() for n, k in killed.items()}}
+    return replace(cut, facts=facts, flags=cut.flags + flags)
+
+
 class PowerLoss(_DownFault):
     """The node and its disk cache die together: every write not yet fsync'ed is lost.
 
-    ``torn: true`` keeps a random prefix (by the run's seed) of each file's unsynced bytes.
+    ``torn: true`` keeps a random prefix (by the run's seed) of each file's unsynced bytes. A node
+    whose data is on a shared volume (``SharedVolume``) under the lazy filesystem shares one disk
+    with every node that mounts it: the cut kills all of them together and drops that disk's
+    unsynced writes once (``cut_shared``); the heal starts them all.
     """
 
     name = "power-loss"
@@ -162,16 +224,42 @@ class PowerLoss(_DownFault):
         return out
 
     def apply(self) -> dict[str, Any]:
+        disks = shared_disks(self.ctx.cluster, [self.params["node"]])
+        if disks:
+            torn = self.params["torn_seed"] if self.params.get("torn") else None
+            shared = cut_shared(self.ctx.cluster, disks, torn)
+            return {"nodectl": shared["nodes"][self.params["node"]]["nodectl"], "shared": shared}
         args = ["power-loss"]
         if self.params.get("torn"):
             args += ["--torn", str(self.params["torn_seed"])]
         return {"nodectl": nodectl(self.node, *args)}
 
+    def heal(self) -> dict[str, Any]:
+        shared = sorted((self._shared_nodes()) - {self.params["node"]})
+        if not shared:
+            return self._start_and_wait()
+        nodes = self.ctx.cluster.nodes
+        replies, errors = on_each([self.params["node"], *shared], lambda n: nodectl(nodes[n], "start"))
+        if errors:
+            raise FaultError(
+                "restart after power-loss failed: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+            )
+        self.ctx.cluster.wait_ready([self.params["node"], *shared])
+        return {"nodectl": replies[self.params["node"]], "ready": True, "shared_nodes": replies}
+
+    def _shared_nodes(self) -> set[str]:
+        return {n for d in shared_disks(self.ctx.cluster, [self.params["node"]]).values() for n in d.nodes}
+
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """The lazy filesystem's own account of the cut: per file the unsynced bytes it dropped
         and the ranges, the files it left shorter, the names it lost; the kill's evidence beside it.
         No effect: nothing unsynced was dropped (no more than a crash). With a broker plugin that
-        declares ``unsynced-messages``, the ids of the messages the dropped writes held."""
+        declares ``unsynced-messages``, the ids of the messages the dropped writes held. On a
+        shared disk: the disk's cut and every node it took down."""
+        if "shared" in done:
+            nodes = self.ctx.cluster.nodes
+            return shared_cut_evidence(done["shared"], lambda n: nodectl(nodes[n], "status"))
         cut = ev.power_cut(done["nodectl"])
         self.pending = Pending(self.ctx.cluster, {self.params["node"]: cut})
         killed = super().evidence(done)

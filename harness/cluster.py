@@ -48,8 +48,10 @@ from harness.spec.broker import (
     BrokerPlugin,
     ImageRecipe,
     NodeInfo,
+    NotYet,
     Role,
     SharedVolume,
+    poll,
 )
 from harness.spec.client import Endpoint
 from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
@@ -67,6 +69,13 @@ OWNER_HOST_LABEL = "brokerchaos.owner.host"
 OWNER_PIDNS_LABEL = "brokerchaos.owner.pidns"  # pids mean something only inside one pid namespace
 TOXIPROXY_API_PORT = 8474
 LAZYFS_BACKING = "/var/lib/brokerchaos/backing"
+#: Where a shared volume's disk container mounts its lazy filesystem: a host directory (a Docker
+#: volume's own directory) bound with ``rshared`` propagation, so the FUSE mount made here shows
+#: in every node that binds the same directory (``rslave``).
+SHARED_MOUNT = "/var/lib/brokerchaos/shared"
+#: ``ContainerSpec.role`` of a shared volume's disk: a container that runs the one lazy
+#: filesystem of a shared volume and no broker.
+DISK_ROLE = "disk"
 #: The broker's own environment under the ``faketime`` host feature: libfaketime reads its
 #: wall-clock offset from the control file, at most once a second (re-reading it on every
 #: call costs about 40 us per ``time.time()``), and leaves CLOCK_MONOTONIC alone.
@@ -235,11 +244,27 @@ class ContainerSpec:
     extra_hosts: Mapping[str, str] = field(default_factory=dict)
     ports: Mapping[int, int | None] = field(default_factory=dict)  # container port -> host port (None = any)
     volumes: Mapping[str, str] = field(default_factory=dict)  # volume name -> mount point
+    #: volume name -> (mount point, propagation): the volume's directory on the host bound with
+    #: mount propagation (a FUSE mount made under it in one container shows in the others)
+    binds: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     devices: Sequence[str] = ()
     cap_add: Sequence[str] = ()
     security_opt: Sequence[str] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedDisk:
+    """The one lazy filesystem of a shared volume under power loss: its container (``container``,
+    running nodeinit with the lazy filesystem and no broker) and the nodes that mount it. A power
+    cut of any of those nodes cuts this disk, and so every node that mounts it: one page cache
+    cannot lose a write for one node and keep it for another."""
+
+    name: str
+    path: str
+    container: str
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -259,6 +284,15 @@ class Topology:
     roles: Mapping[str, str] = field(default_factory=dict)
     #: The nodes the workload's clients connect to (those of roles with ``clients``); all when empty.
     client_nodes: tuple[str, ...] = ()
+    #: The shared volumes on the lazy filesystem (power loss), each served by one disk container.
+    shared_disks: tuple[SharedDisk, ...] = ()
+    #: Under the lazy filesystem: the nodes with one of their own (their data directory is not a
+    #: shared volume's); their node init takes disk rules and ``power-loss`` itself.
+    lazy_nodes: tuple[str, ...] = ()
+
+    def disks_of(self, node: str) -> tuple[SharedDisk, ...]:
+        """The shared disks ``node`` mounts (a power cut of the node cuts them too)."""
+        return tuple(d for d in self.shared_disks if node in d.nodes)
 
     def role_of(self, node: str) -> str:
         return self.roles.get(node, BROKER_ROLE)
@@ -362,6 +396,61 @@ def _node_volumes(
     return out
 
 
+def shared_mount_volume(run_id: str, volume: SharedVolume) -> str:
+    """The Docker volume whose host directory carries a shared volume's lazy filesystem mount."""
+    return f"{run_id}-shared-{volume.name}-mount"
+
+
+def _lazy_node_volumes(
+    run_id: str, name: str, role: Role, data_dir: str, shared: Sequence[SharedVolume]
+) -> tuple[dict[str, str], dict[str, tuple[str, str]], bool]:
+    """Under power loss: a node's own volumes, its binds of the shared disks' mounts (``rslave``:
+    it sees the disk container's FUSE mount, made before or after it starts), and whether its data
+    directory is on a node-local lazy filesystem (False when it is a shared volume's)."""
+    mine = [v for v in shared if role.name in v.roles]
+    binds = {shared_mount_volume(run_id, v): (v.path, "rslave") for v in mine}
+    local = not any(v.path == data_dir for v in mine)
+    volumes = {f"{run_id}-{name}-data": LAZYFS_BACKING} if local else {}
+    return volumes, binds, local
+
+
+def _disk_container(
+    v: SharedVolume, nodes: tuple[str, ...], o: _NodeOptions
+) -> tuple[ContainerSpec, SharedDisk]:
+    """A shared volume's disk: nodeinit with the lazy filesystem at SHARED_MOUNT (bound ``rshared``
+    to the host directory every node of the volume binds), its backing on the shared volume's
+    Docker volume, and no broker (``true``, never started)."""
+    name = f"{o.run_id}-shared-{v.name}"
+    init = ["--data-dir", SHARED_MOUNT, "--lazyfs", "--backing", LAZYFS_BACKING]
+    init += ["--lazyfs-names", str(o.model)]
+    spec = ContainerSpec(
+        name=name,
+        service=f"shared-{v.name}",
+        role=DISK_ROLE,
+        node="",
+        image=o.broker_image,
+        command=[*init, "--no-start", "--", "true"],
+        hostname=f"shared-{v.name}",
+        volumes={name: LAZYFS_BACKING},
+        binds={shared_mount_volume(o.run_id, v): (SHARED_MOUNT, "rshared")},
+        devices=("/dev/fuse:/dev/fuse:rwm",),
+        cap_add=("SYS_ADMIN",),
+        security_opt=("apparmor:unconfined",),
+        labels={**o.labels, ROLE_LABEL: DISK_ROLE},
+    )
+    return spec, SharedDisk(v.name, v.path, name, nodes)
+
+
+def _shared_disks(o: _NodeOptions, roles: Mapping[str, Role]) -> list[tuple[ContainerSpec, SharedDisk]]:
+    """Under power loss, each shared volume some node mounts: its disk container and its nodes."""
+    out = []
+    for v in o.shared:
+        mounting = tuple(n for n, role in roles.items() if role.name in v.roles)
+        if mounting:
+            out.append(_disk_container(v, mounting, o))
+    return out
+
+
 @dataclass(frozen=True)
 class _NodeOptions:
     """What every node container of one topology shares."""
@@ -380,22 +469,18 @@ def _node_container(plugin: BrokerPlugin, info: NodeInfo, role: Role, o: _NodeOp
     spec = plugin.node_spec(info)
     data_dir = role.data_dir or plugin.data_dir
     init = ["--data-dir", data_dir]
-    data_mount = data_dir
     devices: tuple[str, ...] = ()
     caps: tuple[str, ...] = ()
     sec: tuple[str, ...] = ()
+    binds: dict[str, tuple[str, str]] = {}
+    volumes = _node_volumes(o.run_id, info.name, role, data_dir, o.shared)
     if o.lazyfs:
-        if any(v.path == data_dir and role.name in v.roles for v in o.shared):
-            raise ClusterError(
-                f"broker plugin {plugin.name!r}: {data_dir} of role {role.name} is a shared volume; the lazy "
-                "filesystem (power loss) mounts each node's own data directory, not a shared one: "
-                "run this topology without power-loss faults"
-            )
-        init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(o.model)]
-        data_mount = LAZYFS_BACKING
-        devices = ("/dev/fuse:/dev/fuse:rwm",)
-        caps = ("SYS_ADMIN",)
-        sec = ("apparmor:unconfined",)
+        volumes, binds, local = _lazy_node_volumes(o.run_id, info.name, role, data_dir, o.shared)
+        if local:
+            init += ["--lazyfs", "--backing", LAZYFS_BACKING, "--lazyfs-names", str(o.model)]
+            devices = ("/dev/fuse:/dev/fuse:rwm",)
+            caps = ("SYS_ADMIN",)
+            sec = ("apparmor:unconfined",)
     # The fake clock reaches the broker's processes only, not nodeinit or `docker exec`.
     clock = ["/usr/bin/env", *(f"{k}={v}" for k, v in FAKETIME_ENV.items())] if o.faketime else []
     sidecar = f"{o.run_id}-{info.name}"
@@ -408,7 +493,8 @@ def _node_container(plugin: BrokerPlugin, info: NodeInfo, role: Role, o: _NodeOp
         command=[*init, "--", *clock, *spec.command],
         env=dict(spec.env),
         network_of=sidecar,
-        volumes=_node_volumes(o.run_id, info.name, role, data_mount, o.shared),
+        volumes=volumes,
+        binds=binds,
         files=dict(spec.files),
         devices=devices,
         cap_add=caps,
@@ -479,6 +565,8 @@ def build_topology(
         role = roles[name]
         info = NodeInfo(name=name, index=i, peers=peers, cluster=run_id, settings=settings, role=role.name)
         containers.append(_node_container(plugin, info, role, opts))
+    disks = _shared_disks(opts, roles) if lazyfs else []
+    containers += [spec for spec, _ in disks]
     return Topology(
         run_id=run_id,
         network=run_id,
@@ -492,6 +580,8 @@ def build_topology(
         filesystem=opts.model,
         roles={n: r.name for n, r in roles.items()},
         client_nodes=tuple(n for n, r in roles.items() if r.clients),
+        shared_disks=tuple(disk for _, disk in disks),
+        lazy_nodes=tuple(c.node for c in containers if c.role == "broker" and "--lazyfs" in c.command),
     )
 
 
@@ -513,20 +603,42 @@ class Node:
         return self.cluster.client.containers.get(self.container_name)
 
     def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
-        import docker.errors
-
-        try:
-            result = self.container.exec_run(["timeout", str(int(max(1, timeout))), *cmd], demux=False)
-        except docker.errors.APIError as exc:
-            return 126, short_error(exc)
-        out = result.output.decode(errors="replace") if result.output else ""
-        return result.exit_code if result.exit_code is not None else 1, out
+        return _exec(self.container, cmd, timeout)
 
     def running(self) -> bool:
         try:
             return self.container.status == "running"
         except Exception:  # noqa: BLE001
             return False
+
+
+def _exec(container: Any, cmd: Sequence[str], timeout: float) -> tuple[int, str]:
+    import docker.errors
+
+    try:
+        result = container.exec_run(["timeout", str(int(max(1, timeout))), *cmd], demux=False)
+    except docker.errors.APIError as exc:
+        return 126, short_error(exc)
+    out = result.output.decode(errors="replace") if result.output else ""
+    return result.exit_code if result.exit_code is not None else 1, out
+
+
+class Disk:
+    """A running shared disk (``SharedDisk``): its container's node init answers ``nodectl``
+    (``disk-cut``, ``sync``, ``status``) like a node's."""
+
+    def __init__(self, cluster: Cluster, disk: SharedDisk) -> None:
+        self.cluster = cluster
+        self.disk = disk
+        self.name = f"shared-{disk.name}"
+        self.container_name = disk.container
+
+    @property
+    def container(self):
+        return self.cluster.client.containers.get(self.container_name)
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        return _exec(self.container, cmd, timeout)
 
 
 @dataclass(eq=False)
@@ -542,6 +654,7 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.nodes = {name: Node(self, name) for name in self.topology.nodes}
+        self.disks = {d.name: Disk(self, d) for d in self.topology.shared_disks}
         self.host = published_host()
         # Added when resources are created, not in the topology: docker-compose.yml renders
         # the topology and must not change with the pid of whoever rendered it.
@@ -570,7 +683,7 @@ class Cluster:
             self.client.networks.create(t.network, driver="bridge", labels=self._labels())
             made: set[str] = set()  # a shared volume is mounted by several nodes, created once
             for c in t.containers:
-                for vol in set(c.volumes) - made:
+                for vol in (set(c.volumes) | set(c.binds)) - made:
                     self.client.volumes.create(vol, labels={**c.labels, **self.owner.labels()})
                     made.add(vol)
             # Each step for every node at once (the Docker API calls and the sidecars' start are
@@ -578,6 +691,8 @@ class Cluster:
             # place before any broker starts.
             each(self._run, [c for c in t.containers if c.role == "proxy"])
             each(self._attach_proxy, list(self.nodes.values()))
+            # A shared volume's disk is mounted before any broker writes under its mount point.
+            each(self._start_disk, [c for c in t.containers if c.role == DISK_ROLE])
             each(self._start_broker, [c for c in t.containers if c.role == "broker"])
         except docker.errors.APIError as exc:
             text = short_error(exc)
@@ -597,11 +712,12 @@ class Cluster:
         A broker under test has been up long enough for its OS to write back its setup, so a
         power cut tests the fsyncs the broker makes for its data, not boot files that no real
         machine would still hold only in its page cache seconds after start."""
-        for name, node in self.nodes.items():
+        targets: list[Node | Disk] = [*self.nodes.values(), *self.disks.values()]
+        for node in targets:
             rc, out = node.exec([*NODE_CONTROL, "sync"])
             if rc != 0:
                 raise ClusterError(
-                    f"{name}: writing back the lazy filesystem after start failed: {out.strip()[-300:]}"
+                    f"{node.name}: writing back the lazy filesystem after start failed: {out.strip()[-300:]}"
                 )
 
     def _labels(self) -> dict[str, str]:
@@ -652,6 +768,8 @@ class Cluster:
             }
         if c.volumes:
             kwargs["volumes"] = {v: {"bind": m, "mode": "rw"} for v, m in c.volumes.items()}
+        if c.binds:
+            kwargs["mounts"] = [self._bind(v, m, prop) for v, (m, prop) in c.binds.items()]
         if c.devices:
             kwargs["devices"] = list(c.devices)
         if c.cap_add:
@@ -663,8 +781,34 @@ class Cluster:
             container.put_archive("/", _tar_files(c.files))
         return container
 
+    def _bind(self, volume: str, target: str, propagation: str) -> Any:
+        """A bind of a volume's host directory with mount propagation (Docker's named volumes take
+        none); Docker refuses it where the directory's host mount is not shared."""
+        import docker.types
+
+        source = self.client.volumes.get(volume).attrs["Mountpoint"]
+        return docker.types.Mount(target, source, type="bind", propagation=propagation)
+
     def _run(self, c: ContainerSpec) -> None:
         self._create(c).start()
+
+    def _start_disk(self, c: ContainerSpec) -> None:
+        """Start a shared volume's disk and wait until its lazy filesystem is mounted (its node
+        init answers only once the mount is up)."""
+        self._run(c)
+        disk = next(d for d in self.disks.values() if d.container_name == c.name)
+        say("cluster", f"{disk.name}: mounting the lazy filesystem of shared volume {disk.disk.name}")
+
+        def mounted() -> bool | NotYet:
+            if self.client.containers.get(c.name).status == "exited":
+                raise ClusterError(
+                    f"{disk.name}: the shared volume's disk exited: "
+                    + self.client.containers.get(c.name).logs(tail=15).decode(errors="replace")
+                )
+            rc, out = disk.exec([*NODE_CONTROL, "status"], timeout=10)
+            return True if rc == 0 and '"mount"' in out else NotYet(out.strip()[-200:])
+
+        poll(mounted, timeout=60, failure=f"{disk.name}: the lazy filesystem did not mount", interval=0.2)
 
     def _start_broker(self, c: ContainerSpec) -> None:
         self._create(c)
@@ -833,10 +977,14 @@ def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:
     flt = [f"{PROJECT_LABEL}=brokerchaos"] + ([f"{RUN_LABEL}={run_id}"] if run_id else [])
     counts = {"containers": 0, "networks": 0, "volumes": 0}
     containers = client.containers.list(all=True, filters={"label": flt})
-    # Brokers first: they live in their sidecars' namespaces.
-    containers.sort(key=lambda c: c.labels.get(ROLE_LABEL) != "broker")
+    # Brokers first: they live in their sidecars' namespaces. Then the shared disks, stopped: their
+    # node init unmounts the lazy filesystem, which a forced removal would leave on the host.
+    order = {"broker": 0, DISK_ROLE: 1}
+    containers.sort(key=lambda c: order.get(c.labels.get(ROLE_LABEL, ""), 2))
     for c in containers:
         try:
+            if c.labels.get(ROLE_LABEL) == DISK_ROLE and c.status == "running":
+                c.stop(timeout=30)
             c.remove(force=True, v=True)
             counts["containers"] += 1
         except docker.errors.NotFound:

@@ -28,10 +28,13 @@ def _unescape(field: str) -> str:
 
 
 def is_mounted(path: str) -> bool:
-    """True if `path` is a mount point in /proc/mounts (a dead FUSE daemon's mount counts too)."""
+    """True if a FUSE filesystem is the top mount at `path` in /proc/mounts (a dead FUSE daemon's
+    mount counts too). Another mount there does not count: a shared volume's disk mounts lazyfs
+    over a bind mount (``harness.cluster.SHARED_MOUNT``), which must never be unmounted for it."""
     real = os.path.realpath(path)
     with open("/proc/mounts") as f:
-        return any(_unescape(line.split()[1]) == real for line in f if line.strip())
+        types = [line.split()[2] for line in f if line.strip() and _unescape(line.split()[1]) == real]
+    return bool(types) and types[-1].startswith("fuse")
 
 
 def fuse_available() -> str | None:

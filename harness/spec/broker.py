@@ -258,7 +258,14 @@ class SharedVolume:
     """One directory mounted into several nodes (``roles``: every node of these roles), such as
     the KahaDB directory of a shared-file-system master/slave pair whose slave waits on the
     store's file lock. One volume, mounted at ``path`` in each node; its files, and the locks
-    on them, are the same for every node that mounts it."""
+    on them, are the same for every node that mounts it.
+
+    Under power loss the volume is one lazy filesystem, mounted once by a disk container of its
+    own and seen by every node of those roles (mount propagation): one page cache for all of
+    them. A power cut aimed at any of those nodes kills every one of them at the same instant and
+    then drops what the volume held unsynced, once (a node still running would have read writes
+    the disk then forgets). The host's Docker volume directory must sit on a shared mount
+    (``/var/lib/docker`` is one under systemd); Docker refuses the run in one line where not."""
 
     name: str
     path: str

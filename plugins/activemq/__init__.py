@@ -267,8 +267,8 @@ class ActiveMQ(BrokerPlugin):
 
     def roles(self, nodes: int, settings: Mapping[str, Any]) -> tuple[Role, ...]:
         if settings.get("topology") == "shared-storage":
-            # Every node's store is the shared directory: a power cut there would need the lazy
-            # filesystem mounted once for every node (refused with a clear error until then).
+            # Every node's store is the shared directory. Under power loss the harness mounts the
+            # lazy filesystem there once, for both nodes: a cut kills both and drops what it held.
             return (Role(BROKER_ROLE, nodes, data_dir=SHARED_DIR),)
         if settings.get("topology") == "jdbc":
             # Declared last: the database is the node after the brokers (n3 beside n1 and n2).

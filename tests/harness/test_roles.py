@@ -11,7 +11,14 @@ import pytest
 from faults.network import Partition
 from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause
-from harness.cluster import NODE_ROLE_LABEL, build_topology, role_recipes
+from harness.cluster import (
+    DISK_ROLE,
+    LAZYFS_BACKING,
+    NODE_ROLE_LABEL,
+    SHARED_MOUNT,
+    build_topology,
+    role_recipes,
+)
 from harness.errors import ClusterError
 from harness.spec import (
     BROKER_ROLE,
@@ -82,15 +89,51 @@ def test_a_shared_volume_is_one_volume_mounted_into_every_node_of_its_roles() ->
     assert mounts["n1"]["bc-r-n1-data"] != mounts["n2"].get("bc-r-n1-data")
 
 
-def test_the_lazy_filesystem_refuses_a_data_directory_that_is_a_shared_volume() -> None:
-    class OnShared(Pair):
-        def shared_volumes(self, settings: Mapping[str, Any]) -> tuple[SharedVolume, ...]:
-            return (SharedVolume("store", self.data_dir),)
+class OnShared(Pair):
+    """A pair whose data directory is the shared volume (ActiveMQ's shared-file-system pair)."""
 
-    t = topo(OnShared())  # without power loss it runs, the shared volume as the data directory
+    def shared_volumes(self, settings: Mapping[str, Any]) -> tuple[SharedVolume, ...]:
+        return (SharedVolume("store", self.data_dir),)
+
+
+def test_without_power_loss_a_shared_data_directory_is_one_docker_volume_and_no_disk() -> None:
+    t = topo(OnShared())
     assert dict(t.container("n1", "broker").volumes) == {"bc-r-shared-store": "/var/lib/pair"}
-    with pytest.raises(ClusterError, match="shared volume"):
-        topo(OnShared(), lazyfs=True)
+    assert t.shared_disks == () and not t.container("n1", "broker").binds
+    assert [c for c in t.containers if c.role == DISK_ROLE] == []
+
+
+def test_under_power_loss_a_shared_volume_is_one_lazy_filesystem_every_node_of_it_sees() -> None:
+    t = topo(OnShared(), lazyfs=True, filesystem="strict")
+    (disk,) = t.shared_disks
+    assert disk.nodes == ("n1", "n2") and disk.path == "/var/lib/pair"
+    assert t.disks_of("n1") == t.disks_of("n2") == (disk,) and t.disks_of("n3") == ()
+    assert t.lazy_nodes == ("n3",)  # the brokers' data is the disk's; the database has its own
+    (spec,) = [c for c in t.containers if c.role == DISK_ROLE]
+    assert spec.name == disk.container == "bc-r-shared-store"
+    # The disk mounts the lazy filesystem on a host directory it shares (rshared) ...
+    assert spec.binds == {"bc-r-shared-store-mount": (SHARED_MOUNT, "rshared")}
+    assert spec.command[:3] == ["--data-dir", SHARED_MOUNT, "--lazyfs"]
+    assert spec.command[-2:] == ["--", "true"]
+    assert "--no-start" in spec.command and "SYS_ADMIN" in spec.cap_add
+    assert spec.volumes == {"bc-r-shared-store": LAZYFS_BACKING}  # its backing: the shared volume
+    for n in ("n1", "n2"):
+        # ... and each broker binds the same directory (rslave): one mount, no lazy filesystem of its own.
+        broker = t.container(n, "broker")
+        assert broker.binds == {"bc-r-shared-store-mount": ("/var/lib/pair", "rslave")}
+        assert "--lazyfs" not in broker.command and broker.volumes == {} and not broker.devices
+    # The database, a role that does not mount the volume, keeps its own lazy filesystem.
+    db = t.container("n3", "broker")
+    assert "--lazyfs" in db.command and db.volumes == {"bc-r-n3-data": LAZYFS_BACKING} and not db.binds
+
+
+def test_under_power_loss_a_shared_volume_beside_the_data_directory_goes_through_its_disk_too() -> None:
+    t = topo(Pair(), lazyfs=True, filesystem="strict")
+    broker = t.container("n1", "broker")
+    assert "--lazyfs" in broker.command and broker.volumes == {"bc-r-n1-data": LAZYFS_BACKING}
+    assert broker.binds == {"bc-r-shared-store-mount": ("/var/lib/pair/shared", "rslave")}
+    assert [d.nodes for d in t.shared_disks] == [("n1", "n2")]
+    assert t.lazy_nodes == ("n1", "n2", "n3")
 
 
 def test_the_default_is_one_broker_role_of_every_node() -> None:
