@@ -368,17 +368,19 @@ class Channel(Actor):
         if not m.nowait:
             self._reply(commands.Exchange.DeclareOk())
 
-    async def _exchange_bind(self, m: commands.Exchange.Bind, *_: Any) -> None:
+    def _exchange_binding_perms(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
         # RabbitMQ's checks: write on the destination, read on the source
         self._perm("write", m.destination, "exchange")
         self._perm("read", m.source, "exchange")
+
+    async def _exchange_bind(self, m: commands.Exchange.Bind, *_: Any) -> None:
+        self._exchange_binding_perms(m)
         self.conn.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self._reply(commands.Exchange.BindOk())
 
     async def _exchange_unbind(self, m: commands.Exchange.Unbind, *_: Any) -> None:
-        self._perm("write", m.destination, "exchange")
-        self._perm("read", m.source, "exchange")
+        self._exchange_binding_perms(m)
         self.conn.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self._reply(commands.Exchange.UnbindOk())
@@ -416,18 +418,21 @@ class Channel(Actor):
             await q.settled()
             self._reply(commands.Queue.DeclareOk(q.name, q.message_count(), q.consumer_count()))
 
-    async def _queue_bind(self, m: commands.Queue.Bind, *_: Any) -> None:
+    def _bound_queue(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> Queue:
+        """The queue a (un)bind names, once the user may write it and read the exchange."""
         q = self.conn.vhost.get_queue(m.queue, self.conn)
         self._perm("write", q.name)
         self._perm("read", m.exchange, "exchange")
+        return q
+
+    async def _queue_bind(self, m: commands.Queue.Bind, *_: Any) -> None:
+        q = self._bound_queue(m)
         self.conn.vhost.bind(q, m.exchange, m.routing_key, m.arguments)
         if not m.nowait:
             self._reply(commands.Queue.BindOk())
 
     async def _queue_unbind(self, m: commands.Queue.Unbind, *_: Any) -> None:
-        q = self.conn.vhost.get_queue(m.queue, self.conn)
-        self._perm("write", q.name)
-        self._perm("read", m.exchange, "exchange")
+        q = self._bound_queue(m)
         self.conn.vhost.unbind(q, m.exchange, m.routing_key, m.arguments)
         self._reply(commands.Queue.UnbindOk())
 

@@ -344,20 +344,19 @@ class Node:
             return {"action": "stop", "steps": steps, "exit": self.last_exit, "stopped_at": now_iso()}
 
     def pause(self) -> dict[str, Any]:
-        with self.lock:
-            if self.state != "running":
-                raise CommandError(f"cannot pause: broker is {self.state}")
-            done = self._signal_group(signal.SIGSTOP)
-            self.state = "paused"
-            return {"action": "pause", **done}
+        return self._transition("pause", signal.SIGSTOP, "running", "paused")
 
     def resume(self) -> dict[str, Any]:
+        return self._transition("resume", signal.SIGCONT, "paused", "running")
+
+    def _transition(self, action: str, sig: signal.Signals, before: str, after: str) -> dict[str, Any]:
+        """Signal the group to go from state ``before`` to ``after``; refused from any other state."""
         with self.lock:
-            if self.state != "paused":
-                raise CommandError(f"cannot resume: broker is {self.state}")
-            done = self._signal_group(signal.SIGCONT)
-            self.state = "running"
-            return {"action": "resume", **done}
+            if self.state != before:
+                raise CommandError(f"cannot {action}: broker is {self.state}")
+            done = self._signal_group(sig)
+            self.state = after
+            return {"action": action, **done}
 
     def status(self) -> dict[str, Any]:
         with self.lock:

@@ -138,19 +138,45 @@ def _records(history_jsonl: Path, marker: str) -> Iterable[dict[str, Any]]:
                     continue
 
 
-def publishes(records: Iterable[Mapping[str, Any]], ids: set[str]) -> tuple[set[str], dict[str, int]]:
-    """Which of ``ids`` the history attempted (a publish invoke), and when each was confirmed
-    (its publish's ``ok``), on the history's clock."""
+def publishes(
+    records: Iterable[Mapping[str, Any]], ids: set[str]
+) -> tuple[set[str], dict[str, int], int | None]:
+    """Which of ``ids`` the history attempted (a publish invoke), when each was confirmed (its
+    publish's ``ok``), and when the last publish of all was sent, on the history's clock."""
     attempted: set[str] = set()
     confirmed: dict[str, int] = {}
+    last: int | None = None
     for r in records:
-        if r.get("f") != "publish" or r.get("value") not in ids:
+        if r.get("f") != "publish":
+            continue
+        if r.get("type") == "invoke":
+            last = max(last or 0, int(r.get("time_ns") or 0))
+        if r.get("value") not in ids:
             continue
         if r.get("type") == "invoke":
             attempted.add(str(r["value"]))
         elif r.get("type") == "ok":
             confirmed[str(r["value"])] = int(r["time_ns"])
-    return attempted, confirmed
+    return attempted, confirmed, last
+
+
+def after_last_publish(actions: list[FaultAction], last_publish_ns: int | None) -> list[str]:
+    """One line per fault applied after the workload's last publish was sent: no publish met it
+    (a slow heal before it can push a planned fault past the workload's end). What it did to
+    the data already stored still counts; the line says what the run did not test."""
+    if last_publish_ns is None:
+        return []
+    return [
+        fault_line(
+            a["fault_id"],
+            a["kind"],
+            a["node"],
+            f"applied {(a['at_ns'] - last_publish_ns) / 1e9:.1f} s after the last publish was sent: "
+            "no publish met it",
+        )
+        for a in actions
+        if a["at_ns"] is not None and a["at_ns"] > last_publish_ns
+    ]
 
 
 def add_exposure(
@@ -212,9 +238,10 @@ def read_fault_evidence(
     out = fault_evidence(_records(history_jsonl, '"nemesis"'))
     out["confirms_after_sync"] = confirms_after_sync
     mapped = [a["exposure"] for a in out["actions"] if a["exposure"] is not None]
+    ids = {i for exp in mapped for i in exp["ids"]}
+    attempted, confirmed, last = publishes(_records(history_jsonl, '"publish"'), ids)
+    out["lines"] += after_last_publish(out["actions"], last)
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
-        ids = {i for exp in mapped for i in exp["ids"]}
-        attempted, confirmed = publishes(_records(history_jsonl, '"publish"'), ids) if ids else (set(), {})
         out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
         if confirms_after_sync:
             out["unsynced_lines"] = unsynced_lines(out["actions"])

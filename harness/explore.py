@@ -231,12 +231,16 @@ class Mutator:
         self.seen_relations = seen_relations or set()
         self.reserve = reserve  # seconds of workload ``align`` leaves after a nested action's heal
 
+    def _any_step(self, s: Schedule) -> tuple[int, PlannedFault]:
+        """A step of ``s`` drawn uniformly, with its index (``s`` has steps)."""
+        i = self.rng.randrange(len(s.steps))
+        return i, s.steps[i]
+
     # each operator returns (schedule, what) or None when it does not apply
     def shift(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         if not s.steps:
             return None
-        i = self.rng.randrange(len(s.steps))
-        p = s.steps[i]
+        i, p = self._any_step(s)
         delta = self.rng.choice([-1, 1]) * self.rng.uniform(0.5, max(1.0, s.duration / 4))
         at = round(min(max(MIN_LEAD, p.at + delta), s.duration - TAIL - MIN_HOLD), 3)
         if at == p.at:
@@ -246,8 +250,7 @@ class Mutator:
     def hold(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         if not s.steps:
             return None
-        i = self.rng.randrange(len(s.steps))
-        p = s.steps[i]
+        i, p = self._any_step(s)
         old = p.hold if p.hold is not None else s.duration - p.at
         hold = round(old * self.rng.choice([0.25, 0.5, 2.0, 4.0]), 3)
         hold = max(MIN_HOLD, min(hold, s.duration - TAIL - p.at))
@@ -270,8 +273,7 @@ class Mutator:
     def shape(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         if not s.steps:
             return None
-        i = self.rng.randrange(len(s.steps))
-        p = s.steps[i]
+        i, p = self._any_step(s)
         cls = self.faults[p.kind]
         fresh = [
             (j, k, v) for j, q in enumerate(s.steps) for k, v in self._values(q) if self._unseen(q.kind, k, v)

@@ -58,6 +58,7 @@ class _Peer:
         default_factory=list
     )  # frames sent in this turn of the event loop, not written yet
     join: bool = False  # our HELLO asks this peer to admit us to its cluster
+    dialled_at: float = 0.0  # when the current dialled link was opened
 
 
 def resolve_listen(host: str) -> str:
@@ -222,6 +223,7 @@ class Transport:
                     hello["join"] = True
                 writer.write(encode(Frame(HELLO, hello)))
                 p.writer = writer
+                p.dialled_at = time.monotonic()
                 asyncio.get_running_loop().create_task(self._drain_dialled(p, reader, writer))
                 self._maybe_up(p)
             await asyncio.sleep(min(self.tick, 0.2))
@@ -314,6 +316,24 @@ class Transport:
                     p.writer.write(hb)
                 if p.up and now - p.last_heard > self.tick * self.down_after:
                     self._mark_down(p, f"nothing heard for {now - p.last_heard:.1f}s")
+                elif not p.up and p.writer is not None:
+                    self._start_over_if_unanswered(p, now)
+
+    def _start_over_if_unanswered(self, p: _Peer, now: float) -> None:
+        """A dialled link open for ``down_after`` ticks with nothing heard from the peer is
+        closed and dialled again, as Erlang's net_ticktime tears down a connection that stays
+        silent. The peer may be holding a half-open link to us (its connection accepted but cut,
+        say by a proxy that kept an old toxic): it sees ours close, counts us down, closes its
+        own and dials again; without this both sides would wait on each other for ever."""
+        silent = now - max(p.dialled_at, p.last_heard)
+        if silent <= self.tick * self.down_after:
+            return
+        log.warning(
+            "cluster: nothing heard from %s for %.1fs with our link to it open; closing it to start over",
+            p.name,
+            silent,
+        )
+        self._close_links(p)
 
     def _maybe_up(self, p: _Peer) -> None:
         if p.up or p.writer is None or not p.readers:

@@ -516,6 +516,13 @@ class LazyState:
             raise _err(errno.EINVAL)
         return self.resolve(path)
 
+    def _file(self, fh: int) -> File:
+        """The file an open handle names; EIO for a handle from before a crash."""
+        node = self.files.get(fh)
+        if node is None:
+            raise _err(errno.EIO, "handle from before a crash")
+        return node
+
     # ---------------------------------------------------------------- FUSE operations
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
         with self.lock:
@@ -579,12 +586,16 @@ class LazyState:
                 raise _err(errno.EISDIR, path)
             if not isinstance(node, File):
                 raise _err(errno.ELOOP, path)
-            if truncate and node.size:
-                node.truncate(0)
-                node.touch()
-                self._log(node)
-            node.opens += 1
-            return self._handle(self.files, node)
+            return self._open_file(node, truncate)
+
+    def _open_file(self, node: File, truncate: bool) -> int:
+        """A new handle on ``node``, emptied first for O_TRUNC (a logged change when it had data)."""
+        if truncate and node.size:
+            node.truncate(0)
+            node.touch()
+            self._log(node)
+        node.opens += 1
+        return self._handle(self.files, node)
 
     def release(self, fh: int) -> None:
         with self.lock:
@@ -613,6 +624,13 @@ class LazyState:
             raise _err(errno.EEXIST, path)
         return d, name
 
+    def _existing(self, path: str) -> tuple[Dir, str, Node]:
+        d, name = self._parent(path)
+        node = d.entries.get(name)
+        if node is None:
+            raise _err(errno.ENOENT, path)
+        return d, name, node
+
     def create(self, path: str, mode: int, uid: int, gid: int, truncate: bool = False) -> int:
         with self.lock:
             d, name = self._parent(path)
@@ -622,12 +640,7 @@ class LazyState:
                 self._add(d, name, node)
             elif not isinstance(node, File):
                 raise _err(errno.EISDIR, path)
-            elif truncate and node.size:
-                node.truncate(0)
-                node.touch()
-                self._log(node)
-            node.opens += 1
-            return self._handle(self.files, node)
+            return self._open_file(node, truncate)
 
     def mkdir(self, path: str, mode: int, uid: int, gid: int) -> None:
         with self.lock:
@@ -667,20 +680,14 @@ class LazyState:
 
     def unlink(self, path: str) -> None:
         with self.lock:
-            d, name = self._parent(path)
-            node = d.entries.get(name)
-            if node is None:
-                raise _err(errno.ENOENT, path)
+            d, name, node = self._existing(path)
             if isinstance(node, Dir):
                 raise _err(errno.EISDIR, path)
             self._remove(d, name)
 
     def rmdir(self, path: str) -> None:
         with self.lock:
-            d, name = self._parent(path)
-            node = d.entries.get(name)
-            if node is None:
-                raise _err(errno.ENOENT, path)
+            d, name, node = self._existing(path)
             if not isinstance(node, Dir):
                 raise _err(errno.ENOTDIR, path)
             if node.entries:
@@ -689,10 +696,7 @@ class LazyState:
 
     def rename(self, old: str, new: str) -> None:
         with self.lock:
-            sd, sname = self._parent(old)
-            node = sd.entries.get(sname)
-            if node is None:
-                raise _err(errno.ENOENT, old)
+            sd, sname, node = self._existing(old)
             dd, dname = self._parent(new)
             if isinstance(node, Dir) and any(anc is node for anc in self._ancestors(dd)):
                 raise _err(errno.EINVAL, new)
@@ -730,18 +734,14 @@ class LazyState:
 
     def read(self, fh: int, size: int, off: int) -> bytes:
         with self.lock:
-            node = self.files.get(fh)
-            if node is None:
-                raise _err(errno.EIO, "handle from before a crash")
+            node = self._file(fh)
             if self.disk:
                 self.disk.on_read(self.path_of(node))
             return node.read(size, off)
 
     def write(self, fh: int, data: bytes, off: int) -> int:
         with self.lock:
-            node = self.files.get(fh)
-            if node is None:
-                raise _err(errno.EIO, "handle from before a crash")
+            node = self._file(fh)
             if self.disk:
                 self.disk.on_write(self.path_of(node), len(data))
             node.write(data, off)
@@ -1062,20 +1062,25 @@ class LazyState:
     # ---------------------------------------------------------------- control
     def status(self) -> dict[str, Any]:
         with self.lock:
-            paths = self._paths()
-            files = [
-                {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()}
-                for f in self._dirty_files()
-            ]
+            files = self._unsynced_files()
             dirs = [p for p, n in self.walk() if isinstance(n, Dir) and (n.ns_dirty or n.dfd is None)]
             return {
-                "files": sorted(files, key=lambda f: f["path"]),
+                "files": files,
                 "dirs_with_unsynced_entries": sorted(dirs),
                 "unsynced_bytes": sum(f["unsynced_bytes"] for f in files),
                 "unsynced_files": len(files),
                 "fsyncs_in_flight": [dict(v) for v in self._in_flight.values()],
                 "halted": self._halted,
             }
+
+    def _unsynced_files(self) -> list[dict[str, Any]]:
+        """Each file with unsynced changes, by path (``<unlinked ino N>`` once no name leads to it),
+        with what is unsynced in it."""
+        paths = self._paths()
+        files = [
+            {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()} for f in self._dirty_files()
+        ]
+        return sorted(files, key=lambda f: f["path"])
 
     def _dirty_files(self) -> list[File]:
         seen: dict[int, File] = {}
@@ -1133,17 +1138,13 @@ class LazyState:
     def crash(self) -> dict[str, Any]:
         """Drop every unsynced change; the view becomes what the backing directory holds."""
         with self.lock:
-            paths = self._paths()
-            dropped = [
-                {"path": paths.get(f.ino, f"<unlinked ino {f.ino}>"), **f.unsynced()}
-                for f in self._dirty_files()
-            ]
+            dropped = self._unsynced_files()
             before = self._names()
             self._close_all()
             self._load()
             after = self._names()
             return {
-                "dropped_data": sorted(dropped, key=lambda f: f["path"]),
+                "dropped_data": dropped,
                 "dropped_bytes": sum(f["unsynced_bytes"] for f in dropped),
                 "names_lost": sorted(p for p, v in before.items() if after.get(p) != v),
                 "names_restored": sorted(p for p, v in after.items() if before.get(p) != v),

@@ -63,13 +63,16 @@ from harness.spec.client import (
     ThreadQueue,
 )
 from harness.spec.coverage import (
+    GIVING_BACK,
     RECOVERY_NS,
     WORKLOAD_USES,
     BrokerEvent,
     Cell,
     Feature,
     LogEvent,
+    consumers_giving_back,
     events_from_lines,
+    membership_change,
 )
 from harness.spec.fault import (
     HOST_FEATURES,
@@ -127,6 +130,7 @@ __all__ = [
     "SPARSE",
     "TX_OPS",
     "TYPES",
+    "GIVING_BACK",
     "RECOVERY_NS",
     "WORKLOAD_USES",
     "BrokerEvent",
@@ -134,7 +138,9 @@ __all__ = [
     "Cell",
     "Feature",
     "LogEvent",
+    "consumers_giving_back",
     "events_from_lines",
+    "membership_change",
     "combine_evidence",
     "BrokerSection",
     "ClusterNodes",

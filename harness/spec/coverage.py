@@ -77,6 +77,42 @@ class Feature:
         return all(settings.get(k) in allowed for k, allowed in self.settings.items())
 
 
+#: The workload uses that give a delivery back, for the broker to deliver it again.
+GIVING_BACK: tuple[str, ...] = ("requeue", "recover", "close", "crash")
+
+
+def consumers_giving_back(
+    description: str, *, wanted: tuple[str, ...], workload: tuple[str, ...] = GIVING_BACK
+) -> Feature:
+    """Deliveries given back (``workload``: the uses the broker's client can drive) must come again.
+
+    Every broker family with consumers has it: declared here so that each one's coverage shows it
+    on the same row, under the same name; ``description`` says how this broker does it.
+    """
+    return Feature("consumers giving deliveries back", description, workload=workload, wanted=wanted)
+
+
+def membership_change(
+    description: str,
+    settings: Mapping[str, tuple[Any, ...]] | None = None,
+    *,
+    wanted: tuple[str, ...] = ("member-remove",),
+) -> Feature:
+    """A node leaves the running cluster and joins again empty (the ``member-remove`` fault kind).
+
+    Declared once for every broker family with membership, on three nodes or more (two would
+    leave one copy behind): ``description`` says how this broker does it.
+    """
+    return Feature(
+        "membership change",
+        description,
+        settings or {},
+        faults=("member-remove",),
+        nodes=(3, None),
+        wanted=wanted,
+    )
+
+
 @dataclass(frozen=True)
 class BrokerEvent:
     """A notable internal event a broker reported (from its logs or an admin call).

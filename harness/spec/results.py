@@ -750,7 +750,7 @@ class FaultEvidence(TypedDict):
     unmeasured: int
     not_restored: int  # measured after their heal and still in effect
     no_fault_bit: bool
-    lines: list[str]  # one per fault with no effect, per flag, per fault not undone by its heal
+    lines: list[str]  # per fault with no effect, flag, not undone by its heal, or after the last publish
     exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, and lost
     confirms_after_sync: bool | None  # the broker plugin's word on its settings (None: it does not say)
     unsynced_lines: list[str]  # one per cut with acknowledged messages unsynced under that promise

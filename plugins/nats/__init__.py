@@ -54,8 +54,10 @@ from harness import (
     ScenarioError,
     UnsyncedWrite,
     body_ids,
+    consumers_giving_back,
     control_broker,
     hookimpl,
+    membership_change,
     poll,
     run_or_fail,
 )
@@ -142,18 +144,12 @@ FEATURES: tuple[Feature, ...] = (
         {"replicas": (1,)},
         wanted=("kill", "power-loss"),
     ),
-    Feature(
-        "consumers giving deliveries back",
+    consumers_giving_back(
         "naks, and deliveries left unacked until ack_wait sends them again",
-        workload=("requeue", "recover", "close", "crash"),
         wanted=("kill", "partition"),
     ),
-    Feature(
-        "membership change",
-        "a server leaves the meta group ($JS.API.SERVER.REMOVE) and joins again under a new name, empty",
-        faults=("member-remove",),
-        nodes=(3, None),
-        wanted=("member-remove",),
+    membership_change(
+        "a server leaves the meta group ($JS.API.SERVER.REMOVE) and joins again under a new name, empty"
     ),
 )
 

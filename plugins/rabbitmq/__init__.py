@@ -39,7 +39,9 @@ from harness import (
     NodeInfo,
     NodeSpec,
     ScenarioError,
+    consumers_giving_back,
     hookimpl,
+    membership_change,
     run_or_fail,
     wait_until_running,
 )
@@ -106,19 +108,15 @@ FEATURES: tuple[Feature, ...] = (
         nodes=(3, None),
         wanted=("kill", "partition", "power-loss", "power-loss-coordinated"),
     ),
-    Feature(
-        "partition handling: pause_minority",
-        "cluster_partition_handling = pause_minority",
-        {"partition_handling": ("pause_minority",)},
-        nodes=(3, None),
-        wanted=("partition",),
-    ),
-    Feature(
-        "partition handling: autoheal",
-        "cluster_partition_handling = autoheal",
-        {"partition_handling": ("autoheal",)},
-        nodes=(3, None),
-        wanted=("partition",),
+    *(
+        Feature(
+            f"partition handling: {mode}",
+            f"cluster_partition_handling = {mode}",
+            {"partition_handling": (mode,)},
+            nodes=(3, None),
+            wanted=("partition",),
+        )
+        for mode in ("pause_minority", "autoheal")  # the modes that act on a partition (not ignore)
     ),
     Feature(
         "transactions",
@@ -126,19 +124,11 @@ FEATURES: tuple[Feature, ...] = (
         workload=("transactions",),
         wanted=("kill", "partition"),
     ),
-    Feature(
-        "consumers giving deliveries back",
+    consumers_giving_back(
         "basic.nack/reject(requeue), basic.recover, channels closed and connections cut with deliveries unacked",
-        workload=("requeue", "recover", "close", "crash"),
         wanted=("kill", "partition"),
     ),
-    Feature(
-        "membership change",
-        "a node leaves (forget_cluster_node) and joins again empty",
-        faults=("member-remove",),
-        nodes=(3, None),
-        wanted=("member-remove",),
-    ),
+    membership_change("a node leaves (forget_cluster_node) and joins again empty"),
     # RabbitMQ has both (``workload.ttl_ms``/``expiration_ms``, ``workload.dead_letter``); no shipped
     # scenario asks for them under faults yet, so they name no wanted cell.
     Feature(

@@ -49,6 +49,7 @@ from harness import (
     ScenarioError,
     UnsyncedWrite,
     body_ids,
+    consumers_giving_back,
     entry_offset,
     hookimpl,
     run_or_fail,
@@ -100,8 +101,7 @@ FEATURES: tuple[Feature, ...] = (
         {"appendfsync": ("always",)},
         wanted=("power-loss",),
     ),
-    Feature(
-        "consumers giving deliveries back",
+    consumers_giving_back(
         "pending entries left by a consumer, claimed by another with XAUTOCLAIM",
         workload=("crash", "close", "requeue"),
         wanted=("kill",),

@@ -37,7 +37,9 @@ from harness import (
     ScenarioError,
     UnsyncedWrite,
     body_ids,
+    consumers_giving_back,
     hookimpl,
+    membership_change,
     run_or_fail,
     wait_until_running,
 )
@@ -172,10 +174,8 @@ FEATURES: tuple[Feature, ...] = (
         workload=("delay",),
         wanted=("kill", "partition", "power-loss"),
     ),
-    Feature(
-        "consumers giving deliveries back",
+    consumers_giving_back(
         "basic.nack/reject(requeue), basic.recover, channels closed and connections cut with deliveries unacked",
-        workload=("requeue", "recover", "close", "crash"),
         wanted=("kill", "power-loss"),
     ),
     Feature(
@@ -184,12 +184,9 @@ FEATURES: tuple[Feature, ...] = (
         workload=("slow-ack",),
         wanted=("kill",),
     ),
-    Feature(
-        "membership change",
+    membership_change(
         "a node leaves the running cluster (forget_cluster_node) and joins again empty",
         MIRRORED,
-        faults=("member-remove",),
-        nodes=(3, None),
         wanted=("member-remove", "partition", "kill"),
     ),
     Feature(

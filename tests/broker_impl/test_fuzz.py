@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pika
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body, commands, frame, header
 
@@ -26,6 +26,7 @@ from broker_impl.codec import (
     FrameDecoder,
 )
 from tests.broker_impl.conftest import InProcessNode
+from tests.factories import fixture_settings
 
 
 # -- codec ------------------------------------------------------------------------------
@@ -218,10 +219,7 @@ def test_wrong_protocol_header_gets_ours_back(node: InProcessNode) -> None:
     assert s.recv(8) == b""
 
 
-@settings(
-    max_examples=40,
-    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
-)
+@fixture_settings(40)
 @given(
     stage=st.sampled_from(["start", "tune", "open", "channel"]),
     junk=st.binary(min_size=1, max_size=64),

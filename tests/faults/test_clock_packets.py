@@ -13,6 +13,7 @@ from harness import ScenarioError
 from harness.cluster import FAKETIME_ENV, build_topology
 from harness.host import Host
 from harness.spec.fault import FAKETIME_FILE, HOST_FEATURES
+from tests.factories import reference_scenario
 
 NODES = ["n1", "n2", "n3"]
 KINDS = [ClockSkew, ClockBump, ClockStrobe, ClockReset, Netem, PacketLoss]
@@ -128,23 +129,19 @@ def test_the_fake_clock_is_preloaded_into_the_broker_only() -> None:
 def test_a_planned_clock_fault_brings_the_fake_clock_and_only_where_the_runtime_honours_it() -> None:
     from harness.nemesis import Plan, PlannedFault, check_capabilities, plan
     from harness.runner import host_features
-    from harness.scenario import from_dict
 
     host = Host.load()
     faults = host.registry.faults
-    sc = from_dict(
+    sc = reference_scenario(
         {
-            "seed": 4,
-            "broker": {"plugin": "reference", "nodes": 3},
-            "workload": {"duration": 60},
-            "nemesis": {
-                "random": {
-                    "faults": ["clock-skew", "clock-strobe", "kill", "packet-loss"],
-                    "every": [2, 4],
-                    "hold": [1, 3],
-                }
-            },
-        }
+            "random": {
+                "faults": ["clock-skew", "clock-strobe", "kill", "packet-loss"],
+                "every": [2, 4],
+                "hold": [1, 3],
+            }
+        },
+        seed=4,
+        duration=60,
     )
     planned = plan(sc, faults, NODES)
     kinds = {s.kind for s in planned.steps}
@@ -153,13 +150,8 @@ def test_a_planned_clock_fault_brings_the_fake_clock_and_only_where_the_runtime_
     # a replayed plan (read back from a history) brings it too
     replay = Plan([PlannedFault("f1", 1.0, 2.0, "clock-bump", {"node": "n2", "delta": -5.0})])
     assert host_features(sc, replay, faults) == {"faketime"}
-    plain = from_dict(
-        {
-            "seed": 4,
-            "broker": {"plugin": "reference", "nodes": 3},
-            "workload": {"duration": 60},
-            "nemesis": {"random": {"faults": ["kill"], "every": [2, 4], "hold": [1, 3]}},
-        }
+    plain = reference_scenario(
+        {"random": {"faults": ["kill"], "every": [2, 4], "hold": [1, 3]}}, seed=4, duration=60
     )
     assert host_features(plain, plan(plain, faults, NODES), faults) == set()
     # nats-server is a Go binary: it reads the clock without libc, so clock kinds are refused for it

@@ -10,6 +10,7 @@ import pytest
 from faults.disk import DiskError, DiskFull, FsyncLie, SlowFsync
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
+from tests.factories import reference_scenario
 from tests.faults.local_nodes import LocalCluster
 from tests.faults.test_nodeinit import Init, wait_for
 
@@ -91,18 +92,14 @@ def test_the_random_nemesis_draws_every_storage_kind_concretely() -> None:
     from faults.power import PowerLossCoordinated
     from faults.process import Kill
     from harness.nemesis import plan
-    from harness.scenario import from_dict
 
     kinds = {
         c.name: c for c in (PowerLossCoordinated, CorruptFile, DiskError, DiskFull, SlowFsync, FsyncLie, Kill)
     }
-    sc = from_dict(
-        {
-            "seed": 4,
-            "broker": {"plugin": "reference", "nodes": 3},
-            "workload": {"duration": 300},
-            "nemesis": {"random": {"faults": sorted(kinds), "every": [3, 6], "hold": [2, 5], "overlap": 2}},
-        }
+    sc = reference_scenario(
+        {"random": {"faults": sorted(kinds), "every": [3, 6], "hold": [2, 5], "overlap": 2}},
+        seed=4,
+        duration=300,
     )
     steps = plan(sc, kinds, N3).steps
     assert {s.kind for s in steps} == set(kinds)

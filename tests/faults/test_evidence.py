@@ -23,6 +23,7 @@ from harness.host import Host
 from harness.nemesis import Nemesis, Plan, PlannedFault
 from harness.runner import check_run
 from harness.spec import Fault, FaultContext
+from harness.spec.fault import Evidence
 from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT
 from harness.spec.results import FaultEvidence as FaultEvidenceRecord
 from harness.store import RunDir
@@ -312,3 +313,44 @@ def test_allure_shows_the_evidence_and_fails_a_run_none_of_whose_faults_bit(tmp_
     assert step["status"] == "failed"
     params = {x["name"]: x["value"] for x in step["parameters"]}
     assert params["line 1"] == "f1 power-loss on n1: nothing unsynced was dropped"
+
+
+def _op(index: int, t_s: float, process: str, type_: str, f: str, value: str, node: str = "n1") -> str:
+    return json.dumps(
+        {
+            "index": index,
+            "time_ns": int(t_s * 1e9),
+            "process": process,
+            "type": type_,
+            "f": f,
+            "node": node,
+            "value": value,
+        }
+    )
+
+
+def test_a_fault_applied_after_the_last_publish_is_named(tmp_path: Path) -> None:
+    """A slow heal can push a planned fault past the workload's end: the run says no publish met it."""
+
+    def fault(index: int, t_s: float, fid: str, kind: str) -> str:
+        value = {"fault_id": fid, "kind": kind, "evidence": Evidence.bit("gone").as_dict()}
+        return _op(index, t_s, "nemesis", "ok", kind, json.dumps(value))
+
+    history = tmp_path / "history.jsonl"
+    lines = [
+        _op(0, 1.0, "p1", "invoke", "publish", "p1:1"),
+        _op(1, 1.1, "p1", "ok", "publish", "p1:1"),
+        fault(2, 2.0, "f1", "kill"),
+        _op(3, 5.0, "p1", "invoke", "publish", "p1:2"),
+        _op(4, 5.1, "p1", "ok", "publish", "p1:2"),
+        fault(5, 8.5, "f2", "power-loss"),
+    ]
+    history.write_text("\n".join(lines) + "\n")
+    ev = read_fault_evidence(history)
+    assert ev["bit"] == 2 and not ev["no_fault_bit"]
+    assert ev["lines"] == [
+        "f2 power-loss on n1: applied 3.5 s after the last publish was sent: no publish met it"
+    ]
+    results = {"verdict": "durable", "valid": True, "fault_evidence": ev}
+    assert exit_code(results) == EXIT_DURABLE  # what it did to stored data still counts
+    assert ev["lines"][0] in summary_table(results)

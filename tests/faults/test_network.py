@@ -38,14 +38,19 @@ def assert_well_formed(cuts: list[list[str]], members: list[str]) -> None:
     assert len({(s, d) for s, d in cuts}) == len(cuts), "a cut listed twice"
 
 
+def shaped(shape: str, n: int, seed: int) -> tuple[dict[str, Any], list[str], dict[str, frozenset[str]]]:
+    """A shape resolved on ``n`` nodes, its cuts checked well formed; with the members and whom each hears."""
+    r = resolve({"shape": shape}, n, seed)
+    members = nodes(n)
+    assert_well_formed(r["cuts"], members)
+    return r, members, hears(r["cuts"], members)
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_isolate(n: int, seed: int) -> None:
-    r = resolve({"shape": "isolate"}, n, seed)
-    members = nodes(n)
-    assert_well_formed(r["cuts"], members)
+    r, members, h = shaped("isolate", n, seed)
     (victim,), rest = r["groups"]
-    h = hears(r["cuts"], members)
     assert h[victim] == {victim}
     for other in rest:
         assert h[other] == set(rest)
@@ -61,12 +66,9 @@ def test_isolate_a_named_node() -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", ["halves", "fixed-halves"])
 def test_halves(n: int, seed: int, shape: str) -> None:
-    r = resolve({"shape": shape}, n, seed)
-    members = nodes(n)
-    assert_well_formed(r["cuts"], members)
+    r, members, h = shaped(shape, n, seed)
     a, b = r["groups"]
     assert sorted(a + b) == members and {len(a), len(b)} == {n // 2, n - n // 2}
-    h = hears(r["cuts"], members)
     for group in (a, b):
         for x in group:
             assert h[x] == set(group)  # nothing cut inside a group, everything across
@@ -81,10 +83,7 @@ def test_random_halves_vary_with_the_seed() -> None:
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_majorities_ring(n: int, seed: int) -> None:
-    r = resolve({"shape": "majorities-ring"}, n, seed)
-    members = nodes(n)
-    assert_well_formed(r["cuts"], members)
-    h = hears(r["cuts"], members)
+    r, members, h = shaped("majorities-ring", n, seed)
     for x in members:
         assert x in h[x] and len(h[x]) > n / 2, (x, h[x])
     assert len(set(h.values())) == n, "two nodes hear the same majority"
@@ -94,11 +93,8 @@ def test_majorities_ring(n: int, seed: int) -> None:
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_bridge(n: int, seed: int) -> None:
-    r = resolve({"shape": "bridge"}, n, seed)
-    members = nodes(n)
-    assert_well_formed(r["cuts"], members)
+    r, members, h = shaped("bridge", n, seed)
     bridge = r["bridge"]
-    h = hears(r["cuts"], members)
     assert h[bridge] == set(members)
     assert all(bridge in h[x] for x in members)
     side_a = [x for x in r["groups"][0] if x != bridge]
@@ -114,10 +110,8 @@ def test_bridge(n: int, seed: int) -> None:
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_one_way(n: int, seed: int) -> None:
-    r = resolve({"shape": "one-way"}, n, seed)
-    assert_well_formed(r["cuts"], nodes(n))
+    r, _, h = shaped("one-way", n, seed)
     assert r["cuts"] == [[r["unheard"], r["deaf"]]]
-    h = hears(r["cuts"], nodes(n))
     assert r["unheard"] not in h[r["deaf"]] and r["deaf"] in h[r["unheard"]]
 
 

@@ -24,7 +24,8 @@ from harness.nemesis import (
     plan,
     plan_from_history,
 )
-from harness.scenario import Scenario, from_dict
+from harness.scenario import Scenario
+from tests.factories import reference_scenario
 
 NODES3 = ["n1", "n2", "n3"]
 
@@ -34,35 +35,24 @@ def faults() -> Mapping[str, type[Fault]]:
     return Host.load().registry.faults
 
 
-def scenario(nemesis: dict[str, Any], *, seed: int = 1, duration: float = 120, nodes: int = 3) -> Scenario:
-    return from_dict(
-        {
-            "seed": seed,
-            "broker": {"plugin": "reference", "nodes": nodes},
-            "workload": {"duration": duration},
-            "nemesis": nemesis,
-        }
-    )
-
-
 RANDOM = {"random": {"faults": ["partition", "kill", "pause"], "every": [2, 6], "hold": [1, 4]}}
 
 
 def test_same_seed_same_plan(faults: Mapping[str, type[Fault]]) -> None:
-    a = plan(scenario(RANDOM, seed=5), faults, NODES3)
-    b = plan(scenario(RANDOM, seed=5), faults, NODES3)
+    a = plan(reference_scenario(RANDOM, seed=5), faults, NODES3)
+    b = plan(reference_scenario(RANDOM, seed=5), faults, NODES3)
     assert a.to_list() == b.to_list()
     assert len(a.steps) > 10
 
 
 def test_different_seed_different_plan(faults: Mapping[str, type[Fault]]) -> None:
-    plans = {json.dumps(plan(scenario(RANDOM, seed=s), faults, NODES3).to_list()) for s in range(5)}
+    plans = {json.dumps(plan(reference_scenario(RANDOM, seed=s), faults, NODES3).to_list()) for s in range(5)}
     assert len(plans) == 5
 
 
 def test_random_steps_stay_inside_the_workload_and_do_not_overlap(faults: Mapping[str, type[Fault]]) -> None:
     for seed in range(20):
-        p = plan(scenario(RANDOM, seed=seed, duration=60), faults, NODES3)
+        p = plan(reference_scenario(RANDOM, seed=seed, duration=60), faults, NODES3)
         assert p.steps and all(0 < s.at < 60 for s in p.steps)
         for prev, nxt in zip(p.steps, p.steps[1:], strict=False):
             assert prev.hold is not None and 1 <= prev.hold <= 4
@@ -80,7 +70,7 @@ def test_random_params_per_fault_reach_resolve(faults: Mapping[str, type[Fault]]
             "params": {"partition": {"shape": "isolate", "node": "n2"}},
         }
     }
-    p = plan(scenario(nem, duration=30), faults, NODES3)
+    p = plan(reference_scenario(nem, duration=30), faults, NODES3)
     assert p.steps and all(s.params["groups"] == [["n2"], ["n1", "n3"]] for s in p.steps)
 
 
@@ -92,7 +82,7 @@ def test_explicit_steps_sorted_and_resolved(faults: Mapping[str, type[Fault]]) -
             {"at": 20, "fault": "partition", "params": {"shape": "fixed-halves"}},
         ]
     }
-    p = plan(scenario(nem), faults, NODES3)
+    p = plan(reference_scenario(nem), faults, NODES3)
     assert [(s.fault_id, s.at, s.kind, s.hold) for s in p.steps] == [
         ("f1", 10.0, "kill", 2.0),
         ("f2", 20.0, "partition", None),
@@ -101,12 +91,12 @@ def test_explicit_steps_sorted_and_resolved(faults: Mapping[str, type[Fault]]) -
     assert p.steps[0].params["node"] in NODES3  # drawn from the step's own seeded RNG
     assert p.steps[1].params["groups"] == [["n1"], ["n2", "n3"]]
     assert p.steps[2].params == {"node": "n3"}
-    assert plan(scenario(nem), faults, NODES3).to_list() == p.to_list()
+    assert plan(reference_scenario(nem), faults, NODES3).to_list() == p.to_list()
 
 
 def test_explicit_and_random_steps_merge_in_time_order(faults: Mapping[str, type[Fault]]) -> None:
     nem = {"schedule": [{"at": 7.5, "fault": "kill"}], **RANDOM}
-    p = plan(scenario(nem, duration=30), faults, NODES3)
+    p = plan(reference_scenario(nem, duration=30), faults, NODES3)
     ats = [s.at for s in p.steps]
     assert ats == sorted(ats) and 7.5 in ats
 
@@ -121,7 +111,7 @@ def test_explicit_and_random_steps_merge_in_time_order(faults: Mapping[str, type
 def test_unknown_fault_is_a_scenario_error(
     faults: Mapping[str, type[Fault]], nemesis: dict[str, Any], needle: str
 ) -> None:
-    sc = scenario(nemesis)
+    sc = reference_scenario(nemesis)
     with pytest.raises(ScenarioError, match=needle):
         plan(sc, faults, NODES3)
     with pytest.raises(ScenarioError, match=needle):
@@ -129,7 +119,7 @@ def test_unknown_fault_is_a_scenario_error(
 
 
 def test_missing_capability_is_a_scenario_error(faults: Mapping[str, type[Fault]]) -> None:
-    sc = scenario({"schedule": [{"at": 1, "fault": "power-loss"}, {"at": 2, "fault": "kill"}]})
+    sc = reference_scenario({"schedule": [{"at": 1, "fault": "power-loss"}, {"at": 2, "fault": "kill"}]})
     with pytest.raises(ScenarioError) as e:
         check_capabilities(sc, faults, frozenset({"kill", "partition"}), "toy")
     assert "'power-loss'" in str(e.value) and "['power-loss']" in str(e.value) and "'toy'" in str(e.value)
@@ -175,14 +165,14 @@ def test_missing_capability_is_a_scenario_error(faults: Mapping[str, type[Fault]
 def test_fault_parameters_are_checked_when_planning(
     faults: Mapping[str, type[Fault]], fault: str, params: dict[str, Any], needle: str
 ) -> None:
-    sc = scenario({"schedule": [{"at": 1, "fault": fault, "params": params}]})
+    sc = reference_scenario({"schedule": [{"at": 1, "fault": fault, "params": params}]})
     with pytest.raises(ScenarioError) as e:
         plan(sc, faults, NODES3)
     assert needle in str(e.value)
 
 
 def test_valid_parameters_pass(faults: Mapping[str, type[Fault]]) -> None:
-    sc = scenario(
+    sc = reference_scenario(
         {
             "schedule": [
                 {
@@ -260,7 +250,7 @@ def _run(
 
 
 def test_nemesis_applies_heals_and_records_then_replay_reproduces_it(tmp_path: Path) -> None:
-    sc = scenario(
+    sc = reference_scenario(
         {
             "schedule": [
                 {"at": 0.05, "fault": "mark", "params": {"node": "n2"}, "hold": 0.1},
@@ -332,7 +322,7 @@ def test_failed_final_heal_is_recorded_and_raised(tmp_path: Path) -> None:
 
 
 def _two_partitions(first: dict[str, Any], second: dict[str, Any], second_at: float) -> Scenario:
-    return scenario(
+    return reference_scenario(
         {
             "schedule": [
                 {"at": 5, "fault": "partition", "hold": 10, "params": first},
@@ -384,8 +374,11 @@ def test_combined_schedules_overlap_without_sharing_a_node_resource(
 ) -> None:
     overlapping = 0
     for seed in range(30):
-        p = plan(scenario(COMBINED, seed=seed, duration=60), faults, NODES3)
-        assert p.to_list() == plan(scenario(COMBINED, seed=seed, duration=60), faults, NODES3).to_list()
+        p = plan(reference_scenario(COMBINED, seed=seed, duration=60), faults, NODES3)
+        assert (
+            p.to_list()
+            == plan(reference_scenario(COMBINED, seed=seed, duration=60), faults, NODES3).to_list()
+        )
         for i, a in enumerate(p.steps):
             held_then = [b for b in p.steps if b.hold is not None and b.at <= a.at < b.at + b.hold]
             assert len(held_then) <= 3, (seed, a, held_then)  # overlap: 3 at most at once
@@ -401,15 +394,15 @@ def test_overlap_one_keeps_the_sequential_plan(faults: Mapping[str, type[Fault]]
     """Scenarios written before overlap existed plan exactly as before."""
     one = {"random": {**RANDOM["random"], "overlap": 1}}
     assert (
-        plan(scenario(one, seed=3), faults, NODES3).to_list()
-        == plan(scenario(RANDOM, seed=3), faults, NODES3).to_list()
+        plan(reference_scenario(one, seed=3), faults, NODES3).to_list()
+        == plan(reference_scenario(RANDOM, seed=3), faults, NODES3).to_list()
     )
 
 
 def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(
     faults: Mapping[str, type[Fault]],
 ) -> None:
-    sc = scenario(
+    sc = reference_scenario(
         {
             "schedule": [
                 {"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
@@ -421,7 +414,7 @@ def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(
         ScenarioError, match=r"f1 \(pause at 5s\) and f2 \(kill at 8s\).*both hold process of n2"
     ):
         plan(sc, faults, NODES3)
-    fine = scenario(
+    fine = reference_scenario(
         {
             "schedule": [
                 {"at": 5, "fault": "pause", "hold": 10, "params": {"node": "n2"}},
@@ -435,7 +428,7 @@ def test_an_explicit_overlap_of_one_nodes_process_is_refused_saying_why(
 
 def test_overlap_is_validated() -> None:
     with pytest.raises(ScenarioError, match="nemesis.random.overlap"):
-        scenario({"random": {**COMBINED["random"], "overlap": 0}})
+        reference_scenario({"random": {**COMBINED["random"], "overlap": 0}})
 
 
 def test_random_draws_leave_room_for_the_scheduled_steps_after_them(
@@ -457,7 +450,9 @@ def test_random_draws_leave_room_for_the_scheduled_steps_after_them(
         },
     }
     for seed in range(40):
-        steps = plan(scenario(nemesis, seed=seed, duration=60), faults, NODES3).steps  # no ScenarioError
+        steps = plan(
+            reference_scenario(nemesis, seed=seed, duration=60), faults, NODES3
+        ).steps  # no ScenarioError
         for i, a in enumerate(steps):
             for b in steps[i + 1 :]:
                 if _windows_overlap(a, b):

@@ -14,8 +14,8 @@ from faults.process import Kill
 from faults.targets import pick_nodes, share_size
 from harness.errors import ScenarioError
 from harness.nemesis import plan
-from harness.scenario import from_dict
 from harness.spec import FaultContext
+from tests.factories import reference_scenario
 from tests.faults.local_nodes import LocalCluster, local_inits
 from tests.faults.test_nodeinit import Init, wait_for
 
@@ -67,20 +67,17 @@ def test_resolve_is_concrete_and_stable_under_replay() -> None:
 
 def test_the_random_nemesis_draws_it_with_concrete_nodes() -> None:
     faults = {"power-loss-coordinated": PowerLossCoordinated, "kill": Kill}
-    sc = from_dict(
+    sc = reference_scenario(
         {
-            "seed": 3,
-            "broker": {"plugin": "reference", "nodes": 5},
-            "workload": {"duration": 120},
-            "nemesis": {
-                "random": {
-                    "faults": ["power-loss-coordinated", "kill"],
-                    "every": [5, 10],
-                    "hold": [2, 4],
-                    "params": {"power-loss-coordinated": {"nodes": "random"}},
-                }
-            },
-        }
+            "random": {
+                "faults": ["power-loss-coordinated", "kill"],
+                "every": [5, 10],
+                "hold": [2, 4],
+                "params": {"power-loss-coordinated": {"nodes": "random"}},
+            }
+        },
+        seed=3,
+        nodes=5,
     )
     steps = [s for s in plan(sc, faults, N5).steps if s.kind == "power-loss-coordinated"]
     assert steps and all(s.params["nodes"] and set(s.params["nodes"]) <= set(N5) for s in steps)

@@ -15,7 +15,7 @@ from spark_reports.synth import HistoryBuilder
 
 
 def _stream(b: HistoryBuilder, n: int = 10, *, consumed: Iterable[int] = ()) -> None:
-    """p1:1..n confirmed at offsets 1..n; the ones in ``consumed`` consumed, then a drain."""
+    """p1:1..n confirmed at offsets 1..n, the ones in ``consumed`` consumed (the test drains after)."""
     for i in range(1, n + 1):
         b.publish(f"p1:{i}")
     for i in consumed:
@@ -42,20 +42,20 @@ def test_a_truncated_tail_is_lost_postfix(tmp_path: Path) -> None:
     ]
 
 
-def test_a_hole_is_lost_middle(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("consumed", "positions"),
+    [
+        pytest.param([1, 2, 3, 7, 8, 9, 10], (0, 3, 0), id="a hole is lost_middle"),
+        pytest.param(range(4, 11), (3, 0, 0), id="a lost head is lost_prefix"),
+    ],
+)
+def test_a_lost_run_is_classed_by_where_it_stands(
+    tmp_path: Path, consumed: Iterable[int], positions: tuple[int, int, int]
+) -> None:
     b = HistoryBuilder()
-    _stream(b, consumed=[1, 2, 3, 7, 8, 9, 10])
+    _stream(b, consumed=consumed)
     b.drain()
-    r = _check(b, tmp_path)
-    assert _positions(r) == (0, 3, 0)
-
-
-def test_a_lost_head_is_lost_prefix(tmp_path: Path) -> None:
-    b = HistoryBuilder()
-    _stream(b, consumed=range(4, 11))
-    b.drain()
-    r = _check(b, tmp_path)
-    assert _positions(r) == (3, 0, 0)
+    assert _positions(_check(b, tmp_path)) == positions
 
 
 def test_a_producer_with_no_survivor_is_all_postfix_and_reads_are_no_survivors(tmp_path: Path) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.spec import body_digest, message_body
 from spark_reports.engines.spark.sql import body_from_payload_sql, digest_sql, payload_sql
+from tests.factories import fixture_settings
 
 IDS = st.text(st.characters(codec="utf-8"), max_size=40) | st.from_regex(
     r"p[0-9]{1,3}:[0-9]{1,18}", fullmatch=True
@@ -25,11 +26,7 @@ def _sql_bodies(spark, seed: int, pairs: list[tuple[str, int]]) -> list[tuple[st
 
 
 @pytest.mark.spark
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
-)
+@fixture_settings(12, deadline=None)
 @given(seed=st.integers(0, 2**63 - 1), pairs=st.lists(st.tuples(IDS, SIZES), min_size=1, max_size=60))
 @example(
     seed=0,

@@ -7,17 +7,19 @@ literally (quadratic loops, no shared code with either engine).
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.spec import body_digest, message_body
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
+from tests.factories import fixture_settings
 
 NODES = ["n1", "n2", "n3", None]
 KINDS = ["partition", "kill", "pause", "power-loss"]
@@ -447,25 +449,23 @@ def _heals(plan: dict, nemesis: list[dict]) -> list[tuple[str, str, int]]:
             for r in nemesis
             if r["f"] == f["kind"] and _json(r["value"]).get("fault_id") == f["id"]
         )
-        ends = [
-            r["time_ns"]
-            for r in nemesis
-            if r["f"] == "heal"
-            and r["type"] == "ok"
-            and f["id"] in _json(r["value"])["fault_ids"]
-            and r["time_ns"] >= start
-        ]
+        ends = _heal_times(nemesis, f["id"], "ok", start)
         if ends:
-            began = [
-                r["time_ns"]
-                for r in nemesis
-                if r["f"] == "heal"
-                and r["type"] == "invoke"
-                and f["id"] in _json(r["value"])["fault_ids"]
-                and start <= r["time_ns"] <= min(ends)
-            ]
+            began = _heal_times(nemesis, f["id"], "invoke", start, min(ends))
             heals.append((f["id"], f["kind"], max(began)))
     return heals
+
+
+def _heal_times(nemesis: list[dict], fault_id: str, type_: str, lo: int, hi: float = math.inf) -> list[int]:
+    """When the heals of ``fault_id`` were written as ``type_`` (invoke or ok), from ``lo`` to ``hi``."""
+    return [
+        r["time_ns"]
+        for r in nemesis
+        if r["f"] == "heal"
+        and r["type"] == type_
+        and fault_id in _json(r["value"])["fault_ids"]
+        and lo <= r["time_ns"] <= hi
+    ]
 
 
 def _recovery(
@@ -621,11 +621,7 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(
-    max_examples=10,
-    deadline=None,
-    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
-)
+@fixture_settings(10, deadline=None)
 @given(plan=plans())
 def test_spark_agrees_with_python_exactly(plan: dict, spark_engine) -> None:
     b = build(plan)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_crosscheck import plans
 
@@ -24,6 +24,7 @@ from spark_reports import (
 )
 from spark_reports.engines.grade import bootstrap_ratio, grade_results
 from spark_reports.synth import HistoryBuilder
+from tests.factories import fixture_settings
 
 
 def _cdf(k: int, n: int, p: float) -> float:
@@ -295,11 +296,7 @@ def _mixed_runs(root: Path, drawn: list[dict]) -> list[Path]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@settings(
-    max_examples=2,
-    deadline=None,
-    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture],
-)
+@fixture_settings(2, deadline=None)
 @given(drawn=st.lists(plans(), min_size=3, max_size=3))
 def test_grading_runs_in_one_spark_job_equals_grading_each_alone(drawn: list[dict], spark_engine) -> None:
     with tempfile.TemporaryDirectory() as tmp:
