@@ -1,6 +1,7 @@
 """NATS JetStream from Debian's ``nats-server`` package, as a brokerchaos plugin.
 
-Versions (``broker.version``): ``2.9`` (bookworm's 2.9.10, the default) and ``2.15`` (sid's 2.15.1).
+Versions (``broker.version``): ``2.9`` (bookworm's 2.9.10, the default), ``2.10`` (trixie's 2.10.27)
+and ``2.15`` (sid's 2.15.1).
 
 Every node is one ``nats-server`` with JetStream (file storage in ``data_dir``, so
 the lazy filesystem and power loss reach it) and explicit routes to every peer by
@@ -165,6 +166,7 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
 #: The JetStream releases Debian serves; 2.9 first (the default: nothing new to build).
 VERSIONS = (
     BrokerVersion("2.9", "bookworm", ("nats-server",), "2.9.10", note="no sync_interval setting"),
+    BrokerVersion("2.10", "trixie", ("nats-server",), "2.10.27", note="sync_interval: default 2m, or always"),
     BrokerVersion("2.15", "sid", ("nats-server",), "2.15.1", note="sync_interval: default 2m, or always"),
 )
 #: ``sync_interval``: the server's default (two minutes), ``always``, or a Go duration.
@@ -216,7 +218,7 @@ class Nats(BrokerPlugin):
         if sync is not None and self.release is VERSIONS[0]:
             raise ScenarioError(
                 "broker.settings.sync_interval: nats-server 2.9 has no such setting (it came with 2.10); "
-                'remove it or set broker.version: "2.15"'
+                'remove it or set broker.version: "2.10" or "2.15"'
             )
         return out
 

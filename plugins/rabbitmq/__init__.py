@@ -1,9 +1,11 @@
 """RabbitMQ from Debian's ``rabbitmq-server`` package, as a brokerchaos plugin.
 
 Versions (``broker.version``): ``3.10`` (bookworm's 3.10.8, the default: classic mirrored and
-quorum queues on Mnesia) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri, the default
-metadata store of a new 4.2+ cluster; ``RABBITMQ_FEATURE_FLAGS=-khepri_db`` did not keep a new
-4.3.6 node on Mnesia here, so Mnesia on 4.3 is refused rather than claimed). Classic
+quorum queues on Mnesia), ``4.0`` (trixie's 4.0.5: quorum queues on Mnesia, still the default
+metadata store of a new 4.0 cluster; Khepri there is an opt-in feature flag the plugin does not
+set, so it is refused rather than claimed) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri,
+the default metadata store of a new 4.2+ cluster; ``RABBITMQ_FEATURE_FLAGS=-khepri_db`` did not
+keep a new 4.3.6 node on Mnesia here, so Mnesia on 4.3 is refused rather than claimed). Classic
 mirrored queues were removed in 4.0: a mirroring policy on 4.x is refused when the scenario
 is read, never silently ignored by the broker.
 
@@ -158,17 +160,28 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
 
 
 #: The RabbitMQ releases Debian serves; 3.10 first (the default: nothing new to build).
-VERSIONS = (
-    BrokerVersion("3.10", "bookworm", ("rabbitmq-server",), "3.10.8", note="classic mirrored queues, Mnesia"),
-    BrokerVersion(
-        "4.3",
-        "sid",
-        ("rabbitmq-server",),
-        "4.3.6",
-        settings={"metadata_store": "khepri"},
-        note="quorum queues; no classic mirroring; Khepri by default",
-    ),
+V3_10 = BrokerVersion(
+    "3.10", "bookworm", ("rabbitmq-server",), "3.10.8", note="classic mirrored queues, Mnesia"
 )
+#: Debian 13's: the first release without classic mirrored queues; a new cluster still runs on
+#: Mnesia (Khepri is opt-in through the ``khepri_db`` feature flag until 4.2).
+V4_0 = BrokerVersion(
+    "4.0",
+    "trixie",
+    ("rabbitmq-server",),
+    "4.0.5",
+    settings={"metadata_store": "mnesia"},
+    note="quorum queues; no classic mirroring; Mnesia by default",
+)
+V4_3 = BrokerVersion(
+    "4.3",
+    "sid",
+    ("rabbitmq-server",),
+    "4.3.6",
+    settings={"metadata_store": "khepri"},
+    note="quorum queues; no classic mirroring; Khepri by default",
+)
+VERSIONS = (V3_10, V4_0, V4_3)
 
 
 class RabbitMQ(BrokerPlugin):
@@ -220,7 +233,7 @@ class RabbitMQ(BrokerPlugin):
         "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
         "net_ticktime": (10, int),
         "policy_pattern": ("^chaos", str),
-        # The metadata store: Mnesia on 3.10, Khepri (Raft; 4.2+'s default) on 4.3.
+        # The metadata store: Mnesia on 3.10 and 4.0, Khepri (Raft; 4.2+'s default) on 4.3.
         "metadata_store": ("mnesia", ("mnesia", "khepri")),
     }
 
@@ -230,7 +243,7 @@ class RabbitMQ(BrokerPlugin):
     @property
     def mirroring(self) -> bool:
         """Whether this version has classic mirrored queues (removed in 4.0)."""
-        return self.release is VERSIONS[0]
+        return self.release is V3_10
 
     def broker_version(self, node: NodeHandle) -> str | None:
         """What the running node says (``rabbitmqctl version``; on 4.x also its metadata store),
@@ -373,7 +386,8 @@ class RabbitMQ(BrokerPlugin):
         return out
 
     def _check_version(self, out: Mapping[str, Any]) -> None:
-        """What this version does not have: mirroring on 4.x, Khepri on 3.10."""
+        """What this version does not have: mirroring on 4.x, Khepri on 3.10; and the one metadata
+        store each 4.x runs here, its default for a new cluster."""
         rel = self.release
         assert rel is not None
         if not self.mirroring and out["ha_mode"] is not None:
@@ -386,12 +400,18 @@ class RabbitMQ(BrokerPlugin):
                 f"broker.settings.metadata_store: RabbitMQ {rel.name} has Mnesia only; "
                 'remove it, or set broker.version: "4.3"'
             )
-        if not self.mirroring and out["metadata_store"] != "khepri":
-            # Upstream's way, RABBITMQ_FEATURE_FLAGS=-khepri_db on a new node, still started
-            # Debian's 4.3.6 on Khepri here (the node said so): not offered until it works.
+        store = rel.settings.get("metadata_store", "mnesia")
+        if not self.mirroring and out["metadata_store"] != store:
+            # 4.3: upstream's way, RABBITMQ_FEATURE_FLAGS=-khepri_db on a new node, still started
+            # Debian's 4.3.6 on Khepri here (the node said so). 4.0: Khepri is an opt-in
+            # (``enable_feature_flag --experimental khepri_db``) the plugin does not make yet.
+            # Neither is offered until it is seen working.
+            other = next(
+                v.name for v in reversed(VERSIONS) if v.settings.get("metadata_store", "mnesia") != store
+            )
             raise ScenarioError(
-                f"broker.settings.metadata_store: RabbitMQ {rel.name} runs on Khepri here; "
-                'for Mnesia use broker.version "3.10"'
+                f"broker.settings.metadata_store: RabbitMQ {rel.name} runs on {store.capitalize()} here; "
+                f'for {out["metadata_store"].capitalize()} use broker.version "{other}"'
             )
 
     @staticmethod

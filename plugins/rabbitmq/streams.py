@@ -36,7 +36,7 @@ from harness import (
     ScenarioError,
     run_or_fail,
 )
-from plugins.rabbitmq import CONF, VERSIONS, RabbitMQ, erlang_binary
+from plugins.rabbitmq import CONF, V4_3, RabbitMQ, erlang_binary
 
 STREAM_PORT = 5552
 REPLICATION_BASE = 6000
@@ -86,10 +86,10 @@ class RabbitMQStream(RabbitMQ):
     # Streams came with 3.9; offered on 4.3 (sid), the release the findings are about.
     versions = (
         BrokerVersion(
-            VERSIONS[1].name,
-            VERSIONS[1].suite,
-            VERSIONS[1].packages,
-            VERSIONS[1].upstream,
+            V4_3.name,
+            V4_3.suite,
+            V4_3.packages,
+            V4_3.upstream,
             note="streams over the stream protocol (port 5552); Khepri",
         ),
     )
@@ -113,7 +113,7 @@ class RabbitMQStream(RabbitMQ):
 
     def image(self) -> ImageRecipe:
         """``rabbitmq``'s image at 4.3, byte for byte (the stream plugin ships in the package)."""
-        return RabbitMQ().at_version(VERSIONS[1].name).image()
+        return RabbitMQ().at_version(V4_3.name).image()
 
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         return (*super().peer_ports_for(index), *replication_ports(index))

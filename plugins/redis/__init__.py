@@ -1,8 +1,9 @@
 """Redis Streams from Debian's ``redis-server`` and ``redis-sentinel`` packages, as a brokerchaos plugin;
 and Valkey, the fork of Redis 7.2, from ``valkey-server`` and ``valkey-sentinel``, as its sibling.
 
-Versions (``broker.version``): redis ``7.0`` (bookworm's 7.0.15, the default) and ``8.0`` (sid's
-8.0.6); valkey ``9.1`` (sid's 9.1.2). Valkey is a plugin of its own (``valkey``), a subclass of
+Versions (``broker.version``): redis ``7.0`` (bookworm's 7.0.15, the default), ``8.0`` (sid's
+8.0.6) and ``8.0.2`` (trixie's); valkey ``9.1`` (sid's 9.1.2, its default) and ``8.1`` (trixie's
+8.1.1). Valkey is a plugin of its own (``valkey``), a subclass of
 this one that differs only in its packages, binaries and version: a scenario names what it runs
 as a team names it, and Valkey's versions (8, 9) are not Redis's. Both speak RESP to the same
 client plugin (``redis``), with the same settings and the same coverage map.
@@ -185,6 +186,8 @@ class Redis(BrokerPlugin):
     versions: ClassVar[tuple[BrokerVersion, ...]] = (
         BrokerVersion("7.0", "bookworm", ("redis-server", "redis-sentinel"), "7.0.15"),
         BrokerVersion("8.0", "sid", ("redis-server", "redis-sentinel"), "8.0.6"),
+        # Debian 13's: named by its upstream version, as "8.0" names sid's newer 8.0.
+        BrokerVersion("8.0.2", "trixie", ("redis-server", "redis-sentinel"), "8.0.2"),
     )
     server_binary = "redis-server"
     sentinel_binary = "redis-sentinel"
@@ -417,7 +420,10 @@ class Valkey(Redis):
     """Valkey: Redis's plugin with Valkey's packages and binaries (see the module's docstring)."""
 
     name = "valkey"
-    versions = (BrokerVersion("9.1", "sid", ("valkey-server", "valkey-sentinel", "valkey-tools"), "9.1.2"),)
+    versions = (
+        BrokerVersion("9.1", "sid", ("valkey-server", "valkey-sentinel", "valkey-tools"), "9.1.2"),
+        BrokerVersion("8.1", "trixie", ("valkey-server", "valkey-sentinel", "valkey-tools"), "8.1.1"),
+    )
     server_binary = "valkey-server"
     sentinel_binary = "valkey-sentinel"
     cli_binary = "valkey-cli"

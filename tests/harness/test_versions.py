@@ -78,10 +78,22 @@ def test_scenario_reads_broker_version_and_keeps_the_file_as_it_was_without_one(
 
 
 def test_shipped_plugins_declare_their_debian_versions() -> None:
-    assert [(v.name, v.suite) for v in RabbitMQ.versions] == [("3.10", "bookworm"), ("4.3", "sid")]
-    assert [(v.name, v.suite) for v in Nats.versions] == [("2.9", "bookworm"), ("2.15", "sid")]
-    assert [(v.name, v.suite) for v in Redis.versions] == [("7.0", "bookworm"), ("8.0", "sid")]
-    assert [(v.name, v.suite) for v in Valkey.versions] == [("9.1", "sid")]
+    assert [(v.name, v.suite) for v in RabbitMQ.versions] == [
+        ("3.10", "bookworm"),
+        ("4.0", "trixie"),
+        ("4.3", "sid"),
+    ]
+    assert [(v.name, v.suite) for v in Nats.versions] == [
+        ("2.9", "bookworm"),
+        ("2.10", "trixie"),
+        ("2.15", "sid"),
+    ]
+    assert [(v.name, v.suite) for v in Redis.versions] == [
+        ("7.0", "bookworm"),
+        ("8.0", "sid"),
+        ("8.0.2", "trixie"),
+    ]
+    assert [(v.name, v.suite) for v in Valkey.versions] == [("9.1", "sid"), ("8.1", "trixie")]
     valkey = Valkey().image()  # its default is on sid, which moves on: pinned all the same
     assert valkey.debian_packages[0] == "valkey-server" and valkey.pins == {"valkey-server": "9.1"}
     assert Redis().image().pins == {}  # bookworm's default: the recipe it had before versions
@@ -95,8 +107,42 @@ def test_rabbitmq_4_refuses_a_mirroring_policy_and_3_10_refuses_khepri() -> None
     assert r4.validate_settings({"queue_type": "quorum"})["metadata_store"] == "khepri"
     with pytest.raises(ScenarioError, match="RabbitMQ 3.10 has Mnesia only"):
         RabbitMQ().validate_settings({"metadata_store": "khepri"})
-    with pytest.raises(ScenarioError, match="RabbitMQ 4.3 runs on Khepri here"):
+    with pytest.raises(
+        ScenarioError, match='RabbitMQ 4.3 runs on Khepri here; for Mnesia use broker.version "4.0"'
+    ):
         r4.validate_settings({"metadata_store": "mnesia"})
+
+
+def test_trixie_versions_build_from_trixie_pinned_to_what_debian_13_serves() -> None:
+    """Debian 13's releases: one trixie root filesystem, each image named and pinned by version,
+    none of them touching the default's image (bookworm's, unpinned)."""
+    cases = [
+        (RabbitMQ().at_version("4.0"), "brokerchaos/rabbitmq-4.0", {"rabbitmq-server": "4.0"}),
+        (Nats().at_version("2.10"), "brokerchaos/nats-2.10", {"nats-server": "2.10"}),
+        (Redis().at_version("8.0.2"), "brokerchaos/redis-8.0.2", {"redis-server": "8.0.2"}),
+        (Valkey().at_version("8.1"), "brokerchaos/valkey-8.1", {"valkey-server": "8.1"}),
+    ]
+    for plugin, name, pins in cases:
+        recipe = plugin.image()
+        assert (recipe.suite, recipe.name, dict(recipe.pins)) == ("trixie", name, pins), plugin.name
+    # Its upstream version names it too; sid's 8.0 stays what "8.0" names.
+    assert Redis().at_version("8.0").image().suite == "sid"
+    assert Valkey().at_version("8.1.1").release is Valkey.versions[1]
+    assert RabbitMQ().image().suite == "bookworm" and RabbitMQ().image().pins == {}
+
+
+def test_rabbitmq_4_0_runs_quorum_queues_on_mnesia_and_refuses_mirroring_and_khepri() -> None:
+    """4.0 removed classic mirrored queues but kept Mnesia as a new cluster's metadata store
+    (Khepri is an opt-in feature flag the plugin does not set): refused, not claimed."""
+    r40 = RabbitMQ().at_version("4.0")
+    assert isinstance(r40, RabbitMQ) and not r40.mirroring
+    assert r40.validate_settings({"queue_type": "quorum"})["metadata_store"] == "mnesia"
+    with pytest.raises(ScenarioError, match="RabbitMQ 4.0 has no classic mirrored queues"):
+        r40.validate_settings({"ha_mode": "all"})
+    with pytest.raises(
+        ScenarioError, match='RabbitMQ 4.0 runs on Mnesia here; for Khepri use broker.version "4.3"'
+    ):
+        r40.validate_settings({"metadata_store": "khepri"})
 
 
 def test_nats_sync_interval_from_2_10_on() -> None:
@@ -106,6 +152,9 @@ def test_nats_sync_interval_from_2_10_on() -> None:
         n.validate_settings({"sync_interval": "sometimes"})
     with pytest.raises(ScenarioError, match="nats-server 2.9 has no such setting"):
         Nats().validate_settings({"sync_interval": "always"})
+    n210 = Nats().at_version("2.10")  # trixie's 2.10.27 has it
+    assert n210.validate_settings({"sync_interval": "always"})["sync_interval"] == "always"
+    assert n210.confirms_after_sync(n210.validate_settings({})) is False
 
 
 def test_nats_promises_synced_confirms_only_under_sync_interval_always() -> None:
@@ -151,8 +200,10 @@ def test_cli_lists_versions_and_refuses_an_unknown_one_in_one_line(tmp_path: Pat
     assert listed.returncode == 0
     assert "version 4.3    Debian sid       rabbitmq-server 4.3.6" in listed.stdout
     assert "version 9.1    Debian sid       valkey-server" in listed.stdout
+    assert "version 4.0    Debian trixie    rabbitmq-server 4.0.5" in listed.stdout
+    assert "version 8.1    Debian trixie    valkey-server" in listed.stdout
     (tmp_path / "s.yaml").write_text('broker: {plugin: rabbitmq, version: "5.0"}\n')
     r = subprocess.run([EXE, "run", "s.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith("brokerchaos: ")
-    assert "broker.version: '5.0' is not a version of rabbitmq; use one of 3.10, 4.3" in r.stderr
+    assert "broker.version: '5.0' is not a version of rabbitmq; use one of 3.10, 4.0, 4.3" in r.stderr
