@@ -22,8 +22,10 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              nodes it targets (a partition's smaller side: a kill held inside the isolation of the
              same node) or on each of the others (with a kind's ``sheds_clients`` parameters half
              the time: their client links reset while one node is cut off, the clients pushed
-             onto it), begun early and healed with most of the window to run and with the
-             workload time left that earlier runs' heals ran late (``Search.reserve``), relations
+             onto it; on its own nodes, half the time, the clients pushed onto them from the
+             nested action's heal to the window's end), begun early and healed with most of the
+             window to run and with the workload time left that earlier runs' heals ran late
+             (``Search.reserve``), relations
              no run has reached first, the kind's enumerated parameters drawn afresh; applied last
              in its stack, so no other mutation moves the window it nested in;
 ``add``      an action of a kind from the pool at a random time;
@@ -362,7 +364,10 @@ class Mutator:
         time earlier runs' heals took past their planned time: a node restarted after the
         producers stopped serves no one). On each other node, half the time a kind that
         ``sheds_clients`` is held with those parameters to the window's end: the clients pushed onto
-        the window's side while it lasts."""
+        the window's side while it lasts. On its nodes, half the time the same is done from the
+        nested action's heal to the window's end (``_push_clients``): a node brought back inside
+        the window gets the clients, so what it does there (serve alone, rejoin) meets the
+        workload, which had moved away from it."""
         options = self._align_options(s) if s.steps else []
         if not options:
             return None
@@ -396,10 +401,35 @@ class Mutator:
         if not aim or at <= start or at + hold >= end:
             return None  # strictly inside: healed before the window it nests in
         added = [self._new_step(kind, at, hold, s.nodes, {**given, "node": n}) for n in aim]
+        if way == "same" and self.rng.random() < 0.5 and all(a is not None for a in added):
+            healed = max(a.at + (a.hold or 0.0) for a in added if a is not None)
+            pushed = self._push_clients(s, [n for n in cluster if n not in mine], healed, end)
+            if pushed:
+                added += pushed[0]
+                what += f" (clients pushed to its side by {pushed[1]})"
         if any(a is None for a in added):
             return None
         steps = (*s.steps, *(a for a in added if a is not None))
         return s.replace(steps=steps), what
+
+    def _push_clients(
+        self, s: Schedule, others: list[str], at: float, end: float
+    ) -> tuple[list[PlannedFault | None], str] | None:
+        """A pool kind that ``sheds_clients``, with those parameters, on each node in ``others``,
+        from ``at`` to the end of the window (``end``): the clients pushed onto the nodes the
+        window holds after what was nested there has healed, so what it left behind meets the
+        workload. None when no pool kind sheds clients or no time is left."""
+        kinds = [
+            k
+            for k in sorted(self.pool)
+            if self.faults[k].sheds_clients and "node" in self.faults[k].params_schema
+        ]
+        hold = end - at - min(0.5, 0.05 * (end - at))
+        if not kinds or not others or hold < MIN_HOLD:
+            return None
+        kind = self.rng.choice(kinds)
+        shed = dict(self.faults[kind].sheds_clients or {})
+        return [self._new_step(kind, at, hold, s.nodes, {**shed, "node": n}) for n in others], kind
 
     def overlap(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         """A pool kind added over (or under) an existing action, unseen pairs first."""

@@ -15,7 +15,7 @@ fault
     ``run`` for the run as a whole.
 event
     what the run showed in that window: whether the fault applied and bit, whether publishes
-    were served inside it (``publish-served``, ``publish-down``, ``no-publishes``), whether each
+    were served inside it (``publish-served``, ``publish-none``), whether each
     queue recovered after its heal, outages that overlapped it, lost messages attributed to it; for
     the run, its verdict, the kinds of anomaly it counted, and the broker's own events the plugin
     reads from its logs (``event=promoted-in-sync``, ``event=served-alone``).
@@ -192,10 +192,7 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
     for row in results.get("availability") or []:
         if row.get("window") not in out:
             continue
-        share = row.get("share")
-        # served or not, not how much: a threshold on the share moved a window across it with the timing
-        label = "no-publishes" if share is None else "publish-down" if share == 0 else "publish-served"
-        out[row["window"]].add(label)
+        out[row["window"]].add(publish_label(row))
     lv = results.get("liveness") or {}
     for r in lv.get("recovery") or []:
         if r.get("fault_id") not in out or not r.get("healed"):
@@ -216,6 +213,19 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
         if isinstance(e, Mapping) and e.get("name"):
             out.setdefault("run", set()).add(f"event={e['name']}")
     return out
+
+
+def publish_label(row: Mapping[str, Any]) -> str:
+    """Whether the workload was served inside a window: ``publish-served`` when a publish invoked in
+    it was confirmed, else ``publish-none``.
+
+    Served or not, not how much (a threshold on the share moved a window across it with the
+    timing), and not whether a publish was tried: with every producer reconnecting, whether one
+    retry fell inside a short window split ``publish-down`` (tried, none confirmed) from
+    ``no-publishes`` (none tried) by timing alone; to the cluster both are a window that confirmed
+    nothing.
+    """
+    return "publish-served" if row.get("confirmed") or (row.get("share") or 0) > 0 else "publish-none"
 
 
 def evidence_events(results: Mapping[str, Any]) -> list[tuple[str, str]]:
