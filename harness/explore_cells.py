@@ -16,18 +16,20 @@ fault
 event
     what the run showed in that window: whether the fault applied and bit, whether publishes
     were served inside it (``publish-served``, ``publish-none``), whether each
-    queue recovered after its heal, outages that overlapped it, lost messages attributed to it; for
-    the run, its verdict, the kinds of anomaly it counted, and the broker's own events the plugin
-    reads from its logs (``event=promoted-in-sync``, ``event=served-alone``).
+    queue recovered after its heal, lost messages attributed to it; for the run, its verdict, the
+    kinds of anomaly it counted, its outages (``outage-publish``: no publish completed for longer
+    than the liveness threshold) and the broker's own events the plugin reads from its logs
+    (``event=promoted-in-sync``, ``event=served-alone``).
 
 The cells say what the cluster did, not what the schedule was. A fault's parameters, its numbers
 and its relations to other windows are the search's input: cells keyed on them (a kind crossed
 with each parameter value, each relation crossed with each outcome) are reached by the mutation
 that makes them, whatever the broker does, so every run was new and the corpus kept everything: a
 random walk over mutations. A relation makes a cell only with what went wrong for the workload
-(``lost``, ``not-recovered``, a heal that failed); the broker's events are the run's, so a node that
-started alone and served is one cell whichever schedule got it there, and which window a routine
-event fell in (a synced mirror, a group-commit batch) makes none. What
+(``lost``, ``not-recovered``, a heal that failed); the broker's events and the outages are the
+run's, so a node that started alone and served is one cell whichever schedule got it there, and
+which window a routine event (a synced mirror, a group-commit batch) or an outage fell in makes
+none. What
 the search has tried (each window's parameters and relations, ``run_shapes``) is kept apart, for
 the mutations to aim at what is untried first.
 
@@ -199,10 +201,12 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
             continue
         if not r.get("recovered"):
             out[r["fault_id"]].add("not-recovered")
+    # An outage (no op of a kind completed for longer than the liveness threshold) is the run's:
+    # which windows it overlapped moved with the timing (one schedule run twice had it in the
+    # partition's window once and not the other time, and two isolations of one node, overlapping,
+    # made ``partition | outage-publish`` new where one had not).
     for u in lv.get("windows") or []:
-        for fid in u.get("fault_ids") or []:
-            if fid in out:
-                out[fid].add(f"outage-{u.get('kind')}")
+        out.setdefault("run", set()).add(f"outage-{u.get('kind')}")
     for m in (results.get("attribution") or {}).get("messages") or []:
         for fid in m.get("fault_ids") or []:
             if fid in out:

@@ -370,15 +370,16 @@ def test_shapes_name_the_kind_target_and_each_relation_apart() -> None:
 
 def test_events_per_window_and_for_the_run() -> None:
     ev = window_events(RESULTS)
-    assert ev["f2"] == {"applied", "publish-none", "outage-publish", "lost"}
+    assert ev["f2"] == {"applied", "publish-none", "lost"}
     assert ev["f1"] == {"applied", "publish-served", "lost"}
-    assert ev["run"] == {"event=flush-timeout"}
+    assert ev["run"] == {"event=flush-timeout", "outage-publish"}
     scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
     cells = run_cells(scenario, RESULTS)
     assert "backlog | power-loss@one/clients | lost" in cells and "cluster | run | verdict=LOST" in cells
     assert "backlog | run | event=flush-timeout" in cells
     assert "backlog | power-loss under=slow-fsync:same | lost" in cells
     assert "backlog | run | recovered>0" in cells and "backlog | run | duplicated>0" not in cells
+    assert "backlog | run | outage-publish" in cells
     assert not any(c.endswith("verdict=LOST") and " run " not in c for c in cells)  # not one per window
     tried = run_shapes(scenario, RESULTS)
     assert pairs_in(tried) == {("slow-fsync", "power-loss"), ("slow-fsync", "kill")}
@@ -412,6 +413,37 @@ def test_runs_that_differ_in_parameters_and_how_much_was_served_reach_the_same_c
     scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
     assert run_cells(scenario, other) == run_cells(scenario, RESULTS)
     assert run_shapes(scenario, other) != run_shapes(scenario, RESULTS)  # tried apart, for the mutations
+
+
+def test_a_window_that_confirmed_nothing_is_one_cell_whether_a_publish_was_tried_or_not() -> None:
+    """A short kill while every producer reconnects: whether one retry fell inside it (attempts 3,
+    none confirmed) or none did (attempts 0, share None) is timing, not the cluster: one cell
+    (``publish-none``). A window in which a publish was confirmed is another."""
+    tried = json.loads(json.dumps(RESULTS))
+    tried["availability"][1].update(attempts=3, confirmed=0, share=0.0)
+    none = json.loads(json.dumps(RESULTS))
+    none["availability"][1].update(attempts=0, confirmed=0, share=None)
+    scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
+    assert run_cells(scenario, tried) == run_cells(scenario, none)
+    assert "publish-none" in window_events(none)["f2"]
+    served = json.loads(json.dumps(RESULTS))
+    served["availability"][1].update(attempts=3, confirmed=1, share=1 / 3)
+    assert "publish-served" in window_events(served)["f2"]
+    assert run_cells(scenario, served) != run_cells(scenario, none)
+
+
+def test_an_outage_is_the_runs_whichever_windows_it_overlapped() -> None:
+    """The same outage overlapping the power cut, or the slow fsync as well: one cell, the run's
+    (``run | outage-publish``); a run with no outage lacks it."""
+    both = json.loads(json.dumps(RESULTS))
+    both["liveness"]["windows"] = [{"kind": "publish", "fault_ids": ["f1", "f2"]}]
+    scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
+    assert run_cells(scenario, both) == run_cells(scenario, RESULTS)
+    quiet = json.loads(json.dumps(RESULTS))
+    quiet["liveness"]["windows"] = []
+    assert run_cells(scenario, RESULTS) - run_cells(scenario, quiet) == {
+        f"{f} | run | outage-publish" for f in workload_features(scenario)
+    }
 
 
 def test_a_relation_with_nothing_gone_wrong_is_no_new_cell() -> None:
@@ -812,16 +844,17 @@ def test_until_takes_failing_verdicts_only() -> None:
 
 
 def test_a_relation_is_crossed_with_what_went_wrong_only() -> None:
-    """The fault's own evidence, publishes served or an outage in a window go with the fault's coarse
-    shape, a broker event with the run; crossed with each relation, every relation a mutation made
-    was new."""
+    """The fault's own evidence and publishes served in a window go with the fault's coarse shape, a
+    broker event and an outage with the run; crossed with each relation, every relation a mutation
+    made was new."""
     res = json.loads(json.dumps(RESULTS))
     res["events"].append({"name": "promoted", "fault_ids": ["f2"]})
     res["fault_evidence"] = {"actions": [{"fault_id": "f2", "effect": True, "flags": []}]}
     cells = run_cells({"workload": {"consumers": 0}, "broker": {"nodes": 3}}, res)
     assert "backlog | run | event=promoted" in cells
     assert "backlog | power-loss@one/clients | bit" in cells
-    assert "backlog | power-loss@one/clients | outage-publish" in cells
+    assert "backlog | power-loss@one/clients | publish-none" in cells
+    assert "backlog | run | outage-publish" in cells
     assert "backlog | power-loss under=slow-fsync:same | lost" in cells
     relation = {c.rsplit(" | ", 1)[1] for c in cells if " under=" in c or " recovering=" in c}
     assert relation == {"lost"}
