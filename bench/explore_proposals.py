@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{args.corpus}: no runs in its corpus")
     pool = pool_of(scenario, faults, [k for k in args.faults.split(",") if k])
     start = Schedule.from_dict(corpus.runs[0]["schedule"])
-    search = Search(corpus, start, faults, pool, lambda *a: None, budget_s=0)  # type: ignore[arg-type,return-value]
+    search = Search(corpus, start, faults, pool, lambda *a: None, budget_s=0)  # type: ignore[arg-type]
     nested = full = 0
     first = corpus.iteration + 1
     for it in range(first, first + args.n):
