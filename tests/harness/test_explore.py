@@ -16,6 +16,7 @@ import pytest
 
 from harness.errors import BrokerChaosError
 from harness.explore import (
+    FRESH_WEIGHT,
     Corpus,
     Mutator,
     Outcome,
@@ -597,12 +598,13 @@ def test_align_stays_nested_when_other_mutations_are_stacked_with_it(faults) -> 
             continue
         stacked += ";" in got[1]
         assert got[1].split("; ")[-1].startswith("align"), got[1]
-        # The action it nested in, by its id in the final schedule (align is last: no renumbering after it).
-        fid = got[1].rsplit(" of ", 1)[1].split(" ", 1)[0]
-        outer = next(p for p in got[0].steps if p.fault_id == fid)
-        side = targets(outer.params, cluster)  # its node, or a partition's smaller side
-        kills = [p for p in got[0].steps if p.kind == "kill" and p.params["node"] in side]
-        assert any(nested(k, outer) for k in kills), got[1]
+        # The action it nested in (a widened window moved earlier may be renumbered by ``normalise``).
+        assert any(
+            nested(k, outer)
+            for outer in got[0].steps
+            for k in got[0].steps
+            if k.kind == "kill" and k.params["node"] in targets(outer.params, cluster)
+        ), got[1]
     assert stacked >= 3  # the case that broke: align with other mutations in one stack
 
 
@@ -635,7 +637,7 @@ def test_align_pushes_the_clients_onto_the_windows_side(faults) -> None:
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     pushed = drawn = 0
-    for seed in range(200):
+    for seed in range(300):
         got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
         if got is None or " on others of " not in got[1]:
             continue
@@ -755,18 +757,29 @@ def test_align_widens_the_window_it_nests_in_half_the_time(faults) -> None:
 
 
 def test_align_aims_at_a_relation_no_run_has_reached(faults) -> None:
-    """Every relation but a kill inside the isolation of its own node seen: that is the one aligned."""
+    """Every relation but a kill inside the isolation of its own node seen: that one is drawn
+    ``FRESH_WEIGHT`` times as often as each seen one (4 of 4 + 5 for one action, three kinds and two
+    ways, against 1 in 6 drawn evenly), and the seen ones still are: what a relation does depends on
+    what else the window holds, and drawn only while unseen, a relation reached once was not drawn
+    again for the rest of a search."""
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     seen = {(h, k, w) for h in pool for k in pool for w in ("same", "other")} - {
         ("partition", "kill", "same")
     }
-    for seed in range(20):
+    aimed = other = 0
+    for seed in range(200):
         got = Mutator(faults, pool, random.Random(seed), set(), set(), seen).align(s, None)
-        assert got is not None
-        assert got[1].startswith("align kill on same of f1"), got[1]
-        kill = next(p for p in got[0].steps if p.kind == "kill")
-        assert kill.params["node"] == "n1"  # the partition's smaller side
+        if got is None:
+            continue
+        if got[1].startswith("align kill on same of f1"):
+            aimed += 1
+            kill = next(p for p in got[0].steps if p.kind == "kill")
+            assert kill.params["node"] == "n1"  # the partition's smaller side
+        else:
+            other += 1
+    assert FRESH_WEIGHT == 4.0
+    assert aimed > 0.35 * (aimed + other) and other > 0.35 * (aimed + other)
 
 
 def test_align_is_drawn_more_while_relations_remain_unreached(faults) -> None:
