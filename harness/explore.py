@@ -22,10 +22,12 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              nodes it targets (a partition's smaller side: a kill held inside the isolation of the
              same node) or on each of the others (with a kind's ``sheds_clients`` parameters half
              the time: their client links reset while one node is cut off, the clients pushed
-             onto it), begun early and healed with most of the window to run and with the
-             workload time left that earlier runs' heals ran late (``Search.reserve``), relations
-             no run has reached first, the kind's enumerated parameters drawn afresh; applied last
-             in its stack, so no other mutation moves the window it nested in;
+             onto it; on its own nodes, half the time, the clients pushed onto them from the
+             nested action's heal to the window's end), begun early and healed with most of the
+             window to run and with the workload time left that earlier runs' heals ran late
+             (``Search.reserve``), relations no run has reached four times as likely as
+             others, the kind's enumerated parameters drawn afresh; applied last in its stack,
+             so no other mutation moves the window it nested in;
 ``add``      an action of a kind from the pool at a random time;
 ``remove``   one action taken out;
 ``splice``   the early part of this schedule joined to the later part of another corpus entry.
@@ -77,6 +79,8 @@ OPERATORS: dict[str, float] = {
     "remove": 1,
     "splice": 1,
 }
+#: How much likelier ``align`` draws a relation no run has reached than one reached already.
+FRESH_WEIGHT = 4.0
 MAX_ERRORS = 3  # consecutive runs that could not run: the search stops
 LATE_RUNS = 5  # the runs whose heals' lateness ``Search.reserve`` takes the median of
 
@@ -349,6 +353,20 @@ class Mutator:
         fresh = [o for o in options if self._unseen_relation(s.steps[o[0]].kind, o[1], o[2])]
         return fresh or options
 
+    def _align_draw(self, s: Schedule) -> tuple[int, str, str] | None:
+        """One of ``_align_options``: a relation no run has reached ``FRESH_WEIGHT`` times as likely
+        as one reached already, not only those: what happens in a relation depends on what else
+        the window holds (the clients pushed onto its side or not), and with every relation of
+        every action unseen first, one reached once was not drawn again for the rest of a search."""
+        kinds = [k for k in sorted(self.pool) if "node" in self.faults[k].params_schema]
+        options = [(i, k, way) for i in range(len(s.steps)) for k in kinds for way in ("same", "others")]
+        if not options:
+            return None
+        weights = [
+            FRESH_WEIGHT if self._unseen_relation(s.steps[i].kind, k, w) else 1.0 for i, k, w in options
+        ]
+        return self.rng.choices(options, weights=weights)[0]
+
     def _unseen_relation(self, held: str, kind: str, way: str) -> bool:
         return (held, kind, "same" if way == "same" else "other") not in self.seen_relations
 
@@ -356,7 +374,7 @@ class Mutator:
         """Actions of one pool kind nested inside an existing action's window, on its nodes (a
         partition's smaller side) or on each other node: begun early in the window and healed
         with most of it still to run (a killed node back, with time to act, while its isolation
-        holds); relations no run has reached first. Half the time the window is widened first
+        holds); relations no run has reached likelier (``_align_draw``). Half the time the window is widened first
         (begun anywhere back to the workload's start, held to its end): the time after the nested
         action's heal is where what it started shows, and a short window leaves none.
 
@@ -364,12 +382,15 @@ class Mutator:
         time earlier runs' heals took past their planned time: a node restarted after the
         producers stopped serves no one). On each other node, half the time a kind that
         ``sheds_clients`` is held with those parameters to the window's end: the clients pushed onto
-        the window's side while it lasts."""
-        options = self._align_options(s) if s.steps else []
-        if not options:
+        the window's side while it lasts. On its nodes, half the time the same is done from the
+        nested action's heal to the window's end (``_push_clients``): a node brought back inside
+        the window gets the clients, so what it does there (serve alone, rejoin) meets the
+        workload, which had moved away from it."""
+        drawn = self._align_draw(s) if s.steps else None
+        if drawn is None:
             return None
         cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
-        i, kind, way = self.rng.choice(options)
+        i, kind, way = drawn
         p = s.steps[i]
         mine = targets(p.params, cluster)
         aim = mine if way == "same" else [n for n in cluster if n not in mine]
@@ -398,10 +419,35 @@ class Mutator:
         if not aim or at <= start or at + hold >= end:
             return None  # strictly inside: healed before the window it nests in
         added = [self._new_step(kind, at, hold, s.nodes, {**given, "node": n}) for n in aim]
+        if way == "same" and self.rng.random() < 0.5 and all(a is not None for a in added):
+            healed = max(a.at + (a.hold or 0.0) for a in added if a is not None)
+            pushed = self._push_clients(s, [n for n in cluster if n not in mine], healed, end)
+            if pushed:
+                added += pushed[0]
+                what += f" (clients pushed to its side by {pushed[1]})"
         if any(a is None for a in added):
             return None
         steps = (*s.steps, *(a for a in added if a is not None))
         return s.replace(steps=steps), what
+
+    def _push_clients(
+        self, s: Schedule, others: list[str], at: float, end: float
+    ) -> tuple[list[PlannedFault | None], str] | None:
+        """A pool kind that ``sheds_clients``, with those parameters, on each node in ``others``,
+        from ``at`` to the end of the window (``end``): the clients pushed onto the nodes the
+        window holds after what was nested there has healed, so what it left behind meets the
+        workload. None when no pool kind sheds clients or no time is left."""
+        kinds = [
+            k
+            for k in sorted(self.pool)
+            if self.faults[k].sheds_clients and "node" in self.faults[k].params_schema
+        ]
+        hold = end - at - min(0.5, 0.05 * (end - at))
+        if not kinds or not others or hold < MIN_HOLD:
+            return None
+        kind = self.rng.choice(kinds)
+        shed = dict(self.faults[kind].sheds_clients or {})
+        return [self._new_step(kind, at, hold, s.nodes, {**shed, "node": n}) for n in others], kind
 
     def overlap(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
         """A pool kind added over (or under) an existing action, unseen pairs first."""

@@ -15,19 +15,21 @@ fault
     ``run`` for the run as a whole.
 event
     what the run showed in that window: whether the fault applied and bit, whether publishes
-    were served inside it (``publish-served``, ``publish-down``, ``no-publishes``), whether each
-    queue recovered after its heal, outages that overlapped it, lost messages attributed to it; for
-    the run, its verdict, the kinds of anomaly it counted, and the broker's own events the plugin
-    reads from its logs (``event=promoted-in-sync``, ``event=served-alone``).
+    were served inside it (``publish-served``, ``publish-none``), whether each
+    queue recovered after its heal, lost messages attributed to it; for the run, its verdict, the
+    kinds of anomaly it counted, its outages (``outage-publish``: no publish completed for longer
+    than the liveness threshold) and the broker's own events the plugin reads from its logs
+    (``event=promoted-in-sync``, ``event=served-alone``).
 
 The cells say what the cluster did, not what the schedule was. A fault's parameters, its numbers
 and its relations to other windows are the search's input: cells keyed on them (a kind crossed
 with each parameter value, each relation crossed with each outcome) are reached by the mutation
 that makes them, whatever the broker does, so every run was new and the corpus kept everything: a
 random walk over mutations. A relation makes a cell only with what went wrong for the workload
-(``lost``, ``not-recovered``, a heal that failed); the broker's events are the run's, so a node that
-started alone and served is one cell whichever schedule got it there, and which window a routine
-event fell in (a synced mirror, a group-commit batch) makes none. What
+(``lost``, ``not-recovered``, a heal that failed); the broker's events and the outages are the
+run's, so a node that started alone and served is one cell whichever schedule got it there, and
+which window a routine event (a synced mirror, a group-commit batch) or an outage fell in makes
+none. What
 the search has tried (each window's parameters and relations, ``run_shapes``) is kept apart, for
 the mutations to aim at what is untried first.
 
@@ -192,20 +194,19 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
     for row in results.get("availability") or []:
         if row.get("window") not in out:
             continue
-        share = row.get("share")
-        # served or not, not how much: a threshold on the share moved a window across it with the timing
-        label = "no-publishes" if share is None else "publish-down" if share == 0 else "publish-served"
-        out[row["window"]].add(label)
+        out[row["window"]].add(publish_label(row))
     lv = results.get("liveness") or {}
     for r in lv.get("recovery") or []:
         if r.get("fault_id") not in out or not r.get("healed"):
             continue
         if not r.get("recovered"):
             out[r["fault_id"]].add("not-recovered")
+    # An outage (no op of a kind completed for longer than the liveness threshold) is the run's:
+    # which windows it overlapped moved with the timing (one schedule run twice had it in the
+    # partition's window once and not the other time, and two isolations of one node, overlapping,
+    # made ``partition | outage-publish`` new where one had not).
     for u in lv.get("windows") or []:
-        for fid in u.get("fault_ids") or []:
-            if fid in out:
-                out[fid].add(f"outage-{u.get('kind')}")
+        out.setdefault("run", set()).add(f"outage-{u.get('kind')}")
     for m in (results.get("attribution") or {}).get("messages") or []:
         for fid in m.get("fault_ids") or []:
             if fid in out:
@@ -216,6 +217,19 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
         if isinstance(e, Mapping) and e.get("name"):
             out.setdefault("run", set()).add(f"event={e['name']}")
     return out
+
+
+def publish_label(row: Mapping[str, Any]) -> str:
+    """Whether the workload was served inside a window: ``publish-served`` when a publish invoked in
+    it was confirmed, else ``publish-none``.
+
+    Served or not, not how much (a threshold on the share moved a window across it with the
+    timing), and not whether a publish was tried: with every producer reconnecting, whether one
+    retry fell inside a short window split ``publish-down`` (tried, none confirmed) from
+    ``no-publishes`` (none tried) by timing alone; to the cluster both are a window that confirmed
+    nothing.
+    """
+    return "publish-served" if row.get("confirmed") or (row.get("share") or 0) > 0 else "publish-none"
 
 
 def evidence_events(results: Mapping[str, Any]) -> list[tuple[str, str]]:

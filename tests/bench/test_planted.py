@@ -207,3 +207,28 @@ def test_bugs_run_on_another_scenario_when_asked() -> None:
     assert load(moved[0].scenario).broker.filesystem == "ext4-ordered"
     with pytest.raises(BrokerChaosError, match="--scenario: nowhere.yaml does not exist"):
         on_scenario(bugs, "nowhere.yaml")
+
+
+def test_the_restart_in_minority_revert_applies_and_removes_the_start_up_check(tmp_path: Path) -> None:
+    """``bench/reverts/restart-in-minority-serves.patch`` (the fix taken out again, for measuring
+    explore on the defect) still applies to the current broker without fuzz, through the same
+    ``apply_patch`` as a planted bug, and takes out ``Partitions.start``'s majority check."""
+    patch = REPO / "bench" / "reverts" / "restart-in-minority-serves.patch"
+    revert = Bug(
+        "revert",
+        "restart-in-minority-serves",
+        patch,
+        "partitions",
+        "d",
+        "p",
+        REPO / "scenarios" / "reference-restart-in-minority.yaml",
+        "LOST",
+    )
+    tree = apply_patch(revert, tmp_path)
+    before = (REPO / "broker_impl" / "cluster" / "partitions.py").read_text()
+    after = (tree / "cluster" / "partitions.py").read_text()
+    compile(after, "partitions.py", "exec")
+    start = before.index("    def start(self) -> None:")
+    assert "self.check_majority()" in before[start : before.index("def serving_alone", start)]
+    start = after.index("    def start(self) -> None:")
+    assert "self.check_majority()" not in after[start : after.index("def serving_alone", start)]

@@ -16,6 +16,7 @@ import pytest
 
 from harness.errors import BrokerChaosError
 from harness.explore import (
+    FRESH_WEIGHT,
     Corpus,
     Mutator,
     Outcome,
@@ -370,15 +371,16 @@ def test_shapes_name_the_kind_target_and_each_relation_apart() -> None:
 
 def test_events_per_window_and_for_the_run() -> None:
     ev = window_events(RESULTS)
-    assert ev["f2"] == {"applied", "publish-down", "outage-publish", "lost"}
+    assert ev["f2"] == {"applied", "publish-none", "lost"}
     assert ev["f1"] == {"applied", "publish-served", "lost"}
-    assert ev["run"] == {"event=flush-timeout"}
+    assert ev["run"] == {"event=flush-timeout", "outage-publish"}
     scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
     cells = run_cells(scenario, RESULTS)
     assert "backlog | power-loss@one/clients | lost" in cells and "cluster | run | verdict=LOST" in cells
     assert "backlog | run | event=flush-timeout" in cells
     assert "backlog | power-loss under=slow-fsync:same | lost" in cells
     assert "backlog | run | recovered>0" in cells and "backlog | run | duplicated>0" not in cells
+    assert "backlog | run | outage-publish" in cells
     assert not any(c.endswith("verdict=LOST") and " run " not in c for c in cells)  # not one per window
     tried = run_shapes(scenario, RESULTS)
     assert pairs_in(tried) == {("slow-fsync", "power-loss"), ("slow-fsync", "kill")}
@@ -412,6 +414,37 @@ def test_runs_that_differ_in_parameters_and_how_much_was_served_reach_the_same_c
     scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
     assert run_cells(scenario, other) == run_cells(scenario, RESULTS)
     assert run_shapes(scenario, other) != run_shapes(scenario, RESULTS)  # tried apart, for the mutations
+
+
+def test_a_window_that_confirmed_nothing_is_one_cell_whether_a_publish_was_tried_or_not() -> None:
+    """A short kill while every producer reconnects: whether one retry fell inside it (attempts 3,
+    none confirmed) or none did (attempts 0, share None) is timing, not the cluster: one cell
+    (``publish-none``). A window in which a publish was confirmed is another."""
+    tried = json.loads(json.dumps(RESULTS))
+    tried["availability"][1].update(attempts=3, confirmed=0, share=0.0)
+    none = json.loads(json.dumps(RESULTS))
+    none["availability"][1].update(attempts=0, confirmed=0, share=None)
+    scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
+    assert run_cells(scenario, tried) == run_cells(scenario, none)
+    assert "publish-none" in window_events(none)["f2"]
+    served = json.loads(json.dumps(RESULTS))
+    served["availability"][1].update(attempts=3, confirmed=1, share=1 / 3)
+    assert "publish-served" in window_events(served)["f2"]
+    assert run_cells(scenario, served) != run_cells(scenario, none)
+
+
+def test_an_outage_is_the_runs_whichever_windows_it_overlapped() -> None:
+    """The same outage overlapping the power cut, or the slow fsync as well: one cell, the run's
+    (``run | outage-publish``); a run with no outage lacks it."""
+    both = json.loads(json.dumps(RESULTS))
+    both["liveness"]["windows"] = [{"kind": "publish", "fault_ids": ["f1", "f2"]}]
+    scenario = {"workload": {"consumers": 0}, "broker": {"nodes": 3}}
+    assert run_cells(scenario, both) == run_cells(scenario, RESULTS)
+    quiet = json.loads(json.dumps(RESULTS))
+    quiet["liveness"]["windows"] = []
+    assert run_cells(scenario, RESULTS) - run_cells(scenario, quiet) == {
+        f"{f} | run | outage-publish" for f in workload_features(scenario)
+    }
 
 
 def test_a_relation_with_nothing_gone_wrong_is_no_new_cell() -> None:
@@ -505,6 +538,7 @@ def test_align_holds_a_kind_inside_an_action_on_its_node_or_on_each_other_node(f
         iso = next(p for p in m.steps if p.kind == "partition")
         added = [p for p in m.steps if p.kind != "partition"]
         assert all(iso.at < p.at and p.at + (p.hold or 0) <= iso.at + (iso.hold or 0) + 1e-6 for p in added)
+        added = _nested_only(got[1], added)
         aimed = sorted(p.params["node"] for p in added)
         assert aimed in (["n1"], ["n2", "n3"]), got[1]
         ways.add((added[0].kind, tuple(aimed)))
@@ -564,12 +598,13 @@ def test_align_stays_nested_when_other_mutations_are_stacked_with_it(faults) -> 
             continue
         stacked += ";" in got[1]
         assert got[1].split("; ")[-1].startswith("align"), got[1]
-        # The action it nested in, by its id in the final schedule (align is last: no renumbering after it).
-        fid = got[1].rsplit(" of ", 1)[1].split(" ", 1)[0]
-        outer = next(p for p in got[0].steps if p.fault_id == fid)
-        side = targets(outer.params, cluster)  # its node, or a partition's smaller side
-        kills = [p for p in got[0].steps if p.kind == "kill" and p.params["node"] in side]
-        assert any(nested(k, outer) for k in kills), got[1]
+        # The action it nested in (a widened window moved earlier may be renumbered by ``normalise``).
+        assert any(
+            nested(k, outer)
+            for outer in got[0].steps
+            for k in got[0].steps
+            if k.kind == "kill" and k.params["node"] in targets(outer.params, cluster)
+        ), got[1]
     assert stacked >= 3  # the case that broke: align with other mutations in one stack
 
 
@@ -589,7 +624,7 @@ def test_align_heals_the_nested_action_with_most_of_the_window_to_run(faults) ->
         drawn += 1
         iso, *added = sorted(got[0].steps, key=lambda p: p.kind != "partition")
         end = iso.at + (iso.hold or 0)
-        for p in added:
+        for p in _nested_only(got[1], added):
             assert iso.at < p.at <= iso.at + 0.25 * (iso.hold or 0) + 1e-6, got[1]
             assert end - (p.at + (p.hold or 0)) > 0.45 * (iso.hold or 0), got[1]
     assert drawn > 40
@@ -602,7 +637,7 @@ def test_align_pushes_the_clients_onto_the_windows_side(faults) -> None:
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     pushed = drawn = 0
-    for seed in range(200):
+    for seed in range(300):
         got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
         if got is None or " on others of " not in got[1]:
             continue
@@ -622,6 +657,64 @@ def test_align_pushes_the_clients_onto_the_windows_side(faults) -> None:
     assert pushed > 10 and drawn > 10
 
 
+def _nested_only(what: str, added: list[PlannedFault]) -> list[PlannedFault]:
+    """The actions ``align`` nested, without the clients pushed onto the window's side after them
+    (``... on same of f1 (clients pushed to its side by degrade)``: those on the other nodes; the
+    window in these tests is n1's isolation)."""
+    if "(clients pushed to its side by " not in what:
+        return added
+    return [p for p in added if p.params.get("node") == "n1"]
+
+
+def test_align_on_a_windows_nodes_pushes_the_clients_onto_them_after_the_nested_heal(faults) -> None:
+    """The failing schedule of a node restarted inside its minority in one draw: a kill of n1 nested in
+    n1's isolation, and from the kill's planned heal to the isolation's end n2's and n3's client links
+    reset (``sheds_clients``), so the restarted node gets the clients. Half of the nestings on the
+    window's own nodes do this; every one of them is valid and strictly inside the window."""
+    s = start(faults, ISOLATE, nodes=3)
+    pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
+    cluster = ["n1", "n2", "n3"]
+    pushed = plain = 0
+    for seed in range(300):
+        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
+        if got is None or not got[1].startswith("align kill on same of f1"):
+            continue
+        m = normalise(got[0])
+        assert valid(m, faults, cluster), got[1]
+        iso = next(p for p in m.steps if p.kind == "partition")
+        end = iso.at + (iso.hold or 0)
+        kill = next(p for p in m.steps if p.kind == "kill")
+        assert kill.params["node"] == "n1" and nested(kill, iso)
+        resets = [p for p in m.steps if p.kind == "degrade"]
+        if not resets:
+            plain += 1
+            continue
+        pushed += 1
+        assert got[1].endswith("(clients pushed to its side by degrade)"), got[1]
+        assert sorted(p.params["node"] for p in resets) == ["n2", "n3"]
+        assert all(p.params["type"] == "reset_peer" and p.params["links"] == "clients" for p in resets)
+        for p in resets:
+            assert p.at == pytest.approx(kill.at + (kill.hold or 0), abs=1e-3)  # from the kill's heal
+            assert end - 1.0 <= p.at + (p.hold or 0) < end  # to the isolation's end
+    assert pushed > 10 and plain > 10
+
+
+def test_align_pushes_no_clients_when_no_pool_kind_sheds_them(faults) -> None:
+    """Without a kind that ``sheds_clients`` in the pool (kill only), nesting on the window's nodes
+    adds the nested action alone."""
+    s = start(faults, ISOLATE, nodes=3)
+    pool = pool_of(from_dict(ISOLATE), faults, ["kill"])
+    drawn = 0
+    for seed in range(100):
+        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
+        if got is None or not got[1].startswith("align kill on same of"):
+            continue
+        drawn += 1
+        assert "clients pushed" not in got[1]
+        assert [p.kind for p in got[0].steps].count("kill") == 1 and len(got[0].steps) == 2
+    assert drawn > 10
+
+
 def test_align_heals_the_nested_action_with_the_reserve_of_workload_left(faults) -> None:
     """With ``reserve`` seconds (how late earlier runs' heals ended), a nested action heals that long
     before the workload's end at the latest, the window widened when it begins too late for that;
@@ -635,7 +728,8 @@ def test_align_heals_the_nested_action_with_the_reserve_of_workload_left(faults)
             got = Mutator(faults, pool, random.Random(seed), set(), set(), set(), reserve).align(s, None)
             if got is None or got[1].endswith("(clients pushed to its side)"):
                 continue
-            heals += [p.at + (p.hold or 0) for p in got[0].steps if p.kind != "partition"]
+            added = [p for p in got[0].steps if p.kind != "partition"]
+            heals += [p.at + (p.hold or 0) for p in _nested_only(got[1], added)]
         assert len(heals) > 40
         latest[reserve] = max(heals)
     assert latest[12.0] <= s.duration - 1.0 - 12.0 + 1e-6
@@ -663,18 +757,29 @@ def test_align_widens_the_window_it_nests_in_half_the_time(faults) -> None:
 
 
 def test_align_aims_at_a_relation_no_run_has_reached(faults) -> None:
-    """Every relation but a kill inside the isolation of its own node seen: that is the one aligned."""
+    """Every relation but a kill inside the isolation of its own node seen: that one is drawn
+    ``FRESH_WEIGHT`` times as often as each seen one (4 of 4 + 5 for one action, three kinds and two
+    ways, against 1 in 6 drawn evenly), and the seen ones still are: what a relation does depends on
+    what else the window holds, and drawn only while unseen, a relation reached once was not drawn
+    again for the rest of a search."""
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     seen = {(h, k, w) for h in pool for k in pool for w in ("same", "other")} - {
         ("partition", "kill", "same")
     }
-    for seed in range(20):
+    aimed = other = 0
+    for seed in range(200):
         got = Mutator(faults, pool, random.Random(seed), set(), set(), seen).align(s, None)
-        assert got is not None
-        assert got[1].startswith("align kill on same of f1"), got[1]
-        kill = next(p for p in got[0].steps if p.kind == "kill")
-        assert kill.params["node"] == "n1"  # the partition's smaller side
+        if got is None:
+            continue
+        if got[1].startswith("align kill on same of f1"):
+            aimed += 1
+            kill = next(p for p in got[0].steps if p.kind == "kill")
+            assert kill.params["node"] == "n1"  # the partition's smaller side
+        else:
+            other += 1
+    assert FRESH_WEIGHT == 4.0
+    assert aimed > 0.35 * (aimed + other) and other > 0.35 * (aimed + other)
 
 
 def test_align_is_drawn_more_while_relations_remain_unreached(faults) -> None:
@@ -752,16 +857,17 @@ def test_until_takes_failing_verdicts_only() -> None:
 
 
 def test_a_relation_is_crossed_with_what_went_wrong_only() -> None:
-    """The fault's own evidence, publishes served or an outage in a window go with the fault's coarse
-    shape, a broker event with the run; crossed with each relation, every relation a mutation made
-    was new."""
+    """The fault's own evidence and publishes served in a window go with the fault's coarse shape, a
+    broker event and an outage with the run; crossed with each relation, every relation a mutation
+    made was new."""
     res = json.loads(json.dumps(RESULTS))
     res["events"].append({"name": "promoted", "fault_ids": ["f2"]})
     res["fault_evidence"] = {"actions": [{"fault_id": "f2", "effect": True, "flags": []}]}
     cells = run_cells({"workload": {"consumers": 0}, "broker": {"nodes": 3}}, res)
     assert "backlog | run | event=promoted" in cells
     assert "backlog | power-loss@one/clients | bit" in cells
-    assert "backlog | power-loss@one/clients | outage-publish" in cells
+    assert "backlog | power-loss@one/clients | publish-none" in cells
+    assert "backlog | run | outage-publish" in cells
     assert "backlog | power-loss under=slow-fsync:same | lost" in cells
     relation = {c.rsplit(" | ", 1)[1] for c in cells if " under=" in c or " recovering=" in c}
     assert relation == {"lost"}
