@@ -69,7 +69,10 @@ Every invoke has exactly one completion by the same process. Client operations:
   together, ``value`` the message id, ``digest`` its body's digest, ``detail`` =
   ``{"stream_seq": n}`` (the entry's offset). A read takes nothing from the stream.
 - ``seek``: a reader restarting on purpose (reconnect, reassignment) from offset n, before
-  its next read: invoke and ``ok`` together, ``detail`` = ``{"stream_seq": n}``.
+  its next read: invoke and ``ok`` together, ``detail`` = ``{"stream_seq": n}``. A stream
+  consumer that its broker activates in a consumer group (RabbitMQ's single active consumer)
+  and that resumes after its group's stored offset records one too, before its next
+  ``consume``; the stream anomaly classes pair a seek only with reads of the same process.
 
 Stream offsets (``detail.stream_seq`` of a stream's ``publish`` ok, ``consume``, ``read`` and
 ``seek``, and the ``offset`` of a ``holdings`` entry) are one kind of value for every broker: an

@@ -17,9 +17,22 @@ from ``client_settings["replicas"]``, every node by default). What the history r
   replicas has written the entry), ``fail`` = a publish error naming the publishing id,
   ``info`` = no answer within ``confirm_timeout`` or the connection lost. The confirm does not
   carry the entry's offset, so a publish ``ok`` has none.
-- ``consume``: an entry a consumer read (``detail.stream_seq`` = the entry's stream offset);
-  consumers read from the offset stored under one shared reference (``brokerchaos``), or the
-  first entry, through any node (a node serves reads from its own replica).
+- ``consume``: an entry a consumer read (``detail.stream_seq`` = the entry's stream offset),
+  through any node (a node serves reads from its own replica). The workload's consumers are one
+  group under RabbitMQ's single active consumer for streams: each subscribes with the
+  ``single-active-consumer`` property and the group's name (``brokerchaos``, also the reference
+  its offsets are stored under); the broker keeps one of them active and, when it goes (its
+  connection closed or lost), activates the next. Nothing is dispatched to a consumer before
+  the broker's consumer update says it is active; the driver then answers with where to start:
+  after the offset stored under the group's name (or the first entry when none is stored). The
+  consumers share the work over time (the active one does it, a standby takes over on failure),
+  not side by side: that is what RabbitMQ offers on one stream (super streams partition the work
+  over several streams, a different topology from the other rows' one queue).
+- ``seek``: a consumer activated where an offset was stored resumes after it: recorded as the
+  consumer's ``seek`` to that offset + 1 (``detail.stored_offset``, ``detail.single_active``),
+  before its first ``consume``. What it reads again (entries the previous active consumer was
+  sent but whose offset was not yet stored) are deliveries marked ``redelivered``: the checkers
+  grade them as duplicates or unconfirmed acks, never as loss.
 - ``ack``: the stream's consumer acknowledgement is offset tracking: after each chunk the
   consumer stores its last offset under the reference and asks for it back; ``ok`` once the
   node answers an offset at or past it, ``info`` otherwise.
@@ -39,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +60,7 @@ from rstream import exceptions as rexc
 from rstream import schema
 from rstream.client import Client
 from rstream.constants import OffsetType
+from rstream.schema import OffsetSpecification
 
 from harness import ScenarioError, hookimpl
 from harness.spec import (
@@ -68,9 +82,9 @@ from harness.spec.client import (
     record_event,
     through_first_answering,
 )
-from harness.spec.history import OFFSETS, SPARSE
+from harness.spec.history import OFFSETS, SEEK, SPARSE
 
-REFERENCE = "brokerchaos"  # the offset-tracking reference every consumer shares
+REFERENCE = "brokerchaos"  # the consumers' group name: their single-active-consumer name and offset reference
 PUBLISHER_ID = 1
 SUBSCRIPTION_ID = 1
 CONNECT_TIMEOUT = 5.0
@@ -80,6 +94,7 @@ HEARTBEAT = 5
 CREDIT = 8  # chunks in flight per subscription
 RECONNECT_DELAY = 0.5
 ROTATE_AFTER = 5.0  # a consumer that got nothing for this long tries the next node
+STANDBY_ROTATE_AFTER = 20.0  # a standby (not active) consumer moves on after this long on one node
 
 #: What a broker round trip raises when the broker, the network or the connection fails.
 BROKER_ERRORS = (rexc.ServerError, OSError, TimeoutError, ConnectionError, asyncio.IncompleteReadError)
@@ -105,24 +120,60 @@ class _Conn:
 
 
 class _Subscription:
-    """One subscription's entries, in order, as (offset, body) from a queue the handler fills."""
+    """One subscription's entries, in order, as (offset, body) from a queue the handler fills.
 
-    def __init__(self, conn: _Conn, start: int | None) -> None:
+    With a ``group``, the subscription joins that single-active-consumer group: nothing comes
+    until the broker's consumer update activates it, answered by ``activation``."""
+
+    def __init__(self, conn: _Conn, start: int | None, group: str | None = None) -> None:
         self.conn = conn
         self.start = start
+        self.group = group
+        self.active = group is None
+        #: Asked when the broker activates the subscription: the offset stored for the group (None: none).
+        self.activation: Callable[[], Awaitable[int | None]] | None = None
         self.entries: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._answers: set[asyncio.Task[None]] = set()
 
     async def open(self, stream: str) -> None:
         client = self.conn.client
         client.add_handler(schema.Deliver, self._on_deliver, name=str(SUBSCRIPTION_ID))
+        if self.group is not None:
+            client.add_handler(schema.ConsumerUpdateResponse, self._on_update, name=str(SUBSCRIPTION_ID))
         await client.run_queue_listener_task(SUBSCRIPTION_ID, self._on_deliver)
         spec = (
             schema.OffsetSpec.from_params(OffsetType.FIRST, None)
             if self.start is None
             else schema.OffsetSpec.from_params(OffsetType.OFFSET, self.start)
         )
+        props = None if self.group is None else sac_properties(self.group)
         async with asyncio.timeout(OP_TIMEOUT):
-            await client.subscribe(stream, SUBSCRIPTION_ID, spec, initial_credit=CREDIT)
+            await client.subscribe(stream, SUBSCRIPTION_ID, spec, initial_credit=CREDIT, properties=props)
+
+    def _on_update(self, frame: schema.ConsumerUpdateResponse) -> None:
+        """The broker's consumer update (activated, or stepped down): answered from a task of its
+        own, since the answer needs a round trip the connection's frame reader must serve."""
+        if frame.subscription_id != SUBSCRIPTION_ID:
+            return
+        task = asyncio.create_task(self._answer(frame.correlation_id, bool(frame.active)))
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
+
+    async def _answer(self, correlation_id: int, active: bool) -> None:
+        if not active:  # stepped down: the offset is ignored, but the protocol wants one
+            self.active = False
+            await self.conn.client.consumer_update(correlation_id, OffsetSpecification(OffsetType.NEXT, 0))
+            return
+        stored: int | None = None
+        try:
+            if self.activation is not None:
+                stored = await self.activation()
+        except Exception:  # noqa: BLE001 - where to start is unknown: drop the connection, rejoin
+            self.conn.closed.set()
+            return
+        self.start = None if stored is None else stored + 1
+        await self.conn.client.consumer_update(correlation_id, resume_spec(stored))
+        self.active = True
 
     async def _on_deliver(self, frame: schema.Deliver) -> None:
         if frame.subscription_id != SUBSCRIPTION_ID:
@@ -252,14 +303,10 @@ class StreamDriver(DriverBase):
                 await self._consume_on(conn, process, queue, stop)
 
     async def _consume_on(self, conn: _Conn, process: str, queue: str, stop: asyncio.Event) -> None:
-        try:
-            async with asyncio.timeout(OP_TIMEOUT):
-                stored: int | None = await conn.client.query_offset(queue, REFERENCE)
-        except rexc.OffsetNotFound:
-            stored = None
-        except BROKER_ERRORS:
-            return
-        sub = _Subscription(conn, None if stored is None else stored + 1)
+        """Join the group on ``conn``'s node; once active, read and store offsets until the
+        connection goes, ``stop``, or nothing came for a while (the node may be cut off)."""
+        sub = _Subscription(conn, None, group=REFERENCE)
+        sub.activation = lambda: self._activated(conn, process, queue)
         try:
             await sub.open(queue)
         except (*BROKER_ERRORS, rexc.StreamDoesNotExist, rexc.StreamNotAvailable):
@@ -269,15 +316,36 @@ class StreamDriver(DriverBase):
             got = await sub.batch(1.0)
             if not got:
                 idle += 1.0
-                if idle >= ROTATE_AFTER:
+                if idle >= (ROTATE_AFTER if sub.active else STANDBY_ROTATE_AFTER):
                     return
                 continue
             idle = 0.0
-            for offset, data in got:
-                again = offset <= self.highest.get(queue, -1)
-                self.highest[queue] = max(offset, self.highest.get(queue, -1))
-                self._delivered(process, conn.node, queue, offset, data, redelivered=again)
+            self._consumed(process, conn.node, queue, got)
             await self._ack(conn, process, queue, got)
+
+    def _consumed(self, process: str, node: str, queue: str, got: list[tuple[int, bytes]]) -> None:
+        """A batch a consumer read: an offset at or below the highest any consumer of the group was
+        sent (a takeover, or a rejoin, resuming after the stored offset) is a redelivery."""
+        for offset, data in got:
+            again = offset <= self.highest.get(queue, -1)
+            self.highest[queue] = max(offset, self.highest.get(queue, -1))
+            self._delivered(process, node, queue, offset, data, redelivered=again)
+
+    async def _activated(self, conn: _Conn, process: str, queue: str) -> int | None:
+        """The broker made this consumer the group's active one: where its group stored its offset
+        (None: nothing stored, it starts at the first entry); resuming after a stored offset is
+        the consumer's ``seek``."""
+        try:
+            async with asyncio.timeout(OP_TIMEOUT):
+                stored: int | None = await conn.client.query_offset(queue, REFERENCE)
+        except rexc.OffsetNotFound:
+            stored = None
+        if stored is not None:
+            record_event(
+                self.recorder, process, SEEK, node=conn.node, queue=queue, value=None,
+                detail={"stream_seq": stored + 1, "stored_offset": stored, "single_active": REFERENCE},
+            )  # fmt: skip
+        return stored
 
     def _delivered(
         self, process: str, node: str, queue: str, offset: int, data: bytes, *, redelivered: bool
@@ -533,6 +601,19 @@ class _Drain:
         return True
 
 
+def sac_properties(group: str) -> dict[str, str]:
+    """The subscription properties that make a consumer one of ``group``'s single active consumers
+    (the stream protocol's ``single-active-consumer`` and ``name``)."""
+    return {"single-active-consumer": "true", "name": group}
+
+
+def resume_spec(stored: int | None) -> OffsetSpecification:
+    """The answer to an activation: after the stored offset, or the first entry when none is stored."""
+    if stored is None:
+        return OffsetSpecification(OffsetType.FIRST, 0)
+    return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+
 def refuse_unsupported(w: WorkloadSection) -> None:
     """What a stream has no way to do, refused by field (never silently ignored)."""
     if w.delay is not None:
@@ -549,12 +630,6 @@ def refuse_unsupported(w: WorkloadSection) -> None:
                 f"workload.consumer.{name}: a stream consumer gives nothing back (entries stay in the "
                 f"stream; it resumes from its stored offset); remove workload.consumer.{name}"
             )
-    if w.consumers > 1:
-        raise ScenarioError(
-            f"workload.consumers: {w.consumers} stream consumers would each read every entry from the "
-            "one stored offset (they are not a competing group without single-active-consumer, which "
-            "this client does not use); use consumers: 1, and workload.readers for more ordered readers"
-        )
 
 
 @hookimpl

@@ -68,3 +68,61 @@ def test_rabbitmq_4_3_stream(brokerchaos, tmp_path: Path) -> None:
     assert set(held) == {"n1", "n2", "n3"} and all(
         confirmed <= ids for ids in held.values()
     )  # read on each node
+
+
+def test_rabbitmq_4_3_stream_consumers_take_over(brokerchaos, tmp_path: Path) -> None:
+    """The two consumers are one single-active-consumer group: one consumes at a time, and when
+    the node of the active one is killed the other is activated and resumes after the group's
+    stored offset (its ``seek``), re-reading only as redeliveries; nothing confirmed is lost. The
+    consumers start on n3 and n1 (the seed's spread), and both are killed in turn, so the active
+    one's node goes whichever of the two the broker activated first."""
+    data = yaml.safe_load(open("scenarios/rabbitmq-4.3-stream-smoke.yaml"))
+    data["workload"].update(duration=24, consumers=2)
+    data["nemesis"] = {
+        "schedule": [
+            {"at": 4, "fault": "kill", "params": {"node": "n3"}, "hold": 4},
+            {"at": 14, "fault": "kill", "params": {"node": "n1"}, "hold": 4},
+        ]
+    }
+    data["checkers"] = ["python", "stream"]
+    scenario = tmp_path / "stream-takeover.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    r = brokerchaos("run", str(scenario))
+    res: dict[str, Any] = r.results
+    assert res["counts"]["lost"] == 0 and res["counts"]["confirmed"] > 0, r.explain()
+    ops = [json.loads(line) for line in (r.run_dir / "history.jsonl").read_text().splitlines()]
+    consumers = {"c1", "c2"}
+    mine = [
+        o for o in ops if o["process"] in consumers and o["type"] == "ok" and o["f"] in ("consume", "seek")
+    ]
+    seeks = [o for o in mine if o["f"] == "seek"]
+    assert seeks, "no consumer was activated after an offset was stored"
+    # Exclusive: the consuming process changes only where the new one was activated (a seek).
+    last: str | None = None
+    activated: set[str] = set()
+    for o in mine:
+        if o["f"] == "seek":
+            activated.add(o["process"])
+            continue
+        if last is not None and o["process"] != last:
+            assert o["process"] in activated, (last, o)
+            activated.discard(o["process"])
+        last = o["process"]
+    # After a seek to n, the consumer's next entry is at n or later (offsets are sparse).
+    for s in seeks:
+        nxt = next(
+            (
+                o
+                for o in mine
+                if o["index"] > s["index"] and o["process"] == s["process"] and o["f"] == "consume"
+            ),
+            None,
+        )
+        if nxt is not None:
+            assert json.loads(nxt["detail"])["stream_seq"] >= json.loads(s["detail"])["stream_seq"]
+    # What a takeover reads again is a redelivery (the checkers' duplicates), never a fresh read.
+    highest = -1
+    for o in (o for o in mine if o["f"] == "consume"):
+        offset = json.loads(o["detail"])["stream_seq"]
+        assert o["redelivered"] == (offset <= highest), o
+        highest = max(highest, offset)

@@ -81,11 +81,11 @@ def test_the_shipped_matrix_loads_and_every_cell_is_run_or_says_why(host: Host) 
     for version_row in ("rabbitmq-4.3-quorum", "nats-2.15.1-r3", "redis-8-sentinel", "valkey-9-sentinel"):
         cell = next(c for c in cells if c.id == f"{version_row}--leader-killed")
         assert cell.unsupported is None, (version_row, cell.unsupported)
-    # The stream row runs the rabbitmq-stream plugin; its client's own check refuses the shared
-    # workload's two consumers, and every cell of the row says so.
-    stream = [c for c in cells if c.configuration.id == "rabbitmq-4.3-stream"]
-    assert {c.configuration.broker for c in stream} == {"rabbitmq-stream"}
-    assert all("workload.consumers: 2 stream consumers" in (c.unsupported or "") for c in stream)
+    # The stream row runs the rabbitmq-stream plugin, the shared workload's two consumers as one
+    # single-active-consumer group: the cells its plugin can express run.
+    stream = {c.fault.name: c for c in cells if c.configuration.id == "rabbitmq-4.3-stream"}
+    assert {c.configuration.broker for c in stream.values()} == {"rabbitmq-stream"}
+    assert stream["leader-killed"].unsupported is None and stream["power-loss-all"].unsupported is None
 
 
 def test_a_plan_keys_cells_by_image_tags_without_building_or_asking_docker(host: Host) -> None:
@@ -323,19 +323,20 @@ def test_a_recheck_names_a_record_its_history_contradicts(tmp_path: Path, host: 
 def test_a_workload_the_client_refuses_is_not_supported_before_anything_starts(
     tmp_path: Path, host: Host
 ) -> None:
-    # The stream client cannot share one stored offset between two consumers: asked before the
-    # cluster would start (the client's check_workload), so the cell says why and runs nothing.
-    def stream_cells(consumers: int) -> list[Cell]:
+    # A stream keeps what is read, so a consumer that gives deliveries back has nothing to give:
+    # asked before the cluster would start (the client's check_workload), the cell says why and
+    # runs nothing.
+    def stream_cells(consumer: dict[str, Any]) -> list[Cell]:
         confs = [{"id": "stream", "broker": "rabbitmq-stream", "version": "4.3"}]
-        workload = {"duration": 5, "rate": 50, "consumers": consumers}
+        workload = {"duration": 5, "rate": 50, "consumers": 2, "consumer": consumer}
         return expand(
             model.load(_matrix(tmp_path, configurations=confs, faults=["killed"], workload=workload)), host
         )
 
-    (cell,) = stream_cells(2)
+    (cell,) = stream_cells({"requeue": 0.1})
     assert cell.scenario is None
-    assert "workload.consumers: 2 stream consumers" in (cell.unsupported or "")
-    assert [c.unsupported for c in stream_cells(1)] == [None]
+    assert "workload.consumer.requeue: a stream consumer gives nothing back" in (cell.unsupported or "")
+    assert [c.unsupported for c in stream_cells({})] == [None]
 
 
 # -- runs none of whose faults bit ----------------------------------------------------------

@@ -3,15 +3,33 @@ ports, and the workload features a stream refuses."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from rstream import exceptions as rexc
+from rstream import schema
+from rstream.constants import OffsetType
 
 from harness.errors import ClusterError, ScenarioError
+from harness.history import Recorder, read_jsonl
+from harness.spec import Endpoint
 from harness.spec.broker import NodeInfo
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
 from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
-from plugins.rabbitmq.stream_client import entry_id, refuse_unsupported
+from plugins.rabbitmq.stream_client import (
+    REFERENCE,
+    SUBSCRIPTION_ID,
+    StreamDriver,
+    _Conn,
+    _Subscription,
+    entry_id,
+    refuse_unsupported,
+    resume_spec,
+    sac_properties,
+)
 from plugins.rabbitmq.streams import (
     ADVANCED,
     ENABLED_PLUGINS,
@@ -21,6 +39,7 @@ from plugins.rabbitmq.streams import (
     parse_holdings,
     replication_ports,
 )
+from tests.polling import until_async
 
 RS = RabbitMQStream()
 
@@ -91,7 +110,6 @@ def test_each_node_replicates_on_ports_of_its_own() -> None:
         (WorkloadSection(ttl_ms=100), "workload.ttl_ms"),
         (WorkloadSection(consumer=ConsumerSection(requeue=0.1)), "workload.consumer.requeue"),
         (WorkloadSection(consumer=ConsumerSection(crash_every=5)), "workload.consumer.crash_every"),
-        (WorkloadSection(consumers=2), "workload.consumers: 2 stream consumers would each read every"),
     ],
 )
 def test_what_a_stream_cannot_do_is_refused(workload: WorkloadSection, needle: str) -> None:
@@ -115,3 +133,168 @@ def test_holdings_parse_the_json_line() -> None:
     assert parse_holdings("[]\n", "n1", "chaos-1") == []
     with pytest.raises(ClusterError, match="n1: no holdings for stream 'chaos-1'"):
         parse_holdings("Error: {badmatch,{error,not_found}}", "n1", "chaos-1")
+
+
+# -- single active consumer ---------------------------------------------------------------------
+
+
+class FakeClient:
+    """The slice of rstream's ``Client`` a subscription uses, answering from ``stored``."""
+
+    def __init__(self, stored: int | None) -> None:
+        self.stored = stored
+        self.handlers: dict[Any, Any] = {}
+        self.subscribed: list[dict[str, Any]] = []
+        self.updates: list[tuple[int, int, int]] = []  # (correlation id, offset type, offset)
+        self.stores: list[int] = []
+
+    def add_handler(self, frame_cls: Any, handler: Any, name: str) -> None:
+        self.handlers[frame_cls] = handler
+
+    async def run_queue_listener_task(self, subscriber_id: int, handler: Any) -> None:
+        return None
+
+    async def subscribe(self, stream: str, subscription_id: int, spec: Any, **kw: Any) -> None:
+        self.subscribed.append({"stream": stream, "spec": spec, **kw})
+
+    async def credit(self, subscription_id: int, credit: int) -> None:
+        return None
+
+    async def query_offset(self, stream: str, reference: str) -> int:
+        assert reference == REFERENCE
+        if self.stored is None:
+            raise rexc.OffsetNotFound("no offset")
+        return self.stored
+
+    async def store_offset(self, stream: str, reference: str, offset: int) -> None:
+        self.stores.append(offset)
+        self.stored = offset
+
+    async def consumer_update(self, correlation_id: int, spec: Any) -> None:
+        self.updates.append((correlation_id, spec.offset_type, spec.offset))
+
+    def is_connection_alive(self) -> bool:
+        return True
+
+
+def _driver(tmp_path: Path, consumers: int = 2) -> tuple[StreamDriver, Recorder]:
+    rec = Recorder(tmp_path / "h.jsonl")
+    w = WorkloadSection(consumers=consumers, message_size=64)
+    return StreamDriver({n: Endpoint(n, "127.0.0.1", 1) for n in ("n1", "n2")}, rec, workload=w), rec
+
+
+def _body(msg_id: str) -> bytes:
+    return f"{msg_id}|x|payload".encode()
+
+
+def test_the_shared_workload_s_consumers_are_accepted() -> None:
+    refuse_unsupported(WorkloadSection(consumers=2, readers=1))  # one single-active-consumer group
+
+
+def test_a_consumer_joins_its_group_by_name() -> None:
+    assert sac_properties("brokerchaos") == {"single-active-consumer": "true", "name": "brokerchaos"}
+    first, after = resume_spec(None), resume_spec(41)
+    assert (first.offset_type, first.offset) == (OffsetType.FIRST, 0)
+    assert (after.offset_type, after.offset) == (OffsetType.OFFSET, 42)
+
+
+def _activate(sub: _Subscription, client: FakeClient, correlation_id: int = 7) -> None:
+    frame = schema.ConsumerUpdateResponse(
+        correlation_id=correlation_id, subscription_id=SUBSCRIPTION_ID, active=1
+    )
+    client.handlers[schema.ConsumerUpdateResponse](frame)
+
+
+def test_nothing_is_read_before_activation_then_reading_resumes_after_the_stored_offset(
+    tmp_path: Path,
+) -> None:
+    driver, rec = _driver(tmp_path)
+    client = FakeClient(stored=41)
+
+    async def scenario() -> list[tuple[int, bytes]]:
+        conn = _Conn("n2", client, asyncio.Event())  # type: ignore[arg-type]
+        sub = _Subscription(conn, None, group=REFERENCE)
+        sub.activation = lambda: driver._activated(conn, "c2", "q")
+        await sub.open("q")
+        assert client.subscribed[0]["properties"] == sac_properties(REFERENCE)
+        assert not sub.active and client.updates == []  # a standby: no answer, no entries
+        _activate(sub, client)
+        await until_async(lambda: sub.active, "the activation answered")
+        # The chunk began before the stored offset: what precedes the resume point is not an entry read.
+        deliver = schema.Deliver(
+            subscription_id=SUBSCRIPTION_ID, magic_version=0, chunk_type=0, num_entries=3,
+            num_records=3, timestamp=0, epoch=1, chunk_first_offset=41, chunk_crc=0, data_length=0,
+            trailer_length=0, _reserved=0, data=b"",
+        )  # fmt: skip
+        deliver.get_messages = lambda: [_body("p1:1"), _body("p1:2"), _body("p1:3")]  # type: ignore[method-assign]
+        await sub._on_deliver(deliver)
+        return await sub.batch(1.0)
+
+    got = asyncio.run(scenario())
+    rec.close()
+    assert client.updates == [(7, OffsetType.OFFSET, 42)]  # answered: start after the stored offset
+    assert [o for o, _ in got] == [42, 43]
+    seeks = [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "seek" and r["type"] == "ok"]
+    assert [(r["process"], r["node"], json.loads(r["detail"])) for r in seeks] == [
+        ("c2", "n2", {"stream_seq": 42, "stored_offset": 41, "single_active": REFERENCE})
+    ]
+
+
+def test_a_first_activation_with_nothing_stored_starts_at_the_first_entry_and_seeks_nowhere(
+    tmp_path: Path,
+) -> None:
+    driver, rec = _driver(tmp_path)
+    client = FakeClient(stored=None)
+
+    async def scenario() -> _Subscription:
+        conn = _Conn("n1", client, asyncio.Event())  # type: ignore[arg-type]
+        sub = _Subscription(conn, None, group=REFERENCE)
+        sub.activation = lambda: driver._activated(conn, "c1", "q")
+        await sub.open("q")
+        _activate(sub, client, correlation_id=3)
+        await until_async(lambda: sub.active, "the activation answered")
+        return sub
+
+    sub = asyncio.run(scenario())
+    rec.close()
+    assert client.updates == [(3, OffsetType.FIRST, 0)] and sub.start is None
+    assert not [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "seek"]
+
+
+def test_an_activation_whose_stored_offset_cannot_be_asked_drops_the_connection(tmp_path: Path) -> None:
+    driver, rec = _driver(tmp_path)
+
+    class Unanswering(FakeClient):
+        async def query_offset(self, stream: str, reference: str) -> int:
+            raise ConnectionError("gone")
+
+    client = Unanswering(stored=5)
+
+    async def scenario() -> _Conn:
+        conn = _Conn("n1", client, asyncio.Event())  # type: ignore[arg-type]
+        sub = _Subscription(conn, None, group=REFERENCE)
+        sub.activation = lambda: driver._activated(conn, "c1", "q")
+        await sub.open("q")
+        _activate(sub, client)
+        await until_async(conn.closed.is_set, "the connection dropped")
+        return conn
+
+    conn = asyncio.run(scenario())
+    rec.close()
+    assert not conn.alive and client.updates == []  # never told the broker where to start
+
+
+def test_what_a_takeover_reads_again_is_marked_redelivered(tmp_path: Path) -> None:
+    """c1 was sent offsets 0-2 but its group stored none; c2, activated, reads them again: the
+    same ids at the same offsets, flagged as redeliveries (the checkers count them as duplicates
+    or unconfirmed acks, never as loss)."""
+    driver, rec = _driver(tmp_path)
+    batch = [(offset, _body(f"p1:{offset + 1}")) for offset in range(3)]
+    driver._consumed("c1", "n1", "q", batch)
+    driver._consumed("c2", "n2", "q", batch)
+    rec.close()
+    rows = [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "consume" and r["type"] == "ok"]
+    assert [(r["process"], r["value"], r["redelivered"]) for r in rows] == [
+        ("c1", "p1:1", False), ("c1", "p1:2", False), ("c1", "p1:3", False),
+        ("c2", "p1:1", True), ("c2", "p1:2", True), ("c2", "p1:3", True),
+    ]  # fmt: skip
