@@ -157,7 +157,7 @@ def test_broker_at_a_version_from_the_command_line(tmp_path: Path) -> None:
     proc = _pytest("-q", "--broker", "rabbitmq@5.0", str(tmp_path / "test_user.py"))
     assert proc.returncode == 1
     assert (
-        "\nbrokerchaos: broker.version: '5.0' is not a version of rabbitmq; use one of 3.10, 4.3"
+        "\nbrokerchaos: broker.version: '5.0' is not a version of rabbitmq; use one of 3.10, 4.0, 4.3"
         in proc.stdout
     )
     assert "Traceback" not in proc.stdout
