@@ -46,11 +46,14 @@ class NodeProc(BrokerProc):
 
 
 class LinkProxy:
-    """One direction of one inter-node link (as a Toxiproxy proxy in the harness); ``cut`` drops it."""
+    """One direction of one inter-node link (as a Toxiproxy proxy in the harness); ``cut`` drops it.
+    ``swallow``: a connection accepted meanwhile is held open and what it is sent discarded, for good
+    (a proxy that kept an old toxic on a connection it accepted while its toxics changed)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.cut = False
+        self.swallow = False
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -66,6 +69,11 @@ class LinkProxy:
                 return
             if self.cut:
                 client.close()
+                continue
+            if self.swallow:
+                with self._lock:
+                    self._socks.add(client)
+                threading.Thread(target=self._discard, args=(client,), daemon=True).start()
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=2)
@@ -94,6 +102,14 @@ class LinkProxy:
                 s.close()
             except OSError:
                 pass
+
+    def _discard(self, src: socket.socket) -> None:
+        try:
+            while src.recv(65536):
+                pass
+        except OSError:
+            pass
+        src.close()
 
     def set_cut(self, cut: bool) -> None:
         self.cut = cut

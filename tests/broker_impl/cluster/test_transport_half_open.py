@@ -12,49 +12,14 @@ healed proxy forwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections.abc import Callable
 
 from broker_impl.cluster.transport import Transport
+from tests.broker_impl.cluster.conftest import LinkProxy
 from tests.ports import free_port
 
 TICK = 0.05
 GIVE_UP_TICKS = 2400  # a hang guard only: the pair recovers within a few ticks
-
-
-class Relay:
-    """A TCP relay to ``target`` that swallows what it is sent on every connection it accepts
-    while ``cut``; a connection accepted while cut stays cut, as in the proxy that had the race."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.cut = True
-        self.port = 0
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut:
-            while await reader.read(65536):
-                pass
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, ConnectionError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    writer.close()
 
 
 def _transport(me: str, port: int, peer: str, peer_port: int) -> Transport:
@@ -70,9 +35,9 @@ def _transport(me: str, port: int, peer: str, peer_port: int) -> Transport:
     )
 
 
-async def _until(condition: object) -> bool:
+async def _until(condition: Callable[[], bool]) -> bool:
     for _ in range(GIVE_UP_TICKS):
-        if condition():  # type: ignore[operator]
+        if condition():
             return True
         await asyncio.sleep(TICK)
     return False
@@ -80,22 +45,22 @@ async def _until(condition: object) -> bool:
 
 async def _half_open_then_healed() -> tuple[bool, bool, bool]:
     p1, p2 = free_port(), free_port()
-    relay = Relay(p2)
-    await relay.start()
+    relay = LinkProxy(("127.0.0.1", p2))
+    relay.swallow = True
     n1 = _transport("n1", p1, "n2", relay.port)  # n1 -> n2 through the relay
     n2 = _transport("n2", p2, "n1", p1)  # n2 -> n1 direct
     await n1.start()
     await n2.start()
     try:
         half_open = await _until(lambda: n1.is_up("n2"))
-        n2_up_while_cut = n2.is_up("n1")  # n2 cannot hear n1 while the relay swallows its link
-        relay.cut = False  # new connections pass; the one accepted while cut stays cut
+        n2_up_while_cut = n2.is_up("n1")  # n2 cannot hear n1 while the proxy swallows its link
+        relay.swallow = False  # new connections pass; the one accepted before stays swallowed
         healed = await _until(lambda: n2.is_up("n1") and n1.is_up("n2"))
         return half_open, n2_up_while_cut, healed
     finally:
         await n1.stop()
         await n2.stop()
-        await relay.stop()
+        relay.close()
 
 
 def test_a_half_open_pair_of_links_starts_over_once_the_cut_is_healed() -> None:
