@@ -72,20 +72,24 @@ __all__ = [
 
 def load(path: str | Path) -> Scenario:
     p = Path(path)
-    if not p.exists():
-        raise ScenarioError(f"scenario file {str(p)!r} does not exist (ready ones are in scenarios/)")
+    if p.suffix not in (".yaml", ".yml", ".json", ".toml") and p.is_file():
+        raise ScenarioError(f"{p}: scenario files end in .yaml, .yml or .toml")
+    data = read_file(p, "scenario", "ready ones are in scenarios/")
+    return from_dict(data, source=str(p), default_name=p.stem)
+
+
+def read_file(p: Path, what: str, where_ready: str) -> Any:
+    """A scenario's or a matrix's file parsed (TOML by its ending, else YAML, which reads JSON too),
+    or one line that says what is wrong with it."""
+    if not p.is_file():
+        raise ScenarioError(f"{what} file {str(p)!r} does not exist ({where_ready})")
     text = p.read_text(encoding="utf-8")
     try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix in (".yaml", ".yml", ".json"):
-            data = yaml.safe_load(text)
-        else:
-            raise ScenarioError(f"{p}: scenario files end in .yaml, .yml or .toml")
+        return tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ScenarioError(f"{p}: not valid {p.suffix.lstrip('.').upper()}: {first}") from exc
-    return from_dict(data, source=str(p), default_name=p.stem)
+        kind = p.suffix.lstrip(".").upper() if p.suffix in (".toml", ".yml", ".json") else "YAML"
+        raise ScenarioError(f"{p}: not valid {kind}: {first}") from None
 
 
 def from_dict(data: Any, *, source: str | None = None, default_name: str = "scenario") -> Scenario:

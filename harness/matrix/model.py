@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from harness.scenario import read_file
 from harness.spec.errors import ScenarioError
 from harness.spec.validate import integer, is_int, mapping, only
 
@@ -98,20 +97,11 @@ TOP = {
 
 def load(path: str | Path) -> Matrix:
     p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"matrix file {str(p)!r} does not exist (the shipped ones are in matrices/)")
+    data = read_file(p, "matrix", "the shipped ones are in matrices/")
     try:
-        return from_dict(_yaml(p), p)
+        return from_dict(data, p)
     except ScenarioError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
-
-
-def _yaml(p: Path) -> Any:
-    try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ScenarioError(f"{p}: not valid YAML: {first}") from None
 
 
 def from_dict(data: Any, source: Path) -> Matrix:
@@ -205,10 +195,10 @@ def _fault_classes(data: Any, base: Path) -> dict[str, FaultClass]:
     for item in items:
         if isinstance(item, str):
             lib = base / item
-            if not lib.is_file():
-                raise ScenarioError(f"fault_classes: {str(lib)!r} does not exist")
             where = f"{lib.name}"
-            classes = mapping(_yaml(lib), where)
+            classes = mapping(
+                read_file(lib, "fault_classes: library", "a path beside the matrix file"), where
+            )
         else:
             where, classes = "fault_classes", mapping(item, "fault_classes")
         for name, spec in classes.items():
