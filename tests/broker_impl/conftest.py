@@ -15,8 +15,10 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
 from broker_impl.config import Config, parse
 from broker_impl.server import Server
@@ -92,6 +94,22 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., InProcessNode]]:
 @pytest.fixture
 def node(node_factory: Callable[..., InProcessNode]) -> InProcessNode:
     return node_factory()
+
+
+def connect(
+    node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw: Any
+) -> pika.BlockingConnection:
+    creds = pika.PlainCredentials(user, password)
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, vhost, creds, **kw))
+
+
+@pytest.fixture
+def ch(node: InProcessNode) -> Iterator[BlockingChannel]:
+    """A channel on a connection of its own to ``node``; the connection must still close cleanly
+    after the test (a broker that closed it under the test fails here)."""
+    conn = connect(node)
+    yield conn.channel()
+    conn.close()
 
 
 def node_port(proc: subprocess.Popen[bytes], data_dir: Path, stderr: Path) -> int:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
-from tests.broker_impl.conftest import InProcessNode, make_config
-from tests.broker_impl.test_pika import connect
+from tests.broker_impl.conftest import InProcessNode, connect, make_config
 from tests.polling import until
 
 
@@ -42,9 +42,7 @@ def test_a_queue_type_that_is_not_classic_is_refused_with_a_reason(node: InProce
     conn.close()
 
 
-def test_unroutable_messages_go_to_the_alternate_exchange(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_unroutable_messages_go_to_the_alternate_exchange(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.exchange_declare("ae", "fanout")
     ch.queue_declare("ae.catch")
@@ -63,7 +61,6 @@ def test_unroutable_messages_go_to_the_alternate_exchange(node: InProcessNode) -
     ch.exchange_declare("lonely", "direct", arguments={"alternate-exchange": "missing-ae"})
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("lonely", "x", b"lost", mandatory=True)
-    conn.close()
 
 
 def test_an_unused_queue_with_x_expires_is_deleted(node: InProcessNode) -> None:

@@ -17,9 +17,10 @@ import kombu
 import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
-from tests.broker_impl.conftest import InProcessNode
-from tests.broker_impl.test_pika import connect, pump_until
+from tests.broker_impl.conftest import InProcessNode, connect
+from tests.broker_impl.test_pika import pump_until
 from tests.polling import until
 
 
@@ -100,9 +101,7 @@ def test_delayed_exchange_needs_an_existing_underlying_type(node: InProcessNode)
     conn.close()
 
 
-def test_mandatory_is_not_applied_to_held_back_messages(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_mandatory_is_not_applied_to_held_back_messages(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.exchange_declare("dx-unbound", "x-delayed-message", arguments=DELAYED)
     ch.basic_publish(
@@ -110,7 +109,6 @@ def test_mandatory_is_not_applied_to_held_back_messages(node: InProcessNode) -> 
     )  # no queue now: still confirmed, no basic.return (as the plugin)
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("dx-unbound", "nowhere", b"now", mandatory=True)
-    conn.close()
 
 
 def test_binding_added_while_held_back_counts(node: InProcessNode) -> None:

@@ -8,16 +8,10 @@ from collections.abc import Callable
 import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
-from tests.broker_impl.conftest import InProcessNode
+from tests.broker_impl.conftest import InProcessNode, connect
 from tests.polling import until
-
-
-def connect(
-    node: InProcessNode, user: str = "guest", password: str = "guest", vhost: str = "/", **kw
-) -> pika.BlockingConnection:
-    creds = pika.PlainCredentials(user, password)
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, vhost, creds, **kw))
 
 
 def pump(conn: pika.BlockingConnection, seconds: float) -> None:
@@ -46,9 +40,7 @@ def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 30) -> list
     return out
 
 
-def test_confirmed_publish_consume_ack(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_confirmed_publish_consume_ack(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.queue_declare("work", durable=True)
     for i in range(50):
@@ -57,22 +49,16 @@ def test_confirmed_publish_consume_ack(node: InProcessNode) -> None:
     assert [b for _m, _p, b in got] == [f"m{i}".encode() for i in range(50)]
     assert all(not m.redelivered for m, _p, _b in got)
     assert ch.queue_declare("work", passive=True).method.message_count == 0
-    conn.close()
 
 
-def test_mandatory_unroutable_raises(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_mandatory_unroutable_raises(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("amq.direct", "nowhere", b"x", mandatory=True)
     ch.basic_publish("amq.direct", "nowhere", b"x")  # not mandatory: just confirmed
-    conn.close()
 
 
-def test_basic_get_nack_requeue_and_reject_without_requeue(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_basic_get_nack_requeue_and_reject_without_requeue(ch: BlockingChannel) -> None:
     ch.queue_declare("g")
     ch.basic_publish("", "g", b"one")
     ch.basic_publish("", "g", b"two")
@@ -85,7 +71,6 @@ def test_basic_get_nack_requeue_and_reject_without_requeue(node: InProcessNode) 
     m, _p, body = ch.basic_get("g", auto_ack=True)
     assert body == b"two"
     assert ch.basic_get("g") == (None, None, None)
-    conn.close()
 
 
 def test_unacked_requeued_redelivered_on_channel_close(node: InProcessNode) -> None:
@@ -158,9 +143,7 @@ def test_large_and_empty_bodies(node: InProcessNode) -> None:
     conn.close()
 
 
-def test_exchange_types_route(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_exchange_types_route(ch: BlockingChannel) -> None:
     ch.exchange_declare("t", "topic")
     ch.exchange_declare("f", "fanout")
     for q in ("t1", "t2", "f1", "f2"):
@@ -177,7 +160,6 @@ def test_exchange_types_route(node: InProcessNode) -> None:
     ch.queue_unbind("t2", "t", "a.#")
     ch.basic_publish("t", "a.x", b"ax")
     assert ch.queue_declare("t2", passive=True).method.message_count == 2
-    conn.close()
 
 
 def test_server_named_queue_and_exclusive_cleanup(node: InProcessNode) -> None:
@@ -302,9 +284,7 @@ def test_consumer_cancel_notify_on_queue_delete(node: InProcessNode) -> None:
     conn.close()
 
 
-def test_basic_recover_redelivers(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_basic_recover_redelivers(ch: BlockingChannel) -> None:
     ch.queue_declare("rec")
     ch.basic_publish("", "rec", b"x")
     m, _p, _b = ch.basic_get("rec")
@@ -312,19 +292,15 @@ def test_basic_recover_redelivers(node: InProcessNode) -> None:
     ch.basic_recover(requeue=True)
     m, _p, _b = ch.basic_get("rec", auto_ack=True)
     assert m.redelivered
-    conn.close()
 
 
-def test_purge_and_delete_counts(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_purge_and_delete_counts(ch: BlockingChannel) -> None:
     ch.queue_declare("pd")
     for _ in range(4):
         ch.basic_publish("", "pd", b"x")
     assert ch.queue_purge("pd").method.message_count == 4
     ch.basic_publish("", "pd", b"x")
     assert ch.queue_delete("pd").method.message_count == 1
-    conn.close()
 
 
 def test_expiry_timer_does_not_mark_survivors_redelivered(node: InProcessNode) -> None:
@@ -342,21 +318,16 @@ def test_expiry_timer_does_not_mark_survivors_redelivered(node: InProcessNode) -
     conn.close()
 
 
-def test_max_length_drops_head(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_max_length_drops_head(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.queue_declare("capped", arguments={"x-max-length": 2})
     for i in range(5):
         ch.basic_publish("", "capped", str(i).encode())
     bodies = [ch.basic_get("capped", auto_ack=True)[2] for _ in range(2)]
     assert bodies == [b"3", b"4"]
-    conn.close()
 
 
-def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) -> None:
-    conn = connect(node)
-    ch = conn.channel()
+def test_durable_queue_delete_and_redeclare_starts_empty(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.queue_declare("again", durable=True)
     ch.basic_publish("", "again", b"old", pika.BasicProperties(delivery_mode=2))
@@ -364,7 +335,6 @@ def test_durable_queue_delete_and_redeclare_starts_empty(node: InProcessNode) ->
     assert ch.queue_declare("again", durable=True).method.message_count == 0
     ch.basic_publish("", "again", b"new", pika.BasicProperties(delivery_mode=2))
     assert ch.basic_get("again", auto_ack=True)[2] == b"new"
-    conn.close()
 
 
 def test_oversize_message_fails_its_channel_only(node_factory) -> None:

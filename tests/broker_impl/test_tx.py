@@ -11,9 +11,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.broker_impl.conftest import InProcessNode
+from tests.broker_impl.conftest import InProcessNode, connect
 from tests.broker_impl.test_clients import consume_kombu
-from tests.broker_impl.test_pika import connect, drain
+from tests.broker_impl.test_pika import drain
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
