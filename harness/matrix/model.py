@@ -96,12 +96,11 @@ TOP = {
 
 
 def load(path: str | Path) -> Matrix:
-    p = Path(path)
-    data = read_file(p, "matrix", "the shipped ones are in matrices/")
+    data = read_file(Path(path), "matrix", "the shipped ones are in matrices/")
     try:
-        return from_dict(data, p)
+        return from_dict(data, Path(path))
     except ScenarioError as exc:
-        raise ScenarioError(f"{p}: {exc}") from None
+        raise ScenarioError(f"{path}: {exc}") from None
 
 
 def from_dict(data: Any, source: Path) -> Matrix:

@@ -26,6 +26,13 @@ def pump_until(conn: pika.BlockingConnection, cond: Callable[[], object], what: 
     until(lambda: conn.process_data_events(time_limit=0.05) or cond(), what, every=0)
 
 
+def filled(ch: BlockingChannel, queue: str, n: int) -> None:
+    """Declare ``queue`` and publish ``n`` messages to it, bodies ``b"0"``, ``b"1"``, ..."""
+    ch.queue_declare(queue)
+    for i in range(n):
+        ch.basic_publish("", queue, str(i).encode())
+
+
 def drain(ch, queue: str, n: int, ack: bool = True, timeout: float = 30) -> list[tuple]:
     out = []
     for method, props, body in ch.consume(queue, inactivity_timeout=timeout):
@@ -76,9 +83,7 @@ def test_basic_get_nack_requeue_and_reject_without_requeue(ch: BlockingChannel) 
 def test_unacked_requeued_redelivered_on_channel_close(node: InProcessNode) -> None:
     conn = connect(node)
     ch = conn.channel()
-    ch.queue_declare("r")
-    for i in range(3):
-        ch.basic_publish("", "r", str(i).encode())
+    filled(ch, "r", 3)
     got = drain(ch, "r", 3, ack=False)
     assert len(got) == 3
     ch.close()
@@ -92,9 +97,7 @@ def test_unacked_requeued_redelivered_on_channel_close(node: InProcessNode) -> N
 def test_prefetch_limits_unacked_per_consumer(node: InProcessNode) -> None:
     conn = connect(node)
     ch = conn.channel()
-    ch.queue_declare("p")
-    for i in range(10):
-        ch.basic_publish("", "p", str(i).encode())
+    filled(ch, "p", 10)
     ch.basic_qos(prefetch_count=3)
     seen = []
     ch.basic_consume("p", lambda c, m, p, b: seen.append(m.delivery_tag))
