@@ -224,6 +224,15 @@ def anomaly_rows(results: dict[str, Any]) -> list[tuple[str, int]]:
     return [(k.replace("_", " "), int(counts[k])) for k in ANOMALY_CLASSES if counts.get(k)]
 
 
+#: The counts of what became of the messages, in the order the summary table shows them, each under
+#: its name with spaces unless ``OUTCOME_LABELS`` names it otherwise.
+OUTCOME_COUNTS = (
+    "lost stuck unreachable ack_unknown unexpected corrupted duplicated resurrected recovered split_brain "
+    "unflagged_redeliveries order_violations"
+).split()
+OUTCOME_LABELS = {"split_brain": "split-brain copies"}
+
+
 def summary_table(results: dict[str, Any]) -> str:
     """The table a terminal shows under a run's first line."""
     c = results.get("counts", {}) or {}
@@ -236,18 +245,7 @@ def summary_table(results: dict[str, Any]) -> str:
         ("unknown", c.get("unknown")),
         ("delivered (unique)", c.get("delivered_unique")),
         ("consumed (delivered)" if old_history else "consumed (acked ok)", c.get("consumed_unique")),
-        ("lost", c.get("lost")),
-        ("stuck", c.get("stuck")),
-        ("unreachable", c.get("unreachable")),
-        ("ack unknown", c.get("ack_unknown")),
-        ("unexpected", c.get("unexpected")),
-        ("corrupted", c.get("corrupted")),
-        ("duplicated", c.get("duplicated")),
-        ("resurrected", c.get("resurrected")),
-        ("recovered", c.get("recovered")),
-        ("split-brain copies", c.get("split_brain")),
-        ("unflagged redeliveries", c.get("unflagged_redeliveries")),
-        ("order violations", c.get("order_violations")),
+        *((OUTCOME_LABELS.get(k, k.replace("_", " ")), c.get(k)) for k in OUTCOME_COUNTS),
         *anomaly_rows(results),
     ]
     width = max(len(r[0]) for r in rows)
