@@ -53,8 +53,9 @@ class Disk:
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[LocalCluster, Disk]]:
-    """n1 and n2 on one shared disk (each node's ``data`` a link to the disk's mount)."""
+def pair(tmp_path: Path) -> Iterator[tuple[LocalCluster, Path]]:
+    """n1 and n2 on one shared disk (each node's ``data`` a link to the disk's mount), both ticking
+    into its ``log`` (each reads the other's writes: one mount, one page cache); the log's path."""
     reason = fuse_available()
     if reason:
         pytest.skip(f"needs FUSE: {reason}")
@@ -71,7 +72,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[LocalCluster, Disk]]:
         cluster.topology.disks_of = lambda node: (shared,) if node in shared.nodes else ()
         handle: Any = SimpleNamespace(sock=disk.sock)  # all LocalNode reads of an Init
         cluster.disks = {"store": LocalNode("shared-store", handle)}  # type: ignore[attr-defined]
-        yield cluster, disk
+        log = Path(disk.mount, "log")
+        wait_for(lambda: b"tick n1 3" in log.read_bytes() and b"tick n2 3" in log.read_bytes(), "both ticking")
+        yield cluster, log
     finally:
         for init in inits.values():
             init.terminate()
@@ -79,12 +82,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[LocalCluster, Disk]]:
 
 
 def test_a_power_cut_of_one_node_on_a_shared_disk_takes_both_down_and_drops_what_both_wrote(
-    pair: tuple[LocalCluster, Disk],
+    pair: tuple[LocalCluster, Path],
 ) -> None:
-    cluster, disk = pair
-    log = Path(disk.mount, "log")
-    # Each node reads the other's writes: one mount, one page cache.
-    wait_for(lambda: b"tick n1 3" in log.read_bytes() and b"tick n2 3" in log.read_bytes(), "both ticking")
+    cluster, log = pair
     fault = PowerLoss(FaultContext(cluster), {"node": "n1"}, "f1")
     done: dict[str, Any] = fault.apply()
     shared = done["shared"]
@@ -110,11 +110,9 @@ def test_a_power_cut_of_one_node_on_a_shared_disk_takes_both_down_and_drops_what
 
 
 def test_a_coordinated_cut_naming_one_node_of_a_shared_disk_takes_its_other_node_down_too(
-    pair: tuple[LocalCluster, Disk],
+    pair: tuple[LocalCluster, Path],
 ) -> None:
-    cluster, disk = pair
-    log = Path(disk.mount, "log")
-    wait_for(lambda: b"tick n1 3" in log.read_bytes() and b"tick n2 3" in log.read_bytes(), "both ticking")
+    cluster, log = pair
     fault = PowerLossCoordinated(FaultContext(cluster), {"nodes": ["n2"], "torn": False, "lead": 1.0}, "f1")
     done: dict[str, Any] = fault.apply()
     assert sorted(done["nodes"]) == ["n1", "n2"] and fault.down == ["n1", "n2"]
