@@ -18,13 +18,13 @@ import secrets
 import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker_impl.backing import Store, make_backing_queue, open_store, store_queue_key
 from broker_impl.backing_queue import BackingQueue
 from broker_impl.client import Client
 from broker_impl.codec import ACCESS_REFUSED, ChannelError
-from broker_impl.config import Config, Permission, User
+from broker_impl.config import Config, ConfigError, Permission, User
 from broker_impl.errors import BrokerError
 from broker_impl.exchange import destination_exchange
 from broker_impl.flow import CreditSpec
@@ -55,6 +55,17 @@ def check_password(stored: str, password: str) -> bool:
     except ValueError:
         return False
     return secrets.compare_digest(hash_password(password, salt), stored)
+
+
+_T = TypeVar("_T")
+
+
+def _parsed(parse: Callable[[], _T]) -> _T:
+    """What ``parse`` makes of a config table; a mistake in the table ends the start in one line."""
+    try:
+        return parse()
+    except ConfigError as exc:
+        raise BrokerError(f"config error: {exc}") from None
 
 
 class Broker:
@@ -116,13 +127,9 @@ class Broker:
         return self.cluster.client_refusal() if self.cluster is not None else None
 
     def _make_replication(self) -> None:
-        from broker_impl.config import ConfigError
         from broker_impl.replication import Replication, ReplicationConfig
 
-        try:
-            cfg = ReplicationConfig.from_table(self.config.replication, self.config.name)
-        except ConfigError as exc:
-            raise BrokerError(f"config error: {exc}") from None
+        cfg = _parsed(lambda: ReplicationConfig.from_table(self.config.replication, self.config.name))
         if cfg is not None and self.config.cluster.get("peers"):
             raise BrokerError(
                 "config error: [cluster] peers and [replication] are two replication modes; "
@@ -139,12 +146,8 @@ class Broker:
         """Before queues load, so recovered queues stream to mirrors too (``broker_impl.cluster.node``)."""
         from broker_impl.cluster.config import ClusterConfig
         from broker_impl.cluster.node import ClusterNode
-        from broker_impl.config import ConfigError
 
-        try:
-            cfg = ClusterConfig.from_table(self.config.cluster, self.config.name)
-        except ConfigError as exc:
-            raise BrokerError(f"config error: {exc}") from None
+        cfg = _parsed(lambda: ClusterConfig.from_table(self.config.cluster, self.config.name))
         if cfg is not None:
             self.cluster = ClusterNode(self, cfg)
 
