@@ -515,16 +515,23 @@ def test_nodes_that_hold_nothing_are_done_at_the_first_look_not_after_the_idle(
     }
 
 
+async def drain_under_way(
+    tmp_path: Path, n1: Any, ids: list[str], **settings: Any
+) -> tuple[asyncio.Task, Any]:
+    """``ids`` published on n1 and their drain started, one message at a time, five acked already."""
+    await publish(n1, ids)
+    d, rec = driver(tmp_path, [n1], workload(prefetch=1, **settings))
+    task = asyncio.create_task(drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder))
+    await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+    return task, rec
+
+
 def test_a_drain_cut_off_for_good_ends_info_not_ok(tmp_path: Path, nodes: Any) -> None:
     n1 = nodes("n1")
-    ids = [f"p1:{i}" for i in range(1, 401)]
     left: list[int] = []
 
     async def go() -> None:
-        await publish(n1, ids)
-        d, rec = driver(tmp_path, [n1], workload(prefetch=1, drain_timeout=5))
-        task = asyncio.create_task(drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder))
-        await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        task, rec = await drain_under_way(tmp_path, n1, [f"p1:{i}" for i in range(1, 401)], drain_timeout=5)
         n1.stop()  # its connections drop and nothing answers any more
         left.append(400 - count(rec, "ack", "ok"))
         with pytest.raises(DrainUnfinished):
@@ -548,10 +555,7 @@ def test_a_drain_cut_mid_way_reconnects_and_finishes(tmp_path: Path, nodes: Any)
     remaining: list[int] = []
 
     async def go() -> None:
-        await publish(n1, ids)
-        d, rec = driver(tmp_path, [n1], workload(prefetch=1))
-        task = asyncio.create_task(drain_queue(d, "d1", QUEUE, d.nodes, d.w, d.recorder))
-        await until_async(lambda: count(rec, "ack", "ok") >= 5, "the drain under way")
+        task, rec = await drain_under_way(tmp_path, n1, ids)
         remaining.append(400 - count(rec, "ack", "ok"))
         n1.cut_consumers()
         await task
