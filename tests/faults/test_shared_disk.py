@@ -73,7 +73,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[LocalCluster, Path]]:
         handle: Any = SimpleNamespace(sock=disk.sock)  # all LocalNode reads of an Init
         cluster.disks = {"store": LocalNode("shared-store", handle)}  # type: ignore[attr-defined]
         log = Path(disk.mount, "log")
-        wait_for(lambda: b"tick n1 3" in log.read_bytes() and b"tick n2 3" in log.read_bytes(), "both ticking")
+        wait_for(
+            lambda: b"tick n1 3" in log.read_bytes() and b"tick n2 3" in log.read_bytes(), "both ticking"
+        )
         yield cluster, log
     finally:
         for init in inits.values():
