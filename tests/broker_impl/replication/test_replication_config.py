@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -62,4 +63,22 @@ def test_a_node_cannot_have_both_modes(tmp_path) -> None:
         }
     )
     with pytest.raises(BrokerError, match="two replication modes"):
+        asyncio.run(Broker(cfg).start())
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"replication": {"role": "bogus"}}, "config error: replication.role: 'bogus' not allowed"),
+        ({"cluster": {"peers": "n2"}}, "config error: cluster.peers: expected a list"),
+    ],
+)
+def test_a_mistake_in_a_mode_table_stops_the_start_in_one_line(tmp_path, table, says) -> None:
+    import asyncio
+
+    from broker_impl.broker import Broker, BrokerError
+    from broker_impl.config import parse
+
+    cfg = parse({"node": {"data_dir": str(tmp_path)}, **table})
+    with pytest.raises(BrokerError, match=re.escape(says)):
         asyncio.run(Broker(cfg).start())
