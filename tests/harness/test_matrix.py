@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,36 @@ def test_a_bad_matrix_file_is_one_line_naming_the_field(
     with pytest.raises(ScenarioError) as err:
         model.load(_matrix(tmp_path, **over))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def _not_yaml(tmp: Path) -> Path:
+    (tmp / "bad.yaml").write_text("name: [unclosed\n")
+    return tmp / "bad.yaml"
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (
+            lambda tmp: tmp / "none.yaml",
+            "matrix file {p!r} does not exist (the shipped ones are in matrices/)",
+        ),
+        (_not_yaml, "{p}: not valid YAML: "),
+        (
+            lambda tmp: _matrix(tmp, fault_classes="gone.yaml"),
+            "fault_classes: library file {lib!r} does not exist",
+        ),
+    ],
+    ids=["missing", "not-yaml", "missing-library"],
+)
+def test_a_matrix_or_library_file_that_is_missing_or_not_yaml_is_one_line(
+    tmp_path: Path, make: Callable[[Path], Path], words: str
+) -> None:
+    p = make(tmp_path)
+    with pytest.raises(ScenarioError) as err:
+        model.load(p)
+    said = words.format(p=str(p), lib=str(tmp_path / "gone.yaml"))
+    assert said in str(err.value) and "\n" not in str(err.value)
 
 
 def test_mistakes_of_the_file_end_the_command_not_a_cell(tmp_path: Path, host: Host) -> None:
