@@ -63,6 +63,12 @@ def _listening(node: NodeProc) -> bool:
     return True
 
 
+def _serving(node: NodeProc) -> bool:
+    """Neither paused nor joining, by its own account."""
+    s = node.ctl("cluster_status")
+    return not s["paused"] and not s["joining"]
+
+
 def _serves(node: NodeProc) -> bool:
     try:
         amqp(node).close()
@@ -321,12 +327,12 @@ def test_two_paused_nodes_resuming_together_keep_the_promoted_master(cluster_fac
     third.kill()
     wait_for(lambda: p.ctl("cluster_status")["paused"], what=f"{promoted} paused, alone")
     net.partition(["n1", promoted], [third.name])
-    for node in (n1, p):
-        wait_for(
-            lambda node=node: not (s := node.ctl("cluster_status"))["paused"] and not s["joining"],
-            what=f"{node.name} resumed and serving",
-        )
-    wait_for(lambda: queue_info(n1, "ha.pair").get("node") == queue_info(p, "ha.pair").get("node"), what="one master")
+    wait_for(lambda: _serving(n1), what="n1 resumed and serving")
+    wait_for(lambda: _serving(p), what=f"{promoted} resumed and serving")
+    wait_for(
+        lambda: queue_info(n1, "ha.pair").get("node") == queue_info(p, "ha.pair").get("node"),
+        what="one master",
+    )
     master = queue_info(n1, "ha.pair")["node"]
     assert master == promoted, f"n1 and {promoted} resumed together and took n1's stale record ({master})"
     net.heal()
