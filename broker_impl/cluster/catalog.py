@@ -144,7 +144,8 @@ class Catalog:
         self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
 
     def restart(self, source: str) -> None:
-        """Forget the table; no local stamping until ``source`` ("*": any peer) has sent its own.
+        """Forget the table; no local stamping until ``source`` ("*": any peer) has sent its own (autoheal's
+        loser, whose winner's records replace its own).
 
         The node is joining again, as after a start: it turns clients away, and its schedule routes
         no delayed message, until ``source``'s records are applied. Until then its queues are what
@@ -158,6 +159,16 @@ class Catalog:
         self.table = Table(self.me)
         self.table.clock = clock
         self.await_winner = source
+        self.joining = True
+
+    def rejoin(self) -> None:
+        """After a pause (pause_minority): joining again with the table kept, as after a start.
+
+        No local stamping and no clients until a peer's records are merged into it (by generation,
+        then stamp). Unlike ``restart`` nothing is forgotten: the peer may have been paused too, with no
+        records newer than ours to send.
+        """
+        self.await_winner = "*"
         self.joining = True
 
     def drop_queues_of(self, node: str) -> list[str]:

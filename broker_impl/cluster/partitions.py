@@ -5,9 +5,11 @@
 * ``pause_minority``: a node that sees at most half the cluster stops serving
   as a paused RabbitMQ node does: its AMQP listener closes, its client
   connections are closed, it promotes nothing and writes no metadata, and its
-  GM members record no deaths; when a majority is back it takes the majority's
-  records as a restarted node would (its own queue copies that were replaced
-  are dropped) and opens its listener again. The count is of the recorded
+  GM members record no deaths; when a majority is back it merges its records
+  with its peers' as a restarted node does (by generation, then stamp: a queue
+  promoted meanwhile drops the copy here) and opens its listener again. It does
+  not forget its records: the majority may be nodes that were all paused, each
+  with the records of its own pause, and the promotion is in one of them. The count is of the recorded
   members (``membership``), not of the peers seen to go down: a node that
   starts while it cannot see a majority is paused from its start, as a RabbitMQ
   node is (it waits for its peers at boot), and when a majority shows up it
@@ -130,11 +132,17 @@ class Partitions:
             # persisted (it wrote none while paused); clients wait until a peer's records are merged.
             log.warning("cluster: %d of %d nodes visible; joining the cluster", seen, total)
         else:
-            # Rejoin as a restarted node would: the majority's records replace ours, so a queue
-            # promoted there drops the copy here (what only this copy held is lost, as in RabbitMQ).
-            self.catalog.restart("*")
+            # Rejoin as a restarted node does: its records (a paused node stamps none) merged with the
+            # peers' by their generations, then their stamps, so a queue promoted meanwhile drops the
+            # copy here (what only this copy held is lost, as in RabbitMQ). Forgetting them and waiting
+            # for "the majority's records" lost a promotion when the majority was two nodes that had
+            # both been paused: each waited for the other's table, found it empty, and every record was
+            # stamped afresh with no generation (``scenarios/reference-paused-pair-resume.yaml``).
+            self.catalog.rejoin()
             log.warning(
-                "cluster: %d of %d nodes visible again; resuming with the majority's metadata", seen, total
+                "cluster: %d of %d nodes visible again; resuming, its records merged with its peers'",
+                seen,
+                total,
             )
         if self.broker.listener_hook is not None:
             self.broker.listener_hook(True)

@@ -1,5 +1,6 @@
-"""A node that forgets its table (resuming after ``pause_minority``, or losing an autoheal) joins again,
-and what it applies again from the records keeps working (a delayed exchange keeps its bindings).
+"""A node that joins again (resuming after ``pause_minority``, its table kept; or losing an autoheal, its
+table forgotten) serves only once a peer's records are applied, and what it applies again from the records
+keeps working (a delayed exchange keeps its bindings).
 
 Until the awaited peer's records are applied, its queues are what they were
 before: a copy it mastered while cut off is still a master here. In
@@ -48,13 +49,18 @@ def _records(me: str, vhost: str) -> dict[str, Any]:
 
 
 async def _scenario(node: InProcessNode, winner: str) -> list[tuple[str, bool, bool]]:
-    """Restart the table awaiting ``winner``; records come from n3 first, then from n1. What ``joining`` was."""
+    """Join again awaiting ``winner`` ("*": any peer, as a node resuming after pause_minority, its table kept;
+    a peer: as autoheal's loser, its table forgotten); records come from n3 first, then from n1. What
+    ``joining`` was."""
     cat = Catalog("n2", _Transport(), node.broker, None, {})  # type: ignore[arg-type]  # no queue records here
     applying = asyncio.get_running_loop().create_task(cat.apply_loop())
     seen: list[tuple[str, bool, bool]] = []
     cat.received("n1", _records("n1", "/"))  # the start: the first peer's records end the join
     await until_async(lambda: not cat.joining, "n2 serving after its start", every=0.005)
-    cat.restart(winner)  # e.g. resuming after pause_minority ("*") or losing an autoheal to n1
+    if winner == "*":
+        cat.rejoin()  # resuming after pause_minority
+    else:
+        cat.restart(winner)  # losing an autoheal to n1
     seen.append(("restart", cat.joining, "v3" in node.broker.vhosts))
     cat.received("n3", _records("n3", "v3"))
     seen.append(("n3's records merged", cat.joining, "v3" in node.broker.vhosts))

@@ -63,6 +63,12 @@ def _listening(node: NodeProc) -> bool:
     return True
 
 
+def _serving(node: NodeProc) -> bool:
+    """Neither paused nor joining, by its own account."""
+    s = node.ctl("cluster_status")
+    return not s["paused"] and not s["joining"]
+
+
 def _serves(node: NodeProc) -> bool:
     try:
         amqp(node).close()
@@ -299,3 +305,42 @@ def test_a_former_master_restarted_after_a_promotion_follows_the_new_master(clus
     )
     assert sorted(drain(n3, "ha.back")) == list(range(20))
     assert "dropping the copy here" not in n2.log() + n3.log()
+
+
+def test_two_paused_nodes_resuming_together_keep_the_promoted_master(cluster_factory, net) -> None:
+    """n1 (the master) is cut off and pauses; a mirror is promoted on the other side and confirms
+    publishes; the third node is killed, so the promoted master sees 1 of 3 and pauses too; then n1 and
+    the promoted master see each other again and resume together, the third still down. Neither holds
+    records newer than the other's pause: they must merge the tables they have, in which the promotion
+    is a generation past n1's record (issue: each forgot its table on resuming and waited for the
+    other's, which was empty too; every record was stamped afresh at generation 0, the first node to
+    stamp won, and when that was n1 the promoted master dropped its copy with what it had confirmed;
+    the killed node, back with its persisted records naming the promoted master, then made n1 drop its
+    copy as well)."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    n1 = nodes[0]
+    promoted = _cut_off_synced_master(nodes, net, "ha.pair")
+    p = next(n for n in nodes if n.name == promoted)
+    third = next(n for n in nodes[1:] if n.name != promoted)
+    wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
+    publish(p, "ha.pair", range(10, 20))  # confirmed by the promoted master
+    third.kill()
+    wait_for(lambda: p.ctl("cluster_status")["paused"], what=f"{promoted} paused, alone")
+    net.partition(["n1", promoted], [third.name])
+    wait_for(lambda: _serving(n1), what="n1 resumed and serving")
+    wait_for(lambda: _serving(p), what=f"{promoted} resumed and serving")
+    wait_for(
+        lambda: queue_info(n1, "ha.pair").get("node") == queue_info(p, "ha.pair").get("node"),
+        what="one master",
+    )
+    master = queue_info(n1, "ha.pair")["node"]
+    assert master == promoted, f"n1 and {promoted} resumed together and took n1's stale record ({master})"
+    net.heal()
+    third.start()
+    wait_for(
+        lambda: sorted(n1.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"], what="n1 sees every peer"
+    )
+    wait_for(lambda: not third.ctl("cluster_status")["joining"], what=f"{third.name} joined")
+    wait_for(lambda: len({queue_info(n, "ha.pair").get("node") for n in nodes}) == 1, what="one master again")
+    assert sorted(drain(n1, "ha.pair")) == list(range(20))
+    assert "dropping the copy here" not in p.log()
