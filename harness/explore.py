@@ -24,7 +24,8 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              the time: their client links reset while one node is cut off, the clients pushed
              onto it; on its own nodes, half the time, the clients pushed onto them from the
              nested action's heal to the window's end), begun early and healed with most of the
-             window to run and with the workload time left that earlier runs' heals ran late
+             window to run (a kind that takes the node's process, on the window's own node: the
+             window widened, the action healed in its first fifth) and with the workload time left that earlier runs' heals ran late
              (``Search.reserve``), relations no run has reached four times as likely as
              others, the kind's enumerated parameters drawn afresh; applied last in its stack,
              so no other mutation moves the window it nested in;
