@@ -82,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--faults", default="kill,degrade")
     ap.add_argument(
         "--room",
-        type=float,
-        default=6.0,
+        default="6,10,14",
         help="seconds the restarted node needs after the kill's planned heal, inside the isolation and "
-        "the workload (default 6: the reference broker's start-up wait, 2 x tick x missed_ticks)",
+        "the workload, one count each (default 6,10,14: the reference broker's start-up wait, "
+        "2 x tick x missed_ticks, then with 4 and 8 s of a loaded machine's lateness)",
     )
     args = ap.parse_args(argv)
     scenario = load(args.scenario)
@@ -96,19 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool = pool_of(scenario, faults, [k for k in args.faults.split(",") if k])
     start = Schedule.from_dict(corpus.runs[0]["schedule"])
     search = Search(corpus, start, faults, pool, lambda *a: None, budget_s=0)  # type: ignore[arg-type]
-    nested = full = roomy = 0
+    rooms = [float(r) for r in args.room.split(",") if r]
+    nested = full = 0
+    roomy = dict.fromkeys(rooms, 0)
     first = corpus.iteration + 1
     for it in range(first, first + args.n):
         got = search.propose(it)
         if got is not None:
             n, f = restart_in_minority_room(got[0])
             nested, full = nested + (n is not None), full + (f is not None)
-            roomy += f is not None and f >= args.room
+            for r in rooms:
+                roomy[r] += f is not None and f >= r
     print(
         f"{args.corpus}: {args.n} proposals after {corpus.iteration} runs: a kill nested in its node's "
         f"isolation {nested} ({nested / args.n:.1%}); with the others' client links reset after its heal "
-        f"{full} ({full / args.n:.1%}); and {args.room:g} s or more left after the kill's heal "
-        f"{roomy} ({roomy / args.n:.1%})"
+        f"{full} ({full / args.n:.1%}); of those, with this many seconds or more left after the kill's "
+        "heal: " + ", ".join(f"{r:g} s {k} ({k / args.n:.1%})" for r, k in roomy.items())
     )
     return 0
 
