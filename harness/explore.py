@@ -24,7 +24,8 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              the time: their client links reset while one node is cut off, the clients pushed
              onto it; on its own nodes, half the time, the clients pushed onto them from the
              nested action's heal to the window's end), begun early and healed with most of the
-             window to run and with the workload time left that earlier runs' heals ran late
+             window to run (a kind that takes the node's process, on the window's own node: the
+             window widened, the action healed in its first fifth) and with the workload time left that earlier runs' heals ran late
              (``Search.reserve``), relations no run has reached four times as likely as
              others, the kind's enumerated parameters drawn afresh; applied last in its stack,
              so no other mutation moves the window it nested in;
@@ -376,7 +377,10 @@ class Mutator:
         with most of it still to run (a killed node back, with time to act, while its isolation
         holds); relations no run has reached likelier (``_align_draw``). Half the time the window is widened first
         (begun anywhere back to the workload's start, held to its end): the time after the nested
-        action's heal is where what it started shows, and a short window leaves none.
+        action's heal is where what it started shows, and a short window leaves none. A kind that
+        takes the window's own node's process (``_takes_process``: a kill inside its isolation)
+        widens it always and heals in its first fifth: the node back needs its restart and
+        whatever start-up wait its broker has, inside the window and while producers run.
 
         The nested action heals ``reserve`` seconds before the workload's end at the latest (the
         time earlier runs' heals took past their planned time: a node restarted after the
@@ -396,7 +400,9 @@ class Mutator:
         aim = mine if way == "same" else [n for n in cluster if n not in mine]
         what = f"align {kind} on {way} of {p.fault_id}"
         heal_by = s.duration - TAIL - self.reserve  # the nested action's heal, with workload left after it
-        if self.rng.random() < 0.5 or p.at + MIN_HOLD >= heal_by:
+        comeback = way == "same" and self._takes_process(kind)  # the node comes back inside the window
+        widen = self.rng.random() < 0.5  # drawn always: the same draws as before for other nestings
+        if widen or comeback or p.at + MIN_HOLD >= heal_by:
             at = round(p.at - self.rng.uniform(0.0, 1.0) * max(0.0, p.at - MIN_LEAD), 3)
             s = s.with_step(i, at=at, hold=round(s.duration - TAIL - at, 3))
             p = s.steps[i]
@@ -404,7 +410,10 @@ class Mutator:
         start, end = _window(p, s.duration)
         end = min(end, s.duration - TAIL)
         span = end - start
-        at = start + self.rng.uniform(0.05, 0.2) * span
+        early = (
+            (0.02, 0.1, 0.1) if comeback else (0.05, 0.2, 0.25)
+        )  # begun by, held up to (shares of the window)
+        at = start + self.rng.uniform(early[0], early[1]) * span
         shed = self.faults[kind].sheds_clients
         if way == "others" and shed and self.rng.random() < 0.5:
             given = dict(shed)
@@ -412,7 +421,7 @@ class Mutator:
             what += " (clients pushed to its side)"
         else:
             given = self._drawn(kind)
-            hold = max(MIN_HOLD, self.rng.uniform(0.05, 0.25) * span)
+            hold = max(MIN_HOLD, self.rng.uniform(0.05, early[2]) * span)
             if at + hold > heal_by:
                 hold = max(MIN_HOLD, heal_by - at)
                 at = min(at, heal_by - hold)
@@ -429,6 +438,11 @@ class Mutator:
             return None
         steps = (*s.steps, *(a for a in added if a is not None))
         return s.replace(steps=steps), what
+
+    def _takes_process(self, kind: str) -> bool:
+        """Whether one application of ``kind`` holds its node's broker process (``Fault.touches``):
+        its heal brings the node back (a restart, a resume), which takes time before it acts."""
+        return "process" in self.faults[kind].touches
 
     def _push_clients(
         self, s: Schedule, others: list[str], at: float, end: float

@@ -756,6 +756,36 @@ def test_align_widens_the_window_it_nests_in_half_the_time(faults) -> None:
     assert widened > 20 and kept > 20
 
 
+def test_align_brings_a_node_back_early_in_a_widened_window_of_its_own(faults) -> None:
+    """A kind that takes the node's process (``touches`` it: a kill), nested on the window's own
+    node, comes back with most of the window to run: the window widened to the workload's end every
+    time, the action begun in its first tenth and healed by its first fifth, so a restarted node's
+    start-up wait (the reference broker's: 6 s) ends inside the isolation, before the producers
+    stop. Before, such a kill healed anywhere up to 55 % into a window widened half the time: a
+    12 s isolation left a node back at 6.6 s into it too little time to serve there. A kind that
+    does not take the process (a degrade) keeps the wider draws."""
+    s = start(faults, ISOLATE, nodes=3)
+    pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
+    kills = degrades = 0
+    for seed in range(300):
+        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
+        if got is None or " on same of f1" not in got[1]:
+            continue
+        iso = next(p for p in got[0].steps if p.kind == "partition")
+        span = iso.hold or 0.0
+        inner = _nested_only(got[1], [p for p in got[0].steps if p.kind != "partition"])
+        if got[1].startswith("align kill"):
+            kills += 1
+            assert "(widened)" in got[1] and iso.at + span == pytest.approx(s.duration - 1.0), got[1]
+            (kill,) = inner
+            assert iso.at < kill.at <= iso.at + 0.1 * span + 1e-6, got[1]
+            assert kill.at + (kill.hold or 0) <= iso.at + 0.2 * span + 1e-6, got[1]
+            assert iso.at + span - (kill.at + (kill.hold or 0)) >= 6.0, got[1]  # the start-up wait's room
+        elif got[1].startswith("align degrade"):
+            degrades += "(widened)" not in got[1]
+    assert kills > 20 and degrades > 10
+
+
 def test_align_aims_at_a_relation_no_run_has_reached(faults) -> None:
     """Every relation but a kill inside the isolation of its own node seen: that one is drawn
     ``FRESH_WEIGHT`` times as often as each seen one (4 of 4 + 5 for one action, three kinds and two
