@@ -160,23 +160,35 @@ def publishes(
     return attempted, confirmed, last
 
 
-def after_last_publish(actions: list[FaultAction], last_publish_ns: int | None) -> list[str]:
+def started(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """When each fault's own op was invoked, by fault id, on the history's clock."""
+    out: dict[str, int] = {}
+    for rec in records:
+        if rec.get("process") != NEMESIS or rec.get("type") != "invoke" or rec.get("f") == "heal":
+            continue
+        fid = _value(rec).get("fault_id")
+        if fid is not None and rec.get("time_ns") is not None:
+            out.setdefault(str(fid), int(rec["time_ns"]))
+    return out
+
+
+def after_last_publish(
+    actions: list[FaultAction], last_publish_ns: int | None, starts: Mapping[str, int] | None = None
+) -> list[str]:
     """One line per fault applied after the workload's last publish was sent: no publish met it
     (a slow heal before it can push a planned fault past the workload's end). What it did to
-    the data already stored still counts; the line says what the run did not test."""
+    the data already stored still counts; the line says what the run did not test. A fault is
+    applied when its op was invoked (``starts``, by fault id): a long fault (a rolling restart)
+    completes its op long after publishes met it."""
     if last_publish_ns is None:
         return []
-    return [
-        fault_line(
-            a["fault_id"],
-            a["kind"],
-            a["node"],
-            f"applied {(a['at_ns'] - last_publish_ns) / 1e9:.1f} s after the last publish was sent: "
-            "no publish met it",
-        )
-        for a in actions
-        if a["at_ns"] is not None and a["at_ns"] > last_publish_ns
-    ]
+    lines = []
+    for a in actions:
+        at = (starts or {}).get(a["fault_id"], a["at_ns"])
+        if at is not None and at > last_publish_ns:
+            why = f"applied {(at - last_publish_ns) / 1e9:.1f} s after the last publish was sent: no publish met it"
+            lines.append(fault_line(a["fault_id"], a["kind"], a["node"], why))
+    return lines
 
 
 def add_exposure(
@@ -240,7 +252,7 @@ def read_fault_evidence(
     mapped = [a["exposure"] for a in out["actions"] if a["exposure"] is not None]
     ids = {i for exp in mapped for i in exp["ids"]}
     attempted, confirmed, last = publishes(_records(history_jsonl, '"publish"'), ids)
-    out["lines"] += after_last_publish(out["actions"], last)
+    out["lines"] += after_last_publish(out["actions"], last, started(_records(history_jsonl, '"nemesis"')))
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
         out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
         if confirms_after_sync:

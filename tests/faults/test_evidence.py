@@ -354,3 +354,32 @@ def test_a_fault_applied_after_the_last_publish_is_named(tmp_path: Path) -> None
     results = {"verdict": "durable", "valid": True, "fault_evidence": ev}
     assert exit_code(results) == EXIT_DURABLE  # what it did to stored data still counts
     assert ev["lines"][0] in summary_table(results)
+
+
+def test_a_long_fault_invoked_before_the_last_publish_met_publishes(tmp_path: Path) -> None:
+    """A rolling restart's op completes long after it began: it is applied when it was invoked, so a
+    restart that began while the workload published is not a fault that no publish met."""
+
+    def fault(index: int, t_s: float, type_: str, fid: str, kind: str) -> str:
+        value: dict[str, object] = {"fault_id": fid, "kind": kind}
+        if type_ == "ok":
+            value["evidence"] = Evidence.bit("restarted").as_dict()
+        return _op(index, t_s, "nemesis", type_, kind, json.dumps(value))
+
+    history = tmp_path / "history.jsonl"
+    lines = [
+        _op(0, 1.0, "p1", "invoke", "publish", "p1:1"),
+        _op(1, 1.1, "p1", "ok", "publish", "p1:1"),
+        fault(2, 2.0, "invoke", "f1", "rolling-restart"),
+        _op(3, 5.0, "p1", "invoke", "publish", "p1:2"),
+        _op(4, 5.1, "p1", "ok", "publish", "p1:2"),
+        fault(5, 90.0, "ok", "f1", "rolling-restart"),
+        fault(6, 95.0, "invoke", "f2", "power-loss"),
+        fault(7, 95.5, "ok", "f2", "power-loss"),
+    ]
+    history.write_text("\n".join(lines) + "\n")
+    ev = read_fault_evidence(history)
+    assert ev["bit"] == 2
+    assert ev["lines"] == [
+        "f2 power-loss on n1: applied 90.0 s after the last publish was sent: no publish met it"
+    ]
