@@ -86,7 +86,13 @@ class RabbitMQStream(RabbitMQ):
     # Streams came with 3.9; offered on 4.3 (sid, Khepri: the default) and 4.0 (trixie, Mnesia),
     # each on ``rabbitmq``'s image at that version (the stream plugin ships in the package).
     versions = tuple(
-        BrokerVersion(v.name, v.suite, v.packages, v.upstream, note=f"streams over the stream protocol (port 5552); {store}")
+        BrokerVersion(
+            v.name,
+            v.suite,
+            v.packages,
+            v.upstream,
+            note=f"streams over the stream protocol (port 5552); {store}",
+        )
         for v, store in ((V4_3, "Khepri"), (V4_0, "Mnesia"))
     )
     protocol = "rabbitmq-stream"
