@@ -61,6 +61,7 @@ def test_a_sibling_of_rabbitmq_4_x_on_its_image() -> None:
     assert RS.image() == RabbitMQ().at_version("4.3").image()
     for name in ("4.3", "4.0"):  # each version on rabbitmq's image at that version, never mirrored
         bound = RS.at_version(name)
+        assert isinstance(bound, RabbitMQStream)
         assert bound.image() == RabbitMQ().at_version(name).image() and not bound.mirroring
     assert RS.at_version("4.0").image() != RS.image()
     notes = {v.name: v.note for v in RS.versions}  # the metadata store each runs on here
