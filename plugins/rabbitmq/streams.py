@@ -1,6 +1,6 @@
 """RabbitMQ streams over the stream protocol (broker plugin ``rabbitmq-stream``).
 
-The same Debian package, image and cluster forming as ``rabbitmq`` at 4.3, with the
+The same Debian package, image and cluster forming as ``rabbitmq`` at 4.3 or 4.0, with the
 ``rabbitmq_stream`` plugin enabled: the workload speaks the stream protocol (port 5552, client
 plugin ``rabbitmq-stream``, ``plugins.rabbitmq.stream_client``) to one replicated stream per
 workload queue. A sibling broker, like Valkey beside Redis, because a plugin names one protocol.
@@ -36,7 +36,7 @@ from harness import (
     ScenarioError,
     run_or_fail,
 )
-from plugins.rabbitmq import CONF, V4_3, RabbitMQ, erlang_binary
+from plugins.rabbitmq import CONF, V4_0, V4_3, RabbitMQ, erlang_binary
 
 STREAM_PORT = 5552
 REPLICATION_BASE = 6000
@@ -83,15 +83,17 @@ def replication_ports(index: int) -> range:
 
 class RabbitMQStream(RabbitMQ):
     name = "rabbitmq-stream"
-    # Streams came with 3.9; offered on 4.3 (sid), the release the findings are about.
-    versions = (
+    # Streams came with 3.9; offered on 4.3 (sid, Khepri: the default) and 4.0 (trixie, Mnesia),
+    # each on ``rabbitmq``'s image at that version (the stream plugin ships in the package).
+    versions = tuple(
         BrokerVersion(
-            V4_3.name,
-            V4_3.suite,
-            V4_3.packages,
-            V4_3.upstream,
-            note="streams over the stream protocol (port 5552); Khepri",
-        ),
+            v.name,
+            v.suite,
+            v.packages,
+            v.upstream,
+            note=f"streams over the stream protocol (port 5552); {store}",
+        )
+        for v, store in ((V4_3, "Khepri"), (V4_0, "Mnesia"))
     )
     protocol = "rabbitmq-stream"
     client_port = STREAM_PORT
@@ -112,8 +114,10 @@ class RabbitMQStream(RabbitMQ):
     }
 
     def image(self) -> ImageRecipe:
-        """``rabbitmq``'s image at 4.3, byte for byte (the stream plugin ships in the package)."""
-        return RabbitMQ().at_version(V4_3.name).image()
+        """``rabbitmq``'s image at the bound version, byte for byte (the stream plugin ships in the package)."""
+        rel = self.release
+        assert rel is not None
+        return RabbitMQ().at_version(rel.name).image()
 
     def peer_ports_for(self, index: int) -> tuple[int, ...]:
         return (*super().peer_ports_for(index), *replication_ports(index))

@@ -55,10 +55,19 @@ def node(index: int) -> NodeInfo:
     )
 
 
-def test_a_sibling_of_rabbitmq_4_3_on_its_image() -> None:
+def test_a_sibling_of_rabbitmq_4_x_on_its_image() -> None:
     assert RS.protocol == "rabbitmq-stream" and RS.client_port == 5552
-    assert [v.name for v in RS.versions] == ["4.3"] and not RS.mirroring
+    assert [v.name for v in RS.versions] == ["4.3", "4.0"] and not RS.mirroring
     assert RS.image() == RabbitMQ().at_version("4.3").image()
+    for name in ("4.3", "4.0"):  # each version on rabbitmq's image at that version, never mirrored
+        bound = RS.at_version(name)
+        assert isinstance(bound, RabbitMQStream)
+        assert bound.image() == RabbitMQ().at_version(name).image() and not bound.mirroring
+    assert RS.at_version("4.0").image() != RS.image()
+    notes = {v.name: v.note for v in RS.versions}  # the metadata store each runs on here
+    assert notes["4.0"].endswith("Mnesia") and notes["4.3"].endswith("Khepri")
+    with pytest.raises(ScenarioError, match="use one of 4.3, 4.0"):
+        RS.at_version("3.10")  # no streams on 3.10 here
     assert RS.confirms_after_sync(RS.validate_settings({})) is False  # streams never fsync
 
 
