@@ -54,7 +54,7 @@ from harness.spec.broker import (
     poll,
 )
 from harness.spec.client import Endpoint
-from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS
+from harness.spec.fault import FAKETIME_FILE, FILESYSTEM_MODELS, ClusterNodes
 from harness.spec.rundir import NODES
 
 PROJECT_LABEL = "brokerchaos.project"
@@ -334,6 +334,12 @@ def node_roles(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) ->
     if not any(r.clients for r in out.values()):
         raise ClusterError(f"broker plugin {plugin.name!r}: no node of any role serves clients")
     return out
+
+
+def fault_nodes(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) -> ClusterNodes:
+    """Every node's name with its role's name: what a plan's faults resolve against."""
+    roles = node_roles(plugin, nodes, settings)
+    return ClusterNodes(list(roles), {n: r.name for n, r in roles.items()})
 
 
 def role_recipes(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) -> dict[str, ImageRecipe]:

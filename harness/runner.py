@@ -18,7 +18,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Cluster, build_topology, docker_client, filesystem_model, node_roles, role_recipes
+from harness.cluster import (
+    Cluster,
+    build_topology,
+    docker_client,
+    fault_nodes,
+    filesystem_model,
+    node_roles,
+    role_recipes,
+)
 from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, NodesDown, PortInUse
 from harness.evidence import read_fault_evidence
@@ -32,7 +40,7 @@ from harness.progress import say
 from harness.scenario import Scenario
 from harness.spec.broker import ImageRecipe
 from harness.spec.client import workload_check
-from harness.spec.fault import HOST_FEATURES, ClusterNodes, Fault, FaultContext
+from harness.spec.fault import HOST_FEATURES, Fault, FaultContext
 from harness.spec.rundir import DISJOINT_NODES, RESULTS_JSON, SCENARIO_JSON
 from harness.store import RunDir
 from harness.verdicts import combine, judge_unsynced
@@ -76,7 +84,7 @@ class Run:
         workload_check(host.registry.clients.get(self.plugin.protocol), scenario.workload)
         roles = node_roles(self.plugin, scenario.broker.nodes, self.settings)
         #: Every node, each with its role (what faults aim at); the workload uses ``client_nodes``.
-        self.nodes = ClusterNodes(list(roles), {n: r.name for n, r in roles.items()})
+        self.nodes = fault_nodes(self.plugin, scenario.broker.nodes, self.settings)
         self.client_nodes = [n for n, r in roles.items() if r.clients]
         self.role_recipes = role_recipes(self.plugin, scenario.broker.nodes, self.settings)
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)

@@ -9,6 +9,7 @@ run record that fills a hole fails here until the hole is taken off the list.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -59,3 +60,20 @@ def test_the_reference_brokers_holes_are_the_listed_ones(host: Host) -> None:
     filled = sorted(OPEN_HOLES - found)
     assert not new, "holes in the reference broker's coverage (no run reached them):\n  " + "\n  ".join(new)
     assert not filled, "filled, take them off OPEN_HOLES:\n  " + "\n  ".join(filled)
+
+
+def test_plan_records_are_what_the_plans_say_now(host: Host) -> None:
+    """Every shipped scenario plans against its cluster's nodes and roles as ``brokerchaos run``
+    plans it (the ActiveMQ JDBC pair's database node is ``n3``, of role ``storage``), and each
+    plan record (``source: plan``) is what ``gen_coverage.py --plan`` computes from it today."""
+    spec = importlib.util.spec_from_file_location("gen_coverage", REPO / "scripts" / "gen_coverage.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    planned = gen.plan_records(host)
+    for path in sorted(RECORDS.glob("*.json")):
+        record = json.loads(path.read_text())
+        if record.get("source") == "plan":
+            assert record["coverage"] == planned[path.stem]["coverage"], (
+                f"{path.name} is stale: run python3 scripts/gen_coverage.py --plan"
+            )
