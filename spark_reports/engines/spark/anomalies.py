@@ -14,7 +14,7 @@ from harness.spec.history import HOLDINGS, READ, SEEK
 from harness.spec.results import ANOMALY_EXAMPLES
 from spark_reports.engines.anomalies import LISTS, empty_findings
 from spark_reports.engines.common import NEMESIS
-from spark_reports.engines.spark.sql import producer_and_seq, tagged
+from spark_reports.engines.spark.sql import tagged
 
 _ENTRIES = "struct<entries:array<array<string>>>"
 
@@ -41,10 +41,11 @@ def parts(h: Any, ids: Any, *, streams: bool = True) -> list[Any]:
     """Tagged parts (``_spark_sql.collect_parts``) of every class, from the history ``h`` and the
     per-id rows ``ids`` (``is_lost``, ``outcome``, ``delivered``, ``consumed``). ``streams=False``:
     the history has no holdings, reads or seeks (``STREAM_OPS``), so every stream class is empty,
-    as ``parse`` gives it when no row came: only the lost positions are asked for."""
+    as ``parse`` gives it when no row came: nothing is asked for. (The lost positions are a part of
+    the check's one window: ``window.positions_source``.)"""
     from pyspark.sql import functions as F
 
-    out: list[Any] = [_positions(ids)]
+    out: list[Any] = []
     if not streams:
         return out
     client = h.filter(~F.col("process").eqNullSafe(NEMESIS))
@@ -295,35 +296,6 @@ def _skips(jumps: Any, seen: Any) -> Any:
         .filter(F.col("skipped") > 0)
         .select("run", "reader", "queue", "index", "from_offset", "to_offset", "after_seek", "skipped")
     )
-
-
-def _positions(ids: Any) -> Any:
-    """Jepsen's ``lost-breakout`` per run and producer (``_anomalies.lost_positions``)."""
-    from pyspark.sql import functions as F
-
-    producer, seqs = producer_and_seq("id")
-    placed = (
-        ids.select("run", "is_lost", "delivered", "consumed", producer.alias("producer"), seqs.alias("seqs"))
-        .filter(F.col("seqs") != "")
-        .withColumn("seq", F.col("seqs").cast("long"))
-    )
-    alive = (
-        placed.filter((F.col("delivered") > 0) | (F.col("consumed") > 0))
-        .groupBy("run", "producer")
-        .agg(F.min("seq").alias("first_seen"), F.max("seq").alias("last_seen"))
-    )
-    lost = placed.filter("is_lost").join(alive, ["run", "producer"], "left")
-    where = (
-        F.when(F.col("first_seen").isNotNull() & (F.col("seq") < F.col("first_seen")), "prefix")
-        .when(F.col("last_seen").isNotNull() & (F.col("seq") < F.col("last_seen")), "middle")
-        .otherwise("postfix")
-    )
-    lost = lost.withColumn("w", where)
-    rows = lost.groupBy("run", "producer", "first_seen", "last_seen").agg(
-        F.count(F.lit(1)).alias("lost"),
-        *[F.sum(F.when(F.col("w") == k, 1).otherwise(0)).alias(k) for k in ("prefix", "middle", "postfix")],
-    )
-    return tagged(rows, "a_positions")
 
 
 _TOPS = ("inconsistent_offsets", "duplicate", "unseen", "nonmonotonic_poll", "poll_skip")

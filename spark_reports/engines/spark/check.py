@@ -34,10 +34,17 @@ from spark_reports.engines.liveness import LiveFacts
 from spark_reports.engines.spark.anomalies import parse as parse_anomalies
 from spark_reports.engines.spark.anomalies import parts as anomaly_parts
 from spark_reports.engines.spark.ids import Unit, classify, events
-from spark_reports.engines.spark.live import live_metrics, live_parts, parse_live
+from spark_reports.engines.spark.live import live_metrics, ok_records, parse_live, stranded_part
 from spark_reports.engines.spark.ranks import Ranks
 from spark_reports.engines.spark.scope import Scope
-from spark_reports.engines.spark.sql import bucket, collect_parts, producer_and_seq, tagged
+from spark_reports.engines.spark.sql import bucket, collect_parts, tagged
+from spark_reports.engines.spark.window import (
+    gap_source,
+    list_source,
+    order_source,
+    positions_source,
+    window_parts,
+)
 from spark_reports.engines.verdict import COUNT_KEYS, Facts, assemble, summarize
 from spark_reports.progress import progress
 from spark_reports.service.session import default_parallelism, spark_session
@@ -343,13 +350,13 @@ class _Job:
         got = collect_parts(
             [
                 tagged(self.metric_rows(j, units), "metrics"),
-                *live_parts(self.h, self.scope),
+                window_parts(self.ordered_sources(j)),
                 *anomaly_parts(self.h, j, streams=self.streams),
             ]
         )
         rows = got.get("metrics", [])
         return (
-            _parse_metrics(rows, self.scope),
+            _parse_metrics(rows, self.scope, got.get("order_n", [])),
             parse_live(rows, got, self.scope),
             parse_anomalies(got, len(self.scope.ctxs)),
         )
@@ -366,17 +373,21 @@ class _Job:
 
         ev = self.events()
         attempts_l1, j, units = self.per_id(ev)
+        stranded = [stranded_part(j)] if self.scope.drain_reads else []
         first = collect_parts(
             [
                 tagged(self.metric_rows(j, units), "metrics"),
-                self.list_part(j),
-                *live_parts(self.h, self.scope, j),
+                window_parts([list_source(self.list_rows(j)), *self.ordered_sources(j)]),
+                *stranded,
                 *anomaly_parts(self.h, j, streams=self.streams),
             ]
         )
         live = parse_live(first.get("metrics", []), first, self.scope)[0]
         positions, stream = parse_anomalies(first, 1)[0]
-        metrics = _parse_metrics(first.get("metrics", []), self.scope).get(0) or _Metrics.empty()
+        metrics = (
+            _parse_metrics(first.get("metrics", []), self.scope, first.get("order_n", [])).get(0)
+            or _Metrics.empty()
+        )
         counts = metrics.counts
         undigested = counts.pop("undigested")
         progress("spark", "reconciled", messages=counts["attempted"], consumed=counts["consumed_total"])
@@ -471,7 +482,6 @@ class _Job:
         )
         history = F.array(timeline, *live_metrics(self.h, self.scope, _metric))
         rows.append(self.scope.add(self.h, "x_bucket").select("run", F.explode(history).alias("m")))
-        rows.append(_order_violation_rows(j).select("run", _metric("order").alias("m")))
         if self.dead_letters:
             rows.append(self._dead_lettered().select("run", _metric("dead").alias("m")))
         one = reduce(lambda a, b: a.unionByName(b), rows).filter(F.col("m").isNotNull())
@@ -545,12 +555,16 @@ class _Job:
 
         return conds
 
-    def list_part(self, j: Any) -> Any:
-        """Every capped detail list from one read of the per-id rows: each flagged id once per list it
-        is on (a listed message with its first deliveries; a corrupted one with its first corrupted
-        delivery), each unflagged redelivery (``uf``) and each order violation, the first LIST_CAP
-        of each list by its order, in one window."""
-        from pyspark.sql import Window
+    def ordered_sources(self, j: Any) -> list[Any]:
+        """The rows of ``window_parts`` besides the lists: the order check's deliveries, the liveness
+        gaps' ok records, the lost positions' ids."""
+        return [order_source(j), gap_source(ok_records(self.h, self.scope)), positions_source(j)]
+
+    def list_rows(self, j: Any) -> Any:
+        """Every capped detail list's rows (list, o, js) from one read of the per-id rows: each flagged
+        id once per list it is on (a listed message with its first deliveries; a corrupted one with
+        its first corrupted delivery) and each unflagged redelivery (``uf``); ``window_parts`` keeps
+        the first LIST_CAP of each list by its order, and adds the order violations."""
         from pyspark.sql import functions as F
 
         common = [
@@ -586,18 +600,20 @@ class _Job:
             for name, (flag, order) in specs.items()
         ]
         flagged = j.filter(reduce(lambda a, b: a | b, [F.col(flag) for flag, _order in specs.values()]))
-        rows = flagged.select(_json(*common).alias("js"), F.explode(F.array(*on)).alias("e"))
-        rows = rows.filter(F.col("e").isNotNull()).select("e.list", "e.o", "js")
-        uf = j.filter(F.size("uf") > 0).select("id", F.explode("uf").alias("u")).select("id", "u.*")
-        order = _order_violation_rows(j).drop("run")
-        for name, df in (("unflagged", uf), ("order", order)):
-            rows = rows.unionByName(
-                df.select(
-                    F.lit(name).alias("list"), F.col("index").alias("o"), _json(*df.columns).alias("js")
-                )
+        rows = flagged.select("run", _json(*common).alias("js"), F.explode(F.array(*on)).alias("e"))
+        rows = rows.filter(F.col("e").isNotNull()).select("run", "e.list", "e.o", "js")
+        rows = rows.select("run", "list", "o", "js")
+        uf = (
+            j.filter(F.size("uf") > 0)
+            .select("run", "id", F.explode("uf").alias("u"))
+            .select("run", "id", "u.*")
+        )
+        cols = [c for c in uf.columns if c != "run"]
+        return rows.unionByName(
+            uf.select(
+                "run", F.lit("unflagged").alias("list"), F.col("index").alias("o"), _json(*cols).alias("js")
             )
-        rank = F.row_number().over(Window.partitionBy("list").orderBy("o"))
-        return tagged(rows.withColumn("rank", rank).filter(F.col("rank") <= LIST_CAP).drop("rank"), "lists")
+        )
 
 
 def _json(*cols: Any) -> Any:
@@ -616,10 +632,13 @@ def _window_ids(scope: Scope) -> dict[int, list[str]]:
     return {run: [w["fault_id"] for w in c.windows] for run, c in sorted(scope.ctxs.items())}
 
 
-def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
-    """Each run's metrics from the rows of ``_Job.metric_rows`` (Spark rows, or their JSON as dicts)."""
+def _parse_metrics(rows: list[Any], scope: Scope, order_n: list[dict]) -> dict[int, _Metrics]:
+    """Each run's metrics from the rows of ``_Job.metric_rows`` (Spark rows, or their JSON as dicts)
+    and the order violations' counts (``window_parts``'s ``order_n``: one row per partition)."""
     kinds, windows = _kinds(scope), _window_ids(scope)
     runs: dict[int, _Metrics] = {}
+    for r in order_n:
+        runs.setdefault(r["run"], _Metrics.empty()).order += int(r["n"])
     for r in rows:
         m = runs.setdefault(r["run"], _Metrics.empty())
         tag, vals = r["tag"], [int(x) for x in r["v"]]
@@ -648,8 +667,6 @@ def _parse_metrics(rows: list[Any], scope: Scope) -> dict[int, _Metrics]:
         elif tag.startswith("hist:"):
             s, key = int(r["l1"]), int(r["l2"])
             m.hist[tag[5:]].append((key << s, (key + 1) << s, vals[0]))
-        elif tag == "order":
-            m.order = vals[0]
         elif tag == "dead":
             m.counts["dead_lettered"] = vals[0]
         # live_ok and live_pub rows are parse_live's.
@@ -859,11 +876,11 @@ def _named(chunk: int, bits: int, names: list[str], none: str) -> list[str]:
 _WITH_DELIVERIES = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered")
 _LISTS = ("lost", "ack_unknown", "unexpected", "duplicated", "recovered", "resurrected", "split_brain")
 _ROWS = ("unflagged", "order")
-"""Lists of ``_Job.list_part`` whose rows are deliveries, not ids."""
+"""Lists of ``window_parts`` whose rows are deliveries, not ids."""
 
 
 def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
-    """The capped lists in their order from ``_Job.list_part``'s rows, and the corrupted list."""
+    """The capped lists in their order from the ``lists`` rows of ``window_parts``, and the corrupted list."""
     lists: dict[str, list[tuple[int, dict]]] = {name: [] for name in (*_LISTS, *_ROWS)}
     corrupted = []
     for row in rows:
@@ -880,7 +897,10 @@ def _unpack_lists(rows: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
         if name in _WITH_DELIVERIES:
             d["deliveries"] = deliveries
         lists[name].append((o, d))
-    return {name: [d for _o, d in sorted(v, key=lambda x: x[0])] for name, v in lists.items()}, corrupted
+    # A list's rows are its first LIST_CAP already, but the order violations' are each partition's.
+    return {
+        name: [d for _o, d in sorted(v, key=lambda x: x[0])][:LIST_CAP] for name, v in lists.items()
+    }, corrupted
 
 
 _COUNT_NAMES = (*(k for k in COUNT_KEYS if k != "stuck"), "undigested")
@@ -912,40 +932,6 @@ class _Metrics:
         """A run without a client record has no row in any aggregate: every count is zero (an empty
         history has no timeline row either, so the order count is set here too)."""
         return cls(counts=dict.fromkeys(_COUNT_NAMES, 0))
-
-
-def _order_violation_rows(ids: Any) -> Any:
-    """Deliveries (not flagged redelivered) of a producer's id with a lower seq than one the same
-    consumer already got from that producer on that queue, from the ids' rows (``ds``: each id's
-    deliveries); a delayed publish has no place in that order (``delayed``: its id is left out)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    d = (
-        ids.filter(~F.col("delayed") & (F.size("ds") > 0))
-        .select("run", "id", F.explode("ds").alias("d"))
-        .select("run", "id", "d.*")
-        .filter(~F.col("redelivered").eqNullSafe(True))
-    )
-    producer, seqs = producer_and_seq("id")
-    oc = (
-        d.withColumn("producer", producer)
-        .withColumn("seqs", seqs)
-        .filter(F.col("seqs") != "")
-        .withColumn("seq", F.col("seqs").cast("long"))
-    )
-    w = (
-        Window.partitionBy("run", "process", "queue", "producer")
-        .orderBy("index")
-        .rowsBetween(Window.unboundedPreceding, -1)
-    )
-    return (
-        oc.withColumn("after_seq", F.max("seq").over(w))
-        .filter(F.col("seq") < F.col("after_seq"))
-        .select(
-            "run", F.col("process").alias("consumer"), "queue", "producer", "id", "seq", "after_seq", "index"
-        )
-    )
 
 
 _SMALL = ("index", "time_ns", "process", "node", "type", "f", "queue", "value", "error")

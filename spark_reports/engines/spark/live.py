@@ -5,8 +5,8 @@ last ok (``live_metrics``: keyed metric rows of the check's one aggregate, so li
 history in the same pass as the timeline); the first ok at or after a fault's heal and the
 last before it are then the least first of the stretches after the heal and the greatest last
 of those before, on the driver. Per queue the publish span, likewise. The gaps longer than the
-threshold between consecutive oks of a queue and kind are a part of their own (a lag over the
-oks in time order: only the few long ones reach the driver). Everything else is
+threshold between consecutive oks of a queue and kind are a lag over the oks in time order, in the check's one window
+(``window``): only the few long ones reach the driver. Everything else is
 ``_liveness``'s, shared with the Python engine.
 """
 
@@ -16,7 +16,6 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from harness.spec.results import UNAVAILABLE_S
 from spark_reports.engines.common import NEMESIS
 from spark_reports.engines.liveness import NS_PER_S, LiveFacts, NodeOks, heal_times
 from spark_reports.engines.spark.scope import Scope
@@ -78,29 +77,12 @@ def live_metrics(h: Any, scope: Scope, metric: Callable[..., Any]) -> list[Any]:
     return [ok, pub]
 
 
-def live_parts(h: Any, scope: Scope, ids: Any = None) -> list[Any]:
-    """The tagged part ``live_gap`` for ``parse_live``, and ``live_stranded`` from the per-id rows
-    ``ids`` where a run's drain reads count (``Scope.drain_reads``)."""
-    from pyspark.sql import Window
+def ok_records(h: Any, scope: Scope) -> Any:
+    """The ok client records of a liveness kind (``kind``: 0 publish, 1 consume), whose gaps longer
+    than the threshold per queue and kind ``window.gap_source`` finds."""
     from pyspark.sql import functions as F
 
-    t = F.col("time_ns")
-    ok = h.filter(_client(h)).withColumn("kind", _kind(scope)).filter(F.col("kind").isNotNull())
-    w = Window.partitionBy("run", "queue", "kind").orderBy("time_ns")
-    gaps = (
-        ok.select("run", "queue", "kind", "time_ns")
-        .withColumn("prev", F.lag(t).over(w))
-        .filter(t - F.col("prev") > UNAVAILABLE_S * NS_PER_S)
-        .select(
-            "run",
-            "queue",
-            F.element_at(F.array(*[F.lit(k) for k in _KINDS]), F.col("kind") + 1).alias("kind"),
-            F.col("prev").alias("a"),
-            t.alias("b"),
-        )
-    )
-    stranded = [stranded_part(ids)] if ids is not None and scope.drain_reads else []
-    return [tagged(gaps, "live_gap"), *stranded]
+    return h.filter(_client(h)).withColumn("kind", _kind(scope)).filter(F.col("kind").isNotNull())
 
 
 def stranded_part(ids: Any) -> Any:
@@ -128,7 +110,7 @@ def stranded_part(ids: Any) -> Any:
     return tagged(grouped, "live_stranded")
 
 
-_KINDS = ("publish", "consume")
+KINDS = ("publish", "consume")
 
 
 def parse_live(metrics: list[dict], parts: dict[str, list[dict]], scope: Scope) -> dict[int, LiveFacts]:
@@ -137,7 +119,7 @@ def parse_live(metrics: list[dict], parts: dict[str, list[dict]], scope: Scope) 
     stretches: dict[tuple[int, str, str, str], list[dict]] = {}
     for r in metrics:
         if r["tag"] == "live_ok":
-            key = (r["run"], r["s1"], _KINDS[int(r["l2"])], r["s2"])
+            key = (r["run"], r["s1"], KINDS[int(r["l2"])], r["s2"])
             stretches.setdefault(key, []).append(r)
         elif r["tag"] == "live_pub":
             first, last, last_invoke = out[r["run"]].publish.get(r["s1"], (None, int(r["mx"]), None))
