@@ -324,12 +324,24 @@ class Nemesis:
             await asyncio.sleep(self.settle)
 
     async def _heal_due(self, heals: list[tuple[float, str]], t0: float, until: float) -> None:
+        """Heal every fault due by ``until``, each at its own time, and return once all are healed
+        (the next fault is applied after them). A heal still running when the next one is due does
+        not hold that one back: a heal may wait for what another held fault prevents (a node joining
+        a cluster whose members a partition keeps paused waits for the partition's heal)."""
         loop = asyncio.get_running_loop()
         heals.sort()
-        while heals and heals[0][0] <= until:
-            at, fid = heals.pop(0)
-            await asyncio.sleep(max(0.0, t0 + at - loop.time()))
-            await self._heal(fid)
+        running: list[asyncio.Task[None]] = []
+        try:
+            while heals and heals[0][0] <= until:
+                at, fid = heals.pop(0)
+                await asyncio.sleep(max(0.0, t0 + at - loop.time()))
+                running.append(asyncio.create_task(self._heal(fid)))
+            await asyncio.gather(*running)
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
 
     async def _apply(self, step: PlannedFault) -> None:
         cls = self.faults[step.kind]
