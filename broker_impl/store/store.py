@@ -189,9 +189,14 @@ class Store:
     def _read_checkpoint(self) -> int | None:
         try:
             data = (self.data_dir / CHECKPOINT).read_bytes()
-            offset, ms, crc = _CKPT.unpack(data[: _CKPT.size])
-        except (OSError, struct.error):
+        except OSError:  # none yet (a first start), or unreadable: the whole log is scanned
             return None
+        if len(data) < _CKPT.size:
+            log.warning(
+                "checkpoint is corrupt (%d of %d bytes): scanning the whole commit log", len(data), _CKPT.size
+            )
+            return None
+        offset, ms, crc = _CKPT.unpack(data[: _CKPT.size])
         if crc != zlib.crc32(data[:16]):
             log.warning("checkpoint is corrupt: scanning the whole commit log")
             return None

@@ -13,7 +13,7 @@ import pytest
 
 from broker_impl.store import open_store
 from broker_impl.store.commitlog import seg_name
-from broker_impl.store.store import RecoveryReport
+from broker_impl.store.store import CHECKPOINT, RecoveryReport
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -139,3 +139,23 @@ def test_bit_flip_in_middle_record_drops_later_segments(tmp_path: Path) -> None:
     _flip(path, pos + 30, 0x80)
     _expect_prefix(tmp_path, k, "crc mismatch", off)
     assert [p.name for p in (tmp_path / "commitlog").iterdir()] == [seg_name(0)]
+
+
+@pytest.mark.parametrize("keep", [0, 7, 19])
+def test_a_short_checkpoint_says_so_and_the_whole_log_is_scanned(
+    tmp_path: Path, keep: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def clean_close() -> None:
+        store = await open_store(tmp_path, CFG)
+        for i in range(40):
+            store.append("q", b"body-%03d" % i + b"-" * 60)
+        await store.close()  # a clean shutdown writes the checkpoint at the log end
+
+    asyncio.run(clean_close())
+    ckpt = tmp_path / CHECKPOINT
+    ckpt.write_bytes(ckpt.read_bytes()[:keep])
+    with caplog.at_level("WARNING", logger="broker_impl.store"):
+        bodies, report = _reopen(tmp_path)
+    assert bodies == [b"body-%03d" % i for i in range(40)]
+    assert report.scanned_from == 0
+    assert f"checkpoint is corrupt ({keep} of 20 bytes)" in caplog.text
