@@ -21,15 +21,18 @@ pytestmark = [pytest.mark.docker, pytest.mark.chaos, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pair(name: str, topology: str, *, rate: int, duration: int, drain_timeout: int) -> dict[str, object]:
+def pair(
+    name: str, settings: dict[str, object], *, rate: int, duration: int, drain_timeout: int
+) -> dict[str, object]:
     """A master/slave pair, each broker killed in turn: which node takes the lock first is a race,
-    so one kill meets the master. Each kill holds the node down longer than the slave's lock poll
-    (10 s), so the waiting node takes the lock before the killed one is back: a 2 s hold let a
+    so one kill meets the master. Each kill holds the node down longer than the slave needs to
+    take the lock (its poll, and on the JDBC pair also what is left of the killed master's
+    lease), so the waiting node takes the lock before the killed one is back: a 2 s hold let a
     quick restart win the lock back."""
     return {
         "name": name,
         "seed": 3,
-        "broker": {"plugin": "activemq", "nodes": 2, "settings": {"topology": topology}},
+        "broker": {"plugin": "activemq", "nodes": 2, "settings": settings},
         "workload": {
             "producers": 1,
             "consumers": 1,
@@ -48,7 +51,7 @@ def pair(name: str, topology: str, *, rate: int, duration: int, drain_timeout: i
     }
 
 
-SCENARIO = pair("activemq-pair-smoke", "shared-storage", rate=40, duration=42, drain_timeout=90)
+SCENARIO = pair("activemq-pair-smoke", {"topology": "shared-storage"}, rate=40, duration=42, drain_timeout=90)
 
 
 def brokerchaos(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -97,7 +100,18 @@ def test_the_shared_storage_pair_fails_over_to_a_durable_verdict_and_down_remove
 def test_a_jdbc_pair_fails_over_on_a_master_kill_to_a_durable_verdict(tmp_path: Path) -> None:
     scenario = tmp_path / "jdbc.yaml"
     scenario.write_text(
-        yaml.safe_dump(pair("activemq-jdbc-smoke", "jdbc", rate=20, duration=45, drain_timeout=120))
+        # A 5 s lease (polled every 5 s): the slave holds the lock at most 10 s after the master's
+        # kill, inside the 15 s hold; with the default 10 s a master killed just after renewing
+        # its lease was back (15 s later) before the slave's poll found the lease expired.
+        yaml.safe_dump(
+            pair(
+                "activemq-jdbc-smoke",
+                {"topology": "jdbc", "lease_ms": 5000},
+                rate=20,
+                duration=45,
+                drain_timeout=120,
+            )
+        )
     )
     run = brokerchaos("run", str(scenario), "--store", str(tmp_path / "store"), cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
