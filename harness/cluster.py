@@ -336,9 +336,8 @@ def node_roles(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) ->
     return out
 
 
-def fault_nodes(plugin: BrokerPlugin, nodes: int, settings: Mapping[str, Any]) -> ClusterNodes:
-    """Every node's name with its role's name: what a plan's faults resolve against."""
-    roles = node_roles(plugin, nodes, settings)
+def fault_nodes(roles: Mapping[str, Role]) -> ClusterNodes:
+    """Every node's name (``node_roles``) with its role's name: what a plan's faults resolve against."""
     return ClusterNodes(list(roles), {n: r.name for n, r in roles.items()})
 
 

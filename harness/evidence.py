@@ -173,7 +173,7 @@ def started(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def after_last_publish(
-    actions: list[FaultAction], last_publish_ns: int | None, starts: Mapping[str, int] | None = None
+    actions: list[FaultAction], last_publish_ns: int | None, starts: Mapping[str, int]
 ) -> list[str]:
     """One line per fault applied after the workload's last publish was sent: no publish met it
     (a slow heal before it can push a planned fault past the workload's end). What it did to
@@ -184,7 +184,7 @@ def after_last_publish(
         return []
     lines = []
     for a in actions:
-        at = (starts or {}).get(a["fault_id"], a["at_ns"])
+        at = starts.get(a["fault_id"], a["at_ns"])
         if at is not None and at > last_publish_ns:
             why = f"applied {(at - last_publish_ns) / 1e9:.1f} s after the last publish was sent: no publish met it"
             lines.append(fault_line(a["fault_id"], a["kind"], a["node"], why))
@@ -247,12 +247,13 @@ def read_fault_evidence(
     the broker's settings promise a sync before each confirm (``confirms_after_sync``)."""
     if not history_jsonl.exists():
         return summarize([])
-    out = fault_evidence(_records(history_jsonl, '"nemesis"'))
+    nemesis = list(_records(history_jsonl, '"nemesis"'))
+    out = fault_evidence(nemesis)
     out["confirms_after_sync"] = confirms_after_sync
     mapped = [a["exposure"] for a in out["actions"] if a["exposure"] is not None]
     ids = {i for exp in mapped for i in exp["ids"]}
     attempted, confirmed, last = publishes(_records(history_jsonl, '"publish"'), ids)
-    out["lines"] += after_last_publish(out["actions"], last, started(_records(history_jsonl, '"nemesis"')))
+    out["lines"] += after_last_publish(out["actions"], last, started(nemesis))
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
         out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
         if confirms_after_sync:

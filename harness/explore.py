@@ -410,10 +410,9 @@ class Mutator:
         start, end = _window(p, s.duration)
         end = min(end, s.duration - TAIL)
         span = end - start
-        early = (
-            (0.02, 0.1, 0.1) if comeback else (0.05, 0.2, 0.25)
-        )  # begun by, held up to (shares of the window)
-        at = start + self.rng.uniform(early[0], early[1]) * span
+        # Shares of the window: the nested action begins between the first two, held up to the third.
+        begin_lo, begin_hi, hold_hi = (0.02, 0.1, 0.1) if comeback else (0.05, 0.2, 0.25)
+        at = start + self.rng.uniform(begin_lo, begin_hi) * span
         shed = self.faults[kind].sheds_clients
         if way == "others" and shed and self.rng.random() < 0.5:
             given = dict(shed)
@@ -421,7 +420,7 @@ class Mutator:
             what += " (clients pushed to its side)"
         else:
             given = self._drawn(kind)
-            hold = max(MIN_HOLD, self.rng.uniform(0.05, early[2]) * span)
+            hold = max(MIN_HOLD, self.rng.uniform(0.05, hold_hi) * span)
             if at + hold > heal_by:
                 hold = max(MIN_HOLD, heal_by - at)
                 at = min(at, heal_by - hold)

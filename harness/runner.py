@@ -84,7 +84,7 @@ class Run:
         workload_check(host.registry.clients.get(self.plugin.protocol), scenario.workload)
         roles = node_roles(self.plugin, scenario.broker.nodes, self.settings)
         #: Every node, each with its role (what faults aim at); the workload uses ``client_nodes``.
-        self.nodes = fault_nodes(self.plugin, scenario.broker.nodes, self.settings)
+        self.nodes = fault_nodes(roles)
         self.client_nodes = [n for n, r in roles.items() if r.clients]
         self.role_recipes = role_recipes(self.plugin, scenario.broker.nodes, self.settings)
         self.plan = replay if replay is not None else plan(scenario, self.faults, self.nodes)

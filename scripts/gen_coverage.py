@@ -65,7 +65,7 @@ def run_record(host: Host, run_dir: Path, command: str | None, load: str | None)
 
 
 def plan_records(host: Host) -> dict[str, dict[str, Any]]:
-    from harness.cluster import fault_nodes
+    from harness.cluster import fault_nodes, node_roles
     from harness.nemesis import plan
     from harness.scenario import load
 
@@ -74,7 +74,7 @@ def plan_records(host: Host) -> dict[str, dict[str, Any]]:
         sc = load(path)
         plugin = host.broker(sc.broker.plugin, sc.broker.version)
         settings = plugin.validate_settings(sc.broker.settings)
-        nodes = fault_nodes(plugin, sc.broker.nodes, settings)
+        nodes = fault_nodes(node_roles(plugin, sc.broker.nodes, settings))
         steps = plan(sc, host.registry.faults, nodes).to_list()
         out[sc.name] = {
             "scenario": sc.name,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -608,6 +609,14 @@ def test_align_stays_nested_when_other_mutations_are_stacked_with_it(faults) -> 
     assert stacked >= 3  # the case that broke: align with other mutations in one stack
 
 
+def _align_draws(faults, pool, s: Schedule, seeds: int) -> Iterator[tuple[Schedule, str]]:
+    """``align`` on ``s`` under seeds 0 to ``seeds - 1``: each mutant drawn, with what it did."""
+    for seed in range(seeds):
+        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
+        if got is not None:
+            yield got
+
+
 def test_align_heals_the_nested_action_with_most_of_the_window_to_run(faults) -> None:
     """A node killed inside its isolation must be back while the isolation still holds, with time to
     act there (a restarted node decides whether to serve after its start-up wait): the nested action
@@ -615,10 +624,7 @@ def test_align_heals_the_nested_action_with_most_of_the_window_to_run(faults) ->
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     drawn = 0
-    for seed in range(100):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None:
-            continue
+    for got in _align_draws(faults, pool, s, 100):
         if got[1].endswith("(clients pushed to its side)"):
             continue  # held to the window's end: ``test_align_pushes_the_clients_onto_the_windows_side``
         drawn += 1
@@ -637,9 +643,8 @@ def test_align_pushes_the_clients_onto_the_windows_side(faults) -> None:
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     pushed = drawn = 0
-    for seed in range(300):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None or " on others of " not in got[1]:
+    for got in _align_draws(faults, pool, s, 300):
+        if " on others of " not in got[1]:
             continue
         added = [p for p in got[0].steps if p.kind != "partition"]
         iso = next(p for p in got[0].steps if p.kind == "partition")
@@ -675,9 +680,8 @@ def test_align_on_a_windows_nodes_pushes_the_clients_onto_them_after_the_nested_
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     cluster = ["n1", "n2", "n3"]
     pushed = plain = 0
-    for seed in range(300):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None or not got[1].startswith("align kill on same of f1"):
+    for got in _align_draws(faults, pool, s, 300):
+        if not got[1].startswith("align kill on same of f1"):
             continue
         m = normalise(got[0])
         assert valid(m, faults, cluster), got[1]
@@ -705,9 +709,8 @@ def test_align_pushes_no_clients_when_no_pool_kind_sheds_them(faults) -> None:
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill"])
     drawn = 0
-    for seed in range(100):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None or not got[1].startswith("align kill on same of"):
+    for got in _align_draws(faults, pool, s, 100):
+        if not got[1].startswith("align kill on same of"):
             continue
         drawn += 1
         assert "clients pushed" not in got[1]
@@ -742,10 +745,7 @@ def test_align_widens_the_window_it_nests_in_half_the_time(faults) -> None:
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     widened = kept = 0
-    for seed in range(100):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None:
-            continue
+    for got in _align_draws(faults, pool, s, 100):
         iso = next(p for p in got[0].steps if p.kind == "partition")
         if "(widened)" in got[1]:
             widened += 1
@@ -767,9 +767,8 @@ def test_align_brings_a_node_back_early_in_a_widened_window_of_its_own(faults) -
     s = start(faults, ISOLATE, nodes=3)
     pool = pool_of(from_dict(ISOLATE), faults, ["kill", "degrade"])
     kills = degrades = 0
-    for seed in range(300):
-        got = Mutator(faults, pool, random.Random(seed), set(), set(), set()).align(s, None)
-        if got is None or " on same of f1" not in got[1]:
+    for got in _align_draws(faults, pool, s, 300):
+        if " on same of f1" not in got[1]:
             continue
         iso = next(p for p in got[0].steps if p.kind == "partition")
         span = iso.hold or 0.0

@@ -165,40 +165,37 @@ def _emit(u: Any, viol: Any) -> Any:
         "after_seq",
         col("o").alias("index"),
     ).alias("js")
+
+    def tagged(name: str, *cols: Any) -> Any:
+        return F.struct(F.lit(name).alias("part"), js(*cols))
+
     part = (
-        F.when(listed, F.struct(F.lit("lists").alias("part"), js(p.alias("list"), "o", col("s").alias("js"))))
-        .when(
-            violation,
-            F.struct(F.lit("lists").alias("part"), js(F.lit("order").alias("list"), "o", order.alias("js"))),
-        )
-        .when(order_n, F.struct(F.lit("order_n").alias("part"), js("run", col("n_order").alias("n"))))
+        F.when(listed, tagged("lists", p.alias("list"), "o", col("s").alias("js")))
+        .when(violation, tagged("lists", F.lit("order").alias("list"), "o", order.alias("js")))
+        .when(order_n, tagged("order_n", "run", col("n_order").alias("n")))
         .when(
             gap,
-            F.struct(
-                F.lit("live_gap").alias("part"),
-                js(
-                    "run",
-                    col("k1").alias("queue"),
-                    col("k2").alias("kind"),
-                    col("prev").alias("a"),
-                    col("o").alias("b"),
-                ),
+            tagged(
+                "live_gap",
+                "run",
+                col("k1").alias("queue"),
+                col("k2").alias("kind"),
+                col("prev").alias("a"),
+                col("o").alias("b"),
             ),
         )
         .when(
             pos,
-            F.struct(
-                F.lit("a_positions").alias("part"),
-                js(
-                    "run",
-                    col("k1").alias("producer"),
-                    "first_seen",
-                    "last_seen",
-                    "lost",
-                    "prefix",
-                    "middle",
-                    "postfix",
-                ),
+            tagged(
+                "a_positions",
+                "run",
+                col("k1").alias("producer"),
+                "first_seen",
+                "last_seen",
+                "lost",
+                "prefix",
+                "middle",
+                "postfix",
             ),
         )
     )
