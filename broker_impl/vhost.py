@@ -89,12 +89,10 @@ class VHost:
         internal: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> Exchange:
+        if passive:
+            return self.get_exchange(name)
         arguments = arguments or {}
         existing = self.exchanges.get(name)
-        if passive:
-            if existing is None:
-                raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
-            return existing
         if name == "" or (name.startswith("amq.") and existing is None):
             raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if existing is not None:

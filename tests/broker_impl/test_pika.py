@@ -222,6 +222,17 @@ def test_channel_error_codes(node: InProcessNode) -> None:
     conn.close()
 
 
+def test_a_passive_exchange_declare_answers_for_an_existing_exchange_and_refuses_a_missing_one(
+    ch: BlockingChannel,
+) -> None:
+    ch.exchange_declare("present", "fanout")
+    ch.exchange_declare("present", "direct", passive=True)  # passive: the type asked is not compared
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_declare("absent", "direct", passive=True)
+    assert err.value.reply_code == 404
+    assert err.value.reply_text == "NOT_FOUND - no exchange 'absent' in vhost '/'"
+
+
 def test_bad_login_is_access_refused(node: InProcessNode) -> None:
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
         connect(node, password="wrong")
