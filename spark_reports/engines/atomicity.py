@@ -226,15 +226,11 @@ _SQL = {
 
 
 def check_atomicity_spark(
-    run_dir: Path,
-    scenario: dict[str, Any] | None = None,
-    *,
-    spark: Any = None,
-    spark_master: str | None = None,
+    run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None
 ) -> dict[str, Any]:
     """The atomicity checks as Spark SQL over the Parquet history: the join of every transaction's ids
     with the deliveries runs in Spark; only the transactions flagged come back to the driver."""
-    spark, h = spark_history(run_dir, spark, spark_master)
+    spark, h = spark_history(run_dir, spark)
     spark.sql(_SQL["tx"]).createOrReplaceTempView("tx")
     spark.sql(_SQL["per"]).createOrReplaceTempView("per")
     drains = spark.sql(

@@ -217,15 +217,11 @@ _SQL = {
 
 
 def check_delay_spark(
-    run_dir: Path,
-    scenario: dict[str, Any] | None = None,
-    *,
-    spark: Any = None,
-    spark_master: str | None = None,
+    run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None
 ) -> dict[str, Any]:
     """The delay checks as Spark SQL over the Parquet history; only examples and percentiles come back."""
     after = late_ms(scenario)
-    spark, h = spark_history(run_dir, spark, spark_master)
+    spark, h = spark_history(run_dir, spark)
     spark.sql(_SQL["due"]).createOrReplaceTempView("due")
     spark.sql(_SQL["deliveries"]).createOrReplaceTempView("dl")
     spark.sql(_SQL["first"]).createOrReplaceTempView("fd")

@@ -48,14 +48,14 @@ def reason_of(counts: dict[str, int], bad: Sequence[str], labels: dict[str, str]
     return otherwise
 
 
-def spark_history(run_dir: Path, spark: Any = None, spark_master: str | None = None) -> tuple[Any, Any]:
+def spark_history(run_dir: Path, spark: Any = None) -> tuple[Any, Any]:
     """The run's history as the Spark SQL view ``h``, in ``spark`` (by default the one session every
     checker of this process shares); returns the session and the history's DataFrame."""
     path = history_path(Path(run_dir))
     if spark is None:
         from spark_reports.service.session import spark_session
 
-        spark = spark_session(spark_master)
+        spark = spark_session()
     h = spark.read.parquet(str(path)) if path.suffix == ".parquet" else spark.read.json(str(path))
     h.createOrReplaceTempView("h")
     return spark, h

@@ -310,14 +310,10 @@ _SQL = {
 
 
 def check_stream_spark(
-    run_dir: Path,
-    scenario: dict[str, Any] | None = None,
-    *,
-    spark: Any = None,
-    spark_master: str | None = None,
+    run_dir: Path, scenario: dict[str, Any] | None = None, *, spark: Any = None
 ) -> dict[str, Any]:
     """The stream checks as Spark SQL over the Parquet history (drain rows, a handful, are read in Python)."""
-    spark, h = spark_history(run_dir, spark, spark_master)
+    spark, h = spark_history(run_dir, spark)
     spark.sql(_SQL["base"]).createOrReplaceTempView("b")
 
     def rows(name: str) -> list[dict[str, Any]]:
