@@ -14,6 +14,7 @@ import pytest
 from tests.broker_impl.nodes import PERSISTENT, BrokerProc, amqp, declare, drain, free_port, wait_for
 
 __all__ = [
+    "HA_SYNCED",
     "PERSISTENT",
     "LinkProxy",
     "Net",
@@ -43,6 +44,24 @@ class NodeProc(BrokerProc):
             f'data_dir = "{self.data_dir}"\nlog_file = "{self.dir / "broker.log"}"\nlog_level = "info"\n'
             f'[cluster]\nnode = "{name}"\nlisten = "{addr}"\nport = {cport}\npeers = {{{peer_lines}}}\n{extra}\n'
         )
+
+    def mirror(self, queue: str, definition: dict[str, Any] | None = None, mirrors: int = 2) -> None:
+        """Set the ``ha`` policy (pattern ``^ha``; default ``HA_SYNCED``) through this node; back once
+        ``queue`` has ``mirrors`` mirrors, and, under automatic sync, all of them in sync."""
+        definition = HA_SYNCED if definition is None else definition
+        self.ctl("set_policy", name="ha", pattern="^ha", definition=definition)
+        wait_for(
+            lambda: len(queue_info(self, queue).get("mirrors", [])) == mirrors, what=f"{mirrors} mirror(s)"
+        )
+        if definition.get("ha-sync-mode") == "automatic":
+            wait_for(
+                lambda: len(queue_info(self, queue).get("synchronised_mirrors", [])) == mirrors,
+                what=f"{mirrors} mirror(s) in sync",
+            )
+
+
+HA_SYNCED = {"ha-mode": "all", "ha-sync-mode": "automatic"}
+"""A mirror on every other node, synchronised automatically."""
 
 
 class LinkProxy:

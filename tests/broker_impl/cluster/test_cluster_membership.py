@@ -29,10 +29,7 @@ def test_a_forgotten_node_is_dropped_everywhere_and_a_reset_one_joins_empty_and_
 ) -> None:
     n1, n2, n3 = cluster_factory(3)
     declare(n3, "ha.members")  # mastered on n3, the node to be forgotten
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(
-        lambda: len(queue_info(n1, "ha.members")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
-    )
+    n1.mirror("ha.members")
     publish(n1, "ha.members", range(100))
 
     with pytest.raises(CtlError, match="n2 is running; stop its app first"):
@@ -130,10 +127,7 @@ def test_a_master_stops_its_app_without_waiting_for_mirrors_that_cannot_ack(clus
     must not wait until GM gives up on each link (2 x tick x down_after = 40 s per mirror here)."""
     n1, n2, n3 = cluster_factory(3, down_after=100)
     declare(n1, "ha.frozen")
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(
-        lambda: len(queue_info(n1, "ha.frozen")["synchronised_mirrors"]) == 2, what="both mirrors in sync"
-    )
+    n1.mirror("ha.frozen")
     frozen = [n2, n3]
     for node in frozen:
         assert node.proc is not None

@@ -50,10 +50,7 @@ def test_a_mirrored_queue_comes_back_whole_on_its_recorded_master(cluster_factor
     nodes = cluster_factory(3)
     n1, n2, n3 = nodes
     declare(n1, "ha.cold")
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
-    wait_for(
-        lambda: len(queue_info(n1, "ha.cold").get("synchronised_mirrors", [])) == 2, what="mirrors in sync"
-    )
+    n1.mirror("ha.cold")
     publish(n3, "ha.cold", range(120))
     n1.kill()  # n2 or n3 is promoted: the record must follow the promotion, not the declaring node
     new = wait_for(

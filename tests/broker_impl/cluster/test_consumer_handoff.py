@@ -18,8 +18,6 @@ from pamqp import commands, frame
 from tests.broker_impl.cluster.conftest import NodeProc, amqp, declare, drain, publish, queue_info, wait_for
 from tests.broker_impl.test_fuzz import Raw
 
-HA = {"ha-mode": "all", "ha-sync-mode": "automatic"}
-
 
 def _counts(node: NodeProc, queue: str) -> tuple[Any, Any]:
     info = queue_info(node, queue)
@@ -61,10 +59,7 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
     # from then on, as they do whenever a mirror joins a queue that was ever consumed from.
     publish(n1, queue, range(1000, 1005))
     assert len(drain(n1, queue)) == 5
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition=HA)
-    wait_for(
-        lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync"
-    )
+    n1.mirror(queue)
     publish(n2, queue, range(100))
 
     conn = amqp(n3)  # a remote consumer: the master is n1
@@ -119,10 +114,7 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.counts"
     declare(n1, queue)
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition=HA)
-    wait_for(
-        lambda: len(queue_info(n1, queue).get("synchronised_mirrors", [])) == 2, what="two mirrors in sync"
-    )
+    n1.mirror(queue)
     publish(n2, queue, range(30))
     holder = amqp(n1)  # a consumer on the master holds 10 deliveries unacked
     _ch, held = _consume(holder, queue, until=10, prefetch=10)

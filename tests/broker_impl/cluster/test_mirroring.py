@@ -18,6 +18,7 @@ from broker_impl.backing import make_backing_queue, open_store
 from broker_impl.cluster.mirror import FP_MASK, Held, fingerprint
 from broker_impl.message import Message
 from tests.broker_impl.cluster.conftest import (
+    HA_SYNCED,
     PERSISTENT,
     NodeProc,
     amqp,
@@ -37,18 +38,13 @@ def _mirrored_queue(
     declare(n1, queue)
     if before:
         publish(n1, queue, range(before))
-    n1.ctl("set_policy", name="ha", pattern="^ha", definition=definition)
-    wait_for(lambda: len(queue_info(n1, queue).get("mirrors", [])) == mirrors, what=f"{mirrors} mirror(s)")
-    if definition.get("ha-sync-mode") == "automatic":
-        wait_for(
-            lambda: len(queue_info(n1, queue)["synchronised_mirrors"]) == mirrors, what="mirrors in sync"
-        )
+    n1.mirror(queue, definition, mirrors)
 
 
 def _synced_everywhere(cluster_factory: Any, queue: str) -> list[NodeProc]:
     """Three nodes, ``queue`` mastered on n1 and mirrored in sync on n2 and n3."""
     nodes = list(cluster_factory(3))
-    _mirrored_queue(nodes, queue, {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    _mirrored_queue(nodes, queue, HA_SYNCED)
     return nodes
 
 
@@ -285,7 +281,7 @@ def test_a_killed_master_comes_back_as_an_in_sync_mirror_and_confirms_keep_flowi
     """
     n1, n2, n3 = cluster_factory(3, tick=0.5)
     queue = "ha.rejoin"
-    _mirrored_queue([n1, n2, n3], queue, {"ha-mode": "all", "ha-sync-mode": "automatic"})
+    _mirrored_queue([n1, n2, n3], queue, HA_SYNCED)
     publish(n2, queue, range(30))
     n1.kill()
     wait_for(lambda: queue_info(n2, queue).get("node") == "n2", what="n2 promoted")
