@@ -233,7 +233,8 @@ def _print_check(
         print(
             f"  {r['action']:16} wall {r['wall_s']:6.2f}  before jobs {r['before_first_job_s']}  "
             f"jobs {r['jobs_s']}  after {r['after_last_job_s']}  jobs={r['jobs']} stages={r['stages']} "
-            f"(skipped {r['skipped_stages']}) tasks={r['tasks']} task_run={r['task_run_s']}",
+            f"(skipped {r['skipped_stages']}) tasks={r['tasks']} task_run={r['task_run_s']} "
+            f"task_cpu={r['task_cpu_s']}",
             file=sys.stderr,
         )
 
