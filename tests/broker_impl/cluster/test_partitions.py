@@ -344,3 +344,36 @@ def test_two_paused_nodes_resuming_together_keep_the_promoted_master(cluster_fac
     wait_for(lambda: len({queue_info(n, "ha.pair").get("node") for n in nodes}) == 1, what="one master again")
     assert sorted(drain(n1, "ha.pair")) == list(range(20))
     assert "dropping the copy here" not in p.log()
+
+
+def _members(node: NodeProc) -> list[str]:
+    return sorted(node.ctl("cluster_status")["members"])
+
+
+def test_a_paused_node_that_learns_of_members_admitted_meanwhile_counts_them(cluster_factory, net) -> None:
+    """A membership change while isolated: n3 is cut off and paused (1 of 3) while n4 and n5 join the cluster
+    through n1. Then n3 sees n2 again, n2 cut off from the rest: 2 of 3 by the members n3 knew, 2 of 5 by the
+    members n2 tells it of. n3 must count those and stay paused, as n2 does (a minority of the cluster)."""
+    nodes = cluster_factory(5, proxied=True, partition_handling="pause_minority")
+    n1, n2, n3, n4, n5 = nodes
+    for n in (n4, n5):  # n4 and n5 leave the cluster: three members, n4 and n5 in the address book only
+        n.ctl("stop_app")
+        wait_for(lambda n=n: n.name not in n1.ctl("cluster_status")["running"], what=f"{n.name} down")
+        n1.ctl("forget_cluster_node", node=n.name)
+        n.ctl("reset")
+    wait_for(lambda: all(_members(n) == ["n1", "n2", "n3"] for n in (n1, n2, n3)), what="three members")
+    net.partition(["n1", "n2", "n4", "n5"], ["n3"])
+    wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
+    for n in (n4, n5):
+        n.ctl("join_cluster", node="n1")
+        n.ctl("start_app")
+    wait_for(lambda: len(n2.ctl("cluster_status")["running"]) == 4, what="n4 and n5 joined, seen by n2")
+    net.partition(["n1", "n4", "n5"], ["n2", "n3"])
+    wait_for(lambda: n2.ctl("cluster_status")["paused"], what="n2 paused (2 of 5)")
+    status = wait_for(
+        lambda: (s := n3.ctl("cluster_status"))["running"] == ["n3", "n2"] and len(s["members"]) == 5 and s,
+        what="n3 sees n2 and knows of five members",
+    )
+    assert status["paused"], f"n3 serves with 2 of 5 nodes visible: {status}"
+    with pytest.raises(pika.exceptions.AMQPError):
+        amqp(n3)
