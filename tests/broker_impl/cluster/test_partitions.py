@@ -377,3 +377,67 @@ def test_a_paused_node_that_learns_of_members_admitted_meanwhile_counts_them(clu
     assert status["paused"], f"n3 serves with 2 of 5 nodes visible: {status}"
     with pytest.raises(pika.exceptions.AMQPError):
         amqp(n3)
+
+
+def test_a_promoted_master_killed_and_restarted_as_the_partition_heals_keeps_what_it_confirmed(
+    cluster_factory, net
+) -> None:
+    """A restart during a heal (pause_minority): n1 (the master) is cut off and pauses, a mirror is promoted on
+    the other side and confirms 10 publishes; as the partition heals the promoted master is killed and started
+    again. n1 resumes with the third node while the promoted master is down or starting (paused at its start,
+    then joining); every confirmed message must be there after, and one master everywhere."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    n1 = nodes[0]
+    promoted = _cut_off_synced_master(nodes, net, "ha.heal")
+    p = next(n for n in nodes if n.name == promoted)
+    wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
+    publish(p, "ha.heal", range(10, 20))  # confirmed by the promoted master
+    net.heal()
+    p.kill()
+    p.start()
+    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
+    wait_for(lambda: len({queue_info(n, "ha.heal").get("node") for n in nodes}) == 1, what="one master")
+    wait_for(
+        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
+        what="every node sees every peer",
+    )
+    assert sorted(drain(n1, "ha.heal")) == list(range(20))
+
+
+def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_pauses(cluster_factory, net) -> None:
+    """A partition seen one peer at a time: n1 (the master, its one mirror on n3) loses n3 at once (a closed
+    link) while its link to n2 goes silent, so n2 counts as up until its ticks run out (5 s here). Meanwhile
+    n1's group is n1 alone. Whatever n1 confirms in that window must survive the heal, where n3's promoted
+    mirror is the master (a master confirmed alone for 0.4 s there and lost 75 messages at the heal)."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority", down_after=25)
+    n1, _n2, n3 = nodes
+    n1.ctl(
+        "set_policy",
+        name="ha",
+        pattern="^ha",
+        definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
+    )
+    declare(n1, "ha.window")
+    wait_for(lambda: queue_info(n1, "ha.window").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync")
+    publish(n1, "ha.window", range(10))
+    for pair in (("n1", "n2"), ("n2", "n1")):
+        net.links[pair].silent = True
+    for pair in (("n1", "n3"), ("n3", "n1")):
+        net.links[pair].set_cut(True)
+    wait_for(lambda: queue_info(n1, "ha.window").get("gm_ring") == ["n1"], what="n3 out of n1's group")
+    confirmed: list[int] = []
+    try:
+        publish(n1, "ha.window", range(100, 110))
+        confirmed = list(range(100, 110))
+    except pika.exceptions.AMQPError:
+        pass  # not confirmed: n1 paused first
+    wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
+    net.heal()
+    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
+    wait_for(
+        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
+        what="every node sees every peer",
+    )
+    wait_for(lambda: len({queue_info(n, "ha.window").get("node") for n in nodes}) == 1, what="one master")
+    got = set(drain(n3, "ha.window"))
+    assert set(range(10)) | set(confirmed) <= got, f"confirmed {confirmed}, drained {sorted(got)}"
