@@ -195,6 +195,10 @@ class ClusterNode:
         """A master's mirror set may have changed (one left the group): start or stop mirrors now."""
         self.ha.reconcile()
 
+    def confirms_held(self) -> bool:
+        """Whether publisher confirms wait now (``partitions.Partitions.confirms_held``)."""
+        return self.partitions.confirms_held()
+
     def client_refusal(self) -> str | None:
         """Why this node turns clients away now, or None when it serves them."""
         if self.partitions.paused:
