@@ -404,7 +404,9 @@ def test_a_promoted_master_killed_and_restarted_as_the_partition_heals_keeps_wha
     assert sorted(drain(n1, "ha.heal")) == list(range(20))
 
 
-def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_pauses(cluster_factory, net) -> None:
+def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_pauses(
+    cluster_factory, net
+) -> None:
     """A partition seen one peer at a time: n1 (the master, its one mirror on n3) loses n3 at once (a closed
     link) while its link to n2 goes silent, so n2 counts as up until its ticks run out (5 s here). Meanwhile
     n1's group is n1 alone. Whatever n1 confirms in that window must survive the heal, where n3's promoted
@@ -418,7 +420,9 @@ def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_p
         definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
     )
     declare(n1, "ha.window")
-    wait_for(lambda: queue_info(n1, "ha.window").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync")
+    wait_for(
+        lambda: queue_info(n1, "ha.window").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync"
+    )
     publish(n1, "ha.window", range(10))
     for pair in (("n1", "n2"), ("n2", "n1")):
         net.links[pair].silent = True
