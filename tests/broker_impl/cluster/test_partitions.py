@@ -350,6 +350,14 @@ def _members(node: NodeProc) -> list[str]:
     return sorted(node.ctl("cluster_status")["members"])
 
 
+def _leave(member: NodeProc, node: NodeProc) -> None:
+    """``node`` stops, is forgotten through ``member`` and reset: in the address book only."""
+    node.ctl("stop_app")
+    wait_for(lambda: node.name not in member.ctl("cluster_status")["running"], what=f"{node.name} down")
+    member.ctl("forget_cluster_node", node=node.name)
+    node.ctl("reset")
+
+
 def test_a_paused_node_that_learns_of_members_admitted_meanwhile_counts_them(cluster_factory, net) -> None:
     """A membership change while isolated: n3 is cut off and paused (1 of 3) while n4 and n5 join the cluster
     through n1. Then n3 sees n2 again, n2 cut off from the rest: 2 of 3 by the members n3 knew, 2 of 5 by the
@@ -357,10 +365,7 @@ def test_a_paused_node_that_learns_of_members_admitted_meanwhile_counts_them(clu
     nodes = cluster_factory(5, proxied=True, partition_handling="pause_minority")
     n1, n2, n3, n4, n5 = nodes
     for n in (n4, n5):  # n4 and n5 leave the cluster: three members, n4 and n5 in the address book only
-        n.ctl("stop_app")
-        wait_for(lambda n=n: n.name not in n1.ctl("cluster_status")["running"], what=f"{n.name} down")
-        n1.ctl("forget_cluster_node", node=n.name)
-        n.ctl("reset")
+        _leave(n1, n)
     wait_for(lambda: all(_members(n) == ["n1", "n2", "n3"] for n in (n1, n2, n3)), what="three members")
     net.partition(["n1", "n2", "n4", "n5"], ["n3"])
     wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
