@@ -138,6 +138,11 @@ class Broker:
         if cfg is not None:
             self.replication = Replication(self, cfg)
 
+    def confirms_held(self) -> bool:
+        """Whether publisher confirms wait now: a cluster node under pause_minority that lost a peer and has
+        not heard from a majority since (``broker_impl.cluster.partitions``)."""
+        return self.cluster is not None and self.cluster.confirms_held()
+
     def publish_refusal(self) -> str | None:
         """Why this node takes no publishes now (None: it does); a slave is read-only."""
         return self.replication.publish_refusal() if self.replication is not None else None

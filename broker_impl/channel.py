@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_impl.channel")
 
+#: How often held publisher confirms ask again whether they may go (``Broker.confirms_held``).
+_CONFIRM_RECHECK_S = 0.05
+
 
 @dataclass(slots=True)
 class Delivery:
@@ -280,6 +283,13 @@ class Channel(Actor):
         if self.state != "open":
             self._done_ack.clear()
             self._done_nack.clear()
+            return
+        if self._done_ack and self.conn.broker.confirms_held():
+            # A cluster peer was lost and a majority has not been heard from since: the messages may be on
+            # the minority's side only (``broker_impl.cluster.partitions``). Asked again shortly; if the node
+            # pauses, the connection closes with them unconfirmed.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(_CONFIRM_RECHECK_S, self._flush_confirms)
             return
         oldest = next(iter(self._pending), None)
         for seq in sorted(self._done_nack):

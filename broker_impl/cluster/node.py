@@ -195,6 +195,10 @@ class ClusterNode:
         """A master's mirror set may have changed (one left the group): start or stop mirrors now."""
         self.ha.reconcile()
 
+    def confirms_held(self) -> bool:
+        """Whether publisher confirms wait now (``partitions.Partitions.confirms_held``)."""
+        return self.partitions.confirms_held()
+
     def client_refusal(self) -> str | None:
         """Why this node turns clients away now, or None when it serves them."""
         if self.partitions.paused:
@@ -269,6 +273,7 @@ class ClusterNode:
         if self.membership.admit(node):
             log.warning("cluster: %s joins the cluster", node)
         self.transport.add_peer(node, *addr)
+        self.partitions.check_majority()  # one more member: a majority of them may not be visible now
         self._send_members()
         return True
 
@@ -289,6 +294,10 @@ class ClusterNode:
                 continue
             log.warning("cluster: %s joined the cluster (heard from %s)", node, peer)
             self.transport.add_peer(node, *addr)
+        if added:
+            # The majority is of the members as they are now: a node that was cut off while members were
+            # admitted, and sees a majority of the members it knew, is a minority of the cluster's.
+            self.partitions.check_majority()
         for node in sorted(removed):
             if node == self.me:
                 log.error(

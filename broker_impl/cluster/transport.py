@@ -191,6 +191,10 @@ class Transport:
     def up_peers(self) -> list[str]:
         return sorted(n for n, p in self.peers.items() if p.up)
 
+    def heard_since(self, t: float) -> list[str]:
+        """The peers up now that sent something (a heartbeat at least) after ``t`` (``time.monotonic``)."""
+        return sorted(n for n, p in self.peers.items() if p.up and p.last_heard > t)
+
     def status(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [

@@ -67,12 +67,15 @@ HA_SYNCED = {"ha-mode": "all", "ha-sync-mode": "automatic"}
 class LinkProxy:
     """One direction of one inter-node link (as a Toxiproxy proxy in the harness); ``cut`` drops it.
     ``swallow``: a connection accepted meanwhile is held open and what it is sent discarded, for good
-    (a proxy that kept an old toxic on a connection it accepted while its toxics changed)."""
+    (a proxy that kept an old toxic on a connection it accepted while its toxics changed). ``silent``: what
+    its open connections carry is discarded, nothing closed (a cable pulled: the far end hears nothing, and
+    finds out only when its ticks run out)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.cut = False
         self.swallow = False
+        self.silent = False
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -113,7 +116,8 @@ class LinkProxy:
                 data = src.recv(65536)
                 if not data or self.cut:
                     break
-                dst.sendall(data)
+                if not self.silent:
+                    dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):
@@ -162,6 +166,7 @@ class Net:
 
     def heal(self) -> None:
         for link in self.links.values():
+            link.silent = False
             link.set_cut(False)
 
     def close(self) -> None:
