@@ -350,6 +350,9 @@ class RabbitMQ(BrokerPlugin):
             ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
             {f"rabbit@{n.name}" for n in nodes},
             lambda out: set(json.loads(out).get("running_nodes", [])),
+            # At a load average of 40 on 2 cores one ``cluster_status`` took over its 30 s: 60 s
+            # in all ended a 4.0 run with three ready nodes before the cluster had formed.
+            timeout=300.0,
             interval=1.0,
         )
 
