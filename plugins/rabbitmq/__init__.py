@@ -2,8 +2,8 @@
 
 Versions (``broker.version``): ``3.10`` (bookworm's 3.10.8, the default: classic mirrored and
 quorum queues on Mnesia), ``4.0`` (trixie's 4.0.5: quorum queues on Mnesia, still the default
-metadata store of a new 4.0 cluster; Khepri there is an opt-in feature flag the plugin does not
-set, so it is refused rather than claimed) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri,
+metadata store of a new 4.0 cluster; ``metadata_store: khepri`` enables the ``khepri_db`` feature
+flag once the cluster has formed, RabbitMQ 4.0's documented opt-in) and ``4.3`` (sid's 4.3.6: quorum queues on Khepri,
 the default metadata store of a new 4.2+ cluster; ``RABBITMQ_FEATURE_FLAGS=-khepri_db`` did not
 keep a new 4.3.6 node on Mnesia here, so Mnesia on 4.3 is refused rather than claimed). Classic
 mirrored queues were removed in 4.0: a mirroring policy on 4.x is refused when the scenario
@@ -171,8 +171,14 @@ V4_0 = BrokerVersion(
     ("rabbitmq-server",),
     "4.0.5",
     settings={"metadata_store": "mnesia"},
-    note="quorum queues; no classic mirroring; Mnesia by default",
+    note="quorum queues; no classic mirroring; Mnesia by default, Khepri as an opt-in",
 )
+#: The versions whose new cluster starts on Mnesia and may be moved to Khepri by enabling the
+#: ``khepri_db`` feature flag. 4.0's "How to Enable Khepri" says Khepri is fully supported there;
+#: its CLI still calls the flag experimental and wants ``--experimental`` to enable it.
+KHEPRI_OPT_IN = ("4.0",)
+ENABLE_KHEPRI = ["rabbitmqctl", "enable_feature_flag", "--experimental", "khepri_db"]
+KHEPRI_ENABLED = ["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."]
 V4_3 = BrokerVersion(
     "4.3",
     "sid",
@@ -233,7 +239,7 @@ class RabbitMQ(BrokerPlugin):
         "partition_handling": ("pause_minority", ("ignore", "pause_minority", "autoheal")),
         "net_ticktime": (10, int),
         "policy_pattern": ("^chaos", str),
-        # The metadata store: Mnesia on 3.10 and 4.0, Khepri (Raft; 4.2+'s default) on 4.3.
+        # The metadata store: Mnesia on 3.10, Khepri (Raft; 4.2+'s default) on 4.3, either on 4.0.
         "metadata_store": ("mnesia", ("mnesia", "khepri")),
     }
 
@@ -254,7 +260,7 @@ class RabbitMQ(BrokerPlugin):
         if not running or package is None:
             return package
         if not self.mirroring:  # 4.x: which metadata store the node runs on, as it says
-            rc, out = node.exec(["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."], timeout=60)
+            rc, out = node.exec(KHEPRI_ENABLED, timeout=60)
             running += {"true": " on Khepri", "false": " on Mnesia"}.get(out.strip() if rc == 0 else "", "")
         return f"rabbitmq {running} (Debian {package})"
 
@@ -294,6 +300,7 @@ class RabbitMQ(BrokerPlugin):
         for node in nodes[1:]:
             self._join(node, first)
         self._wait_running(first, nodes)
+        self._opt_in_to_khepri(nodes, settings)
         policy = self.policy(settings)
         if policy is not None:
             run_or_fail(
@@ -308,6 +315,21 @@ class RabbitMQ(BrokerPlugin):
                     "queues",
                 ],
             )
+
+    def _opt_in_to_khepri(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:
+        """Khepri where the version starts on Mnesia: the feature flag enabled on one member moves
+        the whole cluster's metadata (RabbitMQ 4.0's "How to Enable Khepri"); then every node must
+        say it runs on Khepri, or the run would claim a store it never had."""
+        rel = self.release
+        if settings.get("metadata_store") != "khepri" or rel is None or rel.name not in KHEPRI_OPT_IN:
+            return
+        run_or_fail(nodes[0], ENABLE_KHEPRI, timeout=300)
+        for node in nodes:
+            out = run_or_fail(node, KHEPRI_ENABLED, timeout=60)
+            if out.strip() != "true":
+                raise ClusterError(
+                    f"{node.name}: not on Khepri after enabling khepri_db: {out.strip()[-200:]}"
+                )
 
     @staticmethod
     def _join(node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
@@ -328,6 +350,9 @@ class RabbitMQ(BrokerPlugin):
             ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
             {f"rabbit@{n.name}" for n in nodes},
             lambda out: set(json.loads(out).get("running_nodes", [])),
+            # At a load average of 40 on 2 cores one ``cluster_status`` took over its 30 s: 60 s
+            # in all ended a 4.0 run with three ready nodes before the cluster had formed.
+            timeout=300.0,
             interval=1.0,
         )
 
@@ -386,8 +411,7 @@ class RabbitMQ(BrokerPlugin):
         return out
 
     def _check_version(self, out: Mapping[str, Any]) -> None:
-        """What this version does not have: mirroring on 4.x, Khepri on 3.10; and the one metadata
-        store each 4.x runs here, its default for a new cluster."""
+        """What this version does not have: mirroring on 4.x; and its metadata stores."""
         rel = self.release
         assert rel is not None
         if not self.mirroring and out["ha_mode"] is not None:
@@ -395,17 +419,21 @@ class RabbitMQ(BrokerPlugin):
                 f"broker.settings.ha_mode: RabbitMQ {rel.name} has no classic mirrored queues (removed in 4.0); "
                 "use queue_type 'quorum', or broker.version \"3.10\""
             )
+        self._check_store(out)
+
+    def _check_store(self, out: Mapping[str, Any]) -> None:
+        """Khepri is refused on 3.10 and Mnesia on 4.3; 4.0 runs either (Khepri as an opt-in)."""
+        rel = self.release
+        assert rel is not None
         if self.mirroring and out["metadata_store"] != "mnesia":
             raise ScenarioError(
                 f"broker.settings.metadata_store: RabbitMQ {rel.name} has Mnesia only; "
                 'remove it, or set broker.version: "4.3"'
             )
         store = rel.settings.get("metadata_store", "mnesia")
-        if not self.mirroring and out["metadata_store"] != store:
+        if not self.mirroring and out["metadata_store"] != store and rel.name not in KHEPRI_OPT_IN:
             # 4.3: upstream's way, RABBITMQ_FEATURE_FLAGS=-khepri_db on a new node, still started
-            # Debian's 4.3.6 on Khepri here (the node said so). 4.0: Khepri is an opt-in
-            # (``enable_feature_flag --experimental khepri_db``) the plugin does not make yet.
-            # Neither is offered until it is seen working.
+            # Debian's 4.3.6 on Khepri here (the node said so), so it is not offered.
             other = next(
                 v.name for v in reversed(VERSIONS) if v.settings.get("metadata_store", "mnesia") != store
             )

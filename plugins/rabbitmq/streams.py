@@ -83,17 +83,19 @@ def replication_ports(index: int) -> range:
 
 class RabbitMQStream(RabbitMQ):
     name = "rabbitmq-stream"
-    # Streams came with 3.9; offered on 4.3 (sid, Khepri: the default) and 4.0 (trixie, Mnesia),
-    # each on ``rabbitmq``'s image at that version (the stream plugin ships in the package).
+    # Streams came with 3.9; offered on 4.3 (sid, Khepri: the default) and 4.0 (trixie, Mnesia by
+    # default, Khepri as an opt-in), each on ``rabbitmq``'s image at that version (the stream
+    # plugin ships in the package) with its metadata stores.
     versions = tuple(
         BrokerVersion(
             v.name,
             v.suite,
             v.packages,
             v.upstream,
+            settings=v.settings,
             note=f"streams over the stream protocol (port 5552); {store}",
         )
-        for v, store in ((V4_3, "Khepri"), (V4_0, "Mnesia"))
+        for v, store in ((V4_3, "Khepri"), (V4_0, "Mnesia, or Khepri as an opt-in"))
     )
     protocol = "rabbitmq-stream"
     client_port = STREAM_PORT
@@ -107,7 +109,9 @@ class RabbitMQStream(RabbitMQ):
     capabilities = RabbitMQ.capabilities - {"mirroring"}
     features = ()
     settings_schema = {
-        k: v for k, v in RabbitMQ.settings_schema.items() if k in ("partition_handling", "net_ticktime")
+        k: v
+        for k, v in RabbitMQ.settings_schema.items()
+        if k in ("partition_handling", "net_ticktime", "metadata_store")
     } | {
         # The stream's replica count (initial cluster size); 0: every node.
         "replicas": (0, int),
@@ -148,6 +152,7 @@ class RabbitMQStream(RabbitMQ):
 
     def validate_settings(self, settings: Any) -> dict[str, Any]:
         out = BrokerPlugin.validate_settings(self, settings)
+        self._check_store(out)
         if out["replicas"] < 0:
             raise ScenarioError(f"broker.settings.replicas: {out['replicas']} is out of range; allowed >= 0")
         if out["net_ticktime"] < 1:

@@ -131,18 +131,15 @@ def test_trixie_versions_build_from_trixie_pinned_to_what_debian_13_serves() -> 
     assert RabbitMQ().image().suite == "bookworm" and RabbitMQ().image().pins == {}
 
 
-def test_rabbitmq_4_0_runs_quorum_queues_on_mnesia_and_refuses_mirroring_and_khepri() -> None:
-    """4.0 removed classic mirrored queues but kept Mnesia as a new cluster's metadata store
-    (Khepri is an opt-in feature flag the plugin does not set): refused, not claimed."""
+def test_rabbitmq_4_0_runs_quorum_queues_on_mnesia_or_khepri_and_refuses_mirroring() -> None:
+    """4.0 removed classic mirrored queues and kept Mnesia as a new cluster's metadata store;
+    Khepri is its opt-in (the ``khepri_db`` feature flag, enabled once the cluster formed)."""
     r40 = RabbitMQ().at_version("4.0")
     assert isinstance(r40, RabbitMQ) and not r40.mirroring
     assert r40.validate_settings({"queue_type": "quorum"})["metadata_store"] == "mnesia"
     with pytest.raises(ScenarioError, match="RabbitMQ 4.0 has no classic mirrored queues"):
         r40.validate_settings({"ha_mode": "all"})
-    with pytest.raises(
-        ScenarioError, match='RabbitMQ 4.0 runs on Mnesia here; for Khepri use broker.version "4.3"'
-    ):
-        r40.validate_settings({"metadata_store": "khepri"})
+    assert r40.validate_settings({"metadata_store": "khepri"})["metadata_store"] == "khepri"
 
 
 def test_nats_sync_interval_from_2_10_on() -> None:

@@ -3,6 +3,8 @@ the queue holders' ``eval`` expression and the parsing of its output."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -217,3 +219,49 @@ def test_quorum_leader_changes_are_events() -> None:
         ("quorum-leader-abdicated", "chaos-1", "2"),
     ]
     assert events[0].wall_time is not None and events[0].wall_time.second == 19
+
+
+class ScriptedNode:
+    """A node that answers the CLI the way a running RabbitMQ 4.0 cluster would, recording what it
+    was asked; ``on_khepri`` is what ``rabbit_khepri:is_enabled()`` answers."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], on_khepri: str = "true") -> None:
+        self.name, self.log, self.on_khepri = name, log, on_khepri
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        self.log.append((self.name, " ".join(cmd)))
+        if "cluster_status" in cmd:
+            return 0, json.dumps({"running_nodes": ["rabbit@n1", "rabbit@n2", "rabbit@n3"]})
+        if "rabbit_khepri:is_enabled()." in cmd:
+            return 0, self.on_khepri + "\n"
+        return 0, ""
+
+
+def formed(version: str, on_khepri: str = "true", **given: Any) -> list[tuple[str, str]]:
+    plugin = RabbitMQ().at_version(version)
+    log: list[tuple[str, str]] = []
+    nodes = [ScriptedNode(f"n{i}", log, on_khepri if i == 3 else "true") for i in (1, 2, 3)]
+    plugin.form_cluster(nodes, plugin.validate_settings({"queue_type": "quorum", **given}))
+    return log
+
+
+def test_khepri_on_4_0_is_the_feature_flag_enabled_once_the_cluster_formed() -> None:
+    log = formed("4.0", metadata_store="khepri")
+    enable = ("n1", "rabbitmqctl enable_feature_flag --experimental khepri_db")
+    assert log.count(enable) == 1
+    joins = [i for i, (_, cmd) in enumerate(log) if cmd.startswith("rabbitmqctl join_cluster")]
+    assert len(joins) == 2 and max(joins) < log.index(enable)
+    asked = [n for n, cmd in log[log.index(enable) :] if cmd.endswith("rabbit_khepri:is_enabled().")]
+    assert asked == ["n1", "n2", "n3"]  # every node says it runs on Khepri
+
+
+def test_khepri_on_4_0_that_a_node_does_not_report_is_a_cluster_error() -> None:
+    with pytest.raises(ClusterError, match="n3: not on Khepri after enabling khepri_db: false"):
+        formed("4.0", on_khepri="false", metadata_store="khepri")
+
+
+@pytest.mark.parametrize(
+    ("version", "given"), [("4.0", {}), ("4.3", {}), ("4.3", {"metadata_store": "khepri"})]
+)
+def test_no_feature_flag_where_the_store_is_the_version_s_own(version: str, given: dict[str, Any]) -> None:
+    assert not [cmd for _, cmd in formed(version, **given) if "feature_flag" in cmd or "rabbit_khepri" in cmd]

@@ -65,7 +65,7 @@ def test_a_sibling_of_rabbitmq_4_x_on_its_image() -> None:
         assert bound.image() == RabbitMQ().at_version(name).image() and not bound.mirroring
     assert RS.at_version("4.0").image() != RS.image()
     notes = {v.name: v.note for v in RS.versions}  # the metadata store each runs on here
-    assert notes["4.0"].endswith("Mnesia") and notes["4.3"].endswith("Khepri")
+    assert notes["4.0"].endswith("Mnesia, or Khepri as an opt-in") and notes["4.3"].endswith("Khepri")
     with pytest.raises(ScenarioError, match="use one of 4.3, 4.0"):
         RS.at_version("3.10")  # no streams on 3.10 here
     assert RS.confirms_after_sync(RS.validate_settings({})) is False  # streams never fsync
@@ -75,8 +75,12 @@ def test_settings() -> None:
     assert RS.validate_settings({}) == {
         "partition_handling": "pause_minority",
         "net_ticktime": 10,
+        "metadata_store": "khepri",
         "replicas": 0,
     }
+    on_40 = RS.at_version("4.0")
+    assert on_40.validate_settings({})["metadata_store"] == "mnesia"
+    assert on_40.validate_settings({"metadata_store": "khepri"})["metadata_store"] == "khepri"
     assert RS.client_settings(RS.validate_settings({"replicas": 2})) == {"replicas": 2}
 
 
@@ -87,6 +91,10 @@ def test_settings() -> None:
         ({"queue_type": "quorum"}, "broker.settings.queue_type: unknown setting"),
         ({"ha_mode": "all"}, "broker.settings.ha_mode: unknown setting"),
         ({"net_ticktime": 0}, "broker.settings.net_ticktime"),
+        (
+            {"metadata_store": "mnesia"},
+            'RabbitMQ 4.3 runs on Khepri here; for Mnesia use broker.version "4.0"',
+        ),
     ],
 )
 def test_settings_refused(given: dict[str, Any], needle: str) -> None:
