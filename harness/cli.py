@@ -138,6 +138,7 @@ def _search_parsers(sub: Any) -> None:
     )
     e.add_argument(
         "--until-event",
+        metavar="EVENT,...",
         help="comma-separated broker events (as a run's results name them: served-alone, copy-dropped) "
         "that a failing run must also have shown to stop the search; others are recorded and it goes on",
     )

@@ -29,6 +29,12 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              (``Search.reserve``), relations no run has reached four times as likely as
              others, the kind's enumerated parameters drawn afresh; applied last in its stack,
              so no other mutation moves the window it nested in;
+``restart``  on the smaller side of an action that splits the cluster (a partition), a kind that
+             takes the node's process nested as ``align`` nests one there, and from its heal to
+             the window's end the clients of every other node shed: a node brought back inside
+             its minority with the workload pushed onto it; applied last, as ``align``;
+``push``     the clients pushed onto such a side (every other node's shed), from early in the
+             window or from the heal of what took a side node's process there; applied last;
 ``add``      an action of a kind from the pool at a random time;
 ``remove``   one action taken out;
 ``splice``   the early part of this schedule joined to the later part of another corpus entry.
