@@ -49,13 +49,12 @@ def reached(results: Mapping[str, Any]) -> str | None:
 
 
 def describe(results: Mapping[str, Any]) -> str:
-    """One line: verdict, nodes that served alone, lost by the node that confirmed them."""
+    """One line: verdict, nodes that served alone, the lost messages listed by the node that confirmed them."""
     events = results.get("events") or []
     alone = sorted({str(e.get("node")) for e in events if e.get("name") == "served-alone"})
-    rows = (results.get("attribution") or {}).get("rows") or []
     by_node: dict[str, int] = {}
-    for r in rows:
-        by_node[str(r.get("node"))] = by_node.get(str(r.get("node")), 0) + int(r.get("count") or 0)
+    for m in (results.get("attribution") or {}).get("messages") or []:
+        by_node[str(m.get("confirm_node"))] = by_node.get(str(m.get("confirm_node")), 0) + 1
     lost = ", ".join(f"{n} {c}" for n, c in sorted(by_node.items())) or "-"
     return (
         f"{results.get('verdict')}; served alone: {', '.join(alone) or '-'}; lost by confirming node: {lost}"
@@ -73,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in data["runs"]:
             path = Path(r["run_dir"] or "") / "results.json"
             if not r.get("run_dir") or not path.exists():
-                print(f"  run {r['iteration']}: {r.get('error') or 'no results'}")
+                print(f"  run {r['iteration']}: {(r.get('error') or 'no results').splitlines()[0]}")
                 continue
             results = json.loads(path.read_text())
             node = reached(results)
