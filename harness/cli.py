@@ -137,6 +137,12 @@ def _search_parsers(sub: Any) -> None:
         "RESURRECTED, DUPLICATED, UNAVAILABLE); runs failing with others are recorded and the search goes on",
     )
     e.add_argument(
+        "--until-event",
+        metavar="EVENT,...",
+        help="comma-separated broker events (as a run's results name them: served-alone, copy-dropped) "
+        "that a failing run must also have shown to stop the search; others are recorded and it goes on",
+    )
+    e.add_argument(
         "--no-shrink", action="store_true", help="stop at the first failing run without shrinking it"
     )
     e.add_argument(
@@ -463,6 +469,7 @@ def _explore(host: Any, args: argparse.Namespace) -> int:
         max_runs=args.runs,
         checkers=tuple(args.checker) if args.checker else None,
         until=until,
+        until_events=frozenset(x.strip() for x in (args.until_event or "").split(",") if x.strip()),
     )
     try:
         out = job.run()

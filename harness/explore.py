@@ -29,6 +29,12 @@ The mutations, one to three stacked per candidate (a fuzzer's havoc stage):
              (``Search.reserve``), relations no run has reached four times as likely as
              others, the kind's enumerated parameters drawn afresh; applied last in its stack,
              so no other mutation moves the window it nested in;
+``restart``  on the smaller side of an action that splits the cluster (a partition), a kind that
+             takes the node's process nested as ``align`` nests one there, and from its heal to
+             the window's end the clients of every other node shed: a node brought back inside
+             its minority with the workload pushed onto it; applied last, as ``align``;
+``push``     the clients pushed onto such a side (every other node's shed), from early in the
+             window or from the heal of what took a side node's process there; applied last;
 ``add``      an action of a kind from the pool at a random time;
 ``remove``   one action taken out;
 ``splice``   the early part of this schedule joined to the later part of another corpus entry.
@@ -59,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BrokerChaosError, ScenarioError
-from harness.explore_cells import targets
+from harness.explore_cells import broker_events, targets
 from harness.nemesis import PlannedFault, check_overlaps
 from harness.shrink import Schedule, node_names
 from harness.spec.fault import Fault
@@ -76,10 +82,14 @@ OPERATORS: dict[str, float] = {
     "shape": 1,
     "overlap": 3,
     "align": 3,
+    "restart": 3,
+    "push": 1,
     "add": 1,
     "remove": 1,
     "splice": 1,
 }
+#: The moves that nest in an existing action's window: applied last in a stack (``Mutator.mutate``).
+NESTING = ("align", "restart", "push")
 #: How much likelier ``align`` draws a relation no run has reached than one reached already.
 FRESH_WEIGHT = 4.0
 MAX_ERRORS = 3  # consecutive runs that could not run: the search stops
@@ -391,14 +401,20 @@ class Mutator:
         the window gets the clients, so what it does there (serve alone, rejoin) meets the
         workload, which had moved away from it."""
         drawn = self._align_draw(s) if s.steps else None
-        if drawn is None:
-            return None
+        got = None if drawn is None else self._nest(s, *drawn, push=None)
+        return None if got is None else (got[0], f"align {got[1]}")
+
+    def _nest(
+        self, s: Schedule, i: int, kind: str, way: str, push: bool | None
+    ) -> tuple[Schedule, str] | None:
+        """``kind`` nested in action ``i``'s window, on its nodes (``way`` ``same``) or on each other
+        node (``others``), as ``align`` says; ``push``: whether the clients are pushed onto the
+        window's nodes after what was nested there healed (``same`` only; None: half the time)."""
         cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
-        i, kind, way = drawn
         p = s.steps[i]
         mine = targets(p.params, cluster)
         aim = mine if way == "same" else [n for n in cluster if n not in mine]
-        what = f"align {kind} on {way} of {p.fault_id}"
+        what = f"{kind} on {way} of {p.fault_id}"
         heal_by = s.duration - TAIL - self.reserve  # the nested action's heal, with workload left after it
         comeback = way == "same" and self._takes_process(kind)  # the node comes back inside the window
         widen = self.rng.random() < 0.5  # drawn always: the same draws as before for other nestings
@@ -427,7 +443,8 @@ class Mutator:
         if not aim or at <= start or at + hold >= end:
             return None  # strictly inside: healed before the window it nests in
         added = [self._new_step(kind, at, hold, s.nodes, {**given, "node": n}) for n in aim]
-        if way == "same" and self.rng.random() < 0.5 and all(a is not None for a in added):
+        pushing = way == "same" and (self.rng.random() < 0.5 if push is None else push)
+        if pushing and all(a is not None for a in added):
             healed = max(a.at + (a.hold or 0.0) for a in added if a is not None)
             pushed = self._push_clients(s, [n for n in cluster if n not in mine], healed, end)
             if pushed:
@@ -437,6 +454,72 @@ class Mutator:
             return None
         steps = (*s.steps, *(a for a in added if a is not None))
         return s.replace(steps=steps), what
+
+    def restart(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        """A node brought back inside its minority with the clients pushed onto it: on the smaller
+        side of an action that splits the cluster (``_sides``: a partition), a pool kind that takes
+        the node's process nested as ``align`` nests one on a window's own nodes (the window
+        widened, the action healed in its first fifth), and from its heal to the window's end a
+        kind that ``sheds_clients`` on every other node (``_push_clients``). ``align`` reaches this
+        only when its draw over every action, kind and way lands here and its push draw says so
+        (3 to 6 % of proposals); a partition lets a broker go wrong where a node comes back alone
+        on its small side and the workload meets it there, which is this move's aim."""
+        kinds = self._kinds("process")
+        sides = self._sides(s)
+        if not kinds or not sides:
+            return None
+        got = self._nest(s, self.rng.choice(sides), self.rng.choice(kinds), "same", push=True)
+        return None if got is None else (got[0], f"restart {got[1]}")
+
+    def push(self, s: Schedule, other: Schedule | None) -> tuple[Schedule, str] | None:
+        """The clients pushed onto the smaller side of an action that splits the cluster
+        (``_sides``): a kind that ``sheds_clients`` on every node outside it, held to the window's
+        end from early in it, or, when an action that takes the side's process is nested in the
+        window, from that action's heal (the node back gets the clients)."""
+        sides = self._sides(s)
+        if not sides:
+            return None
+        i = self.rng.choice(sides)
+        p = s.steps[i]
+        cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
+        mine = set(targets(p.params, cluster))
+        start, end = _window(p, s.duration)
+        end = min(end, s.duration - TAIL)
+        back = [
+            q.at + q.hold
+            for q in s.steps
+            if q.hold is not None
+            and self._takes_process(q.kind)
+            and node_names(q.params) & mine
+            and start < q.at
+            and q.at + q.hold < end
+        ]
+        at = max(back) if back else start + self.rng.uniform(0.02, 0.2) * (end - start)
+        pushed = self._push_clients(s, [n for n in cluster if n not in mine], at, end)
+        if pushed is None or any(a is None for a in pushed[0]):
+            return None
+        added = tuple(a for a in pushed[0] if a is not None)
+        return s.replace(steps=(*s.steps, *added)), f"push clients onto {p.fault_id}'s side by {pushed[1]}"
+
+    def _kinds(self, what: str) -> list[str]:
+        """The pool's kinds aimed at one ``node`` that take its process (``process``) or shed its
+        clients (``sheds``)."""
+        return [
+            k
+            for k in sorted(self.pool)
+            if "node" in self.faults[k].params_schema
+            and (self._takes_process(k) if what == "process" else bool(self.faults[k].sheds_clients))
+        ]
+
+    def _sides(self, s: Schedule) -> list[int]:
+        """The actions that split the cluster into groups (a partition's resolved ``groups``) with a
+        side smaller than the whole: where the clients can be pushed and a node brought back alone."""
+        cluster = [f"n{k}" for k in range(1, s.nodes + 1)]
+        return [
+            i
+            for i, p in enumerate(s.steps)
+            if p.params.get("groups") and len(targets(p.params, cluster)) < len(cluster)
+        ]
 
     def _takes_process(self, kind: str) -> bool:
         """Whether one application of ``kind`` holds its node's broker process (``Fault.touches``):
@@ -450,11 +533,7 @@ class Mutator:
         from ``at`` to the end of the window (``end``): the clients pushed onto the nodes the
         window holds after what was nested there has healed, so what it left behind meets the
         workload. None when no pool kind sheds clients or no time is left."""
-        kinds = [
-            k
-            for k in sorted(self.pool)
-            if self.faults[k].sheds_clients and "node" in self.faults[k].params_schema
-        ]
+        kinds = self._kinds("sheds")
         hold = end - at - min(0.5, 0.05 * (end - at))
         if not kinds or not others or hold < MIN_HOLD:
             return None
@@ -526,27 +605,28 @@ class Mutator:
     ) -> tuple[Schedule, str] | None:
         """One to three stacked mutations of ``s``; None when none gave a valid schedule.
 
-        ``align`` is applied last in its stack: a ``shift`` or ``hold`` of the outer action after
-        it would move the window it nested in (a kill inside an isolation, the isolation moved off
-        it), so the nesting it made would not be the one that runs.
+        A move that nests in a window (``NESTING``: ``align``, ``restart``, ``push``) is applied
+        last in its stack, one a stack: a ``shift`` or ``hold`` of the outer action after it would
+        move the window it nested in (a kill inside an isolation, the isolation moved off it), so
+        the nesting it made would not be the one that runs.
         """
         stack = self.rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
         names = list(OPERATORS)
         weights = [OPERATORS[n] * self._boost(s).get(n, 1) for n in names]
         done: list[str] = []
         cur = s
-        nest = False  # align drawn: it takes a place in the stack, applied after the others
+        nest: str | None = None  # a nesting move drawn: its place in the stack, applied after the others
         for _ in range(stack * 4):  # room for operators that do not apply
-            if len(done) + nest >= stack:
+            if len(done) + (nest is not None) >= stack:
                 break
             op = self.rng.choices(names, weights=weights)[0]
-            if op == "align":
-                nest = True
+            if op in NESTING:
+                nest = nest or op
             else:
                 cur = self._apply(op, cur, other, nodes, done)
         for _ in range(4 if nest else 0):  # a few draws for it to fit
             before = len(done)
-            cur = self._apply("align", cur, other, nodes, done)
+            cur = self._apply(nest or "align", cur, other, nodes, done)
             if len(done) > before:
                 break
         if not done or cur.key() == s.key():
@@ -572,7 +652,14 @@ class Mutator:
         unseen = any((a, b) not in self.seen_pairs for a in self.pool for b in self.pool)
         relations = any(self._unseen_relation(s.steps[i].kind, k, w) for i, k, w in self._align_options(s))
         values = any(self._unseen(p.kind, k, v) for p in s.steps for k, v in self._values(p))
-        return {"overlap": 2 if unseen else 1, "align": 2 if relations else 1, "shape": 2 if values else 1}
+        sides = bool(self._sides(s))  # none: ``restart`` and ``push`` have nothing to aim at
+        return {
+            "overlap": 2 if unseen else 1,
+            "align": 2 if relations else 1,
+            "shape": 2 if values else 1,
+            "restart": int(sides and bool(self._kinds("process"))),
+            "push": int(sides and bool(self._kinds("sheds"))),
+        }
 
 
 def _swap(value: Any, a: str, b: str) -> Any:
@@ -642,8 +729,9 @@ class Search:
     """The loop: seed the corpus with the scenario's own schedule, then pick, mutate, run, keep.
 
     ``execute(schedule, what, iteration)`` runs one candidate. ``until``: the failing verdicts that
-    stop the search (None: any); a run failing with another is recorded and kept like any run, and
-    the search goes on. ``clock`` is the time source of the
+    stop the search (None: any); ``until_events``: broker events (``results.json`` ``events``, as
+    the run's cells hold them) a failing run must also have shown to stop it. A run failing
+    otherwise is recorded and kept like any run, and the search goes on. ``clock`` is the time source of the
     budget (``time.monotonic`` in use; the tests give their own).
     """
 
@@ -658,11 +746,13 @@ class Search:
         budget_s: float,
         max_runs: int | None = None,
         until: frozenset[str] | None = None,
+        until_events: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.monotonic,
         say: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.corpus = corpus
         self.until = until  # the failing verdicts that stop the search (None: any)
+        self.until_events = until_events  # and the broker events such a run must have shown
         self.start = normalise(start)
         self.faults = faults
         self.pool = dict(pool)
@@ -697,6 +787,13 @@ class Search:
                 continue
             return got[0], f"{parent.id}: {got[1]}", parent
         return None
+
+    def stops(self, out: Outcome) -> bool:
+        """Whether ``out`` ends the search: a failing run with a verdict of ``until`` that showed
+        every event of ``until_events``."""
+        if not out.failed or (self.until is not None and out.verdict not in self.until):
+            return False
+        return self.until_events <= broker_events(out.cells)
 
     def reserve(self) -> float:
         """Seconds of workload to leave after a nested action's planned heal: the median lateness of
@@ -783,7 +880,7 @@ class Search:
             self.corpus.tried.add(schedule.key())
             self.corpus.elapsed_s = spent0 + (self.clock() - t0)
             record = self._keep(iteration, schedule, how, parent, out)
-            if out.failed and (self.until is None or out.verdict in self.until):
+            if self.stops(out):
                 self.corpus.failure = {**record, "describe": schedule.describe()}
                 self.corpus.save()
                 self.finished = "failure"

@@ -280,6 +280,16 @@ def run_cells(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[st
     return out
 
 
+def broker_events(cells: set[str]) -> set[str]:
+    """The broker's events (``event=NAME`` of the run, ``window_events``) among a run's cells, by name."""
+    out = set()
+    for cell in cells:
+        _, where, event = cell.split(" | ", 2)
+        if where in ("run", "no-fault") and event.startswith("event="):
+            out.add(event.removeprefix("event="))
+    return out
+
+
 def run_shapes(scenario: Mapping[str, Any], results: Mapping[str, Any]) -> set[str]:
     """What the run tried: each window's shape with its parameters and each relation it had
     (``fault_shapes``), for the mutations to aim at what no run has tried."""

@@ -41,6 +41,7 @@ class Explore:
         max_runs: int | None = None,
         checkers: tuple[str, ...] | None = None,
         until: frozenset[str] | None = None,
+        until_events: frozenset[str] = frozenset(),
     ) -> None:
         if budget_s <= 0:
             raise BrokerChaosError("--budget must be a positive number of minutes")
@@ -80,6 +81,7 @@ class Explore:
             budget_s=budget_s,
             max_runs=max_runs,
             until=until,
+            until_events=until_events,
             say=lambda line: say("explore", line),
         )
 

@@ -1,0 +1,36 @@
+"""bench.explore_reached: a run reached the restart-in-minority defect only when what was lost was
+confirmed by a node after it served alone, and that node then dropped its copy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.explore_reached import reached
+
+S = 1_000_000_000
+
+
+def results(
+    verdict: str = "LOST", confirm_node: str = "n1", confirm_s: float = 15.0, drop: bool = True
+) -> dict[str, Any]:
+    events = [
+        {"node": "n1", "name": "paused-minority", "time_ns": 6 * S},
+        {"node": "n1", "name": "served-alone", "time_ns": 14 * S},
+    ]
+    if drop:
+        events.append({"node": "n1", "name": "copy-dropped", "time_ns": 21 * S})
+    lost = [
+        {"id": "p1-7", "confirm_node": confirm_node, "confirm_ns": int(confirm_s * S), "fault_ids": ["f1"]}
+    ]
+    return {"verdict": verdict, "events": events, "attribution": {"messages": lost, "rows": []}}
+
+
+def test_lost_confirmed_by_the_node_that_served_alone_then_dropped_its_copy() -> None:
+    assert reached(results()) == "n1"
+
+
+def test_other_losses_are_not_the_defect() -> None:
+    assert reached(results(verdict="durable")) is None
+    assert reached(results(confirm_node="n2")) is None  # lost, but confirmed through another node
+    assert reached(results(confirm_s=10.0)) is None  # confirmed before n1 served alone
+    assert reached(results(drop=False)) is None  # n1 never dropped its copy
