@@ -6,8 +6,10 @@ run's results cut down to what grading reads (verdict, counts, checkers' verdict
 anomaly counts, recovery rows, the longest outage, loss exposure per fault kind, the fault
 evidence's counts and ``no_fault_bit`` (a run none of whose faults bit, exit status 4), and the
 operations per second with the fault windows that the cell's figure draws). A cell's records with another key
-(the scenario, the images or the harness changed) are stale: they are removed when the cell
-runs again, so a cell never mixes what two recipes did.
+(the scenario, the images or the harness changed) are stale: the page shows them, marked stale,
+until the cell has a record for its key, and they are removed then, so a cell never mixes what two
+recipes did. A record re-keyed after a change of the image recipe that left every file its runs'
+nodes ran as it was keeps its old key, cell key and images under ``rekeyed_from``.
 """
 
 from __future__ import annotations
