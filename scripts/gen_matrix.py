@@ -47,7 +47,7 @@ def render(root: Path = ROOT) -> dict[Path, str]:
     for path in matrices(root):
         mx = model.load(path)
         assert mx.page is not None
-        data = grading.grade_matrix(host, mx, expand(mx, host), docker_images(host, build=False))
+        data = grading.grade_matrix(host, mx, expand(mx, host), docker_images(host))
         pages[mx.page.resolve()] = render_page(mx, data, root)
     return pages
 

@@ -68,7 +68,7 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         )
     unsupported = [c for c in chosen if c.unsupported is not None]
     seeds = tuple(args.seed or mx.seeds)
-    images = docker_images(host, build=not args.plan)
+    images = docker_images(host)
     todo = execute.plan(chosen, seeds, mx.results, images, force=args.force)
     say(
         "matrix",

@@ -93,10 +93,10 @@ def test_a_plan_keys_cells_by_image_tags_without_building_or_asking_docker(host:
     # No Docker client at all: a plan that tried to build (or look an image up) would fail here.
     mx = model.load(REPO / "matrices" / "brokers.yaml")
     cell = next(c for c in expand(mx, host) if c.id == "reference-mirrored-sync--leader-killed")
-    images = docker_images(host, build=False)(cell)
+    images = docker_images(host)(cell)
     assert images["broker"].startswith("brokerchaos/reference:")
     assert images["toxiproxy"].startswith("brokerchaos/toxiproxy:")
-    assert images == docker_images(host, build=False)(cell)  # content tags: the same answer twice
+    assert images == docker_images(host)(cell)  # content tags: the same answer twice
 
 
 @pytest.mark.parametrize(
