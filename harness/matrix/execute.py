@@ -173,6 +173,7 @@ class Runner:
             results=json.loads((run_dir / "results.json").read_text()),
             run_dir=run_dir,
             seconds=seconds,
+            results_dir=self.results,
         )
         records.write(records.path(self.results, job.cell.id, job.seed), rec)
         for stale in records.stale(self.results, job.cell.id, job.cell_key):

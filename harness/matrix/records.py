@@ -81,7 +81,10 @@ def make(
     results: Mapping[str, Any],
     run_dir: Path,
     seconds: float,
+    results_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """``results_dir``: the records' directory, whose changes (the matrix's own records) do not
+    make the checkout dirty for the commit a record names."""
     return {
         "schema": SCHEMA,
         "cell": cell,
@@ -89,7 +92,7 @@ def make(
         "key": key,
         "cell_key": cell_key,
         "images": dict(images),
-        "commit": commit(),
+        "commit": commit(exclude=results_dir),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_dir": str(run_dir),
         "seconds": round(seconds, 1),
@@ -98,14 +101,18 @@ def make(
     }
 
 
-def commit() -> str:
-    """The checkout's commit (``+dirty`` when tracked files differ from it), or ``unknown``."""
+def commit(exclude: Path | None = None) -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ from it, those under ``exclude``
+    aside), or ``unknown``."""
+    pathspec = ["--", ":/", f":(exclude){exclude.resolve()}"] if exclude is not None else []
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", *pathspec],
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -511,3 +511,23 @@ def test_the_progress_line_names_a_run_none_of_whose_faults_bit(
     done = execute.Outcome(job, _record(job.cell, 1, job.key, job.cell_key, res), seconds=30.0)
     execute.Runner(mx.results, tmp_path, jobs=1)._progress([done], 1, [], [], 0.0)
     assert "seed 1: durable (no fault bit: 1 of 1 fault had no effect) in 30 s" in capsys.readouterr().err
+
+
+def test_the_commit_a_record_names_is_not_dirty_for_the_matrix_s_own_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "seed-1.json").write_text("{}")
+    (tmp_path / "code.py").write_text("")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    monkeypatch.chdir(tmp_path / "results")
+    (tmp_path / "results" / "seed-1.json").write_text('{"seed": 1}')  # a record the matrix wrote
+    assert not records.commit(exclude=tmp_path / "results").endswith("+dirty")
+    assert records.commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("changed = 1\n")
+    assert records.commit(exclude=tmp_path / "results").endswith("+dirty")
