@@ -12,8 +12,9 @@ image is skipped (and reused by every checkout and CI run whose inputs hash the 
    install`` from the same mirror), never a second bootstrap; the layer checks the versions
    the recipe pins, so a suite that moved on fails the build naming what it serves.
 2. ``brokerchaos/<plugin>:<hash>`` -- Python wheels fetched on the host with
-   ``pip download`` and installed offline, the node tooling (``faults.nodeinit``,
-   ``faults.lazyfs``) and the plugin's files.
+   ``pip download`` and installed offline, the node tooling (the modules a node container runs,
+   ``NODE_MODULES``, and the ``faults`` modules they import: never the host-side faults, so a
+   change to one leaves every tag as it was) and the plugin's files.
 3. ``brokerchaos/toxiproxy:<hash>`` -- the Toxiproxy-API server binary built with cargo,
    on the common base (which has ``nftables`` for packet faults in the sidecar). Its tag is
    a hash of the server's sources, so an image built from the same sources is reused
@@ -27,6 +28,7 @@ Images are built when a run first needs them (``harness.runner.build_images``):
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import io
@@ -82,6 +84,19 @@ PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROX
 #: What a pinned layer prints when the suite serves another version than the recipe pins.
 PIN_MISMATCH = "brokerchaos-pin: the suite serves"
 FAKETIME_WHEEL = "libfaketime==3.0.1"
+#: The modules a node container runs with ``python3 -m``: its init (the image's entry point), the
+#: control command the process faults exec, the lazy filesystem the init mounts and its control
+#: command, and the node-side helpers of the clock, corruption and link faults. The image holds
+#: these and the ``faults`` modules they import (``node_tooling``), nothing else of ``faults``.
+NODE_MODULES = (
+    "faults.nodeinit",
+    "faults.nodectl",
+    "faults.lazyfs",
+    "faults.lazyfs.ctl",
+    "faults.node.clockread",
+    "faults.node.corrupt",
+    "faults.node.probe",
+)
 FAKETIME_LIB = "/usr/local/lib/brokerchaos/libfaketime.so.1"
 
 
@@ -103,6 +118,60 @@ def _tree_digest(paths: Iterable[Path]) -> str:
             h.update(str(f.relative_to(root.parent)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def node_tooling(root: Path = REPO, modules: Iterable[str] = NODE_MODULES) -> dict[str, Path]:
+    """The files of ``modules`` and of every module of theirs they import, transitively, with the
+    packages that hold them (``__init__.py``; a package's ``__main__.py``), by path under ``root``.
+    Read from the sources' import statements (nothing is imported), so a new import of a node
+    module brings its file into the image by itself."""
+    todo, seen = list(modules), set()
+    packages = {m.split(".")[0] for m in todo}
+    found: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for f in _module_files(root, name):
+            if f.relative_to(root).as_posix() not in found:
+                found[f.relative_to(root).as_posix()] = f
+                todo += [m for m in _imports(f, root) if m.split(".")[0] in packages]
+    return dict(sorted(found.items()))
+
+
+def _module_files(root: Path, name: str) -> list[Path]:
+    """A module's file, or a package's ``__init__.py`` and ``__main__.py``, and its packages' ``__init__.py``."""
+    parts = name.split(".")
+    files = [root.joinpath(*parts[:i], "__init__.py") for i in range(1, len(parts))]
+    where = root.joinpath(*parts)
+    if where.with_suffix(".py").is_file():
+        files.append(where.with_suffix(".py"))
+    elif where.is_dir():
+        files += [where / "__init__.py", where / "__main__.py"]
+    else:
+        raise ImageError(f"node tooling: module {name} has no file under {root}")
+    return [f for f in files if f.is_file()]
+
+
+def _imports(f: Path, root: Path) -> list[str]:
+    """The modules ``f`` imports (``from M import N`` also names ``M.N``, which may be a module)."""
+    here = list(f.relative_to(root).with_suffix("").parts)
+    out: list[str] = []
+    for node in ast.walk(ast.parse(f.read_text(), str(f))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level] if node.level else []  # a relative import's package
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out.append(module)
+            out += [f"{module}.{a.name}" for a in node.names if _is_module(root, f"{module}.{a.name}")]
+    return out
+
+
+def _is_module(root: Path, name: str) -> bool:
+    where = root.joinpath(*name.split("."))
+    return where.with_suffix(".py").is_file() or where.is_dir()
 
 
 def _pin_check(package: str, want: str) -> str:
@@ -322,7 +391,8 @@ class ImageBuilder:
         wheel_dir = self.wheels(NODE_WHEELS + tuple(recipe.python_packages))
         # Every file goes in with one COPY (the context holds them at their container paths under
         # ``root/``) and every variable with one ENV: each instruction is a container committed.
-        files: dict[str, Path] = {"tmp/wheels": wheel_dir, "opt/brokerchaos/faults": REPO / "faults"}
+        files: dict[str, Path] = {"tmp/wheels": wheel_dir}
+        files |= {f"opt/brokerchaos/{rel}": f for rel, f in node_tooling(REPO).items()}
         for host, container in recipe.copy.items():
             files[container.lstrip("/")] = Path(host)
         env = {"PYTHONPATH": "/opt/brokerchaos", "PYTHONUNBUFFERED": "1", **recipe.env}
@@ -336,7 +406,7 @@ class ImageBuilder:
             'ENTRYPOINT ["/usr/bin/tini", "-g", "--", "python3", "-m", "faults.nodeinit"]',
         ]
         dockerfile = "\n".join(lines) + "\n"
-        digest = _digest(dockerfile, _tree_digest(files.values()))
+        digest = _digest(dockerfile, *(f"{c}:{_tree_digest([h])}" for c, h in sorted(files.items())))
         repo = recipe.name
         if self.namespace != "brokerchaos" and repo.startswith("brokerchaos/"):
             repo = f"{self.namespace}/{repo.removeprefix('brokerchaos/')}"

@@ -6,7 +6,8 @@
 
 A page is made from the matrix file and its records (``matrices/results/<matrix>/``) only: each
 cell's records are graded through the ``brokerchaos_grade`` hook (the stored engine, no Spark,
-no Docker). ``brokerchaos matrix`` writes the same page after it runs cells.
+no Docker), those made under another content key than this tree's marked stale (the image tags
+are computed, nothing is built). ``brokerchaos matrix`` writes the same page after it runs cells.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gen_docs import command  # noqa: E402
 from harness.errors import BrokerChaosError  # noqa: E402
 from harness.host import Host  # noqa: E402
 from harness.matrix import grading, model  # noqa: E402
-from harness.matrix.cells import expand  # noqa: E402
+from harness.matrix.cells import docker_images, expand  # noqa: E402
 from harness.matrix.command import render_page  # noqa: E402
 
 
@@ -46,7 +47,8 @@ def render(root: Path = ROOT) -> dict[Path, str]:
     for path in matrices(root):
         mx = model.load(path)
         assert mx.page is not None
-        pages[mx.page.resolve()] = render_page(mx, grading.grade_matrix(host, mx, expand(mx, host)), root)
+        data = grading.grade_matrix(host, mx, expand(mx, host), docker_images(host))
+        pages[mx.page.resolve()] = render_page(mx, data, root)
     return pages
 
 

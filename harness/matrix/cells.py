@@ -146,22 +146,19 @@ ImagesOf = Callable[[Cell], Mapping[str, str]]
 """The images a cell's runs use, by role (``broker``, ``toxiproxy``), as content-hashed tags."""
 
 
-def docker_images(host: Host, *, build: bool = True) -> ImagesOf:
-    """The image builder's tags (built where missing: the cell needs them to run anyway), one
-    build per broker plugin, version and libfaketime choice; ``build=False`` (a plan): the tags
-    only, nothing built and no Docker asked."""
-    from harness.cluster import docker_client
+def docker_images(host: Host) -> ImagesOf:
+    """The image builder's content tags of each cell's images, one computation per broker plugin,
+    version and libfaketime choice: nothing is built and no Docker is asked. A cell's run builds
+    what it needs when it starts (its ``images`` phase), so a matrix starts its first cell at once
+    instead of first building every image the whole matrix will need."""
     from harness.runner import build_images
 
-    client: Any = None
     seen: dict[tuple[str, str | None, bool], Mapping[str, str]] = {}
 
     def images(cell: Cell) -> Mapping[str, str]:
-        nonlocal client
         k = (cell.configuration.broker, cell.configuration.version, cell.faketime)
         if k not in seen:
-            client = client or (docker_client() if build else None)
-            seen[k] = build_images(client, host.broker(k[0], k[1]), faketime=k[2], tags_only=not build)
+            seen[k] = build_images(None, host.broker(k[0], k[1]), faketime=k[2], tags_only=True)
         return seen[k]
 
     return images

@@ -13,7 +13,7 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.host import Host
 from harness.matrix import execute, grading, model, page
-from harness.matrix.cells import Cell, docker_images, expand
+from harness.matrix.cells import Cell, ImagesOf, docker_images, expand
 from harness.progress import say
 from harness.runner import EXIT_ERROR
 
@@ -68,7 +68,8 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         )
     unsupported = [c for c in chosen if c.unsupported is not None]
     seeds = tuple(args.seed or mx.seeds)
-    todo = execute.plan(chosen, seeds, mx.results, docker_images(host, build=not args.plan), force=args.force)
+    images = docker_images(host)
+    todo = execute.plan(chosen, seeds, mx.results, images, force=args.force)
     say(
         "matrix",
         f"{mx.name}: {len(cells)} cells ({len(unsupported)} chosen not supported), seeds {list(seeds)}: "
@@ -79,9 +80,6 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
         say("matrix", f"to run: {job.cell.id} seed {job.seed} (key {job.key})")
     if args.plan:
         return 0
-    for p in todo.stale:
-        say("matrix", f"removing stale record {p} (made under another scenario, image or harness)")
-        p.unlink()
     out = Path(args.out) if args.out else store / "matrix" / mx.name
     runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins)
     finished: list[execute.Outcome] = []
@@ -100,7 +98,7 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _publish(host, args, mx, cells, out, outcomes, todo.up_to_date)
+    return _publish(host, args, mx, cells, images, out, outcomes, todo.up_to_date)
 
 
 def _publish(
@@ -108,12 +106,13 @@ def _publish(
     args: argparse.Namespace,
     mx: model.Matrix,
     cells: Sequence[Cell],
+    images: ImagesOf,
     out: Path,
     outcomes: Sequence[execute.Outcome],
     up_to_date: int,
 ) -> int:
     """Grade every cell, write the outputs and the page, say what did not finish."""
-    data = grading.grade_matrix(host, mx, cells, reports=out / "cells")
+    data = grading.grade_matrix(host, mx, cells, images, reports=out / "cells")
     if args.recheck:
         data["recheck"] = grading.recheck(host, mx, cells, args.recheck, out / "recheck")
     j, h = page.write_outputs(data, out)

@@ -4,7 +4,9 @@ Each one is ``brokerchaos run`` on the cell's scenario file in a child process (
 a user would type, so a cell is an ordinary run: its run directory, report and history), with its
 own store root ``<store>/matrix/<matrix>/<cell>/seed-<seed>/`` and its output in ``run.log``
 there. A record is written only when the run has finished and been checked, so a matrix killed
-mid-way resumes at the cell-seeds that have none. Interrupted, it sends SIGTERM to the runs it
+mid-way resumes at the cell-seeds that have none. A cell's stale records (another content key)
+stay until the cell has a record for its key: they are removed then, never before, so the page
+shows a cell's last result until a new one replaces it. Interrupted, it sends SIGTERM to the runs it
 started (a run handles it itself, even where it was started with SIGINT ignored, as a
 background job of a shell is), which tear their clusters down, and waits for them.
 """
@@ -171,8 +173,12 @@ class Runner:
             results=json.loads((run_dir / "results.json").read_text()),
             run_dir=run_dir,
             seconds=seconds,
+            results_dir=self.results,
         )
         records.write(records.path(self.results, job.cell.id, job.seed), rec)
+        for stale in records.stale(self.results, job.cell.id, job.cell_key):
+            say("matrix", f"removing stale record {stale} (replaced by the cell's record of seed {job.seed})")
+            stale.unlink()
         return Outcome(job, rec, "", seconds)
 
     def _call(self, cmd: list[str], log: Any) -> int:

@@ -6,6 +6,8 @@ reads (``scenario.json``, ``results.json``) and the cell's seeds are graded as o
 the composed verdict, the share of runs that lost acknowledged messages with its exact
 (Clopper-Pearson) bound, the per-message loss rate, recovery per fault kind, anomaly classes,
 and the seeds none of whose faults bit (a durable run that proved nothing: exit status 4).
+A cell none of whose records has this tree's content key is graded over its last stale records
+and marked stale (their commit and date): shown until the cell runs again, never blank.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.host import Host
 from harness.matrix import records
-from harness.matrix.cells import Cell
+from harness.matrix.cells import Cell, ImagesOf, cell_key
 from harness.matrix.model import Matrix
 from harness.spec.results import EXIT_NO_FAULT_BIT
 from harness.verdicts import exit_code
@@ -28,15 +30,17 @@ PER_MILLION = 1_000_000
 
 
 def grade_matrix(
-    host: Host, matrix: Matrix, cells: Sequence[Cell], reports: Path | None = None
+    host: Host, matrix: Matrix, cells: Sequence[Cell], images_of: ImagesOf, reports: Path | None = None
 ) -> dict[str, Any]:
-    """The matrix as data: its rows, columns and every cell's summary (``reports``: where each
-    cell's grade report goes; None: a temporary directory, discarded)."""
+    """The matrix as data: its rows, columns and every cell's summary (``images_of``: the images'
+    content tags, which with the scenario make the key a current record has; ``reports``: where
+    each cell's grade report goes; None: a temporary directory, discarded)."""
     with tempfile.TemporaryDirectory(prefix="brokerchaos-matrix-") as tmp:
         out = []
         for cell in cells:
             where = (reports or Path(tmp)) / cell.id
-            out.append(grade_cell(host, cell, list(records.of_cell(matrix.results, cell.id)), where))
+            key = cell_key(cell.scenario, images_of(cell)) if cell.scenario is not None else None
+            out.append(grade_cell(host, cell, list(records.of_cell(matrix.results, cell.id)), where, key))
     return {
         "matrix": matrix.name,
         "description": matrix.description,
@@ -60,17 +64,44 @@ def grade_matrix(
             for f in matrix.faults
         ],
         "cells": out,
+        "counts": {
+            state: sum(1 for c in out if _state(c) == state)
+            for state in ("current", "stale", "not run", "unsupported")
+        },
     }
 
 
-def grade_cell(host: Host, cell: Cell, recs: Sequence[Mapping[str, Any]], where: Path) -> dict[str, Any]:
+def _state(c: Mapping[str, Any]) -> str:
+    return "stale" if c.get("stale") else "current" if c["state"] == "graded" else str(c["state"])
+
+
+def shown_records(
+    recs: Sequence[Mapping[str, Any]], key: str | None
+) -> tuple[list[Mapping[str, Any]], dict[str, Any] | None]:
+    """The records a cell shows: those made under ``key`` (its current content key); where there
+    are none, those of the last stale record's key (a cell never mixes two keys), with what makes
+    them stale: the last one's commit and date."""
+    current = [r for r in recs if r.get("cell_key") == key]
+    if current or not recs:
+        return current, None
+    last = max(recs, key=lambda r: str(r.get("date") or ""))
+    shown = [r for r in recs if r.get("cell_key") == last.get("cell_key")]
+    return shown, {"commit": last.get("commit"), "date": last.get("date"), "records": len(shown)}
+
+
+def grade_cell(
+    host: Host, cell: Cell, recs: Sequence[Mapping[str, Any]], where: Path, key: str | None
+) -> dict[str, Any]:
+    """A cell's grade over its current records, or over its last stale ones (``stale`` says so)."""
     base: dict[str, Any] = {
         "cell": cell.id,
         "configuration": cell.configuration.id,
         "fault": cell.fault.name,
+        "stale": None,
     }
     if cell.unsupported is not None:
         return base | {"state": "unsupported", "reason": cell.unsupported}
+    recs, stale = shown_records(recs, key)
     if not recs:
         return base | {"state": "not run"}
     dirs = []
@@ -84,7 +115,11 @@ def grade_cell(host: Host, cell: Cell, recs: Sequence[Mapping[str, Any]], where:
     graded = host.grade(dirs, "stored", where / "grade")
     if graded is None:
         raise BrokerChaosError("no loaded plugin grades runs (brokerchaos_grade); install spark_reports")
-    return base | {"state": "graded", "report": graded.get("report")} | summary(graded["grade"], recs)
+    return (
+        base
+        | {"state": "graded", "stale": stale, "report": graded.get("report")}
+        | summary(graded["grade"], recs)
+    )
 
 
 def summary(g: Mapping[str, Any], recs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Every figure on the page comes from the cell records (``harness.matrix.records``) through the
 grade; the page names what a cell does not prove, each cell's seeds, commits and dates, the
-run directory behind each seed and the command that runs the cell again.
+run directory behind each seed and the command that runs the cell again. A cell shown from stale
+records (``grading.shown_records``) says so in its table entry, its section and both outputs.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def cell_lines(c: Mapping[str, Any]) -> list[str]:
     hollow = c.get("no_fault_bit") or 0
     lines = [
         LABELS.get(shown(c), shown(c)),
+        *([stale_line(c["stale"])] if c.get("stale") else []),
         *([f"fault did not bite in {hollow} of {c['runs']} seeds"] if hollow else []),
         f"{c['runs_lost']}/{c['graded_runs']} runs lost ({_ci(c)})",
         f"{ppm:g} lost per million" if ppm is not None else "nothing confirmed",
@@ -105,9 +107,31 @@ def cell_lines(c: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _badge(state: str) -> str:
-    text = html.escape(LABELS.get(state, state))
-    return f'<span style="background:{COLOURS.get(state, "#e0e0e0")};padding:0 .3em">{text}</span>'
+def stale_line(stale: Mapping[str, Any]) -> str:
+    """What a cell shown from stale records says of them: the last one's commit and date."""
+    return f"stale: recorded {str(stale.get('date') or '?')[:10]} at {stale.get('commit')}, under another key"
+
+
+#: How a cell shown from stale records is drawn: its verdict's colour, faded, with a dashed border.
+STALE_STYLE = "opacity:.6;border:1px dashed #555"
+
+
+def _badge(state: str, stale: bool = False) -> str:
+    text = html.escape(LABELS.get(state, state) + (" (stale)" if stale else ""))
+    style = f"background:{COLOURS.get(state, '#e0e0e0')};padding:0 .3em" + (
+        f";{STALE_STYLE}" if stale else ""
+    )
+    return f'<span style="{style}">{text}</span>'
+
+
+def _counts(data: Mapping[str, Any]) -> str:
+    n = data["counts"]
+    return (
+        f"Cells: {n['current']} graded from records of this tree's content keys, {n['stale']} from "
+        "stale records (marked *stale*: made under another scenario, image recipe or harness "
+        f"version; shown until the cell runs again and replaces them), {n['not run']} with no "
+        f"record yet, {n['unsupported']} not supported ({len(data['cells'])} in all)."
+    )
 
 
 def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
@@ -139,6 +163,8 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         "per million confirmed; recovery after the heal (median over every healed step and queue, "
         "and the worst); the longest outage of any seed (no publish or no consume completed); anomaly classes seen. A cell links to its seeds and scenario below.",
         "",
+        _counts(data),
+        "",
         "| configuration | "
         + " | ".join(f"[{f['name']}](#fault-{f['name']})" for f in data["faults"])
         + " |",
@@ -149,7 +175,7 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         for f in data["faults"]:
             c = cells[(conf["id"], f["name"])]
             lines = cell_lines(c)
-            head = _badge(shown(c))
+            head = _badge(shown(c), bool(c.get("stale")))
             rest = "<br>".join(html.escape(x) for x in lines[1:])
             link = f" [›](#cell-{c['cell']})" if c["state"] in ("graded", "unsupported") else ""
             row.append(head + link + (f"<br>{rest}" if rest else ""))
@@ -197,6 +223,13 @@ def _cell_section(c: Mapping[str, Any], source: str) -> list[str]:
     out = [f"### `{c['cell']}` {{#cell-{c['cell']}}}", ""]
     if c["state"] == "unsupported":
         return out + [f"Not supported: {c['reason']}", ""]
+    if c.get("stale"):
+        out += [
+            f"**Stale:** {c['stale']['records']} record(s), the last made {c['stale']['date']} at "
+            f"`{c['stale']['commit']}`, under another content key than this tree's (scenario, image "
+            "recipe or harness version): what the cell did then, shown until it runs again.",
+            "",
+        ]
     out += [
         f"{c['statement']}" if c.get("statement") else "",
         "",
@@ -251,12 +284,15 @@ def html_page(data: Mapping[str, Any]) -> str:
                 text += f"<br><small>{html.escape(c['reason'])}</small>"
             if c.get("report"):
                 text += f'<br><a href="{html.escape(str(c["report"]))}">grade report</a>'
-            tds.append(f'<td style="background:{COLOURS.get(state, "#e0e0e0")}">{text}</td>')
+            style = f"background:{COLOURS.get(state, '#e0e0e0')}" + (
+                f";{STALE_STYLE}" if c.get("stale") else ""
+            )
+            tds.append(f'<td style="{style}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(conf['label'])}</th>{''.join(tds)}</tr>")
     return (
         f"<!doctype html><meta charset=utf-8><title>matrix {html.escape(data['matrix'])}</title>"
         "<style>td,th{border:1px solid #999;padding:4px;vertical-align:top;font:13px sans-serif}</style>"
-        f"<h1>Durability matrix {html.escape(data['matrix'])}</h1>"
+        f"<h1>Durability matrix {html.escape(data['matrix'])}</h1><p>{html.escape(_counts(data))}</p>"
         f"<table><tr><th>configuration</th>{head}</tr>{''.join(rows)}</table>\n"
     )
 

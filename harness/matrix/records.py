@@ -6,8 +6,10 @@ run's results cut down to what grading reads (verdict, counts, checkers' verdict
 anomaly counts, recovery rows, the longest outage, loss exposure per fault kind, the fault
 evidence's counts and ``no_fault_bit`` (a run none of whose faults bit, exit status 4), and the
 operations per second with the fault windows that the cell's figure draws). A cell's records with another key
-(the scenario, the images or the harness changed) are stale: they are removed when the cell
-runs again, so a cell never mixes what two recipes did.
+(the scenario, the images or the harness changed) are stale: the page shows them, marked stale,
+until the cell has a record for its key, and they are removed then, so a cell never mixes what two
+recipes did. A record re-keyed after a change of the image recipe that left every file its runs'
+nodes ran as it was keeps its old key, cell key and images under ``rekeyed_from``.
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ def make(
     results: Mapping[str, Any],
     run_dir: Path,
     seconds: float,
+    results_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """``results_dir``: the records' directory, whose changes (the matrix's own records) do not
+    make the checkout dirty for the commit a record names."""
     return {
         "schema": SCHEMA,
         "cell": cell,
@@ -87,7 +92,7 @@ def make(
         "key": key,
         "cell_key": cell_key,
         "images": dict(images),
-        "commit": commit(),
+        "commit": commit(exclude=results_dir),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_dir": str(run_dir),
         "seconds": round(seconds, 1),
@@ -96,14 +101,18 @@ def make(
     }
 
 
-def commit() -> str:
-    """The checkout's commit (``+dirty`` when tracked files differ from it), or ``unknown``."""
+def commit(exclude: Path | None = None) -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ from it, those under ``exclude``
+    aside), or ``unknown``."""
+    pathspec = ["--", ":/", f":(exclude){exclude.resolve()}"] if exclude is not None else []
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", *pathspec],
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -93,10 +93,10 @@ def test_a_plan_keys_cells_by_image_tags_without_building_or_asking_docker(host:
     # No Docker client at all: a plan that tried to build (or look an image up) would fail here.
     mx = model.load(REPO / "matrices" / "brokers.yaml")
     cell = next(c for c in expand(mx, host) if c.id == "reference-mirrored-sync--leader-killed")
-    images = docker_images(host, build=False)(cell)
+    images = docker_images(host)(cell)
     assert images["broker"].startswith("brokerchaos/reference:")
     assert images["toxiproxy"].startswith("brokerchaos/toxiproxy:")
-    assert images == docker_images(host, build=False)(cell)  # content tags: the same answer twice
+    assert images == docker_images(host)(cell)  # content tags: the same answer twice
 
 
 @pytest.mark.parametrize(
@@ -258,6 +258,39 @@ def test_a_changed_recipe_makes_the_records_stale(tmp_path: Path, host: Host) ->
     assert len(changed.jobs) == 2 and len(changed.stale) == 2
 
 
+def _finished_run(code: int) -> Callable[..., int]:
+    """``Runner._call`` standing in for ``brokerchaos run``: a checked run directory, exit ``code``."""
+
+    def call(self: execute.Runner, cmd: list[str], log: Any) -> int:
+        root = Path(cmd[cmd.index("--store") + 1])
+        (root / "run").mkdir(parents=True, exist_ok=True)
+        (root / "run" / "results.json").write_text(json.dumps({"verdict": "durable", "valid": True}))
+        (root / "latest").symlink_to(root / "run")
+        return code
+
+    return call
+
+
+def test_stale_records_stay_until_the_cell_has_a_record_for_its_key(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    _record_all(mx, cells, execute.plan(cells, [1, 2], mx.results, _images()))
+    changed = execute.plan(cells, [1, 2], mx.results, _images("brokerchaos/reference:cccc"))
+    assert len(changed.stale) == 4
+    monkeypatch.setattr(execute.Runner, "_call", _finished_run(130))  # interrupted: no record
+    runner = execute.Runner(mx.results, tmp_path / "store", jobs=1)
+    assert runner.one(changed.jobs[0]).record is None
+    assert all(p.exists() for p in changed.stale)  # nothing replaced them: they stay
+    monkeypatch.setattr(execute.Runner, "_call", _finished_run(0))
+    job = changed.jobs[1]  # sync--killed seed 2
+    assert runner.one(job).record is not None
+    kept = sorted(p.relative_to(mx.results).as_posix() for p in mx.results.rglob("seed-*.json"))
+    assert kept == ["async--killed/seed-1.json", "async--killed/seed-2.json", "sync--killed/seed-2.json"]
+    assert records.done(mx.results, job.cell.id, 2, job.key)
+
+
 # -- grading and the page -----------------------------------------------------------------
 
 
@@ -277,7 +310,7 @@ def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: H
         records.write(
             records.path(mx.results, j.cell.id, j.seed), _record(j.cell, j.seed, j.key, j.cell_key, res)
         )
-    data = grading.grade_matrix(host, mx, cells)
+    data = grading.grade_matrix(host, mx, cells, _images())
     by = {c["cell"]: c for c in data["cells"]}
     durable, lossy = by["sync--killed"], by["async--killed"]
     assert durable["verdict"] == "durable" and durable["runs_lost"] == 0 and durable["graded_runs"] == 3
@@ -301,6 +334,48 @@ def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: H
     written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
     assert written["async--killed"]["verdict"] == "LOST"
     assert "<table>" in out[1].read_text()
+
+
+def test_a_cell_whose_records_are_all_stale_shows_its_last_result_marked_stale(
+    tmp_path: Path, host: Host
+) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    cells = expand(mx, host)
+    old = execute.plan(cells, [1, 2], mx.results, _images("brokerchaos/reference:old"))
+    for j in old.jobs:  # every cell lost in seed 2 under the older recipe
+        res = _checked(tmp_path / "runs", f"old-{j.cell.id}-{j.seed}", 2 if j.seed == 2 else 0, host)
+        rec = _record(j.cell, j.seed, j.key, j.cell_key, res) | {
+            "commit": "0ld",
+            "date": f"2026-01-0{j.seed}T00:00:00Z",
+        }
+        records.write(records.path(mx.results, j.cell.id, j.seed), rec)
+    now = execute.plan(cells, [1, 2], mx.results, _images())
+    sync_1 = next(j for j in now.jobs if (j.cell.id, j.seed) == ("sync--killed", 1))
+    res = _checked(tmp_path / "runs", "now-sync-1", 0, host)
+    records.write(
+        records.path(mx.results, "sync--killed", 1), _record(sync_1.cell, 1, sync_1.key, sync_1.cell_key, res)
+    )
+    data = grading.grade_matrix(host, mx, cells, _images())
+    by = {c["cell"]: c for c in data["cells"]}
+    current, stale = by["sync--killed"], by["async--killed"]
+    # A current record: graded alone, never mixed with the stale seed 2 beside it.
+    assert current["stale"] is None and current["verdict"] == "durable" and current["runs"] == 1
+    # Only stale records: the last result, graded over the records of its key, marked stale.
+    assert stale["state"] == "graded" and stale["verdict"] == "LOST" and stale["runs"] == 2
+    assert stale["stale"] == {"commit": "0ld", "date": "2026-01-02T00:00:00Z", "records": 2}
+    assert data["counts"] == {"current": 1, "stale": 1, "not run": 0, "unsupported": 0}
+    assert page.cell_lines(stale)[:2] == ["LOST", "stale: recorded 2026-01-02 at 0ld, under another key"]
+    text = page.markdown(data, source="tiny.yaml", results="results/tiny")
+    row = next(line for line in text.splitlines() if line.startswith("| [async]"))
+    assert ">LOST (stale)</span>" in row and page.STALE_STYLE in row
+    assert "**Stale:** 2 record(s), the last made 2026-01-02T00:00:00Z at `0ld`" in text
+    assert "Cells: 1 graded from records of this tree's content keys, 1 from stale records" in text
+    out = page.write_outputs(data, tmp_path / "out")
+    written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
+    assert written["async--killed"]["stale"]["commit"] == "0ld" and written["sync--killed"]["stale"] is None
+    assert (
+        page.STALE_STYLE in out[1].read_text() and "stale: recorded 2026-01-02 at 0ld" in out[1].read_text()
+    )
 
 
 def test_a_figure_shades_each_fault_window_and_draws_empty_seconds_as_zero() -> None:
@@ -394,7 +469,7 @@ def test_a_cell_whose_faults_did_not_bite_is_not_plain_durable(tmp_path: Path, h
             j.cell.configuration.id == "sync" or j.seed == 2
         )
         records.write(records.path(mx.results, j.cell.id, j.seed), rec)
-    data = grading.grade_matrix(host, mx, cells)
+    data = grading.grade_matrix(host, mx, cells, _images())
     by = {c["cell"]: c for c in data["cells"]}
     hollow, partly = by["sync--killed"], by["async--killed"]
     assert hollow["verdict"] == partly["verdict"] == "durable"
@@ -422,7 +497,7 @@ def test_a_record_made_before_records_kept_fault_evidence_reads_as_before(tmp_pa
         rec = _record(j.cell, j.seed, j.key, j.cell_key, _checked(tmp_path / "runs", j.cell.id, 0, host))
         del rec["results"]["fault_evidence"]
         records.write(records.path(mx.results, j.cell.id, j.seed), rec)
-    cell = grading.grade_matrix(host, mx, cells)["cells"][0]
+    cell = grading.grade_matrix(host, mx, cells, _images())["cells"][0]
     assert cell["no_fault_bit"] == 0 and page.shown(cell) == "durable"
     assert page.cell_lines(cell)[:2] == ["durable", "0/1 runs lost (no bound from one run)"]
 
@@ -436,3 +511,23 @@ def test_the_progress_line_names_a_run_none_of_whose_faults_bit(
     done = execute.Outcome(job, _record(job.cell, 1, job.key, job.cell_key, res), seconds=30.0)
     execute.Runner(mx.results, tmp_path, jobs=1)._progress([done], 1, [], [], 0.0)
     assert "seed 1: durable (no fault bit: 1 of 1 fault had no effect) in 30 s" in capsys.readouterr().err
+
+
+def test_the_commit_a_record_names_is_not_dirty_for_the_matrix_s_own_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "seed-1.json").write_text("{}")
+    (tmp_path / "code.py").write_text("")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    monkeypatch.chdir(tmp_path / "results")
+    (tmp_path / "results" / "seed-1.json").write_text('{"seed": 1}')  # a record the matrix wrote
+    assert not records.commit(exclude=tmp_path / "results").endswith("+dirty")
+    assert records.commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("changed = 1\n")
+    assert records.commit(exclude=tmp_path / "results").endswith("+dirty")
