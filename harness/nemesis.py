@@ -298,6 +298,8 @@ class Nemesis:
     down: dict[str, str] = field(default_factory=dict, init=False)
     #: What each held fault measured when applied, completed by its heal.
     evidence: dict[str, Evidence] = field(default_factory=dict, init=False)
+    #: Applied faults whose evidence is still being measured (``_measure_applied``).
+    measuring: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
     start_ns: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -363,17 +365,26 @@ class Nemesis:
             self.on_fault(op)
             return
         self.active[step.fault_id] = fault
+        self.measuring[step.fault_id] = asyncio.create_task(self._measure_applied(step, fault, done, inv))
+
+    async def _measure_applied(self, step: PlannedFault, fault: Fault, done: Any, inv: Any) -> None:
+        """What a fault measured of its effect once applied, recorded on its ``ok``. It runs beside
+        the schedule: the next fault is applied at its planned time, not once this measurement
+        (seconds on a loaded machine) is over; the fault's own heal waits for it."""
         started = asyncio.get_running_loop().time()
         evidence = await _measure(lambda: fault.evidence(done))
         took = round(asyncio.get_running_loop().time() - started, 3)
         self.evidence[step.fault_id] = evidence
         _say_evidence(step.fault_id, step.kind, step.params.get("node"), evidence)
-        self.on_fault(inv.ok({**value, "done": done, EVIDENCE: evidence.as_dict(), "evidence_s": took}))
+        self.on_fault(inv.ok({**inv.value, "done": done, EVIDENCE: evidence.as_dict(), "evidence_s": took}))
 
     async def _heal(self, fid: str, *, scheduled: bool = True) -> None:
         fault = self.active.pop(fid, None)
         if fault is None:
             return
+        measuring = self.measuring.pop(fid, None)
+        if measuring is not None:  # the heal undoes what the measurement is looking at: it goes first
+            await measuring
         value = {"fault_ids": [fid], "kind": "heal", "scheduled": scheduled}
         inv = self.recorder.invoke("nemesis", "heal", value=value)
         try:
