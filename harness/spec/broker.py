@@ -508,15 +508,16 @@ class BrokerPlugin:
         plugins of one protocol agree on its keys; the harness only hands it over."""
         return {}
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | HeldTotal | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | HeldTotal | None:
         """``(ready, unacked)`` of ``queue`` as ``node`` sees it, for the final drain, or
         ``HeldTotal(n)`` when the broker can only tell the total it holds.
 
         The drain reads every queue through every node until each one reports it empty; a
         passive declare counts only ready messages, so deliveries still held by a connection
         nobody closed would pass for an empty queue. Ask the node itself (``node.exec``,
-        the plugin's admin CLI); run after every fault healed, so a failing command is a
-        ``ClusterError`` (the drain tries again). None: this plugin cannot tell, and the
+        the plugin's admin CLI, with ``timeout``: the seconds the drain gives one answer,
+        ``harness.workload.depth_timeout``); run after every fault healed, so a failing command
+        is a ``ClusterError`` (the drain tries again). None: this plugin cannot tell, and the
         drain falls back to the ready count of a passive declare.
         """
         return None
