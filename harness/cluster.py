@@ -621,7 +621,8 @@ def _exec(container: Any, cmd: Sequence[str], timeout: float) -> tuple[int, str]
     import docker.errors
 
     try:
-        result = container.exec_run(["timeout", str(int(max(1, timeout))), *cmd], demux=False)
+        # coreutils' ``timeout`` ends the command at the limit and exits EXEC_TIMED_OUT (the contract's).
+        result = container.exec_run(["timeout", str(round(max(1, timeout))), *cmd], demux=False)
     except docker.errors.APIError as exc:
         return 126, short_error(exc)
     out = result.output.decode(errors="replace") if result.output else ""

@@ -46,6 +46,7 @@ from harness.store import RunDir
 from harness.verdicts import combine, judge_unsynced
 from harness.workload import (
     assignments,
+    depth_timeout,
     driver_options,
     node_holdings_reader,
     queue_depth_reader,
@@ -244,7 +245,7 @@ class Run:
             proc: node for proc, (_q, node) in assignments(w, self.client_nodes, self.scenario.seed).items()
         }
         factory = self.host.client(self.plugin.protocol)
-        depth = queue_depth_reader(self.plugin, cluster.nodes)
+        depth = queue_depth_reader(self.plugin, cluster.nodes, depth_timeout(w.drain_timeout, len(endpoints)))
         holders = queue_holders_reader(self.plugin, cluster.nodes)
         driver = factory(
             endpoints,

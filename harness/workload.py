@@ -314,12 +314,22 @@ def driver_options(
     }
 
 
-def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueDepth:
-    """The plugin's ``queue_depth`` as the drain calls it: awaitable, by node name. It runs a
-    command in the node's container and blocks, so it runs in a thread off the event loop."""
+def depth_timeout(drain_timeout: float, drained: int) -> float:
+    """How long one ``queue_depth`` answer may take: the node's share of the drain's budget
+    (``workload.drain_timeout`` over the ``drained`` nodes a round visits). A depth is one node's
+    answer among those a round needs, so no single slow node's may take the whole budget and
+    leave the others unvisited; and it grows with the budget, so a loaded host that needs more
+    time gets it by raising ``drain_timeout`` (a fixed limit made that knob useless)."""
+    return drain_timeout / max(1, drained)
+
+
+def queue_depth_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle], timeout: float) -> QueueDepth:
+    """The plugin's ``queue_depth`` as the drain calls it: awaitable, by node name, each answer
+    within ``timeout`` (``depth_timeout``). It runs a command in the node's container and
+    blocks, so it runs in a thread off the event loop."""
 
     async def depth(node: str, queue: str) -> tuple[int, int] | HeldTotal | None:
-        return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue)
+        return await asyncio.to_thread(plugin.queue_depth, nodes[node], queue, timeout)
 
     return depth
 

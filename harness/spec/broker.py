@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypedDict, TypeVar
 
 from harness.spec.coverage import BrokerEvent, Feature, LogEvent, events_from_lines
-from harness.spec.errors import ClusterError, ScenarioError
+from harness.spec.errors import ClusterError, ScenarioError, one_line
 
 #: Capabilities the host itself knows, with what declaring one promises. The set is open:
 #: a fault package that needs something else registers it (``register.add_capability``)
@@ -121,16 +121,32 @@ class NodeHandle(Protocol):
     name: str
 
     def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
-        """Run a command in the node's container; returns (exit code, output)."""
+        """Run a command in the node's container; returns (exit code, output). A command still
+        running after ``timeout`` seconds is stopped and answers ``EXEC_TIMED_OUT``."""
         ...
 
 
+#: The exit code ``NodeHandle.exec`` answers for a command it stopped at its ``timeout`` (that of
+#: coreutils' ``timeout``, which the host runs every command under).
+EXEC_TIMED_OUT = 124
+
+
+def brief(cmd: Sequence[str], width: int = 40) -> str:
+    """``cmd`` as an error names it: an argument longer than ``width`` (an expression to evaluate,
+    a JSON policy) is shown as ``…``, so the command stays short and what happened can follow."""
+    return " ".join(a if len(a) <= width else "…" for a in cmd)
+
+
 def run_or_fail(node: NodeHandle, cmd: Sequence[str], timeout: float = 30.0) -> str:
-    """Run ``cmd`` on ``node``; a non-zero exit is a ``ClusterError`` naming the node, the command and its output."""
+    """Run ``cmd`` on ``node``; its output. A non-zero exit is a ``ClusterError`` that leads with
+    what happened, where: ``n1: rabbitmqctl -q eval … timed out after 30 s`` or ``n1: rabbitmqctl
+    join_cluster rabbit@n1 exited 69: <its output, on one line>``."""
     rc, out = node.exec(cmd, timeout=timeout)
-    if rc != 0:
-        raise ClusterError(f"{node.name}: {' '.join(cmd)} failed: {out.strip()[-300:]}")
-    return out
+    if rc == 0:
+        return out
+    what = f"timed out after {timeout:.0f} s" if rc == EXEC_TIMED_OUT else f"exited {rc}"
+    said = one_line(out, 300)
+    raise ClusterError(f"{node.name}: {brief(cmd)} {what}" + (f": {said}" if said else ""))
 
 
 T = TypeVar("T")
@@ -492,15 +508,16 @@ class BrokerPlugin:
         plugins of one protocol agree on its keys; the harness only hands it over."""
         return {}
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | HeldTotal | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | HeldTotal | None:
         """``(ready, unacked)`` of ``queue`` as ``node`` sees it, for the final drain, or
         ``HeldTotal(n)`` when the broker can only tell the total it holds.
 
         The drain reads every queue through every node until each one reports it empty; a
         passive declare counts only ready messages, so deliveries still held by a connection
         nobody closed would pass for an empty queue. Ask the node itself (``node.exec``,
-        the plugin's admin CLI); run after every fault healed, so a failing command is a
-        ``ClusterError`` (the drain tries again). None: this plugin cannot tell, and the
+        the plugin's admin CLI, with ``timeout``: the seconds the drain gives one answer,
+        ``harness.workload.depth_timeout``); run after every fault healed, so a failing command
+        is a ``ClusterError`` (the drain tries again). None: this plugin cannot tell, and the
         drain falls back to the ready count of a passive declare.
         """
         return None

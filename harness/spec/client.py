@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from harness.spec.broker import HeldTotal
+from harness.spec.errors import one_line
 from harness.spec.history import Recorder
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
 
@@ -287,10 +288,14 @@ class RateLimiter:
             self.next = now + self.interval
 
 
+#: The longest ``reason`` (its exception's name aside).
+REASON_CHARS = 200
+
+
 def reason(exc: BaseException) -> str:
-    """One line for the history's ``error`` column."""
-    text = str(exc).strip().splitlines()
-    detail = text[0][:160] if text else ""
+    """One line for the history's ``error`` column: the exception's name and its whole message
+    on one line, shortened in the middle (``one_line``) so neither what failed nor why is lost."""
+    detail = one_line(str(exc), REASON_CHARS)
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 

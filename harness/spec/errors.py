@@ -12,6 +12,17 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (every run of whitespace one space), at most ``limit`` characters: a
+    longer text keeps its head and its tail around `` … ``, because an error's cause may be
+    either (what failed leads; a command's output ends with its last word on why)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    head = (limit - 3) // 2
+    return f"{flat[:head].rstrip()} … {flat[-(limit - 3 - head) :].lstrip()}"
+
+
 class BrokerChaosError(Exception):
     """Base of every error the harness reports as one line."""
 

@@ -105,6 +105,8 @@ class WorkloadSection:
     #: Seconds a publish waits for its confirm before it is recorded unknown.
     confirm_timeout: float = 10.0
     #: Seconds the final drain may take; what it could not read by then is unreachable, never lost.
+    #: One node's depth answer (the broker plugin's ``queue_depth``) may take this over the
+    #: number of nodes drained: raise it on a loaded host whose admin commands are slow.
     drain_timeout: float = 120.0
     #: Seconds without a delivery after which a drain visit asks a node for the queue's depth
     #: (a plugin that tells the depth is asked the first time after at most half a second).

@@ -37,7 +37,6 @@ from harness import (
     BROKER_ROLE,
     BrokerEvent,
     BrokerPlugin,
-    ClusterError,
     Feature,
     HeldTotal,
     ImageRecipe,
@@ -52,6 +51,7 @@ from harness import (
     hookimpl,
     node_role,
     poll,
+    run_or_fail,
 )
 from plugins.activemq.client import DLQ, brokerchaos_register_clients
 
@@ -420,11 +420,9 @@ class ActiveMQ(BrokerPlugin):
     def client_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         return {"topology": settings.get("topology", "single")}
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> HeldTotal | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> HeldTotal | None:
         """What a queue browser on this node counts (ready and unacknowledged together)."""
-        rc, out = node.exec(["python3", BROWSE, str(STOMP_PORT), queue], timeout=30)
-        if rc != 0:
-            raise ClusterError(f"{node.name}: browsing {queue}: {out.strip()[-200:]}")
+        out = run_or_fail(node, ["python3", BROWSE, str(STOMP_PORT), queue], timeout=timeout)
         return HeldTotal(int(out.strip().splitlines()[-1]))
 
     def events(self, node: str, logs: Mapping[str, str]) -> list[BrokerEvent]:

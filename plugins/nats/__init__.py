@@ -324,11 +324,11 @@ class Nats(BrokerPlugin):
             "system_password": password,
         }
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | None:
         """``(num_pending, num_ack_pending)`` of the workload's consumer on the queue's stream, as
         this server's ``/jsz`` shows it; None if the server holds no replica of the stream or is
         not the consumer's leader (a follower's counts lag: the drain asks the JetStream API)."""
-        jsz = monitor(node, f"/jsz?acc={self.vhost}&streams=true&consumers=true")
+        jsz = monitor(node, f"/jsz?acc={self.vhost}&streams=true&consumers=true", timeout=timeout)
         stream = stream_detail(jsz, queue)
         if stream is None:
             return None

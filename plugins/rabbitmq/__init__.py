@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -219,7 +220,8 @@ class RabbitMQ(BrokerPlugin):
     #: The node's log file (info and above; the console gets warnings only), under ``logs/``.
     event_logs = ("logs/**/*.log",)
     #: A 4.3 node on a loaded 2-core host (load average 30 to 45) took 100 s to answer its first
-    #: check; 120 s ended runs before their first fault.
+    #: check; 120 s ended runs before their first fault. Also the budget of the commands that
+    #: join a node (``_run_within``).
     ready_timeout = 300.0
 
     def log_time(self, line: str) -> datetime | None:
@@ -331,28 +333,38 @@ class RabbitMQ(BrokerPlugin):
                     f"{node.name}: not on Khepri after enabling khepri_db: {out.strip()[-200:]}"
                 )
 
-    @staticmethod
-    def _join(node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
+    def _join(self, node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
         cmds = [
             ["rabbitmqctl", "stop_app"],
             *([["rabbitmqctl", "reset"]] if reset else []),
             ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"],
             ["rabbitmqctl", "start_app"],
         ]
-        for cmd in cmds:
-            run_or_fail(node, cmd, timeout=120)
+        self._run_within(node, cmds)
         return [" ".join(c) for c in cmds]
 
-    @staticmethod
-    def _wait_running(member: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
+    def _run_within(self, node: NodeHandle, cmds: Sequence[Sequence[str]]) -> None:
+        """Run ``cmds`` in turn on ``node`` within one budget, ``ready_timeout``: each may take what
+        the ones before it left. ``start_app`` returns once the node has booted, which is what
+        ``ready_timeout`` bounds; a fixed limit per command ended a run on a loaded host with a
+        node seconds from "Server startup complete"."""
+        deadline = time.monotonic() + self.ready_timeout
+        for cmd in cmds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(
+                    f"{node.name}: {' '.join(cmd)} not run: the commands before it took all of "
+                    f"ready_timeout ({self.ready_timeout:.0f} s)"
+                )
+            run_or_fail(node, cmd, timeout=left)
+
+    def _wait_running(self, member: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
         wait_until_running(
             member,
             ["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"],
             {f"rabbit@{n.name}" for n in nodes},
             lambda out: set(json.loads(out).get("running_nodes", [])),
-            # At a load average of 40 on 2 cores one ``cluster_status`` took over its 30 s: 60 s
-            # in all ended a 4.0 run with three ready nodes before the cluster had formed.
-            timeout=300.0,
+            timeout=self.ready_timeout,
             interval=1.0,
         )
 
@@ -368,9 +380,9 @@ class RabbitMQ(BrokerPlugin):
     ) -> dict[str, Any]:
         """``stop_app`` on the node, then ``forget_cluster_node`` on a remaining member (RabbitMQ's
         documented way to remove a node that will not come back as it was)."""
-        run_or_fail(node, ["rabbitmqctl", "stop_app"], timeout=120)
+        self._run_within(node, [["rabbitmqctl", "stop_app"]])
         forget = ["rabbitmqctl", "forget_cluster_node", f"rabbit@{node.name}"]
-        run_or_fail(remaining[0], forget, timeout=120)
+        self._run_within(remaining[0], [forget])
         return {"on_node": ["rabbitmqctl stop_app"], "on_" + remaining[0].name: [" ".join(forget)]}
 
     def add_node(
@@ -456,20 +468,22 @@ class RabbitMQ(BrokerPlugin):
             p["ha-params"] = settings["ha_params"]
         return p
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | None:
         """The queue's counts as the node routes to it (its master or leader, wherever that is).
 
         Not ``rabbitmqctl list_queues``: without ``--local`` every node streams its rows
         straight to the CLI's own Erlang node, which the peers cannot reach through the
         proxies (seen hanging until the exec timed out); with ``--local`` a node lists only
-        the queues it masters. ``eval`` runs on the node itself and asks the queue process.
+        the queues it masters. ``eval`` runs on the node itself and asks the queue process,
+        within ``timeout`` (the drain's share for the node): the CLI's own VM alone took over
+        20 s on a loaded host, so a fixed 30 s failed node after node there.
         """
         expr = (
             f"case rabbit_amqqueue:lookup(rabbit_misc:r({erlang_binary(self.vhost)}, queue, {erlang_binary(queue)})) of "
             "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); "
             "Other -> Other end."
         )
-        out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", expr], timeout=30)
+        out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", expr], timeout=timeout)
         counts = dict(re.findall(r"\{(messages_ready|messages_unacknowledged),(\d+)\}", out))
         if len(counts) != 2:
             raise ClusterError(f"{node.name}: no depth for queue {queue!r}: {out.strip()[-200:]}")

@@ -385,11 +385,11 @@ class Redis(BrokerPlugin):
             "wait_replicas": int(settings.get("wait_replicas") or 0),
         }
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | None:
         """``(lag, pending)`` of the workload's consumer group in this node's own copy of the
         stream (``XINFO GROUPS``: entries not yet delivered to the group, and delivered but not
         acknowledged); a node without the stream holds nothing: (0, 0)."""
-        out = self.cli(node, "EVAL_RO", DEPTH, "1", queue, GROUP).split()
+        out = self.cli(node, "EVAL_RO", DEPTH, "1", queue, GROUP, timeout=timeout).split()
         if len(out) != 2:
             raise ClusterError(f"{node.name}: XINFO GROUPS {queue}: {out}")
         lag, pending = int(out[0]), int(out[1])

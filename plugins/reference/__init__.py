@@ -440,11 +440,11 @@ class ReferenceBroker(BrokerPlugin):
         except (json.JSONDecodeError, AttributeError):
             return False
 
-    def queue_depth(self, node: NodeHandle, queue: str) -> tuple[int, int] | None:
+    def queue_depth(self, node: NodeHandle, queue: str, timeout: float) -> tuple[int, int] | None:
         """From ``ctl list_queues`` on the node. A node that names no unacked count (a node
         that does not hold the queue's master may not know it) answers None: the drain then
         counts the ready messages with a passive declare through that node."""
-        out = run_or_fail(node, self.ctl("--json", "list_queues", "-p", self.vhost), timeout=15)
+        out = run_or_fail(node, self.ctl("--json", "list_queues", "-p", self.vhost), timeout=timeout)
         try:
             rows = json.loads(out)
         except json.JSONDecodeError:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ClusterError, NotYet, poll, run_or_fail, wait_until_running
+from harness import EXEC_TIMED_OUT, ClusterError, NotYet, poll, run_or_fail, wait_until_running
 
 
 class LocalNode:
@@ -64,8 +64,47 @@ def test_output_that_is_not_a_status_is_retried_not_raised(tmp_path: Path) -> No
 
 def test_run_or_fail_names_the_node_and_command() -> None:
     assert run_or_fail(LocalNode(), [sys.executable, "-c", "print('ok')"]).strip() == "ok"
-    with pytest.raises(ClusterError, match=r"^n1: .* failed: boom"):
+    with pytest.raises(ClusterError, match=r"^n1: .* exited 3: boom$"):
         run_or_fail(LocalNode(), [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+
+
+class Answers:
+    """A NodeHandle that answers every command with one exit code and output."""
+
+    name = "n1"
+
+    def __init__(self, rc: int, out: str) -> None:
+        self.rc, self.out = rc, out
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        return self.rc, self.out
+
+
+EXPR = (
+    'case rabbit_amqqueue:lookup(rabbit_misc:r(<<"/"/utf8>>, queue, <<"chaos-1"/utf8>>)) of {ok, Q} -> x end.'
+)
+
+
+def test_a_timeout_leads_the_error_and_a_long_argument_is_left_out() -> None:
+    with pytest.raises(ClusterError) as info:
+        run_or_fail(Answers(EXEC_TIMED_OUT, ""), ["rabbitmqctl", "-q", "eval", EXPR], timeout=40)
+    assert str(info.value) == "n1: rabbitmqctl -q eval … timed out after 40 s"
+
+
+def test_an_exit_gives_its_code_and_its_output_on_one_line() -> None:
+    out = (
+        "Error: unable to perform an operation on node 'rabbit@n1'.\n\nDIAGNOSTICS\n===========\n" + "x" * 400
+    )
+    with pytest.raises(ClusterError) as info:
+        run_or_fail(Answers(69, out), ["rabbitmqctl", "-q", "eval", EXPR])
+    said = str(info.value)
+    assert said.startswith("n1: rabbitmqctl -q eval … exited 69: Error: unable to perform an operation")
+    assert "\n" not in said and said.endswith("x" * 100)
+
+
+def test_exec_timed_out_is_what_coreutils_timeout_exits() -> None:
+    """The host runs every command under coreutils' ``timeout`` (``harness.cluster``)."""
+    assert subprocess.run(["timeout", "0.1", "sleep", "30"]).returncode == EXEC_TIMED_OUT
 
 
 def test_poll_returns_the_first_result_and_retries_while_not_yet() -> None:

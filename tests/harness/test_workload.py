@@ -15,6 +15,7 @@ from harness import drain, workload
 from harness.history import Recorder, read_jsonl
 from harness.scenario import ConsumerSection, WorkloadSection
 from harness.spec import client as client_spec
+from harness.spec.broker import BrokerPlugin
 from harness.spec.client import DrainReader, RateLimiter, slow_consumers
 from harness.workload import WorkloadStats, assignments, queue_names, run_workload
 from tests.polling import until_async
@@ -449,3 +450,32 @@ def test_a_brokers_own_dead_letter_queues_are_drained_after_the_queues_with_no_c
     )
     drains = [r for r in read_jsonl(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] == "invoke"]
     assert [(r["process"], r["queue"]) for r in drains] == [("d1", "chaos-1"), ("d2", "Broker.DLQ")]
+
+
+def test_a_depth_answer_may_take_the_node_s_share_of_the_drain_budget() -> None:
+    """Raising ``drain_timeout`` gives a loaded host's depth queries more time; none may take
+    the whole budget from the nodes after it in a round."""
+    assert workload.depth_timeout(120, 3) == 40
+    assert workload.depth_timeout(600, 3) == 200
+    assert workload.depth_timeout(120, 1) == 120
+    assert workload.depth_timeout(120, 0) == 120
+
+
+def test_the_depth_reader_hands_the_plugin_its_time() -> None:
+    asked: list[tuple[str, str, float]] = []
+
+    class Depths(BrokerPlugin):
+        name, client_port, data_dir = "depths", 5999, "/d"
+
+        def queue_depth(self, node: Any, queue: str, timeout: float) -> tuple[int, int]:
+            asked.append((node.name, queue, timeout))
+            return 0, 0
+
+    nodes = {"n1": types.SimpleNamespace(name="n1")}
+    depth = workload.queue_depth_reader(Depths(), nodes, 40.0)
+
+    async def ask() -> object:
+        return await depth("n1", "chaos-1")
+
+    assert asyncio.run(ask()) == (0, 0)
+    assert asked == [("n1", "chaos-1", 40.0)]

@@ -23,7 +23,7 @@ from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
 from harness.spec import Endpoint, HeldTotal
 from harness.spec.history import message_body
-from harness.workload import drain_queue, queue_depth_reader
+from harness.workload import depth_timeout, drain_queue, queue_depth_reader
 from plugins.amqp091.client import AmqpDriver
 from tests.polling import until_async
 
@@ -55,7 +55,7 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
     settings = plugin.validate_settings(scenario.broker.settings)
     with running_cluster(host, scenario) as cluster:
         endpoints = {n: Endpoint(n, *ep) for n, ep in cluster.client_endpoints().items()}
-        depth = queue_depth_reader(plugin, cluster.nodes)
+        depth = queue_depth_reader(plugin, cluster.nodes, depth_timeout(scenario.workload.drain_timeout, 3))
         seen: list[tuple[str, tuple[int, int] | HeldTotal | None]] = []
 
         async def watched(node: str, queue: str) -> tuple[int, int] | HeldTotal | None:

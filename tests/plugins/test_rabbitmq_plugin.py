@@ -1,5 +1,6 @@
 """The RabbitMQ plugin's pure parts: settings, the mirroring policy, queue arguments, node specs,
-the queue holders' ``eval`` expression and the parsing of its output."""
+the queue holders' ``eval`` expression and the parsing of its output; and its commands as a node
+sees them (faked at ``NodeHandle.exec``): the time each may take and the errors they end in."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import pytest
 
+import plugins.rabbitmq as rabbitmq
 from harness.errors import ClusterError, ScenarioError
-from harness.spec.broker import BASE_CAPABILITIES, NodeInfo
+from harness.spec.broker import BASE_CAPABILITIES, EXEC_TIMED_OUT, NodeInfo
+from harness.spec.client import reason
 from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ, erlang_binary, holders_expr, parse_holders
 
 RMQ = RabbitMQ()
@@ -265,3 +268,95 @@ def test_khepri_on_4_0_that_a_node_does_not_report_is_a_cluster_error() -> None:
 )
 def test_no_feature_flag_where_the_store_is_the_version_s_own(version: str, given: dict[str, Any]) -> None:
     assert not [cmd for _, cmd in formed(version, **given) if "feature_flag" in cmd or "rabbit_khepri" in cmd]
+
+
+class Node:
+    """A node at the process boundary: each command answers from ``answers`` (first word that
+    matches, default rc 0 and no output) and moves ``clock`` on by ``takes`` seconds."""
+
+    def __init__(
+        self, name: str, clock: list[float], answers: dict[str, tuple[int, str]], takes: float = 0.0
+    ):
+        self.name, self.clock, self.answers, self.takes = name, clock, answers, takes
+        self.ran: list[tuple[str, float]] = []
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        self.ran.append((" ".join(cmd[:2] if cmd[1] != "-q" else cmd[:3]), timeout))
+        self.clock[0] += self.takes
+        return next((a for k, a in self.answers.items() if k in cmd), (0, ""))
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(rabbitmq.time, "monotonic", lambda: now[0])
+    return now
+
+
+def running(*names: str) -> dict[str, tuple[int, str]]:
+    return {"cluster_status": (0, json.dumps({"running_nodes": [f"rabbit@{n}" for n in names]}))}
+
+
+def test_joining_commands_share_the_ready_timeout_not_a_limit_each(clock: list[float]) -> None:
+    """Each command may take what the ones before it left of ``ready_timeout``: a ``start_app``
+    that needs 130 s after a slow ``stop_app`` and ``join_cluster`` still gets it."""
+    n1 = Node("n1", clock, running("n1", "n2"))
+    n2 = Node("n2", clock, {}, takes=40.0)
+    RMQ.form_cluster([n1, n2], settings(queue_type="quorum"))
+    assert n2.ran == [
+        ("rabbitmqctl stop_app", RMQ.ready_timeout),
+        ("rabbitmqctl join_cluster", RMQ.ready_timeout - 40),
+        ("rabbitmqctl start_app", RMQ.ready_timeout - 80),
+    ]
+    assert RMQ.ready_timeout - 80 > 130
+
+
+def test_a_join_that_outlasts_the_budget_says_which_command_and_how_long(clock: list[float]) -> None:
+    n2 = Node("n2", clock, {"start_app": (EXEC_TIMED_OUT, "Starting node rabbit@n2 ...")}, takes=75.0)
+    with pytest.raises(ClusterError, match=r"^n2: rabbitmqctl start_app timed out after 75 s: Starting node"):
+        RMQ.add_node(n2, [Node("n1", clock, running("n1", "n2"))], settings())
+    assert [c for c, _ in n2.ran] == [
+        "rabbitmqctl stop_app",
+        "rabbitmqctl reset",
+        "rabbitmqctl join_cluster",
+        "rabbitmqctl start_app",
+    ]
+
+
+DEPTH_OUT = "[{messages_ready,0},{messages_unacknowledged,2}]\n"
+
+
+def test_queue_depth_asks_within_the_time_the_drain_gives(clock: list[float]) -> None:
+    n1 = Node("n1", clock, {"eval": (0, DEPTH_OUT)})
+    assert RMQ.queue_depth(n1, "chaos-1", timeout=40.0) == (0, 2)
+    assert n1.ran == [("rabbitmqctl -q eval", 40.0)]
+
+
+@pytest.mark.parametrize(
+    ("answer", "cause"),
+    [
+        ((EXEC_TIMED_OUT, ""), "timed out after 40 s"),
+        (
+            (69, "Error: unable to perform an operation on node 'rabbit@n1'.\n" + "DIAGNOSTICS " * 40),
+            "exited 69: Error",
+        ),
+    ],
+)
+def test_a_failed_depth_is_recorded_with_its_cause(
+    clock: list[float], answer: tuple[int, str], cause: str
+) -> None:
+    """The drain records ``queue depth: reason(exc)``: it used to end inside the eval expression."""
+    with pytest.raises(ClusterError) as info:
+        RMQ.queue_depth(Node("n1", clock, {"eval": answer}), "chaos-1", timeout=40.0)
+    recorded = reason(info.value)
+    assert recorded.startswith(f"ClusterError: n1: rabbitmqctl -q eval … {cause}")
+    assert "rabbit_amqqueue" not in recorded
+
+
+def test_a_command_the_budget_has_no_time_left_for_is_not_run(clock: list[float]) -> None:
+    n2 = Node("n2", clock, {}, takes=RMQ.ready_timeout / 2)
+    with pytest.raises(
+        ClusterError, match=r"^n2: rabbitmqctl join_cluster rabbit@n1 not run: .* ready_timeout \(300 s\)"
+    ):
+        RMQ.add_node(n2, [Node("n1", clock, running("n1", "n2"))], settings())
+    assert [c for c, _ in n2.ran] == ["rabbitmqctl stop_app", "rabbitmqctl reset"]

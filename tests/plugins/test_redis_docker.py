@@ -82,7 +82,7 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
         assert [i for _o, i in copies["n1"] or []] == [f"p1:{i}" for i in range(1, 21)]
         offsets = [o for o, _i in copies["n1"] or [] if o is not None]
         assert offsets == sorted(offsets) and len(set(offsets)) == 20
-        assert plugin.queue_depth(nodes["n1"], QUEUE) == (0, 0)
+        assert plugin.queue_depth(nodes["n1"], QUEUE, timeout=15) == (0, 0)
 
         # A failover Sentinel carries out: the driver asks again and follows the new primary, and
         # a reader that read the 20 entries on n1 goes on from the last of them there.
