@@ -340,6 +340,14 @@ class ClusterNode:
             self._members_said(peer, h.get("epochs") or {})
         elif t == "clients":
             self.partitions.clients_said(peer, int(h.get("n", 0)))
+        elif t == "check_partial":
+            self.partitions.check_partial(peer, str(h.get("node")), str(h.get("inc")))
+        elif t == "probe":
+            self.transport.send(peer, {"t": "probe_ok"})
+        elif t == "probe_ok":
+            self.partitions.probed(peer)
+        elif t == "partial":
+            self.partitions.partial(peer, str(h.get("node")))
         elif t == "heal":
             self.partitions.heal(peer, [str(n) for n in h.get("side", [peer])], int(h.get("clients", 0)))
         elif t in _FORWARDED:

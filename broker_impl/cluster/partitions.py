@@ -16,6 +16,20 @@
   joins as any starting node does (its persisted records merged with theirs,
   clients refused until a peer's records are in), so a node killed inside its
   minority and restarted there never serves alone.
+
+  A partial partition (n1 and n3 lose each other, n2 still sees both) leaves
+  each end a majority: n3 would promote its mirrors of n1's queues while n1
+  goes on confirming as their master, and the heal keeps one copy. As
+  RabbitMQ's node monitor does, a node that sees a peer go down asks the peers
+  it still sees whether they see it (``check_partial``, with the incarnation it
+  saw go down, so a restarted peer is not taken for the same one). One that
+  still counts it up asks it for an answer first (``probe``), as RabbitMQ's
+  check makes a call to it: a peer that is silent, not yet counted down
+  everywhere, answers nothing. When the answer comes it tells the asker
+  (``partial``), and the asker logs "partial partition detected" and pauses
+  until *every* member is visible again. Both ends pause
+  (within a round trip, before the tick a mirror waits before promoting), and
+  the node that sees both serves on, the paused ends' queues not failed over.
 * ``autoheal``: on heal each pair of sides compares client counts; the side
   with fewer clients (ties: the side without the smallest node name) closes its
   connections and takes the winner's records, dropping its conflicting copies.
@@ -71,6 +85,10 @@ class Partitions:
         self._heal_side: dict[str, list[str]] = {}
         self._since_start = True  # no majority seen since this node started (see ``start``)
         self._lost_at: float | None = None  # the last peer loss not yet followed by a majority heard from
+        self._await_all = False  # paused for a partial partition: resumes only when every member is visible
+        self._probing: dict[
+            str, set[str]
+        ] = {}  # peer probed -> the peers that saw it go down (``check_partial``)
 
     def clients_said(self, peer: str, n: int) -> None:
         self._clients[peer] = n
@@ -89,6 +107,35 @@ class Partitions:
         self.check_majority()
         self._was_down.add(peer)
         self._lost_at = time.monotonic()
+        self._probing.pop(peer, None)
+        if self.cfg.partition_handling == "pause_minority" and not self.paused:
+            ask = {"t": "check_partial", "node": peer, "inc": self.transport.incarnation_of(peer)}
+            for other in self.transport.up_peers():
+                self.transport.send(other, ask)
+
+    def check_partial(self, asker: str, node: str, incarnation: str) -> None:
+        """``asker`` saw ``node`` go down: if this node still counts the same incarnation of it up, probe it."""
+        if self.transport.is_up(node) and self.transport.incarnation_of(node) == incarnation:
+            self._probing.setdefault(node, set()).add(asker)
+            self.transport.send(node, {"t": "probe"})
+
+    def probed(self, node: str) -> None:
+        """``node`` answered a probe: it is there, so each peer that saw it go down is partitioned from it."""
+        for asker in sorted(self._probing.pop(node, set())):
+            self.transport.send(asker, {"t": "partial", "node": node})
+
+    def partial(self, proxy: str, node: str) -> None:
+        """``proxy`` still sees ``node``, which this node saw go down: a partial partition (module doc)."""
+        if self.cfg.partition_handling != "pause_minority" or self.paused or self.transport.is_up(node):
+            return
+        log.error(
+            "cluster: partial partition detected: %s seen down here, %s still sees it; "
+            "pausing until every member is visible",
+            node,
+            proxy,
+        )
+        self._await_all = True
+        self.check_majority()
 
     def confirms_held(self) -> bool:
         """Under pause_minority: whether publisher confirms wait (paused, or a majority not heard from since the
@@ -125,9 +172,10 @@ class Partitions:
         total = 1 + len(self.transport.peers)  # the recorded members (a forgotten node no longer counts)
         seen = 1 + len(self.transport.up_peers())
         minority = seen * 2 <= total
-        if minority and not self.paused:
+        held = minority or (self._await_all and seen < total)
+        if held and not self.paused:
             self._pause(seen, total)
-        elif not minority and self.paused:
+        elif not held and self.paused:
             self._resume(seen, total)
         if not minority:
             self._since_start = False
@@ -139,7 +187,8 @@ class Partitions:
         self.catalog.await_winner = "*"
         self.gm.pause()
         log.warning(
-            "cluster: only %d of %d nodes visible%s; pausing (pause_minority): client connections closed",
+            "cluster: %s %d of %d nodes visible%s; pausing (pause_minority): client connections closed",
+            "only" if seen * 2 <= total else "a partial partition,",
             seen,
             total,
             " at start" if self._since_start else "",
@@ -151,6 +200,7 @@ class Partitions:
 
     def _resume(self, seen: int, total: int) -> None:
         self.paused = False
+        self._await_all = False
         if not self.transport.peers:
             # Every other member was forgotten here (``forget_cluster_node``, as RabbitMQ's --offline
             # recovery of a node whose peers are gone for good): the node is the cluster, with no

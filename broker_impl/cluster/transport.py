@@ -188,6 +188,11 @@ class Transport:
         p = self.peers.get(peer)
         return p is not None and p.up
 
+    def incarnation_of(self, peer: str) -> str:
+        """The boot id ``peer`` gave in its last HELLO here ("" if none came)."""
+        p = self.peers.get(peer)
+        return p.incarnation if p is not None else ""
+
     def up_peers(self) -> list[str]:
         return sorted(n for n, p in self.peers.items() if p.up)
 

@@ -241,9 +241,13 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
     LogEvent("store-recovery-cut", r"store recovery \(abnormal shutdown\): .* cuts: (?P<cuts>(?!none$).+)$"),
     LogEvent("peer-down", r"cluster: peer (?P<peer>\S+) is down"),
     LogEvent("slave-attached", r"attached to master (?P<master>\S+); the replica ended at (?P<end>\d+)"),
-    # a node's partition-handling states: paused in a minority, serving after a start that no peer
+    # a node's partition-handling states: paused in a minority or for a partial partition, serving after a start that no peer
     # answered, and a queue copy dropped for another node's master (what only it held is gone)
     LogEvent("paused-minority", r"cluster: only \d+ of \d+ nodes visible(?: at start)?; pausing"),
+    LogEvent(
+        "partial-partition",
+        r"cluster: partial partition detected: (?P<down>\S+) seen down here, (?P<proxy>\S+) still sees it",
+    ),
     LogEvent("served-alone", r"cluster: serving clients \(no peer answered\)"),
     LogEvent(
         "copy-dropped", QUEUE + r" in vhost '[^']*': master is now (?P<master>\S+); dropping the copy here"

@@ -59,7 +59,8 @@ def test_reference_log_lines_become_events_with_their_time() -> None:
 
 def test_reference_partition_handling_states_are_events() -> None:
     """Paused in a minority, serving after a start no peer answered, a copy dropped at the heal: the
-    states behind a node that restarts inside its minority and serves (issue 39)."""
+    states behind a node that restarts inside its minority and serves (issue 39); a partial partition
+    detected (its pause is not a minority's)."""
     text = "\n".join(
         [
             "2026-01-02 10:00:01,000 WARNING broker_impl.cluster.partitions: cluster: only 1 of 3 nodes "
@@ -68,12 +69,17 @@ def test_reference_partition_handling_states_are_events() -> None:
             "2026-01-02 10:00:03,000 INFO broker_impl.cluster.catalog: cluster: serving clients (records from n2 merged)",
             "2026-01-02 10:00:04,000 WARNING broker_impl.cluster.catalog: queue 'chaos-1' in vhost '/': master "
             "is now n2; dropping the copy here",
+            "2026-01-02 10:00:05,000 ERROR broker_impl.cluster.partitions: cluster: partial partition detected: "
+            "n3 seen down here, n2 still sees it; pausing until every member is visible",
+            "2026-01-02 10:00:05,001 WARNING broker_impl.cluster.partitions: cluster: a partial partition, 2 of 3 "
+            "nodes visible; pausing (pause_minority): client connections closed",
         ]
     )
     assert names(REF, text) == [
         ("paused-minority", {}),
         ("served-alone", {}),
         ("copy-dropped", {"queue": "chaos-1", "master": "n2"}),
+        ("partial-partition", {"down": "n3", "proxy": "n2"}),
     ]
 
 

@@ -450,3 +450,70 @@ def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_p
     wait_for(lambda: len({queue_info(n, "ha.window").get("node") for n in nodes}) == 1, what="one master")
     got = set(drain(n3, "ha.window"))
     assert set(range(10)) | set(confirmed) <= got, f"confirmed {confirmed}, drained {sorted(got)}"
+
+
+def test_a_partial_partition_pauses_both_ends_and_loses_nothing_confirmed(cluster_factory, net) -> None:
+    """A partial partition (pause_minority): n1 (the master, its one mirror on n3) and n3 lose each other
+    while n2 still sees both. Each end sees 2 of 3; without a check n3 promotes its mirror, n1 goes on
+    confirming as master, and the heal keeps n3's copy with what n1 confirmed lost. As RabbitMQ's
+    ``Partial partition detected``: each end asks n2, which still sees the other, and pauses until every
+    member is visible; n2 serves on, and nothing n1 confirmed is lost at the heal."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    n1, n2, n3 = nodes
+    n1.ctl(
+        "set_policy",
+        name="ha",
+        pattern="^ha",
+        definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
+    )
+    declare(n1, "ha.partial")
+    wait_for(
+        lambda: queue_info(n1, "ha.partial").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync"
+    )
+    publish(n1, "ha.partial", range(10))
+    for pair in (("n1", "n3"), ("n3", "n1")):
+        net.links[pair].set_cut(True)
+    wait_for(
+        lambda: n3.ctl("cluster_status")["paused"] or queue_info(n3, "ha.partial").get("node") == "n3",
+        what="n3 paused or promoted",
+    )
+    confirmed: list[int] = []
+    try:
+        publish(n1, "ha.partial", range(100, 110))
+        confirmed = list(range(100, 110))
+    except pika.exceptions.AMQPError:
+        pass  # not confirmed: n1 paused
+    masters = [n.name for n in (n1, n3) if queue_info(n, "ha.partial").get("node") == n.name]
+    assert _serving(n2), "n2 sees every member and serves"
+    net.heal()
+    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
+    wait_for(
+        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
+        what="every node sees every peer",
+    )
+    wait_for(lambda: len({queue_info(n, "ha.partial").get("node") for n in nodes}) == 1, what="one master")
+    got = set(drain(n2, "ha.partial"))
+    assert len(masters) < 2 and set(range(10)) | set(confirmed) <= got, (
+        f"masters during the partition {masters}; confirmed {confirmed}, drained {sorted(got)}"
+    )
+
+
+def test_a_silent_node_is_not_taken_for_a_partial_partition(cluster_factory, net) -> None:
+    """n3's links go silent both ways (pause_minority): n1 and n2 count it down each at its own tick, so the
+    first to do so may ask the other while that one still counts n3 up. That is not a partial partition:
+    the peer asked probes n3 first and n3 answers nothing, so n1 and n2 serve on and only n3 pauses."""
+    nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority")
+    n1, n2, n3 = nodes
+    for (a, b), link in net.links.items():
+        if "n3" in (a, b):
+            link.silent = True
+    wait_for(lambda: n3.ctl("cluster_status")["paused"], what="n3 paused")
+    wait_for(
+        lambda: all(
+            n.ctl("cluster_status")["running"] == [n.name, *[p for p in ("n1", "n2") if p != n.name]]
+            for n in (n1, n2)
+        ),
+        what="n1 and n2 count n3 down",
+    )
+    assert _serving(n1) and _serving(n2), [n.ctl("cluster_status") for n in (n1, n2)]
+    assert "partial partition detected" not in n1.log() + n2.log()
