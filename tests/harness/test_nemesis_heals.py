@@ -18,6 +18,16 @@ from harness.spec.rundir import HISTORY_JSONL
 from tests.polling import until
 
 
+def _run_plan(tmp_path: Path, plan: Plan, *kinds: type[Fault]) -> None:
+    """The nemesis run for real over ``plan`` (0.3 s), its history in ``tmp_path``."""
+    rec = Recorder(tmp_path / HISTORY_JSONL)
+    nemesis = Nemesis(
+        plan, {k.name: k for k in kinds}, FaultContext(None), rec, settle=0.0, final_heal=lambda: None
+    )
+    asyncio.run(nemesis(0.3))
+    rec.close()
+
+
 class Joins(Fault):
     """Its heal waits until the ``cuts`` fault is healed (as a join waits for its members to run)."""
 
@@ -46,13 +56,8 @@ class Cuts(Fault):
 
 def test_a_heal_due_while_an_earlier_heal_waits_runs_at_its_time(tmp_path: Path) -> None:
     Joins.healed = []
-    rec = Recorder(tmp_path / HISTORY_JSONL)
     plan = Plan([PlannedFault("f1", 0.0, 0.1, "joins", {}), PlannedFault("f2", 0.05, 0.1, "cuts", {})])
-    nemesis = Nemesis(
-        plan, {"joins": Joins, "cuts": Cuts}, FaultContext(None), rec, settle=0.0, final_heal=lambda: None
-    )
-    asyncio.run(nemesis(0.3))
-    rec.close()
+    _run_plan(tmp_path, plan, Joins, Cuts)
     assert Joins.healed == ["cuts", "joins"]
     heals = [r for r in read_jsonl(tmp_path / HISTORY_JSONL) if r["f"] == "heal" and r["type"] == "ok"]
     assert len(heals) == 3  # f2's, f1's and the final heal, each completed
@@ -88,18 +93,8 @@ class Applies(Fault):
 
 def test_a_fault_due_while_the_last_one_measures_its_evidence_is_applied_at_its_time(tmp_path: Path) -> None:
     Measures.events = []
-    rec = Recorder(tmp_path / HISTORY_JSONL)
     plan = Plan([PlannedFault("f1", 0.0, 0.2, "measures", {}), PlannedFault("f2", 0.05, None, "applies", {})])
-    nemesis = Nemesis(
-        plan,
-        {"measures": Measures, "applies": Applies},
-        FaultContext(None),
-        rec,
-        settle=0.0,
-        final_heal=lambda: None,
-    )
-    asyncio.run(nemesis(0.3))
-    rec.close()
+    _run_plan(tmp_path, plan, Measures, Applies)
     assert Measures.events == ["applied", "measured", "healed"]  # the heal waits for the measurement
     nemesis_ops = [r for r in read_jsonl(tmp_path / HISTORY_JSONL) if r["process"] == "nemesis"]
     seen = [(r["type"], json.loads(r["value"]).get("fault_id")) for r in nemesis_ops]

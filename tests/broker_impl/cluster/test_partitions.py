@@ -409,6 +409,19 @@ def test_a_promoted_master_killed_and_restarted_as_the_partition_heals_keeps_wha
     assert sorted(drain(n1, "ha.heal")) == list(range(20))
 
 
+def _mirrored_on_n1_and_n3(n1: NodeProc, queue: str) -> None:
+    """``queue`` mastered on n1 with its one mirror on n3, in sync, holding messages 0..9."""
+    n1.ctl(
+        "set_policy",
+        name="ha",
+        pattern="^ha",
+        definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
+    )
+    declare(n1, queue)
+    wait_for(lambda: queue_info(n1, queue).get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync")
+    publish(n1, queue, range(10))
+
+
 def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_pauses(
     cluster_factory, net
 ) -> None:
@@ -418,17 +431,7 @@ def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_p
     mirror is the master (a master confirmed alone for 0.4 s there and lost 75 messages at the heal)."""
     nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority", down_after=25)
     n1, _n2, n3 = nodes
-    n1.ctl(
-        "set_policy",
-        name="ha",
-        pattern="^ha",
-        definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
-    )
-    declare(n1, "ha.window")
-    wait_for(
-        lambda: queue_info(n1, "ha.window").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync"
-    )
-    publish(n1, "ha.window", range(10))
+    _mirrored_on_n1_and_n3(n1, "ha.window")
     for pair in (("n1", "n2"), ("n2", "n1")):
         net.links[pair].silent = True
     for pair in (("n1", "n3"), ("n3", "n1")):
@@ -460,17 +463,7 @@ def test_a_partial_partition_pauses_both_ends_and_loses_nothing_confirmed(cluste
     member is visible; n2 serves on, and nothing n1 confirmed is lost at the heal."""
     nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority")
     n1, n2, n3 = nodes
-    n1.ctl(
-        "set_policy",
-        name="ha",
-        pattern="^ha",
-        definition={"ha-mode": "nodes", "ha-params": ["n1", "n3"], "ha-sync-mode": "automatic"},
-    )
-    declare(n1, "ha.partial")
-    wait_for(
-        lambda: queue_info(n1, "ha.partial").get("synchronised_mirrors") == ["n3"], what="n3's mirror in sync"
-    )
-    publish(n1, "ha.partial", range(10))
+    _mirrored_on_n1_and_n3(n1, "ha.partial")
     for pair in (("n1", "n3"), ("n3", "n1")):
         net.links[pair].set_cut(True)
     wait_for(
