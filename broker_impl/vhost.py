@@ -170,25 +170,60 @@ class VHost:
         existing = self.queues.get(name)
         if existing is not None and not existing.deleted:
             q = self.get_queue(name, owner)
-            if (
-                q.durable != durable
-                or (q.exclusive_owner is not None) != exclusive
-                or q.auto_delete != auto_delete
-            ):
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
-                    f"received '{str(durable).lower()}' but current is '{str(q.durable).lower()}'",
-                )
-            for key in _QUEUE_ARGS_COMPARED:
-                if arguments.get(key) != q.arguments.get(key):
-                    raise ChannelError(
-                        PRECONDITION_FAILED,
-                        f"inequivalent arg '{key}' for queue '{name}' in vhost '{self.name}': "
-                        f"received {arguments.get(key)!r} but current is {q.arguments.get(key)!r}",
-                    )
+            self._check_equivalent(
+                q, durable=durable, exclusive=exclusive, auto_delete=auto_delete, arguments=arguments
+            )
             q.touch()
             return q
+        self._check_new_queue_args(name, arguments)
+        bq = await self.broker.open_backing(self.name, name, durable)
+        try:
+            q = self.broker.make_queue(
+                self,
+                name,
+                bq,
+                durable=durable,
+                exclusive_owner=owner if exclusive else None,
+                auto_delete=auto_delete,
+                arguments=arguments,
+            )
+        except ValueError as exc:
+            await bq.delete()
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        self.queues[name] = q
+        self.exchanges[""].bind(Binding("", name, name))
+        self.broker.apply_policies(q)
+        self.broker.metadata_changed(persist=durable)
+        q.touch()
+        if durable:
+            q.restore_deadlines()
+        return q
+
+    def _check_equivalent(
+        self, q: Queue, *, durable: bool, exclusive: bool, auto_delete: bool, arguments: dict[str, Any]
+    ) -> None:
+        """A re-declare of an existing queue must match it (RabbitMQ's PRECONDITION_FAILED otherwise)."""
+        name = q.name
+        if (
+            q.durable != durable
+            or (q.exclusive_owner is not None) != exclusive
+            or q.auto_delete != auto_delete
+        ):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
+                f"received '{str(durable).lower()}' but current is '{str(q.durable).lower()}'",
+            )
+        for key in _QUEUE_ARGS_COMPARED:
+            if arguments.get(key) != q.arguments.get(key):
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{key}' for queue '{name}' in vhost '{self.name}': "
+                    f"received {arguments.get(key)!r} but current is {q.arguments.get(key)!r}",
+                )
+
+    def _check_new_queue_args(self, name: str, arguments: dict[str, Any]) -> None:
+        """The arguments a new queue is refused for, each with RabbitMQ's PRECONDITION_FAILED."""
         qtype = arguments.get("x-queue-type", "classic")
         if qtype != "classic":
             # RabbitMQ refuses what it does not implement; a quorum or stream queue quietly made classic
@@ -218,28 +253,6 @@ class VHost:
                 f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' in vhost '{self.name}': "
                 "Key x-dead-letter-exchange should be present",
             )
-        bq = await self.broker.open_backing(self.name, name, durable)
-        try:
-            q = self.broker.make_queue(
-                self,
-                name,
-                bq,
-                durable=durable,
-                exclusive_owner=owner if exclusive else None,
-                auto_delete=auto_delete,
-                arguments=arguments,
-            )
-        except ValueError as exc:
-            await bq.delete()
-            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
-        self.queues[name] = q
-        self.exchanges[""].bind(Binding("", name, name))
-        self.broker.apply_policies(q)
-        self.broker.metadata_changed(persist=durable)
-        q.touch()
-        if durable:
-            q.restore_deadlines()
-        return q
 
     async def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
         if if_unused and q.consumers:

@@ -325,7 +325,7 @@ class RabbitMQ(BrokerPlugin):
         rel = self.release
         if settings.get("metadata_store") != "khepri" or rel is None or rel.name not in KHEPRI_OPT_IN:
             return
-        run_or_fail(nodes[0], ENABLE_KHEPRI, timeout=300)
+        run_or_fail(nodes[0], ENABLE_KHEPRI, timeout=self.ready_timeout)
         for node in nodes:
             out = run_or_fail(node, KHEPRI_ENABLED, timeout=60)
             if out.strip() != "true":

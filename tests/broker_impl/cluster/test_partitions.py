@@ -422,6 +422,17 @@ def _mirrored_on_n1_and_n3(n1: NodeProc, queue: str) -> None:
     publish(n1, queue, range(10))
 
 
+def _heal_to_one_master(net: Net, nodes: list[NodeProc], queue: str) -> None:
+    """Heal, and wait until every node serves, sees every peer and agrees on ``queue``'s master."""
+    net.heal()
+    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
+    wait_for(
+        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
+        what="every node sees every peer",
+    )
+    wait_for(lambda: len({queue_info(n, queue).get("node") for n in nodes}) == 1, what="one master")
+
+
 def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_pauses(
     cluster_factory, net
 ) -> None:
@@ -444,13 +455,7 @@ def test_a_master_cut_off_one_peer_at_a_time_keeps_what_it_confirmed_before_it_p
     except pika.exceptions.AMQPError:
         pass  # not confirmed: n1 paused first
     wait_for(lambda: n1.ctl("cluster_status")["paused"], what="n1 paused")
-    net.heal()
-    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
-    wait_for(
-        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
-        what="every node sees every peer",
-    )
-    wait_for(lambda: len({queue_info(n, "ha.window").get("node") for n in nodes}) == 1, what="one master")
+    _heal_to_one_master(net, nodes, "ha.window")
     got = set(drain(n3, "ha.window"))
     assert set(range(10)) | set(confirmed) <= got, f"confirmed {confirmed}, drained {sorted(got)}"
 
@@ -478,13 +483,7 @@ def test_a_partial_partition_pauses_both_ends_and_loses_nothing_confirmed(cluste
         pass  # not confirmed: n1 paused
     masters = [n.name for n in (n1, n3) if queue_info(n, "ha.partial").get("node") == n.name]
     assert _serving(n2), "n2 sees every member and serves"
-    net.heal()
-    wait_for(lambda: all(_serving(n) for n in nodes), what="every node serving")
-    wait_for(
-        lambda: all(sorted(n.ctl("cluster_status")["running"]) == ["n1", "n2", "n3"] for n in nodes),
-        what="every node sees every peer",
-    )
-    wait_for(lambda: len({queue_info(n, "ha.partial").get("node") for n in nodes}) == 1, what="one master")
+    _heal_to_one_master(net, nodes, "ha.partial")
     got = set(drain(n2, "ha.partial"))
     assert len(masters) < 2 and set(range(10)) | set(confirmed) <= got, (
         f"masters during the partition {masters}; confirmed {confirmed}, drained {sorted(got)}"
