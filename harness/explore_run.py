@@ -61,6 +61,12 @@ class Explore:
                     f"explore: fault {kind!r} needs broker capabilities {sorted(missing)} "
                     f"that plugin {plugin.name!r} does not declare"
                 )
+        known = {e.name for e in plugin.log_events}
+        if until_events - known:
+            raise BrokerChaosError(
+                f"--until-event: plugin {plugin.name!r} reads no event {sorted(until_events - known)} "
+                f"from its logs; it reads {', '.join(sorted(known)) or 'none'}"
+            )
         nodes = [f"n{i}" for i in range(1, scenario.broker.nodes + 1)]
         w = scenario.workload
         self.start = Schedule(

@@ -71,6 +71,18 @@ def test_fault_the_broker_cannot_take(tmp_path: Path) -> None:
     assert "fault 'pause' needs broker capabilities ['pause']" in line and "'fixture'" in line
 
 
+def test_explore_until_an_event_the_plugin_does_not_read(tmp_path: Path) -> None:
+    write(
+        tmp_path / "s.yaml",
+        "broker: {plugin: reference}\nnemesis: {schedule: [{at: 1, fault: kill, hold: 1}]}\n",
+    )
+    line = one_line_error(brokerchaos("explore", "s.yaml", "--until-event", "no-such-event", cwd=tmp_path))
+    assert (
+        "--until-event: plugin 'reference' reads no event ['no-such-event']" in line
+        and "served-alone" in line
+    )
+
+
 def test_unknown_plugin_module(tmp_path: Path) -> None:
     line = one_line_error(brokerchaos("-p", "does.not.exist", "plugins", cwd=tmp_path))
     assert (
