@@ -47,7 +47,16 @@ from bench.detection import (
     run_scenario,
     select,
 )
-from bench.facts import RESULTS, command_line, facts_markdown, machine_facts, run_cli, say, write_report
+from bench.facts import (
+    RESULTS,
+    command_line,
+    facts_markdown,
+    load_text,
+    machine_facts,
+    run_cli,
+    say,
+    write_report,
+)
 from harness.errors import BrokerChaosError
 
 
@@ -212,7 +221,7 @@ def markdown(data: dict[str, Any]) -> str:
     for b in data["bugs"]:
         for way in ways(b):
             ph = b[way]
-            load = " ".join(f"{x:.2f}" for x in ph.get("load_before", []))
+            load = load_text(ph.get("load_before", []))
             lines.append(f"- {b['label']}, {way} (load average before: {load}):")
             for r in ph.get("runs", []):
                 what = f"seed {r['seed']}" if way == "random" else f"run {r['iteration']} ({r['how']})"

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,7 @@ def write_report(out: Path | str, data: dict[str, Any], markdown: Callable[[dict
 def facts_markdown(facts: dict[str, Any], command: str) -> str:
     mem_gib = facts["memory_bytes"] / 2**30
     libs = ", ".join(f"{k} {v}" for k, v in facts["client_libraries"].items())
-    load = " ".join(f"{x:.2f}" for x in facts["load_average_at_start"])
+    load = load_text(facts["load_average_at_start"])
     lines = [
         f"- command: `{command}`",
         f"- date: {facts['date']}",
@@ -129,8 +129,18 @@ def facts_markdown(facts: dict[str, Any], command: str) -> str:
         f"- load average at start (1/5/15 min): {load}",
     ]
     if "load_average_at_end" in facts:
-        lines.append("- load average at end: " + " ".join(f"{x:.2f}" for x in facts["load_average_at_end"]))
+        lines.append("- load average at end: " + load_text(facts["load_average_at_end"]))
     return "\n".join(lines) + "\n"
+
+
+def load_average() -> list[float]:
+    """The 1/5/15-minute load averages, as ``/proc/loadavg`` states them."""
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def load_text(loads: Sequence[float]) -> str:
+    """Load averages as every result file writes them: two decimals, space-separated."""
+    return " ".join(f"{x:.2f}" for x in loads)
 
 
 def say(line: str) -> None:
@@ -141,7 +151,7 @@ def say(line: str) -> None:
 
 def load_line() -> str:
     """The load on the machine as a long benchmark's opening line states it."""
-    return f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+    return f"load average {load_text(os.getloadavg())} on {os.cpu_count()} CPUs"
 
 
 def measure(

@@ -30,15 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_probe import probed_run, tree_cpu
+from bench.facts import load_average
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 COMPARED = ("verdict", "valid", "counts", "lost", "drain", "faults")
-
-
-def load() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -66,7 +63,7 @@ def cpu_between(
 def one_run(
     store: Path, duration: float, probe: Path, extra: list[str], env: dict[str, str]
 ) -> dict[str, Any]:
-    before = load()
+    before = load_average()
     wall, proc = cli(*probed_run(store, duration, extra), env={"BROKERCHAOS_CPU_PROBE": str(probe), **env})
     if proc.returncode not in (0, 1, 3):
         raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -89,7 +86,7 @@ def one_run(
         "harness_cpu_workload": cpu_between(marks, ("workload", "start"), ("workload", "done")),
         "harness_cpu_run_start_to_drain": cpu_between(marks, ("run", "start"), ("workload", "done")),
         "load_before": before,
-        "load_after": load(),
+        "load_after": load_average(),
         "extra_args": extra,
     }
 
@@ -118,7 +115,7 @@ def cli_cpu(*args: str, server: int | None = None) -> tuple[float, float, subpro
 
 
 def analyze(run_dir: str, label: str, args: list[str], server: int | None = None) -> dict[str, Any]:
-    before = load()
+    before = load_average()
     wall, cpu, proc = cli_cpu("analyze", run_dir, "--json", *args, server=server)
     if proc.returncode not in (0, 1, 3):
         raise SystemExit(f"analyze {label} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -130,7 +127,7 @@ def analyze(run_dir: str, label: str, args: list[str], server: int | None = None
         "verdict": out.get("verdict"),
         "compared": {k: out.get(k) for k in COMPARED},
         "load_before": before,
-        "load_after": load(),
+        "load_after": load_average(),
     }
 
 
@@ -191,7 +188,7 @@ def main() -> int:
             )
             print(json.dumps(out["run_in_process"], indent=1), flush=True)
         # 2. The service, started and warmed, then a run that checks through it.
-        before = load()
+        before = load_average()
         t0 = time.monotonic()
         state = _spark_service.start(free_port(), home=home)
         started = round(time.monotonic() - t0, 1)
@@ -201,7 +198,7 @@ def main() -> int:
             "jvm_start_s": started,
             "warm_up_s": warm,
             "load_before": before,
-            "load_after": load(),
+            "load_after": load_average(),
         }
         print(json.dumps(out["service_start"]), flush=True)
         try:

@@ -25,9 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def load() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+from bench.facts import load_average  # noqa: E402 - importable once the repository is on the path
 
 
 def main() -> int:
@@ -48,7 +46,7 @@ def main() -> int:
         builder = ImageBuilder(client, namespace=namespace, cache=Path(cache))
 
         def step(name: str, fn: Any) -> str:
-            before = load()
+            before = load_average()
             t0 = time.monotonic()
             tag = str(fn())
             steps.append(
@@ -57,7 +55,7 @@ def main() -> int:
                     "tag": tag,
                     "seconds": round(time.monotonic() - t0, 1),
                     "load_before": before,
-                    "load_after": load(),
+                    "load_after": load_average(),
                 }
             )
             made.append(tag)

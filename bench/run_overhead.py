@@ -43,13 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_probe import probed_run
+from bench.facts import load_average
 
 REPO = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^\[\s*([\d.]+)s\] (\S+)\s+(.*)$")
-
-
-def load() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def uptime() -> str:
@@ -130,9 +127,9 @@ def one(label: str, tree: Path, duration: float, extra: list[str], keep: Path) -
     keep.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"{label}-", dir=keep)
     store, probe = Path(tmp) / "store", Path(tmp) / "cpu.json"
-    before, up = load(), uptime()
+    before, up = load_average(), uptime()
     r = timed_run(tree, store, probe, duration, extra)
-    after = load()
+    after = load_average()
     if r["rc"] not in (0, 1, 3):
         tail = "\n".join(line for _t, line in r["lines"][-30:])
         raise SystemExit(f"{label}: run failed ({r['rc']}):\n{tail}")

@@ -29,9 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def load() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+from bench.facts import load_average  # noqa: E402 - importable once the repository is on the path
 
 
 class Actions:
@@ -152,7 +150,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "run_dirs": [str(d) for d in args.run_dirs],
         "code": _progress.__file__,
-        "load_before": load(),
+        "load_before": load_average(),
     }
     t0 = time.monotonic()
     spark = spark_session("local[*]")
@@ -161,11 +159,11 @@ def main() -> int:
     with _progress.quiet():
         warm_up(lambda d, s, big: check_spark(d, s, spark_master="local[*]"), times=args.warm_ups)
     out["warm_up_s"] = round(time.monotonic() - t0, 1)
-    out["load_after_warm_up"] = load()
+    out["load_after_warm_up"] = load_average()
     actions = Actions(spark)
     actions.wrap()
     out["checks"] = [one_check(i, args, spark, actions) for i in range(args.checks)]
-    out["load_after"] = load()
+    out["load_after"] = load_average()
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
@@ -219,14 +217,16 @@ def one_check(i: int, args: argparse.Namespace, spark: Any, actions: Actions) ->
         "stages": sum(r.get("stages", 0) for r in rows),
         "tasks": sum(r.get("tasks", 0) for r in rows),
         "lost": results["counts"]["lost"],
-        "load": load(),
+        "load": load_average(),
     }
 
 
 def _print_check(
     i: int, run_dir: Path, conf: str, wall: float, steps: list[tuple[str, float]], rows: list[dict[str, Any]]
 ) -> None:
-    print(f"check {i + 1} {run_dir.name} {conf}: {wall:.2f} s  {steps}  load {load()}", file=sys.stderr)
+    print(
+        f"check {i + 1} {run_dir.name} {conf}: {wall:.2f} s  {steps}  load {load_average()}", file=sys.stderr
+    )
     for r in rows:
         if "error" in r:
             continue

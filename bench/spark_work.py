@@ -24,7 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.spark_profile import Actions, load, summarize  # noqa: E402
+from bench.facts import load_average  # noqa: E402
+from bench.spark_profile import Actions, summarize  # noqa: E402
 
 
 def _args() -> argparse.Namespace:
@@ -72,7 +73,7 @@ def _spark(run_dir: Path, scenario: dict, actions: Actions) -> tuple[dict[str, A
         "task_run_s": round(sum(r["task_run_s"] for r in rows), 3),
         "task_cpu_s": round(sum(r["task_cpu_s"] for r in rows), 3),
         "by_action": [{k: r[k] for k in ("action", "wall_s", "jobs", "stages", "tasks")} for r in rows],
-        "load": load(),
+        "load": load_average(),
     }
     return out, res
 
@@ -95,7 +96,12 @@ def main() -> int:
         sys.path.insert(0, str(tree))
     from spark_reports.service.session import spark_session
 
-    out: dict[str, Any] = {"tree": str(tree), "commit": _commit(tree), "load_start": load(), "runs": []}
+    out: dict[str, Any] = {
+        "tree": str(tree),
+        "commit": _commit(tree),
+        "load_start": load_average(),
+        "runs": [],
+    }
     t0 = time.monotonic()
     spark = spark_session("local[*]")
     out["session_s"] = round(time.monotonic() - t0, 1)
@@ -105,17 +111,17 @@ def main() -> int:
         scenario = json.loads((run_dir / "scenario.json").read_text())
         one: dict[str, Any] = {"run_dir": str(run_dir), "python": [], "spark": []}
         py_s, py = _python(run_dir, scenario)
-        one["python"].append({"wall_s": py_s, "load": load()})
+        one["python"].append({"wall_s": py_s, "load": load_average()})
         for _ in range(args.checks):
             got, res = _spark(run_dir, scenario, actions)
             got["differs_from_python"] = _differ(py, res)
             one["spark"].append(got)
             print(f"{run_dir.name}: spark {got}", file=sys.stderr)
         py_s, _py = _python(run_dir, scenario)
-        one["python"].append({"wall_s": py_s, "load": load()})
+        one["python"].append({"wall_s": py_s, "load": load_average()})
         print(f"{run_dir.name}: python {one['python']}", file=sys.stderr)
         out["runs"].append(one)
-    out["load_end"] = load()
+    out["load_end"] = load_average()
     text = json.dumps(out, indent=1) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -40,6 +40,7 @@ from bench.facts import (
     add_store_and_out,
     facts_markdown,
     load_line,
+    load_text,
     measure,
     run_cli,
     say,
@@ -189,11 +190,7 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for t in data["targets"]:
         ttd = t["seconds_to_detection"]
-        load = (
-            f"{' '.join(f'{x:.2f}' for x in t['load_before'])} -> {' '.join(f'{x:.2f}' for x in t['load_after'])}"
-            if t["load_after"]
-            else "-"
-        )
+        load = f"{load_text(t['load_before'])} -> {load_text(t['load_after'])}" if t["load_after"] else "-"
         lines.append(
             f"| {t['label']} | {t['kind']} | `{Path(t['scenario']).name}` | {t['status']} | "
             f"{t['runs_to_detection'] or len(t['runs'])} | {f'{ttd:.0f} s' if ttd is not None else '-'} | "
