@@ -19,9 +19,20 @@ from tests.broker_impl.cluster.conftest import NodeProc, amqp, declare, drain, p
 from tests.broker_impl.test_fuzz import Raw
 
 
-def _counts(node: NodeProc, queue: str) -> tuple[Any, Any]:
-    info = queue_info(node, queue)
+def _ready_unacked(info: dict[str, Any]) -> tuple[Any, Any]:
     return info.get("messages_ready"), info.get("messages_unacknowledged")
+
+
+def _counts(node: NodeProc, queue: str) -> tuple[Any, Any]:
+    return _ready_unacked(queue_info(node, queue))
+
+
+def _queue_on_n1(cluster_factory, queue: str, messages: int, **cluster: Any) -> tuple[NodeProc, NodeProc]:
+    """Three nodes, ``queue`` declared on n1 (its master, not mirrored) holding ``messages``; n1 and n2."""
+    n1, n2, _n3 = cluster_factory(3, **cluster)
+    declare(n1, queue)
+    publish(n1, queue, range(messages))
+    return n1, n2
 
 
 def _wait_for_counts(node: NodeProc, queue: str, want: tuple[int, int]) -> dict[str, Any]:
@@ -29,7 +40,7 @@ def _wait_for_counts(node: NodeProc, queue: str, want: tuple[int, int]) -> dict[
 
     def row() -> dict[str, Any] | None:
         info = queue_info(node, queue)
-        return info if (info.get("messages_ready"), info.get("messages_unacknowledged")) == want else None
+        return info if _ready_unacked(info) == want else None
 
     return wait_for(row, what=f"{want} (ready, unacked) on {node.name}")
 
@@ -95,10 +106,8 @@ def test_a_remote_consumers_channel_closing_while_the_master_delivers_gets_every
 ) -> None:
     # Nothing fails here: heartbeats a second apart (3 s to "down", not the fixture's 0.6 s), so a
     # stall of a loaded machine does not make n2 take n1 for down and refuse its queue.
-    n1, n2, _n3 = cluster_factory(3, tick=1.0)
     queue = "handoff.inflight"
-    declare(n1, queue)
-    publish(n1, queue, range(3000))
+    n1, n2 = _queue_on_n1(cluster_factory, queue, 3000, tick=1.0)
     conn = amqp(n2)  # remote: every delivery crosses the n1 -> n2 link
     ch = conn.channel()
     seen: list[int] = []
@@ -141,10 +150,8 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
 def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refused_not_answered_zero(
     cluster_factory,
 ) -> None:
-    n1, n2, _n3 = cluster_factory(3)
     queue = "counts.unreachable"
-    declare(n1, queue)
-    publish(n1, queue, range(5))
+    n1, n2 = _queue_on_n1(cluster_factory, queue, 5)
     wait_for(lambda: _counts(n2, queue) == (5, 0), what="n2 sees the master's counts")
     n1.kill()  # not mirrored: nobody can answer for the 5 messages until n1 is back
     wait_for(lambda: "n1" in n2.ctl("cluster_status")["down"], what="n1 down on n2")
@@ -160,10 +167,8 @@ def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_tim
     cluster_factory,
 ) -> None:
     """A client whose stream to the broker stops in the middle of a frame (a cut TCP stream) holds nothing for ever."""
-    n1, n2, _n3 = cluster_factory(3)
     queue = "handoff.silent"
-    declare(n1, queue)
-    publish(n1, queue, range(20))
+    n1, n2 = _queue_on_n1(cluster_factory, queue, 20)
     raw = Raw(n2.amqp_port)  # on n2: a remote consumer of n1's queue
     raw.handshake("tune")
     raw.send((0, commands.Connection.TuneOk(2047, 131072, 1)), (0, commands.Connection.Open("/")))
