@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,8 +82,15 @@ SHOWN_COUNTS = (
     "recovered",
     "split_brain",
 )
+
+
 #: How long a run may take to stop after Ctrl-C (it tears its cluster down first).
 STOP_GRACE = 180.0
+
+
+def shown_counts(counts: Mapping[str, Any]) -> str:
+    """The non-zero ``SHOWN_COUNTS`` of a run, as every table and line of this benchmark writes them."""
+    return ", ".join(f"{k} {counts[k]}" for k in SHOWN_COUNTS if counts.get(k))
 
 
 @dataclass(frozen=True)
@@ -252,8 +259,7 @@ class RunRecord:
         return self.valid is False
 
     def counts_text(self) -> str:
-        shown = [f"{k} {self.counts[k]}" for k in SHOWN_COUNTS if self.counts.get(k)]
-        return ", ".join(shown) or "-"
+        return shown_counts(self.counts) or "-"
 
 
 class Interrupted(Exception):
@@ -692,11 +698,7 @@ def markdown(data: dict[str, Any]) -> str:
     for b in data["bugs"]:
         runs = b["runs"]
         last = runs[-1] if runs else None
-        counts = (
-            ", ".join(f"{k} {last['counts'][k]}" for k in SHOWN_COUNTS if last and last["counts"].get(k))
-            if last
-            else ""
-        )
+        counts = shown_counts(last["counts"]) if last else ""
         t = b["seconds_to_detection"]
         lines.append(
             f"| {b['bug']['label']} | {b['bug']['area']} | `{Path(b['bug']['scenario']).name}` | "
@@ -743,7 +745,7 @@ def clean_markdown(clean: list[dict[str, Any]]) -> list[str]:
         "| --- | --- | --- | --- | --- |",
     ]
     for c in clean:
-        counts = ", ".join(f"{k} {c['counts'][k]}" for k in SHOWN_COUNTS if c["counts"].get(k))
+        counts = shown_counts(c["counts"])
         lines.append(
             f"| `{Path(c['scenario']).name}` | {c['seed']} | {c['verdict']} | {counts or '-'} | "
             f"{c['seconds']:.0f} |"
