@@ -126,7 +126,10 @@ class _Conn:
         if task is None or not task.done() or task.cancelled():
             return None
         exc = task.exception()
-        return None if exc is None else reason(exc)
+        if exc is None:
+            return None
+        # rstream wraps the check that failed: "Could not decode <Deliver>" from "Invalid checksum".
+        return reason(exc) + (f" ({reason(exc.__cause__)})" if exc.__cause__ is not None else "")
 
     async def close(self) -> None:
         await close_quietly(self.client.close(), 3.0)
