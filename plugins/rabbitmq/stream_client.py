@@ -113,7 +113,23 @@ class _Conn:
 
     @property
     def alive(self) -> bool:
-        return self.client.is_connection_alive() and not self.closed.is_set()
+        return (
+            self.client.is_connection_alive() and not self.closed.is_set() and self.reader_failure() is None
+        )
+
+    def reader_failure(self) -> str | None:
+        """Why the client's frame reader stopped, if it did. rstream's reader ends on a frame it
+        cannot decode (a chunk whose CRC does not match: ``ValueError: Invalid checksum``) without
+        closing the connection or calling its closed handler, so the connection still looks alive
+        while nothing more is read from it. rstream keeps no public handle on that task."""
+        task = self.client._tasks.get("listener")
+        if task is None or not task.done() or task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is None:
+            return None
+        # rstream wraps the check that failed: "Could not decode <Deliver>" from "Invalid checksum".
+        return reason(exc) + (f" ({reason(exc.__cause__)})" if exc.__cause__ is not None else "")
 
     async def close(self) -> None:
         await close_quietly(self.client.close(), 3.0)
@@ -575,10 +591,18 @@ class _Drain:
         loop = asyncio.get_running_loop()
         idle_from = loop.time()
         while loop.time() - idle_from < self.d.w.drain_idle:
-            if not conn.alive:
+            failure = conn.reader_failure()
+            if failure is None and not conn.alive:
                 view.error = "connection lost while draining"
                 return False
             got = await sub.batch(0.5)
+            if failure is not None and not got:
+                # The node sent what the client rejects: once what came before it is read, the
+                # copy reads no further however often it is visited, so what was read is its
+                # copy, and the error says why it ends.
+                return self._read(
+                    view, entries, f"read stopped: the client rejected what the node sent ({failure})"
+                )
             if got:
                 idle_from = loop.time()
             for offset, data in got:
@@ -593,10 +617,14 @@ class _Drain:
                 self.recorded.add(msg_id)
                 view.consumed += 1
                 self.consumed += 1
+        return self._read(view, entries, None)
+
+    def _read(self, view: NodeView, entries: list[tuple[int, str]], error: str | None) -> bool:
+        """The node's copy as read (offset, id), to its end or to where ``error`` stopped the read."""
         view.entries = len(entries)
         view.first_seq = entries[0][0] if entries else None
         view.last_seq = entries[-1][0] if entries else None
-        view.error = None
+        view.error = error
         view.empty_at_ns = self.d.recorder.now_ns()
         return True
 

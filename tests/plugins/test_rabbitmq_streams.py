@@ -315,3 +315,51 @@ def test_what_a_takeover_reads_again_is_marked_redelivered(tmp_path: Path) -> No
         ("c1", "p1:1", False), ("c1", "p1:2", False), ("c1", "p1:3", False),
         ("c2", "p1:1", True), ("c2", "p1:2", True), ("c2", "p1:3", True),
     ]  # fmt: skip
+
+
+# -- a chunk the client rejects ---------------------------------------------------------------
+
+
+def test_a_copy_the_client_stops_reading_on_a_bad_chunk_names_why_in_the_drain(tmp_path: Path) -> None:
+    """rstream's frame reader ends on a chunk whose CRC does not match (``ValueError: Invalid
+    checksum``) and leaves the connection looking alive: the drain read nothing more from that
+    node and recorded its copy as whole, with no error. The node's copy ends there however often
+    it is visited, so the drain keeps what came before the bad chunk and says why it stopped."""
+    driver, rec = _driver(tmp_path)
+    driver.w = WorkloadSection(consumers=2, message_size=64, drain_idle=30)
+
+    async def rejected() -> None:
+        try:
+            raise ValueError("Invalid checksum")  # rstream's Deliver checks the chunk's CRC as it decodes it
+        except ValueError as e:
+            raise ValueError("Could not decode <class 'rstream.schema.Deliver'>") from e
+
+    async def scenario() -> tuple[bool, _Conn, Any]:
+        client = FakeClient(stored=None)
+        client._tasks = {}  # type: ignore[attr-defined]
+        conn = _Conn("n2", client, asyncio.Event())  # type: ignore[arg-type]
+        drain = driver.drain_reader("d1", "q")
+        reading = asyncio.ensure_future(drain._read_all(conn, drain.node_views["n2"]))
+        await until_async(lambda: schema.Deliver in client.handlers, "the drain subscribed")
+        deliver = schema.Deliver(
+            subscription_id=SUBSCRIPTION_ID, magic_version=0, chunk_type=0, num_entries=2,
+            num_records=2, timestamp=0, epoch=1, chunk_first_offset=0, chunk_crc=0, data_length=0,
+            trailer_length=0, _reserved=0, data=b"",
+        )  # fmt: skip
+        deliver.get_messages = lambda: [_body("p1:1"), _body("p1:2")]  # type: ignore[method-assign]
+        await client.handlers[schema.Deliver](deliver)
+        task = asyncio.ensure_future(rejected())  # the next chunk: the frame reader ends on it
+        await asyncio.gather(task, return_exceptions=True)
+        client._tasks["listener"] = task  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            empty = await reading
+        return empty, conn, drain.node_views["n2"]
+
+    empty, conn, view = asyncio.run(scenario())
+    rec.close()
+    assert not conn.alive
+    assert "Invalid checksum" in (conn.reader_failure() or "")
+    # What it read before the bad chunk is the node's copy, kept for the replica comparison.
+    assert empty and view.empty_at_ns is not None
+    assert (view.entries, view.first_seq, view.last_seq) == (2, 0, 1)
+    assert view.error is not None and "Invalid checksum" in view.error
