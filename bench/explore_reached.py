@@ -1,13 +1,16 @@
 """Which runs of a search reached the restart-in-minority defect, read from its stored runs.
 
     python -m bench.explore_reached CORPUS...
+    python -m bench.explore_reached STORE_DIR...      # the seeded random nemesis's runs, for comparison
 
 A run reached it (``bench/results/explore_restart_in_minority.md``) when it ended LOST and lost
 messages were confirmed by a node that logged ``served-alone`` (it started with no peer answering
 and served) and, after that, ``copy-dropped`` (the heal dropped its copy), confirmed after it
 began serving alone. Each run of each corpus is listed with its verdict, the nodes that served
 alone, the lost messages by the node that confirmed them, and whether it reached the defect;
-then the first run that did. No Docker: ``results.json`` of each run (its ``events`` and
+then the first run that did. A directory with no ``corpus.json`` is read as a run store (the
+comparison runs of ``brokerchaos run``): every run directory under it, in the order of its name
+(a run's start time). No Docker: ``results.json`` of each run (its ``events`` and
 ``attribution``).
 """
 
@@ -61,11 +64,38 @@ def describe(results: Mapping[str, Any]) -> str:
     )
 
 
+def store_runs(store: Path) -> list[Path]:
+    """The run directories under a run store, oldest first (a run directory is named by its start)."""
+    runs = {p.parent.resolve() for p in store.rglob("results.json")}  # `latest` links to one of them
+    return sorted(runs, key=lambda d: (d.name, str(d)))
+
+
+def _print_store(store: Path) -> None:
+    runs = store_runs(store)
+    hits = 0
+    print(f"{store}: {len(runs)} run(s)")
+    for d in runs:
+        results = json.loads((d / "results.json").read_text())
+        seed = (
+            json.loads((d / "scenario.json").read_text()).get("seed")
+            if (d / "scenario.json").exists()
+            else None
+        )
+        node = reached(results)
+        hits += bool(node)
+        mark = f"  REACHED by {node}" if node else ""
+        print(f"  {d.name} (seed {seed}): {describe(results)}{mark}")
+    print(f"  runs that reached the defect: {hits} of {len(runs)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("corpus", type=Path, nargs="+")
     args = ap.parse_args(argv)
     for corpus in args.corpus:
+        if not (corpus / "corpus.json").exists():
+            _print_store(corpus)
+            continue
         data = json.loads((corpus / "corpus.json").read_text())
         first = None
         print(f"{corpus}: {len(data['runs'])} run(s), {data.get('elapsed_s', 0) / 60:.1f} min")

@@ -3,9 +3,13 @@ confirmed by a node after it served alone, and that node then dropped its copy."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from bench.explore_reached import reached
+import pytest
+
+from bench.explore_reached import main, reached, store_runs
 
 S = 1_000_000_000
 
@@ -34,3 +38,18 @@ def test_other_losses_are_not_the_defect() -> None:
     assert reached(results(confirm_node="n2")) is None  # lost, but confirmed through another node
     assert reached(results(confirm_s=10.0)) is None  # confirmed before n1 served alone
     assert reached(results(drop=False)) is None  # n1 never dropped its copy
+
+
+def test_a_run_store_lists_its_runs_oldest_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "random"
+    for name, res in (("20261129T2201", results()), ("20261129T2200", results(verdict="durable"))):
+        run = store / "scenario-random" / name
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(res))
+        (run / "scenario.json").write_text(json.dumps({"seed": int(name[-1]) + 400}))
+    (store / "latest").symlink_to(store / "scenario-random" / "20261129T2201")
+    assert [d.name for d in store_runs(store)] == ["20261129T2200", "20261129T2201"]
+    assert main([str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "20261129T2201 (seed 401): LOST" in out and "REACHED by n1" in out
+    assert "runs that reached the defect: 1 of 2" in out
