@@ -167,9 +167,16 @@ class Catalog:
         No local stamping and no clients until a peer's records are merged into it (by generation,
         then stamp). Unlike ``restart`` nothing is forgotten: the peer may have been paused too, with no
         records newer than ours to send.
+
+        The visible peers are asked for their records (``meta_ask``) and sent ours: a node that resumes
+        while its links stayed up (a partition that stopped being partial) gets no link-up exchange, and
+        waited out the join's time limit while its promotions reached no peer.
         """
         self.await_winner = "*"
         self.joining = True
+        for peer in self.transport.up_peers():
+            self.send_table(peer)
+            self.transport.send(peer, {"t": "meta_ask"})
 
     def drop_queues_of(self, node: str) -> list[str]:
         """``node`` was forgotten: delete the records of the queues it mastered that have no mirror on a member

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker_impl.backing_queue import BackingQueue
@@ -239,21 +240,27 @@ class Mirroring:
         for q in self._local_masters():
             if isinstance(q.bq, MirrorMasterBQ):
                 q.bq.remove_mirror(peer, stop=False)
-        for (vname, qname), m in list(self.mirrors.items()):
-            if m.master == peer:
-                # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
-                asyncio.get_running_loop().call_later(
-                    self.cfg.tick, self._maybe_promote, vname, qname, m, peer, shutdown
-                )
+        # one tick of grace: in a partition the other peers may be about to go too (pause_minority)
+        self._promote_later(lambda master: master == peer, shutdown)
 
     def forgotten(self, node: str) -> None:
         """``node`` left the cluster for good: the queues it mastered fail over by ha-promote-on-failure even
         if it stopped in a controlled way (when-synced would wait for a master that never comes back with its
         messages), as ``rabbitmqctl forget_cluster_node`` promotes the oldest mirror."""
+        self._promote_later(lambda master: master == node, False)
+
+    def resumed(self) -> None:
+        """This node resumed from a pause: a copy here whose master is still down may be promoted now. The check
+        at the master's loss found this node paused and left it to the majority, and the majority may be waiting
+        for this very copy (a node paused for a partition that was partial only while it formed)."""
+        self._promote_later(lambda master: master != self.me and not self.transport.is_up(master), False)
+
+    def _promote_later(self, gone: Callable[[str], bool], shutdown: bool) -> None:
+        """In a tick, consider promoting each copy here whose master ``gone`` says is gone."""
         for (vname, qname), m in list(self.mirrors.items()):
-            if m.master == node:
+            if gone(m.master):
                 asyncio.get_running_loop().call_later(
-                    self.cfg.tick, self._maybe_promote, vname, qname, m, node, False
+                    self.cfg.tick, self._maybe_promote, vname, qname, m, m.master, shutdown
                 )
 
     def _maybe_promote(

@@ -126,7 +126,9 @@ class ClusterNode:
             backing=self._backing,
         )
         self.catalog = Catalog(self.me, self.transport, broker, self.handoff, self.site.mirrors)
-        self.partitions = Partitions(cfg, self.transport, broker, self.catalog, self.gm)
+        self.partitions = Partitions(
+            cfg, self.transport, broker, self.catalog, self.gm, resumed=lambda: self.ha.resumed()
+        )
         self.ha = Mirroring(self.site, broker, self.catalog, self.partitions, self.handoff)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -164,6 +166,7 @@ class ClusterNode:
             try:
                 for peer in self.transport.up_peers():
                     self.transport.send(peer, {"t": "clients", "n": len(self.broker.connections)})
+                self.partitions.tick()
                 self.ha.reconcile()
                 self.catalog.local_changed()
             except Exception:
@@ -336,6 +339,8 @@ class ClusterNode:
         t = h.get("t")
         if t == "meta":
             self.catalog.received(peer, h)
+        elif t == "meta_ask":
+            self.catalog.send_table(peer)
         elif t == "members":
             self._members_said(peer, h.get("epochs") or {})
         elif t == "clients":
@@ -348,6 +353,8 @@ class ClusterNode:
             self.partitions.probed(peer)
         elif t == "partial":
             self.partitions.partial(peer, str(h.get("node")))
+        elif t == "not_partial":
+            self.partitions.not_partial(peer, str(h.get("node")))
         elif t == "heal":
             self.partitions.heal(peer, [str(n) for n in h.get("side", [peer])], int(h.get("clients", 0)))
         elif t in _FORWARDED:

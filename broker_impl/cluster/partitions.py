@@ -26,10 +26,23 @@
   still counts it up asks it for an answer first (``probe``), as RabbitMQ's
   check makes a call to it: a peer that is silent, not yet counted down
   everywhere, answers nothing. When the answer comes it tells the asker
-  (``partial``), and the asker logs "partial partition detected" and pauses
-  until *every* member is visible again. Both ends pause
-  (within a round trip, before the tick a mirror waits before promoting), and
-  the node that sees both serves on, the paused ends' queues not failed over.
+  (``partial``), and the asker logs "partial partition detected" and pauses.
+  Both ends pause (within a round trip, before the tick a mirror waits before
+  promoting), and the node that sees both serves on, the paused ends' queues
+  not failed over.
+
+  RabbitMQ then waits until the *entire* cluster is back. A partition whose
+  links are cut one at a time is partial while it forms: n1 losing n3 a moment
+  before n2 does pauses n1, and when n2 loses n3 too the majority n1+n2 stays
+  unavailable until n3 returns (a queue mastered on n3 was never promoted; a
+  test hung 20 minutes on it). So a node paused for a partial partition asks
+  again every tick, for each member it does not see, every peer it sees
+  (``check_partial``); each answers ``partial`` (it still reaches that member)
+  or ``not_partial`` (it does not count it up, or stopped counting it up while
+  probing it). There is no timeout: a silent peer answers when its own ticks
+  run out. When a whole round comes back ``not_partial`` the partition is
+  clean, and the node resumes if it sees a majority (every member it does not
+  see is unseen by its side as well, so that member is in a minority there).
 * ``autoheal``: on heal each pair of sides compares client counts; the side
   with fewer clients (ties: the side without the smallest node name) closes its
   connections and takes the winner's records, dropping its conflicting copies.
@@ -54,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker_impl.cluster.catalog import Catalog
@@ -71,9 +85,16 @@ class Partitions:
     """Whether this node is paused, and what it does when a link to a peer comes back."""
 
     def __init__(
-        self, cfg: ClusterConfig, transport: Transport, broker: ClusterHost, catalog: Catalog, gm: GmHub
+        self,
+        cfg: ClusterConfig,
+        transport: Transport,
+        broker: ClusterHost,
+        catalog: Catalog,
+        gm: GmHub,
+        resumed: Callable[[], None],
     ) -> None:
         self.broker = broker
+        self._resumed = resumed  # told after a resume (queues whose master is still gone may promote here)
         self.me = cfg.node
         self.cfg = cfg
         self.transport = transport
@@ -89,6 +110,9 @@ class Partitions:
         self._probing: dict[
             str, set[str]
         ] = {}  # peer probed -> the peers that saw it go down (``check_partial``)
+        self._asked: set[tuple[str, str]] = set()  # (peer, member) asked about and not answered this round
+        self._round_partial = False  # a peer answered ``partial`` this round
+        self._round_started = False  # a round of questions went out since the pause
 
     def clients_said(self, peer: str, n: int) -> None:
         self._clients[peer] = n
@@ -107,7 +131,9 @@ class Partitions:
         self.check_majority()
         self._was_down.add(peer)
         self._lost_at = time.monotonic()
-        self._probing.pop(peer, None)
+        for asker in sorted(self._probing.pop(peer, set())):
+            self.transport.send(asker, {"t": "not_partial", "node": peer})
+        self._answered(peer, None)  # a peer lost while asked answers nothing; the round goes on without it
         if self.cfg.partition_handling == "pause_minority" and not self.paused:
             ask = {"t": "check_partial", "node": peer, "inc": self.transport.incarnation_of(peer)}
             for other in self.transport.up_peers():
@@ -118,6 +144,8 @@ class Partitions:
         if self.transport.is_up(node) and self.transport.incarnation_of(node) == incarnation:
             self._probing.setdefault(node, set()).add(asker)
             self.transport.send(node, {"t": "probe"})
+        else:
+            self.transport.send(asker, {"t": "not_partial", "node": node})
 
     def probed(self, node: str) -> None:
         """``node`` answered a probe: it is there, so each peer that saw it go down is partitioned from it."""
@@ -126,6 +154,7 @@ class Partitions:
 
     def partial(self, proxy: str, node: str) -> None:
         """``proxy`` still sees ``node``, which this node saw go down: a partial partition (module doc)."""
+        self._answered(proxy, node, partial=True)
         if self.cfg.partition_handling != "pause_minority" or self.paused or self.transport.is_up(node):
             return
         log.error(
@@ -136,6 +165,34 @@ class Partitions:
         )
         self._await_all = True
         self.check_majority()
+
+    def not_partial(self, peer: str, node: str) -> None:
+        """``peer`` does not reach ``node``: one answer of this round (module doc)."""
+        self._answered(peer, node)
+
+    def tick(self) -> None:
+        """Paused for a partial partition: once the last round is answered, ask again (module doc)."""
+        if not (self.paused and self._await_all) or self._asked:
+            return
+        if not self._round_partial and self._round_started:
+            log.warning("cluster: the partition is no longer partial; pausing only if in a minority")
+            self._await_all = False
+            self._round_started = False
+            self.check_majority()
+            return
+        self._round_partial = False
+        self._round_started = True
+        unseen = [p for p in self.transport.peers if not self.transport.is_up(p)]
+        for node in unseen:
+            ask = {"t": "check_partial", "node": node, "inc": self.transport.incarnation_of(node)}
+            for other in self.transport.up_peers():
+                self._asked.add((other, node))
+                self.transport.send(other, ask)
+
+    def _answered(self, peer: str, node: str | None, *, partial: bool = False) -> None:
+        """An answer about ``node`` from ``peer`` (``None``: every question to ``peer``, which was lost)."""
+        self._asked = {(p, n) for p, n in self._asked if p != peer or (node is not None and n != node)}
+        self._round_partial = self._round_partial or partial
 
     def confirms_held(self) -> bool:
         """Under pause_minority: whether publisher confirms wait (paused, or a majority not heard from since the
@@ -201,6 +258,8 @@ class Partitions:
     def _resume(self, seen: int, total: int) -> None:
         self.paused = False
         self._await_all = False
+        self._asked.clear()
+        self._round_started = self._round_partial = False
         if not self.transport.peers:
             # Every other member was forgotten here (``forget_cluster_node``, as RabbitMQ's --offline
             # recovery of a node whose peers are gone for good): the node is the cluster, with no
@@ -226,6 +285,7 @@ class Partitions:
             )
         if self.broker.listener_hook is not None:
             self.broker.listener_hook(True)
+        self._resumed()
 
     def _side(self, returning: str) -> list[str]:
         """The nodes on this side of a partition that just healed towards ``returning``."""
