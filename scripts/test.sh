@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # fixed-length workloads. BROKERCHAOS_TEST_WORKERS=0 runs them one by one. --no-loadscope-reorder
 # keeps the order tests/conftest.py gives the files (Docker, then Spark, then slow, then the rest), so
 # the long runs start first and the two workers end together.
-python3 -m pytest -p no:cacheprovider --durations=25 --alluredir=allure-results \
+python3 -m pytest -p no:cacheprovider --durations=50 --alluredir=allure-results \
   -n "${BROKERCHAOS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 brokerchaos -q down >/dev/null 2>&1 || true
