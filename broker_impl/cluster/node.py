@@ -113,7 +113,6 @@ class ClusterNode:
         spawn = broker.spawn
         self.gm = GmHub(cfg, self.transport, spawn, paused=lambda: self.partitions.paused)
         self.forwarder = Forwarder(self.me, self.transport)
-        self.master_side = MasterSide(broker.vhosts, self.transport, spawn)
         self.handoff = Handoff(self.forwarder, self.transport, spawn, broker.apply_policies)
         self.site = Site(
             cfg,
@@ -129,6 +128,7 @@ class ClusterNode:
         self.partitions = Partitions(
             cfg, self.transport, broker, self.catalog, self.gm, resumed=lambda: self.ha.resumed()
         )
+        self.master_side = MasterSide(broker.vhosts, self.transport, spawn, gate=self.partitions)
         self.ha = Mirroring(self.site, broker, self.catalog, self.partitions, self.handoff)
 
     # -- lifecycle ---------------------------------------------------------------------

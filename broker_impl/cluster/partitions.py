@@ -60,7 +60,13 @@ sends no publisher confirm until a majority of the members (itself included)
 has been heard from since the loss; if that never comes it pauses, its client
 connections close, and what it held was never confirmed. A peer heard from
 after the loss answers within a tick, so a node in a majority holds its
-confirms for at most about a tick.
+confirms for at most about a tick. Confirms also wait until every peer asked
+about the loss (``check_partial``) has answered: in a partial partition the
+peer heard from still reaches the lost node, and a master that took hearing
+from it for a majority confirmed 64 messages in the 20 ms before it paused for
+the partial partition. An answer comes within two round trips, or for a silent
+node when the asked peer's own ticks run out. Publishes forwarded to a master
+here by its peers are confirmed under the same rule (``remote.MasterSide``).
 """
 
 from __future__ import annotations
@@ -101,6 +107,9 @@ class Partitions:
         self.catalog = catalog
         self.gm = gm
         self.paused = False
+        self.pauses = (
+            0  # how many times this node paused (a confirm taken before a pause is not given after it)
+        )
         self._was_down: set[str] = set()
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
         self._heal_side: dict[str, list[str]] = {}
@@ -137,6 +146,7 @@ class Partitions:
         if self.cfg.partition_handling == "pause_minority" and not self.paused:
             ask = {"t": "check_partial", "node": peer, "inc": self.transport.incarnation_of(peer)}
             for other in self.transport.up_peers():
+                self._asked.add((other, peer))
                 self.transport.send(other, ask)
 
     def check_partial(self, asker: str, node: str, incarnation: str) -> None:
@@ -199,8 +209,8 @@ class Partitions:
         last peer was lost; see the module doc)."""
         if self.cfg.partition_handling != "pause_minority":
             return False
-        if self.paused:
-            return True
+        if self.paused or self._asked:
+            return True  # paused, or a peer asked whether it still reaches a lost one has not answered
         if self._lost_at is None:
             return False
         heard = 1 + len(self.transport.heard_since(self._lost_at))
@@ -241,6 +251,7 @@ class Partitions:
         # As a stopped RabbitMQ node: no clients, no promotions, no metadata writes. The
         # majority promotes mirrors of the queues mastered here meanwhile.
         self.paused = True
+        self.pauses += 1
         self.catalog.await_winner = "*"
         self.gm.pause()
         log.warning(

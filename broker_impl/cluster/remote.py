@@ -40,12 +40,13 @@ node that could not ask would stop early).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_impl.backing_queue import Fetched
 from broker_impl.cluster.config import Spawn
@@ -383,16 +384,48 @@ class RemoteConsumerChannel:
         self.transport.send(self.peer, {"t": "cancelled", "cid": self.cid})
 
 
-class MasterSide:
-    """Serves operations forwarded by other nodes to queues mastered here."""
+#: How often a forwarded publish's held confirm asks again whether it may go (as a channel's confirms do).
+_CONFIRM_RECHECK_S = 0.05
 
-    def __init__(self, vhosts: dict[str, VHost], transport: Transport, spawn: Spawn) -> None:
+
+class ConfirmGate(Protocol):
+    """What the master side asks before it confirms a forwarded publish (``partitions.Partitions``)."""
+
+    paused: bool
+    pauses: int  # how many times this node has paused
+
+    def confirms_held(self) -> bool: ...
+
+
+class MasterSide:
+    """Serves operations forwarded by other nodes to queues mastered here.
+
+    A forwarded publish is confirmed under the same rule as a local channel's (``ConfirmGate``): a paused
+    node refuses it (``pub_ok`` false: the publisher gets a nack), and a confirm taken while confirms are
+    held waits, and becomes a refusal if the node paused meanwhile (its copy may be dropped when it
+    resumes). Confirming them regardless lost what a peer forwarded to a master paused for a partial
+    partition (``scenarios/reference-confirm-alone-before-pause.yaml`` held longer: 89 to 186 lost).
+    """
+
+    def __init__(
+        self, vhosts: dict[str, VHost], transport: Transport, spawn: Spawn, gate: ConfirmGate
+    ) -> None:
         self.vhosts = vhosts  # the broker's
         self.transport = transport
         self.spawn = spawn
+        self.gate = gate
         self.consumers: dict[tuple[str, str], tuple[Consumer, RemoteConsumerChannel]] = {}
         # peer -> queue -> seq -> the consumer id it was delivered to ("" for basic.get): what each peer holds
         self.held: dict[str, dict[Queue, dict[int, str]]] = {}
+
+    def _confirm(self, peer: str, pid: int, ok: bool, since: int) -> None:
+        """Answer a forwarded publish taken when the node had paused ``since`` times (class doc)."""
+        if ok and self.gate.pauses != since:
+            ok = False
+        elif ok and self.gate.confirms_held():
+            asyncio.get_running_loop().call_later(_CONFIRM_RECHECK_S, self._confirm, peer, pid, ok, since)
+            return
+        self.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
 
     def _queue(self, h: dict[str, Any]) -> Queue | None:
         vh = self.vhosts.get(h.get("vh", ""))
@@ -425,16 +458,19 @@ class MasterSide:
         if t in ("pub", "pubtx"):
             vh = self.vhosts.get(h.get("vh", ""))
             exists = vh is not None and h.get("q") in vh.queues
-            if q is None:
-                if "id" in h:  # gone: acked as RabbitMQ acks an unroutable publish; not master: refused
-                    self.transport.send(peer, {"t": "pub_ok", "id": h["id"], "ok": not exists})
+            if q is None or self.gate.paused:
+                if (
+                    "id" in h
+                ):  # gone: acked as RabbitMQ acks an unroutable publish; not master, paused: refused
+                    ok = q is None and not exists
+                    self.transport.send(peer, {"t": "pub_ok", "id": h["id"], "ok": ok})
                 return
             cb = None
             if "id" in h:
-                pid = h["id"]
+                pid, since = h["id"], self.gate.pauses
 
-                def cb(ok: bool, pid: int = pid) -> None:
-                    self.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
+                def cb(ok: bool, pid: int = pid, since: int = since) -> None:
+                    self._confirm(peer, pid, ok, since)
 
             if t == "pubtx":
                 q.enqueue_batch(unpack_messages(blob), None, cb)
