@@ -34,7 +34,7 @@ from broker_impl.codec import (
 from broker_impl.delayed import DELAYED_TYPE, delay_ms
 from broker_impl.flow import Actor
 from broker_impl.message import Message
-from broker_impl.queue import Consumer, Queue
+from broker_impl.queue import CONFIRM_RECHECK_S, Consumer, Queue
 from broker_impl.tx import Transaction
 
 if TYPE_CHECKING:
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
     from broker_impl.vhost import VHost
 
 log = logging.getLogger("broker_impl.channel")
-
-#: How often held publisher confirms ask again whether they may go (``Broker.confirms_held``).
-_CONFIRM_RECHECK_S = 0.05
 
 
 @dataclass(slots=True)
@@ -289,7 +286,7 @@ class Channel(Actor):
             # the minority's side only (``broker_impl.cluster.partitions``). Asked again shortly; if the node
             # pauses, the connection closes with them unconfirmed.
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_later(_CONFIRM_RECHECK_S, self._flush_confirms)
+            asyncio.get_running_loop().call_later(CONFIRM_RECHECK_S, self._flush_confirms)
             return
         oldest = next(iter(self._pending), None)
         for seq in sorted(self._done_nack):

@@ -65,6 +65,8 @@ class StoreLink(Actor):
 
 
 ConfirmCallback = Callable[[bool], None]
+#: How often a held publisher confirm asks again whether it may go (a channel's, a forwarded publish's).
+CONFIRM_RECHECK_S = 0.05
 
 
 class Queue(Actor):

@@ -139,9 +139,10 @@ class Catalog:
         for peer in transport.up_peers():
             transport.send(peer, body)
 
-    def send_table(self, peer: str) -> None:
-        """The whole table to a peer whose link just came up: how a returning node catches up."""
-        self.transport.send(peer, {"t": "meta", "entries": self.table.encode()})
+    def send_table(self, peer: str, *, ask: bool = False) -> None:
+        """The whole table to a peer whose link just came up: how a returning node catches up. ``ask``: the
+        peer sends its own back (``rejoin``)."""
+        self.transport.send(peer, {"t": "meta", "entries": self.table.encode(), "ask": ask})
 
     def restart(self, source: str) -> None:
         """Forget the table; no local stamping until ``source`` ("*": any peer) has sent its own (autoheal's
@@ -168,15 +169,14 @@ class Catalog:
         then stamp). Unlike ``restart`` nothing is forgotten: the peer may have been paused too, with no
         records newer than ours to send.
 
-        The visible peers are asked for their records (``meta_ask``) and sent ours: a node that resumes
+        The visible peers are sent ours and asked for theirs (``ask``): a node that resumes
         while its links stayed up (a partition that stopped being partial) gets no link-up exchange, and
         waited out the join's time limit while its promotions reached no peer.
         """
         self.await_winner = "*"
         self.joining = True
         for peer in self.transport.up_peers():
-            self.send_table(peer)
-            self.transport.send(peer, {"t": "meta_ask"})
+            self.send_table(peer, ask=True)
 
     def drop_queues_of(self, node: str) -> list[str]:
         """``node`` was forgotten: delete the records of the queues it mastered that have no mirror on a member
@@ -207,7 +207,13 @@ class Catalog:
             log.info("cluster: serving clients (%s)", why)
 
     def received(self, peer: str, h: dict[str, Any]) -> None:
-        """A ``meta`` message: merge at once (so a message that follows on the link sees the new records)."""
+        """A ``meta`` message: merge at once (so a message that follows on the link sees the new records), and
+        answer with this node's table when the sender asks for it."""
+        self._merge(peer, h)
+        if h.get("ask"):
+            self.send_table(peer)
+
+    def _merge(self, peer: str, h: dict[str, Any]) -> None:
         if peer in self._skip_meta:
             self._skip_meta.discard(peer)
             return

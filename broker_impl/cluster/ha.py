@@ -253,7 +253,7 @@ class Mirroring:
         """This node resumed from a pause: a copy here whose master is still down may be promoted now. The check
         at the master's loss found this node paused and left it to the majority, and the majority may be waiting
         for this very copy (a node paused for a partition that was partial only while it formed)."""
-        self._promote_later(lambda master: master != self.me and not self.transport.is_up(master), False)
+        self._promote_later(lambda master: not self.transport.is_up(master), False)
 
     def _promote_later(self, gone: Callable[[str], bool], shutdown: bool) -> None:
         """In a tick, consider promoting each copy here whose master ``gone`` says is gone."""

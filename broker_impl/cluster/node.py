@@ -339,8 +339,6 @@ class ClusterNode:
         t = h.get("t")
         if t == "meta":
             self.catalog.received(peer, h)
-        elif t == "meta_ask":
-            self.catalog.send_table(peer)
         elif t == "members":
             self._members_said(peer, h.get("epochs") or {})
         elif t == "clients":

@@ -107,9 +107,8 @@ class Partitions:
         self.catalog = catalog
         self.gm = gm
         self.paused = False
-        self.pauses = (
-            0  # how many times this node paused (a confirm taken before a pause is not given after it)
-        )
+        # how many times this node paused (a confirm taken before a pause is not given after it)
+        self.pauses = 0
         self._was_down: set[str] = set()
         self._clients: dict[str, int] = {}  # peer -> its client connections, as it last said
         self._heal_side: dict[str, list[str]] = {}
@@ -144,10 +143,7 @@ class Partitions:
             self.transport.send(asker, {"t": "not_partial", "node": peer})
         self._answered(peer, None)  # a peer lost while asked answers nothing; the round goes on without it
         if self.cfg.partition_handling == "pause_minority" and not self.paused:
-            ask = {"t": "check_partial", "node": peer, "inc": self.transport.incarnation_of(peer)}
-            for other in self.transport.up_peers():
-                self._asked.add((other, peer))
-                self.transport.send(other, ask)
+            self._ask(peer)
 
     def check_partial(self, asker: str, node: str, incarnation: str) -> None:
         """``asker`` saw ``node`` go down: if this node still counts the same incarnation of it up, probe it."""
@@ -192,12 +188,15 @@ class Partitions:
             return
         self._round_partial = False
         self._round_started = True
-        unseen = [p for p in self.transport.peers if not self.transport.is_up(p)]
-        for node in unseen:
-            ask = {"t": "check_partial", "node": node, "inc": self.transport.incarnation_of(node)}
-            for other in self.transport.up_peers():
-                self._asked.add((other, node))
-                self.transport.send(other, ask)
+        for node in [p for p in self.transport.peers if not self.transport.is_up(p)]:
+            self._ask(node)
+
+    def _ask(self, node: str) -> None:
+        """Ask every peer seen whether it still reaches ``node`` (the incarnation seen here); each answers."""
+        ask = {"t": "check_partial", "node": node, "inc": self.transport.incarnation_of(node)}
+        for other in self.transport.up_peers():
+            self._asked.add((other, node))
+            self.transport.send(other, ask)
 
     def _answered(self, peer: str, node: str | None, *, partial: bool = False) -> None:
         """An answer about ``node`` from ``peer`` (``None``: every question to ``peer``, which was lost)."""

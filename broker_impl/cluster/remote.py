@@ -54,7 +54,7 @@ from broker_impl.cluster.forwarding import Forwarder
 from broker_impl.cluster.transport import Transport
 from broker_impl.codec import NOT_FOUND, PRECONDITION_FAILED, ChannelError
 from broker_impl.message import Message
-from broker_impl.queue import ConfirmCallback, Consumer, Queue
+from broker_impl.queue import CONFIRM_RECHECK_S, ConfirmCallback, Consumer, Queue
 
 if TYPE_CHECKING:
     from broker_impl.vhost import VHost
@@ -384,10 +384,6 @@ class RemoteConsumerChannel:
         self.transport.send(self.peer, {"t": "cancelled", "cid": self.cid})
 
 
-#: How often a forwarded publish's held confirm asks again whether it may go (as a channel's confirms do).
-_CONFIRM_RECHECK_S = 0.05
-
-
 class ConfirmGate(Protocol):
     """What the master side asks before it confirms a forwarded publish (``partitions.Partitions``)."""
 
@@ -423,7 +419,7 @@ class MasterSide:
         if ok and self.gate.pauses != since:
             ok = False
         elif ok and self.gate.confirms_held():
-            asyncio.get_running_loop().call_later(_CONFIRM_RECHECK_S, self._confirm, peer, pid, ok, since)
+            asyncio.get_running_loop().call_later(CONFIRM_RECHECK_S, self._confirm, peer, pid, ok, since)
             return
         self.transport.send(peer, {"t": "pub_ok", "id": pid, "ok": ok})
 
@@ -459,9 +455,8 @@ class MasterSide:
             vh = self.vhosts.get(h.get("vh", ""))
             exists = vh is not None and h.get("q") in vh.queues
             if q is None or self.gate.paused:
-                if (
-                    "id" in h
-                ):  # gone: acked as RabbitMQ acks an unroutable publish; not master, paused: refused
+                # gone: acked as RabbitMQ acks an unroutable publish; not master here, or paused: refused
+                if "id" in h:
                     ok = q is None and not exists
                     self.transport.send(peer, {"t": "pub_ok", "id": h["id"], "ok": ok})
                 return
