@@ -8,6 +8,7 @@ directory listing), ``results.json``, ``report.html`` + ``plots/``.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -21,6 +22,13 @@ from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET, SCENARIO_JSON
 
 def default_root() -> Path:
     return Path(os.environ.get("BROKERCHAOS_STORE", "store"))
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    """``--store``, as every command that keeps runs takes it (``default_root`` when not given)."""
+    parser.add_argument(
+        "--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)"
+    )
 
 
 class RunDir:
