@@ -19,6 +19,9 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET, SCENARIO_JSON
 
+LATEST = "latest"
+"""In the store root: the link to the newest run directory."""
+
 
 def default_root() -> Path:
     return Path(os.environ.get("BROKERCHAOS_STORE", "store"))
@@ -55,7 +58,7 @@ class RunDir:
             except FileExistsError:
                 n += 1
                 path = base / f"{stamp}-{n}"
-        latest = root / "latest"
+        latest = root / LATEST
         tmp = root / f".latest.{os.getpid()}-{secrets.token_hex(4)}.tmp"
         tmp.symlink_to(path.relative_to(root))
         tmp.replace(latest)
