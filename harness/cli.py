@@ -22,6 +22,7 @@ from harness.errors import BrokerChaosError
 from harness.runner import EXIT_ERROR
 from harness.spec.results import EXIT_FAILED, exit_status
 from harness.spec.rundir import REPORT_HTML, RESULTS_JSON, SCENARIO_JSON
+from harness.store import add_store_option
 
 USAGE_EXAMPLES = """\
 examples:
@@ -78,10 +79,9 @@ def _run_parser(sub: Any) -> None:
         action="store_true",
         help="with --runs N: stop at the first failing run and report the runs and wall time it took",
     )
-    r.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
-    r.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
-    r.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
-    _remote(r)
+    add_store_option(r)
+    _checker_option(r)
+    _spark_options(r)
     r.add_argument("--keep", action="store_true", help="leave the cluster running after the run")
     r.add_argument(
         "--ports",
@@ -109,9 +109,8 @@ def _search_parsers(sub: Any) -> None:
         "--passes", help="comma-separated, of: faults, holds, nodes, cluster, workload, rate (default all)"
     )
     s.add_argument("--out", help="shrink directory (default <store>/shrink/<scenario>-<time>)")
-    s.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
-    s.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
-    _remote(s)
+    add_store_option(s)
+    _spark_options(s)
 
     e = sub.add_parser(
         "explore",
@@ -149,10 +148,9 @@ def _search_parsers(sub: Any) -> None:
         "--shrink-budget", type=float, default=30.0, help="minutes of shrinking at most (default 30)"
     )
     e.add_argument("--trials", type=int, default=2, help="shrink: runs of each candidate at most (default 2)")
-    e.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
-    e.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
-    e.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
-    _remote(e)
+    add_store_option(e)
+    _checker_option(e)
+    _spark_options(e)
 
 
 def _check_parsers(sub: Any) -> None:
@@ -160,8 +158,7 @@ def _check_parsers(sub: Any) -> None:
     a = sub.add_parser("analyze", help="re-check a stored run without a cluster")
     a.add_argument("run_dir", help="a stored run directory (store/<scenario>/<time>, or store/latest)")
     a.add_argument("--checker", action="append", help="checker(s) (default: the run's)")
-    a.add_argument("--spark-master", help="Spark master URL for the spark checker (default local[*])")
-    _remote(a)
+    _spark_options(a)
     a.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
     g = sub.add_parser(
@@ -170,8 +167,7 @@ def _check_parsers(sub: Any) -> None:
         "binomial over runs) and a per-message rate (bootstrap over runs)",
     )
     g.add_argument("run_dirs", nargs="+", help="stored run directories, each one trial")
-    g.add_argument("--spark-master", help="Spark master URL for the spark engine (default local[*])")
-    _remote(g)
+    _spark_options(g, "engine")
     g.add_argument("--out", help="directory for the grade report")
     g.add_argument(
         "--engine",
@@ -587,7 +583,13 @@ def _matrix(host: Any, args: argparse.Namespace) -> int:
     return run(host, args, Path(args.store) if args.store else default_root())
 
 
-def _remote(parser: argparse.ArgumentParser) -> None:
+def _checker_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checker", action="append", help="checker(s) to use instead of the scenario's")
+
+
+def _spark_options(parser: argparse.ArgumentParser, what: str = "checker") -> None:
+    """Where the Spark ``what`` runs: a master (``--spark-master``) or a Connect server."""
+    parser.add_argument("--spark-master", help=f"Spark master URL for the spark {what} (default local[*])")
     parser.add_argument(
         "--spark-remote",
         metavar="sc://HOST:PORT",

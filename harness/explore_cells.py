@@ -45,6 +45,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
+
 #: A window's events a relation is crossed with: what went wrong for the workload. Crossed with
 #: every outcome (applied, publishes served, an outage), a relation was reached by the mutation
 #: that made it, whatever the broker did.
@@ -318,6 +320,6 @@ def heal_lateness(results: Mapping[str, Any], due: Mapping[str, float]) -> float
 
 def stored_run_cells(run_dir: Path) -> set[str]:
     """``run_cells`` of a stored run directory."""
-    scenario = json.loads((run_dir / "scenario.json").read_text())["scenario"]
-    results = json.loads((run_dir / "results.json").read_text())
+    scenario = json.loads((run_dir / SCENARIO_JSON).read_text())["scenario"]
+    results = json.loads((run_dir / RESULTS_JSON).read_text())
     return run_cells(scenario, results)

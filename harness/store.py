@@ -8,6 +8,7 @@ directory listing), ``results.json``, ``report.html`` + ``plots/``.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -18,9 +19,19 @@ from typing import Any
 from harness.errors import BrokerChaosError
 from harness.spec.rundir import HISTORY_JSONL, HISTORY_PARQUET, SCENARIO_JSON
 
+LATEST = "latest"
+"""In the store root: the link to the newest run directory."""
+
 
 def default_root() -> Path:
     return Path(os.environ.get("BROKERCHAOS_STORE", "store"))
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    """``--store``, as every command that keeps runs takes it (``default_root`` when not given)."""
+    parser.add_argument(
+        "--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)"
+    )
 
 
 class RunDir:
@@ -47,7 +58,7 @@ class RunDir:
             except FileExistsError:
                 n += 1
                 path = base / f"{stamp}-{n}"
-        latest = root / "latest"
+        latest = root / LATEST
         tmp = root / f".latest.{os.getpid()}-{secrets.token_hex(4)}.tmp"
         tmp.symlink_to(path.relative_to(root))
         tmp.replace(latest)

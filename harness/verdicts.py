@@ -29,6 +29,7 @@ from harness.spec.results import (
     exit_status,
     valid_of,
 )
+from harness.spec.rundir import RESULTS_JSON
 
 EXAMPLES_SHOWN = 3
 """Examples of each finding a terminal shows per checker (the report shows more, results.json all kept)."""
@@ -275,7 +276,7 @@ def tested_versions(run_dirs: list[Path]) -> list[str]:
     ``broker.running``), with how many runs each: what a grade over them speaks of."""
     seen: dict[str, int] = {}
     for d in run_dirs:
-        f = d / "results.json"
+        f = d / RESULTS_JSON
         res = json.loads(f.read_text()) if f.is_file() else {}
         running = (res.get("broker") or {}).get("running") or "not recorded"
         seen[running] = seen.get(running, 0) + 1

@@ -16,6 +16,7 @@ from harness.matrix import execute, grading, model, page
 from harness.matrix.cells import Cell, ImagesOf, docker_images, expand
 from harness.progress import say
 from harness.runner import EXIT_ERROR
+from harness.store import add_store_option
 
 
 def add_parser(sub: Any) -> None:
@@ -47,7 +48,7 @@ def add_parser(sub: Any) -> None:
         help="check every recorded run whose directory is still on local disk again from its history, in one grade "
         "job, and name the runs whose verdict differs from their record (exit 1)",
     )
-    m.add_argument("--store", default=None, help="run store root (default ./store or $BROKERCHAOS_STORE)")
+    add_store_option(m)
     m.add_argument(
         "--out",
         help="directory for matrix.json, matrix.html and grade reports (default <store>/matrix/<name>)",

@@ -33,6 +33,8 @@ from harness.matrix import records
 from harness.matrix.cells import Cell, ImagesOf, cell_key, seed_key
 from harness.progress import say
 from harness.spec.results import EXIT_DURABLE, EXIT_FAILED, EXIT_NO_FAULT_BIT, EXIT_UNKNOWN
+from harness.spec.rundir import RESULTS_JSON
+from harness.store import LATEST
 from harness.verdicts import verdict_line
 
 #: Exit statuses of ``brokerchaos run`` that mean a checked run (durable, failed, unknown, and
@@ -160,8 +162,8 @@ class Runner:
         with (root / "run.log").open("wb") as log:
             code = self._call(cmd, log)
         seconds = time.monotonic() - t
-        run_dir = (root / "latest").resolve()
-        if code not in CHECKED or not (run_dir / "results.json").is_file():
+        run_dir = (root / LATEST).resolve()
+        if code not in CHECKED or not (run_dir / RESULTS_JSON).is_file():
             return Outcome(job, None, _last_line(root / "run.log", code), seconds)
         rec = records.make(
             cell=job.cell.id,
@@ -170,7 +172,7 @@ class Runner:
             cell_key=job.cell_key,
             images=job.images,
             scenario=data,
-            results=json.loads((run_dir / "results.json").read_text()),
+            results=json.loads((run_dir / RESULTS_JSON).read_text()),
             run_dir=run_dir,
             seconds=seconds,
             results_dir=self.results,

@@ -24,6 +24,7 @@ from harness.matrix import records
 from harness.matrix.cells import Cell, ImagesOf, cell_key
 from harness.matrix.model import Matrix
 from harness.spec.results import EXIT_NO_FAULT_BIT
+from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
 from harness.verdicts import exit_code
 
 PER_MILLION = 1_000_000
@@ -108,8 +109,8 @@ def grade_cell(
     for rec in recs:
         d = where / "runs" / f"seed-{rec['seed']}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / "scenario.json").write_text(json.dumps({"scenario": rec["scenario"], "seed": rec["seed"]}))
-        (d / "results.json").write_text(json.dumps(rec["results"]))
+        (d / SCENARIO_JSON).write_text(json.dumps({"scenario": rec["scenario"], "seed": rec["seed"]}))
+        (d / RESULTS_JSON).write_text(json.dumps(rec["results"]))
         dirs.append(d)
     (where / "grade").mkdir(parents=True, exist_ok=True)
     graded = host.grade(dirs, "stored", where / "grade")
@@ -192,7 +193,7 @@ def recheck(host: Host, matrix: Matrix, cells: Sequence[Cell], engine: str, out:
     ``engine`` (``spark``: one Spark job for the whole matrix; ``python``), and the runs whose
     verdict differs from their record's (a record is then not what its history says)."""
     recs = [rec for cell in cells for rec in records.of_cell(matrix.results, cell.id)]
-    present = [r for r in recs if (Path(r["run_dir"]) / "scenario.json").is_file()]
+    present = [r for r in recs if (Path(r["run_dir"]) / SCENARIO_JSON).is_file()]
     found: dict[str, Any] = {"engine": engine, "runs": len(present), "absent": len(recs) - len(present)}
     if not present:
         return found | {"disagree": []}

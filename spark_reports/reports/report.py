@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.spec.results import Grade, Results, describe_stranded
 from harness.spec.rundir import GRADE_HTML, PLOTS, REPORT_HTML
@@ -141,25 +141,12 @@ def _latency_plot(plt: Any, path: Path, results: Results) -> Path:
     lat = results["timeline"]["latency"]
     if lat:
         # Seconds without a confirm are gaps (NaN), not interpolated.
-        by_t = {r["t_s"]: r for r in lat}
+        by_t: dict[Any, Mapping[str, object]] = {r["t_s"]: r for r in lat}
         xs = _grid(list(by_t), width)
         nan = float("nan")
-        ax.plot(
-            xs,
-            [by_t[x]["max_ms"] if x in by_t else nan for x in xs],
-            label="max",
-            color="#c62828",
-            lw=1,
-            drawstyle="steps-post",
-        )
-        ax.plot(
-            xs,
-            [by_t[x]["mean_ms"] if x in by_t else nan for x in xs],
-            label="mean",
-            color="#1565c0",
-            lw=1.2,
-            drawstyle="steps-post",
-        )
+        for key, label, color, lw in (("max_ms", "max", "#c62828", 1), ("mean_ms", "mean", "#1565c0", 1.2)):
+            ys = [by_t[x][key] if x in by_t else nan for x in xs]
+            ax.plot(xs, ys, label=label, color=color, lw=lw, drawstyle="steps-post")
         ax.set_yscale("log")
     ax.set_xlabel("seconds since run start")
     ax.set_ylabel("confirm latency (ms)")
@@ -508,7 +495,7 @@ def _order_parts(results: Results) -> list[str]:
 
 
 def _lost_parts(results: Results) -> list[str]:
-    return _lost_table_parts(results) + _stuck_parts(results) + _ack_unknown_parts(results)
+    return _lost_table_parts(results) + _stuck_parts(results) + _listing_parts(results, "ack_unknown")
 
 
 def _lost_table_parts(results: Results) -> list[str]:
@@ -600,26 +587,79 @@ def _stuck_parts(results: Results) -> list[str]:
     return parts
 
 
-def _ack_unknown_parts(results: Results) -> list[str]:
-    return _listed(
+class _Listing(NamedTuple):
+    """A section that lists one of the results' capped lists of messages (``_listed``)."""
+
+    title: str
+    intro: str
+    headers: list[str]
+    row: Callable[[Any], list[Any]]
+    left: int = 1
+
+
+_LISTINGS: dict[str, _Listing] = {
+    "ack_unknown": _Listing(
         "Acked with an unknown outcome",
-        results.get("ack_unknown") or [],
-        results["counts"].get("ack_unknown", 0),
         "Confirmed messages whose ack ended without an answer (connection lost) and that were not delivered "
         "again: the broker may have processed the ack. Indeterminate, not counted as lost.",
         ["id", "last delivery", "deliveries"],
         lambda d: [d["id"], _where(d["deliveries"][-1]) if d["deliveries"] else "-", d["delivered"]],
         left=2,
-    )
+    ),
+    "resurrected": _Listing(
+        "Resurrected",
+        "Delivered again after an ack of the message had completed ok (the broker had certainly "
+        "processed it).",
+        ["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
+        lambda x: [
+            x["id"],
+            _where({"process": x["ack_process"], "node": x["ack_node"], "time_ns": x["ack_ns"]}),
+            _where(x["delivery"]),
+            "yes" if x["delivery"]["redelivered"] else "no",
+            x["deliveries_after"],
+        ],
+        left=4,
+    ),
+    "split_brain": _Listing(
+        "Split-brain copies",
+        "Found by the final drain on one node after another node had reported the queue empty.",
+        ["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
+        lambda x: [
+            x["id"],
+            x["node"],
+            x["drainer"],
+            x["queue"],
+            ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
+            _s(x["ack_ns"]),
+        ],
+        left=5,
+    ),
+    "unflagged_redeliveries": _Listing(
+        "Redeliveries without the redelivered flag",
+        "A delivery after the message was given back, not flagged redelivered (reported, "
+        "not a failure: a publish retried under the same id also arrives unflagged).",
+        ["id", "delivered", "after abandon"],
+        lambda x: [x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"],
+        left=3,
+    ),
+}
+"""The sections whose rows are the results' list of that name and whose total is the count of it."""
+
+
+def _listing_parts(results: Results, key: str) -> list[str]:
+    s = _LISTINGS[key]
+    lists: Mapping[str, Any] = results
+    counts: Mapping[str, Any] = results["counts"]
+    return _listed(s.title, lists.get(key) or [], counts.get(key, 0), s.intro, s.headers, s.row, left=s.left)
 
 
 def _anomaly_parts(results: Results) -> list[str]:
     return (
         _corrupted_parts(results)
         + _unexpected_parts(results)
-        + _resurrected_parts(results)
-        + _split_brain_parts(results)
-        + _unflagged_parts(results)
+        + _listing_parts(results, "resurrected")
+        + _listing_parts(results, "split_brain")
+        + _listing_parts(results, "unflagged_redeliveries")
         + _duplicated_parts(results)
     )
 
@@ -667,57 +707,6 @@ def _unexpected_parts(results: Results) -> list[str]:
         ["id", "deliveries", "first delivered"],
         lambda d: [d["id"], d["delivered"], _where(d["deliveries"][0]) if d["deliveries"] else "-"],
         shown_when_empty=True,
-    )
-
-
-def _resurrected_parts(results: Results) -> list[str]:
-    return _listed(
-        "Resurrected",
-        results.get("resurrected") or [],
-        results["counts"].get("resurrected", 0),
-        "Delivered again after an ack of the message had completed ok (the broker had certainly "
-        "processed it).",
-        ["id", "acked ok", "delivered again", "redelivered flag", "deliveries after"],
-        lambda x: [
-            x["id"],
-            _where({"process": x["ack_process"], "node": x["ack_node"], "time_ns": x["ack_ns"]}),
-            _where(x["delivery"]),
-            "yes" if x["delivery"]["redelivered"] else "no",
-            x["deliveries_after"],
-        ],
-        left=4,
-    )
-
-
-def _split_brain_parts(results: Results) -> list[str]:
-    return _listed(
-        "Split-brain copies",
-        results.get("split_brain") or [],
-        results["counts"].get("split_brain", 0),
-        "Found by the final drain on one node after another node had reported the queue empty.",
-        ["id", "found on", "drainer", "queue", "reported empty before", "acked at s"],
-        lambda x: [
-            x["id"],
-            x["node"],
-            x["drainer"],
-            x["queue"],
-            ", ".join(f"{e['node']} at {_s(e['empty_at_ns'])} s" for e in x["empty"]),
-            _s(x["ack_ns"]),
-        ],
-        left=5,
-    )
-
-
-def _unflagged_parts(results: Results) -> list[str]:
-    return _listed(
-        "Redeliveries without the redelivered flag",
-        results.get("unflagged_redeliveries") or [],
-        results["counts"].get("unflagged_redeliveries", 0),
-        "A delivery after the message was given back, not flagged redelivered (reported, "
-        "not a failure: a publish retried under the same id also arrives unflagged).",
-        ["id", "delivered", "after abandon"],
-        lambda x: [x["id"], _where(x["delivery"]), x["abandon_cause"] or "-"],
-        left=3,
     )
 
 
