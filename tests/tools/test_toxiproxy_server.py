@@ -526,17 +526,20 @@ def test_a_cut_direction_holds_its_senders_hang_up_too(
         except ConnectionResetError:
             return "the hang-up crossed the cut (a reset)"
 
+    def write(n: int) -> None:
+        receiver.sendall(b"x")
+        until(
+            lambda: counted(server, "hangup")[passing]["read"] == n,
+            f"write {n} to reach the proxy",
+            gone=closed,
+        )
+
     with client, server_side:
         sender.close()
         assert_stalled(receiver)
         receiver.settimeout(10)
-        for n in (1, 2):  # the first write meets the closed end (its RST answers), the second fails
-            receiver.sendall(b"x")
-            until(
-                lambda n=n: counted(server, "hangup")[passing]["read"] == n,
-                f"write {n} to reach the proxy",
-                gone=closed,
-            )
+        write(1)  # meets the closed end, whose RST answers
+        write(2)  # fails
         assert_stalled(receiver)
         proxy.destroy_toxic("cut")
         assert_closed(receiver)
