@@ -231,6 +231,23 @@ def test_the_byte_counters_show_a_held_cut_and_the_heal(
     assert "while cut 0 byte(s) crossed the cut links, 16 were held back" in action["summary"]
 
 
+def test_a_one_way_cut_stops_both_its_links_though_the_far_end_hangs_up(
+    tmp_path: Path, toxi: Server, peers: dict[str, HangUp]
+) -> None:
+    """n1->n2 cut: n2's proxy to n1 carries the probe's bytes to n1 (that direction is not cut) and
+    n1 hangs up; the close must not cross the cut direction back to n2's probe. It did (the
+    default run's majorities-ring partition: "n1->n3 still carried bytes through n3's proxy ...
+    while cut" with no byte crossed), so a one-way cut read as half leaked."""
+    ev = run(tmp_path, Partition, cluster(toxi, peers), {"shape": "one-way", "from": "n1", "to": "n2"})
+    [action] = ev["actions"]
+    assert ev["lines"] == [], ev["lines"]
+    links = {(lk["proxy"], lk["stream"]): lk for lk in action["facts"]["links"]}
+    assert set(links) == {("n1_to_n2", "upstream"), ("n2_to_n1", "downstream")}
+    assert {lk["held"]["result"] for lk in links.values()} == {"stalled"}
+    assert {lk["after"]["result"] for lk in links.values()} == {"passes"}
+    assert action["effect"] is True and action["restored"] is True
+
+
 def test_a_partition_of_proxies_that_no_longer_carry_the_link_has_no_effect(
     tmp_path: Path, toxi: Server, peers: dict[str, HangUp]
 ) -> None:

@@ -497,6 +497,54 @@ def test_a_one_way_cut_added_on_an_open_connection_cuts_its_own_direction(
             until(lambda: bytes(upstream.received) == b"beforewhile cut", "the request to cross")
 
 
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
+def test_a_cut_direction_holds_its_senders_hang_up_too(
+    server: Server, toxiproxy: Toxiproxy, listener: socket.socket, stream: str
+) -> None:
+    """A partition drops a FIN or an RST as it drops bytes: the end a cut direction feeds hears
+    nothing of the other end hanging up, neither through the cut stream (its sender's close) nor
+    through the stream that still passes (writes into the closed end failing), until the heal
+    closes the connection. The library closed the whole connection on either, so a probe across a
+    one-way cut "passed" when the far end hung up on it."""
+    host, port = listener.getsockname()[:2]
+    proxy = toxiproxy.create(upstream=f"{host}:{port}", name="hangup")
+    proxy.add_toxic(name="cut", type="timeout", stream=stream, attributes={"timeout": 0})
+    client = connect(proxy.listen)
+    server_side, _ = listener.accept()
+    sender, receiver = (client, server_side) if stream == "upstream" else (server_side, client)
+    passing = "downstream" if stream == "upstream" else "upstream"
+
+    def closed() -> str | None:
+        try:
+            return (
+                "the hang-up crossed the cut"
+                if receiver.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                else None
+            )
+        except BlockingIOError:
+            return None
+        except ConnectionResetError:
+            return "the hang-up crossed the cut (a reset)"
+
+    def write(n: int) -> None:
+        receiver.sendall(b"x")
+        until(
+            lambda: counted(server, "hangup")[passing]["read"] == n,
+            f"write {n} to reach the proxy",
+            gone=closed,
+        )
+
+    with client, server_side:
+        sender.close()
+        assert_stalled(receiver)
+        receiver.settimeout(10)
+        write(1)  # meets the closed end, whose RST answers
+        write(2)  # fails
+        assert_stalled(receiver)
+        proxy.destroy_toxic("cut")
+        assert_closed(receiver)
+
+
 def extra_field(server: Server, name: str, field: str) -> dict[str, Any]:
     """A field of ``GET /proxies/{name}`` that Toxiproxy lacks."""
     reply = requests.get(f"{server.url}/proxies/{name}", timeout=10)

@@ -29,6 +29,16 @@ pub(crate) struct Link {
     stopper: Stopper,
     disband_receiver: Option<oneshot::Receiver<Ends>>,
     bytes: Arc<DirectionBytes>,
+    behind_cut: bool,
+}
+
+/// brokerchaos: whether a direction with these toxics is cut: a `timeout` toxic on every
+/// connection drops what its sender writes, and a partition drops its sender's FIN or RST too, so
+/// such a direction holds its sender's hang-up as it holds its bytes (see `connect_pipe_ends`).
+pub(crate) fn holds_hang_up(toxics: &[Toxic]) -> bool {
+    toxics
+        .iter()
+        .any(|t| matches!(t.kind, ToxicKind::Timeout { .. }) && t.toxicity >= 1.0)
 }
 
 type Ends = (Read, Write);
@@ -49,7 +59,15 @@ impl Link {
             stopper,
             disband_receiver: None,
             bytes: Arc::new(DirectionBytes::default()),
+            behind_cut: false,
         }
+    }
+
+    /// brokerchaos: the connection's other direction is cut ([`holds_hang_up`]): a failed write
+    /// here must not end the connection (see `stream::forward`).
+    pub(crate) fn behind_cut(mut self, behind_cut: bool) -> Self {
+        self.behind_cut = behind_cut;
+        self
     }
 
     /// Count this link's bytes into `bytes` (the proxy's counters of the link's direction).
@@ -83,9 +101,11 @@ impl Link {
     ) -> JoinHandle<()> {
         let mut stop = self.stop.clone();
         let bytes = self.bytes.clone();
+        let behind_cut = self.behind_cut;
         tokio::spawn(async move {
             if !stop.stop_received() {
-                let forward_res = forward(&mut reader, &mut writer, &mut stop, &bytes).await;
+                let forward_res =
+                    forward(&mut reader, &mut writer, &mut stop, &bytes, behind_cut).await;
                 if forward_res.is_err() {
                     // TODO: maybe log this error in case it's a specific I/O error.
                 }
@@ -104,6 +124,7 @@ impl Link {
         toxic_state_holder: Option<Arc<ToxicStateHolder>>,
     ) -> JoinHandle<()> {
         let mut stop = self.stop.clone();
+        let holds = holds_hang_up(&toxics);
         let (left_end_tx, left_end_rx) = futures_mpsc::channel::<Bytes>(1);
         let (right_end_tx, right_end_rx) = futures_mpsc::channel::<Bytes>(1);
 
@@ -128,6 +149,7 @@ impl Link {
             &mut stop,
             left_end_tx,
             right_end_rx,
+            holds,
         );
 
         let join_handle =
@@ -186,6 +208,7 @@ impl Link {
         stop: &mut Stop,
         left_end_tx: futures_mpsc::Sender<Bytes>,
         right_end_rx: futures_mpsc::Receiver<Bytes>,
+        holds: bool,
     ) -> (JoinHandle<io::Result<Read>>, JoinHandle<io::Result<Write>>) {
         let (mut stop_read, read_stopper) = stop.fork();
         let (mut stop_write, write_stopper) = stop.fork();
@@ -198,10 +221,19 @@ impl Link {
         let wait_for_manual_close_clone = wait_for_manual_close.clone();
         let read_bytes = self.bytes.clone();
         let write_bytes = self.bytes.clone();
+        let behind_cut = self.behind_cut;
 
         let close_read_join = tokio::spawn(async move {
             pin!(left_end_tx);
             let res = forward_read(reader, left_end_tx, &mut stop_read, &read_bytes).await;
+            // brokerchaos: the sender hung up (its end of stream or an error, not a stop). A cut
+            // direction holds that as it holds its bytes: the receiver's end stays open and
+            // silent until the link stops (a toxic change, the proxy's stop, the other direction
+            // ending, or a `timeout` toxic's own timeout ending the pipeline), where the library
+            // closed it at once and let a partition's far end hang up across the cut.
+            if holds && !stop_read.stop_received() {
+                stop_read.recv().await;
+            }
             // Speed up closing the underlying connection by closing the other end,
             // unless we should wait for a toxic to yield explicitly.
             if let Some(close) = wait_for_manual_close {
@@ -214,7 +246,14 @@ impl Link {
 
         let close_write_join = tokio::spawn(async move {
             pin!(right_end_rx);
-            let res = forward_write(right_end_rx, writer, &mut stop_write, &write_bytes).await;
+            let res = forward_write(
+                right_end_rx,
+                writer,
+                &mut stop_write,
+                &write_bytes,
+                behind_cut,
+            )
+            .await;
             // Speed up closing the underlying connection by closing the other end,
             // unless we should wait for a toxic to yield explicitly.
             if let Some(close) = wait_for_manual_close_clone {

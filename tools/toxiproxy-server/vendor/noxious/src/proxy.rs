@@ -1,7 +1,7 @@
 use crate::socket::{SocketListener, SocketStream};
 use crate::{
     error::NotFoundError,
-    link::Link,
+    link::{holds_hang_up, Link},
     signal::{Closer, Stop},
     state::{ProxyState, SharedProxyInfo, ToxicStateHolder},
     stream::{Read, Write},
@@ -325,20 +325,24 @@ fn create_links(
     let toxics_state_holder =
         previous_toxic_state_holder.or_else(|| ToxicStateHolder::for_toxics(&toxics));
 
+    // brokerchaos: a direction cut by a `timeout` toxic hides the far end's hang-up from the
+    // other direction's writes too (`Link::behind_cut`).
     let mut upstream_link = Link::new(
         addr,
         StreamDirection::Upstream,
         config.clone(),
         links_stop.clone(),
     )
-    .with_bytes(state.bytes.upstream.clone());
+    .with_bytes(state.bytes.upstream.clone())
+    .behind_cut(holds_hang_up(&toxics.downstream));
     let mut client_link = Link::new(
         addr,
         StreamDirection::Downstream,
         config.clone(),
         links_stop,
     )
-    .with_bytes(state.bytes.downstream.clone());
+    .with_bytes(state.bytes.downstream.clone())
+    .behind_cut(holds_hang_up(&toxics.upstream));
 
     let upstream_handle = upstream_link.establish(
         streams.client_read,
