@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from harness import (
+    EXEC_TIMED_OUT,
     BrokerPlugin,
     BrokerVersion,
     ClusterError,
@@ -39,10 +40,12 @@ from harness import (
     NodeHandle,
     NodeInfo,
     NodeSpec,
+    NotYet,
     ScenarioError,
     consumers_giving_back,
     hookimpl,
     membership_change,
+    poll,
     run_or_fail,
     wait_until_running,
 )
@@ -75,6 +78,14 @@ if [ -n "${BROKERCHAOS_INETRC:-}" ]; then export ERL_INETRC="$BROKERCHAOS_INETRC
 exec /usr/sbin/rabbitmq-server
 """
 
+
+START_APP = ["rabbitmqctl", "start_app"]
+#: How long a joining node's ``start_app`` is waited for before its boot is watched instead.
+START_APP_WAIT_S = 60.0
+#: ``await_startup``'s own limit (seconds) follows: the time left of the join.
+AWAIT_STARTUP = ["rabbitmqctl", "-q", "await_startup", "--timeout"]
+#: What the CLI's own Erlang VM may take to start on a loaded host, beyond its command's wait.
+CLI_START_S = 60.0
 
 MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
 MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
@@ -220,8 +231,8 @@ class RabbitMQ(BrokerPlugin):
     #: The node's log file (info and above; the console gets warnings only), under ``logs/``.
     event_logs = ("logs/**/*.log",)
     #: A 4.3 node on a loaded 2-core host (load average 30 to 45) took 100 s to answer its first
-    #: check; 120 s ended runs before their first fault. Also the budget of the commands that
-    #: join a node (``_run_within``).
+    #: check; 120 s ended runs before their first fault. Also the budget of a node's join, from
+    #: its ``stop_app`` to its boot's end (``_join``), and of each side of a removal.
     ready_timeout = 300.0
 
     def log_time(self, line: str) -> datetime | None:
@@ -334,29 +345,67 @@ class RabbitMQ(BrokerPlugin):
                 )
 
     def _join(self, node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
+        """Leave, (reset,) join and boot again, all within one ``ready_timeout`` from the first
+        command (``_run_within``, then ``_boot``)."""
+        deadline = time.monotonic() + self.ready_timeout
         cmds = [
             ["rabbitmqctl", "stop_app"],
             *([["rabbitmqctl", "reset"]] if reset else []),
             ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"],
-            ["rabbitmqctl", "start_app"],
         ]
-        self._run_within(node, cmds)
-        return [" ".join(c) for c in cmds]
+        self._run_within(node, cmds, deadline)
+        self._boot(node, deadline)
+        return [" ".join(c) for c in [*cmds, START_APP]]
 
-    def _run_within(self, node: NodeHandle, cmds: Sequence[Sequence[str]]) -> None:
-        """Run ``cmds`` in turn on ``node`` within one budget, ``ready_timeout``: each may take what
-        the ones before it left. ``start_app`` returns once the node has booted, which is what
-        ``ready_timeout`` bounds; a fixed limit per command ended a run on a loaded host with a
-        node seconds from "Server startup complete"."""
-        deadline = time.monotonic() + self.ready_timeout
+    def _run_within(
+        self, node: NodeHandle, cmds: Sequence[Sequence[str]], deadline: float | None = None
+    ) -> None:
+        """Run ``cmds`` in turn on ``node`` by ``deadline`` (default: ``ready_timeout`` from now):
+        each may take what the ones before it left."""
+        deadline = deadline or time.monotonic() + self.ready_timeout
         for cmd in cmds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterError(
-                    f"{node.name}: {' '.join(cmd)} not run: the commands before it took all of "
-                    f"ready_timeout ({self.ready_timeout:.0f} s)"
-                )
-            run_or_fail(node, cmd, timeout=left)
+            run_or_fail(node, cmd, timeout=self._left(node, cmd, deadline))
+
+    def _left(self, node: NodeHandle, cmd: Sequence[str], deadline: float) -> float:
+        """The time left for ``cmd``; with none left it is not run, and the error says so."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ClusterError(
+                f"{node.name}: {' '.join(cmd)} not run: the commands before it took all of "
+                f"ready_timeout ({self.ready_timeout:.0f} s)"
+            )
+        return left
+
+    def _boot(self, node: NodeHandle, deadline: float) -> None:
+        """``start_app``, then the node's own boot state as the condition, until ``deadline``.
+        The command is waited for START_APP_WAIT_S at most: its CLI session ending does not stop
+        the boot (at ``22f7fc6`` n4 logged "Server startup complete" after a 120 s limit had killed
+        its ``start_app``), so a ``start_app`` that times out is followed by ``await_startup``
+        until the node says it booted. A node that never does, or a ``start_app`` that fails
+        outright, fails the join, named."""
+        rc, out = node.exec(START_APP, timeout=min(START_APP_WAIT_S, self._left(node, START_APP, deadline)))
+        if rc == 0:
+            return
+        if rc != EXEC_TIMED_OUT:
+            raise ClusterError(
+                f"{node.name}: {' '.join(START_APP)} exited {rc}: {' '.join(out.split())[-300:]}"
+            )
+
+        def booted() -> None | NotYet:
+            left = max(deadline - time.monotonic(), 1.0)
+            # The CLI's own VM start counts against the command's limit, not against the node's.
+            rc, out = node.exec([*AWAIT_STARTUP, str(int(left))], timeout=left + CLI_START_S)
+            return None if rc == 0 else NotYet(" ".join(out.split())[-300:] or f"await_startup exited {rc}")
+
+        poll(
+            booted,
+            timeout=max(deadline - time.monotonic(), 0.0),
+            failure=(
+                f"{node.name}: did not finish booting within ready_timeout ({self.ready_timeout:.0f} s) "
+                f"of its join (start_app gave up after {START_APP_WAIT_S:.0f} s, then await_startup)"
+            ),
+            interval=5.0,
+        )
 
     def _wait_running(self, member: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
         wait_until_running(

@@ -298,29 +298,92 @@ def running(*names: str) -> dict[str, tuple[int, str]]:
 
 
 def test_joining_commands_share_the_ready_timeout_not_a_limit_each(clock: list[float]) -> None:
-    """Each command may take what the ones before it left of ``ready_timeout``: a ``start_app``
-    that needs 130 s after a slow ``stop_app`` and ``join_cluster`` still gets it."""
+    """Each command may take what the ones before it left of ``ready_timeout``; ``start_app`` is
+    waited for ``START_APP_WAIT_S`` at most (the node's boot is watched after that)."""
     n1 = Node("n1", clock, running("n1", "n2"))
     n2 = Node("n2", clock, {}, takes=40.0)
     RMQ.form_cluster([n1, n2], settings(queue_type="quorum"))
     assert n2.ran == [
         ("rabbitmqctl stop_app", RMQ.ready_timeout),
         ("rabbitmqctl join_cluster", RMQ.ready_timeout - 40),
-        ("rabbitmqctl start_app", RMQ.ready_timeout - 80),
+        ("rabbitmqctl start_app", rabbitmq.START_APP_WAIT_S),
     ]
-    assert RMQ.ready_timeout - 80 > 130
+
+
+class Booting(Node):
+    """A node whose ``start_app`` outlasts its wait (the CLI is killed, the node boots on) and whose
+    ``await_startup`` fails ``fails`` times (each taking ``takes``) before the node has booted."""
+
+    def __init__(self, name: str, clock: list[float], fails: int, takes: float = 0.0):
+        super().__init__(name, clock, {"start_app": (EXEC_TIMED_OUT, "Starting node rabbit@n4 ...")}, takes)
+        self.fails = fails
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        if "await_startup" not in cmd:
+            return super().exec(cmd, timeout)
+        self.ran.append((" ".join(cmd), timeout))
+        self.clock[0] += self.takes
+        if self.fails:
+            self.fails -= 1
+            return (EXEC_TIMED_OUT, "Waiting for node rabbit@n4 to start ...")
+        return (0, "")
+
+
+@pytest.fixture
+def sleeping(clock: list[float], monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``poll``'s pauses move the fake clock on instead of waiting."""
+    monkeypatch.setattr(rabbitmq.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    return clock
+
+
+def test_a_start_app_that_outlasts_its_wait_is_followed_by_the_node_s_boot(sleeping: list[float]) -> None:
+    """The 22f7fc6 failure: n4's ``start_app`` cut short while n4 was still booting. The join now
+    waits for the node to say it booted, ``await_startup`` given the time left of the join."""
+    n4 = Booting("n4", sleeping, fails=2, takes=50.0)
+    RMQ.form_cluster([Node("n1", sleeping, running("n1", "n4")), n4], settings())
+    budget = RMQ.ready_timeout
+    cli = rabbitmq.CLI_START_S
+    assert n4.ran == [
+        ("rabbitmqctl stop_app", budget),
+        ("rabbitmqctl join_cluster", budget - 50),
+        ("rabbitmqctl start_app", rabbitmq.START_APP_WAIT_S),
+        ("rabbitmqctl -q await_startup --timeout 150", 150 + cli),
+        ("rabbitmqctl -q await_startup --timeout 95", 95 + cli),
+        ("rabbitmqctl -q await_startup --timeout 40", 40 + cli),
+    ]
+
+
+def test_a_node_that_never_boots_fails_its_join_by_name(sleeping: list[float]) -> None:
+    n4 = Booting("n4", sleeping, fails=1000, takes=50.0)
+    with pytest.raises(
+        ClusterError,
+        match=r"^n4: did not finish booting within ready_timeout \(300 s\) of its join \(start_app gave up "
+        r"after 60 s, then await_startup\): Waiting for node rabbit@n4 to start \.\.\.$",
+    ):
+        RMQ.form_cluster([Node("n1", sleeping, running("n1", "n4")), n4], settings())
+    awaited = [c for c, _ in n4.ran if "await_startup" in c]
+    assert 1 <= len(awaited) < 10  # asked until the join's deadline, then no more
+
+
+def test_a_start_app_that_fails_outright_fails_the_join_at_once(clock: list[float]) -> None:
+    n2 = Node("n2", clock, {"start_app": (69, "Error: unable to perform an operation on node 'rabbit@n2'.")})
+    with pytest.raises(ClusterError, match=r"^n2: rabbitmqctl start_app exited 69: Error: unable to perform"):
+        RMQ.form_cluster([Node("n1", clock, running("n1", "n2")), n2], settings())
+    assert [c for c, _ in n2.ran][-1] == "rabbitmqctl start_app"
 
 
 def test_a_join_that_outlasts_the_budget_says_which_command_and_how_long(clock: list[float]) -> None:
-    n2 = Node("n2", clock, {"start_app": (EXEC_TIMED_OUT, "Starting node rabbit@n2 ...")}, takes=75.0)
-    with pytest.raises(ClusterError, match=r"^n2: rabbitmqctl start_app timed out after 75 s: Starting node"):
+    n2 = Node(
+        "n2",
+        clock,
+        {"join_cluster": (EXEC_TIMED_OUT, "Clustering node rabbit@n2 with rabbit@n1")},
+        takes=75.0,
+    )
+    with pytest.raises(
+        ClusterError, match=r"^n2: rabbitmqctl join_cluster rabbit@n1 timed out after 150 s: Clustering node"
+    ):
         RMQ.add_node(n2, [Node("n1", clock, running("n1", "n2"))], settings())
-    assert [c for c, _ in n2.ran] == [
-        "rabbitmqctl stop_app",
-        "rabbitmqctl reset",
-        "rabbitmqctl join_cluster",
-        "rabbitmqctl start_app",
-    ]
+    assert [c for c, _ in n2.ran] == ["rabbitmqctl stop_app", "rabbitmqctl reset", "rabbitmqctl join_cluster"]
 
 
 DEPTH_OUT = "[{messages_ready,0},{messages_unacknowledged,2}]\n"
