@@ -495,6 +495,63 @@ class DriverBase:
         return Behaviour(self.w.consumer, self.seed, process, slow=process in self.slow, now=now)
 
 
+class Closing(Protocol):
+    """A driver's connection to one node: it closes itself."""
+
+    async def close(self) -> Any: ...
+
+
+CC = TypeVar("CC", bound=Closing)
+
+
+async def _closed(conn: Closing) -> None:
+    await conn.close()
+
+
+class ConnectingDriver(DriverBase, Generic[CC]):
+    """A driver whose processes hold one connection at a time (``connections``) and whose setup
+    acts through the first node that answers (``on_first_answering``), both ways over its own
+    ``connect`` and the failures its broker's client raises (``broker_errors``)."""
+
+    broker_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    reconnect_delay: ClassVar[float] = 0.5  # seconds between one connection and the next
+
+    async def connect(self, node: str) -> CC:
+        raise NotImplementedError
+
+    def connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[CC, None]:
+        """One connection at a time until ``stop``, each through the next node of the process's
+        rotation (``reconnecting``); a connection is closed once the loop body is done with it."""
+        return reconnecting(
+            self.rotation(process),
+            self.connect,
+            _closed,
+            stop,
+            errors=self.broker_errors,
+            delay=self.reconnect_delay,
+        )
+
+    async def on_first_answering(
+        self,
+        act: Callable[[CC], Awaitable[Any]],
+        *,
+        what: str,
+        rounds: int = 1,
+        errors: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """``act`` through the first node that answers (``through_first_answering``); ``errors``:
+        more that move on to the next node besides the broker's."""
+        await through_first_answering(
+            self.nodes,
+            self.connect,
+            _closed,
+            act,
+            errors=(*self.broker_errors, *errors),
+            what=what,
+            rounds=rounds,
+        )
+
+
 async def through_first_answering(
     nodes: Sequence[str],
     connect: Callable[[str], Awaitable[C]],

@@ -35,7 +35,7 @@ import contextlib
 import functools
 import itertools
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,16 +58,14 @@ from harness.spec import (
 )
 from harness.spec.client import (
     Behaviour,
-    DriverBase,
+    ConnectingDriver,
     DriverDrain,
     NoCopy,
     StreamEnd,
     acquired,
     close_quietly,
     reason,
-    reconnecting,
     record_event,
-    through_first_answering,
 )
 from plugins.nats.membership import server_node
 
@@ -122,7 +120,10 @@ def message_id(msg: Msg) -> str:
     return headers.get(ID_HEADER) or bytes(msg.data).split(b"|", 1)[0].decode(errors="replace")
 
 
-class NatsDriver(DriverBase):
+class NatsDriver(ConnectingDriver[_Conn]):
+    broker_errors = BROKER_ERRORS
+    reconnect_delay = RECONNECT_DELAY
+
     def __init__(self, endpoints: Mapping[str, Endpoint], recorder: Recorder, **options: Any) -> None:
         super().__init__(endpoints, recorder, **options)  # its settings come as queue_arguments
         workload = self.w
@@ -145,7 +146,7 @@ class NatsDriver(DriverBase):
 
     # -- connections ----------------------------------------------------------------------
 
-    async def _connect(self, node: str, *, system: bool = False) -> _Conn:
+    async def connect(self, node: str, *, system: bool = False) -> _Conn:
         ep = self.endpoints[node]
         user, password = self.system_user if system else (self.username, self.password)
         async with asyncio.timeout(CONNECT_TIMEOUT + 1):
@@ -165,18 +166,6 @@ class NatsDriver(DriverBase):
             )
         return _Conn(node, nc, nc.jetstream(timeout=OP_TIMEOUT))
 
-    def _connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
-        """One connection at a time until ``stop``, each through the next node of the process's
-        rotation; a connection is closed once the loop body is done with it."""
-        return reconnecting(
-            self.rotation(process),
-            self._connect,
-            _Conn.close,
-            stop,
-            errors=BROKER_ERRORS,
-            delay=RECONNECT_DELAY,
-        )
-
     async def setup(self, queues: Sequence[str]) -> None:
         """Create each queue's stream and the shared durable pull consumer (first node that answers)."""
 
@@ -193,15 +182,7 @@ class NatsDriver(DriverBase):
                 )
                 await self.create_consumer(conn, q)
 
-        await through_first_answering(
-            self.nodes,
-            self._connect,
-            _Conn.close,
-            create,
-            errors=BROKER_ERRORS,
-            what="no node created the streams",
-            rounds=3,
-        )
+        await self.on_first_answering(create, what="no node created the streams", rounds=3)
 
     async def create_consumer(self, conn: _Conn, queue: str) -> None:
         """The durable pull consumer every consumer process shares (explicit acks, from the start)."""
@@ -226,7 +207,7 @@ class NatsDriver(DriverBase):
         seq = itertools.count(1)
         window = asyncio.Semaphore(self.w.in_flight)
         pending: set[asyncio.Task[str]] = set()
-        async with contextlib.aclosing(self._connections(process, stop)) as conns:
+        async with contextlib.aclosing(self.connections(process, stop)) as conns:
             async for conn in conns:
                 trouble = asyncio.Event()  # a publish on this connection ended unknown: move on
                 while not stop.is_set() and not trouble.is_set() and not conn.nc.is_closed:
@@ -280,7 +261,7 @@ class NatsDriver(DriverBase):
 
     async def consume(self, process: str, queue: str, stop: asyncio.Event) -> None:
         behaviour = self.behaviour(process, asyncio.get_running_loop().time())
-        async with contextlib.aclosing(self._connections(process, stop)) as conns:
+        async with contextlib.aclosing(self.connections(process, stop)) as conns:
             async for conn in conns:
                 await _Session(self, conn, process, queue, behaviour).run(stop)
 
@@ -295,7 +276,7 @@ class NatsDriver(DriverBase):
         until a fetch finds nothing for ``drain_idle`` seconds, so it reaches the stream's end."""
         nxt, started = 1, False
         end = StreamEnd(stop, self.w.drain_idle)
-        async with contextlib.aclosing(self._connections(process, end.done)) as conns:
+        async with contextlib.aclosing(self.connections(process, end.done)) as conns:
             async for conn in conns:
                 if started:
                     record_event(
@@ -360,7 +341,7 @@ class NatsDriver(DriverBase):
             return {}
         for node in self.nodes:
             try:
-                conn = await self._connect(node, system=True)
+                conn = await self.connect(node, system=True)
             except BROKER_ERRORS:
                 continue
             try:
@@ -556,7 +537,7 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
         return await self.visit_with(
             view,
             left,
-            connect=lambda: self.d._connect(node),
+            connect=lambda: self.d.connect(node),
             session=lambda conn: _Session(self.d, conn, self.process, self.queue, Behaviour.none()),
             read=lambda conn, session: self._until_empty(conn, session, view),
             close=lambda conn: conn.close(),

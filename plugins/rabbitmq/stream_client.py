@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -73,14 +73,12 @@ from harness.spec import (
     message_body,
 )
 from harness.spec.client import (
-    DriverBase,
+    ConnectingDriver,
     StreamEnd,
     acquired,
     close_quietly,
     reason,
-    reconnecting,
     record_event,
-    through_first_answering,
 )
 from harness.spec.history import OFFSETS, SEEK, SPARSE
 
@@ -212,7 +210,10 @@ class _Subscription:
         return got
 
 
-class StreamDriver(DriverBase):
+class StreamDriver(ConnectingDriver[_Conn]):
+    broker_errors = BROKER_ERRORS
+    reconnect_delay = RECONNECT_DELAY
+
     #: What a stream cannot do, refused before the cluster starts (``workload_check``).
     @staticmethod
     def check_workload(w: WorkloadSection) -> None:
@@ -252,17 +253,6 @@ class StreamDriver(DriverBase):
             raise
         return _Conn(node, client, closed)
 
-    def connections(self, process: str, stop: asyncio.Event) -> AsyncGenerator[_Conn, None]:
-        """One connection at a time until ``stop``, each through the next node of the process's rotation."""
-        return reconnecting(
-            self.rotation(process),
-            self.connect,
-            _Conn.close,
-            stop,
-            errors=BROKER_ERRORS,
-            delay=RECONNECT_DELAY,
-        )
-
     async def leader(self, conn: _Conn, stream: str) -> str | None:
         """The node the stream's metadata (as ``conn``'s node tells it) names as its leader."""
         async with asyncio.timeout(OP_TIMEOUT):
@@ -278,14 +268,8 @@ class StreamDriver(DriverBase):
                     if not await conn.client.stream_exists(q):
                         await conn.client.create_stream(q, {"initial-cluster-size": self.replicas})
 
-        await through_first_answering(
-            self.nodes,
-            self.connect,
-            _Conn.close,
-            create,
-            errors=(*BROKER_ERRORS, rexc.StreamAlreadyExists),
-            what="no node created the streams",
-            rounds=3,
+        await self.on_first_answering(
+            create, what="no node created the streams", rounds=3, errors=(rexc.StreamAlreadyExists,)
         )
 
     # -- producers ------------------------------------------------------------------------

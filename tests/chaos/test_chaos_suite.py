@@ -11,25 +11,20 @@ import pytest
 pytestmark = [pytest.mark.chaos, pytest.mark.docker, pytest.mark.slow]
 
 
-def test_crash_keeps_confirmed_messages(chaos_run) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "fault", "duration"), [("crash", "kill", 10), ("power-loss", "power-loss", 8)]
+)
+def test_one_fault_keeps_confirmed_messages(chaos_run, scenario: str, fault: str, duration: int) -> None:
+    """A shipped scenario (flush: sync) cut short, its fault once: durable, and the fault applied."""
     result = chaos_run(
-        "scenarios/crash.yaml",
-        duration=10,
-        nemesis={"schedule": [{"at": 4, "fault": "kill", "hold": 2}], "settle": 2},
-    )
-    result.assert_durable()
-    kills = [op for op in result.history() if op["f"] == "kill" and op["type"] == "ok"]
-    assert kills, "the kill was never applied"
-
-
-def test_power_loss_with_sync_flush_keeps_confirmed_messages(chaos_run) -> None:
-    result = chaos_run(
-        "scenarios/power-loss.yaml",
-        duration=8,
-        nemesis={"schedule": [{"at": 4, "fault": "power-loss", "hold": 2}], "settle": 2},
+        f"scenarios/{scenario}.yaml",
+        duration=duration,
+        nemesis={"schedule": [{"at": 4, "fault": fault, "hold": 2}], "settle": 2},
     )
     result.assert_durable()
     assert result.results["counts"]["confirmed"] > 0
+    applied = [op for op in result.history() if op["f"] == fault and op["type"] == "ok"]
+    assert applied, f"the {fault} was never applied"
 
 
 @pytest.mark.chaos(nodes=1)

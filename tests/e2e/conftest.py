@@ -43,6 +43,13 @@ class CliRun:
         c = self.results["counts"]
         assert c["lost"] == 0 and c["confirmed"] > 1000
 
+    def assert_lost_some(self) -> dict[str, Any]:
+        """The run failed (exit 1) and lost confirmed messages; its results, for what else the test asks."""
+        assert self.code == 1, self.explain()
+        res = self.results
+        assert res["counts"]["lost"] > 0, self.explain()
+        return res
+
 
 def _env(store: Path) -> dict[str, str]:
     return {**os.environ, "BROKERCHAOS_STORE": str(store)}
@@ -69,6 +76,16 @@ def brokerchaos(tmp_path: Path):
 
     def run(*args: str, timeout: float = 900) -> CliRun:
         return cli(store, *args, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def shipped(brokerchaos):
+    """``shipped(NAME)``: a shipped scenario as it is (``scenarios/NAME.yaml``), checked by the Python engine."""
+
+    def run(name: str) -> CliRun:
+        return brokerchaos("run", f"scenarios/{name}.yaml", "--checker", "python")
 
     return run
 

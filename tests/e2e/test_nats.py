@@ -51,10 +51,8 @@ def test_coordinated_power_loss_loses_acknowledged_messages(brokerchaos, tmp_pat
     data["checkers"] = ["python", "stream"]
     short = tmp_path / "plc.yaml"
     short.write_text(yaml.safe_dump(data))
-    r = brokerchaos("run", str(short))
-    assert r.code == 1, r.explain()
-    res = r.results
-    assert res["verdict"] == "LOST" and res["counts"]["lost"] > 0
+    res = brokerchaos("run", str(short)).assert_lost_some()
+    assert res["verdict"] == "LOST"
     assert res["drain"]["completed"] is True
     kinds = {k for m in res["attribution"]["messages"] for k in m["fault_kinds"]}
     assert kinds == {"power-loss-coordinated"}

@@ -14,20 +14,16 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_async_flush_loses_confirmed_messages_under_power_loss(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/power-loss-async.yaml", "--checker", "python")
-    assert r.code == 1, r.explain()
-    res = r.results
-    assert res["valid"] is False and res["counts"]["lost"] > 0
+def test_async_flush_loses_confirmed_messages_under_power_loss(shipped) -> None:
+    res = shipped("power-loss-async").assert_lost_some()
+    assert res["valid"] is False
     kinds = {row["fault_kind"] for row in res["attribution"]["rows"]}
     assert kinds == {"power-loss"}, res["attribution"]["rows"]
 
 
-def test_sync_flush_loses_nothing_under_power_loss(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/power-loss.yaml", "--checker", "python")
-    r.assert_lost_nothing()
+def test_sync_flush_loses_nothing_under_power_loss(shipped) -> None:
+    shipped("power-loss").assert_lost_nothing()
 
 
-def test_async_flush_loses_nothing_under_crash(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/crash-async.yaml", "--checker", "python")
-    r.assert_lost_nothing()
+def test_async_flush_loses_nothing_under_crash(shipped) -> None:
+    shipped("crash-async").assert_lost_nothing()

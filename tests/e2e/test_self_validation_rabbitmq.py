@@ -43,19 +43,17 @@ def _kept_while_down(run_dir: Path, since_ns: int, until_ns: int) -> tuple[int, 
     return attempts, [i for i in confirmed if i in consumed]
 
 
-def test_promoting_an_unsynced_mirror_loses_confirmed_messages(brokerchaos) -> None:
+def test_promoting_an_unsynced_mirror_loses_confirmed_messages(shipped) -> None:
     """RabbitMQ classic mirrored queue, ha-promote-on-failure=always (reference/mirrored-queues.md):
     the promoted mirror never had what was confirmed while it was down, long before the master's kill."""
-    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror.yaml", "--checker", "python")
-    assert r.code == 1, r.explain()
-    res = r.results
-    assert res["counts"]["lost"] > 0
+    r = shipped("rabbitmq-unsynced-mirror")
+    res = r.assert_lost_some()
     assert {row["fault_kind"] for row in res["attribution"]["rows"]} == {"kill"}
     kill = _master_kill(res)
     assert any(d["confirm_ns"] < kill["start_ns"] for d in res["lost_detail"]), r.explain()
 
 
-def test_when_synced_loses_nothing_confirmed_before_the_master_went_down(brokerchaos) -> None:
+def test_when_synced_loses_nothing_confirmed_before_the_master_went_down(shipped) -> None:
     """With ha-promote-on-failure=when-synced the unsynced mirror is not promoted: the queue waits
     for its master and comes back with what the master had written. RabbitMQ 3.10 may still confirm
     a message the master never wrote, in the moment the master's node goes down: its channel takes
@@ -63,7 +61,7 @@ def test_when_synced_loses_nothing_confirmed_before_the_master_went_down(brokerc
     confirmed (docs/findings/rabbitmq-mirrored-queues.md, seen once: 2 messages confirmed 19 ms
     after the SIGKILL). So a loss may only be of messages confirmed between the master's kill and
     its heal, and a LOST verdict then is RabbitMQ's, which the exit code must say."""
-    r = brokerchaos("run", "scenarios/rabbitmq-unsynced-mirror-when-synced.yaml", "--checker", "python")
+    r = shipped("rabbitmq-unsynced-mirror-when-synced")
     assert r.code in (0, 1), r.explain()
     res = r.results
     c = res["counts"]

@@ -13,22 +13,15 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_coordinated_power_loss_costs_nothing_with_sync_flush(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/reference-power-loss-coordinated.yaml", "--checker", "python")
-    r.assert_lost_nothing()
+def test_coordinated_power_loss_costs_nothing_with_sync_flush(shipped) -> None:
+    shipped("reference-power-loss-coordinated").assert_lost_nothing()
 
 
-def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/reference-power-loss-coordinated-async.yaml", "--checker", "python")
-    assert r.code == 1, r.explain()
-    res = r.results
-    assert res["counts"]["lost"] > 0
+def test_coordinated_power_loss_loses_confirmed_messages_with_async_flush(shipped) -> None:
+    res = shipped("reference-power-loss-coordinated-async").assert_lost_some()
     assert {row["fault_kind"] for row in res["attribution"]["rows"]} == {"power-loss-coordinated"}
 
 
-def test_a_lying_fsync_then_a_power_cut_loses_what_was_confirmed(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/reference-fsync-lie.yaml", "--checker", "python")
-    assert r.code == 1, r.explain()
-    res = r.results
-    assert res["counts"]["lost"] > 0
+def test_a_lying_fsync_then_a_power_cut_loses_what_was_confirmed(shipped) -> None:
+    res = shipped("reference-fsync-lie").assert_lost_some()
     assert "fsync-lie" in {row["fault_kind"] for row in res["attribution"]["rows"]}

@@ -1,11 +1,14 @@
-"""What the NATS plugin's Docker tests share: a 3-node JetStream cluster with 3 replicas, and a
-publish through a node's client endpoint that creates the stream first."""
+"""What the NATS plugin's Docker tests share: a 3-node JetStream cluster with 3 replicas, a
+publish through n1's client endpoint that creates the stream first, and what a node's own files
+hold of the stream."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import nats
@@ -48,15 +51,36 @@ async def publish(host: str, port: int, ids: list[str], replicas: int) -> dict[i
         await nc.close()
 
 
-@contextmanager
-def three_replicas(name: str) -> Iterator[tuple[Any, Any]]:
+@dataclass
+class Replicated:
     """The nats plugin and a running 3-node cluster whose streams have 3 replicas."""
+
+    plugin: Any
+    cluster: Any
+
+    @property
+    def nodes(self) -> dict[str, Any]:
+        return self.cluster.nodes
+
+    def publish(self, seqs: range) -> dict[int, str]:
+        """Publish ``p1:i`` for each i of ``seqs`` through n1; stream sequence -> id."""
+        host, port = self.cluster.client_endpoints()["n1"]
+        return asyncio.run(publish(host, port, [f"p1:{i}" for i in seqs], 3))
+
+    def holds(self, node: str, entries: list[tuple[int, str]]) -> bool:
+        """Whether ``node``'s own files hold exactly ``entries`` (sequence, id) of the stream."""
+        return self.plugin.node_holdings(self.nodes[node], STREAM) == entries
+
+
+@contextmanager
+def three_replicas(name: str) -> Iterator[Replicated]:
+    """A running 3-node cluster whose streams have 3 replicas, stopped after."""
     host = Host.load()
     scenario = from_dict(
         {"name": name, "broker": {"plugin": "nats", "nodes": 3, "settings": {"replicas": 3}}}
     )
     with running_cluster(host, scenario) as cluster:
-        yield host.broker("nats"), cluster
+        yield Replicated(host.broker("nats"), cluster)
 
 
 async def retried(request: Callable[[], Awaitable[T]]) -> T:

@@ -186,7 +186,7 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
     driver = _driver(cluster, rec, rate=100)
 
     async def scenario() -> None:
-        conn = await driver._connect("n1")
+        conn = await driver.connect("n1")
         inv = rec.invoke("p9", "publish", node="n1", queue="nowhere", value="p9:1")
         assert await driver._publish_one(conn, inv, "nowhere", "p9:1") == "fail"
         await conn.close()

@@ -6,28 +6,25 @@ hold every record, caught up from the others."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+import functools
 
 import pytest
 
 from faults.membership import MemberRemove
 from harness.spec import FaultContext
-from tests.plugins.nats_docker import STREAM, publish, three_replicas
+from tests.plugins.nats_docker import three_replicas
 from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
 
 def test_a_removed_node_joins_again_renamed_and_empty_then_holds_the_stream() -> None:
-    with three_replicas("membership") as (plugin, cluster):
-        nodes: dict[str, Any] = cluster.nodes
-        (h, port) = cluster.client_endpoints()["n1"]
-        acks = asyncio.run(publish(h, port, [f"p1:{i}" for i in range(1, 21)], 3))
-        want = sorted(acks.items())
+    with three_replicas("membership") as r:
+        plugin, nodes = r.plugin, r.nodes
+        want = sorted(r.publish(range(1, 21)).items())
         assert plugin.members(nodes["n2"]) == {"n1", "n2", "n3"}
 
-        ctx = FaultContext(cluster)
+        ctx = FaultContext(r.cluster)
         removed = MemberRemove(ctx, {"node": "n3"}, "f1").apply()
         assert removed["members_after"] == ["n1", "n2"], removed
         assert removed["done"]["server"] == "n3"
@@ -39,8 +36,5 @@ def test_a_removed_node_joins_again_renamed_and_empty_then_holds_the_stream() ->
         assert plugin.server_name(nodes["n3"]) == "n3-2"
         assert sorted(plugin.meta_group(nodes["n2"])) == ["n1", "n2", "n3-2"]
 
-        def holds() -> bool:
-            return plugin.node_holdings(nodes["n3"], STREAM) == want
-
-        until(holds, "n3 (as n3-2) holds every record again", every=0.5)
+        until(functools.partial(r.holds, "n3", want), "n3 (as n3-2) holds every record again", every=0.5)
         assert MemberRemove.heal_all(ctx) is None  # every node a member: nothing to heal

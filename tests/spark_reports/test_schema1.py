@@ -50,23 +50,10 @@ SCENARIO = {
 }
 
 
-def _schema1_arrow() -> pa.Schema:
-    return pa.schema(
-        [
-            ("index", pa.int64()),
-            ("time_ns", pa.int64()),
-            ("wall_time", pa.string()),
-            ("process", pa.string()),
-            ("node", pa.string()),
-            ("type", pa.string()),
-            ("f", pa.string()),
-            ("queue", pa.string()),
-            ("value", pa.string()),
-            ("redelivered", pa.bool_()),
-            ("error", pa.string()),
-            ("schema", pa.int32()),
-        ]
-    )
+def _schema1_arrow(rows: list[dict[str, Any]]) -> pa.Schema:
+    """The Parquet schema of that time: the literal's fields in their order, strings but for these."""
+    typed = {"index": pa.int64(), "time_ns": pa.int64(), "redelivered": pa.bool_(), "schema": pa.int32()}
+    return pa.schema([(name, typed.get(name, pa.string())) for name in rows[0]])
 
 
 def _run_dir(root: Path, form: str) -> Path:
@@ -76,7 +63,7 @@ def _run_dir(root: Path, form: str) -> Path:
     (d / "history.jsonl").write_text(SCHEMA1)
     if form == "old-parquet":
         rows = [json.loads(line) for line in SCHEMA1.splitlines()]
-        pq.write_table(pa.Table.from_pylist(rows, schema=_schema1_arrow()), d / "history.parquet")
+        pq.write_table(pa.Table.from_pylist(rows, schema=_schema1_arrow(rows)), d / "history.parquet")
         (d / "history.jsonl").unlink()
     elif form == "converted":
         to_parquet(d / "history.jsonl", d / "history.parquet")

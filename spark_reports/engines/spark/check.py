@@ -568,22 +568,8 @@ class _Job:
         from pyspark.sql import functions as F
 
         common = [
-            "id",
-            "attempts",
-            "outcome",
-            F.col("fi_t").alias("first_invoke_ns"),
-            F.col("c_t").alias("confirm_ns"),
-            F.col("c_n").alias("confirm_node"),
-            "delivered",
-            "consumed",
-            "cause",
-            "abandon_cause",
-            F.col("first_ack").alias("ack"),
-            F.col("res_n").alias("deliveries_after"),
-            F.col("res_first").alias("delivery"),
+            *(F.col(c).alias(_LISTED_AS.get(c, c)) for c in _LISTED),
             F.slice("ds", 1, DELIVERY_CAP).alias("deliveries"),
-            "n_bad",
-            "bad_first",
         ]
         specs = {
             "lost": ("is_lost", F.col("c_i")),
@@ -614,6 +600,21 @@ class _Job:
                 "run", F.lit("unflagged").alias("list"), F.col("index").alias("o"), _json(*cols).alias("js")
             )
         )
+
+
+_LISTED = (
+    "id attempts outcome fi_t c_t c_n delivered consumed cause abandon_cause first_ack res_n res_first n_bad bad_first"
+).split()
+"""The per-id columns (``ids.derive``) a listed message's JSON carries (``list_rows``), with the
+first deliveries; those a result names otherwise are renamed (``_LISTED_AS``)."""
+_LISTED_AS = {
+    "fi_t": "first_invoke_ns",
+    "c_t": "confirm_ns",
+    "c_n": "confirm_node",
+    "first_ack": "ack",
+    "res_n": "deliveries_after",
+    "res_first": "delivery",
+}
 
 
 def _json(*cols: Any) -> Any:

@@ -344,6 +344,16 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
         """The name of code i in packed column c."""
         return named(F.shiftright(F.col(c), _CODE_BITS * i).bitwiseAND(_CODE_MASK))
 
+    def record(p: str, *packed: str, more: Any = None) -> Any:
+        """A record's struct from the aggregate's ``p_i`` (index), ``p_t`` (time) and the names
+        packed in ``p_pk`` (in the order of ``packed``), and ``more``."""
+        return F.struct(
+            F.col(f"{p}_i").alias("index"),
+            F.col(f"{p}_t").alias("time_ns"),
+            *(name(f"{p}_pk", i).alias(field) for i, field in enumerate(packed)),
+            *([] if more is None else [more]),
+        )
+
     r = F.shiftright(F.col("d_pk"), _CODE_BITS * 3)
 
     outcome = _plain_outcome()
@@ -365,23 +375,12 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
         F.lit(None).alias("ack_info_inv"),
         F.col("nd").alias("delivered"),
         F.col("d_max").alias("last_d"),
-        F.when(F.col("nd") > 0, F.struct(F.col("d_i").alias("index"), F.col("d_t").alias("time_ns"))).alias(
-            "first_d"
-        ),
+        F.when(F.col("nd") > 0, record("d")).alias("first_d"),
         "n_bad",
         "n_dig",
         "undigested",
         "acked",
-        F.when(
-            F.col("acked") > 0,
-            F.struct(
-                F.col("ao_i").alias("index"),
-                F.col("ao_t").alias("time_ns"),
-                name("ao_pk", 0).alias("node"),
-                name("ao_pk", 1).alias("process"),
-                name("ao_pk", 2).alias("queue"),
-            ),
-        ).alias("first_ack"),
+        F.when(F.col("acked") > 0, record("ao", "node", "process", "queue")).alias("first_ack"),
         F.lit(0).alias("abandons"),
         F.lit(None).alias("last_ab"),
         F.lit(0).alias("res_n"),
@@ -390,13 +389,12 @@ def _plain_ids(agg: Any, names: list[str], *extra: Any) -> Any:
         F.when(
             F.col("nd") == 1,
             F.array(
-                F.struct(
-                    F.col("d_i").alias("index"),
-                    F.col("d_t").alias("time_ns"),
-                    name("d_pk", 0).alias("node"),
-                    name("d_pk", 1).alias("queue"),
-                    name("d_pk", 2).alias("process"),
-                    F.when(r == 2, True).when(r == 1, False).alias("redelivered"),
+                record(
+                    "d",
+                    "node",
+                    "queue",
+                    "process",
+                    more=F.when(r == 2, True).when(r == 1, False).alias("redelivered"),
                 )
             ),
         )
@@ -569,6 +567,16 @@ def _level_one(ew: Any, delayed: Any) -> Any:
     )
 
 
+_CARRIED = {
+    "sum": ("delivered", "n_bad", "n_dig", "undigested", "acked", "abandons", "res_n", "unflagged"),
+    "min": ("first_d", "first_ack", "res_first", "bad_first"),
+    "max": ("last_d", "last_ab"),
+}
+"""Level one's columns that level two carries to the id under the same name, by the reducer
+(``pyspark.sql.functions``) that folds an id's groups: counts summed, first events the least,
+last events the greatest."""
+
+
 def _level_two(l1: Any) -> Any:
     """Level two: an id's groups reduced to the id, with its outcome."""
     from pyspark.sql import functions as F
@@ -582,22 +590,9 @@ def _level_two(l1: Any) -> Any:
         F.max(F.col("o") == "info").alias("has_info"),
         F.min(F.when(F.col("o") == "ok", F.col("done"))).alias("c"),
         F.max(F.when(F.col("a_inv") < F.col("a_info"), F.col("a_inv"))).alias("ack_info_inv"),
-        F.sum("delivered").alias("delivered"),
-        F.max("last_d").alias("last_d"),
-        F.min("first_d").alias("first_d"),
-        F.sum("n_bad").alias("n_bad"),
-        F.sum("n_dig").alias("n_dig"),
-        F.sum("undigested").alias("undigested"),
-        F.sum("acked").alias("acked"),
-        F.min("first_ack").alias("first_ack"),
-        F.sum("abandons").alias("abandons"),
-        F.max("last_ab").alias("last_ab"),
-        F.sum("res_n").alias("res_n"),
-        F.min("res_first").alias("res_first"),
-        F.sum("unflagged").alias("unflagged"),
+        *(getattr(F, how)(c).alias(c) for how, cols in _CARRIED.items() for c in cols),
         F.flatten(F.collect_list("uf")).alias("uf"),
         F.sort_array(F.flatten(F.collect_list("ds"))).alias("ds"),
-        F.min("bad_first").alias("bad_first"),
         F.coalesce(F.max("delayed"), F.lit(False)).alias("delayed"),
         # The id's attempts ride on its row (an ordered-pass id has a few), kept with it.
         F.collect_list(F.when(is_att, F.struct(F.col("it"), F.col("o"), F.col("done.dt").alias("dt")))).alias(

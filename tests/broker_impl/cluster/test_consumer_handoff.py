@@ -62,10 +62,7 @@ def test_a_consumer_whose_deliveries_cross_a_failover_and_a_channel_close_gets_e
 ) -> None:
     n1, n2, n3 = cluster_factory(3)
     queue = "ha.handoff"
-    c = amqp(n1)
-    ch = c.channel()
-    ch.queue_declare(queue, durable=True)
-    c.close()
+    declare(n1, queue)
     # Five messages taken before the mirrors exist: the master's seqs and the mirrors' own differ
     # from then on, as they do whenever a mirror joins a queue that was ever consumed from.
     publish(n1, queue, range(1000, 1005))
@@ -136,15 +133,14 @@ def test_a_drain_through_a_mirror_node_sees_the_masters_ready_and_unacked_counts
         if node is not n1:
             # the mirror's own copy holds all 30, 10 of them taken by the master's consumer
             assert (info["local_messages_ready"], info["local_messages_unacknowledged"]) == (20, 10)
-    mirror_conn = amqp(n3)
-    declared = mirror_conn.channel().queue_declare(queue, passive=True)
-    assert declared.method.message_count == 20
+    with amqp(n3) as mirror_conn:
+        declared = mirror_conn.channel().queue_declare(queue, passive=True)
+        assert declared.method.message_count == 20
 
-    holder.close()  # the 10 go back: every node now counts 30 ready, none unacked
-    for node in (n1, n2, n3):
-        _wait_for_counts(node, queue, (30, 0))
-    assert mirror_conn.channel().queue_declare(queue, passive=True).method.message_count == 30
-    mirror_conn.close()
+        holder.close()  # the 10 go back: every node now counts 30 ready, none unacked
+        for node in (n1, n2, n3):
+            _wait_for_counts(node, queue, (30, 0))
+        assert mirror_conn.channel().queue_declare(queue, passive=True).method.message_count == 30
 
 
 def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refused_not_answered_zero(
@@ -156,11 +152,9 @@ def test_a_passive_declare_through_a_node_that_cannot_reach_the_master_is_refuse
     n1.kill()  # not mirrored: nobody can answer for the 5 messages until n1 is back
     wait_for(lambda: "n1" in n2.ctl("cluster_status")["down"], what="n1 down on n2")
     assert _counts(n2, queue) == (None, None)
-    conn = amqp(n2)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+    with amqp(n2) as conn, pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
         conn.channel().queue_declare(queue, passive=True)
     assert refused.value.reply_code == 404 and "down or inaccessible" in refused.value.reply_text
-    conn.close()
 
 
 def test_a_remote_consumer_gone_silent_mid_frame_is_dropped_at_its_heartbeat_timeout_and_its_deliveries_come_back(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
@@ -263,13 +264,27 @@ def test_join_twice_is_an_error() -> None:
 # --------------------------------------------------------------------------- literal ring scenarios
 
 
+@pytest.fixture
+def ring() -> Iterator[Callable[[int, list[str]], tuple[GmSim, tuple[str, ...]]]]:
+    """``ring(seed, names)``: a simulation with ``names`` formed into a ring, and the ring's order;
+    once the scenario is done, every property the simulation checks holds of each one made."""
+    sims: list[GmSim] = []
+
+    def form(seed: int, names: list[str]) -> tuple[GmSim, tuple[str, ...]]:
+        sims.append(GmSim(seed))
+        return sims[-1], sims[-1].form(names)
+
+    yield form
+    for sim in sims:
+        assert check(sim) == []
+
+
 def sent_by(sim: GmSim, member: str, sender: str) -> list[int]:
     return [k for s, k in sim.history.delivered[member] if s == sender]
 
 
-def test_middle_member_dies_mid_broadcast() -> None:
-    sim = GmSim(1)
-    a, b, c = sim.form(["x", "y", "z"])
+def test_middle_member_dies_mid_broadcast(ring) -> None:
+    sim, (a, b, c) = ring(1, ["x", "y", "z"])
     for _ in range(3):
         sim.broadcast(a, confirm=True)
     sim.advance(0.05)
@@ -280,12 +295,10 @@ def test_middle_member_dies_mid_broadcast() -> None:
     assert sent_by(sim, c, a) == [0, 1, 2]  # from a's catchup to its new right, c
     assert {(a, 0), (a, 1), (a, 2)} <= sim.history.confirmed
     assert sim.ring() == (a, c)
-    assert check(sim) == []
 
 
-def test_left_neighbour_of_the_broadcaster_dies_before_passing_its_messages_back() -> None:
-    sim = GmSim(2)
-    a, b, c = sim.form(["x", "y", "z"])  # c is a's left
+def test_left_neighbour_of_the_broadcaster_dies_before_passing_its_messages_back(ring) -> None:
+    sim, (a, b, c) = ring(2, ["x", "y", "z"])  # c is a's left
     sim.broadcast(a, confirm=True)
     sim.broadcast(c, confirm=True)
     sim.advance(0.05)
@@ -297,12 +310,10 @@ def test_left_neighbour_of_the_broadcaster_dies_before_passing_its_messages_back
     assert (a, 0) in sim.history.confirmed  # b's catchup tells a that the ring has it
     assert sent_by(sim, b, a) == [0] and sent_by(sim, a, c) == []
     assert sim.history.delivered[b].count((a, 0)) == 1
-    assert check(sim) == []
 
 
-def test_two_neighbours_die_in_a_row() -> None:
-    sim = GmSim(3)
-    a, b, c, d = sim.form(["p", "q", "r", "s"])
+def test_two_neighbours_die_in_a_row(ring) -> None:
+    sim, (a, b, c, d) = ring(3, ["p", "q", "r", "s"])
     sim.broadcast(a, confirm=True)
     sim.broadcast(b, confirm=True)
     sim.advance(0.05)
@@ -318,12 +329,10 @@ def test_two_neighbours_die_in_a_row() -> None:
     assert sent_by(sim, a, b) == [0]  # a dead sender's message a survivor saw reaches every survivor
     assert (a, 0) in sim.history.confirmed
     assert sim.history.delivered[d].count((a, 0)) == 1
-    assert check(sim) == []
 
 
-def test_dead_members_in_flight_messages_reach_the_ring_when_they_are_passed_on() -> None:
-    sim = GmSim(4)
-    a, b, c = sim.form(["x", "y", "z"])
+def test_dead_members_in_flight_messages_reach_the_ring_when_they_are_passed_on(ring) -> None:
+    sim, (a, b, c) = ring(4, ["x", "y", "z"])
     sim.broadcast(b)
     sim.advance(0.05)
     sim.kill(b, keep=1)  # b's flush to c survives the crash (the TCP buffer drained)
@@ -332,12 +341,10 @@ def test_dead_members_in_flight_messages_reach_the_ring_when_they_are_passed_on(
     sim.settle()
     assert sent_by(sim, a, b) == [0]  # c inherited b's message and took it round
     assert sim.ring() == (a, c)
-    assert check(sim) == []
 
 
-def test_join_during_traffic() -> None:
-    sim = GmSim(5)
-    a, b = sim.form(["x", "y"])
+def test_join_during_traffic(ring) -> None:
+    sim, (a, b) = ring(5, ["x", "y"])
     for _ in range(4):
         sim.broadcast(a, confirm=True)
         sim.broadcast(b)
@@ -357,12 +364,12 @@ def test_join_during_traffic() -> None:
         assert set(after) <= set(got) and after  # everything sent after its join point
         assert got[0] > 0  # and nothing from before the join was replayed
     assert all((a, k) in sim.history.confirmed for k in range(34))
-    assert check(sim) == []
 
 
-def test_joiner_inherits_a_member_that_died_before_sending_it_state_and_acks_what_its_left_holds() -> None:
-    sim = GmSim(6)
-    a, x, r = sim.form(["a", "x", "r"])
+def test_joiner_inherits_a_member_that_died_before_sending_it_state_and_acks_what_its_left_holds(
+    ring,
+) -> None:
+    sim, (a, x, r) = ring(6, ["a", "x", "r"])
     sim.broadcast(x)
     sim.advance(0.05)
     sim.deliver(x, r)
@@ -376,12 +383,10 @@ def test_joiner_inherits_a_member_that_died_before_sending_it_state_and_acks_wha
     sim.settle()  # j adopted a's state, inherited x, and acked x#0 that a and r held
     assert sim.ring() == (a, "j", r)
     assert sim.store.read(sim.group) == GroupRecord(sim.group, 5, (a, "j", r))  # added j, x dead, x erased
-    assert check(sim) == []
 
 
-def test_joiner_that_inherits_a_dead_member_waits_for_its_messages_before_erasing_it() -> None:
-    sim = GmSim(7)
-    a, x, r = sim.form(["a", "x", "r"])
+def test_joiner_that_inherits_a_dead_member_waits_for_its_messages_before_erasing_it(ring) -> None:
+    sim, (a, x, r) = ring(7, ["a", "x", "r"])
     sim.broadcast(x)
     sim.broadcast(x)
     sim.advance(0.05)
@@ -400,4 +405,3 @@ def test_joiner_that_inherits_a_dead_member_waits_for_its_messages_before_erasin
     sim.settle()
     assert sent_by(sim, a, x) == [0, 1]
     assert sim.history.early_erasures == []
-    assert check(sim) == []
