@@ -82,7 +82,7 @@ def run(host: Host, args: argparse.Namespace, store: Path) -> int:
     if args.plan:
         return 0
     out = Path(args.out) if args.out else store / "matrix" / mx.name
-    runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins)
+    runner = execute.Runner(mx.results, out / "runs", jobs=args.jobs, plugins=args.plugins, page=mx.page)
     finished: list[execute.Outcome] = []
     # Both, explicitly: a matrix started in the background of a shell inherits SIGINT ignored.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}

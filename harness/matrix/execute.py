@@ -97,8 +97,12 @@ class Outcome:
 class Runner:
     """Runs jobs, ``jobs`` at a time, each through ``brokerchaos run`` in a child process."""
 
-    def __init__(self, results: Path, store: Path, *, jobs: int, plugins: Sequence[str] = ()) -> None:
+    def __init__(
+        self, results: Path, store: Path, *, jobs: int, plugins: Sequence[str] = (), page: Path | None = None
+    ) -> None:
         self.results = results
+        #: What the matrix itself writes in the checkout: no reason to call a record's commit dirty.
+        self.own = (results,) if page is None else (results, page)
         self.store = store
         self.jobs = jobs
         self.plugins = list(plugins)
@@ -175,7 +179,7 @@ class Runner:
             results=json.loads((run_dir / RESULTS_JSON).read_text()),
             run_dir=run_dir,
             seconds=seconds,
-            results_dir=self.results,
+            own=self.own,
         )
         records.write(records.path(self.results, job.cell.id, job.seed), rec)
         for stale in records.stale(self.results, job.cell.id, job.cell_key):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,10 +81,10 @@ def make(
     results: Mapping[str, Any],
     run_dir: Path,
     seconds: float,
-    results_dir: Path | None = None,
+    own: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """``results_dir``: the records' directory, whose changes (the matrix's own records) do not
-    make the checkout dirty for the commit a record names."""
+    """``own``: the matrix's own outputs in the checkout (its records' directory, its page), whose
+    changes do not make the checkout dirty for the commit a record names."""
     return {
         "schema": SCHEMA,
         "cell": cell,
@@ -92,7 +92,7 @@ def make(
         "key": key,
         "cell_key": cell_key,
         "images": dict(images),
-        "commit": commit(exclude=results_dir),
+        "commit": commit(exclude=own),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_dir": str(run_dir),
         "seconds": round(seconds, 1),
@@ -101,10 +101,10 @@ def make(
     }
 
 
-def commit(exclude: Path | None = None) -> str:
-    """The checkout's commit (``+dirty`` when tracked files differ from it, those under ``exclude``
+def commit(exclude: Sequence[Path] = ()) -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ from it, the paths in ``exclude``
     aside), or ``unknown``."""
-    pathspec = ["--", ":/", f":(exclude){exclude.resolve()}"] if exclude is not None else []
+    pathspec = ["--", ":/", *(f":(exclude){p.resolve()}" for p in exclude)] if exclude else []
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True

@@ -527,7 +527,32 @@ def test_the_commit_a_record_names_is_not_dirty_for_the_matrix_s_own_records(
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
     monkeypatch.chdir(tmp_path / "results")
     (tmp_path / "results" / "seed-1.json").write_text('{"seed": 1}')  # a record the matrix wrote
-    assert not records.commit(exclude=tmp_path / "results").endswith("+dirty")
+    assert not records.commit(exclude=[tmp_path / "results"]).endswith("+dirty")
     assert records.commit().endswith("+dirty")
     (tmp_path / "code.py").write_text("changed = 1\n")
-    assert records.commit(exclude=tmp_path / "results").endswith("+dirty")
+    assert records.commit(exclude=[tmp_path / "results"]).endswith("+dirty")
+
+
+def test_a_record_s_commit_is_not_dirty_for_the_page_an_earlier_matrix_wrote(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mx = model.load(_matrix(tmp_path, faults=["killed"]))
+    assert mx.page is not None
+    mx.page.write_text("the page as committed\n")
+    (tmp_path / "code.py").write_text("")
+    for args in (
+        ["init", "-q"],
+        ["add", "."],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"],
+    ):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(execute.Runner, "_call", _finished_run(0))
+    jobs = execute.plan(expand(mx, host), [1, 2], mx.results, _images()).jobs
+    runner = execute.Runner(mx.results, tmp_path / "store", jobs=1, page=mx.page)
+    mx.page.write_text("the page an earlier matrix wrote\n")
+    rec = runner.one(jobs[0]).record
+    assert rec is not None and not rec["commit"].endswith("+dirty")
+    (tmp_path / "code.py").write_text("changed = 1\n")
+    rec = runner.one(jobs[1]).record
+    assert rec is not None and rec["commit"].endswith("+dirty")
