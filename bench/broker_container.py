@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import PROJECT_LABEL, _tar_files, docker_client
+from harness.docker_exec import exec_output
 from harness.errors import ClusterError
 from harness.spec.broker import BrokerPlugin, NodeInfo
 
@@ -123,8 +124,8 @@ class BrokerContainer:
         self.wait_ready()
 
     def exec(self, cmd: list[str], timeout: float = 30.0) -> tuple[int, str]:
-        res = self.container.exec_run(["timeout", str(int(max(1, timeout))), *cmd])
-        return res.exit_code if res.exit_code is not None else 1, (res.output or b"").decode(errors="replace")
+        code, out = exec_output(self.container, ["timeout", str(int(max(1, timeout))), *cmd])
+        return code, out.decode(errors="replace")
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.plugin.ready_timeout

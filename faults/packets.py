@@ -31,6 +31,7 @@ from typing import Any
 
 from faults.targets import on_each
 from harness import FaultError, ScenarioError, short_error
+from harness.docker_exec import exec_output
 from harness.spec import Evidence, Fault, FaultContext, combine_evidence
 
 NETEM_DEFAULTS = {
@@ -52,11 +53,10 @@ def sidecar_exec(ctx: FaultContext, node: str, script: str) -> tuple[int, str]:
     cluster = ctx.cluster
     try:
         container = cluster.client.containers.get(cluster.nodes[node].sidecar_name)
-        result = container.exec_run(["sh", "-c", script], demux=False)
+        code, out = exec_output(container, ["sh", "-c", script])
     except Exception as exc:  # noqa: BLE001 - the Docker SDK raises several kinds
         return 126, short_error(exc)
-    out = result.output.decode(errors="replace") if result.output else ""
-    return (result.exit_code if result.exit_code is not None else 1), out.strip()
+    return code, out.decode(errors="replace").strip()
 
 
 def _run(ctx: FaultContext, node: str, script: str, what: str) -> str:

@@ -32,6 +32,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from harness.docker_exec import exec_output
 from harness.errors import ClusterError, DockerUnavailable, NodesDown, PortInUse, short_error
 from harness.images import FAKETIME_LIB
 from harness.progress import say
@@ -622,11 +623,10 @@ def _exec(container: Any, cmd: Sequence[str], timeout: float) -> tuple[int, str]
 
     try:
         # coreutils' ``timeout`` ends the command at the limit and exits EXEC_TIMED_OUT (the contract's).
-        result = container.exec_run(["timeout", str(round(max(1, timeout))), *cmd], demux=False)
+        code, out = exec_output(container, ["timeout", str(round(max(1, timeout))), *cmd])
     except docker.errors.APIError as exc:
         return 126, short_error(exc)
-    out = result.output.decode(errors="replace") if result.output else ""
-    return result.exit_code if result.exit_code is not None else 1, out
+    return code, out.decode(errors="replace")
 
 
 class Disk:
