@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.ports import free_port
 
 SLOW_MACHINE_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -73,3 +78,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         by_file[item.nodeid.split("::", 1)[0]].append(item)
     files = sorted(by_file.values(), key=_file_cost)  # stable: ties keep collection order
     items[:] = [item for group in files for item in group]
+
+
+@pytest.fixture(scope="session")
+def connect_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A real Spark Connect server (``brokerchaos spark start``'s), on a free port, its state kept
+    in a temporary directory (so no check that is not given its address finds it): that directory
+    and the state. Stopped at the end.
+
+    One per test process (each pytest-xdist worker), started by the first test that asks: the
+    Spark tests that compare the two ways of checking, and the end-to-end runs checked by Spark
+    (``tests/e2e/conftest.py``'s ``spark_checked``), which so pay no JVM start and warm-up each."""
+    from spark_reports.service import connect as _spark_service
+
+    home: Path = tmp_path_factory.mktemp("spark-connect")
+    state = _spark_service.start(free_port(), home=home)
+    try:
+        yield home, state
+    finally:
+        _spark_service.stop(home=home)
+
+
+@pytest.fixture(scope="session")
+def connect_server(connect_state: tuple[Path, dict[str, Any]]) -> str:
+    """The server's address, ``sc://127.0.0.1:PORT``."""
+    return str(connect_state[1]["url"])

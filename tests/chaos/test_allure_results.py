@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from spark_reports.service.session import REMOTE_ENV
 from tests.harness.allure_user import REPO, user_pytest
 
 STATUSES = {"passed", "failed", "broken", "skipped", "unknown"}
@@ -69,7 +70,11 @@ def _run_step(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def allure_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def allure_session(
+    tmp_path_factory: pytest.TempPathFactory, connect_server: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The user's session, its Spark checks through this test process's Spark Connect server
+    (``$BROKERCHAOS_SPARK_REMOTE``): the same steps and results, without a JVM of its own."""
     base = tmp_path_factory.mktemp("allure-session")
     (base / "test_user_chaos.py").write_text(USER_TESTS)
     out = base / "allure-results"
@@ -77,7 +82,7 @@ def allure_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess
         str(base / "test_user_chaos.py"),
         *("--alluredir", str(out), "--chaos-store", str(base / "store")),
         cwd=REPO,
-        env={**os.environ, "CI": "true"},
+        env={**os.environ, "CI": "true", REMOTE_ENV: connect_server},
         timeout=600,
     )
     return proc, out

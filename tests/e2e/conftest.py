@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from spark_reports.service.session import REMOTE_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -51,33 +53,59 @@ class CliRun:
         return res
 
 
-def _env(store: Path) -> dict[str, str]:
-    return {**os.environ, "BROKERCHAOS_STORE": str(store)}
+def _env(store: Path, spark_remote: str | None) -> dict[str, str]:
+    remote = {REMOTE_ENV: spark_remote} if spark_remote else {}
+    return {**os.environ, "BROKERCHAOS_STORE": str(store), **remote}
 
 
-def cli(store: Path, *args: str, timeout: float = 900) -> CliRun:
-    """``brokerchaos ARGS`` as a user types it, its runs kept in ``store``."""
+def cli(store: Path, *args: str, timeout: float = 900, spark_remote: str | None = None) -> CliRun:
+    """``brokerchaos ARGS`` as a user types it, its runs kept in ``store``; ``spark_remote``: the
+    Spark Connect server its Spark checks go to (as ``$BROKERCHAOS_SPARK_REMOTE`` says)."""
     proc = subprocess.run(
-        ["brokerchaos", *args], capture_output=True, text=True, timeout=timeout, env=_env(store), cwd=REPO
+        ["brokerchaos", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(store, spark_remote),
+        cwd=REPO,
     )
     return CliRun(proc, store)
 
 
-def start_cli(store: Path, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+def start_cli(
+    store: Path, *args: str, stdout: int = subprocess.PIPE, spark_remote: str | None = None
+) -> subprocess.Popen[str]:
     """``brokerchaos ARGS`` started and left running (to be interrupted), its runs kept in ``store``."""
     return subprocess.Popen(
-        ["brokerchaos", *args], cwd=REPO, env=_env(store), stdout=stdout, stderr=subprocess.PIPE, text=True
+        ["brokerchaos", *args],
+        cwd=REPO,
+        env=_env(store, spark_remote),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def _runner(store: Path, spark_remote: str | None = None):
+    def run(*args: str, timeout: float = 900) -> CliRun:
+        return cli(store, *args, timeout=timeout, spark_remote=spark_remote)
+
+    return run
 
 
 @pytest.fixture
 def brokerchaos(tmp_path: Path):
-    store = tmp_path / "store"
+    return _runner(tmp_path / "store")
 
-    def run(*args: str, timeout: float = 900) -> CliRun:
-        return cli(store, *args, timeout=timeout)
 
-    return run
+@pytest.fixture
+def spark_checked(tmp_path: Path, connect_server: str):
+    """``brokerchaos`` for runs checked by Spark (the default checker): their checks go to the test
+    process's one Spark Connect server (tests/conftest.py's ``connect_server``), the same engine
+    through Connect, instead of a JVM started and warmed up by each run on the busy machine. The
+    run whose check starts its own JVM, as a user's first run does, is test_runs.py's ``smoke``;
+    that the two ways give the same results is tests/spark_reports/'s ``spark_engine``'s."""
+    return _runner(tmp_path / "store", connect_server)
 
 
 @pytest.fixture

@@ -13,5 +13,5 @@ from tests.e2e.rabbitmq_halves import random_halves_partitions_short
 pytestmark = [pytest.mark.docker, pytest.mark.chaos]
 
 
-def test_random_halves_partitions_short(brokerchaos, tmp_path: Path) -> None:
-    random_halves_partitions_short(brokerchaos, tmp_path, "scenarios/rabbitmq-jepsen-2014-quorum.yaml")
+def test_random_halves_partitions_short(spark_checked, tmp_path: Path) -> None:
+    random_halves_partitions_short(spark_checked, tmp_path, "scenarios/rabbitmq-jepsen-2014-quorum.yaml")

@@ -44,8 +44,11 @@ def test_same_seed_same_schedule_and_replay_applies_the_same_actions(brokerchaos
 
 
 def test_harness_killed_mid_fault_then_down_removes_everything(tmp_path: Path) -> None:
+    # --checker python: the run never gets to a check, so no Spark JVM is started only to be killed.
     proc = start_cli(
-        tmp_path / "store", "run", "scenarios/power-loss.yaml", "--duration", "60", stdout=subprocess.DEVNULL
+        tmp_path / "store",
+        *("run", "scenarios/power-loss.yaml", "--duration", "60", "--checker", "python"),
+        stdout=subprocess.DEVNULL,
     )
     run_id = None
     seen: list[str] = []

@@ -1,5 +1,7 @@
 """End-to-end runs of the CLI against real clusters (Docker), as a user runs them. The reference
-smoke run is made once for the file: one test reads it, another re-checks it with ``analyze``."""
+smoke run is made once for the file: one test reads it, another re-checks it with ``analyze``.
+The smoke run's check starts its own JVM, as a user's first run does; the other Spark checks here
+go to the test process's Spark Connect server (``spark_checked``)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ def test_reference_smoke_is_durable(smoke: CliRun) -> None:
     assert "report" in r.proc.stdout and "durable" in r.proc.stdout
 
 
-def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:
-    r = brokerchaos("run", "scenarios/rabbitmq-smoke.yaml", "--duration", "10")
+def test_rabbitmq_three_node_cluster_smoke(spark_checked) -> None:
+    r = spark_checked("run", "scenarios/rabbitmq-smoke.yaml", "--duration", "10")
     assert r.code == 0, r.explain()
     c = r.results["counts"]
     # Messages were confirmed and none lost; how many a 10 s run confirms is the machine's speed
@@ -55,12 +57,13 @@ def test_rabbitmq_three_node_cluster_smoke(brokerchaos) -> None:
     assert nodes == {"n1", "n2", "n3"}
 
 
-def test_analyze_rechecks_a_stored_run(smoke: CliRun, tmp_path: Path) -> None:
+def test_analyze_rechecks_a_stored_run(smoke: CliRun, tmp_path: Path, connect_server: str) -> None:
+    """Through the Spark Connect server: the counts of the run's own check (a JVM of its own)."""
     assert smoke.code == 0, smoke.explain()
     run_dir = tmp_path / "store" / smoke.run_dir.parent.name / smoke.run_dir.name
     shutil.copytree(smoke.run_dir, run_dir, symlinks=True)
     before = json.loads((run_dir / "results.json").read_text())["counts"]
-    a = cli(tmp_path / "store", "analyze", str(run_dir))
+    a = cli(tmp_path / "store", "analyze", str(run_dir), spark_remote=connect_server)
     assert a.code == 0, a.explain()
     assert json.loads((run_dir / "results.json").read_text())["counts"] == before
 
