@@ -30,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from faults.targets import on_each
-from harness import FaultError, ScenarioError, short_error
-from harness.docker_exec import exec_output
+from harness import FaultError, ScenarioError, exec_output, short_error
 from harness.spec import Evidence, Fault, FaultContext, combine_evidence
 
 NETEM_DEFAULTS = {

@@ -1,9 +1,11 @@
-"""brokerchaos: the harness. Public names for plugin authors: the contract (``harness.spec``) and the errors."""
+"""brokerchaos: the harness. Public names for plugin authors: the contract (``harness.spec``), the errors,
+and ``exec_output`` (a command in a container, its whole output: use it instead of docker-py's ``exec_run``)."""
 
 from __future__ import annotations
 
 import pluggy
 
+from harness.docker_exec import exec_output
 from harness.errors import (
     BrokerChaosError,
     ClusterError,
@@ -31,6 +33,7 @@ __all__ = [
     "PluginError",
     "PortInUse",
     "ScenarioError",
+    "exec_output",
     "hookimpl",
     "short_error",
     *_spec_all,
