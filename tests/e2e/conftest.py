@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.history import read_jsonl
 from harness.spec.rundir import HISTORY_JSONL
 from spark_reports.service.session import REMOTE_ENV
 
@@ -45,10 +46,9 @@ class CliRun:
         (how many depends on the machine's load, not on the broker, so no count is asked)."""
         published: set[str] = set()
         confirmed: set[str] = set()
-        with (self.run_dir / HISTORY_JSONL).open() as f:
-            for op in map(json.loads, f):
-                if op["f"] == "publish":
-                    (confirmed if op["type"] == "ok" else published).add(op["process"])
+        for op in read_jsonl(self.run_dir / HISTORY_JSONL):
+            if op["f"] == "publish":
+                (confirmed if op["type"] == "ok" else published).add(op["process"])
         assert published and published <= confirmed, (
             f"no publish confirmed for {sorted(published - confirmed)}"
         )
