@@ -49,6 +49,7 @@ from harness import (
     run_or_fail,
     wait_until_running,
 )
+from harness.spec.errors import one_line
 from plugins.rabbitmq.stream_client import brokerchaos_register_clients
 
 __all__ = ["RabbitMQ", "brokerchaos_register_brokers", "brokerchaos_register_clients"]
@@ -387,15 +388,13 @@ class RabbitMQ(BrokerPlugin):
         if rc == 0:
             return
         if rc != EXEC_TIMED_OUT:
-            raise ClusterError(
-                f"{node.name}: {' '.join(START_APP)} exited {rc}: {' '.join(out.split())[-300:]}"
-            )
+            raise ClusterError(f"{node.name}: {' '.join(START_APP)} exited {rc}: {one_line(out, 300)}")
 
         def booted() -> None | NotYet:
             left = max(deadline - time.monotonic(), 1.0)
             # The CLI's own VM start counts against the command's limit, not against the node's.
             rc, out = node.exec([*AWAIT_STARTUP, str(int(left))], timeout=left + CLI_START_S)
-            return None if rc == 0 else NotYet(" ".join(out.split())[-300:] or f"await_startup exited {rc}")
+            return None if rc == 0 else NotYet(one_line(out, 300) or f"await_startup exited {rc}")
 
         poll(
             booted,
