@@ -112,15 +112,15 @@ def _record_synced(node: InProcessNode) -> list[str]:
     return list((node.broker.cluster.catalog.table.live().get(key("queue", "/", QUEUE)) or {}).get("synced", []))
 
 
-def _lose_meta_from(node: InProcessNode) -> None:
-    """From now on ``node``'s metadata records leave it no more (its GM traffic and mirror messages do)."""
+def _drop_from(node: InProcessNode, kind: str) -> None:
+    """From now on ``node``'s frames of ``kind`` leave it no more (whatever else it sends does)."""
     transport = node.broker.cluster.transport
     send: Callable[..., bool] = transport.send
 
-    def send_but_meta(peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
-        return True if header.get("t") == "meta" else send(peer, header, blob)
+    def send_but(peer: str, header: dict[str, Any], blob: bytes = b"") -> bool:
+        return True if header.get("t") == kind else send(peer, header, blob)
 
-    transport.send = send_but_meta
+    transport.send = send_but
 
 
 def _master_bq(node: InProcessNode) -> MirrorMasterBQ:
@@ -129,36 +129,74 @@ def _master_bq(node: InProcessNode) -> MirrorMasterBQ:
     return bq
 
 
+class _Run:
+    """The three nodes, the promotion decisions they log for ``QUEUE``, and the steps of the interleaving."""
+
+    def __init__(self, cluster: list[InProcessNode], net: Net) -> None:
+        self.nodes = cluster
+        self.net = net
+        self.decisions = _Decisions({n._thread.ident or 0: n.config.name for n in cluster})
+        self.logger = logging.getLogger("broker_impl.cluster")
+
+    def __enter__(self) -> _Run:
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.decisions)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.decisions)
+        self.logger.setLevel(self.level)
+
+    def mirrored_unsynced(self, rule: str) -> None:
+        """50 messages on n1, then mirrors on n2 and n3 that lack them (manual sync), in every node's record."""
+        n1 = self.nodes[0]
+        _publish(n1, range(50))
+        policy = {"ha-mode": "all", "ha-promote-on-failure": rule}
+        _ctl(n1, "set_policy", name="ha", pattern="^ha", definition=policy)
+        until(lambda: all(_info(n).get("mirrors") == ["n2", "n3"] for n in self.nodes), "n2, n3 mirror")
+        assert [_record_synced(n) for n in self.nodes[1:]] == [[], []]
+
+    def cut_n1(self) -> list[tuple[str, str]]:
+        """n1 cut off from both peers; back once n2 and n3 have each decided."""
+        for (a, b), link in self.net.links.items():
+            if "n1" in (a, b):
+                link.set_cut(True)
+        until(lambda: {"n2", "n3"} <= {who for who, _ in self.decisions.seen}, "n2 and n3 decided")
+        return self.decisions.seen
+
+
 @pytest.mark.parametrize("rule", ["when-synced", "always"])
 def test_a_mirror_the_master_counted_in_sync_is_promoted_though_the_record_never_said_so(
     cluster: list[InProcessNode], net: Net, rule: str
 ) -> None:
     n1, n2, n3 = cluster
-    threads = {n._thread.ident or 0: n.config.name for n in cluster}
-    decisions = _Decisions(threads)
-    logger = logging.getLogger("broker_impl.cluster")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(decisions)
-    try:
-        _publish(n1, range(50))
-        policy = {"ha-mode": "all", "ha-promote-on-failure": rule}  # manual sync: the mirrors start empty
-        _ctl(n1, "set_policy", name="ha", pattern="^ha", definition=policy)
-        until(lambda: all(_info(n).get("mirrors") == ["n2", "n3"] for n in cluster), "n2, n3 mirror (records)")
-        assert _record_synced(n2) == _record_synced(n3) == []
-        n1.run(lambda: _lose_meta_from(n1))
+    with _Run(cluster, net) as run:
+        run.mirrored_unsynced(rule)
+        n1.run(lambda: _drop_from(n1, "meta"))
         n1.run(lambda: _master_bq(n1).sync("n3"))
-        until(lambda: n1.run(lambda: _master_bq(n1).cluster_fields()["synced"]) == ["n3"], "n1 counts n3 in sync")
+        until(lambda: n1.run(lambda: _master_bq(n1).cluster_fields()["synced"]) == ["n3"], "n1 counts n3")
         _publish(n1, range(50, 60))  # confirmed once n3 (in sync, on n1's count) has each
         assert _record_synced(n2) == _record_synced(n3) == []  # the record lags: n3 is not in it
-        for (a, b), link in net.links.items():
-            if "n1" in (a, b):
-                link.set_cut(True)
-        until(lambda: len({who for who, _ in decisions.seen}) >= 2, "n2 and n3 decided")
-        promoted = [who for who, text in decisions.seen if "promoting the mirror here" in text]
-        assert promoted == ["n3"], decisions.seen
-        held = n3.run(lambda: n3.broker.vhosts["/"].queues[QUEUE].bq.depth())
-        assert held == 60
-    finally:
-        logger.removeHandler(decisions)
-        logger.setLevel(level)
+        seen = run.cut_n1()
+    promoted = [who for who, text in seen if "promoting the mirror here" in text]
+    assert promoted == ["n3"], seen
+    assert n3.run(lambda: n3.broker.vhosts["/"].queues[QUEUE].bq.depth()) == 60
+
+
+def test_a_mirror_in_sync_that_the_master_never_counted_so_is_not_promoted_when_synced(
+    cluster: list[InProcessNode], net: Net
+) -> None:
+    """n3's reports never reach n1, so n1 confirms without waiting for n3: a publish it confirmed could
+    have reached no surviving copy. Under ``when-synced`` n3, in sync by its own count, is refused."""
+    n1, _n2, n3 = cluster
+    with _Run(cluster, net) as run:
+        run.mirrored_unsynced("when-synced")
+        n3.run(lambda: _drop_from(n3, "mq_ack"))
+        n1.run(lambda: _master_bq(n1).sync("n3"))
+        _publish(n1, range(50, 60))  # confirmed by n1 alone (it counts no mirror in sync)
+        until(lambda: n3.run(lambda: n3.broker.cluster.ha.mirrors[("/", QUEUE)].synced), "n3 in sync here")
+        assert n1.run(lambda: _master_bq(n1).cluster_fields()["synced"]) == []
+        seen = run.cut_n1()
+    assert [who for who, text in seen if "promoting the mirror here" in text] == [], seen
+    assert sorted(who for who, text in seen if "not promoting" in text) == ["n2", "n3"], seen
