@@ -14,7 +14,9 @@ hold as many messages as the master and still lack some of them. So every
 broadcast also carries the master's content fingerprint (the sum of the digests
 of every message it holds, ``Held.fp``), and a mirror is in sync only when its
 depth and its own fingerprint both match. A publish returns (so the client's confirm goes
-out) only once every in-sync mirror has acknowledged it; a mirror
+out) only once every mirror the master counts in sync has acknowledged it; every broadcast
+carries that count (``insync``: each counted mirror with the spell in sync it was counted
+for), which is what a promotion decides from (``ha.in_sync``); a mirror
 acknowledges a persistent message after its own store has it on disk. (As in
 RabbitMQ, where mirrors confirm to the channel themselves: GM's own
 "seen by the whole ring" is not "on disk everywhere".)

@@ -24,7 +24,6 @@ lost record updates are n1's ``meta`` frames dropped at its transport.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import pika
 import pytest
 
+from broker_impl.cluster.metadata import key
 from broker_impl.cluster.mirror import MirrorMasterBQ
 from broker_impl.ctl import call
 from tests.broker_impl.cluster.conftest import LinkProxy, Net
@@ -106,10 +106,9 @@ def _publish(node: InProcessNode, bodies: range) -> None:
 
 
 def _record_synced(node: InProcessNode) -> list[str]:
-    """The in-sync mirrors the queue's record on ``node`` lists."""
-    from broker_impl.cluster.metadata import key
-
-    return list((node.broker.cluster.catalog.table.live().get(key("queue", "/", QUEUE)) or {}).get("synced", []))
+    """The in-sync mirrors the queue's record on ``node`` lists (read on its loop)."""
+    record = node.run(lambda: node.broker.cluster.catalog.table.live().get(key("queue", "/", QUEUE)))
+    return list((record or {}).get("synced", []))
 
 
 def _drop_from(node: InProcessNode, kind: str) -> None:
