@@ -303,12 +303,16 @@ class Mirroring:
         chosen = promotion_candidate(alive, synced, rule)
         key_name = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"
         if chosen is None:
+            # With no live mirror listed at all no rule promotes: say so, and which rule held (it is not
+            # always when-synced then; the record's mirror list is what to look at).
             log.warning(
-                "queue %r: master %s %s and no live mirror is in sync; not promoting (%s=when-synced)",
+                "queue %r: master %s %s and no live mirror is in sync; not promoting (%s=%s%s)",
                 qname,
                 dead,
                 "stopped" if shutdown else "died",
                 key_name,
+                rule,
+                "" if alive else f"; none of the mirrors the queue's record lists, {order}, is up",
             )
             return
         if chosen != self.me:
