@@ -51,7 +51,8 @@ def promotion_candidate(alive: list[str], synced: set[str], rule: str) -> str | 
     which loses messages when the oldest mirror is the unsynchronised one and a
     younger one is in sync. This broker keeps the stated promise under both
     rules. Every node computes the same answer from the queue's record (its
-    mirrors in join order and the in-sync ones).
+    mirrors in join order) and the master's own count of its in-sync mirrors
+    as its broadcasts carried it (``in_sync``).
     """
     for node in alive:
         if node in synced:
@@ -59,6 +60,16 @@ def promotion_candidate(alive: list[str], synced: set[str], rule: str) -> str | 
     if rule == "always" and alive:
         return alive[0]
     return None
+
+
+def in_sync(m: Mirror, data: dict[str, Any]) -> set[str]:
+    """The mirrors a promotion counts in sync: those the dead master counted so in the newest of its
+    broadcasts delivered to the copy ``m`` (the same on every surviving copy once GM has repaired the
+    ring), not the queue's record. The record is sent apart from the stream and may lag it: a master
+    that counted a mirror in sync, and confirmed on its acks, may die before its record leaves (or while
+    its catalog holds local changes back as it applies a peer's records). Only a copy that has had no
+    broadcast yet (it has just joined) falls back on the record."""
+    return set(m.counted) if m.counted is not None else set(data.get("synced", []))
 
 
 class Mirroring:
@@ -182,7 +193,7 @@ class Mirroring:
         if t == "mq_joined":
             mbq.mirror_joined(peer)
         elif t == "mq_ack":
-            mbq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")))
+            mbq.mirror_acked(peer, int(h["n"]), bool(h.get("synced")), int(h.get("epoch", 0)))
         elif t == "mq_gone":
             if peer in mbq.mirrors:
                 log.warning("queue %r: the mirror on %s is gone; it will be restarted", mbq.queue, peer)
@@ -288,15 +299,20 @@ class Mirroring:
             if shutdown
             else definition.get("ha-promote-on-failure", "always")
         )
-        chosen = promotion_candidate(alive, set(data.get("synced", [])), rule)
+        synced = in_sync(m, data)
+        chosen = promotion_candidate(alive, synced, rule)
         key_name = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"
         if chosen is None:
+            # With no live mirror listed at all no rule promotes: say so, and which rule held (it is not
+            # always when-synced then; the record's mirror list is what to look at).
             log.warning(
-                "queue %r: master %s %s and no live mirror is in sync; not promoting (%s=when-synced)",
+                "queue %r: master %s %s and no live mirror is in sync; not promoting (%s=%s%s)",
                 qname,
                 dead,
                 "stopped" if shutdown else "died",
                 key_name,
+                rule,
+                "" if alive else f"; none of the mirrors the queue's record lists, {order}, is up",
             )
             return
         if chosen != self.me:
@@ -305,11 +321,11 @@ class Mirroring:
                 qname,
                 dead,
                 alive,
-                data.get("synced", []),
+                sorted(synced),
                 chosen,
             )
             return
-        if rule == "when-synced" and not m.synced:
+        if rule == "when-synced" and not (m.counted_in_sync if m.counted is not None else m.synced):
             log.warning(
                 "queue %r: master %s %s and the mirror here is not in sync; not promoting (%s=when-synced)",
                 qname,

@@ -14,7 +14,9 @@ hold as many messages as the master and still lack some of them. So every
 broadcast also carries the master's content fingerprint (the sum of the digests
 of every message it holds, ``Held.fp``), and a mirror is in sync only when its
 depth and its own fingerprint both match. A publish returns (so the client's confirm goes
-out) only once every in-sync mirror has acknowledged it; a mirror
+out) only once every mirror the master counts in sync has acknowledged it; every broadcast
+carries that count (``insync``: each counted mirror with the spell in sync it was counted
+for), which is what a promotion decides from (``ha.in_sync``); a mirror
 acknowledges a persistent message after its own store has it on disk. (As in
 RabbitMQ, where mirrors confirm to the channel themselves: GM's own
 "seen by the whole ring" is not "on disk everywhere".)
@@ -196,11 +198,12 @@ class Held(dict[int, Message]):
 
 
 class _Link:
-    __slots__ = ("acked", "synced", "joined", "deadline", "in_ring", "missing_since")
+    __slots__ = ("acked", "synced", "epoch", "joined", "deadline", "in_ring", "missing_since")
 
     def __init__(self, joined: int, deadline: float | None = None, in_ring: bool = False) -> None:
         self.acked = -1
         self.synced = False
+        self.epoch = -1  # which of the mirror's spells in sync ``synced`` counts (``Mirror.epoch``)
         self.joined = joined
         self.deadline = deadline  # a kept mirror must answer the promotion by then
         self.in_ring = in_ring  # its member joined the group (from then on it must stay in the ring)
@@ -219,7 +222,7 @@ class Site:
     mirrors: dict[tuple[str, str], Mirror]
     #: A master's mirror set may have changed (one left the group): start or stop mirrors now.
     reconcile_mirrors: Callable[[], None]
-    #: The queue's record changed (it lists the in-sync mirrors, which promotion reads).
+    #: The queue's record changed (it lists the in-sync mirrors, as the operator's view shows them).
     local_changed: Callable[[], None]
     #: A backing queue of this node's store for a store queue key, durable or not.
     backing: Callable[[str, bool], MemoryBackingQueue]
@@ -322,6 +325,7 @@ class MirrorMasterBQ(BackingQueue):
                         "n": self._n,
                         "depth": self.inner.depth(),
                         "fp": self.held.fp,
+                        "insync": self.counted(),
                         **op,
                     },
                     blob,
@@ -363,18 +367,28 @@ class MirrorMasterBQ(BackingQueue):
             if not fut.done():
                 fut.set_result(None)
 
-    def mirror_acked(self, peer: str, n: int, synced: bool) -> None:
+    def counted(self) -> dict[str, int]:
+        """The mirrors whose acks a confirm waits for (in sync on the master's count), with the spell in sync
+        of each that the count rests on: every broadcast carries it, and promotion decides from it."""
+        return {p: link.epoch for p, link in self.mirrors.items() if link.synced}
+
+    def mirror_acked(self, peer: str, n: int, synced: bool, epoch: int = 0) -> None:
         link = self.mirrors.get(peer)
         if link is None or n < link.joined:
             return
         link.acked = max(link.acked, n)
-        changed = synced != link.synced
+        changed = synced != link.synced or (synced and epoch != link.epoch)
         if synced and not link.synced:
             log.info("queue %r: mirror on %s is in sync", self.queue, peer)
         link.synced = synced
+        link.epoch = epoch if synced else -1
+        if changed:
+            # Told in the stream, before a confirm that counts on it (or no longer waits for it) goes out:
+            # GM hands every surviving mirror the same broadcasts, so all of them decide a promotion alike.
+            self._bcast({"op": "depth"})
         self._release()
         if changed:
-            self.site.local_changed()  # the queue's record lists its in-sync mirrors: promotion reads it
+            self.site.local_changed()  # the record lists the in-sync mirrors too (the operator's view)
 
     def silent_mirrors(self) -> list[str]:
         """Mirrors to restart: kept at a promotion they never answered, or joined and since gone from the ring."""
@@ -412,8 +426,11 @@ class MirrorMasterBQ(BackingQueue):
 
     def remove_mirror(self, peer: str, stop: bool = True) -> None:
         self._sync_on_join.discard(peer)
-        if self.mirrors.pop(peer, None) is not None and stop:
+        link = self.mirrors.pop(peer, None)
+        if link is not None and stop:
             self._control(peer, "stop")
+        if link is not None and link.synced and not self.gm.closed:
+            self._bcast({"op": "depth"})  # confirms stop waiting for it: the stream says so first
         self._release()
 
     def sync(self, peer: str | None = None) -> int:
@@ -617,9 +634,13 @@ class Mirror:
         self.seqmap: dict[int, int] = {}  # master seq -> our seq
         self.held = Held()  # what our backing queue holds: the new master's snapshots if we are promoted
         self.synced = False
+        self.epoch = 0  # this copy's spells in sync so far: an ack names the one it reports
+        # The master's count of its in-sync mirrors (node -> spell), from the newest of its broadcasts
+        # delivered here; None before the first.
+        self.counted: dict[str, int] | None = None
         self.closed = False
         self._inbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
-        self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str]] = deque()
+        self._acks: deque[tuple[int, asyncio.Future[Any] | None, bool, str, int]] = deque()
         self._ack_soon = False
         # the copy this one replaces: its backing queue must be gone before ours opens the same store queue
         self._mismatches = 0
@@ -640,11 +661,32 @@ class Mirror:
     def _delivered(self, sender: str, payload: tuple[dict[str, Any], bytes]) -> None:
         h, blob = payload
         if sender == self.master_member:
+            self._count(h)
             self.feed(h, blob)
         elif h.get("op") == "promoted" and not self.closed:
             log.info("mirror of %r: following %s, promoted to master", self.queue, sender)
             self.master_member = sender
+            self._count(h)
             self.feed({**h, "mm": sender}, blob)
+
+    def _count(self, h: dict[str, Any]) -> None:
+        """Keep the master's count of its in-sync mirrors as delivered (not as replayed): after GM repairs
+        the ring every surviving copy has had the same broadcasts delivered, so all hold the same count."""
+        counted = h.get("insync")
+        if isinstance(counted, dict):
+            self.counted = {str(p): int(e) for p, e in counted.items()}
+
+    @property
+    def counted_in_sync(self) -> bool:
+        """In sync here, and counted so by the master for this very spell: every confirm since waited for us.
+
+        In sync here alone is not enough: until the master counts a mirror in sync
+        it confirms without that mirror's ack, and a publish it confirmed so may
+        have reached no surviving copy (a mirror that went out of sync and back in,
+        with its report on the way, is the same case: hence the spell).
+        """
+        counted = self.counted or {}
+        return self.synced and counted.get(self.site.me) == self.epoch
 
     def _joined(self) -> None:
         """In the group: start empty, then tell the master (it may sync us now)."""
@@ -706,6 +748,8 @@ class Mirror:
                 return
             if self.bq is not None:
                 was, self.synced = self.synced, self.in_sync_with(h)
+                if self.synced and not was:
+                    self.epoch += 1
                 if was != self.synced or (h.get("op") == "sync" and h.get("to") == self.site.me):
                     log.info(
                         "mirror of %r (master %s): %s after %s, depth %d here, %s on the master",
@@ -716,7 +760,7 @@ class Mirror:
                         self.bq.depth(),
                         h.get("depth"),
                     )
-            self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master))
+            self._acks.append((int(h.get("n", 0)), pending, self.synced, self.master, self.epoch))
             if pending is not None:
                 pending.add_done_callback(lambda _f: self._ack_later())
             self._ack_later()
@@ -739,22 +783,23 @@ class Mirror:
         store flush covers many of them (group commit) as on the master.
         """
         self._ack_soon = False
-        last: tuple[int, bool, str] | None = None
+        last: tuple[int, bool, str, int] | None = None
         while self._acks and (self._acks[0][1] is None or self._acks[0][1].done()):
-            n, fut, synced, master = self._acks.popleft()
+            n, fut, synced, master, epoch = self._acks.popleft()
             if fut is not None and (fut.cancelled() or fut.exception() is not None):
                 log.error("mirror of %r: a replayed publish failed; out of sync", self.queue)
                 self.synced = synced = False
             if last is not None and last[2] != master:
                 self._send_ack(*last)  # numbered by the master before a promotion: that one's only
-            last = (n, synced, master)
+            last = (n, synced, master, epoch)
         if last is not None:
             self._send_ack(*last)
 
-    def _send_ack(self, n: int, synced: bool, master: str) -> None:
+    def _send_ack(self, n: int, synced: bool, master: str, epoch: int) -> None:
         if not self.closed and n >= 0:
             self.site.transport.send(
-                master, {"t": "mq_ack", "vh": self.vhost, "q": self.queue, "n": n, "synced": synced}
+                master,
+                {"t": "mq_ack", "vh": self.vhost, "q": self.queue, "n": n, "synced": synced, "epoch": epoch},
             )
 
     def _publish_started(
