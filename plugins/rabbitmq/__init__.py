@@ -91,14 +91,28 @@ CLI_START_S = 60.0
 READY_AWAIT_S = 60.0
 #: The node's AMQP listener (``listeners.tcp.default``).
 AMQP_PORT = 5672
+#: How long one ``is_ready`` call looks for the listener inside the node, and how often: one
+#: ``docker exec`` per wait rather than one per look (a 3-node start made 110 of them at 0.2 s).
+LISTEN_WAIT_S = 10
+LISTEN_LOOK_S = 0.2
+#: The kernel's TCP socket tables of the node's network namespace.
+SOCKET_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
-def listening(port: int) -> list[str]:
-    """A command that exits 0 once a TCP socket listens on ``port`` in the node's network namespace,
-    read from the kernel's tables: no connection is made (RabbitMQ logs one that closes before its
-    AMQP handshake), and no Erlang VM is booted. A killed broker's listener is gone with it; the
-    sidecar's proxies listen on other ports (the client proxy on 40000 + port % 10000)."""
-    return ["grep", "-qsE", f"^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:0000 0A ", "/proc/net/tcp", "/proc/net/tcp6"]
+def listening(port: int, wait_s: float = LISTEN_WAIT_S, tables: Sequence[str] = SOCKET_TABLES) -> list[str]:
+    """A command that exits 0 once a TCP socket listens on ``port`` in the node's network namespace
+    (looked for every LISTEN_LOOK_S for ``wait_s`` at most, then exit 1), read from the kernel's
+    tables: no connection is made (RabbitMQ logs one that closes before its AMQP handshake), and
+    no Erlang VM is booted. A killed broker's listener is gone with it; the sidecar's proxies
+    listen on other ports (the client proxy on 40000 + port % 10000)."""
+    look = f"grep -qsE '^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:0000 0A ' {' '.join(tables)}"
+    looks = max(1, round(wait_s / LISTEN_LOOK_S))
+    return [
+        "sh",
+        "-c",
+        f"i=1; until {look}; do [ $i -ge {looks} ] && exit 1; i=$((i+1)); sleep {LISTEN_LOOK_S}; done",
+    ]
+
 
 MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
 MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
@@ -316,11 +330,11 @@ class RabbitMQ(BrokerPlugin):
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
-        """The node's AMQP listener in the kernel's socket tables first (a ``grep``), then ONE
+        """The node's AMQP listener in the kernel's socket tables first (``listening``), then ONE
         ``await_startup``: the CLI boots an Erlang VM of its own (over 20 s at load 45 on 2 cores),
         and polled every 0.2 s on every node it took the cores from the brokers it waited for.
         The listener opens near the end of the boot, so the CLI is asked once, to wait out the rest."""
-        rc, _ = node.exec(listening(AMQP_PORT), timeout=30)
+        rc, _ = node.exec(listening(AMQP_PORT), timeout=LISTEN_WAIT_S + 30)
         if rc != 0:
             return False
         rc, _ = node.exec([*AWAIT_STARTUP, str(int(READY_AWAIT_S))], timeout=READY_AWAIT_S + CLI_START_S)

@@ -453,13 +453,28 @@ def test_the_listener_check_sees_the_amqp_listener_only(
     import subprocess
 
     (tmp_path / "tcp").write_text(tcp)
-    files = [str(tmp_path / "tcp")]
     if tcp6 is not None:
         (tmp_path / "tcp6").write_text(tcp6)
-    files.append(str(tmp_path / "tcp6"))
-    cmd = rabbitmq.listening(rabbitmq.AMQP_PORT)
-    assert cmd[-2:] == ["/proc/net/tcp", "/proc/net/tcp6"]
-    assert (subprocess.run([*cmd[:-2], *files]).returncode == 0) is listens
+    tables = (str(tmp_path / "tcp"), str(tmp_path / "tcp6"))
+    assert subprocess.run(rabbitmq.listening(rabbitmq.AMQP_PORT, 0, tables)).returncode == (
+        0 if listens else 1
+    )
+
+
+def test_the_listener_is_looked_for_inside_the_node_until_it_opens(tmp_path: Any) -> None:
+    """One command waits: a listener that opens while it looks is seen (the table written after
+    the command started), and one that never does ends it with exit 1 once its wait is over."""
+    import subprocess
+
+    tcp = tmp_path / "tcp"
+    tcp.write_text(PROXIES)
+    cmd = rabbitmq.listening(rabbitmq.AMQP_PORT, 3600, (str(tcp),))
+    waiting = subprocess.Popen(cmd)
+    tcp.write_text(PROXIES + AMQP4)
+    assert waiting.wait(timeout=120) == 0
+    tcp.write_text(PROXIES)
+    assert subprocess.run(rabbitmq.listening(rabbitmq.AMQP_PORT, 0.4, (str(tcp),))).returncode == 1
+    assert rabbitmq.listening(rabbitmq.AMQP_PORT)[-1].count(" ".join(rabbitmq.SOCKET_TABLES)) == 1
 
 
 class Starting(Node):
@@ -470,8 +485,8 @@ class Starting(Node):
         self.listens = listens
 
     def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
-        if cmd[0] == "grep":
-            self.ran.append(("grep", timeout))
+        if cmd[0] == "sh":
+            self.ran.append(("sh", timeout))
             return (0 if self.listens else 1), ""
         return super().exec(cmd, timeout)
 
@@ -479,7 +494,7 @@ class Starting(Node):
 def test_readiness_boots_no_erlang_vm_before_the_listener_opens(clock: list[float]) -> None:
     node = Starting(clock, listens=False)
     assert not any(RMQ.is_ready(node) for _ in range(50))
-    assert {c for c, _ in node.ran} == {"grep"}
+    assert {c for c, _ in node.ran} == {"sh"}
 
 
 @pytest.mark.parametrize(("awaited", "ready"), [(0, True), (EXEC_TIMED_OUT, False), (69, False)])
@@ -489,4 +504,5 @@ def test_readiness_once_the_listener_is_open_is_one_await_startup(
     node = Starting(clock, listens=True, awaited=awaited)
     assert RMQ.is_ready(node) is ready
     wait = rabbitmq.READY_AWAIT_S
-    assert node.ran == [("grep", 30), ("rabbitmqctl -q await_startup", wait + rabbitmq.CLI_START_S)]
+    looked = rabbitmq.LISTEN_WAIT_S + 30
+    assert node.ran == [("sh", looked), ("rabbitmqctl -q await_startup", wait + rabbitmq.CLI_START_S)]
