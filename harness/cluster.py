@@ -912,29 +912,31 @@ class Cluster:
     # -- logs and teardown ---------------------------------------------------------------
 
     def collect(self, out: Path) -> None:
-        """Container logs, the plugin's log files and a listing of each data directory."""
+        """Container logs, the plugin's log files and a listing of each data directory: every node
+        at once (each is Docker's answers to wait for, into a directory of its own)."""
+        each(lambda name: self._collect_node(out / NODES / name, self.nodes[name]), list(self.nodes))
+
+    def _collect_node(self, d: Path, node: Node) -> None:
         import docker.errors
 
-        for name, node in self.nodes.items():
-            d = out / NODES / name
-            d.mkdir(parents=True, exist_ok=True)
-            for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
-                try:
-                    (d / fname).write_bytes(self.client.containers.get(cname).logs())
-                except docker.errors.DockerException as exc:
-                    (d / fname).write_text(f"(unavailable: {short_error(exc)})\n")
-            if not node.running():
-                continue
-            rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])
-            (d / "data-dir.txt").write_text(listing)
-            for path in self.plugin.log_paths:
-                try:
-                    bits, _ = node.container.get_archive(path)
-                    buf = io.BytesIO(b"".join(bits))
-                    with tarfile.open(fileobj=buf) as tar:
-                        tar.extractall(d / "logs", filter="data")
-                except docker.errors.DockerException:
-                    pass
+        d.mkdir(parents=True, exist_ok=True)
+        for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
+            try:
+                (d / fname).write_bytes(self.client.containers.get(cname).logs())
+            except docker.errors.DockerException as exc:
+                (d / fname).write_text(f"(unavailable: {short_error(exc)})\n")
+        if not node.running():
+            return
+        rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])
+        (d / "data-dir.txt").write_text(listing)
+        for path in self.plugin.log_paths:
+            try:
+                bits, _ = node.container.get_archive(path)
+                buf = io.BytesIO(b"".join(bits))
+                with tarfile.open(fileobj=buf) as tar:
+                    tar.extractall(d / "logs", filter="data")
+            except docker.errors.DockerException:
+                pass
 
     def teardown(self) -> None:
         remove_labelled(self.client, self.topology.run_id)
