@@ -1,7 +1,9 @@
 """A run's fixed cost, two checkouts alternated (A, B, A, B, ...) under the same conditions.
 
   python bench/fixed_cost.py --tree A=/path/to/base --tree B=. [--repeats 2]
-      [--scenario scenarios/rabbitmq-smoke.yaml] [--out bench/results/run_fixed_cost]
+      [--scenario scenarios/rabbitmq-smoke.yaml] [--run-arg=--duration --run-arg=20]
+      [--out bench/results/run_fixed_cost]
+  python bench/fixed_cost.py --summary RESULTS.json [RESULTS.json ...]
 
 Each run is ``python3 -m harness.cli -p exec_probe run SCENARIO --seed 1 --checker python`` in the
 tree, with a store of its own in a temporary directory and ``bench/exec_probe.py`` (this
@@ -41,12 +43,12 @@ def kind(cmd: list[str]) -> str:
     return " ".join([Path(rest[0]).name, *words]) if rest else "?"
 
 
-def one(label: str, tree: Path, scenario: str, keep: Path) -> dict[str, Any]:
+def one(label: str, tree: Path, scenario: str, keep: Path, extra: list[str]) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=keep))
     shutil.copy(HERE / "exec_probe.py", tmp / "exec_probe.py")
     probe, store = tmp / "probe.json", tmp / "store"
     cmd = [sys.executable, "-m", "harness.cli", "-p", "exec_probe", "run", scenario]
-    cmd += ["--seed", "1", "--checker", "python", "--store", str(store)]
+    cmd += ["--seed", "1", "--checker", "python", "--store", str(store), *extra]
     env = {**os.environ, "PYTHONPATH": f"{tree}:{tmp}", "BROKERCHAOS_EXEC_PROBE": str(probe)}
     before = load()
     epoch0 = time.time()
@@ -104,12 +106,57 @@ def one(label: str, tree: Path, scenario: str, keep: Path) -> dict[str, Any]:
     }
 
 
+ERLANG_CLIS = ("rabbitmqctl", "rabbitmq-diagnostics", "rabbitmq-plugins")
+
+
+def _at(progress: list[str], text: str, last: bool = False) -> float | None:
+    hits = [float(ln.split()[0]) for ln in progress if text in ln]
+    return (hits[-1] if last else hits[0]) if hits else None
+
+
+def summary(paths: list[Path]) -> str:
+    """A markdown table of every run in the results files (``--summary``): seconds from the
+    progress lines and the probe, CPU seconds, and the commands run in containers while the
+    cluster started (Erlang VMs: each ``rabbitmqctl``/``rabbitmq-diagnostics`` boots one)."""
+    head = (
+        "| run | load before | load after | wall s | sidecars s | brokers to ready s | forming s | cluster s "
+        "| nodes' CPU s (cluster) | harness CPU s (run) | Erlang VMs (cluster) | docker execs (cluster) "
+        "| collect s | remove s | report s |"
+    )
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for path in paths:
+        for r in json.loads(path.read_text())["runs"]:
+            pr, ph = r["progress"], r["phases"]
+            net, started = _at(pr, "cluster   network"), _at(pr, ": starting ", last=True)
+            ready, formed = _at(pr, "forming the cluster"), _at(pr, "cluster   ready:")
+            vms = sum(n for k, n in r["cluster_execs"].items() if k.split()[0] in ERLANG_CLIS)
+            execs = sum(r["cluster_execs"].values())
+
+            def span(a: float | None, b: float | None) -> str:
+                return "-" if a is None or b is None else f"{b - a:.1f}"
+
+            def wall(phase: str, ph: dict[str, Any] = ph) -> str:
+                return f"{ph[phase]['wall_s']:.1f}" if phase in ph else "-"
+
+            rows.append(
+                f"| {r['tree']}{r['repeat']} | {r['load_before'][0]:.1f} | {r['load_after'][0]:.1f} | {r['wall_s']:.1f} "
+                f"| {span(net, started)} | {span(started, ready)} | {span(ready, formed)} | {wall('cluster')} "
+                f"| {ph['cluster']['nodes_cpu_s']:.1f} | {ph['run']['harness_cpu_s']:.1f} | {vms} | {execs} "
+                f"| {wall('teardown')} | {wall('remove')} | {wall('report')} |"
+            )
+    return "\n".join(rows)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--summary"]:
+        print(summary([Path(a) for a in sys.argv[2:]]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a checkout to run")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--scenario", default="scenarios/rabbitmq-smoke.yaml")
     ap.add_argument("--out", default="bench/results/run_fixed_cost")
+    ap.add_argument("--run-arg", action="append", default=[], help="one more argument for `run` (repeatable)")
     ap.add_argument(
         "--keep", default=None, help="where the runs' stores stay (default: a temporary directory)"
     )
@@ -121,7 +168,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     for i in range(args.repeats):
         for label, tree in trees:
-            r = one(label, tree, args.scenario, keep)
+            r = one(label, tree, args.scenario, keep, args.run_arg)
             r["repeat"] = i + 1
             runs.append(r)
             c = r["phases"].get("cluster", {})

@@ -157,7 +157,7 @@ class Logs:
 def test_collect_takes_every_node_s_logs_at_once(host: Host, tmp_path: Any) -> None:
     c = cluster(host, Readiness(), down=frozenset({"n1", "n2", "n3"}))  # stopped: logs only
     for name, node in c.nodes.items():
-        node.container_name, node.sidecar_name = f"{name}-broker", name  # type: ignore[attr-defined]
+        node.container_name, node.sidecar_name = f"{name}-broker", name
     c.client = Logs(len(c.nodes))
     c.collect(tmp_path)
     for name in c.nodes:
