@@ -218,6 +218,13 @@ V4_0 = BrokerVersion(
 KHEPRI_OPT_IN = ("4.0",)
 ENABLE_KHEPRI = ["rabbitmqctl", "enable_feature_flag", "--experimental", "khepri_db"]
 KHEPRI_ENABLED = ["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."]
+#: The running node's version and whether it runs on Khepri (``unknown`` where it cannot say: 3.10
+#: has no ``rabbit_khepri``), on one line ``broker_version`` reads.
+RUNNING = (
+    "{ok, V} = application:get_key(rabbit, vsn), "
+    "K = try rabbit_khepri:is_enabled() catch _:_ -> unknown end, "
+    'io:format("brokerchaos-running ~s ~p~n", [V, K]).'
+)
 V4_3 = BrokerVersion(
     "4.3",
     "sid",
@@ -292,17 +299,16 @@ class RabbitMQ(BrokerPlugin):
         return self.release is V3_10
 
     def broker_version(self, node: NodeHandle) -> str | None:
-        """What the running node says (``rabbitmqctl version``; on 4.x also its metadata store),
-        with the Debian package."""
+        """What the running node says of itself (its ``rabbit`` application's version; on 4.x also
+        its metadata store), with the Debian package: one ``eval``, one Erlang VM (it was
+        ``rabbitmqctl version`` and, on 4.x, a second ``eval``)."""
         package = super().broker_version(node)
-        rc, out = node.exec(["rabbitmqctl", "-q", "version"], timeout=60)
-        running = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else ""
-        if not running or package is None:
+        rc, out = node.exec(["rabbitmqctl", "-q", "eval", RUNNING], timeout=60)
+        said = re.search(r"^brokerchaos-running (\S+) (\w+)$", out, re.M) if rc == 0 else None
+        if said is None or package is None:
             return package
-        if not self.mirroring:  # 4.x: which metadata store the node runs on, as it says
-            rc, out = node.exec(KHEPRI_ENABLED, timeout=60)
-            running += {"true": " on Khepri", "false": " on Mnesia"}.get(out.strip() if rc == 0 else "", "")
-        return f"rabbitmq {running} (Debian {package})"
+        store = {"true": " on Khepri", "false": " on Mnesia"}.get(said[2], "") if not self.mirroring else ""
+        return f"rabbitmq {said[1]}{store} (Debian {package})"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings

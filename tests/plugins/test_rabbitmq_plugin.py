@@ -506,3 +506,25 @@ def test_readiness_once_the_listener_is_open_is_one_await_startup(
     wait = rabbitmq.READY_AWAIT_S
     looked = rabbitmq.LISTEN_WAIT_S + 30
     assert node.ran == [("sh", looked), ("rabbitmqctl -q await_startup", wait + rabbitmq.CLI_START_S)]
+
+
+@pytest.mark.parametrize(
+    ("version", "said", "running"),
+    [
+        ("3.10", "brokerchaos-running 3.10.8 unknown", "rabbitmq 3.10.8 (Debian rabbitmq-server 9.9)"),
+        ("4.0", "brokerchaos-running 4.0.5 false", "rabbitmq 4.0.5 on Mnesia (Debian rabbitmq-server 9.9)"),
+        ("4.3", "brokerchaos-running 4.3.6 true", "rabbitmq 4.3.6 on Khepri (Debian rabbitmq-server 9.9)"),
+    ],
+)
+def test_the_running_version_is_one_eval_on_the_node(
+    clock: list[float], version: str, said: str, running: str
+) -> None:
+    """The node's own version and (4.x) metadata store, from one Erlang VM, as the results name them."""
+    node = Node("n1", clock, {"dpkg-query": (0, "rabbitmq-server 9.9"), "eval": (0, f"{said}\nok\n")})
+    assert RabbitMQ().at_version(version).broker_version(node) == running
+    assert [c for c, _ in node.ran if c.startswith("rabbitmqctl")] == ["rabbitmqctl -q eval"]
+
+
+def test_a_node_that_cannot_say_its_version_is_named_by_its_package(clock: list[float]) -> None:
+    node = Node("n1", clock, {"dpkg-query": (0, "rabbitmq-server 9.9"), "eval": (69, "Error: unable to")})
+    assert RMQ.broker_version(node) == "rabbitmq-server 9.9"
