@@ -105,6 +105,20 @@ def each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     return [f.result() for f in futures]
 
 
+#: At most this many Docker calls of one kind at once (docker-py's connection pool holds 10).
+DOCKER_CALLS_AT_ONCE = 8
+
+
+def each_of(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``each`` over any number of items, at most ``DOCKER_CALLS_AT_ONCE`` of them at a time
+    (``down --all`` removes every run's containers)."""
+    if len(items) <= DOCKER_CALLS_AT_ONCE:
+        return each(fn, items)
+    with ThreadPoolExecutor(max_workers=DOCKER_CALLS_AT_ONCE, thread_name_prefix="cluster") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    return [f.result() for f in futures]
+
+
 def docker_client():
     """A Docker client from the environment (``DOCKER_HOST`` works), or one clear error."""
     import docker
@@ -898,29 +912,31 @@ class Cluster:
     # -- logs and teardown ---------------------------------------------------------------
 
     def collect(self, out: Path) -> None:
-        """Container logs, the plugin's log files and a listing of each data directory."""
+        """Container logs, the plugin's log files and a listing of each data directory: every node
+        at once (each is Docker's answers to wait for, into a directory of its own)."""
+        each(lambda name: self._collect_node(out / NODES / name, self.nodes[name]), list(self.nodes))
+
+    def _collect_node(self, d: Path, node: Node) -> None:
         import docker.errors
 
-        for name, node in self.nodes.items():
-            d = out / NODES / name
-            d.mkdir(parents=True, exist_ok=True)
-            for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
-                try:
-                    (d / fname).write_bytes(self.client.containers.get(cname).logs())
-                except docker.errors.DockerException as exc:
-                    (d / fname).write_text(f"(unavailable: {short_error(exc)})\n")
-            if not node.running():
-                continue
-            rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])
-            (d / "data-dir.txt").write_text(listing)
-            for path in self.plugin.log_paths:
-                try:
-                    bits, _ = node.container.get_archive(path)
-                    buf = io.BytesIO(b"".join(bits))
-                    with tarfile.open(fileobj=buf) as tar:
-                        tar.extractall(d / "logs", filter="data")
-                except docker.errors.DockerException:
-                    pass
+        d.mkdir(parents=True, exist_ok=True)
+        for cname, fname in ((node.container_name, "broker.log"), (node.sidecar_name, "toxiproxy.log")):
+            try:
+                (d / fname).write_bytes(self.client.containers.get(cname).logs())
+            except docker.errors.DockerException as exc:
+                (d / fname).write_text(f"(unavailable: {short_error(exc)})\n")
+        if not node.running():
+            return
+        rc, listing = node.exec(["find", self.topology.data_dir, "-printf", "%y %10s %p\n"])
+        (d / "data-dir.txt").write_text(listing)
+        for path in self.plugin.log_paths:
+            try:
+                bits, _ = node.container.get_archive(path)
+                buf = io.BytesIO(b"".join(bits))
+                with tarfile.open(fileobj=buf) as tar:
+                    tar.extractall(d / "logs", filter="data")
+            except docker.errors.DockerException:
+                pass
 
     def teardown(self) -> None:
         remove_labelled(self.client, self.topology.run_id)
@@ -977,36 +993,43 @@ def _labels_of(resource: Any) -> dict[str, str]:
 
 
 def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:
-    """Remove containers, networks and volumes brokerchaos labelled (one run, or all, running or not)."""
+    """Remove containers, networks and volumes brokerchaos labelled (one run, or all, running or not).
+
+    Each kind in stages, each stage's removals at once (``each_of``: a forced removal is mostly
+    Docker's wait for the container's processes to die, one after another it was 2 s of a 3-node
+    run's teardown): the brokers first (they live in their sidecars' namespaces), then the shared
+    disks, stopped (their node init unmounts the lazy filesystem, which a forced removal would
+    leave on the host), then the rest; then the networks, then the volumes."""
     import docker.errors
 
     flt = [f"{PROJECT_LABEL}=brokerchaos"] + ([f"{RUN_LABEL}={run_id}"] if run_id else [])
-    counts = {"containers": 0, "networks": 0, "volumes": 0}
     containers = client.containers.list(all=True, filters={"label": flt})
-    # Brokers first: they live in their sidecars' namespaces. Then the shared disks, stopped: their
-    # node init unmounts the lazy filesystem, which a forced removal would leave on the host.
-    order = {"broker": 0, DISK_ROLE: 1}
-    containers.sort(key=lambda c: order.get(c.labels.get(ROLE_LABEL, ""), 2))
+    stages: dict[int, list[Any]] = {}
     for c in containers:
+        stages.setdefault({"broker": 0, DISK_ROLE: 1}.get(c.labels.get(ROLE_LABEL, ""), 2), []).append(c)
+
+    def removed(remove: Callable[[], Any]) -> int:
         try:
+            remove()
+            return 1
+        except docker.errors.NotFound:
+            return 0
+
+    def container(c: Any) -> int:
+        def remove() -> None:
             if c.labels.get(ROLE_LABEL) == DISK_ROLE and c.status == "running":
                 c.stop(timeout=30)
             c.remove(force=True, v=True)
-            counts["containers"] += 1
-        except docker.errors.NotFound:
-            pass
-    for n in client.networks.list(filters={"label": flt}):
-        try:
-            n.remove()
-            counts["networks"] += 1
-        except docker.errors.NotFound:
-            pass
-    for v in client.volumes.list(filters={"label": flt}):
-        try:
-            v.remove(force=True)
-            counts["volumes"] += 1
-        except docker.errors.NotFound:
-            pass
+
+        return removed(remove)
+
+    counts = {"containers": 0, "networks": 0, "volumes": 0}
+    for stage in sorted(stages):
+        counts["containers"] += sum(each_of(container, stages[stage]))
+    networks = client.networks.list(filters={"label": flt})
+    counts["networks"] = sum(each_of(lambda n: removed(n.remove), networks))
+    volumes = client.volumes.list(filters={"label": flt})
+    counts["volumes"] = sum(each_of(lambda v: removed(lambda: v.remove(force=True)), volumes))
     return counts
 
 

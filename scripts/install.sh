@@ -62,6 +62,10 @@ if python3 -c 'import sys, sysconfig, pathlib; sys.exit(0 if (pathlib.Path(sysco
   pip_flags="--break-system-packages"
 fi
 python3 -m pip install -q --disable-pip-version-check $pip_flags -e '.[dev,fast]'
+# The checkout's bytecode, compiled once: where PYTHONDONTWRITEBYTECODE is set Python never writes
+# it, and every harness process (each run, each matrix cell) compiled the modules it imports again
+# (0.2-0.3 s of CPU a process; bench/results/run_fixed_cost.md). A stale cache is ignored.
+python3 -m compileall -q -j0 harness plugins faults spark_reports broker_impl >/dev/null
 
 step "images the default run uses (common base, Toxiproxy, reference broker)"
 # The sidecar's step waits on cargo's lock for the compile above when it is still going.

@@ -87,6 +87,32 @@ START_APP_WAIT_S = 60.0
 AWAIT_STARTUP = ["rabbitmqctl", "-q", "await_startup", "--timeout"]
 #: What the CLI's own Erlang VM may take to start on a loaded host, beyond its command's wait.
 CLI_START_S = 60.0
+#: How long ``is_ready``'s ``await_startup`` waits for a node whose AMQP listener is open to finish booting.
+READY_AWAIT_S = 60.0
+#: The node's AMQP listener (``listeners.tcp.default``).
+AMQP_PORT = 5672
+#: How long one ``is_ready`` call looks for the listener inside the node, and how often: one
+#: ``docker exec`` per wait rather than one per look (a 3-node start made 110 of them at 0.2 s).
+LISTEN_WAIT_S = 10
+LISTEN_LOOK_S = 0.2
+#: The kernel's TCP socket tables of the node's network namespace.
+SOCKET_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def listening(port: int, wait_s: float = LISTEN_WAIT_S, tables: Sequence[str] = SOCKET_TABLES) -> list[str]:
+    """A command that exits 0 once a TCP socket listens on ``port`` in the node's network namespace
+    (looked for every LISTEN_LOOK_S for ``wait_s`` at most, then exit 1), read from the kernel's
+    tables: no connection is made (RabbitMQ logs one that closes before its AMQP handshake), and
+    no Erlang VM is booted. A killed broker's listener is gone with it; the sidecar's proxies
+    listen on other ports (the client proxy on 40000 + port % 10000)."""
+    look = f"grep -qsE '^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:0000 0A ' {' '.join(tables)}"
+    looks = max(1, round(wait_s / LISTEN_LOOK_S))
+    return [
+        "sh",
+        "-c",
+        f"i=1; until {look}; do [ $i -ge {looks} ] && exit 1; i=$((i+1)); sleep {LISTEN_LOOK_S}; done",
+    ]
+
 
 MIRRORED = {"queue_type": ("classic",), "ha_mode": ("all", "exactly", "nodes")}
 MIRRORED_QUEUE = r"Mirrored queue '(?P<queue>[^']+)' in vhost '(?P<vhost>[^']*)': "
@@ -192,6 +218,13 @@ V4_0 = BrokerVersion(
 KHEPRI_OPT_IN = ("4.0",)
 ENABLE_KHEPRI = ["rabbitmqctl", "enable_feature_flag", "--experimental", "khepri_db"]
 KHEPRI_ENABLED = ["rabbitmqctl", "-q", "eval", "rabbit_khepri:is_enabled()."]
+#: The running node's version and whether it runs on Khepri (``unknown`` where it cannot say: 3.10
+#: has no ``rabbit_khepri``), on one line ``broker_version`` reads.
+RUNNING = (
+    "{ok, V} = application:get_key(rabbit, vsn), "
+    "K = try rabbit_khepri:is_enabled() catch _:_ -> unknown end, "
+    'io:format("brokerchaos-running ~s ~p~n", [V, K]).'
+)
 V4_3 = BrokerVersion(
     "4.3",
     "sid",
@@ -266,23 +299,22 @@ class RabbitMQ(BrokerPlugin):
         return self.release is V3_10
 
     def broker_version(self, node: NodeHandle) -> str | None:
-        """What the running node says (``rabbitmqctl version``; on 4.x also its metadata store),
-        with the Debian package."""
+        """What the running node says of itself (its ``rabbit`` application's version; on 4.x also
+        its metadata store), with the Debian package: one ``eval``, one Erlang VM (it was
+        ``rabbitmqctl version`` and, on 4.x, a second ``eval``)."""
         package = super().broker_version(node)
-        rc, out = node.exec(["rabbitmqctl", "-q", "version"], timeout=60)
-        running = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else ""
-        if not running or package is None:
+        rc, out = node.exec(["rabbitmqctl", "-q", "eval", RUNNING], timeout=60)
+        said = re.search(r"^brokerchaos-running (\S+) (\w+)$", out, re.M) if rc == 0 else None
+        if said is None or package is None:
             return package
-        if not self.mirroring:  # 4.x: which metadata store the node runs on, as it says
-            rc, out = node.exec(KHEPRI_ENABLED, timeout=60)
-            running += {"true": " on Khepri", "false": " on Mnesia"}.get(out.strip() if rc == 0 else "", "")
-        return f"rabbitmq {running} (Debian {package})"
+        store = {"true": " on Khepri", "false": " on Mnesia"}.get(said[2], "") if not self.mirroring else ""
+        return f"rabbitmq {said[1]}{store} (Debian {package})"
 
     def node_spec(self, node: NodeInfo) -> NodeSpec:
         s = node.settings
         conf = "\n".join(
             [
-                "listeners.tcp.default = 5672",
+                f"listeners.tcp.default = {AMQP_PORT}",
                 "loopback_users = none",
                 f"cluster_partition_handling = {s['partition_handling']}",
                 "log.file.level = info",
@@ -304,9 +336,14 @@ class RabbitMQ(BrokerPlugin):
         )
 
     def is_ready(self, node: NodeHandle) -> bool:
-        # The CLI boots an Erlang VM of its own: on a loaded host (load average 45 on 2 cores)
-        # that alone took over 20 s, so every check timed out on nodes that were running.
-        rc, _ = node.exec(["rabbitmq-diagnostics", "-q", "check_running"], timeout=60)
+        """The node's AMQP listener in the kernel's socket tables first (``listening``), then ONE
+        ``await_startup``: the CLI boots an Erlang VM of its own (over 20 s at load 45 on 2 cores),
+        and polled every 0.2 s on every node it took the cores from the brokers it waited for.
+        The listener opens near the end of the boot, so the CLI is asked once, to wait out the rest."""
+        rc, _ = node.exec(listening(AMQP_PORT), timeout=LISTEN_WAIT_S + 30)
+        if rc != 0:
+            return False
+        rc, _ = node.exec([*AWAIT_STARTUP, str(int(READY_AWAIT_S))], timeout=READY_AWAIT_S + CLI_START_S)
         return rc == 0
 
     def form_cluster(self, nodes: Sequence[NodeHandle], settings: Mapping[str, Any]) -> None:

@@ -11,6 +11,7 @@ import pytest
 from harness import ClusterError, NodesDown
 from harness.cluster import Cluster, each
 from harness.host import Host
+from harness.spec.rundir import NODES
 from tests.harness.test_topology import build
 
 GUARD_S = 120.0
@@ -131,3 +132,34 @@ def test_every_node_that_does_not_get_ready_is_named_with_why(host: Host) -> Non
     assert sorted(err.value.nodes) == ["n1", "n2"]
     assert err.value.nodes["n1"].startswith("not ready after 0s\nlast log lines:\n(log of n1)")
     assert err.value.nodes["n2"].startswith("the broker container exited\nits log:\n(log of n2)")
+
+
+class Logs:
+    """A Docker client whose containers answer ``logs()`` only once every node's broker log has been
+    asked for (one node after the other, the first would never be answered)."""
+
+    def __init__(self, nodes: int) -> None:
+        self.brokers = threading.Barrier(nodes, timeout=GUARD_S)
+        self.containers = self
+
+    def get(self, name: str) -> Any:
+        barrier = self.brokers
+
+        class Container:
+            def logs(self) -> bytes:
+                if name.endswith("-broker"):
+                    barrier.wait()
+                return f"log of {name}\n".encode()
+
+        return Container()
+
+
+def test_collect_takes_every_node_s_logs_at_once(host: Host, tmp_path: Any) -> None:
+    c = cluster(host, Readiness(), down=frozenset({"n1", "n2", "n3"}))  # stopped: logs only
+    for name, node in c.nodes.items():
+        node.container_name, node.sidecar_name = f"{name}-broker", name
+    c.client = Logs(len(c.nodes))
+    c.collect(tmp_path)
+    for name in c.nodes:
+        assert (tmp_path / NODES / name / "broker.log").read_text() == f"log of {name}-broker\n"
+        assert (tmp_path / NODES / name / "toxiproxy.log").read_text() == f"log of {name}\n"

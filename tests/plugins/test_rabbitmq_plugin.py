@@ -423,3 +423,108 @@ def test_a_command_the_budget_has_no_time_left_for_is_not_run(clock: list[float]
     ):
         RMQ.add_node(n2, [Node("n1", clock, running("n1", "n2"))], settings())
     assert [c for c, _ in n2.ran] == ["rabbitmqctl stop_app", "rabbitmqctl reset"]
+
+
+#: Lines of a node's ``/proc/net/tcp`` and ``tcp6``: the client proxy on 45672 (0xB1E8), a peer
+#: proxy on 25672 (0x6468), a client's connection to 5672 (0x1628, ESTABLISHED) and, last, the
+#: AMQP listener on 0.0.0.0 and on ::.
+PROXIES = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    "   0: 00000000:B1E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+    "   1: 0C00007F:6468 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1\n"
+    "   2: 0100007F:1628 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 3 1\n"
+)
+AMQP4 = "   3: 00000000:1628 00000000:0000 0A 00000000:00000000 00:00000000 00000000   106        0 4 1\n"
+AMQP6 = (
+    "   0: 00000000000000000000000000000000:1628 00000000000000000000000000000000:0000 0A "
+    "00000000:00000000 00:00000000 00000000   106        0 5 1\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("tcp", "tcp6", "listens"),
+    [(PROXIES, None, False), (PROXIES + AMQP4, None, True), (PROXIES, AMQP6, True), ("", "", False)],
+)
+def test_the_listener_check_sees_the_amqp_listener_only(
+    tmp_path: Any, tcp: str, tcp6: str | None, listens: bool
+) -> None:
+    """``listening`` run by the host's grep over literal socket tables (a missing ``tcp6``, as in a
+    namespace without IPv6, included): the proxies' listeners and a client's connection are not it."""
+    import subprocess
+
+    (tmp_path / "tcp").write_text(tcp)
+    if tcp6 is not None:
+        (tmp_path / "tcp6").write_text(tcp6)
+    tables = (str(tmp_path / "tcp"), str(tmp_path / "tcp6"))
+    assert subprocess.run(rabbitmq.listening(rabbitmq.AMQP_PORT, 0, tables)).returncode == (
+        0 if listens else 1
+    )
+
+
+def test_the_listener_is_looked_for_inside_the_node_until_it_opens(tmp_path: Any) -> None:
+    """One command waits: a listener that opens while it looks is seen (the table written after
+    the command started), and one that never does ends it with exit 1 once its wait is over."""
+    import subprocess
+
+    tcp = tmp_path / "tcp"
+    tcp.write_text(PROXIES)
+    cmd = rabbitmq.listening(rabbitmq.AMQP_PORT, 3600, (str(tcp),))
+    waiting = subprocess.Popen(cmd)
+    tcp.write_text(PROXIES + AMQP4)
+    assert waiting.wait(timeout=120) == 0
+    tcp.write_text(PROXIES)
+    assert subprocess.run(rabbitmq.listening(rabbitmq.AMQP_PORT, 0.4, (str(tcp),))).returncode == 1
+    assert rabbitmq.listening(rabbitmq.AMQP_PORT)[-1].count(" ".join(rabbitmq.SOCKET_TABLES)) == 1
+
+
+class Starting(Node):
+    """A node whose AMQP listener is open once ``listens`` is set; every ``rabbitmqctl`` call counted."""
+
+    def __init__(self, clock: list[float], listens: bool, awaited: int = 0) -> None:
+        super().__init__("n1", clock, {"await_startup": (awaited, "")})
+        self.listens = listens
+
+    def exec(self, cmd: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+        if cmd[0] == "sh":
+            self.ran.append(("sh", timeout))
+            return (0 if self.listens else 1), ""
+        return super().exec(cmd, timeout)
+
+
+def test_readiness_boots_no_erlang_vm_before_the_listener_opens(clock: list[float]) -> None:
+    node = Starting(clock, listens=False)
+    assert not any(RMQ.is_ready(node) for _ in range(50))
+    assert {c for c, _ in node.ran} == {"sh"}
+
+
+@pytest.mark.parametrize(("awaited", "ready"), [(0, True), (EXEC_TIMED_OUT, False), (69, False)])
+def test_readiness_once_the_listener_is_open_is_one_await_startup(
+    clock: list[float], awaited: int, ready: bool
+) -> None:
+    node = Starting(clock, listens=True, awaited=awaited)
+    assert RMQ.is_ready(node) is ready
+    wait = rabbitmq.READY_AWAIT_S
+    looked = rabbitmq.LISTEN_WAIT_S + 30
+    assert node.ran == [("sh", looked), ("rabbitmqctl -q await_startup", wait + rabbitmq.CLI_START_S)]
+
+
+@pytest.mark.parametrize(
+    ("version", "said", "running"),
+    [
+        ("3.10", "brokerchaos-running 3.10.8 unknown", "rabbitmq 3.10.8 (Debian rabbitmq-server 9.9)"),
+        ("4.0", "brokerchaos-running 4.0.5 false", "rabbitmq 4.0.5 on Mnesia (Debian rabbitmq-server 9.9)"),
+        ("4.3", "brokerchaos-running 4.3.6 true", "rabbitmq 4.3.6 on Khepri (Debian rabbitmq-server 9.9)"),
+    ],
+)
+def test_the_running_version_is_one_eval_on_the_node(
+    clock: list[float], version: str, said: str, running: str
+) -> None:
+    """The node's own version and (4.x) metadata store, from one Erlang VM, as the results name them."""
+    node = Node("n1", clock, {"dpkg-query": (0, "rabbitmq-server 9.9"), "eval": (0, f"{said}\nok\n")})
+    assert RabbitMQ().at_version(version).broker_version(node) == running
+    assert [c for c, _ in node.ran if c.startswith("rabbitmqctl")] == ["rabbitmqctl -q eval"]
+
+
+def test_a_node_that_cannot_say_its_version_is_named_by_its_package(clock: list[float]) -> None:
+    node = Node("n1", clock, {"dpkg-query": (0, "rabbitmq-server 9.9"), "eval": (69, "Error: unable to")})
+    assert RMQ.broker_version(node) == "rabbitmq-server 9.9"
