@@ -65,8 +65,12 @@ class MemberRemove(Fault):
         }
 
     def heal(self) -> dict[str, Any]:
+        """Join the nodes that are members now: another node removed meanwhile, whose own join is
+        still to come or failed, is not one to join or to wait for (a RabbitMQ join waits for every
+        node it is given to run, so a forgotten one made it wait its whole ``ready_timeout``)."""
         node, others = self._split()
-        return _add(self.ctx, node, others)
+        _asked, members = _members(self.ctx.cluster.plugin, others)
+        return _add(self.ctx, node, [h for h in others if h.name in members])
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
         """The membership the broker itself reports (``members``), asked of another node before and

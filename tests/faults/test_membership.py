@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from harness import ScenarioError
 from harness.host import Host
 from harness.nemesis import plan
 from harness.scenario import Scenario, from_dict
+from harness.spec import FaultContext
 
 NODES = ["n1", "n2", "n3"]
 
@@ -62,3 +64,31 @@ def test_the_final_heal_joins_only_the_nodes_no_other_node_counts() -> None:
     # nobody counts anybody else (master-slave replication): no cluster to heal
     assert left_nodes(NODES, {"n1": {"n1"}, "n2": {"n2"}, "n3": {"n3"}}) == {}
     assert left_nodes(NODES, {}) == {}
+
+
+class _Plugin:
+    """Each node's own view of the members; a join adds the node to the views of those it joined."""
+
+    def __init__(self, views: dict[str, set[str]]) -> None:
+        self.views = views
+        self.joined: list[str] = []
+
+    def members(self, node: Any) -> set[str]:
+        return set(self.views[node.name])
+
+    def add_node(self, node: Any, members: list[Any], settings: Any) -> dict[str, Any]:
+        self.joined = [m.name for m in members]
+        for name in [*self.joined, node.name]:
+            self.views[name] |= {*self.joined, node.name}
+        return {}
+
+
+def test_a_heal_joins_the_members_not_a_node_removed_meanwhile() -> None:
+    # n3 left first and its join failed (its own view still lists its old peers); then n2 left,
+    # leaving n1 alone: n2 joins n1 and waits for n1 only, not for n3
+    plugin = _Plugin({"n1": {"n1"}, "n2": {"n1", "n2"}, "n3": {"n1", "n2", "n3"}})
+    nodes = {n: SimpleNamespace(name=n) for n in NODES}
+    cluster = SimpleNamespace(nodes=nodes, plugin=plugin, settings={}, wait_ready=lambda names: None)
+    done = MemberRemove(FaultContext(cluster), {"node": "n2"}, "f7").heal()
+    assert plugin.joined == ["n1"]
+    assert done == {"added": "n2", "done": {}, "members_after": ["n1", "n2"]}
