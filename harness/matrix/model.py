@@ -174,7 +174,9 @@ def prose(v: Any, where: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in re.split(r"\n\s*\n", v.strip()) if p.strip())
 
 
-def _notes(data: Any, configurations: tuple[Configuration, ...], faults: tuple[FaultClass, ...]) -> dict[str, str]:
+def _notes(
+    data: Any, configurations: tuple[Configuration, ...], faults: tuple[FaultClass, ...]
+) -> dict[str, str]:
     """Each note's cell must exist: a typo would otherwise drop the note without a word."""
     notes = mapping(data, "notes")
     ids = [f"{c.id}--{f.name}" for c in configurations for f in faults]

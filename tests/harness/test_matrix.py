@@ -391,7 +391,9 @@ def test_notes_go_under_their_cells_and_the_records_history_at_the_end(tmp_path:
         "sync--isolated": "A note on a cell that is not supported.",
     }
     mx = model.load(
-        _matrix(tmp_path, description="One.\n\nTwo.", notes=notes, records=["Made at `abc1234`.", "Re-keyed."])
+        _matrix(
+            tmp_path, description="One.\n\nTwo.", notes=notes, records=["Made at `abc1234`.", "Re-keyed."]
+        )
     )
     data = grading.grade_matrix(host, mx, expand(mx, host), _images())
     by = {c["cell"]: c for c in data["cells"]}
@@ -404,7 +406,9 @@ def test_notes_go_under_their_cells_and_the_records_history_at_the_end(tmp_path:
         line for line in text.splitlines() if line.startswith("| [async]")
     )
     section = text[text.index("{#cell-sync--killed}") :]
-    assert section.index("**Note:** Not run yet") < section.index("A second paragraph.") < section.index("###")
+    assert (
+        section.index("**Note:** Not run yet") < section.index("A second paragraph.") < section.index("###")
+    )
     isolated = text[text.index("{#cell-sync--isolated}") :]
     assert isolated.index("**Note:** A note on a cell") < isolated.index("Not supported: ")
     assert "{#cell-async--killed}" not in text  # not run, no note: nothing to show
