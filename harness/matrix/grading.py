@@ -41,10 +41,12 @@ def grade_matrix(
         for cell in cells:
             where = (reports or Path(tmp)) / cell.id
             key = cell_key(cell.scenario, images_of(cell)) if cell.scenario is not None else None
-            out.append(grade_cell(host, cell, list(records.of_cell(matrix.results, cell.id)), where, key))
+            graded = grade_cell(host, cell, list(records.of_cell(matrix.results, cell.id)), where, key)
+            out.append(graded | {"note": matrix.notes.get(cell.id)})
     return {
         "matrix": matrix.name,
         "description": matrix.description,
+        "records": list(matrix.records),
         "seeds": list(matrix.seeds),
         "workload": dict(matrix.workload),
         "nodes": matrix.nodes,

@@ -12,6 +12,15 @@
          settings: {ha_mode: all, flush: sync}}
       - {id: rabbitmq-4.3-quorum, broker: rabbitmq, version: "4.3", settings: {queue_type: quorum}}
     page: ../docs/findings/matrix.md  # the docs page `brokerchaos matrix` writes
+    description: |                    # above the table: what the matrix is (blank lines: paragraphs)
+      ...
+    notes:                            # under a cell's section, marked in the table: CONFIGURATION--FAULT
+      rabbitmq-4.3-quorum--leader-killed: what the cell's result was, its evidence, **Backed by:** ...
+    records:                          # "How these records were made", near the page's end
+      - a paragraph on how (and where, when, at which load) the records were made
+
+Prose only: neither ``description``, ``notes`` nor ``records`` is part of a cell's scenario, so
+editing them never changes a content key (``cells.cell_key``) and never runs a cell again.
 
 A fault class is a named schedule template: the steps of ``nemesis.schedule`` (times from the
 workload's start), described in words. The matrix knows no fault kind by name: the scenario
@@ -22,6 +31,7 @@ Every error names the field and what is allowed; the file is never half-loaded.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,6 +79,10 @@ class Matrix:
     checkers: tuple[str, ...] = ()
     budgets: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    #: Per cell id (``CONFIGURATION--FAULT``): what that cell's result was, with its evidence.
+    notes: Mapping[str, str] = field(default_factory=dict)
+    #: Paragraphs on how the records were made (re-keying, stale images, run windows, loads).
+    records: tuple[str, ...] = ()
     page: Path | None = None
     results: Path = Path()
 
@@ -82,6 +96,8 @@ class Matrix:
 TOP = {
     "name",
     "description",
+    "notes",
+    "records",
     "seeds",
     "nodes",
     "workload",
@@ -131,23 +147,59 @@ def from_dict(data: Any, source: Path) -> Matrix:
         raise ScenarioError(
             "results: expected a directory (relative to the matrix file) for the cell records"
         )
-    description = top.get("description", "")
-    if not isinstance(description, str):
-        raise ScenarioError("description: expected a string")
+    faults = tuple(library[c] for c in columns)
     return Matrix(
         name=name,
         source=source,
         configurations=configurations,
-        faults=tuple(library[c] for c in columns),
+        faults=faults,
         seeds=tuple(seeds),
         nodes=integer(top.get("nodes", 3), "nodes", lo=1, hi=9),
         workload=dict(mapping(top.get("workload", {}), "workload")),
         checkers=tuple(checkers),
         budgets=dict(mapping(top.get("budgets", {}), "budgets")),
-        description=description.strip(),
+        description=prose(top.get("description", ""), "description"),
+        notes=_notes(top.get("notes", {}), configurations, faults),
+        records=_records(top.get("records", [])),
         page=(source.parent / page) if page else None,
         results=source.parent / results,
     )
+
+
+def prose(v: Any, where: str) -> str:
+    """Text whose paragraphs are kept: split at blank lines (a literal YAML block, ``|``), each
+    paragraph's lines joined by one space, the paragraphs joined by one blank line."""
+    if not isinstance(v, str):
+        raise ScenarioError(f"{where}: expected a string (paragraphs separated by blank lines)")
+    return "\n\n".join(" ".join(p.split()) for p in re.split(r"\n\s*\n", v.strip()) if p.strip())
+
+
+def _notes(
+    data: Any, configurations: tuple[Configuration, ...], faults: tuple[FaultClass, ...]
+) -> dict[str, str]:
+    """Each note's cell must exist: a typo would otherwise drop the note without a word."""
+    notes = mapping(data, "notes")
+    ids = [f"{c.id}--{f.name}" for c in configurations for f in faults]
+    out = {}
+    for cid, text in notes.items():
+        if cid not in ids:
+            near = difflib.get_close_matches(str(cid), ids, n=1)
+            raise ScenarioError(
+                f"notes: {cid!r} is not a cell (CONFIGURATION--FAULT)"
+                + (f"; did you mean {near[0]!r}?" if near else "")
+                + f"; configurations: {', '.join(c.id for c in configurations)}; "
+                f"faults: {', '.join(f.name for f in faults)}"
+            )
+        out[str(cid)] = prose(text, f"notes.{cid}")
+        if not out[str(cid)]:
+            raise ScenarioError(f"notes.{cid}: expected the note's text, got nothing")
+    return out
+
+
+def _records(data: Any) -> tuple[str, ...]:
+    if not isinstance(data, list):
+        raise ScenarioError("records: expected a list of paragraphs on how the records were made")
+    return tuple(prose(p, f"records[{i}]") for i, p in enumerate(data))
 
 
 def _configurations(data: Any) -> tuple[Configuration, ...]:

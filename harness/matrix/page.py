@@ -135,7 +135,6 @@ def _counts(data: Mapping[str, Any]) -> str:
 
 
 def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
-    cells = {(c["configuration"], c["fault"]): c for c in data["cells"]}
     out = [
         f"# Durability matrix: `{data['matrix']}`",
         "",
@@ -148,10 +147,43 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
     out += [
         f"Every cell is one configuration under one fault class: ordinary runs of one scenario, "
         f"one per seed, graded together. Cells are kept as small records in `{results}/` and "
-        "accumulate over reruns; see [Run a durability matrix](../how-to/matrix.md).",
+        "accumulate over reruns; see [Run a durability matrix](../how-to/matrix.md)."
+        + (" How they were made is at the end of the page." if data.get("records") else ""),
         "",
         CAVEATS,
         "",
+        *_table(data),
+        "",
+        *_faults(data),
+        "",
+        *_configurations(data),
+        "",
+        "## Cells",
+        "",
+    ]
+    for c in data["cells"]:
+        if _has_section(c):
+            out += _cell_section(c, source)
+    if data.get("records"):
+        out += [f"## {RECORDS_TITLE}", "", *(line for p in data["records"] for line in (p, ""))]
+    return "\n".join(out).rstrip() + "\n"
+
+
+#: The title of the page's last section, the matrix file's ``records`` paragraphs.
+RECORDS_TITLE = "How these records were made"
+
+
+def _has_section(c: Mapping[str, Any]) -> bool:
+    """A cell has a section below the table if it has something to show: a grade, the reason it is
+    not supported, or a note (a note on a cell not run yet is still shown)."""
+    return c["state"] in ("graded", "unsupported") or bool(c.get("note"))
+
+
+def _table(data: Mapping[str, Any]) -> list[str]:
+    """The matrix itself: a row per configuration, a column per fault class, each cell linking to
+    its section (and marked ``note`` where the matrix file has a note on it)."""
+    cells = {(c["configuration"], c["fault"]): c for c in data["cells"]}
+    out = [
         "## The matrix",
         "",
         "Colour: the worst verdict over the cell's seeds "
@@ -161,7 +193,8 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
         "any; runs that lost acknowledged messages of the runs whose "
         "outcome is known, with the exact 95% bound on that share; acknowledged messages lost "
         "per million confirmed; recovery after the heal (median over every healed step and queue, "
-        "and the worst); the longest outage of any seed (no publish or no consume completed); anomaly classes seen. A cell links to its seeds and scenario below.",
+        "and the worst); the longest outage of any seed (no publish or no consume completed); anomaly classes seen. A cell links to its seeds and scenario below"
+        + ("; *note* links to what its result was, with its evidence." if _noted(data) else "."),
         "",
         _counts(data),
         "",
@@ -177,14 +210,15 @@ def markdown(data: Mapping[str, Any], *, source: str, results: str) -> str:
             lines = cell_lines(c)
             head = _badge(shown(c), bool(c.get("stale")))
             rest = "<br>".join(html.escape(x) for x in lines[1:])
-            link = f" [›](#cell-{c['cell']})" if c["state"] in ("graded", "unsupported") else ""
-            row.append(head + link + (f"<br>{rest}" if rest else ""))
+            link = f" [›](#cell-{c['cell']})" if _has_section(c) else ""
+            note = f" [note](#cell-{c['cell']})" if c.get("note") else ""
+            row.append(head + link + note + (f"<br>{rest}" if rest else ""))
         out.append("| " + " | ".join(row) + " |")
-    out += ["", *_faults(data), "", *_configurations(data), "", "## Cells", ""]
-    for c in data["cells"]:
-        if c["state"] in ("graded", "unsupported"):
-            out += _cell_section(c, source)
-    return "\n".join(out).rstrip() + "\n"
+    return out
+
+
+def _noted(data: Mapping[str, Any]) -> bool:
+    return any(c.get("note") for c in data["cells"])
 
 
 def _section(title: str, *columns: str) -> list[str]:
@@ -221,8 +255,13 @@ def _configurations(data: Mapping[str, Any]) -> list[str]:
 
 def _cell_section(c: Mapping[str, Any], source: str) -> list[str]:
     out = [f"### `{c['cell']}` {{#cell-{c['cell']}}}", ""]
+    if c.get("note"):
+        first, *more = c["note"].split("\n\n")
+        out += [f"**Note:** {first}", "", *(line for p in more for line in (p, ""))]
     if c["state"] == "unsupported":
         return out + [f"Not supported: {c['reason']}", ""]
+    if c["state"] != "graded":
+        return out + [LABELS.get(c["state"], c["state"]).capitalize() + ".", ""]
     if c.get("stale"):
         out += [
             f"**Stale:** {c['stale']['records']} record(s), the last made {c['stale']['date']} at "
@@ -284,6 +323,8 @@ def html_page(data: Mapping[str, Any]) -> str:
                 text += f"<br><small>{html.escape(c['reason'])}</small>"
             if c.get("report"):
                 text += f'<br><a href="{html.escape(str(c["report"]))}">grade report</a>'
+            if c.get("note"):
+                text += f'<br><a href="#cell-{html.escape(c["cell"])}">note</a>'
             style = f"background:{COLOURS.get(state, '#e0e0e0')}" + (
                 f";{STALE_STYLE}" if c.get("stale") else ""
             )
@@ -293,8 +334,25 @@ def html_page(data: Mapping[str, Any]) -> str:
         f"<!doctype html><meta charset=utf-8><title>matrix {html.escape(data['matrix'])}</title>"
         "<style>td,th{border:1px solid #999;padding:4px;vertical-align:top;font:13px sans-serif}</style>"
         f"<h1>Durability matrix {html.escape(data['matrix'])}</h1><p>{html.escape(_counts(data))}</p>"
-        f"<table><tr><th>configuration</th>{head}</tr>{''.join(rows)}</table>\n"
+        f"<table><tr><th>configuration</th>{head}</tr>{''.join(rows)}</table>"
+        f"{_html_prose(data)}\n"
     )
+
+
+def _html_prose(data: Mapping[str, Any]) -> str:
+    """The notes on cells (each under its cell's anchor, as on the docs page) and how the records
+    were made, as paragraphs of escaped text."""
+
+    def paras(text: str) -> str:
+        return "".join(f"<p>{html.escape(p)}</p>" for p in text.split("\n\n"))
+
+    noted = [c for c in data["cells"] if c.get("note")]
+    out = "<h2>Notes on cells</h2>" if noted else ""
+    for c in noted:
+        out += f'<h3 id="cell-{html.escape(c["cell"])}">{html.escape(c["cell"])}</h3>{paras(c["note"])}'
+    if data.get("records"):
+        out += f"<h2>{RECORDS_TITLE}</h2>" + "".join(paras(p) for p in data["records"])
+    return out
 
 
 def write_outputs(data: Mapping[str, Any], out: Path) -> tuple[Path, Path]:

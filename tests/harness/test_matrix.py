@@ -161,6 +161,40 @@ def test_mistakes_of_the_file_end_the_command_not_a_cell(tmp_path: Path, host: H
         expand(model.load(_matrix(tmp_path, workload={"duration": 1})), host)
 
 
+def test_a_note_on_a_cell_that_does_not_exist_is_one_line_naming_it_and_the_cells(tmp_path: Path) -> None:
+    # A typo must not drop a note without a word: the id, the nearest cell and what exists.
+    with pytest.raises(ScenarioError) as err:
+        model.load(_matrix(tmp_path, notes={"sync--kiled": "lost one"}))
+    said = str(err.value)
+    assert "notes: 'sync--kiled' is not a cell (CONFIGURATION--FAULT)" in said and "\n" not in said
+    assert "did you mean 'sync--killed'?" in said
+    assert "configurations: sync, async; faults: killed, isolated" in said
+    with pytest.raises(ScenarioError, match=r"notes.sync--killed: expected a string"):
+        model.load(_matrix(tmp_path, notes={"sync--killed": ["a list"]}))
+    with pytest.raises(ScenarioError, match="records: expected a list of paragraphs"):
+        model.load(_matrix(tmp_path, records="one string"))
+
+
+def test_prose_keeps_paragraphs_and_joins_a_paragraph_s_lines(tmp_path: Path) -> None:
+    mx = model.load(
+        _matrix(
+            tmp_path,
+            description="What it is,\nin two lines.\n\n  And a second paragraph.\n",
+            notes={"async--isolated": "A note on a cell\nnot supported is fine."},
+            records=["Made at `abc1234`,\n2026-01-01.", "Re-keyed."],
+        )
+    )
+    assert mx.description == "What it is, in two lines.\n\nAnd a second paragraph."
+    assert mx.notes == {"async--isolated": "A note on a cell not supported is fine."}
+    assert mx.records == ("Made at `abc1234`, 2026-01-01.", "Re-keyed.")
+
+
+def test_the_shipped_matrix_s_notes_name_cells_and_its_description_is_short() -> None:
+    mx = model.load(REPO / "matrices" / "brokers.yaml")
+    assert mx.notes and mx.records
+    assert len(mx.description) < 2000, "a cell's story goes in notes:, the records' history in records:"
+
+
 # -- cells ----------------------------------------------------------------------------------
 
 
@@ -194,6 +228,21 @@ def test_the_content_key_follows_scenario_images_and_harness_not_the_seed(tmp_pa
     assert k != cell_key(a.scenario, {**images, "broker": "x:2"})  # another image recipe
     assert k != cell_key(a.scenario, images, harness="0.0.0")
     assert len({seed_key(k, s) for s in range(5)}) == 5
+
+
+def test_prose_of_the_matrix_file_never_changes_a_content_key(tmp_path: Path, host: Host) -> None:
+    # Editing the description, a note or the records' history must never run a cell again.
+    plain = expand(model.load(_matrix(tmp_path, faults=["killed"])), host)
+    prose = {
+        "description": "Another description.",
+        "notes": {"sync--killed": "A note."},
+        "records": ["How they were made."],
+    }
+    noted = expand(model.load(_matrix(tmp_path, faults=["killed"], **prose)), host)
+    images = {"broker": "x:1", "toxiproxy": "t:1"}
+    for a, b in zip(plain, noted, strict=True):
+        assert a.scenario is not None and b.scenario is not None
+        assert cell_key(a.scenario, images) == cell_key(b.scenario, images)
 
 
 # -- planning: resume, rerun, another seed -----------------------------------------------
@@ -334,6 +383,44 @@ def test_cells_are_graded_over_their_seeds_and_published(tmp_path: Path, host: H
     written = {c["cell"]: c for c in json.loads(out[0].read_text())["cells"]}
     assert written["async--killed"]["verdict"] == "LOST"
     assert "<table>" in out[1].read_text()
+
+
+def test_notes_go_under_their_cells_and_the_records_history_at_the_end(tmp_path: Path, host: Host) -> None:
+    notes = {
+        "sync--killed": "Not run yet, and its note is still shown.\n\nA second paragraph.",
+        "sync--isolated": "A note on a cell that is not supported.",
+    }
+    mx = model.load(
+        _matrix(
+            tmp_path, description="One.\n\nTwo.", notes=notes, records=["Made at `abc1234`.", "Re-keyed."]
+        )
+    )
+    data = grading.grade_matrix(host, mx, expand(mx, host), _images())
+    by = {c["cell"]: c for c in data["cells"]}
+    assert by["sync--killed"]["state"] == "not run" and by["async--killed"]["note"] is None
+    assert by["sync--isolated"]["note"] == notes["sync--isolated"]
+    text = page.markdown(data, source="tiny.yaml", results="results/tiny")
+    assert text.index("One.\n\nTwo.\n") < text.index("## The matrix")
+    row = next(line for line in text.splitlines() if line.startswith("| [sync]"))
+    assert row.count("[note](#cell-sync--") == 2 and "[note]" not in next(
+        line for line in text.splitlines() if line.startswith("| [async]")
+    )
+    section = text[text.index("{#cell-sync--killed}") :]
+    assert (
+        section.index("**Note:** Not run yet") < section.index("A second paragraph.") < section.index("###")
+    )
+    isolated = text[text.index("{#cell-sync--isolated}") :]
+    assert isolated.index("**Note:** A note on a cell") < isolated.index("Not supported: ")
+    assert "{#cell-async--killed}" not in text  # not run, no note: nothing to show
+    end = text.index("## How these records were made")
+    assert end > text.index("## Cells") and text[end:].endswith("Made at `abc1234`.\n\nRe-keyed.\n")
+    j, h = page.write_outputs(data, tmp_path / "out")
+    written = json.loads(j.read_text())
+    assert written["records"] == ["Made at `abc1234`.", "Re-keyed."]
+    assert {c["cell"]: c["note"] for c in written["cells"] if c["note"]} == notes
+    table = h.read_text()
+    assert table.count('<a href="#cell-sync--') == 2 and '<h3 id="cell-sync--killed">' in table
+    assert "<p>A second paragraph.</p>" in table and "<h2>How these records were made</h2>" in table
 
 
 def test_a_cell_whose_records_are_all_stale_shows_its_last_result_marked_stale(
