@@ -311,11 +311,17 @@ class _Live:
         """Whether kind ``k``'s failures from ``a`` to ``b`` are explained by the whole queue being
         down then, and the queue answered another kind after ``b``: producers that stopped with the
         workload while a restarted node was still booting were never seen failing on a queue that
-        was back, so publish cannot be said never to have come back. A kind failing while another
-        kind is served is a partial outage of its own and stays."""
+        was back, so publish cannot be said never to have come back. A drain that completed after
+        ``b`` is such an answer too, even when it read nothing (every node reported the queue
+        empty). A kind failing while another kind is served is a partial outage of its own and
+        stays; served counts from the last heal that began inside the window (before it, the fault
+        explains the failures, and the consumers finishing what was confirmed before it answer nothing)."""
         others = [j for j in KINDS if j != k]
-        quiet = not any(self.served(q, j, a, b) for j in others)
-        return quiet and any((self.per_queue[q][j].last or -1) > b for j in others)
+        since = max((h for h in self.heals if h is not None and a <= h <= b), default=a)
+        quiet = not any(self.served(q, j, since, b) for j in others)
+        ops = self.drains.get(q, [])
+        drained = bool(ops) and ops[-1]["outcome"] == "ok" and (ops[-1]["end_ns"] or -1) > b
+        return quiet and (drained or any((self.per_queue[q][j].last or -1) > b for j in others))
 
     def gone_after_last_heal(
         self, recovery: list[Recovery], span_ends: dict[tuple[str, str], int], rows: list[QueueLiveness]

@@ -157,6 +157,38 @@ def test_producers_that_stop_before_the_queue_answers_again_are_no_outage(tmp_pa
     assert r["counts"]["confirmed"] == r["counts"]["consumed_unique"] == 20
 
 
+def test_producers_that_stop_before_a_cold_start_ends_then_an_empty_drain_are_no_outage(
+    tmp_path: Path,
+) -> None:
+    """The same with nothing left to read: every confirmed message consumed before a power cut of
+    every node, publishes refused while the nodes cold-start, the workload over before they are
+    back. The drain then finds every node answering with an empty queue: the queue came back,
+    and a completed drain is its answer even when it reads nothing."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20)
+    b.fault("f1", "power-loss-coordinated", node=None)
+    b.heal("f1")
+    _workload(b, 60, ok=False, start=200)  # 6 s of refused publishes while the nodes boot
+    b.t += 20 * S  # the workload is over; the nodes finish booting
+    empty = {"consumed": 0, "ready": None, "unacked": None, "error": None}
+    b.drain(nodes={"n1": empty, "n2": empty, "n3": empty})
+    r = check_python(b.write(tmp_path), {})
+    rec = _after_heal(r)
+    assert rec["publish_demand"] and rec["publish_ok_ns"] is None
+    assert (r["verdict"], r["liveness"]["unavailable"]) == ("durable", [])
+    assert any(w["kind"] == "publish" and not w["ended_by_ok"] for w in r["liveness"]["windows"])
+
+    b = HistoryBuilder(step_ns=STEP)  # the drain that did not complete proves nothing
+    _workload(b, 20)
+    b.fault("f1", "power-loss-coordinated", node=None)
+    b.heal("f1")
+    _workload(b, 60, ok=False, start=200)
+    b.t += 20 * S
+    down = {"consumed": 0, "ready": None, "unacked": None, "error": "connect: refused"}
+    b.drain(outcome="info", nodes={"n1": down, "n2": down, "n3": down})
+    assert check_python(b.write(tmp_path / "down"), {})["verdict"] == "UNAVAILABLE"
+
+
 def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(tmp_path: Path) -> None:
     """The converse: consumers served after the heal while every publish is refused until the
     producers stop, and nothing answers the queue after that: publish never came back."""
