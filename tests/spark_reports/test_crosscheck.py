@@ -404,6 +404,7 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
     recovery, over, demands = _recovery(plan, heals, queues, client, drains)
     end = max((r["time_ns"] for r in rows), default=0)
     gaps, stops = _gaps(queues, client, drains, end)
+    answers = (drains, [h for _f, _k, h in heals])
     down = []
     if heals:
         last = max(h for _f, _k, h in heals)
@@ -416,13 +417,13 @@ def live_truth(plan: dict, rows: list[dict]) -> dict:
             missing = (["publish"] if demand and pub0 is None else []) + (
                 ["consume"] if asked and cons0 is None else []
             )
-            if [k for k in missing if not _answered_later(client, q, k, last, stops[(q, k)])]:
+            if [k for k in missing if not _answered_later(client, answers, q, k, last, stops[(q, k)])]:
                 down.append(q)
     down += sorted(
         {
             g[0]
             for g in gaps
-            if not g[4] and g[0] not in down and not _answered_later(client, g[0], g[1], g[2], g[3])
+            if not g[4] and g[0] not in down and not _answered_later(client, answers, g[0], g[1], g[2], g[3])
         }
     )
     return {"recovery": recovery, "over": over, "down": sorted(down), "gaps": sorted(gaps)}
@@ -434,10 +435,18 @@ def _oks(client: list[dict], q: str, kind: str) -> list[int]:
     return sorted(r["time_ns"] for r in client if r["queue"] == q and r["f"] == f and r["type"] == "ok")
 
 
-def _answered_later(client: list[dict], q: str, kind: str, a: int, b: int) -> bool:
-    """Failing only while the whole queue was quiet, and the queue answered another kind after."""
+def _answered_later(
+    client: list[dict], answers: tuple[list[dict], list[int]], q: str, kind: str, a: int, b: int
+) -> bool:
+    """Failing only while the whole queue was quiet (no ok of the other kind from the last heal that
+    began inside the window, or from its start), and the queue answered after: an ok of the other
+    kind, or a drain whose last op ended ok (every node reported the queue empty)."""
+    drains, heal_starts = answers
+    since = max((h for h in heal_starts if a <= h <= b), default=a)
     other = _oks(client, q, "consume" if kind == "publish" else "publish")
-    return not any(a <= x <= b for x in other) and any(x > b for x in other)
+    mine = sorted((r["time_ns"], r["type"]) for r in drains if r["queue"] == q)
+    drained = bool(mine) and mine[-1][1] == "ok" and mine[-1][0] > b
+    return not any(since <= x <= b for x in other) and (drained or any(x > b for x in other))
 
 
 def _heals(plan: dict, nemesis: list[dict]) -> list[tuple[str, str, int]]:
