@@ -95,28 +95,21 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """``fn`` of every item, each on a thread of its own, the results in the items' order; the
-    first item's exception (in order) is raised once all have finished. One item: no thread."""
+def each(fn: Callable[[_T], _R], items: Sequence[_T], at_most: int | None = None) -> list[_R]:
+    """``fn`` of every item, each on a thread of its own (``at_most`` threads at a time where given),
+    the results in the items' order; the first item's exception (in order) is raised once all have
+    finished. One item: no thread."""
     if len(items) <= 1:
         return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="cluster") as pool:
+    workers = min(len(items), at_most or len(items))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cluster") as pool:
         futures = [pool.submit(fn, x) for x in items]
     return [f.result() for f in futures]
 
 
-#: At most this many Docker calls of one kind at once (docker-py's connection pool holds 10).
+#: At most this many Docker calls of one kind at once (docker-py's connection pool holds 10;
+#: ``down --all`` removes every run's containers).
 DOCKER_CALLS_AT_ONCE = 8
-
-
-def each_of(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """``each`` over any number of items, at most ``DOCKER_CALLS_AT_ONCE`` of them at a time
-    (``down --all`` removes every run's containers)."""
-    if len(items) <= DOCKER_CALLS_AT_ONCE:
-        return each(fn, items)
-    with ThreadPoolExecutor(max_workers=DOCKER_CALLS_AT_ONCE, thread_name_prefix="cluster") as pool:
-        futures = [pool.submit(fn, x) for x in items]
-    return [f.result() for f in futures]
 
 
 def docker_client():
@@ -995,7 +988,7 @@ def _labels_of(resource: Any) -> dict[str, str]:
 def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:
     """Remove containers, networks and volumes brokerchaos labelled (one run, or all, running or not).
 
-    Each kind in stages, each stage's removals at once (``each_of``: a forced removal is mostly
+    Each kind in stages, each stage's removals at once (``each``, ``DOCKER_CALLS_AT_ONCE`` at a time: a forced removal is mostly
     Docker's wait for the container's processes to die, one after another it was 2 s of a 3-node
     run's teardown): the brokers first (they live in their sidecars' namespaces), then the shared
     disks, stopped (their node init unmounts the lazy filesystem, which a forced removal would
@@ -1025,11 +1018,13 @@ def remove_labelled(client, run_id: str | None = None) -> dict[str, int]:
 
     counts = {"containers": 0, "networks": 0, "volumes": 0}
     for stage in sorted(stages):
-        counts["containers"] += sum(each_of(container, stages[stage]))
+        counts["containers"] += sum(each(container, stages[stage], DOCKER_CALLS_AT_ONCE))
     networks = client.networks.list(filters={"label": flt})
-    counts["networks"] = sum(each_of(lambda n: removed(n.remove), networks))
+    counts["networks"] = sum(each(lambda n: removed(n.remove), networks, DOCKER_CALLS_AT_ONCE))
     volumes = client.volumes.list(filters={"label": flt})
-    counts["volumes"] = sum(each_of(lambda v: removed(lambda: v.remove(force=True)), volumes))
+    counts["volumes"] = sum(
+        each(lambda v: removed(lambda: v.remove(force=True)), volumes, DOCKER_CALLS_AT_ONCE)
+    )
     return counts
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import docker.errors
 
-from harness.cluster import DISK_ROLE, DOCKER_CALLS_AT_ONCE, ROLE_LABEL, each_of, remove_labelled
+from harness.cluster import DISK_ROLE, DOCKER_CALLS_AT_ONCE, ROLE_LABEL, each, remove_labelled
 
 GUARD_S = 120.0
 """Only how long a test that fails waits before it says so; nothing here is timed."""
@@ -82,7 +82,7 @@ def test_brokers_go_at_once_then_disks_stopped_then_sidecars_then_networks_and_v
     assert set(log[7:]) == {"remove volume v1", "remove volume v2"}
 
 
-def test_each_of_takes_any_number_a_few_at_a_time() -> None:
+def test_each_at_most_takes_any_number_a_few_at_a_time() -> None:
     running, most = [0], [0]
     lock = threading.Lock()
 
@@ -95,5 +95,5 @@ def test_each_of_takes_any_number_a_few_at_a_time() -> None:
         return i
 
     items = list(range(3 * DOCKER_CALLS_AT_ONCE))
-    assert each_of(fn, items) == items
+    assert each(fn, items, DOCKER_CALLS_AT_ONCE) == items
     assert most[0] <= DOCKER_CALLS_AT_ONCE
