@@ -539,6 +539,18 @@ class BrokerPlugin:
         JetStream stream sequence; None for a queue without offsets). None: cannot tell."""
         return None
 
+    def queue_replicas(self, node: NodeHandle, queue: str) -> set[str] | None:
+        """The nodes the broker itself names as holding a copy of ``queue`` (its replicas, running
+        or not), as ``node`` tells it (``node.exec``, the plugin's admin CLI).
+
+        For a client whose drain reads each node's own copy: a node the broker names no copy on
+        (a stream whose replica on that node was removed when the node left the cluster, and
+        which got none when it joined again) holds none to drain (``NoCopy``), while a named
+        replica that does not answer is still waited for. A failing command is a
+        ``ClusterError``. None: every node holds one, or this plugin cannot tell.
+        """
+        return None
+
     # -- events (coverage) -----------------------------------------------------------------
 
     def events(self, node: str, logs: Mapping[str, str]) -> list[BrokerEvent]:
