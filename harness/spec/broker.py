@@ -355,8 +355,9 @@ class BrokerPlugin:
     extra_client_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
     #: The broker's data files by role: a role's name and the globs (relative to ``data_dir``)
-    #: of its files, such as ``{"quorum-wal": ("*/quorum/*/*.wal",)}``. A file fault names a role
-    #: (``corrupt-file``'s ``file_role``) instead of writing out where this broker keeps it.
+    #: of its files, such as ``{"quorum-wal": ("*/quorum/*/*.wal",)}``: the files that hold its
+    #: messages. A file fault names a role (``corrupt-file``'s ``file_role``) instead of writing
+    #: out where this broker keeps it; one that names no file picks among every role's files.
     data_files: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: The lazy filesystem's model (``FILESYSTEM_MODELS``) for runs whose scenario sets no
     #: ``broker.filesystem``: the durability contract the broker claims. ``strict`` for a broker

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.corrupt import CorruptFile, file_role_globs
+from faults.corrupt import CorruptFile, data_file_globs, file_role_globs
 from faults.node.corrupt import candidates, corrupt
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
@@ -69,7 +69,8 @@ def test_truncate_by_bytes_or_at_a_seeded_offset(data: Path) -> None:
 
 def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
     p = CorruptFile.resolve({}, N5, random.Random(3))
-    assert len(p["nodes"]) == 2 and p["mode"] == "bitflip" and p["bits"] == 8 and p["files"] == "**/*"
+    assert len(p["nodes"]) == 2 and p["mode"] == "bitflip" and p["bits"] == 8
+    assert "files" not in p and "file_role" not in p  # the broker plugin's data files: ``_plan``
     assert set(p["picks"]) == set(p["nodes"])
     assert all(len(pick["flips"]) == 8 and 0 <= pick["file"] < 1 for pick in p["picks"].values())
     assert CorruptFile.resolve(p, N5, random.Random(77)) == p
@@ -187,6 +188,62 @@ def test_an_unknown_file_role_names_the_plugins_roles() -> None:
     from plugins.rabbitmq import RabbitMQ
 
     with pytest.raises(
-        ScenarioError, match="no data file role 'stream-segment'; its roles: quorum-segment, quorum-wal"
+        ScenarioError,
+        match="no data file role 'stream-segment'; its roles: classic-index, classic-msg-store, "
+        "quorum-segment, quorum-wal",
     ):
         file_role_globs(RabbitMQ(), "stream-segment")
+
+
+# What RabbitMQ 3.10.8 keeps under its data directory with a classic and a quorum queue (``find``
+# on a node; the vhost directory's ``.vhost`` holds one byte, ``.config`` 83).
+RABBITMQ_310_FILES = (
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/.vhost",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/.config",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/recovery.dets",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/msg_store_persistent/0.rdq",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
+    "rabbit@n1/quorum/rabbit@n1/00000001.wal",
+    "rabbit@n1/quorum/rabbit@n1/meta.dets",
+    "rabbit@n1/quorum/rabbit@n1/names.dets",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/config",
+    "rabbit@n1/DECISION_TAB.LOG",
+    "rabbit@n1/schema.DAT",
+    "rabbit@n1/rabbit_durable_queue.DCD",
+    "rabbit@n1/cluster_nodes.config",
+)
+
+
+class _Plugin:
+    """Where ``_plan`` finds the broker plugin: ``ctx.cluster.plugin``."""
+
+    def __init__(self, plugin: object) -> None:
+        self.plugin = plugin
+
+
+def test_a_corruption_naming_no_file_lands_in_the_files_that_hold_messages(tmp_path: Path) -> None:
+    """The matrix's bit flips name no file: among every file, RabbitMQ 3.10's seeded picks landed in
+    the vhost's ``.config`` and ``.vhost``. Its declared data files are the queues' logs, indexes and
+    message store; a plugin that declares none still has every file."""
+    from plugins.rabbitmq import RabbitMQ
+    from plugins.reference import ReferenceBroker
+
+    for rel in RABBITMQ_310_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    params = CorruptFile.resolve({"nodes": ["n1"], "bits": 16}, N3, random.Random(1))
+    plan = CorruptFile(FaultContext(_Plugin(RabbitMQ())), params, "f1")._plan("n1")  # type: ignore[arg-type]
+    assert plan["glob"] == data_file_globs(RabbitMQ())
+    vhost = "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L"
+    assert candidates(tmp_path, plan["glob"]) == [
+        f"{vhost}/msg_store_persistent/0.rdq",
+        f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
+        f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
+        "rabbit@n1/quorum/rabbit@n1/00000001.wal",
+        "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
+    ]
+    assert data_file_globs(ReferenceBroker()) == "**/*"
+    named = CorruptFile.resolve({"nodes": ["n1"], "files": "**/*"}, N3, random.Random(1))
+    assert CorruptFile(FaultContext(_Plugin(RabbitMQ())), named, "f1")._plan("n1")["glob"] == "**/*"  # type: ignore[arg-type]
