@@ -561,23 +561,23 @@ class _Drain:
             async with asyncio.timeout(max(0.1, left())):
                 return await self._read_all(conn, view)
         except TimeoutError:
-            view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
-            return False
-        except (rexc.StreamDoesNotExist, rexc.StreamNotAvailable) as exc:
+            view.error = (
+                f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
+                if left() <= 0
+                else f"no answer within {OP_TIMEOUT:g}s"
+            )
+        except (*BROKER_ERRORS, rexc.StreamDoesNotExist, rexc.StreamNotAvailable) as exc:
             view.error = reason(exc)
-            return await self._no_replica(node, view, left) or False
-        except BROKER_ERRORS as exc:
-            view.error = reason(exc)
-            return False
         finally:
             await conn.close()
+        return await self._no_replica(node, view, left) or False
 
     async def _no_replica(self, node: str, view: NodeView, left: Callable[[], float]) -> NoCopy | None:
-        """A node that serves no read of the stream holds no copy to drain when the broker names
-        no replica of it there (``queue_replicas``, as that node tells it): a replica removed with
-        the node's departure from the cluster is not added back when it joins again. A replica the
-        broker still names (down, or not started again) is waited for; so is every node when the
-        broker cannot tell."""
+        """A node that serves no read of the stream (refused, or no answer to the subscribe)
+        holds no copy to drain when the broker names no replica of it there (``queue_replicas``,
+        as that node tells it): a replica removed with the node's departure from the cluster is
+        not added back when it joins again. A replica the broker still names (down, or not
+        started again) is waited for; so is every node when the broker cannot tell."""
         if self.d.queue_replicas is None:
             return None
         try:

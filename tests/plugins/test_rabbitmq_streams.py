@@ -18,7 +18,7 @@ from harness.history import Recorder, read_jsonl
 from harness.spec import Endpoint, NoCopy
 from harness.spec.broker import NodeInfo
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
-from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
+from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ, stream_client
 from plugins.rabbitmq.stream_client import (
     REFERENCE,
     SUBSCRIPTION_ID,
@@ -388,7 +388,17 @@ class NotAvailable(FakeClient):
         return None
 
 
-def _visit_n3(tmp_path: Path, replicas: set[str] | None | Exception) -> tuple[Any, list[str], Any]:
+class NoAnswer(NotAvailable):
+    """A node that does not answer the subscribe at all (seen on RabbitMQ 4.3 from a node that
+    joined again after its replica was removed)."""
+
+    async def subscribe(self, stream: str, subscription_id: int, spec: Any, **kw: Any) -> None:
+        await asyncio.Event().wait()
+
+
+def _visit_n3(
+    tmp_path: Path, replicas: set[str] | None | Exception, client: type[FakeClient] = NotAvailable
+) -> tuple[Any, list[str], Any]:
     """The drain's visit of n3, whose subscribe is refused, with the broker naming ``replicas``."""
     rec = Recorder(tmp_path / "h.jsonl")
     asked: list[str] = []
@@ -400,12 +410,14 @@ def _visit_n3(tmp_path: Path, replicas: set[str] | None | Exception) -> tuple[An
         return replicas
 
     endpoints = {n: Endpoint(n, "127.0.0.1", 1) for n in ("n1", "n2", "n3")}
-    driver = StreamDriver(endpoints, rec, workload=WorkloadSection(consumers=2), queue_replicas=queue_replicas)
+    driver = StreamDriver(
+        endpoints, rec, workload=WorkloadSection(consumers=2), queue_replicas=queue_replicas
+    )
 
     async def connect(node: str) -> _Conn:
-        client = NotAvailable(stored=None)
-        client._tasks = {}  # type: ignore[attr-defined]
-        return _Conn(node, client, asyncio.Event())  # type: ignore[arg-type]
+        fake = client(stored=None)
+        fake._tasks = {}  # type: ignore[attr-defined]
+        return _Conn(node, fake, asyncio.Event())  # type: ignore[arg-type]
 
     driver.connect = connect  # type: ignore[method-assign]
     drain = driver.drain_reader("d1", "chaos-1")
@@ -439,3 +451,16 @@ def test_a_replica_that_does_not_answer_is_still_waited_for(
     got, _asked, view = _visit_n3(tmp_path, replicas)
     assert got is False
     assert view.error is not None and view.error.startswith("StreamNotAvailable: stream not available")
+
+
+def test_a_node_that_does_not_answer_the_subscribe_and_holds_no_replica_holds_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same node may not answer the subscribe at all: what it said is the subscribe's own
+    time-out, not the drain's, and the broker's members decide as for a refusal."""
+    monkeypatch.setattr(stream_client, "OP_TIMEOUT", 0.01)
+    got, asked, _view = _visit_n3(tmp_path, {"n1", "n2"}, NoAnswer)
+    assert asked == ["n3"] and isinstance(got, NoCopy)
+    assert got.why.startswith("no answer within 0.01s; the broker names no replica of the stream here")
+    got, _asked, view = _visit_n3(tmp_path, {"n1", "n2", "n3"}, NoAnswer)
+    assert got is False and view.error == "no answer within 0.01s"
