@@ -574,19 +574,28 @@ class _Drain:
 
     async def _no_replica(self, node: str, view: NodeView, left: Callable[[], float]) -> NoCopy | None:
         """A node that serves no read of the stream (refused, or no answer to the subscribe)
-        holds no copy to drain when the broker names no replica of it there (``queue_replicas``,
-        as that node tells it): a replica removed with the node's departure from the cluster is
-        not added back when it joins again. A replica the broker still names (down, or not
-        started again) is waited for; so is every node when the broker cannot tell."""
+        holds no copy to drain when the broker names no replica of it there (``queue_replicas``):
+        a replica removed with the node's departure from the cluster is not added back when it
+        joins again. The other nodes are asked first (the node that joined again did not answer
+        the stream coordinator's queries), then the node itself. A replica the broker still names
+        (down, or not started again) is waited for; so is every node when the broker cannot tell."""
         if self.d.queue_replicas is None:
             return None
+        failed: list[str] = []
+        replicas: set[str] | None = None
         try:
             async with asyncio.timeout(max(0.1, left())):
-                replicas = await self.d.queue_replicas(node, self.queue)
-        except (ClusterError, TimeoutError) as exc:
-            view.error = f"{view.error} (its replicas unknown: {reason(exc)})"
-            return None
+                for asked in [*(n for n in self.d.nodes if n != node), node]:
+                    try:
+                        replicas = await self.d.queue_replicas(asked, self.queue)
+                        break
+                    except ClusterError as exc:
+                        failed.append(reason(exc))
+        except TimeoutError:
+            failed.append("the drain's time ran out")
         if replicas is None or node in replicas:
+            if failed and replicas is None:
+                view.error = f"{view.error} (its replicas unknown: {'; '.join(failed)})"
             return None
         said, view.error = view.error, None
         names = ", ".join(sorted(replicas))
