@@ -123,8 +123,8 @@ class RabbitMQStream(RabbitMQ):
     client_port = STREAM_PORT
     #: A stream is an osiris log per replica (``stream/<stream dir>/``): segment files of
     #: chunks, each with its own CRC, and beside each segment an index of its chunks' offsets.
+    #: Only those: a stream node's quorum write-ahead log holds its 5-byte header and no message.
     data_files = {
-        **RabbitMQ.data_files,
         "stream-segment": ("*/stream/*/*.segment",),
         "stream-index": ("*/stream/*/*.index",),
     }

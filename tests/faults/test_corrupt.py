@@ -176,12 +176,29 @@ RABBITMQ_43_FILES = (
     ],
 )
 def test_rabbitmq_file_roles_name_exactly_their_files(tmp_path: Path, role: str, files: list[str]) -> None:
+    from plugins.rabbitmq import RabbitMQ
     from plugins.rabbitmq.streams import RabbitMQStream
 
     for rel in RABBITMQ_43_FILES:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
-    assert candidates(tmp_path, list(file_role_globs(RabbitMQStream(), role))) == files
+    plugin = RabbitMQStream() if role.startswith("stream") else RabbitMQ()
+    assert candidates(tmp_path, list(file_role_globs(plugin, role))) == files
+
+
+def test_a_stream_node_s_corruption_naming_no_file_lands_in_the_stream(tmp_path: Path) -> None:
+    """At seed 1 the stream row's pick among every RabbitMQ role landed in the quorum write-ahead
+    log, which on a node running only streams is its 5-byte header: the stream plugin's data files
+    are the stream's segments and indexes."""
+    from plugins.rabbitmq.streams import RabbitMQStream
+
+    for rel in RABBITMQ_43_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert candidates(tmp_path, data_file_globs(RabbitMQStream())) == [
+        "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.index",
+        "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.segment",
+    ]
 
 
 def test_an_unknown_file_role_names_the_plugins_roles() -> None:
