@@ -29,8 +29,8 @@ class CorruptFile(NodesFault):
     last ``bytes`` bytes, or without ``bytes`` cuts at a seeded offset. ``files`` narrows the
     candidates with a glob relative to ``data_dir``; ``file_role`` instead names one of the
     broker plugin's ``data_files`` roles (such as ``quorum-segment``), whose globs the plugin
-    declares. Without either, the candidates are the files of every role the plugin declares
-    (the files that hold its messages), or every file when it declares none.
+    declares. Without either, the candidates are the files of the roles that hold the run's
+    messages (``message_file_roles``), or every file when the plugin declares none.
     """
 
     name = "corrupt-file"
@@ -97,7 +97,7 @@ class CorruptFile(NodesFault):
         elif "files" in self.params:
             globs = self.params["files"]
         else:
-            globs = data_file_globs(self.ctx.cluster.plugin)
+            globs = data_file_globs(self.ctx.cluster.plugin, self.ctx.cluster.settings)
         plan = {"mode": self.params["mode"], "glob": globs, **self.params["picks"][node]}
         if role is not None:
             plan["role"] = role
@@ -181,12 +181,13 @@ class CorruptFile(NodesFault):
         return Evidence.none(reason, healed.facts, flags=healed.flags, restored=healed.restored)
 
 
-def data_file_globs(plugin: BrokerPlugin) -> str | list[str]:
-    """Where a corruption that names no file lands: the files of every data file role ``plugin``
-    declares (the files that hold its messages), or every file when it declares none. Among every
-    file, a RabbitMQ node's seeded pick landed in a one-byte ``.vhost`` or a Ra metadata table as
-    often as in a queue's log."""
-    return [g for role in sorted(plugin.data_files) for g in plugin.data_files[role]] or "**/*"
+def data_file_globs(plugin: BrokerPlugin, settings: Mapping[str, Any]) -> str | list[str]:
+    """Where a corruption that names no file lands: the files of the data file roles that hold
+    the messages of a run with ``settings`` (``message_file_roles``), or every file when the
+    plugin declares none. Among every file, a RabbitMQ node's seeded pick landed in a one-byte
+    ``.vhost`` or a Ra metadata table as often as in a queue's log."""
+    roles = plugin.message_file_roles(settings)
+    return [g for role in roles for g in plugin.data_files[role]] or "**/*"
 
 
 def file_role_globs(plugin: BrokerPlugin, role: str) -> tuple[str, ...]:

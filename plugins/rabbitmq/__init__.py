@@ -269,6 +269,15 @@ class RabbitMQ(BrokerPlugin):
         "classic-msg-store": ("*/msg_stores/vhosts/*/msg_store_persistent/*.rdq",),
     }
     log_paths = ("/var/log/rabbitmq",)
+
+    def message_file_roles(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """A quorum queue's messages are in the quorum log, a classic queue's in its index and
+        message store; the other type's files hold none (a node with no quorum queue writes its
+        quorum log's 5-byte header all the same)."""
+        if settings.get("queue_type") == "quorum":
+            return ("quorum-segment", "quorum-wal")
+        return ("classic-index", "classic-msg-store")
+
     features = FEATURES
     log_events = LOG_EVENTS
     #: The node's log file (info and above; the console gets warnings only), under ``logs/``.

@@ -129,6 +129,11 @@ class RabbitMQStream(RabbitMQ):
         "stream-index": ("*/stream/*/*.index",),
     }
     capabilities = RabbitMQ.capabilities - {"mirroring"}
+
+    def message_file_roles(self, settings: Any) -> tuple[str, ...]:
+        """The stream's files, whatever the settings: a stream row runs no other queue."""
+        return tuple(sorted(self.data_files))
+
     features = ()
     settings_schema = {
         k: v

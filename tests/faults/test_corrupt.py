@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,9 +180,7 @@ def test_rabbitmq_file_roles_name_exactly_their_files(tmp_path: Path, role: str,
     from plugins.rabbitmq import RabbitMQ
     from plugins.rabbitmq.streams import RabbitMQStream
 
-    for rel in RABBITMQ_43_FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(b"x")
+    _layout(tmp_path, RABBITMQ_43_FILES)
     plugin = RabbitMQStream() if role.startswith("stream") else RabbitMQ()
     assert candidates(tmp_path, list(file_role_globs(plugin, role))) == files
 
@@ -192,10 +191,8 @@ def test_a_stream_node_s_corruption_naming_no_file_lands_in_the_stream(tmp_path:
     are the stream's segments and indexes."""
     from plugins.rabbitmq.streams import RabbitMQStream
 
-    for rel in RABBITMQ_43_FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(b"x")
-    assert candidates(tmp_path, data_file_globs(RabbitMQStream())) == [
+    _layout(tmp_path, RABBITMQ_43_FILES)
+    assert candidates(tmp_path, data_file_globs(RabbitMQStream(), {})) == [
         "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.index",
         "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.segment",
     ]
@@ -233,34 +230,46 @@ RABBITMQ_310_FILES = (
 )
 
 
-class _Plugin:
-    """Where ``_plan`` finds the broker plugin: ``ctx.cluster.plugin``."""
+class _Cluster:
+    """Where ``_plan`` finds the broker plugin and the run's settings: ``ctx.cluster``."""
 
-    def __init__(self, plugin: object) -> None:
+    def __init__(self, plugin: Any, settings: dict[str, Any]) -> None:
         self.plugin = plugin
+        self.settings = plugin.validate_settings(settings)
 
 
-def test_a_corruption_naming_no_file_lands_in_the_files_that_hold_messages(tmp_path: Path) -> None:
+def _layout(root: Path, files: tuple[str, ...]) -> None:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+
+
+def test_a_corruption_naming_no_file_lands_in_the_files_that_hold_the_run_s_messages(tmp_path: Path) -> None:
     """The matrix's bit flips name no file: among every file, RabbitMQ 3.10's seeded picks landed in
-    the vhost's ``.config`` and ``.vhost``. Its declared data files are the queues' logs, indexes and
-    message store; a plugin that declares none still has every file."""
+    the vhost's ``.config`` and ``.vhost``; among every RabbitMQ role, a classic queue's run picked
+    the quorum log that a node with no quorum queue keeps as its 5-byte header. The candidates are
+    the run's queue type's files; a plugin that declares no data files still has every file."""
     from plugins.rabbitmq import RabbitMQ
     from plugins.reference import ReferenceBroker
 
-    for rel in RABBITMQ_310_FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(b"x")
+    _layout(tmp_path, RABBITMQ_310_FILES)
     params = CorruptFile.resolve({"nodes": ["n1"], "bits": 16}, N3, random.Random(1))
-    plan = CorruptFile(FaultContext(_Plugin(RabbitMQ())), params, "f1")._plan("n1")  # type: ignore[arg-type]
-    assert plan["glob"] == data_file_globs(RabbitMQ())
     vhost = "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L"
-    assert candidates(tmp_path, plan["glob"]) == [
-        f"{vhost}/msg_store_persistent/0.rdq",
-        f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
-        f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
-        "rabbit@n1/quorum/rabbit@n1/00000001.wal",
-        "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
-    ]
-    assert data_file_globs(ReferenceBroker()) == "**/*"
+    picks = {
+        "classic": [
+            f"{vhost}/msg_store_persistent/0.rdq",
+            f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
+            f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
+        ],
+        "quorum": [
+            "rabbit@n1/quorum/rabbit@n1/00000001.wal",
+            "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
+        ],
+    }
+    for queue_type, files in picks.items():
+        cluster = _Cluster(RabbitMQ(), {"queue_type": queue_type})
+        plan = CorruptFile(FaultContext(cluster), params, "f1")._plan("n1")
+        assert candidates(tmp_path, plan["glob"]) == files
+    assert data_file_globs(ReferenceBroker(), {}) == "**/*"
     named = CorruptFile.resolve({"nodes": ["n1"], "files": "**/*"}, N3, random.Random(1))
-    assert CorruptFile(FaultContext(_Plugin(RabbitMQ())), named, "f1")._plan("n1")["glob"] == "**/*"  # type: ignore[arg-type]
+    assert CorruptFile(FaultContext(_Cluster(RabbitMQ(), {})), named, "f1")._plan("n1")["glob"] == "**/*"

@@ -176,7 +176,9 @@ def test_a_node_whose_broker_ended_and_is_not_restarting_is_down_without_waiting
     plugin = ExitedN2()
     c = cluster(host, plugin)
     c.tail_log = lambda name, lines=15: f"(log of {name})"  # type: ignore[method-assign]
-    c.nodes["n2"].init = {"ok": True, "state": "stopped", "last_exit": EXITED, "restart_pending": False}
+    n2 = c.nodes["n2"]
+    assert isinstance(n2, Standin)
+    n2.init = {"ok": True, "state": "stopped", "last_exit": EXITED, "restart_pending": False}
     with pytest.raises(NodesDown) as err:
         c.wait_ready()
     assert list(err.value.nodes) == ["n2"]
@@ -216,9 +218,11 @@ class NotYetN2:
 )
 def test_a_node_whose_broker_may_still_come_back_is_waited_for(host: Host, init: dict[str, Any]) -> None:
     c = cluster(host, NotYetN2())
-    c.nodes["n2"].init = init
+    n2 = c.nodes["n2"]
+    assert isinstance(n2, Standin)
+    n2.init = init
     c.wait_ready(["n2"])
-    assert c.nodes["n2"].commands[0] == [*NODE_CONTROL, "status"]
+    assert n2.commands[0] == [*NODE_CONTROL, "status"]
 
 
 class Logs:
