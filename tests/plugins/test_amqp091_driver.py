@@ -668,7 +668,9 @@ def test_a_publish_no_queue_takes_is_not_counted_as_kept(tmp_path: Path, nodes: 
         d, rec = driver(tmp_path, [n1], workload(consumers=0))
         stop = asyncio.Event()
         task = asyncio.create_task(d.produce("p1", "nowhere", stop))
-        await until_async(lambda: count(rec, "publish", "ok") + count(rec, "publish", "fail") >= 10, "10 answers")
+        await until_async(
+            lambda: count(rec, "publish", "ok") + count(rec, "publish", "fail") >= 10, "10 answers"
+        )
         stop.set()
         await task
         rec.close()
