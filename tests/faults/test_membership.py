@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
+import time
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from faults.membership import MemberRemove, left_nodes
+from faults.network import LinkToxic, Partition
+from faults.packets import PacketLoss
 from harness import ScenarioError
+from harness.history import Recorder, read_jsonl
 from harness.host import Host
-from harness.nemesis import plan
+from harness.nemesis import Nemesis, Plan, PlannedFault, plan
 from harness.scenario import Scenario, from_dict
-from harness.spec import FaultContext
+from harness.spec import Evidence, FaultContext
+from harness.spec.rundir import HISTORY_JSONL
 
 NODES = ["n1", "n2", "n3"]
 
@@ -92,3 +100,131 @@ def test_a_heal_joins_the_members_not_a_node_removed_meanwhile() -> None:
     done = MemberRemove(FaultContext(cluster), {"node": "n2"}, "f7").heal()
     assert plugin.joined == ["n1"]
     assert done == {"added": "n2", "done": {}, "members_after": ["n1", "n2"]}
+
+
+# -- a re-join never starts while another fault cuts its nodes off -----------------------------
+# RabbitMQ 3.10, seed 4 of rabbitmq-membership.yaml at 92155c2: n3's re-join (f1's heal, late
+# under load) began while f3 held n3 isolated; its reset waited on Mnesia past the join's 300 s and
+# the final heal could not join n3 either. The real kinds' declarations, their apply and heal
+# replaced by stand-ins that record whether a cut was held when the join began.
+
+
+class _Held:
+    cuts: ClassVar[set[str]] = set()
+    events: ClassVar[list[str]] = []
+
+
+class _Join(MemberRemove):
+    def apply(self) -> dict[str, Any]:
+        return {}
+
+    def heal(self) -> dict[str, Any]:
+        _Held.events.append("join under a cut" if _Held.cuts else "join")
+        return {}
+
+    def evidence(self, done: Any) -> Evidence:
+        return Evidence.unmeasured("a stand-in")
+
+
+class _Cut(Partition):
+    def apply(self) -> dict[str, Any]:
+        _Held.cuts.add(self.fault_id)
+        return {}
+
+    def heal(self) -> dict[str, Any]:
+        time.sleep(0.05)  # a heal takes time: the join waits for its end, not its start
+        _Held.cuts.discard(self.fault_id)
+        _Held.events.append("cut healed")
+        return {}
+
+    def evidence(self, done: Any) -> Evidence:
+        return Evidence.unmeasured("a stand-in")
+
+
+def _isolate(node: str) -> dict[str, Any]:
+    return Partition.resolve({"shape": "isolate", "node": node}, NODES, random.Random(1))
+
+
+def _run(tmp_path: Path, steps: list[PlannedFault], duration: float = 0.4) -> list[dict[str, Any]]:
+    """The nemesis run for real over ``steps``; its nemesis records."""
+    _Held.cuts, _Held.events = set(), []
+    rec = Recorder(tmp_path / HISTORY_JSONL)
+    kinds = {"member-remove": _Join, "partition": _Cut}
+    nemesis = Nemesis(
+        Plan(steps), kinds, FaultContext(None), rec, settle=0.0, final_heal=lambda: None, nodes=NODES
+    )
+    asyncio.run(nemesis(duration))
+    rec.close()
+    return [r for r in read_jsonl(tmp_path / HISTORY_JSONL) if r["process"] == "nemesis"]
+
+
+def test_the_kinds_say_what_they_cut_off_and_what_a_heal_needs() -> None:
+    assert MemberRemove.heal_needs_links({"node": "n3"}, NODES) == set(NODES)
+    assert Partition.cuts_off(_isolate("n3"), NODES) == set(NODES)
+    halves = Partition.resolve({"shape": "one-way", "from": "n1", "to": "n2"}, NODES, random.Random(1))
+    assert Partition.cuts_off(halves, NODES) == {"n1", "n2"}
+    clients = Partition.resolve({"shape": "clients", "node": "n1"}, NODES, random.Random(1))
+    assert Partition.cuts_off(clients, NODES) == set()  # the peers still hear each other
+    assert PacketLoss.cuts_off({"node": "n2", "loss": 100.0, "links": "peers"}, NODES) == {"n2"}
+    assert PacketLoss.cuts_off({"node": "n2", "loss": 40.0, "links": "peers"}, NODES) == set()
+    reset = LinkToxic.resolve({"type": "reset_peer", "node": "n1"}, NODES, random.Random(1))
+    assert LinkToxic.cuts_off(reset, NODES) == {"n1"}
+    assert LinkToxic.cuts_off({**reset, "links": "clients"}, NODES) == set()
+    slow = LinkToxic.resolve({"type": "latency", "node": "n1"}, NODES, random.Random(1))
+    assert LinkToxic.cuts_off(slow, NODES) == set()
+    assert Partition.heal_needs_links(_isolate("n3"), NODES) == set()
+    assert MemberRemove.cuts_off({"node": "n3"}, NODES) == set()
+
+
+def test_a_join_due_while_a_partition_cuts_the_node_off_waits_for_its_heal(tmp_path: Path) -> None:
+    # f1's heal is due at 0.1 s, inside f2's cut (0.05 s to 0.25 s)
+    ops = _run(
+        tmp_path,
+        [
+            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
+            PlannedFault("f2", 0.05, 0.2, "partition", _isolate("n3")),
+        ],
+    )
+    assert _Held.events == ["cut healed", "join"]
+    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
+    assert [h["fault_ids"] for h in heals] == [["f2"], ["f1"], []]
+    assert heals[1]["after"] == ["f2"]  # the history says why the join came late
+
+
+def test_a_join_whose_cut_is_held_to_the_end_is_left_to_the_final_heal(tmp_path: Path) -> None:
+    ops = _run(
+        tmp_path,
+        [
+            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
+            PlannedFault("f2", 0.05, None, "partition", _isolate("n3")),
+        ],
+    )
+    assert _Held.events == ["cut healed", "join"]
+    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
+    assert [(h["fault_ids"], h["scheduled"]) for h in heals[:2]] == [(["f2"], False), (["f1"], False)]
+
+
+def test_the_final_heal_heals_a_cut_before_the_join_it_holds_up(tmp_path: Path) -> None:
+    # both still held when the workload ends: the join applied first, the cut after it
+    _run(
+        tmp_path,
+        [
+            PlannedFault("f1", 0.0, None, "member-remove", {"node": "n3"}),
+            PlannedFault("f2", 0.05, None, "partition", _isolate("n1")),
+        ],
+        duration=0.15,
+    )
+    assert _Held.events == ["cut healed", "join"]
+
+
+def test_a_join_with_no_cut_held_is_not_held_back(tmp_path: Path) -> None:
+    ops = _run(
+        tmp_path,
+        [
+            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
+            PlannedFault("f2", 0.15, 0.1, "partition", _isolate("n3")),
+        ],
+    )
+    assert _Held.events == ["join", "cut healed"]
+    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
+    assert "after" not in heals[0]
