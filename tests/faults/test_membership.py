@@ -77,11 +77,18 @@ def test_the_final_heal_joins_only_the_nodes_no_other_node_counts() -> None:
 class _Plugin:
     """Each node's own view of the members; a join adds the node to the views of those it joined."""
 
-    def __init__(self, views: dict[str, set[str]]) -> None:
+    ready_timeout = 30.0
+
+    def __init__(self, views: dict[str, set[str]], restarting: int = 0) -> None:
         self.views = views
         self.joined: list[str] = []
+        #: How many more times a node asked says its app is not running (paused, restarting).
+        self.restarting = restarting
 
     def members(self, node: Any) -> set[str]:
+        if self.restarting:
+            self.restarting -= 1
+            raise RuntimeError(f"{node.name}: this command requires the 'rabbit' app to be running")
         return set(self.views[node.name])
 
     def add_node(self, node: Any, members: list[Any], settings: Any) -> dict[str, Any]:
@@ -100,6 +107,18 @@ def test_a_heal_joins_the_members_not_a_node_removed_meanwhile() -> None:
     done = MemberRemove(FaultContext(cluster), {"node": "n2"}, "f7").heal()
     assert plugin.joined == ["n1"]
     assert done == {"added": "n2", "done": {}, "members_after": ["n1", "n2"]}
+
+
+def test_a_heal_asks_again_while_every_member_restarts() -> None:
+    # seed 5 of rabbitmq-membership-kills.yaml at 25c0475: n3 out, n2 isolated meanwhile, so n1 and
+    # n2 each saw 1 of 2 and pause_minority stopped both apps; f1's heal asked both at once, failed,
+    # and n3 stayed out of the cluster until a later fault joined it
+    plugin = _Plugin({"n1": {"n1", "n2"}, "n2": {"n1", "n2"}, "n3": set(NODES)}, restarting=3)
+    nodes = {n: SimpleNamespace(name=n) for n in NODES}
+    cluster = SimpleNamespace(nodes=nodes, plugin=plugin, settings={}, wait_ready=lambda names: None)
+    done = MemberRemove(FaultContext(cluster), {"node": "n3"}, "f1").heal()
+    assert plugin.joined == ["n1", "n2"]
+    assert done["added"] == "n3"
 
 
 # -- a re-join never starts while another fault cuts its nodes off -----------------------------
