@@ -81,17 +81,6 @@ exec /usr/sbin/rabbitmq-server
 
 
 START_APP = ["rabbitmqctl", "start_app"]
-#: A forgotten node's ``reset`` leaves its old cluster through the peers its old Mnesia schema
-#: lists, and Mnesia merges that schema with theirs first. RabbitMQ 3.10 re-creates, at a node's
-#: next boot, a RAM table whose only copy was on the forgotten node (``rabbit_node_maintenance_states``
-#: in seed 4 of ``rabbitmq-membership-kills.yaml`` at ``25c0475``; a tracked-connection table in seed 4
-#: of ``rabbitmq-membership.yaml`` at ``92155c2``), under a new cookie, so the merge fails ("Failed
-#: to merge schema: Bad cookie in table definition ...") and ``reset`` exits 69 with this in its
-#: output, three times in a row in that run (``docs/findings/membership.md``). The cluster has
-#: already forgotten the node, so the leaving that ``reset`` cannot do is done: ``force_reset`` wipes
-#: the node without asking the peers (Mnesia only; deprecated on 4.x and unsupported on Khepri).
-SCHEMA_MERGE_FAILED = "cannot_start_mnesia"
-FORCE_RESET = ["rabbitmqctl", "force_reset"]
 #: How long a joining node's ``start_app`` is waited for before its boot is watched instead.
 START_APP_WAIT_S = 60.0
 #: ``await_startup``'s own limit (seconds) follows: the time left of the join.
@@ -393,33 +382,18 @@ class RabbitMQ(BrokerPlugin):
                     f"{node.name}: not on Khepri after enabling khepri_db: {out.strip()[-200:]}"
                 )
 
-    def _join(
-        self, node: NodeHandle, member: NodeHandle, *, reset: bool = False, mnesia: bool = False
-    ) -> list[str]:
+    def _join(self, node: NodeHandle, member: NodeHandle, *, reset: bool = False) -> list[str]:
         """Leave, (reset,) join and boot again, all within one ``ready_timeout`` from the first
-        command (``_run_within``, then ``_boot``). On Mnesia (``mnesia``), a ``reset`` that fails on
-        the schema merge is followed by ``force_reset`` (``SCHEMA_MERGE_FAILED``)."""
+        command (``_run_within``, then ``_boot``)."""
         deadline = time.monotonic() + self.ready_timeout
-        join = ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"]
-        self._run_within(node, [["rabbitmqctl", "stop_app"]], deadline)
-        done = ["rabbitmqctl stop_app"]
-        if reset:
-            done += self._reset(node, deadline, mnesia)
-        self._run_within(node, [join], deadline)
+        cmds = [
+            ["rabbitmqctl", "stop_app"],
+            *([["rabbitmqctl", "reset"]] if reset else []),
+            ["rabbitmqctl", "join_cluster", f"rabbit@{member.name}"],
+        ]
+        self._run_within(node, cmds, deadline)
         self._boot(node, deadline)
-        return [*done, " ".join(join), " ".join(START_APP)]
-
-    def _reset(self, node: NodeHandle, deadline: float, mnesia: bool) -> list[str]:
-        """``reset``; on Mnesia, ``force_reset`` after a ``reset`` that could not merge the schema."""
-        try:
-            self._run_within(node, [["rabbitmqctl", "reset"]], deadline)
-            return ["rabbitmqctl reset"]
-        except ClusterError as exc:
-            if not mnesia or SCHEMA_MERGE_FAILED not in str(exc):
-                raise
-            failed = str(exc)
-        self._run_within(node, [FORCE_RESET], deadline)
-        return [f"rabbitmqctl reset ({failed})", " ".join(FORCE_RESET)]
+        return [" ".join(c) for c in [*cmds, START_APP]]
 
     def _run_within(
         self, node: NodeHandle, cmds: Sequence[Sequence[str]], deadline: float | None = None
@@ -500,7 +474,7 @@ class RabbitMQ(BrokerPlugin):
         self, node: NodeHandle, members: Sequence[NodeHandle], settings: Mapping[str, Any]
     ) -> dict[str, Any]:
         """A forgotten node must ``reset`` (drop its old cluster state and data) before it may join."""
-        cmds = self._join(node, members[0], reset=True, mnesia=settings.get("metadata_store") == "mnesia")
+        cmds = self._join(node, members[0], reset=True)
         self._wait_running(members[0], [*members, node])
         return {"on_node": cmds}
 

@@ -386,50 +386,6 @@ def test_a_join_that_outlasts_the_budget_says_which_command_and_how_long(clock: 
     assert [c for c, _ in n2.ran] == ["rabbitmqctl stop_app", "rabbitmqctl reset", "rabbitmqctl join_cluster"]
 
 
-#: What ``rabbitmqctl reset`` of n1 printed in seed 4 of rabbitmq-membership-kills.yaml at 25c0475,
-#: its Mnesia unable to merge its old schema with the cluster's ("Bad cookie in table definition").
-CANNOT_START_MNESIA = (
-    69,
-    "Resetting node rabbit@n1 ...\nError:\n{:cannot_start_mnesia, {:normal, {:mnesia_app, :start, [:normal, []]}}}",
-)
-
-
-def test_a_reset_that_cannot_merge_the_schema_is_followed_by_force_reset_on_mnesia(
-    clock: list[float],
-) -> None:
-    n1 = Node("n1", clock, {"reset": CANNOT_START_MNESIA})
-    done = RMQ.add_node(n1, [Node("n2", clock, running("n1", "n2"))], settings())
-    assert [c for c, _ in n1.ran] == [
-        "rabbitmqctl stop_app",
-        "rabbitmqctl reset",
-        "rabbitmqctl force_reset",
-        "rabbitmqctl join_cluster",
-        "rabbitmqctl start_app",
-    ]
-    assert done["on_node"][1].startswith("rabbitmqctl reset (n1: rabbitmqctl reset exited 69: ")
-    assert done["on_node"][2:] == [
-        "rabbitmqctl force_reset",
-        "rabbitmqctl join_cluster rabbit@n2",
-        "rabbitmqctl start_app",
-    ]
-
-
-@pytest.mark.parametrize(
-    ("answer", "store"),
-    [(CANNOT_START_MNESIA, "khepri"), ((EXEC_TIMED_OUT, "Resetting node rabbit@n1 ..."), "mnesia")],
-)
-def test_no_force_reset_on_khepri_nor_after_another_failure(
-    clock: list[float], answer: tuple[int, str], store: str
-) -> None:
-    n1 = Node("n1", clock, {"reset": answer})
-    plugin = RabbitMQ().at_version("4.3" if store == "khepri" else "3.10")
-    with pytest.raises(ClusterError, match=r"^n1: rabbitmqctl reset "):
-        plugin.add_node(
-            n1, [Node("n2", clock, running("n1", "n2"))], plugin.validate_settings({"queue_type": "quorum"})
-        )
-    assert [c for c, _ in n1.ran] == ["rabbitmqctl stop_app", "rabbitmqctl reset"]
-
-
 DEPTH_OUT = "[{messages_ready,0},{messages_unacknowledged,2}]\n"
 
 
