@@ -164,17 +164,26 @@ def _isolate(node: str) -> dict[str, Any]:
     return Partition.resolve({"shape": "isolate", "node": node}, NODES, random.Random(1))
 
 
-def _run(tmp_path: Path, steps: list[PlannedFault], duration: float = 0.4) -> list[dict[str, Any]]:
-    """The nemesis run for real over ``steps``; its nemesis records."""
+def _join_and_cut(
+    tmp_path: Path, join_hold: float | None, cut_at: float, cut_hold: float | None, cut_node: str = "n3"
+) -> list[dict[str, Any]]:
+    """The nemesis run for real (0.4 s, or 0.15 s when nothing heals on schedule) over n3 removed at
+    0 s and held ``join_hold``, and ``cut_node`` isolated at ``cut_at`` for ``cut_hold``; the values
+    of its heal records."""
     _Held.cuts, _Held.events = set(), []
     rec = Recorder(tmp_path / HISTORY_JSONL)
     kinds = {"member-remove": _Join, "partition": _Cut}
+    steps = [
+        PlannedFault("f1", 0.0, join_hold, "member-remove", {"node": "n3"}),
+        PlannedFault("f2", cut_at, cut_hold, "partition", _isolate(cut_node)),
+    ]
     nemesis = Nemesis(
         Plan(steps), kinds, FaultContext(None), rec, settle=0.0, final_heal=lambda: None, nodes=NODES
     )
-    asyncio.run(nemesis(duration))
+    asyncio.run(nemesis(0.15 if join_hold is None else 0.4))
     rec.close()
-    return [r for r in read_jsonl(tmp_path / HISTORY_JSONL) if r["process"] == "nemesis"]
+    ops = read_jsonl(tmp_path / HISTORY_JSONL)
+    return [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
 
 
 def test_the_kinds_say_what_they_cut_off_and_what_a_heal_needs() -> None:
@@ -196,54 +205,25 @@ def test_the_kinds_say_what_they_cut_off_and_what_a_heal_needs() -> None:
 
 
 def test_a_join_due_while_a_partition_cuts_the_node_off_waits_for_its_heal(tmp_path: Path) -> None:
-    # f1's heal is due at 0.1 s, inside f2's cut (0.05 s to 0.25 s)
-    ops = _run(
-        tmp_path,
-        [
-            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
-            PlannedFault("f2", 0.05, 0.2, "partition", _isolate("n3")),
-        ],
-    )
+    heals = _join_and_cut(tmp_path, 0.1, 0.05, 0.2)  # f1's heal due at 0.1 s, inside f2's cut
     assert _Held.events == ["cut healed", "join"]
-    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
     assert [h["fault_ids"] for h in heals] == [["f2"], ["f1"], []]
     assert heals[1]["after"] == ["f2"]  # the history says why the join came late
 
 
 def test_a_join_whose_cut_is_held_to_the_end_is_left_to_the_final_heal(tmp_path: Path) -> None:
-    ops = _run(
-        tmp_path,
-        [
-            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
-            PlannedFault("f2", 0.05, None, "partition", _isolate("n3")),
-        ],
-    )
+    heals = _join_and_cut(tmp_path, 0.1, 0.05, None)
     assert _Held.events == ["cut healed", "join"]
-    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
     assert [(h["fault_ids"], h["scheduled"]) for h in heals[:2]] == [(["f2"], False), (["f1"], False)]
 
 
 def test_the_final_heal_heals_a_cut_before_the_join_it_holds_up(tmp_path: Path) -> None:
     # both still held when the workload ends: the join applied first, the cut after it
-    _run(
-        tmp_path,
-        [
-            PlannedFault("f1", 0.0, None, "member-remove", {"node": "n3"}),
-            PlannedFault("f2", 0.05, None, "partition", _isolate("n1")),
-        ],
-        duration=0.15,
-    )
+    _join_and_cut(tmp_path, None, 0.05, None, cut_node="n1")
     assert _Held.events == ["cut healed", "join"]
 
 
 def test_a_join_with_no_cut_held_is_not_held_back(tmp_path: Path) -> None:
-    ops = _run(
-        tmp_path,
-        [
-            PlannedFault("f1", 0.0, 0.1, "member-remove", {"node": "n3"}),
-            PlannedFault("f2", 0.15, 0.1, "partition", _isolate("n3")),
-        ],
-    )
+    heals = _join_and_cut(tmp_path, 0.1, 0.15, 0.1)
     assert _Held.events == ["join", "cut healed"]
-    heals = [json.loads(r["value"]) for r in ops if r["f"] == "heal" and r["type"] == "invoke"]
     assert "after" not in heals[0]
