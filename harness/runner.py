@@ -274,6 +274,7 @@ class Run:
             final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
             on_fault=lambda op: self.host.fault_done(self, op),
             serving=self.client_nodes,
+            nodes=self.nodes,
         )
         start = time.monotonic()
 
