@@ -27,9 +27,10 @@ class CorruptFile(NodesFault):
 
     ``mode``: ``bitflip`` flips ``bits`` single bits at seeded offsets; ``truncate`` drops the
     last ``bytes`` bytes, or without ``bytes`` cuts at a seeded offset. ``files`` narrows the
-    candidates with a glob relative to ``data_dir`` (default: every file); ``file_role`` instead
-    names one of the broker plugin's ``data_files`` roles (such as ``quorum-segment``), whose
-    globs the plugin declares.
+    candidates with a glob relative to ``data_dir``; ``file_role`` instead names one of the
+    broker plugin's ``data_files`` roles (such as ``quorum-segment``), whose globs the plugin
+    declares. Without either, the candidates are the files of the roles that hold the run's
+    messages (``message_file_roles``), or every file when the plugin declares none.
     """
 
     name = "corrupt-file"
@@ -61,8 +62,8 @@ class CorruptFile(NodesFault):
             if "files" in params:
                 raise ScenarioError(f"fault {cls.name}: give files (a glob) or file_role, not both")
             out["file_role"] = str(params["file_role"])
-        else:
-            out["files"] = params.get("files", "**/*")
+        elif "files" in params:
+            out["files"] = str(params["files"])
         if mode == "bitflip":
             if "bytes" in params:
                 raise ScenarioError(f"fault {cls.name}: bytes is for mode truncate; bitflip takes bits")
@@ -90,9 +91,13 @@ class CorruptFile(NodesFault):
 
     def _plan(self, node: str) -> dict[str, Any]:
         role = self.params.get("file_role")
-        globs: str | list[str] = (
-            self.params["files"] if role is None else list(file_role_globs(self.ctx.cluster.plugin, role))
-        )
+        globs: str | list[str]
+        if role is not None:
+            globs = list(file_role_globs(self.ctx.cluster.plugin, role))
+        elif "files" in self.params:
+            globs = self.params["files"]
+        else:
+            globs = data_file_globs(self.ctx.cluster.plugin, self.ctx.cluster.settings)
         plan = {"mode": self.params["mode"], "glob": globs, **self.params["picks"][node]}
         if role is not None:
             plan["role"] = role
@@ -174,6 +179,15 @@ class CorruptFile(NodesFault):
             for n, s in sorted(lost.items())
         )
         return Evidence.none(reason, healed.facts, flags=healed.flags, restored=healed.restored)
+
+
+def data_file_globs(plugin: BrokerPlugin, settings: Mapping[str, Any]) -> str | list[str]:
+    """Where a corruption that names no file lands: the files of the data file roles that hold
+    the messages of a run with ``settings`` (``message_file_roles``), or every file when the
+    plugin declares none. Among every file, a RabbitMQ node's seeded pick landed in a one-byte
+    ``.vhost`` or a Ra metadata table as often as in a queue's log."""
+    roles = plugin.message_file_roles(settings)
+    return [g for role in roles for g in plugin.data_files[role]] or "**/*"
 
 
 def file_role_globs(plugin: BrokerPlugin, role: str) -> tuple[str, ...]:

@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from faults.targets import on_each
-from harness import FaultError, ScenarioError
+from harness import ClusterError, FaultError, ScenarioError
 from harness.spec import Evidence, Fault, FaultContext
+from harness.spec.broker import NotYet, poll
 
 
 class MemberRemove(Fault):
@@ -29,6 +30,15 @@ class MemberRemove(Fault):
         node runs (RabbitMQ, seen here: a node forgotten while another was killed could not join
         again, ``inconsistent_cluster``), so kills, pauses and power cuts wait; partitions may overlap."""
         return {(r, n) for r in cls.touches for n in nodes}
+
+    @classmethod
+    def heal_needs_links(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """Every node: the join talks to the members, and RabbitMQ's ``reset`` waits for every
+        node its old schema lists (Mnesia's tables, ten 30 s tries), longer than a join is given;
+        it went on after the cut healed and left the node's old schema in place (seed 4 of
+        ``rabbitmq-membership.yaml`` at ``92155c2``). RabbitMQ's peer discovery assumes a joining
+        node can reach its peers."""
+        return set(nodes)
 
     @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
@@ -69,7 +79,8 @@ class MemberRemove(Fault):
         still to come or failed, is not one to join or to wait for (a RabbitMQ join waits for every
         node it is given to run, so a forgotten one made it wait its whole ``ready_timeout``)."""
         node, others = self._split()
-        _asked, members = _members(self.ctx.cluster.plugin, others)
+        plugin = self.ctx.cluster.plugin
+        _asked, members = _members(plugin, others, wait=plugin.ready_timeout)
         return _add(self.ctx, node, [h for h in others if h.name in members])
 
     def evidence(self, done: Mapping[str, Any]) -> Evidence:
@@ -138,14 +149,24 @@ def _add(ctx: FaultContext, node: Any, members: list[Any]) -> dict[str, Any]:
     return {"added": node.name, "done": done, "members_after": sorted(now)}
 
 
-def _members(plugin: Any, nodes: Sequence[Any]) -> tuple[str, set[str]]:
+def _members(plugin: Any, nodes: Sequence[Any], wait: float = 0.0) -> tuple[str, set[str]]:
     """The members as the first of ``nodes`` that can tell sees them: a node cut off by a
     partition that overlaps the change may not answer (a Raft-based broker's node without a
-    leader), and another one does."""
-    errors = []
-    for node in nodes:
-        try:
-            return node.name, plugin.members(node)
-        except Exception as exc:  # noqa: BLE001 - a plugin's admin call failing on one node: ask the next
-            errors.append(f"{node.name}: {exc}")
-    raise FaultError("no node could list the members: " + "; ".join(errors))
+    leader), and another one does. With ``wait``, asked again until one answers or ``wait``
+    seconds have passed: every node may be restarting at once (RabbitMQ's ``pause_minority``
+    stops the app of each node that saw too few members, and a heal came while both members left
+    restarted theirs, seed 5 of ``rabbitmq-membership-kills.yaml`` at ``25c0475``)."""
+
+    def ask() -> tuple[str, set[str]] | NotYet:
+        errors = []
+        for node in nodes:
+            try:
+                return node.name, plugin.members(node)
+            except Exception as exc:  # noqa: BLE001 - a plugin's admin call failing on one node: ask the next
+                errors.append(f"{node.name}: {exc}")
+        return NotYet("; ".join(errors))
+
+    try:
+        return poll(ask, timeout=wait, failure="no node could list the members")
+    except ClusterError as exc:
+        raise FaultError(str(exc)) from None

@@ -199,6 +199,11 @@ class Partition(_ProxyFault):
     def switches_proxies(cls, params: Mapping[str, Any]) -> bool:
         return params.get("shape") == "clients" or params.get("mode") == "refuse"
 
+    @classmethod
+    def cuts_off(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """Both ends of every cut (the ``clients`` shape cuts no peer link)."""
+        return {n for cut in params.get("cuts", []) for n in cut}
+
     def _toxic(self, stream: str) -> str:
         return toxic_name(TOXIC, self.fault_id, stream)
 
@@ -368,6 +373,11 @@ class LinkToxic(_ProxyFault):
             "stream": params.get("stream", "both"),
             "toxicity": float(params.get("toxicity", 1.0)),
         }
+
+    @classmethod
+    def cuts_off(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """Its node, when its peer links reset every connection; the other types slow links down."""
+        return {params["node"]} if params["type"] == "reset_peer" and params["links"] != "clients" else set()
 
     def _targets(self) -> list[tuple[str, str]]:
         cluster = self.ctx.cluster

@@ -193,6 +193,11 @@ class PacketLoss(Fault):
             "links": params.get("links", "peers"),
         }
 
+    @classmethod
+    def cuts_off(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """Its node, when every one of its packets is dropped; a share leaves the links working."""
+        return {params["node"]} if float(params.get("loss", 0)) >= 100 else set()
+
     def _table(self) -> str:
         return f"{TABLE_PREFIX}_{self.fault_id or 'adhoc'}"
 

@@ -316,9 +316,9 @@ class RollingRestart(_ProcessFault):
 def heal_processes(cluster: Any) -> dict[str, Any]:
     """Every broker running and not paused (final heal), every node at once. Idempotent. A node
     whose broker does not get ready within the plugin's ``ready_timeout`` (or whose container
-    exited) is named in ``NodesDown`` with why (the wait's reason and the broker's last exit as
-    its node init saw it), once every other node is ready; a node the harness could not command
-    at all is a ``FaultError``."""
+    exited, or whose broker ended again with nothing starting it) is named in ``NodesDown`` with
+    why (the wait's reason and the broker's last exit as its node init saw it), once every other
+    node is ready; a node the harness could not command at all is a ``FaultError``."""
 
     def heal(name: str) -> dict[str, Any] | None:
         node = cluster.nodes[name]

@@ -20,6 +20,7 @@ clean-up never takes down a run in progress.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import socket
@@ -52,6 +53,7 @@ from harness.spec.broker import (
     NotYet,
     Role,
     SharedVolume,
+    control_broker,
     poll,
 )
 from harness.spec.client import Endpoint
@@ -90,6 +92,9 @@ FAKETIME_ENV = {
 
 #: Pause between two rounds of readiness polls (each round asks every pending node at once).
 READY_POLL_S = 0.2
+#: How often a node that is not ready yet has its node init asked whether its broker still runs
+#: (a command in the node, so not every round of a plugin that polls every READY_POLL_S).
+INIT_ASK_S = 5.0
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -636,6 +641,19 @@ def _exec(container: Any, cmd: Sequence[str], timeout: float) -> tuple[int, str]
     return code, out.decode(errors="replace")
 
 
+def _broker_ended(node: Any) -> bool:
+    """Whether ``node``'s node init says its broker process ended (it ran, and exited or was
+    stopped) and no restart is pending: only a ``start`` brings it back. An init that does not
+    answer (one still starting) says nothing: the node is not counted out on it."""
+    try:
+        status = control_broker(node, "status", timeout=30)
+    except ClusterError:
+        return False
+    return bool(
+        status.get("state") == "stopped" and status.get("last_exit") and not status.get("restart_pending")
+    )
+
+
 class Disk:
     """A running shared disk (``SharedDisk``): its container's node init answers ``nodectl``
     (``disk-cut``, ``sync``, ``status``) like a node's."""
@@ -849,14 +867,21 @@ class Cluster:
     def wait_ready(self, nodes: Sequence[str] | None = None, timeout: float | None = None) -> None:
         """Poll every pending node's ``is_ready`` at once (one thread per node: each poll is a
         command run in the node, so a round takes as long as the slowest, not their sum), every
-        READY_POLL_S, until each is ready, its container exited, or ``timeout`` (the plugin's
-        ``ready_timeout``) passed; ``NodesDown`` names every node that did not get ready, and why."""
+        READY_POLL_S, until each is ready, will not be (its container exited, or its broker ended
+        and its node init is not starting it again: asked every INIT_ASK_S), or ``timeout`` (the
+        plugin's ``ready_timeout``) passed; ``NodesDown`` names every node that did not get ready,
+        and why."""
         timeout = timeout or self.plugin.ready_timeout
         pending = list(nodes or self.topology.nodes)
         deadline = time.monotonic() + timeout
+        asked: dict[str, float] = {}
         down: dict[str, str] = {}
         while pending:
-            for name, ready in zip(list(pending), each(self._ready, list(pending)), strict=True):
+            now = time.monotonic()
+            ask = frozenset(n for n in pending if n not in asked or now - asked[n] >= INIT_ASK_S)
+            asked.update(dict.fromkeys(ask, now))
+            rounds = each(functools.partial(self._ready, ask=ask), list(pending))
+            for name, ready in zip(list(pending), rounds, strict=True):
                 if ready is True:
                     say("cluster", f"{name}: ready")
                 if ready is not False:
@@ -876,12 +901,20 @@ class Cluster:
         if down:
             raise NodesDown(down)
 
-    def _ready(self, name: str) -> bool | str:
-        """True once ready, False not yet, or why it never will be (its container exited)."""
+    def _ready(self, name: str, ask: frozenset[str]) -> bool | str:
+        """True once ready, False not yet, or why it never will be: its container exited, or (asked
+        when it is in ``ask``) its broker process ended and its node init is not starting it again.
+        A broker that refuses its damaged data exits at every start and nothing but the harness
+        starts it again: waiting for it would only wait out ``ready_timeout``."""
         node = self.nodes[name]
         if not node.running():
             return f"the broker container exited\nits log:\n{self.tail_log(name)}"
-        return bool(self.plugin.is_ready(node))
+        if self.plugin.is_ready(node):
+            return True
+        if name in ask and _broker_ended(node):
+            ended = "its broker process ended and its node init does not start it again"
+            return f"{ended}\nits log:\n{self.tail_log(name)}"
+        return False
 
     def tail_log(self, name: str, lines: int = 15) -> str:
         try:

@@ -293,7 +293,14 @@ class Nemesis:
     on_fault: Any = None
     #: The nodes clients work through (``Run.client_nodes``): the final heal records which came back.
     serving: Sequence[str] = ()
+    #: The cluster's nodes, as the plan was resolved against (what ``cuts_off`` and
+    #: ``heal_needs_links`` are asked about).
+    nodes: Sequence[str] = ()
     active: dict[str, Fault] = field(default_factory=dict, init=False)
+    #: Faults whose heal is running: still held until it returns.
+    healing: dict[str, Fault] = field(default_factory=dict, init=False)
+    #: Notified at the end of each heal, for the heals that wait for others (``_cut_off_by``).
+    healed: asyncio.Condition = field(default_factory=asyncio.Condition, init=False)
     #: The nodes the final heal could not bring back, each with why (``NodesDown``).
     down: dict[str, str] = field(default_factory=dict, init=False)
     #: What each held fault measured when applied, completed by its heal.
@@ -337,7 +344,16 @@ class Nemesis:
             while heals and heals[0][0] <= until:
                 at, fid = heals.pop(0)
                 await asyncio.sleep(max(0.0, t0 + at - loop.time()))
-                running.append(asyncio.create_task(self._heal(fid)))
+                blockers = self._cut_off_by(fid)
+                later = [a for a, other in heals if other in blockers]
+                if len(later) < len(set(blockers) - set(self.healing)):  # one is held to the end
+                    say(
+                        "nemesis",
+                        f"{fid}: heal left to the final heal ({', '.join(blockers)} held to the end)",
+                    )
+                    continue
+                until = max([until, *later])  # the next fault waits for this heal, as for any other
+                running.append(asyncio.create_task(self._heal(fid, after=blockers)))
             await asyncio.gather(*running)
         except BaseException:
             for task in running:
@@ -378,14 +394,44 @@ class Nemesis:
         _say_evidence(step.fault_id, step.kind, step.params.get("node"), evidence)
         self.on_fault(inv.ok({**inv.value, "done": done, EVIDENCE: evidence.as_dict(), "evidence_s": took}))
 
-    async def _heal(self, fid: str, *, scheduled: bool = True) -> None:
+    def _cut_off_by(self, fid: str) -> list[str]:
+        """The other held faults that cut off a node ``fid``'s heal needs to reach (``heal_needs_links``)."""
+        fault = self.active.get(fid) or self.healing.get(fid)
+        if fault is None:
+            return []
+        needs = type(fault).heal_needs_links(fault.params, self.nodes)
+        held = {**self.active, **self.healing}
+        return [
+            f
+            for f, other in held.items()
+            if f != fid and needs & type(other).cuts_off(other.params, self.nodes)
+        ]
+
+    async def _heal(self, fid: str, *, scheduled: bool = True, after: Sequence[str] = ()) -> None:
+        """Heal ``fid`` once the faults ``after`` names are healed (a join waits for the cuts it needs
+        gone), then tell the heals that wait for it."""
+        if after:
+            say("nemesis", f"{fid}: heal waits for {', '.join(after)}, which cut off nodes it needs")
+            async with self.healed:
+                await self.healed.wait_for(lambda: not set(after) & {*self.active, *self.healing})
         fault = self.active.pop(fid, None)
         if fault is None:
             return
+        self.healing[fid] = fault
+        try:
+            await self._heal_held(fid, fault, scheduled, after)
+        finally:
+            del self.healing[fid]
+            async with self.healed:
+                self.healed.notify_all()
+
+    async def _heal_held(self, fid: str, fault: Fault, scheduled: bool, after: Sequence[str]) -> None:
         measuring = self.measuring.pop(fid, None)
         if measuring is not None:  # the heal undoes what the measurement is looking at: it goes first
             await measuring
-        value = {"fault_ids": [fid], "kind": "heal", "scheduled": scheduled}
+        value: dict[str, Any] = {"fault_ids": [fid], "kind": "heal", "scheduled": scheduled}
+        if after:
+            value["after"] = list(after)
         inv = self.recorder.invoke("nemesis", "heal", value=value)
         try:
             done = await asyncio.to_thread(fault.heal)
@@ -412,7 +458,10 @@ class Nemesis:
         """Heal everything. Nodes it cannot bring back (``NodesDown``) are the run's outcome for
         them, recorded under ``down`` with the nodes left to serve clients (``serving``), and the
         run goes on to its drain; any other failure ends the run."""
-        for fid in list(self.active):
+        pending = list(self.active)
+        while pending:  # a fault whose heal needs links others cut off comes after them
+            fid = next((f for f in pending if not set(self._cut_off_by(f)) & set(pending)), pending[0])
+            pending.remove(fid)
             await self._heal(fid, scheduled=False)
         value = {"fault_ids": [], "kind": "heal", "final": True}
         inv = self.recorder.invoke("nemesis", "heal", value=value)

@@ -51,6 +51,7 @@ from harness.workload import (
     node_holdings_reader,
     queue_depth_reader,
     queue_holders_reader,
+    queue_replicas_reader,
     run_workload,
 )
 
@@ -247,6 +248,7 @@ class Run:
         factory = self.host.client(self.plugin.protocol)
         depth = queue_depth_reader(self.plugin, cluster.nodes, depth_timeout(w.drain_timeout, len(endpoints)))
         holders = queue_holders_reader(self.plugin, cluster.nodes)
+        replicas = queue_replicas_reader(self.plugin, cluster.nodes)
         driver = factory(
             endpoints,
             recorder,
@@ -258,6 +260,7 @@ class Run:
                 first_node=first,
                 queue_depth=depth,
                 queue_holders=holders,
+                queue_replicas=replicas,
             ),
         )
 
@@ -271,6 +274,7 @@ class Run:
             final_heal=lambda: heal_all(self.faults, ctx, frozenset(self.plugin.capabilities)),
             on_fault=lambda op: self.host.fault_done(self, op),
             serving=self.client_nodes,
+            nodes=self.nodes,
         )
         start = time.monotonic()
 

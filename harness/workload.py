@@ -27,6 +27,7 @@ from harness.spec.client import (  # noqa: F401 - RateLimiter: tests
     NodeHoldings,
     QueueDepth,
     QueueHolders,
+    QueueReplicas,
     RateLimiter,
 )
 from harness.spec.client import reason as _reason
@@ -298,6 +299,7 @@ def driver_options(
     first_node: Mapping[str, str] | None = None,
     queue_depth: QueueDepth | None = None,
     queue_holders: QueueHolders | None = None,
+    queue_replicas: QueueReplicas | None = None,
 ) -> DriverOptions:
     """Every keyword option of a client factory (``harness.spec.client.DriverOptions``)."""
     return {
@@ -311,6 +313,7 @@ def driver_options(
         "client_settings": plugin.client_settings(settings),
         "queue_depth": queue_depth,
         "queue_holders": queue_holders,
+        "queue_replicas": queue_replicas,
     }
 
 
@@ -373,3 +376,15 @@ def queue_holders_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) 
         return await asyncio.to_thread(plugin.queue_holders, nodes[node], queue)
 
     return holders
+
+
+def queue_replicas_reader(plugin: BrokerPlugin, nodes: Mapping[str, NodeHandle]) -> QueueReplicas | None:
+    """The plugin's ``queue_replicas`` as a drain calls it (awaitable, by node name, off the loop);
+    None when the plugin does not implement it."""
+    if getattr(type(plugin), "queue_replicas", None) is BrokerPlugin.queue_replicas:
+        return None
+
+    async def replicas(node: str, queue: str) -> set[str] | None:
+        return await asyncio.to_thread(plugin.queue_replicas, nodes[node], queue)
+
+    return replicas

@@ -355,8 +355,10 @@ class BrokerPlugin:
     extra_client_ports: ClassVar[tuple[int, ...]] = ()
     data_dir: ClassVar[str]
     #: The broker's data files by role: a role's name and the globs (relative to ``data_dir``)
-    #: of its files, such as ``{"quorum-wal": ("*/quorum/*/*.wal",)}``. A file fault names a role
-    #: (``corrupt-file``'s ``file_role``) instead of writing out where this broker keeps it.
+    #: of its files, such as ``{"quorum-wal": ("*/quorum/*/*.wal",)}``: the files that hold its
+    #: messages. A file fault names a role (``corrupt-file``'s ``file_role``) instead of writing
+    #: out where this broker keeps it; one that names no file picks among the files of the roles
+    #: ``message_file_roles`` names for the run's settings.
     data_files: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: The lazy filesystem's model (``FILESYSTEM_MODELS``) for runs whose scenario sets no
     #: ``broker.filesystem``: the durability contract the broker claims. ``strict`` for a broker
@@ -537,6 +539,25 @@ class BrokerPlugin:
         """What ``node``'s own copy of ``queue`` holds after the drain: (offset, message id)
         pairs in the copy's order (offset = the entry's position in a stream, e.g. the
         JetStream stream sequence; None for a queue without offsets). None: cannot tell."""
+        return None
+
+    def message_file_roles(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The ``data_files`` roles that hold the messages of a run with these (validated)
+        ``settings``: where a corruption that names no file lands. Default: every declared role.
+        A broker whose queue types keep their messages apart names its run's type's roles (a
+        RabbitMQ node with no quorum queue still writes its quorum log's 5-byte header)."""
+        return tuple(sorted(self.data_files))
+
+    def queue_replicas(self, node: NodeHandle, queue: str) -> set[str] | None:
+        """The nodes the broker itself names as holding a copy of ``queue`` (its replicas, running
+        or not), as ``node`` tells it (``node.exec``, the plugin's admin CLI).
+
+        For a client whose drain reads each node's own copy: a node the broker names no copy on
+        (a stream whose replica on that node was removed when the node left the cluster, and
+        which got none when it joined again) holds none to drain (``NoCopy``), while a named
+        replica that does not answer is still waited for. A failing command is a
+        ``ClusterError``. None: every node holds one, or this plugin cannot tell.
+        """
         return None
 
     # -- events (coverage) -----------------------------------------------------------------

@@ -50,6 +50,8 @@ QueueHolders = Callable[[str, str], Awaitable[list[dict[str, Any]] | None]]
 """(node, queue) -> what the broker lists as holding the queue's deliveries (``BrokerPlugin.queue_holders``)."""
 NodeHoldings = Callable[[str, str], Awaitable[list[tuple[int | None, str]] | None]]
 """(node, queue) -> what the node's own copy holds (``BrokerPlugin.node_holdings``), off the event loop."""
+QueueReplicas = Callable[[str, str], Awaitable[set[str] | None]]
+"""(node, queue) -> the nodes the broker names as holding a copy (``BrokerPlugin.queue_replicas``)."""
 
 
 @dataclass
@@ -89,6 +91,8 @@ class DriverOptions(TypedDict):
     queue_depth: QueueDepth | None
     #: The broker plugin's ``queue_holders``, likewise.
     queue_holders: QueueHolders | None
+    #: The broker plugin's ``queue_replicas``, likewise (None: the plugin cannot tell).
+    queue_replicas: QueueReplicas | None
 
 
 class Driver(Protocol):
@@ -471,6 +475,7 @@ class DriverBase:
         client_settings: Mapping[str, Any] | None = None,
         queue_depth: QueueDepth | None = None,
         queue_holders: QueueHolders | None = None,
+        queue_replicas: QueueReplicas | None = None,
         **_: Any,
     ) -> None:
         self.endpoints = dict(endpoints)
@@ -484,6 +489,7 @@ class DriverBase:
         self.client_settings = dict(client_settings or {})
         self.queue_depth = queue_depth
         self.queue_holders = queue_holders
+        self.queue_replicas = queue_replicas
         self.slow = slow_consumers(workload.consumer, workload.consumers, seed)
 
     def rotation(self, process: str) -> itertools.cycle[str]:

@@ -292,6 +292,20 @@ class Fault:
         return {(r, n) for r in cls.touches for n in targets}
 
     @classmethod
+    def cuts_off(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """The nodes one application keeps from hearing, or being heard by, another node while it
+        is held (a partition: both ends of each cut). None by default."""
+        return set()
+
+    @classmethod
+    def heal_needs_links(cls, params: Mapping[str, Any], nodes: Sequence[str]) -> set[str]:
+        """The nodes that must reach each other for one application's heal to work (a node that
+        joins a cluster talks to its members). The nemesis starts such a heal only once no other
+        held application ``cuts_off`` one of them: it waits for their heals, or leaves it to the
+        final heal when one is held to the end. None by default."""
+        return set()
+
+    @classmethod
     def resolve(cls, params: Mapping[str, Any], nodes: Sequence[str], rng: random.Random) -> dict[str, Any]:
         """Concrete parameters for one application (deterministic given ``rng``). Every kind also
         takes ``role``: its targets are then picked among that role's nodes only."""

@@ -26,6 +26,10 @@ schema     int32  this version
 Every invoke has exactly one completion by the same process. Client operations:
 
 - ``publish``: invoke when sent; ``ok`` = confirmed, ``fail`` = nacked, ``info`` = unknown.
+  The AMQP driver publishes ``mandatory`` (but for a delayed publish), so a broker that routes a
+  publish to no queue (a node reset out of its cluster has none) returns it (``basic.return``,
+  312 ``NO_ROUTE``) before it confirms it: that publish is ``fail``, not a confirmed message lost.
+  Publishes inside a transaction are not mandatory yet.
   A delayed publish (``workload.delay``) carries ``{"delay_ms": n}`` in its invoke's
   ``detail``: the delay it asked the broker for. Its due time is judged on the harness's
   own clock: the invoke's ``time_ns`` plus the delay (the broker received it no earlier,

@@ -68,7 +68,10 @@ def brokerchaos_register_faults(register: Registry) -> None:
     adds (toxics, files) should carry ``fault_id`` so overlapping faults do not
     collide. A fault that turns proxies off and back on says so in
     ``switches_proxies(params)``, and the planner refuses to overlap it with
-    another network fault.
+    another network fault. A fault that cuts nodes off says which in
+    ``cuts_off(params, nodes)``; one whose heal needs nodes to reach each other
+    (a join) says which in ``heal_needs_links(params, nodes)``, and the nemesis
+    starts that heal only once no held fault cuts one of them off.
     """
 
 

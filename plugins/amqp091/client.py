@@ -63,13 +63,17 @@ class _Progress:
 def confirm_outcome(confirm: object) -> tuple[str, str | None]:
     """A publish's completion from what ``basic_publish`` gave back: a ``basic.ack`` is ``ok``; a
     ``basic.nack`` (returned, or raised inside aiormq's ``DeliveryError``) is ``fail``: the
-    broker says it did not take the message; anything else is ``info``."""
+    broker says it did not take the message; so is a ``basic.return`` of a mandatory publish
+    (raised inside aiormq's ``PublishError``): no queue took it, though the ``basic.ack`` that
+    follows it says the broker is done with it; anything else is ``info``."""
     if isinstance(confirm, aiormq.exceptions.DeliveryError):
         confirm = confirm.frame
     if isinstance(confirm, spec.Basic.Ack):
         return "ok", None
     if isinstance(confirm, spec.Basic.Nack | spec.Basic.Reject):
         return "fail", "nacked by the broker"
+    if isinstance(confirm, spec.Basic.Return):
+        return "fail", f"returned by the broker: {confirm.reply_code} {confirm.reply_text} (no queue took it)"
     return "info", f"unexpected confirm {confirm!r}"
 
 
@@ -262,9 +266,18 @@ class AmqpDriver(DriverBase):
         try:
             # aiormq's own timeout does not cover every wait (seen hanging past it while a
             # quorum queue had no leader), so the harness bounds the whole call itself.
+            # Mandatory: a broker confirms a publish no queue took (RabbitMQ's "confirms" guide:
+            # the basic.return comes before the basic.ack), e.g. on a node reset out of its
+            # cluster, which has no queue; without the return that ack reads as kept. Not for a
+            # delayed publish: the delayed exchange returns every one (delayed-message-exchange#7).
             async with asyncio.timeout(self.w.confirm_timeout):
                 confirm = await ch.basic_publish(
-                    body, exchange=exchange, routing_key=queue, properties=p, timeout=self.w.confirm_timeout
+                    body,
+                    exchange=exchange,
+                    routing_key=queue,
+                    properties=p,
+                    mandatory=delay is None,
+                    timeout=self.w.confirm_timeout,
                 )
         except asyncio.CancelledError:
             progress.answered(False)

@@ -254,12 +254,30 @@ class RabbitMQ(BrokerPlugin):
     #: A quorum queue is a Ra server on each node: the node's quorum Ra system writes every
     #: queue's entries to one write-ahead log (``quorum/<node>/*.wal``), and the segment writer
     #: moves them to each queue's own segment files (``quorum/<node>/<queue uid>/*.segment``)
-    #: when the log rolls over and when the node recovers its log at start.
+    #: when the log rolls over and when the node recovers its log at start. A classic queue (3.10)
+    #: keeps its index in a journal and segment files (``queues/<queue>/journal.jif``, ``*.idx``),
+    #: with messages under 4 KiB embedded in it, and larger ones in the vhost's persistent message
+    #: store (``msg_store_persistent/*.rdq``). Not the vhost's ``.config``, ``.vhost`` or
+    #: ``recovery.dets``, nor the Ra systems' metadata tables: they hold no message.
     data_files: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "quorum-wal": ("*/quorum/*/*.wal",),
         "quorum-segment": ("*/quorum/*/*/*.segment",),
+        "classic-index": (
+            "*/msg_stores/vhosts/*/queues/*/journal.jif",
+            "*/msg_stores/vhosts/*/queues/*/*.idx",
+        ),
+        "classic-msg-store": ("*/msg_stores/vhosts/*/msg_store_persistent/*.rdq",),
     }
     log_paths = ("/var/log/rabbitmq",)
+
+    def message_file_roles(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """A quorum queue's messages are in the quorum log, a classic queue's in its index and
+        message store; the other type's files hold none (a node with no quorum queue writes its
+        quorum log's 5-byte header all the same)."""
+        if settings.get("queue_type") == "quorum":
+            return ("quorum-segment", "quorum-wal")
+        return ("classic-index", "classic-msg-store")
+
     features = FEATURES
     log_events = LOG_EVENTS
     #: The node's log file (info and above; the console gets warnings only), under ``logs/``.

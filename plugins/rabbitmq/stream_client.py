@@ -62,7 +62,7 @@ from rstream.client import Client
 from rstream.constants import OffsetType
 from rstream.schema import OffsetSpecification
 
-from harness import ScenarioError, hookimpl
+from harness import ClusterError, ScenarioError, hookimpl
 from harness.spec import (
     Endpoint,
     Invocation,
@@ -74,6 +74,7 @@ from harness.spec import (
 )
 from harness.spec.client import (
     ConnectingDriver,
+    NoCopy,
     StreamEnd,
     acquired,
     close_quietly,
@@ -549,7 +550,7 @@ class _Drain:
         }
         return {"replicas": replicas, OFFSETS: SPARSE}
 
-    async def visit(self, node: str, left: Callable[[], float]) -> bool:
+    async def visit(self, node: str, left: Callable[[], float]) -> bool | NoCopy:
         view = self.node_views[node]
         try:
             conn = await self.d.connect(node)
@@ -560,13 +561,45 @@ class _Drain:
             async with asyncio.timeout(max(0.1, left())):
                 return await self._read_all(conn, view)
         except TimeoutError:
-            view.error = f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
-            return False
+            view.error = (
+                f"drain_timeout ({self.d.w.drain_timeout:g}s) ran out on this node"
+                if left() <= 0
+                else f"no answer within {OP_TIMEOUT:g}s"
+            )
         except (*BROKER_ERRORS, rexc.StreamDoesNotExist, rexc.StreamNotAvailable) as exc:
             view.error = reason(exc)
-            return False
         finally:
             await conn.close()
+        return await self._no_replica(node, view, left) or False
+
+    async def _no_replica(self, node: str, view: NodeView, left: Callable[[], float]) -> NoCopy | None:
+        """A node that serves no read of the stream (refused, or no answer to the subscribe)
+        holds no copy to drain when the broker names no replica of it there (``queue_replicas``):
+        a replica removed with the node's departure from the cluster is not added back when it
+        joins again. The other nodes are asked first (the node that joined again did not answer
+        the stream coordinator's queries), then the node itself. A replica the broker still names
+        (down, or not started again) is waited for; so is every node when the broker cannot tell."""
+        if self.d.queue_replicas is None:
+            return None
+        failed: list[str] = []
+        replicas: set[str] | None = None
+        try:
+            async with asyncio.timeout(max(0.1, left())):
+                for asked in [*(n for n in self.d.nodes if n != node), node]:
+                    try:
+                        replicas = await self.d.queue_replicas(asked, self.queue)
+                        break
+                    except ClusterError as exc:
+                        failed.append(reason(exc))
+        except TimeoutError:
+            failed.append("the drain's time ran out")
+        if replicas is None or node in replicas:
+            if failed and replicas is None:
+                view.error = f"{view.error} (its replicas unknown: {'; '.join(failed)})"
+            return None
+        said, view.error = view.error, None
+        names = ", ".join(sorted(replicas))
+        return NoCopy(f"{said}; the broker names no replica of the stream here (its replicas: {names})")
 
     async def _read_all(self, conn: _Conn, view: NodeView) -> bool:
         sub = _Subscription(conn, None)

@@ -64,6 +64,28 @@ def holdings_expr(vhost: str, stream: str) -> str:
     )
 
 
+def replicas_expr(vhost: str, stream: str) -> str:
+    """An ``eval`` expression printing, as one JSON line, the nodes the stream coordinator lists as
+    the stream's members (its writer and replicas, running or not: a member that is down is
+    listed without a process, and only a removed one is gone)."""
+    return (
+        f"{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r({erlang_binary(vhost)}, queue, {erlang_binary(stream)})), "
+        "{ok, Members} = rabbit_stream_coordinator:members(maps:get(name, amqqueue:get_type_state(Q))), "
+        'io:format("~ts~n", [rabbit_json:encode([atom_to_binary(N) || N <- maps:keys(Members)])]).'
+    )
+
+
+def parse_replicas(out: str, node: str, stream: str) -> set[str]:
+    """``replicas_expr``'s output as node names (``rabbit@n1`` -> ``n1``)."""
+    for line in out.splitlines():
+        if line.startswith("["):
+            try:
+                return {str(n).split("@", 1)[-1] for n in json.loads(line)}
+            except (ValueError, TypeError):
+                break
+    raise ClusterError(f"{node}: no members for stream {stream!r}: {out.strip()[-200:]}")
+
+
 def parse_holdings(out: str, node: str, stream: str) -> list[tuple[int | None, str]]:
     """``holdings_expr``'s output as (offset, id) pairs, in the copy's order."""
     for line in out.splitlines():
@@ -101,12 +123,17 @@ class RabbitMQStream(RabbitMQ):
     client_port = STREAM_PORT
     #: A stream is an osiris log per replica (``stream/<stream dir>/``): segment files of
     #: chunks, each with its own CRC, and beside each segment an index of its chunks' offsets.
+    #: Only those: a stream node's quorum write-ahead log holds its 5-byte header and no message.
     data_files = {
-        **RabbitMQ.data_files,
         "stream-segment": ("*/stream/*/*.segment",),
         "stream-index": ("*/stream/*/*.index",),
     }
     capabilities = RabbitMQ.capabilities - {"mirroring"}
+
+    def message_file_roles(self, settings: Any) -> tuple[str, ...]:
+        """The stream's files, whatever the settings: a stream row runs no other queue."""
+        return tuple(sorted(self.data_files))
+
     features = ()
     settings_schema = {
         k: v
@@ -165,6 +192,13 @@ class RabbitMQStream(RabbitMQ):
         """What the node's own replica of the stream holds, read on the node by an osiris reader."""
         out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", holdings_expr(self.vhost, queue)], timeout=60)
         return parse_holdings(out, node.name, queue)
+
+    def queue_replicas(self, node: NodeHandle, queue: str) -> set[str] | None:
+        """The stream's members as its coordinator lists them, running or not: a node that left
+        the cluster lost its replica (the coordinator removes a member on a node no longer in the
+        cluster) and gets one again only when one is added (``rabbitmq-streams add_replica``)."""
+        out = run_or_fail(node, ["rabbitmqctl", "-q", "eval", replicas_expr(self.vhost, queue)], timeout=60)
+        return parse_replicas(out, node.name, queue)
 
     def confirms_after_sync(self, settings: Any) -> bool | None:
         """No: a stream confirms once a quorum of replicas has written an entry and never fsyncs it

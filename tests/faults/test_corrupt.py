@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from faults.corrupt import CorruptFile, file_role_globs
+from faults.corrupt import CorruptFile, data_file_globs, file_role_globs
 from faults.node.corrupt import candidates, corrupt
 from harness.errors import ScenarioError
 from harness.spec import FaultContext
@@ -69,7 +70,8 @@ def test_truncate_by_bytes_or_at_a_seeded_offset(data: Path) -> None:
 
 def test_resolve_is_concrete_seeded_and_stable_under_replay() -> None:
     p = CorruptFile.resolve({}, N5, random.Random(3))
-    assert len(p["nodes"]) == 2 and p["mode"] == "bitflip" and p["bits"] == 8 and p["files"] == "**/*"
+    assert len(p["nodes"]) == 2 and p["mode"] == "bitflip" and p["bits"] == 8
+    assert "files" not in p and "file_role" not in p  # the broker plugin's data files: ``_plan``
     assert set(p["picks"]) == set(p["nodes"])
     assert all(len(pick["flips"]) == 8 and 0 <= pick["file"] < 1 for pick in p["picks"].values())
     assert CorruptFile.resolve(p, N5, random.Random(77)) == p
@@ -175,18 +177,99 @@ RABBITMQ_43_FILES = (
     ],
 )
 def test_rabbitmq_file_roles_name_exactly_their_files(tmp_path: Path, role: str, files: list[str]) -> None:
+    from plugins.rabbitmq import RabbitMQ
     from plugins.rabbitmq.streams import RabbitMQStream
 
-    for rel in RABBITMQ_43_FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(b"x")
-    assert candidates(tmp_path, list(file_role_globs(RabbitMQStream(), role))) == files
+    _layout(tmp_path, RABBITMQ_43_FILES)
+    plugin = RabbitMQStream() if role.startswith("stream") else RabbitMQ()
+    assert candidates(tmp_path, list(file_role_globs(plugin, role))) == files
+
+
+def test_a_stream_node_s_corruption_naming_no_file_lands_in_the_stream(tmp_path: Path) -> None:
+    """At seed 1 the stream row's pick among every RabbitMQ role landed in the quorum write-ahead
+    log, which on a node running only streams is its 5-byte header: the stream plugin's data files
+    are the stream's segments and indexes."""
+    from plugins.rabbitmq.streams import RabbitMQStream
+
+    _layout(tmp_path, RABBITMQ_43_FILES)
+    assert candidates(tmp_path, data_file_globs(RabbitMQStream(), {})) == [
+        "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.index",
+        "rabbit@n1/stream/__chaos-1_1764384000000000000/00000000000000000000.segment",
+    ]
 
 
 def test_an_unknown_file_role_names_the_plugins_roles() -> None:
     from plugins.rabbitmq import RabbitMQ
 
     with pytest.raises(
-        ScenarioError, match="no data file role 'stream-segment'; its roles: quorum-segment, quorum-wal"
+        ScenarioError,
+        match="no data file role 'stream-segment'; its roles: classic-index, classic-msg-store, "
+        "quorum-segment, quorum-wal",
     ):
         file_role_globs(RabbitMQ(), "stream-segment")
+
+
+# What RabbitMQ 3.10.8 keeps under its data directory with a classic and a quorum queue (``find``
+# on a node; the vhost directory's ``.vhost`` holds one byte, ``.config`` 83).
+RABBITMQ_310_FILES = (
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/.vhost",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/.config",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/recovery.dets",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/msg_store_persistent/0.rdq",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
+    "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
+    "rabbit@n1/quorum/rabbit@n1/00000001.wal",
+    "rabbit@n1/quorum/rabbit@n1/meta.dets",
+    "rabbit@n1/quorum/rabbit@n1/names.dets",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
+    "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/config",
+    "rabbit@n1/DECISION_TAB.LOG",
+    "rabbit@n1/schema.DAT",
+    "rabbit@n1/rabbit_durable_queue.DCD",
+    "rabbit@n1/cluster_nodes.config",
+)
+
+
+class _Cluster:
+    """Where ``_plan`` finds the broker plugin and the run's settings: ``ctx.cluster``."""
+
+    def __init__(self, plugin: Any, settings: dict[str, Any]) -> None:
+        self.plugin = plugin
+        self.settings = plugin.validate_settings(settings)
+
+
+def _layout(root: Path, files: tuple[str, ...]) -> None:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+
+
+def test_a_corruption_naming_no_file_lands_in_the_files_that_hold_the_run_s_messages(tmp_path: Path) -> None:
+    """The matrix's bit flips name no file: among every file, RabbitMQ 3.10's seeded picks landed in
+    the vhost's ``.config`` and ``.vhost``; among every RabbitMQ role, a classic queue's run picked
+    the quorum log that a node with no quorum queue keeps as its 5-byte header. The candidates are
+    the run's queue type's files; a plugin that declares no data files still has every file."""
+    from plugins.rabbitmq import RabbitMQ
+    from plugins.reference import ReferenceBroker
+
+    _layout(tmp_path, RABBITMQ_310_FILES)
+    params = CorruptFile.resolve({"nodes": ["n1"], "bits": 16}, N3, random.Random(1))
+    vhost = "rabbit@n1/msg_stores/vhosts/628WB79CIFDYO9LJI6DKMI09L"
+    picks = {
+        "classic": [
+            f"{vhost}/msg_store_persistent/0.rdq",
+            f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/0.idx",
+            f"{vhost}/queues/3C2VKZ4ZJ8G5M0VR0ORXHRJ9X/journal.jif",
+        ],
+        "quorum": [
+            "rabbit@n1/quorum/rabbit@n1/00000001.wal",
+            "rabbit@n1/quorum/rabbit@n1/2F_CHATM2V61WDIW2Z/00000001.segment",
+        ],
+    }
+    for queue_type, files in picks.items():
+        cluster = _Cluster(RabbitMQ(), {"queue_type": queue_type})
+        plan = CorruptFile(FaultContext(cluster), params, "f1")._plan("n1")
+        assert candidates(tmp_path, plan["glob"]) == files
+    assert data_file_globs(ReferenceBroker(), {}) == "**/*"
+    named = CorruptFile.resolve({"nodes": ["n1"], "files": "**/*"}, N3, random.Random(1))
+    assert CorruptFile(FaultContext(_Cluster(RabbitMQ(), {})), named, "f1")._plan("n1")["glob"] == "**/*"

@@ -3,6 +3,7 @@ the nodes here answer ``running`` and the plugin's ``is_ready`` from this proces
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from harness import ClusterError, NodesDown
 from harness.cluster import Cluster, each
 from harness.host import Host
+from harness.spec.broker import NODE_CONTROL
 from harness.spec.rundir import NODES
 from tests.harness.test_topology import build
 
@@ -51,14 +53,27 @@ def test_each_raises_the_first_items_error_after_all_have_finished() -> None:
 
 
 class Standin:
-    """A node as ``wait_ready`` sees it: its container runs or not."""
+    """A node as ``wait_ready`` sees it: its container runs or not, and its node init answers
+    ``status`` with ``init`` (a broker that runs, unless a test says otherwise)."""
 
     def __init__(self, name: str, running: bool = True) -> None:
         self.name = name
         self.is_running = running
+        self.init: dict[str, Any] = {
+            "ok": True,
+            "state": "running",
+            "last_exit": None,
+            "restart_pending": False,
+        }
+        self.commands: list[list[str]] = []
 
     def running(self) -> bool:
         return self.is_running
+
+    def exec(self, cmd: Any, timeout: float = 30.0) -> tuple[int, str]:
+        self.commands.append(list(cmd))
+        assert list(cmd) == [*NODE_CONTROL, "status"], cmd
+        return 0, json.dumps(self.init) + "\n"
 
 
 class Readiness:
@@ -132,6 +147,82 @@ def test_every_node_that_does_not_get_ready_is_named_with_why(host: Host) -> Non
     assert sorted(err.value.nodes) == ["n1", "n2"]
     assert err.value.nodes["n1"].startswith("not ready after 0s\nlast log lines:\n(log of n1)")
     assert err.value.nodes["n2"].startswith("the broker container exited\nits log:\n(log of n2)")
+
+
+class ExitedN2:
+    """n1 and n3 are ready at once; n2 is not, and asking it a second time fails the test: its broker
+    exited at its start and nothing will start it again, which its first round can already know."""
+
+    ready_timeout = GUARD_S
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def is_ready(self, node: Any) -> bool:
+        assert node.name not in self.asked, f"{node.name} asked again after its broker had ended"
+        self.asked.append(node.name)
+        return bool(node.name != "n2")
+
+
+EXITED = {"code": 1, "at": "2026-11-30T07:09:48+00:00", "pid": 41}
+
+
+def test_a_node_whose_broker_ended_and_is_not_restarting_is_down_without_waiting_out_the_limit(
+    host: Host,
+) -> None:
+    """A broker that refuses its damaged data exits at start; its node init says so (stopped, its
+    last exit, no restart pending). ``wait_ready`` names it with why in its first round instead of
+    polling it until ``ready_timeout`` (300 s for RabbitMQ) runs out."""
+    plugin = ExitedN2()
+    c = cluster(host, plugin)
+    c.tail_log = lambda name, lines=15: f"(log of {name})"  # type: ignore[method-assign]
+    n2 = c.nodes["n2"]
+    assert isinstance(n2, Standin)
+    n2.init = {"ok": True, "state": "stopped", "last_exit": EXITED, "restart_pending": False}
+    with pytest.raises(NodesDown) as err:
+        c.wait_ready()
+    assert list(err.value.nodes) == ["n2"]
+    assert err.value.nodes["n2"] == (
+        "its broker process ended and its node init does not start it again\nits log:\n(log of n2)"
+    )
+    assert sorted(plugin.asked) == ["n1", "n2", "n3"]
+
+
+class NotYetN2:
+    """n2 answers not ready twice, then ready."""
+
+    ready_timeout = GUARD_S
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_ready(self, node: Any) -> bool:
+        self.asked += 1
+        return self.asked > 2
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        {
+            "ok": True,
+            "state": "stopped",
+            "last_exit": EXITED,
+            "restart_pending": True,
+        },  # a crash's timed restart
+        {"ok": True, "state": "stopped", "last_exit": None, "restart_pending": False},  # never started yet
+        {"ok": True, "state": "running", "last_exit": EXITED, "restart_pending": False},  # started again
+        {"ok": True, "state": "paused", "last_exit": None, "restart_pending": False},
+        {"ok": False, "error": "connection refused"},  # an init still starting
+    ],
+)
+def test_a_node_whose_broker_may_still_come_back_is_waited_for(host: Host, init: dict[str, Any]) -> None:
+    c = cluster(host, NotYetN2())
+    n2 = c.nodes["n2"]
+    assert isinstance(n2, Standin)
+    n2.init = init
+    c.wait_ready(["n2"])
+    assert n2.commands[0] == [*NODE_CONTROL, "status"]
 
 
 class Logs:

@@ -651,3 +651,31 @@ def test_what_expires_is_dead_lettered_and_consumed_from_the_dead_letter_queue(
         json.loads(r["detail"]) == {"dead_letter": {"reason": "expired", "queue": QUEUE}} for r in deliveries
     )
     assert n1.depth(QUEUE) == (0, 0)
+
+
+def test_a_returned_publish_is_a_failed_publish() -> None:
+    back = spec.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="", routing_key=QUEUE)
+    assert confirm_outcome(back) == ("fail", "returned by the broker: 312 NO_ROUTE (no queue took it)")
+
+
+def test_a_publish_no_queue_takes_is_not_counted_as_kept(tmp_path: Path, nodes: Any) -> None:
+    """A node with no such queue (one reset out of its cluster, seen on RabbitMQ 3.10 in
+    ``rabbitmq-membership-kills`` seed 5) confirms what it routes nowhere: the producer
+    publishes mandatory, so the basic.return before that ack makes each publish ``fail``."""
+    n1 = nodes("n1")
+
+    async def go() -> None:
+        d, rec = driver(tmp_path, [n1], workload(consumers=0))
+        stop = asyncio.Event()
+        task = asyncio.create_task(d.produce("p1", "nowhere", stop))
+        await until_async(
+            lambda: count(rec, "publish", "ok") + count(rec, "publish", "fail") >= 10, "10 answers"
+        )
+        stop.set()
+        await task
+        rec.close()
+
+    asyncio.run(go())
+    done = [r for r in history(tmp_path) if r["f"] == "publish" and r["type"] in ("ok", "fail")]
+    assert done and {r["type"] for r in done} == {"fail"}
+    assert all("312 NO_ROUTE" in r["error"] for r in done)

@@ -15,10 +15,10 @@ from rstream.constants import OffsetType
 
 from harness.errors import ClusterError, ScenarioError
 from harness.history import Recorder, read_jsonl
-from harness.spec import Endpoint
+from harness.spec import Endpoint, NoCopy
 from harness.spec.broker import NodeInfo
 from harness.spec.scenario import ConsumerSection, DelaySection, WorkloadSection
-from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ
+from plugins.rabbitmq import CONF, START_SCRIPT, RabbitMQ, stream_client
 from plugins.rabbitmq.stream_client import (
     REFERENCE,
     SUBSCRIPTION_ID,
@@ -37,6 +37,8 @@ from plugins.rabbitmq.streams import (
     RabbitMQStream,
     holdings_expr,
     parse_holdings,
+    parse_replicas,
+    replicas_expr,
     replication_ports,
 )
 from tests.polling import until_async
@@ -150,6 +152,14 @@ def test_holdings_parse_the_json_line() -> None:
     assert parse_holdings("[]\n", "n1", "chaos-1") == []
     with pytest.raises(ClusterError, match="n1: no holdings for stream 'chaos-1'"):
         parse_holdings("Error: {badmatch,{error,not_found}}", "n1", "chaos-1")
+
+
+def test_replicas_are_the_stream_coordinator_s_members_by_node() -> None:
+    expr = replicas_expr("/", "chaos-1")
+    assert '<<"chaos-1"/utf8>>' in expr and "rabbit_stream_coordinator:members(" in expr
+    assert parse_replicas('["rabbit@n1","rabbit@n2"]\nok\n', "n1", "chaos-1") == {"n1", "n2"}
+    with pytest.raises(ClusterError, match="n1: no members for stream 'chaos-1'"):
+        parse_replicas("Error: {badmatch,{error,not_found}}", "n1", "chaos-1")
 
 
 # -- single active consumer ---------------------------------------------------------------------
@@ -363,3 +373,96 @@ def test_a_copy_the_client_stops_reading_on_a_bad_chunk_names_why_in_the_drain(t
     assert empty and view.empty_at_ns is not None
     assert (view.entries, view.first_seq, view.last_seq) == (2, 0, 1)
     assert view.error is not None and "Invalid checksum" in view.error
+
+
+# -- a node that holds no replica -------------------------------------------------------------
+
+
+class NotAvailable(FakeClient):
+    """A node that serves no read of the stream: its subscribe answers ``STREAM_NOT_AVAILABLE``."""
+
+    async def subscribe(self, stream: str, subscription_id: int, spec: Any, **kw: Any) -> None:
+        raise rexc.StreamNotAvailable("stream not available")
+
+    async def close(self) -> None:
+        return None
+
+
+class NoAnswer(NotAvailable):
+    """A node that does not answer the subscribe at all (seen on RabbitMQ 4.3 from a node that
+    joined again after its replica was removed)."""
+
+    async def subscribe(self, stream: str, subscription_id: int, spec: Any, **kw: Any) -> None:
+        await asyncio.Event().wait()
+
+
+def _visit_n3(
+    tmp_path: Path, replicas: set[str] | None | Exception, client: type[FakeClient] = NotAvailable
+) -> tuple[Any, list[str], Any]:
+    """The drain's visit of n3, whose subscribe is refused, with the broker naming ``replicas``."""
+    rec = Recorder(tmp_path / "h.jsonl")
+    asked: list[str] = []
+
+    async def queue_replicas(node: str, queue: str) -> set[str] | None:
+        asked.append(node)
+        if isinstance(replicas, Exception):
+            raise replicas
+        return replicas
+
+    endpoints = {n: Endpoint(n, "127.0.0.1", 1) for n in ("n1", "n2", "n3")}
+    driver = StreamDriver(
+        endpoints, rec, workload=WorkloadSection(consumers=2), queue_replicas=queue_replicas
+    )
+
+    async def connect(node: str) -> _Conn:
+        fake = client(stored=None)
+        fake._tasks = {}  # type: ignore[attr-defined]
+        return _Conn(node, fake, asyncio.Event())  # type: ignore[arg-type]
+
+    driver.connect = connect  # type: ignore[method-assign]
+    drain = driver.drain_reader("d1", "chaos-1")
+    got = asyncio.run(drain.visit("n3", lambda: 60.0))
+    rec.close()
+    return got, asked, drain.node_views["n3"]
+
+
+def test_a_node_the_broker_names_no_replica_on_holds_no_copy_to_drain(tmp_path: Path) -> None:
+    """n3 left the cluster (the stream coordinator removed its replica) and joined again empty: the
+    stream's members are n1 and n2. The drain leaves n3 out instead of asking it for a copy until
+    its time runs out (which graded the run UNAVAILABLE: n3's copy "never came back")."""
+    got, asked, view = _visit_n3(tmp_path, {"n1", "n2"})
+    assert asked == ["n1"]  # another node first: the one that joined again may not answer
+    assert isinstance(got, NoCopy)
+    assert got.why == (
+        "StreamNotAvailable: stream not available; the broker names no replica of the stream here "
+        "(its replicas: n1, n2)"
+    )
+    assert view.error is None
+
+
+@pytest.mark.parametrize(
+    "replicas",
+    [{"n1", "n2", "n3"}, None, ClusterError("n3: rabbitmqctl -q eval … exited 69")],
+    ids=["a replica that does not answer", "the broker cannot tell", "the ask failed"],
+)
+def test_a_replica_that_does_not_answer_is_still_waited_for(
+    tmp_path: Path, replicas: set[str] | None | Exception
+) -> None:
+    got, asked, view = _visit_n3(tmp_path, replicas)
+    assert got is False
+    assert view.error is not None and view.error.startswith("StreamNotAvailable: stream not available")
+    if isinstance(replicas, Exception):  # every node asked, each failure said
+        assert asked == ["n1", "n2", "n3"] and view.error.count("exited 69") == 3
+
+
+def test_a_node_that_does_not_answer_the_subscribe_and_holds_no_replica_holds_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same node may not answer the subscribe at all: what it said is the subscribe's own
+    time-out, not the drain's, and the broker's members decide as for a refusal."""
+    monkeypatch.setattr(stream_client, "OP_TIMEOUT", 0.01)
+    got, asked, _view = _visit_n3(tmp_path, {"n1", "n2"}, NoAnswer)
+    assert asked == ["n1"] and isinstance(got, NoCopy)
+    assert got.why.startswith("no answer within 0.01s; the broker names no replica of the stream here")
+    got, _asked, view = _visit_n3(tmp_path, {"n1", "n2", "n3"}, NoAnswer)
+    assert got is False and view.error == "no answer within 0.01s"
