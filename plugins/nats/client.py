@@ -545,7 +545,7 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
             drain_timeout=self.d.w.drain_timeout,
         )
 
-    async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool:
+    async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool | NoCopy:
         patience_from, acked_then = self.loop.time(), session.acked
         while True:
             idle_from = self.loop.time()
@@ -555,8 +555,9 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
                 if outcome == "lost":
                     # nats-server 2.15 refuses to bind a consumer on a stream it no longer holds
                     # (2.9 let the fetch time out): the cluster may have lost the stream itself.
-                    if await self._stream_gone(conn, view):
-                        return True
+                    gone = await self._stream_gone(conn, view)
+                    if gone is not None:
+                        return gone
                     view.error = "connection lost while draining"
                     return False
                 if session.acked > before:
@@ -564,7 +565,7 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
             try:
                 info = await conn.js.consumer_info(self.queue, CONSUMER, timeout=OP_TIMEOUT)
             except nats.js.errors.NotFoundError as exc:
-                if exc.err_code == STREAM_NOT_FOUND:  # the cluster holds no such stream: nothing left to read
+                if exc.err_code == STREAM_NOT_FOUND:
                     return self._no_stream(view)
                 if exc.err_code != CONSUMER_NOT_FOUND:
                     raise
@@ -589,20 +590,23 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
                 view.error = f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})"
                 return False
 
-    async def _stream_gone(self, conn: _Conn, view: NodeView) -> bool:
-        """Whether the cluster says it holds no such stream (then the node is drained)."""
+    async def _stream_gone(self, conn: _Conn, view: NodeView) -> NoCopy | None:
+        """``NoCopy`` if the cluster says it holds no such stream, else None."""
         try:
             async with asyncio.timeout(OP_TIMEOUT):
                 await conn.js.stream_info(self.queue)
         except nats.js.errors.NotFoundError as exc:
-            return exc.err_code == STREAM_NOT_FOUND and self._no_stream(view)
+            return self._no_stream(view) if exc.err_code == STREAM_NOT_FOUND else None
         except BROKER_ERRORS:
-            return False
-        return False
+            return None
+        return None
 
-    def _no_stream(self, view: NodeView) -> bool:
+    def _no_stream(self, view: NodeView) -> NoCopy:
+        """The cluster holds no such stream (a cut of every replica can take it whole): nothing
+        to read through this node, but not an empty stream either. A drain that finds it so on
+        every node never ends ok: the stream did not come back, and the run says so."""
         view.ready, view.unacked, view.missing = 0, 0, "stream"
-        return self.emptied(view, self.d.recorder.now_ns())
+        return NoCopy("the cluster holds no such stream (JetStream: stream not found)")
 
 
 @hookimpl

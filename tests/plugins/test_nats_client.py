@@ -234,3 +234,29 @@ def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path)
     drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
     assert [r["type"] for r in drain] == ["info"]
     assert "n3" in drain[0]["error"]
+
+
+def test_a_drain_that_finds_no_stream_anywhere_does_not_end_ok(cluster: list[Server], tmp_path: Path) -> None:
+    """A stream the cluster no longer holds (a power cut of every replica can take it whole,
+    NATS 2.15.1's power-loss-all matrix cell) is no empty stream: the drain ends ``info``, so
+    the run says the stream did not come back, rather than ``ok`` as if every node were empty."""
+    rec = Recorder(tmp_path / "h.jsonl")
+    driver = _driver(cluster, rec, rate=100)
+
+    async def scenario() -> None:
+        await driver.setup([QUEUE])
+        conn = await driver.connect("n1")
+        await conn.js.delete_stream(QUEUE)
+        await conn.close()
+        with pytest.raises(DrainUnfinished):
+            await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
+
+    driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=8)
+    asyncio.run(scenario())
+    rec.close()
+    drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
+    assert [r["type"] for r in drain] == ["info"]
+    assert "holds no copy to drain (the cluster holds no such stream" in drain[0]["error"]
+    assert set(json.loads(drain[0]["value"])["no_copy"].values()) == {
+        "the cluster holds no such stream (JetStream: stream not found)"
+    }
