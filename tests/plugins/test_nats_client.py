@@ -12,7 +12,7 @@ import asyncio
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,14 +217,16 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
     assert invokes == sum(r["type"] != "invoke" for r in rows)  # exactly one completion each
 
 
-def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path) -> None:
-    """A node that cannot be reached keeps the drain from ending ok: it is ``info``, never a false ok."""
+def _unfinished_drain(
+    cluster: list[Server], tmp_path: Path, before: Callable[[NatsDriver], Awaitable[None]]
+) -> dict[str, Any]:
+    """The drain's completion after ``before`` broke the queue, with an 8 s drain that must not end ok."""
     rec = Recorder(tmp_path / "h.jsonl")
     driver = _driver(cluster, rec, rate=100)
 
     async def scenario() -> None:
         await driver.setup([QUEUE])
-        cluster[2].stop()
+        await before(driver)
         with pytest.raises(DrainUnfinished):
             await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
 
@@ -233,30 +235,30 @@ def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path)
     rec.close()
     drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
     assert [r["type"] for r in drain] == ["info"]
-    assert "n3" in drain[0]["error"]
+    return drain[0]
+
+
+def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path) -> None:
+    """A node that cannot be reached keeps the drain from ending ok: it is ``info``, never a false ok."""
+
+    async def stop_n3(driver: NatsDriver) -> None:
+        cluster[2].stop()
+
+    assert "n3" in _unfinished_drain(cluster, tmp_path, stop_n3)["error"]
 
 
 def test_a_drain_that_finds_no_stream_anywhere_does_not_end_ok(cluster: list[Server], tmp_path: Path) -> None:
     """A stream the cluster no longer holds (a power cut of every replica can take it whole,
     NATS 2.15.1's power-loss-all matrix cell) is no empty stream: the drain ends ``info``, so
     the run says the stream did not come back, rather than ``ok`` as if every node were empty."""
-    rec = Recorder(tmp_path / "h.jsonl")
-    driver = _driver(cluster, rec, rate=100)
 
-    async def scenario() -> None:
-        await driver.setup([QUEUE])
+    async def delete_stream(driver: NatsDriver) -> None:
         conn = await driver.connect("n1")
         await conn.js.delete_stream(QUEUE)
         await conn.close()
-        with pytest.raises(DrainUnfinished):
-            await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
 
-    driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=8)
-    asyncio.run(scenario())
-    rec.close()
-    drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
-    assert [r["type"] for r in drain] == ["info"]
-    assert "holds no copy to drain (the cluster holds no such stream" in drain[0]["error"]
-    assert set(json.loads(drain[0]["value"])["no_copy"].values()) == {
+    drain = _unfinished_drain(cluster, tmp_path, delete_stream)
+    assert "holds no copy to drain (the cluster holds no such stream" in drain["error"]
+    assert set(json.loads(drain["value"])["no_copy"].values()) == {
         "the cluster holds no such stream (JetStream: stream not found)"
     }
