@@ -72,4 +72,6 @@ def test_an_unsynced_oldest_mirror_neither_blocks_nor_replaces_a_synced_younger_
     n1.kill()
     wait_for(lambda: queue_info(n3, q).get("node") == "n3", what="n3 promoted")
     assert "promoting the mirror here (in sync)" in n3.log()
+    # drained through n2: it must know of the promotion too (a load-dependent lag otherwise)
+    wait_for(lambda: queue_info(n2, q).get("node") == "n3", what="n2 sees n3 as the master")
     assert sorted(drain(n2, q)) == list(range(60))
