@@ -75,26 +75,32 @@ def replicas_expr(vhost: str, stream: str) -> str:
     )
 
 
-def parse_replicas(out: str, node: str, stream: str) -> set[str]:
-    """``replicas_expr``'s output as node names (``rabbit@n1`` -> ``n1``)."""
+def _json_list(out: str, what: str, node: str, stream: str) -> list[Any]:
+    """The first line of an ``eval``'s output that is a JSON list (what the expression printed)."""
     for line in out.splitlines():
         if line.startswith("["):
             try:
-                return {str(n).split("@", 1)[-1] for n in json.loads(line)}
-            except (ValueError, TypeError):
+                got = json.loads(line)
+            except ValueError:
                 break
-    raise ClusterError(f"{node}: no members for stream {stream!r}: {out.strip()[-200:]}")
+            if isinstance(got, list):
+                return got
+            break
+    raise ClusterError(f"{node}: no {what} for stream {stream!r}: {out.strip()[-200:]}")
+
+
+def parse_replicas(out: str, node: str, stream: str) -> set[str]:
+    """``replicas_expr``'s output as node names (``rabbit@n1`` -> ``n1``)."""
+    return {str(n).split("@", 1)[-1] for n in _json_list(out, "members", node, stream)}
 
 
 def parse_holdings(out: str, node: str, stream: str) -> list[tuple[int | None, str]]:
     """``holdings_expr``'s output as (offset, id) pairs, in the copy's order."""
-    for line in out.splitlines():
-        if line.startswith("["):
-            try:
-                return [(int(o), str(i)) for o, i in json.loads(line)]
-            except (ValueError, TypeError):
-                break
-    raise ClusterError(f"{node}: no holdings for stream {stream!r}: {out.strip()[-200:]}")
+    entries = _json_list(out, "holdings", node, stream)
+    try:
+        return [(int(o), str(i)) for o, i in entries]
+    except (ValueError, TypeError):
+        raise ClusterError(f"{node}: no holdings for stream {stream!r}: {out.strip()[-200:]}") from None
 
 
 def replication_ports(index: int) -> range:
@@ -131,7 +137,8 @@ class RabbitMQStream(RabbitMQ):
     capabilities = RabbitMQ.capabilities - {"mirroring"}
 
     def message_file_roles(self, settings: Any) -> tuple[str, ...]:
-        """The stream's files, whatever the settings: a stream row runs no other queue."""
+        """The stream's files, whatever the settings (RabbitMQ's own pick is by queue type): a
+        stream row runs no other queue."""
         return tuple(sorted(self.data_files))
 
     features = ()
