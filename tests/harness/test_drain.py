@@ -20,7 +20,8 @@ from tests.harness.test_workload import MemoryDriver
 
 class StreamReader:
     """A drain over in-process copies: ``held[node]`` is what a visit to that node acks; a node
-    in ``replicas`` refuses reads (a replica), one in ``down`` cannot be reached."""
+    in ``replicas`` refuses reads (a replica), one in ``down`` cannot be reached, one in
+    ``gone`` answers that the cluster holds no such queue."""
 
     def __init__(
         self,
@@ -30,10 +31,11 @@ class StreamReader:
         held: dict[str, list[str]],
         replicas: set[str] = frozenset(),  # type: ignore[assignment]
         down: set[str] = frozenset(),  # type: ignore[assignment]
+        gone: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self.recorder, self.process, self.queue = recorder, process, queue
         self.held = held
-        self.replicas, self.down = replicas, down
+        self.replicas, self.down, self.gone = replicas, down, gone
         self.consumed = 0
         self.seen: dict[str, dict[str, Any]] = {
             n: {"consumed": 0, "ready": None, "unacked": None, "empty_at_ns": None, "error": None}
@@ -47,6 +49,8 @@ class StreamReader:
             return False
         if node in self.replicas:
             return NoCopy("READONLY You can't write against a read only replica")
+        if node in self.gone:
+            return NoCopy("no such queue", gone=True)
         while self.held[node]:
             msg_id = self.held[node].pop(0)
             self.recorder.invoke(self.process, "consume", node=node, queue=self.queue).ok(msg_id)
@@ -115,6 +119,50 @@ def test_a_node_that_cannot_be_reached_keeps_the_drain_going_until_the_time_runs
     rounds = json.loads(op["value"])["rounds"]
     assert rounds[0]["empty"] == ["n1"] and rounds[0]["errors"] == {"n2": "connect: refused"}
     assert "no_copy" not in json.loads(op["value"])
+
+
+def test_a_round_in_which_every_node_says_the_queue_does_not_exist_ends_the_drain_gone(
+    tmp_path: Path,
+) -> None:
+    """The cluster answers through every node that the queue does not exist: nothing is left to
+    read, so the drain is complete (what was confirmed and not consumed is lost), and its value
+    says the queue is gone, so the checkers do not take it for the queue answering."""
+    rec = Recorder(tmp_path / "h.jsonl")
+    reader = StreamReader(rec, "d1", "q", {"n1": [], "n2": [], "n3": []}, gone={"n1", "n2", "n3"})
+    assert asyncio.run(run_drain(reader, rec, "d1", "q", ["n1", "n2", "n3"], timeout=30, pause=0.0)) == 0
+    rec.close()
+    op = drain_op(tmp_path / "h.jsonl")
+    assert op["type"] == "ok"
+    value = json.loads(op["value"])
+    assert value["gone"] == dict.fromkeys(("n1", "n2", "n3"), "no such queue")
+    assert "no_copy" not in value
+    [only] = value["rounds"]
+    assert only["empty"] == [] and only["gone"] == ["n1", "n2", "n3"]
+
+
+def test_a_round_in_which_only_some_nodes_say_the_queue_does_not_exist_is_unfinished(tmp_path: Path) -> None:
+    """Gone on two nodes, the third down: what the third holds is not known, so the drain is
+    unfinished (its messages unreachable), round after round until the time runs out; gone on
+    two and empty on the third is no empty round either (the answers disagree), nor gone on one
+    beside replicas that hold no copy."""
+    for held, kinds in (
+        ({"n1": [], "n2": [], "n3": []}, {"gone": {"n1", "n2"}, "down": {"n3"}}),
+        ({"n1": [], "n2": [], "n3": []}, {"gone": {"n1", "n2"}}),
+        ({"n1": [], "n2": []}, {"gone": {"n1"}, "replicas": {"n2"}}),
+    ):
+        path = tmp_path / f"{len(held)}-{'-'.join(sorted(kinds))}.jsonl"
+        rec = Recorder(path)
+        reader = StreamReader(rec, "d1", "q", held, **kinds)  # type: ignore[arg-type]
+        with pytest.raises(DrainUnfinished) as info:
+            asyncio.run(run_drain(reader, rec, "d1", "q", list(held), timeout=0.3, pause=0.01))
+        rec.close()
+        op = drain_op(path)
+        assert op["type"] == "info"
+        assert "n1: the cluster says the queue does not exist (no such queue)" in info.value.args[0]
+        value = json.loads(op["value"])
+        assert value["gone"] == {n: "no such queue" for n in sorted(kinds["gone"])}
+        assert len(value["rounds"]) > 1 and all(r["gone"] == sorted(kinds["gone"]) for r in value["rounds"])
+    assert "n3: connect: refused" in drain_op(tmp_path / "3-down-gone.jsonl")["error"]
 
 
 class ReaderDriver(MemoryDriver):
