@@ -229,18 +229,22 @@ class NodeDrain(Generic[V]):
     ) -> bool | NoCopy:
         """Connect, ``read`` until the node is empty within the drain's time ``left()``, count the
         session's acks and close. A failure is the node's ``error`` and the answer False:
-        ``errors`` connecting, ``read_errors`` (default ``errors``) reading, or the time out."""
+        ``errors`` connecting, ``read_errors`` (default ``errors``) reading, or the time out.
+        Only the drain's own time running out is named so: a client library's timeout (often a
+        ``TimeoutError`` too) raised inside ``read`` is that node's error, said as it was."""
         try:
             conn = await connect()
         except errors as exc:
             view.error = f"connect: {reason(exc)}"
             return False
         reading, caught = session(conn), errors if read_errors is None else read_errors
+        budget = asyncio.timeout(max(0.1, left()))
         try:
-            async with asyncio.timeout(max(0.1, left())):
+            async with budget:
                 return await read(conn, reading)
-        except TimeoutError:
-            view.error = f"drain_timeout ({drain_timeout:g}s) ran out on this node"
+        except TimeoutError as exc:
+            ran_out = budget.expired()
+            view.error = f"drain_timeout ({drain_timeout:g}s) ran out on this node" if ran_out else reason(exc)
             return False
         except caught as exc:
             view.error = reason(exc)

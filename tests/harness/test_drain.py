@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from harness.drain import run_drain
 from harness.history import Recorder, read_jsonl
 from harness.scenario import WorkloadSection
-from harness.spec.client import DrainUnfinished, NoCopy
+from harness.spec.client import DrainUnfinished, NoCopy, NodeDrain
 from harness.workload import run_workload
 from tests.harness.test_workload import MemoryDriver
 
@@ -190,3 +191,49 @@ def test_the_workload_runs_the_rounds_over_a_drivers_reader(tmp_path: Path) -> N
     assert json.loads(op["value"])["no_copy"] == {
         "n3": "READONLY You can't write against a read only replica"
     }
+
+
+@dataclass
+class _View:
+    consumed: int = 0
+    empty_at_ns: int | None = None
+    error: str | None = None
+
+
+class _Acks:
+    acked = 0
+
+
+def test_a_timeout_inside_a_visit_is_that_nodes_error_not_the_drains_time_running_out() -> None:
+    """A client library's own timeout raised while reading (nats-py's is a ``TimeoutError``) is
+    what the node said; only the drain's time running out is named ``drain_timeout``."""
+
+    async def visit(read: Callable[[], Any], left: float) -> str | None:
+        drain = NodeDrain(["n1"], _View)
+        view = drain.node_views["n1"]
+
+        async def noop(_c: object) -> None:
+            return None
+
+        got = await drain.visit_with(
+            view,
+            lambda: left,
+            connect=lambda: noop(None),
+            session=lambda _c: _Acks(),
+            read=lambda _c, _s: read(),
+            close=noop,
+            errors=(OSError, TimeoutError),
+            drain_timeout=9,
+        )
+        assert got is False
+        return view.error
+
+    async def library_timeout() -> bool:
+        raise TimeoutError("nats: timeout")
+
+    async def forever() -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    assert asyncio.run(visit(library_timeout, 30)) == "TimeoutError: nats: timeout"
+    assert asyncio.run(visit(forever, 0.05)) == "drain_timeout (9s) ran out on this node"
