@@ -244,7 +244,9 @@ class NodeDrain(Generic[V]):
                 return await read(conn, reading)
         except TimeoutError as exc:
             ran_out = budget.expired()
-            view.error = f"drain_timeout ({drain_timeout:g}s) ran out on this node" if ran_out else reason(exc)
+            view.error = (
+                f"drain_timeout ({drain_timeout:g}s) ran out on this node" if ran_out else reason(exc)
+            )
             return False
         except caught as exc:
             view.error = reason(exc)

@@ -499,7 +499,8 @@ class UnavailableQueue(TypedDict):
     )  # the fault step it follows: the last heal's, or the latest to start before `since_ns`
     fault_kind: str | None
     heal_ns: int | None  # that step's heal (None: never healed, or no step)
-    nodes: dict[str, str | None]  # what each node said to the last drain op of the queue (its error, or that the queue does not exist)
+    #: what each node said to the last drain op of the queue: its error, or that the queue does not exist
+    nodes: dict[str, str | None]
     drain_rounds: int | None  # rounds that drain op went through, where it recorded them
     log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
 

@@ -406,11 +406,7 @@ def _recovery(
     demand = h is not None and last_inv is not None and last_inv - h > threshold_ns
     pub = _since(per["publish"].after[i], h)
     drain_ok = _min(
-        [
-            op["end_ns"]
-            for op in drains
-            if answered(op) and h is not None and (op["end_ns"] or -1) >= h
-        ]
+        [op["end_ns"] for op in drains if answered(op) and h is not None and (op["end_ns"] or -1) >= h]
     )
     cons = _since(_min([per["consume"].after[i], drain_ok]), h)
     # Something to consume at or after the heal: a publish confirmed after it, or one confirmed

@@ -146,14 +146,15 @@ def test_a_round_in_which_only_some_nodes_say_the_queue_does_not_exist_is_unfini
     unfinished (its messages unreachable), round after round until the time runs out; gone on
     two and empty on the third is no empty round either (the answers disagree), nor gone on one
     beside replicas that hold no copy."""
-    for held, kinds in (
+    cases: list[tuple[dict[str, list[str]], dict[str, set[str]]]] = [
         ({"n1": [], "n2": [], "n3": []}, {"gone": {"n1", "n2"}, "down": {"n3"}}),
         ({"n1": [], "n2": [], "n3": []}, {"gone": {"n1", "n2"}}),
         ({"n1": [], "n2": []}, {"gone": {"n1"}, "replicas": {"n2"}}),
-    ):
+    ]
+    for held, kinds in cases:
         path = tmp_path / f"{len(held)}-{'-'.join(sorted(kinds))}.jsonl"
         rec = Recorder(path)
-        reader = StreamReader(rec, "d1", "q", held, **kinds)  # type: ignore[arg-type]
+        reader = StreamReader(rec, "d1", "q", held, **kinds)
         with pytest.raises(DrainUnfinished) as info:
             asyncio.run(run_drain(reader, rec, "d1", "q", list(held), timeout=0.3, pause=0.01))
         rec.close()
