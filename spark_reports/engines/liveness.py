@@ -315,9 +315,10 @@ class _Live:
         was back, so publish cannot be said never to have come back. A drain that completed after
         ``b`` is such an answer too, even when it read nothing (every node reported the queue
         empty), but not one that completed because every node said the queue does not exist
-        (``DrainOp.gone``: the queue is gone, not back). A kind failing while another kind is served is a partial outage of its own and
-        stays; served counts from the last heal that began inside the window (before it, the fault
-        explains the failures, and the consumers finishing what was confirmed before it answer nothing)."""
+        (``DrainOp.gone``: the queue is gone, not back). A kind failing while another kind is
+        served is a partial outage of its own and stays; served counts from the last heal that
+        began inside the window (before it, the fault explains the failures, and the consumers
+        finishing what was confirmed before it answer nothing)."""
         others = [j for j in KINDS if j != k]
         since = max((h for h in self.heals if h is not None and a <= h <= b), default=a)
         quiet = not any(self.served(q, j, since, b) for j in others)
