@@ -457,43 +457,7 @@ class Battery:
             for op in r.history()
             if op["f"] == "publish" and op["type"] == "ok" and op["time_ns"] > healed_at
         )
-        drain = r.results.get("drain", {})
-        lost = r.results.get("counts", {}).get("lost", 0)
-        rows = []
-        if not drain.get("completed"):
-            # The drain runs after the heal: a broker that recovered serves it.
-            rows.append(
-                Check(
-                    name,
-                    FAIL,
-                    f"the final drain after the heal did not complete ({r.run_dir})",
-                    "after the heal the broker must become ready and serve consumers again",
-                )
-            )
-        elif lost and not probe.may_lose:
-            rows.append(
-                Check(
-                    name,
-                    FAIL,
-                    f"{lost} confirmed messages lost ({r.run_dir})",
-                    f"under {kind} the disk keeps every write: the broker confirmed before writing, "
-                    "or does not restart on its data_dir",
-                )
-            )
-        else:
-            note = (
-                f", {lost} confirmed lost (durability under power loss is for chaos tests to judge)"
-                if lost
-                else ""
-            )
-            rows.append(
-                Check(
-                    name,
-                    PASS,
-                    f"drain after the heal complete, {after} publishes confirmed between "
-                    f"the heal and the end of the workload{note}",
-                )
-            )
+        rows = [recovery_check(name, kind, r.results, after, may_lose=probe.may_lose, run_dir=r.run_dir)]
         if "lazyfs" in self.host.registry.faults[kind].needs:
             rows.append(lazyfs_held_data(kind, applied[0], self.plugin.data_dir))
         rows.append(self._bit(kind, r.results))
@@ -547,6 +511,48 @@ class Battery:
                 if f.is_file() and (f.name == "broker.log" or "logs" in f.relative_to(d).parts)
             )
         return refusal_check(kind, ops, logs, path)
+
+
+def recovery_check(
+    name: str, kind: str, results: Mapping[str, Any], after: int, *, may_lose: bool, run_dir: object
+) -> Check:
+    """Whether the broker recovered from a fault probe: its final drain after the heal completed
+    (a broker that recovered serves it), and not because every node said the queue does not exist
+    (a queue the cluster lost whole did not come back: ``DrainOp.gone``), and lost nothing unless
+    the probe may lose (power loss without a sync promise)."""
+    drain = results.get("drain", {})
+    lost = results.get("counts", {}).get("lost", 0)
+    if any(op.get("gone") for op in drain.get("ops") or ()):
+        return Check(
+            name,
+            FAIL,
+            f"the final drain after the heal found the queue gone: the cluster says it does not exist ({run_dir})",
+            "after the heal the broker must serve the queue again, not lose it whole",
+        )
+    if not drain.get("completed"):
+        # The drain runs after the heal: a broker that recovered serves it.
+        return Check(
+            name,
+            FAIL,
+            f"the final drain after the heal did not complete ({run_dir})",
+            "after the heal the broker must become ready and serve consumers again",
+        )
+    if lost and not may_lose:
+        return Check(
+            name,
+            FAIL,
+            f"{lost} confirmed messages lost ({run_dir})",
+            f"under {kind} the disk keeps every write: the broker confirmed before writing, "
+            "or does not restart on its data_dir",
+        )
+    note = (
+        f", {lost} confirmed lost (durability under power loss is for chaos tests to judge)" if lost else ""
+    )
+    return Check(
+        name,
+        PASS,
+        f"drain after the heal complete, {after} publishes confirmed between the heal and the end of the workload{note}",
+    )
 
 
 def lazyfs_held_data(kind: str, op: dict[str, Any], data_dir: str) -> Check:

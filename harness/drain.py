@@ -9,6 +9,14 @@ reads empty with nothing new consumed (``harness.spec.client.drain_rounds``), or
 why. A node whose visit says it holds no copy to drain (``NoCopy``: a replica that refuses
 consumes) is named under ``no_copy`` in the value and in each round, and is never counted as
 empty: a round in which no node served reads is not an empty one.
+
+A node whose visit says the cluster answered that the queue does not exist (``NoCopy`` with
+``gone``) is named under ``gone`` instead. A round in which every node answered so (and nothing
+new was consumed) ends the drain ``ok`` with ``gone`` in its value: the cluster itself says
+there is nothing left to read, so what was confirmed and never consumed is lost, not
+unreachable; the checkers do not count such a drain as the queue answering (it never came
+back). A round in which only some nodes answered so (the others empty, erroring or holding
+no copy) is not an empty one, and the rounds go on as for any node that did not report empty.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ from harness.spec.history import Recorder
 @dataclass(frozen=True)
 class DrainEnd:
     """How a drain's rounds ended: ``empty`` when one full round found every node empty and
-    consumed nothing new; otherwise ``unreached`` holds the nodes the last round did not get
-    to before the time ran out."""
+    consumed nothing new, or every node answered that the queue does not exist (then ``gone``
+    too); otherwise ``unreached`` holds the nodes the last round did not get to before the
+    time ran out."""
 
     empty: bool
     unreached: tuple[str, ...] = ()
+    gone: bool = False
 
     def why(self, queue: str, timeout: float, errors: Mapping[str, str | None]) -> str:
         """The one line an unfinished drain records: every node's error, and every node the
@@ -81,11 +91,14 @@ async def drain_rounds(
     (``NoCopy``: left out of the rule, but a round in which no node at all served reads is not
     an empty one); ``on_round`` hears after each round (also one the time cut short) which
     nodes reported empty, so the drain can record every round: a queue that does not answer is
-    tried again round after round, and one that comes back late within the time is drained then."""
+    tried again round after round, and one that comes back late within the time is drained then.
+    A round in which every node answered that the queue does not exist (``NoCopy.gone``) and
+    nothing new was consumed ends the rounds ``gone``; one in which only some did is not empty."""
     while True:
         before = consumed()
         every_empty = True
         empty: list[str] = []
+        gone = 0
         for i, node in enumerate(nodes):
             if left() <= 0:
                 if on_round is not None:
@@ -93,6 +106,8 @@ async def drain_rounds(
                 return DrainEnd(False, tuple(nodes[i:]))
             got = await visit(node)
             if isinstance(got, NoCopy):
+                gone += got.gone
+                every_empty = every_empty and not got.gone
                 continue
             if got:
                 empty.append(node)
@@ -100,6 +115,8 @@ async def drain_rounds(
                 every_empty = False
         if on_round is not None:
             on_round(empty)
+        if gone and gone == len(nodes) and consumed() == before:
+            return DrainEnd(True, gone=True)
         if every_empty and empty and consumed() == before:
             return DrainEnd(True)
         if left() <= 0:
@@ -128,30 +145,33 @@ async def run_drain(
     deadline = loop.time() + timeout
     rounds: list[dict[str, Any]] = []
     no_copy: dict[str, str] = {}
+    gone: dict[str, str] = {}  # the nodes whose last answer was that the queue does not exist
 
     def left() -> float:
         return deadline - loop.time()
 
     async def visit(node: str) -> bool | NoCopy:
         got = await reader.visit(node, left)
+        no_copy.pop(node, None)
+        gone.pop(node, None)
         if isinstance(got, NoCopy):
-            no_copy[node] = got.why
-        else:
-            no_copy.pop(node, None)
+            (gone if got.gone else no_copy)[node] = got.why
         return got
 
     def on_round(empty: list[str]) -> None:
         add_round(rounds, recorder.now_ns(), reader.consumed, empty, errors())
-        if no_copy:
-            rounds[-1]["no_copy"] = sorted(no_copy)
+        for key, named in (("no_copy", no_copy), ("gone", gone)):
+            if named:
+                rounds[-1][key] = sorted(named)
 
     def errors() -> dict[str, str | None]:
         return {n: v.get("error") for n, v in reader.views().items()}
 
     def value() -> dict[str, Any]:
         out = {"consumed": reader.consumed, "nodes": reader.views(), "rounds": rounds}
-        if no_copy:
-            out["no_copy"] = dict(no_copy)
+        for key, named in (("no_copy", no_copy), ("gone", gone)):
+            if named:
+                out[key] = dict(named)
         return out
 
     inv = recorder.invoke(process, "drain", queue=queue)
@@ -168,8 +188,10 @@ async def run_drain(
     seen = errors()
     for node, why in no_copy.items():
         seen[node] = seen.get(node) or f"holds no copy to drain ({why})"
+    for node, why in gone.items():
+        seen[node] = seen.get(node) or f"the cluster says the queue does not exist ({why})"
     why = end.why(queue, timeout, seen)
-    if no_copy and len(no_copy) == len(nodes):
+    if (no_copy or gone) and len(no_copy) + len(gone) == len(nodes):
         why += "; no node served reads of it"
     inv.info(why, {**(await reader.extra()), **value()})
     raise DrainUnfinished(reader.consumed, why)

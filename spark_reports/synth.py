@@ -213,11 +213,15 @@ class HistoryBuilder:
         consumed: int = 0,
         nodes: dict[str, dict] | None = None,
         error: str | None = None,
+        gone: dict[str, str] | None = None,
     ) -> None:
-        """The drain's completion; nodes: per node what the drainer saw (contract item 4)."""
+        """The drain's completion; nodes: per node what the drainer saw (contract item 4); gone:
+        the nodes that answered that the queue does not exist, with what they said."""
         value: dict[str, Any] = {"consumed": consumed}
         if nodes is not None:
             value["nodes"] = nodes
+        if gone is not None:
+            value["gone"] = gone
         self.op(
             drainer,
             outcome,
@@ -264,11 +268,14 @@ class HistoryBuilder:
         queue: str | None = "q",
         nodes: dict[str, dict] | None = None,
         outcome: str = "ok",
+        gone: dict[str, str] | None = None,
     ) -> None:
         """A whole drain op; complete=False leaves it without a completion."""
         self.drain_invoke(drainer=drainer, queue=queue)
         if complete:
-            self.drain_done(drainer=drainer, queue=queue, outcome=outcome, consumed=consumed, nodes=nodes)
+            self.drain_done(
+                drainer=drainer, queue=queue, outcome=outcome, consumed=consumed, nodes=nodes, gone=gone
+            )
 
     def holdings(
         self,

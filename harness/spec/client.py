@@ -114,17 +114,30 @@ class NoCopy:
     """A drain visit's answer for a node that cannot serve reads of the queue (a replica that
     refuses consumes, a node that only forwards): it holds no copy the drain could empty, so
     the stop rule leaves it out. ``why`` says what the node answered. What such a node holds is
-    still evidence: ``BrokerPlugin.node_holdings`` reports it after the drain."""
+    still evidence: ``BrokerPlugin.node_holdings`` reports it after the drain.
+
+    ``gone``: the answer came from the cluster, not from this node's own copy: the cluster says
+    the queue does not exist (a metadata layer that lists no such queue, answered the same through
+    any node). Other nodes may hold a copy while this one holds none; a queue that does not exist
+    is held by none. A drain round in which every node answers so ends the drain complete with
+    the queue gone (``harness.drain``): what was confirmed and never consumed is lost, and the
+    checkers do not count that drain as the queue answering (it did not come back). A flag, not
+    a class of its own, because such a node is still one that holds no copy to drain: every
+    reader and the stop rule that handle ``NoCopy`` stay right, and only the end rule looks at
+    ``gone``. Say ``gone`` only for an answer the whole cluster gives (never for one node's
+    missing replica, a refused connection or a timeout, which say nothing about the others)."""
 
     why: str
+    gone: bool = False
 
 
 class DrainReader(Protocol):
     """One queue's final drain as a driver reads it: one node per visit. The harness visits every
     node in turn, round after round, until one full round finds every node that serves reads
-    empty with nothing new consumed, or ``workload.drain_timeout`` runs out (``harness.drain``),
-    and records the ``drain`` op (``harness.spec.history``) with value ``{"consumed": n,
-    "nodes": views(), "rounds": [...], **await extra()}``."""
+    empty with nothing new consumed, or every node answers that the queue does not exist
+    (``NoCopy.gone``), or ``workload.drain_timeout`` runs out (``harness.drain``), and records
+    the ``drain`` op (``harness.spec.history``) with value ``{"consumed": n, "nodes": views(),
+    "rounds": [...], **await extra()}``."""
 
     #: Acks the drain completed ``ok`` so far, over every visit.
     consumed: int
@@ -133,7 +146,10 @@ class DrainReader(Protocol):
         """Drain through ``node``: read and ack until it is idle, then ask it (the broker's own
         depth, ``queue_depth``) whether the queue is empty. True: empty; False: not (or the
         visit failed: the node's view keeps the error); ``NoCopy``: the node cannot serve
-        reads of it. ``left()`` is the drain's time left in seconds: stop before it runs out."""
+        reads of it (``NoCopy(why, gone=True)``: the cluster says the queue does not exist).
+        ``left()`` is the drain's time left in seconds: stop before it runs out, and end a
+        visit that makes no progress with False and an error rather than spend the whole time
+        on one node, so the rounds go on to the others."""
         ...
 
     def views(self) -> dict[str, dict[str, Any]]:
@@ -213,18 +229,24 @@ class NodeDrain(Generic[V]):
     ) -> bool | NoCopy:
         """Connect, ``read`` until the node is empty within the drain's time ``left()``, count the
         session's acks and close. A failure is the node's ``error`` and the answer False:
-        ``errors`` connecting, ``read_errors`` (default ``errors``) reading, or the time out."""
+        ``errors`` connecting, ``read_errors`` (default ``errors``) reading, or the time out.
+        Only the drain's own time running out is named so: a client library's timeout (often a
+        ``TimeoutError`` too) raised inside ``read`` is that node's error, said as it was."""
         try:
             conn = await connect()
         except errors as exc:
             view.error = f"connect: {reason(exc)}"
             return False
         reading, caught = session(conn), errors if read_errors is None else read_errors
+        budget = asyncio.timeout(max(0.1, left()))
         try:
-            async with asyncio.timeout(max(0.1, left())):
+            async with budget:
                 return await read(conn, reading)
-        except TimeoutError:
-            view.error = f"drain_timeout ({drain_timeout:g}s) ran out on this node"
+        except TimeoutError as exc:
+            ran_out = budget.expired()
+            view.error = (
+                f"drain_timeout ({drain_timeout:g}s) ran out on this node" if ran_out else reason(exc)
+            )
             return False
         except caught as exc:
             view.error = reason(exc)

@@ -55,7 +55,12 @@ Every invoke has exactly one completion by the same process. Client operations:
   ``ok`` only if every node reported the queue empty (ready and unacked) and stayed
   idle, ``info`` if the drain could not finish. A stream's driver adds what it can tell of
   the stream (``DrainReader.extra``): each server's own view under ``replicas``, and
-  ``"offsets": "sparse"`` when its offsets are sparse (below).
+  ``"offsets": "sparse"`` when its offsets are sparse (below). ``no_copy`` (``{node: why}``)
+  names the nodes whose last answer was that they hold no copy to drain (left out of the
+  rule; ``harness.spec.client.NoCopy``), and ``gone`` those whose last answer was the cluster
+  saying the queue does not exist (``NoCopy.gone``); each round lists both by name. A drain
+  ``ok`` with ``gone`` ended because every node answered so in one round: complete (what was
+  confirmed and never consumed is lost), but no sign the queue came back.
 - ``depth``: one per look the drain takes at a node's queue depth (added in schema 2, so
   older histories lack it): invoke by the drainer when it asks the broker plugin
   (``node``, ``queue``); ``ok`` with ``value`` = ``{"ready": n, "unacked": n or null,

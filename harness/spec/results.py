@@ -362,6 +362,11 @@ class DrainOp(TypedDict):
     nodes: dict[str, dict]  # node -> {consumed, ready, unacked, empty_at_ns, error} as the drainer saw it
     rounds: list[DrainRound]  # every round it went through, where the drainer recorded them
     end_ns: int | None  # time of its completion
+    #: node -> what it answered, when the op ended ok because every node answered that the
+    #: queue does not exist (``gone`` in its value, ``harness.spec.client.NoCopy``), else empty:
+    #: a complete drain (the confirmed messages it did not consume are lost) that is no answer
+    #: of the queue's (liveness does not count it as the queue coming back)
+    gone: dict[str, str]
 
 
 class Drain(TypedDict):
@@ -494,7 +499,8 @@ class UnavailableQueue(TypedDict):
     )  # the fault step it follows: the last heal's, or the latest to start before `since_ns`
     fault_kind: str | None
     heal_ns: int | None  # that step's heal (None: never healed, or no step)
-    nodes: dict[str, str | None]  # what each node said to the last drain op of the queue (its error)
+    #: what each node said to the last drain op of the queue: its error, or that the queue does not exist
+    nodes: dict[str, str | None]
     drain_rounds: int | None  # rounds that drain op went through, where it recorded them
     log: list[str]  # lines of the nodes' logs that name the queue (filled in after teardown)
 

@@ -413,14 +413,24 @@ class _Session:
         self.acked = 0
         self.last_delivery = self.loop.time()
 
-    async def run(self, stop: asyncio.Event | None, *, rotate_after: float | None = ROTATE_AFTER) -> str:
-        """Fetch and settle until ``stop``, a failure, or (with ``rotate_after``) nothing for that long."""
+    async def run(
+        self,
+        stop: asyncio.Event | None,
+        *,
+        rotate_after: float | None = ROTATE_AFTER,
+        until: Callable[[], bool] | None = None,
+    ) -> str:
+        """Fetch and settle until ``stop``, a failure, (with ``rotate_after``) nothing for that
+        long, or (with ``until``) ``until()`` says to stop ("idle"): deliveries that keep coming
+        without an ack that completes would otherwise keep a drain's visit here for good."""
         try:
             sub = await self.conn.js.pull_subscribe_bind(durable=CONSUMER, stream=self.queue)
         except BROKER_ERRORS:
             return "lost"
         batch = max(1, min(self.d.w.prefetch or 64, 256))
         while stop is None or not stop.is_set():
+            if until is not None and until():
+                return "idle"
             try:
                 msgs = await sub.fetch(batch, timeout=FETCH_WAIT)
             except nats.errors.TimeoutError:
@@ -546,12 +556,17 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
         )
 
     async def _until_empty(self, conn: _Conn, session: _Session, view: NodeView) -> bool | NoCopy:
-        patience_from, acked_then = self.loop.time(), session.acked
+        """Fetch and ack through ``conn`` until the consumer is empty. Every way round the loop
+        (a fetch, a look, a consumer made again) answers to one patience rule: no new ack for
+        that long ends the visit with an error saying what it last saw, so a node that makes no
+        progress (a consumer that is gone again at every look, deliveries that never ack) costs
+        one patience, not the whole drain_timeout, and the rounds go on to the other nodes."""
+        patience = _Patience(self.loop, session, max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5))
         while True:
             idle_from = self.loop.time()
-            while self.loop.time() - idle_from < self.d.w.drain_idle:
+            while self.loop.time() - idle_from < self.d.w.drain_idle and not patience.out():
                 before = session.acked
-                outcome = await session.run(None, rotate_after=None)
+                outcome = await session.run(None, rotate_after=None, until=patience.out)
                 if outcome == "lost":
                     # nats-server 2.15 refuses to bind a consumer on a stream it no longer holds
                     # (2.9 let the fetch time out): the cluster may have lost the stream itself.
@@ -569,6 +584,12 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
                     return self._no_stream(view)
                 if exc.err_code != CONSUMER_NOT_FOUND:
                     raise
+                if patience.out():
+                    view.error = (
+                        f"no new ack for {patience.limit:g}s: the consumer was gone at each look "
+                        f"(made again {view.consumers_created} times)"
+                    )
+                    return False
                 # The stream is there, its consumer is not (its state was lost): read the stream
                 # again from the start through a new one, as the drain must read all that is left.
                 await self.d.create_consumer(conn, self.queue)
@@ -584,9 +605,7 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
                 view.local = list(local) if isinstance(local, tuple) else None
             if view.ready == 0 and view.unacked == 0:
                 return self.emptied(view, self.d.recorder.now_ns())
-            if session.acked > acked_then:
-                patience_from, acked_then = self.loop.time(), session.acked
-            elif self.loop.time() - patience_from > max(10.0, 4 * self.d.w.drain_idle, self.d.ack_wait + 5):
+            if patience.out():
                 view.error = f"not empty without a new ack (pending {view.ready}, ack pending {view.unacked})"
                 return False
 
@@ -603,10 +622,27 @@ class _Drain(DriverDrain["NatsDriver", NodeView]):
 
     def _no_stream(self, view: NodeView) -> NoCopy:
         """The cluster holds no such stream (a cut of every replica can take it whole): nothing
-        to read through this node, but not an empty stream either. A drain that finds it so on
-        every node never ends ok: the stream did not come back, and the run says so."""
-        view.ready, view.unacked, view.missing = 0, 0, "stream"
-        return NoCopy("the cluster holds no such stream (JetStream: stream not found)")
+        to read, through this node or any. JetStream answers "stream not found" (10059) from its
+        meta leader's assignments (a clustered server without the assignment stays silent and
+        leaves the answer to the leader), so the answer is the cluster's, not this server's:
+        ``NoCopy`` with ``gone``. A round in which every node answers so ends the drain with the
+        stream gone: its confirmed, unconsumed messages lost, and no sign it came back."""
+        view.ready, view.unacked, view.missing, view.error = 0, 0, "stream", None
+        return NoCopy("the cluster holds no such stream (JetStream: stream not found)", gone=True)
+
+
+class _Patience:
+    """How long a drain visit may go without a new ack (``limit`` seconds) before it ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, session: _Session, limit: float) -> None:
+        self.loop, self.session, self.limit = loop, session, limit
+        self.acked, self.since = session.acked, loop.time()
+
+    def out(self) -> bool:
+        """Whether ``limit`` seconds have gone by since the last new ack (or the start)."""
+        if self.session.acked > self.acked:
+            self.acked, self.since = self.session.acked, self.loop.time()
+        return self.loop.time() - self.since > self.limit
 
 
 @hookimpl

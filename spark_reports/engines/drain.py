@@ -67,6 +67,7 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
                 nodes={},
                 rounds=[],
                 end_ns=None,
+                gone={},
             )
             ops.append(op)
             open_ops.setdefault(key, []).append((r["index"], op))
@@ -84,6 +85,8 @@ def drain_ops(drain_rows: list[dict]) -> tuple[list[DrainOp], list[DrainSpan]]:
         op["consumed"] = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
         op["nodes"] = {str(n): _node_view(v) for n, v in sorted(nodes.items())}
         op["end_ns"] = r["time_ns"]
+        gone = value.get("gone") if op["outcome"] == "ok" else None
+        op["gone"] = {str(n): str(w) for n, w in sorted(gone.items())} if isinstance(gone, dict) else {}
         rounds = value.get("rounds")
         op["rounds"] = [_round(x) for x in rounds if isinstance(x, dict)] if isinstance(rounds, list) else []
         for n, v in op["nodes"].items():

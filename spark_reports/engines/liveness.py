@@ -241,9 +241,10 @@ class _Live:
         ops = self.drains.get(q, [])
         drain_ends = [op["end_ns"] for op in ops if op["end_ns"] is not None]
         last_publish = last_pub if q in self.facts.publish else per["publish"].last
-        if ops and ops[-1]["outcome"] == "ok":
+        if ops and answered(ops[-1]):
             # The drain emptied the queue: past the last publish and the last consume nothing was
-            # left to consume, and an idle queue is not an unavailable one.
+            # left to consume, and an idle queue is not an unavailable one (a queue the cluster
+            # says does not exist is no idle queue: its consume span runs to the drain's end).
             consume_end = max(
                 [x for x in (last_publish, per["consume"].last) if x is not None], default=start
             )
@@ -313,14 +314,16 @@ class _Live:
         workload while a restarted node was still booting were never seen failing on a queue that
         was back, so publish cannot be said never to have come back. A drain that completed after
         ``b`` is such an answer too, even when it read nothing (every node reported the queue
-        empty). A kind failing while another kind is served is a partial outage of its own and
-        stays; served counts from the last heal that began inside the window (before it, the fault
-        explains the failures, and the consumers finishing what was confirmed before it answer nothing)."""
+        empty), but not one that completed because every node said the queue does not exist
+        (``DrainOp.gone``: the queue is gone, not back). A kind failing while another kind is
+        served is a partial outage of its own and stays; served counts from the last heal that
+        began inside the window (before it, the fault explains the failures, and the consumers
+        finishing what was confirmed before it answer nothing)."""
         others = [j for j in KINDS if j != k]
         since = max((h for h in self.heals if h is not None and a <= h <= b), default=a)
         quiet = not any(self.served(q, j, since, b) for j in others)
         ops = self.drains.get(q, [])
-        drained = bool(ops) and ops[-1]["outcome"] == "ok" and (ops[-1]["end_ns"] or -1) > b
+        drained = bool(ops) and answered(ops[-1]) and (ops[-1]["end_ns"] or -1) > b
         return quiet and (drained or any((self.per_queue[q][j].last or -1) > b for j in others))
 
     def gone_after_last_heal(
@@ -380,7 +383,7 @@ class _Live:
             fault_id=step["fault_id"] if step else None,
             fault_kind=step["kind"] if step else None,
             heal_ns=step["heal_start_ns"] if step and step["healed"] else None,
-            nodes={n: v.get("error") for n, v in last_op["nodes"].items()} if last_op else {},
+            nodes=_said(last_op) if last_op else {},
             drain_rounds=len(last_op["rounds"]) if last_op and last_op["rounds"] else None,
             log=[],
         )
@@ -404,11 +407,7 @@ def _recovery(
     demand = h is not None and last_inv is not None and last_inv - h > threshold_ns
     pub = _since(per["publish"].after[i], h)
     drain_ok = _min(
-        [
-            op["end_ns"]
-            for op in drains
-            if op["outcome"] == "ok" and h is not None and (op["end_ns"] or -1) >= h
-        ]
+        [op["end_ns"] for op in drains if answered(op) and h is not None and (op["end_ns"] or -1) >= h]
     )
     cons = _since(_min([per["consume"].after[i], drain_ok]), h)
     # Something to consume at or after the heal: a publish confirmed after it, or one confirmed
@@ -457,6 +456,21 @@ def _recovery(
             for n in node_names
         ],
     )
+
+
+def answered(op: DrainOp) -> bool:
+    """Whether a drain op is the queue's answer: it completed, and not because every node said the
+    queue does not exist (``DrainOp.gone``)."""
+    return op["outcome"] == "ok" and not op["gone"]
+
+
+def _said(op: DrainOp) -> dict[str, str | None]:
+    """What each node said to a drain op: its error, or that the queue does not exist."""
+    gone = op["gone"]
+    return {
+        n: v.get("error") or (f"the queue does not exist ({gone[n]})" if n in gone else None)
+        for n, v in op["nodes"].items()
+    }
 
 
 def describe_unavailable(u: UnavailableQueue, unreachable: int) -> str:

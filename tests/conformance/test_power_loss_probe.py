@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from faults.lazyfs.model import LazyState
-from harness.conformance import FAIL, PASS, lazyfs_held_data
+from harness.conformance import FAIL, PASS, lazyfs_held_data, recovery_check
 
 
 def op_with(lazyfs: dict[str, Any]) -> dict[str, Any]:
@@ -45,3 +45,19 @@ def test_the_lazy_filesystem_counts_what_was_written_through_it_across_syncs_and
         assert report["dropped_bytes"] == 0 and report["written_bytes"] == 120
     finally:
         state.close()
+
+
+def test_a_queue_the_cluster_lost_whole_is_no_recovery_though_its_drain_completed() -> None:
+    """A drain that completed because every node said the queue does not exist (``gone``) lost
+    what it did not read, but the broker did not come back with the queue: the probe fails,
+    where a drain that found the queue empty passes."""
+    op = {"process": "d1", "queue": "chaos-1", "outcome": "ok", "gone": {"n1": "no such stream"}}
+    gone = {"drain": {"completed": True, "ops": [op]}, "counts": {"lost": 3}}
+    check = recovery_check("power-loss: recovers", "power-loss", gone, 0, may_lose=True, run_dir="run")
+    assert check.status == FAIL and "found the queue gone" in check.detail
+    empty = {"drain": {"completed": True, "ops": [{**op, "gone": {}}]}, "counts": {"lost": 3}}
+    check = recovery_check("power-loss: recovers", "power-loss", empty, 9, may_lose=True, run_dir="run")
+    assert check.status == PASS and "3 confirmed lost" in check.detail
+    unfinished = {"drain": {"completed": False, "ops": [{**op, "outcome": "info", "gone": {}}]}}
+    check = recovery_check("power-loss: recovers", "power-loss", unfinished, 0, may_lose=True, run_dir="run")
+    assert check.status == FAIL and "did not complete" in check.detail

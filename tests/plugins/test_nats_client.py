@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 
 from harness.history import Recorder, read_jsonl
@@ -25,7 +27,7 @@ from harness.spec.client import DrainUnfinished
 from harness.spec.history import body_digest, message_body
 from harness.workload import drain_queue
 from plugins.nats import SYSTEM_USER
-from plugins.nats.client import NatsDriver
+from plugins.nats.client import CONSUMER, NatsDriver
 from tests.polling import until, until_async
 from tests.ports import free_ports
 
@@ -218,9 +220,10 @@ def test_no_stream_is_a_failed_publish_and_a_dead_node_is_left(cluster: list[Ser
 
 
 def _unfinished_drain(
-    cluster: list[Server], tmp_path: Path, before: Callable[[NatsDriver], Awaitable[None]]
+    cluster: list[Server], tmp_path: Path, before: Callable[[NatsDriver], Awaitable[None]], timeout: float = 8
 ) -> dict[str, Any]:
-    """The drain's completion after ``before`` broke the queue, with an 8 s drain that must not end ok."""
+    """The drain's completion after ``before`` broke the queue, with a drain of ``timeout``
+    seconds that must not end ok."""
     rec = Recorder(tmp_path / "h.jsonl")
     driver = _driver(cluster, rec, rate=100)
 
@@ -230,7 +233,7 @@ def _unfinished_drain(
         with pytest.raises(DrainUnfinished):
             await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
 
-    driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=8)
+    driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=timeout)
     asyncio.run(scenario())
     rec.close()
     drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
@@ -247,18 +250,96 @@ def test_drain_with_a_node_down_ends_info(cluster: list[Server], tmp_path: Path)
     assert "n3" in _unfinished_drain(cluster, tmp_path, stop_n3)["error"]
 
 
-def test_a_drain_that_finds_no_stream_anywhere_does_not_end_ok(cluster: list[Server], tmp_path: Path) -> None:
-    """A stream the cluster no longer holds (a power cut of every replica can take it whole,
-    NATS 2.15.1's power-loss-all matrix cell) is no empty stream: the drain ends ``info``, so
-    the run says the stream did not come back, rather than ``ok`` as if every node were empty."""
+async def _delete_stream(driver: NatsDriver) -> None:
+    conn = await driver.connect("n1")
+    await conn.js.delete_stream(QUEUE)
+    await conn.close()
 
-    async def delete_stream(driver: NatsDriver) -> None:
+
+NO_STREAM = "the cluster holds no such stream (JetStream: stream not found)"
+
+
+def test_a_drain_that_finds_no_stream_anywhere_ends_with_the_stream_gone(
+    cluster: list[Server], tmp_path: Path
+) -> None:
+    """A stream the cluster no longer holds (a power cut of every replica can take it whole) is
+    no empty stream: JetStream answers "stream not found" through every node, so the drain ends
+    ``ok`` with ``gone`` naming every node (its confirmed, unconsumed messages are lost, and the
+    checkers do not take the drain for the stream answering), not ``no_copy``."""
+    rec = Recorder(tmp_path / "h.jsonl")
+    driver = _driver(cluster, rec, rate=100)
+
+    async def scenario() -> int:
+        await driver.setup([QUEUE])
+        await _delete_stream(driver)
+        return await drain_queue(driver, "d1", QUEUE, driver.nodes, driver.w, driver.recorder)
+
+    driver.w = WorkloadSection(message_size=SIZE, drain_idle=0.5, drain_timeout=8)
+    assert asyncio.run(scenario()) == 0
+    rec.close()
+    drain = [r for r in _history(tmp_path / "h.jsonl") if r["f"] == "drain" and r["type"] != "invoke"]
+    assert [r["type"] for r in drain] == ["ok"]
+    value = json.loads(drain[0]["value"])
+    assert value["gone"] == dict.fromkeys(("n1", "n2", "n3"), NO_STREAM) and "no_copy" not in value
+    assert {n: (v["missing"], v["error"]) for n, v in value["nodes"].items()} == dict.fromkeys(
+        ("n1", "n2", "n3"), ("stream", None)
+    )
+
+
+def test_no_stream_on_some_nodes_and_a_node_down_is_unfinished(cluster: list[Server], tmp_path: Path) -> None:
+    """The same with n3 down: what n3 would answer is not known, so the drain does not end."""
+
+    async def deleted(driver: NatsDriver) -> bool:
+        """The stream deleted through n1 (the delete needs a meta leader among n1 and n2)."""
+        try:
+            conn = await driver.connect("n1")
+        except OSError:
+            return False
+        try:
+            await conn.js.delete_stream(QUEUE)
+            return True
+        except nats.js.errors.NotFoundError:
+            return True  # an earlier try that timed out here was applied
+        except (nats.errors.Error, TimeoutError):
+            return False
+        finally:
+            await conn.close()
+
+    async def stop_n3_and_delete_stream(driver: NatsDriver) -> None:
+        await asyncio.to_thread(cluster[2].stop)
+        await until_async(lambda: deleted(driver), "the stream deleted through n1 without n3")
+
+    drain = _unfinished_drain(cluster, tmp_path, stop_n3_and_delete_stream)
+    assert "n3: connect:" in drain["error"]
+    rounds = json.loads(drain["value"])["rounds"]
+    assert any(r.get("gone") == ["n1", "n2"] and set(r["errors"]) == {"n3"} for r in rounds), rounds
+    assert all(r["empty"] == [] for r in rounds)
+
+
+def test_a_visit_that_makes_no_progress_ends_and_the_drain_goes_on_to_the_next_node(
+    cluster: list[Server], tmp_path: Path
+) -> None:
+    """The stream is there and its consumer is gone again at every look (made again, lost
+    again): the visit used to make it again for good, without the patience rule, and spent the
+    whole drain_timeout on the first node, never reaching the others. It ends after the patience
+    (no new ack for that long) with an error saying why, and the drain visits the next node."""
+
+    async def made_and_lost_at_each_look(driver: NatsDriver) -> None:
         conn = await driver.connect("n1")
-        await conn.js.delete_stream(QUEUE)
+        await conn.js.delete_consumer(QUEUE, CONSUMER)
         await conn.close()
+        made = driver.create_consumer
 
-    drain = _unfinished_drain(cluster, tmp_path, delete_stream)
-    assert "holds no copy to drain (the cluster holds no such stream" in drain["error"]
-    assert set(json.loads(drain["value"])["no_copy"].values()) == {
-        "the cluster holds no such stream (JetStream: stream not found)"
-    }
+        async def made_and_lost(conn: Any, queue: str) -> None:
+            await made(conn, queue)
+            await conn.js.delete_consumer(queue, CONSUMER)
+
+        driver.create_consumer = made_and_lost  # type: ignore[method-assign]
+
+    # The patience is 10 s here (max(10, 4 * drain_idle, ack_wait + 5)): time for two visits.
+    drain = _unfinished_drain(cluster, tmp_path, made_and_lost_at_each_look, timeout=25)
+    value = json.loads(drain["value"])
+    first = value["rounds"][0]["errors"]
+    assert first["n1"].startswith("no new ack for 10s: the consumer was gone at each look (made again")
+    assert value["nodes"]["n1"]["consumers_created"] > 1
+    assert first["n2"].startswith("no new ack for 10s") or "drain_timeout" in first["n2"]  # n2 was reached

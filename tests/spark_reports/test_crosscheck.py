@@ -61,9 +61,10 @@ def plans(draw: st.DrawFn) -> dict:
         for i in range(draw(st.integers(0, 3)))
     ]
     # stuck: the drain ends info with n1 still holding unacked deliveries for no consumer and the
-    # other nodes empty (depth ops); stuck-open: the same, but a consumer connection still open.
+    # other nodes empty (depth ops); stuck-open: the same, but a consumer connection still open;
+    # gone: the drain ends ok because every node answered that the queue does not exist.
     drain = draw(
-        st.sampled_from(["complete", "complete", "info", "incomplete", "none", "stuck", "stuck-open"])
+        st.sampled_from(["complete", "complete", "info", "incomplete", "none", "stuck", "stuck-open", "gone"])
     )
     return {
         "messages": messages,
@@ -213,7 +214,7 @@ def build(plan: dict) -> HistoryBuilder:
         b.depth("n2", 0, 0, clients=clients, queue=DRAIN_QUEUE)
         b.depth("n3", 0, 0, clients=clients, queue=DRAIN_QUEUE)
         b.depth("n1", 0, 4, clients=clients, queue=DRAIN_QUEUE)
-    if plan["drain"] in ("complete", "info", "stuck", "stuck-open"):
+    if plan["drain"] in ("complete", "info", "stuck", "stuck-open", "gone"):
         end = b.t
         nodes = {
             f"n{i + 1}": {
@@ -225,7 +226,12 @@ def build(plan: dict) -> HistoryBuilder:
             }
             for i, x in enumerate(plan["empty_at"])
         }
-        b.drain_done(queue=DRAIN_QUEUE, outcome="ok" if plan["drain"] == "complete" else "info", nodes=nodes)
+        b.drain_done(
+            queue=DRAIN_QUEUE,
+            outcome="ok" if plan["drain"] in ("complete", "gone") else "info",
+            nodes=nodes,
+            gone={n: "no such queue" for n in nodes} if plan["drain"] == "gone" else None,
+        )
     for node, held in plan["holdings"].items():
         if held is not None:
             b.holdings(node, None if held == "info" else held, queue=DRAIN_QUEUE)
@@ -327,7 +333,7 @@ def anomaly_truth(plan: dict, t: dict, rows: list[dict]) -> dict:
     confirmed = {m["id"] for m in plan["messages"] if "ok" in m["outcomes"]}
     got = {r["value"] for r in rows if r["f"] in ("consume", "ack") and r["type"] == "ok"}
     out = dict.fromkeys(("lost_prefix", "lost_middle", "lost_postfix"), 0)
-    if plan["drain"] == "complete":
+    if plan["drain"] in ("complete", "gone"):
         for mid in t["lost"]:
             p, seq = mid.split(":")
             alive = [int(x.split(":")[1]) for x in got if x.split(":")[0] == p]
@@ -440,13 +446,19 @@ def _answered_later(
 ) -> bool:
     """Failing only while the whole queue was quiet (no ok of the other kind from the last heal that
     began inside the window, or from its start), and the queue answered after: an ok of the other
-    kind, or a drain whose last op ended ok (every node reported the queue empty)."""
+    kind, or a drain whose last op ended ok because every node reported the queue empty (not
+    because every node said it does not exist)."""
     drains, heal_starts = answers
     since = max((h for h in heal_starts if a <= h <= b), default=a)
     other = _oks(client, q, "consume" if kind == "publish" else "publish")
-    mine = sorted((r["time_ns"], r["type"]) for r in drains if r["queue"] == q)
-    drained = bool(mine) and mine[-1][1] == "ok" and mine[-1][0] > b
+    mine = sorted((r["time_ns"], _answer(r)) for r in drains if r["queue"] == q)
+    drained = bool(mine) and mine[-1][1] and mine[-1][0] > b
     return not any(since <= x <= b for x in other) and (drained or any(x > b for x in other))
+
+
+def _answer(drain: dict) -> bool:
+    """A drain completion that is the queue's answer: ok, and no node said the queue does not exist."""
+    return drain["type"] == "ok" and not _json(drain["value"]).get("gone")
 
 
 def _heals(plan: dict, nemesis: list[dict]) -> list[tuple[str, str, int]]:
@@ -482,7 +494,7 @@ def _recovery(
 ) -> tuple[dict, list[str], dict[tuple[str, str], tuple[bool, bool]]]:
     """Per heal and queue: whether it recovered, its first publish and consume after the heal, how
     long it took; the pairs over the budget; whether a publish (demand) and a consume were asked."""
-    drain_ok = {q: [r["time_ns"] for r in drains if r["type"] == "ok" and r["queue"] == q] for q in queues}
+    drain_ok = {q: [r["time_ns"] for r in drains if _answer(r) and r["queue"] == q] for q in queues}
     budget = plan["budgets"]["recovery_s"]
     recovery, over = {}, []
     demands: dict[tuple[str, str], tuple[bool, bool]] = {}
@@ -531,7 +543,7 @@ def _gaps(
                 stop = max(r["time_ns"] for r in pubs) if pubs else start
             else:
                 mine = [r for r in drains if r["queue"] == q]
-                if mine and mine[-1]["type"] == "ok":
+                if mine and _answer(mine[-1]):
                     stop = max([r["time_ns"] for r in pubs] + _oks(client, q, "consume"), default=start)
                 else:
                     stop = max(r["time_ns"] for r in mine) if mine else end
@@ -554,7 +566,7 @@ def _gaps(
 
 
 def expected_verdict(plan: dict, t: dict, live: dict, anomalies: dict | None = None) -> tuple:
-    if t["lost"] and plan["drain"] in ("complete", "stuck"):
+    if t["lost"] and plan["drain"] in ("complete", "stuck", "gone"):
         return False, "LOST"  # after a finished drain, or held unacked by no consumer (stuck)
     stream = ("lost_on_node", "inconsistent_offsets", "duplicate", "poll_skip", "nonmonotonic_poll")
     if t["unexpected"] or t["corrupted"] or any((anomalies or {}).get(k) for k in stream):

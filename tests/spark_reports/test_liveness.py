@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spark_reports import check_python
 from spark_reports.synth import HistoryBuilder
 
@@ -187,6 +189,57 @@ def test_producers_that_stop_before_a_cold_start_ends_then_an_empty_drain_are_no
     down = {"consumed": 0, "ready": None, "unacked": None, "error": "connect: refused"}
     b.drain(outcome="info", nodes={"n1": down, "n2": down, "n3": down})
     assert check_python(b.write(tmp_path / "down"), {})["verdict"] == "UNAVAILABLE"
+
+
+GONE = "the cluster holds no such stream"
+
+
+def _gone_stream(gone: dict[str, str] | None) -> HistoryBuilder:
+    """Confirmed messages never consumed, a power cut of every node, publishes refused after the
+    heal, then a drain whose every node answered ``gone`` (or, with None, reported empty)."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20)
+    _workload(b, 5, consume=False, start=50)  # confirmed, never consumed
+    b.fault("f1", "power-loss-coordinated", node=None)
+    b.heal("f1")
+    _workload(b, 60, ok=False, start=200)  # 6 s of refused publishes after the heal
+    b.t += 20 * S
+    empty = {"consumed": 0, "ready": 0, "unacked": 0, "error": None}
+    b.drain(nodes=dict.fromkeys(("n1", "n2", "n3"), empty), gone=gone)
+    return b
+
+
+def test_a_drain_that_ends_because_the_queue_does_not_exist_loses_and_is_no_recovery(tmp_path: Path) -> None:
+    """A power cut of every node took the stream whole, and the drain ends because every node
+    answers that the queue does not exist (``gone`` in its value). The drain is complete, so
+    the confirmed messages nobody consumed are lost (LOST), and it is no answer of the queue's,
+    so the queue never came back (UNAVAILABLE beside it). The same drain without ``gone`` (every
+    node reported the queue empty) is the queue answering: LOST, and no outage."""
+    said = GONE
+    r = check_python(_gone_stream(dict.fromkeys(("n1", "n2", "n3"), said)).write(tmp_path), {})
+    assert (r["verdict"], r["valid"]) == ("LOST", False)
+    assert (r["counts"]["lost"], r["counts"]["unreachable"]) == (5, 0)
+    assert r["drain"]["completed"] and r["drain"]["ops"][0]["gone"] == dict.fromkeys(("n1", "n2", "n3"), said)
+    assert not _after_heal(r)["recovered"] and _after_heal(r)["consume_ok_ns"] is None
+    [u] = r["liveness"]["unavailable"]
+    assert (u["queue"], u["fault_id"]) == ("q", "f1")
+    assert u["nodes"] == dict.fromkeys(("n1", "n2", "n3"), f"the queue does not exist ({said})")
+    assert "; also unavailable: queue q never recovered" in r["reason"]
+
+    r = check_python(_gone_stream(None).write(tmp_path / "empty"), {})
+    assert (r["verdict"], r["counts"]["lost"]) == ("LOST", 5)
+    assert _after_heal(r)["consume_ok_ns"] is not None  # the drain's end, as the queue's answer
+    assert r["liveness"]["unavailable"] == [] and "also unavailable" not in r["reason"]
+
+
+@pytest.mark.spark
+def test_spark_agrees_on_a_drain_that_ends_with_the_queue_gone(tmp_path: Path, spark_engine: Any) -> None:
+    run = _gone_stream(dict.fromkeys(("n1", "n2", "n3"), GONE)).write(tmp_path)
+    expected = dict(check_python(run, {}))
+    got = dict(spark_engine(run, {}))
+    assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
+    assert (got["verdict"], got["counts"]["lost"], len(got["liveness"]["unavailable"])) == ("LOST", 5, 1)
+    assert got == expected
 
 
 def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(tmp_path: Path) -> None:
