@@ -68,7 +68,7 @@ def liveness_lines(results: Mapping[str, Any], width: int) -> list[str]:
     )
     for w in windows[:SHOWN]:
         during = ", ".join(w.get("fault_ids") or []) or "no fault"
-        end = "" if w.get("ended_by_ok") else ", never came back"
+        end = "" if w.get("ended_by_ok") else ", no ok of its kind after it"
         lines.append(
             pad + f"{w['queue']} {w['kind']}: {seconds(w['start_ns'])} to {seconds(w['end_ns'])} "
             f"({seconds(w['duration_ns'])}{end}; during {during})"

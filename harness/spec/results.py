@@ -462,7 +462,7 @@ class UnavailableWindow(TypedDict):
     start_ns: int
     end_ns: int
     duration_ns: int
-    ended_by_ok: bool  # False: it ran to the end of the span (the kind never came back)
+    ended_by_ok: bool  # False: it ran to the end of the span (no ok of its kind after it)
     fault_ids: list[str]  # fault windows it overlaps
 
 

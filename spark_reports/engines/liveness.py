@@ -318,10 +318,11 @@ class _Live:
         (``DrainOp.gone``: the queue is gone, not back). A kind failing while another kind is
         served is a partial outage of its own and stays; served counts from the last heal that
         began inside the window (before it, the fault explains the failures, and the consumers
-        finishing what was confirmed before it answer nothing)."""
+        finishing what was confirmed before it answer nothing), and only past the outage threshold
+        (a delivery of the last confirmed publish a moment after it is not another kind served)."""
         others = [j for j in KINDS if j != k]
         since = max((h for h in self.heals if h is not None and a <= h <= b), default=a)
-        quiet = not any(self.served(q, j, since, b) for j in others)
+        quiet = not any(self.served(q, j, since + self.threshold_ns, b) for j in others)
         ops = self.drains.get(q, [])
         drained = bool(ops) and answered(ops[-1]) and (ops[-1]["end_ns"] or -1) > b
         return quiet and (drained or any((self.per_queue[q][j].last or -1) > b for j in others))

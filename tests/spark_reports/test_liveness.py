@@ -194,6 +194,27 @@ def test_producers_that_stop_before_a_cold_start_ends_then_an_empty_drain_are_no
 GONE = "the cluster holds no such stream"
 
 
+def test_a_stall_after_the_recovery_that_the_drain_ends_is_no_outage_to_the_end(tmp_path: Path) -> None:
+    """A queue that came back after the heal, then stalled for good while the workload ran (NATS
+    2.9.10's minority-paused seed 2: the consumer lost quorum, every publish refused to the
+    end) and answered the drain afterwards. Its last delivery came a moment after its last
+    confirmed publish: that moment is no consume "served while publish failed", so the queue
+    was down whole, and the completed drain is its answer: no queue that never came back."""
+    b = HistoryBuilder(step_ns=STEP)
+    _workload(b, 20)
+    b.fault("f1", "pause", node="n1")
+    b.heal("f1")
+    _workload(b, 20, start=20)  # back after the heal: recovered
+    _workload(b, 60, ok=False, start=100)  # then 6 s and more of refused publishes, nothing read
+    b.t += 20 * S
+    empty = {"consumed": 0, "ready": None, "unacked": None, "error": None}
+    b.drain(nodes={"n1": empty, "n2": empty, "n3": empty})
+    r = check_python(b.write(tmp_path), {})
+    assert _after_heal(r)["recovered"]
+    assert (r["verdict"], r["liveness"]["unavailable"]) == ("durable", [])
+    assert {w["kind"] for w in r["liveness"]["windows"] if not w["ended_by_ok"]} == {"publish", "consume"}
+
+
 def _gone_stream(gone: dict[str, str] | None) -> HistoryBuilder:
     """Confirmed messages never consumed, a power cut of every node, publishes refused after the
     heal, then a drain whose every node answered ``gone`` (or, with None, reported empty)."""
