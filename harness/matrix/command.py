@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
         "--jobs",
         type=int,
         default=execute.default_jobs(),
-        help=f"cells run side by side (default {execute.default_jobs()}: one per two cores)",
+        help=f"cells run side by side (default {execute.default_jobs()}: one per core)",
     )
     m.add_argument(
         "--seed",
