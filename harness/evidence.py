@@ -9,7 +9,7 @@ evidence says. A pure function of the history, so ``brokerchaos analyze`` derive
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ def _action(
             "in_dropped_writes": len(ev.exposed),
             "confirmed_before_cut": None,
             "lost": None,
+            "unreachable": None,
             "ids": list(ev.exposed),
         },
     }
@@ -192,11 +193,16 @@ def after_last_publish(
 
 
 def add_exposure(
-    actions: list[FaultAction], attempted: set[str], confirmed: Mapping[str, int], lost: set[str]
+    actions: list[FaultAction],
+    attempted: set[str],
+    confirmed: Mapping[str, int],
+    lost: set[str],
+    unreachable: Collection[str] = frozenset(),
 ) -> list[str]:
     """Per cut whose dropped writes a plugin mapped to messages: how many of them had been
-    confirmed before the cut (acknowledged but unsynced) and how many of those the checkers
-    found lost. One line per such cut."""
+    confirmed before the cut (acknowledged but unsynced), how many of those the checkers found
+    lost, and how many they could not read because the drain did not complete (unreachable, not
+    known lost). One line per such cut."""
     lines = []
     for a in actions:
         exp = a["exposure"]
@@ -207,8 +213,9 @@ def add_exposure(
         acked = [
             i for i in exp["ids"] if i in confirmed and (a["at_ns"] is None or confirmed[i] <= a["at_ns"])
         ]
-        gone = [i for i in acked if i in lost]
-        exp["confirmed_before_cut"], exp["lost"] = len(acked), len(gone)
+        gone = sum(i in lost for i in acked)
+        behind = sum(i in unreachable for i in acked)
+        exp["confirmed_before_cut"], exp["lost"], exp["unreachable"] = len(acked), gone, behind
         exp["ids"] = exp["ids"][:EXPOSED_SHOWN]
         lines.append(
             fault_line(
@@ -216,7 +223,8 @@ def add_exposure(
                 a["kind"],
                 a["node"],
                 f"{len(acked)} acknowledged message(s) were unsynced at the cut "
-                f"({exp['in_dropped_writes']} in the dropped writes); {len(gone)} of them lost",
+                f"({exp['in_dropped_writes']} in the dropped writes); {gone} of them lost"
+                + (f", {behind} unreachable" if behind else ""),
             )
         )
     return lines
@@ -238,13 +246,29 @@ def unsynced_lines(actions: list[FaultAction]) -> list[str]:
     ]
 
 
+def missing(results: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The ids the checkers found missing in a run's results, as (lost, unreachable). The results'
+    ``lost`` list holds the confirmed ids the drain did not consume whichever class the counts
+    put them in: all lost after a completed drain, all unreachable when it did not complete (or
+    a node that holds its own share of them did not come back), so the counts say which."""
+    ids = [str(i) for i in results.get("lost") or ()]
+    counts = results.get("counts") or {}
+    if counts.get("unreachable") and not counts.get("lost"):
+        return [], ids
+    return ids, []
+
+
 def read_fault_evidence(
-    history_jsonl: Path, lost: Iterable[str] | None = None, confirms_after_sync: bool | None = None
+    history_jsonl: Path,
+    lost: Iterable[str] | None = None,
+    confirms_after_sync: bool | None = None,
+    unreachable: Iterable[str] | None = None,
 ) -> FaultEvidence:
     """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed,
     and, when a cut's dropped writes were mapped to messages, the confirms of those messages),
-    with each cut's exposure compared with ``lost`` (the checkers' lost ids), and judged when
-    the broker's settings promise a sync before each confirm (``confirms_after_sync``)."""
+    with each cut's exposure compared with ``lost`` and ``unreachable`` (the checkers' ids of
+    each class, ``missing``), and judged when the broker's settings promise a sync before each
+    confirm (``confirms_after_sync``)."""
     if not history_jsonl.exists():
         return summarize([])
     nemesis = list(_records(history_jsonl, '"nemesis"'))
@@ -255,7 +279,9 @@ def read_fault_evidence(
     attempted, confirmed, last = publishes(_records(history_jsonl, '"publish"'), ids)
     out["lines"] += after_last_publish(out["actions"], last, started(nemesis))
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
-        out["exposure_lines"] = add_exposure(out["actions"], attempted, confirmed, set(lost or ()))
+        out["exposure_lines"] = add_exposure(
+            out["actions"], attempted, confirmed, set(lost or ()), set(unreachable or ())
+        )
         if confirms_after_sync:
             out["unsynced_lines"] = unsynced_lines(out["actions"])
     return out

@@ -29,7 +29,7 @@ from harness.cluster import (
 )
 from harness.coverage import annotate, check_workload_features
 from harness.errors import BrokerChaosError, NodesDown, PortInUse
-from harness.evidence import read_fault_evidence
+from harness.evidence import missing, read_fault_evidence
 from harness.history import Recorder, to_parquet
 from harness.host import Host
 from harness.images import ImageBuilder, broker_image
@@ -445,8 +445,12 @@ def check_run(
         say("check", f"checker {name}: {res.get('verdict')} in {done - started:.1f}s{after}")
         per[name] = res
     results = combine(per)
+    lost, unreachable = missing(results)
     results["fault_evidence"] = read_fault_evidence(
-        run_dir.history_jsonl, lost=results.get("lost"), confirms_after_sync=sync_promise(host, scenario)
+        run_dir.history_jsonl,
+        lost=lost,
+        unreachable=unreachable,
+        confirms_after_sync=sync_promise(host, scenario),
     )
     judge_unsynced(results)
     return results

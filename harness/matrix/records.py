@@ -2,7 +2,8 @@
 
 ``<results>/<cell>/seed-<seed>.json`` holds the content key it was run under, the commit and
 date, the run directory it came from (on the machine that ran it), how long it took, and the
-run's results cut down to what grading reads (verdict, counts, checkers' verdicts, the drain,
+run's results cut down to what grading reads (verdict, counts, checkers' verdicts, the drain
+(completed, and ``gone`` where a queue's drain ended on the cluster's word that it does not exist),
 anomaly counts, recovery rows, the longest outage, loss exposure per fault kind, the fault
 evidence's counts and ``no_fault_bit`` (a run none of whose faults bit, exit status 4), and the
 operations per second with the fault windows that the cell's figure draws). A cell's records with another key
@@ -132,7 +133,7 @@ def trim(res: Mapping[str, Any]) -> dict[str, Any]:
             n: {"verdict": c.get("verdict"), "reason": c.get("reason") or c.get("error") or ""}
             for n, c in (res.get("checkers") or {}).items()
         },
-        "drain": {"completed": bool((res.get("drain") or {}).get("completed"))},
+        "drain": _drain(res.get("drain") or {}),
         "anomalies": {"counts": dict((res.get("anomalies") or {}).get("counts") or {})},
         "liveness": {
             "longest_outage_ns": live.get("longest_outage_ns"),
@@ -152,6 +153,18 @@ def trim(res: Mapping[str, Any]) -> dict[str, Any]:
             "faults": figure.windows(res.get("faults") or []),
         },
     }
+
+
+def _drain(drain: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the final drain completed, and, where its ops carry ``gone`` (``DrainOp.gone``),
+    whether one of them ended because the cluster answered that its queue does not exist: a
+    complete drain that is no answer of the queue's. Records made before ``gone`` was kept lack
+    it: read as false."""
+    out: dict[str, Any] = {"completed": bool(drain.get("completed"))}
+    ops = drain.get("ops") or []
+    if any("gone" in op for op in ops):
+        out["gone"] = any(op.get("gone") for op in ops)
+    return out
 
 
 def _fault_evidence(ev: Mapping[str, Any]) -> dict[str, Any]:

@@ -685,7 +685,7 @@ class Results(TypedDict):
     notes: list[str]  # what this check could not do, said plainly (old history, no seed, ...)
     budgets: Budgets
     counts: Counts
-    lost: list[str]
+    lost: list[str]  # the missing ids, capped: lost, or unreachable where ``counts`` says so
     lost_truncated: bool
     lost_detail: list[MessageDetail]
     lost_by_cause: list[LostCauseRow]
@@ -738,6 +738,9 @@ class Exposure(TypedDict):
     in_dropped_writes: int  # messages whose records the cut's dropped writes held
     confirmed_before_cut: int | None  # of those, confirmed to the client before the cut
     lost: int | None  # of those, lost by the checkers' reckoning (a synced replica may have kept them)
+    #: of those, unreachable by the checkers' reckoning: the drain did not complete, so not known
+    #: lost (absent from results made before it was counted apart from ``lost``)
+    unreachable: int | None
     ids: list[str]  # the first ids in the dropped writes
 
 
@@ -757,7 +760,7 @@ class FaultEvidence(TypedDict):
     not_restored: int  # measured after their heal and still in effect
     no_fault_bit: bool
     lines: list[str]  # per fault with no effect, flag, not undone by its heal, or after the last publish
-    exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, and lost
+    exposure_lines: list[str]  # one per cut with an exposure: acknowledged but unsynced, lost, unreachable
     confirms_after_sync: bool | None  # the broker plugin's word on its settings (None: it does not say)
     unsynced_lines: list[str]  # one per cut with acknowledged messages unsynced under that promise
     actions: list[FaultAction]

@@ -246,11 +246,39 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
         "in_dropped_writes": 4,
         "confirmed_before_cut": 3,
         "lost": 2,
+        "unreachable": 0,
         "ids": ["p1:4", "p1:5", "p1:6", "p1:7"],
     }
     assert ev["exposure_lines"] == [
         "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut (4 in the dropped writes); 2 of them lost"
     ]
+
+
+@pytest.mark.parametrize(
+    ("counts", "want_lost", "want_unreachable", "tail"),
+    [
+        ({"lost": 2, "unreachable": 0}, 2, 0, "2 of them lost"),
+        ({"lost": 0, "unreachable": 2}, 0, 2, "0 of them lost, 2 unreachable"),
+    ],
+)
+def test_the_exposure_tells_lost_from_unreachable(
+    tmp_path: Path, counts: dict[str, int], want_lost: int, want_unreachable: int, tail: str
+) -> None:
+    """The checkers' ``lost`` list holds the confirmed ids the drain did not consume whether
+    their counts call them lost (a completed drain) or unreachable (it did not complete): a
+    cut's exposure counts each class under its own name, never unreachable ones as lost."""
+    rd = RunDir.create(tmp_path, "s")
+    cut_over_a_commit_log(rd.history_jsonl)
+    missing = verdict("LOST" if counts["lost"] else "UNAVAILABLE", lost=["p1:4", "p1:5"], counts=counts)
+    res = check_run(host_with({"c": missing}), rd, {"name": "s"}, ["c"])
+    ev = res["fault_evidence"]
+    assert ev["exposure_lines"] == [
+        "f1 power-loss on n1: 3 acknowledged message(s) were unsynced at the cut "
+        f"(4 in the dropped writes); {tail}"
+    ]
+    [action] = ev["actions"]
+    assert action["exposure"] is not None
+    assert (action["exposure"]["lost"], action["exposure"]["unreachable"]) == (want_lost, want_unreachable)
 
 
 @pytest.mark.parametrize(

@@ -643,3 +643,28 @@ def test_a_record_s_commit_is_not_dirty_for_the_page_an_earlier_matrix_wrote(
     (tmp_path / "code.py").write_text("changed = 1\n")
     rec = runner.one(jobs[1]).record
     assert rec is not None and rec["commit"].endswith("+dirty")
+
+
+def _drain_op(queue: str, gone: dict[str, str] | None) -> dict[str, Any]:
+    op: dict[str, Any] = {"process": "drain-0", "queue": queue, "outcome": "ok", "end_ns": 1}
+    return op if gone is None else op | {"gone": gone}
+
+
+@pytest.mark.parametrize(
+    ("ops", "want"),
+    [
+        # the cluster answered that one queue does not exist: a complete drain, no answer of the queue's
+        (
+            [_drain_op("q1", {}), _drain_op("q2", {"n1": "stream not found"})],
+            {"completed": True, "gone": True},
+        ),
+        ([_drain_op("q1", {}), _drain_op("q2", {})], {"completed": True, "gone": False}),
+        # results made before drain ops carried ``gone``: the record does not say
+        ([_drain_op("q1", None)], {"completed": True}),
+    ],
+)
+def test_a_record_keeps_whether_the_drain_ended_on_a_queue_the_cluster_says_is_gone(
+    ops: list[dict[str, Any]], want: dict[str, Any]
+) -> None:
+    trimmed = records.trim({"drain": {"invoked": len(ops), "completed": True, "end_ns": 1, "ops": ops}})
+    assert trimmed["drain"] == want
