@@ -426,16 +426,24 @@ def test_message_consumed_only_during_a_fault_is_not_lost(tmp_path: Path) -> Non
     }
 
 
+def _attributed_rows(status: str) -> list[dict]:
+    """The attribution rows of ``_attributed``, its missing messages in class ``status``."""
+    return [
+        {"fault_kind": kind, "node": node, "status": status, "count": n}
+        for kind, node, n in (
+            ("kill", "n2", 1),
+            ("kill", "n3", 1),
+            ("power-loss", "n2", 1),
+            ("power-loss", "n3", 2),
+        )
+    ]
+
+
 def test_attribution(tmp_path: Path) -> None:
     r = run(tmp_path, "attributed")
     assert r["lost"] == ["p1:0", "p1:2", "p1:3"]
     a = r["attribution"]
-    assert a["rows"] == [
-        {"fault_kind": "kill", "node": "n2", "status": "lost", "count": 1},
-        {"fault_kind": "kill", "node": "n3", "status": "lost", "count": 1},
-        {"fault_kind": "power-loss", "node": "n2", "status": "lost", "count": 1},
-        {"fault_kind": "power-loss", "node": "n3", "status": "lost", "count": 2},
-    ]
+    assert a["rows"] == _attributed_rows("lost")
     assert [(m["id"], m["confirm_node"], m["fault_ids"], m["fault_kinds"]) for m in a["messages"]] == [
         ("p1:0", "n3", ["f1", "f2"], ["kill", "power-loss"]),
         ("p1:2", "n2", ["f1", "f2"], ["kill", "power-loss"]),
@@ -455,12 +463,7 @@ def test_attribution_counts_unreachable_apart_from_lost(tmp_path: Path) -> None:
     r = run(tmp_path, "attributed_undrained")
     assert (r["counts"]["lost"], r["counts"]["unreachable"], r["verdict"]) == (0, 3, "unknown")
     a = r["attribution"]
-    assert a["rows"] == [
-        {"fault_kind": "kill", "node": "n2", "status": "unreachable", "count": 1},
-        {"fault_kind": "kill", "node": "n3", "status": "unreachable", "count": 1},
-        {"fault_kind": "power-loss", "node": "n2", "status": "unreachable", "count": 1},
-        {"fault_kind": "power-loss", "node": "n3", "status": "unreachable", "count": 2},
-    ]
+    assert a["rows"] == _attributed_rows("unreachable")
     assert {
         e["fault_kind"]: (e["confirmed"], e["lost"], e["unreachable"], e["stuck"]) for e in a["exposure"]
     } == {
