@@ -27,7 +27,13 @@ from harness import hookimpl
 from harness.errors import BrokerChaosError
 from harness.liveness import recovery_row
 from harness.spec.history import EVIDENCE
-from harness.spec.results import ANOMALY_CLASSES, INTEGRITY_ANOMALIES
+from harness.spec.results import (
+    ANOMALY_CLASSES,
+    INTEGRITY_ANOMALIES,
+    exposure_classes,
+    row_class,
+    shown_classes,
+)
 from harness.spec.rundir import NODES, PLOTS, RESULTS_JSON, SCENARIO_JSON
 from harness.verdicts import checker_lines, no_fault_bit, verdict_line
 
@@ -370,14 +376,24 @@ def attribution_text(results: dict[str, Any]) -> str:
     att = results.get("attribution") or {}
     lines = [
         f"verdict: {results.get('verdict', results.get('valid'))}  lost: {c.get('lost')}  "
-        f"stuck: {c.get('stuck', 0)}  confirmed: {c.get('confirmed')}",
+        f"unreachable: {c.get('unreachable', 0)}  stuck: {c.get('stuck', 0)}  confirmed: {c.get('confirmed')}",
         "",
-        f"{'fault kind':<18}{'node':<8}lost",
+        f"{'fault kind':<18}{'node':<8}{'class':<14}messages",
     ]
     rows = att.get("rows") or []
-    lines += [f"{r['fault_kind']:<18}{str(r['node']):<8}{r['count']}" for r in rows] or ["(no lost messages)"]
-    lines += ["", f"{'fault kind':<18}{'exposed confirmed':<20}lost"]
-    lines += [f"{r['fault_kind']:<18}{r['confirmed']:<20}{r['lost']}" for r in att.get("exposure") or []]
+    lines += [f"{r['fault_kind']:<18}{str(r['node']):<8}{row_class(r, c):<14}{r['count']}" for r in rows] or [
+        "(no lost, unreachable or stuck messages)"
+    ]
+    shown = shown_classes(results)
+    lines += [
+        "",
+        f"{'fault kind':<18}{'exposed confirmed':<20}"
+        + "".join(f"{k:<{len(k) + 2}}" for k in shown).rstrip(),
+    ]
+    for r in att.get("exposure") or []:
+        by = exposure_classes(r, c)
+        cells = "".join(f"{by[k]:<{len(k) + 2}}" for k in shown).rstrip()
+        lines.append(f"{r['fault_kind']:<18}{r['confirmed']:<20}{cells}")
     stuck = results.get("stuck") or []
     if stuck:
         lines += [

@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.spec.fault import Evidence
 from harness.spec.history import EVIDENCE
-from harness.spec.results import FaultAction, FaultEvidence
+from harness.spec.results import FaultAction, FaultEvidence, missing_class
 
 NEMESIS = "nemesis"
 #: Exposed message ids kept per cut in ``results.json`` (the counts are always whole).
@@ -72,6 +72,7 @@ def _action(
             "confirmed_before_cut": None,
             "lost": None,
             "unreachable": None,
+            "lower_bound": False,
             "ids": list(ev.exposed),
         },
     }
@@ -198,11 +199,14 @@ def add_exposure(
     confirmed: Mapping[str, int],
     lost: set[str],
     unreachable: Collection[str] = frozenset(),
+    capped: bool = False,
 ) -> list[str]:
     """Per cut whose dropped writes a plugin mapped to messages: how many of them had been
     confirmed before the cut (acknowledged but unsynced), how many of those the checkers found
     lost, and how many they could not read because the drain did not complete (unreachable, not
-    known lost). One line per such cut."""
+    known lost). One line per such cut. ``capped``: the checkers listed only the first of the
+    run's missing ids, so what the cut's ids meet in the list is a lower bound, said so."""
+    floor = "at least " if capped else ""
     lines = []
     for a in actions:
         exp = a["exposure"]
@@ -216,6 +220,7 @@ def add_exposure(
         gone = sum(i in lost for i in acked)
         behind = sum(i in unreachable for i in acked)
         exp["confirmed_before_cut"], exp["lost"], exp["unreachable"] = len(acked), gone, behind
+        exp["lower_bound"] = capped
         exp["ids"] = exp["ids"][:EXPOSED_SHOWN]
         lines.append(
             fault_line(
@@ -223,8 +228,9 @@ def add_exposure(
                 a["kind"],
                 a["node"],
                 f"{len(acked)} acknowledged message(s) were unsynced at the cut "
-                f"({exp['in_dropped_writes']} in the dropped writes); {gone} of them lost"
-                + (f", {behind} unreachable" if behind else ""),
+                f"({exp['in_dropped_writes']} in the dropped writes); "
+                f"{floor if lost else ''}{gone} of them lost"
+                + (f", {floor}{behind} unreachable" if unreachable else ""),
             )
         )
     return lines
@@ -252,8 +258,7 @@ def missing(results: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     put them in: all lost after a completed drain, all unreachable when it did not complete (or
     a node that holds its own share of them did not come back), so the counts say which."""
     ids = [str(i) for i in results.get("lost") or ()]
-    counts = results.get("counts") or {}
-    if counts.get("unreachable") and not counts.get("lost"):
+    if missing_class(results.get("counts") or {}) == "unreachable":
         return [], ids
     return ids, []
 
@@ -263,12 +268,13 @@ def read_fault_evidence(
     lost: Iterable[str] | None = None,
     confirms_after_sync: bool | None = None,
     unreachable: Iterable[str] | None = None,
+    capped: bool = False,
 ) -> FaultEvidence:
     """``fault_evidence`` of a stored run's ``history.jsonl`` (only the nemesis lines are parsed,
     and, when a cut's dropped writes were mapped to messages, the confirms of those messages),
     with each cut's exposure compared with ``lost`` and ``unreachable`` (the checkers' ids of
-    each class, ``missing``), and judged when the broker's settings promise a sync before each
-    confirm (``confirms_after_sync``)."""
+    each class, ``missing``; ``capped``: the first of them only), and judged when the broker's
+    settings promise a sync before each confirm (``confirms_after_sync``)."""
     if not history_jsonl.exists():
         return summarize([])
     nemesis = list(_records(history_jsonl, '"nemesis"'))
@@ -280,7 +286,7 @@ def read_fault_evidence(
     out["lines"] += after_last_publish(out["actions"], last, started(nemesis))
     if mapped:  # a cut mapped to no message at all still says so: 0 acknowledged and unsynced
         out["exposure_lines"] = add_exposure(
-            out["actions"], attempted, confirmed, set(lost or ()), set(unreachable or ())
+            out["actions"], attempted, confirmed, set(lost or ()), set(unreachable or ()), capped
         )
         if confirms_after_sync:
             out["unsynced_lines"] = unsynced_lines(out["actions"])

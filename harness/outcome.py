@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario import Scenario
+from harness.spec.results import MISSING_CLASSES, exposure_classes, row_class, shown_classes
 from harness.spec.rundir import HISTORY_JSONL
 from harness.verdicts import no_fault_bit, summary_table, verdict_line
 
@@ -80,29 +81,44 @@ def loss_table(scenario: Scenario, results: Mapping[str, Any], run_dir: Path, li
         f"{verdict_line(results)}" + (f" ({results['reason']})" if results.get("reason") else ""),
         summary_table(dict(results)),
     ]
-    attribution = results.get("attribution") or {}
-    rows = attribution.get("rows") or []
-    if rows:
-        lines.append("  loss attribution (fault kind, node that confirmed, lost):")
-        lines += [f"    {r['fault_kind']:<16} {str(r['node']):<6} {r['count']}" for r in rows]
-    exposure = attribution.get("exposure") or []
-    if exposure:
-        lines.append("  exposure (fault kind, confirmed while it could hit, lost):")
-        lines += [f"    {r['fault_kind']:<16} {r['confirmed']:<8} {r['lost']}" for r in exposure]
-    messages = attribution.get("messages") or []
-    if messages:
-        c = results["counts"]
-        missing = c["lost"] + c.get("stuck", 0)
-        what = "stuck messages" if c.get("stuck") else "lost messages"
-        lines.append(f"  {what} (first {min(limit, len(messages))} of {missing}):")
-        for m in messages[:limit]:
-            lines.append(
-                f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
-                f"faults: {', '.join(m['fault_ids']) or 'none'}"
-            )
+    lines += attribution_lines(results, limit)
     lines += [
         f"  run directory: {run_dir}",
         f"  rerun: brokerchaos run {scenario.source or '<scenario>'} --seed {scenario.seed}   "
         f"or replay its faults: brokerchaos run {scenario.source or '<scenario>'} --replay {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def attribution_lines(results: Mapping[str, Any], limit: int = 20) -> list[str]:
+    """The attribution rows, the exposure per fault kind and the first missing messages, each
+    under its class (lost, unreachable, stuck: a drain that did not complete loses nothing)."""
+    counts = results.get("counts") or {}
+    attribution = results.get("attribution") or {}
+    lines = []
+    rows = attribution.get("rows") or []
+    if rows:
+        lines.append("  attribution (fault kind, node that confirmed, class, messages):")
+        lines += [
+            f"    {r['fault_kind']:<16} {str(r['node']):<6} {row_class(r, counts):<11} {r['count']}"
+            for r in rows
+        ]
+    exposure = attribution.get("exposure") or []
+    if exposure:
+        shown = shown_classes(results)
+        lines.append(f"  exposure (fault kind, confirmed while it could hit, {', '.join(shown)}):")
+        for r in exposure:
+            by = exposure_classes(r, counts)
+            cells = [f"{by[c]:<{len(c)}}" for c in shown[:-1]] + [str(by[shown[-1]])]
+            lines.append(f"    {r['fault_kind']:<16} {r['confirmed']:<8} " + " ".join(cells))
+    messages = attribution.get("messages") or []
+    if messages:
+        classes = [c for c in MISSING_CLASSES if c in {row_class(m, counts) for m in messages}]
+        missing = sum(int(counts.get(c) or 0) for c in classes)
+        lines.append(f"  {' and '.join(classes)} messages (first {min(limit, len(messages))} of {missing}):")
+        lines += [
+            f"    {m['id']:<16} confirmed by {m['confirm_node']} at {m['confirm_ns'] / 1e9:.3f}s, "
+            f"faults: {', '.join(m['fault_ids']) or 'none'}"
+            for m in messages[:limit]
+        ]
+    return lines

@@ -451,6 +451,7 @@ def check_run(
         lost=lost,
         unreachable=unreachable,
         confirms_after_sync=sync_promise(host, scenario),
+        capped=bool(results.get("lost_truncated")),
     )
     judge_unsynced(results)
     return results

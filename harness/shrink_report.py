@@ -107,21 +107,28 @@ def _results_block(title: str, r: dict[str, Any] | None, steps: list[dict[str, A
         return f"<h3>{_e(title)}</h3><p>no results</p>"
     kinds = {s["fault_id"]: s["kind"] for s in steps}
     counts = ", ".join(
-        f"{k} {v:,}" for k, v in r["counts"].items() if k in ("confirmed", "lost", "unexpected", "corrupted")
+        f"{k} {v:,}"
+        for k, v in r["counts"].items()
+        if k in ("confirmed", "lost", "unreachable", "stuck", "unexpected", "corrupted")
     )
+    cls = r.get("missing_as", "lost")  # a shrink made before the classes were apart: lost
+    listed, missing = r["lost_listed"], r.get("missing", r["lost_listed"])
+    of = f" (of {missing:,}: a lower bound)" if missing > listed else ""
     by_fault = "".join(
-        f"<li>{_e(fid)} ({_e(kinds.get(fid, '?'))}): {n:,} of the {r['lost_listed']:,} lost messages "
-        f"listed were confirmed before it ended</li>"
+        f"<li>{_e(fid)} ({_e(kinds.get(fid, '?'))}): {n:,} of the {listed:,} {cls} messages "
+        f"listed{of} were confirmed before it ended</li>"
         for fid, n in sorted(r["lost_by_fault"].items())
     )
     rows = "".join(
-        f"<tr><td>{_e(a['fault_kind'])}</td><td>{_e(a['node'])}</td><td>{a['count']:,}</td></tr>"
+        f"<tr><td>{_e(a['fault_kind'])}</td><td>{_e(a['node'])}</td><td>{_e(a.get('status', cls))}</td>"
+        f"<td>{a['count']:,}</td></tr>"
         for a in r["attribution"]
     )
+    head = "<tr><th>fault kind</th><th>node</th><th>class</th><th>messages</th></tr>"
     return (
         f"<h3>{_e(title)}: {_e(r['verdict'])}</h3><p>{_e(r['reason'])}</p><p>{_e(counts)}</p>"
         + (f"<ul>{by_fault}</ul>" if by_fault else "")
-        + (f"<table><tr><th>fault kind</th><th>node</th><th>lost</th></tr>{rows}</table>" if rows else "")
+        + (f"<table>{head}{rows}</table>" if rows else "")
     )
 
 

@@ -36,6 +36,7 @@ from harness.progress import say
 from harness.scenario import Scenario, Step
 from harness.shrink import PASSES, OutOfBudget, Schedule, StopSearch, search
 from harness.spec.fault import Fault
+from harness.spec.results import missing_class, row_class
 from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
 from harness.store import RunDir
 
@@ -367,19 +368,26 @@ class Shrink:
 
 
 def _summary(results: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the report shows of a run's results: verdict, counts, and which faults the losses overlap."""
+    """What the report shows of a run's results: verdict, counts, and which faults the missing
+    messages overlap, under their class (``missing_as``). Per fault, only the listed (capped)
+    messages are counted: ``lost_listed`` of ``missing``."""
     if not results:
         return None
+    counts = results.get("counts") or {}
+    attribution = results.get("attribution") or {}
     per_fault: dict[str, int] = {}
-    for m in (results.get("attribution") or {}).get("messages") or []:
+    for m in attribution.get("messages") or []:
         for fid in m.get("fault_ids") or []:
             per_fault[fid] = per_fault.get(fid, 0) + 1
+    cls = missing_class(counts)
     return {
         "verdict": results.get("verdict"),
         "reason": results.get("reason"),
-        "counts": {k: v for k, v in (results.get("counts") or {}).items() if v},
-        "attribution": (results.get("attribution") or {}).get("rows") or [],
-        "lost_listed": len((results.get("attribution") or {}).get("messages") or []),
+        "counts": {k: v for k, v in counts.items() if v},
+        "attribution": [r | {"status": row_class(r, counts)} for r in attribution.get("rows") or []],
+        "missing_as": cls,
+        "missing": int(counts.get(cls) or 0),
+        "lost_listed": len(attribution.get("messages") or []),
         "lost_by_fault": per_fault,
     }
 

@@ -739,7 +739,7 @@ def results_page() -> str:
                 f"`{a!r}`" if isinstance(a, str) else f"`{_type_name(a)}`"
                 for a in _flat_args(getattr(results, name))
             )
-            for name in ("Verdict", "Valid", "LostCause")
+            for name in ("Verdict", "Valid", "LostCause", "MissingClass")
         )
         + f". `LIST_CAP` = {results.LIST_CAP}: "
         + _cell(_constant_doc(results, "LIST_CAP"))

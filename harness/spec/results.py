@@ -17,8 +17,8 @@ consumed and ``notes`` says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal, TypedDict, get_args
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, TypedDict, get_args
 
 SCHEMA_VERSION = 2
 LIST_CAP = 1000
@@ -251,37 +251,89 @@ class FaultWindow(TypedDict):
     params: dict
 
 
+MissingClass = Literal["lost", "unreachable", "stuck"]
+"""The class ``counts`` puts a confirmed message the final drain did not consume in: ``lost`` after a
+completed drain, ``stuck`` when the drain was held up only by nodes holding it for no consumer,
+``unreachable`` otherwise (every such message of a run falls in one class)."""
+MISSING_CLASSES: tuple[MissingClass, ...] = get_args(MissingClass)
+
+
 class LostAttribution(TypedDict):
+    """A message of the capped ``lost`` list (or ``stuck_detail``) and the faults around it."""
+
     id: str
     confirm_node: str | None
     confirm_ns: int
     fault_ids: list[str]  # windows overlapping [confirm_ns, drain_end_ns]
     fault_kinds: list[str]  # distinct kinds of those windows, sorted; ["none"] if there are none
+    #: its class (absent from results made before the classes were attributed apart: ``row_class``)
+    status: MissingClass
 
 
 class AttributionRow(TypedDict):
+    """The confirmed messages of one class the final drain did not consume, by fault kind and the
+    node that confirmed them."""
+
     fault_kind: str
-    node: str | None  # the node that confirmed the lost message
-    count: int
+    node: str | None  # the node that confirmed them
+    #: lost, unreachable or stuck (absent from results made before it: every row counted as lost
+    #: whatever the class; ``row_class`` reads those from the counts)
+    status: MissingClass
+    count: int  # messages of that class
 
 
 class ExposureRow(TypedDict):
     """Confirmed messages whose confirm-to-drain interval overlaps a window of this kind.
 
     This is the denominator the grader uses per fault kind: of the messages a fault
-    of this kind could have hit, how many were lost.
+    of this kind could have hit, how many were lost (``lost`` and ``stuck``, as a run's loss
+    counts them). Rows made before ``unreachable`` and ``stuck`` were counted apart hold every
+    missing message in ``lost``: ``exposure_classes`` reads both.
     """
 
     fault_kind: str
     confirmed: int
-    lost: int
+    lost: int  # of those, lost after a completed drain
+    unreachable: int  # of those, unreachable (not known lost: the drain did not reach them)
+    stuck: int  # of those, stuck (held unacked by no consumer: a loss to the application)
 
 
 class Attribution(TypedDict):
     drain_end_ns: int
-    rows: list[AttributionRow]  # over every lost message, not only the capped list
+    rows: list[AttributionRow]  # over every missing message, not only the capped list
     exposure: list[ExposureRow]
-    messages: list[LostAttribution]  # for the capped lost list
+    messages: list[LostAttribution]  # for the capped list of missing messages
+
+
+def missing_class(counts: Mapping[str, Any]) -> MissingClass:
+    """The class of a run's missing messages, from its ``counts`` (only one class is counted)."""
+    for name in ("stuck", "unreachable"):
+        if counts.get(name) and not counts.get("lost"):
+            return name
+    return "lost"
+
+
+def row_class(row: Mapping[str, Any], counts: Mapping[str, Any]) -> MissingClass:
+    """An attribution row's or message's class; for results made before it was kept, the run's."""
+    return row.get("status") or missing_class(counts)
+
+
+def exposure_classes(row: Mapping[str, Any], counts: Mapping[str, Any]) -> dict[MissingClass, int]:
+    """An exposure row's missing messages per class; in a row made before the classes were apart,
+    its ``lost`` is all of them, in the run's class."""
+    if "unreachable" in row:
+        return {c: int(row.get(c) or 0) for c in MISSING_CLASSES}
+    old = missing_class(counts)
+    return {c: int(row.get("lost") or 0) if c == old else 0 for c in MISSING_CLASSES}
+
+
+def shown_classes(results: Mapping[str, Any]) -> list[MissingClass]:
+    """The classes a table of missing messages shows: lost always, the others where counted."""
+    counts = results.get("counts") or {}
+    att = results.get("attribution") or {}
+    seen = {row_class(r, counts) for r in att.get("rows") or []}
+    seen |= {c for r in att.get("exposure") or [] for c, n in exposure_classes(r, counts).items() if n}
+    return [c for c in MISSING_CLASSES if c == "lost" or counts.get(c) or c in seen]
 
 
 class Percentiles(TypedDict):
@@ -741,6 +793,9 @@ class Exposure(TypedDict):
     #: of those, unreachable by the checkers' reckoning: the drain did not complete, so not known
     #: lost (absent from results made before it was counted apart from ``lost``)
     unreachable: int | None
+    #: ``lost`` and ``unreachable`` are lower bounds: the checkers list only the first LIST_CAP of a
+    #: run's missing ids (``lost_truncated``) (absent from results made before it)
+    lower_bound: bool
     ids: list[str]  # the first ids in the dropped writes
 
 

@@ -37,6 +37,7 @@ from harness.spec.results import (
     RunGrade,
     Verdict,
     compose_verdicts,
+    exposure_classes,
     valid_of,
 )
 from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
@@ -241,8 +242,15 @@ def with_stored_checkers(res: Mapping[str, Any], stored: Mapping[str, Any], engi
 
 
 def _exposure(res: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per fault kind, (lost, confirmed) of the messages exposed to it: lost and stuck, as the run's
+    own loss counts them, never the unreachable."""
     rows = (res.get("attribution") or {}).get("exposure") or []
-    return {r["fault_kind"]: (int(r["lost"]), int(r["confirmed"])) for r in rows}
+    counts = res.get("counts") or {}
+    out = {}
+    for r in rows:
+        by = exposure_classes(r, counts)
+        out[r["fault_kind"]] = (by["lost"] + by["stuck"], int(r["confirmed"]))
+    return out
 
 
 def _runs_lost_interval(

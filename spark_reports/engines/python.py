@@ -406,8 +406,9 @@ class _Classes:
         self.lists: dict[str, list[dict]] = {k: [] for k in LISTED}
         self.by_cause: dict[tuple[str, str | None], int] = {}
         self.e2e: list[int] = []
-        self.attribution: dict[tuple[str, str | None], int] = {}  # (fault kind, confirming node) -> lost
-        self.exposure: dict[str, list[int]] = {}  # fault kind -> [confirmed, lost]
+        # What is missing (lost, unreachable or stuck: ``verdict.missing_class`` says which):
+        self.attribution: dict[tuple[str, str | None], int] = {}  # (fault kind, confirming node) -> missing
+        self.exposure: dict[str, list[int]] = {}  # fault kind -> [confirmed, missing]
         self.lost_at: list[tuple[str, int]] = []  # (producer, seq) of every lost id
         self.survivors: list[tuple[str, int]] = []  # ... of every id delivered or consumed
         # (queue, drain node, confirm second) -> [count, first confirm, last confirm, last read, wait]
@@ -455,8 +456,8 @@ class _Classes:
 
     def exposed(self, m: _Msg, is_lost: bool) -> None:
         """A confirmed id counts towards every fault kind whose window overlaps its confirm to the
-        drain's end ("none" when it met no fault); a lost one is attributed to those kinds and the
-        node that confirmed it."""
+        drain's end ("none" when it met no fault); a missing one is attributed to those kinds and
+        the node that confirmed it (under its class, ``verdict.missing_class``)."""
         assert m.confirm is not None
         for kind in kinds_for(self.ctx.windows, m.confirm[1], self.ctx.drain_end_ns):
             ex = self.exposure.setdefault(kind, [0, 0])

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.spec.results import (
+    MISSING_CLASSES,
     SCHEMA_VERSION,
     STUCK_CAUSE,
     UNAVAILABLE_S,
@@ -19,6 +20,7 @@ from harness.spec.results import (
     LostAttribution,
     LostCauseRow,
     MessageDetail,
+    MissingClass,
     Results,
     Resurrection,
     SplitBrainCopy,
@@ -58,8 +60,9 @@ class Facts:
     unflagged: list[dict]  # capped, by index
     undigested: int  # deliveries without a digest, when bodies are checked
     order_violations: list[dict]  # capped, by index
-    attribution_rows: list[tuple[str, str | None, int]]
-    exposure_rows: list[tuple[str, int, int]]
+    # What follows counts the missing (confirmed, never consumed): ``missing_class`` says which class.
+    attribution_rows: list[tuple[str, str | None, int]]  # (fault kind, confirming node, missing)
+    exposure_rows: list[tuple[str, int, int]]  # (fault kind, confirmed, missing)
     confirm_us: tuple[int, dict[str, int | None]]
     e2e_us: tuple[int, dict[str, int | None]]
     availability: dict[str, tuple[int, int]]  # window id or "outside" -> (attempts, confirmed)
@@ -295,20 +298,24 @@ COUNT_KEYS = (
 )
 
 
-def _counts(ctx: Context, c: dict[str, int]) -> Counts:
-    """The engine's counts. What the engines found missing (confirmed, never consumed) is lost
-    after a completed drain; stuck when the drain was held up only by stuck deliveries; otherwise
+def missing_class(ctx: Context) -> MissingClass:
+    """The class of what the engines found missing (confirmed, never consumed): lost after a
+    completed drain; stuck when the drain was held up only by stuck deliveries; otherwise
     unreachable (behind a queue that did not answer, or on a node that did not come back where
-    nodes hold disjoint messages: ``Context.down_holds``)."""
-    missing = int(c["lost"])
+    nodes hold disjoint messages: ``Context.down_holds``). The counts, the attribution rows, the
+    exposure per fault kind and the attributed messages all take it from here."""
+    if ctx.stuck_drain:
+        return "stuck"
+    if ctx.drain["completed"] and not ctx.down_holds:
+        return "lost"
+    return "unreachable"
+
+
+def _counts(ctx: Context, c: dict[str, int]) -> Counts:
+    """The engine's counts, what they found missing (their ``lost``) under its class."""
     out = {k: int(c[k]) for k in COUNT_KEYS if k != "stuck"}
     out["lost"] = out["stuck"] = out["unreachable"] = 0
-    if ctx.stuck_drain:
-        out["stuck"] = missing
-    elif ctx.drain["completed"] and not ctx.down_holds:
-        out["lost"] = missing
-    else:
-        out["unreachable"] = missing
+    out[missing_class(ctx)] = int(c["lost"])
     counts = {k: out[k] for k in COUNT_KEYS} | {"unreachable": out["unreachable"], "history_ops": ctx.ops}
     return Counts(**counts)  # type: ignore[typeddict-item]
 
@@ -327,8 +334,17 @@ def live_of(ctx: Context, live: LiveFacts) -> Liveness:
     )
 
 
-def _exposure(rows: list[tuple[str, int, int]]) -> list[ExposureRow]:
-    return [ExposureRow(fault_kind=k, confirmed=n, lost=lost) for k, n, lost in sorted(rows)]
+def _exposure(rows: list[tuple[str, int, int]], cls: MissingClass) -> list[ExposureRow]:
+    """Per fault kind, the confirmed messages exposed to it and the missing ones, under their class."""
+    out = []
+    for k, n, missing in sorted(rows):
+        by = {c: missing if c == cls else 0 for c in MISSING_CLASSES}
+        out.append(
+            ExposureRow(
+                fault_kind=k, confirmed=n, lost=by["lost"], unreachable=by["unreachable"], stuck=by["stuck"]
+            )
+        )
+    return out
 
 
 def summarize(
@@ -354,7 +370,7 @@ def summarize(
         "reason": reason,
         "counts": c,
         "drain": ctx.drain,
-        "attribution": {"exposure": _exposure(exposure_rows)},
+        "attribution": {"exposure": _exposure(exposure_rows, missing_class(ctx))},
         "faults": ctx.windows,
         "liveness": lv,
         "anomalies": anomalies,
@@ -362,7 +378,7 @@ def summarize(
 
 
 def _attributed(ctx: Context, lost_detail: list[MessageDetail]) -> list[LostAttribution]:
-    """Each lost message tied to the fault windows from its confirm to the drain's end."""
+    """Each missing message (capped) tied to the fault windows from its confirm to the drain's end."""
     messages: list[LostAttribution] = []
     for d in lost_detail:
         confirm = d["confirm_ns"] if d["confirm_ns"] is not None else 0
@@ -374,6 +390,7 @@ def _attributed(ctx: Context, lost_detail: list[MessageDetail]) -> list[LostAttr
                 confirm_ns=confirm,
                 fault_ids=[w["fault_id"] for w in ws],
                 fault_kinds=kinds_for(ctx.windows, confirm, ctx.drain_end_ns),
+                status=missing_class(ctx),
             )
         )
     return messages
@@ -466,10 +483,10 @@ def assemble(engine: str, ctx: Context, facts: Facts) -> Results:
         attribution={
             "drain_end_ns": drain_end,
             "rows": [
-                AttributionRow(fault_kind=k, node=n, count=cnt)
+                AttributionRow(fault_kind=k, node=n, status=missing_class(ctx), count=cnt)
                 for k, n, cnt in sorted(facts.attribution_rows, key=lambda r: (r[0], r[1] or ""))
             ],
-            "exposure": _exposure(facts.exposure_rows),
+            "exposure": _exposure(facts.exposure_rows, missing_class(ctx)),
             "messages": _attributed(ctx, lost_detail),
         },
         latency={"confirm_ms": percentiles_ms(*facts.confirm_us), "e2e_ms": percentiles_ms(*facts.e2e_us)},

@@ -10,7 +10,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.spec.results import Grade, Results, describe_stranded
+from harness.spec.results import (
+    Grade,
+    Results,
+    describe_stranded,
+    exposure_classes,
+    missing_class,
+    row_class,
+    shown_classes,
+)
 from harness.spec.rundir import GRADE_HTML, PLOTS, REPORT_HTML
 from spark_reports.engines.final_heal import describe_down
 from spark_reports.engines.grade import describe_grade
@@ -460,18 +468,29 @@ def _head_parts(run_dir: Path, results: Results, plots: list[Path]) -> list[str]
 
 
 def _attribution_parts(results: Results) -> list[str]:
+    counts, att = results["counts"], results["attribution"]
+    shown = shown_classes(results)
     return [
         "<h2>Loss attribution</h2>",
-        "<p>Each lost message counted once per fault kind whose window overlapped the time from its confirm "
-        "to the end of the final drain, against the node that confirmed it.</p>",
+        "<p>Each confirmed message the final drain did not consume counted once per fault kind whose window "
+        "overlapped the time from its confirm to the end of the final drain, against the node that confirmed "
+        "it, under its class: lost (the drain completed without it), unreachable (behind a queue or node "
+        "the drain did not reach: not known lost) or stuck (held unacked by no consumer).</p>",
         _table(
-            ["fault kind", "node", "lost"],
-            [[r["fault_kind"], r["node"], r["count"]] for r in results["attribution"]["rows"]],
-            left=2,
+            ["fault kind", "node", "class", "messages"],
+            [[r["fault_kind"], r["node"], row_class(r, counts), f"{r['count']:,}"] for r in att["rows"]],
+            left=3,
         ),
         _table(
-            ["fault kind", "exposed confirmed", "lost"],
-            [[r["fault_kind"], f"{r['confirmed']:,}", r["lost"]] for r in results["attribution"]["exposure"]],
+            ["fault kind", "exposed confirmed", *shown],
+            [
+                [
+                    r["fault_kind"],
+                    f"{r['confirmed']:,}",
+                    *(f"{exposure_classes(r, counts)[c]:,}" for c in shown),
+                ]
+                for r in att["exposure"]
+            ],
         ),
         "<h2>Fault windows and availability</h2>",
         _table(
@@ -519,20 +538,28 @@ def _lost_table_parts(results: Results) -> list[str]:
                     ", ".join(m["fault_ids"]) or "-",
                 ]
             )
+        cls = missing_class(c)  # the lost list holds the unreachable ones when the counts say so
         parts += [
-            f"<h2>Lost messages ({c['lost']:,})</h2>",
+            f"<h2>{cls.capitalize()} messages ({c[cls]:,})</h2>",
+            _UNREACHABLE_NOTE if cls == "unreachable" else "",
             _table(
-                ["cause", "abandoned as", "lost"],
+                ["cause", "abandoned as", cls],
                 [
                     [r["cause"], r["abandon_cause"] or "-", f"{r['count']:,}"]
                     for r in results.get("lost_by_cause", [])
                 ],
                 left=2,
             ),
-            f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c['lost'] > len(rows) else ''}</p>",
+            f"<p>{'First ' + str(len(rows)) + ' by confirm order.' if c[cls] > len(rows) else ''}</p>",
             _table(["id", "cause", "deliveries", "confirmed by", "confirm s", "faults"], rows, left=2),
         ]
     return parts
+
+
+_UNREACHABLE_NOTE = (
+    "<p>The final drain did not reach them (it did not complete, or a node that holds its own share "
+    "did not come back): not known lost.</p>"
+)
 
 
 def _stuck_parts(results: Results) -> list[str]:

@@ -247,6 +247,7 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
         "confirmed_before_cut": 3,
         "lost": 2,
         "unreachable": 0,
+        "lower_bound": False,
         "ids": ["p1:4", "p1:5", "p1:6", "p1:7"],
     }
     assert ev["exposure_lines"] == [
@@ -259,6 +260,9 @@ def test_a_power_cut_counts_the_acknowledged_messages_it_found_unsynced(tmp_path
     [
         ({"lost": 2, "unreachable": 0}, 2, 0, "2 of them lost"),
         ({"lost": 0, "unreachable": 2}, 0, 2, "0 of them lost, 2 unreachable"),
+        # More missing than the checkers list: what the cut's ids meet in the list is a floor.
+        ({"lost": 1500, "unreachable": 0}, 2, 0, "at least 2 of them lost"),
+        ({"lost": 0, "unreachable": 1500}, 0, 2, "0 of them lost, at least 2 unreachable"),
     ],
 )
 def test_the_exposure_tells_lost_from_unreachable(
@@ -266,10 +270,17 @@ def test_the_exposure_tells_lost_from_unreachable(
 ) -> None:
     """The checkers' ``lost`` list holds the confirmed ids the drain did not consume whether
     their counts call them lost (a completed drain) or unreachable (it did not complete): a
-    cut's exposure counts each class under its own name, never unreachable ones as lost."""
+    cut's exposure counts each class under its own name, never unreachable ones as lost. The
+    list is capped: past the cap, the count is a lower bound and says so."""
     rd = RunDir.create(tmp_path, "s")
     cut_over_a_commit_log(rd.history_jsonl)
-    missing = verdict("LOST" if counts["lost"] else "UNAVAILABLE", lost=["p1:4", "p1:5"], counts=counts)
+    truncated = sum(counts.values()) > 2
+    missing = verdict(
+        "LOST" if counts["lost"] else "UNAVAILABLE",
+        lost=["p1:4", "p1:5"],
+        counts=counts,
+        lost_truncated=truncated,
+    )
     res = check_run(host_with({"c": missing}), rd, {"name": "s"}, ["c"])
     ev = res["fault_evidence"]
     assert ev["exposure_lines"] == [
@@ -279,6 +290,7 @@ def test_the_exposure_tells_lost_from_unreachable(
     [action] = ev["actions"]
     assert action["exposure"] is not None
     assert (action["exposure"]["lost"], action["exposure"]["unreachable"]) == (want_lost, want_unreachable)
+    assert action["exposure"]["lower_bound"] is truncated
 
 
 @pytest.mark.parametrize(

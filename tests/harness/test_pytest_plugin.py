@@ -96,7 +96,7 @@ def test_assert_durable_raises_the_loss_table(tmp_path: Path) -> None:
         bad.assert_durable()
     text = str(info.value)
     assert "'power-loss-async' (broker reference, seed 11) is not durable: LOST" in text
-    assert "power-loss       n1     2" in text, "the attribution row"
+    assert "power-loss       n1     lost        2" in text, "the attribution row"
     assert "p1:7" in text and "confirmed by n1 at 4.200s, faults: f1" in text
     assert "--seed 11" in text and str(tmp_path) in text
     assert text == loss_table(sc, _lossy_results(), tmp_path)
@@ -115,8 +115,41 @@ def test_assert_durable_raises_the_loss_table(tmp_path: Path) -> None:
 def test_attribution_text_lists_rows_and_exposure() -> None:
     text = attribution_text(_lossy_results())
     assert "verdict: LOST  lost: 2" in text
-    assert "power-loss        n1      2" in text and "power-loss        6" in text
-    assert "(no lost messages)" in attribution_text({"valid": True, "counts": {"lost": 0}, "attribution": {}})
+    assert "power-loss        n1      lost          2" in text and "power-loss        6" in text
+    empty = attribution_text({"valid": True, "counts": {"lost": 0}, "attribution": {}})
+    assert "(no lost, unreachable or stuck messages)" in empty
+
+
+def _unreachable_results() -> dict:
+    """``_lossy_results`` where the final drain did not complete: the two are unreachable."""
+    r = _lossy_results()
+    r |= {"valid": "unknown", "verdict": "unknown", "reason": "2 confirmed messages unconsumed"}
+    r["counts"] = r["counts"] | {"lost": 0, "unreachable": 2, "stuck": 0}
+    a = r["attribution"]
+    a["rows"] = [{"fault_kind": "power-loss", "node": "n1", "status": "unreachable", "count": 2}]
+    a["exposure"] = [{"fault_kind": "power-loss", "confirmed": 6, "lost": 0, "unreachable": 2, "stuck": 0}]
+    a["messages"] = [m | {"status": "unreachable"} for m in a["messages"]]
+    return r
+
+
+def test_unreachable_messages_are_not_called_lost(tmp_path: Path) -> None:
+    """A run that counts 0 lost and 2 unreachable shows rows of 2 unreachable, not 2 lost, in the
+    terminal's loss table and in Allure's attribution text."""
+    sc = build_scenario("scenarios/power-loss-async.yaml", root=REPO, seed=11)
+    text = loss_table(sc, _unreachable_results(), tmp_path)
+    assert "attribution (fault kind, node that confirmed, class, messages):" in text
+    assert "power-loss       n1     unreachable 2" in text
+    assert "exposure (fault kind, confirmed while it could hit, lost, unreachable):" in text
+    assert "power-loss       6        0    2" in text
+    assert "unreachable messages (first 2 of 2):" in text
+    assert "lost messages" not in text
+    allure_text = attribution_text(_unreachable_results())
+    assert "lost: 0  unreachable: 2  stuck: 0" in allure_text
+    assert "power-loss        n1      unreachable   2" in allure_text
+    assert f"{'power-loss':<18}{6:<20}{0:<6}2" in allure_text
+    old = _lossy_results()  # results made before rows had a class: their counts say which
+    old["counts"] = old["counts"] | {"lost": 0, "unreachable": 2}
+    assert "power-loss       n1     unreachable 2" in loss_table(sc, old, tmp_path)
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:

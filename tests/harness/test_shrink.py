@@ -201,3 +201,36 @@ def test_shrink_refuses_a_run_that_did_not_fail(tmp_path: Path, verdict: str) ->
         f"brokerchaos: {run} is {verdict}, not a failure: shrink takes a run whose "
         "verdict is LOST or INTEGRITY"
     ]
+
+
+def test_the_shrink_report_names_the_class_of_the_missing_and_a_capped_count() -> None:
+    """A run whose drain did not complete: its 1,500 missing messages are unreachable, not lost,
+    and the per-fault count over the 2 listed ones is said to be a lower bound."""
+    from harness.shrink_report import _results_block
+    from harness.shrink_run import _summary
+
+    message = {
+        "id": "p1:1",
+        "confirm_node": "n1",
+        "confirm_ns": 1,
+        "fault_ids": ["f1"],
+        "fault_kinds": ["kill"],
+    }
+    results = {
+        "verdict": "UNAVAILABLE",
+        "reason": "n1 did not come back",
+        "counts": {"confirmed": 2000, "lost": 0, "unreachable": 1500},
+        "attribution": {
+            "rows": [{"fault_kind": "kill", "node": "n1", "count": 1500}],  # made before rows had a class
+            "messages": [message, message | {"id": "p1:2"}],
+        },
+    }
+    summary = _summary(results)
+    assert summary is not None
+    assert (summary["missing_as"], summary["missing"], summary["lost_listed"]) == ("unreachable", 1500, 2)
+    assert summary["attribution"] == [
+        {"fault_kind": "kill", "node": "n1", "count": 1500, "status": "unreachable"}
+    ]
+    page = _results_block("minimal", summary, [{"fault_id": "f1", "kind": "kill"}])
+    assert "2 of the 2 unreachable messages listed (of 1,500: a lower bound) were confirmed" in page
+    assert "<td>unreachable</td><td>1,500</td>" in page and "lost messages" not in page

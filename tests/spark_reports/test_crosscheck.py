@@ -636,7 +636,13 @@ def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     )
     assert windows == live["gaps"]
     exposure = {e["fault_kind"]: e for e in r["attribution"]["exposure"]}
-    assert sum(row["count"] for row in r["attribution"]["rows"]) == sum(e["lost"] for e in exposure.values())
+    for status in ("lost", "unreachable", "stuck"):  # each attributed under the class the counts give it
+        rows = [row for row in r["attribution"]["rows"] if row["status"] == status]
+        assert sum(row["count"] for row in rows) == sum(e[status] for e in exposure.values())
+        assert bool(rows) == bool(r["counts"][status]), status  # every missing id meets a kind ("none")
+    assert {m["status"] for m in r["attribution"]["messages"]} <= {
+        s for s in ("lost", "unreachable", "stuck") if r["counts"][s]
+    }
     assert all(e["confirmed"] <= r["counts"]["confirmed"] for e in exposure.values())
 
 

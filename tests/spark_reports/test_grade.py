@@ -195,6 +195,29 @@ def test_an_integrity_run_whose_drain_finished_counts_its_losses() -> None:
     assert g["verdict"] == "INTEGRITY" and g["verdicts"]["INTEGRITY"] == 2
 
 
+def test_a_kinds_loss_is_the_runs_lost_and_stuck_not_its_unreachable() -> None:
+    """A graded run (its drain completed) whose missing messages sit on a node that did not come
+    back counts them unreachable, not lost: so does its fault kind. Stuck ones are a loss, as the
+    run's count has them; an exposure row made before the classes were apart counts ``lost``."""
+
+    def res(lost: int, unreachable: int, stuck: int, row: dict[str, int]) -> dict[str, Any]:
+        r = _res(lost, 1000, verdict="UNAVAILABLE" if unreachable else None)
+        r["counts"] |= {"unreachable": unreachable, "stuck": stuck}
+        r["attribution"]["exposure"] = [{"fault_kind": "kill", "confirmed": 100, **row}]
+        return r
+
+    g = grade_results(
+        [
+            ("a", res(0, 7, 0, {"lost": 0, "unreachable": 7, "stuck": 0}), 1),
+            ("b", res(0, 0, 3, {"lost": 0, "unreachable": 0, "stuck": 3}), 2),
+            ("c", res(2, 0, 0, {"lost": 2}), 3),
+        ]
+    )
+    assert [(r["graded"], r["lost"]) for r in g["runs"]] == [(True, 0), (True, 3), (True, 2)]
+    [kill] = g["per_kind"]
+    assert (kill["runs"], kill["runs_lost"], kill["confirmed"], kill["lost"]) == (3, 2, 300, 5)
+
+
 def test_a_verdict_the_grader_does_not_know_is_a_failure_and_still_counted() -> None:
     g = grade_results(
         [

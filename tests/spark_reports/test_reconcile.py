@@ -98,7 +98,7 @@ def _consumed_in_fault() -> HistoryBuilder:
     return b
 
 
-def _attributed() -> HistoryBuilder:
+def _attributed(complete: bool = True) -> HistoryBuilder:
     b = HistoryBuilder()
     # Confirmed by n3 before any fault, never consumed: lost, exposed to both kinds (p1:3, also lost
     # on n3, to one: their rows for power-loss on n3 are one row of two).
@@ -110,8 +110,14 @@ def _attributed() -> HistoryBuilder:
     b.fault("f2", "power-loss", node="n3")  # never healed: open to the end
     b.publish("p1:3", node="n3")
     b.consume("p1:1")
-    b.drain()
+    b.drain(complete=complete)
     return b
+
+
+def _attributed_undrained() -> HistoryBuilder:
+    """``_attributed`` with a final drain that did not complete: its missing messages are
+    unreachable, not lost, and attributed so."""
+    return _attributed(complete=False)
 
 
 SEED, SIZE = 7, 96
@@ -288,6 +294,7 @@ LITERALS = {
     "info_ops": _info_ops,
     "consumed_in_fault": _consumed_in_fault,
     "attributed": _attributed,
+    "attributed_undrained": _attributed_undrained,
     "consumption_is_an_ack": _consumption_is_an_ack,
     "ack_unknown": _ack_unknown,
     "lost_causes": _lost_causes,
@@ -314,7 +321,11 @@ def test_lost(tmp_path: Path) -> None:
     assert (r["valid"], r["verdict"]) == (False, "LOST")
     assert r["lost"] == ["p1:2"] and not r["lost_truncated"]
     assert r["counts"]["lost"] == 1 and r["counts"]["confirmed"] == 2
-    assert r["attribution"]["rows"] == [{"fault_kind": "none", "node": "n2", "count": 1}]
+    assert r["attribution"]["rows"] == [{"fault_kind": "none", "node": "n2", "status": "lost", "count": 1}]
+    assert r["attribution"]["exposure"] == [
+        {"fault_kind": "none", "confirmed": 2, "lost": 1, "unreachable": 0, "stuck": 0}
+    ]
+    assert [m["status"] for m in r["attribution"]["messages"]] == ["lost"]
 
 
 def test_lost_without_completed_drain_is_unknown(tmp_path: Path) -> None:
@@ -415,16 +426,24 @@ def test_message_consumed_only_during_a_fault_is_not_lost(tmp_path: Path) -> Non
     }
 
 
+def _attributed_rows(status: str) -> list[dict]:
+    """The attribution rows of ``_attributed``, its missing messages in class ``status``."""
+    return [
+        {"fault_kind": kind, "node": node, "status": status, "count": n}
+        for kind, node, n in (
+            ("kill", "n2", 1),
+            ("kill", "n3", 1),
+            ("power-loss", "n2", 1),
+            ("power-loss", "n3", 2),
+        )
+    ]
+
+
 def test_attribution(tmp_path: Path) -> None:
     r = run(tmp_path, "attributed")
     assert r["lost"] == ["p1:0", "p1:2", "p1:3"]
     a = r["attribution"]
-    assert a["rows"] == [
-        {"fault_kind": "kill", "node": "n2", "count": 1},
-        {"fault_kind": "kill", "node": "n3", "count": 1},
-        {"fault_kind": "power-loss", "node": "n2", "count": 1},
-        {"fault_kind": "power-loss", "node": "n3", "count": 2},
-    ]
+    assert a["rows"] == _attributed_rows("lost")
     assert [(m["id"], m["confirm_node"], m["fault_ids"], m["fault_kinds"]) for m in a["messages"]] == [
         ("p1:0", "n3", ["f1", "f2"], ["kill", "power-loss"]),
         ("p1:2", "n2", ["f1", "f2"], ["kill", "power-loss"]),
@@ -432,10 +451,30 @@ def test_attribution(tmp_path: Path) -> None:
     ]
     f2 = r["faults"][1]
     assert f2["healed"] is False and f2["end_ns"] == r["end_ns"]
-    assert {e["fault_kind"]: (e["confirmed"], e["lost"]) for e in a["exposure"]} == {
-        "kill": (3, 2),
-        "power-loss": (4, 3),
+    assert {e["fault_kind"]: (e["confirmed"], e["lost"], e["unreachable"]) for e in a["exposure"]} == {
+        "kill": (3, 2, 0),
+        "power-loss": (4, 3, 0),
     }
+
+
+def test_attribution_counts_unreachable_apart_from_lost(tmp_path: Path) -> None:
+    """The drain did not complete: the run counts 0 lost and 3 unreachable, and so do its
+    attribution rows, its exposure per fault kind and its attributed messages (they said 3 lost)."""
+    r = run(tmp_path, "attributed_undrained")
+    assert (r["counts"]["lost"], r["counts"]["unreachable"], r["verdict"]) == (0, 3, "unknown")
+    a = r["attribution"]
+    assert a["rows"] == _attributed_rows("unreachable")
+    assert {
+        e["fault_kind"]: (e["confirmed"], e["lost"], e["unreachable"], e["stuck"]) for e in a["exposure"]
+    } == {
+        "kill": (3, 0, 2, 0),
+        "power-loss": (4, 0, 3, 0),
+    }
+    assert [(m["id"], m["status"]) for m in a["messages"]] == [
+        ("p1:0", "unreachable"),
+        ("p1:2", "unreachable"),
+        ("p1:3", "unreachable"),
+    ]
 
 
 def test_a_delivery_is_not_a_consumption(tmp_path: Path) -> None:

@@ -107,6 +107,27 @@ def test_report_shows_every_class_and_each_lost_cause(tmp_path: Path) -> None:
     assert "budgets: duplicated &le; 5" in text and "schema-2 history" in text
 
 
+def test_report_labels_unreachable_messages_unreachable(tmp_path: Path) -> None:
+    """A drain that did not complete: 0 lost, 2 unreachable. The report's attribution, exposure and
+    listing say unreachable, never lost (they said 2 lost)."""
+    b = HistoryBuilder(step_ns=20_000_000)
+    b.publish("p1:1", node="n1")
+    b.fault("f1", "power-loss", node="n2")
+    b.publish("p1:2", node="n2")
+    b.publish("p1:3", node="n2")
+    b.heal("f1")
+    b.consume("p1:1")
+    b.drain(complete=False)
+    d = b.write(tmp_path / "run", jsonl=False)
+    results = check_python(d, {})
+    assert (results["counts"]["lost"], results["counts"]["unreachable"]) == (0, 2)
+    text = render_report(d, results).read_text()
+    attribution = text[text.index("<h2>Loss attribution") : text.index("<h2>Fault windows")]
+    assert "<th class='l'>class</th>" in attribution and "<td class='l'>unreachable</td>" in attribution
+    assert "<th>unreachable</th>" in attribution
+    assert "<h2>Unreachable messages (2)</h2>" in text and "Lost messages" not in text
+
+
 def test_report_of_a_run_whose_checkers_all_failed(tmp_path: Path) -> None:
     failed: Any = {"verdict": "unknown", "error": "ValueError: column missing"}  # what check_run combines
     page = render_report(tmp_path, failed)

@@ -60,6 +60,10 @@ def test_held_for_no_consumer_is_stuck_and_lost(tmp_path: Path) -> None:
     assert (q["node"], q["queue"], q["drainer"], q["unacked"], q["looks"]) == ("n1", "q", "d1", 3, 2)
     assert q["since_ns"] < q["last_ns"]
     assert r["reason"].startswith(f"3 confirmed messages {STUCK_CAUSE}: n1 reported 3 unacked on q from ")
+    a = r["attribution"]
+    assert a["rows"] == [{"fault_kind": "none", "node": "n1", "status": "stuck", "count": 3}]
+    assert a["exposure"] == [{"fault_kind": "none", "confirmed": 5, "lost": 0, "unreachable": 0, "stuck": 3}]
+    assert {m["status"] for m in a["messages"]} == {"stuck"}
 
 
 def test_since_is_the_first_of_the_last_consecutive_looks(tmp_path: Path) -> None:

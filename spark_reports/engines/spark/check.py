@@ -648,14 +648,14 @@ def _parse_metrics(rows: list[Any], scope: Scope, order_n: list[dict]) -> dict[i
                 m.counts[name] += v
         elif tag == "cause":
             m.lost_by_cause.append((r["s1"], r["s2"], vals[0]))
-        elif tag == "exposure":
-            lost = int(r["l1"]) & 1
+        elif tag == "exposure":  # missing: lost, unreachable or stuck (``verdict.missing_class``)
+            missing = int(r["l1"]) & 1
             for kind in _named(int(r["l1"]) >> 1, int(r["l2"]), kinds, "none"):
                 kk = m.by_kind.setdefault(kind, [0, 0])
                 kk[0] += vals[0]
-                if lost:
+                if missing:
                     kk[1] += vals[0]
-                    by_node = m.lost_by_kind_node
+                    by_node = m.missing_by_kind_node
                     by_node[(kind, r["s2"])] = by_node.get((kind, r["s2"]), 0) + vals[0]
         elif tag == "avail":
             for w in _named(int(r["l1"]), int(r["l2"]), windows[r["run"]], "outside"):
@@ -675,7 +675,7 @@ def _parse_metrics(rows: list[Any], scope: Scope, order_n: list[dict]) -> dict[i
         m.counts["order_violations"] = m.order
         m.exposure_rows = [(kind, x[0], x[1]) for kind, x in m.by_kind.items()]
         # Rows of several bit sets name the same kind and node: one row each.
-        m.attribution_rows = [(kind, node, n) for (kind, node), n in m.lost_by_kind_node.items()]
+        m.attribution_rows = [(kind, node, n) for (kind, node), n in m.missing_by_kind_node.items()]
     progress(
         "spark",
         "aggregates",
@@ -919,7 +919,7 @@ class _Metrics:
     counts: dict[str, int] = field(default_factory=dict)
     lost_by_cause: list[tuple[str, str | None, int]] = field(default_factory=list)
     by_kind: dict[str, list[int]] = field(default_factory=dict)
-    lost_by_kind_node: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    missing_by_kind_node: dict[tuple[str, str | None], int] = field(default_factory=dict)
     attribution_rows: list[tuple[str, str | None, int]] = field(default_factory=list)
     exposure_rows: list[tuple[str, int, int]] = field(default_factory=list)
     availability: dict[str, tuple[int, int]] = field(default_factory=dict)
