@@ -279,6 +279,18 @@ class Mirroring:
     ) -> None:
         if self.partitions.paused or self.transport.is_up(dead) or self.mirrors.get((vname, qname)) is not m:
             return  # paused: the majority side decides; or the master is back, or this mirror was replaced
+        follows = node_of(m.master_member)
+        if follows != dead:
+            # Another survivor took over first and this copy follows it (its ``promoted`` broadcast came here
+            # through GM). The record here may still name the dead master: deciding from it would promote a
+            # second master (under ``always``, this copy even when not in sync).
+            log.info(
+                "queue %r: master %s gone, nothing to promote here: the mirror here follows %s, promoted since",
+                qname,
+                dead,
+                follows,
+            )
+            return
         if m.gm is not None and m.master_member in m.gm.ring and waited < 10:
             # GM has not repaired the ring yet: what the dead master sent to any survivor is still on its way here
             asyncio.get_running_loop().call_later(
