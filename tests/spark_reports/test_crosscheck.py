@@ -470,12 +470,13 @@ def _oks(client: list[dict], q: str, kind: str) -> list[int]:
 def _answered_later(
     client: list[dict], answers: tuple[list[dict], list[int]], q: str, kind: str, a: int, b: int
 ) -> bool:
-    """Failing only while the whole queue was quiet (no ok of the other kind from the last heal that
-    began inside the window, or from its start), and the queue answered after: an ok of the other
-    kind, or a drain whose last op ended ok because every node reported the queue empty (not
-    because every node said it does not exist)."""
+    """Failing only while the whole queue was quiet (no ok of the other kind from the outage
+    threshold past the last heal that began inside the window, or past its start: an ok sooner than
+    that, such as the delivery of the last confirmed publish, is no kind served), and the queue
+    answered after: an ok of the other kind, or a drain whose last op ended ok because every node
+    reported the queue empty (not because every node said it does not exist)."""
     drains, heal_starts = answers
-    since = max((h for h in heal_starts if a <= h <= b), default=a)
+    since = max((h for h in heal_starts if a <= h <= b), default=a) + THRESHOLD_NS
     other = _oks(client, q, "consume" if kind == "publish" else "publish")
     mine = sorted((r["time_ns"], _answer(r)) for r in drains if r["queue"] == q)
     drained = bool(mine) and mine[-1][1] and mine[-1][0] > b
