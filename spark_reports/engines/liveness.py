@@ -53,6 +53,10 @@ class LiveFacts:
     gaps: list[tuple[str, str, int, int]] = field(default_factory=list)  # queue, kind, ok, next ok
     # queue -> (first publish invoke, last publish record of any type, last publish invoke)
     publish: dict[str, tuple[int | None, int, int | None]] = field(default_factory=dict)
+    #: queue -> the last consume ok at or before its last publish record (``publish``'s second
+    #: time), where there is one: whether consume was served in a stretch that ends with the
+    #: publish span, however short (``_Live.served``)
+    consume_by_publish_end: dict[str, int] = field(default_factory=dict)
     #: messages first acked by the drain (``Context.drain_reads``), by queue, drain node and the
     #: second they were confirmed in: (queue, node, second, count, first confirm, last confirm,
     #: last read, longest confirm-to-read wait); ``stranded_groups`` keeps those that sat while
@@ -302,9 +306,21 @@ class _Live:
         return row, out
 
     def served(self, q: str, k: str, a: int, b: int) -> bool:
-        """Whether kind ``k`` of queue ``q`` had an ok op between ``a`` and ``b``."""
+        """Whether kind ``k`` of queue ``q`` had an ok op from ``a`` to ``b``, ``b`` the other kind's
+        span end: whether its last ok at or before ``b`` is at or after ``a``. That is its last ok
+        when ``b`` is past it; consume's last at or before the publish span's end is a fact of its
+        own (``LiveFacts.consume_by_publish_end``). Otherwise (publish oks after a drain that ended
+        before them, never in a history the harness writes) the gaps longer than the threshold
+        decide: no ok between two oks less than the threshold apart is seen."""
         agg = self.per_queue[q][k]
-        if agg.first is None or agg.last is None or agg.first > b or agg.last < a:
+        last = agg.last
+        if last is None or last <= b:
+            return last is not None and last >= a
+        pub = self.facts.publish.get(q)
+        if k == "consume" and pub is not None and b == pub[1]:
+            at = self.facts.consume_by_publish_end.get(q)
+            return at is not None and at >= a
+        if agg.first is None or agg.first > b:
             return False
         return not any(qq == q and kk == k and ga < a and gb > b for qq, kk, ga, gb in self.facts.gaps)
 

@@ -7,7 +7,7 @@ up to a few million operations; the Spark job is the one that scales.
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
@@ -645,6 +645,10 @@ class _Live:
         for (q, kind), ts in merged.items():
             ts.sort()
             out.gaps += [(q, kind, a, b) for a, b in pairwise(ts) if b - a > threshold_ns]
+            if kind == "consume" and q in self.publish:  # the last at or before the last publish record
+                i = bisect_right(ts, self.publish[q][1] or 0)
+                if i > 0:
+                    out.consume_by_publish_end[q] = ts[i - 1]
         return out
 
 

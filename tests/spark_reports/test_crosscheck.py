@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from harness.spec import body_digest, message_body
@@ -167,6 +167,76 @@ def _keep_in_order(stream: list, member, group, key) -> None:
     for positions in slots.values():
         for pos, e in zip(positions, sorted((stream[p] for p in positions), key=key), strict=True):
             stream[pos] = e
+
+
+def _p1(seq: int, *outcomes: str) -> dict[str, Any]:
+    return {"id": f"p1:{seq}", "outcomes": list(outcomes), "deliveries": [], "node": "n1", "queue": "q1"}
+
+
+_LAST_FAILS = [_p1(1, "ok"), _p1(2, "ok"), _p1(3, "ok"), _p1(4, "ok", "fail")]
+LAST_PUBLISH_FAILS: dict[str, Any] = {
+    "messages": _LAST_FAILS,
+    "unexpected": [],
+    "faults": [],
+    "stream": [*(("publish", m) for m in _LAST_FAILS), ("drain_invoke",)],
+    "drain": "complete",
+    "empty_at": [None, None, None],
+    "bodies": False,
+    "dead_letter": False,
+    "budgets": {"duplicated": None, "resurrected": None, "recovery_s": None},
+    "step": 700_000_001,
+    "holdings": {"n1": None, "n2": None, "n3": None},
+}
+"""Found by hypothesis: one producer, publishes confirmed at 1.4 s to 5.6 s, a retry of the last one
+failing at 7.0 s (the workload's last op), no consume, no fault, then a drain that completed (every
+node empty) at 8.4 s. Consume has a window from 0.7 s to 7.0 s that runs to its span's end; every
+publish ok in it is within the outage threshold of its start, so the whole queue was quiet over it
+and the drain answered after it: the queue came back after the workload ended, not UNAVAILABLE
+(LOST 4 for what the drain did not find)."""
+
+
+def _d1(consumer: str = "c1") -> dict[str, Any]:
+    return {
+        "consumer": consumer,
+        "node": "n2",
+        "queue": "q1",
+        "redelivered": False,
+        "ack": "ok",
+        "abandon": None,
+        "corrupt": False,
+    }
+
+
+_BRACKETED = [
+    {**_p1(1, "ok"), "deliveries": [_d1()]},
+    {**_p1(2, "ok"), "deliveries": [_d1()]},
+    _p1(3, "fail"),
+    _p1(4, "fail"),
+]
+_BRACKETED_D = [("deliver", m["id"], 0, m["deliveries"][0]) for m in _BRACKETED[:2]]
+QUIET_BETWEEN_ACKS: dict[str, Any] = {
+    **LAST_PUBLISH_FAILS,
+    "messages": _BRACKETED,
+    "stream": [
+        ("publish", _BRACKETED[0]),
+        ("publish", _BRACKETED[1]),
+        _BRACKETED_D[0],
+        ("ack_invoke", *_BRACKETED_D[0][1:]),
+        ("publish", _BRACKETED[2]),
+        ("ack_done", *_BRACKETED_D[0][1:]),
+        _BRACKETED_D[1],
+        ("ack_invoke", *_BRACKETED_D[1][1:]),
+        ("publish", _BRACKETED[3]),
+        ("ack_done", *_BRACKETED_D[1][1:]),
+        ("drain_invoke",),
+    ],
+}
+"""The last publish confirmed at 2.8 s, publishes refused until 10.5 s (the workload's last publish
+record), acks at 7.0 s and 11.2 s (4.2 s apart: no gap over the threshold between them), then a
+completed drain. No ack from the threshold past the publish window's start (7.8 s) to its end, so
+the whole queue was quiet there, and the later ack and the drain answer it: no queue that never
+came back, though the two acks less than the threshold apart bracket that stretch (the engine
+once decided from the gaps over the threshold alone and said UNAVAILABLE)."""
 
 
 def scenario(plan: dict) -> dict:
@@ -444,12 +514,13 @@ def _oks(client: list[dict], q: str, kind: str) -> list[int]:
 def _answered_later(
     client: list[dict], answers: tuple[list[dict], list[int]], q: str, kind: str, a: int, b: int
 ) -> bool:
-    """Failing only while the whole queue was quiet (no ok of the other kind from the last heal that
-    began inside the window, or from its start), and the queue answered after: an ok of the other
-    kind, or a drain whose last op ended ok because every node reported the queue empty (not
-    because every node said it does not exist)."""
+    """Failing only while the whole queue was quiet (no ok of the other kind from the outage
+    threshold past the last heal that began inside the window, or past its start: an ok sooner than
+    that, such as the delivery of the last confirmed publish, is no kind served), and the queue
+    answered after: an ok of the other kind, or a drain whose last op ended ok because every node
+    reported the queue empty (not because every node said it does not exist)."""
     drains, heal_starts = answers
-    since = max((h for h in heal_starts if a <= h <= b), default=a)
+    since = max((h for h in heal_starts if a <= h <= b), default=a) + THRESHOLD_NS
     other = _oks(client, q, "consume" if kind == "publish" else "publish")
     mine = sorted((r["time_ns"], _answer(r)) for r in drains if r["queue"] == q)
     drained = bool(mine) and mine[-1][1] and mine[-1][0] > b
@@ -586,6 +657,8 @@ def expected_verdict(plan: dict, t: dict, live: dict, anomalies: dict | None = N
 
 @settings(max_examples=200, deadline=None)
 @given(plans())
+@example(LAST_PUBLISH_FAILS)
+@example(QUIET_BETWEEN_ACKS)
 def test_python_finds_exactly_what_was_planted(plan: dict) -> None:
     b = build(plan)
     t = truth(plan, b.rows)

@@ -215,6 +215,63 @@ def test_a_stall_after_the_recovery_that_the_drain_ends_is_no_outage_to_the_end(
     assert {w["kind"] for w in r["liveness"]["windows"] if not w["ended_by_ok"]} == {"publish", "consume"}
 
 
+def _bracketed(b: HistoryBuilder, late_s: float) -> None:
+    """The last confirmed publish at 12.4 s, then publishes refused to 18.8 s (the workload's last
+    op); beside them one delivery at 17.2 s and, ``late_s`` after the last refusal, another; then a
+    drain that completed (every node empty)."""
+    _workload(b, 20)
+    b.publish("p1:50", "ok", node="n1")
+    b.publish("p1:51", "ok", node="n1")
+    for i in range(22):
+        b.publish(f"p1:{100 + i}", "info", node="n1")
+    b.consume("p1:50", node="n2", consumer="c1")
+    for i in range(8):
+        b.publish(f"p1:{200 + i}", "info", node="n1")
+    b.t += int(late_s * S) - STEP
+    b.consume("p1:51", node="n2", consumer="c1")
+    empty = {"consumed": 0, "ready": 0, "unacked": 0, "error": None}
+    b.drain(nodes={"n1": empty, "n2": empty, "n3": empty})
+
+
+@pytest.mark.parametrize("late_s", [0.9, 6.0])
+def test_deliveries_either_side_of_the_quiet_stretch_serve_nothing_in_it(
+    tmp_path: Path, late_s: float
+) -> None:
+    """Publish fails from 12.4 s to 18.8 s; consume answered at 17.2 s, within the outage threshold
+    of the window's start, and next only after 18.8 s. Nothing was served from 17.4 s to 18.8 s,
+    so the whole queue was quiet there, and the completed drain (and the later delivery) answer
+    it: no queue that never came back, whether the later delivery is 0.9 s after the last refusal
+    (the two deliveries less than the threshold apart) or 6 s (a gap longer than it)."""
+    b = HistoryBuilder(step_ns=STEP)
+    _bracketed(b, late_s)
+    r = check_python(b.write(tmp_path), {})
+    assert (r["verdict"], r["liveness"]["unavailable"]) == ("durable", [])
+    publish = [w for w in r["liveness"]["windows"] if w["kind"] == "publish"]
+    assert [(w["start_ns"], w["end_ns"], w["ended_by_ok"]) for w in publish] == [
+        (int(12.4 * S), int(18.8 * S), False)
+    ]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("served", [False, True])
+def test_spark_agrees_on_deliveries_either_side_of_a_quiet_stretch(
+    tmp_path: Path, spark_engine: Any, served: bool
+) -> None:
+    """Both ways the last consume at or before the last publish record decides: none in the quiet
+    stretch (no outage), and deliveries beside every refused publish (publish never came back)."""
+    b = HistoryBuilder(step_ns=STEP)
+    if served:
+        _refused_beside_deliveries(b)
+    else:
+        _bracketed(b, 0.9)
+    run = b.write(tmp_path)
+    expected = dict(check_python(run, {}))
+    got = dict(spark_engine(run, {}))
+    assert (got.pop("engine"), expected.pop("engine")) == ("spark", "python")
+    assert [u["kinds"] for u in got["liveness"]["unavailable"]] == ([["publish"]] if served else [])
+    assert got == expected
+
+
 def _gone_stream(gone: dict[str, str] | None) -> HistoryBuilder:
     """Confirmed messages never consumed, a power cut of every node, publishes refused after the
     heal, then a drain whose every node answered ``gone`` (or, with None, reported empty)."""
@@ -267,6 +324,16 @@ def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(t
     """The converse: consumers served after the heal while every publish is refused until the
     producers stop, and nothing answers the queue after that: publish never came back."""
     b = HistoryBuilder(step_ns=STEP)
+    _refused_beside_deliveries(b)
+    r = check_python(b.write(tmp_path), {})
+    assert r["verdict"] == "UNAVAILABLE"
+    [u] = r["liveness"]["unavailable"]
+    assert u["kinds"] == ["publish"]
+
+
+def _refused_beside_deliveries(b: HistoryBuilder) -> None:
+    """A backlog published, a heal, then every publish refused beside a delivery of the backlog
+    (the last delivery after the last refusal), then a drain."""
     _workload(b, 60, consume=False)
     b.fault("f1", "partition", node="n1")
     b.heal("f1")
@@ -274,10 +341,6 @@ def test_publishes_refused_to_the_end_while_consumers_are_served_are_an_outage(t
         b.publish(f"p1:{100 + i}", "info", node="n1")
         b.consume(f"p1:{i}", node="n2", consumer="c1")
     b.drain()
-    r = check_python(b.write(tmp_path), {})
-    assert r["verdict"] == "UNAVAILABLE"
-    [u] = r["liveness"]["unavailable"]
-    assert u["kinds"] == ["publish"]
 
 
 def _backlog(b: HistoryBuilder) -> None:

@@ -34,7 +34,13 @@ from spark_reports.engines.liveness import LiveFacts
 from spark_reports.engines.spark.anomalies import parse as parse_anomalies
 from spark_reports.engines.spark.anomalies import parts as anomaly_parts
 from spark_reports.engines.spark.ids import Unit, classify, events
-from spark_reports.engines.spark.live import live_metrics, ok_records, parse_live, stranded_part
+from spark_reports.engines.spark.live import (
+    live_metrics,
+    ok_records,
+    parse_live,
+    publish_records,
+    stranded_part,
+)
 from spark_reports.engines.spark.ranks import Ranks
 from spark_reports.engines.spark.scope import Scope
 from spark_reports.engines.spark.sql import bucket, collect_parts, tagged
@@ -558,7 +564,8 @@ class _Job:
     def ordered_sources(self, j: Any) -> list[Any]:
         """The rows of ``window_parts`` besides the lists: the order check's deliveries, the liveness
         gaps' ok records, the lost positions' ids."""
-        return [order_source(j), gap_source(ok_records(self.h, self.scope)), positions_source(j)]
+        gaps = gap_source(ok_records(self.h, self.scope), publish_records(self.h))
+        return [order_source(j), gaps, positions_source(j)]
 
     def list_rows(self, j: Any) -> Any:
         """Every capped detail list's rows (list, o, js) from one read of the per-id rows: each flagged

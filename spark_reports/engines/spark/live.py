@@ -5,8 +5,9 @@ last ok (``live_metrics``: keyed metric rows of the check's one aggregate, so li
 history in the same pass as the timeline); the first ok at or after a fault's heal and the
 last before it are then the least first of the stretches after the heal and the greatest last
 of those before, on the driver. Per queue the publish span, likewise. The gaps longer than the
-threshold between consecutive oks of a queue and kind are a lag over the oks in time order, in the check's one window
-(``window``): only the few long ones reach the driver. Everything else is
+threshold between consecutive oks of a queue and kind are a running maximum over the oks in time
+order, in the check's one window (``window``): only the few long ones reach the driver; the last
+consume ok at or before a queue's last publish record is one more row of that window per queue. Everything else is
 ``_liveness``'s, shared with the Python engine.
 """
 
@@ -85,6 +86,14 @@ def ok_records(h: Any, scope: Scope) -> Any:
     return h.filter(_client(h)).withColumn("kind", _kind(scope)).filter(F.col("kind").isNotNull())
 
 
+def publish_records(h: Any) -> Any:
+    """The client publish records of every type (``live_pub``'s), the markers among a queue's
+    consume oks in ``window.gap_source``."""
+    from pyspark.sql import functions as F
+
+    return h.filter(_client(h) & (F.col("f") == "publish"))
+
+
 def stranded_part(ids: Any) -> Any:
     """The tagged part ``live_stranded`` (``LiveFacts.stranded``): the per-id rows flagged
     ``is_drain_first`` (confirmed, first acked by the drain) by run, queue, drain node and confirm
@@ -142,6 +151,8 @@ def parse_live(metrics: list[dict], parts: dict[str, list[dict]], scope: Scope) 
         )
     for r in parts.get("live_gap", []):
         out[r["run"]].gaps.append((r["queue"], r["kind"], int(r["a"]), int(r["b"])))
+    for r in parts.get("live_near", []):
+        out[r["run"]].consume_by_publish_end[r["queue"]] = int(r["at"])
     for r in parts.get("live_stranded", []):
         second, n, c_from, c_to, read_to, wait = (
             int(r[k]) for k in ("second", "n", "c_from", "c_to", "read_to", "wait")

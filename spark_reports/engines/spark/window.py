@@ -7,7 +7,8 @@ producer, the first and last seq still seen) each were a window or an aggregate 
 a shuffle and a stage. Here their rows are one union, partitioned by (run, part, k1, k2, k3) and
 ordered by ``o``: each part reads only the window functions it needs, all over the same partitions
 and order, so Spark plans one exchange and one sort for them all. Each part's rows come out as
-the tagged rows of ``sql.collect_parts`` (``lists``, ``order_n``, ``live_gap``, ``a_positions``).
+the tagged rows of ``sql.collect_parts`` (``lists``, ``order_n``, ``live_gap``, ``live_near``,
+``a_positions``).
 
 An order violation is one of a partition's; each partition keeps its first LIST_CAP (by index)
 and its count, so the driver takes the first LIST_CAP of all (``order_rows``).
@@ -78,12 +79,17 @@ def order_source(ids: Any) -> Any:
     )
 
 
-def gap_source(ok: Any) -> Any:
-    """The ok records of ``live``'s kinds (``kind``: 0 publish, 1 consume), per queue and kind."""
+def gap_source(ok: Any, publishes: Any) -> Any:
+    """The ok records of ``live``'s kinds (``kind``: 0 publish, 1 consume), per queue and kind, each
+    with its time as ``x``; among a queue's consume oks, its publish records of every type as
+    markers (flag ``a``, no ``x``): at the last of them, the last consume ok at or before it
+    (``LiveFacts.consume_by_publish_end``)."""
     from pyspark.sql import functions as F
 
     kind = F.element_at(F.array(*[F.lit(k) for k in KINDS]), F.col("kind") + 1)
-    return _row(ok, GAP, k=(F.col("queue"), kind), o=F.col("time_ns"))
+    t = F.col("time_ns")
+    oks = _row(ok, GAP, k=(F.col("queue"), kind), o=t, x=t)
+    return oks.unionByName(_row(publishes, GAP, k=(F.col("queue"), F.lit(KINDS[1])), o=t, a=F.lit(True)))
 
 
 def positions_source(ids: Any) -> Any:
@@ -119,8 +125,8 @@ def window_parts(sources: list[Any]) -> Any:
     u = u.select(
         "*",
         F.row_number().over(w).alias("rn"),
-        F.lag("o").over(w).alias("prev"),
         F.max("x").over(before).alias("after_seq"),
+        F.max("x").over(w.rangeBetween(Window.unboundedPreceding, Window.currentRow)).alias("x_upto"),
         F.min(F.when(col("a"), col("x"))).over(whole).alias("first_seen"),
         F.max(F.when(col("a"), col("x"))).over(whole).alias("last_seen"),
     )
@@ -137,6 +143,7 @@ def window_parts(sources: list[Any]) -> Any:
         F.sum(viol.cast("long")).over(upto).alias("nv"),
         F.sum(viol.cast("long")).over(whole).alias("n_order"),
         F.sum(lost.cast("long")).over(whole).alias("lost"),
+        F.max(F.when((p == GAP) & col("a"), col("x_upto"))).over(whole).alias("near"),
         *[F.sum((lost & c).cast("long")).over(whole).alias(k) for k, c in where.items()],
     )
     return _emit(u, viol)
@@ -150,7 +157,9 @@ def _emit(u: Any, viol: Any) -> Any:
     listed = ~p.startswith("~") & (col("rn") <= LIST_CAP)
     violation = viol & (col("nv") <= LIST_CAP)
     order_n = (p == ORDER) & (col("rn") == 1) & (col("n_order") > 0)
-    gap = (p == GAP) & (col("o") - col("prev") > UNAVAILABLE_S * NS_PER_S)
+    # A liveness ok's previous one is the greatest ok time (``x``) before it: the markers have none.
+    gap = (p == GAP) & ~col("a") & (col("o") - col("after_seq") > UNAVAILABLE_S * NS_PER_S)
+    near = (p == GAP) & (col("rn") == 1) & col("near").isNotNull()
     pos = (p == POS) & (col("rn") == 1) & (col("lost") > 0)
 
     def js(*cols: Any) -> Any:
@@ -180,10 +189,11 @@ def _emit(u: Any, viol: Any) -> Any:
                 "run",
                 col("k1").alias("queue"),
                 col("k2").alias("kind"),
-                col("prev").alias("a"),
+                col("after_seq").alias("a"),
                 col("o").alias("b"),
             ),
         )
+        .when(near, tagged("live_near", "run", col("k1").alias("queue"), col("near").alias("at")))
         .when(
             pos,
             tagged(
