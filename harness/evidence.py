@@ -220,7 +220,7 @@ def add_exposure(
         gone = sum(i in lost for i in acked)
         behind = sum(i in unreachable for i in acked)
         exp["confirmed_before_cut"], exp["lost"], exp["unreachable"] = len(acked), gone, behind
-        exp["lower_bound"] = capped
+        exp["lower_bound"] = capped and bool(acked)  # none acknowledged: none lost, exactly
         exp["ids"] = exp["ids"][:EXPOSED_SHOWN]
         lines.append(
             fault_line(
@@ -229,8 +229,8 @@ def add_exposure(
                 a["node"],
                 f"{len(acked)} acknowledged message(s) were unsynced at the cut "
                 f"({exp['in_dropped_writes']} in the dropped writes); "
-                f"{floor if lost else ''}{gone} of them lost"
-                + (f", {floor}{behind} unreachable" if unreachable else ""),
+                f"{floor if lost and acked else ''}{gone} of them lost"
+                + (f", {floor if acked else ''}{behind} unreachable" if unreachable else ""),
             )
         )
     return lines

@@ -17,7 +17,7 @@ import plugins.reference
 from faults.corrupt import CorruptFile
 from faults.power import PowerLossCoordinated
 from faults.process import Kill, Pause, PowerLoss
-from harness.evidence import read_fault_evidence
+from harness.evidence import add_exposure, read_fault_evidence
 from harness.history import Recorder, read_jsonl
 from harness.host import Host
 from harness.nemesis import Nemesis, Plan, PlannedFault
@@ -423,3 +423,21 @@ def test_a_long_fault_invoked_before_the_last_publish_met_publishes(tmp_path: Pa
     assert ev["lines"] == [
         "f2 power-loss on n1: applied 90.0 s after the last publish was sent: no publish met it"
     ]
+
+
+def test_a_cut_with_nothing_acknowledged_unsynced_says_none_lost_exactly_past_the_cap() -> None:
+    """The cap on the checkers' id list makes a cut's count a floor only where the cut held
+    acknowledged messages: with none, "0 of them lost" is exact, not "at least 0"."""
+    action: Any = {
+        "fault_id": "f2",
+        "kind": "power-loss",
+        "node": "n1",
+        "at_ns": 10,
+        "exposure": {"ids": ["p1:9"], "in_dropped_writes": 1},
+    }
+    lines = add_exposure([action], {"p1:9"}, {"p1:9": 20}, {"p1:1"}, capped=True)
+    assert lines == [
+        "f2 power-loss on n1: 0 acknowledged message(s) were unsynced at the cut "
+        "(1 in the dropped writes); 0 of them lost"
+    ]
+    assert action["exposure"]["lower_bound"] is False
