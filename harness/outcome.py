@@ -98,7 +98,7 @@ def attribution_lines(results: Mapping[str, Any], limit: int = 20) -> list[str]:
     lines = []
     rows = attribution.get("rows") or []
     if rows:
-        lines.append("  attribution (fault kind, node that confirmed, class, messages):")
+        lines.append("  loss attribution (fault kind, node that confirmed, class, messages):")
         lines += [
             f"    {r['fault_kind']:<16} {str(r['node']):<6} {row_class(r, counts):<11} {r['count']}"
             for r in rows

@@ -137,7 +137,7 @@ def test_unreachable_messages_are_not_called_lost(tmp_path: Path) -> None:
     terminal's loss table and in Allure's attribution text."""
     sc = build_scenario("scenarios/power-loss-async.yaml", root=REPO, seed=11)
     text = loss_table(sc, _unreachable_results(), tmp_path)
-    assert "attribution (fault kind, node that confirmed, class, messages):" in text
+    assert "loss attribution (fault kind, node that confirmed, class, messages):" in text
     assert "power-loss       n1     unreachable 2" in text
     assert "exposure (fault kind, confirmed while it could hit, lost, unreachable):" in text
     assert "power-loss       6        0    2" in text
