@@ -16,7 +16,8 @@ fault
 event
     what the run showed in that window: whether the fault applied and bit, whether publishes
     were served inside it (``publish-served``, ``publish-none``), whether each
-    queue recovered after its heal, lost messages attributed to it; for the run, its verdict, the
+    queue recovered after its heal, missing messages attributed to it under their class
+    (``lost``, ``stuck``, ``unreachable``); for the run, its verdict, the
     kinds of anomaly it counted, its outages (``outage-publish``: no publish completed for longer
     than the liveness threshold) and the broker's own events the plugin reads from its logs
     (``event=promoted-in-sync``, ``event=served-alone``).
@@ -26,7 +27,7 @@ and its relations to other windows are the search's input: cells keyed on them (
 with each parameter value, each relation crossed with each outcome) are reached by the mutation
 that makes them, whatever the broker does, so every run was new and the corpus kept everything: a
 random walk over mutations. A relation makes a cell only with what went wrong for the workload
-(``lost``, ``not-recovered``, a heal that failed); the broker's events and the outages are the
+(``lost``, ``stuck``, ``not-recovered``, a heal that failed); the broker's events and the outages are the
 run's, so a node that started alone and served is one cell whichever schedule got it there, and
 which window a routine event (a synced mirror, a group-commit batch) or an outage fell in makes
 none. What
@@ -45,12 +46,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.spec.results import row_class
 from harness.spec.rundir import RESULTS_JSON, SCENARIO_JSON
 
 #: A window's events a relation is crossed with: what went wrong for the workload. Crossed with
 #: every outcome (applied, publishes served, an outage), a relation was reached by the mutation
 #: that made it, whatever the broker did.
-WENT_WRONG = frozenset({"apply-failed", "never-healed", "not-recovered", "lost"})
+WENT_WRONG = frozenset({"apply-failed", "never-healed", "not-recovered", "lost", "stuck"})
 #: Run-level counts that make an event when they are above zero.
 COUNTED = ("recovered", "unknown", "failed", "duplicated", "resurrected", "ack_unknown", "abandoned")
 
@@ -209,10 +211,13 @@ def window_events(results: Mapping[str, Any]) -> dict[str, set[str]]:
     # made ``partition | outage-publish`` new where one had not).
     for u in lv.get("windows") or []:
         out.setdefault("run", set()).add(f"outage-{u.get('kind')}")
+    # Each missing message under its class: an unreachable one (the drain did not complete) is
+    # not a loss, and a stuck one is.
+    counts = results.get("counts") or {}
     for m in (results.get("attribution") or {}).get("messages") or []:
         for fid in m.get("fault_ids") or []:
             if fid in out:
-                out[fid].add("lost")
+                out[fid].add(row_class(m, counts))
     # The broker's events are the run's: which window a promotion or a synced mirror fell in moved
     # with the timing (two runs of one schedule had them in different windows).
     for e in results.get("events") or []:

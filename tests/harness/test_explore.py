@@ -902,6 +902,28 @@ def test_a_relation_is_crossed_with_what_went_wrong_only() -> None:
     assert relation == {"lost"}
 
 
+@pytest.mark.parametrize("status", ["unreachable", "stuck"])
+def test_a_missing_message_makes_a_cell_under_its_class(status: str) -> None:
+    """A message the drain could not reach is not lost: its window's cell says ``unreachable`` and
+    crosses no relation; a stuck one (held by a consumer that never acked) went wrong, and does."""
+    res = json.loads(json.dumps(RESULTS))
+    res["counts"] = {status: 1}
+    res["attribution"]["messages"][0]["status"] = status
+    ev = window_events(res)
+    assert ev["f2"] == {"applied", "publish-none", status}
+    cells = run_cells({"workload": {"consumers": 0}, "broker": {"nodes": 3}}, res)
+    assert f"backlog | power-loss@one/clients | {status}" in cells
+    assert not any(c.endswith(" | lost") for c in cells)
+    relation = {c.rsplit(" | ", 1)[1] for c in cells if " under=" in c}
+    assert relation == ({"stuck"} if status == "stuck" else set())
+
+
+def test_a_missing_message_kept_before_its_class_was_takes_the_runs_class() -> None:
+    res = json.loads(json.dumps(RESULTS))
+    res["counts"] = {"unreachable": 3}
+    assert window_events(res)["f2"] == {"applied", "publish-none", "unreachable"}
+
+
 def test_heal_lateness_is_how_long_past_its_plan_the_latest_heal_completed() -> None:
     """The nemesis healed f1 3 s and f2 0.5 s past their planned times (the workload began at 100 s of
     the history); a window never healed, or not planned, does not count."""
