@@ -546,13 +546,24 @@ def _published(node: NodeProc, queue: str, bodies: range) -> bool:
     return True
 
 
+def _not_promoting(node: NodeProc, queue: str) -> bool:
+    """``node`` decided not to promote ``queue``: its master is gone and no mirror the record lists is up."""
+    return f"queue '{queue}': master n1 died and no live mirror is in sync; not promoting" in node.log()
+
+
 def test_a_master_paused_for_a_partial_partition_confirms_nothing_forwarded_by_a_peer(
     cluster_factory, net
 ) -> None:
     """n1 (the master, its one mirror on n3) and n3 lose each other while n2 sees both: both pause. A publish
     through n2 is forwarded to the paused master n1; then n1 loses n2 too, the partition is clean, n2 + n3
     resume and n3 promotes its mirror, and the heal keeps n3's copy. Whatever n2 confirmed must be in it
-    (the paused n1 confirmed what n2 forwarded: 89 to 186 lost in a scenario so shaped)."""
+    (the paused n1 confirmed what n2 forwarded: 89 to 186 lost in a scenario so shaped).
+
+    Under load n1 can drop n3's mirror from the queue's record at n3's loss, before it sees the
+    partition is partial and pauses (as a RabbitMQ master drops a dead member): then no live node
+    holds a mirror the record lists, n3 says it is not promoting, and the queue waits for n1 (the
+    test waited for a promotion that could not come, until pytest-timeout). Either way, whatever
+    was confirmed must be in the copy the heal keeps."""
     nodes = cluster_factory(3, proxied=True, partition_handling="pause_minority", down_after=25)
     n1, n2, n3 = nodes
     _mirrored_on_n1_and_n3(n1, "ha.forwarded")
@@ -563,7 +574,10 @@ def test_a_master_paused_for_a_partial_partition_confirms_nothing_forwarded_by_a
     if _published(n2, "ha.forwarded", range(100, 110)):
         confirmed = list(range(100, 110))
     net.partition(["n1"], ["n2", "n3"])
-    wait_for(lambda: queue_info(n2, "ha.forwarded").get("node") == "n3", what="n3 promoted")
+    wait_for(
+        lambda: queue_info(n2, "ha.forwarded").get("node") == "n3" or _not_promoting(n3, "ha.forwarded"),
+        what="n3 promoted, or n3 not promoting (its mirror dropped from the record before n1 paused)",
+    )
     _heal_to_one_master(net, nodes, "ha.forwarded")
     got = set(drain(n2, "ha.forwarded"))
     assert set(range(10)) | set(confirmed) <= got, f"confirmed {confirmed}, drained {sorted(got)}"
