@@ -149,6 +149,8 @@ def test_pause_minority_master_is_replaced_and_its_copy_dropped_on_heal(cluster_
     publish(n2, "ha.minority", range(10, 20))
     net.heal()
     wait_for(lambda: not n3.ctl("cluster_status")["paused"], what="n3 resumed")
+    # its listener opens a moment after it says it resumed (a drain in between was refused under load)
+    wait_for(lambda: _serves(n3), what="a client served by n3 again")
     master = queue_info(n1, "ha.minority")["node"]
     wait_for(
         lambda: all(queue_info(n, "ha.minority").get("node") == master for n in (n1, n2, n3)),
