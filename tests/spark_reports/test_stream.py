@@ -213,6 +213,20 @@ def test_a_stream_the_drain_found_empty_is_still_a_stream() -> None:
     )
 
 
+def offset_zero_gap() -> H:
+    """RabbitMQ's offsets start at 0: the reader read p1:1 at 0, the nodes' copies begin there, and
+    the drain delivered only what came after it."""
+    h = rabbitmq_backlog()
+    drop = {r["index"] for r in h.rows if r["process"] == "d1" and r["value"] == "p1:1"}
+    h.rows = [r for r in h.rows if r["index"] not in drop]
+    return h
+
+
+def test_a_sparse_stream_from_offset_0_has_its_first_offset_judged() -> None:
+    res = check_rows(offset_zero_gap().rows)
+    assert res["anomalies"]["gaps"] == [{"queue": Q, "seq": 0}]
+
+
 def one_history(cases: list[H]) -> H:
     """The cases as one history, each on a stream of its own (``q0``, ``q1``..), in order."""
     combined = H()
@@ -286,6 +300,7 @@ def _literal_cases() -> list[H]:
         H().clean(),
         rabbitmq_backlog(),
         rabbitmq_backlog(kept=0),
+        offset_zero_gap(),
         H().publish("p2:1", 1).deliver("p2:1", 1, 1).drain({"n1": view}),
         H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain(),
         H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1).deliver("p1:2", 3, 2).drain(),
