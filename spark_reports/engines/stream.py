@@ -96,9 +96,12 @@ def _sparse(drain: dict[str, Any]) -> bool:
 
 def _floor(drain: dict[str, Any]) -> int:
     """The lowest offset a gap may have: the stream's first sequence as its replicas report it
-    (what is below was removed), else 1."""
+    (what is below was removed), else where the stream's offsets start: 1 for a dense stream
+    (JetStream's sequences), 0 for a sparse one (RabbitMQ's offsets start there; Redis's entry ids
+    are far above it)."""
     firsts = [_int(v.get("first_seq")) for v in (drain.get("replicas") or {}).values() if isinstance(v, dict)]
-    return max(1, min([s for s in firsts if s is not None] or [1]))
+    start = 0 if _sparse(drain) else 1
+    return max(start, min([s for s in firsts if s is not None] or [start]))
 
 
 def is_stream_drain(value: dict[str, Any]) -> bool:
