@@ -79,9 +79,16 @@ class Wording:
 
 
 def small_results(
-    wording: Wording, counts: dict[str, int], examples: dict[str, list[dict[str, Any]]], *, engine: str
+    wording: Wording,
+    counts: dict[str, int],
+    examples: dict[str, list[dict[str, Any]]],
+    *,
+    engine: str,
+    not_judged: str = "",
 ) -> dict[str, Any]:
-    """The results of a small checker, the same from either engine."""
+    """The results of a small checker, the same from either engine. ``not_judged`` names the checks
+    the history gave nothing to judge (and why): the reason line says so after its own words, so a
+    check that saw nothing never reads as one that found nothing."""
     valid, verdict, bad = verdict_of(counts, wording.anomalies)
     notes = [f"{wording.name} {k.replace('_', ' ')}: {counts[k]}" for k in bad]
     unfinished = counts["unfinished_drains"]
@@ -89,14 +96,17 @@ def small_results(
         notes.append(wording.undrained_note.format(n=unfinished))
     if not counts[wording.subject]:
         notes.append(wording.nothing)
+    if not_judged:
+        notes.append(f"{wording.name} not judged: {not_judged}")
     if verdict == "unknown":
         otherwise = wording.undrained.format(n=unfinished)
     else:
         otherwise = wording.clean.format(n=counts[wording.subject])
+    reason = reason_of(counts, bad, wording.labels, otherwise)
     return {
         "valid": valid,
         "verdict": verdict,
-        "reason": reason_of(counts, bad, wording.labels, otherwise),
+        "reason": f"{reason}; not judged: {not_judged}" if not_judged else reason,
         "engine": engine,
         "counts": counts,
         "anomalies": {k: wording.order(v)[:EXAMPLES] for k, v in examples.items()},

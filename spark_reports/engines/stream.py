@@ -24,6 +24,16 @@ in ``value.replicas``):
 - ``diverged_streams``: streams whose replicas disagree after the final drain
   (messages, first or last sequence).
 
+A stream is any queue the history shows as one: a confirm, delivery or read with an offset,
+a node's copy with offsets (``holdings``), or a drain that describes a stream (its replicas'
+views or its offsets' shape). Not every client gives every check something to judge: a
+RabbitMQ stream's publish confirm names only the publishing id, so no confirm carries an
+offset (no ``seq_conflicts`` or ``seq_mismatches``), and its deliveries carry no consumer
+sequence (no ``reordered``); a drain that read nothing delivered nothing. Each stream's
+``Evidence`` says what it gave, and the reason line names each check some stream gave nothing
+to judge, and why ("not judged: ..."), so a check that saw nothing never reads as one that
+found nothing.
+
 Two engines, one answer: ``check_stream_python`` and ``check_stream_spark`` (Spark
 SQL on the Parquet history) return the same dictionary; a differential test
 compares them.
@@ -31,7 +41,7 @@ compares them.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +61,15 @@ ANOMALIES = (
     "reordered",
     "diverged_streams",
 )
-COUNT_KEYS = ("streams", "confirmed", "delivered", *ANOMALIES, "unfinished_drains", "history_ops")
+COUNT_KEYS = (
+    "streams",
+    "confirmed",
+    "delivered",
+    "ordered",
+    *ANOMALIES,
+    "unfinished_drains",
+    "history_ops",
+)
 LABELS = {
     "seq_conflicts": "stream sequence(s) confirmed to two different messages",
     "seq_mismatches": "deliveries with a stream sequence other than the one confirmed",
@@ -78,9 +96,71 @@ def _sparse(drain: dict[str, Any]) -> bool:
 
 def _floor(drain: dict[str, Any]) -> int:
     """The lowest offset a gap may have: the stream's first sequence as its replicas report it
-    (what is below was removed), else 1."""
+    (what is below was removed), else where the stream's offsets start: 1 for a dense stream
+    (JetStream's sequences), 0 for a sparse one (RabbitMQ's offsets start there; Redis's entry ids
+    are far above it)."""
     firsts = [_int(v.get("first_seq")) for v in (drain.get("replicas") or {}).values() if isinstance(v, dict)]
-    return max(1, min([s for s in firsts if s is not None] or [1]))
+    start = 0 if _sparse(drain) else 1
+    return max(start, min([s for s in firsts if s is not None] or [start]))
+
+
+def is_stream_drain(value: dict[str, Any]) -> bool:
+    """A drain op's value that describes a stream (``DrainReader.extra``: the replicas' views, or
+    the offsets' shape), as no queue's drain does."""
+    return "replicas" in value or OFFSETS in value
+
+
+def replica_views(drain: dict[str, Any]) -> int:
+    """How many replicas' views a drain's value holds (what the replica agreement compares)."""
+    return sum(isinstance(v, dict) for v in (drain.get("replicas") or {}).values())
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one stream's history gave the checks to judge: stream offsets confirmed and delivered,
+    first deliveries that carry a consumer sequence, whether the drain finished and how many
+    replicas' views it holds."""
+
+    confirmed: int = 0
+    delivered: int = 0
+    ordered: int = 0
+    drained: bool = False
+    views: int = 0
+
+
+NO_CONFIRMED = "no publish confirm carried a stream offset"
+NO_DELIVERED = "nothing was delivered with a stream offset"
+NO_ORDER = "no delivery carried its consumer sequence and delivery count"
+FEW_VIEWS = "the drain had fewer than two replicas' views"
+
+
+def _why_not(anomaly: str, e: Evidence) -> str | None:
+    """Why ``anomaly`` could not be judged on a stream with evidence ``e`` (None: it was). On a
+    stream whose drain did not finish, gaps and replica agreement go unjudged under the undrained
+    note instead."""
+    needs: dict[str, list[tuple[bool, str]]] = {
+        "seq_conflicts": [(e.confirmed > 0, NO_CONFIRMED)],
+        "seq_mismatches": [(e.confirmed > 0, NO_CONFIRMED), (e.delivered > 0, NO_DELIVERED)],
+        "delivered_conflicts": [(e.delivered > 0, NO_DELIVERED)],
+        "gaps": [(not e.drained or e.delivered > 0, NO_DELIVERED)],
+        "reordered": [(e.delivered > 0, NO_DELIVERED), (e.ordered > 0, NO_ORDER)],
+        "diverged_streams": [(not e.drained or e.views > 1, FEW_VIEWS)],
+    }
+    return next((why for met, why in needs[anomaly] if not met), None)
+
+
+def not_judged(evidence: dict[str, Evidence]) -> str:
+    """The checks some stream gave nothing to judge, grouped by why (in the order of their first
+    check), each with the streams it went unjudged on when not all: '' when every check judged
+    every stream."""
+    groups: dict[str, list[str]] = {}
+    for anomaly in ANOMALIES:
+        whys = [_why_not(anomaly, e) for e in evidence.values()]
+        for why in dict.fromkeys(w for w in whys if w is not None):
+            k, n = whys.count(why), len(whys)
+            name = anomaly.replace("_", " ")
+            groups.setdefault(why, []).append(name if k == n else f"{name} on {k} of {n} streams")
+    return "; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items())
 
 
 def replica_disagreements(drains: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -116,6 +196,10 @@ class _Scan:
     drains: dict[str, dict[str, Any]] = field(default_factory=dict)
     drain_done: dict[str, bool] = field(default_factory=dict)
     queues: set[str] = field(default_factory=set)
+    """queues whose confirms or deliveries carry stream offsets"""
+    streams: set[str] = field(default_factory=set)
+    """queues the history shows as streams: those, and any with a read's or a node's copy's
+    offset or a stream's drain"""
     seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     """offsets reads and nodes' copies show"""
     n: int = 0
@@ -126,8 +210,13 @@ class _Scan:
         if f == "drain" and t in ("ok", "info") and q:
             self.drain_done[q] = self.drain_done.get(q, True) and t == "ok"
             self.drains[q] = load_json(r.get("value"))
+            if is_stream_drain(self.drains[q]):
+                self.streams.add(q)
         elif f == HOLDINGS and t == "ok" and q:
-            self.seen[q].update(o for o, _ in entry_list(r.get("value")) if o is not None)
+            offsets = [o for o, _ in entry_list(r.get("value")) if o is not None]
+            self.seen[q].update(offsets)
+            if offsets:
+                self.streams.add(q)
         elif t == "ok" and q and f in ("publish", "consume", READ):
             self._sequenced(r, f, q)
 
@@ -136,6 +225,7 @@ class _Scan:
         seq = _int(d.get("stream_seq"))
         if seq is None:
             return
+        self.streams.add(q)
         if f == READ:
             if r.get("value") is not None:
                 self.seen[q].add(seq)
@@ -151,6 +241,21 @@ class _Scan:
         cseq, count = _int(d.get("consumer_seq")), _int(d.get("delivered"))
         if cseq is not None and count == 1:
             self.firsts[q].append((cseq, int(r["index"]), seq))
+
+    def evidence(self) -> dict[str, Evidence]:
+        """Each stream's evidence (``Evidence``)."""
+        confirmed = Counter(q for q, _s in self.confirmed)
+        delivered = Counter(q for q, _s in self.delivered)
+        return {
+            q: Evidence(
+                confirmed[q],
+                delivered[q],
+                len(self.firsts.get(q, ())),
+                bool(self.drain_done.get(q)),
+                replica_views(self.drains.get(q) or {}),
+            )
+            for q in sorted(self.streams)
+        }
 
     def mismatches(self) -> list[dict[str, Any]]:
         out = []
@@ -218,27 +323,28 @@ def check_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             {q: v for q, v in scan.drains.items() if scan.drain_done.get(q)}
         ),
     }
-    return _stream_results(
-        scan.queues, len(scan.confirmed), len(scan.delivered), scan.drain_done, scan.n, found, engine="python"
-    )
+    return _stream_results(scan.evidence(), scan.drain_done, scan.n, found, engine="python")
 
 
 def _stream_results(
-    queues: set[str],
-    confirmed: int,
-    delivered: int,
+    evidence: dict[str, Evidence],
     drain_done: dict[str, bool],
     n: int,
     found: dict[str, list[dict[str, Any]]],
     *,
     engine: str,
 ) -> dict[str, Any]:
-    """The results of either engine: the counts in their order, then the examples."""
-    unfinished = sum(1 for q in drain_done if not drain_done[q]) + len(queues - set(drain_done))
-    counts = {"streams": len(queues), "confirmed": confirmed, "delivered": delivered}
+    """The results of either engine from each stream's evidence: the counts in their order, then
+    the examples, and the line names the checks some stream gave nothing to judge."""
+    unfinished = sum(1 for q in drain_done if not drain_done[q]) + len(set(evidence) - set(drain_done))
+    counts = {"streams": len(evidence)}
+    counts |= {
+        k: sum(getattr(e, k) for e in evidence.values()) for k in ("confirmed", "delivered", "ordered")
+    }
     counts |= {k: len(found[k]) for k in ANOMALIES}
     counts |= {"unfinished_drains": unfinished, "history_ops": n}
-    return small_results(WORDING, counts, {k: found[k] for k in ANOMALIES}, engine=engine)
+    examples = {k: found[k] for k in ANOMALIES}
+    return small_results(WORDING, counts, examples, engine=engine, not_judged=not_judged(evidence))
 
 
 WORDING = Wording(
@@ -248,7 +354,7 @@ WORDING = Wording(
     subject="streams",
     undrained="{n} stream(s) not fully drained",
     undrained_note="{n} stream(s) not fully drained: gaps and replica agreement not judged there",
-    nothing="no stream sequences in the history (not a stream broker's client?)",
+    nothing="no stream in the history (no stream offset, stream drain or node's copy with offsets): not a stream broker's client?",
     clean="no stream anomaly over {n} stream(s)",
 )
 
@@ -306,6 +412,21 @@ _SQL = {
           JOIN kn ON kn.queue = fs.queue
           WHERE kn.seq BETWEEN fs.floor AND m.top) r
         LEFT ANTI JOIN ds ON ds.queue = r.queue AND ds.seq = r.seq""",
+    # each stream's evidence (``Evidence``) from its confirms and deliveries
+    "evidence": """
+        SELECT queue,
+               COUNT(DISTINCT IF(f = 'publish', seq, NULL)) AS confirmed,
+               COUNT(DISTINCT IF(f = 'consume', seq, NULL)) AS delivered,
+               COUNT(IF(f = 'consume' AND cseq IS NOT NULL AND dcount = 1, 1, NULL)) AS ordered
+        FROM b WHERE seq IS NOT NULL GROUP BY queue""",
+    # streams a read's offset or a node's copy with offsets shows
+    "marked": f"""
+        SELECT DISTINCT queue FROM h WHERE f = '{READ}' AND type = 'ok' AND queue IS NOT NULL
+          AND CAST(get_json_object(detail, '$.stream_seq') AS BIGINT) IS NOT NULL
+        UNION SELECT DISTINCT queue FROM (
+          SELECT queue, explode(from_json(value, 'struct<entries:array<array<string>>>').entries) AS e
+          FROM h WHERE f = '{HOLDINGS}' AND type = 'ok' AND queue IS NOT NULL)
+          WHERE get(e, 1) IS NOT NULL AND try_cast(get(e, 0) AS BIGINT) IS NOT NULL""",
 }
 
 
@@ -319,57 +440,84 @@ def check_stream_spark(
     def rows(name: str) -> list[dict[str, Any]]:
         return [r.asDict(recursive=True) for r in spark.sql(_SQL[name]).orderBy("queue").collect()]
 
-    conflicts = sorted(rows("conflicts"), key=lambda r: (r["queue"], r["seq"]))
-    dconflicts = sorted(rows("dconflicts"), key=lambda r: (r["queue"], r["seq"]))
-    mismatches = sorted(rows("mismatches"), key=lambda r: r["index"])
-    reorders = sorted(rows("reorders"), key=lambda r: (r["queue"], r["consumer_seq"], r["index"]))
-    n = h.count()
-    queues = [r["queue"] for r in spark.sql("SELECT DISTINCT queue FROM b WHERE seq IS NOT NULL").collect()]
-    confirmed = spark.sql(
-        "SELECT COUNT(DISTINCT queue, seq) AS n FROM b WHERE f = 'publish' AND seq IS NOT NULL"
-    ).collect()[0]["n"]
-    delivered_seqs = spark.sql(
-        "SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq"
-    )
-    delivered = delivered_seqs.count()
-    drain_rows = [
-        r.asDict()
-        for r in spark.sql(
-            "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
-        ).collect()
-    ]
+    drains, drain_done, drained_streams = _spark_drains(spark)
+    evidence = _spark_evidence(rows("evidence"), rows("marked"), drains, drain_done, drained_streams)
+    found = {
+        "seq_conflicts": sorted(rows("conflicts"), key=lambda r: (r["queue"], r["seq"])),
+        "seq_mismatches": sorted(rows("mismatches"), key=lambda r: r["index"]),
+        "delivered_conflicts": sorted(rows("dconflicts"), key=lambda r: (r["queue"], r["seq"])),
+        "gaps": _spark_gaps(spark, sorted(_sequenced(evidence)), drains, drain_done),
+        "reordered": sorted(rows("reorders"), key=lambda r: (r["queue"], r["consumer_seq"], r["index"])),
+        "diverged_streams": replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)}),
+    }
+    return _stream_results(evidence, drain_done, int(h.count()), found, engine="spark")
+
+
+def _sequenced(evidence: dict[str, Evidence]) -> set[str]:
+    """The streams whose confirms or deliveries carry offsets (the only ones gaps can be on)."""
+    return {q for q, e in evidence.items() if e.confirmed or e.delivered}
+
+
+def _spark_drains(spark: Any) -> tuple[dict[str, dict[str, Any]], dict[str, bool], set[str]]:
+    """Each queue's last drain value, whether every drain of it finished, and the queues a stream's
+    drain describes (the drain rows, a handful, read in Python)."""
+    drain_rows = spark.sql(
+        "SELECT index, type, queue, value FROM h WHERE f = 'drain' AND type IN ('ok', 'info') ORDER BY index"
+    ).collect()
     drains: dict[str, dict[str, Any]] = {}
     drain_done: dict[str, bool] = {}
+    streams: set[str] = set()
     for r in drain_rows:
         drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
         drains[r["queue"]] = load_json(r["value"])
-    floors = [(q, _floor(drains[q]), _sparse(drains[q])) for q in sorted(queues) if drain_done.get(q)]
-    gaps: list[dict[str, Any]] = []
-    if floors:
-        # dense and sparse streams in views of their own: a sparse stream's integers are never
-        # generated, not even to be filtered out
-        for view, sparse in (("fl", False), ("fs", True)):
-            kept = [(q, floor) for q, floor, s in floors if s is sparse]
-            spark.createDataFrame(kept, "queue string, floor bigint").createOrReplaceTempView(view)
-        delivered_seqs.createOrReplaceTempView("ds")
-        if any(s for *_q, s in floors):
-            spark.sql(_SQL["known"]).createOrReplaceTempView("kn")
-        else:  # nothing sparse: no need to read the holdings and reads
-            spark.createDataFrame([], "queue string, seq bigint").createOrReplaceTempView("kn")
-        missing = spark.sql(_SQL["gaps"]).collect()
-        gaps = sorted(
-            ({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
-            key=lambda g: (g["queue"], g["seq"]),
+        if is_stream_drain(drains[r["queue"]]):
+            streams.add(r["queue"])
+    return drains, drain_done, streams
+
+
+def _spark_evidence(
+    sequenced: list[dict[str, Any]],
+    marked: list[dict[str, Any]],
+    drains: dict[str, dict[str, Any]],
+    drain_done: dict[str, bool],
+    drained_streams: set[str],
+) -> dict[str, Evidence]:
+    """Each stream's evidence from the ``evidence`` and ``marked`` rows and the drains."""
+    by_queue = {r["queue"]: r for r in sequenced}
+    streams = set(by_queue) | {r["queue"] for r in marked} | drained_streams
+    out = {}
+    for q in sorted(streams):
+        r = by_queue.get(q) or {}
+        out[q] = Evidence(
+            int(r.get("confirmed") or 0),
+            int(r.get("delivered") or 0),
+            int(r.get("ordered") or 0),
+            bool(drain_done.get(q)),
+            replica_views(drains.get(q) or {}),
         )
-    diverged = replica_disagreements({q: v for q, v in drains.items() if drain_done.get(q)})
-    found = {
-        "seq_conflicts": conflicts,
-        "seq_mismatches": mismatches,
-        "delivered_conflicts": dconflicts,
-        "gaps": gaps,
-        "reordered": reorders,
-        "diverged_streams": diverged,
-    }
-    return _stream_results(
-        set(queues), int(confirmed), int(delivered), drain_done, int(n), found, engine="spark"
+    return out
+
+
+def _spark_gaps(
+    spark: Any, queues: list[str], drains: dict[str, dict[str, Any]], drain_done: dict[str, bool]
+) -> list[dict[str, Any]]:
+    """The gaps of the drained streams among ``queues``: dense and sparse streams in views of their
+    own, so a sparse stream's integers are never generated, not even to be filtered out."""
+    floors = [(q, _floor(drains[q]), _sparse(drains[q])) for q in sorted(queues) if drain_done.get(q)]
+    if not floors:
+        return []
+    for view, sparse in (("fl", False), ("fs", True)):
+        kept = [(q, floor) for q, floor, s in floors if s is sparse]
+        spark.createDataFrame(kept, "queue string, floor bigint").createOrReplaceTempView(view)
+    spark.sql(
+        "SELECT queue, seq FROM b WHERE f = 'consume' AND seq IS NOT NULL GROUP BY queue, seq"
+    ).createOrReplaceTempView("ds")
+    if any(s for *_q, s in floors):
+        spark.sql(_SQL["known"]).createOrReplaceTempView("kn")
+    else:  # nothing sparse: no need to read the holdings and reads
+        spark.createDataFrame([], "queue string, seq bigint").createOrReplaceTempView("kn")
+    missing = spark.sql(_SQL["gaps"]).collect()
+    return sorted(
+        ({"queue": r["queue"], "seq": int(r["seq"])} for r in missing),
+        key=lambda g: (g["queue"], g["seq"]),
     )

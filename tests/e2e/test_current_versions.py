@@ -70,6 +70,31 @@ def test_rabbitmq_4_3_stream(brokerchaos, tmp_path: Path) -> None:
     )  # read on each node
 
 
+def test_rabbitmq_4_3_stream_backlog_says_what_the_stream_checker_judged(brokerchaos, tmp_path: Path) -> None:
+    """No consumer during the workload (``consumers: 0``): the drain reads the stream back. The
+    stream checker counts the stream the drain read, and its line says what RabbitMQ's history
+    gave it nothing to judge: the publish confirms carry no offset, the deliveries no consumer
+    sequence."""
+    scenario = _short(tmp_path, "scenarios/rabbitmq-4.3-stream-smoke.yaml", consumers=0)
+    data = yaml.safe_load(scenario.read_text())
+    data["checkers"] = ["python", "stream"]
+    scenario.write_text(yaml.safe_dump(data))
+    r = brokerchaos("run", str(scenario))
+    assert r.code == 0, r.explain()
+    stream = r.results["checkers"]["stream"]
+    assert stream["verdict"] == "durable" and stream["counts"]["streams"] == 1, stream
+    assert (
+        stream["counts"]["confirmed"] == 0
+        and stream["counts"]["delivered"] >= r.results["counts"]["confirmed"] > 0
+    )
+    judged = (
+        "not judged: seq conflicts, seq mismatches (no publish confirm carried a stream offset); "
+        "reordered (no delivery carried its consumer sequence and delivery count)"
+    )
+    assert stream["reason"] == f"no stream anomaly over 1 stream(s); {judged}", stream
+    assert f"durable: no stream anomaly over 1 stream(s); {judged}" in r.proc.stdout  # the terminal's line
+
+
 def test_rabbitmq_4_3_stream_consumers_take_over(brokerchaos, tmp_path: Path) -> None:
     """The two consumers are one single-active-consumer group: one consumes at a time, and when
     the node of the active one is killed the other is activated and resumes after the group's

@@ -49,6 +49,20 @@ class H(Rows):
         self._row("holdings", "ok", "holdings", {"entries": [list(e) for e in entries]})
         return self
 
+    def confirm(self, mid: str, publishing_id: int) -> H:
+        """A RabbitMQ stream publish: its confirm names the publishing id, not the entry's offset."""
+        self._row("p1", "invoke", "publish", mid)
+        self._row("p1", "ok", "publish", mid, {"publishing_id": publishing_id})
+        return self
+
+    def drained(self, mid: str, offset: int) -> H:
+        """An entry the RabbitMQ stream drain read: its offset, no consumer sequence or count."""
+        self._row("d1", "invoke", "consume")
+        self._row("d1", "ok", "consume", mid, {"stream_seq": offset})
+        self._row("d1", "invoke", "ack", mid)
+        self._row("d1", "ok", "ack", mid, {"stream": "the drain's read"})
+        return self
+
     def clean(self, n: int = 3) -> H:
         for i in range(1, n + 1):
             self.publish(f"p1:{i}", i)
@@ -157,6 +171,97 @@ def test_replicas_that_disagree_after_the_drain() -> None:
     assert res["anomalies"]["diverged_streams"][0]["replicas"]["n2"]["last_seq"] == 1
 
 
+def rabbitmq_backlog(n: int = 3, kept: int = 3) -> H:
+    """A RabbitMQ 4.3 stream run with no consumer (``consumers: 0``), as its client records it:
+    confirms with a publishing id only, a reader's reads with offsets from 0, the drain's reads of
+    the ``kept`` entries every node still had, each node's view and holdings."""
+    h = H()
+    for i in range(1, n + 1):
+        h.confirm(f"p1:{i}", i)
+    for i in range(1, n + 1):
+        h.read(f"p1:{i}", i - 1)
+    for i in range(1, kept + 1):
+        h.drained(f"p1:{i}", i - 1)
+    view = {"messages": kept, "first_seq": 0 if kept else None, "last_seq": kept - 1 if kept else None}
+    for node in ("n1", "n2", "n3"):
+        h.holdings(node, [(i - 1, f"p1:{i}") for i in range(1, kept + 1)])
+    return h.drain({"n1": view, "n2": dict(view), "n3": dict(view)}, sparse=True)
+
+
+NO_OFFSET = "seq conflicts, seq mismatches (no publish confirm carried a stream offset)"
+NO_ORDER = "reordered (no delivery carried its consumer sequence and delivery count)"
+
+
+def test_a_stream_whose_confirms_carry_no_offset_says_what_it_did_not_judge() -> None:
+    """RabbitMQ's publish confirm carries no offset and its deliveries no consumer sequence: the
+    stream is counted (the drain read it) and the line says which checks had nothing to judge."""
+    res = check_rows(rabbitmq_backlog().rows)
+    assert (res["verdict"], res["counts"]["streams"]) == ("durable", 1)
+    assert (res["counts"]["confirmed"], res["counts"]["delivered"], res["counts"]["ordered"]) == (0, 3, 0)
+    assert res["reason"] == f"no stream anomaly over 1 stream(s); not judged: {NO_OFFSET}; {NO_ORDER}"
+    assert res["notes"] == [f"stream not judged: {NO_OFFSET}; {NO_ORDER}"]
+
+
+def test_a_stream_the_drain_found_empty_is_still_a_stream() -> None:
+    """Every confirmed entry gone (a power cut of every node): nothing delivered, but the reads,
+    the drain's views and the holdings show the stream; only the replica agreement was judged."""
+    res = check_rows(rabbitmq_backlog(kept=0).rows)
+    assert (res["verdict"], res["counts"]["streams"], res["counts"]["delivered"]) == ("durable", 1, 0)
+    assert res["reason"] == (
+        f"no stream anomaly over 1 stream(s); not judged: {NO_OFFSET}; "
+        "delivered conflicts, gaps, reordered (nothing was delivered with a stream offset)"
+    )
+
+
+def offset_zero_gap() -> H:
+    """RabbitMQ's offsets start at 0: the reader read p1:1 at 0, the nodes' copies begin there, and
+    the drain delivered only what came after it."""
+    h = rabbitmq_backlog()
+    drop = {r["index"] for r in h.rows if r["process"] == "d1" and r["value"] == "p1:1"}
+    h.rows = [r for r in h.rows if r["index"] not in drop]
+    return h
+
+
+def test_a_sparse_stream_from_offset_0_has_its_first_offset_judged() -> None:
+    res = check_rows(offset_zero_gap().rows)
+    assert res["anomalies"]["gaps"] == [{"queue": Q, "seq": 0}]
+
+
+def one_history(cases: list[H]) -> H:
+    """The cases as one history, each on a stream of its own (``q0``, ``q1``..), in order."""
+    combined = H()
+    for i, h in enumerate(cases):
+        for r in h.rows:
+            combined.rows.append({**r, "index": len(combined.rows), "queue": f"q{i}" if r["queue"] else None})
+    return combined
+
+
+def test_a_check_judged_on_some_streams_says_on_how_many() -> None:
+    """Two streams, one drained with a single replica's view: its replicas were not compared."""
+    view = {"messages": 1, "first_seq": 1, "last_seq": 1}
+    one = H().publish("p1:1", 1).deliver("p1:1", 1, 1)
+    other = H().publish("p2:1", 1).deliver("p2:1", 1, 1)
+    res = check_rows(one_history([one.drain({"n1": view, "n2": dict(view)}), other.drain({"n1": view})]).rows)
+    assert res["counts"]["streams"] == 2
+    assert res["reason"] == (
+        "no stream anomaly over 2 stream(s); not judged: "
+        "diverged streams on 1 of 2 streams (the drain had fewer than two replicas' views)"
+    )
+
+
+def test_a_stream_with_every_check_judged_says_nothing_more() -> None:
+    res = check_rows(H().clean().rows)
+    assert (res["reason"], res["notes"]) == ("no stream anomaly over 1 stream(s)", [])
+
+
+def test_no_stream_at_all() -> None:
+    h = H().confirm("p1:1", 1)
+    h._row("d1", "invoke", "drain")
+    h._row("d1", "ok", "drain", {"consumed": 1, "nodes": {}})  # a queue's drain: no stream's views
+    res = check_rows(h.rows)
+    assert res["counts"]["streams"] == 0 and "no stream in the history" in res["notes"][-1]
+
+
 def test_reads_a_run_directory(tmp_path: Path) -> None:
     res = check_stream_python(H().clean().write(tmp_path))
     assert res["valid"] is True and res["counts"]["history_ops"] == len(H().clean().rows)
@@ -189,9 +294,14 @@ def _literal_cases() -> list[H]:
     gap.deliver("p1:1", 1, 1).deliver("p1:4", 4, 2).drain(
         {"n1": {"messages": 4, "first_seq": 1, "last_seq": 4}}
     )
+    view = {"messages": 1, "first_seq": 1, "last_seq": 1}
     return [
         sparse_gaps(),
         H().clean(),
+        rabbitmq_backlog(),
+        rabbitmq_backlog(kept=0),
+        offset_zero_gap(),
+        H().publish("p2:1", 1).deliver("p2:1", 1, 1).drain({"n1": view}),
         H().publish("p1:1", 1).publish("p2:1", 1).deliver("p2:1", 1, 1).drain(),
         H().publish("p1:1", 1).publish("p1:2", 2).deliver("p1:1", 1, 1).deliver("p1:2", 3, 2).drain(),
         H().publish("p1:1", 1).deliver("p1:1", 1, 1).deliver("p9:9", 1, 2).drain(),
@@ -214,11 +324,20 @@ def test_spark_and_python_agree(tmp_path: Path) -> None:
     """Every literal anomaly above and a few seeded random histories, each on a stream of its own in
     one history (one Spark job for all): the same answer from both engines."""
     cases = _literal_cases() + [random_history(random.Random(seed)) for seed in range(4)]
-    combined = H()
-    for i, h in enumerate(cases):
-        for r in h.rows:
-            combined.rows.append({**r, "index": len(combined.rows), "queue": f"q{i}" if r["queue"] else None})
-    run = combined.write(tmp_path)
+    run = one_history(cases).write(tmp_path)
     py, sp = check_stream_python(run), check_stream_spark(run)
     assert {k: v for k, v in py.items() if k != "engine"} == {k: v for k, v in sp.items() if k != "engine"}
     assert py["valid"] is False and sum(py["counts"][k] > 0 for k in ANOMALIES) == len(ANOMALIES)
+    assert "not judged" in py["reason"]
+
+
+@pytest.mark.spark
+def test_spark_and_python_agree_on_streams_whose_confirms_carry_no_offset(tmp_path: Path) -> None:
+    """RabbitMQ's shape alone (confirms without offsets, deliveries without consumer sequences), one
+    stream read back by the drain and one the drain found empty: the same counts and lines."""
+    run = one_history([rabbitmq_backlog(), rabbitmq_backlog(kept=0)]).write(tmp_path)
+    py, sp = check_stream_python(run), check_stream_spark(run)
+    assert {k: v for k, v in py.items() if k != "engine"} == {k: v for k, v in sp.items() if k != "engine"}
+    assert py["counts"]["streams"] == 2 and py["reason"].startswith(
+        "no stream anomaly over 2 stream(s); not judged"
+    )
