@@ -167,7 +167,7 @@ def measure(
                         pass  # gone or not paused; the error that matters is already propagating
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -182,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1024,16384", help="message sizes in bytes, comma-separated")
     ap.add_argument("--only", default="", help="run only cases whose name contains this text")
     ap.add_argument("--out", default="broker_vs_rabbitmq", help="result file stem under bench/results/")
-    args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    chosen = [c for c in cases(sizes) if args.only in c.name]
-    if args.only:
+    return ap.parse_args(argv)
+
+
+def choose_cases(sizes: list[int], only: str) -> list[Case]:
+    """The cases whose name contains ``only``, with the publish case each chosen backlog case needs."""
+    chosen = [c for c in cases(sizes) if only in c.name]
+    if only:
         # A backlog case needs the publish case before it.
         names = {c.name for c in chosen}
         chosen = [
@@ -194,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             if c.name in names
             or (c.publish and not c.consume and c.name.replace("publish", "consume backlog") in names)
         ]
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    chosen = choose_cases(sizes, args.only)
     if not chosen:
         print(f"no case matches --only {args.only!r}", file=sys.stderr)
         return 2
@@ -209,32 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     measure(chosen, args, runs, brokers)
     facts["load_average_at_end"] = os.getloadavg()
-    results = []
-    for case in chosen:
-        med = {b: median_of(runs[b][case.name]) for b in BROKERS}
-        h = case.headline
-        results.append(
-            {
-                "case": case.name,
-                "persistent": case.persistent,
-                "size": case.size,
-                "headline": h,
-                "reference": med["reference"],
-                "rabbitmq": med["rabbitmq"],
-                "ratio_throughput": ratio(med["reference"].get(h), med["rabbitmq"].get(h)),
-                "ratio_p50": ratio(
-                    med["reference"].get("confirm_p50_ms"), med["rabbitmq"].get("confirm_p50_ms")
-                ),
-                "ratio_p99": ratio(
-                    med["reference"].get("confirm_p99_ms"), med["rabbitmq"].get("confirm_p99_ms")
-                ),
-                "ratio_msgs_per_broker_cpu_second": ratio(
-                    med["reference"].get("msgs_per_broker_cpu_second"),
-                    med["rabbitmq"].get("msgs_per_broker_cpu_second"),
-                ),
-                "runs": {b: runs[b][case.name] for b in BROKERS},
-            }
-        )
+    results = [case_result(case, runs) for case in chosen]
     data = {
         "benchmark": "broker_vs_rabbitmq",
         "command": command,
@@ -265,6 +250,28 @@ def main(argv: list[str] | None = None) -> int:
     write_text(f"{args.out}.md", render_markdown(data, table, verdict))
     print(f"wrote bench/results/{args.out}.json and .md ({data['elapsed_seconds']:.0f} s)")
     return 0
+
+
+def case_result(case: Case, runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """One case's medians per broker and the reference / RabbitMQ ratios, with every repeat kept."""
+    med = {b: median_of(runs[b][case.name]) for b in BROKERS}
+    h = case.headline
+    return {
+        "case": case.name,
+        "persistent": case.persistent,
+        "size": case.size,
+        "headline": h,
+        "reference": med["reference"],
+        "rabbitmq": med["rabbitmq"],
+        "ratio_throughput": ratio(med["reference"].get(h), med["rabbitmq"].get(h)),
+        "ratio_p50": ratio(med["reference"].get("confirm_p50_ms"), med["rabbitmq"].get("confirm_p50_ms")),
+        "ratio_p99": ratio(med["reference"].get("confirm_p99_ms"), med["rabbitmq"].get("confirm_p99_ms")),
+        "ratio_msgs_per_broker_cpu_second": ratio(
+            med["reference"].get("msgs_per_broker_cpu_second"),
+            med["rabbitmq"].get("msgs_per_broker_cpu_second"),
+        ),
+        "runs": {b: runs[b][case.name] for b in BROKERS},
+    }
 
 
 def aim_verdict(results: list[dict[str, Any]]) -> str:

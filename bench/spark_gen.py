@@ -146,13 +146,38 @@ def chunk_table(
     c_safe = np.maximum(c, 0)
     # The consumed message's plan is regenerated from its own chunk's seed, so chunks are independent.
     cons_plan = _plan_for(c_safe, seed, chunk_of_slot)
+    cons_ok = (c >= 0) & (c < n_msgs) & cons_plan["consumed"]
+    corrupt = cons_ok & cons_plan["corrupt"]
+    grids = _kind_grids(s, n_msgs, pub_plan, cons_plan, cons_ok) | _place_grids(s, c_safe, corrupt)
+    cons_ids = _ids(c_safe, cons_plan["unexpected"])
+    good, bad, details = _bodies(
+        pc.if_else(pa.array(cons_ok), cons_ids, pa.scalar(None, pa.string())).to_pylist(),
+        seed,
+        message_size,
+        corrupt,
+    )
+    texts = {
+        "value": pa.concat_arrays([_ids(s), cons_ids]),
+        "error": pa.array(["connection lost before the ack was confirmed"]),
+        "digest": pa.array(good + bad, pa.string()),
+        "detail": pa.array(details, pa.string()),
+    }
+    return _rows_table(grids, texts, first_index)
+
+
+def _kind_grids(
+    s: np.ndarray,
+    n_msgs: int,
+    pub_plan: dict[str, np.ndarray],
+    cons_plan: dict[str, np.ndarray],
+    cons_ok: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Per slot and row kind: whether the row is written, its time, type, operation and error code."""
     n = len(s)
     present = np.zeros((n, ROW_KINDS), dtype=bool)
     present[:, 0:2] = (s < n_msgs)[:, None]
-    cons_ok = (c >= 0) & (c < n_msgs) & cons_plan["consumed"]
     dup = cons_ok & cons_plan["dup"]
     resurrected = cons_ok & cons_plan["resurrected"]
-    corrupt = cons_ok & cons_plan["corrupt"]
     present[:, 2:6] = cons_ok[:, None]
     present[:, 6:10] = dup[:, None]
     base = s * SLOT_NS
@@ -167,6 +192,14 @@ def chunk_table(
     # completed ok before it came back.
     type_codes[:, 5] = np.where(dup & ~resurrected, 3, 1)
     f_codes = np.array([0, 0, 1, 1, 2, 2, 1, 1, 2, 2])[None, :].repeat(n, 0)  # publish consume ack
+    error = np.full((n, ROW_KINDS), -1, dtype=np.int64)
+    error[:, 5] = np.where(type_codes[:, 5] == 3, 0, -1)
+    return {"present": present, "time": t, "type": type_codes, "f": f_codes, "error": error}
+
+
+def _place_grids(s: np.ndarray, c_safe: np.ndarray, corrupt: np.ndarray) -> dict[str, np.ndarray]:
+    """Per slot and row kind: who wrote the row, where, on which queue, and which id, flag and body it carries."""
+    n = len(s)
     proc = np.empty((n, ROW_KINDS), dtype=np.int64)
     proc[:, 0:2] = (s % PRODUCERS)[:, None]
     proc[:, 2:6] = PRODUCERS + (c_safe % CONSUMERS)[:, None]
@@ -190,42 +223,44 @@ def chunk_table(
     digest[:, 7] = np.arange(n)
     detail = np.full((n, ROW_KINDS), -1, dtype=np.int64)
     detail[:, 3] = np.where(corrupt, np.arange(n), -1)
-    error = np.full((n, ROW_KINDS), -1, dtype=np.int64)
-    error[:, 5] = np.where(type_codes[:, 5] == 3, 0, -1)
+    return {
+        "process": proc,
+        "node": node,
+        "queue": queue,
+        "value": value,
+        "redelivered": redelivered,
+        "digest": digest,
+        "detail": detail,
+    }
 
-    keep = present.ravel()
-    cons_ids = _ids(c_safe, cons_plan["unexpected"])
-    good, bad, details = _bodies(
-        pc.if_else(pa.array(cons_ok), cons_ids, pa.scalar(None, pa.string())).to_pylist(),
-        seed,
-        message_size,
-        corrupt,
-    )
-    idx_vals = pa.concat_arrays([_ids(s), cons_ids])
+
+def _rows_table(grids: dict[str, np.ndarray], texts: dict[str, pa.Array], first_index: int) -> pa.Table:
+    """The rows present, in slot then kind order: codes in ``grids`` turned into the history's columns."""
+    keep = grids["present"].ravel()
 
     def pick(values: pa.Array, codes: np.ndarray) -> pa.Array:
         flat = codes.ravel()[keep]
         return pc.take(values, pa.array(flat, mask=flat < 0))
 
-    times = t.ravel()[keep]
+    times = grids["time"].ravel()[keep]
     rows = len(times)
     procs = pa.concat_arrays([_names("p", PRODUCERS), _names("c", CONSUMERS)])
-    red = redelivered.ravel()[keep]
+    red = grids["redelivered"].ravel()[keep]
     return pa.Table.from_arrays(
         [
             pa.array(first_index + np.arange(rows, dtype=np.int64)),
             pa.array(times),
             pc.strftime(pa.array(times.astype("datetime64[ns]")), format="%Y-%m-%dT%H:%M:%S"),
-            pc.take(procs, pa.array(proc.ravel()[keep])),
-            pc.take(_names("n", NODES), pa.array(node.ravel()[keep])),
-            pc.take(pa.array(["invoke", "ok", "fail", "info"]), pa.array(type_codes.ravel()[keep])),
-            pc.take(pa.array(["publish", "consume", "ack"]), pa.array(f_codes.ravel()[keep])),
-            pc.take(_names("q", QUEUES), pa.array(queue.ravel()[keep])),
-            pick(idx_vals, value),
+            pc.take(procs, pa.array(grids["process"].ravel()[keep])),
+            pc.take(_names("n", NODES), pa.array(grids["node"].ravel()[keep])),
+            pc.take(pa.array(["invoke", "ok", "fail", "info"]), pa.array(grids["type"].ravel()[keep])),
+            pc.take(pa.array(["publish", "consume", "ack"]), pa.array(grids["f"].ravel()[keep])),
+            pc.take(_names("q", QUEUES), pa.array(grids["queue"].ravel()[keep])),
+            pick(texts["value"], grids["value"]),
             pa.array(red == 1, mask=red == 2),
-            pick(pa.array(["connection lost before the ack was confirmed"]), error),
-            pick(pa.array(good + bad, pa.string()), digest),
-            pick(pa.array(details, pa.string()), detail),
+            pick(texts["error"], grids["error"]),
+            pick(texts["digest"], grids["digest"]),
+            pick(texts["detail"], grids["detail"]),
             pa.array(np.full(rows, SCHEMA_VERSION, dtype=np.int32)),
         ],
         schema=arrow_schema(),
@@ -299,13 +334,7 @@ def generate(ops: int, out: Path, seed: int = 1, message_size: int = MESSAGE_SIZ
     started = time.monotonic()
     with pq.ParquetWriter(out / "history.parquet", arrow_schema(), compression="snappy") as w:
         for ci in range(CHUNKS):
-            t0 = int(bounds[ci]) * SLOT_NS - 100
-            small: list[dict] = []
-            for i, fault in enumerate(FAULTS):
-                if fault[1] == ci:
-                    small += nemesis_rows("heal", fault, i, t0 + len(small), index + len(small))
-                if fault[0] == ci:
-                    small += nemesis_rows("fault", fault, i, t0 + len(small), index + len(small))
+            small = _fault_rows(ci, int(bounds[ci]) * SLOT_NS - 100, index)
             if small:
                 w.write_table(small_table(small))
                 index += len(small)
@@ -322,41 +351,7 @@ def generate(ops: int, out: Path, seed: int = 1, message_size: int = MESSAGE_SIZ
                 file=sys.stderr,
                 flush=True,
             )
-        t_end = total_slots * SLOT_NS
-        # One drain op per queue (drainer dN), each node reporting the queue empty; nothing left to drain.
-        nodes = {
-            f"n{k + 1}": {
-                "consumed": 0,
-                "ready": 0,
-                "unacked": 0,
-                "empty_at_ns": t_end + 500_000,
-                "error": None,
-            }
-            for k in range(NODES)
-        }
-        drain = [
-            {
-                "index": index + q,
-                "time_ns": t_end + q,
-                "process": f"d{q + 1}",
-                "type": "invoke",
-                "f": "drain",
-                "queue": f"q{q + 1}",
-            }
-            for q in range(QUEUES)
-        ]
-        drain += [
-            {
-                "index": index + QUEUES + q,
-                "time_ns": t_end + 1_000_000 + q,
-                "process": f"d{q + 1}",
-                "type": "ok",
-                "f": "drain",
-                "queue": f"q{q + 1}",
-                "value": json.dumps({"consumed": 0, "nodes": nodes}),
-            }
-            for q in range(QUEUES)
-        ]
+        drain = _drain_rows(index, total_slots * SLOT_NS)
         w.write_table(small_table(drain))
         index += len(drain)
     planted["unexpected"] = len(unexpected)
@@ -376,6 +371,55 @@ def generate(ops: int, out: Path, seed: int = 1, message_size: int = MESSAGE_SIZ
         )
     )
     return meta
+
+
+def _fault_rows(ci: int, t0: int, index: int) -> list[dict]:
+    """The nemesis rows at the start of chunk ``ci``: heals of faults ending there, then faults starting."""
+    small: list[dict] = []
+    for i, fault in enumerate(FAULTS):
+        if fault[1] == ci:
+            small += nemesis_rows("heal", fault, i, t0 + len(small), index + len(small))
+        if fault[0] == ci:
+            small += nemesis_rows("fault", fault, i, t0 + len(small), index + len(small))
+    return small
+
+
+def _drain_rows(index: int, t_end: int) -> list[dict]:
+    """One drain op per queue (drainer dN), each node reporting the queue empty; nothing left to drain."""
+    nodes = {
+        f"n{k + 1}": {
+            "consumed": 0,
+            "ready": 0,
+            "unacked": 0,
+            "empty_at_ns": t_end + 500_000,
+            "error": None,
+        }
+        for k in range(NODES)
+    }
+    drain = [
+        {
+            "index": index + q,
+            "time_ns": t_end + q,
+            "process": f"d{q + 1}",
+            "type": "invoke",
+            "f": "drain",
+            "queue": f"q{q + 1}",
+        }
+        for q in range(QUEUES)
+    ]
+    drain += [
+        {
+            "index": index + QUEUES + q,
+            "time_ns": t_end + 1_000_000 + q,
+            "process": f"d{q + 1}",
+            "type": "ok",
+            "f": "drain",
+            "queue": f"q{q + 1}",
+            "value": json.dumps({"consumed": 0, "nodes": nodes}),
+        }
+        for q in range(QUEUES)
+    ]
+    return drain
 
 
 def _count(planted: dict[str, int], unexpected: set[int], m: np.ndarray, plan: dict[str, np.ndarray]) -> None:

@@ -100,7 +100,7 @@ def benchmarked_rates() -> dict[str, dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=15.0, help="seconds of load before the drain")
     ap.add_argument("--producers", type=int, default=4)
@@ -111,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--brokers", default="reference", help="comma-separated: reference,rabbitmq")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     facts = machine_facts()
     command = command_line()
     runs: list[dict[str, Any]] = []
@@ -129,16 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     facts["load_average_at_end"] = os.getloadavg()
-    peer = benchmarked_rates()
-    for r in runs:
-        best = peer.get(r["broker"])
-        if best and r["driver_capacity_ops_per_cpu_second"]:
-            r["benchmarked_ops_per_second"] = best
-            r["capacity_over_benchmarked"] = round(r["driver_capacity_ops_per_cpu_second"] / best["ops"], 2)
-            print(
-                f"{r['broker']}: capacity / the rate broker_vs_rabbitmq measured with several client processes "
-                f"({best['case']}, {best['ops']:.0f} ops/s) = {r['capacity_over_benchmarked']}"
-            )
+    compare_with_benchmark(runs)
     data: dict[str, Any] = {
         "benchmark": "workload_capacity",
         "command": command,
@@ -150,13 +145,33 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     write_json("workload_capacity.json", data)
+    write_text("workload_capacity.md", render_markdown(data))
+    print("wrote bench/results/workload_capacity.{json,md}")
+    return 0
+
+
+def compare_with_benchmark(runs: list[dict[str, Any]]) -> None:
+    """Add to each run its driver capacity over the rate broker_vs_rabbitmq measured, where there is one."""
+    peer = benchmarked_rates()
+    for r in runs:
+        best = peer.get(r["broker"])
+        if best and r["driver_capacity_ops_per_cpu_second"]:
+            r["benchmarked_ops_per_second"] = best
+            r["capacity_over_benchmarked"] = round(r["driver_capacity_ops_per_cpu_second"] / best["ops"], 2)
+            print(
+                f"{r['broker']}: capacity / the rate broker_vs_rabbitmq measured with several client processes "
+                f"({best['case']}, {best['ops']:.0f} ops/s) = {r['capacity_over_benchmarked']}"
+            )
+
+
+def render_markdown(data: dict[str, Any]) -> str:
     rows = [
         "| broker | ops/s achieved | driver CPU s (cores) | driver capacity ops/CPU-s | capacity / achieved "
         "| broker CPU cores | confirmed | consumed | unknown | history records |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     extra: list[str] = []
-    for r in runs:
+    for r in data["runs"]:
         extra.append(
             f"- {r['broker']}: capacity / the persistent 1 KiB publish+consume rate broker_vs_rabbitmq "
             f"measured with several client processes ({r['benchmarked_ops_per_second']['ops']:.0f} ops/s): "
@@ -171,10 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['messages_consumed']} | {r['messages_published_info']} | {r['history_records']} |"
         )
     w = data["workload"]
-    write_text(
-        "workload_capacity.md",
+    return (
         "# Workload driver capacity\n\n"
-        + facts_markdown(facts, command)
+        + facts_markdown(data["machine"], data["command"])
         + f"- workload: {w['producers']} producers, {w['consumers']} consumers, {w['queues']} queues, "
         f"rate 0 (unlimited), {w['size']} B persistent, in-flight {w['in_flight']}, prefetch "
         f"{w['prefetch']}, {w['duration']:.0f} s then drain; one driver process (aiormq), history "
@@ -185,10 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         + "\n".join(rows)
         + "\n\n"
         + "\n".join(extra)
-        + "\n",
+        + "\n"
     )
-    print("wrote bench/results/workload_capacity.{json,md}")
-    return 0
 
 
 if __name__ == "__main__":

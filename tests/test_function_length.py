@@ -1,18 +1,24 @@
-"""No function over 80 lines in ``spark_reports/`` and ``harness/``: a function fits on a screen.
+"""No function over 80 lines in any folder of Python code: a function fits on a screen.
 
-Read from the source with ``ast`` (nothing is imported); a function's length is from its ``def``
-line to its last line, docstring and decorators' lines after the ``def`` included. ``LONGER`` lists
-the functions still over the limit, each with the length it has: one may only shrink (and leaves
-the list once it fits), and none may join it.
+Every top-level folder with Python in it is read (``FOLDERS``; a test fails when a folder
+holding tracked ``.py`` files is missing from it), the tests' own files included. Read from the
+source with ``ast`` (nothing is imported); a function's length is from its ``def`` line to its
+last line, docstring and decorators' lines after the ``def`` included. ``LONGER`` lists the
+functions still over the limit, each with the length it has: one may only shrink (and leaves the
+list once it fits), and none may join it.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-FOLDERS = ("spark_reports", "harness")
+FOLDERS = ("bench", "broker_impl", "faults", "harness", "plugins", "scripts", "spark_reports", "tests")
 LIMIT = 80
 
 #: Over the limit today, each to be split (then its entry deleted here): ``path::qualified name`` -> lines.
@@ -51,6 +57,17 @@ def test_no_function_is_longer_than_a_screen() -> None:
     )
     assert not new, f"over {LIMIT} lines: split them\n  " + "\n  ".join(new)
     assert not grown, "a function on the list grew: split it instead\n  " + "\n  ".join(grown)
+
+
+def test_every_folder_of_python_is_measured() -> None:
+    git = shutil.which("git")
+    if git is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are not known")
+    tracked = subprocess.run(
+        [git, "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {path.split("/")[0] for path in tracked if "/" in path}
+    assert folders <= set(FOLDERS), f"add to FOLDERS: {sorted(folders - set(FOLDERS))}"
 
 
 def test_the_list_of_longer_functions_only_shrinks() -> None:

@@ -301,16 +301,26 @@ class Mirroring:
         if data is None or data.get("master") != dead or m.bq is None:
             log.info("queue %r: master %s gone, nothing to promote here (record %r)", qname, dead, data)
             return
-        order = [n for n in data.get("mirrors", []) if n != dead]
-        alive = [n for n in order if n == self.me or self.transport.is_up(n)]
-        vh = self.broker.vhosts.get(vname)
+        self._promote_if_chosen(vname, qname, m, dead, shutdown, data)
+
+    def _promotion_rule(self, vname: str, qname: str, shutdown: bool) -> str:
+        """The queue's policy on which mirror may take over: one rule for a clean stop, another for a crash."""
         policy = self.broker.effective_policy(vname, qname)
         definition = policy["definition"] if policy else {}
-        rule = (
+        return (
             definition.get("ha-promote-on-shutdown", "when-synced")
             if shutdown
             else definition.get("ha-promote-on-failure", "always")
         )
+
+    def _promote_if_chosen(
+        self, vname: str, qname: str, m: Mirror, dead: str, shutdown: bool, data: dict[str, Any]
+    ) -> None:
+        """Among the live mirrors the queue's record lists, the rule picks one: promote it if it is this one."""
+        order = [n for n in data.get("mirrors", []) if n != dead]
+        alive = [n for n in order if n == self.me or self.transport.is_up(n)]
+        vh = self.broker.vhosts.get(vname)
+        rule = self._promotion_rule(vname, qname, shutdown)
         synced = in_sync(m, data)
         chosen = promotion_candidate(alive, synced, rule)
         key_name = "ha-promote-on-shutdown" if shutdown else "ha-promote-on-failure"

@@ -98,6 +98,65 @@ def _ram(node: InProcessNode) -> int:
     return node.run(lambda: sum(q.bq.ram_bytes() for q in node.broker.all_queues()))
 
 
+def _publish_all(
+    port: int,
+    n: int,
+    body: bytes,
+    blocked_events: list[str],
+    done: threading.Event,
+    consumed_all: threading.Event,
+) -> None:
+    """Publish ``n`` confirmed messages, noting each connection.blocked and unblocked heard."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    conn.add_on_connection_blocked_callback(lambda _c, f: blocked_events.append("blocked"))
+    conn.add_on_connection_unblocked_callback(lambda _c, f: blocked_events.append("unblocked"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("slow")
+    for i in range(n):
+        ch.basic_publish("", "slow", str(i).encode() + body)
+    done.set()
+    # The publisher stays connected while the consumer empties the queue: once it is below the
+    # watermark the alarm clears and every connection it blocked hears connection.unblocked.
+    consumed_all.wait()
+    conn.process_data_events(time_limit=0)  # pika delivers blocked/unblocked only while it processes events
+    for _ in range(6000):
+        if not blocked_events or blocked_events[-1] == "unblocked":
+            break
+        conn.process_data_events(time_limit=0.05)
+    conn.close()
+
+
+def _consume_slowly(port: int, n: int, consumed: list[int], consumed_all: threading.Event) -> None:
+    """Take the ``n`` messages at 2 ms each, acking every one: a consumer slower than the publisher."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.queue_declare("slow")
+    ch.basic_qos(prefetch_count=10)
+    for method, _p, b in ch.consume("slow", inactivity_timeout=10):
+        if method is None:
+            break
+        time.sleep(0.002)  # the slow consumer
+        consumed.append(int(b[: b.index(b"y")]))
+        ch.basic_ack(method.delivery_tag)
+        if len(consumed) == n:
+            break
+    conn.close()
+    consumed_all.set()
+
+
+def _watch_publishing(node: InProcessNode, flow: bool, done: threading.Event) -> tuple[int, set[str]]:
+    """The most memory the queues held and the connection states seen while the publisher ran."""
+    peak = 0
+    states: set[str] = set()
+    while not done.wait(0.01):
+        peak = max(peak, _ram(node))
+        states |= set(node.run(lambda: [c.operator_state() for c in node.broker.connections]))
+        if not flow and "blocked" in states:
+            break  # held back with nothing consuming: it would wait for ever (asserted below)
+    return peak, states
+
+
 @pytest.mark.parametrize("flow", [True, False], ids=["flow-on", "flow-off"])
 def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow: bool) -> None:
     watermark = 1_000_000
@@ -113,60 +172,17 @@ def test_slow_consumer_memory_bounded_only_with_flow_control(node_factory, flow:
     consumed: list[int] = []
     done = threading.Event()
     consumed_all = threading.Event()
-
-    def publish() -> None:
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
-        conn.add_on_connection_blocked_callback(lambda _c, f: blocked_events.append("blocked"))
-        conn.add_on_connection_unblocked_callback(lambda _c, f: blocked_events.append("unblocked"))
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.queue_declare("slow")
-        for i in range(n):
-            ch.basic_publish("", "slow", str(i).encode() + body)
-        done.set()
-        # The publisher stays connected while the consumer empties the queue: once it is below the
-        # watermark the alarm clears and every connection it blocked hears connection.unblocked.
-        consumed_all.wait()
-        conn.process_data_events(
-            time_limit=0
-        )  # pika delivers blocked/unblocked only while it processes events
-        for _ in range(6000):
-            if not blocked_events or blocked_events[-1] == "unblocked":
-                break
-            conn.process_data_events(time_limit=0.05)
-        conn.close()
-
-    def consume() -> None:
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
-        ch = conn.channel()
-        ch.queue_declare("slow")
-        ch.basic_qos(prefetch_count=10)
-        for method, _p, b in ch.consume("slow", inactivity_timeout=10):
-            if method is None:
-                break
-            time.sleep(0.002)  # the slow consumer
-            consumed.append(int(b[: b.index(b"y")]))
-            ch.basic_ack(method.delivery_tag)
-            if len(consumed) == n:
-                break
-        conn.close()
-        consumed_all.set()
-
-    pub = threading.Thread(target=publish, daemon=True)
-    con = threading.Thread(target=consume, daemon=True)
+    pub = threading.Thread(
+        target=_publish_all, args=(node.port, n, body, blocked_events, done, consumed_all), daemon=True
+    )
+    con = threading.Thread(target=_consume_slowly, args=(node.port, n, consumed, consumed_all), daemon=True)
     pub.start()
     if flow:
         # The alarm holds the publisher until something is consumed: the consumer starts once
         # the queue is past the watermark.
         until(lambda: _ram(node) >= watermark or done.is_set(), "the queue past the watermark", every=0.01)
         con.start()
-    peak = 0
-    states: set[str] = set()
-    while not done.wait(0.01):
-        peak = max(peak, _ram(node))
-        states |= set(node.run(lambda: [c.operator_state() for c in node.broker.connections]))
-        if not flow and "blocked" in states:
-            break  # held back with nothing consuming: it would wait for ever (asserted below)
+    peak, states = _watch_publishing(node, flow, done)
     consumed_when_published = len(consumed)
     if not flow:
         # Nothing has been consumed yet (a consumer slower than the publisher at its extreme):

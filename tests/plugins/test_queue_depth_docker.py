@@ -15,6 +15,7 @@ from typing import Any
 
 import aiormq
 import pytest
+from aiormq.abc import AbstractConnection
 from pamqp import commands as spec
 
 from harness.history import Recorder, read_jsonl
@@ -77,31 +78,9 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
 
         async def go() -> None:
             await driver.setup([QUEUE])  # through n1: the queue's master is there
-            pub = await aiormq.connect(url(endpoints["n1"]))
-            ch = await pub.channel()
-            for msg_id in IDS:
-                confirm = await ch.basic_publish(
-                    message_body(msg_id, SEED, SIZE),
-                    routing_key=QUEUE,
-                    properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id),
-                )
-                assert isinstance(confirm, spec.Basic.Ack)
-            await pub.close()
+            await _publish_confirmed(endpoints["n1"])
             # The holder consumes through n2 and never acks.
-            holder = await aiormq.connect(url(endpoints["n2"]))
-            hch = await holder.channel(publisher_confirms=False)
-            await hch.basic_qos(prefetch_count=HELD)
-            got: list[Any] = []
-
-            async def keep(message: Any) -> None:
-                got.append(message)
-
-            await hch.basic_consume(QUEUE, keep)
-
-            async def holding() -> bool:
-                return len(got) == HELD
-
-            await until_async(holding, f"the holder has {HELD} deliveries", every=0.2)
+            holder = await _hold_deliveries(endpoints["n2"])
             for node in cluster.nodes:  # every node that can tell says what the master holds
                 assert await depth(node, QUEUE) in (None, (len(IDS) - HELD, HELD))
             assert await depth("n1", QUEUE) == (len(IDS) - HELD, HELD)
@@ -122,10 +101,47 @@ def test_the_drain_waits_for_deliveries_another_connection_holds(tmp_path: Path,
 
         asyncio.run(go())
 
-    records = list(read_jsonl(tmp_path / "history.jsonl"))
+    _assert_the_held_came_back_once_released(list(read_jsonl(tmp_path / "history.jsonl")), released[0])
+
+
+async def _publish_confirmed(endpoint: Endpoint) -> None:
+    """Every id, persistent, through ``endpoint``; each confirmed."""
+    pub = await aiormq.connect(url(endpoint))
+    ch = await pub.channel()
+    for msg_id in IDS:
+        confirm = await ch.basic_publish(
+            message_body(msg_id, SEED, SIZE),
+            routing_key=QUEUE,
+            properties=spec.Basic.Properties(delivery_mode=2, message_id=msg_id),
+        )
+        assert isinstance(confirm, spec.Basic.Ack)
+    await pub.close()
+
+
+async def _hold_deliveries(endpoint: Endpoint) -> AbstractConnection:
+    """A connection that takes ``HELD`` deliveries and never acks them: returned open, holding them."""
+    holder = await aiormq.connect(url(endpoint))
+    hch = await holder.channel(publisher_confirms=False)
+    await hch.basic_qos(prefetch_count=HELD)
+    got: list[Any] = []
+
+    async def keep(message: Any) -> None:
+        got.append(message)
+
+    await hch.basic_consume(QUEUE, keep)
+
+    async def holding() -> bool:
+        return len(got) == HELD
+
+    await until_async(holding, f"the holder has {HELD} deliveries", every=0.2)
+    return holder
+
+
+def _assert_the_held_came_back_once_released(records: list[dict[str, Any]], released_ns: int) -> None:
+    """Every id acked; the held ones only after the holder let go, redelivered; the drain saw every node empty."""
     acks = {r["value"]: r for r in records if r["f"] == "ack" and r["type"] == "ok"}
     assert sorted(acks) == sorted(IDS)
-    late = [i for i in IDS if acks[i]["time_ns"] > released[0]]
+    late = [i for i in IDS if acks[i]["time_ns"] > released_ns]
     assert len(late) == HELD  # what the holder had came back only once it let go
     assert all(
         any(r["f"] == "consume" and r["value"] == i and r["redelivered"] for r in records) for i in late

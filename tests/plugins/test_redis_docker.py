@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from harness.history import Recorder, read_jsonl
 from harness.host import Host
 from harness.runner import running_cluster
 from harness.scenario import WorkloadSection, from_dict
+from harness.spec import NodeHandle
 from plugins.redis import SENTINEL_PORT, Redis, cli
 from plugins.redis.client import MASTER_NAME, RedisDriver
 from tests.polling import until, until_async
@@ -72,39 +75,15 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
 
         primary, drained = asyncio.run(first())
         assert primary == "n1" and drained == 20
-        until(
-            lambda: all(len(plugin.node_holdings(nodes[n], QUEUE) or []) == 20 for n in nodes),
-            "every replica to hold the 20 entries",
-            every=0.2,
-        )
-        copies = {n: plugin.node_holdings(nodes[n], QUEUE) for n in nodes}
-        assert copies["n1"] == copies["n2"] == copies["n3"]
-        assert [i for _o, i in copies["n1"] or []] == [f"p1:{i}" for i in range(1, 21)]
-        offsets = [o for o, _i in copies["n1"] or [] if o is not None]
-        assert offsets == sorted(offsets) and len(set(offsets)) == 20
-        assert plugin.queue_depth(nodes["n1"], QUEUE, timeout=15) == (0, 0)
+        _assert_every_node_holds_the_first_20(plugin, nodes)
 
         # A failover Sentinel carries out: the driver asks again and follows the new primary, and
         # a reader that read the 20 entries on n1 goes on from the last of them there.
-        def failover() -> None:
-            cli(nodes["n2"], "SENTINEL", "FAILOVER", MASTER_NAME, port=SENTINEL_PORT)
-
-            def moved() -> bool:
-                out = cli(nodes["n2"], "SENTINEL", "get-master-addr-by-name", MASTER_NAME, port=SENTINEL_PORT)
-                return out.split()[0] != "n1"
-
-            until(moved, "Sentinel to name a new primary", every=0.2)
-            until(
-                lambda: cli(nodes["n1"], "ROLE").split()[0] == "slave",
-                "the old primary to follow the new one",
-                every=0.2,
-            )
-
         async def second() -> tuple[str | None, int]:
             stop = asyncio.Event()
             reader = asyncio.create_task(driver.read("r1", QUEUE, stop))
             await until_async(lambda: rec.counts.get(("read", "ok"), 0) >= 20, "r1 to read the 20 entries")
-            await asyncio.to_thread(failover)
+            await asyncio.to_thread(_failover, nodes)
             new = await driver.primary("p2")
             await _publish(driver, "p2", range(1, 11))
             drained = await _drain(driver, "d2")
@@ -116,6 +95,43 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
         assert new in ("n2", "n3") and drained == 10
     rec.close()
     ops = list(read_jsonl(tmp_path / "history.jsonl"))
+    _assert_publishes_and_the_drain_follow(ops, new)
+    _assert_the_reader_went_on_from_where_it_was(ops, new)
+
+
+def _assert_every_node_holds_the_first_20(plugin: Redis, nodes: Mapping[str, NodeHandle]) -> None:
+    """Every node's own copy of the stream holds p1's 20 entries, in order, at rising offsets; none pending."""
+    until(
+        lambda: all(len(plugin.node_holdings(nodes[n], QUEUE) or []) == 20 for n in nodes),
+        "every replica to hold the 20 entries",
+        every=0.2,
+    )
+    copies = {n: plugin.node_holdings(nodes[n], QUEUE) for n in nodes}
+    assert copies["n1"] == copies["n2"] == copies["n3"]
+    assert [i for _o, i in copies["n1"] or []] == [f"p1:{i}" for i in range(1, 21)]
+    offsets = [o for o, _i in copies["n1"] or [] if o is not None]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 20
+    assert plugin.queue_depth(nodes["n1"], QUEUE, timeout=15) == (0, 0)
+
+
+def _failover(nodes: Mapping[str, NodeHandle]) -> None:
+    """Sentinel moves the primary off n1, and n1 follows the new one."""
+    cli(nodes["n2"], "SENTINEL", "FAILOVER", MASTER_NAME, port=SENTINEL_PORT)
+
+    def moved() -> bool:
+        out = cli(nodes["n2"], "SENTINEL", "get-master-addr-by-name", MASTER_NAME, port=SENTINEL_PORT)
+        return out.split()[0] != "n1"
+
+    until(moved, "Sentinel to name a new primary", every=0.2)
+    until(
+        lambda: cli(nodes["n1"], "ROLE").split()[0] == "slave",
+        "the old primary to follow the new one",
+        every=0.2,
+    )
+
+
+def _assert_publishes_and_the_drain_follow(ops: list[dict[str, Any]], new: str | None) -> None:
+    """p2 published to the new primary only; the drain saw it as primary and the others as replicas."""
     publishes = [op for op in ops if op["f"] == "publish" and op["type"] == "ok"]
     sent = [op for op in ops if op["f"] == "publish" and op["type"] == "invoke"]
     assert {op["node"] for op in sent if op["process"] == "p2"} == {new} and len(publishes) == 30
@@ -130,8 +146,11 @@ def test_sentinel_primary_drain_holdings_and_failover(tmp_path: Path) -> None:
     ]
     assert sorted(drain["no_copy"]) == sorted(n for n in roles if n != new)
     assert drain["offsets"] == "sparse"
-    # the reader: every entry once, in order, the first 20 on n1; Sentinel's failover cut its
-    # connection, and it went on from where it was on the new primary
+
+
+def _assert_the_reader_went_on_from_where_it_was(ops: list[dict[str, Any]], new: str | None) -> None:
+    """The reader: every entry once, in order, the first 20 on n1; Sentinel's failover cut its
+    connection, and it went on from where it was on the new primary."""
     steps = [op for op in ops if op["process"] == "r1" and op["type"] == "ok"]
     reads = [
         (op["value"], json.loads(op["detail"])["stream_seq"], op["node"]) for op in steps if op["f"] == "read"

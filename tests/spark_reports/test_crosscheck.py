@@ -334,30 +334,14 @@ def truth(plan: dict, rows: list[dict]) -> dict:
         deliveries = [r for r in rs if r["f"] == "consume" and r["type"] == "ok"]
         ack_oks = [r for r in rs if r["f"] == "ack" and r["type"] == "ok"]
         abandons = [r for r in rs if r["f"] == "abandon" and r["type"] == "invoke"]
-        unknown_acks = []
-        for r in rs:
-            if r["f"] == "ack" and r["type"] == "info":
-                same = [x for x in rs if x["f"] == "ack" and x["process"] == r["process"]]
-                nth = [x for x in same if x["type"] != "invoke" and x["index"] <= r["index"]]
-                invokes = [x for x in same if x["type"] == "invoke" and x["index"] < r["index"]]
-                if len(invokes) >= len(nth):
-                    unknown_acks.append(invokes[len(nth) - 1])
         consumed = bool(ack_oks)
         out["dead_lettered"] += any(r["queue"].endswith(".dead") for r in ack_oks)
         if mid in confirmed and not consumed:
-            if any(all(d["index"] < a["index"] for d in deliveries) for a in unknown_acks):
+            if any(all(d["index"] < a["index"] for d in deliveries) for a in _unknown_acks(rs)):
                 out["ack_unknown"].append(mid)
             else:
                 out["lost"].append(mid)
-                last_d = max((d["index"] for d in deliveries), default=None)
-                later = [a for a in abandons if last_d is not None and a["index"] > last_d]
-                out["causes"][mid] = (
-                    "never delivered"
-                    if not deliveries
-                    else "abandoned delivery never redelivered"
-                    if later
-                    else "delivered, never acked"
-                )
+                out["causes"][mid] = _loss_cause(deliveries, abandons)
         if mid not in attempted and consumed:
             out["unexpected"].append(mid)
         if mid in attempted and mid not in confirmed and consumed:
@@ -375,21 +359,51 @@ def truth(plan: dict, rows: list[dict]) -> dict:
             for d in deliveries
             if d["redelivered"] is not True and any(a["index"] < d["index"] for a in abandons)
         )
-        if ack_oks and len(drain) == 2:
-            a = min(ack_oks, key=lambda r: r["index"])
-            inv, done = drain
-            nodes = _json(done["value"])["nodes"]
-            if (
-                a["process"] == "d1"
-                and a["queue"] == DRAIN_QUEUE
-                and inv["index"] < a["index"] < done["index"]
-                and any(
-                    n != a["node"] and v["empty_at_ns"] is not None and a["time_ns"] > v["empty_at_ns"]
-                    for n, v in nodes.items()
-                )
-            ):
-                out["split_brain"].append(mid)
+        if ack_oks and len(drain) == 2 and _acked_past_an_empty_node(ack_oks, drain):
+            out["split_brain"].append(mid)
     return {k: sorted(v) if isinstance(v, list) else v for k, v in out.items()}
+
+
+def _unknown_acks(rs: list[dict]) -> list[dict]:
+    """The ack invokes of one message whose completion was ``info``, paired per process in order."""
+    unknown_acks = []
+    for r in rs:
+        if r["f"] == "ack" and r["type"] == "info":
+            same = [x for x in rs if x["f"] == "ack" and x["process"] == r["process"]]
+            nth = [x for x in same if x["type"] != "invoke" and x["index"] <= r["index"]]
+            invokes = [x for x in same if x["type"] == "invoke" and x["index"] < r["index"]]
+            if len(invokes) >= len(nth):
+                unknown_acks.append(invokes[len(nth) - 1])
+    return unknown_acks
+
+
+def _loss_cause(deliveries: list[dict], abandons: list[dict]) -> str:
+    """Why a lost message was lost, told from its deliveries and the abandons after the last one."""
+    last_d = max((d["index"] for d in deliveries), default=None)
+    later = [a for a in abandons if last_d is not None and a["index"] > last_d]
+    return (
+        "never delivered"
+        if not deliveries
+        else "abandoned delivery never redelivered"
+        if later
+        else "delivered, never acked"
+    )
+
+
+def _acked_past_an_empty_node(ack_oks: list[dict], drain: list[dict]) -> bool:
+    """The first ack came from the drainer during the drain, after another node had reported the queue empty."""
+    a = min(ack_oks, key=lambda r: r["index"])
+    inv, done = drain
+    nodes = _json(done["value"])["nodes"]
+    return (
+        a["process"] == "d1"
+        and a["queue"] == DRAIN_QUEUE
+        and inv["index"] < a["index"] < done["index"]
+        and any(
+            n != a["node"] and v["empty_at_ns"] is not None and a["time_ns"] > v["empty_at_ns"]
+            for n, v in nodes.items()
+        )
+    )
 
 
 def _json(text: str) -> dict:
