@@ -6,7 +6,9 @@ the same number to the next worker that asks, and a port chosen free on 127.0.0.
 Here each worker takes its ports from a range of its own below the kernel's ephemeral range
 (32768-60999 by default, where outgoing connections and Docker's published ports live), in turn,
 and a port is only handed out if a wildcard bind (which conflicts with a bind on any address)
-shows nobody holds it.
+shows nobody holds it. Two test sessions at once on one machine (a targeted run beside a suite)
+share the worker names, so each begins its turn at a place of its own in the range (by process
+id): in step, two sessions handed out the same free port at once and one node could not listen.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def _worker() -> int:
 
 
 _start = _BASE + _worker() * _SPAN
-_turn = itertools.cycle(range(_start, _start + _SPAN))
+_first = _start + (os.getpid() * 131) % _SPAN
+_turn = itertools.cycle([*range(_first, _start + _SPAN), *range(_start, _first)])
 
 
 def _free(port: int) -> bool:
