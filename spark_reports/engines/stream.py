@@ -110,6 +110,22 @@ def is_stream_drain(value: dict[str, Any]) -> bool:
     return "replicas" in value or OFFSETS in value
 
 
+def take_drain(
+    drains: dict[str, dict[str, Any]],
+    drain_done: dict[str, bool],
+    streams: set[str],
+    queue: str,
+    typ: str,
+    value: Any,
+) -> None:
+    """One drain op (``ok`` or ``info``) of ``queue``, in history order: its value is the queue's
+    last, the queue's drain finished only if every one did, and a stream's drain marks a stream."""
+    drain_done[queue] = drain_done.get(queue, True) and typ == "ok"
+    drains[queue] = load_json(value)
+    if is_stream_drain(drains[queue]):
+        streams.add(queue)
+
+
 def replica_views(drain: dict[str, Any]) -> int:
     """How many replicas' views a drain's value holds (what the replica agreement compares)."""
     return sum(isinstance(v, dict) for v in (drain.get("replicas") or {}).values())
@@ -195,11 +211,9 @@ class _Scan:
     deliveries: list[tuple[str, str, int, int]] = field(default_factory=list)
     drains: dict[str, dict[str, Any]] = field(default_factory=dict)
     drain_done: dict[str, bool] = field(default_factory=dict)
-    queues: set[str] = field(default_factory=set)
-    """queues whose confirms or deliveries carry stream offsets"""
     streams: set[str] = field(default_factory=set)
-    """queues the history shows as streams: those, and any with a read's or a node's copy's
-    offset or a stream's drain"""
+    """queues the history shows as streams: an offset confirmed, delivered or read, a node's copy
+    with offsets, a stream's drain"""
     seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     """offsets reads and nodes' copies show"""
     n: int = 0
@@ -208,10 +222,7 @@ class _Scan:
         self.n += 1
         f, t, q = r.get("f"), r.get("type"), r.get("queue")
         if f == "drain" and t in ("ok", "info") and q:
-            self.drain_done[q] = self.drain_done.get(q, True) and t == "ok"
-            self.drains[q] = load_json(r.get("value"))
-            if is_stream_drain(self.drains[q]):
-                self.streams.add(q)
+            take_drain(self.drains, self.drain_done, self.streams, q, t, r.get("value"))
         elif f == HOLDINGS and t == "ok" and q:
             offsets = [o for o, _ in entry_list(r.get("value")) if o is not None]
             self.seen[q].update(offsets)
@@ -230,7 +241,6 @@ class _Scan:
             if r.get("value") is not None:
                 self.seen[q].add(seq)
             return
-        self.queues.add(q)
         mid = str(r.get("value"))
         if f == "publish":
             self.confirmed[(q, seq)].add(mid)
@@ -275,12 +285,10 @@ class _Scan:
 
     def gaps(self) -> list[dict[str, Any]]:
         gaps: list[dict[str, Any]] = []
-        for q in sorted(self.queues):
+        for q in sorted({qq for qq, _s in self.delivered}):
             if not self.drain_done.get(q):
                 continue
             seqs = {s for (qq, s) in self.delivered if qq == q}
-            if not seqs:
-                continue
             floor, top = _floor(self.drains[q]), max(seqs)
             if _sparse(self.drains[q]):
                 known = self.seen[q] | {s for (qq, s) in self.confirmed if qq == q}
@@ -468,10 +476,7 @@ def _spark_drains(spark: Any) -> tuple[dict[str, dict[str, Any]], dict[str, bool
     drain_done: dict[str, bool] = {}
     streams: set[str] = set()
     for r in drain_rows:
-        drain_done[r["queue"]] = drain_done.get(r["queue"], True) and r["type"] == "ok"
-        drains[r["queue"]] = load_json(r["value"])
-        if is_stream_drain(drains[r["queue"]]):
-            streams.add(r["queue"])
+        take_drain(drains, drain_done, streams, r["queue"], r["type"], r["value"])
     return drains, drain_done, streams
 
 
